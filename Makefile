@@ -1,0 +1,49 @@
+# cloudbox: top-level entry points. `make run` and `make test` install what is missing first.
+SHELL := /bin/bash
+VENV := tui/.venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Debian's interpreter, not whatever python3 is first on PATH: libvirt-python is built against Debian's libvirt.
+SYSPY := /usr/bin/python3
+
+.PHONY: run test test-fast deps deps-test venv guest-image lint bench clean
+
+run: deps venv guest-image
+	@scripts/cloudbox-run
+
+test: deps-test venv guest-image
+	@scripts/run-tests
+
+# Quick iteration: everything except the suites that boot real guests or images.
+test-fast: deps-test venv guest-image
+	@CLOUDBOX_TEST_FAST=1 scripts/run-tests
+
+deps:
+	@scripts/install-deps core
+
+deps-test:
+	@scripts/install-deps test
+
+venv: $(STAMP)
+
+$(STAMP): tui/requirements.lock tui/pyproject.toml
+	@test -x $(PY) || $(SYSPY) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check --require-hashes -r tui/requirements.lock
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e tui
+	@touch $@
+
+guest-image: deps
+	@appliance/guest/build-guest-image --quiet
+
+lint: venv
+	$(VENV)/bin/ruff check tui
+	$(VENV)/bin/mypy tui/src
+
+bench: deps-test venv guest-image
+	@scripts/run-bench
+
+clean:
+	rm -rf $(VENV) tui/src/*.egg-info
+
+# Image build and image suites (make image, image-test, image-bench) live in mk/image.mk.
+-include mk/*.mk

@@ -1,0 +1,224 @@
+"""`cloudbox run | watch | cancel | guests | host`: start runs (foreground or detached), watch them live, stop them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from cloudbox.core import runner
+from cloudbox.core.errors import CloudboxError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run storage and/or network tests under a profile, with a bare-metal baseline")
+    p.add_argument("--profile", "-p", required=True, help="preset or user profile name, or a .toml file")
+    p.add_argument("--suite", "-s", default="all", choices=runner.SUITES)
+    p.add_argument("--size", default="quick",
+                   help="test size: quick (128 MiB), study (2x guest RAM, >= 2 GiB) or e.g. 512M, 4G")
+    p.add_argument("--tests", default="standard",
+                   help="storage tests: smoke, study, standard, full, or comma-separated ids")
+    p.add_argument("--net-tests", default="netperf", help="netperf, iperf3, both, or comma-separated ids")
+    p.add_argument("--net-seconds", type=int, default=0, help="seconds per network test (default 5 quick / 30)")
+    p.add_argument("--runtime", type=int, default=0, help="seconds cap for random I/O tests (default 5 / 30)")
+    p.add_argument("--work-dir", default="", help="directory on the file system under test (file backings)")
+    p.add_argument("--device", default="", help="whole device for block-device backings (else a loop device)")
+    p.add_argument("--destroy", default="", metavar="NAME",
+                   help="confirm destroying --device's data by naming it (e.g. sdb)")
+    p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
+    p.add_argument("--json", action="store_true", help="print the finished run as JSON")
+    p.set_defaults(func=cmd_run)
+
+    w = sub.add_parser("watch", help="follow a run's progress live (attach to a detached run)")
+    w.add_argument("run", help="run id")
+    w.set_defaults(func=cmd_watch)
+
+    c = sub.add_parser("cancel", help="stop a run: guest destroyed, stores removed, run kept as aborted")
+    c.add_argument("run", help="run id")
+    c.set_defaults(func=cmd_cancel)
+
+    g = sub.add_parser("guests", help="list cloudbox guests known to libvirt; --destroy-orphans cleans up")
+    g.add_argument("--destroy-orphans", action="store_true")
+    g.set_defaults(func=cmd_guests)
+
+    h = sub.add_parser("host", help="what this host offers: accelerator, libvirt, block devices")
+    h.add_argument("--json", action="store_true")
+    h.set_defaults(func=cmd_host)
+
+
+def _spec(a: argparse.Namespace) -> runner.RunSpec:
+    return runner.RunSpec(profile=a.profile, suite=a.suite, size=a.size, storage_tests=a.tests,
+                          net_tests=a.net_tests, net_seconds=a.net_seconds, runtime=a.runtime,
+                          work_dir=a.work_dir, device=a.device, destroy=a.destroy)
+
+
+class Printer:
+    """Renders run events as terminal lines (a live status line on a tty, sparse lines otherwise)."""
+
+    def __init__(self, out=sys.stdout):
+        self.out = out
+        self.tty = out.isatty()
+        self.sample: dict | None = None
+        self.last_plain = 0.0
+        self.status_shown = False
+
+    def _clear(self) -> None:
+        if self.tty and self.status_shown:
+            self.out.write("\r\033[K")
+            self.status_shown = False
+
+    def __call__(self, kind: str, p: dict) -> None:
+        if kind == "sample":
+            self.sample = p
+            return
+        if kind == "progress":
+            line = f"  [{p.get('side', '?')}] {p.get('test', '')} {p.get('pct', 0):5.1f}%"
+            if p.get("mbps") is not None:
+                line += f"  {p['mbps']:8.1f} MB/s"
+            if p.get("eta"):
+                line += f"  eta {p['eta']}"
+            s = self.sample
+            if s and p.get("test") != "boot":
+                line += (f" | host {s['device']} {s['read_mbps'] + s['write_mbps']:.1f} MB/s rq "
+                         f"{s['avgrq_sectors']:.0f} sect qu {s['avgqu']:.1f} util {s['util']:.0f}%")
+            if self.tty:
+                self.out.write("\r\033[K" + line[:200])
+                self.status_shown = True
+            elif time.monotonic() - self.last_plain > 5:
+                self.out.write(line + "\n")
+                self.last_plain = time.monotonic()
+            self.out.flush()
+            return
+        self._clear()
+        if kind == "step":
+            self.out.write(f"==> {p.get('text')}\n")
+        elif kind == "log":
+            self.out.write(f"    {p.get('text')}\n")
+        elif kind == "measurement":
+            host = ""
+            if p.get("host_avgrq_sectors") is not None:
+                host = (f"  (host: {p.get('host_mbps', 0):.1f} MB/s, avgrq {p['host_avgrq_sectors']:.0f} sectors, "
+                        f"avgqu {p.get('host_avgqu', 0):.2f}, util {p.get('host_util', 0):.0f}%)")
+            labels = f" [{', '.join(p['labels'])}]" if p.get("labels") else ""
+            self.out.write(f"  = {p['side']:8} {p['test']:24} {p['value']:10.2f} {p['metric']}{labels}{host}\n")
+        elif kind == "state":
+            st = p.get("state")
+            if st in ("completed", "aborted", "failed"):
+                self.out.write(f"==> run {st}" + (f": {p['reason']}" if p.get("reason") else "") + "\n")
+        self.out.flush()
+
+
+def _store():
+    from cloudbox.core.results import ResultStore
+
+    return ResultStore()
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from cloudbox.core.compare import compare_table, to_text
+
+    spec = _spec(a)
+    try:
+        with _store() as store:
+            if a.detach:
+                rid = runner.start_detached(spec, store)
+                print(f"run {rid} started in the background; follow it with 'cloudbox watch {rid}', "
+                      f"stop it with 'cloudbox cancel {rid}'")
+                return 0
+            printer = Printer()
+            ex = runner.Executor(spec, store, emit=printer)
+            rid = ex.execute()
+            run = store.get_run(rid)
+            if a.json:
+                print(json.dumps(run.as_dict(), indent=2, default=str))
+            elif run.measurements:
+                print()
+                print(to_text(compare_table([run])))
+            return 0 if run.state == "completed" else 1
+    except CloudboxError as e:
+        print(f"cloudbox: {e}", file=sys.stderr)
+        return 1
+
+
+def cmd_watch(a: argparse.Namespace) -> int:
+    printer = Printer()
+    try:
+        with _store() as store:
+            rid = store.resolve(a.run)
+            seq = 0
+            while True:
+                for ev in store.events_since(rid, seq):
+                    seq = ev.seq
+                    printer(ev.kind, ev.payload)
+                run = store.get_run(rid, raw=False)
+                if run.state != "running":
+                    for ev in store.events_since(rid, seq):
+                        seq = ev.seq
+                        printer(ev.kind, ev.payload)
+                    return 0 if run.state == "completed" else 1
+                if not store.active_runs() and store.reap_dead_runs():
+                    continue
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\n(stopped watching; the run goes on)")
+        return 0
+    except CloudboxError as e:
+        print(f"cloudbox: {e}", file=sys.stderr)
+        return 1
+
+
+def cmd_cancel(a: argparse.Namespace) -> int:
+    try:
+        with _store() as store:
+            rid = store.resolve(a.run)
+            state = runner.cancel(store, rid)
+            run = store.get_run(rid, raw=False)
+            print(f"run {rid}: {state}" + (f" ({run.reason})" if run.reason else ""))
+            return 0 if state != "running" else 1
+    except CloudboxError as e:
+        print(f"cloudbox: {e}", file=sys.stderr)
+        return 1
+
+
+def cmd_guests(a: argparse.Namespace) -> int:
+    from cloudbox.core import daemons, guest
+
+    try:
+        conn = daemons.connect()
+        with _store() as store:
+            live = {r.uuid for r in store.active_runs()}
+        guests = guest.list_guests(conn)
+        if not guests:
+            print("no cloudbox guests")
+        for g in guests:
+            orphan = "" if g.run_uuid in live else "  (orphan: its run is not active)"
+            print(f"{g.name:40} {g.state:10} profile={g.profile}{orphan}")
+        if a.destroy_orphans:
+            for name in guest.reap_orphans(conn, live):
+                print(f"destroyed {name}")
+        return 0
+    except CloudboxError as e:
+        print(f"cloudbox: {e}", file=sys.stderr)
+        return 1
+
+
+def cmd_host(a: argparse.Namespace) -> int:
+    from cloudbox.core import accel, backing
+
+    try:
+        acc = accel.detect()
+    except CloudboxError as e:
+        print(f"cloudbox: {e}", file=sys.stderr)
+        return 1
+    root = backing.dev_name_for_path("/")
+    info = {"accelerator": acc.label, "reason": acc.reason, "nested": acc.nested,
+            "root_device": backing.device_model(root)}
+    if a.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for k, v in info.items():
+            print(f"{k:12} {v}")
+        if acc.emulated:
+            print("WARNING: guests run under TCG emulation: their numbers are not virtualization-overhead figures")
+    return 0

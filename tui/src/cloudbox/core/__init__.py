@@ -1,0 +1,1 @@
+"""cloudbox.core: profiles, guests, benchmarks, results, nodes. Never imports Textual."""

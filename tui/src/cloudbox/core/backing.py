@@ -1,0 +1,291 @@
+"""Backing stores for the guest's benchmark disk: prepared per run, removed afterwards, never on a device
+the user did not choose.
+
+Kinds: sparse-file, prealloc-file, qcow2, qcow2-prealloc (files in a work directory on the device under
+test), block-device (a whole device, partition or LV the user names with a destroy confirmation; or, on
+a test host, a loop device over a pre-allocated file, labelled as such), network-volume (declared,
+not implemented yet). Safety checks refuse a device that is mounted, holds the running system or
+swap, or carries a partition table / filesystem signature, unless the user confirms by naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import CloudboxError, DeviceRefused, NoSpace
+
+MARGIN = 64 * 1024 * 1024  # space kept free beyond the store itself
+
+
+@dataclass
+class BackingStore:
+    kind: str
+    path: str  # what the guest's disk points at (file or /dev node)
+    is_block: bool
+    format: str  # raw | qcow2
+    size_bytes: int
+    host_device: str | None  # /proc/diskstats name to sample (e.g. "vda", "loop3", "sdb")
+    model: str  # human description of the physical device under test
+    labels: list[str] = field(default_factory=list)
+    baseline_target: str = ""  # file or device the bare-metal baseline runs fio against
+    _cleanup: list[tuple[str, str]] = field(default_factory=list, repr=False)
+
+    def remove(self) -> None:
+        """Undo everything prepare() did, in reverse order. Safe to call twice."""
+        while self._cleanup:
+            what, arg = self._cleanup.pop()
+            try:
+                if what == "file":
+                    Path(arg).unlink(missing_ok=True)
+                elif what == "dir":
+                    shutil.rmtree(arg, ignore_errors=True)
+                elif what == "loop":
+                    subprocess.run(["losetup", "-d", arg], check=False, capture_output=True)
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------------------- device facts
+def dev_name_for_path(path: str | Path) -> str | None:
+    """The /proc/diskstats name of the block device holding `path` (None for tmpfs/overlay)."""
+    st = os.stat(path)
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    return _name_from_devnum(major, minor)
+
+
+def _name_from_devnum(major: int, minor: int) -> str | None:
+    link = Path(f"/sys/dev/block/{major}:{minor}")
+    if not link.exists():
+        return None
+    return link.resolve().name
+
+
+def parent_disk(name: str) -> str:
+    """sda1 -> sda; nvme0n1p2 -> nvme0n1; dm/loop/whole disks map to themselves."""
+    p = Path(f"/sys/class/block/{name}")
+    if (p / "partition").exists():
+        return p.resolve().parent.name
+    return name
+
+
+def device_model(name: str | None) -> str:
+    if not name:
+        return "no block device (tmpfs/overlay): host disk metrics unavailable"
+    disk = parent_disk(name)
+    base = Path(f"/sys/class/block/{disk}")
+    parts = []
+    for f in ("device/vendor", "device/model"):
+        try:
+            v = (base / f).read_text().strip()
+            if v:
+                parts.append(v)
+        except OSError:
+            pass
+    if disk.startswith("loop"):
+        try:
+            parts.append("loop over " + (base / "loop/backing_file").read_text().strip())
+        except OSError:
+            parts.append("loop device")
+    if disk.startswith("vd"):
+        parts.append("virtio disk (this host is a VM)")
+    try:
+        rot = (base / "queue/rotational").read_text().strip()
+        parts.append("rotational" if rot == "1" else "non-rotational")
+    except OSError:
+        pass
+    return f"/dev/{name}: " + (", ".join(parts) if parts else "unknown model")
+
+
+def _mounted_devnums() -> dict[tuple[int, int], str]:
+    out = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            maj, mnr = fields[2].split(":")
+            out[(int(maj), int(mnr))] = fields[4]
+    return out
+
+
+def _swap_devices() -> set[str]:
+    try:
+        lines = Path("/proc/swaps").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    return {ln.split()[0] for ln in lines if ln.strip()}
+
+
+def _holders_and_parts(name: str) -> list[str]:
+    """The device, its partitions, and the devices stacked on it (dm, md), recursively."""
+    seen, todo = [], [name]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.append(n)
+        base = Path(f"/sys/class/block/{n}")
+        for sub in base.iterdir() if base.exists() else []:
+            if sub.is_dir() and (sub / "partition").exists():
+                todo.append(sub.name)
+        holders = base / "holders"
+        if holders.exists():
+            todo += [h.name for h in holders.iterdir()]
+    return seen
+
+
+def signatures(dev: str) -> list[str]:
+    """Partition-table / filesystem / RAID / LVM signatures on `dev` (wipefs --no-act)."""
+    r = subprocess.run(["wipefs", "--no-act", "--noheadings", "--output", "TYPE", dev],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise DeviceRefused(f"{dev}: cannot read its signatures ({r.stderr.strip()})")
+    return [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
+
+
+def check_device(dev: str, *, confirm: str | None) -> None:
+    """Refuse to write `dev` unless it is a safe, explicitly confirmed target.
+
+    `confirm` must equal the device's kernel name (e.g. "sdb") for a device holding signatures;
+    a mounted device, the root disk, or a swap device is refused whatever the confirmation.
+    """
+    try:
+        st = os.stat(dev)
+    except FileNotFoundError:
+        raise DeviceRefused(f"{dev}: no such device") from None
+    if not stat.S_ISBLK(st.st_mode):
+        raise DeviceRefused(f"{dev}: not a block device")
+    name = _name_from_devnum(os.major(st.st_rdev), os.minor(st.st_rdev)) or os.path.basename(dev)
+    family = _holders_and_parts(name)
+    mounted = _mounted_devnums()
+    for n in family:
+        try:
+            num = Path(f"/sys/class/block/{n}/dev").read_text().strip().split(":")
+        except OSError:
+            continue
+        where = mounted.get((int(num[0]), int(num[1])))
+        if where is not None:
+            what = "holds the running system" if where == "/" else f"is mounted on {where}"
+            raise DeviceRefused(f"{dev}: refused: /dev/{n} {what}; cloudbox never writes to a device in use")
+    root = dev_name_for_path("/")
+    if root and parent_disk(root) in [parent_disk(n) for n in family]:
+        raise DeviceRefused(f"{dev}: refused: it holds the running system (root file system on /dev/{root})")
+    swaps = _swap_devices()
+    for n in family:
+        if f"/dev/{n}" in swaps:
+            raise DeviceRefused(f"{dev}: refused: /dev/{n} is in use as swap")
+    sigs = signatures(dev)
+    if sigs and confirm != name:
+        raise DeviceRefused(
+            f"{dev}: refused: it holds data ({', '.join(sigs)}). To destroy it anyway name it "
+            f"explicitly: --device {dev} --destroy {name}"
+        )
+
+
+# ---------------------------------------------------------------------------- preparation
+def _free_bytes(d: Path) -> int:
+    s = os.statvfs(d)
+    return s.f_bavail * s.f_frsize
+
+
+def _need_space(d: Path, size: int, what: str) -> None:
+    free = _free_bytes(d)
+    if free < size + MARGIN:
+        raise NoSpace(
+            f"{d}: not enough free space for the {what}: need {_h(size + MARGIN)} "
+            f"({_h(size)} + {_h(MARGIN)} margin), {_h(free)} free. Use a smaller --size or another "
+            "--work-dir"
+        )
+
+
+def _h(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _run(cmd: list[str]) -> str:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CloudboxError(f"{' '.join(cmd)} failed: {r.stderr.strip() or r.stdout.strip()}")
+    return r.stdout
+
+
+def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str | None = None,
+            confirm: str | None = None, volume: str = "") -> BackingStore:
+    """Create the backing store. On any failure everything created so far is removed."""
+    if kind == "network-volume":
+        raise CloudboxError(
+            f"backing 'network-volume' ({volume or 'no volume'}) is declared but not implemented yet: "
+            "it needs a front-end exporting AoE/iSCSI/NBD/NVMe-TCP volumes (cluster issue)")
+    # A fresh per-run directory that we create and later remove whole; never a pre-existing one.
+    try:
+        work_dir.mkdir(parents=True, exist_ok=False)
+    except FileExistsError:
+        raise CloudboxError(f"{work_dir}: already exists; cloudbox only removes work directories it created") from None
+    for parent in work_dir.parents:  # QEMU runs as libvirt-qemu and must be able to traverse to the store
+        if parent == Path("/"):
+            break
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            raise CloudboxError(f"{parent}: not traversable by others (mode {oct(mode & 0o777)}); QEMU runs "
+                                "as libvirt-qemu and could not open the backing store. Choose another --work-dir")
+    os.chmod(work_dir, 0o755)  # QEMU runs as libvirt-qemu and must reach the store
+    dev_name = dev_name_for_path(work_dir)
+    store = BackingStore(kind, "", False, fmt, size_bytes, dev_name, device_model(dev_name))
+    store._cleanup.append(("dir", str(work_dir)))
+    try:
+        if kind in ("sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc"):
+            _need_space(work_dir, size_bytes * 2, "backing file and the bare-metal baseline file")
+            path = work_dir / ("disk.qcow2" if kind.startswith("qcow2") else "disk.raw")
+            store._cleanup.append(("file", str(path)))
+            if kind == "sparse-file":
+                with open(path, "wb") as f:
+                    f.truncate(size_bytes)
+            elif kind == "prealloc-file":
+                # Real blocks, as the study's pre-allocated ("full") files: fallocate, not a sparse hole.
+                _run(["fallocate", "-l", str(size_bytes), str(path)])
+            else:
+                prealloc = "falloc" if kind == "qcow2-prealloc" else "off"
+                _run(["qemu-img", "create", "-q", "-f", "qcow2", "-o", f"preallocation={prealloc}",
+                      str(path), str(size_bytes)])
+            store.path = str(path)
+            store.baseline_target = str(work_dir / "baseline.dat")
+            store._cleanup.append(("file", store.baseline_target))
+        elif kind == "block-device":
+            if device:
+                check_device(device, confirm=confirm)
+                store.path = store.baseline_target = device
+                store.is_block = True
+                st = os.stat(device)
+                store.host_device = _name_from_devnum(os.major(st.st_rdev), os.minor(st.st_rdev))
+                store.model = device_model(store.host_device)
+                dev_size = int(_run(["blockdev", "--getsize64", device]).strip())
+                if dev_size < size_bytes:
+                    raise NoSpace(f"{device}: {_h(dev_size)} is smaller than the test size {_h(size_bytes)}")
+            else:
+                # Test host without a spare disk: a loop device over a pre-allocated file, labelled.
+                _need_space(work_dir, size_bytes, "loop-device backing file")
+                img = work_dir / "loopdisk.raw"
+                store._cleanup.append(("file", str(img)))
+                _run(["fallocate", "-l", str(size_bytes), str(img)])
+                loop = _run(["losetup", "--find", "--show", "--direct-io=on", str(img)]).strip()
+                store._cleanup.append(("loop", loop))
+                store.path = store.baseline_target = loop
+                store.is_block = True
+                store.host_device = os.path.basename(loop)
+                store.model = f"{loop}: loop device over a pre-allocated file on {device_model(dev_name)}"
+                store.labels.append("loop-device")
+        else:
+            raise CloudboxError(f"unknown backing kind {kind!r}")
+    except BaseException:
+        store.remove()
+        raise
+    if store.host_device is None:
+        store.labels.append("no-host-metrics")
+    return store

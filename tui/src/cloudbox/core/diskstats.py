@@ -1,0 +1,125 @@
+"""Host-side disk metrics, iostat-style, sampled from /proc/diskstats once a second in a thread.
+
+Per interval: read/write MB/s, average request size (512-byte sectors, the studies' avgrq-sz, and kB),
+average queue depth (avgqu-sz, from the weighted time-in-queue field) and % utilisation (io_ticks).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Counters:
+    t: float
+    reads: int
+    rsect: int
+    writes: int
+    wsect: int
+    ticks_ms: int  # time the device had I/O in flight
+    weighted_ms: int  # time-in-queue, weighted by the number of requests
+
+
+@dataclass
+class Sample:
+    t: float  # wall-clock time (epoch) at the end of the interval
+    device: str
+    read_mbps: float
+    write_mbps: float
+    avgrq_sectors: float
+    avgrq_kb: float
+    avgqu: float
+    util: float  # percent
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_counters(device: str, path: str = "/proc/diskstats") -> Counters:
+    with open(path) as f:
+        for line in f:
+            fld = line.split()
+            if len(fld) >= 14 and fld[2] == device:
+                return Counters(time.monotonic(), int(fld[3]), int(fld[5]), int(fld[7]), int(fld[9]),
+                                int(fld[12]), int(fld[13]))
+    raise KeyError(f"block device {device!r} not found in {path}")
+
+
+def delta(a: Counters, b: Counters, device: str, wall: float | None = None) -> Sample:
+    dt = max(b.t - a.t, 1e-6)
+    ios = (b.reads - a.reads) + (b.writes - a.writes)
+    sect = (b.rsect - a.rsect) + (b.wsect - a.wsect)
+    avgrq = sect / ios if ios else 0.0
+    return Sample(
+        t=wall if wall is not None else time.time(),
+        device=device,
+        read_mbps=(b.rsect - a.rsect) * 512 / dt / 1e6,
+        write_mbps=(b.wsect - a.wsect) * 512 / dt / 1e6,
+        avgrq_sectors=avgrq,
+        avgrq_kb=avgrq / 2,
+        avgqu=(b.weighted_ms - a.weighted_ms) / (dt * 1000),
+        util=min(100.0, (b.ticks_ms - a.ticks_ms) / (dt * 1000) * 100),
+    )
+
+
+class Sampler:
+    """Samples one device every `interval` seconds until stopped; calls `on_sample` for each."""
+
+    def __init__(self, device: str, on_sample: Callable[[Sample], None], interval: float = 1.0):
+        read_counters(device)  # fail early, in the caller, for an unknown device
+        self.device = device
+        self.on_sample = on_sample
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"diskstats-{device}", daemon=True)
+        self.samples: list[Sample] = []
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        prev = read_counters(self.device)
+        next_t = prev.t + self.interval
+        while not self._stop.wait(max(0.0, next_t - time.monotonic())):
+            cur = read_counters(self.device)
+            s = delta(prev, cur, self.device)
+            prev = cur
+            next_t += self.interval
+            self.samples.append(s)
+            try:
+                self.on_sample(s)
+            except Exception:  # a failing consumer must not kill the sampler  # noqa: BLE001
+                pass
+
+    def window(self, start: float, end: float, *, busy_only: bool = True) -> dict[str, float] | None:
+        """Averages over samples whose interval ended in [start, end] (epoch seconds).
+
+        busy_only drops idle seconds (no I/O) so a short test's ramp does not dilute request size.
+        """
+        rows = [s for s in self.samples if start <= s.t <= end + self.interval]
+        if busy_only:
+            rows = [s for s in rows if s.util > 0 or s.read_mbps + s.write_mbps > 0] or rows
+        if not rows:
+            return None
+        n = len(rows)
+        weight = sum(s.read_mbps + s.write_mbps for s in rows)
+        avgrq = (sum(s.avgrq_sectors * (s.read_mbps + s.write_mbps) for s in rows) / weight
+                 if weight else sum(s.avgrq_sectors for s in rows) / n)
+        return {
+            "host_mbps": sum(s.read_mbps + s.write_mbps for s in rows) / n,
+            "host_avgrq_sectors": avgrq,
+            "host_avgqu": sum(s.avgqu for s in rows) / n,
+            "host_util": sum(s.util for s in rows) / n,
+        }

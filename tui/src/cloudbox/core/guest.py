@@ -1,0 +1,200 @@
+"""Benchmark guests: start a transient libvirt domain, talk to it through the QEMU guest agent, destroy it.
+
+Domains are transient (createXML): destroying one removes it completely, so nothing is left defined
+after a failure. Every domain carries cloudbox metadata (namespace below) naming its run, so
+`reap_orphans()` can find and destroy guests whose run is gone. Commands run inside the guest with
+guest-exec; no SSH keys or guest network are needed for control.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import GuestError
+
+METADATA_NS = "https://cloudbox.invalid/xmlns/1"
+NAME_PREFIX = "cloudbox-"
+
+
+@dataclass
+class ExecResult:
+    argv: list[str]
+    exitcode: int
+    stdout: str
+    stderr: str
+
+    def check(self) -> ExecResult:
+        if self.exitcode != 0:
+            tail = (self.stderr or self.stdout).strip().splitlines()[-5:]
+            raise GuestError(f"in guest: {' '.join(self.argv)} exited {self.exitcode}: " + " | ".join(tail))
+        return self
+
+
+class Guest:
+    """A running benchmark guest."""
+
+    def __init__(self, conn, dom):
+        self.conn = conn
+        self.dom = dom
+        self.name: str = dom.name()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    def start(cls, conn, xml: str) -> Guest:
+        import libvirt
+
+        try:
+            dom = conn.createXML(xml, 0)
+        except libvirt.libvirtError as e:
+            raise GuestError(f"libvirt could not start the guest: {e}") from e
+        return cls(conn, dom)
+
+    def destroy(self) -> None:
+        import libvirt
+
+        try:
+            self.dom.destroy()
+        except libvirt.libvirtError as e:
+            if e.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN and self.is_active():
+                raise GuestError(f"could not destroy guest {self.name}: {e}") from e
+
+    def is_active(self) -> bool:
+        import libvirt
+
+        try:
+            return bool(self.dom.isActive())
+        except libvirt.libvirtError:
+            return False
+
+    def xml(self) -> str:
+        return self.dom.XMLDesc(0)
+
+    # ---- guest agent -----------------------------------------------------------------------
+    def agent(self, command: str, arguments: dict | None = None, timeout: int = 10) -> object:
+        import libvirt
+        import libvirt_qemu
+
+        req: dict[str, object] = {"execute": command}
+        if arguments is not None:
+            req["arguments"] = arguments
+        try:
+            out = libvirt_qemu.qemuAgentCommand(self.dom, json.dumps(req), timeout, 0)
+        except libvirt.libvirtError as e:
+            raise GuestError(f"guest agent ({command}) in {self.name}: {e}") from e
+        return json.loads(out).get("return")
+
+    def wait_agent(self, timeout: float = 180.0, on_wait: Callable[[float], None] | None = None) -> float:
+        """Block until the guest agent answers; returns seconds waited."""
+        start = time.monotonic()
+        last: Exception | None = None
+        while time.monotonic() - start < timeout:
+            if not self.is_active():
+                raise GuestError(f"guest {self.name} stopped while booting (see its serial log)")
+            try:
+                self.agent("guest-ping", timeout=2)
+                return time.monotonic() - start
+            except GuestError as e:
+                last = e
+            if on_wait:
+                on_wait(time.monotonic() - start)
+            time.sleep(0.5)
+        raise GuestError(f"guest agent in {self.name} did not answer within {timeout:.0f} s ({last})")
+
+    def spawn(self, argv: list[str], *, capture: bool = True) -> int:
+        """Start argv in the guest; returns the guest pid."""
+        ret = self.agent("guest-exec", {"path": argv[0], "arg": argv[1:], "capture-output": capture})
+        assert isinstance(ret, dict)
+        return int(ret["pid"])
+
+    def status(self, pid: int) -> dict | None:
+        """None while running; the guest-exec-status dict once exited."""
+        ret = self.agent("guest-exec-status", {"pid": pid})
+        assert isinstance(ret, dict)
+        return ret if ret.get("exited") else None
+
+    def run(self, argv: list[str], *, timeout: float = 120.0, check: bool = False,
+            poll: Callable[[], None] | None = None, interval: float = 0.2) -> ExecResult:
+        """Run argv in the guest to completion. `poll` is called while waiting (progress hooks)."""
+        try:
+            pid = self.spawn(argv)
+        except GuestError as e:
+            if "No such file" in str(e) or "Failed to execute child process" in str(e):
+                raise GuestError(f"{argv[0]} is not installed in the guest ({self.name}): {e}") from e
+            raise
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status(pid)
+            if st is not None:
+                break
+            if time.monotonic() > deadline:
+                self.run(["/bin/kill", "-9", str(pid)], timeout=10)
+                raise GuestError(f"in guest: {' '.join(argv)} did not finish within {timeout:.0f} s (killed)")
+            if poll:
+                poll()
+            time.sleep(interval)
+        res = ExecResult(
+            argv,
+            int(st.get("exitcode", -1 if st.get("signal") is None else 128 + int(st["signal"]))),
+            _b64(st.get("out-data")),
+            _b64(st.get("err-data")),
+        )
+        return res.check() if check else res
+
+    def sh(self, script: str, **kw) -> ExecResult:
+        return self.run(["/bin/sh", "-c", script], **kw)
+
+    def has(self, program: str) -> bool:
+        return self.sh(f"command -v {program} >/dev/null 2>&1", timeout=20).exitcode == 0
+
+
+def _b64(s: str | None) -> str:
+    return base64.b64decode(s).decode(errors="replace") if s else ""
+
+
+@dataclass
+class GuestInfo:
+    name: str
+    state: str
+    run_uuid: str | None
+    profile: str | None
+
+
+def list_guests(conn) -> list[GuestInfo]:
+    """cloudbox guests (by metadata) known to libvirt."""
+    import libvirt
+    from xml.etree import ElementTree as ET
+
+    out = []
+    for dom in conn.listAllDomains(0):
+        try:
+            meta = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
+        except libvirt.libvirtError:
+            continue
+        el = ET.fromstring(meta)
+        state = "running" if dom.isActive() else "shut off"
+        out.append(GuestInfo(dom.name(), state, el.get("run"), el.get("name")))
+    return out
+
+
+def reap_orphans(conn, live_runs: set[str]) -> list[str]:
+    """Destroy cloudbox guests whose run is not live. Returns their names."""
+    import libvirt
+
+    gone = []
+    for g in list_guests(conn):
+        if g.run_uuid and g.run_uuid in live_runs:
+            continue
+        dom = conn.lookupByName(g.name)
+        try:
+            if dom.isActive():
+                dom.destroy()
+            if dom.isPersistent():
+                dom.undefine()
+        except libvirt.libvirtError:
+            continue
+        gone.append(g.name)
+    return gone

@@ -1,0 +1,526 @@
+"""The run executor: one benchmark run from lock to cleanup, with progress and results flowing into the
+results store (events table) so any process — the CLI, the TUI, a later controller — can watch it.
+
+A run: take the host's run lock, prepare the backing store, run the bare-metal baseline, launch the guest
+under the profile, run the same tests inside it while sampling the host disk, store everything with
+provenance, and clean up. Ctrl-C, SIGTERM (`cloudbox cancel`) or any failure: the guest is destroyed,
+the backing store, bridge, namespace and temp files removed, and the partial run stored as `aborted`
+with the reason. `start_detached()` runs the executor in its own session so it outlives the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import accel, backing, daemons, network, paths, storage
+from .errors import Aborted, CloudboxError, RunBusy
+from .guest import Guest, reap_orphans
+from .guestimage import CMDLINE, GuestImage
+
+QUICK_SIZE = 128 * 1024**2
+SUITES = ("storage", "network", "all")
+
+
+@dataclass
+class RunSpec:
+    profile: str  # preset/user profile name or a path to a .toml
+    suite: str = "all"
+    size: str = "quick"  # quick | study | <number>[K|M|G]
+    storage_tests: str = "standard"  # a set name (smoke, study, standard, full) or comma-separated ids
+    net_tests: str = "netperf"  # netperf | iperf3 | both | comma-separated ids
+    net_seconds: int = 0  # 0: 5 s for quick runs, 30 s otherwise
+    runtime: int = 0  # cap for random tests; 0: 5 s quick, 30 s otherwise
+    work_dir: str = ""  # where file backings and baseline files go (the file system under test)
+    device: str = ""  # explicit whole device for block-device backings
+    destroy: str = ""  # confirmation: the device's kernel name, required when it holds data
+    quiet_agent_wait: float = 300.0
+
+    def validate(self) -> None:
+        if self.suite not in SUITES:
+            raise CloudboxError(f"--suite {self.suite!r} is not allowed; allowed: {', '.join(SUITES)}")
+        parse_size(self.size, 1024)
+        storage.resolve_tests(self.storage_tests)
+        resolve_net_tests(self.net_tests)
+
+
+def parse_size(text: str, memory_mib: int) -> tuple[int, str]:
+    """-> (bytes, label). 'study' is study B's rule: twice the guest's RAM (at least 2 GiB)."""
+    t = str(text).strip().lower()
+    if t == "quick":
+        return QUICK_SIZE, "quick"
+    if t == "study":
+        return max(2 * memory_mib * 1024**2, 2 * 1024**3), "study"
+    mult = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+    try:
+        if t and t[-1] in mult:
+            n = int(float(t[:-1]) * mult[t[-1]])
+        else:
+            n = int(t)
+    except ValueError:
+        raise CloudboxError(f"--size {text!r} not understood; allowed: quick, study, or a size like 512M, 4G") from None
+    if n < 4 * 1024**2:
+        raise CloudboxError(f"--size {text!r} is too small; the minimum is 4M")
+    return n, "custom"
+
+
+def resolve_net_tests(spec: str) -> list[network.NetTest]:
+    ids = network.NET_SETS.get(spec) or [s for s in spec.split(",") if s]
+    bad = [i for i in ids if i not in network.NET_TESTS]
+    if bad:
+        raise CloudboxError(f"unknown network test(s) {', '.join(bad)}; allowed: {', '.join(network.NET_TESTS)} "
+                            f"or a set: {', '.join(network.NET_SETS)}")
+    return [network.NET_TESTS[i] for i in ids]
+
+
+# ------------------------------------------------------------------------------------------- lock
+class RunLock:
+    """One active run per host: an flock on <run dir>/run.lock holding the run's id and pid."""
+
+    def __init__(self) -> None:
+        self.path = paths.run_dir() / "run.lock"
+        self.fd: int | None = None
+
+    def acquire(self, info: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self.holder() or {}
+            os.close(fd)
+            raise RunBusy(
+                f"another cloudbox run is active on this host (run {holder.get('run_id', '?')}, profile "
+                f"{holder.get('profile', '?')}, pid {holder.get('pid', '?')}); watch it with 'cloudbox watch "
+                f"{holder.get('run_id', 'ID')}' or stop it with 'cloudbox cancel {holder.get('run_id', 'ID')}'"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(info).encode())
+        self.fd = fd
+
+    def update(self, info: dict) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, json.dumps(info).encode(), 0)
+
+    def holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)
+            self.fd = None
+
+
+def check_not_busy() -> None:
+    """Raise RunBusy now (cheaply) if a run holds the lock."""
+    lock = RunLock()
+    lock.acquire({"probe": True, "pid": os.getpid()})
+    lock.release()
+
+
+# --------------------------------------------------------------------------------------- executor
+EmitFn = Callable[[str, dict], None]
+
+
+@dataclass
+class Executor:
+    spec: RunSpec
+    store: object  # results.ResultStore
+    emit: EmitFn | None = None  # extra consumer (the foreground CLI prints events)
+    run_id: int | None = None  # pre-created by start_detached()
+    _cancel: bool = field(default=False, init=False)
+    _cleaning: bool = field(default=False, init=False)
+    _last_progress: float = field(default=0.0, init=False)
+
+    # -- events ----------------------------------------------------------------------------
+    def event(self, kind: str, payload: dict) -> None:
+        if kind == "progress":
+            now = time.monotonic()
+            if now - self._last_progress < 0.5 and payload.get("pct", 0) < 100:
+                return
+            self._last_progress = now
+        if self.run_id is not None:
+            self.store.add_event(self.run_id, kind, payload)  # type: ignore[attr-defined]
+        if self.emit:
+            self.emit(kind, payload)
+
+    def step(self, text: str, **extra) -> None:
+        self.event("step", {"text": text, **extra})
+
+    def log(self, text: str) -> None:
+        self.event("log", {"text": text})
+
+    def cancelled(self) -> bool:
+        return self._cancel
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._cancel = True
+        if not self._cleaning:
+            raise Aborted(f"cancelled by {signal.Signals(signum).name}")
+
+    # -- the run -----------------------------------------------------------------------------
+    def execute(self) -> int:
+        from .profiles import find_profile, load_profile
+
+        spec = self.spec
+        spec.validate()
+        prof_path = Path(spec.profile)
+        profile = load_profile(prof_path) if prof_path.suffix == ".toml" and prof_path.exists() else (
+            find_profile(spec.profile))
+        size, size_label = parse_size(spec.size, profile.guest.memory_mib)
+        quick = size_label == "quick" or size < 2 * profile.guest.memory_mib * 1024**2
+        run_uuid = uuidlib.uuid4().hex
+        lock = RunLock()
+        lock.acquire({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        for s in old:
+            signal.signal(s, self._on_signal)
+        stack = contextlib.ExitStack()
+        state, reason = "aborted", "unknown"
+        try:
+            fields = dict(uuid=run_uuid, profile_name=profile.name, profile_hash=profile.hash,
+                          profile_toml=profile.to_toml(), suite=spec.suite, size_bytes=size,
+                          size_label=size_label, state="running", node=platform.node(), pid=os.getpid(),
+                          started_at=time.time())
+            if self.run_id is None:
+                self.run_id = self.store.create_run(**fields)  # type: ignore[attr-defined]
+            else:
+                self.store.update_run(self.run_id, **fields)  # type: ignore[attr-defined]
+            lock.update({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
+            self.event("state", {"state": "running", "profile": profile.name, "suite": spec.suite})
+            self._run(profile, size, size_label, quick, run_uuid, stack)
+            state, reason = "completed", None
+        except (Aborted, KeyboardInterrupt) as e:
+            reason = str(e) or "cancelled (Ctrl-C)"
+        except CloudboxError as e:
+            reason = str(e)
+        except Exception as e:  # a bug: still clean up and record it
+            reason = f"internal error: {e.__class__.__name__}: {e}"
+            raise
+        finally:
+            self._cleaning = True
+            self.step("cleaning up")
+            try:
+                stack.close()
+            except Exception as e:  # noqa: BLE001
+                reason = f"{reason or ''} (cleanup problem: {e})".strip()
+            if self.run_id is not None:
+                self.store.finish_run(self.run_id, state, reason)  # type: ignore[attr-defined]
+                self.event("state", {"state": state, "reason": reason})
+            for s, h in old.items():
+                signal.signal(s, h)
+            lock.release()
+        return self.run_id
+
+    def _run(self, profile, size: int, size_label: str, quick: bool, run_uuid: str,
+             stack: contextlib.ExitStack) -> None:
+        from .domain import render_domain
+
+        spec = self.spec
+        want_storage = spec.suite in ("storage", "all")
+        want_net = spec.suite in ("network", "all")
+        tests = storage.resolve_tests(spec.storage_tests) if want_storage else []
+        net_tests = resolve_net_tests(spec.net_tests) if want_net else []
+        runtime = spec.runtime or (5 if quick else 30)
+        net_seconds = spec.net_seconds or (5 if quick else 30)
+
+        self.step("checking the benchmark guest image")
+        image = GuestImage.locate()
+        self.step("probing the accelerator")
+        acc = accel.detect(image.kernel)
+        self.log(f"accelerator: {acc.label}: {acc.reason}")
+        if profile.guest.hypervisor == "xen":
+            raise CloudboxError(
+                f"profile {profile.name} needs the Xen hypervisor, but this host runs Linux without Xen "
+                "(/proc/xen not present); boot the appliance's Xen entry to run Xen profiles")
+        labels = []
+        if acc.emulated:
+            labels.append("emulated")
+        if acc.nested:
+            labels.append("nested")
+        if quick:
+            labels.append("quick-size")
+
+        self.step("connecting to libvirt")
+        conn = daemons.connect(hide_kvm=not acc.kvm_usable)
+        stack.callback(conn.close)
+        live = {r.uuid for r in self.store.active_runs()}  # type: ignore[attr-defined]
+        for name in reap_orphans(conn, live | {run_uuid}):
+            self.log(f"destroyed orphan guest {name} left by a dead run")
+
+        base = Path(spec.work_dir) if spec.work_dir else paths.state_dir() / "work"
+        self.step(f"preparing the backing store ({profile.disk.backing}, {storage_h(size)})")
+        store = backing.prepare(profile.disk.backing, work_dir=base / f"run-{run_uuid[:12]}", size_bytes=size,
+                                fmt=profile.disk.format, device=spec.device or None,
+                                confirm=spec.destroy or None, volume=profile.disk.volume)
+        stack.callback(store.remove)
+        labels += store.labels
+        prov = self._provenance(conn, acc, image, store)
+        self.store.update_run(self.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested),  # type: ignore[attr-defined]
+                              provenance=json.dumps(prov))
+
+        sampler = None
+        if store.host_device and want_storage:
+            from .diskstats import Sampler
+
+            def on_sample(s) -> None:
+                row = s.as_dict()
+                row["test"] = self._current_test
+                self.store.add_samples(self.run_id, [row])  # type: ignore[attr-defined]
+                self.event("sample", row)
+
+            sampler = stack.enter_context(Sampler(store.host_device, on_sample))
+        self._current_test = "idle"
+
+        # ---- bare-metal storage baseline --------------------------------------------------
+        host_runner = storage.HostRunner(self.cancelled)
+        if want_storage:
+            self.step("bare metal: storage tests", side="baseline")
+            if storage.needs_fill(tests):
+                self.step("bare metal: laying down data for read tests", side="baseline")
+                host_runner.fill(store.baseline_target, size)
+            for t in tests:
+                self._storage_test("baseline", t, lambda t=t, p=None: host_runner.run(
+                    t, store.baseline_target, size, runtime, self._progress("baseline", t.id)),
+                    sampler, labels, lambda: None)
+            if not store.is_block:
+                Path(store.baseline_target).unlink(missing_ok=True)
+
+        # ---- network plumbing (before the guest: its NIC attaches to the bridge) ------------
+        hostnet = None
+        if want_net:
+            self.step(f"network: bridge {network.BRIDGE} and baseline namespace, MTU {profile.network.mtu}")
+            hostnet = network.HostNetwork(profile.network.mtu)
+            stack.callback(hostnet.teardown)
+            hostnet.setup_bridge()
+            hostnet.setup_netns()
+
+        # ---- the guest ---------------------------------------------------------------------
+        name = f"cloudbox-{profile.name}-{run_uuid[:8]}"
+        xml = render_domain(profile, name=name, domain_type=acc.domain_type, kernel=str(image.kernel),
+                            initrd=str(image.initrd), cmdline=CMDLINE, disk_path=store.path,
+                            disk_is_block=store.is_block, bridge=network.BRIDGE if want_net else None,
+                            mac=None, run_uuid=run_uuid)
+        self.step(f"launching guest {name} ({acc.label})")
+        t0 = time.monotonic()
+        guest = Guest.start(conn, xml)
+        stack.callback(guest.destroy)
+        waited = guest.wait_agent(timeout=spec.quiet_agent_wait,
+                                  on_wait=lambda s: self._check_cancel_and(
+                                      lambda: self.event("progress", {"side": "guest", "test": "boot",
+                                                                      "pct": 0, "eta": f"{s:.0f}s"})))
+        boot_s = time.monotonic() - t0
+        self.log(f"guest agent ready after {waited:.1f} s")
+        guest_kernel = guest.sh("uname -r", timeout=30).stdout.strip()
+        prov["domain_xml"] = guest.xml()
+        prov["guest_kernel"] = guest_kernel
+        prov["launch_to_agent_s"] = round(boot_s, 2)
+        self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+
+        if want_storage:
+            gr = storage.GuestRunner(guest, self.cancelled)
+            gr.check_tools(tests)
+            disk = gr.disk()
+            self.log(f"guest benchmark disk: {disk} (bus {profile.disk.bus})")
+            self.step("guest: storage tests", side="guest")
+            if storage.needs_fill(tests):
+                self.step("guest: laying down data for read tests", side="guest")
+                gr.fill(disk, size)
+            for t in tests:
+                self._storage_test("guest", t, lambda t=t: gr.run(
+                    t, disk, size, runtime, self._progress("guest", t.id)), sampler, labels, gr.drop_caches)
+
+        if want_net and hostnet is not None:
+            self.step("guest: configuring the NIC and checking the MTU end to end")
+            nic = network.configure_guest(guest, profile.network.mtu)
+            self.log(f"MTU {profile.network.mtu} verified end to end (guest {nic} -> bridge {network.BRIDGE})")
+            ports = {"netperf": 0, "iperf3": 0}
+            bports = {"netperf": 0, "iperf3": 0}
+            for t in net_tests:
+                if not guest.has(t.tool):
+                    raise CloudboxError(f"{t.tool} is not installed in the guest; rebuild it with 'make guest-image'")
+                if not ports[t.tool]:
+                    start = hostnet.start_netserver if t.tool == "netperf" else hostnet.start_iperf3
+                    ports[t.tool] = start(network.HOST_IP)
+                    bports[t.tool] = start(network.NS_HOST_IP)
+                self._net_test("guest", t, lambda t=t: network.run_in_guest(
+                    guest, t, ports[t.tool], net_seconds, self._progress("guest", t.id), self.cancelled), labels)
+                self._net_test("baseline", t, lambda t=t: network.run_baseline(
+                    t, bports[t.tool], net_seconds, self._progress("baseline", t.id), self.cancelled),
+                    [*[x for x in labels if x not in ("emulated", "nested")], "veth-netns"])
+
+    _current_test = "idle"
+
+    def _check_cancel_and(self, fn: Callable[[], None]) -> None:
+        if self._cancel:
+            raise Aborted("cancelled while the guest was booting")
+        fn()
+
+    def _progress(self, side: str, test: str) -> Callable[[dict], None]:
+        return lambda p: self.event("progress", {"side": side, "test": test, **p})
+
+    def _storage_test(self, side: str, t: storage.StorageTest, run: Callable[[], storage.FioResult],
+                      sampler, labels: list[str], guest_drop: Callable[[], None]) -> None:
+        if self._cancel:
+            raise Aborted("cancelled")
+        tl = list(dict.fromkeys([*labels, *t.labels]))
+        if side == "baseline":
+            tl = [x for x in tl if x not in ("emulated", "nested")]  # bare metal is never emulated
+        if "read" in t.rw:
+            if not storage.drop_host_caches():
+                tl.append("warm-cache")
+            guest_drop()
+        self._current_test = f"{side}:{t.id}"
+        self.step(f"{side}: {t.id}", side=side, test=t.id)
+        start = time.time()
+        res = run()
+        end = time.time()
+        self._current_test = "idle"
+        host = sampler.window(start, end) if sampler else None
+        common = dict(side=side, test=t.id, labels=json.dumps(tl), started_at=start, finished_at=end,
+                      **(host or {}))
+        self.store.add_measurement(self.run_id, metric="MB/s", value=res.mbps, raw=res.raw, **common)  # type: ignore[attr-defined]
+        if t.timed:
+            self.store.add_measurement(self.run_id, metric="IOPS", value=res.iops, raw="", **common)  # type: ignore[attr-defined]
+            self.store.add_measurement(self.run_id, metric="lat_us", value=res.lat_us, raw="", **common)  # type: ignore[attr-defined]
+        self.event("measurement", {"side": side, "test": t.id, "metric": "MB/s", "value": round(res.mbps, 2),
+                                   "iops": round(res.iops, 1), **{k: round(v, 2) for k, v in (host or {}).items()},
+                                   "labels": tl})
+
+    def _net_test(self, side: str, t: network.NetTest, run: Callable[[], network.NetResult],
+                  labels: list[str]) -> None:
+        if self._cancel:
+            raise Aborted("cancelled")
+        self.step(f"{side}: {t.id} ({t.direction})", side=side, test=t.id)
+        start = time.time()
+        res = run()
+        end = time.time()
+        tl = list(dict.fromkeys(labels))
+        common = dict(side=side, test=t.id, labels=json.dumps(tl), started_at=start, finished_at=end)
+        self.store.add_measurement(self.run_id, metric=res.metric, value=res.value, raw=res.raw, **common)  # type: ignore[attr-defined]
+        if res.lat_us is not None and t.kind == "TCP_RR":
+            self.store.add_measurement(self.run_id, metric="lat_us", value=res.lat_us, raw="", **common)  # type: ignore[attr-defined]
+        self.event("measurement", {"side": side, "test": t.id, "metric": res.metric, "value": round(res.value, 2),
+                                   "labels": tl})
+
+    def _provenance(self, conn, acc, image: GuestImage, store: backing.BackingStore) -> dict:
+        from .. import __version__
+
+        def ver(cmd: list[str]) -> str:
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+                return (out.stdout or out.stderr).strip().splitlines()[0]
+            except (OSError, IndexError, subprocess.TimeoutExpired):
+                return "not installed"
+
+        def lv(n: int) -> str:
+            return f"{n // 1000000}.{n // 1000 % 1000}.{n % 1000}"
+
+        return {
+            "host": platform.node(),
+            "host_kernel": platform.release(),
+            "cpu": _cpu_model(),
+            "accelerator": asdict(acc),
+            "versions": {
+                "cloudbox": __version__,
+                "qemu": ver(["qemu-system-x86_64", "--version"]),
+                "libvirt": lv(conn.getLibVersion()),
+                "hypervisor": lv(conn.getVersion()),
+                "fio": ver(["fio", "--version"]),
+                "netperf": ver(["netperf", "-V"]),
+                "iperf3": ver(["iperf3", "--version"]),
+                "guest_packages": image.packages,
+            },
+            "guest_image": {"kernel_version": image.kernel_version, "sha256": image.manifest.get("sha256", {})},
+            "backing": {"kind": store.kind, "path": store.path, "device": store.host_device, "model": store.model,
+                        "size_bytes": store.size_bytes, "format": store.format, "is_block": store.is_block},
+            "spec": asdict(self.spec),
+        }
+
+
+def storage_h(n: int) -> str:
+    return backing._h(n)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# ------------------------------------------------------------------------------------- detached
+def start_detached(spec: RunSpec, store) -> int:
+    """Start the executor in its own session (it outlives the caller); returns the run id at once."""
+    spec.validate()
+    check_not_busy()
+    run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
+                              state="running", node=platform.node(), started_at=time.time())
+    log_dir = paths.state_dir() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / f"run-{run_id}.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "cloudbox.core.runner", str(run_id), json.dumps(asdict(spec))],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log.close()
+    store.update_run(run_id, pid=proc.pid)
+    return run_id
+
+
+def cancel(store, run_id: int, timeout: float = 60.0) -> str:
+    """Ask a run's executor to stop (SIGTERM: it cleans up and stores the run as aborted)."""
+    run = store.get_run(run_id)
+    if run.state != "running":
+        return run.state
+    if not run.pid:
+        raise CloudboxError(f"run {run_id} has no executor pid recorded")
+    try:
+        os.kill(run.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        store.reap_dead_runs()
+        return store.get_run(run_id).state
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = store.get_run(run_id).state
+        if state != "running":
+            return state
+        time.sleep(0.5)
+    return "running"
+
+
+def _main(argv: list[str]) -> int:
+    from .results import ResultStore
+
+    run_id, spec = int(argv[0]), RunSpec(**json.loads(argv[1]))
+    with ResultStore() as store:
+        ex = Executor(spec, store, run_id=run_id)
+        try:
+            ex.execute()
+        except Exception as e:  # noqa: BLE001 - recorded in the run already
+            print(f"executor: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,303 @@
+"""Storage tests: fio jobs (and a literal dd mode) run identically in the guest and on bare metal.
+
+The same job runs twice: on the host against the backing device/file system (the baseline) and in the
+guest against its benchmark disk. Writes come before reads so reads never hit sparse holes; page
+caches are dropped (host and guest) before every read so numbers are cold-cache unless labelled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import Aborted, CloudboxError, GuestError
+
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class StorageTest:
+    id: str
+    rw: str  # fio rw: write, read, randread, randwrite
+    bs: str
+    iodepth: int = 1
+    direct: bool = True
+    dd: bool = False  # literal dd instead of fio
+    timed: bool = False  # random tests are capped by runtime
+
+    @property
+    def writes(self) -> bool:
+        return "write" in self.rw
+
+    @property
+    def labels(self) -> list[str]:
+        return [] if self.direct else ["buffered"]
+
+
+TESTS: dict[str, StorageTest] = {t.id: t for t in [
+    StorageTest("seq-write-64k", "write", "64k"),
+    StorageTest("seq-read-64k", "read", "64k"),
+    StorageTest("seq-write-64k-buffered", "write", "64k", direct=False),
+    StorageTest("seq-read-64k-buffered", "read", "64k", direct=False),
+    StorageTest("dd-write-64k", "write", "64k", direct=False, dd=True),
+    StorageTest("dd-read-64k", "read", "64k", direct=False, dd=True),
+    StorageTest("seq-write-1m", "write", "1m", iodepth=8),
+    StorageTest("seq-read-1m", "read", "1m", iodepth=8),
+    StorageTest("randwrite-4k-qd1", "randwrite", "4k", timed=True),
+    StorageTest("randread-4k-qd1", "randread", "4k", timed=True),
+    StorageTest("randwrite-4k-qd32", "randwrite", "4k", iodepth=32, timed=True),
+    StorageTest("randread-4k-qd32", "randread", "4k", iodepth=32, timed=True),
+]}
+
+TEST_SETS: dict[str, list[str]] = {
+    # The studies' pattern: 64 kB sequential, synchronous (dd) and direct.
+    "study": ["dd-write-64k", "dd-read-64k", "seq-write-64k", "seq-read-64k"],
+    "standard": ["seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m",
+                 "seq-read-1m", "randwrite-4k-qd1", "randread-4k-qd1", "randwrite-4k-qd32",
+                 "randread-4k-qd32"],
+    "full": list(TESTS),
+    "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
+}
+
+
+def resolve_tests(spec: str | list[str]) -> list[StorageTest]:
+    """A set name or comma-separated test ids -> tests in a safe order (writes before reads)."""
+    ids = spec if isinstance(spec, list) else (TEST_SETS.get(spec) or [s for s in spec.split(",") if s])
+    unknown = [i for i in ids if i not in TESTS]
+    if unknown:
+        raise CloudboxError(
+            f"unknown storage test(s) {', '.join(unknown)}; allowed: {', '.join(TESTS)} "
+            f"or a set: {', '.join(TEST_SETS)}")
+    return [TESTS[i] for i in ids]
+
+
+def needs_fill(tests: list[StorageTest]) -> bool:
+    """True when a read test comes before any full sequential write has laid down data."""
+    for t in tests:
+        if t.rw == "write":
+            return False
+        if "read" in t.rw:
+            return True
+    return False
+
+
+@dataclass
+class FioResult:
+    test: str
+    mbps: float
+    iops: float
+    lat_us: float
+    seconds: float
+    raw: str
+    extra: dict = field(default_factory=dict)
+
+
+def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool = False) -> list[str]:
+    rw = "write" if fill else t.rw
+    args = [
+        "fio", f"--name={'fill' if fill else t.id}", f"--filename={target}", f"--size={size}",
+        f"--rw={rw}", f"--bs={'1m' if fill else t.bs}", f"--iodepth={1 if fill else t.iodepth}",
+        f"--direct={1 if (fill or t.direct) else 0}",
+        "--ioengine=libaio" if (fill or t.direct) else "--ioengine=psync",
+        "--output-format=json", "--eta=always", "--eta-newline=1", "--eta-interval=1",
+        "--group_reporting=1", "--randrepeat=0", "--norandommap=1",
+    ]
+    if not fill and t.writes and not t.direct:
+        args.append("--end_fsync=1")  # like dd conv=fdatasync: the data must reach the disk
+    if not fill and t.timed:
+        args += [f"--runtime={runtime}"]
+    return args
+
+
+def dd_args(t: StorageTest, target: str, size: int) -> list[str]:
+    count = max(1, size // (64 * 1024))
+    if t.writes:
+        return ["dd", "if=/dev/zero", f"of={target}", "bs=64k", f"count={count}", "conv=fdatasync"]
+    return ["dd", f"if={target}", "of=/dev/null", "bs=64k", f"count={count}"]
+
+
+_ETA = re.compile(r"\[(?P<pct>[\d.]+)%\]\[(?:[rw]=(?P<bw1>[\d.]+)(?P<u1>[KMG]i?B)/s)?(?:,?\s*[rw]=(?P<bw2>[\d.]+)(?P<u2>[KMG]i?B)/s)?\]"
+                  r".*?\[eta (?P<eta>[^\]]+)\]")
+_UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": MB, "GB": 1000**3}
+
+
+def parse_eta(line: str) -> dict | None:
+    """fio's status line -> {'pct': 45.0, 'mbps': 120.3, 'eta': '00m:05s'} (None if not a status line)."""
+    m = _ETA.search(line)
+    if not m:
+        return None
+    mbps = 0.0
+    for bw, unit in ((m["bw1"], m["u1"]), (m["bw2"], m["u2"])):
+        if bw:
+            mbps += float(bw) * _UNITS.get(unit, 1) / MB
+    return {"pct": float(m["pct"]), "mbps": round(mbps, 2), "eta": m["eta"]}
+
+
+def parse_fio(test_id: str, text: str) -> FioResult:
+    start = text.find("{")
+    if start < 0:
+        raise CloudboxError(f"fio ({test_id}) printed no JSON: {text.strip()[:300]}")
+    try:
+        data = json.loads(text[start:])
+    except ValueError as e:
+        raise CloudboxError(f"fio ({test_id}) printed invalid JSON: {e}") from e
+    job = data["jobs"][0]
+    if job.get("error"):
+        raise CloudboxError(f"fio ({test_id}) failed with error {job['error']}")
+    mbps = iops = lat = 0.0
+    secs = 0.0
+    for d in ("read", "write"):
+        side = job.get(d, {})
+        if side.get("io_bytes", 0) > 0:
+            mbps += side["bw_bytes"] / MB
+            iops += side["iops"]
+            lat = max(lat, side.get("clat_ns", {}).get("mean", 0.0) / 1000)
+            secs = max(secs, side.get("runtime", 0) / 1000)
+    return FioResult(test_id, mbps, iops, lat, secs, text[start:])
+
+
+_DD = re.compile(r"(\d+) bytes.*copied,\s*([\d.]+)\s*s")
+
+
+def parse_dd(test_id: str, text: str) -> FioResult:
+    m = _DD.search(text)
+    if not m:
+        raise CloudboxError(f"dd ({test_id}) output not understood: {text.strip()[-300:]}")
+    nbytes, secs = int(m[1]), float(m[2])
+    return FioResult(test_id, nbytes / secs / MB if secs else 0.0, 0.0, 0.0, secs, text)
+
+
+ProgressFn = Callable[[dict], None]
+
+
+def drop_host_caches() -> bool:
+    try:
+        subprocess.run(["sync"], check=False)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+class HostRunner:
+    """Runs storage tests on bare metal (this host)."""
+
+    def __init__(self, cancelled: Callable[[], bool]):
+        self.cancelled = cancelled
+
+    def fill(self, target: str, size: int) -> None:
+        t = TESTS["seq-write-1m"]
+        self._fio(t, fio_args(t, target, size, 0, fill=True), lambda _p: None)
+
+    def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn) -> FioResult:
+        if t.dd:
+            return self._dd(t, target, size)
+        return self._fio(t, fio_args(t, target, size, runtime), progress)
+
+    def _fio(self, t: StorageTest, args: list[str], progress: ProgressFn) -> FioResult:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(prefix="cloudbox-fio-", suffix=".json") as out:
+            proc = subprocess.Popen([*args, f"--output={out.name}"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
+            assert proc.stdout is not None
+            tail: list[str] = []
+            try:
+                for line in proc.stdout:
+                    if self.cancelled():
+                        raise Aborted("cancelled during a bare-metal fio run")
+                    eta = parse_eta(line)
+                    if eta:
+                        progress(eta)
+                    else:
+                        tail = (tail + [line])[-20:]
+                rc = proc.wait()
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            text = Path(out.name).read_text()
+        if rc != 0:
+            raise CloudboxError(f"bare-metal fio ({t.id}) exited {rc}: {''.join(tail).strip()[-400:]}")
+        return parse_fio(t.id, text)
+
+    def _dd(self, t: StorageTest, target: str, size: int) -> FioResult:
+        r = subprocess.run(dd_args(t, target, size), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CloudboxError(f"bare-metal dd ({t.id}) failed: {r.stderr.strip()[-300:]}")
+        return parse_dd(t.id, r.stderr)
+
+
+class GuestRunner:
+    """Runs storage tests inside the guest through the guest agent."""
+
+    def __init__(self, guest, cancelled: Callable[[], bool]):
+        self.guest = guest
+        self.cancelled = cancelled
+
+    def check_tools(self, tests: list[StorageTest]) -> None:
+        need = {"dd" if t.dd else "fio" for t in tests}
+        missing = [p for p in sorted(need) if not self.guest.has(p)]
+        if missing:
+            raise GuestError(
+                f"the guest {self.guest.name} has no {', '.join(missing)}: the benchmark guest image is "
+                "incomplete; rebuild it with 'make guest-image' (appliance/guest/build-guest-image --force)")
+
+    def disk(self) -> str:
+        """The guest's benchmark disk: the one non-ram, non-loop block device."""
+        r = self.guest.sh("for d in /sys/block/*; do n=${d##*/}; case $n in ram*|loop*|sr*|zram*) ;; "
+                          "*) echo $n;; esac; done", timeout=30).check()
+        disks = r.stdout.split()
+        if len(disks) != 1:
+            raise GuestError(f"expected exactly one benchmark disk in the guest, found: {disks or 'none'}")
+        return f"/dev/{disks[0]}"
+
+    def drop_caches(self) -> None:
+        self.guest.sh("sync; echo 3 > /proc/sys/vm/drop_caches", timeout=60)
+
+    def fill(self, target: str, size: int) -> None:
+        t = TESTS["seq-write-1m"]
+        self._fio(t, fio_args(t, target, size, 0, fill=True), lambda _p: None, timeout=3600)
+
+    def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn,
+            timeout: float = 3600) -> FioResult:
+        if t.dd:
+            r = self.guest.run(dd_args(t, target, size), timeout=timeout, poll=self._check_cancel)
+            if r.exitcode != 0:
+                raise GuestError(f"dd ({t.id}) in the guest exited {r.exitcode}: {r.stderr.strip()[-300:]}")
+            return parse_dd(t.id, r.stderr)
+        return self._fio(t, fio_args(t, target, size, runtime), progress, timeout=timeout)
+
+    def _check_cancel(self) -> None:
+        if self.cancelled():
+            raise Aborted("cancelled during a guest test")
+
+    def _fio(self, t: StorageTest, args: list[str], progress: ProgressFn, timeout: float) -> FioResult:
+        cmd = " ".join(shlex.quote(a) for a in args) + " --output=/tmp/fio.json > /tmp/fio.eta 2>&1"
+        last = [0.0]
+
+        def poll() -> None:
+            self._check_cancel()
+            now = time.monotonic()
+            if now - last[0] < 1.0:
+                return
+            last[0] = now
+            r = self.guest.sh("tail -c 400 /tmp/fio.eta 2>/dev/null", timeout=10)
+            for line in reversed(r.stdout.replace("\r", "\n").splitlines()):
+                eta = parse_eta(line)
+                if eta:
+                    progress(eta)
+                    break
+
+        r = self.guest.sh(cmd, timeout=timeout, poll=poll, interval=0.25)
+        if r.exitcode != 0:
+            log = self.guest.sh("tail -c 600 /tmp/fio.eta", timeout=10).stdout
+            raise GuestError(f"fio ({t.id}) in the guest exited {r.exitcode}: {log.strip()[-400:]}")
+        out = self.guest.sh("cat /tmp/fio.json", timeout=30).check().stdout
+        return parse_fio(t.id, out)

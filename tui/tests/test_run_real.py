@@ -1,0 +1,153 @@
+"""Real runs against real libvirtd and QEMU (TCG here): storage and network suites for two presets, results read
+back from SQLite and checked for sane values; plus the run lock, cancel and detached runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from cloudbox.core import runner
+from cloudbox.core.results import ResultStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+
+def _leftovers(conn) -> dict:
+    from cloudbox.core.guest import list_guests
+    from cloudbox.core.network import BRIDGE, NS, link_exists
+
+    return {
+        "guests": [g.name for g in list_guests(conn)],
+        "bridge": link_exists(BRIDGE),
+        "netns": os.path.exists(f"/run/netns/{NS}"),
+        "loops": subprocess.run(["losetup", "-j", "/var/tmp"], capture_output=True, text=True).stdout.strip(),
+    }
+
+
+def _work_files(state) -> list:
+    work = state / "state" / "work"
+    return sorted(str(p) for p in work.rglob("*")) if work.exists() else []
+
+
+@pytest.mark.parametrize("profile", ["eucalyptus-default", "virtio-disk"])
+def test_real_run_storage_and_network(profile, state, libvirt_conn):
+    spec = runner.RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke",
+                          net_tests="tcp-stream,tcp-maerts,tcp-rr", net_seconds=3, runtime=3)
+    events: list[tuple[str, dict]] = []
+    with ResultStore() as store:
+        rid = runner.Executor(spec, store, emit=lambda k, p: events.append((k, p))).execute()
+    with ResultStore() as store:  # read back through a fresh connection
+        run = store.get_run(rid)
+        evs = store.events_since(rid, 0)
+    assert run.state == "completed", run.reason
+    assert run.accelerator in ("kvm", "nested-kvm", "tcg")
+    if run.accelerator == "tcg":
+        assert run.emulated
+    prov = run.provenance
+    assert prov["backing"]["kind"] in ("sparse-file", "block-device")
+    assert "<domain" in prov["domain_xml"] and prov["guest_kernel"]
+    assert prov["versions"]["qemu"].startswith("QEMU")
+    for side in ("guest", "baseline"):
+        for test in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32"):
+            m = run.measurement(side, test, "MB/s")
+            assert m is not None, (side, test)
+            assert m.value > 0
+            # host-side metrics on the same timeline: request size and queue depth present
+            assert m.host_avgrq_sectors is not None and m.host_avgrq_sectors > 0, (side, test)
+            assert m.host_avgqu is not None and m.host_util is not None
+            if side == "guest" and run.emulated:
+                assert "emulated" in m.labels
+            if side == "baseline":
+                assert "emulated" not in m.labels
+        for test, metric in (("tcp-stream", "Mbit/s"), ("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s")):
+            m = run.measurement(side, test, metric)
+            assert m is not None and m.value > 0, (side, test)
+    # progress was streamed while running, not only at the end
+    kinds = [e.kind for e in evs]
+    assert kinds.count("progress") >= 3 and "sample" in kinds and kinds[-1] == "state"
+    assert any(k == "step" for k, _ in events)
+    # nothing left behind
+    assert _leftovers(libvirt_conn) == {"guests": [], "bridge": False, "netns": False, "loops": ""}
+    assert _work_files(state) == []
+
+
+def test_second_run_refused_and_cancel(state, libvirt_conn):
+    """A detached run holds the host; a second one is refused; cancel cleans up and stores `aborted`."""
+    with ResultStore() as store:
+        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="storage", size="64M",
+                                                   storage_tests="full", runtime=30), store)
+        deadline = time.time() + 240
+        while time.time() < deadline:  # wait until the executor holds the lock and the guest is up
+            steps = [e.payload.get("text", "") for e in store.events_since(rid, 0) if e.kind == "step"]
+            if any(s.startswith("launching guest") for s in steps):
+                break
+            assert store.get_run(rid).state == "running", store.get_run(rid).reason
+            time.sleep(1)
+        else:
+            pytest.fail("detached run never launched its guest")
+        with pytest.raises(runner.RunBusy, match="another cloudbox run is active"):
+            runner.Executor(runner.RunSpec(profile="eucalyptus-default", suite="storage"), store).execute()
+        assert runner.cancel(store, rid, timeout=120) == "aborted"
+        run = store.get_run(rid)
+        assert "SIGTERM" in run.reason
+    assert _leftovers(libvirt_conn)["guests"] == []
+    assert _work_files(state) == []
+
+
+def test_ctrl_c_in_foreground_cli(state, libvirt_conn):
+    """SIGINT to a foreground `cloudbox run` aborts it cleanly: guest gone, store removed, run kept as aborted."""
+    proc = subprocess.Popen([sys.executable, "-m", "cloudbox.cli", "run", "--profile", "eucalyptus-default",
+                             "--suite", "storage", "--size", "64M", "--tests", "full", "--runtime", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "guest: storage tests" in line or "guest: laying down" in line:
+            break
+    else:
+        pytest.fail("run ended before the guest phase:\n" + "".join(seen))
+    proc.send_signal(2)
+    out = "".join(seen) + proc.stdout.read()
+    assert proc.wait(timeout=120) == 1, out
+    assert "run aborted" in out
+    with ResultStore() as store:
+        run = store.list_runs()[0]
+        assert run.state == "aborted" and "SIGINT" in (run.reason or ""), run.reason
+    assert _leftovers(libvirt_conn)["guests"] == []
+    assert _work_files(state) == []
+
+
+def test_cli_json_output(state, libvirt_conn):
+    r = subprocess.run([sys.executable, "-m", "cloudbox.cli", "run", "--profile", "virtio-disk", "--suite",
+                        "storage", "--size", "16M", "--tests", "dd-write-64k,dd-read-64k", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(r.stdout[r.stdout.index("\n{") + 1:] if not r.stdout.startswith("{") else r.stdout)
+    assert data["state"] == "completed"
+    tests = {(m["side"], m["test"]) for m in data["measurements"]}
+    assert ("guest", "dd-write-64k") in tests and ("baseline", "dd-read-64k") in tests
+
+
+def test_watch_follows_detached_run(state, libvirt_conn):
+    with ResultStore() as store:
+        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="storage", size="16M",
+                                                   storage_tests="seq-write-64k"), store)
+    out: list[str] = []
+
+    def watch() -> None:
+        r = subprocess.run([sys.executable, "-m", "cloudbox.cli", "watch", str(rid)], capture_output=True,
+                           text=True, timeout=600)
+        out.append(r.stdout + r.stderr)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    t.join(610)
+    assert out and "run completed" in out[0], out
+    assert "seq-write-64k" in out[0]
