@@ -37,7 +37,7 @@ guest-image: deps
 
 lint: venv
 	$(VENV)/bin/ruff check tui
-	$(VENV)/bin/mypy tui/src
+	$(VENV)/bin/mypy --config-file tui/pyproject.toml tui/src
 
 bench: deps-test venv guest-image
 	@scripts/run-bench

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-
 # One run dir for the whole session (run lock, accelerator probe cache, record of started daemons);
 # state (results DB, work dirs) is per test.
 _RUN_DIR = Path(tempfile.mkdtemp(prefix="cloudbox-test-run-", dir="/var/tmp"))

@@ -77,10 +77,9 @@ def test_refuses_non_block_device(tmp_path):
 
 
 @root_only
-def test_full_disk_no_space_for_backing_file(tmp_path):
-    mnt = tmp_path / "small"
+def test_full_disk_no_space_for_backing_file(state):
+    mnt = state / "small"
     mnt.mkdir()
-    os.chmod(tmp_path, 0o755)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], check=True)
     try:
         with pytest.raises(NoSpace, match=r"not enough free space .* need .* free"):
@@ -90,7 +89,15 @@ def test_full_disk_no_space_for_backing_file(tmp_path):
         subprocess.run(["umount", str(mnt)], check=True)
 
 
-def test_refuses_existing_work_dir(tmp_path):
+def test_refuses_untraversable_work_dir(tmp_path):
+    # pytest's tmp dirs are 0700: QEMU (libvirt-qemu) could not reach a store there; nothing is created.
+    with pytest.raises(CloudboxError, match="not traversable by others .* Choose another --work-dir"):
+        backing.prepare("sparse-file", work_dir=tmp_path / "run-x", size_bytes=16 * 1024**2, fmt="raw")
+    assert not (tmp_path / "run-x").exists()
+
+
+def test_refuses_existing_work_dir(state):
+    tmp_path = state
     d = tmp_path / "mine"
     d.mkdir()
     (d / "precious").write_text("data")

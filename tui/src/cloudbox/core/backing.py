@@ -223,18 +223,20 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
         raise CloudboxError(
             f"backing 'network-volume' ({volume or 'no volume'}) is declared but not implemented yet: "
             "it needs a front-end exporting AoE/iSCSI/NBD/NVMe-TCP volumes (cluster issue)")
+    for parent in work_dir.parents:  # QEMU runs as libvirt-qemu and must be able to traverse to the store
+        if parent == Path("/"):
+            break
+        if not parent.exists():  # created below with mode 0755
+            continue
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            raise CloudboxError(f"{parent}: not traversable by others (mode {oct(mode & 0o777)}); QEMU runs "
+                                "as libvirt-qemu and could not open the backing store. Choose another --work-dir")
     # A fresh per-run directory that we create and later remove whole; never a pre-existing one.
     try:
         work_dir.mkdir(parents=True, exist_ok=False)
     except FileExistsError:
         raise CloudboxError(f"{work_dir}: already exists; cloudbox only removes work directories it created") from None
-    for parent in work_dir.parents:  # QEMU runs as libvirt-qemu and must be able to traverse to the store
-        if parent == Path("/"):
-            break
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            raise CloudboxError(f"{parent}: not traversable by others (mode {oct(mode & 0o777)}); QEMU runs "
-                                "as libvirt-qemu and could not open the backing store. Choose another --work-dir")
     os.chmod(work_dir, 0o755)  # QEMU runs as libvirt-qemu and must reach the store
     dev_name = dev_name_for_path(work_dir)
     store = BackingStore(kind, "", False, fmt, size_bytes, dev_name, device_model(dev_name))

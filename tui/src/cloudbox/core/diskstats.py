@@ -102,24 +102,3 @@ class Sampler:
                 self.on_sample(s)
             except Exception:  # a failing consumer must not kill the sampler  # noqa: BLE001
                 pass
-
-    def window(self, start: float, end: float, *, busy_only: bool = True) -> dict[str, float] | None:
-        """Averages over samples whose interval ended in [start, end] (epoch seconds).
-
-        busy_only drops idle seconds (no I/O) so a short test's ramp does not dilute request size.
-        """
-        rows = [s for s in self.samples if start <= s.t <= end + self.interval]
-        if busy_only:
-            rows = [s for s in rows if s.util > 0 or s.read_mbps + s.write_mbps > 0] or rows
-        if not rows:
-            return None
-        n = len(rows)
-        weight = sum(s.read_mbps + s.write_mbps for s in rows)
-        avgrq = (sum(s.avgrq_sectors * (s.read_mbps + s.write_mbps) for s in rows) / weight
-                 if weight else sum(s.avgrq_sectors for s in rows) / n)
-        return {
-            "host_mbps": sum(s.read_mbps + s.write_mbps for s in rows) / n,
-            "host_avgrq_sectors": avgrq,
-            "host_avgqu": sum(s.avgqu for s in rows) / n,
-            "host_util": sum(s.util for s in rows) / n,
-        }

@@ -165,8 +165,9 @@ class GuestInfo:
 
 def list_guests(conn) -> list[GuestInfo]:
     """cloudbox guests (by metadata) known to libvirt."""
-    import libvirt
     from xml.etree import ElementTree as ET
+
+    import libvirt
 
     out = []
     for dom in conn.listAllDomains(0):

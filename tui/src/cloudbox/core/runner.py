@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import accel, backing, daemons, network, paths, storage
+from .diskstats import delta, read_counters
 from .errors import Aborted, CloudboxError, RunBusy
 from .guest import Guest, reap_orphans
 from .guestimage import CMDLINE, GuestImage
@@ -177,13 +178,11 @@ class Executor:
 
     # -- the run -----------------------------------------------------------------------------
     def execute(self) -> int:
-        from .profiles import find_profile, load_profile
+        from .profiles import resolve_profile
 
         spec = self.spec
         spec.validate()
-        prof_path = Path(spec.profile)
-        profile = load_profile(prof_path) if prof_path.suffix == ".toml" and prof_path.exists() else (
-            find_profile(spec.profile))
+        profile = resolve_profile(spec.profile)
         size, size_label = parse_size(spec.size, profile.guest.memory_mib)
         quick = size_label == "quick" or size < 2 * profile.guest.memory_mib * 1024**2
         run_uuid = uuidlib.uuid4().hex
@@ -193,7 +192,8 @@ class Executor:
         for s in old:
             signal.signal(s, self._on_signal)
         stack = contextlib.ExitStack()
-        state, reason = "aborted", "unknown"
+        state: str = "aborted"
+        reason: str | None = "unknown"
         try:
             fields = dict(uuid=run_uuid, profile_name=profile.name, profile_hash=profile.hash,
                           profile_toml=profile.to_toml(), suite=spec.suite, size_bytes=size,
@@ -222,11 +222,14 @@ class Executor:
             except Exception as e:  # noqa: BLE001
                 reason = f"{reason or ''} (cleanup problem: {e})".strip()
             if self.run_id is not None:
+                # finish_run also appends the final `state` event, atomically with the state change.
                 self.store.finish_run(self.run_id, state, reason)  # type: ignore[attr-defined]
-                self.event("state", {"state": state, "reason": reason})
+                if self.emit:
+                    self.emit("state", {"state": state, "reason": reason})
             for s, h in old.items():
                 signal.signal(s, h)
             lock.release()
+        assert self.run_id is not None
         return self.run_id
 
     def _run(self, profile, size: int, size_label: str, quick: bool, run_uuid: str,
@@ -297,9 +300,9 @@ class Executor:
                 self.step("bare metal: laying down data for read tests", side="baseline")
                 host_runner.fill(store.baseline_target, size)
             for t in tests:
-                self._storage_test("baseline", t, lambda t=t, p=None: host_runner.run(
-                    t, store.baseline_target, size, runtime, self._progress("baseline", t.id)),
-                    sampler, labels, lambda: None)
+                run_host = functools.partial(host_runner.run, t, store.baseline_target, size, runtime,
+                                             self._progress("baseline", t.id))
+                self._storage_test("baseline", t, run_host, sampler, labels, lambda: None)
             if not store.is_block:
                 Path(store.baseline_target).unlink(missing_ok=True)
 
@@ -344,8 +347,8 @@ class Executor:
                 self.step("guest: laying down data for read tests", side="guest")
                 gr.fill(disk, size)
             for t in tests:
-                self._storage_test("guest", t, lambda t=t: gr.run(
-                    t, disk, size, runtime, self._progress("guest", t.id)), sampler, labels, gr.drop_caches)
+                run_guest = functools.partial(gr.run, t, disk, size, runtime, self._progress("guest", t.id))
+                self._storage_test("guest", t, run_guest, sampler, labels, gr.drop_caches)
 
         if want_net and hostnet is not None:
             self.step("guest: configuring the NIC and checking the MTU end to end")
@@ -353,18 +356,20 @@ class Executor:
             self.log(f"MTU {profile.network.mtu} verified end to end (guest {nic} -> bridge {network.BRIDGE})")
             ports = {"netperf": 0, "iperf3": 0}
             bports = {"netperf": 0, "iperf3": 0}
-            for t in net_tests:
-                if not guest.has(t.tool):
-                    raise CloudboxError(f"{t.tool} is not installed in the guest; rebuild it with 'make guest-image'")
-                if not ports[t.tool]:
-                    start = hostnet.start_netserver if t.tool == "netperf" else hostnet.start_iperf3
-                    ports[t.tool] = start(network.HOST_IP)
-                    bports[t.tool] = start(network.NS_HOST_IP)
-                self._net_test("guest", t, lambda t=t: network.run_in_guest(
-                    guest, t, ports[t.tool], net_seconds, self._progress("guest", t.id), self.cancelled), labels)
-                self._net_test("baseline", t, lambda t=t: network.run_baseline(
-                    t, bports[t.tool], net_seconds, self._progress("baseline", t.id), self.cancelled),
-                    [*[x for x in labels if x not in ("emulated", "nested")], "veth-netns"])
+            bare_labels = [*[x for x in labels if x not in ("emulated", "nested")], "veth-netns"]
+            for nt in net_tests:
+                if not guest.has(nt.tool):
+                    raise CloudboxError(f"{nt.tool} is not installed in the guest; rebuild it with 'make guest-image'")
+                if not ports[nt.tool]:
+                    start = hostnet.start_netserver if nt.tool == "netperf" else hostnet.start_iperf3
+                    ports[nt.tool] = start(network.HOST_IP)
+                    bports[nt.tool] = start(network.NS_HOST_IP)
+                self._net_test("guest", nt, functools.partial(
+                    network.run_in_guest, guest, nt, ports[nt.tool], net_seconds,
+                    self._progress("guest", nt.id), self.cancelled), labels)
+                self._net_test("baseline", nt, functools.partial(
+                    network.run_baseline, nt, bports[nt.tool], net_seconds,
+                    self._progress("baseline", nt.id), self.cancelled), bare_labels)
 
     _current_test = "idle"
 
@@ -389,11 +394,18 @@ class Executor:
             guest_drop()
         self._current_test = f"{side}:{t.id}"
         self.step(f"{side}: {t.id}", side=side, test=t.id)
+        # Host metrics for the measurement: the device's counters at exactly the test's start and end
+        # (iostat over the whole test); the 1 s sampler feeds the live timeline.
+        c0 = read_counters(sampler.device) if sampler else None
         start = time.time()
         res = run()
         end = time.time()
         self._current_test = "idle"
-        host = sampler.window(start, end) if sampler else None
+        host = None
+        if sampler and c0 is not None:
+            d = delta(c0, read_counters(sampler.device), sampler.device)
+            host = {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors,
+                    "host_avgqu": d.avgqu, "host_util": d.util}
         common = dict(side=side, test=t.id, labels=json.dumps(tl), started_at=start, finished_at=end,
                       **(host or {}))
         self.store.add_measurement(self.run_id, metric="MB/s", value=res.mbps, raw=res.raw, **common)  # type: ignore[attr-defined]

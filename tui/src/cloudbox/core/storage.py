@@ -122,8 +122,10 @@ def dd_args(t: StorageTest, target: str, size: int) -> list[str]:
     return ["dd", f"if={target}", "of=/dev/null", "bs=64k", f"count={count}"]
 
 
-_ETA = re.compile(r"\[(?P<pct>[\d.]+)%\]\[(?:[rw]=(?P<bw1>[\d.]+)(?P<u1>[KMG]i?B)/s)?(?:,?\s*[rw]=(?P<bw2>[\d.]+)(?P<u2>[KMG]i?B)/s)?\]"
-                  r".*?\[eta (?P<eta>[^\]]+)\]")
+_ETA = re.compile(
+    r"\[(?P<pct>[\d.]+)%\]"
+    r"\[(?:[rw]=(?P<bw1>[\d.]+)(?P<u1>[KMG]i?B)/s)?(?:,?\s*[rw]=(?P<bw2>[\d.]+)(?P<u2>[KMG]i?B)/s)?\]"
+    r".*?\[eta (?P<eta>[^\]]+)\]")
 _UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": MB, "GB": 1000**3}
 
 

@@ -1,0 +1,302 @@
+"""`cloudbox results`: list, show, compare, export and delete stored benchmark runs.
+
+    cloudbox results list [--state S] [--profile P] [--limit N] [--json]
+    cloudbox results show RUN [--json] [--raw]
+    cloudbox results compare RUN [RUN...] [--format text|md|csv|json]
+    cloudbox results export [RUN...] [--format json|csv|md] [--raw] [-o FILE]
+    cloudbox results delete RUN
+
+RUN is a run id or a (prefix of a) run uuid. `--db PATH` (before the subcommand) reads another
+results database than paths.results_db(). Handlers return exit codes: 0 ok, 1 on a CloudboxError
+(message on stderr), 2 on usage errors (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from cloudbox.core import compare
+from cloudbox.core.errors import CloudboxError
+from cloudbox.core.results import STATES, ResultStore, Run
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `results` on a parent's add_subparsers() object; every leaf sets args.func."""
+    p = subparsers.add_parser(
+        "results", help="list, show, compare and export stored runs",
+        description="Stored benchmark runs: list, show, compare (Study A's Table 1/2 layout), "
+        "export, delete.",
+    )
+    p.add_argument("--db", type=Path, default=None,
+                   help="results database (default: the state dir's results.db)")
+    p.set_defaults(func=_usage(p))
+    sub = p.add_subparsers(dest="results_command", metavar="COMMAND")
+
+    ls = sub.add_parser("list", help="runs, newest first, with headline numbers")
+    ls.add_argument("--state", choices=STATES, help="only runs in this state")
+    ls.add_argument("--profile", help="only runs of this profile")
+    ls.add_argument("--limit", type=int, default=None, help="at most N runs")
+    ls.add_argument("--json", action="store_true", help="JSON list of run summaries")
+    ls.set_defaults(func=_guard(cmd_list))
+
+    show = sub.add_parser("show", help="one run: configuration, provenance and its table")
+    show.add_argument("run", metavar="RUN", help="run id or uuid (prefix)")
+    show.add_argument("--json", action="store_true", help="the whole run as JSON")
+    show.add_argument("--raw", action="store_true", help="include the tools' raw output")
+    show.set_defaults(func=_guard(cmd_show))
+
+    cmp = sub.add_parser("compare", help="runs side by side against each run's own bare-metal baseline")
+    cmp.add_argument("runs", metavar="RUN", nargs="+", help="run ids or uuids")
+    cmp.add_argument("--format", choices=("text", "md", "csv", "json"), default="text")
+    cmp.set_defaults(func=_guard(cmd_compare))
+
+    exp = sub.add_parser("export", help="write runs (all when none given) as JSON, CSV or markdown")
+    exp.add_argument("runs", metavar="RUN", nargs="*", help="run ids or uuids (default: every run)")
+    exp.add_argument("--format", choices=("json", "csv", "md"), default="json")
+    exp.add_argument("--raw", action="store_true", help="JSON: include the tools' raw output")
+    exp.add_argument("-o", "--output", type=Path, help="write to FILE instead of standard output")
+    exp.set_defaults(func=_guard(cmd_export))
+
+    rm = sub.add_parser("delete", help="delete a run with its measurements, samples and events")
+    rm.add_argument("run", metavar="RUN", help="run id or uuid")
+    rm.set_defaults(func=_guard(cmd_delete))
+    return p
+
+
+def _usage(parser: argparse.ArgumentParser) -> Handler:
+    def handler(args: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    return handler
+
+
+def _guard(fn: Handler) -> Handler:
+    """CloudboxError -> its text on stderr, exit 1; a closed pipe (| head) is not an error."""
+
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except CloudboxError as e:
+            print(f"cloudbox: {e}", file=sys.stderr)
+            return 1
+        except BrokenPipeError:
+            try:
+                sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - silence the flush at exit
+            except OSError:
+                pass
+            return 0
+
+    handler.__name__ = fn.__name__
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+def _store(args: argparse.Namespace) -> ResultStore:
+    return ResultStore(getattr(args, "db", None))
+
+
+def _when(t: float | None, long: bool = False) -> str:
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S" if long else "%m-%d %H:%M", time.localtime(t))
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    h, rem = divmod(s, 3600)
+    return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
+
+
+def _mbps(v: float | None, pct: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f} ({pct:.0f}%)" if pct is not None else f"{v:.1f}"
+
+
+def _alive(store: ResultStore, run: Run) -> bool:
+    return run.state != "running" or run.id in {r.id for r in store.active_runs()}
+
+
+# -- list -------------------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Runs newest first: id, start, state, profile, accelerator, headline write/read/TCP numbers."""
+    with _store(args) as store:
+        runs = store.list_runs(state=args.state, profile=args.profile, limit=args.limit)
+        active = {r.id for r in store.active_runs()} if any(r.state == "running" for r in runs) else set()
+    summaries = []
+    for r in runs:
+        s = compare.run_summary(r)
+        s["executor_alive"] = (r.id in active) if r.state == "running" else None
+        summaries.append(s)
+    if args.json:
+        print(json.dumps(summaries, indent=2, default=str))
+        return 0
+    if not runs:
+        print("no runs" + (f" in state {args.state}" if args.state else "") + (
+            f" of profile {args.profile}" if args.profile else ""))
+        return 0
+    header = ["ID", "STARTED", "STATE", "PROFILE", "ACCEL", "WRITE MB/s", "READ MB/s", "TCP Mb/s"]
+    rows = []
+    marks: set[str] = set()
+    for s in summaries:
+        state = s["state"]
+        if state == "running" and not s["executor_alive"]:
+            state += "?"
+            marks.add("?")
+        accel = s["accelerator"] or "-"
+        if s["emulated"]:
+            accel += compare.EMULATED_MARK
+            marks.add(compare.EMULATED_MARK)
+        profile = s["profile"] or "-"
+        if len(profile) > 16:
+            profile = profile[:15] + "~"
+        tcp = "-" if s["tcp_stream_mbits"] is None else f"{s['tcp_stream_mbits']:.0f}"
+        rows.append([
+            str(s["id"]), _when(s["started_at"]), state, profile, accel,
+            _mbps(s["seq_write_mbps"], s["seq_write_pct"]), _mbps(s["seq_read_mbps"], s["seq_read_pct"]), tcp,
+        ])
+    numeric = {0, 5, 6, 7}
+    widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
+    for line in [header, *rows]:
+        print(" ".join(c.rjust(widths[i]) if i in numeric else c.ljust(widths[i]) for i, c in enumerate(line))
+              .rstrip())
+    if compare.EMULATED_MARK in marks:
+        print(compare.EMULATED_NOTE if not any(r.accelerator == "nested-kvm" for r in runs)
+              else compare.NESTED_NOTE)
+    if "?" in marks:
+        print("? still marked running, but its executor process is gone (it will be marked failed)")
+    print("(%) = guest as % of the bare-metal baseline measured in the same run")
+    return 0
+
+
+# -- show -------------------------------------------------------------------------------------------
+
+
+def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
+    p = run.provenance
+    versions = p.get("versions") if isinstance(p.get("versions"), dict) else {}
+    backing = p.get("backing") if isinstance(p.get("backing"), dict) else {}
+    state = run.state + (f" ({run.reason})" if run.reason else "")
+    if run.state == "running" and not _alive(store, run):
+        state += " - executor process gone"
+    lines = [
+        f"run #{run.id}  {run.uuid}",
+        f"  state        {state}",
+        f"  profile      {run.profile_name or '-'}"
+        + (f"  [{run.profile_hash[:12]}]" if run.profile_hash else ""),
+        f"  suite        {run.suite or '-'}  size {run.size_label or '-'}"
+        + (f" ({run.size_bytes / 2**30:.1f} GiB)" if run.size_bytes else ""),
+        f"  accelerator  {run.accelerator or '-'}"
+        + (f"  {compare.EMULATED_MARK} EMULATED: numbers are not overhead figures" if run.emulated else ""),
+        f"  VMM/driver   {compare.vmm_label(run)}; {compare.target_label(run)}; {compare.driver_label(run)}",
+        f"  node         {run.node or '-'}  pid {run.pid or '-'}",
+        f"  started      {_when(run.started_at, True)}  finished {_when(run.finished_at, True)}"
+        + (f"  ({_duration(run.duration)})" if run.duration is not None else ""),
+    ]
+    if backing:
+        desc = ", ".join(f"{k}={backing[k]}" for k in ("kind", "path", "device", "model", "size_bytes")
+                         if backing.get(k) is not None)
+        lines.append(f"  backing      {desc}")
+    for key in ("host_kernel", "guest_kernel"):
+        if p.get(key):
+            lines.append(f"  {key.replace('_', ' '):<12} {p[key]}")
+    if versions:
+        lines.append("  versions     " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))
+    print("\n".join(lines), file=out)
+    print(file=out)
+    print(compare.to_text(compare.compare_table([run], title=f"Run #{run.id}")), end="", file=out)
+    if raw:
+        for m in run.measurements:
+            if m.raw:
+                print(f"\n--- raw: {m.side} {m.test} {m.metric} (measurement {m.id}) ---", file=out)
+                print(m.raw.rstrip("\n"), file=out)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """One run: configuration, provenance summary, its table; --raw adds tool output."""
+    with _store(args) as store:
+        run = store.get_run(store.resolve(args.run), raw=args.raw)
+        if args.json:
+            print(compare.to_json([run], raw=args.raw), end="")
+        else:
+            _show_text(store, run, args.raw, sys.stdout)
+    return 0
+
+
+# -- compare / export -------------------------------------------------------------------------------
+
+
+def _render(runs: list[Run], fmt: str, raw: bool = False) -> str:
+    if fmt == "json":
+        return compare.to_json(runs, raw=raw)
+    table = compare.compare_table(runs)
+    if fmt == "md":
+        return compare.to_markdown(table)
+    if fmt == "csv":
+        return compare.to_csv(table)
+    return compare.to_text(table)
+
+
+def _runs(store: ResultStore, refs: list[str], raw: bool) -> list[Run]:
+    ids = list(dict.fromkeys(store.resolve(ref) for ref in refs))
+    return [store.get_run(i, raw=raw) for i in ids]
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Runs side by side, each against its own baseline."""
+    with _store(args) as store:
+        runs = _runs(store, args.runs, raw=False)
+    print(_render(runs, args.format), end="")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Runs (all when none named, oldest first) as JSON, CSV or markdown, to stdout or -o FILE."""
+    with _store(args) as store:
+        if args.runs:
+            runs = _runs(store, args.runs, raw=args.raw)
+        else:
+            runs = list(reversed(store.list_runs(raw=args.raw)))
+    text = _render(runs, args.format, raw=args.raw)
+    if args.output is None:
+        print(text, end="")
+        return 0
+    try:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.output.with_name(args.output.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(args.output)
+    except OSError as e:
+        raise CloudboxError(f"cannot write {args.output}: {e.strerror or e}") from e
+    print(f"wrote {len(runs)} run{'s' if len(runs) != 1 else ''} to {args.output}", file=sys.stderr)
+    return 0
+
+
+# -- delete -----------------------------------------------------------------------------------------
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Delete one run; refused while its executor is still running."""
+    with _store(args) as store:
+        run_id = store.resolve(args.run)
+        run = store.get_run(run_id, raw=False)
+        if run.state == "running" and _alive(store, run):
+            raise CloudboxError(
+                f"run #{run_id} is still running (executor pid {run.pid}); stop it before deleting it"
+            )
+        store.delete_run(run_id)
+    print(f"deleted run #{run_id}")
+    return 0

@@ -1,0 +1,725 @@
+"""Views over stored runs: the studies' comparison tables (Study A, Tables 1 and 2) and their renderings.
+
+compare_table(runs) builds a Table: one Section per test, storage first (all writes, then all reads,
+64 kB requests first, as Table 1 then Table 2), then network. Each section holds, per group of runs
+sharing a node and target, a bare-metal row ("none", target, "-") and then one row per run:
+
+    run  VMM                 target      driver                 MB/s  % of bare metal  avgrq  avgqu  util
+
+"% of bare metal" (network: "% of baseline") always divides by the baseline measured in the SAME run.
+Rows measured under emulation (TCG, or KVM nested in a TCG guest) carry the marker "*" and the table a
+footnote saying so: such numbers are not overhead figures. Markers are text, never colour alone.
+
+Renderers: to_text (fixed width, wraps text columns to fit 80 columns), to_markdown, to_csv (one
+rectangular table, raw numbers), to_json (whole runs with provenance). run_summary(run) gives the
+headline numbers for list views.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import textwrap
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
+
+EMULATED_MARK = "*"
+MEAN_BASELINE_MARK = "^"
+CAVEAT_MARK = "+"
+EMULATED_NOTE = f"{EMULATED_MARK} measured under TCG emulation: not an overhead figure"
+NESTED_NOTE = (
+    f"{EMULATED_MARK} measured under emulation (TCG, or KVM nested in an emulated host): "
+    "not an overhead figure"
+)
+# Measurement labels that make a number weaker than the studies' (shown with CAVEAT_MARK).
+CAVEAT_LABELS = {
+    "quick-size": "test file smaller than the studies' (page cache and device cache weigh more)",
+    "warm-cache": "page cache not dropped before the test",
+    "loopback": "no physical network between the ends",
+}
+
+JSON_FORMAT = "cloudbox-results"
+JSON_VERSION = 1
+
+
+# --------------------------------------------------------------------------------------------------
+# The table model
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Column:
+    key: str  # key into Row.cells
+    title: str  # full title (markdown, csv header is the key)
+    short: str  # title in the fixed-width text rendering
+    numeric: bool = False
+
+
+@dataclass
+class Row:
+    kind: str  # "baseline" | "guest"
+    run_ids: list[int]
+    cells: dict[str, Any]  # run, vmm, target, driver (str); value, pct, avgrq, avgqu, util (float | None)
+    markers: list[str] = field(default_factory=list)
+    emulated: bool = False
+    labels: list[str] = field(default_factory=list)
+
+    @property
+    def marker(self) -> str:
+        return "".join(self.markers)
+
+
+@dataclass
+class Section:
+    test: str
+    title: str
+    metric: str
+    columns: list[Column]
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def storage(self) -> bool:
+        return is_storage_test(self.test)
+
+
+@dataclass
+class Table:
+    title: str
+    run_ids: list[int]
+    sections: list[Section] = field(default_factory=list)
+    footnotes: list[str] = field(default_factory=list)
+
+    def section(self, test: str) -> Section | None:
+        return next((s for s in self.sections if s.test == test), None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Test ordering and titles
+# --------------------------------------------------------------------------------------------------
+
+_STORAGE_ORDER = ("seq-{d}-64k", "dd-{d}-64k", "seq-{d}-1m", "rand{d}-4k-qd1", "rand{d}-4k-qd32")
+
+_STORAGE_TITLES = {
+    "seq-{d}-64k": "sequential {d}, 64 kB requests (fio)",
+    "dd-{d}-64k": "sequential {d}, 64 kB blocks (dd, as in Study A)",
+    "seq-{d}-1m": "sequential {d}, 1 MB requests (fio)",
+    "rand{d}-4k-qd1": "random {d}, 4 kB, queue depth 1 (fio)",
+    "rand{d}-4k-qd32": "random {d}, 4 kB, queue depth 32 (fio)",
+}
+
+_NETWORK_TITLES = {
+    "tcp-stream": "TCP stream, guest transmits (netperf TCP_STREAM)",
+    "tcp-maerts": "TCP stream, guest receives (netperf TCP_MAERTS)",
+    "tcp-rr": "TCP request/response (netperf TCP_RR)",
+    "iperf3-tx": "TCP stream, guest transmits (iperf3)",
+    "iperf3-rx": "TCP stream, guest receives (iperf3 -R)",
+}
+
+
+def _direction(test: str) -> str | None:
+    b = base_test(test)
+    if "write" in b:
+        return "write"
+    if "read" in b:
+        return "read"
+    return None
+
+
+def _storage_template(test: str) -> str | None:
+    d = _direction(test)
+    if d is None:
+        return None
+    tpl = base_test(test).replace(d, "{d}", 1)
+    return tpl if tpl in _STORAGE_ORDER else None
+
+
+def test_sort_key(test: str) -> tuple[Any, ...]:
+    """Storage before network; writes (Table 1) before reads (Table 2); 64 kB first; direct before
+    buffered; unknown names after known ones, alphabetically."""
+    if is_network_test(test) and not is_storage_test(test):
+        idx = NETWORK_TESTS.index(test) if test in NETWORK_TESTS else len(NETWORK_TESTS)
+        return (1, idx, test)
+    d = _direction(test)
+    tpl = _storage_template(test)
+    return (
+        0,
+        {"write": 0, "read": 1}.get(d or "", 2),
+        _STORAGE_ORDER.index(tpl) if tpl else len(_STORAGE_ORDER),
+        base_test(test),
+        test.endswith("-buffered"),
+    )
+
+
+def test_title(test: str) -> str:
+    """A readable title for a test name, e.g. 'Write: sequential write, 64 kB requests (fio), O_DIRECT'."""
+    if test in _NETWORK_TITLES:
+        return f"Network: {_NETWORK_TITLES[test]}"
+    tpl = _storage_template(test)
+    d = _direction(test)
+    buffered = test.endswith("-buffered")
+    if tpl and d:
+        title = f"{d.capitalize()}: " + _STORAGE_TITLES[tpl].format(d=d)
+        if not base_test(test).startswith("dd-"):
+            title += ", through the page cache" if buffered else ", O_DIRECT"
+        elif buffered:
+            title += ", through the page cache"
+        return f"{title} [{test}]"
+    return test
+
+
+def primary_metric(test: str, available: Iterable[str] = ()) -> str:
+    """The metric a section shows: MB/s for sequential, IOPS for random, trans/s for tcp-rr,
+    Mbit/s for streams; the first available one when the preferred is missing."""
+    avail = list(dict.fromkeys(available))
+    b = base_test(test)
+    if test == "tcp-rr":
+        preferred = ["trans/s"]
+    elif is_network_test(test) and not is_storage_test(test):
+        preferred = ["Mbit/s"]
+    elif b.startswith("rand"):
+        preferred = ["IOPS", "MB/s"]
+    else:
+        preferred = ["MB/s", "IOPS"]
+    for m in preferred:
+        if m in avail or not avail:
+            return m
+    return avail[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Describing a run's configuration: VMM, target, driver
+# --------------------------------------------------------------------------------------------------
+
+# Backing kinds (profiles.Backing, plus older/looser spellings) -> the studies' "target" words.
+_TARGETS = {
+    "sparse-file": "local file", "prealloc-file": "local file", "qcow2": "local file",
+    "qcow2-prealloc": "local file", "full-file": "local file", "file": "local file",
+    "block-device": "local disk", "disk": "local disk", "phy": "local disk", "partition": "local disk",
+    "lv": "local LV", "loop": "loop device", "ram": "RAM disk",
+    "network-volume": "EBS", "aoe": "EBS (AoE)", "iscsi": "EBS (iSCSI)", "nbd": "EBS (NBD)",
+    "nvme-tcp": "EBS (NVMe/TCP)",
+}
+_VOLUME_SCHEMES = {"aoe": "AoE", "iscsi": "iSCSI", "nbd": "NBD", "nvme-tcp": "NVMe/TCP"}
+# ... and the backing half of the studies' "driver" column ("SCSI, sparse file", "virtio/phy").
+_BACKINGS = {
+    "sparse-file": "sparse file", "prealloc-file": "pre-allocated file", "full-file": "pre-allocated file",
+    "qcow2": "qcow2 file", "qcow2-prealloc": "pre-allocated qcow2", "file": "file",
+}
+# Disk buses (profiles.Bus) as the tables name them.
+_BUSES = {"xen-vbd": "xvd", "xen": "xvd"}
+_SCSI_MODELS = {"lsilogic": "scsi-lsi", "lsisas1068": "scsi-lsisas", "lsisas1078": "scsi-lsisas",
+                "virtio-scsi": "virtio-scsi", "virtio-non-transitional": "virtio-scsi",
+                "virtio-transitional": "virtio-scsi", "buslogic": "scsi-buslogic", "vmpvscsi": "pvscsi"}
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _profile(run: Run) -> dict[str, Any]:
+    if not run.profile_toml:
+        return {}
+    try:
+        return tomllib.loads(run.profile_toml)
+    except (tomllib.TOMLDecodeError, TypeError):
+        return {}
+
+
+def _domain(run: Run) -> ET.Element | None:
+    xml = run.provenance.get("domain_xml")
+    if not isinstance(xml, str) or not xml.strip():
+        return None
+    try:
+        return ET.fromstring(xml)
+    except ET.ParseError:
+        return None
+
+
+def vmm_label(run: Run) -> str:
+    """'KVM', 'Xen', 'KVM (TCG, emulated)', 'KVM (nested, emulated)'..."""
+    prov = run.provenance
+    hyp = str(prov.get("hypervisor") or _dict(_profile(run).get("guest")).get("hypervisor") or "")
+    if not hyp:
+        hyp = "xen" if run.accelerator == "xen" else "kvm"
+    base = {"kvm": "KVM", "xen": "Xen", "qemu": "QEMU"}.get(hyp.lower(), hyp)
+    quals = []
+    if run.accelerator == "tcg":
+        quals.append("TCG")
+    elif run.accelerator == "nested-kvm":
+        quals.append("nested")
+    if run.emulated:
+        quals.append("emulated")
+    return f"{base} ({', '.join(quals)})" if quals else base
+
+
+def _backing(run: Run) -> dict[str, Any]:
+    """provenance.backing, else the profile's [disk] backing kind."""
+    b = _dict(run.provenance.get("backing"))
+    if not b:
+        kind = _dict(_profile(run).get("disk")).get("backing")
+        b = {"kind": kind} if isinstance(kind, str) else {}
+    return b
+
+
+def target_label(run: Run) -> str:
+    """'local file', 'local disk', 'EBS (AoE)'..."""
+    b = _backing(run)
+    if b.get("target"):
+        return str(b["target"])
+    kind = str(b.get("kind") or "")
+    if kind == "network-volume":
+        volume = str(_dict(_profile(run).get("disk")).get("volume") or b.get("volume") or b.get("path") or "")
+        scheme = volume.split(":", 1)[0] if ":" in volume else str(b.get("scheme") or "")
+        if scheme in _VOLUME_SCHEMES:
+            return f"EBS ({_VOLUME_SCHEMES[scheme]})"
+    return _TARGETS.get(kind, kind.replace("-", " ") if kind else "?")
+
+
+def _bus_from_xml(run: Run) -> str | None:
+    dom = _domain(run)
+    if dom is None:
+        return None
+    disks = [d for d in dom.iter("disk") if d.get("device", "disk") == "disk"]
+    if not disks:
+        return None
+    b = _backing(run)
+    want = {str(b.get(k)) for k in ("path", "device") if b.get(k)}
+    disk = disks[-1]
+    for d in disks:
+        src = d.find("source")
+        if src is not None and want & {v for v in src.attrib.values()}:
+            disk = d
+    tgt = disk.find("target")
+    bus = tgt.get("bus") if tgt is not None else None
+    if bus == "scsi":
+        ctrl_idx = "0"
+        addr = disk.find("address")
+        if addr is not None and addr.get("controller"):
+            ctrl_idx = addr.get("controller", "0")
+        for c in dom.iter("controller"):
+            if c.get("type") == "scsi" and c.get("index", "0") == ctrl_idx:
+                model = c.get("model")
+                return _SCSI_MODELS.get(model or "", f"scsi-{model}" if model else "scsi")
+        return "scsi"
+    return bus
+
+
+def _bus_label(bus: str, controller: str | None = None) -> str:
+    bus = bus.lower()
+    if bus == "scsi" and controller:
+        return _SCSI_MODELS.get(controller, f"scsi-{controller}")
+    return _BUSES.get(bus, bus)
+
+
+def bus_label(run: Run) -> str:
+    disk = _dict(run.provenance.get("disk")) or _dict(_profile(run).get("disk"))
+    if disk.get("bus"):
+        return _bus_label(str(disk["bus"]), disk.get("controller") or disk.get("scsi_model"))
+    return _bus_from_xml(run) or "?"
+
+
+def driver_label(run: Run) -> str:
+    """'<bus>, <backing>', e.g. 'scsi-lsi, sparse file' or 'virtio-blk, phy' (whole device or volume)."""
+    if isinstance(run.provenance.get("driver"), str):
+        return str(run.provenance["driver"])
+    kind = str(_backing(run).get("kind") or "")
+    backing = _BACKINGS.get(kind, "phy" if kind in _TARGETS else (kind.replace("-", " ") or "?"))
+    return f"{bus_label(run)}, {backing}"
+
+
+def _nic(run: Run) -> str:
+    net = _dict(run.provenance.get("network")) or _dict(_profile(run).get("network"))
+    model = net.get("model") or net.get("nic")
+    if not model:
+        dom = _domain(run)
+        iface = dom.find(".//interface") if dom is not None else None
+        m = iface.find("model") if iface is not None else None
+        model = m.get("type") if m is not None else None
+    model = {"virtio": "virtio-net", "xen-netfront": "netfront"}.get(str(model), model)
+    parts = [str(model or "?") + (" (vhost)" if net.get("vhost") else "")]
+    if net.get("mode"):
+        parts.append(str(net["mode"]))
+    if net.get("mtu"):
+        parts.append(f"MTU {net['mtu']}")
+    return ", ".join(parts)
+
+
+def _net_target(run: Run, measurements: Sequence[Measurement]) -> str:
+    net = _dict(run.provenance.get("network"))
+    if net.get("target"):
+        return str(net["target"])
+    if any("loopback" in m.labels for m in measurements):
+        return "loopback"
+    return "peer host"
+
+
+# --------------------------------------------------------------------------------------------------
+# Building the table
+# --------------------------------------------------------------------------------------------------
+
+
+def _columns(test: str, metric: str) -> list[Column]:
+    head = [
+        Column("run", "run", "run"),
+        Column("vmm", "VMM", "VMM"),
+        Column("target", "target", "target"),
+        Column("driver", "driver", "driver"),
+        Column("value", metric, metric, True),
+    ]
+    if is_storage_test(test):
+        return head + [
+            Column("pct", "% of bare metal", "% bare", True),
+            Column("avgrq", "avgrq (sectors)", "avgrq", True),
+            Column("avgqu", "avgqu", "avgqu", True),
+            Column("util", "util %", "util", True),
+        ]
+    return head + [Column("pct", "% of baseline", "% base", True)]
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def percent_of_baseline(run: Run, test: str, metric: str) -> float | None:
+    """guest / baseline * 100, both from this run; None if either is missing or baseline is 0."""
+    g = run.value("guest", test, metric)
+    b = run.value("baseline", test, metric)
+    if g is None or not b:
+        return None
+    return g / b * 100.0
+
+
+def _host_cells(m: Measurement | None) -> dict[str, float | None]:
+    if m is None:
+        return {"avgrq": None, "avgqu": None, "util": None}
+    return {"avgrq": m.host_avgrq_sectors, "avgqu": m.host_avgqu, "util": m.host_util}
+
+
+def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
+    """The Table 1/2 layout for these runs (order kept within each node/target group)."""
+    runs = list(runs)
+    table = Table(
+        title=title or ("Run " if len(runs) == 1 else "Runs ") + ", ".join(f"#{r.id}" for r in runs),
+        run_ids=[r.id for r in runs],
+    )
+    tests: dict[str, None] = {}
+    for r in runs:
+        for t in r.tests():
+            tests.setdefault(t, None)
+    any_emulated = False
+    any_nested = False
+    mean_baselines: list[str] = []
+    caveats: dict[int, set[str]] = {}
+
+    for test in sorted(tests, key=test_sort_key):
+        metrics = [m.metric for r in runs for m in r.measurements if m.test == test]
+        metric = primary_metric(test, metrics)
+        section = Section(test, test_title(test), metric, _columns(test, metric))
+        storage = is_storage_test(test)
+        groups: dict[tuple[str, str], list[Run]] = {}
+        for r in runs:
+            if r.measurement("guest", test, metric) or r.measurement("baseline", test, metric):
+                ms = [m for m in r.measurements if m.test == test]
+                target = target_label(r) if storage else _net_target(r, ms)
+                groups.setdefault((r.node or "", target), []).append(r)
+        for (_node, target), members in groups.items():
+            bases: list[tuple[Run, Measurement]] = []
+            for r in members:
+                bm = r.measurement("baseline", test, metric)
+                if bm is not None:
+                    bases.append((r, bm))
+            if bases:
+                ms_b = [m for _, m in bases]
+                row = Row(
+                    kind="baseline",
+                    run_ids=[r.id for r, _ in bases],
+                    cells={
+                        "run": ",".join(f"#{r.id}" for r, _ in bases),
+                        "vmm": "none",
+                        "target": target,
+                        "driver": "-",
+                        "value": _mean(m.value for m in ms_b),
+                        "pct": None,
+                    },
+                    labels=sorted({lab for m in ms_b for lab in m.labels if lab != "emulated"}),
+                )
+                if storage:
+                    row.cells.update(
+                        avgrq=_mean(m.host_avgrq_sectors for m in ms_b),
+                        avgqu=_mean(m.host_avgqu for m in ms_b),
+                        util=_mean(m.host_util for m in ms_b),
+                    )
+                if len(bases) > 1:
+                    row.markers.append(MEAN_BASELINE_MARK)
+                    note = (
+                        f"{MEAN_BASELINE_MARK} bare-metal row of {', '.join(f'#{r.id}' for r, _ in bases)}: "
+                        "mean of those runs' own baselines; each run's % uses its own baseline"
+                    )
+                    if note not in mean_baselines:
+                        mean_baselines.append(note)
+                section.rows.append(row)
+            for r in members:
+                m = r.measurement("guest", test, metric)
+                if m is None:
+                    continue
+                row = Row(
+                    kind="guest",
+                    run_ids=[r.id],
+                    cells={
+                        "run": f"#{r.id}",
+                        "vmm": vmm_label(r),
+                        "target": target,
+                        "driver": driver_label(r) if storage else _nic(r),
+                        "value": m.value,
+                        "pct": percent_of_baseline(r, test, metric),
+                    },
+                    emulated=r.emulated,
+                    labels=[lab for lab in m.labels if lab != "emulated"],
+                )
+                if storage:
+                    row.cells.update(_host_cells(m))
+                if r.emulated:
+                    row.markers.append(EMULATED_MARK)
+                    any_emulated = True
+                    any_nested = any_nested or r.accelerator == "nested-kvm"
+                cav = [lab for lab in m.labels if lab in CAVEAT_LABELS]
+                if cav:
+                    row.markers.append(CAVEAT_MARK)
+                    caveats.setdefault(r.id, set()).update(cav)
+                section.rows.append(row)
+        if section.rows:
+            table.sections.append(section)
+
+    if any_emulated:
+        table.footnotes.append(NESTED_NOTE if any_nested else EMULATED_NOTE)
+    table.footnotes.extend(mean_baselines)
+    if caveats:
+        present = set().union(*caveats.values())
+        table.footnotes.append(
+            f"{CAVEAT_MARK} caveats: "
+            + "; ".join(f"#{rid}: {', '.join(sorted(labs))}" for rid, labs in sorted(caveats.items()))
+            + " ("
+            + "; ".join(f"{lab}: {CAVEAT_LABELS[lab]}" for lab in CAVEAT_LABELS if lab in present)
+            + ")"
+        )
+    return table
+
+
+# --------------------------------------------------------------------------------------------------
+# Renderers
+# --------------------------------------------------------------------------------------------------
+
+
+def _fmt(key: str, value: Any, metric: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    v = float(value)
+    if key == "pct":
+        return f"{v:.1f}%"
+    if key == "util":
+        return f"{v:.0f}%"
+    if key == "avgrq":
+        return f"{v:.0f}" if v >= 10 else f"{v:.1f}"
+    if key == "avgqu":
+        return f"{v:.2f}" if v < 10 else (f"{v:.1f}" if v < 100 else f"{v:.0f}")
+    if key == "value":
+        if metric in ("IOPS", "Mbit/s", "trans/s"):
+            return f"{v:.0f}"
+        return f"{v:.1f}"
+    return f"{v:g}"
+
+
+def _display(section: Section, row: Row) -> list[str]:
+    out = []
+    for c in section.columns:
+        text = _fmt(c.key, row.cells.get(c.key), section.metric)
+        if c.key == "vmm" and row.marker:
+            text = f"{text} {row.marker}"
+        out.append(text)
+    return out
+
+
+def _fit(widths: list[int], minimums: list[int], wrappable: list[bool], budget: int) -> list[int]:
+    widths = list(widths)
+    while sum(widths) > budget:
+        candidates = [i for i, w in enumerate(widths) if wrappable[i] and w > minimums[i]]
+        if not candidates:
+            break
+        i = max(candidates, key=lambda j: widths[j])
+        widths[i] -= 1
+    return widths
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def _text_row(
+    cells: list[str], columns: list[Column], widths: list[int], wrappable: list[bool], gap: str
+) -> list[str]:
+    wrapped = [_wrap(cells[i], widths[i]) if wrappable[i] else [cells[i]] for i in range(len(cells))]
+    out = []
+    for k in range(max(len(w) for w in wrapped)):
+        parts = []
+        for i, c in enumerate(columns):
+            s = wrapped[i][k] if k < len(wrapped[i]) else ""
+            parts.append(s.rjust(widths[i]) if c.numeric else s.ljust(widths[i]))
+        out.append(gap.join(parts).rstrip())
+    return out
+
+
+def to_text(table: Table, width: int = 80) -> str:
+    """Fixed-width text; the VMM/target/driver columns wrap onto extra lines to keep within `width`."""
+    lines = [table.title, "=" * min(len(table.title), width)]
+    if not table.sections:
+        lines.append("(no measurements)")
+    gap = "  "
+    for section in table.sections:
+        header = [c.short for c in section.columns]
+        body = [_display(section, r) for r in section.rows]
+        ncol = len(header)
+        natural = [max(len(x) for x in [header[i], *(b[i] for b in body)]) for i in range(ncol)]
+        wrappable = [c.key in ("vmm", "target", "driver") for c in section.columns]
+        minimums = [
+            max([len(w) for x in [header[i], *(b[i] for b in body)] for w in x.split()] or [1])
+            if wrappable[i] else natural[i]
+            for i in range(ncol)
+        ]
+        budget = width - len(gap) * (ncol - 1)
+        widths = _fit(natural, minimums, wrappable, budget)
+        # a wrapped column only needs its longest wrapped line; spend what that frees on unwrapping others
+        for i in range(ncol):
+            if wrappable[i] and widths[i] < natural[i]:
+                widths[i] = max(
+                    len(line) for x in [header[i], *(b[i] for b in body)] for line in _wrap(x, widths[i])
+                )
+        for i in sorted(range(ncol), key=lambda j: natural[j] - widths[j]):
+            slack = budget - sum(widths)
+            if wrappable[i] and 0 < natural[i] - widths[i] <= slack:
+                widths[i] = natural[i]
+        lines.append("")
+        lines.extend(textwrap.wrap(section.title, width, break_on_hyphens=False) or [section.title])
+
+        lines.extend(_text_row(header, section.columns, widths, wrappable, gap))
+        lines.append(gap.join("-" * w for w in widths))
+        for b in body:
+            lines.extend(_text_row(b, section.columns, widths, wrappable, gap))
+    if table.footnotes:
+        lines.append("")
+        for note in table.footnotes:
+            lines.extend(textwrap.wrap(note, width, subsequent_indent="  ", break_on_hyphens=False) or [note])
+    return "\n".join(lines) + "\n"
+
+
+def _md_escape(text: str) -> str:
+    return re.sub(r"([|*_\\`^+])", r"\\\1", text)
+
+
+def to_markdown(table: Table) -> str:
+    """GitHub-flavoured markdown: a heading and a pipe table per section, footnotes last."""
+    out = [f"## {_md_escape(table.title)}", ""]
+    if not table.sections:
+        out += ["(no measurements)", ""]
+    for section in table.sections:
+        out += [f"### {_md_escape(section.title)}", ""]
+        out.append("| " + " | ".join(_md_escape(c.title) for c in section.columns) + " |")
+        out.append("|" + "|".join("---:" if c.numeric else "---" for c in section.columns) + "|")
+        for row in section.rows:
+            out.append("| " + " | ".join(_md_escape(x) for x in _display(section, row)) + " |")
+        out.append("")
+    for note in table.footnotes:
+        out += [_md_escape(note), ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+CSV_FIELDS = (
+    "test", "metric", "row", "run", "vmm", "target", "driver", "value", "pct_of_baseline",
+    "avgrq_sectors", "avgqu", "util_pct", "emulated", "marker", "labels", "note",
+)
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return ""
+    return str(round(float(v), digits))
+
+
+def to_csv(table: Table) -> str:
+    """One rectangular CSV (header CSV_FIELDS) of every section's rows; numbers unformatted.
+    Emulated rows carry marker '*' and the footnote text in `note`."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_FIELDS)
+    notes = {n[0]: n for n in table.footnotes}
+    for s in table.sections:
+        for r in s.rows:
+            c = r.cells
+            w.writerow([
+                s.test, s.metric, r.kind, c.get("run"), c.get("vmm"), c.get("target"), c.get("driver"),
+                _num(c.get("value")), _num(c.get("pct"), 2), _num(c.get("avgrq"), 1), _num(c.get("avgqu"), 2),
+                _num(c.get("util"), 1), "yes" if r.emulated else "no", r.marker, " ".join(r.labels),
+                " | ".join(notes[m] for m in r.markers if m in notes),
+            ])
+    return buf.getvalue()
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """Headline numbers for list views: sequential write/read MB/s with % of this run's baseline,
+    TCP stream Mbit/s. Missing numbers are None; 'emulated' says how to label them."""
+
+    def pick(candidates: Sequence[str], metric: str) -> tuple[str | None, float | None, float | None]:
+        for t in candidates:
+            v = run.value("guest", t, metric)
+            if v is not None:
+                return t, v, percent_of_baseline(run, t, metric)
+        return None, None, None
+
+    wt, wv, wp = pick(("seq-write-64k", "dd-write-64k", "seq-write-1m"), "MB/s")
+    rt, rv, rp = pick(("seq-read-64k", "dd-read-64k", "seq-read-1m"), "MB/s")
+    nt, nv, np_ = pick(("tcp-stream", "iperf3-tx"), "Mbit/s")
+    return {
+        "id": run.id,
+        "uuid": run.uuid,
+        "profile": run.profile_name,
+        "state": run.state,
+        "reason": run.reason,
+        "suite": run.suite,
+        "size_label": run.size_label,
+        "accelerator": run.accelerator,
+        "emulated": run.emulated,
+        "vmm": vmm_label(run),
+        "node": run.node,
+        "started_at": run.started_at,
+        "duration": run.duration,
+        "seq_write_test": wt,
+        "seq_write_mbps": wv,
+        "seq_write_pct": wp,
+        "seq_read_test": rt,
+        "seq_read_mbps": rv,
+        "seq_read_pct": rp,
+        "tcp_stream_test": nt,
+        "tcp_stream_mbits": nv,
+        "tcp_stream_pct": np_,
+    }
+
+
+def to_json(runs: Sequence[Run], raw: bool = False, indent: int | None = 2) -> str:
+    """Whole runs (profile TOML, provenance, every measurement; raw tool output if raw=True)."""
+    doc = {
+        "format": JSON_FORMAT,
+        "version": JSON_VERSION,
+        "exported_at": time.time(),
+        "runs": [dict(r.as_dict(raw=raw), summary=run_summary(r)) for r in runs],
+    }
+    return json.dumps(doc, indent=indent, sort_keys=False, default=str) + "\n"

@@ -1,0 +1,227 @@
+"""Render a validated tuning Profile into libvirt domain XML.
+
+`render_domain()` produces a deterministic, pretty-printed <domain> for one benchmark
+guest: direct kernel boot of the cloudbox guest (kernel + initramfs, no boot disk), the
+benchmark disk as the only disk, one bridged NIC, a serial console, a guest-agent
+channel, and a <metadata> element in the cloudbox namespace (CLOUDBOX_XMLNS) carrying
+the profile's name and hash (and the run's id) so cloudbox can recognise and clean up its own guests
+(`cloudbox_metadata()` reads it back).
+
+Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does not):
+  virtio-blk   target vda bus virtio; <driver iothread=1 queues=N>
+  virtio-scsi  controller scsi model virtio-scsi (<driver queues iothread>); target sda bus scsi
+  scsi-lsi     controller scsi model lsilogic (QEMU device "lsi" = LSI 53C895A); target sda bus scsi
+  sata         target sda bus sata (libvirt adds an ich9-ahci controller)
+  ide          target hda bus ide
+  NIC          <model type=e1000|rtl8139|virtio>; virtio gets <driver name=vhost|qemu queues=N>
+Xen (libxl):
+  xen-vbd      PV guest (os type xen, direct kernel boot), target xvda bus xen, NIC netfront
+  ide/scsi-lsi HVM guest (machine xenfv), target hda bus ide / sda bus scsi (libxl has
+               Xen's QEMU emulate them), NIC e1000|rtl8139|netfront
+  Disk driver "phy" for block devices, "qemu" (qdisk) for files; no cache/io attributes
+  (libxl ignores them; profiles state the mode libxl uses). Console on the Xen PV
+  console (PV) or the first serial port (HVM); the agent channel is a Xen PV channel;
+  memballoon model xen (libxl rejects model none).
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+from cloudbox.core.profiles import Profile
+
+CLOUDBOX_XMLNS = "https://cloudbox.invalid/xmlns/1"
+AGENT_CHANNEL = "org.qemu.guest_agent.0"
+
+_MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
+
+# bus -> (target dev, libvirt disk bus)
+_TARGETS: dict[str, tuple[str, str]] = {
+    "virtio-blk": ("vda", "virtio"),
+    "virtio-scsi": ("sda", "scsi"),
+    "scsi-lsi": ("sda", "scsi"),
+    "sata": ("sda", "sata"),
+    "ide": ("hda", "ide"),
+    "xen-vbd": ("xvda", "xen"),
+}
+_SCSI_CONTROLLER = {"virtio-scsi": "virtio-scsi", "scsi-lsi": "lsilogic"}
+_NIC_MODEL = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio", "xen-netfront": "netfront"}
+
+
+def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    el = ET.SubElement(parent, tag, attrs)
+    if text is not None:
+        el.text = text
+    return el
+
+
+def render_domain(
+    profile: Profile,
+    *,
+    name: str,
+    domain_type: str,
+    kernel: str,
+    initrd: str,
+    cmdline: str,
+    disk_path: str,
+    disk_is_block: bool,
+    bridge: str | None,
+    mac: str | None,
+    emulator: str | None = None,
+    uuid: str | None = None,
+    run_uuid: str | None = None,
+) -> str:
+    """The libvirt domain XML (a str, ending in a newline) for `profile`.
+
+    domain_type is "kvm" or "qemu" (TCG) for hypervisor kvm, "xen" for hypervisor xen.
+    disk_path is the prepared backing store (a file, or a block device when
+    disk_is_block). No <interface> when bridge is None. run_uuid, when given, is written
+    to the metadata (attribute "run") so orphans of dead runs can be found. Raises ValueError on arguments
+    that do not fit the profile or libvirt."""
+    hv = profile.guest.hypervisor
+    if domain_type not in ("kvm", "qemu", "xen"):
+        raise ValueError(f"domain_type must be kvm, qemu or xen, not {domain_type!r}")
+    if (hv == "xen") != (domain_type == "xen"):
+        raise ValueError(
+            f"profile {profile.name!r} is for hypervisor {hv}; domain type {domain_type!r} "
+            f"does not run it (use {'xen' if hv == 'xen' else 'kvm or qemu'})"
+        )
+    if not name or "/" in name or len(name) > 200 or any(c.isspace() for c in name):
+        raise ValueError(f"invalid domain name {name!r}: 1..200 characters, no '/' or whitespace")
+    if mac is not None and not _MAC.match(mac):
+        raise ValueError(f"invalid MAC address {mac!r} (expected six colon-separated hex bytes)")
+    if uuid is not None and not _UUID.match(uuid):
+        raise ValueError(f"invalid UUID {uuid!r}")
+    if run_uuid is not None and not re.fullmatch(r"[0-9A-Za-z-]{1,64}", run_uuid):
+        raise ValueError(f"invalid run id {run_uuid!r}")
+    for what, value in (("kernel", kernel), ("initrd", initrd), ("disk_path", disk_path)):
+        if not value:
+            raise ValueError(f"{what} must not be empty")
+
+    xen = domain_type == "xen"
+    pv = xen and profile.disk.bus == "xen-vbd"
+    g, d, n = profile.guest, profile.disk, profile.network
+
+    root = ET.Element("domain", {"type": domain_type})
+    _sub(root, "name", name)
+    if uuid is not None:
+        _sub(root, "uuid", uuid)
+    meta = _sub(root, "metadata")
+    # Written with a literal prefix so the xmlns declaration sits on the element itself
+    # (ElementTree would hoist a registered namespace onto <domain>).
+    tag = _sub(
+        meta,
+        "cloudbox:profile",
+        **{"xmlns:cloudbox": CLOUDBOX_XMLNS, "name": profile.name, "hash": profile.hash},
+    )
+    if run_uuid is not None:
+        tag.set("run", run_uuid)
+    _sub(root, "memory", str(g.memory_mib), unit="MiB")
+    _sub(root, "currentMemory", str(g.memory_mib), unit="MiB")
+    _sub(root, "vcpu", str(g.vcpus), placement="static")
+    if d.iothreads > 0 and not xen:
+        _sub(root, "iothreads", str(d.iothreads))
+
+    os_el = _sub(root, "os")
+    if pv:
+        _sub(os_el, "type", "xen", arch="x86_64", machine="xenpv")
+    else:
+        _sub(os_el, "type", "hvm", arch="x86_64", machine="xenfv" if xen else "pc")
+    _sub(os_el, "kernel", kernel)
+    _sub(os_el, "initrd", initrd)
+    _sub(os_el, "cmdline", cmdline)
+
+    if not pv:
+        features = _sub(root, "features")
+        _sub(features, "acpi")
+        _sub(features, "apic")
+        if xen:
+            _sub(features, "pae")
+    _sub(root, "clock", offset="utc")
+    _sub(root, "on_poweroff", "destroy")
+    _sub(root, "on_reboot", "destroy")
+    _sub(root, "on_crash", "destroy")
+
+    devices = _sub(root, "devices")
+    if emulator is not None:
+        _sub(devices, "emulator", emulator)
+
+    # controllers
+    if not xen and d.bus in _SCSI_CONTROLLER:
+        ctrl = _sub(devices, "controller", type="scsi", index="0", model=_SCSI_CONTROLLER[d.bus])
+        if d.bus == "virtio-scsi" and (d.queues > 1 or d.iothreads > 0):
+            drv = _sub(ctrl, "driver")
+            if d.queues > 1:
+                drv.set("queues", str(d.queues))
+            if d.iothreads > 0:
+                drv.set("iothread", "1")
+    if not xen:
+        _sub(devices, "controller", type="virtio-serial", index="0")
+        # No USB: libvirt would otherwise add a PIIX3 UHCI controller nobody uses.
+        _sub(devices, "controller", type="usb", index="0", model="none")
+
+    # the benchmark disk
+    disk = _sub(devices, "disk", type="block" if disk_is_block else "file", device="disk")
+    if xen:
+        _sub(disk, "driver", name="phy" if disk_is_block else "qemu", type=d.format)
+    else:
+        drv = _sub(disk, "driver", name="qemu", type=d.format, cache=d.cache, io=d.io)
+        if d.bus == "virtio-blk":
+            if d.iothreads > 0:
+                drv.set("iothread", "1")
+            if d.queues > 1:
+                drv.set("queues", str(d.queues))
+    if disk_is_block:
+        _sub(disk, "source", dev=disk_path)
+    else:
+        _sub(disk, "source", file=disk_path)
+    dev, bus = _TARGETS[d.bus]
+    _sub(disk, "target", dev=dev, bus=bus)
+
+    # the NIC
+    if bridge is not None:
+        iface = _sub(devices, "interface", type="bridge")
+        if mac is not None:
+            _sub(iface, "mac", address=mac.lower())
+        _sub(iface, "source", bridge=bridge)
+        _sub(iface, "model", type=_NIC_MODEL[n.model])
+        if n.model == "virtio":
+            drv = _sub(iface, "driver", name="vhost" if n.vhost else "qemu")
+            if n.queues > 1:
+                drv.set("queues", str(n.queues))
+        _sub(iface, "mtu", size=str(n.mtu))
+
+    # console and agent channel
+    if pv:
+        con = _sub(devices, "console", type="pty")
+        _sub(con, "target", type="xen", port="0")
+    else:
+        serial = _sub(devices, "serial", type="pty")
+        _sub(serial, "target", port="0")
+        con = _sub(devices, "console", type="pty")
+        _sub(con, "target", type="serial", port="0")
+    chan = _sub(devices, "channel", type="unix")
+    _sub(chan, "source", mode="bind")
+    _sub(chan, "target", type="xen" if xen else "virtio", name=AGENT_CHANNEL)
+
+    _sub(devices, "memballoon", model="xen" if xen else "none")
+
+    ET.indent(root, space="  ")
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def cloudbox_metadata(domain_xml: str) -> dict[str, str] | None:
+    """{"name", "hash"[, "run"]} from a domain's <metadata> if cloudbox made it, else None."""
+    try:
+        root = ET.fromstring(domain_xml)
+    except ET.ParseError:
+        return None
+    el = root.find(f"metadata/{{{CLOUDBOX_XMLNS}}}profile")
+    if el is None:
+        return None
+    out = {"name": el.get("name", ""), "hash": el.get("hash", "")}
+    if el.get("run") is not None:
+        out["run"] = el.get("run", "")
+    return out

@@ -1,0 +1,681 @@
+"""Tuning profiles as validated data.
+
+A profile is a TOML file (profiles/*.toml for shipped presets, the state directory's
+profiles/ for the user's own) holding every knob the studies varied: hypervisor, guest
+size, disk bus, cache mode, AIO mode, iothreads, queues, backing store and format, NIC
+model, vhost, queues and MTU. This module provides:
+
+- the pydantic models (`Profile`, `Guest`, `Disk`, `Network`), strict and closed
+  (unknown keys and str->int coercion are errors);
+- `parse_profile` / `load_profile`, which turn any problem (TOML syntax, a wrong type, a
+  value out of range, an impossible combination of knobs) into a `ProfileError` with one
+  `ProfileProblem` per problem, each naming the dotted key, the value and what is allowed;
+- lookup (`find_profile`, `resolve_profile`, `list_profiles`), comparison
+  (`diff_profiles`), persistence (`save_user_profile`) and canonical forms
+  (`Profile.hash`, `Profile.to_toml()`, `Profile.knobs()`, `Profile.describe()`).
+
+Decisions worth knowing (see also the presets' comments):
+- Xen (libxl) supports the disk buses xen-vbd (PV blkfront: the guest is a PV guest),
+  ide and scsi-lsi (HVM, emulated by Xen's QEMU, which libxl starts with if=ide /
+  if=scsi, the latter an LSI 53C895A). libvirt's libxl driver lists only ide, scsi and
+  xen as disk buses, so virtio-blk, virtio-scsi and sata are refused with xen.
+- libxl cannot choose the host cache or AIO mode: it hard-codes cache=writeback for
+  emulated disks, blkback ("phy") bypasses dom0's page cache, and the qdisk backend
+  for files uses QEMU's default (writeback). A Xen profile must state the mode libxl
+  will really use, and io must be "threads", so results never claim a mode that was not
+  in effect.
+- Xen PV guests have no emulated NIC; libvirt's libxl driver accepts only the model
+  netfront there. The schema therefore has one more NIC model than the studies'
+  three: "xen-netfront" (Xen only; required with bus xen-vbd). virtio-net is refused
+  with xen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cloudbox.core import paths
+from cloudbox.core.errors import NotFound, ProfileError, ProfileProblem
+
+Hypervisor = Literal["kvm", "xen"]
+Bus = Literal["virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "xen-vbd"]
+CacheMode = Literal["none", "writethrough", "writeback", "directsync", "unsafe"]
+IoMode = Literal["native", "threads", "io_uring"]
+Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "block-device", "network-volume"]
+DiskFormat = Literal["raw", "qcow2"]
+NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
+XEN_BUSES: tuple[str, ...] = ("xen-vbd", "ide", "scsi-lsi")
+KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide")
+QCOW2_BACKINGS: tuple[str, ...] = ("qcow2", "qcow2-prealloc")
+VOLUME_SCHEMES: tuple[str, ...] = ("aoe", "iscsi", "nbd", "nvme-tcp")
+PAGE_CACHE_FREE: tuple[str, ...] = ("none", "directsync")
+
+# Human wording for string fields whose rule is not a list of values or a range.
+_TEXT_RULES: dict[str, str] = {
+    "name": "lowercase letters, digits and '-', starting with a letter or digit, at most 63 characters",
+    "description": "one line of text, 1..200 characters",
+    "reproduces": "one line of text, at most 200 characters",
+    "disk.volume": (
+        "empty; for backing = block-device an absolute /dev/ path; for backing = network-volume "
+        + ", ".join(f"{s}:<target>" for s in VOLUME_SCHEMES)
+    ),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+OneLine = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]*\S[^\n\r]*$")]
+
+
+class Guest(_Strict):
+    """The guest machine: which hypervisor runs it and how big it is."""
+
+    hypervisor: Hypervisor
+    vcpus: int = Field(1, ge=1, le=64)
+    memory_mib: int = Field(1024, ge=256, le=262144)
+
+
+class Disk(_Strict):
+    """The benchmark disk: how the guest sees it and what stores it on the host."""
+
+    bus: Bus
+    cache: CacheMode
+    io: IoMode = "threads"
+    iothreads: int = Field(0, ge=0, le=16)
+    queues: int = Field(1, ge=1, le=16)
+    backing: Backing
+    format: DiskFormat = "raw"
+    volume: str = Field("", max_length=4096, pattern=r"^[^\n\r]*$")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_format(cls, data: Any) -> Any:
+        # A qcow2 backing without an explicit format means format qcow2; an explicit
+        # mismatch is still reported by the profile's cross-field checks.
+        if isinstance(data, dict) and "format" not in data and data.get("backing") in QCOW2_BACKINGS:
+            return {**data, "format": "qcow2"}
+        return data
+
+
+class Network(_Strict):
+    """The guest's NIC on the private bridge."""
+
+    model: NicModel
+    vhost: bool = False
+    queues: int = Field(1, ge=1, le=16)
+    mtu: int = Field(1500, ge=1500, le=9000)
+
+
+class _CrossFieldProblems(ValueError):
+    """Carries the cross-field problems out of pydantic's validator machinery."""
+
+    def __init__(self, problems: list[ProfileProblem]):
+        super().__init__("; ".join(str(p) for p in problems))
+        self.problems = problems
+
+
+class Profile(_Strict):
+    """A complete, validated tuning profile. Construct with parse_profile/load_profile."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: OneLine
+    reproduces: str | None = Field(None, max_length=200, pattern=r"^[^\n\r]*$")
+    guest: Guest
+    disk: Disk
+    network: Network
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Profile:
+        problems = cross_field_problems(self)
+        if problems:
+            raise _CrossFieldProblems(problems)
+        return self
+
+    # -- canonical forms -------------------------------------------------------------
+
+    def canonical_json(self) -> str:
+        """Sorted-key, compact JSON of the whole validated model (what `hash` digests)."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def hash(self) -> str:
+        """sha256 (hex) of canonical_json(): equal profiles hash equal, whatever the file's layout."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def knobs(self) -> dict[str, object]:
+        """The tuning knobs as a flat, ordered dict: "guest.hypervisor" ... "network.mtu"."""
+        out: dict[str, object] = {}
+        for section in ("guest", "disk", "network"):
+            sub: BaseModel = getattr(self, section)
+            for field in type(sub).model_fields:
+                out[f"{section}.{field}"] = getattr(sub, field)
+        return out
+
+    def to_toml(self) -> str:
+        """Canonical TOML text: every key, in schema order; parse_profile() gives back an equal profile."""
+        lines = [f"name = {_toml_value(self.name)}", f"description = {_toml_value(self.description)}"]
+        if self.reproduces is not None:
+            lines.append(f"reproduces = {_toml_value(self.reproduces)}")
+        for section in ("guest", "disk", "network"):
+            sub: BaseModel = getattr(self, section)
+            lines += ["", f"[{section}]"]
+            for field in type(sub).model_fields:
+                lines.append(f"{field} = {_toml_value(getattr(sub, field))}")
+        return "\n".join(lines) + "\n"
+
+    def describe(self) -> str:
+        """One line for humans, e.g. "KVM, 1 vCPU, 1024 MiB; disk: emulated LSI SCSI on a sparse file ..."."""
+        g, d, n = self.guest, self.disk, self.network
+        disk = f"{_BUS_WORDS[d.bus]} on {_BACKING_WORDS[d.backing]} ({d.format})"
+        if d.volume:
+            disk += f" {d.volume}"
+        disk += f", cache={d.cache}, io={d.io}"
+        if d.iothreads:
+            disk += f", {d.iothreads} iothread{'s' if d.iothreads > 1 else ''}"
+        if d.queues > 1:
+            disk += f", {d.queues} queues"
+        net = _NIC_WORDS[n.model]
+        if n.model == "virtio":
+            net += " (vhost)" if n.vhost else " (userspace)"
+        if n.queues > 1:
+            net += f", {n.queues} queues"
+        net += f", MTU {n.mtu}"
+        vcpu = f"{g.vcpus} vCPU{'s' if g.vcpus > 1 else ''}"
+        return f"{g.hypervisor.upper()}, {vcpu}, {g.memory_mib} MiB; disk: {disk}; net: {net}"
+
+
+_BUS_WORDS = {
+    "virtio-blk": "virtio-blk",
+    "virtio-scsi": "virtio-scsi",
+    "scsi-lsi": "emulated LSI SCSI",
+    "sata": "emulated SATA (AHCI)",
+    "ide": "emulated IDE",
+    "xen-vbd": "Xen PV block (xvd)",
+}
+_BACKING_WORDS = {
+    "sparse-file": "a sparse file",
+    "prealloc-file": "a pre-allocated file",
+    "qcow2": "a qcow2 image",
+    "qcow2-prealloc": "a pre-allocated qcow2 image",
+    "block-device": "a whole block device",
+    "network-volume": "a network volume",
+}
+_NIC_WORDS = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio-net", "xen-netfront": "Xen netfront"}
+
+
+def xen_cache_mode(bus: str, backing: str) -> str:
+    """The host cache mode libxl really uses for a Xen disk (it offers no choice)."""
+    if bus == "xen-vbd" and backing in ("block-device", "network-volume"):
+        return "none"  # blkback ("phy") submits bios straight to the device: no dom0 page cache
+    return "writeback"  # emulated disks (libxl passes cache=writeback) and qdisk on files
+
+
+def cross_field_problems(p: Profile) -> list[ProfileProblem]:
+    """Impossible combinations of otherwise valid values, one problem per offending key."""
+    g, d, n = p.guest, p.disk, p.network
+    out: list[ProfileProblem] = []
+
+    def bad(key: str, value: object, message: str, allowed: str) -> None:
+        out.append(ProfileProblem(key, value, message, allowed))
+
+    # hypervisor <-> bus
+    if g.hypervisor == "kvm" and d.bus not in KVM_BUSES:
+        bad(
+            "disk.bus",
+            d.bus,
+            "xen-vbd is Xen's PV block device; KVM cannot provide it",
+            f"{', '.join(KVM_BUSES)} (with guest.hypervisor = kvm)",
+        )
+    if g.hypervisor == "xen" and d.bus not in XEN_BUSES:
+        bad(
+            "disk.bus",
+            d.bus,
+            "libxl (Xen) does not offer this disk bus",
+            f"{', '.join(XEN_BUSES)} (with guest.hypervisor = xen)",
+        )
+
+    # cache/io
+    if g.hypervisor == "xen":
+        want = xen_cache_mode(d.bus, d.backing)
+        if d.cache != want:
+            bad(
+                "disk.cache",
+                d.cache,
+                f"libxl has no cache setting; with bus {d.bus} on {d.backing} it always uses {want}",
+                f"{want} (with guest.hypervisor = xen, disk.bus = {d.bus}, disk.backing = {d.backing})",
+            )
+        if d.io != "threads":
+            bad(
+                "disk.io",
+                d.io,
+                "libxl has no AIO setting; Xen's disk backends are not configurable here",
+                "threads (with guest.hypervisor = xen)",
+            )
+    elif d.io == "native" and d.cache not in PAGE_CACHE_FREE:
+        bad(
+            "disk.io",
+            d.io,
+            f"io = native needs O_DIRECT, i.e. cache none or directsync; cache {d.cache} goes through "
+            "the host page cache, which Linux native AIO cannot use",
+            f"threads, io_uring (with disk.cache = {d.cache}); or set disk.cache to none or directsync",
+        )
+
+    # backing <-> format / volume
+    if d.backing in QCOW2_BACKINGS and d.format != "qcow2":
+        bad(
+            "disk.format",
+            d.format,
+            f"backing {d.backing} is a qcow2 image",
+            f"qcow2 (with disk.backing = {d.backing})",
+        )
+    if d.backing not in QCOW2_BACKINGS and d.format != "raw":
+        bad(
+            "disk.format",
+            d.format,
+            f"backing {d.backing} holds raw data",
+            f"raw (with disk.backing = {d.backing}); use backing qcow2 or qcow2-prealloc for qcow2",
+        )
+    if d.backing == "network-volume":
+        scheme, sep, rest = d.volume.partition(":")
+        if not sep or scheme not in VOLUME_SCHEMES or not rest.strip():
+            bad(
+                "disk.volume",
+                d.volume,
+                "a network volume needs a target with a known scheme",
+                ", ".join(f"{s}:<target>" for s in VOLUME_SCHEMES),
+            )
+    elif d.backing == "block-device":
+        if d.volume and not _is_dev_path(d.volume):
+            bad(
+                "disk.volume",
+                d.volume,
+                "a block device must be named by an absolute path under /dev/",
+                "empty (cloudbox picks the device) or an absolute /dev/ path, e.g. /dev/sdb",
+            )
+    elif d.volume:
+        bad(
+            "disk.volume",
+            d.volume,
+            f"backing {d.backing} takes no volume (cloudbox creates the file)",
+            f"empty (with disk.backing = {d.backing})",
+        )
+
+    # virtio-only disk knobs
+    if d.iothreads > 0 and d.bus not in VIRTIO_BUSES:
+        bad(
+            "disk.iothreads",
+            d.iothreads,
+            f"iothreads serve virtio devices only, not {d.bus}",
+            f"0 (with disk.bus = {d.bus}); 1..16 needs bus virtio-blk or virtio-scsi",
+        )
+    if d.queues > 1 and d.bus not in VIRTIO_BUSES:
+        bad(
+            "disk.queues",
+            d.queues,
+            f"multiple queues are a virtio feature, {d.bus} has one",
+            f"1 (with disk.bus = {d.bus}); more needs bus virtio-blk or virtio-scsi",
+        )
+    elif d.queues > g.vcpus:
+        bad("disk.queues", d.queues, "more disk queues than vCPUs", f"1..{g.vcpus} (guest.vcpus = {g.vcpus})")
+
+    # NIC
+    if n.model == "xen-netfront" and g.hypervisor != "xen":
+        bad(
+            "network.model",
+            n.model,
+            "netfront is Xen's PV NIC; KVM cannot provide it",
+            "e1000, rtl8139, virtio (with guest.hypervisor = kvm)",
+        )
+    if g.hypervisor == "xen" and d.bus == "xen-vbd" and n.model != "xen-netfront":
+        bad(
+            "network.model",
+            n.model,
+            "bus xen-vbd makes this a Xen PV guest, which has no emulated NIC",
+            "xen-netfront (with disk.bus = xen-vbd)",
+        )
+    elif g.hypervisor == "xen" and n.model == "virtio":
+        bad(
+            "network.model",
+            n.model,
+            "libxl (Xen) does not offer virtio-net",
+            "e1000, rtl8139, xen-netfront (with guest.hypervisor = xen)",
+        )
+    if n.vhost and n.model != "virtio":
+        bad(
+            "network.vhost",
+            n.vhost,
+            "vhost-net accelerates virtio-net only",
+            f"false (with network.model = {n.model}); true needs model virtio",
+        )
+    if n.queues > 1 and n.model != "virtio":
+        bad(
+            "network.queues",
+            n.queues,
+            f"multiqueue is a virtio-net feature, {n.model} has one queue",
+            f"1 (with network.model = {n.model}); more needs model virtio",
+        )
+    elif n.queues > g.vcpus:
+        bad(
+            "network.queues",
+            n.queues,
+            "more NIC queues than vCPUs",
+            f"1..{g.vcpus} (guest.vcpus = {g.vcpus})",
+        )
+    return out
+
+
+def _is_dev_path(s: str) -> bool:
+    return s.startswith("/dev/") and posixpath.normpath(s) == s and len(s) > len("/dev/")
+
+
+# -- TOML output ---------------------------------------------------------------------
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        # JSON string escapes are valid TOML basic-string escapes (no surrogate pairs: ensure_ascii off).
+        # DEL is the one control character JSON leaves raw and TOML forbids.
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+    raise TypeError(f"no TOML form for {type(v).__name__}")
+
+
+# -- pydantic errors -> ProfileProblem -------------------------------------------------
+
+_SECTIONS: dict[str, type[BaseModel]] = {"guest": Guest, "disk": Disk, "network": Network}
+
+
+def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The model class that owns the key at loc (Profile for top-level keys)."""
+    if len(loc) == 1:
+        return Profile
+    if len(loc) == 2 and loc[0] in _SECTIONS:
+        return _SECTIONS[str(loc[0])]
+    return None
+
+
+def _keys_text(model: type[BaseModel]) -> str:
+    names = []
+    for name in model.model_fields:
+        names.append(f"[{name}]" if name in _SECTIONS and model is Profile else name)
+    return ", ".join(names)
+
+
+def allowed_for(key: str) -> str | None:
+    """What a key accepts, spelled out: "none, writethrough, ..." or "1..64" or a rule in words."""
+    if key in _TEXT_RULES:
+        return _TEXT_RULES[key]
+    parts = key.split(".")
+    model = _model_at(tuple(parts))
+    if model is None or parts[-1] not in model.model_fields:
+        return None
+    field = model.model_fields[parts[-1]]
+    ann = field.annotation
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return f"a [{key}] table with keys: {_keys_text(ann)}"
+    if typing.get_origin(ann) is Literal:
+        return ", ".join(str(a) for a in typing.get_args(ann))
+    if ann is bool:
+        return "true, false"
+    if ann is int:
+        lo = hi = None
+        for m in field.metadata:
+            if isinstance(m, annotated_types.Ge):
+                lo = m.ge
+            elif isinstance(m, annotated_types.Le):
+                hi = m.le
+        if lo is not None and hi is not None:
+            return f"{lo}..{hi}"
+        return "an integer"
+    if ann is str or (isinstance(ann, types.UnionType) and str in typing.get_args(ann)):
+        return "a string"
+    return None
+
+
+_MESSAGES = {
+    "extra_forbidden": "unknown key",
+    "missing": "required key is missing",
+    "int_type": "must be an integer",
+    "string_type": "must be a string",
+    "bool_type": "must be true or false",
+    "literal_error": "not an allowed value",
+    "greater_than_equal": "out of range",
+    "less_than_equal": "out of range",
+    "string_pattern_mismatch": "not in the allowed form",
+    "string_too_short": "must not be empty",
+    "string_too_long": "too long",
+    "model_type": "must be a table",
+    "dict_type": "must be a table",
+}
+
+
+def _plain(value: object) -> object:
+    """The offending value as plain data (TOML dates and times become their text)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
+
+
+def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
+    problems: list[ProfileProblem] = []
+    for err in exc.errors():
+        ctx_err = (err.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, _CrossFieldProblems):
+            problems.extend(ctx_err.problems)
+            continue
+        loc = tuple(err["loc"])
+        key = ".".join(str(x) for x in loc) or "(profile)"
+        etype = err["type"]
+        value = None if etype == "missing" else _plain(err.get("input"))
+        if etype == "extra_forbidden":
+            owner = _model_at(loc)
+            allowed = f"known keys: {_keys_text(owner)}" if owner else None
+        elif key == "(profile)":
+            allowed = f"a TOML document with keys: {_keys_text(Profile)}"
+        else:
+            allowed = allowed_for(key)
+        message = _MESSAGES.get(etype, err["msg"])
+        if etype == "string_pattern_mismatch" and key == "description":
+            message = "must be one line of text"
+        problems.append(ProfileProblem(key, value, message, allowed))
+    return problems
+
+
+# -- parsing and loading ----------------------------------------------------------------
+
+_TOML_LOCATION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")
+
+
+def validate_data(data: object, source: str, *, expect_name: str | None = None) -> Profile:
+    """Validate already-parsed data (a dict) into a Profile, or raise ProfileError."""
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(source, _problems_from(exc)) from None
+    if expect_name is not None and profile.name != expect_name:
+        raise ProfileError(
+            source,
+            [
+                ProfileProblem(
+                    "name",
+                    profile.name,
+                    "must equal the file name without .toml",
+                    f"{expect_name} (this file is {expect_name}.toml)",
+                )
+            ],
+        )
+    return profile
+
+
+def parse_profile(text: str, source: str = "<profile>", *, expect_name: str | None = None) -> Profile:
+    """Parse TOML text into a Profile. `source` names the text in errors; `expect_name`, when
+    given, is the name the profile must carry (load_profile passes the file's stem)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = _TOML_LOCATION.search(msg)
+        lines = text.splitlines()
+        if m:
+            line = int(m.group(1)) if m.group(1) else max(len(lines), 1)
+            msg = msg[: m.start()]
+        else:
+            line = max(len(lines), 1)
+        excerpt = lines[line - 1] if 0 < line <= len(lines) else ""
+        key = f"line {line}"
+        raise ProfileError(
+            source,
+            [ProfileProblem(key, excerpt, f"TOML syntax error: {msg}", "TOML 1.0 syntax (https://toml.io)")],
+        ) from None
+    return validate_data(data, source, expect_name=expect_name)
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Load and validate one profile file; its `name` must equal the file's stem."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise NotFound(f"{p}: no such profile file") from None
+    except OSError as exc:
+        raise ProfileError(
+            str(p), [ProfileProblem("file", str(p), f"cannot read: {exc.strerror}", "a readable TOML file")]
+        ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(
+            str(p), [ProfileProblem("file", raw[exc.start : exc.end], "not UTF-8 text", "a UTF-8 TOML file")]
+        ) from None
+    return parse_profile(text, str(p), expect_name=p.stem)
+
+
+# -- lookup ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    """One profile file found on the profile path. `problem` is set (and `description`
+    empty) when the file does not validate; the list still shows it."""
+
+    name: str
+    path: Path
+    kind: Literal["preset", "user"]
+    description: str
+    problem: str | None = None
+
+
+def _kind(directory: Path) -> Literal["preset", "user"]:
+    presets = {d.resolve() for d in paths.preset_dirs()}
+    return "preset" if directory.resolve() in presets else "user"
+
+
+def _candidates() -> Iterable[tuple[str, Path]]:
+    """(name, path) for every *.toml on the profile path, first directory first, shadowed names skipped."""
+    seen: set[str] = set()
+    for d in paths.profile_path():
+        if not d.is_dir():
+            continue
+        for f in sorted(d.glob("*.toml")):
+            if f.stem in seen or not f.is_file():
+                continue
+            seen.add(f.stem)
+            yield f.stem, f
+
+
+def list_profiles() -> list[ProfileEntry]:
+    """Every profile on paths.profile_path(), sorted by name (presets and user profiles alike)."""
+    out: list[ProfileEntry] = []
+    for name, f in _candidates():
+        try:
+            prof = load_profile(f)
+            out.append(ProfileEntry(name, f, _kind(f.parent), prof.description))
+        except (ProfileError, NotFound) as exc:
+            out.append(ProfileEntry(name, f, _kind(f.parent), "", str(exc)))
+    return sorted(out, key=lambda e: e.name)
+
+
+def find_profile_path(name: str) -> Path:
+    """The file that defines profile `name` (first match on the profile path), or NotFound."""
+    if re.fullmatch(NAME_PATTERN.strip("^$"), name):
+        for d in paths.profile_path():
+            f = d / f"{name}.toml"
+            if f.is_file():
+                return f
+    known = sorted(n for n, _ in _candidates())
+    raise NotFound(f"no profile named {name!r}; known profiles: {', '.join(known) or '(none)'}")
+
+
+def find_profile(name: str) -> Profile:
+    """Load the profile called `name` from the profile path (NotFound lists the known names)."""
+    return load_profile(find_profile_path(name))
+
+
+def resolve_profile(ref: str) -> Profile:
+    """A profile by name, or by file when `ref` looks like a path (contains '/' or ends in .toml)."""
+    if "/" in ref or ref.endswith(".toml"):
+        return load_profile(ref)
+    return find_profile(ref)
+
+
+def diff_profiles(a: Profile, b: Profile) -> list[tuple[str, object, object]]:
+    """(key, a_value, b_value) for every tuning knob that differs, in schema order.
+    Names and descriptions are not knobs and are not compared."""
+    ka, kb = a.knobs(), b.knobs()
+    return [(k, ka[k], kb[k]) for k in ka if ka[k] != kb[k]]
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped presets (profiles/*.toml in the preset directories)."""
+    return sorted({f.stem for d in paths.preset_dirs() for f in d.glob("*.toml")})
+
+
+def save_user_profile(profile: Profile) -> Path:
+    """Validate `profile` and write it (canonical TOML) to the user profiles directory.
+    Refuses a name used by a shipped preset; overwrites the user's own profile of that name."""
+    source = f"user profile {profile.name!r}"
+    validated = validate_data(profile.model_dump(), source)
+    presets = preset_names()
+    if validated.name in presets:
+        raise ProfileError(
+            source,
+            [
+                ProfileProblem(
+                    "name",
+                    validated.name,
+                    "is the name of a shipped preset; presets cannot be overwritten",
+                    "any valid name not used by a preset (presets: " + ", ".join(presets) + ")",
+                )
+            ],
+        )
+    d = paths.user_profiles_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    target = d / f"{validated.name}.toml"
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    tmp.write_text(validated.to_toml(), encoding="utf-8")
+    os.replace(tmp, target)
+    return target

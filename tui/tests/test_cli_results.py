@@ -1,0 +1,162 @@
+"""`cloudbox results ...` against a real results database in tmp_path."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest_results import study_a_store
+
+from cloudbox.cli import results as cli_results
+from cloudbox.core import compare
+from cloudbox.core.results import ResultStore
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> tuple[Path, int, int]:
+    store, default, virtio = study_a_store(tmp_path / "results.db")
+    store.close()
+    return store.path, default, virtio
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="cloudbox")
+    cli_results.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    code = args.func(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list_text_and_json(db, capsys):
+    path, default, virtio = db
+    code, out, err = run_cli(["results", "--db", str(path), "list"], capsys)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["ID", "STARTED", "STATE"]
+    assert lines[1].split()[0] == str(virtio) and lines[2].split()[0] == str(default)  # newest first
+    assert "tcg*" in lines[1] and "55.0 (50%)" in lines[1]
+    assert "1.3 (1%)" in lines[2] and "667" in lines[2]
+    assert compare.EMULATED_NOTE in out
+    assert max(len(line) for line in lines[:3]) <= 80
+
+    code, out, _ = run_cli(["results", "--db", str(path), "list", "--json"], capsys)
+    data = json.loads(out)
+    assert [d["id"] for d in data] == [virtio, default]
+    assert data[0]["seq_write_pct"] == 50.0 and data[0]["emulated"] is True
+
+    code, out, _ = run_cli(["results", "--db", str(path), "list", "--state", "running"], capsys)
+    assert code == 0 and out.strip() == "no runs in state running"
+
+
+def test_list_flags_a_running_run_whose_executor_died(db, capsys):
+    path, _, _ = db
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with ResultStore(path) as store:
+        rid = store.create_run(profile_name="crashed", pid=dead.pid, accelerator="kvm")
+    code, out, _ = run_cli(["results", "--db", str(path), "list", "--state", "running"], capsys)
+    assert code == 0
+    assert out.splitlines()[1].split()[0] == str(rid) and "running?" in out
+    assert "executor process is gone" in out
+    code, out, _ = run_cli(["results", "--db", str(path), "list", "--json", "--state", "running"], capsys)
+    assert json.loads(out)[0]["executor_alive"] is False
+    # a dead run can be deleted; a live one (this process) cannot
+    with ResultStore(path) as store:
+        live = store.create_run(profile_name="live")
+    code, _, err = run_cli(["results", "--db", str(path), "delete", str(live)], capsys)
+    assert code == 1 and "still running" in err
+    code, out, _ = run_cli(["results", "--db", str(path), "delete", str(rid)], capsys)
+    assert code == 0 and out.strip() == f"deleted run #{rid}"
+
+
+def test_show_text_json_raw(db, capsys):
+    path, default, virtio = db
+    code, out, _ = run_cli(["results", "--db", str(path), "show", str(virtio)], capsys)
+    assert code == 0
+    assert f"run #{virtio}" in out and "EMULATED" in out
+    assert "KVM (TCG, emulated); local disk; virtio-blk, phy" in out
+    assert "50.0%" in out and compare.EMULATED_NOTE in out
+    assert "--- raw" not in out
+
+    code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--raw"], capsys)
+    assert "--- raw: guest seq-write-64k MB/s" in out and "fio-3.33" in out
+    assert "TCP STREAM TEST" in out
+
+    code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["runs"][0]["provenance"]["host_kernel"] == "6.1.0-28-amd64"
+    assert all("raw" not in m for m in doc["runs"][0]["measurements"])
+
+    with ResultStore(path) as store:
+        uuid = store.get_run(default).uuid
+    code, out, _ = run_cli(["results", "--db", str(path), "show", uuid[:8], "--json", "--raw"], capsys)
+    assert json.loads(out)["runs"][0]["id"] == default
+    assert any(m["raw"] for m in json.loads(out)["runs"][0]["measurements"])
+
+
+@pytest.mark.parametrize("fmt", ["text", "md", "csv", "json"])
+def test_compare_formats(db, capsys, fmt):
+    path, default, virtio = db
+    code, out, err = run_cli(["results", "--db", str(path), "compare", str(default), str(virtio),
+                              "--format", fmt], capsys)
+    assert code == 0 and err == ""
+    if fmt == "text":
+        assert "50.0%" in out and "* measured under TCG emulation" in out
+    elif fmt == "md":
+        assert "| 55.0 | 50.0% |" in out and "\\* measured under TCG emulation" in out
+    elif fmt == "csv":
+        rows = list(csv.DictReader(io.StringIO(out)))
+        guest = [r for r in rows
+                 if r["run"] == f"#{virtio}" and r["test"] == "seq-write-64k" and r["row"] == "guest"]
+        assert guest[0]["pct_of_baseline"] == "50.0" and guest[0]["marker"].startswith("*")
+    else:
+        assert [r["id"] for r in json.loads(out)["runs"]] == [default, virtio]
+
+
+def test_export_to_file_and_stdout(db, capsys, tmp_path: Path):
+    path, default, virtio = db
+    target = tmp_path / "out" / "all.json"
+    code, out, err = run_cli(["results", "--db", str(path), "export", "-o", str(target)], capsys)
+    assert code == 0 and out == "" and f"wrote 2 runs to {target}" in err
+    doc = json.loads(target.read_text())
+    assert [r["id"] for r in doc["runs"]] == [default, virtio]  # oldest first
+    assert doc["runs"][0]["provenance"]["backing"]["kind"] == "sparse-file"
+    assert doc["runs"][1]["provenance"]["versions"]["cloudbox"] == "0.1.0"
+
+    code, out, _ = run_cli(["results", "--db", str(path), "export", str(virtio), "--format", "md"], capsys)
+    assert code == 0 and out.startswith(f"## Run #{virtio}") and "\\* measured under TCG" in out
+
+    code, out, _ = run_cli(["results", "--db", str(path), "export", "--format", "csv"], capsys)
+    assert out.splitlines()[0] == ",".join(compare.CSV_FIELDS)
+
+
+def test_not_found_goes_to_stderr_with_exit_1(db, capsys):
+    path, default, virtio = db
+    for argv in (["show", "99"], ["compare", str(default), "99"], ["delete", "99"], ["export", "99"]):
+        code, out, err = run_cli(["results", "--db", str(path), *argv], capsys)
+        assert code == 1 and out == ""
+        assert err.startswith("cloudbox: no run 99") and f"newest runs: {virtio}, {default}" in err
+
+
+def test_delete(db, capsys):
+    path, default, virtio = db
+    code, out, _ = run_cli(["results", "--db", str(path), "delete", str(default)], capsys)
+    assert code == 0 and out.strip() == f"deleted run #{default}"
+    with ResultStore(path) as store:
+        assert [r.id for r in store.list_runs()] == [virtio]
+
+
+def test_registered_in_the_cloudbox_command(db, monkeypatch, capsys):
+    path, _, virtio = db
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(path.parent))
+    from cloudbox.cli import main
+
+    assert main(["results", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["id"] == virtio

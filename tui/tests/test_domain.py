@@ -1,0 +1,307 @@
+"""Domain XML rendering: every preset and variant passes libvirt's schema (virt-xml-validate) and, for
+KVM/QEMU, is accepted by libvirt's test driver with the cache mode and bus asked for."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core.domain import CLOUDBOX_XMLNS, cloudbox_metadata, render_domain
+from cloudbox.core.profiles import Profile, load_profile, parse_profile
+
+PRESETS = sorted((Path(__file__).resolve().parents[2] / "profiles").glob("*.toml"))
+
+BASE_KVM = """
+name = "v"
+description = "variant"
+[guest]
+hypervisor = "kvm"
+vcpus = 2
+[disk]
+bus = "virtio-blk"
+cache = "none"
+backing = "prealloc-file"
+[network]
+model = "virtio"
+"""
+
+
+def kvm_variant(**changes: dict) -> Profile:
+    base = parse_profile(BASE_KVM)
+    data = base.model_dump()
+    data["disk"].update(changes.get("disk", {}))
+    data["network"].update(changes.get("network", {}))
+    return Profile.model_validate(data)  # variants must themselves be valid profiles
+
+
+def xen_profile(bus: str, backing: str, model: str) -> Profile:
+    cache = "none" if bus == "xen-vbd" and backing == "block-device" else "writeback"
+    return parse_profile(f"""
+name = "x"
+description = "xen variant"
+[guest]
+hypervisor = "xen"
+[disk]
+bus = "{bus}"
+cache = "{cache}"
+backing = "{backing}"
+[network]
+model = "{model}"
+""")
+
+
+VARIANTS: list[tuple[str, Profile]] = (
+    [
+        (f"bus-{b}", kvm_variant(disk={"bus": b}))
+        for b in ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide")
+    ]
+    + [(f"nic-{m}", kvm_variant(network={"model": m})) for m in ("e1000", "rtl8139", "virtio")]
+    + [
+        (f"cache-{c}", kvm_variant(disk={"cache": c}))
+        for c in ("none", "writethrough", "writeback", "directsync", "unsafe")
+    ]
+    + [
+        ("io-native", kvm_variant(disk={"io": "native", "cache": "directsync"})),
+        ("io-uring", kvm_variant(disk={"io": "io_uring"})),
+        ("virtio-blk-iothread-queues", kvm_variant(disk={"iothreads": 2, "queues": 2})),
+        (
+            "virtio-scsi-iothread-queues",
+            kvm_variant(disk={"bus": "virtio-scsi", "iothreads": 1, "queues": 2}),
+        ),
+        ("qcow2", kvm_variant(disk={"backing": "qcow2", "format": "qcow2"})),
+        ("vhost-multiqueue", kvm_variant(network={"vhost": True, "queues": 2, "mtu": 9000})),
+        ("xen-hvm-ide", xen_profile("ide", "prealloc-file", "rtl8139")),
+        ("xen-hvm-scsi-netfront", xen_profile("scsi-lsi", "block-device", "xen-netfront")),
+        ("xen-pv-file", xen_profile("xen-vbd", "prealloc-file", "xen-netfront")),
+    ]
+)
+
+CASES: list[tuple[str, Profile]] = [(p.stem, load_profile(p)) for p in PRESETS] + VARIANTS
+
+
+def render(
+    prof: Profile,
+    *,
+    name: str = "cbtest",
+    domain_type: str | None = None,
+    bridge: str | None = "cbbr0",
+    mac: str | None = "52:54:00:ab:cd:ef",
+    **kw,
+) -> str:
+    if domain_type is None:
+        domain_type = "xen" if prof.guest.hypervisor == "xen" else "kvm"
+    block = prof.disk.backing in ("block-device", "network-volume")
+    return render_domain(
+        prof,
+        name=name,
+        domain_type=domain_type,
+        kernel="/var/lib/cloudbox/guest/vmlinuz",
+        initrd="/var/lib/cloudbox/guest/initrd.img",
+        cmdline="console=ttyS0 quiet",
+        disk_path="/dev/sdz" if block else "/var/tmp/cloudbox/disk.img",
+        disk_is_block=block,
+        bridge=bridge,
+        mac=mac,
+        **kw,
+    )
+
+
+def _validator_works() -> bool:
+    return shutil.which("virt-xml-validate") is not None and shutil.which("xmllint") is not None
+
+
+needs_validator = pytest.mark.skipif(
+    not _validator_works(),
+    reason="virt-xml-validate needs libvirt-clients and xmllint (Debian: libxml2-utils)",
+)
+
+
+@needs_validator
+@pytest.mark.parametrize("prof", [c[1] for c in CASES], ids=[c[0] for c in CASES])
+def test_schema_valid(prof: Profile, tmp_path):
+    f = tmp_path / "domain.xml"
+    f.write_text(render(prof))
+    r = subprocess.run(["virt-xml-validate", str(f), "domain"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr + f.read_text()
+
+
+@pytest.fixture(scope="module")
+def test_conn():
+    libvirt = pytest.importorskip("libvirt")
+    libvirt.registerErrorHandler(lambda *_: None, None)  # errors arrive as exceptions; keep stderr clean
+    conn = libvirt.open("test:///default")
+    yield conn
+    conn.close()
+
+
+KVM_CASES = [c for c in CASES if c[1].guest.hypervisor == "kvm"]
+LIBVIRT_BUS = {
+    "virtio-blk": "virtio",
+    "virtio-scsi": "scsi",
+    "scsi-lsi": "scsi",
+    "sata": "sata",
+    "ide": "ide",
+}
+
+
+@pytest.mark.parametrize("domain_type", ["kvm", "qemu"])
+@pytest.mark.parametrize("prof", [c[1] for c in KVM_CASES], ids=[c[0] for c in KVM_CASES])
+def test_test_driver_accepts(prof: Profile, domain_type: str, test_conn):
+    name = f"cbtest-{prof.name}-{domain_type}"
+    dom = test_conn.defineXML(render(prof, name=name, domain_type=domain_type))
+    try:
+        desc = dom.XMLDesc(0)
+    finally:
+        dom.undefine()
+    root = ET.fromstring(desc)
+    assert root.get("type") == domain_type
+    drv = root.find("devices/disk/driver")
+    assert drv is not None and drv.get("cache") == prof.disk.cache and drv.get("io") == prof.disk.io
+    assert root.find("devices/disk/target").get("bus") == LIBVIRT_BUS[prof.disk.bus]
+    assert root.find(f"metadata/{{{CLOUDBOX_XMLNS}}}profile").get("hash") == prof.hash
+
+
+def _tree(prof: Profile, **kw) -> ET.Element:
+    return ET.fromstring(render(prof, **kw))
+
+
+def test_deterministic():
+    prof = load_profile(PRESETS[0])
+    assert render(prof) == render(prof)
+    assert render(prof).endswith("</domain>\n")
+
+
+def test_common_elements():
+    root = _tree(kvm_variant(), uuid="c7a5fdbd-cdaf-9455-926a-d65c16db1809")
+    assert root.findtext("uuid") == "c7a5fdbd-cdaf-9455-926a-d65c16db1809"
+    assert root.find("os/type").attrib == {"arch": "x86_64", "machine": "pc"}
+    assert root.findtext("os/type") == "hvm"
+    assert root.findtext("os/kernel").endswith("vmlinuz") and root.findtext("os/initrd").endswith(
+        "initrd.img"
+    )
+    assert root.findtext("os/cmdline") == "console=ttyS0 quiet"
+    assert root.find("memory").attrib == {"unit": "MiB"} and root.findtext("memory") == "1024"
+    assert root.findtext("vcpu") == "2"
+    assert root.findtext("on_poweroff") == "destroy" and root.findtext("on_crash") == "destroy"
+    assert root.find("devices/memballoon").get("model") == "none"
+    assert root.find("devices/controller[@type='virtio-serial']") is not None
+    chan = root.find("devices/channel[@type='unix']/target")
+    assert chan.attrib == {"type": "virtio", "name": "org.qemu.guest_agent.0"}
+    assert root.find("devices/serial[@type='pty']") is not None
+    assert root.find("devices/console/target").get("type") == "serial"
+    assert len(root.findall("devices/disk")) == 1
+
+
+def test_metadata_recognisable():
+    prof = kvm_variant()
+    xml = render(prof, run_uuid="0123abcd")
+    assert cloudbox_metadata(xml) == {"name": "v", "hash": prof.hash, "run": "0123abcd"}
+    assert f'xmlns:cloudbox="{CLOUDBOX_XMLNS}"' in xml
+    assert cloudbox_metadata("<domain type='kvm'><name>x</name></domain>") is None
+
+
+@pytest.mark.parametrize(
+    ("bus", "dev", "lvbus", "controller"),
+    [
+        ("virtio-blk", "vda", "virtio", None),
+        ("virtio-scsi", "sda", "scsi", "virtio-scsi"),
+        ("scsi-lsi", "sda", "scsi", "lsilogic"),
+        ("sata", "sda", "sata", None),
+        ("ide", "hda", "ide", None),
+    ],
+)
+def test_bus_mapping(bus, dev, lvbus, controller):
+    root = _tree(kvm_variant(disk={"bus": bus}))
+    assert root.find("devices/disk/target").attrib == {"dev": dev, "bus": lvbus}
+    scsi = root.find("devices/controller[@type='scsi']")
+    assert (scsi.get("model") if scsi is not None else None) == controller
+
+
+def test_virtio_knobs():
+    root = _tree(
+        kvm_variant(disk={"iothreads": 2, "queues": 2}, network={"vhost": True, "queues": 2, "mtu": 9000})
+    )
+    assert root.findtext("iothreads") == "2"
+    drv = root.find("devices/disk/driver")
+    assert (drv.get("iothread"), drv.get("queues")) == ("1", "2")
+    assert root.find("devices/interface/driver").attrib == {"name": "vhost", "queues": "2"}
+    assert root.find("devices/interface/mtu").get("size") == "9000"
+    root = _tree(kvm_variant(disk={"bus": "virtio-scsi", "iothreads": 1, "queues": 2}))
+    assert root.find("devices/controller[@type='scsi']/driver").attrib == {"queues": "2", "iothread": "1"}
+    assert root.find("devices/disk/driver").get("iothread") is None
+
+
+def test_nic_mapping():
+    root = _tree(kvm_variant(network={"model": "e1000"}))
+    iface = root.find("devices/interface")
+    assert iface.get("type") == "bridge"
+    assert iface.find("source").get("bridge") == "cbbr0"
+    assert iface.find("mac").get("address") == "52:54:00:ab:cd:ef"
+    assert iface.find("model").get("type") == "e1000"
+    assert iface.find("driver") is None
+    assert _tree(kvm_variant()).find("devices/interface/driver").get("name") == "qemu"
+
+
+def test_no_interface_without_bridge():
+    assert _tree(kvm_variant(), bridge=None).find("devices/interface") is None
+
+
+def test_block_vs_file_source():
+    prof = kvm_variant()
+    root = ET.fromstring(
+        render_domain(
+            prof,
+            name="b",
+            domain_type="kvm",
+            kernel="/k",
+            initrd="/i",
+            cmdline="",
+            disk_path="/dev/sdq",
+            disk_is_block=True,
+            bridge=None,
+            mac=None,
+            emulator="/usr/bin/qemu-system-x86_64",
+        )
+    )
+    assert root.find("devices/disk").get("type") == "block"
+    assert root.find("devices/disk/source").attrib == {"dev": "/dev/sdq"}
+    assert root.findtext("devices/emulator") == "/usr/bin/qemu-system-x86_64"
+
+
+def test_xen_pv_and_hvm():
+    pv = _tree(xen_profile("xen-vbd", "block-device", "xen-netfront"))
+    assert pv.get("type") == "xen"
+    assert pv.findtext("os/type") == "xen" and pv.find("os/type").get("machine") == "xenpv"
+    assert pv.find("devices/disk/driver").attrib == {"name": "phy", "type": "raw"}
+    assert pv.find("devices/disk/target").attrib == {"dev": "xvda", "bus": "xen"}
+    assert pv.find("devices/interface/model").get("type") == "netfront"
+    assert pv.find("devices/console/target").get("type") == "xen"
+    assert pv.find("devices/serial") is None
+    assert pv.find("devices/channel/target").get("type") == "xen"
+    assert pv.find("devices/memballoon").get("model") == "xen"
+    assert pv.find("devices/controller[@type='virtio-serial']") is None
+    hvm = _tree(xen_profile("scsi-lsi", "prealloc-file", "e1000"))
+    assert hvm.findtext("os/type") == "hvm" and hvm.find("os/type").get("machine") == "xenfv"
+    assert hvm.find("devices/disk/driver").attrib == {"name": "qemu", "type": "raw"}
+    assert hvm.find("devices/disk/target").attrib == {"dev": "sda", "bus": "scsi"}
+
+
+@pytest.mark.parametrize(
+    ("prof_name", "domain_type"), [("kvm", "xen"), ("xen", "kvm"), ("xen", "qemu"), ("kvm", "lxc")]
+)
+def test_domain_type_must_fit_hypervisor(prof_name, domain_type):
+    prof = kvm_variant() if prof_name == "kvm" else xen_profile("ide", "prealloc-file", "e1000")
+    with pytest.raises(ValueError):
+        render(prof, domain_type=domain_type)
+
+
+@pytest.mark.parametrize(
+    "kw", [{"name": "a/b"}, {"name": ""}, {"mac": "52:54:00:zz:00:00"}, {"uuid": "nope"}, {"run_uuid": "x y"}]
+)
+def test_bad_arguments(kw):
+    with pytest.raises(ValueError):
+        render(kvm_variant(), **kw)
