@@ -18,6 +18,15 @@ from cloudbox.core.results import ResultStore
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
+@pytest.fixture(autouse=True)
+def no_run_outlives_its_test(state):
+    """Whatever a test starts detached is cancelled when it ends, pass or fail."""
+    yield
+    with ResultStore() as store:
+        for run in store.active_runs():
+            runner.cancel(store, run.id, timeout=120)
+
+
 def _leftovers(conn) -> dict:
     from cloudbox.core.guest import list_guests
     from cloudbox.core.network import BRIDGE, NS, link_exists

@@ -9,7 +9,8 @@ from pathlib import Path
 from . import paths
 from .errors import GuestError
 
-CMDLINE = "console=ttyS0 quiet panic=-1"
+# rootfstype=ramfs: the initramfs root is not capped at half of RAM, so 256 MiB guests boot too.
+CMDLINE = "console=ttyS0 quiet panic=-1 rootfstype=ramfs"
 
 
 @dataclass

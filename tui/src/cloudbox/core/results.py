@@ -789,7 +789,7 @@ class ResultStore:
         finished_at: float | None = None,
     ) -> int:
         """Store one number; returns its id. A dict/list `raw` is stored as JSON. The label
-        'emulated' is added when the run is emulated."""
+        'emulated' is added to guest-side rows when the run is emulated."""
         if side not in SIDES:
             raise ValueError(f"side must be one of {', '.join(SIDES)} (got {side!r})")
         lab = list(dict.fromkeys(labels))
@@ -797,7 +797,8 @@ class ResultStore:
             raw = json.dumps(raw)
         with self._write() as conn:
             run = self._require(conn, run_id)
-            if run["emulated"] and "emulated" not in lab:
+            # Only the guest side ran under emulation: a bare-metal baseline is never emulated.
+            if run["emulated"] and side == "guest" and "emulated" not in lab:
                 lab.append("emulated")
             cur = conn.execute(
                 "INSERT INTO measurements (run_id, side, test, metric, value, host_mbps, host_avgrq_sectors,"

@@ -148,6 +148,7 @@ class Executor:
     run_id: int | None = None  # pre-created by start_detached()
     _cancel: bool = field(default=False, init=False)
     _cleaning: bool = field(default=False, init=False)
+    _deferred: int = field(default=0, init=False)
     _last_progress: float = field(default=0.0, init=False)
 
     # -- events ----------------------------------------------------------------------------
@@ -173,8 +174,23 @@ class Executor:
 
     def _on_signal(self, signum, _frame) -> None:
         self._cancel = True
-        if not self._cleaning:
-            raise Aborted(f"cancelled by {signal.Signals(signum).name}")
+        self._signal_name = signal.Signals(signum).name
+        if not self._cleaning and not self._deferred:
+            raise Aborted(f"cancelled by {self._signal_name}")
+
+    _signal_name = ""
+
+    @contextlib.contextmanager
+    def _atomic(self):
+        """Create a resource and register its cleanup with no cancellation in between: a signal that
+        arrives meanwhile is held and raised right after (else e.g. a guest could start unregistered)."""
+        self._deferred += 1
+        try:
+            yield
+        finally:
+            self._deferred -= 1
+        if self._cancel and not self._deferred and not self._cleaning:
+            raise Aborted(f"cancelled by {self._signal_name or 'request'}")
 
     # -- the run -----------------------------------------------------------------------------
     def execute(self) -> int:
@@ -262,18 +278,20 @@ class Executor:
             labels.append("quick-size")
 
         self.step("connecting to libvirt")
-        conn = daemons.connect(hide_kvm=not acc.kvm_usable)
-        stack.callback(conn.close)
+        with self._atomic():
+            conn = daemons.connect(hide_kvm=not acc.kvm_usable)
+            stack.callback(conn.close)
         live = {r.uuid for r in self.store.active_runs()}  # type: ignore[attr-defined]
         for name in reap_orphans(conn, live | {run_uuid}):
             self.log(f"destroyed orphan guest {name} left by a dead run")
 
         base = Path(spec.work_dir) if spec.work_dir else paths.state_dir() / "work"
         self.step(f"preparing the backing store ({profile.disk.backing}, {storage_h(size)})")
-        store = backing.prepare(profile.disk.backing, work_dir=base / f"run-{run_uuid[:12]}", size_bytes=size,
-                                fmt=profile.disk.format, device=spec.device or None,
-                                confirm=spec.destroy or None, volume=profile.disk.volume)
-        stack.callback(store.remove)
+        with self._atomic():
+            store = backing.prepare(profile.disk.backing, work_dir=base / f"run-{run_uuid[:12]}",
+                                    size_bytes=size, fmt=profile.disk.format, device=spec.device or None,
+                                    confirm=spec.destroy or None, volume=profile.disk.volume)
+            stack.callback(store.remove)
         labels += store.labels
         prov = self._provenance(conn, acc, image, store)
         self.store.update_run(self.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested),  # type: ignore[attr-defined]
@@ -289,7 +307,8 @@ class Executor:
                 self.store.add_samples(self.run_id, [row])  # type: ignore[attr-defined]
                 self.event("sample", row)
 
-            sampler = stack.enter_context(Sampler(store.host_device, on_sample))
+            with self._atomic():
+                sampler = stack.enter_context(Sampler(store.host_device, on_sample))
         self._current_test = "idle"
 
         # ---- bare-metal storage baseline --------------------------------------------------
@@ -312,8 +331,9 @@ class Executor:
             self.step(f"network: bridge {network.BRIDGE} and baseline namespace, MTU {profile.network.mtu}")
             hostnet = network.HostNetwork(profile.network.mtu)
             stack.callback(hostnet.teardown)
-            hostnet.setup_bridge()
-            hostnet.setup_netns()
+            with self._atomic():
+                hostnet.setup_bridge()
+                hostnet.setup_netns()
 
         # ---- the guest ---------------------------------------------------------------------
         name = f"cloudbox-{profile.name}-{run_uuid[:8]}"
@@ -323,8 +343,9 @@ class Executor:
                             mac=None, run_uuid=run_uuid)
         self.step(f"launching guest {name} ({acc.label})")
         t0 = time.monotonic()
-        guest = Guest.start(conn, xml)
-        stack.callback(guest.destroy)
+        with self._atomic():
+            guest = Guest.start(conn, xml)
+            stack.callback(guest.destroy)
         waited = guest.wait_agent(timeout=spec.quiet_agent_wait,
                                   on_wait=lambda s: self._check_cancel_and(
                                       lambda: self.event("progress", {"side": "guest", "test": "boot",
@@ -406,7 +427,7 @@ class Executor:
             d = delta(c0, read_counters(sampler.device), sampler.device)
             host = {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors,
                     "host_avgqu": d.avgqu, "host_util": d.util}
-        common = dict(side=side, test=t.id, labels=json.dumps(tl), started_at=start, finished_at=end,
+        common = dict(side=side, test=t.id, labels=tl, started_at=start, finished_at=end,
                       **(host or {}))
         self.store.add_measurement(self.run_id, metric="MB/s", value=res.mbps, raw=res.raw, **common)  # type: ignore[attr-defined]
         if t.timed:
@@ -425,7 +446,7 @@ class Executor:
         res = run()
         end = time.time()
         tl = list(dict.fromkeys(labels))
-        common = dict(side=side, test=t.id, labels=json.dumps(tl), started_at=start, finished_at=end)
+        common = dict(side=side, test=t.id, labels=tl, started_at=start, finished_at=end)
         self.store.add_measurement(self.run_id, metric=res.metric, value=res.value, raw=res.raw, **common)  # type: ignore[attr-defined]
         if res.lat_us is not None and t.kind == "TCP_RR":
             self.store.add_measurement(self.run_id, metric="lat_us", value=res.lat_us, raw="", **common)  # type: ignore[attr-defined]

@@ -109,7 +109,7 @@ def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool
         "--group_reporting=1", "--randrepeat=0", "--norandommap=1",
     ]
     if not fill and t.writes and not t.direct:
-        args.append("--end_fsync=1")  # like dd conv=fdatasync: the data must reach the disk
+        args.append("--end_fsync=1")  # like dd conv=fsync: the data must reach the disk
     if not fill and t.timed:
         args += [f"--runtime={runtime}"]
     return args
@@ -118,7 +118,8 @@ def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool
 def dd_args(t: StorageTest, target: str, size: int) -> list[str]:
     count = max(1, size // (64 * 1024))
     if t.writes:
-        return ["dd", "if=/dev/zero", f"of={target}", "bs=64k", f"count={count}", "conv=fdatasync"]
+        # conv=fsync (not fdatasync): the guest's busybox dd knows only fsync; both flush the data to disk.
+        return ["dd", "if=/dev/zero", f"of={target}", "bs=64k", f"count={count}", "conv=fsync"]
     return ["dd", f"if={target}", "of=/dev/null", "bs=64k", f"count={count}"]
 
 
