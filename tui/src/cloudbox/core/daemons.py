@@ -2,7 +2,7 @@
 
 On a normal host systemd owns libvirtd and we only connect. Without systemd (containers, CI) we
 start the daemons, and when the accelerator probe found KVM unusable libvirtd is started in its own
-mount namespace with /dev/kvm hidden: otherwise it re-probes QEMU on every domain start (~60 s).
+mount namespace with /dev/kvm hidden: otherwise it re-probes QEMU on every domain start (~30-60 s).
 Daemons we started are recorded in <run dir>/daemons.json so `stop_started_daemons()` stops
 exactly those and nothing else.
 """
@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -113,9 +114,19 @@ def start_daemons(*, hide_kvm: bool = False, timeout: float = 20.0) -> None:
     if not _pid_alive(_read_pidfile(pidfile) or 0):
         cmd = [libvirtd, "-d"]
         if hide_kvm and os.path.exists("/dev/kvm"):
-            # Own mount namespace: libvirtd (and the QEMUs it spawns) see /dev/null at /dev/kvm.
+            # Own mount namespace in which /dev/kvm is a private character node (null's numbers, mode 0,
+            # fixed timestamps). Not /dev/null itself: libvirt keys its QEMU capability cache on /dev/kvm's
+            # ctime, and /dev/null's changes all the time, so every domain start re-probed QEMU (~27 s).
+            # Not a regular file: libvirt's per-domain /dev namespace cannot move such a mount.
+            blank = paths.run_dir() / "no-kvm"
+            blank.parent.mkdir(parents=True, exist_ok=True)
+            if not blank.is_char_device():
+                blank.unlink(missing_ok=True)
+                os.mknod(blank, 0o000 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chmod(blank, 0)
+            os.utime(blank, (0, 0))
             cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-                   'mount --bind /dev/null /dev/kvm && exec "$0" "$@"', *cmd]
+                   f'mount --bind {blank} /dev/kvm && exec "$0" "$@"', *cmd]
         subprocess.run(cmd, check=True)
         deadline = time.monotonic() + timeout
         sock = "/run/libvirt/libvirt-sock" if name == "libvirtd" else "/run/libvirt/virtqemud-sock"
