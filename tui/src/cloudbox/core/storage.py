@@ -124,7 +124,7 @@ def dd_args(t: StorageTest, target: str, size: int) -> list[str]:
 
 
 _ETA = re.compile(
-    r"\[(?P<pct>[\d.]+)%\]"
+    r"\[(?P<pct>[\d.]+|-\.-)%\]"
     r"\[(?:[rw]=(?P<bw1>[\d.]+)(?P<u1>[KMG]i?B)/s)?(?:,?\s*[rw]=(?P<bw2>[\d.]+)(?P<u2>[KMG]i?B)/s)?\]"
     r".*?\[eta (?P<eta>[^\]]+)\]")
 _UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": MB, "GB": 1000**3}
@@ -139,7 +139,8 @@ def parse_eta(line: str) -> dict | None:
     for bw, unit in ((m["bw1"], m["u1"]), (m["bw2"], m["u2"])):
         if bw:
             mbps += float(bw) * _UNITS.get(unit, 1) / MB
-    return {"pct": float(m["pct"]), "mbps": round(mbps, 2), "eta": m["eta"]}
+    pct = 0.0 if m["pct"] == "-.-" else float(m["pct"])
+    return {"pct": pct, "mbps": round(mbps, 2), "eta": m["eta"]}
 
 
 def parse_fio(test_id: str, text: str) -> FioResult:
@@ -166,14 +167,29 @@ def parse_fio(test_id: str, text: str) -> FioResult:
 
 
 _DD = re.compile(r"(\d+) bytes.*copied,\s*([\d.]+)\s*s")
+_RECORDS_OUT = re.compile(r"(\d+)\+(\d+) records out")
+_ELAPSED = re.compile(r"cloudbox-elapsed ([\d.]+) ([\d.]+)")
 
 
-def parse_dd(test_id: str, text: str) -> FioResult:
+def timed_dd_script(argv: list[str]) -> str:
+    """dd wrapped so it reports its own elapsed time: busybox dd (in the guest) prints no rate line."""
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    return (f"s=$(cat /proc/uptime); {cmd}; rc=$?; e=$(cat /proc/uptime); "
+            'echo "cloudbox-elapsed ${s%% *} ${e%% *}" >&2; exit $rc')
+
+
+def parse_dd(test_id: str, text: str, block: int = 64 * 1024) -> FioResult:
+    """GNU dd's "N bytes ... copied, S s" line, or records out + the timed_dd_script's elapsed line."""
     m = _DD.search(text)
-    if not m:
-        raise CloudboxError(f"dd ({test_id}) output not understood: {text.strip()[-300:]}")
-    nbytes, secs = int(m[1]), float(m[2])
-    return FioResult(test_id, nbytes / secs / MB if secs else 0.0, 0.0, 0.0, secs, text)
+    if m:
+        nbytes, secs = int(m[1]), float(m[2])
+    else:
+        rec, el = _RECORDS_OUT.search(text), _ELAPSED.search(text)
+        if not (rec and el):
+            raise CloudboxError(f"dd ({test_id}) output not understood: {text.strip()[-300:]}")
+        nbytes = int(rec[1]) * block
+        secs = float(el[2]) - float(el[1])
+    return FioResult(test_id, nbytes / secs / MB if secs > 0 else 0.0, 0.0, 0.0, secs, text)
 
 
 ProgressFn = Callable[[dict], None]
@@ -271,7 +287,7 @@ class GuestRunner:
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn,
             timeout: float = 3600) -> FioResult:
         if t.dd:
-            r = self.guest.run(dd_args(t, target, size), timeout=timeout, poll=self._check_cancel)
+            r = self.guest.sh(timed_dd_script(dd_args(t, target, size)), timeout=timeout, poll=self._check_cancel)
             if r.exitcode != 0:
                 raise GuestError(f"dd ({t.id}) in the guest exited {r.exitcode}: {r.stderr.strip()[-300:]}")
             return parse_dd(t.id, r.stderr)

@@ -1,0 +1,80 @@
+"""Parsers of tool output (fio status lines and JSON, GNU and busybox dd, netperf, iperf3) on real captured output,
+and the storage test catalogue's rules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core import network, storage
+from cloudbox.core.errors import CloudboxError
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_fio_status_lines():
+    line = "Jobs: 1 (f=1), 0B/s-20.0MiB/s: [W(1)][45.0%][w=20.0MiB/s][w=320 IOPS][eta 00m:05s]"
+    assert storage.parse_eta(line) == {"pct": 45.0, "mbps": 20.97, "eta": "00m:05s"}
+    mixed = "Jobs: 1 (f=1): [m(1)][80.0%][r=10.0MiB/s,w=5000KiB/s][r=2560,w=1250 IOPS][eta 00m:01s]"
+    assert storage.parse_eta(mixed)["mbps"] == pytest.approx(10.49 + 5.12, abs=0.01)
+    assert storage.parse_eta("Jobs: 1 (f=1): [W(1)][-.-%][w=20.0MiB/s][w=320 IOPS][eta 00m:00s]")["pct"] == 0.0
+    assert storage.parse_eta("fio-3.33") is None
+
+
+def test_fio_json_captured():
+    text = (DATA / "fio-seq-write-64k.json").read_text()
+    r = storage.parse_fio("seq-write-64k", "some banner\n" + text)
+    bw = json.loads(text)["jobs"][0]["write"]["bw_bytes"]
+    assert r.mbps == pytest.approx(bw / 1e6) and r.mbps > 0 and r.iops > 0 and r.lat_us > 0
+
+
+def test_fio_errors_are_clear():
+    with pytest.raises(CloudboxError, match="printed no JSON"):
+        storage.parse_fio("seq-read-64k", "fio: pid=0, err=2/file:filesetup.c")
+    with pytest.raises(CloudboxError, match="invalid JSON"):
+        storage.parse_fio("seq-read-64k", "{not json")
+
+
+def test_dd_gnu_and_busybox():
+    gnu = subprocess.run(["dd", "if=/dev/zero", "of=/dev/null", "bs=64k", "count=64"], capture_output=True,
+                         text=True).stderr
+    assert storage.parse_dd("dd-read-64k", gnu).mbps > 0
+    bb = subprocess.run(["sh", "-c", storage.timed_dd_script(["busybox", "dd", "if=/dev/zero", "of=/dev/null",
+                                                              "bs=64k", "count=64"])], capture_output=True, text=True)
+    assert "cloudbox-elapsed" in bb.stderr
+    r = storage.parse_dd("dd-write-64k", "64+0 records in\n64+0 records out\ncloudbox-elapsed 10.00 10.50\n")
+    assert r.mbps == pytest.approx(64 * 65536 / 0.5 / 1e6)
+    with pytest.raises(CloudboxError, match="output not understood"):
+        storage.parse_dd("dd-write-64k", "dd: /dev/vdz: No such file")
+
+
+def test_netperf_and_iperf3():
+    t = network.NET_TESTS["tcp-stream"]
+    r = network.parse_netperf(t, "20407.75,10^6bits/s,6.34\n")
+    assert (r.value, r.lat_us, r.metric) == (20407.75, 6.34, "Mbit/s")
+    rr = network.parse_netperf(network.NET_TESTS["tcp-rr"], "18014.31,Trans/s,55.45\n")
+    assert rr.metric == "trans/s" and rr.value == 18014.31
+    with pytest.raises(CloudboxError, match="not understood"):
+        network.parse_netperf(t, "establish control: are you sure there is a netserver listening")
+    ip = network.parse_iperf3(network.NET_TESTS["iperf3-tx"],
+                              json.dumps({"end": {"sum_received": {"bits_per_second": 9.4e8}}}))
+    assert ip.value == pytest.approx(940.0)
+    with pytest.raises(CloudboxError, match="unable to connect"):
+        network.parse_iperf3(network.NET_TESTS["iperf3-rx"], json.dumps({"error": "unable to connect to server"}))
+
+
+def test_storage_catalogue_rules():
+    assert [t.id for t in storage.resolve_tests("smoke")] == ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"]
+    assert not storage.needs_fill(storage.resolve_tests("smoke"))
+    assert storage.needs_fill(storage.resolve_tests("seq-read-1m"))
+    for name, ids in storage.TEST_SETS.items():  # every set writes before it reads
+        assert not storage.needs_fill(storage.resolve_tests(ids)), name
+    args = storage.fio_args(storage.TESTS["seq-write-64k-buffered"], "/dev/vda", 1 << 20, 5)
+    assert "--direct=0" in args and "--end_fsync=1" in args and "--ioengine=psync" in args
+    args = storage.fio_args(storage.TESTS["randread-4k-qd32"], "/dev/vda", 1 << 20, 5)
+    assert "--iodepth=32" in args and "--runtime=5" in args and "--direct=1" in args
+    with pytest.raises(CloudboxError, match="allowed: seq-write-64k"):
+        storage.resolve_tests("seq-write-7k")
