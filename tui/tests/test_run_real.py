@@ -44,10 +44,10 @@ def _work_files(state) -> list:
     return sorted(str(p) for p in work.rglob("*")) if work.exists() else []
 
 
-@pytest.mark.parametrize("profile", ["eucalyptus-default", "virtio-disk"])
-def test_real_run_storage_and_network(profile, state, libvirt_conn):
+@pytest.mark.parametrize(("profile", "net_tests"), [("eucalyptus-default", "both"), ("virtio-disk", "netperf")])
+def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
     spec = runner.RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke",
-                          net_tests="tcp-stream,tcp-maerts,tcp-rr", net_seconds=3, runtime=3)
+                          net_tests=net_tests, net_seconds=3, runtime=3)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
         rid = runner.Executor(spec, store, emit=lambda k, p: events.append((k, p))).execute()
@@ -74,9 +74,14 @@ def test_real_run_storage_and_network(profile, state, libvirt_conn):
                 assert "emulated" in m.labels
             if side == "baseline":
                 assert "emulated" not in m.labels
-        for test, metric in (("tcp-stream", "Mbit/s"), ("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s")):
+        expected = [("tcp-stream", "Mbit/s"), ("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s")]
+        if net_tests == "both":
+            expected += [("iperf3-tx", "Mbit/s"), ("iperf3-rx", "Mbit/s")]
+        for test, metric in expected:
             m = run.measurement(side, test, metric)
             assert m is not None and m.value > 0, (side, test)
+        if side == "baseline":
+            assert "veth-netns" in run.measurement(side, "tcp-stream", "Mbit/s").labels
     # progress was streamed while running, not only at the end
     kinds = [e.kind for e in evs]
     assert kinds.count("progress") >= 3 and "sample" in kinds and kinds[-1] == "state"
