@@ -8,15 +8,18 @@ SYSPY := /usr/bin/python3
 
 .PHONY: run test test-fast deps deps-test venv guest-image lint bench clean
 
-run: deps venv guest-image
+run: need-root-run deps venv guest-image
 	@scripts/cloudbox-run
 
-test: deps-test venv guest-image
+test: need-root-test deps-test venv guest-image
 	@scripts/run-tests
 
 # Quick iteration: everything except the suites that boot real guests or images.
 test-fast: deps-test venv guest-image
 	@CLOUDBOX_TEST_FAST=1 scripts/run-tests
+
+need-root-%:
+	@scripts/need-root $*
 
 deps:
 	@scripts/install-deps core
@@ -39,7 +42,7 @@ lint: venv
 	$(VENV)/bin/ruff check tui
 	$(VENV)/bin/mypy --config-file tui/pyproject.toml tui/src
 
-bench: deps-test venv guest-image
+bench: need-root-bench deps-test venv guest-image
 	@scripts/run-bench
 
 clean:
