@@ -1,0 +1,140 @@
+# Boots the appliance image under QEMU (TCG, -cpu max) and reads the self-test's exit status (tests/image/*.bats).
+# image_boot FIRMWARE LOGDIR [TIMEOUT_S] boots a throw-away qcow2 overlay of $IMAGE with FIRMWARE uefi (OVMF)
+# or bios (SeaBIOS), passes the self-test request and root credentials as SMBIOS type 11 systemd credentials,
+# waits for the guest to power off and leaves in LOGDIR: serial.log, status (the self-test's status line),
+# journal.txt (the guest journal, written by the guest on failure), qemu.log, boot-seconds.
+
+IMAGE_DIR=${IMAGE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build/image}
+IMAGE=${IMAGE:-$IMAGE_DIR/out/cloudbox.raw}
+
+image_ovmf_code() {
+    local f
+    for f in /usr/share/OVMF/OVMF_CODE_4M.fd /usr/share/OVMF/OVMF_CODE.fd; do
+        [ -r "$f" ] && { echo "$f"; return 0; }
+    done
+    return 1
+}
+
+# Writes LOGDIR/id_ed25519{,.pub} and LOGDIR/root-password (random) for the credentials.
+image_make_credentials() {
+    local logdir=$1
+    [ -f "$logdir/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C cloudbox-test -f "$logdir/id_ed25519"
+    [ -f "$logdir/root-password" ] || head -c 12 /dev/urandom | base64 | tr -d '/+=' > "$logdir/root-password"
+}
+
+image_boot() {
+    local firmware=$1 logdir=$2 timeout_s=${3:-600} start end rc= hash code vars
+    local -a fw=()
+    mkdir -p "$logdir"
+    rm -f "$logdir"/{serial.log,status,journal.txt,qemu.log,boot-seconds,disk.qcow2}
+    image_make_credentials "$logdir"
+    hash=$(openssl passwd -6 -stdin < "$logdir/root-password")
+    qemu-img create -q -f qcow2 -b "$IMAGE" -F raw "$logdir/disk.qcow2" 8G || return 1
+    case $firmware in
+        uefi)
+            code=$(image_ovmf_code) || { echo "no OVMF firmware found" >&2; return 1; }
+            vars=${code/CODE/VARS}
+            cp "$vars" "$logdir/ovmf-vars.fd"
+            fw=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$code"
+                -drive "if=pflash,format=raw,unit=1,file=$logdir/ovmf-vars.fd") ;;
+        bios) fw=() ;;  # QEMU's default firmware is SeaBIOS
+        *) echo "image_boot: firmware must be uefi or bios" >&2; return 1 ;;
+    esac
+    : > "$logdir/status"
+    : > "$logdir/journal.txt"
+    start=$(date +%s)
+    timeout --kill-after=10 "$timeout_s" nice -n 10 qemu-system-x86_64 \
+        -machine q35 -accel tcg -cpu max -smp 2 -m 4096 \
+        "${fw[@]}" \
+        -display none -no-user-config -nodefaults -no-reboot \
+        -serial "file:$logdir/serial.log" \
+        -drive "if=none,id=disk,format=qcow2,file=$logdir/disk.qcow2,discard=unmap" \
+        -device virtio-blk-pci,drive=disk,bootindex=1 \
+        -nic user,restrict=on,model=virtio-net-pci \
+        -device virtio-serial-pci \
+        -chardev "file,id=selftest,path=$logdir/status" \
+        -device virtserialport,chardev=selftest,name=org.cloudbox.selftest \
+        -chardev "file,id=journal,path=$logdir/journal.txt" \
+        -device virtserialport,chardev=journal,name=org.cloudbox.journal \
+        -smbios "type=11,value=io.systemd.credential:cloudbox.selftest=1" \
+        -smbios "type=11,value=io.systemd.credential:passwd.hashed-password.root=$hash" \
+        -smbios "type=11,value=io.systemd.credential:ssh.authorized_keys.root=$(cat "$logdir/id_ed25519.pub")" \
+        ${IMAGE_QEMU_EXTRA:-} \
+        > "$logdir/qemu.log" 2>&1 || rc=$?
+    rc=${rc:-0}
+    end=$(date +%s)
+    echo $((end - start)) > "$logdir/boot-seconds"
+    echo "qemu exit $rc after $((end - start)) s ($firmware)" >> "$logdir/qemu.log"
+    rm -f "$logdir/disk.qcow2"
+    return 0
+}
+
+# Prints the self-test status the guest reported (virtio-serial port, else the serial log), or nothing.
+image_selftest_status() {
+    local logdir=$1 s
+    s=$(tr -dc '0-9' < "$logdir/status" 2>/dev/null)
+    if [ -z "$s" ]; then
+        s=$(grep -ao 'cloudbox-selftest: status=[0-9]*' "$logdir/serial.log" 2>/dev/null | tail -1 | cut -d= -f2)
+    fi
+    echo "$s"
+}
+
+# Starts the appliance in the background for interactive use over SSH (no self-test, no power-off):
+# image_start FIRMWARE LOGDIR SSH_PORT. Sets IMAGE_QEMU_PID. SSH listens on 127.0.0.1:SSH_PORT only.
+image_start() {
+    local firmware=$1 logdir=$2 port=$3 hash code
+    local -a fw=()
+    mkdir -p "$logdir"
+    rm -f "$logdir"/{serial.log,qemu.log,disk.qcow2}
+    image_make_credentials "$logdir"
+    hash=$(openssl passwd -6 -stdin < "$logdir/root-password")
+    qemu-img create -q -f qcow2 -b "$IMAGE" -F raw "$logdir/disk.qcow2" 16G || return 1
+    if [ "$firmware" = uefi ]; then
+        code=$(image_ovmf_code) || return 1
+        cp "${code/CODE/VARS}" "$logdir/ovmf-vars.fd"
+        fw=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$code"
+            -drive "if=pflash,format=raw,unit=1,file=$logdir/ovmf-vars.fd")
+    fi
+    nice -n 10 qemu-system-x86_64 \
+        -machine q35 -accel tcg -cpu max -smp 2 -m 4096 \
+        "${fw[@]}" \
+        -display none -no-user-config -nodefaults -no-reboot \
+        -serial "file:$logdir/serial.log" \
+        -drive "if=none,id=disk,format=qcow2,file=$logdir/disk.qcow2,discard=unmap" \
+        -device virtio-blk-pci,drive=disk,bootindex=1 \
+        -nic "user,restrict=on,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:$port-:22" \
+        -smbios "type=11,value=io.systemd.credential:passwd.hashed-password.root=$hash" \
+        -smbios "type=11,value=io.systemd.credential:ssh.authorized_keys.root=$(cat "$logdir/id_ed25519.pub")" \
+        > "$logdir/qemu.log" 2>&1 &
+    IMAGE_QEMU_PID=$!
+}
+
+# Runs a command in the appliance started by image_start: image_ssh LOGDIR PORT CMD...
+image_ssh() {
+    local logdir=$1 port=$2
+    shift 2
+    ssh -q -p "$port" -i "$logdir/id_ed25519" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+        -o ConnectTimeout=10 -o BatchMode=yes root@127.0.0.1 "$@"
+}
+
+# Waits until SSH answers (up to TIMEOUT_S): image_wait_ssh LOGDIR PORT TIMEOUT_S
+image_wait_ssh() {
+    local logdir=$1 port=$2 timeout_s=${3:-600} t=0
+    until image_ssh "$logdir" "$port" true 2>/dev/null; do
+        kill -0 "$IMAGE_QEMU_PID" 2>/dev/null || return 1
+        [ "$t" -ge "$timeout_s" ] && return 1
+        sleep 5; t=$((t + 5))
+    done
+}
+
+# Stops the appliance started by image_start: a clean power-off, then the QEMU process by its PID.
+image_stop() {
+    local logdir=$1 port=$2 t=0
+    [ -n "${IMAGE_QEMU_PID:-}" ] || return 0
+    image_ssh "$logdir" "$port" systemctl poweroff 2>/dev/null || :
+    while kill -0 "$IMAGE_QEMU_PID" 2>/dev/null && [ "$t" -lt 60 ]; do sleep 2; t=$((t + 2)); done
+    kill "$IMAGE_QEMU_PID" 2>/dev/null || :
+    wait "$IMAGE_QEMU_PID" 2>/dev/null || :
+    rm -f "$logdir/disk.qcow2"
+    IMAGE_QEMU_PID=
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bats
+# Boots the appliance image under QEMU TCG (UEFI and legacy BIOS) and checks its self-test exits 123.
+# Slow: builds the image when missing (make image), then each boot takes minutes. Select with --filter-tags.
+
+bats_require_minimum_version 1.5.0
+
+setup_file() {
+    load '../helpers/image-build'
+    load '../helpers/image-boot'
+    export IMAGE_DIR IMAGE
+    export BOOT_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}
+    mkdir -p "$BOOT_LOGS"
+    # Build once per file, or reuse what `make image` built.
+    if [ ! -f "$IMAGE" ]; then
+        image_build "$IMAGE_DIR" >&3 2>&1
+    fi
+    [ -f "$IMAGE" ]
+}
+
+setup() {
+    load '/usr/lib/bats/bats-support/load'
+    load '/usr/lib/bats/bats-assert/load'
+    load '/usr/lib/bats/bats-file/load'
+    load '../helpers/image-boot'
+}
+
+teardown() {
+    if [ "${BATS_TEST_COMPLETED:-}" != 1 ] && [ -n "${logdir:-}" ]; then
+        echo "# guest logs kept in $logdir (serial.log, journal.txt, qemu.log)" >&3
+    fi
+}
+
+# Boots with FIRMWARE, asserts status 123 and the boot time budget (IMAGE_BOOT_BUDGET_S, default 240 s).
+boot_and_check() {
+    local firmware=$1
+    logdir=$BOOT_LOGS/$firmware
+    image_boot "$firmware" "$logdir" "${IMAGE_BOOT_TIMEOUT_S:-600}"
+    echo "# $firmware boot to self-test verdict: $(cat "$logdir/boot-seconds") s" >&3
+    run -0 image_selftest_status "$logdir"
+    assert_output 123
+    run -0 grep -a 'cloudbox-selftest: PASS no failed units' "$logdir/serial.log"
+    run -0 grep -a 'cloudbox-selftest: .*kvm: ' "$logdir/serial.log"
+    assert [ "$(cat "$logdir/boot-seconds")" -le "${IMAGE_BOOT_BUDGET_S:-240}" ]
+}
+
+# bats test_tags=slow,image
+@test "UEFI (OVMF) boot reaches the self-test verdict 123" {
+    boot_and_check uefi
+}
+
+# bats test_tags=slow,image
+@test "legacy BIOS (SeaBIOS) boot reaches the self-test verdict 123" {
+    boot_and_check bios
+}
+
+# bats test_tags=slow,image
+@test "first boot applies the root password and SSH key credentials (no default password)" {
+    logdir=$BOOT_LOGS/uefi
+    [ -s "$logdir/serial.log" ] || skip "needs the UEFI boot test's logs"
+    run -0 grep -a -c -e 'PASS root credentials: password hash' -e 'PASS root credentials: SSH key' \
+        -e 'PASS sshd is running' "$logdir/serial.log"
+    assert_output 3
+}
