@@ -22,34 +22,46 @@ image_make_credentials() {
     [ -f "$logdir/root-password" ] || head -c 12 /dev/urandom | base64 | tr -d '/+=' > "$logdir/root-password"
 }
 
-image_boot() {
-    local firmware=$1 logdir=$2 timeout_s=${3:-600} start end rc= hash code vars
+# Prepares LOGDIR for one boot (overlay disk of SIZE, firmware vars, credentials) and sets the array
+# IMAGE_QEMU_ARGS to the QEMU arguments every appliance boot shares: _image_qemu_args FIRMWARE LOGDIR SIZE
+_image_qemu_args() {
+    local firmware=$1 logdir=$2 size=$3 hash code
     local -a fw=()
     mkdir -p "$logdir"
-    rm -f "$logdir"/{serial.log,status,journal.txt,qemu.log,boot-seconds,disk.qcow2}
     image_make_credentials "$logdir"
     hash=$(openssl passwd -6 -stdin < "$logdir/root-password")
-    qemu-img create -q -f qcow2 -b "$IMAGE" -F raw "$logdir/disk.qcow2" 8G || return 1
+    qemu-img create -q -f qcow2 -b "$IMAGE" -F raw "$logdir/disk.qcow2" "$size" || return 1
     case $firmware in
         uefi)
             code=$(image_ovmf_code) || { echo "no OVMF firmware found" >&2; return 1; }
-            vars=${code/CODE/VARS}
-            cp "$vars" "$logdir/ovmf-vars.fd"
+            cp "${code/CODE/VARS}" "$logdir/ovmf-vars.fd"
             fw=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$code"
                 -drive "if=pflash,format=raw,unit=1,file=$logdir/ovmf-vars.fd") ;;
         bios) fw=() ;;  # QEMU's default firmware is SeaBIOS
         *) echo "image_boot: firmware must be uefi or bios" >&2; return 1 ;;
     esac
+    IMAGE_QEMU_ARGS=(
+        -machine q35 -accel tcg -cpu max -smp 2 -m 4096
+        "${fw[@]}"
+        -display none -no-user-config -nodefaults -no-reboot
+        -serial "file:$logdir/serial.log"
+        -drive "if=none,id=disk,format=qcow2,file=$logdir/disk.qcow2,discard=unmap"
+        -device virtio-blk-pci,drive=disk,bootindex=1
+        -smbios "type=11,value=io.systemd.credential:passwd.hashed-password.root=$hash"
+        -smbios "type=11,value=io.systemd.credential:ssh.authorized_keys.root=$(cat "$logdir/id_ed25519.pub")"
+    )
+}
+
+image_boot() {
+    local firmware=$1 logdir=$2 timeout_s=${3:-600} start end rc=
+    mkdir -p "$logdir"
+    rm -f "$logdir"/{serial.log,status,journal.txt,qemu.log,boot-seconds,disk.qcow2}
+    _image_qemu_args "$firmware" "$logdir" 8G || return 1
     : > "$logdir/status"
     : > "$logdir/journal.txt"
     start=$(date +%s)
-    timeout --kill-after=10 "$timeout_s" nice -n 10 qemu-system-x86_64 \
-        -machine q35 -accel tcg -cpu max -smp 2 -m 4096 \
-        "${fw[@]}" \
-        -display none -no-user-config -nodefaults -no-reboot \
-        -serial "file:$logdir/serial.log" \
-        -drive "if=none,id=disk,format=qcow2,file=$logdir/disk.qcow2,discard=unmap" \
-        -device virtio-blk-pci,drive=disk,bootindex=1 \
+    # shellcheck disable=SC2086 # IMAGE_QEMU_EXTRA is a word list on purpose
+    timeout --kill-after=10 "$timeout_s" nice -n 10 qemu-system-x86_64 "${IMAGE_QEMU_ARGS[@]}" \
         -nic user,restrict=on,model=virtio-net-pci \
         -device virtio-serial-pci \
         -chardev "file,id=selftest,path=$logdir/status" \
@@ -57,8 +69,6 @@ image_boot() {
         -chardev "file,id=journal,path=$logdir/journal.txt" \
         -device virtserialport,chardev=journal,name=org.cloudbox.journal \
         -smbios "type=11,value=io.systemd.credential:cloudbox.selftest=1" \
-        -smbios "type=11,value=io.systemd.credential:passwd.hashed-password.root=$hash" \
-        -smbios "type=11,value=io.systemd.credential:ssh.authorized_keys.root=$(cat "$logdir/id_ed25519.pub")" \
         ${IMAGE_QEMU_EXTRA:-} \
         > "$logdir/qemu.log" 2>&1 || rc=$?
     rc=${rc:-0}
@@ -82,29 +92,11 @@ image_selftest_status() {
 # Starts the appliance in the background for interactive use over SSH (no self-test, no power-off):
 # image_start FIRMWARE LOGDIR SSH_PORT. Sets IMAGE_QEMU_PID. SSH listens on 127.0.0.1:SSH_PORT only.
 image_start() {
-    local firmware=$1 logdir=$2 port=$3 hash code
-    local -a fw=()
-    mkdir -p "$logdir"
+    local firmware=$1 logdir=$2 port=$3
     rm -f "$logdir"/{serial.log,qemu.log,disk.qcow2}
-    image_make_credentials "$logdir"
-    hash=$(openssl passwd -6 -stdin < "$logdir/root-password")
-    qemu-img create -q -f qcow2 -b "$IMAGE" -F raw "$logdir/disk.qcow2" 16G || return 1
-    if [ "$firmware" = uefi ]; then
-        code=$(image_ovmf_code) || return 1
-        cp "${code/CODE/VARS}" "$logdir/ovmf-vars.fd"
-        fw=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$code"
-            -drive "if=pflash,format=raw,unit=1,file=$logdir/ovmf-vars.fd")
-    fi
-    nice -n 10 qemu-system-x86_64 \
-        -machine q35 -accel tcg -cpu max -smp 2 -m 4096 \
-        "${fw[@]}" \
-        -display none -no-user-config -nodefaults -no-reboot \
-        -serial "file:$logdir/serial.log" \
-        -drive "if=none,id=disk,format=qcow2,file=$logdir/disk.qcow2,discard=unmap" \
-        -device virtio-blk-pci,drive=disk,bootindex=1 \
+    _image_qemu_args "$firmware" "$logdir" 16G || return 1
+    nice -n 10 qemu-system-x86_64 "${IMAGE_QEMU_ARGS[@]}" \
         -nic "user,restrict=on,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:$port-:22" \
-        -smbios "type=11,value=io.systemd.credential:passwd.hashed-password.root=$hash" \
-        -smbios "type=11,value=io.systemd.credential:ssh.authorized_keys.root=$(cat "$logdir/id_ed25519.pub")" \
         > "$logdir/qemu.log" 2>&1 &
     IMAGE_QEMU_PID=$!
 }

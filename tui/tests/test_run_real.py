@@ -27,7 +27,7 @@ def no_run_outlives_its_test(state):
             runner.cancel(store, run.id, timeout=120)
 
 
-def _leftovers(conn) -> dict:
+def _leftovers(conn, state) -> dict:
     from cloudbox.core.guest import list_guests
     from cloudbox.core.network import BRIDGE, NS, link_exists
 
@@ -35,7 +35,10 @@ def _leftovers(conn) -> dict:
         "guests": [g.name for g in list_guests(conn)],
         "bridge": link_exists(BRIDGE),
         "netns": os.path.exists(f"/run/netns/{NS}"),
-        "loops": subprocess.run(["losetup", "-j", "/var/tmp"], capture_output=True, text=True).stdout.strip(),
+        # loop devices whose backing file lies under this test's state dir (where cloudbox made them)
+        "loops": [ln for ln in subprocess.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
+                                              capture_output=True, text=True).stdout.splitlines()
+                  if str(state) in ln],
     }
 
 
@@ -87,7 +90,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
     assert kinds.count("progress") >= 3 and "sample" in kinds and kinds[-1] == "state"
     assert any(k == "step" for k, _ in events)
     # nothing left behind
-    assert _leftovers(libvirt_conn) == {"guests": [], "bridge": False, "netns": False, "loops": ""}
+    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
     assert _work_files(state) == []
 
 
@@ -110,7 +113,7 @@ def test_second_run_refused_and_cancel(state, libvirt_conn):
         assert runner.cancel(store, rid, timeout=120) == "aborted"
         run = store.get_run(rid)
         assert "SIGTERM" in run.reason
-    assert _leftovers(libvirt_conn)["guests"] == []
+    assert _leftovers(libvirt_conn, state)["guests"] == []
     assert _work_files(state) == []
 
 
@@ -134,7 +137,7 @@ def test_ctrl_c_in_foreground_cli(state, libvirt_conn):
     with ResultStore() as store:
         run = store.list_runs()[0]
         assert run.state == "aborted" and "SIGINT" in (run.reason or ""), run.reason
-    assert _leftovers(libvirt_conn)["guests"] == []
+    assert _leftovers(libvirt_conn, state)["guests"] == []
     assert _work_files(state) == []
 
 

@@ -69,7 +69,7 @@ def bench_sampler(seconds: float) -> dict:
         time.sleep(seconds)
     wall = time.monotonic() - t0
     cpu = time.process_time() - t_cpu0
-    return {"device": dev, "seconds": wall, "cpu_s": cpu, "pct_core": 100 * cpu / wall, "samples": len(smp.samples)}
+    return {"device": dev, "seconds": wall, "cpu_s": cpu, "pct_core": 100 * cpu / wall, "samples": smp.count}
 
 
 def bench_overhead(reps: int, work: Path, size: int) -> dict:

@@ -195,13 +195,13 @@ def _need_space(d: Path, size: int, what: str) -> None:
     free = _free_bytes(d)
     if free < size + MARGIN:
         raise NoSpace(
-            f"{d}: not enough free space for the {what}: need {_h(size + MARGIN)} "
-            f"({_h(size)} + {_h(MARGIN)} margin), {_h(free)} free. Use a smaller --size or another "
-            "--work-dir"
+            f"{d}: not enough free space for the {what}: need {human_size(size + MARGIN)} "
+            f"({human_size(size)} + {human_size(MARGIN)} margin), {human_size(free)} free. "
+            "Use a smaller --size or another --work-dir"
         )
 
 
-def _h(n: int) -> str:
+def human_size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -269,7 +269,8 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
                 store.model = device_model(store.host_device)
                 dev_size = int(_run(["blockdev", "--getsize64", device]).strip())
                 if dev_size < size_bytes:
-                    raise NoSpace(f"{device}: {_h(dev_size)} is smaller than the test size {_h(size_bytes)}")
+                    raise NoSpace(f"{device}: {human_size(dev_size)} is smaller than the test size "
+                                  f"{human_size(size_bytes)}")
             else:
                 # Test host without a spare disk: a loop device over a pre-allocated file, labelled.
                 _need_space(work_dir, size_bytes, "loop-device backing file")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import paths
 from .errors import LibvirtUnavailable, PermissionProblem
+from .procs import process_exists
 
 DEFAULT_URI = "qemu:///system"
 
@@ -38,18 +39,6 @@ def systemd_is_pid1() -> bool:
 
 def _record() -> Path:
     return paths.run_dir() / "daemons.json"
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:  # kill(0, ...) would signal our own process group
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_pidfile(p: str) -> int | None:
@@ -101,17 +90,17 @@ def start_daemons(*, hide_kvm: bool = False, timeout: float = 20.0) -> None:
     if libvirtd is None or virtlogd is None:
         raise LibvirtUnavailable("libvirtd/virtlogd are not installed: run 'make deps' (scripts/install-deps)")
     started: dict[str, int] = {}
-    if not _pid_alive(_read_pidfile("/run/virtlogd.pid") or 0):
+    if not process_exists(_read_pidfile("/run/virtlogd.pid") or 0):
         subprocess.run([virtlogd, "-d"], check=True)
         for _ in range(100):
             pid = _read_pidfile("/run/virtlogd.pid")
-            if pid and _pid_alive(pid):
+            if pid and process_exists(pid):
                 started["virtlogd"] = pid
                 break
             time.sleep(0.05)
     name = os.path.basename(libvirtd)
     pidfile = f"/run/{name}.pid"
-    if not _pid_alive(_read_pidfile(pidfile) or 0):
+    if not process_exists(_read_pidfile(pidfile) or 0):
         cmd = [libvirtd, "-d"]
         if hide_kvm and os.path.exists("/dev/kvm"):
             # Own mount namespace in which /dev/kvm is a private character node (null's numbers, mode 0,
@@ -132,7 +121,7 @@ def start_daemons(*, hide_kvm: bool = False, timeout: float = 20.0) -> None:
         sock = "/run/libvirt/libvirt-sock" if name == "libvirtd" else "/run/libvirt/virtqemud-sock"
         while time.monotonic() < deadline:
             pid = _read_pidfile(pidfile)
-            if pid and _pid_alive(pid) and os.path.exists(sock):
+            if pid and process_exists(pid) and os.path.exists(sock):
                 started[name] = pid
                 break
             time.sleep(0.1)
@@ -155,10 +144,10 @@ def stop_started_daemons() -> list[str]:
     data = json.loads(rec.read_text())
     for name in ("libvirtd", "virtqemud", "virtlogd"):
         pid = data.get(name)
-        if pid and _pid_alive(pid):
+        if pid and process_exists(pid):
             os.kill(pid, signal.SIGTERM)
             for _ in range(100):
-                if not _pid_alive(pid):
+                if not process_exists(pid):
                     break
                 time.sleep(0.05)
             stopped.append(name)

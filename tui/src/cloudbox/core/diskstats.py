@@ -75,7 +75,7 @@ class Sampler:
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"diskstats-{device}", daemon=True)
-        self.samples: list[Sample] = []
+        self.count = 0  # samples taken (they go to on_sample; none are kept here)
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -97,7 +97,7 @@ class Sampler:
             s = delta(prev, cur, self.device)
             prev = cur
             next_t += self.interval
-            self.samples.append(s)
+            self.count += 1
             try:
                 self.on_sample(s)
             except Exception:  # a failing consumer must not kill the sampler  # noqa: BLE001

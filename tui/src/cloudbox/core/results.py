@@ -32,6 +32,7 @@ from typing import Any
 
 from . import paths
 from .errors import CloudboxError, NotFound
+from .procs import process_exists
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 5000
@@ -382,14 +383,9 @@ def pid_alive(pid: int | None, since: float | None = None) -> bool:
     """True if `pid` looks like a run's executor: the process exists; if `since` (the run's
     started_at) is given it started no later than that (plus slack); and its command line (when
     readable) mentions python or cloudbox. Anything else is a dead executor or a recycled pid."""
-    if not pid or pid <= 0:
+    if not process_exists(pid):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
+    assert pid is not None
     stat = _proc_stat(pid)
     if stat is not None:
         state, start = stat
@@ -809,9 +805,10 @@ class ResultStore:
             )
             return int(cur.lastrowid or 0)
 
-    def add_samples(self, run_id: int, rows: Sequence[dict[str, Any]]) -> None:
+    def add_samples(self, run_id: int, rows: Sequence[dict[str, Any]], *, event: bool = False) -> None:
         """Store sampler rows (keys from SAMPLE_FIELDS; 't' required). avgrq_kb and avgrq_sectors
-        are derived from each other when only one is given (1 sector = 512 bytes)."""
+        are derived from each other when only one is given (1 sector = 512 bytes). With event=True each
+        row is also appended to the live stream as a `sample` event, in the same transaction."""
         prepared = []
         for row in rows:
             unknown = set(row) - set(SAMPLE_FIELDS)
@@ -833,6 +830,10 @@ class ResultStore:
                 f"INSERT INTO samples (run_id, {', '.join(SAMPLE_FIELDS)}) VALUES (?, {', '.join('?' * 9)})",
                 prepared,
             )
+            if event:
+                for values in prepared:
+                    self._append_event(conn, int(run_id), "sample",
+                                       dict(zip(SAMPLE_FIELDS, values[1:], strict=True)))
 
     def samples(
         self, run_id: int, *, test: str | None = None, device: str | None = None, since: float | None = None

@@ -47,7 +47,7 @@ class RunSpec:
     work_dir: str = ""  # where file backings and baseline files go (the file system under test)
     device: str = ""  # explicit whole device for block-device backings
     destroy: str = ""  # confirmation: the device's kernel name, required when it holds data
-    quiet_agent_wait: float = 300.0
+    agent_timeout: float = 300.0  # seconds to wait for the guest agent after launch
 
     def validate(self) -> None:
         if self.suite not in SUITES:
@@ -149,6 +149,7 @@ class Executor:
     _cancel: bool = field(default=False, init=False)
     _cleaning: bool = field(default=False, init=False)
     _deferred: int = field(default=0, init=False)
+    _current_test: str = field(default="idle", init=False)  # tags host samples with the running test
     _last_progress: float = field(default=0.0, init=False)
 
     # -- events ----------------------------------------------------------------------------
@@ -286,7 +287,7 @@ class Executor:
             self.log(f"destroyed orphan guest {name} left by a dead run")
 
         base = Path(spec.work_dir) if spec.work_dir else paths.state_dir() / "work"
-        self.step(f"preparing the backing store ({profile.disk.backing}, {storage_h(size)})")
+        self.step(f"preparing the backing store ({profile.disk.backing}, {backing.human_size(size)})")
         with self._atomic():
             store = backing.prepare(profile.disk.backing, work_dir=base / f"run-{run_uuid[:12]}",
                                     size_bytes=size, fmt=profile.disk.format, device=spec.device or None,
@@ -304,12 +305,13 @@ class Executor:
             def on_sample(s) -> None:
                 row = s.as_dict()
                 row["test"] = self._current_test
-                self.store.add_samples(self.run_id, [row])  # type: ignore[attr-defined]
-                self.event("sample", row)
+                # One transaction: the timeline row and its live `sample` event.
+                self.store.add_samples(self.run_id, [row], event=True)  # type: ignore[attr-defined]
+                if self.emit:
+                    self.emit("sample", row)
 
             with self._atomic():
                 sampler = stack.enter_context(Sampler(store.host_device, on_sample))
-        self._current_test = "idle"
 
         # ---- bare-metal storage baseline --------------------------------------------------
         host_runner = storage.HostRunner(self.cancelled)
@@ -346,7 +348,7 @@ class Executor:
         with self._atomic():
             guest = Guest.start(conn, xml)
             stack.callback(guest.destroy)
-        waited = guest.wait_agent(timeout=spec.quiet_agent_wait,
+        waited = guest.wait_agent(timeout=spec.agent_timeout,
                                   on_wait=lambda s: self._check_cancel_and(
                                       lambda: self.event("progress", {"side": "guest", "test": "boot",
                                                                       "pct": 0, "eta": f"{s:.0f}s"})))
@@ -391,8 +393,6 @@ class Executor:
                 self._net_test("baseline", nt, functools.partial(
                     network.run_baseline, nt, bports[nt.tool], net_seconds,
                     self._progress("baseline", nt.id), self.cancelled), bare_labels)
-
-    _current_test = "idle"
 
     def _check_cancel_and(self, fn: Callable[[], None]) -> None:
         if self._cancel:
@@ -486,10 +486,6 @@ class Executor:
                         "size_bytes": store.size_bytes, "format": store.format, "is_block": store.is_block},
             "spec": asdict(self.spec),
         }
-
-
-def storage_h(n: int) -> str:
-    return backing._h(n)
 
 
 def _cpu_model() -> str:
