@@ -1,4 +1,5 @@
-"""The `cloudbox` command line: argparse subcommands over cloudbox.core (no Textual here)."""
+"""The `cloudbox` command line: argparse subcommands over cloudbox.core. With no subcommand (or `tui`)
+it opens the terminal UI; Textual is imported only then, so the headless commands never load it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,22 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_parser(subparsers)
     run.add_parser(subparsers)
     results.add_parser(subparsers)
+    t = subparsers.add_parser("tui", help="open the terminal UI (the default when no command is given)")
+    t.add_argument("--screen", choices=["overview", "profiles", "guests", "tests", "results"], default=None,
+                   help="the screen to open on")
+    t.set_defaults(func=cmd_tui)
     return parser
+
+
+def cmd_tui(args: argparse.Namespace) -> int:
+    if not sys.stdout.isatty() or not sys.stdin.isatty():
+        print("cloudbox: the terminal UI needs a terminal; for scripts use the subcommands (cloudbox --help)",
+              file=sys.stderr)
+        return 2
+    from cloudbox.tui import create_app
+
+    create_app(mode=getattr(args, "screen", None)).run()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
-        parser.print_help(sys.stderr)
-        return 2
+        return cmd_tui(args)
     return int(func(args))
 
 

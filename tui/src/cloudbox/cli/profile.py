@@ -1,4 +1,4 @@
-"""`cloudbox profile list | show | diff | validate`: inspect and check tuning profiles.
+"""`cloudbox profile list | show | diff | validate | use`: inspect, check and choose tuning profiles.
 
 Exit codes: 0 success; 1 a profile or file not found (diff: 1 when the profiles differ,
 as diff(1) does); 2 an invalid profile (the ProfileError text, naming file, key, value
@@ -50,6 +50,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     diff.add_argument("b", metavar="B")
     diff.set_defaults(func=_guard(cmd_diff))
 
+    use = sub.add_parser("use", help="make a profile the active one (what the TUI's runs and guests start with)")
+    use.add_argument("profile", metavar="NAME")
+    use.set_defaults(func=_guard(cmd_use))
+
     val = sub.add_parser("validate", help="check profile files; exit 2 if any is invalid")
     val.add_argument("files", metavar="FILE", nargs="+")
     val.set_defaults(func=cmd_validate)
@@ -88,8 +92,15 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def cmd_use(args: argparse.Namespace) -> int:
+    prof = profiles.set_active_profile(args.profile)
+    print(f"active profile: {prof.name} ({prof.describe()})")
+    return EXIT_OK
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     entries = profiles.list_profiles()
+    active = profiles.active_profile_name()
     if args.json:
         print(
             json.dumps(
@@ -100,6 +111,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                         "path": str(e.path),
                         "description": e.description,
                         "problem": e.problem,
+                        "active": e.name == active,
                     }
                     for e in entries
                 ],
@@ -118,7 +130,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         text = (
             e.description if e.problem is None else "INVALID (cloudbox profile validate " + str(e.path) + ")"
         )
-        print(f"{e.name:<{width}}  {e.kind:<6}  {text}")
+        print(f"{e.name:<{width}}  {e.kind:<6}  {text}" + ("  [active]" if e.name == active else ""))
     return EXIT_OK
 
 

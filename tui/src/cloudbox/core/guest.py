@@ -161,6 +161,22 @@ class GuestInfo:
     state: str
     run_uuid: str | None
     profile: str | None
+    started_at: float | None = None  # when its QEMU process started (wall clock), if libvirt's pid file says
+
+    def uptime(self, now: float | None = None) -> float | None:
+        if self.started_at is None or self.state != "running":
+            return None
+        return max(0.0, (time.time() if now is None else now) - self.started_at)
+
+
+def _qemu_started_at(name: str) -> float | None:
+    """libvirt writes /run/libvirt/qemu/<name>.pid when it starts the domain's QEMU: its mtime is the start."""
+    import os
+
+    try:
+        return os.stat(f"/run/libvirt/qemu/{name}.pid").st_mtime
+    except OSError:
+        return None
 
 
 def list_guests(conn) -> list[GuestInfo]:
@@ -176,8 +192,10 @@ def list_guests(conn) -> list[GuestInfo]:
         except libvirt.libvirtError:
             continue
         el = ET.fromstring(meta)
-        state = "running" if dom.isActive() else "shut off"
-        out.append(GuestInfo(dom.name(), state, el.get("run"), el.get("name")))
+        active = dom.isActive()
+        state = "running" if active else "shut off"
+        started = _qemu_started_at(dom.name()) if active and conn.getType() == "QEMU" else None
+        out.append(GuestInfo(dom.name(), state, el.get("run"), el.get("name"), started))
     return out
 
 

@@ -454,6 +454,23 @@ def allowed_for(key: str) -> str | None:
     return None
 
 
+def knob_kind(key: str) -> tuple[str, list[str]]:
+    """How a form should ask for knob `key` ("disk.cache"): ("choice", values) for a fixed set,
+    ("bool", ["true", "false"]), ("int", []) or ("str", [])."""
+    parts = key.split(".")
+    model = _model_at(tuple(parts))
+    if model is None or parts[-1] not in model.model_fields:
+        raise KeyError(key)
+    ann = model.model_fields[parts[-1]].annotation
+    if typing.get_origin(ann) is Literal:
+        return "choice", [str(a) for a in typing.get_args(ann)]
+    if ann is bool:
+        return "bool", ["true", "false"]
+    if ann is int:
+        return "int", []
+    return "str", []
+
+
 _MESSAGES = {
     "extra_forbidden": "unknown key",
     "missing": "required key is missing",
@@ -679,3 +696,39 @@ def save_user_profile(profile: Profile) -> Path:
     tmp.write_text(validated.to_toml(), encoding="utf-8")
     os.replace(tmp, target)
     return target
+
+
+# -- the active profile -----------------------------------------------------------------
+
+DEFAULT_ACTIVE = "virtio-disk"
+
+
+def _active_file() -> Path:
+    return paths.state_dir() / "active-profile"
+
+
+def active_profile_name() -> str:
+    """The profile new runs and guests use unless told otherwise (set with set_active_profile()).
+    Falls back to DEFAULT_ACTIVE when none was chosen or the chosen one no longer exists."""
+    try:
+        name = _active_file().read_text().strip()
+    except OSError:
+        name = ""
+    if name:
+        try:
+            find_profile_path(name)
+            return name
+        except NotFound:
+            pass
+    return DEFAULT_ACTIVE
+
+
+def set_active_profile(name: str) -> Profile:
+    """Make `name` the active profile; it must exist and validate (errors name the file and keys)."""
+    prof = find_profile(name)
+    f = _active_file()
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_name(f".{f.name}.tmp{os.getpid()}")
+    tmp.write_text(prof.name + "\n")
+    os.replace(tmp, f)
+    return prof

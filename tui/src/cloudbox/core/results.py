@@ -34,10 +34,11 @@ from . import paths
 from .errors import CloudboxError, NotFound
 from .procs import process_exists
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 5000
 
-SUITES = ("storage", "network", "all")
+# "guest": an interactive guest session (launched, kept running until stopped; no tests).
+SUITES = ("storage", "network", "all", "guest")
 SIZE_LABELS = ("quick", "study", "custom")
 STATES = ("running", "completed", "aborted", "failed")
 FINAL_STATES = ("completed", "aborted", "failed")
@@ -297,7 +298,32 @@ def _exec_script(conn: sqlite3.Connection, script: str) -> None:
 
 
 # MIGRATIONS[n] upgrades a database at user_version n to n + 1. Append, never edit, entries.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1}
+_SUITE_CHECK_V1 = "CHECK (suite IN ('storage', 'network', 'all'))"
+_SUITE_CHECK_V2 = "CHECK (suite IN ('storage', 'network', 'all', 'guest'))"
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    """Widen runs.suite's CHECK to allow 'guest' (guest sessions). A wider CHECK changes nothing on disk,
+    so this is SQLite's documented in-place schema edit (writable_schema + schema_version bump), not a
+    table rebuild: a rebuild would have to drop `runs`, which cascades to measurements and events."""
+    version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        cur = conn.execute(
+            "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table' AND name = 'runs'",
+            (_SUITE_CHECK_V1, _SUITE_CHECK_V2),
+        )
+        if cur.rowcount != 1:
+            raise CloudboxError("results database: table runs not found while upgrading to schema 2")
+        conn.execute(f"PRAGMA schema_version = {version + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+    check = conn.execute("PRAGMA integrity_check").fetchone()[0]
+    if check != "ok":
+        raise CloudboxError(f"results database: integrity check failed after upgrading to schema 2: {check}")
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

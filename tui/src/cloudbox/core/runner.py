@@ -32,7 +32,8 @@ from .guest import Guest, reap_orphans
 from .guestimage import CMDLINE, GuestImage
 
 QUICK_SIZE = 128 * 1024**2
-SUITES = ("storage", "network", "all")
+# "guest" launches the profile's guest and keeps it running (no tests) until `cancel` stops it.
+SUITES = ("storage", "network", "all", "guest")
 
 
 @dataclass
@@ -55,6 +56,21 @@ class RunSpec:
         parse_size(self.size, 1024)
         storage.resolve_tests(self.storage_tests)
         resolve_net_tests(self.net_tests)
+
+    def plan(self) -> list[str]:
+        """The run's steps as 'side:test' in execution order ("guest:boot" for the launch): what a
+        watcher needs to turn per-test progress into whole-run progress."""
+        want_storage = self.suite in ("storage", "all")
+        want_net = self.suite in ("network", "all")
+        out: list[str] = []
+        tests = [t.id for t in storage.resolve_tests(self.storage_tests)] if want_storage else []
+        out += [f"baseline:{t}" for t in tests]
+        out.append("guest:boot")
+        out += [f"guest:{t}" for t in tests]
+        if want_net:
+            for nt in resolve_net_tests(self.net_tests):
+                out += [f"guest:{nt.id}", f"baseline:{nt.id}"]
+        return out
 
 
 def parse_size(text: str, memory_mib: int) -> tuple[int, str]:
@@ -151,6 +167,7 @@ class Executor:
     _deferred: int = field(default=0, init=False)
     _current_test: str = field(default="idle", init=False)  # tags host samples with the running test
     _last_progress: float = field(default=0.0, init=False)
+    _holding: bool = field(default=False, init=False)  # a guest session is up and waiting to be stopped
 
     # -- events ----------------------------------------------------------------------------
     def event(self, kind: str, payload: dict) -> None:
@@ -221,11 +238,16 @@ class Executor:
             else:
                 self.store.update_run(self.run_id, **fields)  # type: ignore[attr-defined]
             lock.update({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
-            self.event("state", {"state": "running", "profile": profile.name, "suite": spec.suite})
+            self.event("state", {"state": "running", "profile": profile.name, "suite": spec.suite,
+                                 "plan": spec.plan()})
             self._run(profile, size, size_label, quick, run_uuid, stack)
             state, reason = "completed", None
+            if spec.suite == "guest":
+                reason = "the guest shut down"
         except (Aborted, KeyboardInterrupt) as e:
             reason = str(e) or "cancelled (Ctrl-C)"
+            if self._holding:  # stopping a guest session is its normal end
+                state, reason = "completed", f"guest stopped ({reason})"
         except CloudboxError as e:
             reason = str(e)
         except Exception as e:  # a bug: still clean up and record it
@@ -256,6 +278,7 @@ class Executor:
         spec = self.spec
         want_storage = spec.suite in ("storage", "all")
         want_net = spec.suite in ("network", "all")
+        session = spec.suite == "guest"
         tests = storage.resolve_tests(spec.storage_tests) if want_storage else []
         net_tests = resolve_net_tests(spec.net_tests) if want_net else []
         runtime = spec.runtime or (5 if quick else 30)
@@ -329,19 +352,20 @@ class Executor:
 
         # ---- network plumbing (before the guest: its NIC attaches to the bridge) ------------
         hostnet = None
-        if want_net:
+        if want_net or session:
             self.step(f"network: bridge {network.BRIDGE} and baseline namespace, MTU {profile.network.mtu}")
             hostnet = network.HostNetwork(profile.network.mtu)
             stack.callback(hostnet.teardown)
             with self._atomic():
                 hostnet.setup_bridge()
-                hostnet.setup_netns()
+                if want_net:
+                    hostnet.setup_netns()
 
         # ---- the guest ---------------------------------------------------------------------
         name = f"cloudbox-{profile.name}-{run_uuid[:8]}"
         xml = render_domain(profile, name=name, domain_type=acc.domain_type, kernel=str(image.kernel),
                             initrd=str(image.initrd), cmdline=CMDLINE, disk_path=store.path,
-                            disk_is_block=store.is_block, bridge=network.BRIDGE if want_net else None,
+                            disk_is_block=store.is_block, bridge=network.BRIDGE if hostnet else None,
                             mac=None, run_uuid=run_uuid)
         self.step(f"launching guest {name} ({acc.label})")
         t0 = time.monotonic()
@@ -359,6 +383,11 @@ class Executor:
         prov["guest_kernel"] = guest_kernel
         prov["launch_to_agent_s"] = round(boot_s, 2)
         self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+        self.event("progress", {"side": "guest", "test": "boot", "pct": 100})
+
+        if session:
+            self._hold(guest, profile.network.mtu, boot_s)
+            return
 
         if want_storage:
             gr = storage.GuestRunner(guest, self.cancelled)
@@ -393,6 +422,20 @@ class Executor:
                 self._net_test("baseline", nt, functools.partial(
                     network.run_baseline, nt, bports[nt.tool], net_seconds,
                     self._progress("baseline", nt.id), self.cancelled), bare_labels)
+
+    def _hold(self, guest: Guest, mtu: int, boot_s: float) -> None:
+        """A guest session: bring up its NIC, then keep the guest until it shuts down or is stopped."""
+        self.step("guest: configuring the NIC and checking the MTU end to end")
+        nic = network.configure_guest(guest, mtu)
+        self.log(f"guest {guest.name} is up: {nic} {network.GUEST_IP} on bridge {network.BRIDGE} (MTU {mtu}), "
+                 f"launch to agent {boot_s:.1f} s")
+        self.step(f"guest {guest.name} running; stop it with 'cloudbox cancel {self.run_id}'")
+        self._holding = True
+        while guest.is_active():
+            if self._cancel:
+                raise Aborted(f"cancelled by {self._signal_name or 'request'}")
+            time.sleep(1.0)
+        self._holding = False
 
     def _check_cancel_and(self, fn: Callable[[], None]) -> None:
         if self._cancel:
@@ -537,9 +580,133 @@ def cancel(store, run_id: int, timeout: float = 60.0) -> str:
     return "running"
 
 
+# ----------------------------------------------------------------------------------------- sweeps
+@dataclass
+class Sweep:
+    """Several runs queued one after another (profiles x one suite), executed by one detached process.
+
+    Its state lives in <state dir>/sweeps/<id>.json, rewritten by the sweep process after every change:
+    `runs[i]` is the run id of `specs[i]` once it has started (None while queued), `state` is running,
+    completed (every item ran, whatever each run's outcome) or cancelled (the rest was skipped)."""
+
+    id: str
+    specs: list[RunSpec]
+    runs: list[int | None]
+    state: str = "running"
+    pid: int | None = None
+    started_at: float = 0.0
+    finished_at: float | None = None
+
+    @property
+    def path(self) -> Path:
+        return sweeps_dir() / f"{self.id}.json"
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {**asdict(self), "specs": [asdict(s) for s in self.specs]}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)
+
+    @classmethod
+    def load(cls, path: Path) -> Sweep:
+        data = json.loads(path.read_text())
+        data["specs"] = [RunSpec(**s) for s in data["specs"]]
+        return cls(**data)
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for r in self.runs if r is None) if self.state == "running" else 0
+
+
+def sweeps_dir() -> Path:
+    return paths.state_dir() / "sweeps"
+
+
+def list_sweeps() -> list[Sweep]:
+    """Known sweeps, newest first. A 'running' sweep whose process is gone is reported as 'died'."""
+    from .results import pid_alive
+
+    out = []
+    d = sweeps_dir()
+    for f in sorted(d.glob("*.json"), reverse=True) if d.is_dir() else []:
+        try:
+            sw = Sweep.load(f)
+        except (OSError, ValueError, TypeError):
+            continue
+        if sw.state == "running" and not pid_alive(sw.pid, sw.started_at):
+            sw.state = "died"
+        out.append(sw)
+    return out
+
+
+def start_sweep(specs: list[RunSpec], store) -> Sweep:
+    """Queue `specs` to run one after another in a detached process (it outlives the caller)."""
+    if not specs:
+        raise CloudboxError("a sweep needs at least one profile")
+    for spec in specs:
+        spec.validate()
+    check_not_busy()
+    sweep = Sweep(id=time.strftime("sweep-%Y%m%d-%H%M%S-") + uuidlib.uuid4().hex[:6], specs=specs,
+                  runs=[None] * len(specs), started_at=time.time())
+    sweep.save()
+    log_dir = paths.state_dir() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{sweep.id}.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "cloudbox.core.runner", "--sweep", str(sweep.path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # The child rewrites the file with its own pid at once; record it here too so a watcher that reads
+    # the file first does not mistake the sweep for a dead one.
+    sweep.pid = proc.pid
+    sweep.save()
+    return sweep
+
+
+def _run_sweep(path: Path) -> int:
+    from .results import ResultStore
+
+    sweep = Sweep.load(path)
+    sweep.pid = os.getpid()
+    sweep.save()
+    stop = {"signal": ""}
+
+    def on_signal(signum, _frame) -> None:
+        stop["signal"] = signal.Signals(signum).name
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on_signal)
+    rc = 0
+    with ResultStore() as store:
+        for i, spec in enumerate(sweep.specs):
+            if stop["signal"]:
+                break
+            run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
+                                      state="running", node=platform.node(), started_at=time.time())
+            sweep.runs[i] = run_id
+            sweep.save()
+            ex = Executor(spec, store, run_id=run_id)
+            try:
+                ex.execute()
+            except RunBusy as e:  # raised before the executor owns the run: record it here
+                store.finish_run(run_id, "failed", str(e))
+                rc = 1
+            except Exception as e:  # noqa: BLE001 - the executor recorded it in the run
+                print(f"sweep {sweep.id}: run {run_id}: {e}", file=sys.stderr)
+                rc = 1
+            if ex.cancelled():
+                stop["signal"] = stop["signal"] or "cancel"
+    sweep.state = "cancelled" if stop["signal"] else "completed"
+    sweep.finished_at = time.time()
+    sweep.save()
+    return rc
+
+
 def _main(argv: list[str]) -> int:
     from .results import ResultStore
 
+    if argv and argv[0] == "--sweep":
+        return _run_sweep(Path(argv[1]))
     run_id, spec = int(argv[0]), RunSpec(**json.loads(argv[1]))
     with ResultStore() as store:
         ex = Executor(spec, store, run_id=run_id)

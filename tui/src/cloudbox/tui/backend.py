@@ -1,0 +1,214 @@
+"""The TUI's one door to cloudbox.core: results store, host facts, profiles, guests, runs and sweeps.
+
+Every method may block (SQLite, libvirt, lsblk, an accelerator probe) and is called from worker
+threads, never from the UI thread. Tests and screenshots pass fixed host facts and a libvirt URI
+(e.g. libvirt's test:///default) so what the screens show is deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cloudbox.core import compare, daemons, guest, host, paths, profiles, runner
+from cloudbox.core.errors import CloudboxError, LibvirtUnavailable, NotFound
+from cloudbox.core.profiles import Profile, ProfileEntry
+from cloudbox.core.results import Event, ResultStore, Run
+
+
+@dataclass
+class LiveRun:
+    """What the tests screen shows of one run: the run row and its events so far."""
+
+    run: Run
+    events: list[Event] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)
+
+
+class Backend:
+    def __init__(self, *, db: Path | str | None = None, facts: host.HostFacts | None = None,
+                 libvirt_uri: str | None = None):
+        self._db = db
+        self._fixed_facts = facts
+        self._uri = libvirt_uri
+        self._store: ResultStore | None = None
+        self._lock = threading.Lock()
+
+    # -- results store -----------------------------------------------------------------------------
+    @property
+    def store(self) -> ResultStore:
+        with self._lock:
+            if self._store is None:
+                self._store = ResultStore(self._db)
+            return self._store
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    # -- host ----------------------------------------------------------------------------------------
+    def facts(self, *, probe: bool = True) -> host.HostFacts:
+        if self._fixed_facts is not None:
+            return self._fixed_facts
+        return host.gather(probe=probe)
+
+    # -- profiles ------------------------------------------------------------------------------------
+    def profiles(self) -> list[ProfileEntry]:
+        return profiles.list_profiles()
+
+    def profile(self, name: str) -> Profile:
+        return profiles.find_profile(name)
+
+    def active_profile(self) -> str:
+        return profiles.active_profile_name()
+
+    def set_active_profile(self, name: str) -> Profile:
+        return profiles.set_active_profile(name)
+
+    def save_profile(self, data: dict, source: str) -> Path:
+        prof = profiles.validate_data(data, source)
+        return profiles.save_user_profile(prof)
+
+    def delete_user_profile(self, name: str) -> Path:
+        f = profiles.find_profile_path(name)
+        if f.parent.resolve() != paths.user_profiles_dir().resolve():
+            raise CloudboxError(f"{name} is a shipped preset ({f}); only user profiles can be deleted")
+        f.unlink()
+        return f
+
+    # -- guests --------------------------------------------------------------------------------------
+    def _conn(self, *, start: bool):
+        return daemons.connect(self._uri, start=start)
+
+    def guests(self) -> tuple[list[guest.GuestInfo], str | None]:
+        """(guests, why the list may be incomplete). Does not start libvirtd just to list."""
+        try:
+            conn = self._conn(start=False)
+        except (LibvirtUnavailable, CloudboxError) as e:
+            return [], str(e)
+        try:
+            return guest.list_guests(conn), None
+        finally:
+            conn.close()
+
+    def guest_xml(self, name: str) -> str:
+        import libvirt
+
+        conn = self._conn(start=False)
+        try:
+            return conn.lookupByName(name).XMLDesc(0)
+        except libvirt.libvirtError as e:
+            raise NotFound(f"guest {name}: {e}") from e
+        finally:
+            conn.close()
+
+    def launch_guest(self, profile: str) -> int:
+        """A guest session (suite 'guest'): detached, outlives the TUI, stopped by stop_guest()."""
+        return runner.start_detached(runner.RunSpec(profile=profile, suite="guest"), self.store)
+
+    def run_for_guest(self, info: guest.GuestInfo) -> Run | None:
+        if not info.run_uuid:
+            return None
+        for r in self.store.active_runs():
+            if r.uuid == info.run_uuid:
+                return r
+        return None
+
+    def stop_guest(self, info: guest.GuestInfo) -> str:
+        """Stop a guest through its run (cleans up like Ctrl-C); an orphan is destroyed directly."""
+        run = self.run_for_guest(info)
+        if run is not None:
+            state = runner.cancel(self.store, run.id)
+            return f"run {run.id} {state}"
+        self.destroy_guest(info)
+        return "destroyed (it had no live run)"
+
+    def destroy_guest(self, info: guest.GuestInfo) -> None:
+        """Power the guest off at once (libvirt destroy); its run, if any, then cleans up the rest."""
+        import libvirt
+
+        conn = self._conn(start=False)
+        try:
+            dom = conn.lookupByName(info.name)
+            if dom.isActive():
+                dom.destroy()
+            if dom.isPersistent():
+                dom.undefine()
+        except libvirt.libvirtError as e:
+            raise CloudboxError(f"could not destroy guest {info.name}: {e}") from e
+        finally:
+            conn.close()
+
+    # -- runs ----------------------------------------------------------------------------------------
+    def start_runs(self, specs: list[runner.RunSpec]) -> tuple[int | None, runner.Sweep | None]:
+        """One spec: a detached run (its id). Several: a sweep that runs them one after another."""
+        if len(specs) == 1:
+            return runner.start_detached(specs[0], self.store), None
+        return None, runner.start_sweep(specs, self.store)
+
+    def cancel(self, run_id: int) -> str:
+        return runner.cancel(self.store, run_id)
+
+    def active_runs(self) -> list[Run]:
+        store = self.store
+        store.reap_dead_runs()
+        return store.active_runs()
+
+    def sweeps(self) -> list[runner.Sweep]:
+        return runner.list_sweeps()
+
+    def live(self, run_id: int, after_seq: int) -> tuple[Run, list[Event]]:
+        store = self.store
+        events = store.events_since(run_id, after_seq)
+        return store.get_run(run_id, raw=False), events
+
+    def runs(self, limit: int = 500) -> list[Run]:
+        store = self.store
+        store.reap_dead_runs()
+        return store.list_runs(limit=limit)
+
+    def get_runs(self, ids: list[int]) -> list[Run]:
+        return [self.store.get_run(i, raw=False) for i in ids]
+
+    def compare_text(self, ids: list[int], width: int) -> str:
+        runs = self.get_runs(ids)
+        return compare.to_text(compare.compare_table(runs), width=width)
+
+    def export(self, ids: list[int], fmt: str, path: Path) -> Path:
+        runs = [self.store.get_run(i, raw=fmt == "json") for i in ids]
+        if fmt == "json":
+            text = compare.to_json(runs)
+        elif fmt == "csv":
+            text = compare.to_csv(compare.compare_table(runs))
+        elif fmt == "markdown":
+            text = compare.to_markdown(compare.compare_table(runs))
+        else:
+            raise CloudboxError(f"export format {fmt!r} is not one of json, csv, markdown")
+        path = path.expanduser()
+        if path.is_dir():
+            raise CloudboxError(f"{path} is a directory; give a file name")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise CloudboxError(f"cannot write {path}: {e.strerror or e}") from e
+        return path
+
+    def delete_run(self, run_id: int) -> None:
+        run = self.store.get_run(run_id, raw=False)
+        if run.state == "running":
+            raise CloudboxError(f"run {run_id} is still running; cancel it first")
+        self.store.delete_run(run_id)
+
+    def run_log(self, run_id: int, lines: int = 200) -> str:
+        f = paths.state_dir() / "logs" / f"run-{run_id}.log"
+        try:
+            return "\n".join(f.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""

@@ -1,0 +1,1 @@
+"""One module per screen: overview, profiles, guests, tests, results, help."""

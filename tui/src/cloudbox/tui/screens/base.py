@@ -1,0 +1,55 @@
+"""What every cloudbox screen shares: the screen bar, the footer, and a periodic reload done off the UI thread."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from cloudbox.tui.widgets.navbar import NavBar
+
+if TYPE_CHECKING:
+    from cloudbox.tui.app import CloudboxApp
+
+
+class BaseScreen(Screen[None]):
+    MODE = ""
+    HELP = ""  # what the screen is for, shown by ? (HelpScreen)
+    RELOAD_EVERY: float | None = 2.0  # seconds; None: only on demand
+
+    @property
+    def capp(self) -> CloudboxApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield NavBar(self.MODE)
+        yield from self.body()
+        yield Footer()
+
+    def body(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        self.reload()
+        if self.RELOAD_EVERY:
+            self.set_interval(max(self.RELOAD_EVERY, self.capp.poll_interval), self.reload)
+
+    def on_screen_resume(self) -> None:
+        self.reload()
+
+    def reload(self) -> None:
+        """Fetch this screen's data in a thread (one at a time per screen) and show it."""
+        self.capp.work_in_thread(self.fetch, done=self._show, group=f"load-{self.MODE}", exclusive=True,
+                                 name=f"loading the {self.MODE} screen")
+
+    def _show(self, data: Any) -> None:
+        if self.is_attached:
+            self.show(data)
+
+    def fetch(self) -> Any:  # runs in a worker thread
+        return None
+
+    def show(self, data: Any) -> None:  # runs on the UI thread
+        pass

@@ -1,0 +1,163 @@
+"""Guests: launch a guest with a profile (it keeps running after the TUI closes), list guests with state,
+uptime and profile, stop or destroy one after confirmation, show its domain XML."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from cloudbox.core.guest import GuestInfo
+from cloudbox.core.results import Run
+from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
+
+
+@dataclass
+class GuestsData:
+    guests: list[GuestInfo]
+    problem: str | None
+    runs: dict[str, Run]  # live runs by uuid
+    active_profile: str
+
+
+def fmt_uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class GuestsScreen(BaseScreen):
+    MODE = "guests"
+    HELP = ("Guests libvirt runs for cloudbox. l launches a guest with a profile: it gets the profile's disk "
+            "(a scratch backing store) and NIC on the cloudbox bridge, and keeps running after you close "
+            "the TUI. s stops the highlighted guest cleanly (its disk and network are removed, as after "
+            "Ctrl-C in the CLI); D powers it off at once; x shows its libvirt domain XML. A guest whose run "
+            "is gone is an orphan: stop it to clean up.")
+    BINDINGS = [
+        Binding("l", "launch", "Launch", id="guests.launch", tooltip="launch a guest with a profile"),
+        Binding("s", "stop", "Stop", id="guests.stop", tooltip="stop the guest and clean up (confirm)"),
+        Binding("D", "destroy", "Destroy", id="guests.destroy", tooltip="power off at once (confirm)"),
+        Binding("x", "xml", "XML", id="guests.xml", tooltip="show the domain XML"),
+        Binding("r", "reload", "Refresh", id="guests.refresh"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: GuestsData | None = None
+
+    def body(self) -> ComposeResult:
+        yield Static("", id="guests-status", markup=False)
+        yield DataTable(id="guests", cursor_type="row")
+
+    def on_mount(self) -> None:
+        self.query_one("#guests", DataTable).add_columns("Guest", "State", "Uptime", "Profile", "Run")
+        super().on_mount()
+        self.query_one("#guests", DataTable).focus()
+
+    def fetch(self) -> GuestsData:
+        b = self.capp.backend
+        guests, problem = b.guests()
+        runs = {r.uuid: r for r in b.active_runs()}
+        return GuestsData(guests, problem, runs, b.active_profile())
+
+    def show(self, data: GuestsData) -> None:
+        self.data = data
+        table = self.query_one("#guests", DataTable)
+        keep = self.current()
+        table.clear()
+        for g in data.guests:
+            run = data.runs.get(g.run_uuid or "")
+            run_text = f"{run.id} ({run.suite})" if run else "none: orphan"
+            table.add_row(g.name, g.state, fmt_uptime(g.uptime()), g.profile or "-", run_text, key=g.name)
+        names = [g.name for g in data.guests]
+        if keep and keep.name in names:
+            table.move_cursor(row=names.index(keep.name))
+        status = self.query_one("#guests-status", Static)
+        if data.problem:
+            status.update(f"libvirt: {data.problem}")
+        elif not data.guests:
+            status.update(f"No cloudbox guests. Press l to launch one (active profile: {data.active_profile}).")
+        else:
+            status.update(f"{len(data.guests)} guest{'s' if len(data.guests) != 1 else ''}; "
+                          f"active profile: {data.active_profile}")
+
+    def current(self) -> GuestInfo | None:
+        if self.data is None:
+            return None
+        table = self.query_one("#guests", DataTable)
+        if table.row_count == 0:
+            return None
+        name = str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        return next((g for g in self.data.guests if g.name == name), None)
+
+    def action_reload(self) -> None:
+        self.reload()
+
+    def action_launch(self) -> None:
+        b = self.capp.backend
+
+        def got(entries) -> None:
+            options = [(e.name, e.description) for e in entries if e.problem is None]
+            self.app.push_screen(PickDialog("Launch a guest with profile", options, b.active_profile()), chosen)
+
+        def chosen(name: str | None) -> None:
+            if not name:
+                return
+            self.notify(f"launching a guest with {name}; it appears here when libvirt has started it",
+                        title="guests")
+            self.capp.work_in_thread(b.launch_guest, name, done=launched, name=f"launching a {name} guest")
+
+        def launched(run_id: int) -> None:
+            self.notify(f"guest session started as run {run_id} (stop it here with s)", title="guests")
+            self.reload()
+
+        self.capp.work_in_thread(b.profiles, done=got, name="listing profiles")
+
+    def action_stop(self) -> None:
+        g = self.current()
+        if g is None:
+            self.notify("no guest to stop", severity="warning")
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"stopping {g.name}…", title="guests")
+                self.capp.work_in_thread(self.capp.backend.stop_guest, g, name=f"stopping {g.name}",
+                                         done=lambda r: self.after(f"{g.name}: {r}"))
+
+        self.app.push_screen(ConfirmDialog(
+            "Stop guest", f"Stop {g.name}? The guest is destroyed and its disk and network are removed.",
+            yes="Stop"), answer)
+
+    def action_destroy(self) -> None:
+        g = self.current()
+        if g is None:
+            self.notify("no guest to destroy", severity="warning")
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.capp.work_in_thread(self.capp.backend.destroy_guest, g, name=f"destroying {g.name}",
+                                         done=lambda _r: self.after(f"{g.name} destroyed"))
+
+        self.app.push_screen(ConfirmDialog(
+            "Destroy guest", f"Power off {g.name} at once (like pulling the plug)? Its run then cleans up "
+            "the disk and network.", yes="Destroy"), answer)
+
+    def after(self, message: str) -> None:
+        self.notify(message, title="guests")
+        self.reload()
+
+    def action_xml(self) -> None:
+        g = self.current()
+        if g is None:
+            self.notify("no guest selected", severity="warning")
+            return
+        self.capp.work_in_thread(self.capp.backend.guest_xml, g.name, name=f"reading {g.name}'s XML",
+                                 done=lambda xml: self.app.push_screen(TextDialog(f"{g.name}: domain XML", xml)))

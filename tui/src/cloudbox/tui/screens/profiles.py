@@ -1,0 +1,261 @@
+"""Profiles: presets and user profiles; every knob of one; the diff of two side by side; switch the active
+profile; create a profile from another (form or $EDITOR), validated before it is saved."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import DataTable, Static
+
+from cloudbox.core import profiles
+from cloudbox.core.errors import CloudboxError, ProfileError
+from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.screens.profile_form import ProfileForm
+from cloudbox.tui.widgets.dialogs import ConfirmDialog, TextDialog
+
+
+@dataclass
+class ProfilesData:
+    entries: list[profiles.ProfileEntry]
+    active: str
+
+
+def knob_table(p: profiles.Profile) -> Table:
+    t = Table(show_header=True, header_style="bold", box=None, expand=False, pad_edge=False)
+    t.add_column("knob")
+    t.add_column("value")
+    for k, v in p.knobs().items():
+        t.add_row(k, str(v).lower() if isinstance(v, bool) else str(v))
+    return t
+
+
+def diff_table(a: profiles.Profile, b: profiles.Profile) -> Table:
+    """Every knob side by side; differing rows are marked with '≠' (not only by colour)."""
+    t = Table(title=f"{a.name}  vs  {b.name}", show_header=True, header_style="bold", box=None, pad_edge=False)
+    t.add_column("")
+    t.add_column("knob")
+    t.add_column(a.name)
+    t.add_column(b.name)
+    ka, kb = a.knobs(), b.knobs()
+    for k in ka:
+        differs = ka[k] != kb[k]
+        style = "bold" if differs else "dim"
+        t.add_row("≠" if differs else "", k, str(ka[k]), str(kb[k]), style=style)
+    n = sum(1 for k in ka if ka[k] != kb[k])
+    t.caption = f"{n} knob{'s' if n != 1 else ''} differ" if n else "no knob differs"
+    return t
+
+
+class ProfilesScreen(BaseScreen):
+    MODE = "profiles"
+    RELOAD_EVERY = 5.0
+    HELP = ("Tuning profiles: shipped presets (each reproduces a row of the studies) and your own. "
+            "Enter shows a profile's knobs; u makes it the active profile (what new runs and guests use); "
+            "space marks profiles and d shows the diff of the two marked (or the highlighted one against "
+            "the active one); n creates a new profile from the highlighted one in a form; e edits a user "
+            "profile in $EDITOR; x deletes a user profile. Everything is validated before it is saved.")
+    BINDINGS = [
+        Binding("u", "use", "Use", id="profiles.use", tooltip="make the highlighted profile the active one"),
+        Binding("space", "mark", "Mark", id="profiles.mark", tooltip="mark for diff"),
+        Binding("d", "diff", "Diff", id="profiles.diff", tooltip="diff the two marked profiles"),
+        Binding("n", "new", "New from", id="profiles.new", tooltip="new profile from the highlighted one"),
+        Binding("e", "edit", "Edit ($EDITOR)", id="profiles.edit"),
+        Binding("x", "delete", "Delete", id="profiles.delete", tooltip="delete a user profile"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: list[profiles.ProfileEntry] = []
+        self.active = ""
+        self.marked: list[str] = []
+
+    def body(self) -> ComposeResult:
+        with Horizontal(id="profiles-split"):
+            yield DataTable(id="profiles", cursor_type="row")
+            with VerticalScroll(id="profile-detail-box"):
+                yield Static("", id="profile-detail")
+
+    def on_mount(self) -> None:
+        self.query_one("#profiles", DataTable).add_columns("Act", "Mk", "Name", "Kind")
+        super().on_mount()
+        self.query_one("#profiles", DataTable).focus()
+
+    def fetch(self) -> ProfilesData:
+        b = self.capp.backend
+        return ProfilesData(b.profiles(), b.active_profile())
+
+    def show(self, data: ProfilesData) -> None:
+        self.entries, self.active = data.entries, data.active
+        table = self.query_one("#profiles", DataTable)
+        current = self.current_name()
+        table.clear()
+        for e in self.entries:
+            kind = e.kind if e.problem is None else f"{e.kind} INVALID"
+            table.add_row("active" if e.name == self.active else "", "x" if e.name in self.marked else "",
+                          e.name, kind, key=e.name)
+        names = [e.name for e in self.entries]
+        if current in names:
+            table.move_cursor(row=names.index(current))
+        self.show_detail()
+
+    def current_name(self) -> str | None:
+        table = self.query_one("#profiles", DataTable)
+        if table.row_count == 0:
+            return None
+        try:
+            return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        except Exception:  # noqa: BLE001 - no row under the cursor
+            return None
+
+    def entry(self, name: str | None) -> profiles.ProfileEntry | None:
+        return next((e for e in self.entries if e.name == name), None)
+
+    def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
+        self.show_detail()
+
+    def show_detail(self) -> None:
+        detail = self.query_one("#profile-detail", Static)
+        e = self.entry(self.current_name())
+        if e is None:
+            detail.update("no profiles found")
+            return
+        if e.problem:
+            detail.update(Text(f"{e.path}\n\n{e.problem}"))
+            return
+        try:
+            p = profiles.load_profile(e.path)
+        except CloudboxError as err:
+            detail.update(Text(str(err)))
+            return
+        head = Text(f"{e.name} ({e.kind}){'  [active]' if e.name == self.active else ''}\n", style="bold")
+        head.append(f"{p.description}\n", style="")
+        if p.reproduces:
+            head.append(f"Reproduces: {p.reproduces}\n", style="italic")
+        head.append(f"{e.path}\n", style="dim")
+        from rich.console import Group
+
+        detail.update(Group(head, knob_table(p)))
+
+    # -- actions -----------------------------------------------------------------------------------
+    def action_use(self) -> None:
+        name = self.current_name()
+        if name is None:
+            return
+
+        def done(prof: profiles.Profile) -> None:
+            self.notify(f"active profile: {prof.name}", title="profiles")
+            self.reload()
+
+        self.capp.work_in_thread(self.capp.backend.set_active_profile, name, done=done, name=f"switching to {name}")
+
+    def action_mark(self) -> None:
+        name = self.current_name()
+        if name is None:
+            return
+        if name in self.marked:
+            self.marked.remove(name)
+        else:
+            self.marked = [*self.marked[-1:], name]  # at most two
+        table = self.query_one("#profiles", DataTable)
+        for e in self.entries:
+            table.update_cell(e.name, table.ordered_columns[1].key, "x" if e.name in self.marked else "")
+
+    def action_diff(self) -> None:
+        pair: list[str | None] = list(self.marked)
+        if len(pair) < 2:
+            cur = self.current_name()
+            pair = [self.active, cur] if len(pair) == 0 else [pair[0], cur]
+        if len(pair) != 2 or None in pair or pair[0] == pair[1]:
+            self.notify("mark two profiles with space (or highlight one to diff it against the active one)",
+                        severity="warning")
+            return
+        try:
+            a, b = (profiles.find_profile(str(n)) for n in pair)
+        except CloudboxError as e:
+            self.capp.report_error(e)
+            return
+        self.query_one("#profile-detail", Static).update(diff_table(a, b))
+
+    def action_new(self) -> None:
+        name = self.current_name()
+        if name is None:
+            return
+        try:
+            base = profiles.find_profile(name)
+        except CloudboxError as e:
+            self.capp.report_error(e)
+            return
+        taken = {e.name for e in self.entries}
+        new = next(f"{name}-{i}" for i in range(2, 1000) if f"{name}-{i}" not in taken)
+
+        def saved(result: str | None) -> None:
+            if result:
+                self.reload()
+
+        self.app.push_screen(ProfileForm(base, new), saved)
+
+    def action_edit(self) -> None:
+        e = self.entry(self.current_name())
+        if e is None:
+            return
+        if e.kind == "preset":
+            self.notify(f"{e.name} is a shipped preset and cannot be changed; press n to make your own copy",
+                        severity="warning")
+            return
+        self.edit_in_editor(e)
+
+    def edit_in_editor(self, e: profiles.ProfileEntry) -> None:
+        """Edit a copy in $EDITOR; it replaces the profile only if it validates (errors shown, copy kept)."""
+        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+        with tempfile.NamedTemporaryFile("w", suffix=".toml", prefix=f"{e.name}-", delete=False) as f:
+            f.write(e.path.read_text())
+            tmp = Path(f.name)
+        try:
+            try:
+                with self.app.suspend():
+                    rc = subprocess.call([*shlex.split(editor), str(tmp)])
+            except Exception:  # noqa: BLE001 - no terminal to hand over (headless): run the editor directly
+                rc = subprocess.call([*shlex.split(editor), str(tmp)], stdin=subprocess.DEVNULL)
+            if rc != 0:
+                self.notify(f"{editor} exited {rc}; {e.name} unchanged", severity="warning")
+                return
+            try:
+                prof = profiles.parse_profile(tmp.read_text(), str(e.path), expect_name=e.name)
+                profiles.save_user_profile(prof)
+            except ProfileError as err:
+                self.app.push_screen(TextDialog(f"{e.name} not saved: fix these and press e again", str(err)))
+                return
+            self.notify(f"saved {e.path}", title="profiles")
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.reload()
+
+    def action_delete(self) -> None:
+        e = self.entry(self.current_name())
+        if e is None:
+            return
+        if e.kind == "preset":
+            self.notify(f"{e.name} is a shipped preset and cannot be deleted", severity="warning")
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.capp.work_in_thread(self.capp.backend.delete_user_profile, e.name, done=deleted)
+
+        def deleted(path: Path) -> None:
+            self.notify(f"deleted {path}", title="profiles")
+            self.marked = [m for m in self.marked if m != e.name]
+            self.reload()
+
+        self.app.push_screen(ConfirmDialog("Delete profile", f"Delete the user profile {e.name} ({e.path})?",
+                                           yes="Delete"), answer)

@@ -1,0 +1,166 @@
+"""Results: every run with its headline numbers; mark two or more to compare them side by side against
+each run's bare-metal baseline in the studies' Table 1/2 layout; export to JSON, CSV or Markdown."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import DataTable, Static
+
+from cloudbox.core import compare
+from cloudbox.core.results import Run
+from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.widgets.dialogs import ConfirmDialog, ExportDialog
+
+
+def headline(run: Run) -> str:
+    s = compare.run_summary(run)
+    star = "*" if run.emulated else ""
+    parts = []
+    if s["seq_write_mbps"] is not None:
+        pct = f" ({s['seq_write_pct']:.0f}%)" if s["seq_write_pct"] is not None else ""
+        parts.append(f"W {s['seq_write_mbps']:.0f}{star} MB/s{pct}")
+    if s["seq_read_mbps"] is not None:
+        pct = f" ({s['seq_read_pct']:.0f}%)" if s["seq_read_pct"] is not None else ""
+        parts.append(f"R {s['seq_read_mbps']:.0f}{star}{pct}")
+    if s["tcp_stream_mbits"] is not None:
+        pct = f" ({s['tcp_stream_pct']:.0f}%)" if s["tcp_stream_pct"] is not None else ""
+        parts.append(f"TCP {s['tcp_stream_mbits']:.0f}{star} Mb/s{pct}")
+    return "  ".join(parts) or "-"
+
+
+ACCEL_WORDS = {"tcg": "TCG*", "nested-kvm": "nested KVM", "kvm": "KVM", "xen": "Xen", None: "-"}
+
+
+class ResultsScreen(BaseScreen):
+    MODE = "results"
+    RELOAD_EVERY = 3.0
+    HELP = ("Every stored run, newest first, with its headline numbers: guest sequential write and read "
+            "(MB/s) and TCP stream (Mbit/s), each with its % of the same run's bare-metal baseline. "
+            "* marks numbers measured under TCG emulation (not overhead figures). Space marks runs; "
+            "c compares the marked runs (or the highlighted one) in the studies' table layout; e exports "
+            "them (JSON, CSV, Markdown); D deletes a finished run.")
+    BINDINGS = [
+        Binding("space", "mark", "Mark", id="results.mark"),
+        Binding("c", "compare", "Compare", id="results.compare", tooltip="compare the marked runs"),
+        Binding("e", "export", "Export", id="results.export", tooltip="export the marked runs"),
+        Binding("D", "delete", "Delete", id="results.delete", tooltip="delete the highlighted run"),
+        Binding("escape", "close_compare", "Close table", id="results.close", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[Run] = []
+        self.marked: list[int] = []
+
+    def body(self) -> ComposeResult:
+        with Vertical(id="results-split"):
+            yield DataTable(id="runs", cursor_type="row")
+            with VerticalScroll(id="compare-box"):
+                yield Static("Mark runs with space and press c to compare them.", id="compare")
+
+    def on_mount(self) -> None:
+        self.query_one("#runs", DataTable).add_columns("Mk", "Run", "Profile", "Suite", "When", "Accel", "State",
+                                                       "Headline (guest, % of bare metal)")
+        super().on_mount()
+        self.query_one("#runs", DataTable).focus()
+
+    def fetch(self) -> list[Run]:
+        return self.capp.backend.runs()
+
+    def show(self, runs: list[Run]) -> None:
+        self.runs = runs
+        table = self.query_one("#runs", DataTable)
+        keep = self.current_id()
+        table.clear()
+        for r in runs:
+            when = time.strftime("%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "-"
+            table.add_row("x" if r.id in self.marked else "", str(r.id), r.profile_name or "-", r.suite or "-",
+                          when, ACCEL_WORDS.get(r.accelerator, r.accelerator or "-"), r.state,
+                          Text(headline(r)), key=str(r.id))
+        ids = [r.id for r in runs]
+        if keep in ids:
+            table.move_cursor(row=ids.index(keep))
+        if not runs:
+            self.query_one("#compare", Static).update("No runs stored yet: start one on the Tests screen (4).")
+
+    def current_id(self) -> int | None:
+        table = self.query_one("#runs", DataTable)
+        if table.row_count == 0:
+            return None
+        return int(str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value))
+
+    def selection(self) -> list[int]:
+        if self.marked:
+            return sorted(self.marked)
+        cur = self.current_id()
+        return [cur] if cur is not None else []
+
+    def action_mark(self) -> None:
+        rid = self.current_id()
+        if rid is None:
+            return
+        if rid in self.marked:
+            self.marked.remove(rid)
+        else:
+            self.marked.append(rid)
+        table = self.query_one("#runs", DataTable)
+        table.update_cell(str(rid), table.ordered_columns[0].key, "x" if rid in self.marked else "")
+        table.action_cursor_down()
+
+    def action_compare(self) -> None:
+        ids = self.selection()
+        if not ids:
+            self.notify("no runs stored yet", severity="warning")
+            return
+        width = max(60, self.size.width - 2)
+
+        def done(text: str) -> None:
+            self.query_one("#compare", Static).update(Text(text))
+            self.query_one("#compare-box").add_class("open")
+
+        self.capp.work_in_thread(self.capp.backend.compare_text, ids, width, done=done,
+                                 name=f"comparing runs {', '.join(map(str, ids))}")
+
+    def action_close_compare(self) -> None:
+        self.query_one("#compare-box").remove_class("open")
+
+    def action_export(self) -> None:
+        ids = self.selection()
+        if not ids:
+            self.notify("no runs to export", severity="warning")
+            return
+        stem = Path.cwd() / f"cloudbox-runs-{'-'.join(map(str, ids[:6]))}"
+
+        def chosen(result: tuple[str, Path] | None) -> None:
+            if result is None:
+                return
+            fmt, path = result
+            self.capp.work_in_thread(self.capp.backend.export, ids, fmt, path, name="exporting",
+                                     done=lambda p: self.notify(f"wrote {p} ({fmt}, runs {', '.join(map(str, ids))})",
+                                                                title="results"))
+
+        self.app.push_screen(ExportDialog(stem), chosen)
+
+    def action_delete(self) -> None:
+        rid = self.current_id()
+        if rid is None:
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.marked = [m for m in self.marked if m != rid]
+                self.capp.work_in_thread(self.capp.backend.delete_run, rid, name=f"deleting run {rid}",
+                                         done=deleted)
+
+        def deleted(_result: object) -> None:
+            self.notify(f"deleted run {rid}", title="results")
+            self.reload()
+
+        self.app.push_screen(ConfirmDialog("Delete run", f"Delete run {rid} with its measurements, samples and "
+                                           "events? This cannot be undone.", yes="Delete"), answer)

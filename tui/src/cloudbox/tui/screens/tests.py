@@ -1,0 +1,341 @@
+"""Tests: choose suite, size, test set and profile(s), start (several profiles = a sweep, run one after
+another); while a run goes: overall progress with ETA, live charts of guest throughput and of the host
+disk's request size, queue depth and utilisation (the studies' three host metrics), the step, the log."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Button, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane
+
+from cloudbox.core import runner, storage
+from cloudbox.core.results import Event, Run
+from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.widgets.charts import LiveChart
+from cloudbox.tui.widgets.checklist import CheckList
+from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
+
+SUITES = (("storage", "storage"), ("network", "network"), ("both", "all"))
+SIZES = (("quick (128 MiB, 5 s tests)", "quick"), ("study-sized (2x guest RAM, 30 s tests)", "study"))
+
+
+@dataclass
+class SetupData:
+    profiles: list[tuple[str, str]]
+    active: str
+    runs: list[Run]
+
+
+class Progress:
+    """Turns a run's events into whole-run progress: the plan (from the first state event), the steps done
+    (measurements, and the guest's boot), the current step's own percentage."""
+
+    def __init__(self) -> None:
+        self.plan: list[str] = []
+        self.done: set[str] = set()
+        self.current: str | None = None
+        self.current_pct = 0.0
+
+    def feed(self, ev: Event) -> None:
+        p = ev.payload
+        if ev.kind == "state" and p.get("plan"):
+            self.plan = list(p["plan"])
+        elif ev.kind == "progress":
+            key = f"{p.get('side')}:{p.get('test')}"
+            self.current, self.current_pct = key, float(p.get("pct") or 0)
+            if key == "guest:boot" and self.current_pct >= 100:
+                self.done.add(key)
+        elif ev.kind == "measurement":
+            self.done.add(f"{p.get('side')}:{p.get('test')}")
+
+    @property
+    def percent(self) -> float | None:
+        if not self.plan:
+            return None
+        done = len(self.done & set(self.plan))
+        part = self.current_pct / 100 if self.current in self.plan and self.current not in self.done else 0
+        return min(100.0, 100.0 * (done + part) / len(self.plan))
+
+
+def event_line(ev: Event) -> str | None:
+    """A log line for an event (None for high-rate progress and sample events)."""
+    p = ev.payload
+    stamp = time.strftime("%H:%M:%S", time.localtime(ev.t))
+    if ev.kind == "step":
+        return f"{stamp} ==> {p.get('text')}"
+    if ev.kind == "log":
+        return f"{stamp}     {p.get('text')}"
+    if ev.kind == "measurement":
+        labels = f" [{', '.join(p['labels'])}]" if p.get("labels") else ""
+        host = ""
+        if p.get("host_avgrq_sectors") is not None:
+            host = (f" host: rq {p['host_avgrq_sectors']:.0f} sect, qu {p.get('host_avgqu', 0):.2f}, "
+                    f"util {p.get('host_util', 0):.0f}%")
+        return f"{stamp}   = {p.get('side')} {p.get('test')}: {p.get('value')} {p.get('metric')}{labels}{host}"
+    if ev.kind == "state":
+        st = p.get("state")
+        return f"{stamp} run {st}" + (f": {p['reason']}" if p.get("reason") else "")
+    return None
+
+
+class TestsScreen(BaseScreen):
+    MODE = "tests"
+    RELOAD_EVERY = 5.0
+    HELP = ("Start storage (fio, dd) and network (netperf, iperf3) tests: each run measures bare metal first, "
+            "then a guest under the profile, on the same hardware. Pick one profile for a run, several for a "
+            "sweep (run one after another). Runs go on when the TUI closes; reopening shows them live. "
+            "c cancels the run you are watching (after confirmation; cleans up like Ctrl-C in the CLI), "
+            "a attaches to another run in progress, l shows the run's full log.")
+    BINDINGS = [
+        Binding("s", "start", "Start", id="tests.start", tooltip="start the run or sweep set up here"),
+        Binding("c", "cancel_run", "Cancel run", id="tests.cancel"),
+        Binding("a", "attach_pick", "Attach", id="tests.attach", tooltip="watch another run in progress"),
+        Binding("l", "show_log", "Full log", id="tests.log"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run_id: int | None = None
+        self.run: Run | None = None
+        self.seq = 0
+        self.progress = Progress()
+        self.polling = False
+        self.setup: SetupData | None = None
+        self.last_redraw = 0.0
+        self.sweep: runner.Sweep | None = None
+
+    def body(self) -> ComposeResult:
+        with TabbedContent(id="tests-tabs", initial="setup"):
+            with TabPane("Setup", id="setup"):
+                with VerticalScroll():
+                    with Horizontal(id="setup-row"):
+                        with Vertical(classes="setup-col"):
+                            yield Label("Suite", classes="section")
+                            yield Select(SUITES, value="storage", allow_blank=False, id="suite")
+                            yield Label("Size", classes="section")
+                            yield Select(SIZES, value="quick", allow_blank=False, id="size")
+                            yield Label("Storage tests", classes="section")
+                            yield Select([(f"{k}: {', '.join(v)}", k) for k, v in storage.TEST_SETS.items()],
+                                         value="study", allow_blank=False, id="test-set")
+                        with Vertical(classes="setup-col"):
+                            yield Label("Profiles: space ticks [x]; several = a sweep", classes="section", markup=False)
+                            yield CheckList(id="run-profiles")
+                    yield Button("Start (s)", id="start", variant="primary")
+                    yield Static("", id="setup-note", markup=False)
+            with TabPane("Live", id="live"):
+                with Vertical():
+                    yield Static("No run attached. Start one in Setup, or press a to attach.", id="run-head",
+                                 markup=False)
+                    yield ProgressBar(total=100, show_eta=True, id="run-progress")
+                    yield Static("", id="run-step", markup=False)
+                    with Horizontal(id="charts"):
+                        yield LiveChart("Throughput MB/s", ["guest", "bare metal"], id="chart-mbps")
+                        yield LiveChart("Host request size (sectors)", ["avgrq"], id="chart-rq")
+                        yield LiveChart("Host queue / util %", ["avgqu", "util %"], id="chart-qu")
+                    yield Log(id="run-log", max_lines=400)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.set_interval(0.5, self.poll)
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def fetch(self) -> SetupData:
+        b = self.capp.backend
+        entries = [(e.name, e.description) for e in b.profiles() if e.problem is None]
+        return SetupData(entries, b.active_profile(), b.active_runs())
+
+    def show(self, data: SetupData) -> None:
+        first = self.setup is None
+        self.setup = data
+        cl = self.query_one("#run-profiles", CheckList)
+        if first or [n for n, _ in cl.items] != [n for n, _ in data.profiles]:
+            cl.set_items(data.profiles, set(cl.selected) or {data.active})
+        note = self.query_one("#setup-note", Static)
+        note.update(f"{len(data.runs)} run(s) in progress: " + ", ".join(f"{r.id} ({r.profile_name})"
+                                                                           for r in data.runs)
+                    if data.runs else "No run in progress.")
+        if self.run_id is None and data.runs:
+            self.attach(data.runs[0].id)
+
+    def spec_choices(self) -> tuple[list[str], str, str, str]:
+        suite = str(self.query_one("#suite", Select).value)
+        size = str(self.query_one("#size", Select).value)
+        tests = str(self.query_one("#test-set", Select).value)
+        names = self.query_one("#run-profiles", CheckList).selected
+        return names, suite, size, tests
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "start":
+            self.action_start()
+
+    def action_start(self) -> None:
+        names, suite, size, tests = self.spec_choices()
+        if not names:
+            self.notify("tick at least one profile (space in the Profiles list)", severity="warning")
+            return
+        specs = [runner.RunSpec(profile=n, suite=suite, size=size, storage_tests=tests) for n in names]
+
+        def started(result: tuple[int | None, runner.Sweep | None]) -> None:
+            run_id, sweep = result
+            if sweep is not None:
+                self.notify(f"sweep of {len(names)} profiles started: {', '.join(names)}", title="tests")
+                self.pending_sweep = sweep.id
+            else:
+                self.notify(f"run {run_id} started ({names[0]}, {suite}, {size})", title="tests")
+                assert run_id is not None
+                self.attach(run_id)
+            self.query_one("#tests-tabs", TabbedContent).active = "live"
+
+        self.capp.work_in_thread(self.capp.backend.start_runs, specs, done=started, name="starting the run")
+
+    pending_sweep: str | None = None
+
+    # -- live ----------------------------------------------------------------------------------------
+    def attach(self, run_id: int) -> None:
+        if run_id == self.run_id:
+            return
+        self.run_id, self.run, self.seq = run_id, None, 0
+        self.progress = Progress()
+        for c in self.query(LiveChart):
+            c.clear()
+        self.query_one("#run-log", Log).clear()
+        self.query_one("#run-progress", ProgressBar).update(total=100, progress=0)
+        self.query_one("#run-head", Static).update(f"Run {run_id}: loading…")
+        self.query_one("#tests-tabs", TabbedContent).active = "live"
+
+    def action_attach(self, run_id: int) -> None:
+        self.attach(run_id)
+
+    def poll(self) -> None:
+        if self.polling:
+            return
+        if self.run_id is None and self.pending_sweep is None:
+            return
+        self.polling = True
+        self.capp.work_in_thread(self._poll_fetch, self.run_id, self.seq, done=self._poll_show,
+                                 group="tests-live", name="following the run")
+
+    def _poll_fetch(self, run_id: int | None, seq: int):
+        b = self.capp.backend
+        try:
+            if run_id is None:  # a sweep was started: follow its first run once it exists
+                sw = next((s for s in b.sweeps() if s.id == self.pending_sweep), None)
+                first = next((r for r in (sw.runs if sw else []) if r is not None), None)
+                return ("sweep-start", first)
+            run, events = b.live(run_id, seq)
+            next_run = None
+            if run.finished:
+                active = b.active_runs()
+                next_run = active[0].id if active else None
+            sweep = next((s for s in b.sweeps() if run_id in s.runs), None)
+            return ("events", (run, events, next_run, sweep))
+        finally:
+            self.polling = False
+
+    def _poll_show(self, result) -> None:
+        kind, data = result
+        if kind == "sweep-start":
+            if data is not None:
+                self.pending_sweep = None
+                self.attach(data)
+            return
+        run, events, next_run, sweep = data
+        if run.id != self.run_id:
+            return
+        self.run, self.sweep = run, sweep
+        log = self.query_one("#run-log", Log)
+        for ev in events:
+            self.seq = ev.seq
+            self.progress.feed(ev)
+            line = event_line(ev)
+            if line:
+                log.write_line(line)
+            if ev.kind == "step":
+                self.query_one("#run-step", Static).update(f"Step: {ev.payload.get('text')}")
+            elif ev.kind == "progress" and ev.payload.get("mbps") is not None:
+                name = "guest" if ev.payload.get("side") == "guest" else "bare metal"
+                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, ev.payload["mbps"])
+            elif ev.kind == "sample":
+                p = ev.payload
+                self.query_one("#chart-rq", LiveChart).add("avgrq", ev.t, p.get("avgrq_sectors"))
+                self.query_one("#chart-qu", LiveChart).add("avgqu", ev.t, p.get("avgqu"))
+                self.query_one("#chart-qu", LiveChart).add("util %", ev.t, p.get("util"))
+        self.show_head(run, sweep)
+        pct = 100.0 if run.state == "completed" else self.progress.percent
+        bar = self.query_one("#run-progress", ProgressBar)
+        if pct is not None:
+            bar.update(total=100, progress=pct)
+        if events and time.monotonic() - self.last_redraw > 1.0:
+            self.last_redraw = time.monotonic()
+            for c in self.query(LiveChart):
+                c.redraw()
+        if run.finished:
+            if any(e.kind == "state" and e.payload.get("state") in ("completed", "aborted", "failed")
+                   for e in events):
+                for c in self.query(LiveChart):
+                    c.redraw()
+                sev = "information" if run.state == "completed" else "warning"
+                self.notify(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else ""),
+                            title="tests", severity=sev)  # type: ignore[arg-type]
+            if next_run is not None and next_run != run.id:
+                self.attach(next_run)
+        elif len(events) >= 1000:
+            self.call_later(self.poll)  # catching up with a long run: fetch the next page at once
+
+    def show_head(self, run: Run, sweep: runner.Sweep | None) -> None:
+        acc = run.accelerator or "accelerator not known yet"
+        emu = " (EMULATED: not overhead figures)" if run.accelerator == "tcg" else (
+            " (nested)" if run.accelerator == "nested-kvm" else "")
+        state = run.state.upper() + (f": {run.reason}" if run.reason and run.finished else "")
+        text = (f"Run {run.id} · {run.profile_name} · {run.suite} · {run.size_label or '?'} · {acc}{emu} · "
+                f"{state} · {run.duration or 0:.0f} s")
+        if sweep is not None:
+            pos = sweep.runs.index(run.id) + 1
+            text += f"\nSweep {sweep.id}: run {pos} of {len(sweep.runs)}, {sweep.queued} queued ({sweep.state})"
+        self.query_one("#run-head", Static).update(text)
+
+    def action_cancel_run(self) -> None:
+        run = self.run
+        if run is None or run.finished:
+            self.notify("no run in progress to cancel", severity="warning")
+            return
+        sw = self.sweep
+        sweep_note = f" and the {sw.queued} queued run(s) of its sweep" if sw and sw.queued else ""
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"cancelling run {run.id}…", title="tests")
+                self.capp.work_in_thread(self.capp.backend.cancel, run.id, name=f"cancelling run {run.id}",
+                                         done=lambda st: self.notify(f"run {run.id}: {st}", title="tests"))
+
+        self.app.push_screen(ConfirmDialog(
+            "Cancel run", f"Cancel run {run.id} ({run.profile_name}){sweep_note}? The guest is destroyed, the "
+            "backing store and network removed; the partial run is kept as aborted.", yes="Cancel run",
+            no="Keep running"), answer)
+
+    def action_attach_pick(self) -> None:
+        def got(runs: list[Run]) -> None:
+            if not runs:
+                self.notify("no run in progress", severity="warning")
+                return
+            opts = [(str(r.id), f"{r.profile_name} {r.suite} ({r.duration or 0:.0f} s)") for r in runs]
+            self.app.push_screen(PickDialog("Attach to run", opts), picked)
+
+        def picked(value: str | None) -> None:
+            if value:
+                self.attach(int(value))
+
+        self.capp.work_in_thread(self.capp.backend.active_runs, done=got, name="listing runs")
+
+    def action_show_log(self) -> None:
+        if self.run_id is None:
+            self.notify("no run attached", severity="warning")
+            return
+        rid = self.run_id
+        self.capp.work_in_thread(self.capp.backend.run_log, rid, name="reading the run log",
+                                 done=lambda text: self.app.push_screen(
+                                     TextDialog(f"run {rid}: executor log", text or "(empty)")))

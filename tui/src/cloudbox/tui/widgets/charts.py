@@ -1,0 +1,60 @@
+"""Live line charts (textual-plotext): series keep the last N points; each series has its own marker,
+so they stay apart in a 16-colour terminal or without colour at all."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from textual_plotext import PlotextPlot
+
+MARKERS = ("braille", "dot", "+", "x")
+
+
+class LiveChart(PlotextPlot):
+    DEFAULT_CSS = """
+    LiveChart { height: 1fr; min-height: 8; }
+    """
+
+    def __init__(self, title: str, series: list[str], ylabel: str = "", keep: int = 240, **kw):
+        super().__init__(**kw)
+        self.chart_title = title
+        self.names = list(series)
+        self.ylabel = ylabel
+        self.data: dict[str, deque[tuple[float, float]]] = {n: deque(maxlen=keep) for n in series}
+        self.t0: float | None = None
+
+    def on_mount(self) -> None:
+        self.redraw()
+
+    def clear(self) -> None:
+        for d in self.data.values():
+            d.clear()
+        self.t0 = None
+        self.redraw()
+
+    def add(self, name: str, t: float, value: float | None) -> None:
+        if value is None or name not in self.data:
+            return
+        if self.t0 is None:
+            self.t0 = t
+        self.data[name].append((t - self.t0, float(value)))
+
+    def redraw(self) -> None:
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(self.chart_title)
+        plt.xlabel("seconds")
+        if self.ylabel:
+            plt.ylabel(self.ylabel)
+        drawn = False
+        for i, name in enumerate(self.names):
+            pts = self.data[name]
+            if pts:
+                plt.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker=MARKERS[i % len(MARKERS)])
+                drawn = True
+        if not drawn:
+            plt.text("waiting for data", 0, 0)
+            plt.xlim(-1, 1)
+            plt.ylim(-1, 1)
+        self.refresh()

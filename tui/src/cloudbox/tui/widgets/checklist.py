@@ -1,0 +1,44 @@
+"""A list of names to tick, where the tick is a visible "[x]" (not only a colour): space or Enter toggles."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+
+class CheckList(OptionList):
+    BINDINGS = [Binding("space", "tick", "Tick", id="checklist.tick", show=False)]
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.items: list[tuple[str, str]] = []  # (name, description)
+        self.checked: set[str] = set()
+
+    def set_items(self, items: list[tuple[str, str]], checked: set[str]) -> None:
+        keep = self.highlighted
+        self.items = list(items)
+        self.checked = {c for c in checked if c in {n for n, _ in items}}
+        self.clear_options()
+        self.add_options([Option(self._prompt(n), id=n) for n, _ in self.items])
+        if self.items:
+            self.highlighted = min(keep or 0, len(self.items) - 1)
+
+    def _prompt(self, name: str) -> Text:
+        return Text(f"[{'x' if name in self.checked else ' '}] {name}")
+
+    @property
+    def selected(self) -> list[str]:
+        return [n for n, _ in self.items if n in self.checked]
+
+    def action_tick(self) -> None:
+        if self.highlighted is None or not self.items:
+            return
+        name = self.items[self.highlighted][0]
+        self.checked.symmetric_difference_update({name})
+        self.replace_option_prompt(name, self._prompt(name))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.action_tick()
