@@ -55,15 +55,38 @@ def connect(uri: str | None = None, *, start: bool = True, hide_kvm: bool = Fals
     uri = uri or libvirt_uri()
     libvirt.registerErrorHandler(lambda *_: None, None)  # errors arrive as exceptions, not on stderr
     try:
-        return libvirt.open(uri)
+        conn = libvirt.open(uri)
     except libvirt.libvirtError as first:
         if not start or uri != DEFAULT_URI or systemd_is_pid1():
             raise _explain(uri, first) from first
+    else:
+        if uri == DEFAULT_URI:
+            _check_kvm_stand_in()
+        return conn
     start_daemons(hide_kvm=hide_kvm)
     try:
         return libvirt.open(uri)
     except libvirt.libvirtError as e:
         raise _explain(uri, e) from e
+
+
+def _check_kvm_stand_in() -> None:
+    """A running libvirtd whose /dev/kvm stand-in was deleted cannot start any domain; say so plainly."""
+    for name in ("libvirtd", "virtqemud"):
+        pid = _read_pidfile(f"/run/{name}.pid")
+        if not pid or not process_exists(pid):
+            continue
+        try:
+            mounts = Path(f"/proc/{pid}/mountinfo").read_text()
+        except OSError:
+            return
+        for line in mounts.splitlines():
+            fields = line.split()
+            if len(fields) > 4 and fields[4] == "/dev/kvm" and fields[3].endswith("//deleted"):
+                raise LibvirtUnavailable(
+                    f"{name} (pid {pid}) hides /dev/kvm behind {fields[3].removesuffix('//deleted')}, which has "
+                    f"been deleted, so it cannot start guests; stop it (kill {pid}) and cloudbox starts a new one")
+        return
 
 
 def _explain(uri: str, err: Exception) -> LibvirtUnavailable | PermissionProblem:
@@ -76,6 +99,9 @@ def _explain(uri: str, err: Exception) -> LibvirtUnavailable | PermissionProblem
     hint = "start it with 'systemctl start libvirtd'" if systemd_is_pid1() else (
         "cloudbox starts libvirtd itself on hosts without systemd when run as root")
     return LibvirtUnavailable(f"cannot reach libvirtd at {uri}: {msg}; {hint}")
+
+
+NO_KVM_NODE = Path("/run/cloudbox/no-kvm")
 
 
 def start_daemons(*, hide_kvm: bool = False, timeout: float = 20.0) -> None:
@@ -107,7 +133,10 @@ def start_daemons(*, hide_kvm: bool = False, timeout: float = 20.0) -> None:
             # fixed timestamps). Not /dev/null itself: libvirt keys its QEMU capability cache on /dev/kvm's
             # ctime, and /dev/null's changes all the time, so every domain start re-probed QEMU (~27 s).
             # Not a regular file: libvirt's per-domain /dev namespace cannot move such a mount.
-            blank = paths.run_dir() / "no-kvm"
+            # A fixed host path, not the (per-session, removable) run dir: libvirtd outlives the process that
+            # started it, and once the mount's source is deleted libvirt cannot move it into a domain's
+            # namespace ("Unable to move /dev/kvm mount"), so every later guest start would fail.
+            blank = NO_KVM_NODE
             blank.parent.mkdir(parents=True, exist_ok=True)
             if not blank.is_char_device():
                 blank.unlink(missing_ok=True)

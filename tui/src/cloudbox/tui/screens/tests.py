@@ -259,6 +259,9 @@ class TestsScreen(BaseScreen):
             elif ev.kind == "progress" and ev.payload.get("mbps") is not None:
                 name = "guest" if ev.payload.get("side") == "guest" else "bare metal"
                 self.query_one("#chart-mbps", LiveChart).add(name, ev.t, ev.payload["mbps"])
+            elif ev.kind == "measurement" and ev.payload.get("metric") == "MB/s":
+                name = "guest" if ev.payload.get("side") == "guest" else "bare metal"
+                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, ev.payload.get("value"))
             elif ev.kind == "sample":
                 p = ev.payload
                 self.query_one("#chart-rq", LiveChart).add("avgrq", ev.t, p.get("avgrq_sectors"))
