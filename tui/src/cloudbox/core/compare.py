@@ -96,6 +96,7 @@ class Table:
     run_ids: list[int]
     sections: list[Section] = field(default_factory=list)
     footnotes: list[str] = field(default_factory=list)
+    legend: list[str] = field(default_factory=list)  # one line per run: id, profile, suite, size, accelerator
 
     def section(self, test: str) -> Section | None:
         return next((s for s in self.sections if s.test == test), None)
@@ -404,12 +405,20 @@ def _host_cells(m: Measurement | None) -> dict[str, float | None]:
     return {"avgrq": m.host_avgrq_sectors, "avgqu": m.host_avgqu, "util": m.host_util}
 
 
+def _legend(r: Run) -> str:
+    acc = {"tcg": "TCG (emulated)", "nested-kvm": "nested KVM"}.get(r.accelerator or "", r.accelerator or "?")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "?"
+    return (f"run #{r.id}: profile {r.profile_name or '?'}, suite {r.suite or '?'}, {r.size_label or '?'} size, "
+            f"{acc}, {when}, {r.state}")
+
+
 def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
     """The Table 1/2 layout for these runs (order kept within each node/target group)."""
     runs = list(runs)
     table = Table(
         title=title or ("Run " if len(runs) == 1 else "Runs ") + ", ".join(f"#{r.id}" for r in runs),
         run_ids=[r.id for r in runs],
+        legend=[_legend(r) for r in runs],
     )
     tests: dict[str, None] = {}
     for r in runs:
@@ -582,6 +591,8 @@ def _text_row(
 def to_text(table: Table, width: int = 80) -> str:
     """Fixed-width text; the VMM/target/driver columns wrap onto extra lines to keep within `width`."""
     lines = [table.title, "=" * min(len(table.title), width)]
+    for entry in table.legend:
+        lines.extend(textwrap.wrap(entry, width, subsequent_indent="    ", break_on_hyphens=False) or [entry])
     if not table.sections:
         lines.append("(no measurements)")
     gap = "  "
@@ -629,6 +640,8 @@ def _md_escape(text: str) -> str:
 def to_markdown(table: Table) -> str:
     """GitHub-flavoured markdown: a heading and a pipe table per section, footnotes last."""
     out = [f"## {_md_escape(table.title)}", ""]
+    if table.legend:
+        out += [f"- {_md_escape(entry)}" for entry in table.legend] + [""]
     if not table.sections:
         out += ["(no measurements)", ""]
     for section in table.sections:

@@ -175,8 +175,7 @@ class Backend:
         return [self.store.get_run(i, raw=False) for i in ids]
 
     def compare_text(self, ids: list[int], width: int) -> str:
-        runs = self.get_runs(ids)
-        return compare.to_text(compare.compare_table(runs), width=width)
+        return compare.to_text(compare.compare_table(self.get_runs(ids)), width=width)
 
     def export(self, ids: list[int], fmt: str, path: Path) -> Path:
         runs = [self.store.get_run(i, raw=fmt == "json") for i in ids]

@@ -113,6 +113,9 @@ class ExportDialog(ModalScreen[tuple[str, Path] | None]):
                 yield Button("Export", id="ok", variant="primary")
                 yield Button("Cancel", id="cancel")
 
+    def on_mount(self) -> None:
+        self.query_one("#path", Input).focus()
+
     def on_select_changed(self, event: Select.Changed) -> None:
         inp = self.query_one("#path", Input)
         p = Path(inp.value or str(self.stem))

@@ -1,0 +1,435 @@
+"""Pilot tests (App.run_test) for every screen's actions. Fast ones use fixed host facts, libvirt's
+test:///default driver and a results database built here; the slow ones (marked) launch a real guest and run
+a quick storage test through the UI against the real libvirtd and QEMU (TCG here)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest_results import add_study_a_default, add_virtio_tcg
+
+from cloudbox.core import accel, host, profiles
+from cloudbox.core.results import ResultStore
+from cloudbox.tui import create_app
+from cloudbox.tui.backend import Backend
+from cloudbox.tui.widgets.checklist import CheckList
+from cloudbox.tui.widgets.dialogs import ConfirmDialog, ExportDialog, PickDialog, TextDialog
+
+SIZE = (100, 32)
+
+
+def facts(emulated: bool = True) -> host.HostFacts:
+    acc = (accel.Accelerator("tcg", "qemu", True, True, "KVM unusable (test facts)") if emulated
+           else accel.Accelerator("kvm", "kvm", False, False, "KVM usable (test facts)"))
+    return host.HostFacts(
+        hostname="lab1", role="all-in-one", role_source="default (test facts)",
+        nodes=[host.Node("lab1", "all-in-one", "up", "this box")], accelerator=acc, accelerator_problem=None,
+        libvirtd="libvirtd running (test facts)",
+        disks=[host.Disk("sda", 512 * 1024**3, "TestDisk SSD", False, "sata", ["/"])],
+        nics=[host.Nic("eth0", "02:00:00:00:00:01", 9000, "up", ["10.0.0.1/24"])])
+
+
+def text(widget) -> str:
+    """What a Static shows, as plain text."""
+    v = widget.content
+    return v.plain if hasattr(v, "plain") else str(v)
+
+
+def rows(table) -> list[list[str]]:
+    return [[str(getattr(c, "plain", c)) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+async def until(pilot, cond: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            if cond():
+                return
+        except Exception:  # noqa: BLE001 - the widget may not be mounted yet
+            pass
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or cond}")
+        await pilot.pause(0.05)
+
+
+def run(coro) -> None:
+    asyncio.run(coro)
+
+
+@pytest.fixture
+def backend(state) -> Backend:
+    b = Backend(facts=facts(), libvirt_uri="test:///default")
+    yield b
+    b.close()
+
+
+# -- app shell --------------------------------------------------------------------------------------------
+def test_screens_switch_with_number_keys_and_help_lists_keys(backend):
+    async def go():
+        app = create_app(backend)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.current_mode == "overview")
+            for key, mode in (("2", "profiles"), ("3", "guests"), ("4", "tests"), ("5", "results"),
+                              ("1", "overview")):
+                await pilot.press(key)
+                await until(pilot, lambda m=mode: app.current_mode == m, what=f"mode {mode}")
+            await pilot.press("question_mark")
+            await until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen")
+            md = app.screen.query_one("#help-text")
+            assert "(this screen)" in md.source and "**u** Use" in md.source and "**s** Start" in md.source
+            await pilot.press("escape")
+            await until(pilot, lambda: app.screen.__class__.__name__ == "OverviewScreen")
+    run(go())
+
+
+def test_command_palette_offers_every_screen_and_the_screens_actions(backend):
+    async def go():
+        app = create_app(backend, mode="profiles")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.current_mode == "profiles")
+            titles = [c.title for c in app.get_system_commands(app.screen)]
+            for t in ("Go to Overview", "Go to Results", "Help", "Use", "Diff", "New from", "Quit"):
+                assert t in titles, titles
+            # running a palette command does what its key does
+            cmd = next(c for c in app.get_system_commands(app.screen) if c.title == "Go to Guests")
+            cmd.callback()
+            await until(pilot, lambda: app.current_mode == "guests")
+    run(go())
+
+
+def test_overview_shows_role_accelerator_warning_and_devices(backend):
+    async def go():
+        app = create_app(backend)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: "WARNING: TCG emulation" in text(app.screen.query_one("#accel-banner")))
+            box = dict((r[0], r[1]) for r in rows(app.screen.query_one("#box")))
+            assert box["Role"].startswith("all-in-one") and box["Active profile"] == "virtio-disk"
+            assert rows(app.screen.query_one("#nodes"))[0][:3] == ["lab1", "all-in-one", "UP"]
+            assert rows(app.screen.query_one("#disks"))[0][0] == "sda"
+            assert rows(app.screen.query_one("#nics"))[0][2] == "9000"
+    run(go())
+
+
+def test_overview_without_tcg_has_no_warning(state):
+    async def go():
+        app = create_app(Backend(facts=facts(emulated=False), libvirt_uri="test:///default"))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: text(app.screen.query_one("#accel-banner")).startswith("Accelerator: KVM"))
+            assert "WARNING" not in text(app.screen.query_one("#accel-banner"))
+    run(go())
+
+
+# -- profiles ----------------------------------------------------------------------------------------------
+async def _profiles(app, pilot):
+    await until(pilot, lambda: app.screen.query_one("#profiles").row_count > 5, what="profile list")
+    return app.screen.query_one("#profiles")
+
+
+async def _goto_row(pilot, table, name: str) -> None:
+    names = [r[2] for r in rows(table)]
+    table.move_cursor(row=names.index(name))
+    await pilot.pause()
+
+
+def test_profiles_use_switches_the_active_profile(backend):
+    async def go():
+        app = create_app(backend, mode="profiles")
+        async with app.run_test(size=SIZE) as pilot:
+            table = await _profiles(app, pilot)
+            await _goto_row(pilot, table, "kvm-cache-none")
+            await pilot.press("u")
+            await until(pilot, lambda: any(r[0] == "active" and r[2] == "kvm-cache-none" for r in rows(table)),
+                        what="kvm-cache-none marked active")
+            assert profiles.active_profile_name() == "kvm-cache-none"
+    run(go())
+
+
+def test_profiles_detail_and_diff_of_two_marked(backend):
+    async def go():
+        app = create_app(backend, mode="profiles")
+        async with app.run_test(size=SIZE) as pilot:
+            table = await _profiles(app, pilot)
+            await _goto_row(pilot, table, "eucalyptus-default")
+            detail = app.screen.query_one("#profile-detail")
+            await until(pilot, lambda: "disk.bus" in _render(app, detail))
+            assert "scsi-lsi" in _render(app, detail)
+            await pilot.press("space")  # marks eucalyptus-default
+            await _goto_row(pilot, table, "virtio-disk")
+            await pilot.press("space")
+            await pilot.press("d")
+            out = _render(app, detail)
+            assert "eucalyptus-default  vs  virtio-disk" in out
+            assert "≠" in out and "knobs differ" in out
+            bus = next(ln for ln in out.splitlines() if "disk.bus" in ln)
+            assert "≠" in bus and "scsi-lsi" in bus and "virtio-blk" in bus
+    run(go())
+
+
+def _render(app, widget) -> str:
+    """A widget's content rendered to plain text at its width (for rich renderables like tables)."""
+    from rich.console import Console
+
+    console = Console(width=max(40, widget.size.width or 60), record=True, color_system=None)
+    console.print(widget.content)
+    return console.export_text()
+
+
+def test_new_profile_form_shows_errors_next_to_fields_then_saves(backend):
+    from textual.widgets import Input, Label
+
+    async def go():
+        app = create_app(backend, mode="profiles")
+        async with app.run_test(size=SIZE) as pilot:
+            table = await _profiles(app, pilot)
+            await _goto_row(pilot, table, "virtio-disk")
+            await pilot.press("n")
+            await until(pilot, lambda: app.screen.__class__.__name__ == "ProfileForm")
+            form = app.screen
+            form.query_one("#f-name", Input).value = "my-tuned"
+            form.query_one("#f-guest-memory_mib", Input).value = "64"  # below the 256 MiB minimum
+            form.query_one("#f-network-mtu", Input).value = "12000"
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: "not saved" in str(form.query_one("#form-error", Label).content))
+            mem_err = str(form.query_one("#e-guest-memory_mib", Label).content)
+            mtu_err = str(form.query_one("#e-network-mtu", Label).content)
+            assert "256..262144" in mem_err and "64" in mem_err
+            assert "1500..9000" in mtu_err
+            assert str(form.query_one("#e-disk-cache", Label).content) == ""
+            assert not (Path(os.environ["CLOUDBOX_STATE_DIR"]) / "profiles" / "my-tuned.toml").exists()
+            form.query_one("#f-guest-memory_mib", Input).value = "512"
+            form.query_one("#f-network-mtu", Input).value = "9000"
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: app.screen.__class__.__name__ == "ProfilesScreen")
+            saved = profiles.find_profile("my-tuned")
+            assert saved.guest.memory_mib == 512 and saved.network.mtu == 9000 and saved.disk.bus == "virtio-blk"
+            await until(pilot, lambda: any(r[2] == "my-tuned" and r[3] == "user" for r in rows(table)))
+    run(go())
+
+
+def test_edit_in_editor_validates_before_saving_and_delete_asks_first(backend, tmp_path, monkeypatch):
+    base = profiles.find_profile("virtio-disk")
+    data = base.model_dump()
+    data["name"] = "mine"
+    profiles.save_user_profile(profiles.validate_data(data, "test"))
+    editor = tmp_path / "editor"
+    editor.write_text("#!/bin/sh\nsed -i 's/^cache = .*/cache = \"sometimes\"/' \"$1\"\n")
+    editor.chmod(editor.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("EDITOR", str(editor))
+    monkeypatch.delenv("VISUAL", raising=False)
+
+    async def go():
+        app = create_app(backend, mode="profiles")
+        async with app.run_test(size=SIZE) as pilot:
+            table = await _profiles(app, pilot)
+            await _goto_row(pilot, table, "mine")
+            await pilot.press("e")
+            await until(pilot, lambda: isinstance(app.screen, TextDialog))
+            assert "disk.cache" in text(app.screen.query_one("#text")) and "writeback" in text(
+                app.screen.query_one("#text"))
+            await pilot.press("escape")
+            assert profiles.find_profile("mine").disk.cache == base.disk.cache  # unchanged
+            editor.write_text("#!/bin/sh\nsed -i 's/^cache = .*/cache = \"writeback\"/' \"$1\"\n")
+            await _goto_row(pilot, table, "mine")
+            await pilot.press("e")
+            await until(pilot, lambda: profiles.find_profile("mine").disk.cache == "writeback")
+            # presets are read-only
+            await _goto_row(pilot, table, "virtio-disk")
+            await pilot.press("e")
+            await pilot.press("x")
+            assert not isinstance(app.screen, ConfirmDialog)
+            # delete asks; "n" keeps it, "y" deletes it
+            await _goto_row(pilot, table, "mine")
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await pilot.press("n")
+            await pilot.pause()
+            assert profiles.find_profile_path("mine").exists()
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await pilot.press("y")
+            await until(pilot, lambda: not any(r[2] == "mine" for r in rows(table)))
+            assert not (Path(os.environ["CLOUDBOX_STATE_DIR"]) / "profiles" / "mine.toml").exists()
+    run(go())
+
+
+# -- results -----------------------------------------------------------------------------------------------
+@pytest.fixture
+def results_backend(state) -> Backend:
+    with ResultStore() as store:
+        add_study_a_default(store)
+        add_virtio_tcg(store)
+    b = Backend(facts=facts(), libvirt_uri="test:///default")
+    yield b
+    b.close()
+
+
+def test_results_compare_marked_runs_and_export(results_backend, tmp_path):
+    async def go():
+        app = create_app(results_backend, mode="results")
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.screen.query_one("#runs")
+            await until(pilot, lambda: table.row_count == 2)
+            listed = rows(table)
+            assert {r[2] for r in listed} == {"study-a-default", "virtio-phy"}
+            tcg = next(r for r in listed if r[2] == "virtio-phy")
+            assert tcg[5] == "TCG*" and "55*" in tcg[7] and "(50%)" in tcg[7]
+            table.move_cursor(row=0)
+            await pilot.press("space")  # marks row 0, moves down
+            await pilot.press("space")  # marks row 1
+            assert [r[0] for r in rows(table)] == ["x", "x"]
+            await pilot.press("c")
+            out = app.screen.query_one("#compare")
+            await until(pilot, lambda: "study-a-default" in text(out) and "virtio-phy" in text(out))
+            assert "*" in text(out)
+            await pilot.press("e")
+            await until(pilot, lambda: isinstance(app.screen, ExportDialog))
+            from textual.widgets import Input
+
+            target = tmp_path / "out" / "cmp.md"
+            app.screen.query_one("#path", Input).value = str(target)
+            await pilot.press("enter")
+            await until(pilot, lambda: target.exists(), what="export written")
+            md = target.read_text()
+            assert "study-a-default" in md and "virtio-phy" in md and md.count("|") > 10
+    run(go())
+
+
+def test_results_delete_asks_and_refuses_nothing_silently(results_backend):
+    async def go():
+        app = create_app(results_backend, mode="results")
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.screen.query_one("#runs")
+            await until(pilot, lambda: table.row_count == 2)
+            table.move_cursor(row=0)
+            victim = rows(table)[0][1]
+            await pilot.press("D")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await pilot.press("y")
+            await until(pilot, lambda: table.row_count == 1)
+            assert rows(table)[0][1] != victim
+    run(go())
+
+
+# -- errors become notifications, not tracebacks -------------------------------------------------------------
+def test_core_errors_are_notifications(state, monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(blocker / "state"))  # cannot be created: a file is in the way
+
+    async def go():
+        app = create_app(Backend(facts=facts(), libvirt_uri="test:///default"), mode="results")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.errors, what="an error notification")
+            assert "cannot create" in app.errors[0] and "CLOUDBOX_STATE_DIR" in app.errors[0]
+            assert app.is_running
+            await pilot.press("1")
+            await until(pilot, lambda: app.current_mode == "overview")
+    run(go())
+
+
+def test_libvirt_down_is_explained_on_the_guests_screen(state):
+    async def go():
+        app = create_app(Backend(facts=facts(), libvirt_uri="qemu+unix:///system?socket=/nonexistent/sock"),
+                         mode="guests")
+        async with app.run_test(size=SIZE) as pilot:
+            status = app.screen.query_one("#guests-status")
+            await until(pilot, lambda: text(status).startswith("libvirt:"), what="libvirt problem shown")
+            assert "cannot reach libvirtd" in text(status)
+            await pilot.press("s")  # nothing to stop: a warning, not a crash
+            assert app.is_running
+    run(go())
+
+
+def test_tests_screen_needs_a_profile_ticked(backend):
+    async def go():
+        app = create_app(backend, mode="tests")
+        async with app.run_test(size=SIZE) as pilot:
+            cl = app.screen.query_one(CheckList)
+            await until(pilot, lambda: cl.items)
+            assert cl.selected == ["virtio-disk"]  # the active profile is ticked by default
+            cl.focus()
+            cl.highlighted = [n for n, _ in cl.items].index("virtio-disk")
+            await pilot.press("space")
+            assert cl.selected == []
+            assert "[ ] virtio-disk" in str(cl.get_option("virtio-disk").prompt)
+            await pilot.press("s")
+            await pilot.pause()
+            assert app.screen.query_one("#run-head") is not None
+            assert not ResultStore().list_runs()
+    run(go())
+
+
+# -- real guests (slow) ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.root
+def test_launch_a_guest_show_its_xml_and_stop_it(state, libvirt_conn):
+    from cloudbox.core.guest import list_guests
+
+    async def go():
+        app = create_app(Backend(facts=facts()), mode="guests", poll_interval=0.5)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.screen.query_one("#guests")
+            await pilot.press("l")
+            await until(pilot, lambda: isinstance(app.screen, PickDialog), what="profile picker")
+            await pilot.press("enter")  # the active profile is preselected
+            await until(pilot, lambda: any(r[1] == "running" and r[3] == "virtio-disk" for r in rows(table)),
+                        timeout=120, what="guest running in the list")
+            row = next(r for r in rows(table) if r[1] == "running")
+            assert row[4].endswith("(guest)") and row[2] != "-"
+            # the session's run reaches the "holding" step once the guest is up
+            with ResultStore() as store:
+                await until(pilot, lambda: any("running; stop it" in (e.payload.get("text") or "")
+                                               for r in store.active_runs() for e in store.events_since(r.id)),
+                            timeout=180, what="guest session up")
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, TextDialog))
+            assert "<domain" in text(app.screen.query_one("#text")) and "cbbr0" in text(app.screen.query_one("#text"))
+            await pilot.press("escape")
+            await pilot.press("s")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await pilot.press("y")
+            await until(pilot, lambda: table.row_count == 0, timeout=90, what="guest gone")
+        assert not [g for g in list_guests(libvirt_conn)]
+        with ResultStore() as store:
+            (run_,) = store.list_runs()
+            assert run_.suite == "guest" and run_.state == "completed" and "guest stopped" in (run_.reason or "")
+        assert not list((Path(os.environ["CLOUDBOX_STATE_DIR"]) / "work").glob("*"))
+    run(go())
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_quick_storage_test_through_the_ui(state, libvirt_conn):
+    from textual.widgets import Select
+
+    async def go():
+        app = create_app(Backend(facts=facts()), mode="tests", poll_interval=0.5)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.screen.query_one(CheckList).selected == ["virtio-disk"])
+            app.screen.query_one("#test-set", Select).value = "smoke"
+            app.screen.query_one("#size", Select).value = "quick"
+            await pilot.press("s")
+            head = app.screen.query_one("#run-head")
+            await until(pilot, lambda: "COMPLETED" in text(head) or "ABORTED" in text(head)
+                        or "FAILED" in text(head), timeout=420, what="run finished")
+            assert "COMPLETED" in text(head), text(head)
+            assert "EMULATED" in text(head) or "kvm" in text(head)
+            assert app.screen.query_one("#run-progress").percentage == 1.0
+            log = "\n".join(app.screen.query_one("#run-log").lines)
+            assert "= guest seq-write-64k" in log and "= baseline seq-read-64k" in log
+            assert app.screen.query_one("#chart-rq").data["avgrq"], "no host samples charted"
+            await pilot.press("5")
+            table = app.screen.query_one("#runs")
+            await until(pilot, lambda: table.row_count == 1)
+            assert "W " in rows(table)[0][7] and "%" in rows(table)[0][7]
+        with ResultStore() as store:
+            (r,) = store.list_runs()
+            assert r.state == "completed" and r.value("guest", "seq-write-64k", "MB/s") > 0
+            assert r.value("baseline", "seq-write-64k", "MB/s") > 0
+    run(go())
