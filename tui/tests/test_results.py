@@ -92,6 +92,31 @@ def test_migration_from_empty_and_refuses_newer(tmp_path: Path):
         ResultStore(newer)
 
 
+def test_schema_1_database_upgrades_in_place_keeping_runs_and_measurements(tmp_path: Path):
+    from cloudbox.core import results
+
+    db = tmp_path / "v1.db"
+    with sqlite3.connect(db) as c:  # a database as cloudbox 0.1 (schema 1) left it
+        results._migrate_0_to_1(c)
+        c.execute("PRAGMA user_version = 1")
+        c.execute("INSERT INTO runs (id, uuid, suite, state) VALUES (7, 'u7', 'storage', 'completed')")
+        c.execute("INSERT INTO measurements (run_id, side, test, metric, value) VALUES (7, 'guest', 't', 'MB/s', 5)")
+        c.execute("INSERT INTO events (run_id, seq, t, kind) VALUES (7, 1, 0, 'state')")
+        with pytest.raises(sqlite3.IntegrityError):
+            c.execute("INSERT INTO runs (uuid, suite) VALUES ('g', 'guest')")  # schema 1 refuses guest sessions
+    with ResultStore(db) as s:
+        assert s.schema_version == SCHEMA_VERSION == 2
+        run = s.get_run(7)
+        assert run.value("guest", "t", "MB/s") == 5 and len(s.events_since(7)) == 1
+        gid = s.create_run(suite="guest")
+        assert s.get_run(gid).suite == "guest"
+    with sqlite3.connect(db) as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert c.execute("PRAGMA foreign_key_check").fetchall() == []
+        with pytest.raises(sqlite3.IntegrityError):  # the CHECK still refuses what is not a suite
+            c.execute("INSERT INTO runs (uuid, suite) VALUES ('b', 'bogus')")
+
+
 def test_not_a_database_is_a_cloudbox_error(tmp_path: Path):
     bad = tmp_path / "results.db"
     bad.write_bytes(b"this is not sqlite" * 100)
