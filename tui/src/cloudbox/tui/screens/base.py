@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import Footer
 
+from cloudbox.tui.widgets.keybar import KeyBar
 from cloudbox.tui.widgets.navbar import NavBar
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class BaseScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield NavBar(self.MODE)
         yield from self.body()
-        yield Footer()
+        yield KeyBar()
 
     def body(self) -> ComposeResult:
         yield from ()

@@ -28,6 +28,7 @@ from cloudbox.tui.widgets.dialogs import ConfirmDialog, TextDialog
 class ProfilesData:
     entries: list[profiles.ProfileEntry]
     active: str
+    loaded: dict[str, profiles.Profile]  # parsed in the worker, so moving the cursor does no file I/O
 
 
 def knob_table(p: profiles.Profile) -> Table:
@@ -78,6 +79,7 @@ class ProfilesScreen(BaseScreen):
         self.entries: list[profiles.ProfileEntry] = []
         self.active = ""
         self.marked: list[str] = []
+        self.loaded: dict[str, profiles.Profile] = {}
 
     def body(self) -> ComposeResult:
         with Horizontal(id="profiles-split"):
@@ -92,10 +94,18 @@ class ProfilesScreen(BaseScreen):
 
     def fetch(self) -> ProfilesData:
         b = self.capp.backend
-        return ProfilesData(b.profiles(), b.active_profile())
+        entries = b.profiles()
+        loaded = {}
+        for e in entries:
+            if e.problem is None:
+                try:
+                    loaded[e.name] = profiles.load_profile(e.path)
+                except CloudboxError:
+                    pass
+        return ProfilesData(entries, b.active_profile(), loaded)
 
     def show(self, data: ProfilesData) -> None:
-        self.entries, self.active = data.entries, data.active
+        self.entries, self.active, self.loaded = data.entries, data.active, data.loaded
         table = self.query_one("#profiles", DataTable)
         current = self.current_name()
         table.clear()
@@ -132,10 +142,9 @@ class ProfilesScreen(BaseScreen):
         if e.problem:
             detail.update(Text(f"{e.path}\n\n{e.problem}"))
             return
-        try:
-            p = profiles.load_profile(e.path)
-        except CloudboxError as err:
-            detail.update(Text(str(err)))
+        p = self.loaded.get(e.name)
+        if p is None:
+            detail.update(Text(f"{e.path}: not loaded yet"))
             return
         head = Text(f"{e.name} ({e.kind}){'  [active]' if e.name == self.active else ''}\n", style="bold")
         head.append(f"{p.description}\n", style="")
@@ -179,10 +188,9 @@ class ProfilesScreen(BaseScreen):
             self.notify("mark two profiles with space (or highlight one to diff it against the active one)",
                         severity="warning")
             return
-        try:
-            a, b = (profiles.find_profile(str(n)) for n in pair)
-        except CloudboxError as e:
-            self.capp.report_error(e)
+        a, b = (self.loaded.get(str(n)) for n in pair)
+        if a is None or b is None:
+            self.notify("cannot diff an invalid profile; see its detail for the problem", severity="warning")
             return
         self.query_one("#profile-detail", Static).update(diff_table(a, b))
 
@@ -190,10 +198,9 @@ class ProfilesScreen(BaseScreen):
         name = self.current_name()
         if name is None:
             return
-        try:
-            base = profiles.find_profile(name)
-        except CloudboxError as e:
-            self.capp.report_error(e)
+        base = self.loaded.get(name)
+        if base is None:
+            self.notify(f"{name} is invalid; fix it before copying it", severity="warning")
             return
         taken = {e.name for e in self.entries}
         new = next(f"{name}-{i}" for i in range(2, 1000) if f"{name}-{i}" not in taken)
