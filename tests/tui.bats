@@ -132,6 +132,24 @@ extended_colours() { grep -E '(^|;)(38|48|58)[;:](5|2)([;:]|$)' || true; }
     tui_quit c16
 }
 
+@test "make run in a terminal opens the TUI; q ends it" {
+    [ "$(id -u)" = 0 ] || skip "make run needs root (it may install packages and starts libvirtd)"
+    tui_start mkrun --cmd make -- -C "$REPO" --no-print-directory run
+    run -0 tui_wait mkrun 300 'Active profile +[a-z]' overview
+    assert_output --partial '[1 Overview]'
+    tui_quit mkrun
+}
+
+# bats test_tags=slow
+@test "make run without a terminal says so and runs the short headless demo" {
+    need_guests
+    run -0 make -C "$REPO" --no-print-directory run < /dev/null
+    assert_line --partial "no terminal (stdin/stdout not a tty): a short headless demo instead of the TUI"
+    assert_output --partial "==> stored runs"
+    run -0 sqlite3 "$CLOUDBOX_STATE_DIR/results.db" "select state || ' ' || suite from runs order by id desc limit 1"
+    assert_output "completed all"
+}
+
 # bats test_tags=slow
 @test "profile switch: Profiles (2), move to $PROFILE_A, u; the row says active and the CLI agrees" {
     need_guests

@@ -18,15 +18,16 @@ _tui_conf() {
     echo "$conf"
 }
 
-# tui_start SESSION [--size COLSxROWS] [--term TERM] [-- CLOUDBOX-ARGS...]
-# Starts `cloudbox CLOUDBOX-ARGS` in a new detached tmux session of that size (default 100x32, TERM
-# xterm-256color, COLORTERM unset so the colour system follows TERM).
+# tui_start SESSION [--size COLSxROWS] [--term TERM] [--cmd PROGRAM] [-- ARGS...]
+# Starts `cloudbox ARGS` (or `PROGRAM ARGS`) in a new detached tmux session of that size (default 100x32,
+# TERM xterm-256color, COLORTERM unset so the colour system follows TERM).
 tui_start() {
-    local s=$1 cols=$TUI_COLS rows=$TUI_ROWS term=xterm-256color; shift
+    local s=$1 cols=$TUI_COLS rows=$TUI_ROWS term=xterm-256color cmd=$CB; shift
     while [ $# -gt 0 ]; do
         case $1 in
             --size) cols=${2%x*}; rows=${2#*x}; shift 2 ;;
             --term) term=$2; shift 2 ;;
+            --cmd) cmd=$2; shift 2 ;;
             --) shift; break ;;
             *) echo "tui_start: unknown argument $1" >&2; return 2 ;;
         esac
@@ -35,7 +36,7 @@ tui_start() {
     # The exit status goes to a file: tmux 3.3 may mark the pane dead before it has the status, or never.
     tui_tmux -f "$(_tui_conf)" new-session -d -s "$s" -x "$cols" -y "$rows" \
         sh -c 'st=$1; shift; "$@"; echo $? > "$st"' sh "$TUI_PANES/$s.status" env -u COLORTERM -u TMUX -u NO_COLOR "TERM=$term" \
-        "CLOUDBOX_STATE_DIR=$CLOUDBOX_STATE_DIR" "CLOUDBOX_RUN_DIR=$CLOUDBOX_RUN_DIR" "$CB" "$@"
+        "CLOUDBOX_STATE_DIR=$CLOUDBOX_STATE_DIR" "CLOUDBOX_RUN_DIR=$CLOUDBOX_RUN_DIR" "$cmd" "$@"
 }
 
 # tui_capture SESSION [LABEL] [-e]: print the visible screen (and keep a copy under $TUI_PANES).
