@@ -1,12 +1,14 @@
-"""Regression tests for the Tests screen found by driving the installed TUI in tmux (tests/tui.bats): starting a
-run with `s` while a Setup control has the focus must show the Live view of that run."""
+"""Regressions found by driving the installed TUI in tmux (tests/tui.bats): starting a run with `s` while a
+Setup control has the focus shows the Live view of that run; the results comparison fits its box at 80x24
+(no wrapped rows)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from textual.widgets import Select, TabbedContent
+from conftest_results import add_study_a_default, add_virtio_tcg
+from textual.widgets import Select, Static, TabbedContent
 
 from cloudbox.core import accel, host
 from cloudbox.core.results import ResultStore
@@ -53,6 +55,36 @@ def test_start_from_a_focused_setup_control_shows_the_live_view(state, focus):
             assert len(started) == 1
             assert tabs.active == "live", f"still on {tabs.active} after s with {focus} focused"
             assert app.screen.run_id == rid  # type: ignore[attr-defined]
+
+    asyncio.run(go())
+    backend.close()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 32)])
+def test_comparison_rows_fit_the_box_without_wrapping(state, size):
+    with ResultStore() as store:
+        ids = [add_study_a_default(store), add_virtio_tcg(store)]
+    backend = Backend(facts=_facts(), libvirt_uri="test:///default")
+
+    async def go() -> None:
+        app = create_app(backend, mode="results", poll_interval=0.2)
+        async with app.run_test(size=size) as pilot:
+            screen = app.screen
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if getattr(screen, "runs", None):
+                    break
+            await pilot.press("space", "space", "c")
+            compare = screen.query_one("#compare", Static)
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if "% bare" in str(compare.content) or "% of bare metal" in str(compare.content):
+                    break
+            text = str(compare.content)
+            assert all(f"#{i}" in text for i in ids), text
+            # One screen row per line of the table: nothing wrapped.
+            lines = text.count("\n") + 1
+            assert compare.size.height == lines, f"{compare.size.height} screen rows for {lines} lines"
 
     asyncio.run(go())
     backend.close()
