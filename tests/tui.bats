@@ -104,6 +104,7 @@ extended_colours() { grep -E '(^|;)(38|48|58)[;:](5|2)([;:]|$)' || true; }
     run -0 tui_wait small 20 'Storage tests' tests
     assert_output --partial '[4 Tests]'
     for w in Suite Size 'Profiles:' 'storage' 'quick (128 MiB'; do assert_output --partial "$w"; done
+    assert_output --partial 'a sweep'   # the profile list's label wraps at 80 columns instead of being cut
     assert_output --partial 's Start'
     refute_output --partial 'Traceback'
     tui_quit small
