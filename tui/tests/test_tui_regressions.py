@@ -1,6 +1,6 @@
 """Regressions found by driving the installed TUI in tmux (tests/tui.bats): starting a run with `s` while a
 Setup control has the focus shows the Live view of that run; the results comparison fits its box at 80x24
-(no wrapped rows)."""
+(no wrapped rows); the profile diff in the narrow detail pane at 80x24 keeps knob names and values whole."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 from conftest_results import add_study_a_default, add_virtio_tcg
+from rich.console import Console
 from textual.widgets import Select, Static, TabbedContent
 
 from cloudbox.core import accel, host
@@ -85,6 +86,33 @@ def test_comparison_rows_fit_the_box_without_wrapping(state, size):
             # One screen row per line of the table: nothing wrapped.
             lines = text.count("\n") + 1
             assert compare.size.height == lines, f"{compare.size.height} screen rows for {lines} lines"
+
+    asyncio.run(go())
+    backend.close()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (130, 32)])
+def test_profile_diff_keeps_knob_names_and_values_whole(state, size):
+    backend = Backend(facts=_facts(), libvirt_uri="test:///default")
+
+    async def go() -> None:
+        app = create_app(backend, mode="profiles", poll_interval=0.2)
+        async with app.run_test(size=size) as pilot:
+            screen = app.screen
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if getattr(screen, "loaded", None) or getattr(screen, "entries", None):
+                    break
+            await pilot.pause(0.3)
+            await pilot.press("d")  # the highlighted profile (eucalyptus-default) against the active one
+            await pilot.pause(0.5)
+            detail = screen.query_one("#profile-detail", Static)
+            console = Console(width=detail.size.width, record=True, color_system=None)
+            console.print(detail.content)
+            out = console.export_text()
+            assert "knobs differ" in out, out
+            for word in ("network.model", "disk.backing", "block-device", "sparse-file", "writethrough"):
+                assert word in out, f"{word!r} cut or folded at {size}:\n{out}"
 
     asyncio.run(go())
     backend.close()
