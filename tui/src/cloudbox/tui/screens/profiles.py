@@ -40,18 +40,34 @@ def knob_table(p: profiles.Profile) -> Table:
     return t
 
 
-def diff_table(a: profiles.Profile, b: profiles.Profile) -> Table:
-    """Every knob side by side; differing rows are marked with '≠' (not only by colour)."""
-    t = Table(title=f"{a.name}  vs  {b.name}", show_header=True, header_style="bold", box=None, pad_edge=False)
-    t.add_column("")
-    t.add_column("knob")
-    t.add_column(a.name)
-    t.add_column(b.name)
+def diff_table(a: profiles.Profile, b: profiles.Profile, width: int | None = None) -> Table:
+    """Every knob side by side; differing rows are marked with '≠' (not only by colour). When `width` is too
+    narrow for three columns (the detail pane at 80 columns), each differing knob gets two lines: A's value,
+    then B's."""
     ka, kb = a.knobs(), b.knobs()
-    for k in ka:
-        differs = ka[k] != kb[k]
-        style = "bold" if differs else "dim"
-        t.add_row("≠" if differs else "", k, str(ka[k]), str(kb[k]), style=style)
+    va = {k: str(v) for k, v in ka.items()}
+    vb = {k: str(v) for k, v in kb.items()}
+    knob_w = max(map(len, ka))
+    side_by_side = 2 + knob_w + 1 + max(len(a.name), *map(len, va.values())) + 1 + \
+        max(len(b.name), *map(len, vb.values()))
+    t = Table(show_header=True, header_style="bold", box=None, pad_edge=False, collapse_padding=True)
+    t.add_column("", no_wrap=True)
+    t.add_column("knob", no_wrap=True, min_width=knob_w)
+    if width is None or width >= side_by_side:
+        t.title = f"{a.name}  vs  {b.name}"
+        t.add_column(a.name)
+        t.add_column(b.name)
+        for k in ka:
+            differs = ka[k] != kb[k]
+            t.add_row("≠" if differs else "", k, va[k], vb[k], style="bold" if differs else "dim")
+    else:
+        t.title = f"A: {a.name}\nB: {b.name}"
+        t.add_column("A / B", overflow="fold")
+        for k in ka:
+            if ka[k] != kb[k]:
+                t.add_row("≠", k, f"{va[k]}\n{vb[k]}", style="bold")
+            else:
+                t.add_row("", k, va[k], style="dim")
     n = sum(1 for k in ka if ka[k] != kb[k])
     t.caption = f"{n} knob{'s' if n != 1 else ''} differ" if n else "no knob differs"
     return t
@@ -192,7 +208,9 @@ class ProfilesScreen(BaseScreen):
         if a is None or b is None:
             self.notify("cannot diff an invalid profile; see its detail for the problem", severity="warning")
             return
-        self.query_one("#profile-detail", Static).update(diff_table(a, b))
+        box = self.query_one("#profile-detail-box")
+        width = box.size.width - box.styles.scrollbar_size_vertical
+        self.query_one("#profile-detail", Static).update(diff_table(a, b, width))
 
     def action_new(self) -> None:
         name = self.current_name()

@@ -118,7 +118,9 @@ class ResultsScreen(BaseScreen):
         if not ids:
             self.notify("no runs stored yet", severity="warning")
             return
-        width = max(60, self.size.width - 2)
+        box = self.query_one("#compare-box")
+        # Fit inside the box's padding and beside the scrollbar a long table brings: wider, every row wraps.
+        width = max(60, box.size.width - box.styles.scrollbar_size_vertical)
 
         def done(text: str) -> None:
             self.query_one("#compare", Static).update(Text(text))

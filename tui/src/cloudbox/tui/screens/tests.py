@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Button, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane
+from textual.widgets import Button, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane, Tabs
 
 from cloudbox.core import runner, storage
 from cloudbox.core.results import Event, Run
@@ -188,7 +188,7 @@ class TestsScreen(BaseScreen):
                 self.notify(f"run {run_id} started ({names[0]}, {suite}, {size})", title="tests")
                 assert run_id is not None
                 self.attach(run_id)
-            self.query_one("#tests-tabs", TabbedContent).active = "live"
+            self.show_live()
 
         self.capp.work_in_thread(self.capp.backend.start_runs, specs, done=started, name="starting the run")
 
@@ -205,7 +205,14 @@ class TestsScreen(BaseScreen):
         self.query_one("#run-log", Log).clear()
         self.query_one("#run-progress", ProgressBar).update(total=100, progress=0)
         self.query_one("#run-head", Static).update(f"Run {run_id}: loading…")
-        self.query_one("#tests-tabs", TabbedContent).active = "live"
+        self.show_live()
+
+    def show_live(self) -> None:
+        """Switch to the Live tab. Focus leaves the Setup form first: a focused widget in a hidden pane
+        would get focus back and with it switch TabbedContent back to Setup (s pressed in a drop-down)."""
+        tabbed = self.query_one("#tests-tabs", TabbedContent)
+        self.set_focus(tabbed.query_one(Tabs))
+        tabbed.active = "live"
 
     def action_attach(self, run_id: int) -> None:
         self.attach(run_id)
