@@ -15,6 +15,7 @@ from cloudbox.core import backing
 from cloudbox.core.host import HostFacts
 from cloudbox.core.results import Run
 from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.widgets.table import PlainTable
 
 
 @dataclass
@@ -51,15 +52,15 @@ class OverviewScreen(BaseScreen):
     def body(self) -> ComposeResult:
         with VerticalScroll(id="overview"):
             yield Static("", id="accel-banner", markup=False)
-            yield DataTable(id="box", show_header=False, cursor_type="none", zebra_stripes=False)
+            yield PlainTable(id="box", show_header=False, cursor_type="none", zebra_stripes=False)
             yield Label("Nodes", classes="section")
-            yield DataTable(id="nodes", cursor_type="none")
+            yield PlainTable(id="nodes", cursor_type="none")
             yield Label("Runs in progress", classes="section")
-            yield DataTable(id="active-runs", cursor_type="row")
+            yield PlainTable(id="active-runs", cursor_type="row")
             yield Label("Disks", classes="section")
-            yield DataTable(id="disks", cursor_type="none")
+            yield PlainTable(id="disks", cursor_type="none")
             yield Label("NICs", classes="section")
-            yield DataTable(id="nics", cursor_type="none")
+            yield PlainTable(id="nics", cursor_type="none")
 
     def on_mount(self) -> None:
         self.query_one("#box", DataTable).add_columns("what", "value")

@@ -22,6 +22,7 @@ from cloudbox.core.errors import CloudboxError, ProfileError
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.screens.profile_form import ProfileForm
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, TextDialog
+from cloudbox.tui.widgets.table import PlainTable
 
 
 @dataclass
@@ -81,7 +82,7 @@ class ProfilesScreen(BaseScreen):
 
     def body(self) -> ComposeResult:
         with Horizontal(id="profiles-split"):
-            yield DataTable(id="profiles", cursor_type="row")
+            yield PlainTable(id="profiles", cursor_type="row")
             with VerticalScroll(id="profile-detail-box"):
                 yield Static("", id="profile-detail")
 

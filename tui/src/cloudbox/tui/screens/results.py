@@ -16,6 +16,7 @@ from cloudbox.core import compare
 from cloudbox.core.results import Run
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, ExportDialog
+from cloudbox.tui.widgets.table import PlainTable
 
 
 def headline(run: Run) -> str:
@@ -60,7 +61,7 @@ class ResultsScreen(BaseScreen):
 
     def body(self) -> ComposeResult:
         with Vertical(id="results-split"):
-            yield DataTable(id="runs", cursor_type="row")
+            yield PlainTable(id="runs", cursor_type="row")
             with VerticalScroll(id="compare-box"):
                 yield Static("Mark runs with space and press c to compare them.", id="compare")
 

@@ -1,0 +1,27 @@
+"""The DataTable every screen uses: cells given as str are plain text.
+
+Textual's DataTable parses str cells as Rich markup, so a disk model, a guest name or an error message
+containing "[...]" would be restyled, lose text, or raise MarkupError while rendering (a crash).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+from textual.widgets.data_table import CellType, ColumnKey, RowKey
+
+
+def plain(value: Any) -> Any:
+    return Text(value, end="") if isinstance(value, str) else value
+
+
+class PlainTable(DataTable[Any]):
+    def add_row(self, *cells: CellType, height: int | None = 1, key: str | None = None,
+                label: Any = None) -> RowKey:
+        return super().add_row(*(plain(c) for c in cells), height=height, key=key, label=label)
+
+    def update_cell(self, row_key: RowKey | str, column_key: ColumnKey | str, value: CellType, *,
+                    update_width: bool = False) -> None:
+        super().update_cell(row_key, column_key, plain(value), update_width=update_width)
