@@ -31,12 +31,17 @@ class ProfilesData:
     active: str
 
 
+def knob_text(value: object) -> Text:
+    """A knob's value as the profile's TOML spells it (true/false, not Python's True/False), never markup."""
+    return Text(str(value).lower() if isinstance(value, bool) else str(value))
+
+
 def knob_table(p: profiles.Profile) -> Table:
     t = Table(show_header=True, header_style="bold", box=None, expand=False, pad_edge=False)
     t.add_column("knob")
     t.add_column("value")
     for k, v in p.knobs().items():
-        t.add_row(k, str(v).lower() if isinstance(v, bool) else str(v))
+        t.add_row(k, knob_text(v))
     return t
 
 
@@ -51,7 +56,7 @@ def diff_table(a: profiles.Profile, b: profiles.Profile) -> Table:
     for k in ka:
         differs = ka[k] != kb[k]
         style = "bold" if differs else "dim"
-        t.add_row("≠" if differs else "", k, str(ka[k]), str(kb[k]), style=style)
+        t.add_row("≠" if differs else "", k, knob_text(ka[k]), knob_text(kb[k]), style=style)
     n = sum(1 for k in ka if ka[k] != kb[k])
     t.caption = f"{n} knob{'s' if n != 1 else ''} differ" if n else "no knob differs"
     return t
