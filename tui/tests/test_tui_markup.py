@@ -1,4 +1,4 @@
-"""Text that comes from the system (disk models, error messages, guest names) is shown as it is, never
+"""Text that comes from the system (disk models, error messages, NIC names) is shown as it is, never
 parsed as Rich markup: "[/dev/sdz]" is a closing tag to Rich and used to crash the overview."""
 
 from __future__ import annotations
@@ -40,3 +40,4 @@ def test_overview_shows_brackets_literally(demo):
     assert "[b]WDC[/b] [x]" in text
     assert "[red]eth9" in text
     assert app.errors == []
+

@@ -427,10 +427,10 @@ async def profile_form_errors(pilot: Pilot) -> None:
     await pilot.press("n")
     await settle(pilot, lambda: app.screen.query_one("#f-name", Input).value == "virtio-disk-2", "the form")
     app.screen.query_one("#f-name", Input).value = "Virtio Disk!"
-    app.screen.query_one("#f-guest-vcpus", Input).value = "128"
+    app.screen.query_one("#f-description", Input).value = ""
     await pilot.press("ctrl+s")
     await settle(pilot, lambda: "not saved" in _text(app, "#form-error")
-                 and _text(app, "#e-guest-vcpus").startswith("!"), "the field errors")
+                 and _text(app, "#e-description").startswith("!"), "the field errors")
 
 
 async def guests(pilot: Pilot) -> None:
