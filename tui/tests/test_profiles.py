@@ -33,6 +33,7 @@ def _isolated(tmp_path, monkeypatch):
     """User profiles in a private state dir; no extra profile directories from the environment."""
     monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("CLOUDBOX_PROFILE_PATH", raising=False)
+    monkeypatch.delenv("CLOUDBOX_PRESET_DIR", raising=False)
 
 
 # -- presets ---------------------------------------------------------------------------------
@@ -577,3 +578,16 @@ def test_extra_profile_path_comes_first(tmp_path, monkeypatch):
     monkeypatch.setenv("CLOUDBOX_PROFILE_PATH", str(extra))
     assert profiles.find_profile("lab").name == "lab"
     assert {e.name: e.kind for e in profiles.list_profiles()}["lab"] == "user"
+
+
+def test_preset_dir_from_the_environment_replaces_the_defaults(tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "lab.toml").write_text(variant(("name", "lab")))
+    monkeypatch.setenv("CLOUDBOX_PRESET_DIR", str(shipped))
+    assert paths.preset_dirs() == [shipped]
+    entries = {e.name: e for e in profiles.list_profiles()}
+    assert set(entries) == {"lab"}  # the checkout's profiles/ is not searched
+    assert entries["lab"].kind == "preset" and entries["lab"].path == shipped / "lab.toml"
+    monkeypatch.setenv("CLOUDBOX_PRESET_DIR", str(tmp_path / "missing"))
+    assert paths.preset_dirs() == []

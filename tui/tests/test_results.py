@@ -170,6 +170,20 @@ def test_finish_run_appends_final_state_event(store: ResultStore):
     assert events[-1].payload == {"state": "aborted", "reason": "cancelled by user"}
 
 
+def test_events_and_finish_at_given_times(store: ResultStore):
+    """Recorded runs (demo data, imports) keep their own clock: events and the end at the times given."""
+    rid = store.create_run(profile_name="p", started_at=1_700_000_000.0)
+    store.add_event(rid, "step", {"text": "a"}, t=1_700_000_001.5)
+    store.add_event(rid, "log", {"text": "b"})  # default: now
+    store.finish_run(rid, "completed", finished_at=1_700_000_042.0)
+    run = store.get_run(rid)
+    assert run.finished_at == 1_700_000_042.0 and run.duration == 42.0
+    first, second, last = store.events_since(rid)
+    assert first.t == 1_700_000_001.5
+    assert abs(second.t - time.time()) < 60
+    assert (last.kind, last.t) == ("state", 1_700_000_042.0)
+
+
 def test_events_since_paging(store: ResultStore):
     rid = store.create_run(profile_name="p")
     store.add_event(rid, "state", {"state": "running"})

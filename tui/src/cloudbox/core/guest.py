@@ -180,7 +180,7 @@ def _qemu_started_at(name: str) -> float | None:
 
 
 def list_guests(conn) -> list[GuestInfo]:
-    """cloudbox guests (by metadata) known to libvirt."""
+    """cloudbox guests (by metadata) known to libvirt, sorted by name (libvirt's order is arbitrary)."""
     from xml.etree import ElementTree as ET
 
     import libvirt
@@ -196,7 +196,7 @@ def list_guests(conn) -> list[GuestInfo]:
         state = "running" if active else "shut off"
         started = _qemu_started_at(dom.name()) if active and conn.getType() == "QEMU" else None
         out.append(GuestInfo(dom.name(), state, el.get("run"), el.get("name"), started))
-    return out
+    return sorted(out, key=lambda g: g.name)
 
 
 def reap_orphans(conn, live_runs: set[str]) -> list[str]:

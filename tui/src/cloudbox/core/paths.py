@@ -7,6 +7,8 @@ CLOUDBOX_CACHE_DIR  built guest images, downloaded packages       (default /var/
 CLOUDBOX_RUN_DIR    run lock, temp backing stores, sockets        (default /run/cloudbox as root,
                     else $XDG_RUNTIME_DIR/cloudbox or /tmp/cloudbox-$UID)
 CLOUDBOX_PROFILE_PATH  extra colon-separated directories searched for profiles
+CLOUDBOX_PRESET_DIR    the directory of shipped presets, instead of the checkout's profiles/ and
+                       /usr/share/cloudbox/profiles (packaging; the TUI's demo data for screenshots)
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ def user_profiles_dir() -> Path:
 
 
 def preset_dirs() -> list[Path]:
-    """Directories holding shipped presets: the checkout's profiles/, then the installed location."""
+    """Directories holding shipped presets: the checkout's profiles/, then the installed location
+    (or only CLOUDBOX_PRESET_DIR when set)."""
+    env = os.environ.get("CLOUDBOX_PRESET_DIR")
+    if env:
+        return [Path(env)] if Path(env).is_dir() else []
     dirs: list[Path] = []
     root = repo_root()
     if root is not None:

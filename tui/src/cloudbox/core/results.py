@@ -671,15 +671,16 @@ class ResultStore:
             conn.execute("UPDATE runs SET provenance = ? WHERE id = ?", (_json(prov), int(run_id)))
         return prov
 
-    def finish_run(self, run_id: int, state: str, reason: str | None = None) -> None:
-        """Set the final state and finished_at=now and, in the same transaction, append the final
-        'state' event {"state", "reason"}: a watcher that sees the state change also finds the event.
-        The executor should not emit its own final 'state' event (it would appear twice)."""
+    def finish_run(self, run_id: int, state: str, reason: str | None = None, *,
+                   finished_at: float | None = None) -> None:
+        """Set the final state and finished_at (default now) and, in the same transaction, append the final
+        'state' event {"state", "reason"} at that time: a watcher that sees the state change also finds the
+        event. The executor should not emit its own final 'state' event (it would appear twice)."""
         if state not in FINAL_STATES:
             raise ValueError(f"state must be one of {', '.join(FINAL_STATES)} (got {state!r})")
         with self._write() as conn:
             self._require(conn, run_id)
-            now = time.time()
+            now = time.time() if finished_at is None else float(finished_at)
             conn.execute(
                 "UPDATE runs SET state = ?, reason = ?, finished_at = ? WHERE id = ?",
                 (state, reason, now, int(run_id)),
@@ -890,13 +891,15 @@ class ResultStore:
         )
         return int(seq)
 
-    def add_event(self, run_id: int, kind: str, payload: dict[str, Any] | None = None) -> int:
-        """Append to the run's live stream; returns the new seq (1, 2, ...). Touches nothing else."""
+    def add_event(self, run_id: int, kind: str, payload: dict[str, Any] | None = None, *,
+                  t: float | None = None) -> int:
+        """Append to the run's live stream at time `t` (default now); returns the new seq (1, 2, ...).
+        Touches nothing else."""
         if kind not in EVENT_KINDS:
             raise ValueError(f"event kind must be one of {', '.join(EVENT_KINDS)} (got {kind!r})")
         with self._write() as conn:
             try:
-                return self._append_event(conn, int(run_id), kind, payload or {})
+                return self._append_event(conn, int(run_id), kind, payload or {}, t)
             except sqlite3.IntegrityError as e:  # foreign key: unknown run
                 raise self._not_found(conn, run_id) from e
 

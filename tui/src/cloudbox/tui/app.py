@@ -42,7 +42,10 @@ class CloudboxApp(App[None]):
     }
     DEFAULT_MODE = "overview"
     BINDINGS = [
-        *[Binding(key, f"switch_mode('{mode}')", title, id=f"app.screen.{mode}") for mode, key, title in SCREENS],
+        # Not in the footer: the screen bar at the top shows these keys, and the footer has no room for
+        # them next to a screen's own keys in 80 columns (it clipped Quit and the palette key).
+        *[Binding(key, f"switch_mode('{mode}')", title, id=f"app.screen.{mode}", show=False)
+          for mode, key, title in SCREENS],
         Binding("question_mark", "help", "Help", id="app.help"),
         Binding("q", "quit", "Quit", id="app.quit"),
     ]

@@ -13,6 +13,7 @@ from cloudbox.core.guest import GuestInfo
 from cloudbox.core.results import Run
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
+from cloudbox.tui.widgets.table import PlainTable
 
 
 @dataclass
@@ -53,7 +54,7 @@ class GuestsScreen(BaseScreen):
 
     def body(self) -> ComposeResult:
         yield Static("", id="guests-status", markup=False)
-        yield DataTable(id="guests", cursor_type="row")
+        yield PlainTable(id="guests", cursor_type="row")
 
     def on_mount(self) -> None:
         self.query_one("#guests", DataTable).add_columns("Guest", "State", "Uptime", "Profile", "Run")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -15,6 +17,7 @@ from cloudbox.core import backing
 from cloudbox.core.host import HostFacts
 from cloudbox.core.results import Run
 from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.widgets.table import PlainTable
 
 
 @dataclass
@@ -51,18 +54,17 @@ class OverviewScreen(BaseScreen):
     def body(self) -> ComposeResult:
         with VerticalScroll(id="overview"):
             yield Static("", id="accel-banner", markup=False)
-            yield DataTable(id="box", show_header=False, cursor_type="none", zebra_stripes=False)
+            yield Static("", id="box")
             yield Label("Nodes", classes="section")
-            yield DataTable(id="nodes", cursor_type="none")
+            yield PlainTable(id="nodes", cursor_type="none")
             yield Label("Runs in progress", classes="section")
-            yield DataTable(id="active-runs", cursor_type="row")
+            yield PlainTable(id="active-runs", cursor_type="row")
             yield Label("Disks", classes="section")
-            yield DataTable(id="disks", cursor_type="none")
+            yield PlainTable(id="disks", cursor_type="none")
             yield Label("NICs", classes="section")
-            yield DataTable(id="nics", cursor_type="none")
+            yield PlainTable(id="nics", cursor_type="none")
 
     def on_mount(self) -> None:
-        self.query_one("#box", DataTable).add_columns("what", "value")
         self.query_one("#nodes", DataTable).add_columns("Node", "Role", "State", "Detail")
         self.query_one("#active-runs", DataTable).add_columns("Run", "Profile", "Suite", "Elapsed", "Started")
         self.query_one("#disks", DataTable).add_columns("Disk", "Size", "Kind", "Model", "Bus", "Mounted")
@@ -79,17 +81,20 @@ class OverviewScreen(BaseScreen):
         banner = self.query_one("#accel-banner", Static)
         banner.update(text)
         banner.set_classes(f"banner {cls}")
-        box = self.query_one("#box", DataTable)
-        box.clear()
         acc = f.accelerator
-        box.add_row("Host", f.hostname)
-        box.add_row("Role", f"{f.role}  ({f.role_source})")
-        box.add_row("Accelerator", f"{acc.label}: {acc.reason}" if acc else f"unknown: {f.accelerator_problem}")
-        box.add_row("libvirt", f.libvirtd)
-        box.add_row("Active profile", data.active_profile)
-        box.add_row("Runs in progress", str(len(data.runs)) if data.runs else "none")
-        for p in f.problems:
-            box.add_row("Problem", p)
+        rows = [("Host", f.hostname), ("Role", f"{f.role}  ({f.role_source})"),
+                ("Accelerator", f"{acc.label}: {acc.reason}" if acc else f"unknown: {f.accelerator_problem}"),
+                ("libvirt", f.libvirtd), ("Active profile", data.active_profile),
+                ("Runs in progress", str(len(data.runs)) if data.runs else "none"),
+                *(("Problem", p) for p in f.problems)]
+        # A grid, not a DataTable: long values (the accelerator's reason, problems) wrap instead of
+        # being cut off behind a horizontal scrollbar.
+        box = Table.grid(padding=(0, 2))
+        box.add_column(no_wrap=True)
+        box.add_column()
+        for what, value in rows:
+            box.add_row(what, Text(value))
+        self.query_one("#box", Static).update(box)
         nodes = self.query_one("#nodes", DataTable)
         nodes.clear()
         for n in f.nodes:

@@ -22,6 +22,7 @@ from cloudbox.core.errors import CloudboxError, ProfileError
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.screens.profile_form import ProfileForm
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, TextDialog
+from cloudbox.tui.widgets.table import PlainTable
 
 
 @dataclass
@@ -31,12 +32,17 @@ class ProfilesData:
     loaded: dict[str, profiles.Profile]  # parsed in the worker, so moving the cursor does no file I/O
 
 
+def knob_text(value: object) -> Text:
+    """A knob's value as the profile's TOML spells it (true/false, not Python's True/False), never markup."""
+    return Text(str(value).lower() if isinstance(value, bool) else str(value))
+
+
 def knob_table(p: profiles.Profile) -> Table:
     t = Table(show_header=True, header_style="bold", box=None, expand=False, pad_edge=False)
     t.add_column("knob")
     t.add_column("value")
     for k, v in p.knobs().items():
-        t.add_row(k, str(v).lower() if isinstance(v, bool) else str(v))
+        t.add_row(k, knob_text(v))
     return t
 
 
@@ -45,8 +51,8 @@ def diff_table(a: profiles.Profile, b: profiles.Profile, width: int | None = Non
     narrow for three columns (the detail pane at 80 columns), each differing knob gets two lines: A's value,
     then B's."""
     ka, kb = a.knobs(), b.knobs()
-    va = {k: str(v) for k, v in ka.items()}
-    vb = {k: str(v) for k, v in kb.items()}
+    va = {k: knob_text(v).plain for k, v in ka.items()}
+    vb = {k: knob_text(v).plain for k, v in kb.items()}
     knob_w = max(map(len, ka))
     side_by_side = 2 + knob_w + 1 + max(len(a.name), *map(len, va.values())) + 1 + \
         max(len(b.name), *map(len, vb.values()))
@@ -59,15 +65,15 @@ def diff_table(a: profiles.Profile, b: profiles.Profile, width: int | None = Non
         t.add_column(b.name)
         for k in ka:
             differs = ka[k] != kb[k]
-            t.add_row("≠" if differs else "", k, va[k], vb[k], style="bold" if differs else "dim")
+            t.add_row("≠" if differs else "", k, Text(va[k]), Text(vb[k]), style="bold" if differs else "dim")
     else:
         t.title = f"A: {a.name}\nB: {b.name}"
         t.add_column("A / B", overflow="fold")
         for k in ka:
             if ka[k] != kb[k]:
-                t.add_row("≠", k, f"{va[k]}\n{vb[k]}", style="bold")
+                t.add_row("≠", k, Text(f"{va[k]}\n{vb[k]}"), style="bold")
             else:
-                t.add_row("", k, va[k], style="dim")
+                t.add_row("", k, Text(va[k]), style="dim")
     n = sum(1 for k in ka if ka[k] != kb[k])
     t.caption = f"{n} knob{'s' if n != 1 else ''} differ" if n else "no knob differs"
     return t
@@ -99,7 +105,7 @@ class ProfilesScreen(BaseScreen):
 
     def body(self) -> ComposeResult:
         with Horizontal(id="profiles-split"):
-            yield DataTable(id="profiles", cursor_type="row")
+            yield PlainTable(id="profiles", cursor_type="row")
             with VerticalScroll(id="profile-detail-box"):
                 yield Static("", id="profile-detail")
 

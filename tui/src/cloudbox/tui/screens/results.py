@@ -16,6 +16,7 @@ from cloudbox.core import compare
 from cloudbox.core.results import Run
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, ExportDialog
+from cloudbox.tui.widgets.table import PlainTable
 
 
 def headline(run: Run) -> str:
@@ -60,13 +61,14 @@ class ResultsScreen(BaseScreen):
 
     def body(self) -> ComposeResult:
         with Vertical(id="results-split"):
-            yield DataTable(id="runs", cursor_type="row")
+            yield PlainTable(id="runs", cursor_type="row")
             with VerticalScroll(id="compare-box"):
                 yield Static("Mark runs with space and press c to compare them.", id="compare")
 
     def on_mount(self) -> None:
-        self.query_one("#runs", DataTable).add_columns("Mk", "Run", "Profile", "Suite", "When", "Accel", "State",
-                                                       "Headline (guest, % of bare metal)")
+        # The headline numbers right after the profile: in 80 columns they were scrolled off to the right.
+        self.query_one("#runs", DataTable).add_columns("Mk", "Run", "Profile", "Headline (guest, % of bare metal)",
+                                                       "Accel", "State", "Suite", "When")
         super().on_mount()
         self.query_one("#runs", DataTable).focus()
 
@@ -80,9 +82,9 @@ class ResultsScreen(BaseScreen):
         table.clear()
         for r in runs:
             when = time.strftime("%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "-"
-            table.add_row("x" if r.id in self.marked else "", str(r.id), r.profile_name or "-", r.suite or "-",
-                          when, ACCEL_WORDS.get(r.accelerator, r.accelerator or "-"), r.state,
-                          Text(headline(r)), key=str(r.id))
+            table.add_row("x" if r.id in self.marked else "", str(r.id), r.profile_name or "-", Text(headline(r)),
+                          ACCEL_WORDS.get(r.accelerator, r.accelerator or "-"), r.state, r.suite or "-", when,
+                          key=str(r.id))
         ids = [r.id for r in runs]
         if keep in ids:
             table.move_cursor(row=ids.index(keep))

@@ -279,6 +279,7 @@ class TestsScreen(BaseScreen):
         bar = self.query_one("#run-progress", ProgressBar)
         if pct is not None:
             bar.update(total=100, progress=pct)
+        bar.query_one("#eta").display = not run.finished  # a finished run has no ETA (it showed a stale one)
         if events and time.monotonic() - self.last_redraw > 1.0:
             self.last_redraw = time.monotonic()
             for c in self.query(LiveChart):

@@ -48,11 +48,17 @@ class LiveChart(PlotextPlot):
         if self.ylabel:
             plt.ylabel(self.ylabel)
         drawn = False
+        top = 0.0
         for i, name in enumerate(self.names):
             pts = self.data[name]
             if pts:
                 plt.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker=MARKERS[i % len(MARKERS)])
                 drawn = True
+                top = max(top, *(p[1] for p in pts))
+        if drawn and top > 0 and min(p[1] for pts in self.data.values() for p in pts) >= 0:
+            # From 0 (so series compare by height), with room above for the legend, which plotext draws in
+            # the top left corner: the bare-metal baseline runs first and is the highest, exactly there.
+            plt.ylim(0, top * 1.35)
         if not drawn:
             plt.text("waiting for data", 0, 0)
             plt.xlim(-1, 1)
