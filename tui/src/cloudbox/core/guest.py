@@ -187,15 +187,17 @@ def list_guests(conn) -> list[GuestInfo]:
 
     out = []
     for dom in conn.listAllDomains(0):
+        # Transient domains vanish when destroyed: one may go between listAllDomains and the calls below.
         try:
             meta = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
+            name = dom.name()
+            active = dom.isActive()
         except libvirt.libvirtError:
             continue
         el = ET.fromstring(meta)
-        active = dom.isActive()
         state = "running" if active else "shut off"
-        started = _qemu_started_at(dom.name()) if active and conn.getType() == "QEMU" else None
-        out.append(GuestInfo(dom.name(), state, el.get("run"), el.get("name"), started))
+        started = _qemu_started_at(name) if active and conn.getType() == "QEMU" else None
+        out.append(GuestInfo(name, state, el.get("run"), el.get("name"), started))
     return sorted(out, key=lambda g: g.name)
 
 
@@ -207,8 +209,8 @@ def reap_orphans(conn, live_runs: set[str]) -> list[str]:
     for g in list_guests(conn):
         if g.run_uuid and g.run_uuid in live_runs:
             continue
-        dom = conn.lookupByName(g.name)
         try:
+            dom = conn.lookupByName(g.name)
             if dom.isActive():
                 dom.destroy()
             if dom.isPersistent():
