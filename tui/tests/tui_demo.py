@@ -372,6 +372,8 @@ async def settle(pilot: Pilot, ready: Callable[[], bool], what: str, timeout: fl
         except Exception:  # noqa: BLE001 - the widget is not there yet
             ok = False
         if ok and not busy:
+            for field in pilot.app.screen.query(Input):
+                field.cursor_blink = False  # a blinking cursor is on or off depending on the moment of the shot
             await pilot.pause()
             await pilot.wait_for_scheduled_animations()
             return
