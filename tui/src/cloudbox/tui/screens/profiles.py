@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,29 +245,34 @@ class ProfilesScreen(BaseScreen):
         self.edit_in_editor(e)
 
     def edit_in_editor(self, e: profiles.ProfileEntry) -> None:
-        """Edit a copy in $EDITOR; it replaces the profile only if it validates (errors shown, copy kept)."""
+        """Edit a draft in $EDITOR; it replaces the profile only if it validates. A draft that does not
+        validate is kept (<state dir>/drafts/NAME.toml) and reopened by the next `e`, so no edit is lost."""
+        from cloudbox.core import paths
+
         editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
-        with tempfile.NamedTemporaryFile("w", suffix=".toml", prefix=f"{e.name}-", delete=False) as f:
-            f.write(e.path.read_text())
-            tmp = Path(f.name)
+        draft = paths.state_dir() / "drafts" / f"{e.name}.toml"
+        draft.parent.mkdir(parents=True, exist_ok=True)
+        resumed = draft.exists()
+        if not resumed:
+            draft.write_text(e.path.read_text())
         try:
-            try:
-                with self.app.suspend():
-                    rc = subprocess.call([*shlex.split(editor), str(tmp)])
-            except Exception:  # noqa: BLE001 - no terminal to hand over (headless): run the editor directly
-                rc = subprocess.call([*shlex.split(editor), str(tmp)], stdin=subprocess.DEVNULL)
-            if rc != 0:
-                self.notify(f"{editor} exited {rc}; {e.name} unchanged", severity="warning")
-                return
-            try:
-                prof = profiles.parse_profile(tmp.read_text(), str(e.path), expect_name=e.name)
-                profiles.save_user_profile(prof)
-            except ProfileError as err:
-                self.app.push_screen(TextDialog(f"{e.name} not saved: fix these and press e again", str(err)))
-                return
-            self.notify(f"saved {e.path}", title="profiles")
-        finally:
-            tmp.unlink(missing_ok=True)
+            with self.app.suspend():
+                rc = subprocess.call([*shlex.split(editor), str(draft)])
+        except Exception:  # noqa: BLE001 - no terminal to hand over (headless): run the editor directly
+            rc = subprocess.call([*shlex.split(editor), str(draft)], stdin=subprocess.DEVNULL)
+        if rc != 0:
+            self.notify(f"{editor} exited {rc}; {e.name} unchanged (your draft is kept in {draft})",
+                        severity="warning")
+            return
+        try:
+            prof = profiles.parse_profile(draft.read_text(), str(e.path), expect_name=e.name)
+            profiles.save_user_profile(prof)
+        except ProfileError as err:
+            self.app.push_screen(TextDialog(
+                f"{e.name} not saved; your edit is kept: press e to fix it", f"{err}\n\n(draft: {draft})"))
+            return
+        draft.unlink(missing_ok=True)
+        self.notify(f"saved {e.path}" + (" (from your earlier draft)" if resumed else ""), title="profiles")
         self.reload()
 
     def action_delete(self) -> None:
