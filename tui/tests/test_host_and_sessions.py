@@ -124,12 +124,16 @@ def test_sweep_runs_profiles_one_after_another_and_cancel_skips_the_rest(state, 
         assert [r.profile_name for r in runs] == ["virtio-disk", "virtio-file"]
         assert all(r.state == "completed" for r in runs), [(r.state, r.reason) for r in runs]
         assert runs[0].finished_at <= runs[1].started_at + 1  # one after the other, not at once
-        # a sweep of three, cancelled during its first run: the rest never starts
-        sweep2 = runner.start_sweep([runner.RunSpec(profile="virtio-disk", **spec)] * 3, store)
+        # a sweep of three, cancelled during its first item: the rest never starts. The first item is a guest
+        # session, which holds until cancelled, so the cancel cannot race the end of a short run.
+        specs = [runner.RunSpec(profile="virtio-disk", suite="guest"),
+                 *[runner.RunSpec(profile="virtio-disk", **spec)] * 2]
+        sweep2 = runner.start_sweep(specs, store)
         first = _wait(lambda: next((s.runs[0] for s in runner.list_sweeps() if s.id == sweep2.id), None), 60,
                       "the first run of the second sweep")
-        _wait(lambda: store.get_run(first).pid, 30, "its executor")
-        assert runner.cancel(store, first, timeout=120) == "aborted"
+        _wait(lambda: any("running; stop it" in (e.payload.get("text") or "") for e in store.events_since(first)),
+              240, "the sweep's guest session to come up")
+        assert runner.cancel(store, first, timeout=120) == "completed"  # a stopped session ends normally
         final = _wait(lambda: next((s for s in runner.list_sweeps() if s.id == sweep2.id and s.state != "running"),
                                    None), 60, "the second sweep to stop")
         assert final.state == "cancelled" and final.runs[1:] == [None, None]
