@@ -402,6 +402,9 @@ def test_launch_a_guest_show_its_xml_and_stop_it(state, libvirt_conn):
             await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
             await pilot.press("y")
             await until(pilot, lambda: table.row_count == 0, timeout=90, what="guest gone")
+            # the guest goes first; the run finishes once the disk and network are cleaned up too
+            with ResultStore() as store:
+                await until(pilot, lambda: store.list_runs()[0].finished, timeout=120, what="the session's end")
         assert not [g for g in list_guests(libvirt_conn)]
         with ResultStore() as store:
             (run_,) = store.list_runs()
