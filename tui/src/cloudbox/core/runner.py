@@ -619,6 +619,9 @@ class Sweep:
         return sum(1 for r in self.runs if r is None) if self.state == "running" else 0
 
 
+SWEEP_START_GRACE_S = 60.0  # how long a new sweep may take to record its process before it counts as dead
+
+
 def sweeps_dir() -> Path:
     return paths.state_dir() / "sweeps"
 
@@ -634,8 +637,12 @@ def list_sweeps() -> list[Sweep]:
             sw = Sweep.load(f)
         except (OSError, ValueError, TypeError):
             continue
-        if sw.state == "running" and not pid_alive(sw.pid, sw.started_at):
-            sw.state = "died"
+        if sw.state == "running":
+            if sw.pid is None:
+                if time.time() - sw.started_at > SWEEP_START_GRACE_S:
+                    sw.state = "died"  # its process never recorded itself
+            elif not pid_alive(sw.pid, sw.started_at):
+                sw.state = "died"
         out.append(sw)
     return out
 
@@ -656,10 +663,9 @@ def start_sweep(specs: list[RunSpec], store) -> Sweep:
         proc = subprocess.Popen([sys.executable, "-m", "cloudbox.core.runner", "--sweep", str(sweep.path)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    # The child rewrites the file with its own pid at once; record it here too so a watcher that reads
-    # the file first does not mistake the sweep for a dead one.
+    # Only the child writes the file from now on (it records its own pid first): a second writer here could
+    # overwrite the child's progress. Until the pid appears, list_sweeps() reports the sweep as starting.
     sweep.pid = proc.pid
-    sweep.save()
     return sweep
 
 
