@@ -338,8 +338,8 @@ extended_colours() { grep -E '(^|;)(38|48|58)[;:](5|2)([;:]|$)' || true; }
     # Newest first: the cursor starts on the newer run; space marks it and moves to the next one.
     # Columns: mark, run, profile, headline, accelerator, state, suite (the headline right after the profile,
     # so it stays visible in 80 columns).
-    run -0 tui_wait res 20 "^ +$newer +$PROFILE_B .* completed +stora" results
-    assert_line --regexp "^ +$older +$PROFILE_A .* completed +stora"
+    run -0 tui_wait res 20 "^ +$newer +$PROFILE_B .* completed +stor" results
+    assert_line --regexp "^ +$older +$PROFILE_A .* completed +stor"
     tui_keys res Space Space
     run -0 tui_wait res 10 "^ x +$older +$PROFILE_A " marked
     assert_line --regexp "^ x +$newer +$PROFILE_B "
