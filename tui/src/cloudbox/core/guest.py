@@ -22,6 +22,10 @@ from .errors import GuestError, GuestUnreachable
 
 METADATA_NS = "https://cloudbox.invalid/xmlns/1"
 NAME_PREFIX = "cloudbox-"
+# libvirt error codes for an agent that does not answer: VIR_ERR_AGENT_UNRESPONSIVE (86) and, since libvirt 9.9,
+# VIR_ERR_AGENT_COMMAND_TIMEOUT (112: "guest agent didn't respond to command within N seconds"), which older
+# libvirt-python builds do not name.
+AGENT_SILENT_CODES = frozenset({86, 112})
 
 
 @dataclass
@@ -120,7 +124,7 @@ class Guest:
         except libvirt.libvirtError as e:
             if not self.is_active():
                 raise GuestUnreachable(f"guest {self.name} stopped (guest agent, {command}: {e})") from e
-            if e.get_error_code() == libvirt.VIR_ERR_AGENT_UNRESPONSIVE:
+            if e.get_error_code() in AGENT_SILENT_CODES:
                 raise GuestUnreachable(f"guest agent in {self.name} stopped answering ({command}: {e})") from e
             raise GuestError(f"guest agent ({command}) in {self.name}: {e}") from e
         return json.loads(out).get("return")
