@@ -159,6 +159,9 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
     assert "Kernel panic" in reason, reason
     quoted = [ln for ln in reason.splitlines() if ln.startswith("  | ")]
     assert 0 < len(quoted) <= runner.CONSOLE_TAIL_LINES
+    # and libvirt's log of the QEMU process, which says why it stopped
+    assert "lines of its QEMU log" in reason, reason
+    assert any(ln.startswith("  : ") and "shutting down" in ln for ln in reason.splitlines()), reason
     assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
     assert _work_files(state) == []
 

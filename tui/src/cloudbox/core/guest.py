@@ -26,6 +26,9 @@ NAME_PREFIX = "cloudbox-"
 # VIR_ERR_AGENT_COMMAND_TIMEOUT (112: "guest agent didn't respond to command within N seconds"), which older
 # libvirt-python builds do not name.
 AGENT_SILENT_CODES = frozenset({86, 112})
+# Where libvirtd (qemu:///system) keeps each domain's QEMU log: its command line, its stderr (KVM internal errors,
+# register dumps) and why it stopped ("shutting down, reason=...").
+QEMU_LOG_DIR = Path("/var/log/libvirt/qemu")
 
 
 @dataclass
@@ -110,6 +113,10 @@ class Guest:
     def console_tail(self, lines: int = 20) -> list[str]:
         """The last lines the guest wrote to its serial console ([] without a console log)."""
         return read_console_tail(self.console_log, lines) if self.console_log is not None else []
+
+    def qemu_log_tail(self, lines: int = 10) -> list[str]:
+        """The last lines of libvirt's log of this guest's QEMU process ([] where there is none)."""
+        return read_console_tail(QEMU_LOG_DIR / f"{self.name}.log", lines)
 
     # ---- guest agent -----------------------------------------------------------------------
     def agent(self, command: str, arguments: dict | None = None, timeout: int = 10) -> object:

@@ -30,11 +30,12 @@ from pathlib import Path
 from . import accel, backing, daemons, network, paths, storage
 from .diskstats import delta, read_counters
 from .errors import Aborted, CloudboxError, GuestUnreachable, RunBusy
-from .guest import Guest, reap_orphans
+from .guest import QEMU_LOG_DIR, Guest, reap_orphans
 from .guestimage import CMDLINE, GuestImage
 
 QUICK_SIZE = 128 * 1024**2
 CONSOLE_TAIL_LINES = 20  # lines of the guest's serial console kept in the reason of a run whose guest died
+QEMU_LOG_TAIL_LINES = 8  # and of libvirt's log of its QEMU process
 SUITES = ("storage", "network", "all")
 
 
@@ -255,17 +256,24 @@ class Executor:
 
     def _console_note(self, err: CloudboxError) -> str:
         """When the guest died or its agent went silent: the last lines of its serial console (read before the
-        work directory holding the log is removed), to go after the abort reason. Else ""."""
+        work directory holding the log is removed) and of libvirt's log of its QEMU process (a guest reset without
+        a word, a KVM error), to go after the abort reason. Else ""."""
         g = self._guest
         if g is None or g.console_log is None:
             return ""
         if not isinstance(err, GuestUnreachable) and g.is_active():
             return ""
         tail = g.console_tail(CONSOLE_TAIL_LINES)
-        if not tail:
-            return f"\n(guest {g.name} printed nothing on its serial console)"
-        return (f"\nlast {len(tail)} lines of the guest's serial console:\n"
-                + "\n".join(f"  | {line}" for line in tail))
+        if tail:
+            note = (f"\nlast {len(tail)} lines of the guest's serial console:\n"
+                    + "\n".join(f"  | {line}" for line in tail))
+        else:
+            note = f"\n(guest {g.name} printed nothing on its serial console)"
+        qemu = g.qemu_log_tail(QEMU_LOG_TAIL_LINES)
+        if qemu:
+            note += (f"\nlast {len(qemu)} lines of its QEMU log ({QEMU_LOG_DIR / (g.name + '.log')}):\n"
+                     + "\n".join(f"  : {line}" for line in qemu))
+        return note
 
     def _run(self, profile, size: int, size_label: str, quick: bool, run_uuid: str,
              stack: contextlib.ExitStack) -> None:
