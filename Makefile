@@ -11,7 +11,9 @@ SYSPY := /usr/bin/python3
 run: need-root-run deps venv guest-image
 	@scripts/cloudbox-run
 
-test: need-root-test deps-test venv guest-image
+# The appliance image (mk/image.mk: installs the image toolchain, builds build/image) is built before the suites
+# that boot it; an incremental build when it exists.
+test: need-root-test deps-test venv guest-image image
 	@scripts/run-tests
 
 # Quick iteration: everything except the suites that boot real guests or images.

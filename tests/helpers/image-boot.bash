@@ -3,6 +3,8 @@
 # or bios (SeaBIOS), passes the self-test request and root credentials as SMBIOS type 11 systemd credentials,
 # waits for the guest to power off and leaves in LOGDIR: serial.log, status (the self-test's status line),
 # journal.txt (the guest journal, written by the guest on failure), qemu.log, boot-seconds.
+# IMAGE_QEMU_CPU picks the CPU model (default max: TCG emulates AMD SVM, so KVM works inside the appliance).
+# image_esp_* read the image's ESP with mtools; image_xen_default makes a copy of the image that boots Xen.
 
 IMAGE_DIR=${IMAGE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build/image}
 IMAGE=${IMAGE:-$IMAGE_DIR/out/cloudbox.raw}
@@ -41,7 +43,7 @@ _image_qemu_args() {
         *) echo "image_boot: firmware must be uefi or bios" >&2; return 1 ;;
     esac
     IMAGE_QEMU_ARGS=(
-        -machine q35 -accel tcg -cpu max -smp 2 -m 4096
+        -machine q35 -accel tcg -cpu "${IMAGE_QEMU_CPU:-max}" -smp 2 -m 4096
         "${fw[@]}"
         -display none -no-user-config -nodefaults -no-reboot
         -serial "file:$logdir/serial.log"
@@ -77,6 +79,37 @@ image_boot() {
     echo "qemu exit $rc after $((end - start)) s ($firmware)" >> "$logdir/qemu.log"
     rm -f "$logdir/disk.qcow2"
     return 0
+}
+
+# Boots like image_boot (no self-test request) and stops QEMU, by its PID, as soon as PATTERN (grep -E) shows in
+# the serial log, or after TIMEOUT_S: image_boot_until FIRMWARE LOGDIR PATTERN TIMEOUT_S. Returns 0 when the
+# pattern was seen. Leaves serial.log, qemu.log and boot-seconds (seconds until the pattern) in LOGDIR.
+image_boot_until() {
+    local firmware=$1 logdir=$2 pattern=$3 timeout_s=$4 start pid rc=1
+    mkdir -p "$logdir"
+    rm -f "$logdir"/{serial.log,qemu.log,boot-seconds,disk.qcow2}
+    _image_qemu_args "$firmware" "$logdir" 8G || return 1
+    : > "$logdir/serial.log"
+    start=$(date +%s)
+    nice -n 10 qemu-system-x86_64 "${IMAGE_QEMU_ARGS[@]}" -nic user,restrict=on,model=virtio-net-pci \
+        > "$logdir/qemu.log" 2>&1 &
+    pid=$!
+    while :; do
+        if grep -aqE "$pattern" "$logdir/serial.log"; then rc=0; break; fi
+        kill -0 "$pid" 2>/dev/null || break
+        [ $(($(date +%s) - start)) -ge "$timeout_s" ] && break
+        sleep 1
+    done
+    echo $(($(date +%s) - start)) > "$logdir/boot-seconds"
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    if [ "$rc" = 0 ]; then
+        echo "qemu stopped after $(cat "$logdir/boot-seconds") s ($firmware): serial log matched /$pattern/" >> "$logdir/qemu.log"
+    else
+        echo "no /$pattern/ in the serial log after $(cat "$logdir/boot-seconds") s ($firmware)" >> "$logdir/qemu.log"
+    fi
+    rm -f "$logdir/disk.qcow2"
+    return $rc
 }
 
 # Prints the self-test status the guest reported (virtio-serial port, else the serial log), or nothing.
@@ -129,4 +162,50 @@ image_stop() {
     wait "$IMAGE_QEMU_PID" 2>/dev/null || :
     rm -f "$logdir/disk.qcow2"
     IMAGE_QEMU_PID=
+}
+
+# The ESP of a disk image as mtools' IMAGE@@OFFSET: image_esp RAW
+image_esp() {
+    local raw=$1 start
+    start=$(partx --show --output START,TYPE --noheadings "$raw" |
+        awk '$2 == "c12a7328-f81f-11d2-ba4b-00a0c93ec93b" {print $1}')
+    [ -n "$start" ] || { echo "image_esp: no EFI system partition in $raw" >&2; return 1; }
+    echo "$raw@@$((start * 512))"
+}
+
+# Prints a file of the image's ESP (CRs removed): image_esp_cat RAW PATH
+image_esp_cat() {
+    local esp
+    esp=$(image_esp "$1") || return 1
+    MTOOLS_SKIP_CHECK=1 mtype -i "$esp" "::$2" | tr -d '\r'
+}
+
+# Prints the size in bytes of a file on the image's ESP (fails if it is not there): image_esp_size RAW PATH
+image_esp_size() {
+    local esp
+    esp=$(image_esp "$1") || return 1
+    MTOOLS_SKIP_CHECK=1 mdir -b -i "$esp" "::$2" >/dev/null || return 1
+    MTOOLS_SKIP_CHECK=1 mcopy -n -i "$esp" "::$2" - | wc -c
+}
+
+# Copies the image to DST (sparse) and makes the Xen entry the default of both boot loaders there, the way a
+# lab would pick it in the menu: image_xen_default SRC DST. Later settings win in grub.cfg and loader.conf.
+# dom0 also gets systemd.default_device_timeout_sec=600: a PV dom0 under TCG on a loaded host needed more than
+# systemd's 90 s for the root device to appear (udev coldplug alone took ~2 min) and went to emergency mode.
+image_xen_default() {
+    local src=$1 dst=$2 esp tmp slow=systemd.default_device_timeout_sec=600
+    cp --sparse=always "$src" "$dst" || return 1
+    esp=$(image_esp "$dst") || return 1
+    tmp=$(mktemp -d) || return 1
+    image_esp_cat "$dst" /grub/grub.cfg | sed -E "/^ +module2 \/xen\/vmlinuz /s/\$/ $slow/" > "$tmp/grub.cfg" &&
+        echo 'set default=cloudbox-xen' >> "$tmp/grub.cfg" &&
+        image_esp_cat "$dst" /xen/xen.cfg | sed -E "/^kernel=/s/\$/ $slow/" > "$tmp/xen.cfg" &&
+        image_esp_cat "$dst" /loader/loader.conf > "$tmp/loader.conf" &&
+        echo 'default cloudbox-xen.conf' >> "$tmp/loader.conf" &&
+        MTOOLS_SKIP_CHECK=1 mcopy -o -i "$esp" "$tmp/grub.cfg" ::/grub/grub.cfg &&
+        MTOOLS_SKIP_CHECK=1 mcopy -o -i "$esp" "$tmp/xen.cfg" ::/xen/xen.cfg &&
+        MTOOLS_SKIP_CHECK=1 mcopy -o -i "$esp" "$tmp/loader.conf" ::/loader/loader.conf
+    local rc=$?
+    rm -rf "$tmp"
+    return $rc
 }

@@ -54,8 +54,15 @@ image_stage_extra() {
     fi
 }
 
+# IMAGE_BUILD_LOCK=FILE: hold an flock on FILE for the whole build (hosts where several builds share mkosi's
+# package cache, /var/cache/mkosi); the time printed starts once the lock is held.
 image_build() {
-    local dir=${1:-build/image} src start end
+    if [ -n "${IMAGE_BUILD_LOCK:-}" ]; then
+        (flock 9 && IMAGE_BUILD_LOCK='' image_build "$@") 9>"$IMAGE_BUILD_LOCK"
+        return
+    fi
+    local dir=${1:-build/image} src start end t0
+    t0=$(date +%s)
     src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
     mkdir -p "$dir" && dir=$(cd "$dir" && pwd)
     image_write_sources "$dir" || return 1
@@ -83,7 +90,7 @@ image_build() {
     image_packages_json "$dir/out/cloudbox.manifest" > "$dir/out/packages.json" || return 1
     (cd "$dir/out" && sha256sum cloudbox.raw > SHA256SUMS)
     echo "image-build: $(cat "$dir/out/SHA256SUMS")"
-    echo "image-build: $(du -h --apparent-size "$dir/out/cloudbox.raw" | cut -f1) apparent, $(du -h "$dir/out/cloudbox.raw" | cut -f1) allocated; built in $((end - start)) s"
+    echo "image-build: $(du -h --apparent-size "$dir/out/cloudbox.raw" | cut -f1) apparent, $(du -h "$dir/out/cloudbox.raw" | cut -f1) allocated; built in $(($(date +%s) - t0)) s (mkosi $((end - start)) s)"
 }
 
 # Reduces mkosi's JSON manifest to {"package": "version"} (sorted), the list the issue asks for.

@@ -11,6 +11,7 @@ setup_file() {
     export BENCH_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/bench
     export BENCH_PORT=${IMAGE_BENCH_SSH_PORT:-10022}
     mkdir -p "$BENCH_LOGS"
+    rm -f "$BENCH_LOGS/quick-suite-seconds" "$BENCH_LOGS/run-attempt1.txt"  # quick-suite-seconds: for scripts/image-bench
     if [ ! -f "$IMAGE" ]; then
         image_build "$IMAGE_DIR" >&3 2>&1
     fi
@@ -48,13 +49,24 @@ teardown() {
 
 # bats test_tags=slow,bench
 @test "cloudbox runs the quick storage suite on virtio-disk inside the appliance" {
-    run -0 image_ssh "$BENCH_LOGS" "$BENCH_PORT" cloudbox run --help
-    if ! grep -q -- '--suite' <<<"$output"; then
-        skip "the appliance's cloudbox has no 'run --suite' yet (the CLI is being written)"
-    fi
     start=$(date +%s)
     run image_ssh "$BENCH_LOGS" "$BENCH_PORT" cloudbox run --profile virtio-disk --suite storage --size quick
     echo "$output" > "$BENCH_LOGS/run.txt"
+    # One retry, only when the benchmark guest died while booting (before any measurement): under nested KVM on
+    # TCG-emulated SVM it was once reset without printing a word (docs/image.md, "When a benchmark guest dies").
+    # The retry is announced here and attempt 1's output (with the guest's console and QEMU log) is kept.
+    if [ "$status" -ne 0 ] && grep -q "stopped while booting" <<<"$output"; then
+        mv "$BENCH_LOGS/run.txt" "$BENCH_LOGS/run-attempt1.txt"
+        echo "# RETRY: the nested benchmark guest stopped while booting; attempt 1 in $BENCH_LOGS/run-attempt1.txt:" >&3
+        grep -A 40 '==> run aborted' "$BENCH_LOGS/run-attempt1.txt" | sed -n '/^$/q;s/^/#   /p' >&3
+        start=$(date +%s)
+        run image_ssh "$BENCH_LOGS" "$BENCH_PORT" cloudbox run --profile virtio-disk --suite storage --size quick
+        echo "$output" > "$BENCH_LOGS/run.txt"
+    fi
     assert_success
-    echo "# quick storage suite in the appliance: $(( $(date +%s) - start )) s" >&3
+    # The guest ran under nested KVM, not emulated inside the emulated appliance (cloudbox falls back to TCG when its
+    # KVM probe times out; the numbers would then be labelled emulated and take many times longer).
+    assert_output --partial "accelerator: KVM (nested)"
+    echo "$(( $(date +%s) - start ))" > "$BENCH_LOGS/quick-suite-seconds"
+    echo "# quick storage suite in the appliance: $(cat "$BENCH_LOGS/quick-suite-seconds") s" >&3
 }

@@ -30,7 +30,9 @@ teardown() {
     fi
 }
 
-# Boots with FIRMWARE, asserts status 123 and the boot time budget (IMAGE_BOOT_BUDGET_S, default 240 s).
+# Boots with FIRMWARE, asserts status 123 and the boot time budget (IMAGE_BOOT_BUDGET_S, default 480 s). The budget
+# catches a boot that hangs or slows down several-fold; the figures themselves are in docs/benchmarks.md. Under TCG
+# on 2 shared cores the same boot took 86-236 s depending on the host's load, hence twice the slowest seen.
 boot_and_check() {
     local firmware=$1
     logdir=$BOOT_LOGS/$firmware
@@ -40,7 +42,7 @@ boot_and_check() {
     assert_output 123
     run -0 grep -a 'cloudbox-selftest: PASS no failed units' "$logdir/serial.log"
     run -0 grep -a 'cloudbox-selftest: .*kvm: ' "$logdir/serial.log"
-    assert [ "$(cat "$logdir/boot-seconds")" -le "${IMAGE_BOOT_BUDGET_S:-240}" ]
+    assert [ "$(cat "$logdir/boot-seconds")" -le "${IMAGE_BOOT_BUDGET_S:-480}" ]
 }
 
 # bats test_tags=slow,image

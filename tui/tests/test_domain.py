@@ -305,3 +305,38 @@ def test_domain_type_must_fit_hypervisor(prof_name, domain_type):
 def test_bad_arguments(kw):
     with pytest.raises(ValueError):
         render(kvm_variant(), **kw)
+
+
+@needs_validator
+def test_console_log_schema_valid(tmp_path):
+    """The serial console's <log> (virtlogd writes the guest's console to a file) passes libvirt's schema."""
+    f = tmp_path / "domain.xml"
+    f.write_text(render(kvm_variant(), console_log="/var/lib/cloudbox/work/run-0123/console.log"))
+    r = subprocess.run(["virt-xml-validate", str(f), "domain"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr + f.read_text()
+
+
+def test_console_log_on_the_serial_port(test_conn):
+    root = _tree(kvm_variant(), console_log="/var/tmp/run-1/console.log")
+    log = root.find("devices/serial[@type='pty']/log")
+    assert log is not None and log.attrib == {"file": "/var/tmp/run-1/console.log", "append": "off"}
+    assert _tree(kvm_variant()).find("devices/serial/log") is None  # no log unless asked for
+    # libvirt keeps it (and its console alias of serial 0 shows the same log)
+    dom = test_conn.defineXML(render(kvm_variant(), name="cbtest-log", console_log="/var/tmp/run-1/console.log"))
+    try:
+        desc = ET.fromstring(dom.XMLDesc(0))
+    finally:
+        dom.undefine()
+    assert desc.find("devices/serial/log").get("file") == "/var/tmp/run-1/console.log"
+    assert desc.find("devices/console/log").get("file") == "/var/tmp/run-1/console.log"
+
+
+@pytest.mark.parametrize("path", ["console.log", "run/console.log", "/var/tmp/a\nb.log", ""])
+def test_console_log_must_be_absolute(path):
+    with pytest.raises(ValueError, match="console_log"):
+        render(kvm_variant(), console_log=path)
+
+
+def test_console_log_not_for_xen():
+    with pytest.raises(ValueError, match="Xen"):
+        render(xen_profile("ide", "prealloc-file", "e1000"), console_log="/var/tmp/console.log")

@@ -141,6 +141,31 @@ def test_ctrl_c_in_foreground_cli(state, libvirt_conn):
     assert _work_files(state) == []
 
 
+def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
+    """A guest whose kernel panics at boot (fault injected on its command line: an init that does not exist):
+    the run is stored as aborted and its reason ends with the guest's serial console, which virtlogd logged into
+    the run's work directory; that directory is gone afterwards."""
+    monkeypatch.setattr(runner, "CMDLINE", runner.CMDLINE + " rdinit=/cloudbox-no-such-init")
+    spec = runner.RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="dd-write-64k",
+                          agent_timeout=240)
+    with ResultStore() as store:
+        rid = runner.Executor(spec, store).execute()
+    with ResultStore() as store:
+        run = store.get_run(rid)
+    assert run.state == "aborted"
+    reason = run.reason or ""
+    assert "stopped while booting" in reason, reason
+    assert "lines of the guest's serial console:" in reason, reason
+    assert "Kernel panic" in reason, reason
+    quoted = [ln for ln in reason.splitlines() if ln.startswith("  | ")]
+    assert 0 < len(quoted) <= runner.CONSOLE_TAIL_LINES
+    # and libvirt's log of the QEMU process, which says why it stopped
+    assert "lines of its QEMU log" in reason, reason
+    assert any(ln.startswith("  : ") and "shutting down" in ln for ln in reason.splitlines()), reason
+    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+    assert _work_files(state) == []
+
+
 def test_cli_json_output(state, libvirt_conn):
     r = subprocess.run([sys.executable, "-m", "cloudbox.cli", "run", "--profile", "virtio-disk", "--suite",
                         "storage", "--size", "16M", "--tests", "dd-write-64k,dd-read-64k", "--json"],

@@ -19,8 +19,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import paths
+from .errors import CloudboxError
 
-PROBE_TIMEOUT_S = 8.0
+# Long enough for a guest under nested KVM on a busy (or emulated) host: inside the appliance booted under TCG on
+# 2 loaded cores the banner took more than 8 s, and a run fell back to TCG inside TCG. CLOUDBOX_KVM_PROBE_TIMEOUT
+# overrides it (seconds). Where KVM is broken (the vCPU never runs) the probe always takes this long, once per boot.
+PROBE_TIMEOUT_S = 30.0
 BANNER = b"Linux version"
 
 
@@ -104,6 +108,19 @@ def probe_kvm(kernel: Path, timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str
         return False, f"a test kernel made no progress under KVM within {timeout:.0f} s (vCPU stuck)", took
 
 
+def _probe_timeout() -> float:
+    raw = os.environ.get("CLOUDBOX_KVM_PROBE_TIMEOUT")
+    if not raw:
+        return PROBE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise CloudboxError(f"CLOUDBOX_KVM_PROBE_TIMEOUT={raw!r}: expected a number of seconds greater than 0")
+    return value
+
+
 def _cache_file() -> Path:
     return paths.run_dir() / "accel.json"
 
@@ -130,7 +147,7 @@ def detect(kernel: Path | None = None, *, use_cache: bool = True) -> Accelerator
         from .guestimage import GuestImage
 
         kernel = GuestImage.locate().kernel
-    ok, why, took = probe_kvm(kernel)
+    ok, why, took = probe_kvm(kernel, _probe_timeout())
     if ok:
         acc = Accelerator("nested-kvm" if nested else "kvm", "kvm", False, nested, why, took)
     else:

@@ -2,9 +2,10 @@
 
 `render_domain()` produces a deterministic, pretty-printed <domain> for one benchmark
 guest: direct kernel boot of the cloudbox guest (kernel + initramfs, no boot disk), the
-benchmark disk as the only disk, one bridged NIC, a serial console, a guest-agent
-channel, and a <metadata> element in the cloudbox namespace (CLOUDBOX_XMLNS) carrying
-the profile's name and hash (and the run's id) so cloudbox can recognise and clean up its own guests
+benchmark disk as the only disk, one bridged NIC, a serial console (logged to a file by
+libvirt's virtlogd when `console_log` is given), a guest-agent channel, and a <metadata>
+element in the cloudbox namespace (CLOUDBOX_XMLNS) carrying the profile's name and hash
+(and the run's id) so cloudbox can recognise and clean up its own guests
 (`cloudbox_metadata()` reads it back).
 
 Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does not):
@@ -72,14 +73,17 @@ def render_domain(
     emulator: str | None = None,
     uuid: str | None = None,
     run_uuid: str | None = None,
+    console_log: str | None = None,
 ) -> str:
     """The libvirt domain XML (a str, ending in a newline) for `profile`.
 
     domain_type is "kvm" or "qemu" (TCG) for hypervisor kvm, "xen" for hypervisor xen.
     disk_path is the prepared backing store (a file, or a block device when
     disk_is_block). No <interface> when bridge is None. run_uuid, when given, is written
-    to the metadata (attribute "run") so orphans of dead runs can be found. Raises ValueError on arguments
-    that do not fit the profile or libvirt."""
+    to the metadata (attribute "run") so orphans of dead runs can be found. console_log, an absolute path,
+    makes libvirt copy everything the guest writes to its serial console into that file (<log append='off'>,
+    written by virtlogd as root; QEMU/KVM only). Raises ValueError on arguments that do not fit the profile
+    or libvirt."""
     hv = profile.guest.hypervisor
     if domain_type not in ("kvm", "qemu", "xen"):
         raise ValueError(f"domain_type must be kvm, qemu or xen, not {domain_type!r}")
@@ -96,6 +100,11 @@ def render_domain(
         raise ValueError(f"invalid UUID {uuid!r}")
     if run_uuid is not None and not re.fullmatch(r"[0-9A-Za-z-]{1,64}", run_uuid):
         raise ValueError(f"invalid run id {run_uuid!r}")
+    if console_log is not None:
+        if domain_type == "xen":
+            raise ValueError("console_log: libvirt's Xen (libxl) driver does not log consoles to a file")
+        if not console_log.startswith("/") or any(c in console_log for c in "\n\r\0"):
+            raise ValueError(f"console_log must be an absolute path without control characters, not {console_log!r}")
     for what, value in (("kernel", kernel), ("initrd", initrd), ("disk_path", disk_path)):
         if not value:
             raise ValueError(f"{what} must not be empty")
@@ -199,6 +208,9 @@ def render_domain(
         _sub(con, "target", type="xen", port="0")
     else:
         serial = _sub(devices, "serial", type="pty")
+        if console_log is not None:
+            # append='off': a fresh file per guest start; libvirt's console alias of serial 0 shares it.
+            _sub(serial, "log", file=console_log, append="off")
         _sub(serial, "target", port="0")
         con = _sub(devices, "console", type="pty")
         _sub(con, "target", type="serial", port="0")

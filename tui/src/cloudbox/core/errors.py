@@ -57,6 +57,10 @@ class GuestError(CloudboxError):
     """The benchmark guest failed: did not boot, agent silent, tool missing or failing."""
 
 
+class GuestUnreachable(GuestError):
+    """The guest stopped (crashed, powered off, killed) or its agent stopped answering."""
+
+
 class RunBusy(CloudboxError):
     """Another cloudbox run is active on this host."""
 

@@ -3,21 +3,32 @@
 Domains are transient (createXML): destroying one removes it completely, so nothing is left defined
 after a failure. Every domain carries cloudbox metadata (namespace below) naming its run, so
 `reap_orphans()` can find and destroy guests whose run is gone. Commands run inside the guest with
-guest-exec; no SSH keys or guest network are needed for control.
+guest-exec; no SSH keys or guest network are needed for control. When the domain XML logs the serial
+console to a file (domain.render_domain(console_log=...)), `Guest.console_tail()` reads its last lines, so a
+guest that dies can say why (kernel panic, oops, OOM) in the run's abort reason.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from .errors import GuestError
+from .errors import GuestError, GuestUnreachable
 
 METADATA_NS = "https://cloudbox.invalid/xmlns/1"
 NAME_PREFIX = "cloudbox-"
+# libvirt error codes for an agent that does not answer: VIR_ERR_AGENT_UNRESPONSIVE (86) and, since libvirt 9.9,
+# VIR_ERR_AGENT_COMMAND_TIMEOUT (112: "guest agent didn't respond to command within N seconds"), which older
+# libvirt-python builds do not name.
+AGENT_SILENT_CODES = frozenset({86, 112})
+# Where libvirtd (qemu:///system) keeps each domain's QEMU log: its command line, its stderr (KVM internal errors,
+# register dumps) and why it stopped ("shutting down, reason=...").
+QEMU_LOG_DIR = Path("/var/log/libvirt/qemu")
 
 
 @dataclass
@@ -34,24 +45,50 @@ class ExecResult:
         return self
 
 
+# CSI/OSC escape sequences (colours, cursor moves) a console may carry; other control characters go too.
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[ -/]*[0-~])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def read_console_tail(path: str | Path, lines: int = 20, max_bytes: int = 65536) -> list[str]:
+    """The last `lines` non-blank lines of a serial console log, as printable text ([] if none or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    text = _ESCAPES.sub("", data.decode("utf-8", errors="replace"))
+    out = []
+    for raw in text.replace("\r\n", "\n").split("\n"):
+        line = _CONTROL.sub("", raw.rsplit("\r", 1)[-1]).rstrip()  # a bare CR overwrites the line
+        if line.strip():
+            out.append(line)
+    return out[-lines:] if lines > 0 else []
+
+
 class Guest:
     """A running benchmark guest."""
 
-    def __init__(self, conn, dom):
+    def __init__(self, conn, dom, console_log: str | Path | None = None):
         self.conn = conn
         self.dom = dom
         self.name: str = dom.name()
+        self.console_log = Path(console_log) if console_log is not None else None
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
-    def start(cls, conn, xml: str) -> Guest:
+    def start(cls, conn, xml: str, console_log: str | Path | None = None) -> Guest:
+        """Create the transient domain. console_log: the file the XML logs the serial console to, if any."""
         import libvirt
 
         try:
             dom = conn.createXML(xml, 0)
         except libvirt.libvirtError as e:
             raise GuestError(f"libvirt could not start the guest: {e}") from e
-        return cls(conn, dom)
+        return cls(conn, dom, console_log)
 
     def destroy(self) -> None:
         import libvirt
@@ -73,6 +110,14 @@ class Guest:
     def xml(self) -> str:
         return self.dom.XMLDesc(0)
 
+    def console_tail(self, lines: int = 20) -> list[str]:
+        """The last lines the guest wrote to its serial console ([] without a console log)."""
+        return read_console_tail(self.console_log, lines) if self.console_log is not None else []
+
+    def qemu_log_tail(self, lines: int = 10) -> list[str]:
+        """The last lines of libvirt's log of this guest's QEMU process ([] where there is none)."""
+        return read_console_tail(QEMU_LOG_DIR / f"{self.name}.log", lines)
+
     # ---- guest agent -----------------------------------------------------------------------
     def agent(self, command: str, arguments: dict | None = None, timeout: int = 10) -> object:
         import libvirt
@@ -84,6 +129,10 @@ class Guest:
         try:
             out = libvirt_qemu.qemuAgentCommand(self.dom, json.dumps(req), timeout, 0)
         except libvirt.libvirtError as e:
+            if not self.is_active():
+                raise GuestUnreachable(f"guest {self.name} stopped (guest agent, {command}: {e})") from e
+            if e.get_error_code() in AGENT_SILENT_CODES:
+                raise GuestUnreachable(f"guest agent in {self.name} stopped answering ({command}: {e})") from e
             raise GuestError(f"guest agent ({command}) in {self.name}: {e}") from e
         return json.loads(out).get("return")
 
@@ -93,7 +142,7 @@ class Guest:
         last: Exception | None = None
         while time.monotonic() - start < timeout:
             if not self.is_active():
-                raise GuestError(f"guest {self.name} stopped while booting (see its serial log)")
+                raise GuestUnreachable(f"guest {self.name} stopped while booting")
             try:
                 self.agent("guest-ping", timeout=2)
                 return time.monotonic() - start
@@ -102,7 +151,7 @@ class Guest:
             if on_wait:
                 on_wait(time.monotonic() - start)
             time.sleep(0.5)
-        raise GuestError(f"guest agent in {self.name} did not answer within {timeout:.0f} s ({last})")
+        raise GuestUnreachable(f"guest agent in {self.name} did not answer within {timeout:.0f} s ({last})")
 
     def spawn(self, argv: list[str], *, capture: bool = True) -> int:
         """Start argv in the guest; returns the guest pid."""

@@ -5,7 +5,9 @@ A run: take the host's run lock, prepare the backing store, run the bare-metal b
 under the profile, run the same tests inside it while sampling the host disk, store everything with
 provenance, and clean up. Ctrl-C, SIGTERM (`cloudbox cancel`) or any failure: the guest is destroyed,
 the backing store, bridge, namespace and temp files removed, and the partial run stored as `aborted`
-with the reason. `start_detached()` runs the executor in its own session so it outlives the caller.
+with the reason. The guest's serial console is logged to console.log in the run's work directory (removed
+with it); when the guest dies or its agent stops answering, the reason ends with the console's last lines.
+`start_detached()` runs the executor in its own session so it outlives the caller.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from pathlib import Path
 
 from . import accel, backing, daemons, network, paths, storage
 from .diskstats import delta, read_counters
-from .errors import Aborted, CloudboxError, RunBusy
-from .guest import Guest, reap_orphans
+from .errors import Aborted, CloudboxError, GuestUnreachable, RunBusy
+from .guest import QEMU_LOG_DIR, Guest, reap_orphans
 from .guestimage import CMDLINE, GuestImage
 
 QUICK_SIZE = 128 * 1024**2
+CONSOLE_TAIL_LINES = 20  # lines of the guest's serial console kept in the reason of a run whose guest died
+QEMU_LOG_TAIL_LINES = 8  # and of libvirt's log of its QEMU process
 # "guest" launches the profile's guest and keeps it running (no tests) until `cancel` stops it.
 SUITES = ("storage", "network", "all", "guest")
 
@@ -168,6 +172,7 @@ class Executor:
     _current_test: str = field(default="idle", init=False)  # tags host samples with the running test
     _last_progress: float = field(default=0.0, init=False)
     _holding: bool = field(default=False, init=False)  # a guest session is up and waiting to be stopped
+    _guest: Guest | None = field(default=None, init=False)  # the running guest, for its console on failure
 
     # -- events ----------------------------------------------------------------------------
     def event(self, kind: str, payload: dict) -> None:
@@ -249,7 +254,7 @@ class Executor:
             if self._holding:  # stopping a guest session is its normal end
                 state, reason = "completed", f"guest stopped ({reason})"
         except CloudboxError as e:
-            reason = str(e)
+            reason = str(e) + self._console_note(e)
         except Exception as e:  # a bug: still clean up and record it
             reason = f"internal error: {e.__class__.__name__}: {e}"
             raise
@@ -270,6 +275,27 @@ class Executor:
             lock.release()
         assert self.run_id is not None
         return self.run_id
+
+    def _console_note(self, err: CloudboxError) -> str:
+        """When the guest died or its agent went silent: the last lines of its serial console (read before the
+        work directory holding the log is removed) and of libvirt's log of its QEMU process (a guest reset without
+        a word, a KVM error), to go after the abort reason. Else ""."""
+        g = self._guest
+        if g is None or g.console_log is None:
+            return ""
+        if not isinstance(err, GuestUnreachable) and g.is_active():
+            return ""
+        tail = g.console_tail(CONSOLE_TAIL_LINES)
+        if tail:
+            note = (f"\nlast {len(tail)} lines of the guest's serial console:\n"
+                    + "\n".join(f"  | {line}" for line in tail))
+        else:
+            note = f"\n(guest {g.name} printed nothing on its serial console)"
+        qemu = g.qemu_log_tail(QEMU_LOG_TAIL_LINES)
+        if qemu:
+            note += (f"\nlast {len(qemu)} lines of its QEMU log ({QEMU_LOG_DIR / (g.name + '.log')}):\n"
+                     + "\n".join(f"  : {line}" for line in qemu))
+        return note
 
     def _run(self, profile, size: int, size_label: str, quick: bool, run_uuid: str,
              stack: contextlib.ExitStack) -> None:
@@ -311,8 +337,9 @@ class Executor:
 
         base = Path(spec.work_dir) if spec.work_dir else paths.state_dir() / "work"
         self.step(f"preparing the backing store ({profile.disk.backing}, {backing.human_size(size)})")
+        work_dir = base / f"run-{run_uuid[:12]}"
         with self._atomic():
-            store = backing.prepare(profile.disk.backing, work_dir=base / f"run-{run_uuid[:12]}",
+            store = backing.prepare(profile.disk.backing, work_dir=work_dir,
                                     size_bytes=size, fmt=profile.disk.format, device=spec.device or None,
                                     confirm=spec.destroy or None, volume=profile.disk.volume)
             stack.callback(store.remove)
@@ -363,15 +390,18 @@ class Executor:
 
         # ---- the guest ---------------------------------------------------------------------
         name = f"cloudbox-{profile.name}-{run_uuid[:8]}"
+        # virtlogd (root) writes it; it goes with the work directory when the store is removed.
+        console_log = work_dir / "console.log"
         xml = render_domain(profile, name=name, domain_type=acc.domain_type, kernel=str(image.kernel),
                             initrd=str(image.initrd), cmdline=CMDLINE, disk_path=store.path,
                             disk_is_block=store.is_block, bridge=network.BRIDGE if hostnet else None,
-                            mac=None, run_uuid=run_uuid)
+                            mac=None, run_uuid=run_uuid, console_log=str(console_log))
         self.step(f"launching guest {name} ({acc.label})")
         t0 = time.monotonic()
         with self._atomic():
-            guest = Guest.start(conn, xml)
+            guest = Guest.start(conn, xml, console_log=console_log)
             stack.callback(guest.destroy)
+            self._guest = guest
         waited = guest.wait_agent(timeout=spec.agent_timeout,
                                   on_wait=lambda s: self._check_cancel_and(
                                       lambda: self.event("progress", {"side": "guest", "test": "boot",

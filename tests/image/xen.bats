@@ -1,0 +1,119 @@
+#!/usr/bin/env bats
+# The Xen boot entry: present in both loaders' menus on the ESP, and under QEMU TCG it starts Xen and a dom0 that
+# mounts the appliance's root, from systemd-boot (UEFI, Xen's EFI loader) and from grub (BIOS, multiboot2).
+# The full dom0 boot to the self-test verdict is slow (~10 min under TCG) and opt-in: --filter-tags xen-full.
+
+bats_require_minimum_version 1.5.0
+
+setup_file() {
+    load '../helpers/image-build'
+    load '../helpers/image-boot'
+    export IMAGE_DIR IMAGE
+    export XEN_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/xen
+    mkdir -p "$XEN_LOGS"
+    if [ ! -f "$IMAGE" ]; then
+        image_build "$IMAGE_DIR" >&3 2>&1
+    fi
+    # A copy whose loaders default to the Xen entry, as if a lab picked it in the menu.
+    export XEN_IMAGE=$XEN_LOGS/cloudbox-xen.raw
+    image_xen_default "$IMAGE" "$XEN_IMAGE"
+}
+
+teardown_file() {
+    rm -f "$XEN_LOGS/cloudbox-xen.raw"
+}
+
+setup() {
+    load '/usr/lib/bats/bats-support/load'
+    load '/usr/lib/bats/bats-assert/load'
+    load '../helpers/image-boot'
+}
+
+teardown() {
+    if [ "${BATS_TEST_COMPLETED:-}" != 1 ] && [ -n "${logdir:-}" ]; then
+        echo "# logs kept in $logdir (serial.log, qemu.log)" >&3
+    fi
+}
+
+# Xen runs on -cpu qemu64,+svm here: with -cpu max dom0 crashed at start (docs/environment facts).
+: "${IMAGE_XEN_CPU:=qemu64,+svm}"
+DOM0_ROOT_MOUNTED='EXT4-fs \(vd[a-z]3\): mounted filesystem'
+
+# bats test_tags=slow,image,xen
+@test "the ESP has a Xen entry for systemd-boot (UEFI) and for grub (BIOS); Linux stays the default" {
+    run -0 image_esp_cat "$IMAGE" /loader/entries/cloudbox-xen.conf
+    assert_line 'efi /xen/xen.efi'
+    assert_line --regexp '^title cloudbox on Xen 4\.[0-9]+ '
+    run -0 image_esp_cat "$IMAGE" /loader/loader.conf
+    assert_line 'default cloudbox-[0-9]*'
+    assert_line 'timeout 5'
+    # Xen's EFI loader reads xen.cfg beside xen.efi: dom0 gets the appliance's root and Xen's console.
+    run -0 image_esp_cat "$IMAGE" /xen/xen.cfg
+    assert_line 'default=cloudbox'
+    assert_line --regexp '^kernel=vmlinuz root=PARTUUID=[0-9a-f-]{36} console=hvc0 '
+    assert_line 'ramdisk=initrd'
+    assert_line --regexp '^options=console=com1,vga com1=115200,8n1 dom0_mem=50%,max:4096M'
+    run -0 image_esp_cat "$IMAGE" /grub/grub.cfg
+    assert_line 'set default=0'
+    assert_line --regexp '^menuentry "cloudbox on Xen 4\.[0-9]+ .*" --id cloudbox-xen \{$'
+    assert_line --regexp '^ +multiboot2 /xen/xen\.gz placeholder console=com1'
+    assert_line --regexp '^ +module2 /xen/vmlinuz placeholder root=PARTUUID=[0-9a-f-]{36} console=hvc0 '
+    assert_line --regexp '^ +module2 --nounzip /xen/initrd$'
+    # The Linux entry comes first in grub (default=0), the Xen entry after it.
+    linux_at=$(grep -n '^menuentry "cloudbox-[0-9]' <<<"$output" | cut -d: -f1)
+    xen_at=$(grep -n '^menuentry "cloudbox on Xen' <<<"$output" | cut -d: -f1)
+    assert [ -n "$linux_at" ] && assert [ "$linux_at" -lt "$xen_at" ]
+    # grub loads multiboot2 and gzio from the ESP.
+    for m in multiboot2 gzio serial terminal; do
+        run -0 image_esp_size "$IMAGE" "/grub/i386-pc/$m.mod"
+    done
+    # dom0's one initrd is the Linux entry's initrds, concatenated.
+    want=0
+    while read -r f; do
+        n=$(image_esp_size "$IMAGE" "$f") || fail "$f missing"
+        want=$((want + n))
+    done < <(image_esp_cat "$IMAGE" "/loader/entries/$(MTOOLS_SKIP_CHECK=1 mdir -b -i "$(image_esp "$IMAGE")" \
+        ::/loader/entries/ | sed -n 's|^::/loader/entries/\(cloudbox-[0-9].*\.conf\)$|\1|p')" | awk '$1 == "initrd" {print $2}')
+    run -0 image_esp_size "$IMAGE" /xen/initrd
+    assert_output "$want"
+    run -0 image_esp_size "$IMAGE" /xen/xen.efi
+    run -0 image_esp_size "$IMAGE" /xen/xen.gz
+    run -0 image_esp_size "$IMAGE" /xen/vmlinuz
+}
+
+# Boots the Xen entry with FIRMWARE until dom0 has mounted the appliance's root, then checks the serial log.
+xen_starts() {
+    local firmware=$1 loader=$2
+    logdir=$XEN_LOGS/$firmware
+    IMAGE=$XEN_IMAGE IMAGE_QEMU_CPU=$IMAGE_XEN_CPU \
+        image_boot_until "$firmware" "$logdir" "$DOM0_ROOT_MOUNTED" "${IMAGE_XEN_TIMEOUT_S:-600}" ||
+        fail "dom0 did not mount the root within ${IMAGE_XEN_TIMEOUT_S:-600} s: $(tail -n 1 "$logdir/qemu.log")"
+    echo "# $firmware: Xen entry to dom0 mounting the root: $(cat "$logdir/boot-seconds") s (TCG, -cpu $IMAGE_XEN_CPU)" >&3
+    run -0 grep -a -m1 '(XEN) Xen version 4\.' "$logdir/serial.log"
+    run -0 grep -a -m1 "(XEN) Bootloader: $loader" "$logdir/serial.log"
+    run -0 grep -a -m1 '(XEN) Command line: .*dom0_mem=50%,max:4096M' "$logdir/serial.log"
+    run -0 grep -a -m1 '(XEN) \*\*\* Building a PV Dom0 \*\*\*' "$logdir/serial.log"
+    run -0 grep -a -m1 'Hypervisor detected: Xen PV' "$logdir/serial.log"
+    run -0 grep -a -m1 'Kernel command line: .*root=PARTUUID=.* console=hvc0' "$logdir/serial.log"
+}
+
+# bats test_tags=slow,image,xen
+@test "UEFI: systemd-boot's Xen entry starts Xen (EFI loader) and a dom0 that mounts the appliance's root" {
+    xen_starts uefi EFI
+}
+
+# bats test_tags=slow,image,xen
+@test "BIOS: grub's Xen entry starts Xen (multiboot2) and a dom0 that mounts the appliance's root" {
+    xen_starts bios GRUB
+}
+
+# bats test_tags=slow,xen,xen-full
+@test "BIOS: the Xen entry boots dom0 to the self-test verdict 123 (libvirt answers on xen:///system)" {
+    logdir=$XEN_LOGS/bios-full
+    IMAGE=$XEN_IMAGE IMAGE_QEMU_CPU=$IMAGE_XEN_CPU image_boot bios "$logdir" "${IMAGE_XEN_FULL_TIMEOUT_S:-1500}"
+    echo "# Xen dom0 boot to the self-test verdict: $(cat "$logdir/boot-seconds") s (TCG, -cpu $IMAGE_XEN_CPU)" >&3
+    run -0 grep -a -m1 'Hypervisor detected: Xen PV' "$logdir/serial.log"
+    run -0 image_selftest_status "$logdir"
+    assert_output 123
+    run -0 grep -a 'cloudbox-selftest: PASS xen dom0: libvirt' "$logdir/serial.log"
+}

@@ -1,0 +1,112 @@
+"""The guest serial console's tail (cloudbox.core.guest.read_console_tail): what a run's abort reason quotes when
+its guest died (captured-style input: kernel messages with CRLF, ANSI colours, a carriage-return progress line);
+which agent failures count as the guest being unreachable; the KVM probe's time budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloudbox.core.guest import read_console_tail
+
+
+def test_tail_keeps_the_last_lines_as_text(tmp_path):
+    log = tmp_path / "console.log"
+    body = "".join(f"[    {i}.000000] line {i}\r\n" for i in range(40))
+    log.write_bytes(
+        body.encode()
+        + b"\x1b[1;31mKernel panic - not syncing: Attempted to kill init! exitcode=0x00000100\x1b[0m\r\n"
+        + b"progress 10%\rprogress 100%\r\n"
+        + b"\r\n\r\n"
+        + b"bad byte \xff here\x07\r\n"
+    )
+    tail = read_console_tail(log, 5)
+    assert tail == [
+        "[    38.000000] line 38",
+        "[    39.000000] line 39",
+        "Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100",
+        "progress 100%",
+        "bad byte \ufffd here",
+    ]
+    assert len(read_console_tail(log, 20)) == 20
+
+
+def test_tail_of_missing_or_empty_log(tmp_path):
+    assert read_console_tail(tmp_path / "nope.log") == []
+    (tmp_path / "empty.log").write_bytes(b"")
+    assert read_console_tail(tmp_path / "empty.log") == []
+    (tmp_path / "blank.log").write_bytes(b"\r\n\n  \n")
+    assert read_console_tail(tmp_path / "blank.log") == []
+
+
+def test_tail_reads_only_the_end_of_a_big_log(tmp_path):
+    log = tmp_path / "console.log"
+    log.write_bytes(b"x" * 1_000_000 + b"\nlast line\n")
+    assert read_console_tail(log, 1, max_bytes=4096) == ["last line"]
+
+
+# ---- when the guest counts as unreachable (its console then goes into the abort reason) ------------------------
+class _Domain:
+    """Stands in for a libvirt domain handle: only what Guest.agent consults when the agent call fails."""
+
+    def __init__(self, active: bool):
+        self.active = active
+
+    def name(self) -> str:
+        return "cloudbox-t"
+
+    def isActive(self) -> int:  # noqa: N802 (libvirt's name)
+        return int(self.active)
+
+
+def _agent_error(code: int, message: str):
+    libvirt = pytest.importorskip("libvirt")
+    err = libvirt.libvirtError(message)
+    err.err = (code, 10, message, 2, None, None, None, 0, 0)  # the tuple virGetLastError() would give
+    return err
+
+
+@pytest.mark.parametrize(
+    ("code", "active", "unreachable"),
+    [
+        (112, True, True),  # VIR_ERR_AGENT_COMMAND_TIMEOUT: "guest agent didn't respond to command within '10' s"
+        (86, True, True),  # VIR_ERR_AGENT_UNRESPONSIVE
+        (1, False, True),  # any error once the domain is gone ("domain is not running")
+        (1, True, False),  # VIR_ERR_INTERNAL_ERROR from a live agent, e.g. guest-exec of a missing program
+    ],
+)
+def test_agent_failures_classified(monkeypatch, code, active, unreachable):
+    pytest.importorskip("libvirt_qemu")
+    import libvirt_qemu
+
+    from cloudbox.core.errors import GuestError, GuestUnreachable
+    from cloudbox.core.guest import Guest
+
+    def fail(*_args):
+        raise _agent_error(code, "agent trouble")
+
+    monkeypatch.setattr(libvirt_qemu, "qemuAgentCommand", fail)
+    guest = Guest(None, _Domain(active))
+    with pytest.raises(GuestError) as info:
+        guest.agent("guest-exec-status", {"pid": 1})
+    assert isinstance(info.value, GuestUnreachable) == unreachable, info.value
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, 30.0), ("45", 45.0), ("2.5", 2.5)])
+def test_kvm_probe_timeout(monkeypatch, value, want):
+    from cloudbox.core import accel
+
+    if value is None:
+        monkeypatch.delenv("CLOUDBOX_KVM_PROBE_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("CLOUDBOX_KVM_PROBE_TIMEOUT", value)
+    assert accel._probe_timeout() == want
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-3"])
+def test_kvm_probe_timeout_bad_value(monkeypatch, value):
+    from cloudbox.core import accel
+    from cloudbox.core.errors import CloudboxError
+
+    monkeypatch.setenv("CLOUDBOX_KVM_PROBE_TIMEOUT", value)
+    with pytest.raises(CloudboxError, match="CLOUDBOX_KVM_PROBE_TIMEOUT"):
+        accel._probe_timeout()
