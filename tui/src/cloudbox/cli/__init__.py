@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from cloudbox import __version__
-from cloudbox.cli import profile, results, run
+from cloudbox.cli import install, profile, results, run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_parser(subparsers)
     run.add_parser(subparsers)
     results.add_parser(subparsers)
+    install.add_parser(subparsers)
     return parser
 
 
