@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import uuid
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ class Disk:
     pt_uuid: str = ""
     signatures: tuple[str, ...] = ()  # "gpt partition table", "ext4 on vdc1 (label data)", ...
     parts: tuple[Part, ...] = ()
+    table: tuple[tuple[int, str, str], ...] = ()  # the partition table on the disk: (number, UUID, type UUID)
     refusals: tuple[str, ...] = ()  # why it is never written (empty when it may be)
     boot_medium: bool = False
     notes: tuple[str, ...] = field(default=())
@@ -103,7 +105,7 @@ class Disk:
     def install_id_matches(self, install_id: str) -> bool:
         """True when the disk's partitions carry the UUIDs an install with `install_id` gives them."""
         want = {part_uuid_for(install_id, r) for r in ("esp", "bios-boot", "root")}
-        have = {p.part_uuid for p in self.parts}
+        have = {uuid for _, uuid, _ in self.table}
         return self.pt_type == "gpt" and want <= have
 
     @property
@@ -186,6 +188,17 @@ def wipefs_signatures(path: str) -> list[dict[str, str]]:
         return []
     sigs: list[dict[str, str]] = json.loads(r.stdout).get("signatures", [])
     return sigs
+
+
+def partition_table(path: str) -> tuple[tuple[int, str, str], ...]:
+    """The partition table as written on the disk (`partx`, read-only), whether or not the kernel has read it."""
+    r = _run(["partx", "--pairs", "-o", "NR,UUID,TYPE", path])
+    out = []
+    for line in r.stdout.splitlines() if r.returncode == 0 else []:
+        f = dict(re.findall(r'(\w+)="([^"]*)"', line))
+        if f.get("NR", "").isdigit():
+            out.append((int(f["NR"]), f.get("UUID", "").lower(), f.get("TYPE", "").lower()))
+    return tuple(out)
 
 
 def _nonzero_ends(path: str, size: int) -> list[str]:
@@ -384,7 +397,7 @@ def _disk(
         for s in sigs:
             t = _str(s.get("type"))
             if mname == name and t in ("gpt", "dos", "PMBR"):
-                if t != "PMBR":
+                if t != "PMBR" and f"{t} partition table" not in signatures:
                     signatures.append(f"{t} partition table")
                 continue
             label = _str(s.get("label"))
@@ -434,6 +447,7 @@ def _disk(
         pt_uuid=pt_uuid,
         signatures=tuple(signatures),
         parts=tuple(parts),
+        table=partition_table(path) if pt_type else (),
         refusals=tuple(dict.fromkeys(refusals)),
         boot_medium=name in boot,
         notes=tuple(notes),

@@ -397,7 +397,7 @@ def detect_mode(resolved: Resolved) -> Mode:
         return "fresh"
     root = next((p for p in resolved.disk.parts if p.part_uuid == part_uuid_for(resolved.install_id, "root")), None)
     if root is None:
-        return "fresh"
+        return "resume"  # the table is ours, the kernel has not read it (yet): nothing to read the journal from
     events = read_journal(root.path)
     if events and events[-1].get("event") == "complete" and events[-1].get("install_id") == resolved.install_id:
         return "done"
