@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import syslog
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,8 +98,8 @@ def cmd_disks(a: argparse.Namespace) -> int:
 class ProgressPrinter:
     """Progress lines: rewritten in place on a terminal, one line per event otherwise (journal, console)."""
 
-    def __init__(self, out: TextIO = sys.stdout):
-        self.out = out
+    def __init__(self, out: TextIO | None = None):
+        self.out = out or sys.stdout  # at call time: the unattended install redirects sys.stdout to the kernel log
         self.tty = out.isatty()
         self.start = time.monotonic()
 
@@ -130,7 +132,16 @@ def _run_plan(answers: Answers, source: str, machine: Machine, a: argparse.Names
               confirm: Callable[[str], bool] | None) -> int:
     resolved = check_answers(answers, machine, source)
     plan = make_plan(resolved, find_sources(machine))
-    print(plan.describe(), end="")
+    if a.unattended:
+        # The console (kernel log, rate-limited) gets a summary; the journal gets the whole plan.
+        for line in plan.summary():
+            print(f"cloudbox install: {line}")
+        print("cloudbox install: the whole plan is in the journal (journalctl -u cloudbox-install)")
+        syslog.openlog("cloudbox-install", 0, syslog.LOG_DAEMON)
+        for line in plan.describe().splitlines():
+            syslog.syslog(syslog.LOG_INFO, line or " ")
+    else:
+        print(plan.describe(), end="")
     if a.dry_run:
         print("dry run: nothing was written")
         return EXIT_OK
@@ -176,7 +187,58 @@ def cmd_install(a: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, old)
 
 
+class KmsgLines(io.TextIOBase):
+    """Each line written goes to the kernel log (/dev/kmsg), which the kernel shows on every console (screen
+    and serial port) and journald stores: where a person at the machine, or a test harness, looks. /dev/kmsg is
+    opened per line, as the kernel rate-limits each open file to 10 lines in 5 s."""
+
+    def __init__(self, fallback: TextIO, tag: str = "cloudbox-install"):
+        self.fallback = fallback
+        self.tag = tag
+        self.buf = ""
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, s: str) -> int:
+        self.buf += s.replace("\r\033[K", "")
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            self._line(line)
+        return len(s)
+
+    def _line(self, line: str) -> None:
+        try:
+            with open("/dev/kmsg", "w") as k:
+                k.write(f"{self.tag}: {line[:900]}\n")
+        except OSError:
+            self.fallback.write(line + "\n")
+            self.fallback.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            self._line(self.buf)
+            self.buf = ""
+
+
 def _unattended(a: argparse.Namespace) -> int:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = KmsgLines(out)
+    try:
+        return _unattended_run(a)
+    except AnswerError as e:
+        print(f"cloudbox: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    except CloudboxError as e:
+        print(f"cloudbox: {e}", file=sys.stderr)
+        print("cloudbox: fix the cause and reboot the stick to resume; what was written stays", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        sys.stdout.flush()
+        sys.stdout, sys.stderr = out, err
+
+
+def _unattended_run(a: argparse.Namespace) -> int:
     if NODE_SETTINGS.exists():
         print(f"cloudbox install: this is an installed node ({NODE_SETTINGS}); nothing to do")
         return EXIT_OK

@@ -113,6 +113,18 @@ class InstallPlan:
     def part(self, role: str) -> PlannedPartition:
         return next(p for p in self.partitions if p.role == role)
 
+    def summary(self) -> list[str]:
+        """A few lines for a console: the target, what happens to it, the partitions."""
+        a, d = self.resolved.answers, self.disk
+        state = {"done": "already holds the finished install of these answers: nothing will be written",
+                 "resume": "holds an interrupted install of these answers: resuming",
+                 "fresh": ("ERASING " + "; ".join(d.signatures)) if d.has_data else "blank"}[self.mode]
+        out = [f"{a.role} {a.hostname} (install id {self.install_id}) onto {d.identity}: {state}"]
+        if self.mode != "done":
+            out.append("partitions: " + ", ".join(f"{p.number} {p.label} {human_size(p.size)}" for p in self.partitions)
+                       + f"; then {a.after}")
+        return out
+
     def describe(self) -> str:
         """Everything apply would write, for the dry run. Secrets (the password hash) are masked."""
         a = self.resolved.answers
