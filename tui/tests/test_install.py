@@ -525,3 +525,14 @@ def test_interview_asks_for_the_serial_of_a_disk_with_data(lab, nic):
     assert answers.disk.confirm_serial == "data.img" and answers.disk.target == lab.link("data")
     assert "that is not its serial" in out.getvalue() and "not in the allowed form" in out.getvalue()
     assert answers.root.password_hash is None and answers.after == "reboot"
+
+
+def test_progress_lines_follow_sys_stdout(monkeypatch):
+    """The unattended install redirects sys.stdout to the kernel log after import: progress must follow it."""
+    from cloudbox.cli.install import ProgressPrinter
+    from cloudbox.core.install import ProgressEvent
+
+    buf = io.StringIO()
+    monkeypatch.setattr("sys.stdout", buf)
+    ProgressPrinter()(ProgressEvent("partition", 1, 7, "copying the root file system: 321 of ~642 MiB", 0.5))
+    assert "[1/7 partition]  50.0% copying the root file system: 321 of ~642 MiB\n" in buf.getvalue()

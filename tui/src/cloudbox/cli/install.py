@@ -99,8 +99,9 @@ class ProgressPrinter:
     """Progress lines: rewritten in place on a terminal, one line per event otherwise (journal, console)."""
 
     def __init__(self, out: TextIO | None = None):
-        self.out = out or sys.stdout  # at call time: the unattended install redirects sys.stdout to the kernel log
-        self.tty = out.isatty()
+        # sys.stdout at call time: the unattended install redirects it to the kernel log.
+        self.out: TextIO = out if out is not None else sys.stdout
+        self.tty = self.out.isatty()
         self.start = time.monotonic()
 
     def __call__(self, ev: ProgressEvent) -> None:
