@@ -536,3 +536,33 @@ def test_progress_lines_follow_sys_stdout(monkeypatch):
     monkeypatch.setattr("sys.stdout", buf)
     ProgressPrinter()(ProgressEvent("partition", 1, 7, "copying the root file system: 321 of ~642 MiB", 0.5))
     assert "[1/7 partition]  50.0% copying the root file system: 321 of ~642 MiB\n" in buf.getvalue()
+
+
+@root_only
+def test_unattended_answers_are_found_in_order(tmp_path):
+    """Credential first, then the file the kernel command line names on the ESP, then /cloudbox/answers.toml;
+    the ESP is viewed read-only and unmounted afterwards."""
+    from cloudbox.core.install.unattended import find_answers
+
+    esp = tmp_path / "esp"
+    (esp / "cloudbox").mkdir(parents=True)
+    (esp / "cloudbox/answers.toml").write_text("default\n")
+    (esp / "cloudbox/n2.toml").write_text("named\n")
+    m = Machine(disks=[], nics=[], cred_dirs=[tmp_path / "creds"])
+    before = _mounts()
+    found = find_answers(m, str(esp), cmdline="quiet")
+    assert found is not None and found.text == "default\n" and found.source == f"{esp}:/cloudbox/answers.toml"
+    found = find_answers(m, str(esp), cmdline="cloudbox.answers=/cloudbox/n2.toml")
+    assert found is not None and found.text == "named\n"
+    with pytest.raises(InstallError, match=r"names cloudbox.answers=/cloudbox/n3.toml, but .* has no such file"):
+        find_answers(m, str(esp), cmdline="cloudbox.answers=/cloudbox/n3.toml")
+    with pytest.raises(InstallError, match="must be an absolute path"):
+        find_answers(m, str(esp), cmdline="cloudbox.answers=../etc/shadow")
+    (tmp_path / "creds").mkdir()
+    (tmp_path / "creds/cloudbox.answers").write_text("credential\n")
+    found = find_answers(m, str(esp), cmdline="cloudbox.answers=/cloudbox/n2.toml")
+    assert found is not None and found.text == "credential\n" and found.source.startswith("credential cloudbox.answers")
+    (tmp_path / "creds/cloudbox.answers").unlink()
+    (esp / "cloudbox/answers.toml").unlink()
+    assert find_answers(m, str(esp), cmdline="quiet") is None
+    assert _mounts() == before
