@@ -25,7 +25,7 @@ import tomllib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -172,29 +172,34 @@ def _q(v: object) -> str:
 
 
 def cross_field_problems(a: Answers) -> list[ProfileProblem]:
+    return _cross(a.role, a.network.model_dump(), a.root.model_dump())
+
+
+def _cross(role: object, net: dict[str, Any], root: dict[str, Any]) -> list[ProfileProblem]:
+    """Rules between keys, on plain values: also applied to a file whose keys are not all valid, so that every
+    problem is reported at once (a value that is itself invalid is left to its own problem)."""
     out: list[ProfileProblem] = []
-    n = a.network
-    if a.role == "back-end" and n.frontend is None:
+    frontend, private, campus = net.get("frontend"), net.get("private_nic"), net.get("campus_nic")
+    if role == "back-end" and frontend is None:
         out.append(ProfileProblem("network.frontend", None, "a back-end must know its front-end",
                                   _TEXT_RULES["network.frontend"]))
-    if a.role != "back-end" and n.frontend is not None:
-        out.append(ProfileProblem("network.frontend", n.frontend, f"only a back-end has a front-end, not a {a.role}",
-                                  "no network.frontend (with role = " + a.role + ")"))
-    if a.role in ("front-end", "back-end") and n.private_nic is None:
+    if role in ("front-end", "all-in-one") and frontend is not None:
+        out.append(ProfileProblem("network.frontend", frontend, f"only a back-end has a front-end, not a {role}",
+                                  f"no network.frontend (with role = {role})"))
+    if role in ("front-end", "back-end") and private is None:
         out.append(ProfileProblem("network.private_nic", None,
-                                  f"a {a.role} needs the NIC that faces the private network",
+                                  f"a {role} needs the NIC that faces the private network",
                                   _TEXT_RULES["network.private_nic"]))
-    if a.role == "front-end" and n.campus_nic is None:
+    if role == "front-end" and campus is None:
         out.append(ProfileProblem("network.campus_nic", None,
                                   "a front-end needs the NIC that faces the campus network",
                                   _TEXT_RULES["network.campus_nic"]))
-    if n.private_nic is not None and n.campus_nic is not None and n.private_nic.lower() == n.campus_nic.lower():
-        out.append(ProfileProblem("network.campus_nic", n.campus_nic,
+    if isinstance(private, str) and isinstance(campus, str) and private.lower() == campus.lower():
+        out.append(ProfileProblem("network.campus_nic", campus,
                                   "the same NIC cannot face both the private and the campus network",
-                                  f"a NIC other than network.private_nic ({n.private_nic})"))
-    r = a.root
-    if r.password_hash is not None and r.password_credential is not None:
-        out.append(ProfileProblem("root.password_credential", r.password_credential,
+                                  f"a NIC other than network.private_nic ({private})"))
+    if root.get("password_hash") is not None and root.get("password_credential") is not None:
+        out.append(ProfileProblem("root.password_credential", root.get("password_credential"),
                                   "give the root password either as root.password_hash or as a credential, not both",
                                   "one of root.password_hash, root.password_credential"))
     return out
@@ -262,7 +267,14 @@ def validate_data(data: object, source: str) -> Answers:
     try:
         return Answers.model_validate(data)
     except ValidationError as exc:
-        raise AnswerError(source, _problems_from(exc)) from None
+        problems = _problems_from(exc)
+        if isinstance(data, dict):  # the rules between keys, on what is there (pydantic skips them on errors)
+            net, root = data.get("network"), data.get("root")
+            seen = {p.key for p in problems}
+            extra = _cross(data.get("role"), net if isinstance(net, dict) else {},
+                           root if isinstance(root, dict) else {})
+            problems += [p for p in extra if p.key not in seen]
+        raise AnswerError(source, problems) from None
 
 
 _TOML_LOCATION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")

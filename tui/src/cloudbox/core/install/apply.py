@@ -351,7 +351,9 @@ def _partition(plan: InstallPlan, defs: Path, src: Path, run: Path, say: Callabl
         if isinstance(start, int) and state["phase"] == "copying the root file system":
             done = (_sectors_written(plan.disk.name) - start) * 512
             frac = min(done / root_bytes, 0.99)
-            say("partition", f"copying the root file system: {done // 2**20} of ~{root_bytes // 2**20} MiB", frac)
+            # Bytes written include the file system's own metadata and journal: an estimate, capped.
+            shown = min(done, root_bytes) // 2**20
+            say("partition", f"copying the root file system: {shown} of ~{root_bytes // 2**20} MiB", frac)
         else:
             say("partition", str(state["phase"]), frac)
 
