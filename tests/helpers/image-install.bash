@@ -148,13 +148,25 @@ install_exists() {
     ! grep -q 'File not found' <<<"$out"
 }
 
-# install_boot_regions_sha STICK: sha256 of everything on STICK but its root file system's contents: the MBR and
-# GPT (start and end of the disk), the ESP and the BIOS boot partition: what an installer could wrongly write
-# (a partition table, boot loaders, boot entries). The live root is the live session's writable root by design.
+# install_boot_regions_sha STICK: one sha256 over what an installer could wrongly write on the stick: the first
+# and last MiB (protective MBR with grub's boot code, both GPT copies), the BIOS boot partition (grub's core
+# image) byte for byte, and every file of the ESP (boot loaders, entries, kernels, grub.cfg) with its content.
+# The ESP is compared file by file, not byte by byte: the live system's own reads there (systemd-boot-update
+# comparing versions at boot) update FAT access dates. Its root partition is the live session's writable root.
 install_boot_regions_sha() {
-    local stick=$1 start
-    start=$(partx --noheadings -o START -n 3 "$stick" | tr -d ' ')
-    { head -c $((start * 512)) "$stick"; tail -c $((1024 * 1024)) "$stick"; } | sha256sum | cut -d' ' -f1
+    local stick=$1 bstart bsize estart tmp
+    bstart=$(partx --noheadings -o START -n 2 "$stick" | tr -d ' ')
+    bsize=$(partx --noheadings -o SECTORS -n 2 "$stick" | tr -d ' ')
+    estart=$(partx --noheadings -o START -n 1 "$stick" | tr -d ' ')
+    tmp=$(mktemp -d /var/tmp/cloudbox-esp.XXXXXX) || return 1
+    MTOOLS_SKIP_CHECK=1 mcopy -s -p -m -i "$stick@@$((estart * 512))" '::*' "$tmp/" 2>/dev/null
+    {
+        head -c $((1024 * 1024)) "$stick"
+        tail -c $((1024 * 1024)) "$stick"
+        dd if="$stick" bs=512 skip="$bstart" count="$bsize" status=none
+        (cd "$tmp" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+    } | sha256sum | cut -d' ' -f1
+    rm -rf "$tmp"
 }
 
 # install_record_bench NAME BODY: replaces the <!-- bench:NAME --> section of docs/benchmarks.md with BODY.
