@@ -567,3 +567,27 @@ def test_unattended_answers_are_found_in_order(tmp_path):
     (esp / "cloudbox/answers.toml").unlink()
     assert find_answers(m, str(esp), cmdline="quiet") is None
     assert _mounts() == before
+
+
+@root_only
+def test_cleanup_never_deletes_below_a_busy_mount(tmp_path):
+    """A work directory whose mount cannot be unmounted (busy) is left alone: the installed root mounted there
+    must never be emptied by the recursive delete. Stale runs (process gone) are unmounted and removed."""
+    from cloudbox.core.install.apply import reap_stale, remove_work
+
+    work = Path(tempfile.mkdtemp(prefix="cloudbox-test-work-", dir="/var/tmp"))
+    try:
+        run = work / "run-999999999"  # no such process: stale
+        target = run / "target"
+        target.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)], check=True)
+        (target / "precious").write_text("installed system")
+        with open(target / "precious") as busy:  # keeps the mount busy: umount fails
+            assert remove_work(run) == [str(target)]
+            assert (target / "precious").read_text() == "installed system"
+            assert busy.read() == "installed system"
+        assert reap_stale(work) == []  # no longer busy: unmounted, then removed
+        assert not run.exists() and str(work) not in _mounts()
+    finally:
+        subprocess.run(["umount", "-R", str(work)], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)

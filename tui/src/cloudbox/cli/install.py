@@ -44,6 +44,7 @@ from cloudbox.core.install import (
     parse_answers,
 )
 from cloudbox.core.install.answers import ROLES, Answers, validate_data
+from cloudbox.core.install.apply import reap_stale
 from cloudbox.core.install.disks import BY_ID_DIR, source_esp
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -167,6 +168,7 @@ def cmd_install(a: argparse.Namespace) -> int:
     try:
         if a.unattended:
             return _unattended(a)
+        reap_stale()
         machine = _machine()
         if a.answers:
             answers = load_answers(a.answers)
@@ -244,6 +246,7 @@ def _unattended_run(a: argparse.Namespace) -> int:
         print(f"cloudbox install: this is an installed node ({NODE_SETTINGS}); nothing to do")
         return EXIT_OK
     subprocess.run(["udevadm", "settle", "--timeout=60"], check=False, capture_output=True)
+    reap_stale()
     machine = _machine()
     esp = source_esp(machine.disks)
     found = find_answers(machine, esp.path if esp else None)

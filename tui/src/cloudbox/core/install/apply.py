@@ -121,6 +121,43 @@ def _readonly_bind(src: str, where: Path):  # type: ignore[no-untyped-def]
         subprocess.run(["umount", str(where)], capture_output=True)
 
 
+def _mountpoints_under(d: Path) -> list[str]:
+    """Mount points at or below `d` (deepest first), from /proc/self/mountinfo."""
+    prefix = str(d).rstrip("/")
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].replace("\\040", " ")
+            if mp == prefix or mp.startswith(prefix + "/"):
+                out.append(mp)
+    return sorted(set(out), key=lambda m: m.count("/"), reverse=True)
+
+
+def remove_work(d: Path) -> list[str]:
+    """Unmount whatever is still mounted below `d`, then remove `d`, but only when nothing is mounted there any
+    more: a busy mount of the installed root must never be emptied by a recursive delete. Returns the mount
+    points that could not be unmounted (then `d` is left in place)."""
+    for mp in _mountpoints_under(d):
+        subprocess.run(["umount", mp], capture_output=True)
+    left = _mountpoints_under(d)
+    if not left:
+        shutil.rmtree(d, ignore_errors=True)
+    return left
+
+
+def reap_stale(work: Path | None = None) -> list[str]:
+    """Mounts and work directories of installer runs whose process is gone (killed with SIGKILL): unmounted and
+    removed, so that they do not keep the target disk busy. Returns what could not be removed."""
+    work = work or work_dir()
+    left: list[str] = []
+    for run in sorted(work.glob("run-*")) if work.is_dir() else []:
+        pid = run.name.removeprefix("run-")
+        if pid.isdigit() and Path(f"/proc/{pid}").exists():
+            continue
+        left += remove_work(run)
+    return left
+
+
 def _sectors_written(disk_name: str) -> int:
     try:
         return int(Path(f"/sys/block/{disk_name}/stat").read_text().split()[6])
@@ -252,11 +289,16 @@ def apply(plan: InstallPlan, progress: Progress | None = None, *, work: Path | N
         return False
     work = work or work_dir()
     with _lock(work), ExitStack() as stack:
+        left = reap_stale(work)
+        if left:
+            raise InstallError(f"an earlier install left mounts that cannot be unmounted: {', '.join(left)}; "
+                               "unmount them and re-run")
         _recheck(plan)
         run = work / f"run-{os.getpid()}"
-        shutil.rmtree(run, ignore_errors=True)
+        if remove_work(run):
+            raise InstallError(f"{run} has mounts that cannot be unmounted; unmount them and re-run")
         run.mkdir(parents=True)
-        stack.callback(shutil.rmtree, run, True)
+        stack.callback(remove_work, run)
         src = run / "src"
         (src / "node-esp").mkdir(parents=True)
         for rel, text in plan.esp_overrides.items():
