@@ -67,6 +67,13 @@ private_mtu = 12000
 EOF
 }
 
+# The disk images (GiBs of sparse files) go, the logs stay; IMAGE_INSTALL_KEEP_DISKS=1 keeps the disks too.
+teardown_file() {
+    if [ "${IMAGE_INSTALL_KEEP_DISKS:-0}" != 1 ]; then
+        rm -f "$LOGS"/*.raw
+    fi
+}
+
 setup() {
     load '/usr/lib/bats/bats-support/load'
     load '/usr/lib/bats/bats-assert/load'
