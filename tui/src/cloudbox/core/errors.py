@@ -71,3 +71,20 @@ class Aborted(CloudboxError):
 
 class PermissionProblem(CloudboxError):
     """The caller lacks a privilege cloudbox needs (root, or membership in a group)."""
+
+
+class AnswerError(CloudboxError):
+    """An install answer file is invalid, or does not fit this machine. One entry per problem, each naming the
+    key, the bad value and what is allowed (the same shape as a ProfileProblem)."""
+
+    def __init__(self, source: str, problems: list[ProfileProblem]):
+        self.source = source
+        self.problems = problems
+        n = len(problems)
+        lines = [f"{source}: invalid answer file ({n} problem{'s' if n != 1 else ''}); nothing was written"]
+        lines += [f"  {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+class InstallError(CloudboxError):
+    """Installing to disk failed at a step; the message names the step, the device and how to resume."""
