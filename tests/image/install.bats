@@ -158,7 +158,7 @@ EOF
     fi
 }
 
-# bats test_tags=slow,image,install
+# bats test_tags=slow,image,install,install-full
 @test "the installed front-end boots alone under legacy BIOS (grub) to the self-test verdict 123" {
     [ -f "$LOGS/fe.ok" ] || skip "needs the front-end install of the first test"
     install_boot_installed bios "$LOGS" fe-bios "$LOGS/fe.raw"
@@ -190,7 +190,7 @@ EOF
     touch "$LOGS/aio.ok"
 }
 
-# bats test_tags=slow,image,install
+# bats test_tags=slow,image,install,install-full
 @test "the all-in-one node boots alone under UEFI to the self-test verdict 123" {
     [ -f "$LOGS/aio.ok" ] || skip "needs the all-in-one install of the power-loss test"
     install_boot_installed uefi "$LOGS" aio-uefi "$LOGS/aio.raw"
