@@ -116,3 +116,44 @@ def test_profile_diff_keeps_knob_names_and_values_whole(state, size):
 
     asyncio.run(go())
     backend.close()
+
+
+def test_screen_switch_frames_wait_for_the_new_screen_and_no_longer(state):
+    """A screen key's first frame is held until the new screen has resumed (styles, layout), then written:
+    the hold ends by the screen's own resume callback, not by the fallback timer, and no hold is left over.
+    (Textual's stock fixed 50 ms hold made most of a screen key's answer time; make bench, section "tui".)"""
+    from textual import events
+
+    app = create_app(Backend(facts=_facts(), libvirt_uri="test:///default"), mode="overview", poll_interval=3600)
+    written: list[tuple[str, int]] = []
+
+    async def drive() -> None:
+        async with app.run_test(size=(100, 32)) as pilot:
+            await pilot.pause(0.5)
+            display = app._display
+
+            def spy(screen, renderable):
+                if renderable is not None and not app._batch_count:
+                    written.append((app.current_mode, screen.stack_updates))
+                display(screen, renderable)
+
+            app._display = spy
+            for key, mode in (("5", "results"), ("2", "profiles"), ("4", "tests"), ("3", "guests"), ("1", "overview"),
+                              ("5", "results")):
+                written.clear()
+                resumes = app.get_screen_stack(mode)[0].stack_updates if mode in app._screen_stacks else 0
+                app._driver.send_message(events.Key(key, key))
+                for _ in range(100):
+                    await asyncio.sleep(0.01)
+                    if any(m == mode for m, _ in written):
+                        break
+                hold = app.last_switch_hold
+                assert hold is not None and hold.ended, f"key {key}: the switch's hold never ended"
+                assert hold.ended_by == "resume", f"key {key}: the hold ended by {hold.ended_by}, not the resume"
+                first = next(((m, n) for m, n in written if m == mode), None)
+                assert first is not None, f"key {key}: no frame of the {mode} screen within 1 s"
+                assert first[1] > resumes, f"key {key}: the {mode} screen's first frame came before its resume"
+                await pilot.pause()
+                assert app._batch_count == 0
+
+    asyncio.run(drive())

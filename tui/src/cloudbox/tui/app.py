@@ -30,6 +30,13 @@ from cloudbox.tui.widgets.navbar import SCREENS
 log = logging.getLogger("cloudbox.tui")
 
 
+class _SwitchHold:
+    """One screen switch's hold on frames (see CloudboxApp.switch_mode); ended once, by whichever comes first."""
+
+    ended = False
+    ended_by = ""  # "resume" (the new screen is ready) or "timer" (SWITCH_HOLD_MAX_S passed first)
+
+
 class CloudboxApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "cloudbox"
@@ -56,12 +63,53 @@ class CloudboxApp(App[None]):
         self.start_mode = mode or self.DEFAULT_MODE
         self.poll_interval = poll_interval
         self.errors: list[str] = []  # every error shown to the user, newest last (tests read it)
+        self._switching = False
+        self._switch_hold: _SwitchHold | None = None
+        self.last_switch_hold: _SwitchHold | None = None  # the latest screen switch's hold (tests read it)
 
     def on_mount(self) -> None:
         self.switch_mode(self.start_mode)
 
     def on_unmount(self) -> None:
         self.backend.close()
+
+    # -- screen switches ----------------------------------------------------------------------------
+    # Textual holds frames for a fixed 50 ms after a screen switch (App.switch_mode calls delay_update) to
+    # mask the transition: that hold alone was most of a screen key's answer time (make bench, "tui"). Here
+    # the hold ends as soon as the new screen has handled its ScreenResume (styles, layout): a callback queued
+    # on that screen behind the resume ends it, so the first frame is the complete new screen, written as
+    # soon as it is ready; a timer ends it anyway after SWITCH_HOLD_MAX_S.
+    SWITCH_HOLD_MAX_S = 0.5
+
+    def switch_mode(self, mode: str) -> Any:
+        self._switching = True
+        try:
+            result = super().switch_mode(mode)
+        finally:
+            self._switching = False
+        hold, self._switch_hold = self._switch_hold, None
+        if hold is not None:
+            self.last_switch_hold = hold
+            if not self.screen.call_later(self._end_switch_hold, hold, "resume"):
+                self._end_switch_hold(hold, "resume")
+        return result
+
+    def delay_update(self, delay: float = 0.05) -> None:
+        if not getattr(self, "_switching", False):
+            super().delay_update(delay)
+            return
+        hold = _SwitchHold()
+        self._begin_batch()
+        self._switch_hold = hold
+        self.set_timer(self.SWITCH_HOLD_MAX_S, lambda: self._end_switch_hold(hold, "timer"), name="switch_hold")
+
+    def _end_switch_hold(self, hold: _SwitchHold, by: str) -> None:
+        if hold.ended:
+            return
+        hold.ended, hold.ended_by = True, by
+        self._end_batch()
+        if not self._batch_count:
+            self.screen.refresh()
 
     # -- background work -------------------------------------------------------------------------
     def work_in_thread(self, fn: Callable[..., Any], *args: Any, done: Callable[[Any], object] | None = None,
