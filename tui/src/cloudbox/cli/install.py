@@ -1,6 +1,9 @@
-"""`cloudbox install [--answers FILE] [--dry-run] [--yes]`, `cloudbox install --unattended`, `cloudbox install disks`.
+"""`cloudbox install [--answers FILE] [--dry-run] [--yes] [--cli]`, `cloudbox install --unattended`,
+`cloudbox install disks`.
 
-Without --answers the answers are asked for on the terminal (role, disk, hostname, NICs, MTU, front-end,
+On a terminal, without --answers, --yes or --cli, the full-screen installer opens (cloudbox.tui.install_app:
+the same questions, checks, plan and confirmation). Otherwise, without --answers the answers are asked for on the
+terminal line by line (role, disk, hostname, NICs, MTU, front-end,
 root access); the plan is shown, and nothing is written before the user types "yes" (or --yes). With
 --dry-run the plan is printed and nothing is written. --unattended is what cloudbox-install.service runs at
 boot of the live system: it finds an answer file (credential, kernel command line, the stick's ESP; see
@@ -57,6 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--answers", "-a", metavar="FILE", help="answer file (TOML); without it the answers are asked")
     p.add_argument("--dry-run", "-n", action="store_true", help="print what would be written; write nothing")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask before writing the disk")
+    p.add_argument("--cli", action="store_true",
+                   help="ask the questions line by line, even on a terminal (the default there is the full-screen "
+                   "installer)")
     p.add_argument("--unattended", action="store_true",
                    help="find the answer file (credential, kernel command line, the stick's ESP) and install "
                    "without a question; nothing to do without one (run at boot by cloudbox-install.service)")
@@ -169,6 +175,8 @@ def cmd_install(a: argparse.Namespace) -> int:
         if a.unattended:
             return _unattended(a)
         reap_stale()
+        if _wants_tui(a):
+            return _tui(a)  # probes the machine itself, in a worker, showing that it does
         machine = _machine()
         if a.answers:
             answers = load_answers(a.answers)
@@ -188,6 +196,18 @@ def cmd_install(a: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _wants_tui(a: argparse.Namespace) -> bool:
+    """The full-screen installer: on a terminal, unless an answer file, --yes or --cli asks for the line-based one."""
+    return not (a.answers or a.unattended or a.yes or getattr(a, "cli", False)) and sys.stdin.isatty() \
+        and sys.stdout.isatty()
+
+
+def _tui(a: argparse.Namespace) -> int:
+    from cloudbox.tui.install_app import InstallBackend, run_install_tui  # Textual only here
+
+    return run_install_tui(InstallBackend(probe=_machine), dry_run=a.dry_run)
 
 
 class KmsgLines(io.TextIOBase):

@@ -1,0 +1,263 @@
+"""The installer as a Textual app (`cloudbox install` on a terminal): role, disk, node settings, the plan, the
+install's progress, and the end ("remove the boot medium, reboot").
+
+Every answer is checked by cloudbox.core.install (validate_data, check_answers: the rules of an answer file)
+and the plan, the writing and the cleanup on Ctrl-C are the core's too, as for the line-based interview.
+`InstallBackend` is the one place that calls the core; tests replace parts of it (a fake ESP, an apply that
+only reports progress). All blocking work (probing disks, planning, writing) runs in worker threads.
+
+`create_install_app()` is the factory shared by `cloudbox install` and the tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from textual.app import App
+from textual.binding import Binding
+from textual.worker import Worker, WorkerState
+
+from cloudbox.core import paths
+from cloudbox.core.errors import CloudboxError, InstallError
+from cloudbox.core.install import (
+    InstallPlan,
+    Machine,
+    Progress,
+    Resolved,
+    Sources,
+    apply,
+    check_answers,
+    find_sources,
+    make_plan,
+)
+from cloudbox.core.install.answers import Answers, validate_data
+from cloudbox.core.install.apply import reap_stale
+
+log = logging.getLogger("cloudbox.tui.install")
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+SOURCE = "interactive answers"
+
+
+def _hash_password(password: str) -> str:
+    r = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=password, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise InstallError(f"openssl passwd failed: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+def _after(what: str) -> None:
+    """Reboot or power off (the answers' `after`); `stay` does nothing."""
+    if what == "stay":
+        return
+    if Path("/proc/1/comm").read_text().strip() != "systemd":
+        print(f"cloudbox: not running under systemd; {what} by hand", file=sys.stderr)
+        return
+    subprocess.run(["systemctl", "--no-block", what], check=False)
+
+
+@dataclass
+class InstallBackend:
+    """The core calls the installer makes (each may block: the app calls them from worker threads)."""
+
+    probe: Callable[[], Machine] = Machine.probe
+    sources: Callable[[Machine], Sources] = find_sources
+    plan: Callable[[Resolved, Sources], InstallPlan] = make_plan
+    apply: Callable[[InstallPlan, Progress], bool] = apply
+    hash_password: Callable[[str], str] = _hash_password
+    after: Callable[[str], None] = _after
+    answers_file: Path = field(default_factory=lambda: paths.run_dir() / "install" / "answers.toml")
+
+    def machine(self) -> Machine:
+        reap_stale()  # mounts left by an installer killed outright (as the CLI does first)
+        return self.probe()
+
+
+@dataclass
+class Outcome:
+    """How the install ended, for the last page."""
+
+    kind: str  # "installed", "nothing" (already installed), "interrupted", "failed"
+    message: str
+    answers_file: Path | None = None
+
+
+class InstallApp(App[int]):
+    CSS_PATH = "install.tcss"
+    TITLE = "cloudbox install"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        # Ctrl+C is a key in the TUI (no SIGINT): it leaves the installer, or stops a running install.
+        Binding("ctrl+q", "quit_installer", "Quit", id="install.quit", priority=True),
+        Binding("ctrl+c", "quit_installer", "Quit", id="install.ctrl-c", priority=True, show=False),
+    ]
+
+    def __init__(self, backend: InstallBackend | None = None, *, dry_run: bool = False,
+                 machine: Machine | None = None):
+        super().__init__()
+        self.backend = backend or InstallBackend()
+        self.dry_run = dry_run
+        self.machine: Machine | None = machine
+        # The answers so far, as an answer file's data (validated by the core at every page).
+        self.data: dict[str, Any] = {"role": "all-in-one", "hostname": "", "disk": {}, "network": {}, "root": {},
+                                     "after": "reboot"}
+        self.password = ""  # hashed (openssl passwd -6) in the worker that plans, then forgotten
+        self.plan: InstallPlan | None = None
+        self.cancel = threading.Event()  # set by Ctrl-C / q / SIGTERM while the install runs
+        self.installing = False
+        self.errors: list[str] = []  # every error shown, newest last (tests read it)
+        self.outcome: Outcome | None = None
+        self.after_done: str | None = None  # "reboot"/"poweroff"/"stay" once the user finished a complete install
+
+    def on_mount(self) -> None:
+        from cloudbox.tui.screens.install.role import RolePage
+
+        self.push_screen(RolePage())
+        self.set_interval(0.25, self._check_signal)
+
+    # -- answers ---------------------------------------------------------------------------------------
+    def answers_data(self) -> dict[str, Any]:
+        """A copy of the answers so far, without empty sections."""
+        data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.data.items()}
+        for section in ("network", "root"):
+            if not data[section]:
+                del data[section]
+        return data
+
+    def resolve(self, data: dict[str, Any]) -> tuple[Answers, Resolved]:
+        """validate_data then check_answers on this machine: AnswerError with every problem otherwise."""
+        assert self.machine is not None
+        answers = validate_data(data, SOURCE)
+        return answers, check_answers(answers, self.machine, SOURCE)
+
+    def make_plan(self) -> InstallPlan:
+        """In a worker: hash the password, check everything again, and plan (reads the boot medium's ESP)."""
+        data = self.answers_data()
+        if self.password:
+            data.setdefault("root", {})["password_hash"] = self.backend.hash_password(self.password)
+        _answers, resolved = self.resolve(data)
+        assert self.machine is not None
+        plan = self.backend.plan(resolved, self.backend.sources(self.machine))
+        self.password = ""
+        return plan
+
+    def save_answers(self) -> Path | None:
+        """The answers as an answer file (0600), for `cloudbox install --answers FILE` to resume with."""
+        if self.plan is None:
+            return None
+        path = self.backend.answers_file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.plan.resolved.answers.to_toml())
+        except OSError as e:
+            log.warning("cannot save the answers to %s: %s", path, e)
+            return None
+        return path
+
+    # -- background work (the main app's pattern: one place for worker errors) --------------------------
+    def work_in_thread(self, fn: Callable[..., Any], *args: Any, done: Callable[[Any], object] | None = None,
+                       failed: Callable[[BaseException], object] | None = None, name: str = "") -> Worker:
+        """Run blocking `fn(*args)` off the UI thread; `done(result)` or `failed(error)` run on the UI thread
+        (without `failed`, the error is reported as a notification)."""
+
+        def job() -> Any:
+            try:
+                result = fn(*args)
+            except Exception as e:
+                if failed is None:
+                    raise
+                self.call_from_thread(failed, e)
+                return None
+            if done is not None:
+                self.call_from_thread(done, result)
+            return result
+
+        return self.run_worker(job, thread=True, name=name or fn.__name__, exit_on_error=False)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            self.report_error(event.worker.error, event.worker.name)
+
+    def report_error(self, err: BaseException, what: str = "") -> str:
+        if isinstance(err, CloudboxError):
+            text = str(err)
+        else:
+            text = f"internal error in {what or 'a background task'}: {err.__class__.__name__}: {err}"
+            self._log_traceback(err)
+        self.errors.append(text)
+        self.notify(text, title="cloudbox install: error", severity="error", timeout=15, markup=False)
+        return text
+
+    def _log_traceback(self, err: BaseException) -> None:
+        try:
+            d = paths.state_dir() / "logs"
+            d.mkdir(parents=True, exist_ok=True)
+            with open(d / "install-tui.log", "a") as f:
+                f.write("".join(traceback.format_exception(err)))
+        except OSError:
+            pass
+
+    # -- stopping ----------------------------------------------------------------------------------------
+    def request_cancel(self) -> None:
+        """Ctrl-C, q or SIGTERM: stop the install (the core removes its mounts), or leave when none runs."""
+        if self.installing:
+            self.cancel.set()
+            stopping = getattr(self.screen, "show_stopping", None)
+            if stopping is not None:
+                stopping()
+        else:
+            self.exit(EXIT_FAILED if self.outcome is None else self.exit_code())
+
+    def exit_code(self) -> int:
+        if self.outcome is None:
+            return EXIT_FAILED  # left before installing: nothing was written
+        return {"installed": EXIT_OK, "nothing": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(
+            self.outcome.kind, EXIT_FAILED)
+
+    def _check_signal(self) -> None:
+        if self._sigterm.is_set():
+            self._sigterm.clear()
+            self.request_cancel()
+
+    _sigterm = threading.Event()
+
+    def action_quit_installer(self) -> None:
+        self.request_cancel()
+
+
+def create_install_app(backend: InstallBackend | None = None, *, dry_run: bool = False,
+                       machine: Machine | None = None) -> InstallApp:
+    return InstallApp(backend, dry_run=dry_run, machine=machine)
+
+
+def run_install_tui(backend: InstallBackend | None = None, *, dry_run: bool = False) -> int:
+    """`cloudbox install` on a terminal. SIGTERM (systemctl stop, a closed console) stops the install as Ctrl-C
+    does; the exit codes are the CLI's (0 installed or nothing to do, 1 failed or left, 130 interrupted)."""
+    app = create_install_app(backend, dry_run=dry_run)
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: InstallApp._sigterm.set())
+    try:
+        code = app.run()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    outcome = app.outcome
+    if outcome is not None:
+        print(f"cloudbox: {outcome.message}")
+    elif code != EXIT_OK:
+        print("cloudbox: left the installer; nothing was written")
+    if app.after_done and app.after_done != "stay":
+        print(f"cloudbox: {app.after_done}")
+        sys.stdout.flush()
+        app.backend.after(app.after_done)
+    return EXIT_FAILED if code is None else int(code)
