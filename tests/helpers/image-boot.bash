@@ -42,8 +42,10 @@ _image_qemu_args() {
         bios) fw=() ;;  # QEMU's default firmware is SeaBIOS
         *) echo "image_boot: firmware must be uefi or bios" >&2; return 1 ;;
     esac
+    # IMAGE_QEMU_SMP: vCPUs (default 2). tests/image/bench.bats uses 1: with 2, a nested KVM guest on one
+    # TCG vCPU once never answered the other's IPI and the appliance's kernel locked up (docs/image.md).
     IMAGE_QEMU_ARGS=(
-        -machine q35 -accel tcg -cpu "${IMAGE_QEMU_CPU:-max}" -smp 2 -m 4096
+        -machine q35 -accel tcg -cpu "${IMAGE_QEMU_CPU:-max}" -smp "${IMAGE_QEMU_SMP:-2}" -m 4096
         "${fw[@]}"
         -display none -no-user-config -nodefaults -no-reboot
         -serial "file:$logdir/serial.log"
@@ -135,10 +137,13 @@ image_start() {
 }
 
 # Runs a command in the appliance started by image_start: image_ssh LOGDIR PORT CMD...
+# With IMAGE_SSH_TIMEOUT_S set, the command is killed after that many seconds (exit 124): a hung appliance
+# (its kernel locked up) can keep an SSH session open forever.
 image_ssh() {
-    local logdir=$1 port=$2
+    local logdir=$1 port=$2 limit=()
     shift 2
-    ssh -q -p "$port" -i "$logdir/id_ed25519" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+    [ -n "${IMAGE_SSH_TIMEOUT_S:-}" ] && limit=(timeout --kill-after=10 "$IMAGE_SSH_TIMEOUT_S")
+    "${limit[@]}" ssh -q -p "$port" -i "$logdir/id_ed25519" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
         -o ConnectTimeout=10 -o BatchMode=yes root@127.0.0.1 "$@"
 }
 
@@ -156,7 +161,7 @@ image_wait_ssh() {
 image_stop() {
     local logdir=$1 port=$2 t=0
     [ -n "${IMAGE_QEMU_PID:-}" ] || return 0
-    image_ssh "$logdir" "$port" systemctl poweroff 2>/dev/null || :
+    IMAGE_SSH_TIMEOUT_S=60 image_ssh "$logdir" "$port" systemctl poweroff 2>/dev/null || :
     while kill -0 "$IMAGE_QEMU_PID" 2>/dev/null && [ "$t" -lt 60 ]; do sleep 2; t=$((t + 2)); done
     kill "$IMAGE_QEMU_PID" 2>/dev/null || :
     wait "$IMAGE_QEMU_PID" 2>/dev/null || :
