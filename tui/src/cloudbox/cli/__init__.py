@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from cloudbox import __version__
-from cloudbox.cli import install, profile, results, run
+from cloudbox.cli import install, node, profile, results, run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_parser(subparsers)
     results.add_parser(subparsers)
     install.add_parser(subparsers)
+    node.add_parser(subparsers)
     t = subparsers.add_parser("tui", help="open the terminal UI (the default when no command is given)")
     t.add_argument("--screen", choices=["overview", "profiles", "guests", "tests", "results"], default=None,
                    help="the screen to open on")

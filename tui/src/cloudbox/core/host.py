@@ -130,6 +130,28 @@ def libvirtd_state() -> str:
     return "not running (cloudbox starts it when a run needs it)"
 
 
+def registry_nodes(this_role: str, problems: list[str]) -> list[Node]:
+    """On a front-end, the enrolled nodes from the node registry, as the last health check left them (a stale
+    check shows 'unknown'). Nothing on other roles, or before the registry exists."""
+    if this_role != "front-end":
+        return []
+    from .nodes import health, registry
+
+    if not registry.nodes_db().exists():
+        return []
+    try:
+        with registry.Registry() as reg:
+            found = reg.nodes()
+    except CloudboxError as e:
+        problems.append(f"nodes: {e}")
+        return []
+    out = []
+    for n in found:
+        state, reason = health.shown_state(n)
+        out.append(Node(n.name, n.role, state, reason))
+    return out
+
+
 def gather(*, probe: bool = True) -> HostFacts:
     """This host's facts. `probe=False` skips the accelerator probe when it is not cached yet (it boots
     the guest kernel under KVM for up to 8 s)."""
@@ -154,5 +176,5 @@ def gather(*, probe: bool = True) -> HostFacts:
         found_nics = nics()
     except (CloudboxError, OSError, ValueError, subprocess.TimeoutExpired) as e:
         problems.append(f"NICs: {e}")
-    nodes = [Node(hostname, r, "up", "this box")]
+    nodes = [Node(hostname, r, "up", "this box")] + registry_nodes(r, problems)
     return HostFacts(hostname, r, src, nodes, acc, acc_problem, libvirtd_state(), found_disks, found_nics, problems)

@@ -792,6 +792,25 @@ class ResultStore:
             reaped.append(self.get_run(run.id, raw=False))
         return reaped
 
+    def fail_runs_on_node(self, node: str, reason: str) -> list[Run]:
+        """Mark every run still 'running' on `node` as 'failed' with `reason` (the node went down: its runs
+        cannot finish, and must not stay 'running' forever); returns them as they are now."""
+        failed = []
+        with self._read() as conn:
+            ids = [int(r[0]) for r in conn.execute("SELECT id FROM runs WHERE state = 'running' AND node = ?",
+                                                   (node,))]
+        for run_id in ids:
+            with self._write() as conn:
+                row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
+                if row is None or row["state"] != "running":
+                    continue
+                now = time.time()
+                conn.execute("UPDATE runs SET state = 'failed', reason = ?, finished_at = ? WHERE id = ?",
+                             (reason, now, run_id))
+                self._append_event(conn, run_id, "state", {"state": "failed", "reason": reason}, now)
+            failed.append(self.get_run(run_id, raw=False))
+        return failed
+
     # -- measurements and samples ------------------------------------------------------------------
 
     def add_measurement(

@@ -1,0 +1,327 @@
+"""`cloudbox node`: the cluster's nodes, join codes and enrolment (docs/cluster.md).
+
+On the front-end:
+    cloudbox node code [--minutes M] [--wait | --no-listen] [--bind ADDR] [--port N]   a one-time join code
+    cloudbox node code --list | --revoke ID|all
+    cloudbox node list [--json]                       enrolled nodes with state
+    cloudbox node check [--watch] [--json]            probe every node's libvirt; fail the runs of nodes down
+    cloudbox node remove NAME
+    cloudbox node enrol-server [--bind ADDR] [--port N]   (started by `node code`; listens while a code is open)
+On a back-end:
+    cloudbox node join --front-end ADDR[:PORT]|discover --code CODE [--name NAME] [--ssh-port N]
+
+Exit codes: 0 ok, 1 on a CloudboxError (message on stderr), 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cloudbox.core import host, paths
+from cloudbox.core.errors import CloudboxError
+from cloudbox.core.nodes import enrol, health, registry
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("node", help="cluster nodes: join codes, enrolment, list, health",
+                              description="The front-end's node registry and the enrolment of back-ends.")
+    p.add_argument("--db", type=Path, default=None, help="node registry (default: the state dir's nodes.db)")
+    p.set_defaults(func=_usage(p))
+    sub = p.add_subparsers(dest="node_command", metavar="COMMAND")
+
+    c = sub.add_parser("code", help="make a one-time join code (front-end); the enrolment server listens while "
+                       "a code is open")
+    c.add_argument("--minutes", type=float, default=registry.DEFAULT_CODE_MINUTES,
+                   help=f"validity (default {registry.DEFAULT_CODE_MINUTES}, at most {registry.MAX_CODE_MINUTES})")
+    c.add_argument("--list", action="store_true", help="list kept codes (never the codes themselves)")
+    c.add_argument("--revoke", metavar="ID|all", help="revoke an open code (or all open codes)")
+    mode = c.add_mutually_exclusive_group()
+    mode.add_argument("--wait", action="store_true", help="serve enrolments in the foreground until no code is open")
+    mode.add_argument("--no-listen", action="store_true", help="only make the code; do not start the server")
+    _server_args(c)
+    c.set_defaults(func=_guard(cmd_code))
+
+    s = sub.add_parser("enrol-server", help="accept enrolments while a join code is open (started by `node code`)")
+    _server_args(s)
+    s.set_defaults(func=_guard(cmd_enrol_server))
+
+    j = sub.add_parser("join", help="enrol this back-end with the front-end using a join code")
+    j.add_argument("--front-end", dest="front_end", default=None,
+                   help="ADDR[:PORT] or discover (default: network.frontend of the node settings)")
+    j.add_argument("--code", required=True, help="the join code the front-end shows")
+    j.add_argument("--name", default=None, help="this node's name (default: the node settings' hostname, else the "
+                   "host name)")
+    j.add_argument("--ssh-port", type=int, default=22, help="this node's sshd port (default 22)")
+    j.add_argument("--no-from", action="store_true",
+                   help="do not limit the front-end's key to the front-end's address (from=)")
+    j.set_defaults(func=_guard(cmd_join))
+
+    ls = sub.add_parser("list", help="enrolled nodes with state")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_guard(cmd_list))
+
+    ck = sub.add_parser("check", help="probe every node's libvirt now; nodes down fail their runs")
+    ck.add_argument("--watch", action="store_true", help=f"repeat every {health.CHECK_INTERVAL_S:g} s")
+    ck.add_argument("--timeout", type=float, default=health.CHECK_TIMEOUT_S, help="seconds per node")
+    ck.add_argument("--json", action="store_true")
+    ck.set_defaults(func=_guard(cmd_check))
+
+    rm = sub.add_parser("remove", help="forget a node (its pinned key goes; enrol it again with a new code)")
+    rm.add_argument("name", metavar="NAME")
+    rm.set_defaults(func=_guard(cmd_remove))
+    return p
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bind", default=None,
+                   help="address to listen on (default: the private NIC's address from the node settings, else all)")
+    p.add_argument("--port", type=int, default=enrol.PORT, help=f"TCP port (default {enrol.PORT})")
+
+
+def _usage(parser: argparse.ArgumentParser) -> Handler:
+    def handler(args: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    return handler
+
+
+def _guard(fn: Handler) -> Handler:
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except CloudboxError as e:
+            print(f"cloudbox: {e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 130
+
+    handler.__name__ = fn.__name__
+    return handler
+
+
+def _registry(args: argparse.Namespace) -> registry.Registry:
+    return registry.Registry(getattr(args, "db", None))
+
+
+def _settings() -> dict[str, Any]:
+    try:
+        return tomllib.loads(host.node_settings_file().read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def _require_role(allowed: tuple[str, ...], what: str) -> None:
+    role, src = host.role()
+    if role not in allowed:
+        raise CloudboxError(f"role: this node is a {role} ({src}); {what} runs on a {' or '.join(allowed)}")
+
+
+def default_bind() -> str:
+    """The private NIC's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0."""
+    nic = _settings().get("network", {}).get("private_nic")
+    if nic:
+        try:
+            for n in host.nics():
+                if n.name == nic and n.addresses:
+                    return n.addresses[0].split("/")[0]
+        except (CloudboxError, OSError, ValueError, subprocess.SubprocessError):
+            pass
+    return "0.0.0.0"
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+# -- code and the server ------------------------------------------------------------------------------
+
+
+def _server_lock() -> Path:
+    return paths.run_dir() / "enrol-server.lock"
+
+
+def server_running() -> bool:
+    lock = _server_lock()
+    if not lock.exists():
+        return False
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def cmd_code(args: argparse.Namespace) -> int:
+    """Make (or list, or revoke) join codes."""
+    _require_role(("front-end", "all-in-one"), "making join codes")
+    with _registry(args) as reg:
+        if args.list:
+            codes = reg.codes()
+            if not codes:
+                print("no join codes")
+            for c in codes:
+                extra = {"used": f"by {c.used_by} at {_when(c.used_at)}", "revoked": f"{c.revoked_reason}",
+                         "open": f"until {_when(c.expires_at)}", "expired": f"at {_when(c.expires_at)}"}
+                print(f"{c.id:>4}  {c.status():8}  made {_when(c.created_at)}  {extra[c.status()]}")
+            return 0
+        if args.revoke:
+            if args.revoke == "all":
+                ids = reg.revoke(None)
+            else:
+                try:
+                    code_id = int(args.revoke)
+                except ValueError:
+                    raise CloudboxError(f"--revoke: {args.revoke!r} is not a code id; allowed: a number from "
+                                        "`cloudbox node code --list`, or all") from None
+                ids = reg.revoke(code_id)
+                if not ids:
+                    raise CloudboxError(f"--revoke: join code {code_id} is not open ({reg.code(code_id).status()})")
+            print(f"revoked: {', '.join(map(str, ids)) or 'no open code'}")
+            return 0
+        code, rec = reg.make_code(args.minutes)
+    bind = args.bind or default_bind()
+    print(f"join code {rec.id}:  {code}")
+    print(f"valid until {_when(rec.expires_at)} ({args.minutes:g} min), for one node only")
+    where = "ADDRESS" if bind in ("0.0.0.0", "::") else bind
+    if args.port != enrol.PORT:
+        where += f":{args.port}"
+    print(f"on the back-end:  cloudbox node join --front-end {where} --code {code}")
+    if args.no_listen:
+        print("not listening (--no-listen): start `cloudbox node enrol-server` before the back-end joins")
+        return 0
+    if args.wait:
+        return _serve(args, bind)
+    if server_running():
+        print("the enrolment server is already running")
+        return 0
+    log_dir = paths.state_dir() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "cloudbox.cli", "node", "enrol-server", "--bind", bind, "--port", str(args.port)]
+    if args.db:
+        cmd[4:4] = ["--db", str(args.db)]
+    with open(log_dir / "enrol-server.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    print(f"enrolment server started (pid {proc.pid}) on {bind}:{args.port}; it stops when no code is open "
+          f"(log: {log_dir / 'enrol-server.log'})")
+    return 0
+
+
+def cmd_enrol_server(args: argparse.Namespace) -> int:
+    """Serve enrolments while a code is open."""
+    _require_role(("front-end", "all-in-one"), "the enrolment server")
+    return _serve(args, args.bind or default_bind())
+
+
+def _serve(args: argparse.Namespace, bind: str) -> int:
+    lock_path = _server_lock()
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CloudboxError(f"the enrolment server is already running ({lock_path} is locked)") from None
+        with _registry(args) as reg:
+            ident = enrol.local_identity(_settings().get("hostname"), client_key_path=reg.client_key)
+            server = enrol.EnrolServer(reg, ident, host=bind, port=args.port,
+                                       log=lambda m: print(f"{_when(time.time())} {m}", flush=True))
+            server.open()
+            server.serve()
+    return 0
+
+
+# -- join ------------------------------------------------------------------------------------------
+
+
+def cmd_join(args: argparse.Namespace) -> int:
+    """Enrol this back-end."""
+    _require_role(("back-end",), "`cloudbox node join`")
+    fe = args.front_end or _settings().get("network", {}).get("frontend")
+    if not fe:
+        raise CloudboxError("--front-end: missing; allowed: the front-end's ADDR[:PORT], or discover "
+                            "(the node settings have no network.frontend either)")
+    if not 1 <= args.ssh_port <= 65535:
+        raise CloudboxError(f"--ssh-port: {args.ssh_port} is out of range; allowed: 1..65535")
+    ident = enrol.local_identity(args.name or _settings().get("hostname"), ssh_port=args.ssh_port)
+    res = enrol.join(fe, args.code, identity=ident, restrict_from=not args.no_from, log=print)
+    print(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
+          f"(pinned in {res.pin_file.parent})")
+    print(f"its management key is in {res.authorized_keys}; it manages this node as {res.libvirt_uri.split('?')[0]}")
+    return 0
+
+
+# -- list, check, remove -----------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Enrolled nodes."""
+    with _registry(args) as reg:
+        nodes = reg.nodes()
+    rows = []
+    for n in nodes:
+        state, reason = health.shown_state(n)
+        d = n.as_dict()
+        d["shown_state"], d["shown_reason"] = state, reason
+        rows.append(d)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no nodes enrolled (make a join code with `cloudbox node code`)")
+        return 0
+    header = ["NAME", "STATE", "ADDRESS", "LAST SEEN", "HOST KEY", "REASON"]
+    table = [[r["name"], r["shown_state"], f"{r['address']}:{r['ssh_port']}", _when(r["last_seen"]),
+              r["host_key_fingerprint"][:20] + "…", r["shown_reason"]] for r in rows]
+    widths = [max(len(x[i]) for x in [header, *table]) for i in range(len(header) - 1)]
+    for line in [header, *table]:
+        print(" ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)) + " " + line[-1])
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Probe every node."""
+    from cloudbox.core.results import ResultStore
+
+    def show(healths: list[health.Health]) -> None:
+        if args.json:
+            print(json.dumps([h.__dict__ for h in healths]), flush=True)
+            return
+        for h in healths:
+            runs = f"; runs marked failed: {', '.join(map(str, h.failed_runs))}" if h.failed_runs else ""
+            print(f"{_when(time.time())} {h.name}: {h.state} ({h.reason}, {h.seconds:.1f} s){runs}", flush=True)
+        if not healths:
+            print("no nodes enrolled", flush=True)
+
+    with _registry(args) as reg, ResultStore() as store:
+        if not args.watch:
+            healths = health.check_all(reg, store, timeout=args.timeout)
+            show(healths)
+            return 0 if all(h.state == "up" for h in healths) else 1
+        health.monitor(reg, store, timeout=args.timeout, stop=threading.Event(), on_check=show)
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    """Forget a node."""
+    with _registry(args) as reg:
+        node = reg.remove(args.name)
+    print(f"removed node {node.name} ({node.address}, host key {node.host_key_fingerprint}); its pinned key is gone")
+    print(f"on {node.name}, root's authorized_keys still holds the line marked {enrol.keys.AUTHORIZED_MARK}: "
+          "delete it there (or join again with a new code, which replaces it)")
+    return 0
