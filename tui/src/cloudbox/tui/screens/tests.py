@@ -106,6 +106,7 @@ class TestsScreen(BaseScreen):
         self.polling = False
         self.setup: SetupData | None = None
         self.last_redraw = 0.0
+        self.charts_stale = False  # events arrived since the charts were last drawn
         self.sweep: runner.Sweep | None = None
 
     def body(self) -> ComposeResult:
@@ -141,6 +142,20 @@ class TestsScreen(BaseScreen):
     def on_mount(self) -> None:
         super().on_mount()
         self.set_interval(0.5, self.poll)
+
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        # Hidden, the screen keeps following its run (log, progress, the end notice) but draws no charts;
+        # shown again, its first frame has the charts as last drawn and they are redrawn right after it, so
+        # the screen key is answered without waiting for three plots (make bench, "tui").
+        if self.charts_stale:
+            self.call_after_refresh(self.redraw_charts)
+
+    def redraw_charts(self) -> None:
+        self.last_redraw = time.monotonic()
+        self.charts_stale = False
+        for c in self.query(LiveChart):
+            c.redraw()
 
     # -- setup ---------------------------------------------------------------------------------------
     def fetch(self) -> SetupData:
@@ -280,15 +295,14 @@ class TestsScreen(BaseScreen):
         if pct is not None:
             bar.update(total=100, progress=pct)
         bar.query_one("#eta").display = not run.finished  # a finished run has no ETA (it showed a stale one)
-        if events and time.monotonic() - self.last_redraw > 1.0:
-            self.last_redraw = time.monotonic()
-            for c in self.query(LiveChart):
-                c.redraw()
+        if events:
+            self.charts_stale = True
+        if self.charts_stale and self.is_current and time.monotonic() - self.last_redraw > 1.0:
+            self.redraw_charts()
         if run.finished:
             if any(e.kind == "state" and e.payload.get("state") in ("completed", "aborted", "failed")
                    for e in events):
-                for c in self.query(LiveChart):
-                    c.redraw()
+                self.redraw_charts()
                 sev = "information" if run.state == "completed" else "warning"
                 self.notify(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else ""),
                             title="tests", severity=sev)  # type: ignore[arg-type]
