@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 
 class CloudboxError(Exception):
     """Base class. str(err) is a complete, user-facing explanation; no traceback needed."""
@@ -35,6 +37,35 @@ class ProfileProblem:
 
     def as_dict(self) -> dict[str, object]:
         return {"key": self.key, "value": self.value, "message": self.message, "allowed": self.allowed}
+
+
+# pydantic's error types, in words: the profile and answer-file problems share them.
+PYDANTIC_MESSAGES = {
+    "extra_forbidden": "unknown key",
+    "missing": "required key is missing",
+    "int_type": "must be an integer",
+    "string_type": "must be a string",
+    "bool_type": "must be true or false",
+    "list_type": "must be a list",
+    "literal_error": "not an allowed value",
+    "greater_than_equal": "out of range",
+    "less_than_equal": "out of range",
+    "string_pattern_mismatch": "not in the allowed form",
+    "string_too_short": "must not be empty",
+    "string_too_long": "too long",
+    "too_long": "too many entries",
+    "model_type": "must be a table",
+    "dict_type": "must be a table",
+}
+
+
+def plain_value(value: object) -> object:
+    """An offending value as plain data for a problem report (TOML dates and times become their text)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
 
 
 class NotFound(CloudboxError):

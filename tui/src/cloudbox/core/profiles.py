@@ -49,7 +49,7 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cloudbox.core import paths
-from cloudbox.core.errors import NotFound, ProfileError, ProfileProblem
+from cloudbox.core.errors import PYDANTIC_MESSAGES, NotFound, ProfileError, ProfileProblem, plain_value
 
 Hypervisor = Literal["kvm", "xen"]
 Bus = Literal["virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "xen-vbd"]
@@ -471,32 +471,6 @@ def knob_kind(key: str) -> tuple[str, list[str]]:
     return "str", []
 
 
-_MESSAGES = {
-    "extra_forbidden": "unknown key",
-    "missing": "required key is missing",
-    "int_type": "must be an integer",
-    "string_type": "must be a string",
-    "bool_type": "must be true or false",
-    "literal_error": "not an allowed value",
-    "greater_than_equal": "out of range",
-    "less_than_equal": "out of range",
-    "string_pattern_mismatch": "not in the allowed form",
-    "string_too_short": "must not be empty",
-    "string_too_long": "too long",
-    "model_type": "must be a table",
-    "dict_type": "must be a table",
-}
-
-
-def _plain(value: object) -> object:
-    """The offending value as plain data (TOML dates and times become their text)."""
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)
-    return value
-
-
 def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
     problems: list[ProfileProblem] = []
     for err in exc.errors():
@@ -507,7 +481,7 @@ def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
         loc = tuple(err["loc"])
         key = ".".join(str(x) for x in loc) or "(profile)"
         etype = err["type"]
-        value = None if etype == "missing" else _plain(err.get("input"))
+        value = None if etype == "missing" else plain_value(err.get("input"))
         if etype == "extra_forbidden":
             owner = _model_at(loc)
             allowed = f"known keys: {_keys_text(owner)}" if owner else None
@@ -515,7 +489,7 @@ def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
             allowed = f"a TOML document with keys: {_keys_text(Profile)}"
         else:
             allowed = allowed_for(key)
-        message = _MESSAGES.get(etype, err["msg"])
+        message = PYDANTIC_MESSAGES.get(etype, err["msg"])
         if etype == "string_pattern_mismatch" and key == "description":
             message = "must be one line of text"
         problems.append(ProfileProblem(key, value, message, allowed))

@@ -7,18 +7,15 @@ errors from background work become notifications (never a traceback on the scree
 from __future__ import annotations
 
 import logging
-import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from textual.app import App, SystemCommand
+from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.worker import Worker, WorkerState
 
-from cloudbox.core import paths
-from cloudbox.core.errors import CloudboxError
 from cloudbox.tui.backend import Backend
+from cloudbox.tui.background import BackgroundApp
 from cloudbox.tui.screens.guests import GuestsScreen
 from cloudbox.tui.screens.help import HelpScreen
 from cloudbox.tui.screens.overview import OverviewScreen
@@ -37,7 +34,7 @@ class _SwitchHold:
     ended_by = ""  # "resume" (the new screen is ready) or "timer" (SWITCH_HOLD_MAX_S passed first)
 
 
-class CloudboxApp(App[None]):
+class CloudboxApp(BackgroundApp[None]):
     CSS_PATH = "app.tcss"
     TITLE = "cloudbox"
     MODES = {
@@ -62,7 +59,6 @@ class CloudboxApp(App[None]):
         self.backend = backend or Backend()
         self.start_mode = mode or self.DEFAULT_MODE
         self.poll_interval = poll_interval
-        self.errors: list[str] = []  # every error shown to the user, newest last (tests read it)
         self._switching = False
         self._switch_hold: _SwitchHold | None = None
         self.last_switch_hold: _SwitchHold | None = None  # the latest screen switch's hold (tests read it)
@@ -110,43 +106,6 @@ class CloudboxApp(App[None]):
         self._end_batch()
         if not self._batch_count:
             self.screen.refresh()
-
-    # -- background work -------------------------------------------------------------------------
-    def work_in_thread(self, fn: Callable[..., Any], *args: Any, done: Callable[[Any], object] | None = None,
-                       group: str = "tasks", exclusive: bool = False, name: str = "") -> Worker:
-        """Run blocking `fn(*args)` off the UI thread; `done(result)` runs back on the UI thread.
-        Failures land in on_worker_state_changed (one place), never on screen as a traceback."""
-
-        def job() -> Any:
-            result = fn(*args)
-            if done is not None:
-                self.call_from_thread(done, result)
-            return result
-
-        return self.run_worker(job, thread=True, group=group, exclusive=exclusive, name=name or fn.__name__,
-                               exit_on_error=False)
-
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        if event.state == WorkerState.ERROR and event.worker.error is not None:
-            self.report_error(event.worker.error, event.worker.name)
-
-    def report_error(self, err: BaseException, what: str = "") -> None:
-        if isinstance(err, CloudboxError):
-            text = str(err)
-        else:
-            text = f"internal error in {what or 'a background task'}: {err.__class__.__name__}: {err}"
-            self._log_traceback(err)
-        self.errors.append(text)
-        self.notify(text, title="cloudbox: error", severity="error", timeout=12, markup=False)
-
-    def _log_traceback(self, err: BaseException) -> None:
-        try:
-            d = paths.state_dir() / "logs"
-            d.mkdir(parents=True, exist_ok=True)
-            with open(d / "tui.log", "a") as f:
-                f.write("".join(traceback.format_exception(err)))
-        except OSError:
-            pass
 
     # -- actions -----------------------------------------------------------------------------------
     def action_help(self) -> None:

@@ -17,18 +17,15 @@ import signal
 import subprocess
 import sys
 import threading
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from textual.app import App
 from textual.binding import Binding
-from textual.worker import Worker, WorkerState
 
 from cloudbox.core import paths
-from cloudbox.core.errors import CloudboxError, InstallError
+from cloudbox.core.errors import InstallError
 from cloudbox.core.install import (
     InstallPlan,
     Machine,
@@ -42,6 +39,7 @@ from cloudbox.core.install import (
 )
 from cloudbox.core.install.answers import Answers, validate_data
 from cloudbox.core.install.apply import reap_stale
+from cloudbox.tui.background import BackgroundApp
 
 log = logging.getLogger("cloudbox.tui.install")
 
@@ -92,7 +90,11 @@ class Outcome:
     answers_file: Path | None = None
 
 
-class InstallApp(App[int]):
+class InstallApp(BackgroundApp[int]):
+    ERROR_TITLE = "cloudbox install: error"
+    ERROR_TIMEOUT = 15.0
+    TRACEBACK_LOG = "install-tui.log"
+
     CSS_PATH = "install.tcss"
     TITLE = "cloudbox install"
     ENABLE_COMMAND_PALETTE = False
@@ -115,7 +117,6 @@ class InstallApp(App[int]):
         self.plan: InstallPlan | None = None
         self.cancel = threading.Event()  # set by Ctrl-C / q / SIGTERM while the install runs
         self.installing = False
-        self.errors: list[str] = []  # every error shown, newest last (tests read it)
         self.outcome: Outcome | None = None
         self.after_done: str | None = None  # "reboot"/"poweroff"/"stay" once the user finished a complete install
 
@@ -165,49 +166,6 @@ class InstallApp(App[int]):
             log.warning("cannot save the answers to %s: %s", path, e)
             return None
         return path
-
-    # -- background work (the main app's pattern: one place for worker errors) --------------------------
-    def work_in_thread(self, fn: Callable[..., Any], *args: Any, done: Callable[[Any], object] | None = None,
-                       failed: Callable[[BaseException], object] | None = None, name: str = "") -> Worker:
-        """Run blocking `fn(*args)` off the UI thread; `done(result)` or `failed(error)` run on the UI thread
-        (without `failed`, the error is reported as a notification)."""
-
-        def job() -> Any:
-            try:
-                result = fn(*args)
-            except Exception as e:
-                if failed is None:
-                    raise
-                self.call_from_thread(failed, e)
-                return None
-            if done is not None:
-                self.call_from_thread(done, result)
-            return result
-
-        return self.run_worker(job, thread=True, name=name or fn.__name__, exit_on_error=False)
-
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        if event.state == WorkerState.ERROR and event.worker.error is not None:
-            self.report_error(event.worker.error, event.worker.name)
-
-    def report_error(self, err: BaseException, what: str = "") -> str:
-        if isinstance(err, CloudboxError):
-            text = str(err)
-        else:
-            text = f"internal error in {what or 'a background task'}: {err.__class__.__name__}: {err}"
-            self._log_traceback(err)
-        self.errors.append(text)
-        self.notify(text, title="cloudbox install: error", severity="error", timeout=15, markup=False)
-        return text
-
-    def _log_traceback(self, err: BaseException) -> None:
-        try:
-            d = paths.state_dir() / "logs"
-            d.mkdir(parents=True, exist_ok=True)
-            with open(d / "install-tui.log", "a") as f:
-                f.write("".join(traceback.format_exception(err)))
-        except OSError:
-            pass
 
     # -- stopping ----------------------------------------------------------------------------------------
     def request_cancel(self) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cloudbox.core.errors import AnswerError, ProfileProblem
+from cloudbox.core.errors import PYDANTIC_MESSAGES, AnswerError, ProfileProblem, plain_value
 from cloudbox.core.install.disks import INSTALL_NAMESPACE, Disk, find_disk
 from cloudbox.core.install.machine import Machine, Nic
 
@@ -206,32 +206,6 @@ def _cross(role: object, net: dict[str, Any], root: dict[str, Any]) -> list[Prof
 
 
 # ------------------------------------------------------------------------------------- pydantic -> problems
-_MESSAGES = {
-    "extra_forbidden": "unknown key",
-    "missing": "required key is missing",
-    "int_type": "must be an integer",
-    "string_type": "must be a string",
-    "list_type": "must be a list",
-    "literal_error": "not an allowed value",
-    "greater_than_equal": "out of range",
-    "less_than_equal": "out of range",
-    "string_pattern_mismatch": "not in the allowed form",
-    "string_too_short": "must not be empty",
-    "string_too_long": "too long",
-    "too_long": "too many entries",
-    "model_type": "must be a table",
-    "dict_type": "must be a table",
-}
-
-
-def _plain(value: object) -> object:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)
-    return value
-
-
 def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
     problems: list[ProfileProblem] = []
     for err in exc.errors():
@@ -244,7 +218,7 @@ def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
         if loc and loc[0] == "root" and len(loc) > 2 and loc[1] == "ssh_authorized_keys":
             loc = loc[:2]  # one entry of the list: report the list key
         key = ".".join(loc) or "(answers)"
-        value = None if etype == "missing" else _plain(err.get("input"))
+        value = None if etype == "missing" else plain_value(err.get("input"))
         if etype == "extra_forbidden":
             section = loc[0] if len(loc) == 2 else ""
             allowed: str | None = f"known keys: {_SECTION_KEYS.get(section, '')}"
@@ -254,7 +228,7 @@ def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
             allowed = f"a [{key}] table with keys: {_SECTION_KEYS[key]}"
         else:
             allowed = _TEXT_RULES.get(key)
-        message = _MESSAGES.get(etype, err["msg"])
+        message = PYDANTIC_MESSAGES.get(etype, err["msg"])
         if etype == "value_error":
             message = str(err["msg"]).removeprefix("Value error, ")
         if key == "role" and isinstance(err.get("input"), list):
