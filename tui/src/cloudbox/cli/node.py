@@ -24,22 +24,20 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cloudbox.cli.common import guard, usage
 from cloudbox.core import host, paths
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.nodes import enrol, health, registry
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("node", help="cluster nodes: join codes, enrolment, list, health",
                               description="The front-end's node registry and the enrolment of back-ends.")
     p.add_argument("--db", type=Path, default=None, help="node registry (default: the state dir's nodes.db)")
-    p.set_defaults(func=_usage(p))
+    p.set_defaults(func=usage(p))
     sub = p.add_subparsers(dest="node_command", metavar="COMMAND")
 
     c = sub.add_parser("code", help="make a one-time join code (front-end); the enrolment server listens while "
@@ -52,11 +50,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     mode.add_argument("--wait", action="store_true", help="serve enrolments in the foreground until no code is open")
     mode.add_argument("--no-listen", action="store_true", help="only make the code; do not start the server")
     _server_args(c)
-    c.set_defaults(func=_guard(cmd_code))
+    c.set_defaults(func=guard(cmd_code))
 
     s = sub.add_parser("enrol-server", help="accept enrolments while a join code is open (started by `node code`)")
     _server_args(s)
-    s.set_defaults(func=_guard(cmd_enrol_server))
+    s.set_defaults(func=guard(cmd_enrol_server))
 
     j = sub.add_parser("join", help="enrol this back-end with the front-end using a join code")
     j.add_argument("--front-end", dest="front_end", default=None,
@@ -67,21 +65,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     j.add_argument("--ssh-port", type=int, default=22, help="this node's sshd port (default 22)")
     j.add_argument("--no-from", action="store_true",
                    help="do not limit the front-end's key to the front-end's address (from=)")
-    j.set_defaults(func=_guard(cmd_join))
+    j.set_defaults(func=guard(cmd_join))
 
     ls = sub.add_parser("list", help="enrolled nodes with state")
     ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=_guard(cmd_list))
+    ls.set_defaults(func=guard(cmd_list))
 
     ck = sub.add_parser("check", help="probe every node's libvirt now; nodes down fail their runs")
     ck.add_argument("--watch", action="store_true", help=f"repeat every {health.CHECK_INTERVAL_S:g} s")
     ck.add_argument("--timeout", type=float, default=health.CHECK_TIMEOUT_S, help="seconds per node")
     ck.add_argument("--json", action="store_true")
-    ck.set_defaults(func=_guard(cmd_check))
+    ck.set_defaults(func=guard(cmd_check))
 
     rm = sub.add_parser("remove", help="forget a node (its pinned key goes; enrol it again with a new code)")
     rm.add_argument("name", metavar="NAME")
-    rm.set_defaults(func=_guard(cmd_remove))
+    rm.set_defaults(func=guard(cmd_remove))
     return p
 
 
@@ -89,28 +87,6 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bind", default=None,
                    help="address to listen on (default: the private NIC's address from the node settings, else all)")
     p.add_argument("--port", type=int, default=enrol.PORT, help=f"TCP port (default {enrol.PORT})")
-
-
-def _usage(parser: argparse.ArgumentParser) -> Handler:
-    def handler(args: argparse.Namespace) -> int:
-        parser.print_help(sys.stderr)
-        return 2
-
-    return handler
-
-
-def _guard(fn: Handler) -> Handler:
-    def handler(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except CloudboxError as e:
-            print(f"cloudbox: {e}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            return 130
-
-    handler.__name__ = fn.__name__
-    return handler
 
 
 def _registry(args: argparse.Namespace) -> registry.Registry:

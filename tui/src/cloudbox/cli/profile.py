@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 
+from cloudbox.cli.common import guard, usage
 from cloudbox.core import profiles
 from cloudbox.core.errors import CloudboxError, ProfileError
 
@@ -21,7 +21,6 @@ EXIT_NOT_FOUND = 1
 EXIT_DIFFERENT = 1
 EXIT_INVALID = 2
 
-Handler = Callable[[argparse.Namespace], int]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -32,56 +31,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Tuning profiles: presets (profiles/*.toml) and your own.",
     )
     sub = p.add_subparsers(dest="profile_command", metavar="SUBCOMMAND")
-    p.set_defaults(func=_usage(p))
+    p.set_defaults(func=usage(p))
 
     ls = sub.add_parser("list", help="every profile on the profile path: name, kind, description")
     ls.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    ls.set_defaults(func=_guard(cmd_list))
+    ls.set_defaults(func=guard(cmd_list, invalid=(ProfileError,)))
 
     show = sub.add_parser("show", help="one profile, by name or .toml file")
     show.add_argument("profile", metavar="NAME|FILE")
     fmt = show.add_mutually_exclusive_group()
     fmt.add_argument("--toml", action="store_true", help="canonical TOML (every key, schema order)")
     fmt.add_argument("--json", action="store_true", help="JSON of the validated profile plus its hash")
-    show.set_defaults(func=_guard(cmd_show))
+    show.set_defaults(func=guard(cmd_show, invalid=(ProfileError,)))
 
     diff = sub.add_parser("diff", help="the tuning knobs that differ between two profiles (exit 1 if any)")
     diff.add_argument("a", metavar="A")
     diff.add_argument("b", metavar="B")
-    diff.set_defaults(func=_guard(cmd_diff))
+    diff.set_defaults(func=guard(cmd_diff, invalid=(ProfileError,)))
 
     use = sub.add_parser("use", help="make a profile the active one (what the TUI's runs and guests start with)")
     use.add_argument("profile", metavar="NAME")
-    use.set_defaults(func=_guard(cmd_use))
+    use.set_defaults(func=guard(cmd_use, invalid=(ProfileError,)))
 
     val = sub.add_parser("validate", help="check profile files; exit 2 if any is invalid")
     val.add_argument("files", metavar="FILE", nargs="+")
     val.set_defaults(func=cmd_validate)
     return p
-
-
-def _usage(parser: argparse.ArgumentParser) -> Handler:
-    def handler(args: argparse.Namespace) -> int:
-        parser.print_help(sys.stderr)
-        return EXIT_INVALID
-
-    return handler
-
-
-def _guard(fn: Handler) -> Handler:
-    """ProfileError -> stderr, exit 2; other CloudboxError (e.g. NotFound) -> stderr, exit 1."""
-
-    def handler(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except ProfileError as e:
-            print(f"cloudbox: {e}", file=sys.stderr)
-            return EXIT_INVALID
-        except CloudboxError as e:
-            print(f"cloudbox: {e}", file=sys.stderr)
-            return EXIT_NOT_FOUND
-
-    return handler
 
 
 def _fmt(value: object) -> str:

@@ -17,15 +17,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from cloudbox.cli.common import guard, usage
 from cloudbox.core import compare
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.results import STATES, ResultStore, Run
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -37,7 +35,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--db", type=Path, default=None,
                    help="results database (default: the state dir's results.db)")
-    p.set_defaults(func=_usage(p))
+    p.set_defaults(func=usage(p))
     sub = p.add_subparsers(dest="results_command", metavar="COMMAND")
 
     ls = sub.add_parser("list", help="runs, newest first, with headline numbers")
@@ -45,59 +43,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     ls.add_argument("--profile", help="only runs of this profile")
     ls.add_argument("--limit", type=int, default=None, help="at most N runs")
     ls.add_argument("--json", action="store_true", help="JSON list of run summaries")
-    ls.set_defaults(func=_guard(cmd_list))
+    ls.set_defaults(func=guard(cmd_list))
 
     show = sub.add_parser("show", help="one run: configuration, provenance and its table")
     show.add_argument("run", metavar="RUN", help="run id or uuid (prefix)")
     show.add_argument("--json", action="store_true", help="the whole run as JSON")
     show.add_argument("--raw", action="store_true", help="include the tools' raw output")
-    show.set_defaults(func=_guard(cmd_show))
+    show.set_defaults(func=guard(cmd_show))
 
     cmp = sub.add_parser("compare", help="runs side by side against each run's own bare-metal baseline")
     cmp.add_argument("runs", metavar="RUN", nargs="+", help="run ids or uuids")
     cmp.add_argument("--format", choices=("text", "md", "csv", "json"), default="text")
-    cmp.set_defaults(func=_guard(cmd_compare))
+    cmp.set_defaults(func=guard(cmd_compare))
 
     exp = sub.add_parser("export", help="write runs (all when none given) as JSON, CSV or markdown")
     exp.add_argument("runs", metavar="RUN", nargs="*", help="run ids or uuids (default: every run)")
     exp.add_argument("--format", choices=("json", "csv", "md"), default="json")
     exp.add_argument("--raw", action="store_true", help="JSON: include the tools' raw output")
     exp.add_argument("-o", "--output", type=Path, help="write to FILE instead of standard output")
-    exp.set_defaults(func=_guard(cmd_export))
+    exp.set_defaults(func=guard(cmd_export))
 
     rm = sub.add_parser("delete", help="delete a run with its measurements, samples and events")
     rm.add_argument("run", metavar="RUN", help="run id or uuid")
-    rm.set_defaults(func=_guard(cmd_delete))
+    rm.set_defaults(func=guard(cmd_delete))
     return p
-
-
-def _usage(parser: argparse.ArgumentParser) -> Handler:
-    def handler(args: argparse.Namespace) -> int:
-        parser.print_help(sys.stderr)
-        return 2
-
-    return handler
-
-
-def _guard(fn: Handler) -> Handler:
-    """CloudboxError -> its text on stderr, exit 1; a closed pipe (| head) is not an error."""
-
-    def handler(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except CloudboxError as e:
-            print(f"cloudbox: {e}", file=sys.stderr)
-            return 1
-        except BrokenPipeError:
-            try:
-                sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - silence the flush at exit
-            except OSError:
-                pass
-            return 0
-
-    handler.__name__ = fn.__name__
-    handler.__doc__ = fn.__doc__
-    return handler
 
 
 def _store(args: argparse.Namespace) -> ResultStore:
