@@ -519,6 +519,7 @@ class Sshd:
     """A private sshd on 127.0.0.1:port with its own host key and authorized_keys file."""
 
     def __init__(self, base: Path, port: int, host_key: Path, authorized_keys: Path):
+        self.port = port
         self.config = base / "sshd_config"
         self.config.write_text("\n".join([
             f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}",
@@ -542,19 +543,30 @@ class Sshd:
         self.proc.wait(10)
 
 
-@pytest.mark.skipif(SSHD is None or os.geteuid() != 0, reason="needs sshd (openssh-server, `scripts/install-deps "
-                    "test`) and root")
-def test_end_to_end_with_sshd(front: Front, tmp_path: Path):
+def _enrolled_behind_sshd(front: Front, tmp_path: Path, name: str) -> tuple[Back, Sshd]:
+    """A back-end `name` with its own host key behind a private sshd on 127.0.0.1, enrolled with the front-end."""
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
     base = tmp_path / "node"
     base.mkdir()
     host_key = base / "ssh_host_ed25519_key"
     port = _closed_port()
-    back = Back(base, "node7", port, host_key=_keypair(host_key))
+    back = Back(base, name, port, host_key=_keypair(host_key))
     sshd = Sshd(base, port, host_key, back.authorized_keys)
     try:
         code, _ = front.reg.make_code()
         back.join(f"127.0.0.1:{front.serve()}", code)
+    except BaseException:
+        sshd.stop()
+        raise
+    return back, sshd
+
+
+@pytest.mark.skipif(SSHD is None or os.geteuid() != 0, reason="needs sshd (openssh-server, `scripts/install-deps "
+                    "test`) and root")
+def test_end_to_end_with_sshd(front: Front, tmp_path: Path):
+    back, sshd = _enrolled_behind_sshd(front, tmp_path, "node7")
+    base, port = back.base, sshd.port
+    try:
         node = front.reg.node("node7")
         ok = subprocess.run([*front.reg.ssh_args(node), "echo", "reached-$(hostname)"], capture_output=True,
                             text=True, timeout=30)
@@ -584,16 +596,8 @@ def test_end_to_end_with_sshd(front: Front, tmp_path: Path):
 def test_libvirt_over_the_pinned_ssh(front: Front, tmp_path: Path, libvirt_conn):
     """The health check reaches this host's real libvirtd through the node's libvirt URI (qemu+ssh, the pinned
     ssh wrapper, virt-ssh-helper on the node's side) after enrolment: the node is up with libvirt's version."""
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    base = tmp_path / "node"
-    base.mkdir()
-    host_key = base / "ssh_host_ed25519_key"
-    port = _closed_port()
-    back = Back(base, "node8", port, host_key=_keypair(host_key))
-    sshd = Sshd(base, port, host_key, back.authorized_keys)
+    _, sshd = _enrolled_behind_sshd(front, tmp_path, "node8")
     try:
-        code, _ = front.reg.make_code()
-        back.join(f"127.0.0.1:{front.serve()}", code)
         (h,) = health.check_all(front.reg, None, timeout=30)
         assert h.state == "up", h.reason
         assert front.reg.node("node8").detail["libvirt"].count(".") == 2
