@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.nodes import enrol, health, keys, registry
+from cloudbox.core.nodes import enrol, frontend, health, keys, registry
 from cloudbox.core.results import ResultStore
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen (openssh-client)")
@@ -603,3 +603,74 @@ def test_libvirt_over_the_pinned_ssh(front: Front, tmp_path: Path, libvirt_conn)
         assert front.reg.node("node8").detail["libvirt"].count(".") == 2
     finally:
         sshd.stop()
+
+
+# -- removing a node takes the front-end's key off it -----------------------------------------------------------
+
+ADMIN_LINE = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIadmin admin@lab"
+
+
+def _front_end_env(tmp_path: Path, front: Front) -> dict[str, str]:
+    conf = tmp_path / "fe-node.toml"
+    conf.write_text('role = "front-end"\n')
+    return {**os.environ, "PYTHONPATH": str(SRC), "CLOUDBOX_NODE_CONFIG": str(conf),
+            "CLOUDBOX_STATE_DIR": str(front.base), "CLOUDBOX_RUN_DIR": str(tmp_path / "run")}
+
+
+@pytest.mark.skipif(SSHD is None or os.geteuid() != 0, reason="needs sshd (openssh-server, `scripts/install-deps "
+                    "test`) and root")
+def test_remove_deletes_the_front_ends_line_on_the_node_and_keeps_the_others(front: Front, tmp_path: Path):
+    back, sshd = _enrolled_behind_sshd(front, tmp_path, "node7")
+    try:
+        ak = back.authorized_keys
+        (ours,) = ak.read_text().splitlines()
+        other_front = "restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIother cloudbox-front-end elsewhere"
+        ak.write_text(f"{ADMIN_LINE}\n{ours}\n# a comment\n{other_front}\n")
+        ak.chmod(0o600)
+        out = _cli(_front_end_env(tmp_path, front), "node", "--db", str(front.base / "nodes.db"), "remove", "node7",
+                   "--authorized-keys", str(ak))
+        assert "removed node node7 (127.0.0.1" in out.stdout
+        assert f"the front-end's key is no longer in node7's {ak}" in out.stdout and out.stderr == ""
+        # only the line with this front-end's key went: the admin's, a comment and another front-end's stay
+        assert ak.read_text().splitlines() == [ADMIN_LINE, "# a comment", other_front]
+        assert oct(ak.stat().st_mode & 0o777) == "0o600"
+        assert front.reg.nodes() == [] and "127.0.0.1" not in front.reg.known_hosts.read_text()
+    finally:
+        sshd.stop()
+
+
+@pytest.mark.skipif(SSHD is None or os.geteuid() != 0, reason="needs sshd (openssh-server, `scripts/install-deps "
+                    "test`) and root")
+def test_remove_of_an_unreachable_node_forgets_it_and_says_the_line_remains(front: Front, tmp_path: Path, monkeypatch):
+    back, sshd = _enrolled_behind_sshd(front, tmp_path, "node7")
+    sshd.stop()  # the node is gone
+    before = back.authorized_keys.read_text()
+    conf = tmp_path / "fe.toml"
+    conf.write_text('role = "front-end"\n')
+    monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(conf))
+    removal = frontend.remove_node(front.reg, "node7", authorized_keys=str(back.authorized_keys))
+    assert not removal.cleaned and removal.lines_removed is None
+    assert "ssh failed" in (removal.problem or "") and "refused" in (removal.problem or "")
+    assert "could not be reached" in removal.on_node and "STILL in its" in removal.on_node
+    assert f"sed -i '/ cloudbox-front-end /d' {back.authorized_keys}" in removal.on_node
+    assert front.reg.nodes() == [] and back.authorized_keys.read_text() == before
+    # the hand-made command does what it says
+    subprocess.run(["sh", "-c", removal.manual.split(": ", 1)[1]], check=True)
+    assert back.authorized_keys.read_text() == ""
+
+
+def test_cli_remove_of_an_unreachable_node_warns_and_exits_0(front: Front, back: Back, tmp_path: Path):
+    back.ident.ssh_port = _closed_port()
+    code, _ = front.reg.make_code()
+    back.join(f"127.0.0.1:{front.serve()}", code)
+    out = _cli(_front_end_env(tmp_path, front), "node", "--db", str(front.base / "nodes.db"), "remove", "node2")
+    assert "removed node node2" in out.stdout
+    assert out.stderr.startswith("cloudbox: warning: node2 could not be reached (ssh failed: ")
+    assert "the front-end's key is STILL in its /root/.ssh/authorized_keys" in out.stderr
+    assert "sed -i '/ cloudbox-front-end /d' /root/.ssh/authorized_keys" in out.stderr
+    assert front.reg.nodes() == []
+    # a back-end removes nothing
+    be = _front_end_env(tmp_path, front)
+    Path(be["CLOUDBOX_NODE_CONFIG"]).write_text('role = "back-end"\n')
+    refused = _cli(be, "node", "--db", str(front.base / "nodes.db"), "remove", "node2", check=False)
+    assert refused.returncode == 1 and "role: this node is a back-end" in refused.stderr
