@@ -506,7 +506,10 @@ def test_gather_lists_registry_nodes_on_a_front_end(tmp_path: Path, monkeypatch,
     front.reg.set_health("node2", "up", "libvirt 9.0.0 on node2", {"hostname": "node2"})
     nodes = host.gather(probe=False).nodes
     assert [(n.name, n.role, n.state) for n in nodes][1:] == [("node2", "back-end", "up")]
-    conf.write_text('role = "all-in-one"\n')
+    assert nodes[1].address == "127.0.0.1" and nodes[1].last_seen is not None
+    conf.write_text('role = "all-in-one"\n')  # an all-in-one may enrol back-ends too (`node code` runs there)
+    assert [n.name for n in host.gather(probe=False).nodes][1:] == ["node2"]
+    conf.write_text('role = "back-end"\n')
     assert len(host.gather(probe=False).nodes) == 1
 
 
@@ -652,10 +655,11 @@ def test_remove_of_an_unreachable_node_forgets_it_and_says_the_line_remains(fron
     assert not removal.cleaned and removal.lines_removed is None
     assert "ssh failed" in (removal.problem or "") and "refused" in (removal.problem or "")
     assert "could not be reached" in removal.on_node and "STILL in its" in removal.on_node
+    assert "delete that line there as root with: sed" in removal.on_node
     assert f"sed -i '/ cloudbox-front-end /d' {back.authorized_keys}" in removal.on_node
     assert front.reg.nodes() == [] and back.authorized_keys.read_text() == before
     # the hand-made command does what it says
-    subprocess.run(["sh", "-c", removal.manual.split(": ", 1)[1]], check=True)
+    subprocess.run(["sh", "-c", removal.manual], check=True)
     assert back.authorized_keys.read_text() == ""
 
 

@@ -225,6 +225,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_remove(args: argparse.Namespace) -> int:
     """Take the front-end's key off a node, then forget the node (even when it cannot be reached)."""
+    frontend.require_role("removing nodes")  # before a registry is made
     with _registry(args) as reg:
         removal = frontend.remove_node(reg, args.name, authorized_keys=args.authorized_keys)
     print(removal.forgotten)

@@ -29,11 +29,19 @@ SERVER_START_TIMEOUT_S = 15.0  # the detached server's Python start, keys and bi
 REMOTE_TIMEOUT_S = 20.0  # ssh to a node (its ConnectTimeout is 5 s) and the edit
 
 
+def role_refusal(role: str, source: str, what: str, allowed: tuple[str, ...] = FRONT_END_ROLES) -> str | None:
+    """Why `what` does not run on a node of this role (naming the role and where it came from), or None."""
+    if role in allowed:
+        return None
+    return f"role: this node is a {role} ({source}); {what} runs on a {' or '.join(allowed)}"
+
+
 def require_role(what: str, allowed: tuple[str, ...] = FRONT_END_ROLES) -> str:
     """This node's role when it is one of `allowed`; else a CloudboxError naming the role and where it came from."""
     role, src = host.role()
-    if role not in allowed:
-        raise CloudboxError(f"role: this node is a {role} ({src}); {what} runs on a {' or '.join(allowed)}")
+    why = role_refusal(role, src, what, allowed)
+    if why:
+        raise CloudboxError(why)
     return role
 
 
@@ -251,9 +259,8 @@ class Removal:
 
     @property
     def manual(self) -> str:
-        return (f"on {self.node.name} ({self.node.address}) as root, delete the line ending in "
-                f"'{keys.AUTHORIZED_MARK} …' from {self.authorized_keys}: "
-                f"sed -i '/ {keys.AUTHORIZED_MARK} /d' {self.authorized_keys}")
+        """The command that deletes the line by hand, as root on the node (cloudbox keeps one such line)."""
+        return f"sed -i '/ {keys.AUTHORIZED_MARK} /d' {shlex.quote(self.authorized_keys)}"
 
     @property
     def forgotten(self) -> str:
@@ -268,7 +275,7 @@ class Removal:
         if self.lines_removed == 0:
             return f"{self.node.name}'s {self.authorized_keys} held no line with the front-end's key"
         return (f"{self.node.name} could not be reached ({self.problem}), so the front-end's key is STILL in its "
-                f"{self.authorized_keys}: {self.manual}")
+                f"{self.authorized_keys}; delete that line there as root with: {self.manual}")
 
 
 def remove_authorized_line(reg: Registry, node: NodeRecord, path: str = NODE_AUTHORIZED_KEYS,
