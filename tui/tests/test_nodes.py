@@ -678,3 +678,79 @@ def test_cli_remove_of_an_unreachable_node_warns_and_exits_0(front: Front, back:
     Path(be["CLOUDBOX_NODE_CONFIG"]).write_text('role = "back-end"\n')
     refused = _cli(be, "node", "--db", str(front.base / "nodes.db"), "remove", "node2", check=False)
     assert refused.returncode == 1 and "role: this node is a back-end" in refused.stderr
+
+
+# -- the health monitor unit ---------------------------------------------------------------------------------
+
+REPO = SRC.parents[1]
+
+
+def test_watch_prints_a_node_only_when_its_state_changes():
+    from cloudbox.cli.node import changed
+
+    last: dict[str, tuple[str, str]] = {}
+    up = health.Health("n1", "up", "libvirt 11.3.0 on n1")
+    down = health.Health("n2", "down", "no answer")
+    assert changed(last, [up, down]) == [up, down]  # the first round: every node
+    assert changed(last, [up, down]) == []  # nothing new: no journal line every 10 s
+    back = health.Health("n2", "up", "libvirt 11.3.0 on n2")
+    failed = health.Health("n1", "up", "libvirt 11.3.0 on n1", failed_runs=[7])
+    assert changed(last, [failed, back]) == [failed, back]
+
+
+def test_node_check_unit_runs_on_an_installed_front_end_or_all_in_one_only(tmp_path: Path):
+    import shlex
+
+    unit = (REPO / "appliance" / "units" / "cloudbox-node-check.service").read_text()
+    assert unit.startswith("# ") and "\n[Unit]\n" in unit  # the one-line header, like the other units
+    lines = dict(ln.split("=", 1) for ln in unit.splitlines() if "=" in ln and not ln.startswith("#"))
+    assert lines["ConditionPathExists"] == "/etc/cloudbox/node.toml"
+    assert lines["ExecStart"] == "/usr/bin/cloudbox node check --watch" and lines["Restart"] == "on-failure"
+    condition = shlex.split(lines["ExecCondition"])  # systemd's quoting of this line is the shell's
+    conf = Path(condition[-1])
+    assert conf == Path("/etc/cloudbox/node.toml")
+    for role, runs in (("front-end", True), ("all-in-one", True), ("back-end", False)):
+        f = tmp_path / f"{role}.toml"
+        # as `cloudbox install` writes it (install/plan.py, node_settings_text)
+        f.write_text(f"# This node's role and settings\nrole = {json.dumps(role)}\nhostname = \"n1\"\n")
+        grep = subprocess.run(["grep", *condition[1:-1], str(f)])
+        assert (grep.returncode == 0) == runs, role
+        assert grep.returncode in (0, 1)  # 1..254 skips the unit; it does not fail it
+    preset = (REPO / "mkosi.extra/usr/lib/systemd/system-preset/10-cloudbox.preset").read_text().splitlines()
+    assert "enable cloudbox-node-check.service" in preset
+    assert "ExtraTrees=appliance/units:/usr/lib/systemd/system" in (REPO / "mkosi.conf").read_text()
+
+
+def _console_cluster_status(env: dict[str, str]) -> str:
+    """The live console's cluster lines (cloudbox-console's cluster_status, run on its own)."""
+    script = (REPO / "mkosi.extra/usr/libexec/cloudbox/cloudbox-console").read_text()
+    body = script[script.index("node_toml="):]  # its settings variables and the function
+    body = body[:body.index("\n}\n") + 3]
+    out = subprocess.run(["bash", "-c", f"set -u\n{body}cluster_status"], env=env, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    return out.stdout
+
+
+def test_console_shows_the_node_count_and_how_to_get_a_join_code(front: Front, back: Back, tmp_path: Path):
+    conf = tmp_path / "node.toml"
+    env = {"PATH": os.environ["PATH"], "CLOUDBOX_NODE_CONFIG": str(conf), "CLOUDBOX_STATE_DIR": str(front.base)}
+    assert _console_cluster_status(env) == ""  # the live system: the install text instead
+    conf.write_text('role = "front-end"\nhostname = "fe1"\n')
+    assert "Nodes: 0 back-end(s) enrolled, 0 up" in _console_cluster_status(env)
+    code, _ = front.reg.make_code()
+    back.join(f"127.0.0.1:{front.serve()}", code)
+    out = _console_cluster_status(env)
+    assert "Nodes: 1 back-end(s) enrolled, 0 up at the last check" in out
+    front.reg.set_health("node2", "up", "libvirt 9.0.0 on node2")
+    out = _console_cluster_status(env)
+    assert out.startswith(f"Installed node, role front-end ({conf}); the cloudbox TUI")
+    assert "Nodes: 1 back-end(s) enrolled, 1 up at the last check" in out
+    assert "run 'cloudbox node code' (or press j on the TUI's Overview)" in out and code not in out
+    # a back-end names the front-end it is enrolled with (the pin enrolment wrote), or says how to join
+    conf.write_text('role = "back-end"\n')
+    env["CLOUDBOX_STATE_DIR"] = str(tmp_path / "be-state")
+    assert "Not enrolled yet" in _console_cluster_status(env)
+    (tmp_path / "be-state" / "nodes").mkdir(parents=True)
+    shutil.copy(back.pins / "frontend.json", tmp_path / "be-state" / "nodes" / "frontend.json")
+    assert "Managed by front-end front (127.0.0.1); join codes" in _console_cluster_status(env)

@@ -67,7 +67,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     ls.set_defaults(func=guard(cmd_list))
 
     ck = sub.add_parser("check", help="probe every node's libvirt now; nodes down fail their runs")
-    ck.add_argument("--watch", action="store_true", help=f"repeat every {health.CHECK_INTERVAL_S:g} s")
+    ck.add_argument("--watch", action="store_true", help=f"repeat every {health.CHECK_INTERVAL_S:g} s (what "
+                    "cloudbox-node-check.service runs); a node gets a line when its state or reason changes")
     ck.add_argument("--timeout", type=float, default=health.CHECK_TIMEOUT_S, help="seconds per node")
     ck.add_argument("--json", action="store_true")
     ck.set_defaults(func=guard(cmd_check))
@@ -200,19 +201,33 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def changed(last: dict[str, tuple[str, str]], healths: list[health.Health]) -> list[health.Health]:
+    """The checks worth a line in --watch: a node seen for the first time, whose state or reason changed, or
+    whose runs were just failed. Updates `last` (a journal line every 10 s per node said nothing new)."""
+    out = [h for h in healths if last.get(h.name) != (h.state, h.reason) or h.failed_runs]
+    last.clear()
+    last.update({h.name: (h.state, h.reason) for h in healths})
+    return out
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Probe every node."""
     from cloudbox.core.results import ResultStore
 
+    last: dict[str, tuple[str, str]] | None = {} if args.watch else None
+    was_empty = False
+
     def show(healths: list[health.Health]) -> None:
+        nonlocal was_empty
         if args.json:
             print(json.dumps([h.__dict__ for h in healths]), flush=True)
             return
-        for h in healths:
+        for h in healths if last is None else changed(last, healths):
             runs = f"; runs marked failed: {', '.join(map(str, h.failed_runs))}" if h.failed_runs else ""
             print(f"{_when(time.time())} {h.name}: {h.state} ({h.reason}, {h.seconds:.1f} s){runs}", flush=True)
-        if not healths:
+        if not healths and not was_empty:
             print("no nodes enrolled", flush=True)
+        was_empty = not healths and last is not None
 
     with _registry(args) as reg, ResultStore() as store:
         if not args.watch:
