@@ -630,6 +630,12 @@ def test_remove_deletes_the_front_ends_line_on_the_node_and_keeps_the_others(fro
         other_front = "restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIother cloudbox-front-end elsewhere"
         ak.write_text(f"{ADMIN_LINE}\n{ours}\n# a comment\n{other_front}\n")
         ak.chmod(0o600)
+        node = front.reg.node("node7")
+        assert frontend.remove_authorized_line(front.reg, node, str(back.base / "absent")) == 0
+        # a path with a space and a quote reaches the node as one argument
+        odd = back.base / "it's here"
+        odd.write_text(f"{ours}\n")
+        assert frontend.remove_authorized_line(front.reg, node, str(odd)) == 1 and odd.read_text() == ""
         out = _cli(_front_end_env(tmp_path, front), "node", "--db", str(front.base / "nodes.db"), "remove", "node7",
                    "--authorized-keys", str(ak))
         assert "removed node node7 (127.0.0.1" in out.stdout

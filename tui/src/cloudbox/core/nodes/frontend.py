@@ -301,9 +301,10 @@ def remove_authorized_line(reg: Registry, node: NodeRecord, path: str = NODE_AUT
         why = "; ".join(lines[-2:]) or f"exit status {out.returncode}"
         what = "ssh" if out.returncode == 255 else f"editing {path}"
         raise CloudboxError(f"{what} failed: {why}")
-    words = out.stdout.split()
+    # The last line is the script's (a chatty shell start-up file on the node may print before it).
+    words = (out.stdout.strip().splitlines() or [""])[-1].split()
     if len(words) < 2 or words[0] != "removed" or not words[1].isdigit():
-        raise CloudboxError(f"editing {path}: unexpected answer {out.stdout.strip()[:200]!r}")
+        raise CloudboxError(f"editing {path}: unexpected answer {out.stdout.strip()[-200:]!r}")
     return int(words[1])
 
 
