@@ -99,7 +99,7 @@ class OverviewScreen(BaseScreen):
         Binding("v", "revoke_codes", "Revoke", id="overview.revoke-codes",
                 tooltip="revoke every open join code; the enrolment server stops (front-end)"),
         Binding("x", "remove_node", "Remove", id="overview.remove-node",
-                tooltip="remove the highlighted node: its copy of the front-end's key, then the node (asks first)"),
+                tooltip="take the front-end's key off the highlighted node, then forget it (asks first)"),
     ]
 
     def __init__(self) -> None:
