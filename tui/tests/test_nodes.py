@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.nodes import enrol, health, keys, registry
+from cloudbox.core.nodes import enrol, frontend, health, keys, registry
 from cloudbox.core.results import ResultStore
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen (openssh-client)")
@@ -506,7 +506,10 @@ def test_gather_lists_registry_nodes_on_a_front_end(tmp_path: Path, monkeypatch,
     front.reg.set_health("node2", "up", "libvirt 9.0.0 on node2", {"hostname": "node2"})
     nodes = host.gather(probe=False).nodes
     assert [(n.name, n.role, n.state) for n in nodes][1:] == [("node2", "back-end", "up")]
-    conf.write_text('role = "all-in-one"\n')
+    assert nodes[1].address == "127.0.0.1" and nodes[1].last_seen is not None
+    conf.write_text('role = "all-in-one"\n')  # an all-in-one may enrol back-ends too (`node code` runs there)
+    assert [n.name for n in host.gather(probe=False).nodes][1:] == ["node2"]
+    conf.write_text('role = "back-end"\n')
     assert len(host.gather(probe=False).nodes) == 1
 
 
@@ -603,3 +606,157 @@ def test_libvirt_over_the_pinned_ssh(front: Front, tmp_path: Path, libvirt_conn)
         assert front.reg.node("node8").detail["libvirt"].count(".") == 2
     finally:
         sshd.stop()
+
+
+# -- removing a node takes the front-end's key off it -----------------------------------------------------------
+
+ADMIN_LINE = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIadmin admin@lab"
+
+
+def _front_end_env(tmp_path: Path, front: Front) -> dict[str, str]:
+    conf = tmp_path / "fe-node.toml"
+    conf.write_text('role = "front-end"\n')
+    return {**os.environ, "PYTHONPATH": str(SRC), "CLOUDBOX_NODE_CONFIG": str(conf),
+            "CLOUDBOX_STATE_DIR": str(front.base), "CLOUDBOX_RUN_DIR": str(tmp_path / "run")}
+
+
+@pytest.mark.skipif(SSHD is None or os.geteuid() != 0, reason="needs sshd (openssh-server, `scripts/install-deps "
+                    "test`) and root")
+def test_remove_deletes_the_front_ends_line_on_the_node_and_keeps_the_others(front: Front, tmp_path: Path):
+    back, sshd = _enrolled_behind_sshd(front, tmp_path, "node7")
+    try:
+        ak = back.authorized_keys
+        (ours,) = ak.read_text().splitlines()
+        other_front = "restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIother cloudbox-front-end elsewhere"
+        ak.write_text(f"{ADMIN_LINE}\n{ours}\n# a comment\n{other_front}\n")
+        ak.chmod(0o600)
+        node = front.reg.node("node7")
+        assert frontend.remove_authorized_line(front.reg, node, str(back.base / "absent")) == 0
+        # a path with a space and a quote reaches the node as one argument
+        odd = back.base / "it's here"
+        odd.write_text(f"{ours}\n")
+        assert frontend.remove_authorized_line(front.reg, node, str(odd)) == 1 and odd.read_text() == ""
+        out = _cli(_front_end_env(tmp_path, front), "node", "--db", str(front.base / "nodes.db"), "remove", "node7",
+                   "--authorized-keys", str(ak))
+        assert "removed node node7 (127.0.0.1" in out.stdout
+        assert f"the front-end's key is no longer in node7's {ak}" in out.stdout and out.stderr == ""
+        # only the line with this front-end's key went: the admin's, a comment and another front-end's stay
+        assert ak.read_text().splitlines() == [ADMIN_LINE, "# a comment", other_front]
+        assert oct(ak.stat().st_mode & 0o777) == "0o600"
+        assert front.reg.nodes() == [] and "127.0.0.1" not in front.reg.known_hosts.read_text()
+    finally:
+        sshd.stop()
+
+
+@pytest.mark.skipif(SSHD is None or os.geteuid() != 0, reason="needs sshd (openssh-server, `scripts/install-deps "
+                    "test`) and root")
+def test_remove_of_an_unreachable_node_forgets_it_and_says_the_line_remains(front: Front, tmp_path: Path, monkeypatch):
+    back, sshd = _enrolled_behind_sshd(front, tmp_path, "node7")
+    sshd.stop()  # the node is gone
+    before = back.authorized_keys.read_text()
+    conf = tmp_path / "fe.toml"
+    conf.write_text('role = "front-end"\n')
+    monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(conf))
+    removal = frontend.remove_node(front.reg, "node7", authorized_keys=str(back.authorized_keys))
+    assert not removal.cleaned and removal.lines_removed is None
+    assert "ssh failed" in (removal.problem or "") and "refused" in (removal.problem or "")
+    assert "could not be reached" in removal.on_node and "STILL in its" in removal.on_node
+    assert "delete that line there as root with: sed" in removal.on_node
+    assert f"sed -i '/ cloudbox-front-end /d' {back.authorized_keys}" in removal.on_node
+    assert front.reg.nodes() == [] and back.authorized_keys.read_text() == before
+    # the hand-made command does what it says
+    subprocess.run(["sh", "-c", removal.manual], check=True)
+    assert back.authorized_keys.read_text() == ""
+
+
+def test_cli_remove_of_an_unreachable_node_warns_and_exits_0(front: Front, back: Back, tmp_path: Path):
+    back.ident.ssh_port = _closed_port()
+    code, _ = front.reg.make_code()
+    back.join(f"127.0.0.1:{front.serve()}", code)
+    out = _cli(_front_end_env(tmp_path, front), "node", "--db", str(front.base / "nodes.db"), "remove", "node2")
+    assert "removed node node2" in out.stdout
+    assert out.stderr.startswith("cloudbox: warning: node2 could not be reached (ssh failed: ")
+    assert "the front-end's key is STILL in its /root/.ssh/authorized_keys" in out.stderr
+    assert "sed -i '/ cloudbox-front-end /d' /root/.ssh/authorized_keys" in out.stderr
+    assert front.reg.nodes() == []
+    # a back-end removes nothing
+    be = _front_end_env(tmp_path, front)
+    Path(be["CLOUDBOX_NODE_CONFIG"]).write_text('role = "back-end"\n')
+    refused = _cli(be, "node", "--db", str(front.base / "nodes.db"), "remove", "node2", check=False)
+    assert refused.returncode == 1 and "role: this node is a back-end" in refused.stderr
+
+
+# -- the health monitor unit ---------------------------------------------------------------------------------
+
+REPO = SRC.parents[1]
+
+
+def test_watch_prints_a_node_only_when_its_state_changes():
+    from cloudbox.cli.node import changed
+
+    last: dict[str, tuple[str, str]] = {}
+    up = health.Health("n1", "up", "libvirt 11.3.0 on n1")
+    down = health.Health("n2", "down", "no answer")
+    assert changed(last, [up, down]) == [up, down]  # the first round: every node
+    assert changed(last, [up, down]) == []  # nothing new: no journal line every 10 s
+    back = health.Health("n2", "up", "libvirt 11.3.0 on n2")
+    failed = health.Health("n1", "up", "libvirt 11.3.0 on n1", failed_runs=[7])
+    assert changed(last, [failed, back]) == [failed, back]
+
+
+def test_node_check_unit_runs_on_an_installed_front_end_or_all_in_one_only(tmp_path: Path):
+    import shlex
+
+    unit = (REPO / "appliance" / "units" / "cloudbox-node-check.service").read_text()
+    assert unit.startswith("# ") and "\n[Unit]\n" in unit  # the one-line header, like the other units
+    lines = dict(ln.split("=", 1) for ln in unit.splitlines() if "=" in ln and not ln.startswith("#"))
+    assert lines["ConditionPathExists"] == "/etc/cloudbox/node.toml"
+    assert lines["ExecStart"] == "/usr/bin/cloudbox node check --watch" and lines["Restart"] == "on-failure"
+    condition = shlex.split(lines["ExecCondition"])  # systemd's quoting of this line is the shell's
+    conf = Path(condition[-1])
+    assert conf == Path("/etc/cloudbox/node.toml")
+    for role, runs in (("front-end", True), ("all-in-one", True), ("back-end", False)):
+        f = tmp_path / f"{role}.toml"
+        # as `cloudbox install` writes it (install/plan.py, node_settings_text)
+        f.write_text(f"# This node's role and settings\nrole = {json.dumps(role)}\nhostname = \"n1\"\n")
+        grep = subprocess.run(["grep", *condition[1:-1], str(f)])
+        assert (grep.returncode == 0) == runs, role
+        assert grep.returncode in (0, 1)  # 1..254 skips the unit; it does not fail it
+    preset = (REPO / "mkosi.extra/usr/lib/systemd/system-preset/10-cloudbox.preset").read_text().splitlines()
+    assert "enable cloudbox-node-check.service" in preset
+    assert "ExtraTrees=appliance/units:/usr/lib/systemd/system" in (REPO / "mkosi.conf").read_text()
+
+
+def _console_cluster_status(env: dict[str, str]) -> str:
+    """The live console's cluster lines (cloudbox-console's cluster_status, run on its own)."""
+    script = (REPO / "mkosi.extra/usr/libexec/cloudbox/cloudbox-console").read_text()
+    body = script[script.index("node_toml="):]  # its settings variables and the function
+    body = body[:body.index("\n}\n") + 3]
+    out = subprocess.run(["bash", "-c", f"set -u\n{body}cluster_status"], env=env, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    return out.stdout
+
+
+def test_console_shows_the_node_count_and_how_to_get_a_join_code(front: Front, back: Back, tmp_path: Path):
+    conf = tmp_path / "node.toml"
+    env = {"PATH": os.environ["PATH"], "CLOUDBOX_NODE_CONFIG": str(conf), "CLOUDBOX_STATE_DIR": str(front.base)}
+    assert _console_cluster_status(env) == ""  # the live system: the install text instead
+    conf.write_text('role = "front-end"\nhostname = "fe1"\n')
+    assert "Nodes: 0 back-end(s) enrolled, 0 up" in _console_cluster_status(env)
+    code, _ = front.reg.make_code()
+    back.join(f"127.0.0.1:{front.serve()}", code)
+    out = _console_cluster_status(env)
+    assert "Nodes: 1 back-end(s) enrolled, 0 up at the last check" in out
+    front.reg.set_health("node2", "up", "libvirt 9.0.0 on node2")
+    out = _console_cluster_status(env)
+    assert out.startswith(f"Installed node, role front-end ({conf}); the cloudbox TUI")
+    assert "Nodes: 1 back-end(s) enrolled, 1 up at the last check" in out
+    assert "run 'cloudbox node code' (or press j on the TUI's Overview)" in out and code not in out
+    # a back-end names the front-end it is enrolled with (the pin enrolment wrote), or says how to join
+    conf.write_text('role = "back-end"\n')
+    env["CLOUDBOX_STATE_DIR"] = str(tmp_path / "be-state")
+    assert "Not enrolled yet" in _console_cluster_status(env)
+    (tmp_path / "be-state" / "nodes").mkdir(parents=True)
+    shutil.copy(back.pins / "frontend.json", tmp_path / "be-state" / "nodes" / "frontend.json")
+    assert "Managed by front-end front (127.0.0.1); join codes" in _console_cluster_status(env)

@@ -16,6 +16,7 @@ app into a scene's state (data loaded, keys pressed) before taking a screenshot.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import io
@@ -36,6 +37,8 @@ from cloudbox.core.accel import Accelerator
 from cloudbox.core.guest import METADATA_NS
 from cloudbox.core.guestimage import CMDLINE
 from cloudbox.core.host import Disk, HostFacts, Nic, Node
+from cloudbox.core.nodes.frontend import CodeOffer
+from cloudbox.core.nodes.registry import JoinCode
 from cloudbox.core.results import ResultStore
 from cloudbox.tui.app import CloudboxApp, create_app
 from cloudbox.tui.backend import Backend
@@ -59,13 +62,14 @@ KVM = Accelerator("kvm", "kvm", emulated=False, nested=False,
 ACCELERATORS = {"tcg": TCG, "kvm": KVM}
 
 
-def host_facts(accelerator: Accelerator = TCG) -> HostFacts:
-    """The demo box: an installed all-in-one node with a system SSD, a data disk for runs and two NICs."""
+def host_facts(accelerator: Accelerator = TCG, role: str = "all-in-one") -> HostFacts:
+    """The demo box: an installed all-in-one (or front-end) node with a system SSD, a data disk for runs and two
+    NICs."""
     return HostFacts(
         hostname=HOST,
-        role="all-in-one",
+        role=role,
         role_source="/etc/cloudbox/node.toml",
-        nodes=[Node(HOST, "all-in-one", "up", "this box")],
+        nodes=[Node(HOST, role, "up", "this box")],
         accelerator=accelerator,
         accelerator_problem=None,
         libvirtd="libvirtd running (pid 812)",
@@ -342,6 +346,49 @@ def demo_guests(uri: str = LIBVIRT_URI) -> Iterator[list[str]]:
 assert METADATA_NS == domain.CLOUDBOX_XMLNS  # list_guests finds what render_domain writes
 
 
+# -- the cluster (a front-end's node registry) ------------------------------------------------------------
+
+
+def _demo_key(seed: int) -> str:
+    """A fixed, well-formed ed25519 public key line (never used to connect)."""
+    kind = b"ssh-ed25519"
+    blob = len(kind).to_bytes(4, "big") + kind + (32).to_bytes(4, "big") + bytes([seed]) * 32
+    return f"ssh-ed25519 {base64.b64encode(blob).decode()}"
+
+
+# name, address, state, reason, last seen (None: never checked)
+DEMO_NODES = [
+    ("cb-node1", "10.10.0.12", "up", "libvirt 11.3.0 on cb-node1", T0 + 600),
+    ("cb-node2", "10.10.0.13", "down", "libvirt at 10.10.0.13: Cannot recv data: Connection reset by peer; ssh: "
+     "Host key verification failed.", T0 - 3 * 3600),
+    ("cb-node3", "10.10.0.14", "unknown", None, None),
+]
+DEMO_CODE = "7K3M-Q9XD-2PWN-HT4R"  # what the join-code scene shows (the dialog is given it; nothing is enrolled)
+
+
+def build_cluster() -> None:
+    """The front-end's registry: DEMO_NODES enrolled with spent codes, their last check just now (so the
+    overview shows the stored state, not 'unknown'), last seen at fixed times."""
+    from cloudbox.core.nodes.registry import Registry
+
+    with Registry() as reg:
+        for i, (name, address, state, reason, _seen) in enumerate(DEMO_NODES):
+            _, rec = reg.make_code()
+            reg.enrol(name=name, role="back-end", address=address, ssh_port=22, host_key=_demo_key(i + 1),
+                      client_key=_demo_key(i + 101), code_key=rec.key, peer=address)
+            if state != "unknown":
+                reg.set_health(name, state, reason)
+        with reg._write() as conn:
+            for name, _a, _s, _r, last_seen in DEMO_NODES:
+                conn.execute("UPDATE nodes SET last_seen = ? WHERE name = ?", (last_seen, name))
+
+
+def demo_offer() -> CodeOffer:
+    rec = JoinCode(id=4, key=b"", created_at=T0, expires_at=T0 + 900, used_at=None, used_by=None,
+                   revoked_at=None, revoked_reason=None)
+    return CodeOffer(DEMO_CODE, rec, 15, "10.10.0.1", 7413, "started", 2417)
+
+
 # -- the app and its scenes ------------------------------------------------------------------------------
 
 
@@ -355,7 +402,9 @@ def demo_app(scene: str) -> CloudboxApp:
             build_results(store, guest_session=s.guests)
     finally:
         store.close()
-    backend = Backend(facts=host_facts(ACCELERATORS[s.accelerator]), libvirt_uri=LIBVIRT_URI)
+    if s.role == "front-end":
+        build_cluster()
+    backend = Backend(facts=host_facts(ACCELERATORS[s.accelerator], s.role), libvirt_uri=LIBVIRT_URI)
     return create_app(backend, mode=s.mode, poll_interval=3600.0)
 
 
@@ -500,6 +549,24 @@ async def results_export(pilot: Pilot) -> None:
                  "the export dialog")
 
 
+async def nodes(pilot: Pilot) -> None:
+    app = pilot.app
+    await overview(pilot)
+    await settle(pilot, lambda: _rows(app, "#nodes") == 1 + len(DEMO_NODES), "the enrolled nodes")
+    table = app.screen.query_one("#nodes", DataTable)
+    table.focus()
+    table.move_cursor(row=2)  # cb-node2, down: its whole reason shows under the table
+    await settle(pilot, lambda: "cb-node2: DOWN" in _text(app, "#node-detail"), "the highlighted node's reason")
+
+
+async def join_code(pilot: Pilot) -> None:
+    from cloudbox.tui.screens.join_code import JoinCodeDialog
+
+    await nodes(pilot)
+    pilot.app.push_screen(JoinCodeDialog(demo_offer()))
+    await settle(pilot, lambda: "7 K 3 M" in _text(pilot.app, "#code"), "the join code dialog")
+
+
 async def help_screen(pilot: Pilot) -> None:
     await overview(pilot)
     await pilot.press("question_mark")
@@ -512,6 +579,7 @@ class Scene:
     drive: Callable[[Pilot], Awaitable[None]]
     accelerator: str = "tcg"  # key of ACCELERATORS
     guests: bool = False  # the guest session run and libvirt test-driver guests
+    role: str = "all-in-one"  # front-end: with the enrolled DEMO_NODES in the registry
 
 
 SCENES: dict[str, Scene] = {
@@ -528,5 +596,7 @@ SCENES: dict[str, Scene] = {
     "results": Scene("results", results_marked),
     "results-compare": Scene("results", results_compare),
     "results-export": Scene("results", results_export),
+    "nodes": Scene("overview", nodes, accelerator="kvm", role="front-end"),
+    "join-code": Scene("overview", join_code, accelerator="kvm", role="front-end"),
     "help": Scene("overview", help_screen),
 }

@@ -5,7 +5,7 @@ On the front-end:
     cloudbox node code --list | --revoke ID|all
     cloudbox node list [--json]                       enrolled nodes with state
     cloudbox node check [--watch] [--json]            probe every node's libvirt; fail the runs of nodes down
-    cloudbox node remove NAME
+    cloudbox node remove NAME [--authorized-keys PATH]   take the front-end's key off the node, forget it
     cloudbox node enrol-server [--bind ADDR] [--port N]   (started by `node code`; listens while a code is open)
 On a back-end:
     cloudbox node join --front-end ADDR[:PORT]|discover --code CODE [--name NAME] [--ssh-port N]
@@ -16,21 +16,16 @@ Exit codes: 0 ok, 1 on a CloudboxError (message on stderr), 2 on usage errors.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from cloudbox.cli.common import guard, usage
-from cloudbox.core import host, paths
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.nodes import enrol, health, registry
+from cloudbox.core.nodes import enrol, frontend, health, registry
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -72,13 +67,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     ls.set_defaults(func=guard(cmd_list))
 
     ck = sub.add_parser("check", help="probe every node's libvirt now; nodes down fail their runs")
-    ck.add_argument("--watch", action="store_true", help=f"repeat every {health.CHECK_INTERVAL_S:g} s")
+    ck.add_argument("--watch", action="store_true", help=f"repeat every {health.CHECK_INTERVAL_S:g} s (what "
+                    "cloudbox-node-check.service runs); a node gets a line when its state or reason changes")
     ck.add_argument("--timeout", type=float, default=health.CHECK_TIMEOUT_S, help="seconds per node")
     ck.add_argument("--json", action="store_true")
     ck.set_defaults(func=guard(cmd_check))
 
-    rm = sub.add_parser("remove", help="forget a node (its pinned key goes; enrol it again with a new code)")
+    rm = sub.add_parser("remove", help="take the front-end's key off a node and forget it (its pinned key goes; "
+                        "enrol it again with a new code)",
+                        description="Deletes the front-end's line from the node's authorized_keys over the pinned "
+                        "ssh, then forgets the node. A node that cannot be reached is forgotten all the same, with "
+                        "a warning saying how to delete the line there by hand.")
     rm.add_argument("name", metavar="NAME")
+    rm.add_argument("--authorized-keys", default=frontend.NODE_AUTHORIZED_KEYS, metavar="PATH",
+                    help=f"root's authorized_keys on the node (default {frontend.NODE_AUTHORIZED_KEYS})")
     rm.set_defaults(func=guard(cmd_remove))
     return p
 
@@ -93,59 +95,15 @@ def _registry(args: argparse.Namespace) -> registry.Registry:
     return registry.Registry(getattr(args, "db", None))
 
 
-def _settings() -> dict[str, Any]:
-    try:
-        return tomllib.loads(host.node_settings_file().read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
-
-
-def _require_role(allowed: tuple[str, ...], what: str) -> None:
-    role, src = host.role()
-    if role not in allowed:
-        raise CloudboxError(f"role: this node is a {role} ({src}); {what} runs on a {' or '.join(allowed)}")
-
-
-def default_bind() -> str:
-    """The private NIC's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0."""
-    nic = _settings().get("network", {}).get("private_nic")
-    if nic:
-        try:
-            for n in host.nics():
-                if n.name == nic and n.addresses:
-                    return n.addresses[0].split("/")[0]
-        except (CloudboxError, OSError, ValueError, subprocess.SubprocessError):
-            pass
-    return "0.0.0.0"
-
-
-def _when(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+_when = frontend.when
 
 
 # -- code and the server ------------------------------------------------------------------------------
 
 
-def _server_lock() -> Path:
-    return paths.run_dir() / "enrol-server.lock"
-
-
-def server_running() -> bool:
-    lock = _server_lock()
-    if not lock.exists():
-        return False
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
-
-
 def cmd_code(args: argparse.Namespace) -> int:
     """Make (or list, or revoke) join codes."""
-    _require_role(("front-end", "all-in-one"), "making join codes")
+    frontend.require_role("making join codes")
     with _registry(args) as reg:
         if args.list:
             codes = reg.codes()
@@ -158,67 +116,40 @@ def cmd_code(args: argparse.Namespace) -> int:
             return 0
         if args.revoke:
             if args.revoke == "all":
-                ids = reg.revoke(None)
+                ids = frontend.revoke_codes(reg)
             else:
                 try:
                     code_id = int(args.revoke)
                 except ValueError:
                     raise CloudboxError(f"--revoke: {args.revoke!r} is not a code id; allowed: a number from "
                                         "`cloudbox node code --list`, or all") from None
-                ids = reg.revoke(code_id)
+                ids = frontend.revoke_codes(reg, code_id)
                 if not ids:
                     raise CloudboxError(f"--revoke: join code {code_id} is not open ({reg.code(code_id).status()})")
             print(f"revoked: {', '.join(map(str, ids)) or 'no open code'}")
             return 0
-        code, rec = reg.make_code(args.minutes)
-    bind = args.bind or default_bind()
-    print(f"join code {rec.id}:  {code}")
-    print(f"valid until {_when(rec.expires_at)} ({args.minutes:g} min), for one node only")
-    where = "ADDRESS" if bind in ("0.0.0.0", "::") else bind
-    if args.port != enrol.PORT:
-        where += f":{args.port}"
-    print(f"on the back-end:  cloudbox node join --front-end {where} --code {code}")
-    if args.no_listen:
-        print("not listening (--no-listen): start `cloudbox node enrol-server` before the back-end joins")
-        return 0
+        offer = frontend.make_code(reg, args.minutes, bind=args.bind, port=args.port,
+                                   listen=not (args.no_listen or args.wait), db=args.db)
+    print(f"join code {offer.record.id}:  {offer.code}")
+    print(f"valid until {_when(offer.record.expires_at)} ({args.minutes:g} min), for one node only")
+    print(f"on the back-end:  {offer.join_command}")
     if args.wait:
-        return _serve(args, bind)
-    if server_running():
-        print("the enrolment server is already running")
-        return 0
-    log_dir = paths.state_dir() / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "cloudbox.cli", "node", "enrol-server", "--bind", bind, "--port", str(args.port)]
-    if args.db:
-        cmd[4:4] = ["--db", str(args.db)]
-    with open(log_dir / "enrol-server.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    print(f"enrolment server started (pid {proc.pid}) on {bind}:{args.port}; it stops when no code is open "
-          f"(log: {log_dir / 'enrol-server.log'})")
+        offer.server = "serving"
+        print(offer.listening, flush=True)
+        return _serve(args, offer.bind)
+    print(offer.listening)
     return 0
 
 
 def cmd_enrol_server(args: argparse.Namespace) -> int:
     """Serve enrolments while a code is open."""
-    _require_role(("front-end", "all-in-one"), "the enrolment server")
-    return _serve(args, args.bind or default_bind())
+    frontend.require_role("the enrolment server")
+    return _serve(args, args.bind or frontend.default_bind())
 
 
 def _serve(args: argparse.Namespace, bind: str) -> int:
-    lock_path = _server_lock()
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CloudboxError(f"the enrolment server is already running ({lock_path} is locked)") from None
-        with _registry(args) as reg:
-            ident = enrol.local_identity(_settings().get("hostname"), client_key_path=reg.client_key)
-            server = enrol.EnrolServer(reg, ident, host=bind, port=args.port,
-                                       log=lambda m: print(f"{_when(time.time())} {m}", flush=True))
-            server.open()
-            server.serve()
+    with _registry(args) as reg:
+        frontend.serve(reg, bind, args.port, log=lambda m: print(f"{_when(time.time())} {m}", flush=True))
     return 0
 
 
@@ -227,14 +158,14 @@ def _serve(args: argparse.Namespace, bind: str) -> int:
 
 def cmd_join(args: argparse.Namespace) -> int:
     """Enrol this back-end."""
-    _require_role(("back-end",), "`cloudbox node join`")
-    fe = args.front_end or _settings().get("network", {}).get("frontend")
+    frontend.require_role("`cloudbox node join`", ("back-end",))
+    fe = args.front_end or frontend.settings().get("network", {}).get("frontend")
     if not fe:
         raise CloudboxError("--front-end: missing; allowed: the front-end's ADDR[:PORT], or discover "
                             "(the node settings have no network.frontend either)")
     if not 1 <= args.ssh_port <= 65535:
         raise CloudboxError(f"--ssh-port: {args.ssh_port} is out of range; allowed: 1..65535")
-    ident = enrol.local_identity(args.name or _settings().get("hostname"), ssh_port=args.ssh_port)
+    ident = enrol.local_identity(args.name or frontend.settings().get("hostname"), ssh_port=args.ssh_port)
     res = enrol.join(fe, args.code, identity=ident, restrict_from=not args.no_from, log=print)
     print(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
           f"(pinned in {res.pin_file.parent})")
@@ -270,19 +201,33 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def changed(last: dict[str, tuple[str, str]], healths: list[health.Health]) -> list[health.Health]:
+    """The checks worth a line in --watch: a node seen for the first time, whose state or reason changed, or
+    whose runs were just failed. Updates `last` (a journal line every 10 s per node said nothing new)."""
+    out = [h for h in healths if last.get(h.name) != (h.state, h.reason) or h.failed_runs]
+    last.clear()
+    last.update({h.name: (h.state, h.reason) for h in healths})
+    return out
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Probe every node."""
     from cloudbox.core.results import ResultStore
 
+    last: dict[str, tuple[str, str]] | None = {} if args.watch else None
+    was_empty = False
+
     def show(healths: list[health.Health]) -> None:
+        nonlocal was_empty
         if args.json:
             print(json.dumps([h.__dict__ for h in healths]), flush=True)
             return
-        for h in healths:
+        for h in healths if last is None else changed(last, healths):
             runs = f"; runs marked failed: {', '.join(map(str, h.failed_runs))}" if h.failed_runs else ""
             print(f"{_when(time.time())} {h.name}: {h.state} ({h.reason}, {h.seconds:.1f} s){runs}", flush=True)
-        if not healths:
+        if not healths and not was_empty:
             print("no nodes enrolled", flush=True)
+        was_empty = not healths and last is not None
 
     with _registry(args) as reg, ResultStore() as store:
         if not args.watch:
@@ -294,10 +239,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    """Forget a node."""
+    """Take the front-end's key off a node, then forget the node (even when it cannot be reached)."""
+    frontend.require_role("removing nodes")  # before a registry is made
     with _registry(args) as reg:
-        node = reg.remove(args.name)
-    print(f"removed node {node.name} ({node.address}, host key {node.host_key_fingerprint}); its pinned key is gone")
-    print(f"on {node.name}, root's authorized_keys still holds the line marked {enrol.keys.AUTHORIZED_MARK}: "
-          "delete it there (or join again with a new code, which replaces it)")
+        removal = frontend.remove_node(reg, args.name, authorized_keys=args.authorized_keys)
+    print(removal.forgotten)
+    if removal.cleaned:
+        print(removal.on_node)
+    else:
+        print(f"cloudbox: warning: {removal.on_node}", file=sys.stderr)
     return 0

@@ -52,7 +52,10 @@ class Node:
     name: str
     role: str
     state: str  # "up" | "down" | "unknown"
-    detail: str = ""
+    detail: str = ""  # this box: "this box"; an enrolled node: why it has that state (health.shown_state)
+    address: str = ""  # an enrolled node's address (ADDR:PORT when its SSH port is not 22)
+    last_seen: float | None = None  # an enrolled node's last good check
+    enrolled: bool = False  # from the node registry (not this box)
 
 
 @dataclass
@@ -131,9 +134,10 @@ def libvirtd_state() -> str:
 
 
 def registry_nodes(this_role: str, problems: list[str]) -> list[Node]:
-    """On a front-end, the enrolled nodes from the node registry, as the last health check left them (a stale
-    check shows 'unknown'). Nothing on other roles, or before the registry exists."""
-    if this_role != "front-end":
+    """On a front-end (or an all-in-one that enrolled back-ends), the enrolled nodes from the node registry, as
+    the last health check left them (a stale check shows 'unknown'). Nothing on a back-end, or before the
+    registry exists."""
+    if this_role not in ("front-end", "all-in-one"):
         return []
     from .nodes import health, registry
 
@@ -148,7 +152,8 @@ def registry_nodes(this_role: str, problems: list[str]) -> list[Node]:
     out = []
     for n in found:
         state, reason = health.shown_state(n)
-        out.append(Node(n.name, n.role, state, reason))
+        out.append(Node(n.name, n.role, state, reason, n.address if n.ssh_port == 22 else f"{n.address}:{n.ssh_port}",
+                        n.last_seen, True))
     return out
 
 

@@ -1,4 +1,5 @@
-"""The TUI's one door to cloudbox.core: results store, host facts, profiles, guests, runs and sweeps.
+"""The TUI's one door to cloudbox.core: results store, host facts, the cluster (nodes, join codes), profiles,
+guests, runs and sweeps.
 
 Every method may block (SQLite, libvirt, lsblk, an accelerator probe) and is called from worker
 threads, never from the UI thread. Tests and screenshots pass fixed host facts and a libvirt URI
@@ -7,13 +8,17 @@ threads, never from the UI thread. Tests and screenshots pass fixed host facts a
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cloudbox.core import compare, daemons, guest, host, paths, profiles, runner
 from cloudbox.core.errors import CloudboxError, LibvirtUnavailable, NotFound
+from cloudbox.core.nodes import enrol, frontend, registry
 from cloudbox.core.profiles import Profile, ProfileEntry
 from cloudbox.core.results import Event, ResultStore, Run
 
@@ -27,12 +32,24 @@ class LiveRun:
     plan: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Cluster:
+    """What the overview says about the cluster besides the node rows."""
+
+    open_codes: list[registry.JoinCode] = field(default_factory=list)
+    server_running: bool = False
+    front_end: dict[str, Any] | None = None  # on an enrolled back-end: the pinned front-end (frontend.json)
+    problem: str | None = None
+
+
 class Backend:
     def __init__(self, *, db: Path | str | None = None, facts: host.HostFacts | None = None,
-                 libvirt_uri: str | None = None):
+                 libvirt_uri: str | None = None, enrol_bind: str | None = None, enrol_port: int = enrol.PORT):
         self._db = db
         self._fixed_facts = facts
         self._uri = libvirt_uri
+        self._enrol_bind = enrol_bind  # None: the private NIC's address (frontend.default_bind)
+        self._enrol_port = enrol_port
         self._store: ResultStore | None = None
         self._lock = threading.Lock()
 
@@ -52,9 +69,60 @@ class Backend:
 
     # -- host ----------------------------------------------------------------------------------------
     def facts(self, *, probe: bool = True) -> host.HostFacts:
-        if self._fixed_facts is not None:
-            return self._fixed_facts
-        return host.gather(probe=probe)
+        """This host's facts. Fixed facts (tests, screenshots) stand for the host; the enrolled nodes still come
+        from the node registry in the state dir, as they do in host.gather()."""
+        f = self._fixed_facts
+        if f is None:
+            return host.gather(probe=probe)
+        problems = list(f.problems)
+        enrolled = host.registry_nodes(f.role, problems)
+        if not enrolled and problems == f.problems:
+            return f
+        return dataclasses.replace(f, nodes=[*f.nodes, *enrolled], problems=problems)
+
+    # -- the cluster -------------------------------------------------------------------------------------
+    def cluster(self, role: str) -> Cluster:
+        """Open join codes and the enrolment server (front-end, all-in-one), or the pinned front-end (back-end).
+        Creates nothing: a node without a registry has no codes."""
+        if role == "back-end":
+            pin, _ = enrol.pin_paths()
+            try:
+                return Cluster(front_end=json.loads(pin.read_text()))
+            except FileNotFoundError:
+                return Cluster()
+            except (OSError, ValueError) as e:
+                return Cluster(problem=f"{pin}: unreadable: {e}")
+        if not registry.nodes_db().exists():
+            return Cluster(server_running=frontend.server_running())
+        try:
+            with registry.Registry() as reg:
+                codes = reg.open_codes()
+        except CloudboxError as e:
+            return Cluster(problem=str(e))
+        return Cluster(codes, frontend.server_running())
+
+    def make_join_code(self, minutes: float = registry.DEFAULT_CODE_MINUTES) -> frontend.CodeOffer:
+        """A join code, and the detached enrolment server (as `cloudbox node code` does)."""
+        frontend.require_role("making join codes")  # before the registry is made
+        with registry.Registry() as reg:
+            return frontend.make_code(reg, minutes, bind=self._enrol_bind, port=self._enrol_port)
+
+    def join_code(self, code_id: int) -> registry.JoinCode:
+        with registry.Registry() as reg:
+            return reg.code(code_id)
+
+    def revoke_codes(self, code_id: int | None = None) -> list[int]:
+        frontend.require_role("revoking join codes")
+        if not registry.nodes_db().exists():
+            return []
+        with registry.Registry() as reg:
+            return frontend.revoke_codes(reg, code_id)
+
+    def remove_node(self, name: str) -> frontend.Removal:
+        """Take the front-end's key off the node over SSH (if it answers), then forget it."""
+        frontend.require_role("removing nodes")
+        with registry.Registry() as reg:
+            return frontend.remove_node(reg, name)
 
     # -- profiles ------------------------------------------------------------------------------------
     def profiles(self) -> list[ProfileEntry]:

@@ -1,10 +1,10 @@
-"""Overview: this box's role, the nodes it knows, the accelerator (with the TCG warning), the active
-profile, runs in progress, and the disks and NICs."""
+"""Overview: this box's role, the nodes it knows (with join codes and node removal on a front-end), the
+accelerator (with the TCG warning), the active profile, runs in progress, and the disks and NICs."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.table import Table
 from rich.text import Text
@@ -14,10 +14,16 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Label, Static
 
 from cloudbox.core import backing
-from cloudbox.core.host import HostFacts
+from cloudbox.core.host import HostFacts, Node
+from cloudbox.core.nodes import frontend
 from cloudbox.core.results import Run
+from cloudbox.tui.backend import Cluster
 from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.screens.join_code import JoinCodeDialog
+from cloudbox.tui.widgets.dialogs import ConfirmDialog
 from cloudbox.tui.widgets.table import PlainTable
+
+THIS_BOX = "this-box"  # the nodes table's row key of this box (enrolled nodes are keyed node:NAME)
 
 
 @dataclass
@@ -25,6 +31,42 @@ class OverviewData:
     facts: HostFacts
     active_profile: str
     runs: list[Run]
+    cluster: Cluster = field(default_factory=Cluster)
+
+
+def seen(t: float | None, now: float | None = None) -> str:
+    """A last-seen time: the clock today, the date and minute before (so it fits 80 columns), '-' for never."""
+    if t is None:
+        return "-"
+    now = time.time() if now is None else now
+    fmt = "%H:%M:%S" if time.localtime(t)[:3] == time.localtime(now)[:3] else "%Y-%m-%d %H:%M"
+    return time.strftime(fmt, time.localtime(t))
+
+
+def cluster_line(facts: HostFacts, cluster: Cluster) -> str:
+    """One sentence under the Nodes heading: join codes and the enrolment server, or (back-end) the front-end."""
+    if cluster.problem:
+        return f"Cluster: {cluster.problem}"
+    if facts.role == "back-end":
+        fe = cluster.front_end
+        if fe is None:
+            return ("Not enrolled yet: make a join code on the front-end (key j there, or `cloudbox node code`), "
+                    "then run here: cloudbox node join --front-end ADDRESS --code CODE")
+        return (f"Managed by front-end {fe.get('name', '?')} at {fe.get('address', '?')} (its host key "
+                f"{fe.get('host_key_fingerprint', '?')} is pinned). Join codes, health checks and removing nodes "
+                "happen there.")
+    enrolled = sum(1 for n in facts.nodes if n.enrolled)
+    codes = cluster.open_codes
+    if codes:
+        until = time.strftime("%H:%M:%S", time.localtime(max(c.expires_at for c in codes)))
+        server = ("the enrolment server is listening" if cluster.server_running
+                  else "but no enrolment server runs (j makes a new code and starts it)")
+        return (f"Join codes: {len(codes)} open (until {until}), {server}; v revokes them. "
+                f"{enrolled} node{'s' if enrolled != 1 else ''} enrolled.")
+    if not enrolled:
+        return "No back-end enrolled yet: j makes a one-time join code and shows the command to type on it."
+    return (f"{enrolled} node{'s' if enrolled != 1 else ''} enrolled; no join code open (j makes one). "
+            "x removes the highlighted node.")
 
 
 def accel_banner(facts: HostFacts) -> tuple[str, str]:
@@ -45,18 +87,34 @@ class OverviewScreen(BaseScreen):
     MODE = "overview"
     HELP = ("What this box is: its role, the nodes it knows and their state, the accelerator guests get "
             "(KVM, nested KVM, or TCG emulation, whose numbers are not overhead figures), the active "
-            "profile, runs in progress, and the disks and NICs a run can use.")
+            "profile, runs in progress, and the disks and NICs a run can use. On a front-end (or all-in-one) "
+            "the Nodes table lists the enrolled back-ends as `cloudbox node check --watch` last found them "
+            "(UNKNOWN when nobody checked for 30 s); j shows a one-time join code and the command to type on "
+            "the back-end, v revokes the open codes, x removes the highlighted node.")
     BINDINGS = [
         Binding("r", "reload", "Refresh", id="overview.refresh"),
-        Binding("w", "watch", "Watch run", id="overview.watch", tooltip="show the run in progress on the Tests screen"),
+        Binding("w", "watch", "Watch", id="overview.watch", tooltip="show the run in progress on the Tests screen"),
+        Binding("j", "join_code", "Join code", id="overview.join-code",
+                tooltip="a one-time code a back-end joins with; starts the enrolment server (front-end)"),
+        Binding("v", "revoke_codes", "Revoke", id="overview.revoke-codes",
+                tooltip="revoke every open join code; the enrolment server stops (front-end)"),
+        Binding("x", "remove_node", "Remove", id="overview.remove-node",
+                tooltip="take the front-end's key off the highlighted node, then forget it (asks first)"),
     ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: OverviewData | None = None
+        self.nodes: dict[str, Node] = {}  # by row key
 
     def body(self) -> ComposeResult:
         with VerticalScroll(id="overview"):
             yield Static("", id="accel-banner", markup=False)
             yield Static("", id="box")
             yield Label("Nodes", classes="section")
-            yield PlainTable(id="nodes", cursor_type="none")
+            yield Static("", id="cluster", markup=False)
+            yield PlainTable(id="nodes", cursor_type="row")
+            yield Static("", id="node-detail", markup=False)
             yield Label("Runs in progress", classes="section")
             yield PlainTable(id="active-runs", cursor_type="row")
             yield Label("Disks", classes="section")
@@ -65,7 +123,7 @@ class OverviewScreen(BaseScreen):
             yield PlainTable(id="nics", cursor_type="none")
 
     def on_mount(self) -> None:
-        self.query_one("#nodes", DataTable).add_columns("Node", "Role", "State", "Detail")
+        self.query_one("#nodes", DataTable).add_columns("Node", "Role", "State", "Address", "Last seen", "Reason")
         self.query_one("#active-runs", DataTable).add_columns("Run", "Profile", "Suite", "Elapsed", "Started")
         self.query_one("#disks", DataTable).add_columns("Disk", "Size", "Kind", "Model", "Bus", "Mounted")
         self.query_one("#nics", DataTable).add_columns("NIC", "State", "MTU", "MAC", "IPv4")
@@ -73,9 +131,11 @@ class OverviewScreen(BaseScreen):
 
     def fetch(self) -> OverviewData:
         b = self.capp.backend
-        return OverviewData(b.facts(), b.active_profile(), b.active_runs())
+        facts = b.facts()
+        return OverviewData(facts, b.active_profile(), b.active_runs(), b.cluster(facts.role))
 
     def show(self, data: OverviewData) -> None:
+        self.data = data
         f = data.facts
         text, cls = accel_banner(f)
         banner = self.query_one("#accel-banner", Static)
@@ -95,10 +155,8 @@ class OverviewScreen(BaseScreen):
         for what, value in rows:
             box.add_row(what, Text(value))
         self.query_one("#box", Static).update(box)
-        nodes = self.query_one("#nodes", DataTable)
-        nodes.clear()
-        for n in f.nodes:
-            nodes.add_row(n.name, n.role, n.state.upper(), n.detail)
+        self.query_one("#cluster", Static).update(cluster_line(f, data.cluster))
+        self._show_nodes(f.nodes)
         runs = self.query_one("#active-runs", DataTable)
         runs.clear()
         for r in data.runs:
@@ -115,8 +173,113 @@ class OverviewScreen(BaseScreen):
         for nic in f.nics:
             nics.add_row(nic.name, nic.state, str(nic.mtu), nic.mac, ", ".join(nic.addresses) or "-")
 
+    def _show_nodes(self, nodes: list[Node]) -> None:
+        table = self.query_one("#nodes", DataTable)
+        keep = self._highlighted_key()
+        table.clear()
+        self.nodes = {}
+        for n in nodes:
+            key = f"node:{n.name}" if n.enrolled else THIS_BOX
+            if key in self.nodes:  # a second "this box" in odd fixed facts: shown once
+                continue
+            self.nodes[key] = n
+            table.add_row(n.name, n.role, n.state.upper(), n.address or "-", seen(n.last_seen) if n.enrolled else "-",
+                          n.detail, key=key)
+        keys = list(self.nodes)
+        if keep in keys:
+            table.move_cursor(row=keys.index(keep))
+        self._show_node_detail()
+
+    def _highlighted_key(self) -> str | None:
+        table = self.query_one("#nodes", DataTable)
+        if table.row_count == 0:
+            return None
+        return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+
+    def _show_node_detail(self) -> None:
+        """The highlighted enrolled node's reason in full (the table cuts long ones off at the screen's edge)."""
+        detail = self.query_one("#node-detail", Static)
+        n = self.nodes.get(self._highlighted_key() or "")
+        detail.display = n is not None and n.enrolled
+        if n is not None and n.enrolled:
+            detail.update(f"{n.name}: {n.state.upper()}, {n.detail or 'no reason recorded'}")
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "nodes":
+            self._show_node_detail()
+
     def action_reload(self) -> None:
         self.reload()
+
+    # -- the cluster ---------------------------------------------------------------------------------------
+    def _refused(self, what: str) -> bool:
+        """Say why `what` is not available here (still loading, or the role); True when it is not."""
+        if self.data is None:
+            self.notify(f"{what}: the overview is still loading; try again in a moment", severity="warning")
+            return True
+        f = self.data.facts
+        why = frontend.role_refusal(f.role, f.role_source, what)
+        if why:
+            self.notify(why, title="nodes", severity="warning", markup=False)
+        return why is not None
+
+    def action_join_code(self) -> None:
+        if self._refused("making join codes"):
+            return
+        b = self.capp.backend
+        self.notify("making a join code and starting the enrolment server…", title="nodes", timeout=3)
+
+        def made(offer: frontend.CodeOffer) -> None:
+            self.app.push_screen(JoinCodeDialog(offer, poll=b.join_code, revoke=b.revoke_codes),
+                                 lambda _r: self.reload())
+            self.reload()
+
+        self.capp.work_in_thread(b.make_join_code, done=made, group="join-code", exclusive=True,
+                                 name="making a join code")
+
+    def action_revoke_codes(self) -> None:
+        if self._refused("revoking join codes"):
+            return
+
+        def revoked(ids: list[int]) -> None:
+            if ids:
+                self.notify(f"revoked join code{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}; the "
+                            "enrolment server stops", title="nodes")
+            else:
+                self.notify("no join code is open: nothing to revoke", title="nodes")
+            self.reload()
+
+        self.capp.work_in_thread(self.capp.backend.revoke_codes, done=revoked, name="revoking join codes")
+
+    def action_remove_node(self) -> None:
+        if self._refused("removing nodes"):
+            return
+        n = self.nodes.get(self._highlighted_key() or "")
+        if n is None or not n.enrolled:
+            enrolled = [x.name for x in self.nodes.values() if x.enrolled]
+            self.notify("highlight the node to remove in the Nodes table (this box is not removed); enrolled: "
+                        f"{', '.join(enrolled) or 'none'}", title="nodes", severity="warning", markup=False)
+            return
+        name = n.name
+
+        def removed(r: frontend.Removal) -> None:
+            if r.cleaned:
+                self.notify(f"{r.forgotten}; {r.on_node}", title="nodes", markup=False)
+            else:
+                self.notify(f"{r.forgotten}. {r.on_node}", title=f"{name}: key left on the node", markup=False,
+                            severity="warning", timeout=30)
+            self.reload()
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"removing {name}…", title="nodes", timeout=3)
+                self.capp.work_in_thread(self.capp.backend.remove_node, name, done=removed,
+                                         name=f"removing node {name}")
+
+        self.app.push_screen(ConfirmDialog(
+            "Remove node", f"Remove node {name} ({n.address})? The front-end's key is taken off {name} over SSH "
+            f"(when it answers), then {name} and its pinned host key are forgotten here. To use it again, join "
+            "it with a new code.", yes="Remove"), answer)
 
     def action_watch(self) -> None:
         table = self.query_one("#active-runs", DataTable)
