@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudbox.core.errors import CloudboxError
 from cloudbox.core.nodes import enrol, health, keys, registry
 from cloudbox.core.results import ResultStore
 
@@ -333,7 +334,7 @@ def test_too_many_failures_in_all_revoke_the_open_codes(front: Front):
 
 
 def test_join_errors_name_the_field(back: Back):
-    with pytest.raises(Exception, match="--front-end discover: .*not built yet"):
+    with pytest.raises(Exception, match="--front-end discover: resolve it"):
         enrol.join("discover", registry.new_code(), identity=back.ident)
     with pytest.raises(Exception, match="--code: not a join code"):
         enrol.join("127.0.0.1", "1234", identity=back.ident)
@@ -603,3 +604,33 @@ def test_libvirt_over_the_pinned_ssh(front: Front, tmp_path: Path, libvirt_conn)
         assert front.reg.node("node8").detail["libvirt"].count(".") == 2
     finally:
         sshd.stop()
+
+
+def _fake_nic(sys_net: Path, name: str, ifindex: int, mac: str) -> None:
+    (sys_net / name).mkdir(parents=True)
+    (sys_net / name / "ifindex").write_text(f"{ifindex}\n")
+    (sys_net / name / "address").write_text(mac + "\n")
+
+
+def test_discover_reads_the_dhcp_server_of_the_private_nics_lease(tmp_path: Path):
+    from cloudbox.core.nodes import discover
+
+    sys_net, leases = tmp_path / "net", tmp_path / "leases"
+    leases.mkdir()
+    _fake_nic(sys_net, "enp1s0", 2, "52:54:00:cb:00:01")
+    _fake_nic(sys_net, "enp2s0", 3, "52:54:00:cb:00:02")
+    # The shape networkd writes (sd_dhcp_lease_save): comments, KEY=VALUE lines.
+    (leases / "3").write_text("# This is private data. Do not parse.\nADDRESS=10.73.0.57\nNETMASK=255.255.255.0\n"
+                              "SERVER_ADDRESS=10.73.0.1\nLIFETIME=3600\n")
+    assert discover.nic_by_mac("52:54:00:CB:00:02", sys_net) == "enp2s0"
+    assert discover.discover_frontend("enp2s0", lease_dir=leases, sys_net=sys_net) == "10.73.0.1"
+    assert discover.discover_frontend(None, lease_dir=leases, sys_net=sys_net) == "10.73.0.1"  # the only lease
+    with pytest.raises(CloudboxError, match=r"the private NIC enp1s0 has no DHCP lease yet .*leases/2"):
+        discover.discover_frontend("enp1s0", lease_dir=leases, sys_net=sys_net)
+    with pytest.raises(CloudboxError, match="the private NIC eth9 .* does not exist here"):
+        discover.discover_frontend("eth9", lease_dir=leases, sys_net=sys_net)
+    (leases / "2").write_text("ADDRESS=10.0.0.5\n")
+    with pytest.raises(CloudboxError, match=r"names no DHCP server \(SERVER_ADDRESS=''\); give the front-end's address"):
+        discover.discover_frontend("enp1s0", lease_dir=leases, sys_net=sys_net)
+    with pytest.raises(CloudboxError, match="2 NICs have DHCP leases"):
+        discover.discover_frontend(None, lease_dir=leases, sys_net=sys_net)

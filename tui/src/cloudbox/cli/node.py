@@ -234,6 +234,15 @@ def cmd_join(args: argparse.Namespace) -> int:
                             "(the node settings have no network.frontend either)")
     if not 1 <= args.ssh_port <= 65535:
         raise CloudboxError(f"--ssh-port: {args.ssh_port} is out of range; allowed: 1..65535")
+    if fe.strip() == "discover":
+        from cloudbox.core.nodes import discover
+
+        net = _settings().get("network", {})
+        nic = net.get("private_nic")
+        if net.get("private_mac"):
+            nic = discover.nic_by_mac(net["private_mac"]) or nic
+        fe = discover.discover_frontend(nic)
+        print(f"discovered the front-end at {fe} (the DHCP server of {nic or 'this node'}'s lease)")
     ident = enrol.local_identity(args.name or _settings().get("hostname"), ssh_port=args.ssh_port)
     res = enrol.join(fe, args.code, identity=ident, restrict_from=not args.no_from, log=print)
     print(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
