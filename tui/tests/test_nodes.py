@@ -519,14 +519,14 @@ SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exist
 class Sshd:
     """A private sshd on 127.0.0.1:port with its own host key and authorized_keys file."""
 
-    def __init__(self, base: Path, port: int, host_key: Path, authorized_keys: Path):
+    def __init__(self, base: Path, port: int, host_key: Path, authorized_keys: Path, extra: tuple[str, ...] = ()):
         self.port = port
         self.config = base / "sshd_config"
         self.config.write_text("\n".join([
             f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}",
             f"AuthorizedKeysFile {authorized_keys}", "StrictModes no", "PermitRootLogin prohibit-password",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
-            f"PidFile {base / 'sshd.pid'}", "LogLevel VERBOSE", "",
+            f"PidFile {base / 'sshd.pid'}", "LogLevel VERBOSE", *extra, "",
         ]))
         self.log = base / "sshd.log"
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stdout=subprocess.DEVNULL,
@@ -630,7 +630,7 @@ def test_discover_reads_the_dhcp_server_of_the_private_nics_lease(tmp_path: Path
     with pytest.raises(CloudboxError, match="the private NIC eth9 .* does not exist here"):
         discover.discover_frontend("eth9", lease_dir=leases, sys_net=sys_net)
     (leases / "2").write_text("ADDRESS=10.0.0.5\n")
-    with pytest.raises(CloudboxError, match=r"names no DHCP server \(SERVER_ADDRESS=''\); give the front-end's address"):
+    with pytest.raises(CloudboxError, match=r"names no DHCP server \(SERVER_ADDRESS=''\); give the front-end's"):
         discover.discover_frontend("enp1s0", lease_dir=leases, sys_net=sys_net)
     with pytest.raises(CloudboxError, match="2 NICs have DHCP leases"):
         discover.discover_frontend(None, lease_dir=leases, sys_net=sys_net)
