@@ -181,13 +181,25 @@ def problem(err: AnswerError, key: str):  # type: ignore[no-untyped-def]
         ('role = "all-in-one"\nhostname = "a"\nafter = "shutdown"\n[disk]\ntarget = "/dev/disk/by-id/x"\n',
          "after", "not an allowed value", "reboot, poweroff, stay"),
         ('role = "all-in-one"\nhostname = "a"\n', "disk", "required key is missing", "target, confirm_serial"),
+        ('role = "front-end"\nhostname = "a"\n[disk]\ntarget = "/dev/disk/by-id/x"\n[network]\nprivate_nic = "eth0"\n'
+         'campus_nic = "eth1"\nprivate_address = "8.8.8.1/24"\n', "network.private_address", "not in a private range",
+         "10.73.0.1/24"),
+        ('role = "front-end"\nhostname = "a"\n[disk]\ntarget = "/dev/disk/by-id/x"\n[network]\nprivate_nic = "eth0"\n'
+         'campus_nic = "eth1"\nprivate_address = "10.73.0.1"\n', "network.private_address", "prefix", "/8../29"),
+        ('role = "front-end"\nhostname = "a"\n[disk]\ntarget = "/dev/disk/by-id/x"\n[network]\nprivate_nic = "eth0"\n'
+         'campus_nic = "eth1"\nprivate_address = "10.73.0.0/24"\n', "network.private_address", "broadcast address",
+         "private range"),
+        ('role = "back-end"\nhostname = "a"\n[disk]\ntarget = "/dev/disk/by-id/x"\n[network]\nprivate_nic = "eth0"\n'
+         'frontend = "discover"\nprivate_address = "10.73.0.9/24"\n', "network.private_address",
+         "only a front-end", "DHCP"),
         ('role = "all-in-one"\nhostname = "a"\n[disk\ntarget = "x"\n', "line 3", "TOML syntax error", "TOML 1.0"),
     ],
     ids=["unknown-key", "unknown-key-in-section", "two-roles", "bad-role", "mtu-too-big", "mtu-string",
          "backend-without-frontend", "frontend-for-frontend", "frontend-not-ip", "frontend-loopback",
          "bad-hostname", "missing-hostname", "frontend-without-campus-nic", "frontend-without-private-nic",
          "same-nic-twice", "bad-password-hash", "hash-and-credential", "bad-ssh-key", "bad-after",
-         "missing-disk", "toml-syntax"],
+         "missing-disk", "private-address-public", "private-address-no-prefix", "private-address-network",
+         "private-address-on-back-end", "toml-syntax"],
 )
 def test_bad_answer_file_alone(tmp_path, text, key, message, allowed):
     path = write(tmp_path, text, "bad.toml")
@@ -591,3 +603,33 @@ def test_cleanup_never_deletes_below_a_busy_mount(tmp_path):
     finally:
         subprocess.run(["umount", "-R", str(work)], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _resolved_for(text: str):
+    """Answers as `settings_files` sees them, with made-up NICs (settings need no disk or machine probe)."""
+    from types import SimpleNamespace
+
+    from cloudbox.core.install.machine import Nic
+
+    a = parse_answers(text)
+    pn = Nic("enp2s0", "52:54:00:cb:00:02") if a.network.private_nic else None
+    cn = Nic("enp1s0", "52:54:00:cb:00:01") if a.network.campus_nic else None
+    return SimpleNamespace(answers=a, private_nic=pn, campus_nic=cn, install_id="x")
+
+
+def test_front_end_serves_the_private_network_and_back_ends_ask_it():
+    from cloudbox.core.install.plan import node_settings_text, settings_files
+
+    head = 'hostname = "n1"\n[disk]\ntarget = "/dev/disk/by-id/x"\n[network]\nprivate_nic = "enp2s0"\n'
+    fe = _resolved_for('role = "front-end"\n' + head + 'campus_nic = "enp1s0"\n')
+    net = settings_files(fe)["/etc/systemd/network/10-cloudbox-private.network"]  # type: ignore[arg-type]
+    assert "Address=10.73.0.1/24\nDHCPServer=yes" in net and "MTUBytes=9000" in net and "EmitRouter=no" in net
+    assert 'private_address = "10.73.0.1/24"' in node_settings_text(fe)  # type: ignore[arg-type]
+    fe2 = _resolved_for('role = "front-end"\n' + head + 'campus_nic = "enp1s0"\nprivate_address = "192.168.7.1/28"\n'
+                        'private_mtu = 1500\n')
+    net2 = settings_files(fe2)["/etc/systemd/network/10-cloudbox-private.network"]  # type: ignore[arg-type]
+    assert "Address=192.168.7.1/28" in net2 and "MTUBytes=1500" in net2
+    be = _resolved_for('role = "back-end"\n' + head + 'frontend = "discover"\n')
+    bnet = settings_files(be)["/etc/systemd/network/10-cloudbox-private.network"]  # type: ignore[arg-type]
+    assert "DHCP=ipv4" in bnet and "DHCPServer=" not in bnet and "\nAddress=" not in bnet and "UseRoutes=no" in bnet
+    assert "private_address" not in node_settings_text(be)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudbox.core.errors import CloudboxError
 from cloudbox.core.nodes import enrol, frontend, health, keys, registry
 from cloudbox.core.results import ResultStore
 
@@ -333,7 +334,7 @@ def test_too_many_failures_in_all_revoke_the_open_codes(front: Front):
 
 
 def test_join_errors_name_the_field(back: Back):
-    with pytest.raises(Exception, match="--front-end discover: .*not built yet"):
+    with pytest.raises(Exception, match="--front-end discover: resolve it"):
         enrol.join("discover", registry.new_code(), identity=back.ident)
     with pytest.raises(Exception, match="--code: not a join code"):
         enrol.join("127.0.0.1", "1234", identity=back.ident)
@@ -521,14 +522,14 @@ SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exist
 class Sshd:
     """A private sshd on 127.0.0.1:port with its own host key and authorized_keys file."""
 
-    def __init__(self, base: Path, port: int, host_key: Path, authorized_keys: Path):
+    def __init__(self, base: Path, port: int, host_key: Path, authorized_keys: Path, extra: tuple[str, ...] = ()):
         self.port = port
         self.config = base / "sshd_config"
         self.config.write_text("\n".join([
             f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}",
             f"AuthorizedKeysFile {authorized_keys}", "StrictModes no", "PermitRootLogin prohibit-password",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
-            f"PidFile {base / 'sshd.pid'}", "LogLevel VERBOSE", "",
+            f"PidFile {base / 'sshd.pid'}", "LogLevel VERBOSE", *extra, "",
         ]))
         self.log = base / "sshd.log"
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stdout=subprocess.DEVNULL,
@@ -760,3 +761,33 @@ def test_console_shows_the_node_count_and_how_to_get_a_join_code(front: Front, b
     (tmp_path / "be-state" / "nodes").mkdir(parents=True)
     shutil.copy(back.pins / "frontend.json", tmp_path / "be-state" / "nodes" / "frontend.json")
     assert "Managed by front-end front (127.0.0.1); join codes" in _console_cluster_status(env)
+
+
+def _fake_nic(sys_net: Path, name: str, ifindex: int, mac: str) -> None:
+    (sys_net / name).mkdir(parents=True)
+    (sys_net / name / "ifindex").write_text(f"{ifindex}\n")
+    (sys_net / name / "address").write_text(mac + "\n")
+
+
+def test_discover_reads_the_dhcp_server_of_the_private_nics_lease(tmp_path: Path):
+    from cloudbox.core.nodes import discover
+
+    sys_net, leases = tmp_path / "net", tmp_path / "leases"
+    leases.mkdir()
+    _fake_nic(sys_net, "enp1s0", 2, "52:54:00:cb:00:01")
+    _fake_nic(sys_net, "enp2s0", 3, "52:54:00:cb:00:02")
+    # The shape networkd writes (sd_dhcp_lease_save): comments, KEY=VALUE lines.
+    (leases / "3").write_text("# This is private data. Do not parse.\nADDRESS=10.73.0.57\nNETMASK=255.255.255.0\n"
+                              "SERVER_ADDRESS=10.73.0.1\nLIFETIME=3600\n")
+    assert discover.nic_by_mac("52:54:00:CB:00:02", sys_net) == "enp2s0"
+    assert discover.discover_frontend("enp2s0", lease_dir=leases, sys_net=sys_net) == "10.73.0.1"
+    assert discover.discover_frontend(None, lease_dir=leases, sys_net=sys_net) == "10.73.0.1"  # the only lease
+    with pytest.raises(CloudboxError, match=r"the private NIC enp1s0 has no DHCP lease yet .*leases/2"):
+        discover.discover_frontend("enp1s0", lease_dir=leases, sys_net=sys_net)
+    with pytest.raises(CloudboxError, match="the private NIC eth9 .* does not exist here"):
+        discover.discover_frontend("eth9", lease_dir=leases, sys_net=sys_net)
+    (leases / "2").write_text("ADDRESS=10.0.0.5\n")
+    with pytest.raises(CloudboxError, match=r"names no DHCP server \(SERVER_ADDRESS=''\); give the front-end's"):
+        discover.discover_frontend("enp1s0", lease_dir=leases, sys_net=sys_net)
+    with pytest.raises(CloudboxError, match="2 NICs have DHCP leases"):
+        discover.discover_frontend(None, lease_dir=leases, sys_net=sys_net)

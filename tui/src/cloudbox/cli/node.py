@@ -6,9 +6,13 @@ On the front-end:
     cloudbox node list [--json]                       enrolled nodes with state
     cloudbox node check [--watch] [--json]            probe every node's libvirt; fail the runs of nodes down
     cloudbox node remove NAME [--authorized-keys PATH]   take the front-end's key off the node, forget it
+    cloudbox node push-image NAME [--force] [--json]  copy the guest image to a node, timed (MB/s recorded)
+    cloudbox node propagations [NAME] [--json]        the recorded copies
     cloudbox node enrol-server [--bind ADDR] [--port N]   (started by `node code`; listens while a code is open)
 On a back-end:
     cloudbox node join --front-end ADDR[:PORT]|discover --code CODE [--name NAME] [--ssh-port N]
+On a node, run by the front-end over SSH (core/nodes/remote.py):
+    cloudbox node local has-image ID | receive-image ID | start-run | follow RUN [--after SEQ]
 
 Exit codes: 0 ok, 1 on a CloudboxError (message on stderr), 2 on usage errors.
 """
@@ -82,6 +86,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     rm.add_argument("--authorized-keys", default=frontend.NODE_AUTHORIZED_KEYS, metavar="PATH",
                     help=f"root's authorized_keys on the node (default {frontend.NODE_AUTHORIZED_KEYS})")
     rm.set_defaults(func=guard(cmd_remove))
+
+    pi = sub.add_parser("push-image", help="copy the benchmark guest image to a node now, timed (study B's image "
+                        "propagation); runs on a node do this themselves when the node lacks the image")
+    pi.add_argument("name", metavar="NAME")
+    pi.add_argument("--force", action="store_true", help="copy even when the node has this image already")
+    pi.add_argument("--json", action="store_true")
+    pi.set_defaults(func=guard(cmd_push_image))
+
+    pr = sub.add_parser("propagations", help="recorded guest image copies to nodes (time, MB/s)")
+    pr.add_argument("name", metavar="NAME", nargs="?")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=guard(cmd_propagations))
+
+    lo = sub.add_parser("local", help="(run by the front-end over SSH) this node's side of image copies and runs")
+    lsub = lo.add_subparsers(dest="local_op", metavar="OP", required=True)
+    x = lsub.add_parser("has-image")
+    x.add_argument("image_id")
+    x = lsub.add_parser("receive-image")
+    x.add_argument("image_id")
+    lsub.add_parser("start-run")
+    x = lsub.add_parser("follow")
+    x.add_argument("run")
+    x.add_argument("--after", type=int, default=0)
+    lo.set_defaults(func=guard(cmd_local))
     return p
 
 
@@ -165,6 +193,15 @@ def cmd_join(args: argparse.Namespace) -> int:
                             "(the node settings have no network.frontend either)")
     if not 1 <= args.ssh_port <= 65535:
         raise CloudboxError(f"--ssh-port: {args.ssh_port} is out of range; allowed: 1..65535")
+    if fe.strip() == "discover":
+        from cloudbox.core.nodes import discover
+
+        net = frontend.settings().get("network", {})
+        nic = net.get("private_nic")
+        if net.get("private_mac"):
+            nic = discover.nic_by_mac(net["private_mac"]) or nic
+        fe = discover.discover_frontend(nic)
+        print(f"discovered the front-end at {fe} (the DHCP server of {nic or 'this node'}'s lease)")
     ident = enrol.local_identity(args.name or frontend.settings().get("hostname"), ssh_port=args.ssh_port)
     res = enrol.join(fe, args.code, identity=ident, restrict_from=not args.no_from, log=print)
     print(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
@@ -248,4 +285,75 @@ def cmd_remove(args: argparse.Namespace) -> int:
         print(removal.on_node)
     else:
         print(f"cloudbox: warning: {removal.on_node}", file=sys.stderr)
+    return 0
+
+
+# -- guest image propagation and the node's side of remote work -------------------------------------------
+
+
+def _shell(reg: registry.Registry, name: str) -> Any:
+    from cloudbox.core.nodes import remote
+
+    return remote.NodeShell.for_node(reg, reg.node(name))
+
+
+def cmd_push_image(args: argparse.Namespace) -> int:
+    from cloudbox.core.guestimage import GuestImage
+    from cloudbox.core.nodes import remote
+
+    image = GuestImage.locate()
+    with _registry(args) as reg:
+        shell = _shell(reg, args.name)
+        tty = sys.stderr.isatty()
+
+        def progress(done: int, total: int) -> None:
+            if tty:
+                print(f"\rcopying to {args.name}: {done / 1e6:.1f} of {total / 1e6:.1f} MB", end="", file=sys.stderr,
+                      flush=True)
+
+        p = remote.propagate_image(shell, image, force=args.force, progress=progress)
+        if tty:
+            print(file=sys.stderr)
+        reg.add_propagation(remote.as_dict(p))
+    if args.json:
+        print(json.dumps(remote.as_dict(p), indent=2))
+    else:
+        print(p.describe())
+    return 0
+
+
+def cmd_propagations(args: argparse.Namespace) -> int:
+    with _registry(args) as reg:
+        rows = reg.propagations(args.name)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no guest image copies recorded" + (f" for {args.name}" if args.name else ""))
+        return 0
+    print(f"{'when':19}  {'node':12}  {'image':16}  {'MB':>8}  {'seconds':>8}  {'MB/s':>8}  verify s")
+    for r in rows:
+        mb = "cached" if r["cached"] else f"{r['bytes'] / 1e6:.1f}"
+        rate = "-" if r["cached"] else f"{r['mbps']:.1f}"
+        print(f"{_when(r['at'])}  {r['node']:12}  {r['image_id']:16}  {mb:>8}  {r['seconds']:8.2f}  {rate:>8}  "
+              f"{r['verify_seconds']:.2f}")
+    return 0
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    from cloudbox.core.nodes import remote
+
+    op = args.local_op
+    if op == "has-image":
+        print(json.dumps(remote.local_has_image(args.image_id)))
+    elif op == "receive-image":
+        remote.local_receive_image(args.image_id, sys.stdin.buffer, lambda m: print(m, flush=True))
+    elif op == "start-run":
+        try:
+            req = json.loads(sys.stdin.read())
+        except ValueError as e:
+            raise CloudboxError(f"start-run: the request on stdin is not JSON ({e})") from None
+        print(json.dumps(remote.local_start_run(req)))
+    elif op == "follow":
+        return remote.local_follow(args.run, args.after, sys.stdout)
     return 0

@@ -26,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="", help="whole device for block-device backings (else a loop device)")
     p.add_argument("--destroy", default="", metavar="NAME",
                    help="confirm destroying --device's data by naming it (e.g. sdb)")
+    p.add_argument("--node", default="", metavar="NAME",
+                   help="run on this enrolled back-end (front-end only; `cloudbox node list`); default: this host")
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
     p.add_argument("--json", action="store_true", help="print the finished run as JSON")
     p.set_defaults(func=cmd_run)
@@ -50,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _spec(a: argparse.Namespace) -> runner.RunSpec:
     return runner.RunSpec(profile=a.profile, suite=a.suite, size=a.size, storage_tests=a.tests,
                           net_tests=a.net_tests, net_seconds=a.net_seconds, runtime=a.runtime,
-                          work_dir=a.work_dir, device=a.device, destroy=a.destroy)
+                          work_dir=a.work_dir, device=a.device, destroy=a.destroy, node=a.node)
 
 
 class Printer:
@@ -123,6 +125,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         with _store() as store:
             if a.detach:
                 rid = runner.start_detached(spec, store)
+                if a.json:
+                    print(json.dumps({"run_id": rid, "uuid": store.get_run(rid).uuid}))
+                    return 0
                 print(f"run {rid} started in the background; follow it with 'cloudbox watch {rid}', "
                       f"stop it with 'cloudbox cancel {rid}'")
                 return 0

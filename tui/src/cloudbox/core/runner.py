@@ -53,6 +53,7 @@ class RunSpec:
     device: str = ""  # explicit whole device for block-device backings
     destroy: str = ""  # confirmation: the device's kernel name, required when it holds data
     agent_timeout: float = 300.0  # seconds to wait for the guest agent after launch
+    node: str = ""  # an enrolled back-end to run on (the front-end mirrors the node's run); "" = this host
 
     def validate(self) -> None:
         if self.suite not in SUITES:
@@ -108,10 +109,12 @@ def resolve_net_tests(spec: str) -> list[network.NetTest]:
 
 # ------------------------------------------------------------------------------------------- lock
 class RunLock:
-    """One active run per host: an flock on <run dir>/run.lock holding the run's id and pid."""
+    """One active run per host: an flock on <run dir>/run.lock holding the run's id and pid. A run on a node
+    takes run-node-<name>.lock here instead (the node itself holds its own run.lock)."""
 
-    def __init__(self) -> None:
-        self.path = paths.run_dir() / "run.lock"
+    def __init__(self, node: str = "") -> None:
+        self.node = node
+        self.path = paths.run_dir() / (f"run-node-{node}.lock" if node else "run.lock")
         self.fd: int | None = None
 
     def acquire(self, info: dict) -> None:
@@ -122,8 +125,9 @@ class RunLock:
         except BlockingIOError:
             holder = self.holder() or {}
             os.close(fd)
+            where = f"node {self.node}" if self.node else "this host"
             raise RunBusy(
-                f"another cloudbox run is active on this host (run {holder.get('run_id', '?')}, profile "
+                f"another cloudbox run is active on {where} (run {holder.get('run_id', '?')}, profile "
                 f"{holder.get('profile', '?')}, pid {holder.get('pid', '?')}); watch it with 'cloudbox watch "
                 f"{holder.get('run_id', 'ID')}' or stop it with 'cloudbox cancel {holder.get('run_id', 'ID')}'"
             ) from None
@@ -149,9 +153,9 @@ class RunLock:
             self.fd = None
 
 
-def check_not_busy() -> None:
-    """Raise RunBusy now (cheaply) if a run holds the lock."""
-    lock = RunLock()
+def check_not_busy(node: str = "") -> None:
+    """Raise RunBusy now (cheaply) if a run holds the lock (of this host, or of `node`)."""
+    lock = RunLock(node)
     lock.acquire({"probe": True, "pid": os.getpid()})
     lock.release()
 
@@ -225,7 +229,7 @@ class Executor:
         size, size_label = parse_size(spec.size, profile.guest.memory_mib)
         quick = size_label == "quick" or size < 2 * profile.guest.memory_mib * 1024**2
         run_uuid = uuidlib.uuid4().hex
-        lock = RunLock()
+        lock = RunLock(spec.node)
         lock.acquire({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
         old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         for s in old:
@@ -236,7 +240,7 @@ class Executor:
         try:
             fields = dict(uuid=run_uuid, profile_name=profile.name, profile_hash=profile.hash,
                           profile_toml=profile.to_toml(), suite=spec.suite, size_bytes=size,
-                          size_label=size_label, state="running", node=platform.node(), pid=os.getpid(),
+                          size_label=size_label, state="running", node=spec.node or platform.node(), pid=os.getpid(),
                           started_at=time.time())
             if self.run_id is None:
                 self.run_id = self.store.create_run(**fields)  # type: ignore[attr-defined]
@@ -245,7 +249,10 @@ class Executor:
             lock.update({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
             self.event("state", {"state": "running", "profile": profile.name, "suite": spec.suite,
                                  "plan": spec.plan()})
-            self._run(profile, size, size_label, quick, run_uuid, stack)
+            if spec.node:
+                self._run_on_node(profile, stack)
+            else:
+                self._run(profile, size, size_label, quick, run_uuid, stack)
             state, reason = "completed", None
             if spec.suite == "guest":
                 reason = "the guest shut down"
@@ -453,6 +460,117 @@ class Executor:
                     network.run_baseline, nt, bports[nt.tool], net_seconds,
                     self._progress("baseline", nt.id), self.cancelled), bare_labels)
 
+    def _run_on_node(self, profile, stack: contextlib.ExitStack) -> None:
+        """The run on an enrolled node: check it is up, propagate the guest image (timed), start the node's own
+        executor there, mirror its events here live, then bring its measurements and provenance into this
+        database. Cancelling here cancels the node's run (its guest and stores are removed there)."""
+        from .nodes import health, registry, remote
+
+        spec = self.spec
+        self.step(f"checking node {spec.node}")
+        with registry.Registry() as reg:
+            try:
+                node = reg.node(spec.node)
+            except CloudboxError:
+                known = ", ".join(n.name for n in reg.nodes()) or "none enrolled"
+                raise CloudboxError(f"--node {spec.node!r}: no such node; allowed: {known}") from None
+            shell = remote.NodeShell.for_node(reg, node)
+        h = health.check_node(node)
+        if h.state != "up":
+            raise CloudboxError(f"node {node.name} is down: {h.reason}")
+        self.log(f"node {node.name} ({node.address}) is up: {h.reason}")
+        image = GuestImage.locate()
+        self.step(f"propagating the guest image to {node.name}", side="guest")
+        prop = remote.propagate_image(
+            shell, image, cancelled=self.cancelled,
+            progress=lambda done, total: self.event("progress", {"side": "guest", "test": "boot",
+                                                                 "pct": 0, "eta": f"copy {done * 100 // total}%"}))
+        self.log(prop.describe())
+        with registry.Registry() as reg:
+            reg.add_propagation(remote.as_dict(prop))
+        controller = {"host": platform.node(), "host_kernel": platform.release(), "role": "front-end"}
+        prov: dict = {"controller": controller, "propagation": remote.as_dict(prop),
+                      "nodes": {"front-end": platform.node(), "back-end": node.name},
+                      "node": {"name": node.name, "address": node.address,
+                               "host_key_fingerprint": node.host_key_fingerprint}}
+        self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+        self.step(f"starting the run on {node.name}")
+        remote_spec = {k: v for k, v in asdict(spec).items() if k != "node"}
+        with self._atomic():
+            rr = remote.start_run(shell, remote_spec, profile.to_toml(), prop.remote_dir)
+            finished = {"done": False}
+
+            def stop_remote() -> None:
+                if not finished["done"]:
+                    try:
+                        self.log(f"cancelling run {rr.run_id} on {node.name}: {remote.cancel_run(shell, rr)}")
+                    except CloudboxError as e:
+                        self.log(f"could not cancel run {rr.run_id} on {node.name}: {e}")
+
+            stack.callback(stop_remote)
+        prov["remote_run"] = remote.as_dict(rr)
+        self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+        self.log(f"run {rr.run_id} on {node.name} started; its own record stays there")
+        seq, final = 0, dict[str, object]()
+        self._holding = spec.suite == "guest"  # stopping a guest session is its normal end, as on this host
+        for _attempt in range(3):  # the stream is re-attached after a dropped connection (ssh's 10 s keepalive)
+            try:
+                for ev_seq, kind, payload in remote.follow(shell, rr, cancelled=self.cancelled, after_seq=seq):
+                    seq = ev_seq  # where a re-attached stream picks up
+                    self._mirror(kind, payload, final)
+                break
+            except remote.NodeError as e:
+                if self._cancel:
+                    break
+                h = health.check_node(node)
+                if h.state != "up":
+                    raise CloudboxError(f"lost node {node.name} during the run: {h.reason}; run {rr.run_id} there "
+                                        "is left to finish or be cleaned up by the node") from None
+                self.log(f"re-attaching to run {rr.run_id} on {node.name} ({e})")
+        if self._cancel:
+            raise Aborted(f"cancelled by {self._signal_name or 'request'}")
+        self._holding = False
+        data = remote.fetch_run(shell, rr)
+        rr.uuid = str(data.get("uuid") or rr.uuid)  # the node's executor gives its run its final uuid
+        finished["done"] = data.get("state") != "running"
+        remote_prov = data.get("provenance") or {}
+        prov.update(remote_prov)  # the node's own provenance (host, cpu, versions, domain XML, backing) on top
+        prov.update(controller=controller, propagation=remote.as_dict(prop), remote_run=remote.as_dict(rr),
+                    nodes={"front-end": platform.node(), "back-end": node.name},
+                    node={"name": node.name, "address": node.address,
+                          "host_key_fingerprint": node.host_key_fingerprint})
+        self.store.update_run(self.run_id, accelerator=data.get("accelerator"),  # type: ignore[attr-defined]
+                              emulated=int(bool(data.get("emulated"))), size_bytes=data.get("size_bytes"),
+                              size_label=data.get("size_label"), provenance=json.dumps(prov))
+        for m in data.get("measurements") or []:
+            self.store.add_measurement(self.run_id, side=m["side"], test=m["test"], metric=m["metric"],  # type: ignore[attr-defined]
+                                       value=m["value"], host_mbps=m.get("host_mbps"),
+                                       host_avgrq_sectors=m.get("host_avgrq_sectors"), host_avgqu=m.get("host_avgqu"),
+                                       host_util=m.get("host_util"), labels=m.get("labels") or [], raw=m.get("raw"),
+                                       started_at=m.get("started_at"), finished_at=m.get("finished_at"))
+        if data.get("state") != "completed":
+            raise CloudboxError(f"the run on {node.name} (its run {rr.run_id}) ended {data.get('state')}: "
+                                f"{data.get('reason') or final.get('reason') or 'no reason given'}")
+
+    def _mirror(self, kind: str, payload: dict, final: dict) -> None:
+        """One event of the node's run, re-emitted here (samples stored as this run's timeline)."""
+        if kind == "state":
+            if payload.get("state") == "running":
+                self.event("state", payload)
+            else:
+                final.update(payload)
+            return
+        if kind == "sample":
+            row = {k: payload.get(k) for k in ("t", "device", "test", "read_mbps", "write_mbps", "avgrq_sectors",
+                                               "avgrq_kb", "avgqu", "util")}
+            self.store.add_samples(self.run_id, [row], event=True)  # type: ignore[attr-defined]
+            if self.emit:
+                self.emit("sample", row)
+            return
+        if kind == "step" and "text" in payload:
+            payload = {**payload, "text": f"{self.spec.node}: {payload['text']}"}
+        self.event(kind, payload)
+
     def _hold(self, guest: Guest, mtu: int, boot_s: float) -> None:
         """A guest session: bring up its NIC, then keep the guest until it shuts down or is stopped."""
         self.step("guest: configuring the NIC and checking the MTU end to end")
@@ -575,9 +693,9 @@ def _cpu_model() -> str:
 def start_detached(spec: RunSpec, store) -> int:
     """Start the executor in its own session (it outlives the caller); returns the run id at once."""
     spec.validate()
-    check_not_busy()
+    check_not_busy(spec.node)
     run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
-                              state="running", node=platform.node(), started_at=time.time())
+                              state="running", node=spec.node or platform.node(), started_at=time.time())
     log_dir = paths.state_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_dir / f"run-{run_id}.log", "ab")

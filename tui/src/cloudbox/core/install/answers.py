@@ -56,6 +56,8 @@ _TEXT_RULES: dict[str, str] = {
     "network.campus_nic": "a NIC name (e.g. enp2s0) or MAC address (see `ip link`)",
     "network.private_mtu": "an integer 1500..9000",
     "network.frontend": '"discover" or the front-end\'s IPv4/IPv6 address on the private network',
+    "network.private_address": "the front-end's private IPv4 address with prefix, in a private range "
+    "(10/8, 172.16/12, 192.168/16), prefix /8../29, e.g. 10.73.0.1/24 (the default)",
     "root.password_hash": "a crypt(5) hash: $y$... (yescrypt), $6$... (sha512), $5$..., $2b$...; "
     "make one with `openssl passwd -6` or `mkpasswd`",
     "root.password_credential": "the name of a systemd credential holding a password hash "
@@ -66,7 +68,7 @@ _TEXT_RULES: dict[str, str] = {
 _SECTION_KEYS = {
     "": "role, hostname, after, [disk], [network], [root]",
     "disk": "target, confirm_serial",
-    "network": "private_nic, campus_nic, private_mtu, frontend",
+    "network": "private_nic, campus_nic, private_mtu, frontend, private_address",
     "root": "password_hash, password_credential, ssh_authorized_keys",
 }
 
@@ -85,6 +87,25 @@ class NetworkAnswers(_Strict):
     campus_nic: str | None = Field(None, pattern=NIC_PATTERN)
     private_mtu: int = Field(9000, ge=1500, le=9000)
     frontend: str | None = None
+    # The front-end's address on the private network; it serves DHCP there (docs/cluster.md). None: the default.
+    private_address: str | None = None
+
+    @field_validator("private_address")
+    @classmethod
+    def _private_address(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            iface = ipaddress.IPv4Interface(v)
+        except ValueError:
+            raise ValueError("not an IPv4 address with a prefix (A.B.C.D/NN)") from None
+        if "/" not in v or not 8 <= iface.network.prefixlen <= 29:
+            raise ValueError("the prefix must be /8../29 (room for the back-ends' addresses)")
+        if not iface.ip.is_private or iface.ip.is_loopback or iface.ip.is_link_local:
+            raise ValueError("not in a private range (10/8, 172.16/12, 192.168/16)")
+        if iface.ip in (iface.network.network_address, iface.network.broadcast_address):
+            raise ValueError("the network's own or broadcast address cannot be a host's")
+        return str(iface)
 
     @field_validator("frontend")
     @classmethod
@@ -194,6 +215,13 @@ def _cross(role: object, net: dict[str, Any], root: dict[str, Any]) -> list[Prof
         out.append(ProfileProblem("network.campus_nic", None,
                                   "a front-end needs the NIC that faces the campus network",
                                   _TEXT_RULES["network.campus_nic"]))
+    if net.get("private_address") is not None and (role == "back-end" or private is None):
+        out.append(ProfileProblem("network.private_address", net.get("private_address"),
+                                  "only a front-end (or an all-in-one node with a private NIC) serves the "
+                                  "private network" if role == "back-end" else
+                                  "a private address needs network.private_nic",
+                                  "no network.private_address on a back-end (it gets one from the front-end's "
+                                  "DHCP)" if role == "back-end" else _TEXT_RULES["network.private_nic"]))
     if isinstance(private, str) and isinstance(campus, str) and private.lower() == campus.lower():
         out.append(ProfileProblem("network.campus_nic", campus,
                                   "the same NIC cannot face both the private and the campus network",

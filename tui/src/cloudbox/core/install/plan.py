@@ -339,7 +339,21 @@ def node_settings_text(resolved: Resolved) -> str:
             lines += [f"{key}_nic = {q(nic.name)}", f"{key}_mac = {q(nic.mac)}"]
     if n.frontend is not None:
         lines.append(f"frontend = {q(n.frontend)}")
+    if serves_private_network(resolved):
+        lines.append(f"private_address = {q(private_address(resolved))}")
     return "\n".join(lines) + "\n"
+
+
+DEFAULT_PRIVATE_ADDRESS = "10.73.0.1/24"
+
+
+def serves_private_network(resolved: Resolved) -> bool:
+    """A front-end (or an all-in-one node given a private NIC) addresses the private network."""
+    return resolved.private_nic is not None and resolved.answers.role in ("front-end", "all-in-one")
+
+
+def private_address(resolved: Resolved) -> str:
+    return resolved.answers.network.private_address or DEFAULT_PRIVATE_ADDRESS
 
 
 def settings_files(resolved: Resolved) -> dict[str, str]:
@@ -352,12 +366,23 @@ def settings_files(resolved: Resolved) -> dict[str, str]:
     }
     if resolved.private_nic is not None:
         nic = resolved.private_nic
-        dhcp = "ipv4" if a.role == "back-end" else "no"
-        files["/etc/systemd/network/10-cloudbox-private.network"] = (
-            f"# The private network ({a.role}): jumbo frames; addresses come from the front-end (cluster setup).\n"
-            f"[Match]\nMACAddress={nic.mac}\n\n[Link]\nMTUBytes={a.network.private_mtu}\n\n"
-            f"[Network]\nDHCP={dhcp}\nLinkLocalAddressing=yes\n"
-        )
+        head = f"[Match]\nMACAddress={nic.mac}\n\n[Link]\nMTUBytes={a.network.private_mtu}\n\n"
+        if serves_private_network(resolved):
+            # networkd's own DHCP server hands the back-ends their addresses (and names this node as the
+            # server: `cloudbox node join --front-end discover` reads it from the lease). No router, no DNS.
+            files["/etc/systemd/network/10-cloudbox-private.network"] = (
+                f"# The private network, served by this {a.role}: jumbo frames, a fixed address, DHCP for "
+                "the back-ends.\n" + head +
+                f"[Network]\nAddress={private_address(resolved)}\nDHCPServer=yes\nLinkLocalAddressing=yes\n"
+                "ConfigureWithoutCarrier=yes\n\n"
+                "[DHCPServer]\nPoolOffset=16\nEmitRouter=no\nEmitDNS=no\nEmitNTP=no\nDefaultLeaseTimeSec=3600\n"
+            )
+        else:
+            files["/etc/systemd/network/10-cloudbox-private.network"] = (
+                f"# The private network ({a.role}): jumbo frames; the address comes from the front-end's DHCP.\n"
+                + head + "[Network]\nDHCP=ipv4\nLinkLocalAddressing=yes\n\n"
+                "[DHCPv4]\nUseRoutes=no\nUseDNS=no\nUseNTP=no\nUseMTU=no\n"
+            )
     if resolved.campus_nic is not None:
         files["/etc/systemd/network/20-cloudbox-campus.network"] = (
             "# The campus network: DHCP.\n"

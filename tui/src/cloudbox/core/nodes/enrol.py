@@ -390,12 +390,11 @@ class JoinResult:
 
 
 def parse_frontend(value: str, default_port: int = PORT) -> tuple[str, int]:
-    """'ADDR', 'ADDR:PORT', '[V6]:PORT' or a host name -> (host, port). 'discover' is not built yet."""
+    """'ADDR', 'ADDR:PORT', '[V6]:PORT' or a host name -> (host, port). 'discover' is resolved before this
+    (nodes.discover, by the CLI)."""
     v = value.strip()
     if v == "discover":
-        raise CloudboxError("--front-end discover: finding the front-end by DHCP/mDNS is not built yet; give its "
-                            "address (the installer's network.frontend, or the address `cloudbox node code` prints "
-                            "on the front-end)")
+        raise CloudboxError("--front-end discover: resolve it with cloudbox.core.nodes.discover first")
     m = re.match(r"^\[([0-9A-Fa-f:.]+)\](?::(\d+))?$", v)
     if m:
         host, port = m.group(1), m.group(2)

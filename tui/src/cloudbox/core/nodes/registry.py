@@ -6,6 +6,7 @@ Tables (schema version SCHEMA_VERSION in PRAGMA user_version; MIGRATIONS upgrade
                   enrolled_at, last_seen (last good check), checked_at, state up/down/unknown and the reason
   join_codes      one join code: only its derived key (scrypt of the code), created/expires/used/revoked
   enrol_failures  every refused enrolment (peer, name, reason), which is what the rate limit counts
+  propagations    every copy of the guest image to a node: bytes, seconds, MB/s, or "cached" (v2)
 
 A join code is 16 Crockford base32 characters (80 bits), shown as XXXX-XXXX-XXXX-XXXX. The code itself is
 never stored: only scrypt(code, cluster salt), which is both what proves a code and the HMAC key the enrolment
@@ -38,7 +39,7 @@ from .. import paths
 from ..errors import CloudboxError, NotFound
 from . import keys
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 5000
 NODE_STATES = ("up", "down", "unknown")
 ENROL_ROLES = ("back-end",)
@@ -102,8 +103,24 @@ def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO meta (key, value) VALUES ('salt', ?)", (secrets.token_hex(16),))
 
 
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    conn.execute("""CREATE TABLE propagations (
+        id              INTEGER PRIMARY KEY,
+        node            TEXT NOT NULL,
+        image_id        TEXT NOT NULL,
+        bytes           INTEGER NOT NULL,
+        seconds         REAL NOT NULL,
+        verify_seconds  REAL NOT NULL,
+        mbps            REAL NOT NULL,
+        cached          INTEGER NOT NULL CHECK (cached IN (0, 1)),
+        remote_dir      TEXT NOT NULL,
+        at              REAL NOT NULL
+    )""")
+    conn.execute("CREATE INDEX propagations_node ON propagations (node, at)")
+
+
 # MIGRATIONS[n] upgrades user_version n to n + 1. Append, never edit, entries.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 
 
 def nodes_db() -> Path:
@@ -438,6 +455,28 @@ class Registry:
             conn.execute("DELETE FROM nodes WHERE name = ?", (name,))
         self.write_ssh_files()
         return node
+
+    # -- guest image propagation ---------------------------------------------------------------------
+
+    def add_propagation(self, p: dict[str, Any]) -> None:
+        """Record one propagation (remote.Propagation as a dict)."""
+        cols = ("node", "image_id", "bytes", "seconds", "verify_seconds", "mbps", "cached", "remote_dir", "at")
+        with self._write() as conn:
+            conn.execute(f"INSERT INTO propagations ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                         tuple(int(p[c]) if c == "cached" else p[c] for c in cols))
+
+    def propagations(self, node: str | None = None, *, copies_only: bool = False,
+                     limit: int = 50) -> list[dict[str, Any]]:
+        """Recorded propagations, newest first (copies_only: not the 'already there' checks)."""
+        sql, args = "SELECT * FROM propagations WHERE 1 = 1", []
+        if node is not None:
+            sql += " AND node = ?"
+            args.append(node)
+        if copies_only:
+            sql += " AND cached = 0"
+        with self._lock:
+            rows = self._conn.execute(sql + " ORDER BY at DESC LIMIT ?", (*args, limit)).fetchall()
+        return [dict(r, cached=bool(r["cached"])) for r in rows]
 
     # -- what OpenSSH and libvirt read ---------------------------------------------------------------
 

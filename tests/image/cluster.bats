@@ -1,0 +1,282 @@
+#!/usr/bin/env bats
+# A two-node cloud from the USB image under QEMU TCG (the done-when of issue 5): unattended installs of a front-end
+# and a back-end onto blank disks, both booted from their disks with a private virtual link (QEMU socket, MTU 9000
+# set by the nodes), the back-end enrolled with a join code found by DHCP discovery (a wrong code refused first),
+# and the quick storage and network suites run by the front-end on a guest on the back-end under nested KVM, the
+# results read from the front-end's database with both nodes named. Slow: the tests build on each other in file
+# order. Logs: $IMAGE_DIR/test-logs/cluster (NAME.serial.log, NAME.qemu.log, NAME.journal.txt, run.txt, run.json).
+
+bats_require_minimum_version 1.5.0
+
+FE_CAMPUS=52:54:00:cb:01:01
+FE_PRIVATE=52:54:00:cb:01:02
+BE_CAMPUS=52:54:00:cb:02:01
+BE_PRIVATE=52:54:00:cb:02:02
+
+setup_file() {
+    load '../helpers/image-build'
+    load '../helpers/image-boot'
+    load '../helpers/image-install'
+    load '../helpers/image-cluster'
+    export IMAGE_DIR IMAGE
+    export LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/cluster
+    mkdir -p "$LOGS"
+    if [ ! -f "$IMAGE" ]; then
+        image_build "$IMAGE_DIR" >&3 2>&1
+    fi
+    [ -f "$IMAGE" ]
+    rm -f "$LOGS"/*.seconds "$LOGS"/run*.txt "$LOGS"/*.json "$LOGS"/{booted,enrolled,run}.ok
+    # IMAGE_CLUSTER_REUSE=1 (with IMAGE_CLUSTER_KEEP_DISKS=1 on the run before): keep the installed disks and
+    # start at the boots, for iterating on the later tests.
+    if [ "${IMAGE_CLUSTER_REUSE:-0}" != 1 ]; then
+        rm -f "$LOGS"/*.raw "$LOGS"/*.toml "$LOGS"/*.ok
+    fi
+    image_make_credentials "$LOGS"
+    install_disk "$LOGS/data.raw" 1G
+    mkfs.ext4 -q -L precious "$LOGS/data.raw"
+    sha256sum < "$LOGS/data.raw" | cut -d' ' -f1 > "$LOGS/data.sha"
+    local key
+    key=$(cat "$LOGS/id_ed25519.pub")
+    cat > "$LOGS/fe.toml" <<TOML
+role = "front-end"
+hostname = "fe1"
+
+[disk]
+target = "/dev/disk/by-id/virtio-cbtarget"
+
+[network]
+private_nic = "$FE_PRIVATE"
+campus_nic = "$FE_CAMPUS"
+private_mtu = 9000
+
+[root]
+ssh_authorized_keys = ["$key"]
+TOML
+    cat > "$LOGS/be.toml" <<TOML
+role = "back-end"
+hostname = "be1"
+
+[disk]
+target = "/dev/disk/by-id/virtio-cbtarget"
+
+[network]
+private_nic = "$BE_PRIVATE"
+campus_nic = "$BE_CAMPUS"
+private_mtu = 9000
+frontend = "discover"
+
+[root]
+ssh_authorized_keys = ["$key"]
+TOML
+    cluster_free_port > "$LOGS/fe.port"
+    cluster_free_port > "$LOGS/be.port"
+    cluster_free_port > "$LOGS/link.port"
+}
+
+teardown_file() {
+    load '../helpers/image-boot'
+    load '../helpers/image-cluster'
+    cluster_stop "$LOGS" fe1 "$(cat "$LOGS/fe.port")"
+    cluster_stop "$LOGS" be1 "$(cat "$LOGS/be.port")"
+    if [ "${IMAGE_CLUSTER_KEEP_DISKS:-0}" != 1 ]; then
+        rm -f "$LOGS"/*.raw
+    fi
+}
+
+setup() {
+    load '/usr/lib/bats/bats-support/load'
+    load '/usr/lib/bats/bats-assert/load'
+    load '../helpers/image-boot'
+    load '../helpers/image-install'
+    load '../helpers/image-cluster'
+    FE_PORT=$(cat "$LOGS/fe.port") BE_PORT=$(cat "$LOGS/be.port")
+}
+
+teardown() {
+    if [ "${BATS_TEST_COMPLETED:-}" != 1 ]; then
+        echo "# logs kept in $LOGS" >&3
+    fi
+}
+
+fe() { cluster_ssh "$LOGS" "$FE_PORT" "$@"; }
+be() { cluster_ssh "$LOGS" "$BE_PORT" "$@"; }
+
+# bats test_tags=slow,image,cluster
+@test "a front-end and a back-end install unattended side by side; the disk with data is untouched" {
+    if [ "${IMAGE_CLUSTER_REUSE:-0}" = 1 ] && [ -f "$LOGS/installed.ok" ]; then
+        skip "IMAGE_CLUSTER_REUSE=1: the disks installed by an earlier run are used"
+    fi
+    install_disk "$LOGS/fe.raw" 12G
+    install_disk "$LOGS/be.raw" 12G
+    start=$(date +%s)
+    (INSTALL_CAMPUS_MAC=$FE_CAMPUS INSTALL_PRIVATE_MAC=$FE_PRIVATE
+     install_live uefi "$LOGS" fe-live overlay "$LOGS/fe.toml" "$LOGS/fe.raw:cbtarget") &
+    fe_pid=$!
+    (INSTALL_CAMPUS_MAC=$BE_CAMPUS INSTALL_PRIVATE_MAC=$BE_PRIVATE
+     install_live uefi "$LOGS" be-live overlay "$LOGS/be.toml" "$LOGS/be.raw:cbtarget" "$LOGS/data.raw:cbdata") &
+    be_pid=$!
+    wait "$fe_pid" "$be_pid"
+    echo $(( $(date +%s) - start )) > "$LOGS/install.seconds"
+    echo "# both live boots + installs + reboots: $(cat "$LOGS/install.seconds") s (fe $(cat "$LOGS/fe-live.seconds"), be $(cat "$LOGS/be-live.seconds"))" >&3
+    run -0 cat "$LOGS/fe-live.rc" "$LOGS/be-live.rc"
+    assert_output $'0\n0'
+    run -0 grep -a 'cloudbox: installed front-end fe1 on /dev/vd' "$LOGS/fe-live.serial.log"
+    run -0 grep -a 'cloudbox: installed back-end be1 on /dev/vd' "$LOGS/be-live.serial.log"
+    run -0 sh -c "sha256sum < '$LOGS/data.raw' | cut -d' ' -f1"
+    assert_output "$(cat "$LOGS/data.sha")"
+    run -0 install_cat "$LOGS/fe.raw" /etc/systemd/network/10-cloudbox-private.network
+    assert_line 'Address=10.73.0.1/24'
+    assert_line 'DHCPServer=yes'
+    run -0 install_cat "$LOGS/be.raw" /etc/cloudbox/node.toml
+    assert_line 'frontend = "discover"'
+    touch "$LOGS/installed.ok"
+}
+
+# bats test_tags=slow,image,cluster
+@test "both nodes boot from their disks; the back-end gets its private address from the front-end; 9000-byte frames pass" {
+    [ -f "$LOGS/installed.ok" ] || skip "needs the installs of the first test"
+    start=$(date +%s)
+    echo "$start" > "$LOGS/power-on.t"
+    cluster_start "$LOGS" fe1 "$LOGS/fe.raw" "$FE_CAMPUS" "$FE_PRIVATE" "$FE_PORT" listen "$(cat "$LOGS/link.port")"
+    sleep 2  # the front-end's QEMU listens on the link before the back-end's connects
+    cluster_start "$LOGS" be1 "$LOGS/be.raw" "$BE_CAMPUS" "$BE_PRIVATE" "$BE_PORT" connect "$(cat "$LOGS/link.port")"
+    cluster_wait_ssh "$LOGS" fe1 "$FE_PORT" 600
+    cluster_wait_ssh "$LOGS" be1 "$BE_PORT" 600
+    echo $(( $(date +%s) - start )) > "$LOGS/boot.seconds"
+    echo "# power-on to SSH on both nodes: $(cat "$LOGS/boot.seconds") s" >&3
+    run -0 fe ip -4 -o addr show
+    assert_output --partial 'inet 10.73.0.1/24'
+    run -0 fe cat /etc/hostname
+    assert_output fe1
+    # The back-end's lease from the front-end's DHCP server (networkd's) on the private NIC.
+    for _ in $(seq 1 30); do
+        be ip -4 -o addr show | grep -q 'inet 10\.73\.0\.' && break
+        sleep 3
+    done
+    run -0 be ip -4 -o addr show
+    assert_output --regexp 'inet 10\.73\.0\.[0-9]+/24'
+    run -0 be "ip -o link | grep -i $BE_PRIVATE"
+    assert_output --partial 'mtu 9000'
+    # Don't-fragment pings at full size cross the link; one byte more does not leave the NIC.
+    run -0 be ping -c 3 -W 5 -M do -s 8972 10.73.0.1
+    assert_output --partial '3 received'
+    run be ping -c 1 -W 2 -M do -s 8973 10.73.0.1
+    assert_failure
+    assert_output --regexp '[Mm]essage too long'
+    touch "$LOGS/booted.ok"
+}
+
+# bats test_tags=slow,image,cluster
+@test "a wrong join code is refused; the right one enrols the back-end, which finds the front-end by DHCP" {
+    [ -f "$LOGS/booted.ok" ] || skip "needs both nodes up (previous test)"
+    start=$(date +%s)
+    run -0 fe cloudbox node code --minutes 10
+    echo "$output" > "$LOGS/code.txt"
+    assert_output --partial 'on the back-end:  cloudbox node join --front-end 10.73.0.1 --code '
+    code=$(grep -oE '[0-9A-Z]{4}-[0-9A-Z]{4}-[0-9A-Z]{4}-[0-9A-Z]{4}' "$LOGS/code.txt" | head -1)
+    [ -n "$code" ]
+    wrong=$(python3 -c "import random; a='0123456789ABCDEFGHJKMNPQRSTVWXYZ'; print('-'.join(''.join(random.choice(a) for _ in range(4)) for _ in range(4)))")
+    [ "$wrong" != "$code" ]
+    for _ in $(seq 1 10); do  # the enrolment server was just started: give it a moment to listen
+        run be cloudbox node join --front-end discover --code "$wrong"
+        grep -q 'cannot reach' <<<"$output" || break
+        sleep 2
+    done
+    assert_failure
+    assert_output --partial 'discovered the front-end at 10.73.0.1'
+    assert_output --partial 'wrong join code'
+    run -0 be test ! -e /var/lib/cloudbox/nodes/frontend.json  # nothing was installed
+    run -0 be cloudbox node join --front-end discover --code "$code"
+    assert_output --partial 'enrolled as be1 with front-end fe1 (10.73.0.1)'
+    run -0 be grep -c 'cloudbox-front-end' /root/.ssh/authorized_keys
+    assert_output 1
+    # The front-end reaches the back-end's libvirt over the pinned SSH.
+    run -0 fe cloudbox node check
+    assert_output --partial 'be1: up'
+    echo $(( $(date +%s) - $(cat "$LOGS/power-on.t") )) > "$LOGS/ready.seconds"
+    echo $(( $(date +%s) - start )) > "$LOGS/enrol.seconds"
+    echo "# enrolment: $(cat "$LOGS/enrol.seconds") s; power-on to cluster ready: $(cat "$LOGS/ready.seconds") s" >&3
+    # A reused code is refused too (the code is spent).
+    run be cloudbox node join --front-end discover --code "$code"
+    assert_failure
+    touch "$LOGS/enrolled.ok"
+}
+
+# bats test_tags=slow,image,cluster
+@test "the front-end runs the quick storage and network suites on a guest on the back-end (nested KVM)" {
+    [ -f "$LOGS/enrolled.ok" ] || skip "needs the enrolled back-end (previous test)"
+    export CLUSTER_SSH_TIMEOUT_S=${IMAGE_CLUSTER_RUN_TIMEOUT_S:-1500}
+    run fe cloudbox run --node be1 --profile virtio-disk --suite all --size quick
+    echo "$output" > "$LOGS/run.txt"
+    # One announced retry, only when the nested guest died while booting (docs/image.md, bench.bats does the same).
+    if [ "$status" -ne 0 ] && grep -q "stopped while booting" <<<"$output"; then
+        mv "$LOGS/run.txt" "$LOGS/run-attempt1.txt"
+        echo "# RETRY: the nested guest on be1 stopped while booting; attempt 1 in $LOGS/run-attempt1.txt" >&3
+        run fe cloudbox run --node be1 --profile virtio-disk --suite all --size quick
+        echo "$output" > "$LOGS/run.txt"
+    fi
+    lock=$(grep -a -m1 -E 'soft lockup|hard LOCKUP|rcu_[a-z]+ detected stalls' "$LOGS/be1.serial.log" || true)
+    [ -z "$lock" ] || fail "the back-end's kernel locked up during the run (be1.serial.log: ${lock#*] })"
+    [ "$status" -eq 0 ] || fail "the run failed (exit $status); its output: $LOGS/run.txt: $(tail -25 "$LOGS/run.txt")"
+    assert_output --partial 'be1: launching guest'
+    CLUSTER_SSH_TIMEOUT_S=120 fe cloudbox results export --format json > "$LOGS/run.json"
+    CLUSTER_SSH_TIMEOUT_S=60 fe cloudbox node propagations --json > "$LOGS/propagations.json"
+    run -0 python3 - "$LOGS/run.json" "$LOGS/propagations.json" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))["runs"][-1]
+props = json.load(open(sys.argv[2]))
+prov = run["provenance"]
+assert run["state"] == "completed", run["reason"]
+assert run["node"] == "be1", run["node"]
+assert prov["nodes"] == {"front-end": "fe1", "back-end": "be1"}, prov["nodes"]
+assert prov["host"] == "be1" and prov["controller"]["host"] == "fe1", (prov["host"], prov["controller"])
+assert prov["accelerator"]["name"] in ("kvm", "nested-kvm") and prov["accelerator"]["nested"], prov["accelerator"]
+sides = {(m["side"], m["test"]) for m in run["measurements"]}
+tests = {t for _, t in sides}
+assert any(s == "guest" for s, _ in sides) and any(s == "baseline" for s, _ in sides), sides
+assert any(t.startswith("seq-") or "write" in t for t in tests), tests
+assert any("tcp" in t for t in tests), tests
+for m in run["measurements"]:
+    if m["side"] == "guest":
+        assert "nested" in m["labels"], m
+copies = [p for p in props if p["node"] == "be1" and not p["cached"]]
+assert copies and copies[0]["bytes"] > 0 and copies[0]["mbps"] > 0, props
+print(f"{len(run['measurements'])} measurements; image copy {copies[0]['bytes'] / 1e6:.1f} MB at {copies[0]['mbps']:.1f} MB/s")
+PY
+    echo "# $output" >&3
+    touch "$LOGS/run.ok"
+}
+
+# bats test_tags=slow,image,cluster
+@test "a back-end that disappears is shown down within 30 s" {
+    [ -f "$LOGS/enrolled.ok" ] || skip "needs the enrolled back-end"
+    kill -KILL "$(cat "$LOGS/be1.pid")"  # a power loss
+    start=$(date +%s)
+    CLUSTER_SSH_TIMEOUT_S=60 run fe cloudbox node check
+    took=$(( $(date +%s) - start ))
+    assert_failure
+    assert_output --partial 'be1: down'
+    echo "# be1 shown down after $took s" >&3
+    [ "$took" -le 30 ]
+    if [ "${IMAGE_BENCH_RECORD:-0}" = 1 ] && [ -f "$LOGS/run.ok" ]; then
+        mbps=$(python3 -c "import json; p=[x for x in json.load(open('$LOGS/propagations.json')) if not x['cached']][0]; print(f\"{p['bytes'] / 1e6:.1f} MB in {p['seconds']:.2f} s = {p['mbps']:.1f} MB/s (SHA-256 check on the node {p['verify_seconds']:.2f} s)\")")
+        install_record_bench cluster "$(cat <<EOF
+## Two-node cluster: power-on to cluster ready, image propagation (tests/image/cluster.bats)
+
+Two nodes under QEMU TCG on one host (installs: \`-smp 2 -m 4096\` each, side by side; installed nodes: \`-smp 1
+-m 3072\`, OVMF), private link a QEMU socket with MTU 9000; measured $(date -u +%Y-%m-%d) on $(nproc) cores of
+$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'). Emulated (TCG) throughout: the target on
+real hardware with an SSD is under 3 minutes per node. Command: \`IMAGE_BENCH_RECORD=1 bats tests/image/cluster.bats\`.
+
+| phase | seconds |
+| --- | --- |
+| both live boots + unattended installs + reboot (side by side) | $(cat "$LOGS/install.seconds") |
+| power-on of the installed nodes to SSH on both | $(cat "$LOGS/boot.seconds") |
+| join code, wrong code refused, enrolment, first health check | $(cat "$LOGS/enrol.seconds") |
+| **power-on (live stick) to cluster ready** | **$(( $(cat "$LOGS/install.seconds") + $(cat "$LOGS/ready.seconds") ))** |
+
+Guest image propagation front-end -> back-end over the private link (emulated NICs on both ends): $mbps.
+EOF
+)"
+    fi
+}

@@ -1,0 +1,166 @@
+"""Runs on an enrolled node from the front-end (core/nodes/remote.py, runner.Executor with spec.node): guest image
+propagation and a run on the node, through a real sshd on 127.0.0.1 with the node's own host key, the pinned ssh
+wrapper and the management key (the same path libvirt's qemu+ssh takes). The node's side is this host's cloudbox
+with its own state directory (sshd's SetEnv), so "front-end" and "node" keep separate databases as on two machines.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from test_nodes import SSHD, Front, Sshd, _enrolled_behind_sshd
+
+import cloudbox
+from cloudbox.core import runner
+from cloudbox.core.guestimage import GuestImage
+from cloudbox.core.nodes import remote
+from cloudbox.core.results import ResultStore
+
+pytestmark = pytest.mark.skipif(SSHD is None or os.geteuid() != 0,
+                                reason="needs sshd (openssh-server, `scripts/install-deps test`) and root")
+
+
+class Cluster:
+    def __init__(self, front: Front, node_state: Path, sshd: Sshd, name: str):
+        self.front, self.node_state, self.sshd, self.name = front, node_state, sshd, name
+
+    @property
+    def shell(self) -> remote.NodeShell:
+        return remote.NodeShell.for_node(self.front.reg, self.front.reg.node(self.name))
+
+    def node_store(self) -> ResultStore:
+        return ResultStore(self.node_state / "results.db")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch):
+    """A front-end (state dir = its registry's directory) and node7 behind a private sshd whose sessions run this
+    cloudbox with the node's own state directory (traversable by QEMU's user, like the `state` fixture's)."""
+    fe_base = tmp_path / "fe"
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(fe_base))  # the executor opens the default registry and results
+    front = Front(fe_base)
+    back, sshd = _enrolled_behind_sshd(front, tmp_path, "node7")
+    sshd.stop()
+    node_base = Path(tempfile.mkdtemp(prefix="cloudbox-test-node-", dir="/var/tmp"))
+    os.chmod(node_base, 0o755)
+    src = str(Path(cloudbox.__file__).resolve().parent.parent)
+    path = f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"
+    env = [f"CLOUDBOX_STATE_DIR={node_base / 'state'}", f"CLOUDBOX_RUN_DIR={os.environ['CLOUDBOX_RUN_DIR']}",
+           f"PYTHONPATH={src}", f"PATH={path}"]
+    if os.environ.get("CLOUDBOX_GUEST_IMAGE"):
+        env.append(f"CLOUDBOX_GUEST_IMAGE={os.environ['CLOUDBOX_GUEST_IMAGE']}")
+    sshd = Sshd(back.base, sshd.port, back.base / "ssh_host_ed25519_key", back.authorized_keys,
+                extra=("SetEnv " + " ".join(env),))
+    front.reg.set_health("node7", "up", "test")
+    yield Cluster(front, node_base / "state", sshd, "node7")
+    sshd.stop()
+    front.reg.close()
+    shutil.rmtree(node_base, ignore_errors=True)
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in remote.IMAGE_FILES)
+
+
+def test_guest_image_propagation_is_timed_verified_and_cached(cluster: Cluster, guest_image: GuestImage):
+    shell = cluster.shell
+    seen: list[tuple[int, int]] = []
+    p = remote.propagate_image(shell, guest_image, progress=lambda d, t: seen.append((d, t)))
+    total = sum((guest_image.directory / n).stat().st_size for n in remote.IMAGE_FILES)
+    assert not p.cached and p.bytes == total and p.seconds > 0 and p.mbps == pytest.approx(total / p.seconds / 1e6,
+                                                                                         rel=0.01)
+    copy = cluster.node_state / "images" / p.image_id
+    assert Path(p.remote_dir) == copy and _same_files(guest_image.directory, copy)
+    assert seen and seen[-1] == (total, total)
+    assert not list((cluster.node_state / "images").glob("*.part"))
+    again = remote.propagate_image(shell, guest_image)
+    assert again.cached and again.bytes == 0 and again.image_id == p.image_id
+    # A damaged copy on the node is not taken for the image: it is copied again.
+    with open(copy / "initrd.img", "r+b") as f:
+        f.write(b"\0damaged")
+    fixed = remote.propagate_image(shell, guest_image)
+    assert not fixed.cached and _same_files(guest_image.directory, copy)
+    # The front-end's record (what `cloudbox node propagations` shows).
+    cluster.front.reg.add_propagation(remote.as_dict(fixed))
+    (row,) = cluster.front.reg.propagations("node7")
+    assert row["bytes"] == total and not row["cached"] and row["mbps"] > 0
+
+
+def test_a_bad_image_id_and_a_damaged_stream_leave_nothing(cluster: Cluster, guest_image: GuestImage):
+    with pytest.raises(remote.NodeError, match="image id 'x/../y': allowed: 16 lowercase hex digits"):
+        cluster.shell.run("cloudbox", "node", "local", "receive-image", "x/../y", input=b"", what="receive")
+    with pytest.raises(remote.NodeError, match="receive"):
+        cluster.shell.run("cloudbox", "node", "local", "receive-image", "0123456789abcdef", input=b"not a tar",
+                          what="receive")
+    assert not list((cluster.node_state / "images").glob("*"))
+
+
+@pytest.mark.slow
+def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster: Cluster, libvirt_conn):
+    """A Xen profile on this (non-Xen) node: the node's executor refuses it after its accelerator probe, which
+    exercises the health check (libvirt over the pinned SSH), start, follow, fetch and the failure path end to end
+    without booting a guest."""
+    events: list[tuple[str, dict]] = []
+    with ResultStore() as store:
+        ex = runner.Executor(runner.RunSpec(profile="xen-default", suite="storage", node="node7"), store,
+                             emit=lambda k, p: events.append((k, p)))
+        rid = ex.execute()
+        run = store.get_run(rid)
+    assert run.state == "aborted" and run.node == "node7"
+    assert "the run on node7" in (run.reason or "") and "needs the Xen hypervisor" in (run.reason or "")
+    prov = run.provenance
+    assert prov["nodes"]["back-end"] == "node7" and prov["nodes"]["front-end"] == prov["controller"]["host"]
+    assert prov["propagation"]["node"] == "node7" and prov["remote_run"]["run_id"] >= 1
+    steps = [p["text"] for k, p in events if k == "step"]
+    assert any(s.startswith("node7: probing the accelerator") for s in steps), steps
+    with cluster.node_store() as ns:
+        there = ns.get_run(prov["remote_run"]["run_id"])
+    assert there.state == "aborted" and there.uuid == prov["remote_run"]["uuid"]
+    assert there.profile_hash == run.profile_hash  # the front-end's resolved profile, sent along
+
+
+def test_unknown_or_down_nodes_are_refused_before_anything_starts(cluster: Cluster):
+    with ResultStore() as store:
+        rid = runner.Executor(runner.RunSpec(profile="virtio-disk", node="nosuch"), store).execute()
+        assert "--node 'nosuch': no such node; allowed: node7" in (store.get_run(rid).reason or "")
+    cluster.sshd.stop()
+    with ResultStore() as store:
+        rid = runner.Executor(runner.RunSpec(profile="virtio-disk", node="node7"), store).execute()
+        run = store.get_run(rid)
+    assert run.state == "aborted" and "node node7 is down" in (run.reason or ""), run.reason
+    assert not (cluster.node_state / "results.db").exists()  # nothing started there
+
+
+@pytest.mark.slow
+def test_a_real_storage_run_on_the_node_comes_back_with_its_measurements(cluster: Cluster, libvirt_conn):
+    """The node boots the guest (TCG here) from the propagated image and runs the smoke storage tests; the
+    front-end's run holds the same measurements, labels and host metrics, the timeline, and both nodes."""
+    events: list[tuple[str, dict]] = []
+    with ResultStore() as store:
+        ex = runner.Executor(runner.RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke",
+                                            node="node7"), store, emit=lambda k, p: events.append((k, p)))
+        rid = ex.execute()
+        run = store.get_run(rid)
+        samples = store.samples(rid)
+    assert run.state == "completed", run.reason
+    prov = run.provenance
+    with cluster.node_store() as ns:
+        there = ns.get_run(prov["remote_run"]["run_id"])
+    assert there.state == "completed" and there.uuid == prov["remote_run"]["uuid"]
+    key = [(m.side, m.test, m.metric, m.value, tuple(m.labels)) for m in run.measurements]
+    assert key == [(m.side, m.test, m.metric, m.value, tuple(m.labels)) for m in there.measurements]
+    assert {m.side for m in run.measurements} == {"guest", "baseline"}
+    assert run.emulated == there.emulated and run.accelerator == there.accelerator
+    guest_rows = [m for m in run.measurements if m.side == "guest"]
+    if run.emulated:
+        assert all("emulated" in m.labels for m in guest_rows)
+    # The node's own provenance (its kernel, the guest's domain XML) with the front-end's on top.
+    assert "<domain" in prov["domain_xml"] and prov["guest_image"]["kernel_version"]
+    assert prov["nodes"] == {"front-end": prov["controller"]["host"], "back-end": "node7"}
+    assert str(cluster.node_state / "images") in prov["domain_xml"]  # the guest booted the propagated copy
+    assert samples and any(k == "measurement" for k, _ in events)
