@@ -791,3 +791,16 @@ def test_discover_reads_the_dhcp_server_of_the_private_nics_lease(tmp_path: Path
         discover.discover_frontend("enp1s0", lease_dir=leases, sys_net=sys_net)
     with pytest.raises(CloudboxError, match="2 NICs have DHCP leases"):
         discover.discover_frontend(None, lease_dir=leases, sys_net=sys_net)
+
+
+def test_the_private_nic_is_found_by_its_mac_when_its_name_changed(tmp_path: Path):
+    """The installer records the live system's NIC name and MAC; on the installed node PCI slots (so names) can
+    differ: the MAC decides."""
+    from cloudbox.core.nodes import discover
+
+    sys_net = tmp_path / "net"
+    _fake_nic(sys_net, "enp0s3", 2, "52:54:00:cb:01:02")
+    settings = {"network": {"private_nic": "enp0s4", "private_mac": "52:54:00:cb:01:02"}}
+    assert discover.private_nic(settings, sys_net) == "enp0s3"
+    assert discover.private_nic({"network": {"private_nic": "enp0s4"}}, sys_net) == "enp0s4"
+    assert discover.private_nic({}, sys_net) is None

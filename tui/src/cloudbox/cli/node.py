@@ -196,10 +196,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     if fe.strip() == "discover":
         from cloudbox.core.nodes import discover
 
-        net = frontend.settings().get("network", {})
-        nic = net.get("private_nic")
-        if net.get("private_mac"):
-            nic = discover.nic_by_mac(net["private_mac"]) or nic
+        nic = discover.private_nic(frontend.settings())
         fe = discover.discover_frontend(nic)
         print(f"discovered the front-end at {fe} (the DHCP server of {nic or 'this node'}'s lease)")
     ident = enrol.local_identity(args.name or frontend.settings().get("hostname"), ssh_port=args.ssh_port)

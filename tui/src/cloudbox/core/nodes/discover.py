@@ -37,6 +37,14 @@ def nic_by_mac(mac: str, sys_net: Path = SYS_NET) -> str | None:
     return None
 
 
+def private_nic(settings: dict, sys_net: Path = SYS_NET) -> str | None:
+    """This node's private NIC by the MAC the installer recorded (names follow PCI slots, which can differ between
+    the live system that wrote the settings and the installed one), else by the recorded name."""
+    net = settings.get("network", {}) if isinstance(settings, dict) else {}
+    mac, name = net.get("private_mac"), net.get("private_nic")
+    return (nic_by_mac(str(mac), sys_net) if mac else None) or (str(name) if name else None)
+
+
 def discover_frontend(nic: str | None, *, lease_dir: Path | None = None, sys_net: Path = SYS_NET) -> str:
     """The front-end's private address: SERVER_ADDRESS of the DHCP lease on `nic` (the private NIC's name), or,
     with nic None, of the only lease there is. Raises a CloudboxError naming the NIC/file and the way out."""

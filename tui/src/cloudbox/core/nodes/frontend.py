@@ -55,7 +55,9 @@ def settings() -> dict[str, Any]:
 
 def default_bind() -> str:
     """The private NIC's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0."""
-    nic = settings().get("network", {}).get("private_nic")
+    from .discover import private_nic
+
+    nic = private_nic(settings())
     if nic:
         try:
             for n in host.nics():
