@@ -5,7 +5,7 @@ IMAGE_BATS      ?= bats
 # opt-in full Xen dom0 boot (--filter-tags xen-full) and the installed nodes' second boots (install-full).
 IMAGE_BATS_ARGS ?= --timing --filter-tags '!bench,!xen-full,!install-full'
 
-.PHONY: image image-test image-bench image-clean
+.PHONY: image image-test image-bench image-cluster-bench image-clean
 
 # Incremental: mkosi reuses build/image/cache (packages installed); a cold build starts from nothing.
 image:
@@ -23,6 +23,12 @@ image-bench: image venv
 	@scripts/install-deps test
 	@IMAGE_DIR="$(abspath $(IMAGE_DIR))" $(IMAGE_BATS) --timing --filter-tags bench tests/image
 	@IMAGE_TEST_LOGS="$(abspath $(IMAGE_DIR))/test-logs" scripts/image-bench
+
+# The two-node cluster suite with its figures recorded (power-on to cluster ready, image propagation) into
+# docs/benchmarks.md (section "cluster"); `make bench` runs it last (CLOUDBOX_BENCH_CLUSTER=0 leaves it out).
+image-cluster-bench: image venv
+	@scripts/install-deps test
+	@IMAGE_BENCH_RECORD=1 IMAGE_DIR="$(abspath $(IMAGE_DIR))" $(IMAGE_BATS) --timing tests/image/cluster.bats
 
 image-clean:
 	rm -rf "$(IMAGE_DIR)"

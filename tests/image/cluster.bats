@@ -272,24 +272,6 @@ PY
     assert_failure
     assert_output --partial 'be1: down'
     if [ "${IMAGE_BENCH_RECORD:-0}" = 1 ] && [ -f "$LOGS/run.ok" ]; then
-        mbps=$(python3 -c "import json; p=[x for x in json.load(open('$LOGS/propagations.json')) if not x['cached']][0]; print(f\"{p['bytes'] / 1e6:.1f} MB in {p['seconds']:.2f} s = {p['mbps']:.1f} MB/s (SHA-256 check on the node {p['verify_seconds']:.2f} s)\")")
-        install_record_bench cluster "$(cat <<EOF
-## Two-node cluster: power-on to cluster ready, image propagation (tests/image/cluster.bats)
-
-Two nodes under QEMU TCG on one host (installs: \`-smp 2 -m 4096\` each, side by side; installed nodes: \`-smp 1
--m 3072\`, OVMF), private link a QEMU socket with MTU 9000; measured $(date -u +%Y-%m-%d) on $(nproc) cores of
-$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'). Emulated (TCG) throughout: the target on
-real hardware with an SSD is under 3 minutes per node. Command: \`IMAGE_BENCH_RECORD=1 bats tests/image/cluster.bats\`.
-
-| phase | seconds |
-| --- | --- |
-| both live boots + unattended installs + reboot (side by side) | $(cat "$LOGS/install.seconds") |
-| power-on of the installed nodes to SSH on both | $(cat "$LOGS/boot.seconds") |
-| join code, wrong code refused, enrolment, first health check | $(cat "$LOGS/enrol.seconds") |
-| **power-on (live stick) to cluster ready** | **$(( $(cat "$LOGS/install.seconds") + $(cat "$LOGS/ready.seconds") ))** |
-
-Guest image propagation front-end -> back-end over the private link (emulated NICs on both ends): $mbps.
-EOF
-)"
+        cluster_record_bench "$LOGS"
     fi
 }
