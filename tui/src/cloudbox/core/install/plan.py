@@ -373,14 +373,14 @@ def settings_files(resolved: Resolved) -> dict[str, str]:
             files["/etc/systemd/network/10-cloudbox-private.network"] = (
                 f"# The private network, served by this {a.role}: jumbo frames, a fixed address, DHCP for "
                 "the back-ends.\n" + head +
-                f"[Network]\nAddress={private_address(resolved)}\nDHCPServer=yes\nLinkLocalAddressing=yes\n"
+                f"[Network]\nAddress={private_address(resolved)}\nDHCPServer=yes\nLinkLocalAddressing=ipv6\n"
                 "ConfigureWithoutCarrier=yes\n\n"
                 "[DHCPServer]\nPoolOffset=16\nEmitRouter=no\nEmitDNS=no\nEmitNTP=no\nDefaultLeaseTimeSec=3600\n"
             )
         else:
             files["/etc/systemd/network/10-cloudbox-private.network"] = (
                 f"# The private network ({a.role}): jumbo frames; the address comes from the front-end's DHCP.\n"
-                + head + "[Network]\nDHCP=ipv4\nLinkLocalAddressing=yes\n\n"
+                + head + "[Network]\nDHCP=ipv4\nLinkLocalAddressing=ipv6\n\n"
                 "[DHCPv4]\nUseRoutes=no\nUseDNS=no\nUseNTP=no\nUseMTU=no\n"
             )
     if resolved.campus_nic is not None:

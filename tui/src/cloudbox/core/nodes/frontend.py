@@ -54,17 +54,32 @@ def settings() -> dict[str, Any]:
 
 
 def default_bind() -> str:
-    """The private NIC's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0."""
+    """The private NIC's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0. Link-local
+    addresses (169.254/16, which networkd's LinkLocalAddressing can add beside the real one) are passed over."""
     from .discover import private_nic
 
     nic = private_nic(settings())
     if nic:
         try:
             for n in host.nics():
-                if n.name == nic and n.addresses:
-                    return n.addresses[0].split("/")[0]
+                if n.name == nic:
+                    return pick_bind_address(n.addresses)
         except (CloudboxError, OSError, ValueError, subprocess.SubprocessError):
             pass
+    return "0.0.0.0"
+
+
+def pick_bind_address(addresses: list[str]) -> str:
+    """The first IPv4 address that is not link-local ('A.B.C.D/NN' entries), else 0.0.0.0."""
+    import ipaddress
+
+    for a in addresses:
+        try:
+            ip = ipaddress.ip_interface(a).ip
+        except ValueError:
+            continue
+        if ip.version == 4 and not ip.is_link_local:
+            return str(ip)
     return "0.0.0.0"
 
 
