@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from test_tui_pilot import rows
+from test_tui_pilot import until as _until
 
 from cloudbox.core import accel, host
 from cloudbox.core.nodes import enrol, frontend, keys, registry
@@ -37,26 +39,13 @@ def text(widget) -> str:
     return v.plain if hasattr(v, "plain") else str(v)
 
 
-def rows(table) -> list[list[str]]:
-    return [[str(getattr(c, "plain", c)) for c in table.get_row_at(i)] for i in range(table.row_count)]
-
-
 def notices(app) -> str:
     return "\n".join(str(n.message) for n in app._notifications)
 
 
 async def until(pilot, cond, timeout: float = 15.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            if cond():
-                return
-        except Exception:  # noqa: BLE001 - the widget may not be mounted yet
-            pass
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or cond}")
-        await pilot.pause(0.05)
+    """test_tui_pilot's until() with more time: these tests wait on a real server and a real join."""
+    await _until(pilot, cond, timeout, what)
 
 
 def _free_port() -> int:
