@@ -164,3 +164,15 @@ def test_a_real_storage_run_on_the_node_comes_back_with_its_measurements(cluster
     assert prov["nodes"] == {"front-end": prov["controller"]["host"], "back-end": "node7"}
     assert str(cluster.node_state / "images") in prov["domain_xml"]  # the guest booted the propagated copy
     assert samples and any(k == "measurement" for k, _ in events)
+
+
+def test_a_runs_own_ssh_traffic_is_patient_and_health_checks_are_not(cluster: Cluster):
+    """A busy TCG node once left sshd silent past the registry's 5 s connect timeout: the event stream, fetch and
+    cancel wait longer (their options go before the host), a plain command keeps the registry's settings."""
+    shell = cluster.shell
+    plain, patient = shell.argv("true"), shell.argv("true", patient=True)
+    assert "-o" not in plain
+    at = patient.index("--")
+    assert patient[at - 4:at] == ["-o", f"ConnectTimeout={remote.PATIENT_CONNECT_S}", "-o",
+                                  f"ServerAliveCountMax={remote.PATIENT_KEEPALIVE_COUNT}"]
+    assert shell.run("echo", "ok", patient=True).strip() == "ok"  # ssh takes them

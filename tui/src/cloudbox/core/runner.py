@@ -513,20 +513,27 @@ class Executor:
         self.log(f"run {rr.run_id} on {node.name} started; its own record stays there")
         seq, final = 0, dict[str, object]()
         self._holding = spec.suite == "guest"  # stopping a guest session is its normal end, as on this host
-        for _attempt in range(3):  # the stream is re-attached after a dropped connection (ssh's 10 s keepalive)
+        dropped_at: float | None = None  # when the stream first dropped without the run having ended
+        while True:
             try:
                 for ev_seq, kind, payload in remote.follow(shell, rr, cancelled=self.cancelled, after_seq=seq):
                     seq = ev_seq  # where a re-attached stream picks up
+                    dropped_at = None
                     self._mirror(kind, payload, final)
                 break
             except remote.NodeError as e:
                 if self._cancel:
                     break
-                h = health.check_node(node)
-                if h.state != "up":
-                    raise CloudboxError(f"lost node {node.name} during the run: {h.reason}; run {rr.run_id} there "
-                                        "is left to finish or be cleaned up by the node") from None
-                self.log(f"re-attaching to run {rr.run_id} on {node.name} ({e})")
+                now = time.monotonic()
+                dropped_at = dropped_at or now
+                if now - dropped_at > remote.REATTACH_WITHIN_S:
+                    h = health.check_node(node)
+                    raise CloudboxError(f"lost node {node.name} during the run: no event stream for "
+                                        f"{now - dropped_at:.0f} s ({e}); its health check: {h.state}, {h.reason}; "
+                                        f"run {rr.run_id} there is left to finish or be cleaned up by the node") \
+                        from None
+                self.log(f"re-attaching to run {rr.run_id} on {node.name} in 10 s ({e})")
+                time.sleep(10)
         if self._cancel:
             raise Aborted(f"cancelled by {self._signal_name or 'request'}")
         self._holding = False

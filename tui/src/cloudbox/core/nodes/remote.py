@@ -38,6 +38,9 @@ IMAGE_FILES = ("vmlinuz", "initrd.img", "manifest.json")
 SUMS = "SHA256SUMS"
 CHUNK = 1024 * 1024
 KEEP_IMAGES = 3  # image ids a node keeps in its cache (the newest)
+PATIENT_CONNECT_S = 30  # ssh ConnectTimeout for a run's own traffic
+PATIENT_KEEPALIVE_COUNT = 24  # x the registry's 5 s ServerAliveInterval: 2 min of silence before the stream drops
+REATTACH_WITHIN_S = 300.0  # a run's dropped event stream is re-attached for this long before the node counts as lost
 
 
 class NodeError(CloudboxError):
@@ -60,15 +63,24 @@ class NodeShell:
     def where(self) -> str:
         return f"node {self.node.name} ({self.node.address})"
 
-    def argv(self, *cmd: str) -> list[str]:
+    def argv(self, *cmd: str, patient: bool = False) -> list[str]:
+        """ssh's argv for `cmd`. patient: for a run's own traffic (its event stream, fetch, cancel), which must
+        ride out a node that is busy, not gone: a TCG node under a queue-depth-32 fio once left sshd silent past
+        the registry's 5 s connect timeout and 10 s keepalive (a health check stays quick: it is what says down)."""
         import shlex
 
-        return [*self.base, shlex.join(cmd)]
+        base = list(self.base)
+        if patient:
+            at = base.index("--") if "--" in base else len(base) - 1
+            base[at:at] = ["-o", f"ConnectTimeout={PATIENT_CONNECT_S}",
+                           "-o", f"ServerAliveCountMax={PATIENT_KEEPALIVE_COUNT}"]
+        return [*base, shlex.join(cmd)]
 
-    def run(self, *cmd: str, input: bytes | None = None, timeout: float = 60.0, what: str = "") -> str:
+    def run(self, *cmd: str, input: bytes | None = None, timeout: float = 60.0, what: str = "",
+            patient: bool = False) -> str:
         what = what or " ".join(cmd[:3])
         try:
-            out = subprocess.run(self.argv(*cmd), input=input, capture_output=True, timeout=timeout,
+            out = subprocess.run(self.argv(*cmd, patient=patient), input=input, capture_output=True, timeout=timeout,
                                  stdin=subprocess.DEVNULL if input is None else None)
         except subprocess.TimeoutExpired:
             raise NodeError(f"{self.where}: {what} did not finish within {timeout:g} s") from None
@@ -78,9 +90,11 @@ class NodeShell:
             raise NodeError(f"{self.where}: {what} failed: {explain(out.returncode, out.stderr)}")
         return out.stdout.decode(errors="replace")
 
-    def popen(self, *cmd: str, stdin: int | None = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    def popen(self, *cmd: str, stdin: int | None = subprocess.DEVNULL,
+              patient: bool = False) -> subprocess.Popen[bytes]:
         try:
-            return subprocess.Popen(self.argv(*cmd), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            return subprocess.Popen(self.argv(*cmd, patient=patient), stdin=stdin, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
         except OSError as e:
             raise NodeError(f"{self.where}: cannot run ssh: {e}") from None
 
@@ -330,7 +344,8 @@ def follow(shell: NodeShell, rr: RemoteRun, *, cancelled: Callable[[], bool] = l
            after_seq: int = 0) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """(seq, kind, payload) of the node's run as they happen, until it ends. Raises NodeError when the connection
     is lost (ssh ends without the run's final state)."""
-    proc = shell.popen("cloudbox", "node", "local", "follow", str(rr.run_id), "--after", str(after_seq))
+    proc = shell.popen("cloudbox", "node", "local", "follow", str(rr.run_id), "--after", str(after_seq),
+                       patient=True)
     assert proc.stdout is not None and proc.stderr is not None
     ended = False
     try:
@@ -355,8 +370,8 @@ def follow(shell: NodeShell, rr: RemoteRun, *, cancelled: Callable[[], bool] = l
 
 
 def fetch_run(shell: NodeShell, rr: RemoteRun) -> dict[str, Any]:
-    out = shell.run("cloudbox", "results", "export", "--format", "json", "--raw", str(rr.run_id), timeout=120,
-                    what=f"reading run {rr.run_id}")
+    out = shell.run("cloudbox", "results", "export", "--format", "json", "--raw", str(rr.run_id), timeout=180,
+                    what=f"reading run {rr.run_id}", patient=True)
     try:
         run: dict[str, Any] = json.loads(out)["runs"][0]
         return run
@@ -366,7 +381,8 @@ def fetch_run(shell: NodeShell, rr: RemoteRun) -> dict[str, Any]:
 
 def cancel_run(shell: NodeShell, rr: RemoteRun) -> str:
     """Stop the node's run (guest destroyed, stores removed there); its state afterwards."""
-    return shell.run("cloudbox", "cancel", str(rr.run_id), timeout=90, what=f"cancelling run {rr.run_id}").strip()
+    return shell.run("cloudbox", "cancel", str(rr.run_id), timeout=120, what=f"cancelling run {rr.run_id}",
+                     patient=True).strip()
 
 
 def as_dict(obj: Propagation | RemoteRun) -> dict[str, Any]:
