@@ -660,7 +660,8 @@ def test_remove_of_an_unreachable_node_forgets_it_and_says_the_line_remains(fron
     monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(conf))
     removal = frontend.remove_node(front.reg, "node7", authorized_keys=str(back.authorized_keys))
     assert not removal.cleaned and removal.lines_removed is None
-    assert "ssh failed" in (removal.problem or "") and "refused" in (removal.problem or "")
+    assert "ssh could not reach it or was refused (exit 255)" in (removal.problem or "")
+    assert "Connection refused" in (removal.problem or "")
     assert "could not be reached" in removal.on_node and "STILL in its" in removal.on_node
     assert "delete that line there as root with: sed" in removal.on_node
     assert f"sed -i '/ cloudbox-front-end /d' {back.authorized_keys}" in removal.on_node
@@ -676,7 +677,8 @@ def test_cli_remove_of_an_unreachable_node_warns_and_exits_0(front: Front, back:
     back.join(f"127.0.0.1:{front.serve()}", code)
     out = _cli(_front_end_env(tmp_path, front), "node", "--db", str(front.base / "nodes.db"), "remove", "node2")
     assert "removed node node2" in out.stdout
-    assert out.stderr.startswith("cloudbox: warning: node2 could not be reached (ssh failed: ")
+    assert out.stderr.startswith("cloudbox: warning: node2 could not be reached (node node2 (127.0.0.1): editing "
+                                 "/root/.ssh/authorized_keys failed: ssh could not reach it or was refused")
     assert "the front-end's key is STILL in its /root/.ssh/authorized_keys" in out.stderr
     assert "sed -i '/ cloudbox-front-end /d' /root/.ssh/authorized_keys" in out.stderr
     assert front.reg.nodes() == []

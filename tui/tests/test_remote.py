@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def test_guest_image_propagation_is_timed_verified_and_cached(cluster: Cluster, 
     fixed = remote.propagate_image(shell, guest_image)
     assert not fixed.cached and _same_files(guest_image.directory, copy)
     # The front-end's record (what `cloudbox node propagations` shows).
-    cluster.front.reg.add_propagation(remote.as_dict(fixed))
+    cluster.front.reg.add_propagation(asdict(fixed))
     (row,) = cluster.front.reg.propagations("node7")
     assert row["bytes"] == total and not row["cached"] and row["mbps"] > 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import sqlite3
 import subprocess
 import sys
@@ -429,3 +430,27 @@ def test_a_locked_database_is_a_cloudbox_error(tmp_path: Path, monkeypatch):
             other.execute("ROLLBACK")
             other.close()
         assert store.add_event(rid, "log", {"text": "x"}) == 1  # the store is still usable
+
+
+def test_a_node_run_mirrored_here_is_reaped_when_its_executor_here_dies(store: ResultStore):
+    """A run on an enrolled node (node = the back-end) is executed by this host when this host is its controller:
+    a dead executor here must not leave it 'running' forever; a run controlled elsewhere is left alone."""
+    here = {"controller": {"host": platform.node()}}
+    mine = store.create_run(profile_name="on-node", pid=_dead_pid(), node="be1", provenance=json.dumps(here))
+    theirs = store.create_run(profile_name="elsewhere", pid=_dead_pid(), node="be1",
+                              provenance=json.dumps({"controller": {"host": "another-front-end"}}))
+    assert {r.id for r in store.reap_dead_runs()} == {mine}
+    assert store.get_run(theirs).state == "running"
+
+
+def test_follow_streams_every_event_until_the_run_ends(store: ResultStore):
+    rid = store.create_run(profile_name="p")
+    store.add_event(rid, "step", {"text": "one"})
+    store.add_event(rid, "step", {"text": "two"})
+    store.finish_run(rid, "completed")
+    evs = list(store.follow(rid, poll=0.01))
+    assert [e.kind for e in evs] == ["step", "step", "state"] and evs[-1].payload["state"] == "completed"
+    assert [e.payload.get("text") for e in store.follow(rid, after_seq=1, poll=0.01)][:1] == ["two"]
+    dead = store.create_run(profile_name="d", pid=_dead_pid())
+    store.add_event(dead, "step", {"text": "x"})
+    assert [e.kind for e in store.follow(dead, poll=0.01)] == ["step", "state"]  # reaped on the way: it ends

@@ -24,6 +24,7 @@ import json
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -311,9 +312,9 @@ def cmd_push_image(args: argparse.Namespace) -> int:
         p = remote.propagate_image(shell, image, force=args.force, progress=progress)
         if tty:
             print(file=sys.stderr)
-        reg.add_propagation(remote.as_dict(p))
+        reg.add_propagation(asdict(p))
     if args.json:
-        print(json.dumps(remote.as_dict(p), indent=2))
+        print(json.dumps(asdict(p), indent=2))
     else:
         print(p.describe())
     return 0

@@ -151,20 +151,9 @@ def cmd_watch(a: argparse.Namespace) -> int:
     try:
         with _store() as store:
             rid = store.resolve(a.run)
-            seq = 0
-            while True:
-                for ev in store.events_since(rid, seq):
-                    seq = ev.seq
-                    printer(ev.kind, ev.payload)
-                run = store.get_run(rid, raw=False)
-                if run.state != "running":
-                    for ev in store.events_since(rid, seq):
-                        seq = ev.seq
-                        printer(ev.kind, ev.payload)
-                    return 0 if run.state == "completed" else 1
-                if not store.active_runs() and store.reap_dead_runs():
-                    continue
-                time.sleep(0.5)
+            for ev in store.follow(rid):
+                printer(ev.kind, ev.payload)
+            return 0 if store.get_run(rid, raw=False).state == "completed" else 1
     except KeyboardInterrupt:
         print("\n(stopped watching; the run goes on)")
         return 0

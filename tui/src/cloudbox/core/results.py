@@ -61,7 +61,7 @@ _RUN_COLUMNS = (
     "uuid", "profile_name", "profile_hash", "profile_toml", "suite", "size_bytes", "size_label", "state",
     "reason", "accelerator", "emulated", "node", "pid", "started_at", "finished_at", "provenance",
 )
-_MEASUREMENT_COLUMNS = (
+MEASUREMENT_COLUMNS = (
     "side", "test", "metric", "value", "host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util",
     "labels", "raw", "started_at", "finished_at",
 )
@@ -99,7 +99,7 @@ class Measurement:
         return is_storage_test(self.test)
 
     def as_dict(self, raw: bool = True) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in ("id", "run_id", *_MEASUREMENT_COLUMNS)}
+        d = {k: getattr(self, k) for k in ("id", "run_id", *MEASUREMENT_COLUMNS)}
         d["labels"] = list(self.labels)
         if not raw:
             d.pop("raw")
@@ -700,7 +700,7 @@ class ResultStore:
         if not run_ids:
             return out
         raw_col = "raw" if raw else "NULL AS raw"
-        cols = ", ".join(c for c in ("id", "run_id", *_MEASUREMENT_COLUMNS) if c != "raw")
+        cols = ", ".join(c for c in ("id", "run_id", *MEASUREMENT_COLUMNS) if c != "raw")
         for start in range(0, len(run_ids), 500):
             chunk = list(run_ids[start : start + 500])
             marks = ", ".join("?" for _ in chunk)
@@ -761,7 +761,9 @@ class ResultStore:
             return [r[0] for r in self._conn.execute("SELECT id FROM runs ORDER BY id")]
 
     def _executor_alive(self, run: Run) -> bool:
-        if run.node and run.node != self._hostname:
+        # A run on an enrolled node is executed (mirrored) by this host when this host is its controller.
+        controller = (run.provenance.get("controller") or {}).get("host") if run.provenance else None
+        if run.node and run.node != self._hostname and controller != self._hostname:
             return True  # cannot see another host's processes: assume alive
         return pid_alive(run.pid, run.started_at)
 
@@ -932,6 +934,24 @@ class ResultStore:
                 (int(run_id), int(after_seq), int(limit)),
             ).fetchall()
         return [Event(r["run_id"], r["seq"], r["t"], r["kind"], _loads(r["payload"], {})) for r in rows]
+
+    def follow(self, run_id: int, after_seq: int = 0, *, poll: float = 0.5) -> Iterator[Event]:
+        """Every event after `after_seq` as it is appended, until the run has ended and its last event is out (a
+        run whose executor died is reaped on the way, so this ends). What `cloudbox watch` and a node's
+        `node local follow` stream; the caller reads the final state with get_run."""
+        seq = after_seq
+        while True:
+            for ev in self.events_since(run_id, seq):
+                seq = ev.seq
+                yield ev
+            if self.get_run(run_id, raw=False).state != "running":
+                for ev in self.events_since(run_id, seq):  # the final state event, appended with the state
+                    seq = ev.seq
+                    yield ev
+                return
+            if not self.active_runs() and self.reap_dead_runs():
+                continue
+            time.sleep(poll)
 
     def last_seq(self, run_id: int) -> int:
         with self._lock:

@@ -32,6 +32,7 @@ from .diskstats import delta, read_counters
 from .errors import Aborted, CloudboxError, GuestUnreachable, RunBusy
 from .guest import QEMU_LOG_DIR, Guest, reap_orphans
 from .guestimage import CMDLINE, GuestImage
+from .results import MEASUREMENT_COLUMNS
 
 QUICK_SIZE = 128 * 1024**2
 CONSOLE_TAIL_LINES = 20  # lines of the guest's serial console kept in the reason of a run whose guest died
@@ -241,7 +242,7 @@ class Executor:
             fields = dict(uuid=run_uuid, profile_name=profile.name, profile_hash=profile.hash,
                           profile_toml=profile.to_toml(), suite=spec.suite, size_bytes=size,
                           size_label=size_label, state="running", node=spec.node or platform.node(), pid=os.getpid(),
-                          started_at=time.time())
+                          started_at=time.time(), provenance=json.dumps(_controller_provenance()))
             if self.run_id is None:
                 self.run_id = self.store.create_run(**fields)  # type: ignore[attr-defined]
             else:
@@ -487,13 +488,14 @@ class Executor:
                                                                  "pct": 0, "eta": f"copy {done * 100 // total}%"}))
         self.log(prop.describe())
         with registry.Registry() as reg:
-            reg.add_propagation(remote.as_dict(prop))
-        controller = {"host": platform.node(), "host_kernel": platform.release(), "role": "front-end"}
-        prov: dict = {"controller": controller, "propagation": remote.as_dict(prop),
+            reg.add_propagation(asdict(prop))
+        # The front-end's part of the provenance; the node's own (host, CPU, versions, domain XML) joins it at the end.
+        ours: dict = {**_controller_provenance(),
                       "nodes": {"front-end": platform.node(), "back-end": node.name},
                       "node": {"name": node.name, "address": node.address,
-                               "host_key_fingerprint": node.host_key_fingerprint}}
-        self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+                               "host_key_fingerprint": node.host_key_fingerprint},
+                      "propagation": asdict(prop)}
+        self.store.update_run(self.run_id, provenance=json.dumps(ours))  # type: ignore[attr-defined]
         self.step(f"starting the run on {node.name}")
         remote_spec = {k: v for k, v in asdict(spec).items() if k != "node"}
         with self._atomic():
@@ -508,8 +510,8 @@ class Executor:
                         self.log(f"could not cancel run {rr.run_id} on {node.name}: {e}")
 
             stack.callback(stop_remote)
-        prov["remote_run"] = remote.as_dict(rr)
-        self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+        ours["remote_run"] = asdict(rr)
+        self.store.update_run(self.run_id, provenance=json.dumps(ours))  # type: ignore[attr-defined]
         self.log(f"run {rr.run_id} on {node.name} started; its own record stays there")
         seq, final = 0, dict[str, object]()
         self._holding = spec.suite == "guest"  # stopping a guest session is its normal end, as on this host
@@ -540,21 +542,12 @@ class Executor:
         data = remote.fetch_run(shell, rr)
         rr.uuid = str(data.get("uuid") or rr.uuid)  # the node's executor gives its run its final uuid
         finished["done"] = data.get("state") != "running"
-        remote_prov = data.get("provenance") or {}
-        prov.update(remote_prov)  # the node's own provenance (host, cpu, versions, domain XML, backing) on top
-        prov.update(controller=controller, propagation=remote.as_dict(prop), remote_run=remote.as_dict(rr),
-                    nodes={"front-end": platform.node(), "back-end": node.name},
-                    node={"name": node.name, "address": node.address,
-                          "host_key_fingerprint": node.host_key_fingerprint})
+        prov = {**(data.get("provenance") or {}), **ours, "remote_run": asdict(rr)}
         self.store.update_run(self.run_id, accelerator=data.get("accelerator"),  # type: ignore[attr-defined]
                               emulated=int(bool(data.get("emulated"))), size_bytes=data.get("size_bytes"),
                               size_label=data.get("size_label"), provenance=json.dumps(prov))
-        for m in data.get("measurements") or []:
-            self.store.add_measurement(self.run_id, side=m["side"], test=m["test"], metric=m["metric"],  # type: ignore[attr-defined]
-                                       value=m["value"], host_mbps=m.get("host_mbps"),
-                                       host_avgrq_sectors=m.get("host_avgrq_sectors"), host_avgqu=m.get("host_avgqu"),
-                                       host_util=m.get("host_util"), labels=m.get("labels") or [], raw=m.get("raw"),
-                                       started_at=m.get("started_at"), finished_at=m.get("finished_at"))
+        for m in data.get("measurements") or []:  # as the node's export wrote them (its own columns)
+            self.store.add_measurement(self.run_id, **{k: m.get(k) for k in MEASUREMENT_COLUMNS if k in m})  # type: ignore[attr-defined]
         if data.get("state") != "completed":
             raise CloudboxError(f"the run on {node.name} (its run {rr.run_id}) ended {data.get('state')}: "
                                 f"{data.get('reason') or final.get('reason') or 'no reason given'}")
@@ -686,6 +679,12 @@ class Executor:
         }
 
 
+def _controller_provenance() -> dict:
+    """Which host executes the run (for a run on a node: the front-end that mirrors it). ResultStore reaps a
+    node's run whose controller is this host when its executor here has died."""
+    return {"controller": {"host": platform.node(), "host_kernel": platform.release()}}
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -702,7 +701,8 @@ def start_detached(spec: RunSpec, store) -> int:
     spec.validate()
     check_not_busy(spec.node)
     run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
-                              state="running", node=spec.node or platform.node(), started_at=time.time())
+                              state="running", node=spec.node or platform.node(), started_at=time.time(),
+                              provenance=json.dumps(_controller_provenance()))
     log_dir = paths.state_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_dir / f"run-{run_id}.log", "ab")

@@ -22,6 +22,7 @@ from .. import host, paths
 from ..errors import CloudboxError
 from . import enrol, keys
 from .registry import DEFAULT_CODE_MINUTES, JoinCode, NodeRecord, Registry
+from .remote import NodeShell
 
 FRONT_END_ROLES = ("front-end", "all-in-one")
 NODE_AUTHORIZED_KEYS = "/root/.ssh/authorized_keys"  # on the node (what enrolment writes there)
@@ -305,23 +306,13 @@ def remove_authorized_line(reg: Registry, node: NodeRecord, path: str = NODE_AUT
                                     what="the front-end's management key")
     except keys.KeyProblem as e:
         raise CloudboxError(str(e)) from None
-    remote = " ".join(shlex.quote(a) for a in ("sh", "-c", _REMOTE_REMOVE, "cloudbox-remove", path, mgmt.blob))
-    try:
-        out = subprocess.run([*reg.ssh_args(node), remote], capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise CloudboxError(f"no answer from {node.address} within {timeout:g} s") from None
-    except OSError as e:
-        raise CloudboxError(f"cannot run ssh: {e.strerror or e}") from e
-    if out.returncode != 0:
-        lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip() and not ln.startswith("@")]
-        why = "; ".join(lines[-2:]) or f"exit status {out.returncode}"
-        what = "ssh" if out.returncode == 255 else f"editing {path}"
-        raise CloudboxError(f"{what} failed: {why}")
+    shell = NodeShell.for_node(reg, node)
+    stdout = shell.run("sh", "-c", _REMOTE_REMOVE, "cloudbox-remove", path, mgmt.blob, timeout=timeout,
+                       what=f"editing {path}")
     # The last line is the script's (a chatty shell start-up file on the node may print before it).
-    words = (out.stdout.strip().splitlines() or [""])[-1].split()
+    words = (stdout.strip().splitlines() or [""])[-1].split()
     if len(words) < 2 or words[0] != "removed" or not words[1].isdigit():
-        raise CloudboxError(f"editing {path}: unexpected answer {out.stdout.strip()[-200:]!r}")
+        raise CloudboxError(f"editing {path}: unexpected answer {stdout.strip()[-200:]!r}")
     return int(words[1])
 
 

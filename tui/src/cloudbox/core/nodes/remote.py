@@ -25,7 +25,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -133,15 +133,16 @@ class Propagation:
                 f"{self.mbps:.1f} MB/s (verified on the node in {self.verify_seconds:.2f} s)")
 
 
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def file_sums(image: GuestImage) -> dict[str, str]:
-    out = {}
-    for name in IMAGE_FILES:
-        h = hashlib.sha256()
-        with open(image.directory / name, "rb") as f:
-            for chunk in iter(lambda: f.read(CHUNK), b""):
-                h.update(chunk)
-        out[name] = h.hexdigest()
-    return out
+    return {name: sha256_file(image.directory / name) for name in IMAGE_FILES}
 
 
 def image_id(sums: dict[str, str]) -> str:
@@ -301,14 +302,11 @@ def _verify(d: Path) -> str | None:
     for name in IMAGE_FILES:
         if name not in want:
             return f"{d / SUMS} lists no {name}"
-        h = hashlib.sha256()
         try:
-            with open(d / name, "rb") as f:
-                for chunk in iter(lambda: f.read(CHUNK), b""):
-                    h.update(chunk)
+            got = sha256_file(d / name)
         except OSError as e:
             return f"{d / name}: {e.strerror or e}"
-        if h.hexdigest() != want[name]:
+        if got != want[name]:
             return f"{d / name}: SHA-256 mismatch (the copy is damaged)"
     return None
 
@@ -385,10 +383,6 @@ def cancel_run(shell: NodeShell, rr: RemoteRun) -> str:
                      patient=True).strip()
 
 
-def as_dict(obj: Propagation | RemoteRun) -> dict[str, Any]:
-    return asdict(obj)
-
-
 # The node's side of start-run and follow (`cloudbox node local start-run|follow`).
 def local_start_run(req: dict[str, Any]) -> dict[str, Any]:
     """Start a detached run here from a front-end's request: {"spec": RunSpec fields, "profile_toml": the
@@ -435,15 +429,7 @@ def local_follow(run_ref: str, after_seq: int, out: IO[str], poll: float = 0.3) 
 
     with ResultStore() as store:
         rid = store.resolve(run_ref)
-        seq = after_seq
-        while True:
-            state = store.get_run(rid, raw=False).state
-            for ev in store.events_since(rid, seq):
-                seq = ev.seq
-                out.write(json.dumps({"seq": ev.seq, "t": ev.t, "kind": ev.kind, "payload": ev.payload}) + "\n")
+        for ev in store.follow(rid, after_seq, poll=poll):
+            out.write(json.dumps({"seq": ev.seq, "t": ev.t, "kind": ev.kind, "payload": ev.payload}) + "\n")
             out.flush()
-            if state != "running":
-                return 0 if state == "completed" else 1
-            if not store.active_runs() and store.reap_dead_runs():
-                continue
-            time.sleep(poll)
+        return 0 if store.get_run(rid, raw=False).state == "completed" else 1
