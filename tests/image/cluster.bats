@@ -129,6 +129,8 @@ be() { cluster_ssh "$LOGS" "$BE_PORT" "$@"; }
     assert_line 'DHCPServer=yes'
     run -0 install_cat "$LOGS/be.raw" /etc/cloudbox/node.toml
     assert_line 'frontend = "discover"'
+    run -0 install_cat "$LOGS/be.raw" /etc/systemd/network/10-cloudbox-private.netdev
+    assert_line 'Name=cbpriv0'
     touch "$LOGS/installed.ok"
 }
 
@@ -153,10 +155,23 @@ be() { cluster_ssh "$LOGS" "$BE_PORT" "$@"; }
         be ip -4 -o addr show | grep -q 'inet 10\.73\.0\.' && break
         sleep 3
     done
-    run -0 be ip -4 -o addr show
+    # ... on the bridge cbpriv0, whose port is the private NIC (the back-end's guests join that bridge).
+    run -0 be ip -4 -o addr show dev cbpriv0
     assert_output --regexp 'inet 10\.73\.0\.[0-9]+/24'
     run -0 be "ip -o link | grep -i $BE_PRIVATE"
     assert_output --partial 'mtu 9000'
+    assert_output --partial 'master cbpriv0'
+    run -0 be ip -o link show dev cbpriv0
+    assert_output --partial 'mtu 9000'
+    # Names on the private network: multicast DNS (systemd-resolved), each way.
+    for _ in $(seq 1 10); do
+        be resolvectl query fe1.local 2>/dev/null | grep -q 10.73.0.1 && break
+        sleep 3
+    done
+    run -0 be resolvectl query fe1.local
+    assert_output --partial '10.73.0.1'
+    run -0 fe getent hosts be1.local
+    assert_output --regexp '10\.73\.0\.[0-9]+ +be1\.local'
     # Don't-fragment pings at full size cross the link; one byte more does not leave the NIC.
     run -0 be ping -c 3 -W 5 -M do -s 8972 10.73.0.1
     assert_output --partial '3 received'
@@ -188,11 +203,13 @@ be() { cluster_ssh "$LOGS" "$BE_PORT" "$@"; }
     run -0 be test ! -e /var/lib/cloudbox/nodes/frontend.json  # nothing was installed
     run -0 be cloudbox node join --front-end discover --code "$code"
     assert_output --partial 'enrolled as be1 with front-end fe1 (10.73.0.1)'
+    assert_output --partial 'be1 (cbpriv0) -> fe1 (10.73.0.1): 9000-byte frames pass'
     run -0 be grep -c 'cloudbox-front-end' /root/.ssh/authorized_keys
     assert_output 1
     # The front-end reaches the back-end's libvirt over the pinned SSH.
     run -0 fe cloudbox node check
     assert_output --partial 'be1: up'
+    assert_output --regexp 'be1: fe1 \([a-z0-9]+\) -> be1 \(10\.73\.0\.[0-9]+\): 9000-byte frames pass'
     # The installed front-end's monitor (cloudbox-node-check.service) runs; the back-end has none.
     run -0 fe systemctl is-active cloudbox-node-check.service
     run be systemctl is-active cloudbox-node-check.service
@@ -240,12 +257,24 @@ tests = {t for _, t in sides}
 assert any(s == "guest" for s, _ in sides) and any(s == "baseline" for s, _ in sides), sides
 assert any(t.startswith("seq-") or "write" in t for t in tests), tests
 assert any("tcp" in t for t in tests), tests
+# Study A's guest -> other host: the guest on be1's private bridge to the front-end, beside be1's host -> fe1.
+for t in ("tcp-stream-fe", "tcp-maerts-fe", "tcp-rr-fe"):
+    assert ("guest", t) in sides and ("baseline", t) in sides, (t, sorted(sides))
+for m in run["measurements"]:
+    if m["side"] == "baseline" and m["test"].endswith("-fe"):
+        assert "private-network" in m["labels"] and "nested" not in m["labels"], m
+net = prov["network"]
+assert net["peer"] == "10.73.0.1" and net["bridge"] == "cbpriv0" and net["mtu"] == 9000, net
+assert net["guest_ip"].startswith("10.73.0.") and net["guest_ip"] != net["host_ip"], net
+assert prov["peer"]["peer"] == "10.73.0.1" and prov["peer"]["peer_netperf_port"] > 0, prov["peer"]
+fe_tx = next(m["value"] for m in run["measurements"] if (m["side"], m["test"]) == ("guest", "tcp-stream-fe"))
 for m in run["measurements"]:
     if m["side"] == "guest":
         assert "nested" in m["labels"], m
 copies = [p for p in props if p["node"] == "be1" and not p["cached"]]
 assert copies and copies[0]["bytes"] > 0 and copies[0]["mbps"] > 0, props
-print(f"{len(run['measurements'])} measurements; image copy {copies[0]['bytes'] / 1e6:.1f} MB at {copies[0]['mbps']:.1f} MB/s")
+print(f"{len(run['measurements'])} measurements; guest -> fe1 {fe_tx:.0f} Mbit/s; "
+      f"image copy {copies[0]['bytes'] / 1e6:.1f} MB at {copies[0]['mbps']:.1f} MB/s")
 PY
     echo "# $output" >&3
     touch "$LOGS/run.ok"

@@ -185,7 +185,7 @@ def problem(err: AnswerError, key: str):  # type: ignore[no-untyped-def]
          'campus_nic = "eth1"\nprivate_address = "8.8.8.1/24"\n', "network.private_address", "not in a private range",
          "10.73.0.1/24"),
         ('role = "front-end"\nhostname = "a"\n[disk]\ntarget = "/dev/disk/by-id/x"\n[network]\nprivate_nic = "eth0"\n'
-         'campus_nic = "eth1"\nprivate_address = "10.73.0.1"\n', "network.private_address", "prefix", "/8../29"),
+         'campus_nic = "eth1"\nprivate_address = "10.73.0.1"\n', "network.private_address", "prefix", "/8../27"),
         ('role = "front-end"\nhostname = "a"\n[disk]\ntarget = "/dev/disk/by-id/x"\n[network]\nprivate_nic = "eth0"\n'
          'campus_nic = "eth1"\nprivate_address = "10.73.0.0/24"\n', "network.private_address", "broadcast address",
          "private range"),
@@ -625,11 +625,19 @@ def test_front_end_serves_the_private_network_and_back_ends_ask_it():
     net = settings_files(fe)["/etc/systemd/network/10-cloudbox-private.network"]  # type: ignore[arg-type]
     assert "Address=10.73.0.1/24\nDHCPServer=yes" in net and "MTUBytes=9000" in net and "EmitRouter=no" in net
     assert 'private_address = "10.73.0.1/24"' in node_settings_text(fe)  # type: ignore[arg-type]
-    fe2 = _resolved_for('role = "front-end"\n' + head + 'campus_nic = "enp1s0"\nprivate_address = "192.168.7.1/28"\n'
+    fe2 = _resolved_for('role = "front-end"\n' + head + 'campus_nic = "enp1s0"\nprivate_address = "192.168.7.1/27"\n'
                         'private_mtu = 1500\n')
     net2 = settings_files(fe2)["/etc/systemd/network/10-cloudbox-private.network"]  # type: ignore[arg-type]
-    assert "Address=192.168.7.1/28" in net2 and "MTUBytes=1500" in net2
+    assert "Address=192.168.7.1/27" in net2 and "MTUBytes=1500" in net2
+    assert "MulticastDNS=yes" in net and "Type=ether\nKind=!*" in net
     be = _resolved_for('role = "back-end"\n' + head + 'frontend = "discover"\n')
-    bnet = settings_files(be)["/etc/systemd/network/10-cloudbox-private.network"]  # type: ignore[arg-type]
-    assert "DHCP=ipv4" in bnet and "DHCPServer=" not in bnet and "\nAddress=" not in bnet and "UseRoutes=no" in bnet
+    bfiles = settings_files(be)  # type: ignore[arg-type]
+    # The back-end's private NIC is a port of the bridge cbpriv0, which takes the DHCP address and its guests' taps.
+    bnic = bfiles["/etc/systemd/network/10-cloudbox-private.network"]
+    assert "Bridge=cbpriv0" in bnic and "MTUBytes=9000" in bnic and "DHCP" not in bnic and "Kind=!*" in bnic
+    bdev = bfiles["/etc/systemd/network/10-cloudbox-private.netdev"]
+    assert "Name=cbpriv0\nKind=bridge\nMTUBytes=9000" in bdev
+    bnet = bfiles["/etc/systemd/network/11-cloudbox-private-bridge.network"]
+    assert "Name=cbpriv0" in bnet and "DHCP=ipv4" in bnet and "DHCPServer=" not in bnet and "\nAddress=" not in bnet
+    assert "UseRoutes=no" in bnet and "MulticastDNS=yes" in bnet
     assert "private_address" not in node_settings_text(be)  # type: ignore[arg-type]

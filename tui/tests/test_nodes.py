@@ -795,6 +795,23 @@ def test_discover_reads_the_dhcp_server_of_the_private_nics_lease(tmp_path: Path
         discover.discover_frontend(None, lease_dir=leases, sys_net=sys_net)
 
 
+def test_a_back_ends_private_link_is_the_bridge_its_private_nic_is_a_port_of(tmp_path: Path):
+    """A back-end's address (and DHCP lease) is on the bridge cbpriv0 that its guests join; a front-end's on the
+    NIC. The bridge has the NIC's MAC here, as a kernel bridge can: the NIC is still the one found by MAC first."""
+    from cloudbox.core.nodes import discover
+
+    sys_net = tmp_path / "net"
+    _fake_nic(sys_net, "enp2s0", 3, "52:54:00:cb:00:02")
+    settings = {"network": {"private_nic": "enp2s0", "private_mac": "52:54:00:cb:00:02"}}
+    assert discover.private_link(settings, sys_net) == "enp2s0"  # a front-end: no bridge
+    _fake_nic(sys_net, "cbpriv0", 9, "52:54:00:cb:00:02")
+    (sys_net / "cbpriv0" / "bridge").mkdir()
+    (sys_net / "enp2s0" / "master").symlink_to(sys_net / "cbpriv0")
+    assert discover.private_nic(settings, sys_net) == "enp2s0"
+    assert discover.private_link(settings, sys_net) == "cbpriv0"
+    assert discover.private_link({}, sys_net) is None
+
+
 def test_the_private_nic_is_found_by_its_mac_when_its_name_changed(tmp_path: Path):
     """The installer records the live system's NIC name and MAC; on the installed node PCI slots (so names) can
     differ: the MAC decides."""

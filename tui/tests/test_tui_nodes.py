@@ -215,3 +215,47 @@ def test_back_end_keys_say_why_they_are_not_available(tmp_path, monkeypatch):
                         in text(app.screen.query_one("#cluster")))
     asyncio.run(go())
     assert not registry.nodes_db().exists()  # a back-end's keys made no registry
+
+
+def test_tests_setup_places_a_run_on_an_enrolled_node(front_end: Node):
+    """Where (on the Tests screen) lists this host and the enrolled nodes with their state; the spec started
+    carries the node chosen. Without nodes the choice is not shown: an all-in-one box runs here."""
+    from textual.widgets import Label, Select
+
+    from cloudbox.core.results import ResultStore
+
+    with ResultStore() as store:
+        rid = store.create_run(profile_name="virtio-disk", suite="storage", size_label="quick", state="completed")
+    started: list = []
+
+    def start_runs(specs):
+        started.append(specs)
+        return rid, None
+
+    front_end.backend.start_runs = start_runs  # type: ignore[method-assign]
+
+    async def go(expect_nodes: bool):
+        app = create_app(front_end.backend, mode="tests", poll_interval=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            where = app.screen.query_one("#where", Select)
+            await until(pilot, lambda: app.screen.setup is not None, what="the setup data")  # type: ignore[attr-defined]
+            assert where.display is expect_nodes and app.screen.query_one("#where-label", Label).display is expect_nodes
+            if expect_nodes:
+                assert [label for label, _ in app.screen.setup.targets] == \
+                    ["this host", "node be1 (up)"]  # type: ignore[attr-defined]
+                where.value = "be1"
+            await pilot.press("s")
+            await until(pilot, lambda: len(started) == (2 if expect_nodes else 1), what="the run started")
+            assert (f"run {rid} started on node be1" in notices(app)) is expect_nodes
+
+    asyncio.run(go(False))
+    assert [s.node for s in started[0]] == [""]
+    with registry.Registry() as reg:
+        _, rec = reg.make_code()
+        be = _keypair(front_end.base / "be_host_key")
+        cl = _keypair(front_end.base / "be_client_key")
+        reg.enrol(name="be1", role="back-end", address="10.73.0.20", ssh_port=22, host_key=be.line,
+                  client_key=cl.line, code_key=rec.key, peer="10.73.0.20")
+        reg.set_health("be1", "up", "libvirt 11.3.0 on be1")
+    asyncio.run(go(True))
+    assert [(s.node, s.profile) for s in started[1]] == [("be1", started[0][0].profile)]

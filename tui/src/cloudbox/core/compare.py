@@ -122,6 +122,12 @@ _NETWORK_TITLES = {
     "tcp-rr": "TCP request/response (netperf TCP_RR)",
     "iperf3-tx": "TCP stream, guest transmits (iperf3)",
     "iperf3-rx": "TCP stream, guest receives (iperf3 -R)",
+    # Runs on a back-end: the far end is the front-end; the baseline is the back-end host -> the front-end.
+    "tcp-stream-fe": "TCP stream, guest transmits to the front-end (netperf TCP_STREAM)",
+    "tcp-maerts-fe": "TCP stream, guest receives from the front-end (netperf TCP_MAERTS)",
+    "tcp-rr-fe": "TCP request/response with the front-end (netperf TCP_RR)",
+    "iperf3-tx-fe": "TCP stream, guest transmits to the front-end (iperf3)",
+    "iperf3-rx-fe": "TCP stream, guest receives from the front-end (iperf3 -R)",
 }
 
 
@@ -181,7 +187,7 @@ def primary_metric(test: str, available: Iterable[str] = ()) -> str:
     Mbit/s for streams; the first available one when the preferred is missing."""
     avail = list(dict.fromkeys(available))
     b = base_test(test)
-    if test == "tcp-rr":
+    if test in ("tcp-rr", "tcp-rr-fe"):
         preferred = ["trans/s"]
     elif is_network_test(test) and not is_storage_test(test):
         preferred = ["Mbit/s"]

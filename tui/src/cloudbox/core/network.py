@@ -1,5 +1,7 @@
 """Network tests: netperf (TCP_STREAM, TCP_MAERTS, TCP_RR) or iperf3 between the guest and its host, and the
-same tests between the host and a network namespace over veth as the bare-metal baseline.
+same tests between the host and a network namespace over veth as the bare-metal baseline. On a back-end run
+for a front-end, the guest joins the node's private bridge and the same tests also go to the front-end (test ids
+with "-fe"), beside the bare-metal baseline back-end host -> front-end: study A's guest -> other host.
 
 The guest's NIC sits on a bridge cloudbox creates for the run, with the profile's MTU on the bridge, the
 tap (libvirt <mtu>) and the guest's interface; a don't-fragment ping of full size proves the path
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -45,6 +48,16 @@ NET_TESTS: dict[str, NetTest] = {t.id: t for t in [
     NetTest("iperf3-tx", "iperf3", "tx", "Mbit/s", "guest -> host"),
     NetTest("iperf3-rx", "iperf3", "rx", "Mbit/s", "host -> guest"),
 ]}
+FRONTEND_SUFFIX = "-fe"
+_FE_DIRECTIONS = {"guest -> host": "guest -> front-end", "host -> guest": "front-end -> guest",
+                  "request/response": "request/response with the front-end"}
+
+
+def frontend_test(t: NetTest) -> NetTest:
+    """The same test with the front-end as the far end (its baseline: this node's host -> the front-end)."""
+    return NetTest(t.id + FRONTEND_SUFFIX, t.tool, t.kind, t.metric, _FE_DIRECTIONS.get(t.direction, t.direction))
+
+
 NET_SETS = {"netperf": ["tcp-stream", "tcp-maerts", "tcp-rr"], "iperf3": ["iperf3-tx", "iperf3-rx"],
             "both": ["tcp-stream", "tcp-maerts", "tcp-rr", "iperf3-tx", "iperf3-rx"]}
 
@@ -86,8 +99,27 @@ class HostNetwork:
 
     mtu: int
     bridge: str = BRIDGE
+    host_ip: str = HOST_IP  # the host's address on the bridge (the far end of the guest -> host tests)
     created: list[tuple[str, str]] = field(default_factory=list)
     procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def use_bridge(self, name: str) -> None:
+        """Attach the guest to an existing bridge (a back-end's private bridge, which the installer made and
+        which holds the node's address), not a bridge of the run's own; it is left as it is afterwards."""
+        if not link_exists(name) or not os.path.isdir(f"/sys/class/net/{name}/bridge"):
+            raise CloudboxError(
+                f"the private network's bridge {name} does not exist on this node; cloudbox installs a back-end's "
+                "private NIC as a port of that bridge (reinstall the node with this cloudbox)")
+        have = link_mtu(name)
+        if self.mtu > have:
+            raise CloudboxError(
+                f"the profile's MTU {self.mtu} is larger than the private network's ({have} on bridge {name}, "
+                f"install answer network.private_mtu); use a profile with network.mtu <= {have}")
+        addr = ipv4_of(name)
+        if addr is None:
+            raise CloudboxError(f"bridge {name} has no IPv4 address (is the front-end's DHCP serving it? "
+                                f"`networkctl status {name}`)")
+        self.bridge, self.host_ip = name, addr
 
     def setup_bridge(self) -> None:
         if os.geteuid() != 0:
@@ -158,6 +190,69 @@ class HostNetwork:
                 _ip("netns", "del", name, check=False)
 
 
+def ipv4_of(link: str) -> str | None:
+    """The first IPv4 address of a link that is not link-local (169.254/16), else None."""
+    r = _ip("-j", "-4", "addr", "show", "dev", link, check=False)
+    try:
+        infos = json.loads(r.stdout or "[]")
+    except ValueError:
+        return None
+    for info in infos:
+        for a in info.get("addr_info", []):
+            if a.get("family") == "inet" and not str(a.get("local", "")).startswith("169.254."):
+                return str(a["local"])
+    return None
+
+
+@dataclass
+class PathCheck:
+    """A don't-fragment ping at full size from here to `target`: the private network's MTU, end to end."""
+
+    target: str
+    mtu: int
+    ok: bool
+    largest: int | None  # the largest frame (IP packet, bytes) that got through, when full size did not
+    message: str
+
+
+def _df_ping(target: str, packet: int, *, netns: str | None, count: int = 2, wait_s: int = 2) -> tuple[bool, str]:
+    argv = [*(["ip", "netns", "exec", netns] if netns else []),
+            "ping", "-n", "-M", "do", "-s", str(packet - 28), "-c", str(count), "-W", str(wait_s), target]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=count * wait_s + 30)
+    return r.returncode == 0, (r.stdout + r.stderr).strip()
+
+
+def check_path_mtu(target: str, mtu: int, *, netns: str | None = None, where: str = "this host",
+                   to: str = "") -> PathCheck:
+    """Do `mtu`-byte frames reach `target` with don't-fragment set? When they do not but small ones do, find
+    the largest that does (a binary search) and say plainly that something on the path drops jumbo frames."""
+    to = to or target
+    ok, out = _df_ping(target, mtu, netns=netns)
+    if ok:
+        return PathCheck(target, mtu, True, mtu, f"{where} -> {to}: {mtu}-byte frames pass (don't-fragment ping)")
+    if "message too long" in out.lower():
+        local = re.search(r"mtu\s*=\s*(\d+)", out, re.I)
+        return PathCheck(target, mtu, False, None,
+                         f"{where} -> {to}: {mtu}-byte frames cannot leave this host: the local interface's MTU "
+                         f"is {local.group(1) if local else 'smaller'} (the private NIC, its bridge or the route)")
+    small, _ = _df_ping(target, 84, netns=netns)
+    if not small:
+        return PathCheck(target, mtu, False, None, f"{where} -> {to}: {to} does not answer pings at all: {out[-200:]}")
+    lo, hi = 84, mtu  # lo passes, hi does not
+    if mtu > 1500:  # the usual culprit: a switch at the standard 1500
+        lo, hi = (1500, mtu) if _df_ping(target, 1500, netns=netns, count=1, wait_s=1)[0] else (84, 1500)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _df_ping(target, mid, netns=netns, count=1, wait_s=1)[0]:
+            lo = mid
+        else:
+            hi = mid
+    return PathCheck(target, mtu, False, lo,
+                     f"{where} -> {to}: {mtu}-byte frames are dropped on the way, {lo}-byte frames get through: a "
+                     f"switch or NIC between them does not pass jumbo frames. Enable an MTU of {mtu} on it, or "
+                     f"install the nodes with network.private_mtu = {1500 if lo >= 1500 else lo}")
+
+
 def _wait_port(addr: str, port: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -169,26 +264,51 @@ def _wait_port(addr: str, port: int, timeout: float = 10.0) -> None:
     raise CloudboxError(f"server on {addr}:{port} did not start within {timeout:.0f} s")
 
 
-def configure_guest(guest, mtu: int) -> str:
-    """Give the guest's NIC its address and MTU; verify the path with a don't-fragment ping."""
+UDHCPC_SCRIPT = "/tmp/cloudbox-udhcpc"
+_UDHCPC = ('#!/bin/sh\n[ "$1" = bound ] || exit 0\n'
+           'ip addr add "$ip/$mask" dev "$interface" && echo "cloudbox-lease $ip/$mask from $serverid"\n')
+
+
+def configure_guest(guest, mtu: int, *, host_ip: str = HOST_IP, dhcp: bool = False) -> tuple[str, str]:
+    """Give the guest's NIC its MTU and address (a fixed link-local one on the run's bridge, or, on a back-end's
+    private bridge, a lease from the front-end's DHCP server, busybox udhcpc); verify the path to the host with a
+    don't-fragment ping. Returns the NIC's name and its address."""
     r = guest.sh("for d in /sys/class/net/*; do n=${d##*/}; [ $n = lo ] || echo $n; done", timeout=30).check()
     nics = r.stdout.split()
     if len(nics) != 1:
         raise GuestError(f"expected one NIC in the guest, found: {nics or 'none'}")
     nic = nics[0]
-    guest.sh(f"ip link set dev {nic} mtu {mtu} && ip addr add {GUEST_IP}/{PREFIX} dev {nic} && "
-             f"ip link set dev {nic} up", timeout=30, check=True)
+    if dhcp:
+        guest.sh(f"printf '%s' '{_UDHCPC}' > {UDHCPC_SCRIPT} && chmod +x {UDHCPC_SCRIPT} && "
+                 f"ip link set dev {nic} mtu {mtu} && ip link set dev {nic} up", timeout=30, check=True)
+        p = guest.sh(f"udhcpc -i {nic} -f -q -n -t 10 -T 2 -s {UDHCPC_SCRIPT}", timeout=90)
+        m = re.search(r"cloudbox-lease (\S+)/(\d+)", p.stdout)
+        if p.exitcode != 0 or not m:
+            raise GuestError(f"the guest got no address from the front-end's DHCP server on the private network "
+                             f"(udhcpc on {nic} exited {p.exitcode}): {(p.stdout + p.stderr).strip()[-300:]}")
+        address = m.group(1)
+    else:
+        guest.sh(f"ip link set dev {nic} mtu {mtu} && ip addr add {GUEST_IP}/{PREFIX} dev {nic} && "
+                 f"ip link set dev {nic} up", timeout=30, check=True)
+        address = GUEST_IP
     # The link may need a moment (carrier); retry the path check briefly.
     last = ""
     for _ in range(10):
-        p = guest.run(["ping", "-M", "do", "-s", str(mtu - 28), "-c", "1", "-W", "2", HOST_IP], timeout=30)
+        p = guest.run(["ping", "-M", "do", "-s", str(mtu - 28), "-c", "1", "-W", "2", host_ip], timeout=30)
         if p.exitcode == 0:
-            return nic
+            return nic, address
         last = (p.stdout + p.stderr).strip()
         time.sleep(1)
     raise CloudboxError(
-        f"MTU check failed: a {mtu}-byte don't-fragment ping from the guest to {HOST_IP} did not pass "
-        f"(bridge {BRIDGE} mtu {link_mtu(BRIDGE) if link_exists(BRIDGE) else '?'}): {last[-300:]}")
+        f"MTU check failed: a {mtu}-byte don't-fragment ping from the guest to {host_ip} did not pass: {last[-300:]}")
+
+
+def check_guest_path(guest, target: str, mtu: int) -> None:
+    """A don't-fragment ping at full size from the guest to `target` (the front-end)."""
+    p = guest.run(["ping", "-M", "do", "-s", str(mtu - 28), "-c", "2", "-W", "3", target], timeout=60)
+    if p.exitcode != 0:
+        raise CloudboxError(f"MTU check failed: a {mtu}-byte don't-fragment ping from the guest to the front-end "
+                            f"{target} did not pass: {(p.stdout + p.stderr).strip()[-300:]}")
 
 
 def netperf_args(t: NetTest, host: str, port: int, seconds: int) -> list[str]:
@@ -228,8 +348,8 @@ def parse(t: NetTest, text: str) -> NetResult:
 
 
 def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[[dict], None],
-                 cancelled: Callable[[], bool]) -> NetResult:
-    args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, HOST_IP, port, seconds)
+                 cancelled: Callable[[], bool], target: str = HOST_IP) -> NetResult:
+    args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, target, port, seconds)
     start = time.monotonic()
 
     def poll() -> None:
@@ -245,10 +365,12 @@ def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[
 
 
 def run_baseline(t: NetTest, port: int, seconds: int, progress: Callable[[dict], None],
-                 cancelled: Callable[[], bool]) -> NetResult:
-    args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, NS_HOST_IP, port, seconds)
-    proc = subprocess.Popen(["ip", "netns", "exec", NS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                 cancelled: Callable[[], bool], target: str = NS_HOST_IP, netns: str | None = NS) -> NetResult:
+    """The bare-metal side: from the namespace to the host over veth, or (netns None) from the host itself to
+    `target` (a back-end host -> the front-end)."""
+    args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, target, port, seconds)
+    proc = subprocess.Popen([*(["ip", "netns", "exec", netns] if netns else []), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     start = time.monotonic()
     try:
         while proc.poll() is None:

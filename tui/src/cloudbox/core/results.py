@@ -52,7 +52,9 @@ STORAGE_TESTS = (
     "seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m", "seq-read-1m",
     "randread-4k-qd1", "randwrite-4k-qd1", "randread-4k-qd32", "randwrite-4k-qd32",
 )
-NETWORK_TESTS = ("tcp-stream", "tcp-maerts", "tcp-rr", "iperf3-tx", "iperf3-rx")
+_NET_TO_HOST = ("tcp-stream", "tcp-maerts", "tcp-rr", "iperf3-tx", "iperf3-rx")
+# The guest's own host first, then (runs on a back-end) the same tests to the front-end ("-fe").
+NETWORK_TESTS = (*_NET_TO_HOST, *(t + "-fe" for t in _NET_TO_HOST))
 BUFFERED_SUFFIX = "-buffered"
 
 DEAD_EXECUTOR_REASON = "executor died"

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import accel, backing, daemons, network, paths, storage
+from . import accel, backing, daemons, host, network, paths, storage
 from .diskstats import delta, read_counters
 from .errors import Aborted, CloudboxError, GuestUnreachable, RunBusy
 from .guest import QEMU_LOG_DIR, Guest, reap_orphans
@@ -55,6 +55,11 @@ class RunSpec:
     destroy: str = ""  # confirmation: the device's kernel name, required when it holds data
     agent_timeout: float = 300.0  # seconds to wait for the guest agent after launch
     node: str = ""  # an enrolled back-end to run on (the front-end mirrors the node's run); "" = this host
+    # Set by the front-end for a run on a back-end: its private address and the netserver/iperf3 ports it opened
+    # there. The guest then joins the node's private bridge and the network tests also go to the front-end.
+    peer: str = ""
+    peer_netperf_port: int = 0
+    peer_iperf3_port: int = 0
 
     def validate(self) -> None:
         if self.suite not in SUITES:
@@ -76,6 +81,8 @@ class RunSpec:
         if want_net:
             for nt in resolve_net_tests(self.net_tests):
                 out += [f"guest:{nt.id}", f"baseline:{nt.id}"]
+                if self.peer:
+                    out += [f"guest:{nt.id}{network.FRONTEND_SUFFIX}", f"baseline:{nt.id}{network.FRONTEND_SUFFIX}"]
         return out
 
 
@@ -387,12 +394,21 @@ class Executor:
 
         # ---- network plumbing (before the guest: its NIC attaches to the bridge) ------------
         hostnet = None
+        peer = spec.peer if want_net else ""
+        if peer:
+            private = self._check_private_network(peer)
+            prov["network"] = {"bridge": private, "peer": peer}
         if want_net or session:
-            self.step(f"network: bridge {network.BRIDGE} and baseline namespace, MTU {profile.network.mtu}")
             hostnet = network.HostNetwork(profile.network.mtu)
             stack.callback(hostnet.teardown)
             with self._atomic():
-                hostnet.setup_bridge()
+                if peer:
+                    hostnet.use_bridge(private)
+                    self.step(f"network: the private bridge {private} ({hostnet.host_ip}) and the baseline "
+                              f"namespace, MTU {profile.network.mtu}")
+                else:
+                    self.step(f"network: bridge {network.BRIDGE} and baseline namespace, MTU {profile.network.mtu}")
+                    hostnet.setup_bridge()
                 if want_net:
                     hostnet.setup_netns()
 
@@ -402,7 +418,7 @@ class Executor:
         console_log = work_dir / "console.log"
         xml = render_domain(profile, name=name, domain_type=acc.domain_type, kernel=str(image.kernel),
                             initrd=str(image.initrd), cmdline=CMDLINE, disk_path=store.path,
-                            disk_is_block=store.is_block, bridge=network.BRIDGE if hostnet else None,
+                            disk_is_block=store.is_block, bridge=hostnet.bridge if hostnet else None,
                             mac=None, run_uuid=run_uuid, console_log=str(console_log))
         self.step(f"launching guest {name} ({acc.label})")
         t0 = time.monotonic()
@@ -441,25 +457,63 @@ class Executor:
                 self._storage_test("guest", t, run_guest, sampler, labels, gr.drop_caches)
 
         if want_net and hostnet is not None:
+            mtu = profile.network.mtu
             self.step("guest: configuring the NIC and checking the MTU end to end")
-            nic = network.configure_guest(guest, profile.network.mtu)
-            self.log(f"MTU {profile.network.mtu} verified end to end (guest {nic} -> bridge {network.BRIDGE})")
+            nic, guest_ip = network.configure_guest(guest, mtu, host_ip=hostnet.host_ip, dhcp=bool(peer))
+            self.log(f"MTU {mtu} verified end to end (guest {nic} {guest_ip} -> bridge {hostnet.bridge} "
+                     f"{hostnet.host_ip})")
+            if peer:
+                network.check_guest_path(guest, peer, mtu)
+                self.log(f"MTU {mtu} verified end to end (guest {guest_ip} -> the front-end {peer})")
+                prov["network"].update(host_ip=hostnet.host_ip, guest_ip=guest_ip, mtu=mtu)
+                self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
             ports = {"netperf": 0, "iperf3": 0}
             bports = {"netperf": 0, "iperf3": 0}
-            bare_labels = [*[x for x in labels if x not in ("emulated", "nested")], "veth-netns"]
+            peer_ports = {"netperf": spec.peer_netperf_port, "iperf3": spec.peer_iperf3_port}
+            plain = [x for x in labels if x not in ("emulated", "nested")]
+            bare_labels = [*plain, "veth-netns"]
             for nt in net_tests:
                 if not guest.has(nt.tool):
                     raise CloudboxError(f"{nt.tool} is not installed in the guest; rebuild it with 'make guest-image'")
                 if not ports[nt.tool]:
                     start = hostnet.start_netserver if nt.tool == "netperf" else hostnet.start_iperf3
-                    ports[nt.tool] = start(network.HOST_IP)
+                    ports[nt.tool] = start(hostnet.host_ip)
                     bports[nt.tool] = start(network.NS_HOST_IP)
                 self._net_test("guest", nt, functools.partial(
                     network.run_in_guest, guest, nt, ports[nt.tool], net_seconds,
-                    self._progress("guest", nt.id), self.cancelled), labels)
+                    self._progress("guest", nt.id), self.cancelled, target=hostnet.host_ip), labels)
                 self._net_test("baseline", nt, functools.partial(
                     network.run_baseline, nt, bports[nt.tool], net_seconds,
                     self._progress("baseline", nt.id), self.cancelled), bare_labels)
+                if not peer:
+                    continue
+                if not peer_ports[nt.tool]:
+                    raise CloudboxError(f"the front-end {peer} opened no {nt.tool} server for this run "
+                                        "(peer_netperf_port / peer_iperf3_port)")
+                fe = network.frontend_test(nt)
+                self._net_test("guest", fe, functools.partial(
+                    network.run_in_guest, guest, fe, peer_ports[nt.tool], net_seconds,
+                    self._progress("guest", fe.id), self.cancelled, target=peer), labels)
+                self._net_test("baseline", fe, functools.partial(
+                    network.run_baseline, fe, peer_ports[nt.tool], net_seconds,
+                    self._progress("baseline", fe.id), self.cancelled, target=peer, netns=None),
+                    [*plain, "private-network"])
+
+    def _check_private_network(self, peer: str) -> str:
+        """The private bridge of this back-end, after proving that full-size frames reach the front-end `peer`."""
+        from .nodes import discover, frontend
+
+        link = discover.private_link(frontend.settings())
+        if not link:
+            raise CloudboxError(f"the front-end {peer} asked for network tests to it, but this host's node settings "
+                                f"({host.node_settings_file()}) name no private NIC: it is not an installed back-end")
+        self.step(f"network: checking the private network to the front-end {peer}")
+        pc = network.check_path_mtu(peer, network.link_mtu(link), where=f"{platform.node()} ({link})",
+                                    to=f"the front-end {peer}")
+        self.log(pc.message)
+        if not pc.ok:
+            raise CloudboxError(pc.message)
+        return link
 
     def _run_on_node(self, profile, stack: contextlib.ExitStack) -> None:
         """The run on an enrolled node: check it is up, propagate the guest image (timed), start the node's own
@@ -496,8 +550,12 @@ class Executor:
                                "host_key_fingerprint": node.host_key_fingerprint},
                       "propagation": asdict(prop)}
         self.store.update_run(self.run_id, provenance=json.dumps(ours))  # type: ignore[attr-defined]
-        self.step(f"starting the run on {node.name}")
         remote_spec = {k: v for k, v in asdict(spec).items() if k != "node"}
+        if spec.suite in ("network", "all"):
+            remote_spec.update(self._serve_peer(profile, stack))
+            if remote_spec.get("peer"):
+                ours["peer"] = {k: remote_spec[k] for k in ("peer", "peer_netperf_port", "peer_iperf3_port")}
+        self.step(f"starting the run on {node.name}")
         with self._atomic():
             rr = remote.start_run(shell, remote_spec, profile.to_toml(), prop.remote_dir)
             finished = {"done": False}
@@ -552,6 +610,27 @@ class Executor:
             raise CloudboxError(f"the run on {node.name} (its run {rr.run_id}) ended {data.get('state')}: "
                                 f"{data.get('reason') or final.get('reason') or 'no reason given'}")
 
+    def _serve_peer(self, profile, stack: contextlib.ExitStack) -> dict:
+        """The front-end's side of the cross-node network tests: netserver and iperf3 on its private address for
+        the length of the run (stopped with it). {} when this host has no private network (not an installed
+        front-end): the node's guest -> front-end tests are then left out, and the log says so."""
+        from .nodes import frontend
+
+        addr = frontend.default_bind()
+        if addr == "0.0.0.0":
+            self.log("this host has no private network address (its node settings name no private NIC): the "
+                     "guest -> front-end network tests are left out of this run")
+            return {}
+        tools = {nt.tool for nt in resolve_net_tests(self.spec.net_tests)}
+        servers = network.HostNetwork(profile.network.mtu)
+        stack.callback(servers.teardown)
+        fields = {"peer": addr,
+                  "peer_netperf_port": servers.start_netserver(addr) if "netperf" in tools else 0,
+                  "peer_iperf3_port": servers.start_iperf3(addr) if "iperf3" in tools else 0}
+        self.log(f"serving the cross-node network tests on {addr}: "
+                 + ", ".join(f"{t} port {fields[f'peer_{t}_port']}" for t in sorted(tools)))
+        return fields
+
     def _mirror(self, kind: str, payload: dict, final: dict) -> None:
         """One event of the node's run, re-emitted here (samples stored as this run's timeline)."""
         if kind == "state":
@@ -574,8 +653,8 @@ class Executor:
     def _hold(self, guest: Guest, mtu: int, boot_s: float) -> None:
         """A guest session: bring up its NIC, then keep the guest until it shuts down or is stopped."""
         self.step("guest: configuring the NIC and checking the MTU end to end")
-        nic = network.configure_guest(guest, mtu)
-        self.log(f"guest {guest.name} is up: {nic} {network.GUEST_IP} on bridge {network.BRIDGE} (MTU {mtu}), "
+        nic, ip = network.configure_guest(guest, mtu)
+        self.log(f"guest {guest.name} is up: {nic} {ip} on bridge {network.BRIDGE} (MTU {mtu}), "
                  f"launch to agent {boot_s:.1f} s")
         self.step(f"guest {guest.name} running; stop it with 'cloudbox cancel {self.run_id}'")
         self._holding = True
@@ -808,7 +887,8 @@ def start_sweep(specs: list[RunSpec], store) -> Sweep:
         raise CloudboxError("a sweep needs at least one profile")
     for spec in specs:
         spec.validate()
-    check_not_busy()
+    for node in dict.fromkeys(spec.node for spec in specs):
+        check_not_busy(node)
     sweep = Sweep(id=time.strftime("sweep-%Y%m%d-%H%M%S-") + uuidlib.uuid4().hex[:6], specs=specs,
                   runs=[None] * len(specs), started_at=time.time())
     sweep.save()

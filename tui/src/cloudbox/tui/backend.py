@@ -212,6 +212,20 @@ class Backend:
             conn.close()
 
     # -- runs ----------------------------------------------------------------------------------------
+    def run_targets(self) -> list[tuple[str, str]]:
+        """Where a run can go, as (label, node name): this host (""), then every enrolled node with the state
+        the overview shows. Only this host when there is no node registry."""
+        from cloudbox.core.nodes import health
+
+        out = [("this host", "")]
+        if not registry.nodes_db().exists():
+            return out
+        with registry.Registry() as reg:
+            for n in reg.nodes():
+                state, _ = health.shown_state(n)
+                out.append((f"node {n.name} ({state})", n.name))
+        return out
+
     def start_runs(self, specs: list[runner.RunSpec]) -> tuple[int | None, runner.Sweep | None]:
         """One spec: a detached run (its id). Several: a sweep that runs them one after another."""
         if len(specs) == 1:

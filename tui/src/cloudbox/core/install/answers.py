@@ -57,7 +57,7 @@ _TEXT_RULES: dict[str, str] = {
     "network.private_mtu": "an integer 1500..9000",
     "network.frontend": '"discover" or the front-end\'s IPv4/IPv6 address on the private network',
     "network.private_address": "the front-end's private IPv4 address with prefix, in a private range "
-    "(10/8, 172.16/12, 192.168/16), prefix /8../29, e.g. 10.73.0.1/24 (the default)",
+    "(10/8, 172.16/12, 192.168/16), prefix /8../27, e.g. 10.73.0.1/24 (the default)",
     "root.password_hash": "a crypt(5) hash: $y$... (yescrypt), $6$... (sha512), $5$..., $2b$...; "
     "make one with `openssl passwd -6` or `mkpasswd`",
     "root.password_credential": "the name of a systemd credential holding a password hash "
@@ -99,8 +99,9 @@ class NetworkAnswers(_Strict):
             iface = ipaddress.IPv4Interface(v)
         except ValueError:
             raise ValueError("not an IPv4 address with a prefix (A.B.C.D/NN)") from None
-        if "/" not in v or not 8 <= iface.network.prefixlen <= 29:
-            raise ValueError("the prefix must be /8../29 (room for the back-ends' addresses)")
+        if "/" not in v or not 8 <= iface.network.prefixlen <= 27:
+            raise ValueError("the prefix must be /8../27 (room for the back-ends and their guests: DHCP hands out "
+                             "addresses from the 16th on)")
         if not iface.ip.is_private or iface.ip.is_loopback or iface.ip.is_link_local:
             raise ValueError("not in a private range (10/8, 172.16/12, 192.168/16)")
         if iface.ip in (iface.network.network_address, iface.network.broadcast_address):

@@ -352,6 +352,9 @@ def serves_private_network(resolved: Resolved) -> bool:
     return resolved.private_nic is not None and resolved.answers.role in ("front-end", "all-in-one")
 
 
+PRIVATE_BRIDGE = "cbpriv0"  # a back-end's private bridge (its guests' way onto the private network)
+
+
 def private_address(resolved: Resolved) -> str:
     return resolved.answers.network.private_address or DEFAULT_PRIVATE_ADDRESS
 
@@ -366,21 +369,35 @@ def settings_files(resolved: Resolved) -> dict[str, str]:
     }
     if resolved.private_nic is not None:
         nic = resolved.private_nic
-        head = f"[Match]\nMACAddress={nic.mac}\n\n[Link]\nMTUBytes={a.network.private_mtu}\n\n"
+        mtu = a.network.private_mtu
+        # Type=ether, Kind=!*: a bridge (or a tap) can carry the NIC's MAC and must not take its file.
+        head = f"[Match]\nMACAddress={nic.mac}\nType=ether\nKind=!*\n\n[Link]\nMTUBytes={mtu}\n\n"
         if serves_private_network(resolved):
-            # networkd's own DHCP server hands the back-ends their addresses (and names this node as the
-            # server: `cloudbox node join --front-end discover` reads it from the lease). No router, no DNS.
+            # networkd's own DHCP server hands the back-ends (and their guests) their addresses, and names this
+            # node as the server: `cloudbox node join --front-end discover` reads it from the lease. No router,
+            # no DNS; names are served by multicast DNS (<hostname>.local, systemd-resolved).
             files["/etc/systemd/network/10-cloudbox-private.network"] = (
                 f"# The private network, served by this {a.role}: jumbo frames, a fixed address, DHCP for "
                 "the back-ends.\n" + head +
                 f"[Network]\nAddress={private_address(resolved)}\nDHCPServer=yes\nLinkLocalAddressing=ipv6\n"
-                "ConfigureWithoutCarrier=yes\n\n"
+                "MulticastDNS=yes\nConfigureWithoutCarrier=yes\n\n"
                 "[DHCPServer]\nPoolOffset=16\nEmitRouter=no\nEmitDNS=no\nEmitNTP=no\nDefaultLeaseTimeSec=3600\n"
             )
         else:
+            # The private NIC is a port of the bridge cbpriv0, which holds the node's address and which its
+            # guests join: guest -> front-end traffic crosses the bridge and the wire, as in the studies.
+            files["/etc/systemd/network/10-cloudbox-private.netdev"] = (
+                f"# The back-end's private bridge: its guests join the private network through it.\n"
+                f"[NetDev]\nName={PRIVATE_BRIDGE}\nKind=bridge\nMTUBytes={mtu}\n\n[Bridge]\nSTP=no\n"
+            )
             files["/etc/systemd/network/10-cloudbox-private.network"] = (
-                f"# The private network ({a.role}): jumbo frames; the address comes from the front-end's DHCP.\n"
-                + head + "[Network]\nDHCP=ipv4\nLinkLocalAddressing=ipv6\n\n"
+                f"# The private NIC ({a.role}): jumbo frames, a port of the bridge {PRIVATE_BRIDGE}.\n"
+                + head + f"[Network]\nBridge={PRIVATE_BRIDGE}\nLinkLocalAddressing=no\n"
+            )
+            files["/etc/systemd/network/11-cloudbox-private-bridge.network"] = (
+                f"# The private network ({a.role}): the address comes from the front-end's DHCP; names by mDNS.\n"
+                f"[Match]\nName={PRIVATE_BRIDGE}\n\n[Link]\nMTUBytes={mtu}\n\n"
+                "[Network]\nDHCP=ipv4\nLinkLocalAddressing=ipv6\nMulticastDNS=yes\nConfigureWithoutCarrier=yes\n\n"
                 "[DHCPv4]\nUseRoutes=no\nUseDNS=no\nUseNTP=no\nUseMTU=no\n"
             )
     if resolved.campus_nic is not None:

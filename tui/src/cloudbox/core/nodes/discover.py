@@ -29,6 +29,8 @@ def read_lease(path: Path) -> dict[str, str]:
 
 def nic_by_mac(mac: str, sys_net: Path = SYS_NET) -> str | None:
     for d in sorted(sys_net.iterdir()) if sys_net.is_dir() else []:
+        if (d / "bridge").is_dir():  # a bridge may carry its port's MAC; the NIC is the port
+            continue
         try:
             if (d / "address").read_text().strip().lower() == mac.lower():
                 return d.name
@@ -45,8 +47,21 @@ def private_nic(settings: dict, sys_net: Path = SYS_NET) -> str | None:
     return (nic_by_mac(str(mac), sys_net) if mac else None) or (str(name) if name else None)
 
 
+def private_link(settings: dict, sys_net: Path = SYS_NET) -> str | None:
+    """Where this node's private address lives: the bridge its private NIC is a port of (a back-end's cbpriv0,
+    which its guests join), else the NIC itself."""
+    nic = private_nic(settings, sys_net)
+    if nic is None:
+        return None
+    master = sys_net / nic / "master"
+    if master.is_symlink() and (sys_net / master.resolve().name / "bridge").is_dir():
+        return master.resolve().name
+    return nic
+
+
 def discover_frontend(nic: str | None, *, lease_dir: Path | None = None, sys_net: Path = SYS_NET) -> str:
-    """The front-end's private address: SERVER_ADDRESS of the DHCP lease on `nic` (the private NIC's name), or,
+    """The front-end's private address: SERVER_ADDRESS of the DHCP lease on `nic` (the private link's name: the
+    back-end's bridge, or the NIC), or,
     with nic None, of the only lease there is. Raises a CloudboxError naming the NIC/file and the way out."""
     leases = lease_dir or LEASE_DIR
     how = "give the front-end's address instead: cloudbox node join --front-end ADDR --code CODE"

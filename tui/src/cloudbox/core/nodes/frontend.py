@@ -57,9 +57,9 @@ def settings() -> dict[str, Any]:
 def default_bind() -> str:
     """The private NIC's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0. Link-local
     addresses (169.254/16, which networkd's LinkLocalAddressing can add beside the real one) are passed over."""
-    from .discover import private_nic
+    from .discover import private_link
 
-    nic = private_nic(settings())
+    nic = private_link(settings())
     if nic:
         try:
             for n in host.nics():
@@ -68,6 +68,21 @@ def default_bind() -> str:
         except (CloudboxError, OSError, ValueError, subprocess.SubprocessError):
             pass
     return "0.0.0.0"
+
+
+def check_private_path(address: str, name: str = ""):
+    """Full-size don't-fragment pings from this node's private link to `address` (another node): a
+    network.PathCheck, which names a switch that drops jumbo frames; None when this host has no private network."""
+    import platform
+
+    from .. import network
+    from .discover import private_link
+
+    link = private_link(settings())
+    if not link or not network.link_exists(link):
+        return None
+    return network.check_path_mtu(address, network.link_mtu(link), where=f"{platform.node()} ({link})",
+                                  to=f"{name} ({address})" if name else address)
 
 
 def pick_bind_address(addresses: list[str]) -> str:

@@ -28,6 +28,7 @@ class SetupData:
     profiles: list[tuple[str, str]]
     active: str
     runs: list[Run]
+    targets: list[tuple[str, str]]  # where a run can go: ("this host", ""), then enrolled nodes
 
 
 class Progress:
@@ -87,7 +88,9 @@ class TestsScreen(BaseScreen):
     RELOAD_EVERY = 5.0
     HELP = ("Start storage (fio, dd) and network (netperf, iperf3) tests: each run measures bare metal first, "
             "then a guest under the profile, on the same hardware. Pick one profile for a run, several for a "
-            "sweep (run one after another). Runs go on when the TUI closes; reopening shows them live. "
+            "sweep (run one after another). On a front-end with enrolled nodes, Where places the run on a "
+            "back-end (its guest, disk and network; followed live here). Runs go on when the TUI closes; "
+            "reopening shows them live. "
             "c cancels the run you are watching (after confirmation; cleans up like Ctrl-C in the CLI), "
             "a attaches to another run in progress, l shows the run's full log.")
     BINDINGS = [
@@ -108,6 +111,7 @@ class TestsScreen(BaseScreen):
         self.last_redraw = 0.0
         self.charts_stale = False  # events arrived since the charts were last drawn
         self.sweep: runner.Sweep | None = None
+        self._targets: list[tuple[str, str]] = []
 
     def body(self) -> ComposeResult:
         with TabbedContent(id="tests-tabs", initial="setup"):
@@ -122,6 +126,9 @@ class TestsScreen(BaseScreen):
                             yield Label("Storage tests", classes="section")
                             yield Select([(f"{k}: {', '.join(v)}", k) for k, v in storage.TEST_SETS.items()],
                                          value="study", allow_blank=False, id="test-set")
+                            # Shown once nodes are enrolled (a front-end); an all-in-one box runs here.
+                            yield Label("Where", classes="section", id="where-label")
+                            yield Select([("this host", "")], value="", allow_blank=False, id="where")
                         with Vertical(classes="setup-col"):
                             yield Label("Profiles: space ticks [x]; several = a sweep", classes="section", markup=False)
                             yield CheckList(id="run-profiles")
@@ -161,7 +168,7 @@ class TestsScreen(BaseScreen):
     def fetch(self) -> SetupData:
         b = self.capp.backend
         entries = [(e.name, e.description) for e in b.profiles() if e.problem is None]
-        return SetupData(entries, b.active_profile(), b.active_runs())
+        return SetupData(entries, b.active_profile(), b.active_runs(), b.run_targets())
 
     def show(self, data: SetupData) -> None:
         first = self.setup is None
@@ -169,6 +176,14 @@ class TestsScreen(BaseScreen):
         cl = self.query_one("#run-profiles", CheckList)
         if first or [n for n, _ in cl.items] != [n for n, _ in data.profiles]:
             cl.set_items(data.profiles, set(cl.selected) or {data.active})
+        where = self.query_one("#where", Select)
+        if first or self._targets != data.targets:
+            keep = where.value if any(v == where.value for _, v in data.targets) else ""
+            self._targets = list(data.targets)
+            where.set_options(data.targets)
+            where.value = keep
+        shown = len(data.targets) > 1
+        where.display = self.query_one("#where-label", Label).display = shown
         note = self.query_one("#setup-note", Static)
         note.update(f"{len(data.runs)} run(s) in progress: " + ", ".join(f"{r.id} ({r.profile_name})"
                                                                            for r in data.runs)
@@ -176,31 +191,33 @@ class TestsScreen(BaseScreen):
         if self.run_id is None and data.runs:
             self.attach(data.runs[0].id)
 
-    def spec_choices(self) -> tuple[list[str], str, str, str]:
+    def spec_choices(self) -> tuple[list[str], str, str, str, str]:
         suite = str(self.query_one("#suite", Select).value)
         size = str(self.query_one("#size", Select).value)
         tests = str(self.query_one("#test-set", Select).value)
         names = self.query_one("#run-profiles", CheckList).selected
-        return names, suite, size, tests
+        where = self.query_one("#where", Select).value
+        return names, suite, size, tests, where if isinstance(where, str) else ""
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "start":
             self.action_start()
 
     def action_start(self) -> None:
-        names, suite, size, tests = self.spec_choices()
+        names, suite, size, tests, node = self.spec_choices()
         if not names:
             self.notify("tick at least one profile (space in the Profiles list)", severity="warning")
             return
-        specs = [runner.RunSpec(profile=n, suite=suite, size=size, storage_tests=tests) for n in names]
+        specs = [runner.RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node) for n in names]
+        where = f" on node {node}" if node else ""
 
         def started(result: tuple[int | None, runner.Sweep | None]) -> None:
             run_id, sweep = result
             if sweep is not None:
-                self.notify(f"sweep of {len(names)} profiles started: {', '.join(names)}", title="tests")
+                self.notify(f"sweep of {len(names)} profiles started{where}: {', '.join(names)}", title="tests")
                 self.pending_sweep = sweep.id
             else:
-                self.notify(f"run {run_id} started ({names[0]}, {suite}, {size})", title="tests")
+                self.notify(f"run {run_id} started{where} ({names[0]}, {suite}, {size})", title="tests")
                 assert run_id is not None
                 self.attach(run_id)
             self.show_live()

@@ -1,0 +1,180 @@
+"""The private network's checks and the cross-node network tests, on this one host with real parts.
+
+- A "switch" that drops jumbo frames: three network namespaces, the middle one a Linux bridge whose port towards
+  the far node has an MTU of 1500 (a bridge drops frames larger than the egress port's MTU, as such a switch
+  does). `network.check_path_mtu` must say so, with the largest frame that passes.
+- A back-end's run for a front-end: the host gets a private bridge (as the installer makes cbpriv0) with a veth
+  port to a network namespace standing in for the front-end, which serves DHCP (busybox udhcpd, as networkd's
+  DHCP server does on a real front-end) and netserver. A real TCG guest joins the bridge, takes a lease, and the
+  guest -> front-end tests run beside the back-end host -> front-end baseline.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core import network, runner
+from cloudbox.core.results import ResultStore
+
+pytestmark = [pytest.mark.root]
+
+
+def ip(*args: str, ns: str | None = None) -> None:
+    r = subprocess.run([*(["ip", "netns", "exec", ns] if ns else []), "ip", *args], capture_output=True, text=True)
+    assert r.returncode == 0, f"ip {' '.join(args)}: {r.stderr}"
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it makes network namespaces, veths and bridges")
+
+
+@pytest.fixture
+def switch():
+    """A --[9000]-- SW(bridge) --[1500 port]-- B; A is 10.198.0.1, B 10.198.0.2. Yields a function that sets the
+    MTU of the switch's port towards B."""
+    _need_root()
+    tag = f"{os.getpid() % 10000}"
+    a, sw, b = f"cbtA{tag}", f"cbtS{tag}", f"cbtB{tag}"
+    for ns in (a, sw, b):
+        ip("netns", "add", ns)
+    try:
+        ip("link", "add", "a0", "netns", a, "mtu", "9000", "type", "veth", "peer", "a1", "netns", sw, "mtu", "9000")
+        ip("link", "add", "b0", "netns", b, "mtu", "9000", "type", "veth", "peer", "b1", "netns", sw, "mtu", "1500")
+        ip("link", "add", "sw0", "type", "bridge", ns=sw)
+        ip("link", "set", "sw0", "mtu", "9000", ns=sw)
+        for port in ("a1", "b1"):
+            ip("link", "set", port, "master", "sw0", "up", ns=sw)
+        ip("link", "set", "sw0", "up", ns=sw)
+        ip("addr", "add", "10.198.0.1/24", "dev", "a0", ns=a)
+        ip("addr", "add", "10.198.0.2/24", "dev", "b0", ns=b)
+        for ns, dev in ((a, "a0"), (b, "b0")):
+            ip("link", "set", dev, "up", ns=ns)
+        deadline = time.monotonic() + 10  # the bridge ports need a moment to forward
+        while time.monotonic() < deadline and subprocess.run(
+                ["ip", "netns", "exec", a, "ping", "-c1", "-W1", "10.198.0.2"], capture_output=True).returncode:
+            time.sleep(0.2)
+
+        def set_port_mtu(mtu: int) -> None:
+            ip("link", "set", "b1", "mtu", str(mtu), ns=sw)
+
+        yield a, set_port_mtu
+    finally:
+        for ns in (a, sw, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_a_switch_that_drops_jumbo_frames_is_named_with_the_largest_frame_that_passes(switch):
+    ns, set_port_mtu = switch
+    pc = network.check_path_mtu("10.198.0.2", 9000, netns=ns, where="be1 (cbpriv0)", to="the front-end 10.198.0.2")
+    assert not pc.ok
+    assert pc.largest == 1500, pc
+    assert "9000-byte frames are dropped on the way, 1500-byte frames get through" in pc.message
+    assert "does not pass jumbo frames" in pc.message and "network.private_mtu = 1500" in pc.message
+    assert pc.message.startswith("be1 (cbpriv0) -> the front-end 10.198.0.2:")
+    # A switch that passes them.
+    set_port_mtu(9000)
+    pc = network.check_path_mtu("10.198.0.2", 9000, netns=ns)
+    assert pc.ok and pc.largest == 9000 and "9000-byte frames pass" in pc.message
+    # Nobody there at all is not called a jumbo-frame problem.
+    pc = network.check_path_mtu("10.198.0.77", 9000, netns=ns)
+    assert not pc.ok and pc.largest is None and "does not answer pings at all" in pc.message
+    # This end's own interface too small: said as such (ping refuses locally).
+    ip("link", "set", "a0", "mtu", "1500", ns=ns)
+    pc = network.check_path_mtu("10.198.0.2", 9000, netns=ns)
+    assert not pc.ok and "cannot leave this host" in pc.message and "1500" in pc.message
+
+
+# ---------------------------------------------------------------------------------------------- the run
+BRIDGE, FE_NS, FE_IP, NODE_IP = "cbtpriv0", "cbtfe", "10.199.0.1", "10.199.0.2"
+
+
+@pytest.fixture
+def private_network(tmp_path: Path, monkeypatch, state):
+    """This host as a back-end: bridge cbtpriv0 (10.199.0.2, MTU 9000) whose port cbtfe0 leads to the namespace
+    cbtfe (10.199.0.1), the front-end, serving DHCP and netserver. The node settings name cbtfe0 by its MAC."""
+    _need_root()
+    procs: list[subprocess.Popen] = []
+    for left in (BRIDGE, "cbtfe0"):
+        subprocess.run(["ip", "link", "del", left], capture_output=True)
+    subprocess.run(["ip", "netns", "del", FE_NS], capture_output=True)
+    try:
+        ip("link", "add", BRIDGE, "mtu", "9000", "type", "bridge")
+        ip("addr", "add", f"{NODE_IP}/24", "dev", BRIDGE)
+        ip("netns", "add", FE_NS)
+        ip("link", "add", "cbtfe0", "mtu", "9000", "type", "veth", "peer", "cbtfe1", "netns", FE_NS, "mtu", "9000")
+        ip("link", "set", "cbtfe0", "master", BRIDGE, "up")
+        ip("link", "set", BRIDGE, "up")
+        ip("addr", "add", f"{FE_IP}/24", "dev", "cbtfe1", ns=FE_NS)
+        ip("link", "set", "cbtfe1", "up", ns=FE_NS)
+        ip("link", "set", "lo", "up", ns=FE_NS)
+        conf = tmp_path / "udhcpd.conf"
+        conf.write_text(f"start 10.199.0.100\nend 10.199.0.150\ninterface cbtfe1\nlease_file {tmp_path}/leases\n"
+                        f"pidfile {tmp_path}/udhcpd.pid\noption subnet 255.255.255.0\noption lease 600\n")
+        (tmp_path / "leases").touch()
+        procs.append(subprocess.Popen(["ip", "netns", "exec", FE_NS, "busybox", "udhcpd", "-f", str(conf)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        port = 12000 + os.getpid() % 1000
+        procs.append(subprocess.Popen(["ip", "netns", "exec", FE_NS, "netserver", "-D", "-L", FE_IP, "-p",
+                                       str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        mac = Path("/sys/class/net/cbtfe0/address").read_text().strip()
+        settings = tmp_path / "node.toml"
+        settings.write_text(f'role = "back-end"\nhostname = "be-test"\n[network]\nprivate_nic = "cbtfe0"\n'
+                            f'private_mac = "{mac}"\nprivate_mtu = 9000\nfrontend = "{FE_IP}"\n')
+        monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(settings))
+        yield {"peer": FE_IP, "peer_netperf_port": port}
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
+        subprocess.run(["ip", "netns", "del", FE_NS], capture_output=True)
+        for left in ("cbtfe0", BRIDGE):
+            subprocess.run(["ip", "link", "del", left], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_end(private_network, libvirt_conn):
+    spec = runner.RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="netperf",
+                          net_seconds=3, **private_network)
+    assert spec.plan()[-4:] == ["guest:tcp-rr", "baseline:tcp-rr", "guest:tcp-rr-fe", "baseline:tcp-rr-fe"]
+    with ResultStore() as store:
+        rid = runner.Executor(spec, store).execute()
+    with ResultStore() as store:
+        run = store.get_run(rid)
+        steps = [e.payload.get("text", "") for e in store.events_since(rid, 0) if e.kind == "step"]
+    assert run.state == "completed", run.reason
+    net = run.provenance["network"]
+    assert net["bridge"] == BRIDGE and net["host_ip"] == NODE_IP and net["peer"] == FE_IP and net["mtu"] == 9000
+    # The guest's address is the front-end's DHCP lease, from its pool.
+    lease = ipaddress.IPv4Address(net["guest_ip"])
+    assert ipaddress.IPv4Address("10.199.0.100") <= lease <= ipaddress.IPv4Address("10.199.0.150"), lease
+    assert any("checking the private network to the front-end 10.199.0.1" in s for s in steps), steps
+    for test, metric in (("tcp-stream", "Mbit/s"), ("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s")):
+        for t in (test, test + network.FRONTEND_SUFFIX):
+            for side in ("guest", "baseline"):
+                m = run.measurement(side, t, metric)
+                assert m is not None and m.value > 0, (side, t)
+        assert "veth-netns" in run.measurement("baseline", test, metric).labels
+        fe_base = run.measurement("baseline", test + network.FRONTEND_SUFFIX, metric)
+        assert "private-network" in fe_base.labels and "emulated" not in fe_base.labels
+        if run.emulated:
+            assert "emulated" in run.measurement("guest", test + network.FRONTEND_SUFFIX, metric).labels
+    # The private bridge is the node's: it stays, with the guest's tap gone; the run's own bridge was never made.
+    assert network.link_exists(BRIDGE) and os.listdir(f"/sys/class/net/{BRIDGE}/brif") == ["cbtfe0"]
+    assert not network.link_exists(network.BRIDGE)
+
+
+def test_a_run_for_a_front_end_on_a_host_without_a_private_network_says_so(state, monkeypatch, tmp_path):
+    """Refused before anything is made, naming the settings file."""
+    monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(tmp_path / "absent.toml"))
+    ex = runner.Executor(runner.RunSpec(profile="virtio-disk", suite="network", peer="10.199.0.1",
+                                        peer_netperf_port=1), None)
+    with pytest.raises(runner.CloudboxError, match=r"absent\.toml\) name no private NIC: it is not an installed "
+                                                   "back-end"):
+        ex._check_private_network("10.199.0.1")
