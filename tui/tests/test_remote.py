@@ -90,6 +90,27 @@ def test_guest_image_propagation_is_timed_verified_and_cached(cluster: Cluster, 
     cluster.front.reg.add_propagation(asdict(fixed))
     (row,) = cluster.front.reg.propagations("node7")
     assert row["bytes"] == total and not row["cached"] and row["mbps"] > 0
+    # The node's cache, listed and cleared from the front-end (`cloudbox node images NAME [--clear]`).
+    older = cluster.node_state / "images" / "00000000000000aa"
+    older.mkdir()
+    (older / "vmlinuz").write_bytes(b"x" * 10)
+    (older / ".complete").touch()
+    os.utime(older, (1, 1))
+    listed = remote.node_images(shell)
+    assert [(i["id"], i["complete"]) for i in listed["images"]] == [(p.image_id, True), ("00000000000000aa", True)]
+    assert listed["images"][0]["bytes"] >= total and listed["removed"] == []
+    kept = remote.node_images(shell, clear=True, keep=1)
+    assert kept["removed"] == ["00000000000000aa"] and [i["id"] for i in kept["images"]] == [p.image_id]
+    # Refused while a run goes on the node (its guest may boot from the cache), and nothing is removed.
+    lock = runner.RunLock()
+    lock.acquire({"pid": os.getpid(), "profile": "test", "run_id": 1})
+    try:
+        with pytest.raises(remote.NodeError, match="listing the image cache failed: .*run"):
+            remote.node_images(shell, clear=True)
+    finally:
+        lock.release()
+    assert copy.is_dir()
+    assert remote.node_images(shell, clear=True)["removed"] == [p.image_id] and not copy.exists()
 
 
 def test_a_bad_image_id_and_a_damaged_stream_leave_nothing(cluster: Cluster, guest_image: GuestImage):

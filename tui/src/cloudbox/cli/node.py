@@ -4,15 +4,18 @@ On the front-end:
     cloudbox node code [--minutes M] [--wait | --no-listen] [--bind ADDR] [--port N]   a one-time join code
     cloudbox node code --list | --revoke ID|all
     cloudbox node list [--json]                       enrolled nodes with state
-    cloudbox node check [--watch] [--json]            probe every node's libvirt; fail the runs of nodes down
+    cloudbox node check [--watch] [--json]            probe every node's libvirt (and, without --watch, jumbo
+                                                      frames end to end); fail the runs of nodes down
     cloudbox node remove NAME [--authorized-keys PATH]   take the front-end's key off the node, forget it
     cloudbox node push-image NAME [--force] [--json]  copy the guest image to a node, timed (MB/s recorded)
     cloudbox node propagations [NAME] [--json]        the recorded copies
+    cloudbox node images NAME [--clear [--keep N]] [--json]   the node's image cache; clear it
     cloudbox node enrol-server [--bind ADDR] [--port N]   (started by `node code`; listens while a code is open)
 On a back-end:
     cloudbox node join --front-end ADDR[:PORT]|discover --code CODE [--name NAME] [--ssh-port N]
 On a node, run by the front-end over SSH (core/nodes/remote.py):
-    cloudbox node local has-image ID | receive-image ID | start-run | follow RUN [--after SEQ]
+    cloudbox node local has-image ID | receive-image ID | images [--clear --keep N] | start-run |
+                        follow RUN [--after SEQ]
 
 Exit codes: 0 ok, 1 on a CloudboxError (message on stderr), 2 on usage errors.
 """
@@ -31,6 +34,7 @@ from typing import Any
 from cloudbox.cli.common import guard, usage
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.nodes import enrol, frontend, health, registry
+from cloudbox.core.nodes.remote import KEEP_IMAGES
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -100,6 +104,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=guard(cmd_propagations))
 
+    im = sub.add_parser("images", help="the guest images cached on a node (runs and push-image put them there); "
+                        f"--clear removes them (a copy keeps the newest {KEEP_IMAGES} by itself)")
+    im.add_argument("name", metavar="NAME")
+    im.add_argument("--clear", action="store_true", help="remove cached images (refused while a run goes there)")
+    im.add_argument("--keep", type=int, default=0, metavar="N", help="with --clear: keep the newest N (default 0)")
+    im.add_argument("--json", action="store_true")
+    im.set_defaults(func=guard(cmd_images))
+
     lo = sub.add_parser("local", help="(run by the front-end over SSH) this node's side of image copies and runs")
     lsub = lo.add_subparsers(dest="local_op", metavar="OP", required=True)
     x = lsub.add_parser("has-image")
@@ -107,6 +119,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     x = lsub.add_parser("receive-image")
     x.add_argument("image_id")
     lsub.add_parser("start-run")
+    x = lsub.add_parser("images")
+    x.add_argument("--clear", action="store_true")
+    x.add_argument("--keep", type=int, default=0)
     x = lsub.add_parser("follow")
     x.add_argument("run")
     x.add_argument("--after", type=int, default=0)
@@ -362,6 +377,26 @@ def cmd_propagations(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    from cloudbox.core.nodes import remote
+
+    if args.keep < 0:
+        raise CloudboxError(f"--keep {args.keep}: allowed: 0 or more")
+    with _registry(args) as reg:
+        data = remote.node_images(_shell(reg, args.name), clear=args.clear, keep=args.keep)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    for iid in data["removed"]:
+        print(f"removed {iid} from {args.name}")
+    if not data["images"]:
+        print(f"no guest images cached on {args.name} ({data['dir']})")
+    for im in data["images"]:
+        state = "" if im["complete"] else "  (incomplete copy)"
+        print(f"{_when(im['at'])}  {im['id']}  {im['bytes'] / 1e6:8.1f} MB{state}")
+    return 0
+
+
 def cmd_local(args: argparse.Namespace) -> int:
     from cloudbox.core.nodes import remote
 
@@ -370,6 +405,8 @@ def cmd_local(args: argparse.Namespace) -> int:
         print(json.dumps(remote.local_has_image(args.image_id)))
     elif op == "receive-image":
         remote.local_receive_image(args.image_id, sys.stdin.buffer, lambda m: print(m, flush=True))
+    elif op == "images":
+        print(json.dumps(remote.local_images(args.clear, args.keep)))
     elif op == "start-run":
         try:
             req = json.loads(sys.stdin.read())

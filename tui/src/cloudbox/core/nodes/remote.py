@@ -311,6 +311,41 @@ def _verify(d: Path) -> str | None:
     return None
 
 
+def local_images(clear: bool = False, keep: int = 0) -> dict[str, Any]:
+    """The node's image cache, newest first ({"images": [{id, bytes, at, complete}], "removed": [ids]}); with
+    clear, everything but the newest `keep` complete images goes (and any cut copy). Refused while a run is
+    going on this node: its guest may be about to boot from the cache."""
+    if keep < 0:
+        raise CloudboxError(f"--keep {keep}: allowed: 0 or more")
+    d = images_dir()
+    entries = sorted((p for p in d.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime,
+                     reverse=True) if d.is_dir() else []
+    removed: list[str] = []
+    if clear and entries:
+        from ..runner import check_not_busy
+
+        check_not_busy()
+        complete = [p for p in entries if not p.name.endswith(".part") and (p / ".complete").is_file()]
+        for p in entries:
+            if p not in complete[:keep]:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p.name)
+        entries = [p for p in entries if p.name not in removed]
+    images = [{"id": p.name, "bytes": sum(f.stat().st_size for f in p.iterdir() if f.is_file()),
+               "at": p.stat().st_mtime, "complete": (p / ".complete").is_file()} for p in entries]
+    return {"dir": str(d), "images": images, "removed": removed}
+
+
+def node_images(shell: NodeShell, *, clear: bool = False, keep: int = 0) -> dict[str, Any]:
+    """`local_images` on the node, over the pinned SSH."""
+    args = ["cloudbox", "node", "local", "images", *(["--clear", "--keep", str(keep)] if clear else [])]
+    out = shell.run(*args, timeout=120, what="listing the image cache")
+    try:
+        return dict(json.loads(out.strip().splitlines()[-1]))
+    except (ValueError, IndexError, TypeError):
+        raise NodeError(f"{shell.where}: the image cache listing was {out.strip()[:200]!r}, not JSON") from None
+
+
 def _prune(keep: Path) -> None:
     done = sorted((p for p in images_dir().iterdir() if p.is_dir() and not p.name.endswith(".part")),
                   key=lambda p: p.stat().st_mtime, reverse=True)
