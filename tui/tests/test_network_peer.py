@@ -163,6 +163,8 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
         assert "veth-netns" in run.measurement("baseline", test, metric).labels
         fe_base = run.measurement("baseline", test + network.FRONTEND_SUFFIX, metric)
         assert "private-network" in fe_base.labels and "emulated" not in fe_base.labels
+        # This host being a VM (as here) is said on the bare-metal side, not hidden.
+        assert ("virtualized-host" in fe_base.labels) is bool(run.provenance["accelerator"]["nested"])
         if run.emulated:
             assert "emulated" in run.measurement("guest", test + network.FRONTEND_SUFFIX, metric).labels
     # The private bridge is the node's: it stays, with the guest's tap gone; the run's own bridge was never made.
@@ -178,3 +180,25 @@ def test_a_run_for_a_front_end_on_a_host_without_a_private_network_says_so(state
     with pytest.raises(runner.CloudboxError, match=r"absent\.toml\) name no private NIC: it is not an installed "
                                                    "back-end"):
         ex._check_private_network("10.199.0.1")
+
+
+def test_the_host_side_says_when_the_host_is_itself_a_virtual_machine():
+    assert runner.host_labels(["nested", "emulated", "quick-size"]) == ["quick-size", "virtualized-host"]
+    assert runner.host_labels(["emulated", "quick-size"]) == ["quick-size"]
+    assert runner.host_labels([]) == []
+
+
+def test_comparison_rows_name_the_far_end_of_network_tests():
+    from types import SimpleNamespace
+
+    from cloudbox.core.compare import _net_target
+    from cloudbox.core.results import Measurement
+
+    run = SimpleNamespace(provenance={"network": {"bridge": "cbpriv0", "mtu": 9000}})  # what _net_target reads
+
+    def m(test: str, labels: list[str]) -> Measurement:
+        return Measurement(id=1, run_id=1, side="baseline", test=test, metric="Mbit/s", value=1.0, labels=labels)
+
+    assert _net_target(run, [m("tcp-stream-fe", ["private-network"])]) == "front-end"
+    assert _net_target(run, [m("tcp-stream", ["veth-netns"])]) == "own host"
+    assert _net_target(run, [m("tcp-stream", ["loopback"])]) == "loopback"

@@ -44,6 +44,7 @@ CAVEAT_LABELS = {
     "quick-size": "test file smaller than the studies' (page cache and device cache weigh more)",
     "warm-cache": "page cache not dropped before the test",
     "loopback": "no physical network between the ends",
+    "virtualized-host": "the bare-metal side ran on a virtual machine, not on bare metal",
 }
 
 JSON_FORMAT = "cloudbox-results"
@@ -363,8 +364,12 @@ def _net_target(run: Run, measurements: Sequence[Measurement]) -> str:
     net = _dict(run.provenance.get("network"))
     if net.get("target"):
         return str(net["target"])
+    if any(m.test.endswith("-fe") for m in measurements):
+        return "front-end"
     if any("loopback" in m.labels for m in measurements):
         return "loopback"
+    if any("veth-netns" in m.labels for m in measurements):
+        return "own host"
     return "peer host"
 
 

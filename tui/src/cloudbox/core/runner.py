@@ -470,7 +470,7 @@ class Executor:
             ports = {"netperf": 0, "iperf3": 0}
             bports = {"netperf": 0, "iperf3": 0}
             peer_ports = {"netperf": spec.peer_netperf_port, "iperf3": spec.peer_iperf3_port}
-            plain = [x for x in labels if x not in ("emulated", "nested")]
+            plain = host_labels(labels)
             bare_labels = [*plain, "veth-netns"]
             for nt in net_tests:
                 if not guest.has(nt.tool):
@@ -678,7 +678,7 @@ class Executor:
             raise Aborted("cancelled")
         tl = list(dict.fromkeys([*labels, *t.labels]))
         if side == "baseline":
-            tl = [x for x in tl if x not in ("emulated", "nested")]  # bare metal is never emulated
+            tl = host_labels(tl)
         if "read" in t.rw:
             if not storage.drop_host_caches():
                 tl.append("warm-cache")
@@ -756,6 +756,14 @@ class Executor:
                         "size_bytes": store.size_bytes, "format": store.format, "is_block": store.is_block},
             "spec": asdict(self.spec),
         }
+
+
+def host_labels(labels: list[str]) -> list[str]:
+    """A run's labels as the host side (the baseline) carries them: never "emulated" (no guest there); and
+    "nested" (this host is itself a virtual machine) becomes "virtualized-host": the "bare metal" side ran on a
+    VM, and says so wherever it is shown."""
+    out = [x for x in labels if x not in ("emulated", "nested")]
+    return [*out, "virtualized-host"] if "nested" in labels else out
 
 
 def _controller_provenance() -> dict:
