@@ -91,6 +91,33 @@ def test_a_switch_that_drops_jumbo_frames_is_named_with_the_largest_frame_that_p
     assert not pc.ok and "cannot leave this host" in pc.message and "1500" in pc.message
 
 
+def test_the_private_links_address_passes_over_link_local_ones(tmp_path: Path, monkeypatch):
+    """networkd can put a 169.254/16 address beside the real one: the enrolment server binds to the real one, and
+    a back-end's bridge address (the far end of guest -> host) is the real one too. A real link (a bridge)."""
+    from cloudbox.core.nodes import frontend
+
+    _need_root()
+    link = f"cbtd{os.getpid() % 10000}"
+    ip("link", "add", link, "type", "bridge")
+    try:
+        ip("link", "set", link, "up")
+        assert network.ipv4_of(link) is None
+        ip("addr", "add", "169.254.240.1/16", "dev", link)
+        assert network.ipv4_of(link) is None
+        ip("addr", "add", "10.197.0.1/24", "dev", link)
+        assert network.ipv4_of(link) == "10.197.0.1"
+        mac = Path(f"/sys/class/net/{link}/address").read_text().strip()
+        settings = tmp_path / "node.toml"
+        settings.write_text(f'role = "front-end"\n[network]\nprivate_nic = "{link}"\nprivate_mac = "{mac}"\n')
+        monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(settings))
+        assert frontend.default_bind() == "10.197.0.1"
+        monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(tmp_path / "absent.toml"))
+        assert frontend.default_bind() == "0.0.0.0"  # no private network: every address
+    finally:
+        subprocess.run(["ip", "link", "del", link], capture_output=True)
+    assert network.ipv4_of(link) is None  # a link that is gone
+
+
 # ---------------------------------------------------------------------------------------------- the run
 BRIDGE, FE_NS, FE_IP, NODE_IP = "cbtpriv0", "cbtfe", "10.199.0.1", "10.199.0.2"
 

@@ -823,11 +823,3 @@ def test_the_private_nic_is_found_by_its_mac_when_its_name_changed(tmp_path: Pat
     assert discover.private_nic(settings, sys_net) == "enp0s3"
     assert discover.private_nic({"network": {"private_nic": "enp0s4"}}, sys_net) == "enp0s4"
     assert discover.private_nic({}, sys_net) is None
-
-
-def test_the_enrolment_server_binds_to_the_private_address_not_a_link_local_one():
-    from cloudbox.core.nodes.frontend import pick_bind_address
-
-    assert pick_bind_address(["169.254.240.1/16", "10.73.0.1/24", "fe80::1/64"]) == "10.73.0.1"
-    assert pick_bind_address(["169.254.240.1/16", "fe80::1/64"]) == "0.0.0.0"
-    assert pick_bind_address([]) == "0.0.0.0"

@@ -220,11 +220,11 @@ def cmd_join(args: argparse.Namespace) -> int:
     print(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
           f"(pinned in {res.pin_file.parent})")
     print(f"its management key is in {res.authorized_keys}; it manages this node as {res.libvirt_uri.split('?')[0]}")
-    path = frontend.check_private_path(res.frontend_address, res.frontend_name)
-    if path is not None and path.ok:
-        print(path.message)
-    elif path is not None:  # enrolled all the same: runs work, but not at the private network's MTU
-        print(f"cloudbox: warning: {path.message}", file=sys.stderr)
+    found = frontend.check_private_path(res.frontend_address, res.frontend_name)
+    if found is not None and found[1].ok:
+        print(found[1].message)
+    elif found is not None:  # enrolled all the same: runs work, but not at the private network's MTU
+        print(f"cloudbox: warning: {found[1].message}", file=sys.stderr)
     return 0
 
 
@@ -305,10 +305,10 @@ def _check_paths(reg: registry.Registry, healths: list[health.Health]) -> bool:
     for h in healths:
         if h.state != "up":
             continue
-        pc = frontend.check_private_path(reg.node(h.name).address, h.name)
-        if pc is not None:
-            h.detail["path"] = pc.message
-            ok = ok and pc.ok
+        found = frontend.check_private_path(reg.node(h.name).address, h.name)
+        if found is not None:
+            h.detail["path"] = found[1].message
+            ok = ok and found[1].ok
     return ok
 
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .network import FRONTEND_SUFFIX
 from .results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
 
 EMULATED_MARK = "*"
@@ -188,7 +189,7 @@ def primary_metric(test: str, available: Iterable[str] = ()) -> str:
     Mbit/s for streams; the first available one when the preferred is missing."""
     avail = list(dict.fromkeys(available))
     b = base_test(test)
-    if test in ("tcp-rr", "tcp-rr-fe"):
+    if test.removesuffix(FRONTEND_SUFFIX) == "tcp-rr":
         preferred = ["trans/s"]
     elif is_network_test(test) and not is_storage_test(test):
         preferred = ["Mbit/s"]
@@ -364,7 +365,7 @@ def _net_target(run: Run, measurements: Sequence[Measurement]) -> str:
     net = _dict(run.provenance.get("network"))
     if net.get("target"):
         return str(net["target"])
-    if any(m.test.endswith("-fe") for m in measurements):
+    if any(m.test.endswith(FRONTEND_SUFFIX) for m in measurements):
         return "front-end"
     if any("loopback" in m.labels for m in measurements):
         return "loopback"

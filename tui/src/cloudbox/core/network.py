@@ -149,10 +149,9 @@ class HostNetwork:
         _ip("-n", NS, "link", "set", VETH_NS, "up")
         _ip("-n", NS, "link", "set", "lo", "up")
         # Prove the baseline path carries full-size frames, as for the guest.
-        r = subprocess.run(["ip", "netns", "exec", NS, "ping", "-M", "do", "-s", str(self.mtu - 28), "-c", "1",
-                            "-W", "3", NS_HOST_IP], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise CloudboxError(f"baseline path (veth) does not carry {self.mtu}-byte frames: {r.stdout.strip()}")
+        pc = check_path_mtu(NS_HOST_IP, self.mtu, netns=NS, where=f"namespace {NS}", to=f"this host ({VETH_HOST})")
+        if not pc.ok:
+            raise CloudboxError(f"baseline path (veth): {pc.message}")
 
     def start_netserver(self, addr: str) -> int:
         if shutil.which("netserver") is None:
@@ -192,10 +191,9 @@ class HostNetwork:
 
 def ipv4_of(link: str) -> str | None:
     """The first IPv4 address of a link that is not link-local (169.254/16), else None."""
-    r = _ip("-j", "-4", "addr", "show", "dev", link, check=False)
     try:
-        infos = json.loads(r.stdout or "[]")
-    except ValueError:
+        infos = json.loads(_ip("-j", "-4", "addr", "show", "dev", link, check=False).stdout or "[]")
+    except (OSError, ValueError):  # no iproute2, or output it does not understand
         return None
     for info in infos:
         for a in info.get("addr_info", []):
@@ -292,23 +290,23 @@ def configure_guest(guest, mtu: int, *, host_ip: str = HOST_IP, dhcp: bool = Fal
                  f"ip link set dev {nic} up", timeout=30, check=True)
         address = GUEST_IP
     # The link may need a moment (carrier); retry the path check briefly.
+    guest_path(guest, host_ip, mtu, tries=10)
+    return nic, address
+
+
+def guest_path(guest, target: str, mtu: int, *, tries: int = 2) -> None:
+    """A don't-fragment ping at full size from the guest to `target` (its host, the front-end), tried up to
+    `tries` times a second apart; a CloudboxError with ping's words when none passes."""
     last = ""
-    for _ in range(10):
-        p = guest.run(["ping", "-M", "do", "-s", str(mtu - 28), "-c", "1", "-W", "2", host_ip], timeout=30)
+    for i in range(tries):
+        p = guest.run(["ping", "-M", "do", "-s", str(mtu - 28), "-c", "1", "-W", "2", target], timeout=30)
         if p.exitcode == 0:
-            return nic, address
+            return
         last = (p.stdout + p.stderr).strip()
-        time.sleep(1)
+        if i + 1 < tries:
+            time.sleep(1)
     raise CloudboxError(
-        f"MTU check failed: a {mtu}-byte don't-fragment ping from the guest to {host_ip} did not pass: {last[-300:]}")
-
-
-def check_guest_path(guest, target: str, mtu: int) -> None:
-    """A don't-fragment ping at full size from the guest to `target` (the front-end)."""
-    p = guest.run(["ping", "-M", "do", "-s", str(mtu - 28), "-c", "2", "-W", "3", target], timeout=60)
-    if p.exitcode != 0:
-        raise CloudboxError(f"MTU check failed: a {mtu}-byte don't-fragment ping from the guest to the front-end "
-                            f"{target} did not pass: {(p.stdout + p.stderr).strip()[-300:]}")
+        f"MTU check failed: a {mtu}-byte don't-fragment ping from the guest to {target} did not pass: {last[-300:]}")
 
 
 def netperf_args(t: NetTest, host: str, port: int, seconds: int) -> list[str]:

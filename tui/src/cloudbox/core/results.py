@@ -32,6 +32,7 @@ from typing import Any
 
 from . import paths
 from .errors import CloudboxError, NotFound
+from .network import FRONTEND_SUFFIX, NET_SETS
 from .procs import process_exists
 
 SCHEMA_VERSION = 2
@@ -52,9 +53,8 @@ STORAGE_TESTS = (
     "seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m", "seq-read-1m",
     "randread-4k-qd1", "randwrite-4k-qd1", "randread-4k-qd32", "randwrite-4k-qd32",
 )
-_NET_TO_HOST = ("tcp-stream", "tcp-maerts", "tcp-rr", "iperf3-tx", "iperf3-rx")
 # The guest's own host first, then (runs on a back-end) the same tests to the front-end ("-fe").
-NETWORK_TESTS = (*_NET_TO_HOST, *(t + "-fe" for t in _NET_TO_HOST))
+NETWORK_TESTS = (*NET_SETS["both"], *(t + FRONTEND_SUFFIX for t in NET_SETS["both"]))
 BUFFERED_SUFFIX = "-buffered"
 
 DEAD_EXECUTOR_REASON = "executor died"

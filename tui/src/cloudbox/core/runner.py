@@ -463,7 +463,7 @@ class Executor:
             self.log(f"MTU {mtu} verified end to end (guest {nic} {guest_ip} -> bridge {hostnet.bridge} "
                      f"{hostnet.host_ip})")
             if peer:
-                network.check_guest_path(guest, peer, mtu)
+                network.guest_path(guest, peer, mtu)
                 self.log(f"MTU {mtu} verified end to end (guest {guest_ip} -> the front-end {peer})")
                 prov["network"].update(host_ip=hostnet.host_ip, guest_ip=guest_ip, mtu=mtu)
                 self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
@@ -501,15 +501,14 @@ class Executor:
 
     def _check_private_network(self, peer: str) -> str:
         """The private bridge of this back-end, after proving that full-size frames reach the front-end `peer`."""
-        from .nodes import discover, frontend
+        from .nodes import frontend
 
-        link = discover.private_link(frontend.settings())
-        if not link:
+        self.step(f"network: checking the private network to the front-end {peer}")
+        found = frontend.check_private_path(peer, "the front-end")
+        if found is None:
             raise CloudboxError(f"the front-end {peer} asked for network tests to it, but this host's node settings "
                                 f"({host.node_settings_file()}) name no private NIC: it is not an installed back-end")
-        self.step(f"network: checking the private network to the front-end {peer}")
-        pc = network.check_path_mtu(peer, network.link_mtu(link), where=f"{platform.node()} ({link})",
-                                    to=f"the front-end {peer}")
+        link, pc = found
         self.log(pc.message)
         if not pc.ok:
             raise CloudboxError(pc.message)

@@ -55,24 +55,19 @@ def settings() -> dict[str, Any]:
 
 
 def default_bind() -> str:
-    """The private NIC's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0. Link-local
+    """The private link's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0. Link-local
     addresses (169.254/16, which networkd's LinkLocalAddressing can add beside the real one) are passed over."""
+    from .. import network
     from .discover import private_link
 
-    nic = private_link(settings())
-    if nic:
-        try:
-            for n in host.nics():
-                if n.name == nic:
-                    return pick_bind_address(n.addresses)
-        except (CloudboxError, OSError, ValueError, subprocess.SubprocessError):
-            pass
-    return "0.0.0.0"
+    link = private_link(settings())
+    return (network.ipv4_of(link) if link else None) or "0.0.0.0"
 
 
 def check_private_path(address: str, name: str = ""):
-    """Full-size don't-fragment pings from this node's private link to `address` (another node): a
-    network.PathCheck, which names a switch that drops jumbo frames; None when this host has no private network."""
+    """Full-size don't-fragment pings from this node's private link to `address` (another node): (the link,
+    a network.PathCheck, which names a switch that drops jumbo frames), or None when this host has no private
+    network."""
     import platform
 
     from .. import network
@@ -81,22 +76,8 @@ def check_private_path(address: str, name: str = ""):
     link = private_link(settings())
     if not link or not network.link_exists(link):
         return None
-    return network.check_path_mtu(address, network.link_mtu(link), where=f"{platform.node()} ({link})",
-                                  to=f"{name} ({address})" if name else address)
-
-
-def pick_bind_address(addresses: list[str]) -> str:
-    """The first IPv4 address that is not link-local ('A.B.C.D/NN' entries), else 0.0.0.0."""
-    import ipaddress
-
-    for a in addresses:
-        try:
-            ip = ipaddress.ip_interface(a).ip
-        except ValueError:
-            continue
-        if ip.version == 4 and not ip.is_link_local:
-            return str(ip)
-    return "0.0.0.0"
+    return link, network.check_path_mtu(address, network.link_mtu(link), where=f"{platform.node()} ({link})",
+                                        to=f"{name} ({address})" if name else address)
 
 
 def when(t: float | None) -> str:
