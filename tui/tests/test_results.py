@@ -454,3 +454,49 @@ def test_follow_streams_every_event_until_the_run_ends(store: ResultStore):
     dead = store.create_run(profile_name="d", pid=_dead_pid())
     store.add_event(dead, "step", {"text": "x"})
     assert [e.kind for e in store.follow(dead, poll=0.01)] == ["step", "state"]  # reaped on the way: it ends
+
+
+def test_a_write_cut_by_a_signal_leaves_no_open_transaction(store: ResultStore):
+    """The executor turns SIGINT/SIGTERM into an exception raised wherever Python is: between BEGIN and the
+    try, or just before COMMIT. Found by test_ctrl_c_in_foreground_cli: the run's final state then failed with
+    "cannot start a transaction within a transaction". Signals every 50 us, each raising, for 1.5 s of writes and
+    reads: each is cut somewhere, and afterwards the store still writes, with only whole events in it."""
+    import signal
+
+    class Cut(Exception):
+        pass
+
+    armed = [False]
+
+    def cut(_signum, _frame):
+        if armed[0]:  # one cut per attempt, and only inside it (not in pytest's own code)
+            armed[0] = False
+            raise Cut
+
+    rid = store.create_run(profile_name="p", suite="storage")
+    old = signal.signal(signal.SIGALRM, cut)
+    cuts = attempts = 0
+    deadline = time.monotonic() + 1.5
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)
+        while time.monotonic() < deadline:
+            attempts += 1
+            try:
+                armed[0] = True
+                store.add_event(rid, "log", {"text": "x" * 64})
+                store.events_since(rid, 0, limit=5)
+                armed[0] = False
+            except Cut:
+                cuts += 1
+            except CloudboxError as e:  # the bug: a transaction left open by an earlier cut
+                armed[0] = False
+                pytest.fail(f"after {cuts} cuts in {attempts} attempts: {e}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert cuts > 100, (cuts, attempts)  # the cuts did land
+    seq = store.add_event(rid, "log", {"text": "after"})
+    events = store.events_since(rid, 0, limit=100000)
+    assert events[-1].seq == seq and events[-1].payload == {"text": "after"}
+    assert all(e.payload.get("text") in ("x" * 64, "after") for e in events if e.kind == "log")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # gapless: no half-written event

@@ -514,25 +514,31 @@ class ResultStore:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE: takes the write lock up front, waits busy_timeout)."""
+        """One write transaction (BEGIN IMMEDIATE: takes the write lock up front, waits busy_timeout). An
+        exception from a signal handler (the executor's cancel) can land anywhere in here, BEGIN and COMMIT
+        included: whatever it cut is rolled back, and a transaction an earlier cut left open is closed first."""
         with self._lock, self._sqlite_errors("write to"):
             conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")
                 yield conn
+                conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        """A read transaction: several SELECTs see one consistent snapshot."""
+        """A read transaction: several SELECTs see one consistent snapshot (cut by a signal: as _write)."""
         with self._lock, self._sqlite_errors("read"):
             conn = self._conn
-            conn.execute("BEGIN")
             try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                conn.execute("BEGIN")
                 yield conn
             finally:
                 if conn.in_transaction:
