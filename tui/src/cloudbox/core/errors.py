@@ -88,6 +88,10 @@ class GuestError(CloudboxError):
     """The benchmark guest failed: did not boot, agent silent, tool missing or failing."""
 
 
+class GuestTimeout(GuestError):
+    """A program in the guest did not finish in its time and was killed."""
+
+
 class GuestUnreachable(GuestError):
     """The guest stopped (crashed, powered off, killed) or its agent stopped answering."""
 

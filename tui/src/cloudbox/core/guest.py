@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import GuestError, GuestUnreachable
+from .errors import GuestError, GuestTimeout, GuestUnreachable
 
 METADATA_NS = "https://cloudbox.invalid/xmlns/1"
 NAME_PREFIX = "cloudbox-"
@@ -166,8 +166,10 @@ class Guest:
         return ret if ret.get("exited") else None
 
     def run(self, argv: list[str], *, timeout: float = 120.0, check: bool = False,
-            poll: Callable[[], None] | None = None, interval: float = 0.2) -> ExecResult:
-        """Run argv in the guest to completion. `poll` is called while waiting (progress hooks)."""
+            poll: Callable[[], None] | None = None, interval: float = 0.2,
+            on_timeout: Callable[[], None] | None = None) -> ExecResult:
+        """Run argv in the guest to completion. `poll` is called while waiting (progress hooks). Past `timeout`
+        the program is killed (after `on_timeout`, which can look at it still running) and GuestTimeout raised."""
         try:
             pid = self.spawn(argv)
         except GuestError as e:
@@ -180,8 +182,10 @@ class Guest:
             if st is not None:
                 break
             if time.monotonic() > deadline:
+                if on_timeout:
+                    on_timeout()
                 self.run(["/bin/kill", "-9", str(pid)], timeout=10)
-                raise GuestError(f"in guest: {' '.join(argv)} did not finish within {timeout:.0f} s (killed)")
+                raise GuestTimeout(f"in guest: {' '.join(argv)} did not finish within {timeout:.0f} s (killed)")
             if poll:
                 poll()
             time.sleep(interval)

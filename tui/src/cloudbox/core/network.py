@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import Aborted, CloudboxError, GuestError, PermissionProblem
+from .errors import Aborted, CloudboxError, GuestError, GuestTimeout, PermissionProblem
 
 BRIDGE = "cbbr0"
 HOST_IP = "169.254.100.1"
@@ -69,6 +69,7 @@ class NetResult:
     metric: str
     lat_us: float | None
     raw: str
+    hung: int = 0  # attempts before this one that hung and were killed (see _retrying)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -345,43 +346,118 @@ def parse(t: NetTest, text: str) -> NetResult:
     return parse_netperf(t, text) if t.tool == "netperf" else parse_iperf3(t, text)
 
 
-def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[[dict], None],
-                 cancelled: Callable[[], bool], target: str = HOST_IP) -> NetResult:
-    args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, target, port, seconds)
-    start = time.monotonic()
+ATTEMPTS = 2  # a test tool that hangs is killed and the test run once more
 
-    def poll() -> None:
-        if cancelled():
-            raise Aborted("cancelled during a guest network test")
+
+def hang_limit(seconds: int) -> float:
+    """How long a network test of `seconds` may take before it counts as hung: twice its length plus 40 s for
+    the tool's start and end under emulation (a 3 s netperf takes about 5 s in a TCG guest)."""
+    return seconds * 2 + 40
+
+
+class _Hung(Exception):
+    """One attempt did not finish within its limit and was killed; the text says what was seen at the time."""
+
+
+def _retrying(where: str, t: NetTest, target: str, port: int, limit: float, attempts: int,
+              log: Callable[[str], None], once: Callable[[], str]) -> NetResult:
+    """Run `once` (one attempt, its output) up to `attempts` times while it hangs. A test tool can hang for good
+    (seen once in CI: netperf TCP_MAERTS in a TCG guest never ended, where a dozen repeats of the same run did
+    not hang); a hang is logged with the sockets it held, then the test runs again. The result says how many
+    attempts hung (NetResult.hung); hanging every time is an error naming the tool, the test and the server."""
+    seen: list[str] = []
+    for attempt in range(1, attempts + 1):
+        try:
+            out = once()
+        except _Hung as e:
+            seen.append(str(e))
+            log(f"{where}: {t.tool} ({t.id}) to {target} port {port} hung: no end after {limit:.0f} s, killed "
+                f"(attempt {attempt} of {attempts}){'; running it again' if attempt < attempts else ''}. "
+                f"Sockets then: {e}")
+            continue
+        res = parse(t, out)
+        res.hung = len(seen)
+        return res
+    raise CloudboxError(f"{where}: {t.tool} ({t.id}) to {target} port {port} hung {attempts} times (killed after "
+                        f"{limit:.0f} s each): is the server there still answering? Sockets at the last hang: "
+                        f"{seen[-1] if seen else '-'}")
+
+
+def _progress_of(seconds: int, progress: Callable[[dict], None]) -> Callable[[float], None]:
+    def report(start: float) -> None:
         el = time.monotonic() - start
         progress({"pct": min(99.0, 100 * el / seconds), "eta": f"{max(0, seconds - el):.0f}s"})
+    return report
 
-    r = guest.run(args, timeout=seconds * 3 + 60, poll=poll, interval=1.0)
-    if r.exitcode != 0:
-        raise GuestError(f"{t.tool} ({t.id}) in the guest exited {r.exitcode}: {(r.stderr or r.stdout)[-300:]}")
-    return parse(t, r.stdout)
+
+def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[[dict], None],
+                 cancelled: Callable[[], bool], target: str = HOST_IP, *, hang_s: float | None = None,
+                 attempts: int = ATTEMPTS, log: Callable[[str], None] = lambda _: None) -> NetResult:
+    """The test from the guest to `target`, through the guest agent; a hang (no end after `hang_s`, by default
+    hang_limit(seconds)) is killed in the guest and the test run again (see _retrying)."""
+    args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, target, port, seconds)
+    limit = hang_s if hang_s is not None else hang_limit(seconds)
+    report = _progress_of(seconds, progress)
+
+    def once() -> str:
+        start = time.monotonic()
+
+        def poll() -> None:
+            if cancelled():
+                raise Aborted("cancelled during a guest network test")
+            report(start)
+
+        seen = ["not looked at"]
+
+        def look() -> None:  # the hung tool's sockets, before it is killed (busybox netstat: no ss there)
+            try:
+                ns = guest.sh(f"netstat -tn 2>&1 | grep -F ' {target}:'", timeout=20)
+                seen[0] = " | ".join(" ".join(ln.split()) for ln in ns.stdout.strip().splitlines()) or "none"
+            except GuestError as e:
+                seen[0] = f"not readable ({e})"
+
+        try:
+            r = guest.run(args, timeout=limit, poll=poll, interval=1.0, on_timeout=look)
+        except GuestTimeout as e:
+            raise _Hung(f"in the guest: {seen[0]}") from e
+        if r.exitcode != 0:
+            raise GuestError(f"{t.tool} ({t.id}) in the guest exited {r.exitcode}: {(r.stderr or r.stdout)[-300:]}")
+        return r.stdout
+
+    return _retrying("guest", t, target, port, limit, attempts, log, once)
 
 
 def run_baseline(t: NetTest, port: int, seconds: int, progress: Callable[[dict], None],
-                 cancelled: Callable[[], bool], target: str = NS_HOST_IP, netns: str | None = NS) -> NetResult:
+                 cancelled: Callable[[], bool], target: str = NS_HOST_IP, netns: str | None = NS, *,
+                 hang_s: float | None = None, attempts: int = ATTEMPTS,
+                 log: Callable[[str], None] = lambda _: None) -> NetResult:
     """The bare-metal side: from the namespace to the host over veth, or (netns None) from the host itself to
-    `target` (a back-end host -> the front-end)."""
+    `target` (a back-end host -> the front-end). A hang is killed and retried as in the guest."""
     args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, target, port, seconds)
-    proc = subprocess.Popen([*(["ip", "netns", "exec", netns] if netns else []), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    start = time.monotonic()
-    try:
-        while proc.poll() is None:
-            if cancelled():
-                raise Aborted("cancelled during a bare-metal network test")
-            el = time.monotonic() - start
-            progress({"pct": min(99.0, 100 * el / seconds), "eta": f"{max(0, seconds - el):.0f}s"})
-            time.sleep(0.5)
-        out, err = proc.communicate()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    if proc.returncode != 0:
-        raise CloudboxError(f"bare-metal {t.tool} ({t.id}) exited {proc.returncode}: {(err or out)[-300:]}")
-    return parse(t, out)
+    limit = hang_s if hang_s is not None else hang_limit(seconds)
+    report = _progress_of(seconds, progress)
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+
+    def once() -> str:
+        proc = subprocess.Popen([*prefix, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        start = time.monotonic()
+        try:
+            while proc.poll() is None:
+                if cancelled():
+                    raise Aborted("cancelled during a bare-metal network test")
+                if time.monotonic() - start > limit:
+                    ss = subprocess.run([*prefix, "ss", "-tn", "dst", target], capture_output=True, text=True)
+                    seen = " | ".join(" ".join(ln.split()) for ln in ss.stdout.strip().splitlines()[1:]) or "none"
+                    raise _Hung(f"on {'namespace ' + netns if netns else 'this host'}: {seen}")
+                report(start)
+                time.sleep(0.5)
+            out, err = proc.communicate()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        if proc.returncode != 0:
+            raise CloudboxError(f"bare-metal {t.tool} ({t.id}) exited {proc.returncode}: {(err or out)[-300:]}")
+        return out
+
+    return _retrying("bare metal", t, target, port, limit, attempts, log, once)

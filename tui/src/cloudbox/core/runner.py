@@ -481,10 +481,10 @@ class Executor:
                     bports[nt.tool] = start(network.NS_HOST_IP)
                 self._net_test("guest", nt, functools.partial(
                     network.run_in_guest, guest, nt, ports[nt.tool], net_seconds,
-                    self._progress("guest", nt.id), self.cancelled, target=hostnet.host_ip), labels)
+                    self._progress("guest", nt.id), self.cancelled, target=hostnet.host_ip, log=self.log), labels)
                 self._net_test("baseline", nt, functools.partial(
                     network.run_baseline, nt, bports[nt.tool], net_seconds,
-                    self._progress("baseline", nt.id), self.cancelled), bare_labels)
+                    self._progress("baseline", nt.id), self.cancelled, log=self.log), bare_labels)
                 if not peer:
                     continue
                 if not peer_ports[nt.tool]:
@@ -493,10 +493,10 @@ class Executor:
                 fe = network.frontend_test(nt)
                 self._net_test("guest", fe, functools.partial(
                     network.run_in_guest, guest, fe, peer_ports[nt.tool], net_seconds,
-                    self._progress("guest", fe.id), self.cancelled, target=peer), labels)
+                    self._progress("guest", fe.id), self.cancelled, target=peer, log=self.log), labels)
                 self._net_test("baseline", fe, functools.partial(
                     network.run_baseline, fe, peer_ports[nt.tool], net_seconds,
-                    self._progress("baseline", fe.id), self.cancelled, target=peer, netns=None),
+                    self._progress("baseline", fe.id), self.cancelled, target=peer, netns=None, log=self.log),
                     [*plain, "private-network"])
 
     def _check_private_network(self, peer: str) -> str:
@@ -716,7 +716,10 @@ class Executor:
         end = time.time()
         tl = list(dict.fromkeys(labels))
         common = dict(side=side, test=t.id, labels=tl, started_at=start, finished_at=end)
-        self.store.add_measurement(self.run_id, metric=res.metric, value=res.value, raw=res.raw, **common)  # type: ignore[attr-defined]
+        raw = res.raw
+        if res.hung:  # the run's log says what was seen; the measurement keeps that it is a retry
+            raw += f"\n# cloudbox: measured on attempt {res.hung + 1}; {res.hung} before it hung and was killed\n"
+        self.store.add_measurement(self.run_id, metric=res.metric, value=res.value, raw=raw, **common)  # type: ignore[attr-defined]
         if res.lat_us is not None and t.kind == "TCP_RR":
             self.store.add_measurement(self.run_id, metric="lat_us", value=res.lat_us, raw="", **common)  # type: ignore[attr-defined]
         self.event("measurement", {"side": side, "test": t.id, "metric": res.metric, "value": round(res.value, 2),

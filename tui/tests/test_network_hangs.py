@@ -1,0 +1,151 @@
+"""A network test tool that hangs (in CI a netperf TCP_MAERTS in a TCG guest once never ended) is killed, logged
+with the sockets it held, and run once more; hanging every time is an error naming the tool, the test and the
+server, with nothing left running. The hang is real: a real netserver stopped with SIGSTOP (the kernel still
+accepts the connection, nothing answers), from this host and from a real guest."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from cloudbox.core import network, runner
+from cloudbox.core.errors import CloudboxError
+from cloudbox.core.results import ResultStore
+
+MAERTS, RR = network.NET_TESTS["tcp-maerts"], network.NET_TESTS["tcp-rr"]
+
+
+@pytest.fixture
+def stopped_netserver():
+    """Yields a function addr -> (pid, port): a real netserver on addr, stopped (SIGSTOP). All are killed at the
+    end."""
+    if shutil.which("netserver") is None or shutil.which("netperf") is None:
+        pytest.skip("netperf is not installed (make test installs it)")
+    procs: list[subprocess.Popen] = []
+
+    def start(addr: str) -> tuple[int, int]:
+        port = network.free_port()
+        p = subprocess.Popen(["netserver", "-D", "-L", addr, "-p", str(port)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        procs.append(p)
+        network._wait_port(addr, port)
+        p.send_signal(signal.SIGSTOP)
+        return p.pid, port
+
+    yield start
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGCONT)
+        p.kill()
+        p.wait()
+
+
+def _resume_after(pid: int, seconds: float) -> threading.Timer:
+    timer = threading.Timer(seconds, lambda: os.kill(pid, signal.SIGCONT))
+    timer.start()
+    return timer
+
+
+def _clients_to(port: int) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"netperf .*-p {port} "], capture_output=True, text=True).stdout
+    return out.splitlines()
+
+
+def test_a_bare_metal_test_that_hangs_is_killed_and_run_again(stopped_netserver):
+    pid, port = stopped_netserver("127.0.0.1")
+    logs: list[str] = []
+    timer = _resume_after(pid, 4.5)  # during the second attempt
+    try:
+        res = network.run_baseline(MAERTS, port, 1, lambda _: None, lambda: False, target="127.0.0.1", netns=None,
+                                   hang_s=3, log=logs.append)
+    finally:
+        timer.cancel()
+    assert res.hung == 1 and res.metric == "Mbit/s" and res.value > 0, res
+    (line,) = logs
+    assert line.startswith(f"bare metal: netperf (tcp-maerts) to 127.0.0.1 port {port} hung: no end after 3 s, "
+                           "killed (attempt 1 of 2); running it again. Sockets then: on this host: "), line
+    assert f"127.0.0.1:{port}" in line, line  # the control connection the stopped server never answered
+    assert not _clients_to(port)
+
+
+def test_a_bare_metal_test_that_always_hangs_fails_naming_the_server(stopped_netserver):
+    _, port = stopped_netserver("127.0.0.1")
+    logs: list[str] = []
+    with pytest.raises(CloudboxError, match=rf"bare metal: netperf \(tcp-rr\) to 127\.0\.0\.1 port {port} hung 2 "
+                                            r"times \(killed after 2 s each\): is the server there still answering"):
+        network.run_baseline(RR, port, 1, lambda _: None, lambda: False, target="127.0.0.1", netns=None, hang_s=2,
+                             log=logs.append)
+    assert len(logs) == 2 and "(attempt 2 of 2). Sockets then" in logs[1], logs
+    assert not _clients_to(port)
+
+
+def test_a_retried_measurement_says_so_in_its_raw_output(state):
+    """The executor keeps the retry with the number: the log line is in the events, the note in `raw`."""
+    spec = runner.RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-rr")
+    with ResultStore() as store:
+        rid = store.create_run(uuid="0" * 32, profile_name=spec.profile, suite=spec.suite, state="running",
+                               node="here", started_at=time.time())
+        ex = runner.Executor(spec, store)
+        ex.run_id = rid
+        clean = network.NetResult("tcp-rr", 900.0, "trans/s", 1111.0, "900,Trans/s,1111\n")
+        again = network.NetResult("tcp-rr", 800.0, "trans/s", 1250.0, "800,Trans/s,1250\n", hung=1)
+        ex._net_test("baseline", RR, lambda: clean, ["x"])
+        ex._net_test("guest", RR, lambda: again, ["x"])
+        run = store.get_run(rid)
+    assert run.measurement("baseline", "tcp-rr", "trans/s").raw == "900,Trans/s,1111\n"
+    raw = run.measurement("guest", "tcp-rr", "trans/s").raw
+    assert raw.startswith("800,Trans/s,1250\n") and "measured on attempt 2; 1 before it hung and was killed" in raw
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_a_guest_test_that_hangs_is_killed_in_the_guest_and_run_again(state, libvirt_conn, stopped_netserver):
+    """From a real guest (a guest session) to a stopped netserver on the session's bridge address."""
+    from cloudbox.core.guest import Guest, list_guests
+
+    with ResultStore() as store:
+        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
+        try:
+            deadline = time.monotonic() + 300
+            while not any("running; stop it" in (e.payload.get("text") or "") for e in store.events_since(rid)):
+                assert store.get_run(rid).state == "running", store.get_run(rid).reason
+                assert time.monotonic() < deadline, "the guest session did not come up in 300 s"
+                time.sleep(1)
+            (info,) = [g for g in list_guests(libvirt_conn) if g.run_uuid == store.get_run(rid).uuid]
+            guest = Guest(libvirt_conn, libvirt_conn.lookupByName(info.name))
+
+            pid, port = stopped_netserver(network.HOST_IP)
+            logs: list[str] = []
+            timer = _resume_after(pid, 22)  # the first attempt is killed at 15 s; the second one then finishes
+            try:
+                res = network.run_in_guest(guest, MAERTS, port, 2, lambda _: None, lambda: False, hang_s=15,
+                                           log=logs.append)
+            finally:
+                timer.cancel()
+            assert res.hung == 1 and res.value > 0, res
+            (line,) = logs
+            assert line.startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {port} hung: no end "
+                                   "after 15 s, killed (attempt 1 of 2); running it again. Sockets then: in the "
+                                   "guest: "), line
+            # busybox netstat in the guest, before the kill: the connection to the stopped server
+            assert re.search(rf"tcp \d+ \d+ \S+ {re.escape(network.HOST_IP)}:{port} ESTABLISHED", line), line
+
+            _, port2 = stopped_netserver(network.HOST_IP)
+            logs.clear()
+            with pytest.raises(CloudboxError, match=rf"guest: netperf \(tcp-rr\) to {re.escape(network.HOST_IP)} "
+                                                    rf"port {port2} hung 2 times \(killed after 10 s each\)"):
+                network.run_in_guest(guest, RR, port2, 1, lambda _: None, lambda: False, hang_s=10,
+                                     log=logs.append)
+            assert len(logs) == 2, logs
+            assert guest.sh("pidof netperf", timeout=20).exitcode != 0, "a killed netperf still runs in the guest"
+        finally:
+            assert runner.cancel(store, rid, timeout=120) == "completed"
+    assert not list_guests(libvirt_conn)
