@@ -206,8 +206,16 @@ be() { cluster_ssh "$LOGS" "$BE_PORT" "$@"; }
     assert_output --partial 'be1 (cbpriv0) -> fe1 (10.73.0.1): 9000-byte frames pass'
     run -0 be grep -c 'cloudbox-front-end' /root/.ssh/authorized_keys
     assert_output 1
-    # The front-end reaches the back-end's libvirt over the pinned SSH.
-    run -0 fe cloudbox node check
+    assert_output --partial 'libvirt on this node answers'
+    # The front-end reaches the back-end's libvirt over the pinned SSH. A check gives up after 10 s, and the TCG
+    # back-end once missed the first one (CI, before the join started its libvirt): up to 3, each miss printed.
+    local try
+    for try in 1 2 3; do
+        run fe cloudbox node check
+        [ "$status" -eq 0 ] && break
+        echo "# note: node check $try of 3: $output" >&3
+    done
+    assert_success
     assert_output --partial 'be1: up'
     assert_output --regexp 'be1: fe1 \([a-z0-9]+\) -> be1 \(10\.73\.0\.[0-9]+\): 9000-byte frames pass'
     # The installed front-end's monitor (cloudbox-node-check.service) runs; the back-end has none.

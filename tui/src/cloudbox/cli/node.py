@@ -225,6 +225,11 @@ def cmd_join(args: argparse.Namespace) -> int:
         print(found[1].message)
     elif found is not None:  # enrolled all the same: runs work, but not at the private network's MTU
         print(f"cloudbox: warning: {found[1].message}", file=sys.stderr)
+    try:
+        print(f"libvirt on this node answers ({health.local_libvirt_ready():.1f} s): the front-end can manage it")
+    except CloudboxError as e:  # enrolled all the same: the front-end shows the node down until libvirt answers
+        print(f"cloudbox: warning: libvirt on this node does not answer, so the front-end cannot manage it yet: {e}",
+              file=sys.stderr)
     return 0
 
 

@@ -57,6 +57,22 @@ def libvirt_probe(node: NodeRecord) -> dict[str, Any]:
     return {"hostname": hostname, "libvirt": f"{v // 1_000_000}.{v // 1000 % 1000}.{v % 1000}"}
 
 
+def local_libvirt_ready() -> float:
+    """Open this node's own libvirt once, as the front-end is about to over SSH: on an installed node that starts
+    the socket-activated daemon and its QEMU capability probe, so that the node is ready when enrolment says so
+    (the front-end's first check right after an enrolment once took more than its 10 s: CI, a TCG back-end).
+    Returns the seconds taken; CloudboxError when libvirt does not answer. Never starts daemons by hand."""
+    from .. import daemons
+
+    t0 = time.monotonic()
+    conn = daemons.connect(start=False)
+    try:
+        conn.getLibVersion()
+    finally:
+        conn.close()
+    return time.monotonic() - t0
+
+
 def ssh_diagnosis(node: NodeRecord, timeout: float = 8.0) -> str | None:
     """libvirt's SSH transport hides ssh's own message (a changed host key reads as "Cannot recv data"): run
     `true` through the same pinned ssh wrapper and return ssh's complaint, or None when ssh itself is fine."""
