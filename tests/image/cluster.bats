@@ -204,9 +204,9 @@ be() { cluster_ssh "$LOGS" "$BE_PORT" "$@"; }
     run -0 be cloudbox node join --front-end discover --code "$code"
     assert_output --partial 'enrolled as be1 with front-end fe1 (10.73.0.1)'
     assert_output --partial 'be1 (cbpriv0) -> fe1 (10.73.0.1): 9000-byte frames pass'
+    assert_output --partial 'libvirt on this node answers'
     run -0 be grep -c 'cloudbox-front-end' /root/.ssh/authorized_keys
     assert_output 1
-    assert_output --partial 'libvirt on this node answers'
     # The front-end reaches the back-end's libvirt over the pinned SSH. A check gives up after 10 s, and the TCG
     # back-end once missed the first one (CI, before the join started its libvirt): up to 3, each miss printed.
     local try
