@@ -25,27 +25,22 @@ MAERTS, RR = network.NET_TESTS["tcp-maerts"], network.NET_TESTS["tcp-rr"]
 
 @pytest.fixture
 def stopped_netserver():
-    """Yields a function addr -> (pid, port): a real netserver on addr, stopped (SIGSTOP). All are killed at the
-    end."""
+    """Yields a function addr -> (pid, port): a real netserver on addr started as a run starts it
+    (HostNetwork.start_netserver), then stopped (SIGSTOP). Resumed and removed at the end (HostNetwork.teardown)."""
     if shutil.which("netserver") is None or shutil.which("netperf") is None:
         pytest.skip("netperf is not installed (make test installs it)")
-    procs: list[subprocess.Popen] = []
+    hn = network.HostNetwork(9000)
 
     def start(addr: str) -> tuple[int, int]:
-        port = network.free_port()
-        p = subprocess.Popen(["netserver", "-D", "-L", addr, "-p", str(port)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        procs.append(p)
-        network._wait_port(addr, port)
-        p.send_signal(signal.SIGSTOP)
-        return p.pid, port
+        port = hn.start_netserver(addr)
+        hn.procs[-1].send_signal(signal.SIGSTOP)
+        return hn.procs[-1].pid, port
 
     yield start
-    for p in procs:
+    for p in hn.procs:
         with contextlib.suppress(ProcessLookupError):
             p.send_signal(signal.SIGCONT)
-        p.kill()
-        p.wait()
+    hn.teardown()
 
 
 def _resume_after(pid: int, seconds: float) -> threading.Timer:
