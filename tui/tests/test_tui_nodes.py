@@ -107,7 +107,10 @@ def test_join_code_enrol_revoke_and_remove(front_end: Node, tmp_path: Path):
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: "No back-end enrolled yet" in text(app.screen.query_one("#cluster")))
             await pilot.press("j")
-            await until(pilot, lambda: isinstance(app.screen, JoinCodeDialog), timeout=30, what="the code dialog")
+            # the screen is pushed before its widgets are mounted (CI once queried #code in between): wait for the
+            # last one
+            await until(pilot, lambda: isinstance(app.screen, JoinCodeDialog)
+                        and bool(app.screen.query("#code-status")), timeout=30, what="the code dialog")
             dlg = app.screen
             code = dlg.offer.code
             assert re.fullmatch(r"([0-9A-Z] ){3}[0-9A-Z](  -  ([0-9A-Z] ){3}[0-9A-Z]){3}", text(dlg.query_one("#code")))

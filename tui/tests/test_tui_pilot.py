@@ -231,7 +231,7 @@ def test_edit_in_editor_validates_before_saving_and_delete_asks_first(backend, t
             table = await _profiles(app, pilot)
             await _goto_row(pilot, table, "mine")
             await pilot.press("e")
-            await until(pilot, lambda: isinstance(app.screen, TextDialog))
+            await until(pilot, lambda: isinstance(app.screen, TextDialog) and bool(app.screen.query("#text")))
             assert "disk.cache" in text(app.screen.query_one("#text")) and "writeback" in text(
                 app.screen.query_one("#text"))
             await pilot.press("escape")
@@ -395,7 +395,7 @@ def test_launch_a_guest_show_its_xml_and_stop_it(state, libvirt_conn):
                                                for r in store.active_runs() for e in store.events_since(r.id)),
                             timeout=180, what="guest session up")
             await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, TextDialog))
+            await until(pilot, lambda: isinstance(app.screen, TextDialog) and bool(app.screen.query("#text")))
             assert "<domain" in text(app.screen.query_one("#text")) and "cbbr0" in text(app.screen.query_one("#text"))
             await pilot.press("escape")
             await pilot.press("s")
