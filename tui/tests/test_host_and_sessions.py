@@ -64,6 +64,16 @@ def test_run_plan_lists_every_step_in_order():
     assert runner.RunSpec(profile="x", suite="guest").plan() == ["guest:boot"]
 
 
+@pytest.mark.parametrize("bad", [0, 9.5, 3601, -1])
+def test_agent_timeout_out_of_range_is_refused(bad):
+    from cloudbox.core.errors import CloudboxError
+
+    with pytest.raises(CloudboxError, match=rf"--agent-timeout {bad:g} is not allowed; allowed: 10 to 3600 seconds"):
+        runner.RunSpec(profile="virtio-disk", agent_timeout=bad).validate()
+    runner.RunSpec(profile="virtio-disk", agent_timeout=10).validate()
+    runner.RunSpec(profile="virtio-disk", agent_timeout=3600).validate()
+
+
 def test_sweep_needs_a_profile_and_valid_specs(state):
     from cloudbox.core.errors import CloudboxError
 

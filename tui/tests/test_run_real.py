@@ -144,15 +144,23 @@ def test_ctrl_c_in_foreground_cli(state, libvirt_conn):
 def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
     """A guest whose kernel panics at boot (fault injected on its command line: an init that does not exist):
     the run is stored as aborted and its reason ends with the guest's serial console, which virtlogd logged into
-    the run's work directory; that directory is gone afterwards."""
+    the run's work directory; that directory is gone afterwards. Under TCG or nested KVM the guest is launched a
+    second time first, announced with attempt 1's console."""
     monkeypatch.setattr(runner, "CMDLINE", runner.CMDLINE + " rdinit=/cloudbox-no-such-init")
     spec = runner.RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="dd-write-64k",
                           agent_timeout=240)
+    events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        rid = runner.Executor(spec, store).execute()
+        rid = runner.Executor(spec, store, emit=lambda k, p: events.append((k, p))).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
     assert run.state == "aborted"
+    said = "\n".join(str(p.get("text", p)) for _, p in events)
+    retried = "launching it again (attempt 2 of 2)" in said
+    assert retried == (run.accelerator in ("tcg", "nested-kvm")), (run.accelerator, said)
+    if retried:
+        assert "stopped while booting" in said and "Kernel panic" in said, said
+        assert "attempt 1's console:" in said and "console-attempt1.log" in said, said
     reason = run.reason or ""
     assert "stopped while booting" in reason, reason
     assert "lines of the guest's serial console:" in reason, reason

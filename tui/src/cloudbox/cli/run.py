@@ -28,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="confirm destroying --device's data by naming it (e.g. sdb)")
     p.add_argument("--node", default="", metavar="NAME",
                    help="run on this enrolled back-end (front-end only; `cloudbox node list`); default: this host")
+    p.add_argument("--agent-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="seconds to wait for the guest to boot to its agent (default 300; under TCG or nested KVM "
+                        "a guest that misses it is launched once more)")
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
     p.add_argument("--json", action="store_true", help="print the finished run as JSON")
     p.set_defaults(func=cmd_run)
@@ -52,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _spec(a: argparse.Namespace) -> runner.RunSpec:
     return runner.RunSpec(profile=a.profile, suite=a.suite, size=a.size, storage_tests=a.tests,
                           net_tests=a.net_tests, net_seconds=a.net_seconds, runtime=a.runtime,
-                          work_dir=a.work_dir, device=a.device, destroy=a.destroy, node=a.node)
+                          work_dir=a.work_dir, device=a.device, destroy=a.destroy, node=a.node,
+                          agent_timeout=a.agent_timeout)
 
 
 class Printer:
