@@ -1,6 +1,7 @@
 #!/usr/bin/env bats
 # Boots the appliance (TCG, -cpu max) and runs the quick storage suite in it under nested KVM (second milestone).
-# Slow and heavy: tagged bench; `make image-bench` runs it.
+# Slow and heavy: tagged bench; `make image-bench` (and so `make bench`) runs it, `make test` does not (cluster.bats
+# runs the same nested-KVM suites, network included, on the installed back-end).
 
 bats_require_minimum_version 1.5.0
 

@@ -32,6 +32,7 @@ setup_file() {
         rm -f "$LOGS"/*.raw "$LOGS"/*.toml "$LOGS"/*.ok
     fi
     image_make_credentials "$LOGS"
+    openssl passwd -6 -stdin < "$LOGS/root-password" > "$LOGS/root-hash"
     install_disk "$LOGS/data.raw" 1G
     mkfs.ext4 -q -L precious "$LOGS/data.raw"
     sha256sum < "$LOGS/data.raw" | cut -d' ' -f1 > "$LOGS/data.sha"
@@ -50,6 +51,7 @@ campus_nic = "$FE_CAMPUS"
 private_mtu = 9000
 
 [root]
+password_hash = "$(cat "$LOGS/root-hash")"
 ssh_authorized_keys = ["$key"]
 TOML
     cat > "$LOGS/be.toml" <<TOML
@@ -124,9 +126,33 @@ be() { cluster_ssh "$LOGS" "$BE_PORT" "$@"; }
     run -0 grep -a 'cloudbox: installed back-end be1 on /dev/vd' "$LOGS/be-live.serial.log"
     run -0 sh -c "sha256sum < '$LOGS/data.raw' | cut -d' ' -f1"
     assert_output "$(cat "$LOGS/data.sha")"
+    run -0 grep -a '\[1/7 partition\].*copying the root file system' "$LOGS/fe-live.serial.log"
+    # What the front-end got, read from its disk on the host (read-only). (install.bats's UEFI front-end install,
+    # tagged install-full, checks the same; make test runs this one.)
+    run -0 install_cat "$LOGS/fe.raw" /etc/cloudbox/node.toml
+    assert_line 'role = "front-end"'
+    assert_line 'hostname = "fe1"'
+    assert_line "private_mac = \"$FE_PRIVATE\""
+    assert_line 'private_mtu = 9000'
     run -0 install_cat "$LOGS/fe.raw" /etc/systemd/network/10-cloudbox-private.network
     assert_line 'Address=10.73.0.1/24'
     assert_line 'DHCPServer=yes'
+    assert_line 'MTUBytes=9000'
+    assert_line "MACAddress=$FE_PRIVATE"
+    run -0 install_cat "$LOGS/fe.raw" /etc/hostname
+    assert_output fe1
+    run -0 install_cat "$LOGS/fe.raw" /root/.ssh/authorized_keys
+    assert_output "$(cat "$LOGS/id_ed25519.pub")"
+    run -0 install_cat "$LOGS/fe.raw" /etc/shadow
+    assert_line --regexp "^root:$(sed 's/[$./]/\\&/g' "$LOGS/root-hash"):"
+    run -0 install_cat "$LOGS/be.raw" /etc/shadow
+    assert_line --regexp '^root:!:'  # no password in the back-end's answers: locked, SSH key only
+    run -0 install_cat "$LOGS/fe.raw" /etc/machine-id
+    assert_output uninitialized  # first boot on the node
+    # The live session's identities stay behind: the node makes its own SSH host keys at first boot.
+    run ! install_exists "$LOGS/fe.raw" /etc/ssh/ssh_host_ed25519_key
+    run -0 install_cat "$LOGS/fe.raw" /var/lib/cloudbox/install/journal.jsonl
+    assert_line --partial '"event": "complete"'
     run -0 install_cat "$LOGS/be.raw" /etc/cloudbox/node.toml
     assert_line 'frontend = "discover"'
     run -0 install_cat "$LOGS/be.raw" /etc/systemd/network/10-cloudbox-private.netdev
@@ -150,6 +176,15 @@ be() { cluster_ssh "$LOGS" "$BE_PORT" "$@"; }
     assert_output --partial 'inet 10.73.0.1/24'
     run -0 fe cat /etc/hostname
     assert_output fe1
+    # Booted from the installed disk (its root partition), not installing again, with its own host key and no
+    # failed unit (what the self-test's verdict checks on a test boot; install.bats's install-full boots do that).
+    run -0 grep -a 'Kernel command line:.* root=PARTUUID=' "$LOGS/fe1.serial.log"
+    run -1 grep -a 'unattended install with the answers' "$LOGS/fe1.serial.log"
+    run -0 fe test -s /etc/ssh/ssh_host_ed25519_key
+    run -0 fe systemctl --failed --no-legend --plain
+    assert_output ''
+    run -0 be systemctl --failed --no-legend --plain
+    assert_output ''
     # The back-end's lease from the front-end's DHCP server (networkd's) on the private NIC.
     for _ in $(seq 1 30); do
         be ip -4 -o addr show | grep -q 'inet 10\.73\.0\.' && break
@@ -246,7 +281,8 @@ be() { cluster_ssh "$LOGS" "$BE_PORT" "$@"; }
     fi
     lock=$(grep -a -m1 -E 'soft lockup|hard LOCKUP|rcu_[a-z]+ detected stalls' "$LOGS/be1.serial.log" || true)
     [ -z "$lock" ] || fail "the back-end's kernel locked up during the run (be1.serial.log: ${lock#*] })"
-    [ "$status" -eq 0 ] || fail "the run failed (exit $status); its output: $LOGS/run.txt: $(tail -25 "$LOGS/run.txt")"
+    # The reason (with the guest's last console lines when it died or went silent) comes before the results table.
+    [ "$status" -eq 0 ] || fail "the run failed (exit $status); $LOGS/run.txt says: $(grep -a -A25 -m1 -E '^==> run (failed|aborted)|^cloudbox: ' "$LOGS/run.txt" || tail -25 "$LOGS/run.txt")"
     assert_output --partial 'be1: launching guest'
     CLUSTER_SSH_TIMEOUT_S=120 fe cloudbox results export --format json > "$LOGS/run.json"
     CLUSTER_SSH_TIMEOUT_S=60 fe cloudbox node propagations --json > "$LOGS/propagations.json"

@@ -3,6 +3,8 @@
 # Live boots get an answer file as the credential cloudbox.answers, a blank target disk and a disk holding an ext4
 # file system that no answer names; the installed disk then boots alone (UEFI and BIOS) to the self-test verdict.
 # Slow (each boot takes minutes); the tests build on each other in file order. Logs: $IMAGE_DIR/test-logs/install.
+# make test runs the all-in-one tests (power loss, re-run, invalid answers); the front-end's install and the
+# installed nodes' boots are tagged install-full (cluster.bats covers the front-end): --filter-tags install runs all.
 
 bats_require_minimum_version 1.5.0
 
@@ -92,7 +94,9 @@ data_untouched() {
     assert_output "$(cat "$LOGS/data.sha")"
 }
 
-# bats test_tags=slow,image,install
+# Opt-in (install-full), like the installed front-end's own boot below: cluster.bats installs a front-end the same
+# way (UEFI, the answer credential) and checks the same, and boots it; make test runs that one. ~9 min under TCG.
+# bats test_tags=slow,image,install,install-full
 @test "unattended UEFI install of a front-end from the answer credential; the disk with data is untouched" {
     install_disk "$LOGS/fe.raw" 12G
     install_live uefi "$LOGS" fe-live overlay "$LOGS/frontend.toml" "$LOGS/fe.raw:cbtarget" "$LOGS/data.raw:cbdata"
@@ -126,7 +130,7 @@ data_untouched() {
     touch "$LOGS/fe.ok"
 }
 
-# bats test_tags=slow,image,install
+# bats test_tags=slow,image,install,install-full
 @test "the installed front-end boots alone under UEFI to the self-test verdict 123" {
     [ -f "$LOGS/fe.ok" ] || skip "needs the front-end install of the first test"
     install_boot_installed uefi "$LOGS" fe-uefi "$LOGS/fe.raw"
