@@ -79,7 +79,7 @@ bench_lockup_check() {
     # One retry, only when the benchmark guest died while booting (before any measurement): under nested KVM on
     # TCG-emulated SVM it was once reset without printing a word (docs/image.md, "When a benchmark guest dies").
     # The retry is announced here and attempt 1's output (with the guest's console and QEMU log) is kept.
-    if [ "$status" -ne 0 ] && grep -q "stopped while booting" <<<"$output"; then
+    if [ "$status" -ne 0 ] && grep -qE "^==> run (failed|aborted): .*stopped while booting" <<<"$output"; then
         mv "$BENCH_LOGS/run.txt" "$BENCH_LOGS/run-attempt1.txt"
         echo "# RETRY: the nested benchmark guest stopped while booting; attempt 1 in $BENCH_LOGS/run-attempt1.txt:" >&3
         grep -A 40 '==> run aborted' "$BENCH_LOGS/run-attempt1.txt" | sed -n '/^$/q;s/^/#   /p' >&3

@@ -84,6 +84,18 @@ def test_show_text_json_raw(db, capsys):
     assert "KVM (TCG, emulated); local disk; virtio-blk, phy" in out
     assert "50.0%" in out and compare.EMULATED_NOTE in out
     assert "--- raw" not in out
+    assert "guest boot" not in out  # a run without the launch time (older runs) shows no line
+
+    # the guest's launch-to-agent time, and a lost first boot said in words
+    with ResultStore(path) as store:
+        for rid, extra in ((default, {"launch_to_agent_s": 1.4}),
+                           (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2})):
+            store.update_run(rid, provenance={**store.get_run(rid).provenance, **extra})
+    code, out, _ = run_cli(["results", "--db", str(path), "show", str(virtio)], capsys)
+    assert "guest boot   95 s to its agent (launch 2: the guest's first boot was lost and it was launched again)" \
+        in out, out
+    code, out, _ = run_cli(["results", "--db", str(path), "show", str(default)], capsys)
+    assert "guest boot   1 s to its agent\n" in out, out
 
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--raw"], capsys)
     assert "--- raw: guest seq-write-64k MB/s" in out and "fio-3.33" in out

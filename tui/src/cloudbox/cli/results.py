@@ -182,6 +182,11 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
     for key in ("host_kernel", "guest_kernel"):
         if p.get(key):
             lines.append(f"  {key.replace('_', ' '):<12} {p[key]}")
+    if p.get("launch_to_agent_s") is not None:
+        attempts = int(p.get("boot_attempts") or 1)
+        lines.append(f"  guest boot   {p['launch_to_agent_s']:.0f} s to its agent"
+                     + (f" (launch {attempts}: the guest's first boot was lost and it was launched again)"
+                        if attempts > 1 else ""))
     if versions:
         lines.append("  versions     " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))
     print("\n".join(lines), file=out)
