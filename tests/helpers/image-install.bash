@@ -148,6 +148,33 @@ install_exists() {
     ! grep -q 'File not found' <<<"$out"
 }
 
+# install_assert_frontend DISK PRIVATE_MAC LOGS: what an unattended front-end install (hostname fe1, root password
+# hash in LOGS/root-hash, key LOGS/id_ed25519.pub) wrote on DISK, read on the host (read-only) before its first
+# boot: node.toml, the private NIC's unit, hostname, key, password, a first boot still to come, the live session's
+# SSH host keys left behind, the install journal complete. install.bats and cluster.bats call it (bats-assert).
+install_assert_frontend() {
+    local disk=$1 mac=$2 logs=$3
+    run -0 install_cat "$disk" /etc/cloudbox/node.toml
+    assert_line 'role = "front-end"'
+    assert_line 'hostname = "fe1"'
+    assert_line "private_mac = \"$mac\""
+    assert_line 'private_mtu = 9000'
+    run -0 install_cat "$disk" /etc/systemd/network/10-cloudbox-private.network
+    assert_line 'MTUBytes=9000'
+    assert_line "MACAddress=$mac"
+    run -0 install_cat "$disk" /etc/hostname
+    assert_output fe1
+    run -0 install_cat "$disk" /root/.ssh/authorized_keys
+    assert_output "$(cat "$logs/id_ed25519.pub")"
+    run -0 install_cat "$disk" /etc/shadow
+    assert_line --regexp "^root:$(sed 's/[$./]/\\&/g' "$logs/root-hash"):"
+    run -0 install_cat "$disk" /etc/machine-id
+    assert_output uninitialized  # first boot on the node
+    run ! install_exists "$disk" /etc/ssh/ssh_host_ed25519_key
+    run -0 install_cat "$disk" /var/lib/cloudbox/install/journal.jsonl
+    assert_line --partial '"event": "complete"'
+}
+
 # install_boot_regions_sha STICK: one sha256 over what an installer could wrongly write on the stick: the first
 # and last MiB (protective MBR with grub's boot code, both GPT copies), the BIOS boot partition (grub's core
 # image) byte for byte, and every file of the ESP (boot loaders, entries, kernels, grub.cfg) with its content.

@@ -106,27 +106,7 @@ data_untouched() {
     run -0 grep -a 'cloudbox: installed front-end fe1 on /dev/vd' "$LOGS/fe-live.serial.log"
     run -0 grep -a '\[1/7 partition\].*copying the root file system' "$LOGS/fe-live.serial.log"
     data_untouched
-    # What the node got, read from its disk on the host (read-only):
-    run -0 install_cat "$LOGS/fe.raw" /etc/cloudbox/node.toml
-    assert_line 'role = "front-end"'
-    assert_line 'hostname = "fe1"'
-    assert_line "private_mac = \"$INSTALL_PRIVATE_MAC\""
-    assert_line 'private_mtu = 9000'
-    run -0 install_cat "$LOGS/fe.raw" /etc/systemd/network/10-cloudbox-private.network
-    assert_line 'MTUBytes=9000'
-    assert_line "MACAddress=$INSTALL_PRIVATE_MAC"
-    run -0 install_cat "$LOGS/fe.raw" /etc/hostname
-    assert_output fe1
-    run -0 install_cat "$LOGS/fe.raw" /root/.ssh/authorized_keys
-    assert_output "$(cat "$LOGS/id_ed25519.pub")"
-    run -0 install_cat "$LOGS/fe.raw" /etc/shadow
-    assert_line --regexp "^root:$(sed 's/[$./]/\\&/g' "$LOGS/root-hash"):"
-    run -0 install_cat "$LOGS/fe.raw" /etc/machine-id
-    assert_output uninitialized  # first boot on the node
-    # The live session's identities stay behind: the node makes its own SSH host keys at first boot.
-    run ! install_exists "$LOGS/fe.raw" /etc/ssh/ssh_host_ed25519_key
-    run -0 install_cat "$LOGS/fe.raw" /var/lib/cloudbox/install/journal.jsonl
-    assert_line --partial '"event": "complete"'
+    install_assert_frontend "$LOGS/fe.raw" "$INSTALL_PRIVATE_MAC" "$LOGS"
     touch "$LOGS/fe.ok"
 }
 
