@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Debian's interpreter, not whatever python3 is first on PATH: libvirt-python is built against Debian's libvirt.
 SYSPY := /usr/bin/python3
 
-.PHONY: run test test-fast deps deps-test venv guest-image lint bench clean
+.PHONY: run test test-fast test-full deps deps-test venv guest-image lint bench clean
 
 run: need-root-run deps venv guest-image
 	@scripts/cloudbox-run
@@ -15,6 +15,11 @@ run: need-root-run deps venv guest-image
 # that boot it; an incremental build when it exists.
 test: need-root-test deps-test venv guest-image image
 	@scripts/run-tests
+
+# Everything in `make test` plus the opt-in tiers: pytest -m full (each feature's full matrix) and the bats tags
+# xen-full, install-full and bench (docs/benchmarks.md says what each holds and costs).
+test-full: need-root-test deps-test venv guest-image image
+	@CLOUDBOX_TEST_FULL=1 scripts/run-tests
 
 # Quick iteration: everything except the suites that boot real guests or images.
 test-fast: deps-test venv guest-image
