@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -201,3 +202,48 @@ def test_watch_follows_detached_run(state, libvirt_conn):
     t.join(610)
     assert out and "run completed" in out[0], out
     assert "seq-write-64k" in out[0]
+
+
+@pytest.mark.full
+def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes(state, libvirt_conn):
+    """A real network run whose guest's frames are dropped by this host for good once its first test starts
+    (an iptables rule on the guest NIC's MAC): the hang is found, the re-plug steps fail, the guest is launched
+    afresh (a new MAC, so the rule no longer matches) and every test measures; provenance, log and raw say so."""
+    import shutil
+
+    from cloudbox.core import network
+    from cloudbox.core.guest import list_guests
+
+    if shutil.which("iptables") is None:
+        pytest.skip("iptables is not installed (make test installs it)")
+    spec = runner.RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-maerts,tcp-rr", net_seconds=3)
+    rules: list[list[str]] = []
+
+    def on_event(kind: str, payload: dict) -> None:
+        if kind == "step" and payload.get("text", "").startswith("guest: tcp-maerts") and not rules:
+            (g,) = list_guests(libvirt_conn)
+            mac = re.search(r"<mac address='([0-9a-f:]+)'", libvirt_conn.lookupByName(g.name).XMLDesc(0)).group(1)
+            rules.append(["INPUT", "-i", network.BRIDGE, "-m", "mac", "--mac-source", mac, "-j", "DROP"])
+            subprocess.run(["iptables", "-I", *rules[0]], check=True)
+
+    try:
+        with ResultStore() as store:
+            rid = runner.Executor(spec, store, emit=on_event).execute()
+        with ResultStore() as store:
+            run = store.get_run(rid)
+            texts = [e.payload.get("text", "") for e in store.events_since(rid, 0)]
+    finally:
+        for r in rules:
+            subprocess.run(["iptables", "-D", *r], check=False)
+    assert rules, "the run never reached its first guest network test"
+    assert run.state == "completed", run.reason
+    (stall,) = run.provenance["nic_stalls"]
+    assert stall["test"] == "tcp-maerts" and stall["remedy"] == "relaunch", stall
+    assert any(t.startswith("guest: its network stopped and re-plugging the NIC did not help") and
+               t.endswith("relaunching the guest (relaunch 1 of 1)") for t in texts), texts
+    assert any(t.startswith("guest network: the path to 169.254.100.1 is dead; frames stop at ") for t in texts)
+    for test, metric in (("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s")):
+        m = run.measurement("guest", test, metric)
+        assert m is not None and m.value > 0, test
+        assert "# cloudbox: measured on a guest relaunched after its network stopped" in m.raw, m.raw
+    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}

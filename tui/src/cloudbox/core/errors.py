@@ -89,11 +89,24 @@ class GuestError(CloudboxError):
 
 
 class GuestTimeout(GuestError):
-    """A program in the guest did not finish in its time and was killed."""
+    """A program in the guest did not finish in its time (or was given up on: `why`) and was killed."""
+
+    def __init__(self, message: str, why: str | None = None):
+        super().__init__(message)
+        self.why = why
 
 
 class GuestUnreachable(GuestError):
     """The guest stopped (crashed, powered off, killed) or its agent stopped answering."""
+
+
+class NicStalled(GuestError):
+    """The guest's network path stopped carrying frames and re-plugging its NIC did not bring it back. `hop` says
+    where the frames stop (network.PathProbe.hop); the message carries the counters that show it."""
+
+    def __init__(self, message: str, hop: str):
+        super().__init__(message)
+        self.hop = hop
 
 
 class RunBusy(CloudboxError):

@@ -167,9 +167,11 @@ class Guest:
 
     def run(self, argv: list[str], *, timeout: float = 120.0, check: bool = False,
             poll: Callable[[], None] | None = None, interval: float = 0.2,
-            on_timeout: Callable[[], None] | None = None) -> ExecResult:
-        """Run argv in the guest to completion. `poll` is called while waiting (progress hooks). Past `timeout`
-        the program is killed (after `on_timeout`, which can look at it still running) and GuestTimeout raised."""
+            on_timeout: Callable[[], None] | None = None,
+            give_up: Callable[[], str | None] | None = None) -> ExecResult:
+        """Run argv in the guest to completion. `poll` is called while waiting (progress hooks). Past `timeout`,
+        or as soon as `give_up` returns a reason, the program is killed (after `on_timeout`, which can look at it
+        still running) and GuestTimeout raised."""
         try:
             pid = self.spawn(argv)
         except GuestError as e:
@@ -181,11 +183,13 @@ class Guest:
             st = self.status(pid)
             if st is not None:
                 break
-            if time.monotonic() > deadline:
+            why = give_up() if give_up else None
+            if why or time.monotonic() > deadline:
                 if on_timeout:
                     on_timeout()
                 self.run(["/bin/kill", "-9", str(pid)], timeout=10)
-                raise GuestTimeout(f"in guest: {' '.join(argv)} did not finish within {timeout:.0f} s (killed)")
+                raise GuestTimeout(f"in guest: {' '.join(argv)} "
+                                   f"{why or f'did not finish within {timeout:.0f} s'} (killed)", why)
             if poll:
                 poll()
             time.sleep(interval)

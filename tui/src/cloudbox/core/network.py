@@ -18,10 +18,13 @@ import shutil
 import socket
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .errors import Aborted, CloudboxError, GuestError, GuestTimeout, PermissionProblem
+from .errors import Aborted, CloudboxError, GuestError, GuestTimeout, NicStalled, PermissionProblem
 
 BRIDGE = "cbbr0"
 HOST_IP = "169.254.100.1"
@@ -30,6 +33,9 @@ NS = "cbns0"
 VETH_HOST, VETH_NS = "cbveth0", "cbveth1"
 NS_HOST_IP, NS_IP = "169.254.101.1", "169.254.101.2"
 PREFIX = 24
+
+if TYPE_CHECKING:
+    from .guest import Guest
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class NetResult:
     lat_us: float | None
     raw: str
     hung: int = 0  # attempts before this one that hung and were killed (see _retrying)
+    notes: list[str] = field(default_factory=list)  # what was seen and done between attempts, for the raw output
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -356,30 +363,67 @@ def hang_limit(seconds: int) -> float:
 
 
 class _Hung(Exception):
-    """One attempt did not finish within its limit and was killed; the text says what was seen at the time."""
+    """One attempt did not finish within its limit (or its NIC went quiet) and was killed; the text says what was
+    seen at the time, `why` what gave it up."""
+
+    def __init__(self, seen: str, why: str):
+        super().__init__(seen)
+        self.why = why
+
+
+# A guest test during which no frame reaches the guest's NIC for this long has stalled: every test kind has frames
+# flowing to the guest the whole time (data, ACKs, answers), so it is given up at once, not at the time limit.
+QUIET_S = 15.0
+
+
+class _Quiet:
+    """Seconds since the packet counter of the host's tap toward the guest last moved."""
+
+    def __init__(self, tap: str):
+        self.tap = tap
+        self.last = self._read()
+        self.since = time.monotonic()
+
+    def _read(self) -> int | None:
+        st = link_stats(self.tap)
+        return st["tx_packets"] if st else None
+
+    def seconds(self) -> float:
+        now = self._read()
+        if now != self.last:
+            self.last, self.since = now, time.monotonic()
+        return time.monotonic() - self.since
 
 
 def _retrying(where: str, t: NetTest, target: str, port: int, limit: float, attempts: int,
-              log: Callable[[str], None], once: Callable[[], str]) -> NetResult:
-    """Run `once` (one attempt, its output) up to `attempts` times while it hangs. A test tool can hang for good
-    (seen once in CI: netperf TCP_MAERTS in a TCG guest never ended, where a dozen repeats of the same run did
-    not hang); a hang is logged with the sockets it held, then the test runs again. The result says how many
-    attempts hung (NetResult.hung); hanging every time is an error naming the tool, the test and the server."""
+              log: Callable[[str], None], once: Callable[[], str],
+              after_hang: Callable[[], str] = lambda: "") -> NetResult:
+    """Run `once` (one attempt, its output) up to `attempts` times while it hangs. A hang is logged with the
+    sockets it held; `after_hang` then checks the path (and may bring it back, or raise NicStalled) and says what
+    it found, and the test runs again. The result says how many attempts hung (NetResult.hung) and what was found
+    (NetResult.notes); hanging every time is an error naming the tool, the test and the server."""
     seen: list[str] = []
+    whys: list[str] = []
+    notes: list[str] = []
     for attempt in range(1, attempts + 1):
         try:
             out = once()
         except _Hung as e:
             seen.append(str(e))
-            log(f"{where}: {t.tool} ({t.id}) to {target} port {port} hung: no end after {limit:.0f} s, killed "
+            whys.append(e.why)
+            log(f"{where}: {t.tool} ({t.id}) to {target} port {port} hung: {e.why}, killed "
                 f"(attempt {attempt} of {attempts}){'; running it again' if attempt < attempts else ''}. "
                 f"Sockets then: {e}")
+            note = after_hang()
+            if note:
+                notes.append(f"attempt {attempt} hung: {note}")
             continue
         res = parse(t, out)
         res.hung = len(seen)
+        res.notes = notes
         return res
-    raise CloudboxError(f"{where}: {t.tool} ({t.id}) to {target} port {port} hung {attempts} times (killed after "
-                        f"{limit:.0f} s each): is the server there still answering? Sockets at the last hang: "
+    raise CloudboxError(f"{where}: {t.tool} ({t.id}) to {target} port {port} hung {attempts} times ({whys[-1]}, "
+                        f"killed): is the server there still answering? Sockets at the last hang: "
                         f"{seen[-1] if seen else '-'}")
 
 
@@ -392,9 +436,14 @@ def _progress_of(seconds: int, progress: Callable[[dict], None]) -> Callable[[fl
 
 def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[[dict], None],
                  cancelled: Callable[[], bool], target: str = HOST_IP, *, hang_s: float | None = None,
-                 attempts: int = ATTEMPTS, log: Callable[[str], None] = lambda _: None) -> NetResult:
+                 attempts: int = ATTEMPTS, log: Callable[[str], None] = lambda _: None,
+                 link: GuestLink | None = None, quiet_s: float = QUIET_S) -> NetResult:
     """The test from the guest to `target`, through the guest agent; a hang (no end after `hang_s`, by default
-    hang_limit(seconds)) is killed in the guest and the test run again (see _retrying)."""
+    hang_limit(seconds)) is killed in the guest, and the test runs again. With `link` (the guest's NIC and its
+    path), a test during which nothing reaches the guest's NIC for `quiet_s` counts as hung at once, and a hang
+    first has the path probed hop by hop; a dead path is brought back (GuestLink.replug) before the
+    next attempt, or the test fails at once with NicStalled naming the hop where frames stop: repeating the tool
+    on a dead path cannot help."""
     args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, target, port, seconds)
     limit = hang_s if hang_s is not None else hang_limit(seconds)
     report = _progress_of(seconds, progress)
@@ -416,15 +465,26 @@ def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[
             except GuestError as e:
                 seen[0] = f"not readable ({e})"
 
+        quiet = _Quiet(link.tap) if link is not None and link.tap else None
+
+        def give_up() -> str | None:
+            q = quiet.seconds() if quiet else 0.0
+            return f"no frame reached the guest's NIC for {q:.0f} s" if q >= quiet_s else None
+
         try:
-            r = guest.run(args, timeout=limit, poll=poll, interval=1.0, on_timeout=look)
+            r = guest.run(args, timeout=limit, poll=poll, interval=1.0, on_timeout=look, give_up=give_up)
         except GuestTimeout as e:
-            raise _Hung(f"in the guest: {seen[0]}") from e
+            raise _Hung(f"in the guest: {seen[0]}", e.why or f"no end after {limit:.0f} s") from e
         if r.exitcode != 0:
             raise GuestError(f"{t.tool} ({t.id}) in the guest exited {r.exitcode}: {(r.stderr or r.stdout)[-300:]}")
         return r.stdout
 
-    return _retrying("guest", t, target, port, limit, attempts, log, once)
+    def after_hang() -> str:
+        if link is None:
+            return ""
+        return link.after_hang(f"{t.tool} ({t.id}) to {target} port {port}", log)
+
+    return _retrying("guest", t, target, port, limit, attempts, log, once, after_hang)
 
 
 def run_baseline(t: NetTest, port: int, seconds: int, progress: Callable[[dict], None],
@@ -448,7 +508,8 @@ def run_baseline(t: NetTest, port: int, seconds: int, progress: Callable[[dict],
                 if time.monotonic() - start > limit:
                     ss = subprocess.run([*prefix, "ss", "-tn", "dst", target], capture_output=True, text=True)
                     seen = " | ".join(" ".join(ln.split()) for ln in ss.stdout.strip().splitlines()[1:]) or "none"
-                    raise _Hung(f"on {'namespace ' + netns if netns else 'this host'}: {seen}")
+                    raise _Hung(f"on {'namespace ' + netns if netns else 'this host'}: {seen}",
+                                f"no end after {limit:.0f} s")
                 report(start)
                 time.sleep(0.5)
             out, err = proc.communicate()
@@ -461,3 +522,216 @@ def run_baseline(t: NetTest, port: int, seconds: int, progress: Callable[[dict],
         return out
 
     return _retrying("bare metal", t, target, port, limit, attempts, log, once)
+
+
+# ---- a stopped path: where frames stop, and what brings them back ---------------------------------------------
+
+_STATS = ("tx_packets", "rx_packets", "tx_dropped", "rx_dropped")
+_PORT_STATES = {0: "disabled", 1: "listening", 2: "learning", 3: "forwarding", 4: "blocking"}
+PROBE_PINGS = 3
+
+
+def link_stats(link: str) -> dict[str, int] | None:
+    """A host link's packet counters (None when it is gone)."""
+    try:
+        return {k: int(Path(f"/sys/class/net/{link}/statistics/{k}").read_text()) for k in _STATS}
+    except (OSError, ValueError):
+        return None
+
+
+def tap_of(domain_xml: str) -> str | None:
+    """The host's tap device of a guest's NIC: libvirt's <interface><target dev=...> in the live domain XML."""
+    try:
+        el = ET.fromstring(domain_xml).find("devices/interface/target")
+    except ET.ParseError:
+        return None
+    return el.get("dev") if el is not None else None
+
+
+def _tap_up(tap: str) -> bool:
+    try:
+        return bool(int(Path(f"/sys/class/net/{tap}/flags").read_text(), 16) & 1)  # IFF_UP
+    except (OSError, ValueError):
+        return False
+
+
+def _port_state(tap: str) -> int | None:
+    try:
+        return int(Path(f"/sys/class/net/{tap}/brport/state").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _delta(a: dict[str, int] | None, b: dict[str, int] | None, key: str) -> int | None:
+    return b[key] - a[key] if a is not None and b is not None else None
+
+
+def _n(v: int | None) -> str:
+    return "?" if v is None else f"+{v}"
+
+
+@dataclass
+class PathProbe:
+    """PROBE_PINGS pings from the guest to the far end, with every hop's packet counters read before and after:
+    the guest's NIC, the host's tap (frames from the guest arrive there as its rx; frames to the guest leave as
+    its tx, or are dropped there when nobody reads its queue), and, when the far end is this host, the bridge
+    (its rx: frames delivered up to this host's stack; its tx: what this host sent)."""
+
+    ok: bool
+    hop: str  # "" when ok; else where the frames stop, in words
+    counters: str  # each hop's counters over the probe, in words
+    guest_log: str = ""  # the guest's last kernel messages and /proc/net/dev, when the path is dead
+
+
+@dataclass
+class GuestLink:
+    """A guest's NIC and its path to the far end of its network tests: probed hop by hop when a test hangs, and
+    brought back by re-plugging (GuestLink.replug) when no frames pass."""
+
+    guest: Guest
+    nic: str  # the NIC's name in the guest
+    target: str  # the far end (this host on the run's bridge, or the front-end beyond a back-end's bridge)
+    bridge: str
+    mtu: int
+    local: bool = True  # target is this host's own address on `bridge`
+    _tap: str | None = None
+
+    @property
+    def tap(self) -> str | None:
+        if self._tap is None:
+            self._tap = tap_of(self.guest.xml())
+        return self._tap
+
+    def _guest_stats(self) -> dict[str, int] | None:
+        try:
+            r = self.guest.sh(f"cd /sys/class/net/{self.nic}/statistics && cat {' '.join(_STATS)}",
+                              timeout=20)
+            vals = [int(v) for v in r.stdout.split()]
+        except (GuestError, ValueError):
+            return None
+        return dict(zip(_STATS, vals, strict=True)) if len(vals) == len(_STATS) else None
+
+    def probe(self) -> PathProbe:
+        tap = self.tap
+        g0, t0, b0 = self._guest_stats(), link_stats(tap) if tap else None, link_stats(self.bridge)
+        p = self.guest.run(["ping", "-n", "-c", str(PROBE_PINGS), "-W", "2", self.target],
+                           timeout=30)
+        g1, t1, b1 = self._guest_stats(), link_stats(tap) if tap else None, link_stats(self.bridge)
+        gtx, grx = _delta(g0, g1, "tx_packets"), _delta(g0, g1, "rx_packets")
+        from_guest, to_guest = _delta(t0, t1, "rx_packets"), _delta(t0, t1, "tx_packets")
+        dropped = _delta(t0, t1, "tx_dropped")
+        brx, btx = _delta(b0, b1, "rx_packets"), _delta(b0, b1, "tx_packets")
+        counters = (f"guest {self.nic}: sent {_n(gtx)}, received {_n(grx)}; host tap {tap or '?'}: from the guest "
+                    f"{_n(from_guest)}, to the guest {_n(to_guest)}, dropped {_n(dropped)}")
+        if self.local:
+            counters += f"; bridge {self.bridge}: up to this host {_n(brx)}, from this host {_n(btx)}"
+        if p.exitcode == 0:
+            return PathProbe(True, "", counters)
+        hop = self._where(tap, gtx, grx, from_guest, to_guest, dropped, brx, btx)
+        try:
+            glog = self.guest.sh("dmesg | tail -n 6; cat /proc/net/dev", timeout=20).stdout.strip()
+        except GuestError as e:
+            glog = f"(not readable: {e})"
+        return PathProbe(False, hop, counters, glog)
+
+    def _where(self, tap, gtx, grx, from_guest, to_guest, dropped, brx, btx) -> str:
+        # A hop passes when at least as many frames crossed it as pings were sent; fewer are stray ARP or ND.
+        def low(v: int | None) -> bool:
+            return v is not None and v < PROBE_PINGS
+
+        nic, br = self.nic, self.bridge
+        if tap and not _tap_up(tap):
+            return f"the host's tap {tap}: it is down"
+        state = _port_state(tap) if tap else None
+        if state is not None and state != 3:
+            return f"the bridge {br}: its port {tap} is not forwarding (state {_PORT_STATES.get(state, state)})"
+        if low(gtx):
+            return f"the guest's NIC {nic}: it sent {gtx} frames for {PROBE_PINGS} pings (its transmit queue is stuck)"
+        if low(from_guest):
+            return (f"QEMU's NIC, guest -> host: the guest's {nic} sent {gtx} frames, the host's tap {tap} received "
+                    f"{from_guest}")
+        if self.local and low(brx):
+            return f"the bridge {br}: tap {tap} received {from_guest} frames from the guest, {brx} reached this host"
+        if self.local and low(btx):
+            return (f"this host: {brx} frames reached it over bridge {br}, it sent {btx} back (a firewall rule, or "
+                    "the address is gone)")
+        if low(to_guest) and not dropped:
+            return (f"the way back to the guest: {to_guest} frames were sent to tap {tap}"
+                    + ("" if self.local else f" (does {self.target} answer on the private network?)"))
+        if low(grx):
+            return (f"QEMU's NIC, host -> guest: the host put {to_guest} frames on tap {tap}"
+                    + (f" and dropped {dropped} more there (nobody read its queue)" if dropped else "")
+                    + f", the guest's {nic} received {grx}")
+        return "no single hop: frames moved both ways, yet no ping was answered"
+
+    def path_ok(self, tries: int = 5) -> bool:
+        try:
+            guest_path(self.guest, self.target, self.mtu, tries=tries)
+        except CloudboxError:
+            return False
+        return True
+
+    def _cable(self) -> None:
+        """Unplug the NIC's virtual cable and plug it again (libvirt's link state, QEMU's set_link)."""
+        import libvirt
+
+        dom = self.guest.dom
+        iface = ET.fromstring(dom.XMLDesc(0)).find("devices/interface")
+        if iface is None:
+            raise CloudboxError("the guest has no NIC in its domain XML")
+        link = iface.find("link")
+        if link is None:
+            link = ET.SubElement(iface, "link")
+        try:
+            for state in ("down", "up"):
+                link.set("state", state)
+                dom.updateDeviceFlags(ET.tostring(iface, encoding="unicode"), libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                time.sleep(1)
+        except libvirt.libvirtError as e:
+            raise CloudboxError(f"libvirt could not change the NIC's link state: {e}") from e
+
+    def replug(self, log: Callable[[str], None]) -> str | None:
+        """Try, in order, what brings a stopped path back, each checked with a full-size ping: on the host, a tap
+        that is down set up, a bridge port that does not forward set to forwarding; in the guest, the NIC taken down
+        and up (its driver refills and re-arms its queues); the NIC's virtual cable unplugged and plugged again
+        through libvirt (QEMU flushes the NIC's queues). Returns what brought the path back, None if nothing did."""
+        tap, nic = self.tap, self.nic
+        steps: list[tuple[str, Callable[[], object]]] = []
+        if tap and not _tap_up(tap):
+            steps.append((f"the host's tap {tap} set up again", lambda: _ip("link", "set", "dev", str(tap), "up")))
+        state = _port_state(tap) if tap else None
+        if state is not None and state != 3:
+            steps.append((f"bridge port {tap} set to forwarding",
+                          lambda: subprocess.run(["bridge", "link", "set", "dev", str(tap), "state", "3"],
+                                                 check=True, capture_output=True)))
+        steps.append((f"the guest's {nic} taken down and up",
+                      lambda: self.guest.sh(f"ip link set dev {nic} down && ip link set dev {nic} up",
+                                            timeout=30, check=True)))
+        steps.append(("the NIC's virtual cable unplugged and plugged again (libvirt link state)", self._cable))
+        for what, act in steps:
+            try:
+                act()
+            except (CloudboxError, OSError, subprocess.CalledProcessError) as e:
+                log(f"guest network: {what}: failed ({e})")
+                continue
+            if self.path_ok():
+                return what
+            log(f"guest network: {what}: the path is still dead")
+        return None
+
+    def after_hang(self, what: str, log: Callable[[str], None]) -> str:
+        """After `what` hung: probe the path; a dead one is logged with its counters and the guest's kernel
+        messages, then re-plugged. Returns a note for the measurement's raw output; raises NicStalled when the
+        path stays dead."""
+        pr = self.probe()
+        if pr.ok:
+            return f"the path to {self.target} still answered pings ({pr.counters}): the tool or its server hung"
+        log(f"guest network: the path to {self.target} is dead; frames stop at {pr.hop}. Counters over "
+            f"{PROBE_PINGS} pings: {pr.counters}. The guest's kernel messages and /proc/net/dev:\n{pr.guest_log}")
+        fixed = self.replug(log)
+        if fixed is None:
+            raise NicStalled(f"guest: {what} hung and the guest's network stopped: frames stop at {pr.hop} "
+                             f"({pr.counters}); re-plugging the NIC did not bring it back", pr.hop)
+        log(f"guest network: {fixed}: the path to {self.target} answers again")
+        return (f"the path to {self.target} was dead, frames stopped at {pr.hop} ({pr.counters}); {fixed} brought "
+                "it back")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import accel, backing, daemons, host, network, paths, storage
 from .diskstats import delta, read_counters
-from .errors import Aborted, CloudboxError, GuestUnreachable, RunBusy
+from .errors import Aborted, CloudboxError, GuestUnreachable, NicStalled, RunBusy
 from .guest import QEMU_LOG_DIR, Guest, reap_orphans
 from .guestimage import CMDLINE, GuestImage
 from .results import MEASUREMENT_COLUMNS
@@ -43,6 +43,7 @@ SUITES = ("storage", "network", "all", "guest")
 
 # Launches of one guest under emulation or nested virtualization before a silent or dead boot fails the run.
 BOOT_ATTEMPTS = 2
+NIC_RELAUNCHES = 1  # a guest whose network stopped for good is launched afresh this often per run
 
 
 @dataclass
@@ -492,47 +493,87 @@ class Executor:
                 self._storage_test("guest", t, run_guest, sampler, labels, gr.drop_caches)
 
         if want_net and hostnet is not None:
-            mtu = profile.network.mtu
+            self._net_tests(profile, guest, hostnet, net_tests, net_seconds, labels, prov,
+                            relaunch=lambda: self._launch(conn, xml, console_log, acc, stack)[0])
+
+    def _net_tests(self, profile, guest: Guest, hostnet: network.HostNetwork, net_tests: list[network.NetTest],
+                   net_seconds: int, labels: list[str], prov: dict, relaunch: Callable[[], Guest]) -> None:
+        """The network tests, guest and bare metal side by side. A guest test whose path stops for good
+        (NicStalled: re-plugging the NIC did not bring it back) has the guest relaunched once and runs again."""
+        spec, peer = self.spec, self.spec.peer
+        mtu = profile.network.mtu
+
+        def configure(g: Guest) -> network.GuestLink:
             self.step("guest: configuring the NIC and checking the MTU end to end")
-            nic, guest_ip = network.configure_guest(guest, mtu, host_ip=hostnet.host_ip, dhcp=bool(peer))
+            nic, guest_ip = network.configure_guest(g, mtu, host_ip=hostnet.host_ip, dhcp=bool(peer))
             self.log(f"MTU {mtu} verified end to end (guest {nic} {guest_ip} -> bridge {hostnet.bridge} "
                      f"{hostnet.host_ip})")
             if peer:
-                network.guest_path(guest, peer, mtu)
+                network.guest_path(g, peer, mtu)
                 self.log(f"MTU {mtu} verified end to end (guest {guest_ip} -> the front-end {peer})")
                 prov["network"].update(host_ip=hostnet.host_ip, guest_ip=guest_ip, mtu=mtu)
                 self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
-            ports = {"netperf": 0, "iperf3": 0}
-            bports = {"netperf": 0, "iperf3": 0}
-            peer_ports = {"netperf": spec.peer_netperf_port, "iperf3": spec.peer_iperf3_port}
-            plain = host_labels(labels)
-            bare_labels = [*plain, "veth-netns"]
-            for nt in net_tests:
-                if not guest.has(nt.tool):
-                    raise CloudboxError(f"{nt.tool} is not installed in the guest; rebuild it with 'make guest-image'")
-                if not ports[nt.tool]:
-                    start = hostnet.start_netserver if nt.tool == "netperf" else hostnet.start_iperf3
-                    ports[nt.tool] = start(hostnet.host_ip)
-                    bports[nt.tool] = start(network.NS_HOST_IP)
-                self._net_test("guest", nt, functools.partial(
-                    network.run_in_guest, guest, nt, ports[nt.tool], net_seconds,
-                    self._progress("guest", nt.id), self.cancelled, target=hostnet.host_ip, log=self.log), labels)
-                self._net_test("baseline", nt, functools.partial(
-                    network.run_baseline, nt, bports[nt.tool], net_seconds,
-                    self._progress("baseline", nt.id), self.cancelled, log=self.log), bare_labels)
-                if not peer:
-                    continue
-                if not peer_ports[nt.tool]:
-                    raise CloudboxError(f"the front-end {peer} opened no {nt.tool} server for this run "
-                                        "(peer_netperf_port / peer_iperf3_port)")
-                fe = network.frontend_test(nt)
-                self._net_test("guest", fe, functools.partial(
-                    network.run_in_guest, guest, fe, peer_ports[nt.tool], net_seconds,
-                    self._progress("guest", fe.id), self.cancelled, target=peer, log=self.log), labels)
-                self._net_test("baseline", fe, functools.partial(
-                    network.run_baseline, fe, peer_ports[nt.tool], net_seconds,
-                    self._progress("baseline", fe.id), self.cancelled, target=peer, netns=None, log=self.log),
-                    [*plain, "private-network"])
+            return network.GuestLink(g, nic, hostnet.host_ip, hostnet.bridge, mtu)
+
+        links = {"": configure(guest)}
+        relaunches = 0
+
+        def in_guest(t: network.NetTest, port: int, target: str) -> None:
+            nonlocal relaunches
+            while True:
+                link = links[""]
+                if target != link.target:
+                    link = network.GuestLink(link.guest, link.nic, target, link.bridge, mtu, local=False)
+                run = functools.partial(network.run_in_guest, link.guest, t, port, net_seconds,
+                                        self._progress("guest", t.id), self.cancelled, target=target, log=self.log,
+                                        link=link)
+                try:
+                    self._net_test("guest", t, run, labels, note="measured on a guest relaunched after its network "
+                                   "stopped" if relaunches else "")
+                    return
+                except NicStalled as e:
+                    if relaunches >= NIC_RELAUNCHES or self.cancelled():
+                        raise
+                    relaunches += 1
+                    prov.setdefault("nic_stalls", []).append({"test": t.id, "hop": e.hop, "remedy": "relaunch"})
+                    self.step(f"guest: its network stopped and re-plugging the NIC did not help ({e.hop}): "
+                              f"relaunching the guest (relaunch {relaunches} of {NIC_RELAUNCHES})")
+                    with self._atomic():
+                        link.guest.destroy()
+                    if link.guest.console_log is not None:  # keep the stalled guest's console beside the new one
+                        with contextlib.suppress(OSError):
+                            link.guest.console_log.replace(link.guest.console_log.with_name(
+                                f"console-stall{relaunches}.log"))
+                    links[""] = configure(relaunch())
+                    self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+
+        ports = {"netperf": 0, "iperf3": 0}
+        bports = {"netperf": 0, "iperf3": 0}
+        peer_ports = {"netperf": spec.peer_netperf_port, "iperf3": spec.peer_iperf3_port}
+        plain = host_labels(labels)
+        bare_labels = [*plain, "veth-netns"]
+        for nt in net_tests:
+            if not links[""].guest.has(nt.tool):
+                raise CloudboxError(f"{nt.tool} is not installed in the guest; rebuild it with 'make guest-image'")
+            if not ports[nt.tool]:
+                start = hostnet.start_netserver if nt.tool == "netperf" else hostnet.start_iperf3
+                ports[nt.tool] = start(hostnet.host_ip)
+                bports[nt.tool] = start(network.NS_HOST_IP)
+            in_guest(nt, ports[nt.tool], hostnet.host_ip)
+            self._net_test("baseline", nt, functools.partial(
+                network.run_baseline, nt, bports[nt.tool], net_seconds,
+                self._progress("baseline", nt.id), self.cancelled, log=self.log), bare_labels)
+            if not peer:
+                continue
+            if not peer_ports[nt.tool]:
+                raise CloudboxError(f"the front-end {peer} opened no {nt.tool} server for this run "
+                                    "(peer_netperf_port / peer_iperf3_port)")
+            fe = network.frontend_test(nt)
+            in_guest(fe, peer_ports[nt.tool], peer)
+            self._net_test("baseline", fe, functools.partial(
+                network.run_baseline, fe, peer_ports[nt.tool], net_seconds,
+                self._progress("baseline", fe.id), self.cancelled, target=peer, netns=None, log=self.log),
+                [*plain, "private-network"])
 
     def _check_private_network(self, peer: str) -> str:
         """The private bridge of this back-end, after proving that full-size frames reach the front-end `peer`."""
@@ -742,7 +783,7 @@ class Executor:
                                    "labels": tl})
 
     def _net_test(self, side: str, t: network.NetTest, run: Callable[[], network.NetResult],
-                  labels: list[str]) -> None:
+                  labels: list[str], note: str = "") -> None:
         if self._cancel:
             raise Aborted("cancelled")
         self.step(f"{side}: {t.id} ({t.direction})", side=side, test=t.id)
@@ -754,6 +795,8 @@ class Executor:
         raw = res.raw
         if res.hung:  # the run's log says what was seen; the measurement keeps that it is a retry
             raw += f"\n# cloudbox: measured on attempt {res.hung + 1}; {res.hung} before it hung and was killed\n"
+        for n in [*res.notes, *([note] if note else [])]:
+            raw += f"# cloudbox: {n}\n"
         self.store.add_measurement(self.run_id, metric=res.metric, value=res.value, raw=raw, **common)  # type: ignore[attr-defined]
         if res.lat_us is not None and t.kind == "TCP_RR":
             self.store.add_measurement(self.run_id, metric="lat_us", value=res.lat_us, raw="", **common)  # type: ignore[attr-defined]
