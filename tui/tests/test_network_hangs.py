@@ -100,65 +100,80 @@ def test_a_retried_measurement_says_so_in_its_raw_output(state):
     assert raw.startswith("800,Trans/s,1250\n") and "measured on attempt 2; 1 before it hung and was killed" in raw
 
 
-@contextlib.contextmanager
-def _guest_session(libvirt_conn):
-    """A real guest session (a run of suite "guest": the profile's guest on bridge cbbr0, its NIC configured);
-    yields the Guest and cancels the session at the end."""
+@pytest.fixture(scope="module")
+def session_guest(libvirt_conn):
+    """One real guest session for this module's guest tests (a run of suite "guest": the profile's guest on bridge
+    cbbr0, its NIC configured), in a state dir of its own; cancelled at the end, nothing left behind. Each test
+    leaves the path as it found it."""
+    import tempfile
+
     from cloudbox.core.guest import Guest, list_guests
 
-    with ResultStore() as store:
-        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
-        try:
-            deadline = time.monotonic() + 300
-            while not any("running; stop it" in (e.payload.get("text") or "") for e in store.events_since(rid)):
-                assert store.get_run(rid).state == "running", store.get_run(rid).reason
-                assert time.monotonic() < deadline, "the guest session did not come up in 300 s"
-                time.sleep(1)
-            (info,) = [g for g in list_guests(libvirt_conn) if g.run_uuid == store.get_run(rid).uuid]
-            yield Guest(libvirt_conn, libvirt_conn.lookupByName(info.name))
-        finally:
-            assert runner.cancel(store, rid, timeout=120) == "completed"
-    assert not list_guests(libvirt_conn)
+    base = tempfile.mkdtemp(prefix="cloudbox-test-", dir="/var/tmp")
+    os.chmod(base, 0o755)
+    saved = os.environ.get("CLOUDBOX_STATE_DIR")
+    os.environ["CLOUDBOX_STATE_DIR"] = os.path.join(base, "state")
+    try:
+        with ResultStore() as store:
+            rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
+            try:
+                deadline = time.monotonic() + 300
+                while not any("running; stop it" in (e.payload.get("text") or "") for e in store.events_since(rid)):
+                    assert store.get_run(rid).state == "running", store.get_run(rid).reason
+                    assert time.monotonic() < deadline, "the guest session did not come up in 300 s"
+                    time.sleep(1)
+                (info,) = [g for g in list_guests(libvirt_conn) if g.run_uuid == store.get_run(rid).uuid]
+                yield Guest(libvirt_conn, libvirt_conn.lookupByName(info.name))
+            finally:
+                assert runner.cancel(store, rid, timeout=120) == "completed"
+        assert not list_guests(libvirt_conn)
+    finally:
+        if saved is None:
+            os.environ.pop("CLOUDBOX_STATE_DIR", None)
+        else:
+            os.environ["CLOUDBOX_STATE_DIR"] = saved
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _link(guest) -> network.GuestLink:
     (nic,) = guest.sh("ls /sys/class/net | grep -vx lo", timeout=20).stdout.split()
     link = network.GuestLink(guest, nic, network.HOST_IP, network.BRIDGE, 9000)
     assert link.tap and network.link_exists(link.tap), link.tap
+    assert link.path_ok(tries=2), "the guest's path did not work at the start of the test"
     return link
 
 
 @pytest.mark.slow
 @pytest.mark.root
-def test_a_guest_test_that_hangs_is_killed_in_the_guest_and_run_again(state, libvirt_conn, stopped_netserver):
+def test_a_guest_test_that_hangs_is_killed_in_the_guest_and_run_again(session_guest, stopped_netserver):
     """From a real guest (a guest session) to a stopped netserver on the session's bridge address."""
-    with _guest_session(libvirt_conn) as guest:
-        pid, port = stopped_netserver(network.HOST_IP)
-        logs: list[str] = []
-        timer = _resume_after(pid, 22)  # the first attempt is killed at 15 s; the second one then finishes
-        try:
-            res = network.run_in_guest(guest, MAERTS, port, 2, lambda _: None, lambda: False, hang_s=15,
-                                       log=logs.append)
-        finally:
-            timer.cancel()
-        assert res.hung == 1 and res.value > 0, res
-        (line,) = logs
-        assert line.startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {port} hung: no end "
-                               "after 15 s, killed (attempt 1 of 2); running it again. Sockets then: in the "
-                               "guest: "), line
-        # busybox netstat in the guest, before the kill: the connection to the stopped server
-        assert re.search(rf"tcp \d+ \d+ \S+ {re.escape(network.HOST_IP)}:{port} ESTABLISHED", line), line
+    guest = session_guest
+    pid, port = stopped_netserver(network.HOST_IP)
+    logs: list[str] = []
+    timer = _resume_after(pid, 22)  # the first attempt is killed at 15 s; the second one then finishes
+    try:
+        res = network.run_in_guest(guest, MAERTS, port, 2, lambda _: None, lambda: False, hang_s=15,
+                                   log=logs.append)
+    finally:
+        timer.cancel()
+    assert res.hung == 1 and res.value > 0, res
+    (line,) = logs
+    assert line.startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {port} hung: no end "
+                           "after 15 s, killed (attempt 1 of 2); running it again. Sockets then: in the "
+                           "guest: "), line
+    # busybox netstat in the guest, before the kill: the connection to the stopped server
+    assert re.search(rf"tcp \d+ \d+ \S+ {re.escape(network.HOST_IP)}:{port} ESTABLISHED", line), line
 
-        # With the NIC watched: the stopped server leaves the NIC quiet, the path still answers pings.
-        _, port2 = stopped_netserver(network.HOST_IP)
-        logs.clear()
-        with pytest.raises(CloudboxError, match=rf"guest: netperf \(tcp-rr\) to {re.escape(network.HOST_IP)} "
-                                                rf"port {port2} hung 2 times \(no frame reached the guest's NIC "
-                                                r"for \d+ s, killed\)"):
-            network.run_in_guest(guest, RR, port2, 1, lambda _: None, lambda: False, hang_s=60,
-                                 log=logs.append, link=_link(guest), quiet_s=6)
-        assert len(logs) == 2, logs
-        assert guest.sh("pidof netperf", timeout=20).exitcode != 0, "a killed netperf still runs in the guest"
+    # With the NIC watched: the stopped server leaves the NIC quiet, the path still answers pings.
+    _, port2 = stopped_netserver(network.HOST_IP)
+    logs.clear()
+    with pytest.raises(CloudboxError, match=rf"guest: netperf \(tcp-rr\) to {re.escape(network.HOST_IP)} "
+                                            rf"port {port2} hung 2 times \(no frame reached the guest's NIC "
+                                            r"for \d+ s, killed\)"):
+        network.run_in_guest(guest, RR, port2, 1, lambda _: None, lambda: False, hang_s=60,
+                             log=logs.append, link=_link(guest), quiet_s=6)
+    assert len(logs) == 2, logs
+    assert guest.sh("pidof netperf", timeout=20).exitcode != 0, "a killed netperf still runs in the guest"
 
 
 @pytest.fixture
@@ -179,65 +194,65 @@ def _later(seconds: float, argv: list[str]) -> threading.Timer:
 
 @pytest.mark.slow
 @pytest.mark.root
-def test_a_stopped_path_is_found_hop_by_hop_and_brought_back(state, libvirt_conn, host_servers):
+def test_a_stopped_path_is_found_hop_by_hop_and_brought_back(session_guest, host_servers):
     """The path stopped deliberately at a hop (the host's tap of the guest's NIC set down in the middle of a
     netperf TCP_MAERTS): the NIC goes quiet, the tool is killed early, the probe names the tap, the tap is set up
     again, and the test's second attempt measures; the raw output keeps what happened."""
-    with _guest_session(libvirt_conn) as guest:
-        link = _link(guest)
-        host_netserver = host_servers.start_netserver(network.HOST_IP)
-        logs: list[str] = []
-        timer = _later(3, ["ip", "link", "set", "dev", str(link.tap), "down"])
-        try:
-            res = network.run_in_guest(guest, MAERTS, host_netserver, 8, lambda _: None, lambda: False,
-                                       log=logs.append, link=link, quiet_s=5)
-        finally:
-            timer.cancel()
-            subprocess.run(["ip", "link", "set", "dev", str(link.tap), "up"], check=False)
-        assert res.hung == 1 and res.value > 0, (res, logs)
-        assert logs[0].startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {host_netserver} hung: "
-                                  "no frame reached the guest's NIC for 5 s, killed (attempt 1 of 2)"), logs
-        assert f"frames stop at the host's tap {link.tap}: it is down" in logs[1], logs
-        assert re.search(rf"guest {link.nic}: sent \+[1-9]\d*, received \+0; host tap {link.tap}: from the guest "
-                         r"\+0", logs[1]), logs
-        assert logs[-1] == (f"guest network: the host's tap {link.tap} set up again: the path to {network.HOST_IP} "
-                            "answers again"), logs
-        (note,) = res.notes
-        assert note.startswith(f"attempt 1 hung: the path to {network.HOST_IP} was dead, frames stopped at the "
-                               f"host's tap {link.tap}: it is down (") and note.endswith(
-            f"the host's tap {link.tap} set up again brought it back"), note
+    guest = session_guest
+    link = _link(guest)
+    host_netserver = host_servers.start_netserver(network.HOST_IP)
+    logs: list[str] = []
+    timer = _later(3, ["ip", "link", "set", "dev", str(link.tap), "down"])
+    try:
+        res = network.run_in_guest(guest, MAERTS, host_netserver, 8, lambda _: None, lambda: False,
+                                   log=logs.append, link=link, quiet_s=5)
+    finally:
+        timer.cancel()
+        subprocess.run(["ip", "link", "set", "dev", str(link.tap), "up"], check=False)
+    assert res.hung == 1 and res.value > 0, (res, logs)
+    assert logs[0].startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {host_netserver} hung: "
+                              "no frame reached the guest's NIC for 5 s, killed (attempt 1 of 2)"), logs
+    assert f"frames stop at the host's tap {link.tap}: it is down" in logs[1], logs
+    assert re.search(rf"guest {link.nic}: sent \+[1-9]\d*, received \+0; host tap {link.tap}: from the guest "
+                     r"\+0", logs[1]), logs
+    assert logs[-1] == (f"guest network: the host's tap {link.tap} set up again: the path to {network.HOST_IP} "
+                        "answers again"), logs
+    (note,) = res.notes
+    assert note.startswith(f"attempt 1 hung: the path to {network.HOST_IP} was dead, frames stopped at the "
+                           f"host's tap {link.tap}: it is down (") and note.endswith(
+        f"the host's tap {link.tap} set up again brought it back"), note
 
 
 @pytest.mark.slow
 @pytest.mark.root
-def test_a_path_that_stays_stopped_fails_naming_the_hop(state, libvirt_conn, host_servers):
+def test_a_path_that_stays_stopped_fails_naming_the_hop(session_guest, host_servers):
     """The path stopped where no re-plug reaches (this host drops everything it sends to the guest, an iptables
     OUTPUT rule): the test fails at its first hang with NicStalled naming this host as the hop, after the
     re-plug steps were tried; nothing keeps running in the guest."""
     if shutil.which("iptables") is None:
         pytest.skip("iptables is not installed (make test installs it)")
     rule = ["OUTPUT", "-o", network.BRIDGE, "-d", network.GUEST_IP, "-j", "DROP"]
-    with _guest_session(libvirt_conn) as guest:
-        link = _link(guest)
-        host_netserver = host_servers.start_netserver(network.HOST_IP)
-        logs: list[str] = []
-        timer = _later(3, ["iptables", "-I", *rule])
-        try:
-            with pytest.raises(NicStalled) as err:
-                network.run_in_guest(guest, MAERTS, host_netserver, 8, lambda _: None, lambda: False,
-                                     log=logs.append, link=link, quiet_s=5)
-        finally:
-            timer.cancel()
-            timer.join()
-            subprocess.run(["iptables", "-D", *rule], check=False)
-        assert err.value.hop.startswith("this host: ") and f"frames reached it over bridge {network.BRIDGE}, it " \
-            "sent" in err.value.hop, err.value.hop
-        assert str(err.value).startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {host_netserver} "
-                                         "hung and the guest's network stopped: frames stop at this host: "), err.value
-        assert "re-plugging the NIC did not bring it back" in str(err.value)
-        tried = [ln for ln in logs if ln.startswith("guest network: ") and "still dead" in ln]
-        assert [t.split(":")[1].strip() for t in tried] == [f"the guest's {link.nic} taken down and up",
-                                                            "the NIC's virtual cable unplugged and plugged again "
-                                                            "(libvirt link state)"], logs
-        assert guest.sh("pidof netperf", timeout=20).exitcode != 0, "a killed netperf still runs in the guest"
-        assert link.path_ok(tries=2), "the path did not come back once the rule was gone"
+    guest = session_guest
+    link = _link(guest)
+    host_netserver = host_servers.start_netserver(network.HOST_IP)
+    logs: list[str] = []
+    timer = _later(3, ["iptables", "-I", *rule])
+    try:
+        with pytest.raises(NicStalled) as err:
+            network.run_in_guest(guest, MAERTS, host_netserver, 8, lambda _: None, lambda: False,
+                                 log=logs.append, link=link, quiet_s=5)
+    finally:
+        timer.cancel()
+        timer.join()
+        subprocess.run(["iptables", "-D", *rule], check=False)
+    assert err.value.hop.startswith("this host: ") and f"frames reached it over bridge {network.BRIDGE}, it " \
+        "sent" in err.value.hop, err.value.hop
+    assert str(err.value).startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {host_netserver} "
+                                     "hung and the guest's network stopped: frames stop at this host: "), err.value
+    assert "re-plugging the NIC did not bring it back" in str(err.value)
+    tried = [ln for ln in logs if ln.startswith("guest network: ") and "still dead" in ln]
+    assert [t.split(":")[1].strip() for t in tried] == [f"the guest's {link.nic} taken down and up",
+                                                        "the NIC's virtual cable unplugged and plugged again "
+                                                        "(libvirt link state)"], logs
+    assert guest.sh("pidof netperf", timeout=20).exitcode != 0, "a killed netperf still runs in the guest"
+    assert link.path_ok(tries=2), "the path did not come back once the rule was gone"
