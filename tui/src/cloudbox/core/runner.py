@@ -515,13 +515,13 @@ class Executor:
                 self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
             return network.GuestLink(g, nic, hostnet.host_ip, hostnet.bridge, mtu)
 
-        links = {"": configure(guest)}
+        current = configure(guest)
         relaunches = 0
 
         def in_guest(t: network.NetTest, port: int, target: str) -> None:
-            nonlocal relaunches
+            nonlocal current, relaunches
             while True:
-                link = links[""]
+                link = current
                 if target != link.target:
                     link = network.GuestLink(link.guest, link.nic, target, link.bridge, mtu, local=False)
                 run = functools.partial(network.run_in_guest, link.guest, t, port, net_seconds,
@@ -544,7 +544,7 @@ class Executor:
                         with contextlib.suppress(OSError):
                             link.guest.console_log.replace(link.guest.console_log.with_name(
                                 f"console-stall{relaunches}.log"))
-                    links[""] = configure(relaunch())
+                    current = configure(relaunch())
                     self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
 
         ports = {"netperf": 0, "iperf3": 0}
@@ -553,7 +553,7 @@ class Executor:
         plain = host_labels(labels)
         bare_labels = [*plain, "veth-netns"]
         for nt in net_tests:
-            if not links[""].guest.has(nt.tool):
+            if not current.guest.has(nt.tool):
                 raise CloudboxError(f"{nt.tool} is not installed in the guest; rebuild it with 'make guest-image'")
             if not ports[nt.tool]:
                 start = hostnet.start_netserver if nt.tool == "netperf" else hostnet.start_iperf3
