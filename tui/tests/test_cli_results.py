@@ -89,13 +89,18 @@ def test_show_text_json_raw(db, capsys):
     # the guest's launch-to-agent time, and a lost first boot said in words
     with ResultStore(path) as store:
         for rid, extra in ((default, {"launch_to_agent_s": 1.4}),
-                           (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2})):
+                           (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2,
+                                     "nic_stalls": [{"test": "tcp-maerts", "hop": "the host's tap vnet3: it is down",
+                                                     "remedy": "relaunch"}]})):
             store.update_run(rid, provenance={**store.get_run(rid).provenance, **extra})
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(virtio)], capsys)
     assert "guest boot   95 s to its agent (launch 2: the guest's first boot was lost and it was launched again)" \
         in out, out
+    assert ("network      the guest's network stopped during tcp-maerts (frames stopped at the host's tap vnet3: it "
+            "is down); re-plugging its NIC did not help, the guest was launched afresh") in out, out
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(default)], capsys)
     assert "guest boot   1 s to its agent\n" in out, out
+    assert "network      the guest's network stopped" not in out
 
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--raw"], capsys)
     assert "--- raw: guest seq-write-64k MB/s" in out and "fio-3.33" in out

@@ -187,6 +187,10 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
         lines.append(f"  guest boot   {p['launch_to_agent_s']:.0f} s to its agent"
                      + (f" (launch {attempts}: the guest's first boot was lost and it was launched again)"
                         if attempts > 1 else ""))
+    for stall in p.get("nic_stalls") or []:
+        lines.append(f"  network      the guest's network stopped during {stall.get('test', '?')} (frames stopped at "
+                     f"{stall.get('hop', '?')}); re-plugging its NIC did not help, the guest was launched afresh and "
+                     "the tests from there on ran on the new guest")
     if versions:
         lines.append("  versions     " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))
     print("\n".join(lines), file=out)
