@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest_results import FIO_JSON, add_study_a_default, add_virtio_tcg, study_a_store
 
-from cloudbox.core import results
+from cloudbox.core import db, results
 from cloudbox.core.errors import CloudboxError, NotFound
 from cloudbox.core.results import SCHEMA_VERSION, ResultStore
 
@@ -416,7 +416,7 @@ def test_core_never_imports_textual():
 
 
 def test_a_locked_database_is_a_cloudbox_error(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(results, "BUSY_TIMEOUT_MS", 200)
+    monkeypatch.setattr(db, "BUSY_TIMEOUT_MS", 200)
     with ResultStore(tmp_path / "r.db") as store:
         rid = store.create_run(profile_name="p")
         store._conn.execute("PRAGMA busy_timeout = 200")

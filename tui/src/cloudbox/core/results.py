@@ -30,13 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import paths
+from . import db, paths
 from .errors import CloudboxError, NotFound
 from .network import FRONTEND_SUFFIX, NET_SETS
 from .procs import process_exists
 
 SCHEMA_VERSION = 2
-BUSY_TIMEOUT_MS = 5000
 
 # "guest": an interactive guest session (launched, kept running until stopped; no tests).
 SUITES = ("storage", "network", "all", "guest")
@@ -462,16 +461,7 @@ class ResultStore:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(
-                str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
-            )
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise CloudboxError(
-                    f"{self.path}: cannot switch the results database to WAL mode (got {mode})"
-                )
+            conn = db.connect(self.path)
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA synchronous = NORMAL")  # durable enough in WAL; fast for event appends
             migrate(conn, self.path)
@@ -514,35 +504,15 @@ class ResultStore:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE: takes the write lock up front, waits busy_timeout). An
-        exception from a signal handler (the executor's cancel) can land anywhere in here, BEGIN and COMMIT
-        included: whatever it cut is rolled back, and a transaction an earlier cut left open is closed first."""
-        with self._lock, self._sqlite_errors("write to"):
-            conn = self._conn
-            try:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                conn.execute("BEGIN IMMEDIATE")
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        """One write transaction, safe against a cut by a signal (core.db.write)."""
+        with self._lock, self._sqlite_errors("write to"), db.write(self._conn) as conn:
+            yield conn
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        """A read transaction: several SELECTs see one consistent snapshot (cut by a signal: as _write)."""
-        with self._lock, self._sqlite_errors("read"):
-            conn = self._conn
-            try:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                conn.execute("BEGIN")
-                yield conn
-            finally:
-                if conn.in_transaction:
-                    conn.execute("COMMIT")
+        """A read transaction: several SELECTs see one consistent snapshot (core.db.read)."""
+        with self._lock, self._sqlite_errors("read"), db.read(self._conn) as conn:
+            yield conn
 
     @contextmanager
     def _sqlite_errors(self, doing: str) -> Iterator[None]:

@@ -35,12 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import paths
+from .. import db, paths
 from ..errors import CloudboxError, NotFound
 from . import keys
 
 SCHEMA_VERSION = 2
-BUSY_TIMEOUT_MS = 5000
 NODE_STATES = ("up", "down", "unknown")
 ENROL_ROLES = ("back-end",)
 
@@ -236,12 +235,7 @@ class Registry:
         self._lock = threading.RLock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                                   check_same_thread=False)
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            self._conn = conn
+            self._conn = db.connect(self.path)
             self._migrate()
         except (OSError, sqlite3.DatabaseError) as e:
             raise CloudboxError(f"{self.path}: cannot open the node registry: {e}"
@@ -276,14 +270,9 @@ class Registry:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        """One write transaction, safe against a cut by a signal (core.db.write)."""
+        with self._lock, db.write(self._conn) as conn:
+            yield conn
 
     @property
     def salt(self) -> str:
