@@ -7,8 +7,8 @@ import json
 import sys
 import time
 
+from cloudbox.cli.common import guard
 from cloudbox.core import runner
-from cloudbox.core.errors import CloudboxError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,23 +33,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "a guest that misses it is launched once more)")
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
     p.add_argument("--json", action="store_true", help="print the finished run as JSON")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=guard(cmd_run))
 
     w = sub.add_parser("watch", help="follow a run's progress live (attach to a detached run)")
     w.add_argument("run", help="run id")
-    w.set_defaults(func=cmd_watch)
+    w.set_defaults(func=guard(cmd_watch))
 
     c = sub.add_parser("cancel", help="stop a run: guest destroyed, stores removed, run kept as aborted")
     c.add_argument("run", help="run id")
-    c.set_defaults(func=cmd_cancel)
+    c.set_defaults(func=guard(cmd_cancel))
 
     g = sub.add_parser("guests", help="list cloudbox guests known to libvirt; --destroy-orphans cleans up")
     g.add_argument("--destroy-orphans", action="store_true")
-    g.set_defaults(func=cmd_guests)
+    g.set_defaults(func=guard(cmd_guests))
 
     h = sub.add_parser("host", help="what this host offers: accelerator, libvirt, block devices")
     h.add_argument("--json", action="store_true")
-    h.set_defaults(func=cmd_host)
+    h.set_defaults(func=guard(cmd_host))
 
 
 def _spec(a: argparse.Namespace) -> runner.RunSpec:
@@ -125,29 +125,25 @@ def cmd_run(a: argparse.Namespace) -> int:
     from cloudbox.core.compare import compare_table, to_text
 
     spec = _spec(a)
-    try:
-        with _store() as store:
-            if a.detach:
-                rid = runner.start_detached(spec, store)
-                if a.json:
-                    print(json.dumps({"run_id": rid, "uuid": store.get_run(rid).uuid}))
-                    return 0
-                print(f"run {rid} started in the background; follow it with 'cloudbox watch {rid}', "
-                      f"stop it with 'cloudbox cancel {rid}'")
-                return 0
-            printer = Printer()
-            ex = runner.Executor(spec, store, emit=printer)
-            rid = ex.execute()
-            run = store.get_run(rid)
+    with _store() as store:
+        if a.detach:
+            rid = runner.start_detached(spec, store)
             if a.json:
-                print(json.dumps(run.as_dict(), indent=2, default=str))
-            elif run.measurements:
-                print()
-                print(to_text(compare_table([run])))
-            return 0 if run.state == "completed" else 1
-    except CloudboxError as e:
-        print(f"cloudbox: {e}", file=sys.stderr)
-        return 1
+                print(json.dumps({"run_id": rid, "uuid": store.get_run(rid).uuid}))
+                return 0
+            print(f"run {rid} started in the background; follow it with 'cloudbox watch {rid}', "
+                  f"stop it with 'cloudbox cancel {rid}'")
+            return 0
+        printer = Printer()
+        ex = runner.Executor(spec, store, emit=printer)
+        rid = ex.execute()
+        run = store.get_run(rid)
+        if a.json:
+            print(json.dumps(run.as_dict(), indent=2, default=str))
+        elif run.measurements:
+            print()
+            print(to_text(compare_table([run])))
+        return 0 if run.state == "completed" else 1
 
 
 def cmd_watch(a: argparse.Namespace) -> int:
@@ -161,54 +157,39 @@ def cmd_watch(a: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\n(stopped watching; the run goes on)")
         return 0
-    except CloudboxError as e:
-        print(f"cloudbox: {e}", file=sys.stderr)
-        return 1
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
-    try:
-        with _store() as store:
-            rid = store.resolve(a.run)
-            state = runner.cancel(store, rid)
-            run = store.get_run(rid, raw=False)
-            print(f"run {rid}: {state}" + (f" ({run.reason})" if run.reason else ""))
-            return 0 if state != "running" else 1
-    except CloudboxError as e:
-        print(f"cloudbox: {e}", file=sys.stderr)
-        return 1
+    with _store() as store:
+        rid = store.resolve(a.run)
+        state = runner.cancel(store, rid)
+        run = store.get_run(rid, raw=False)
+        print(f"run {rid}: {state}" + (f" ({run.reason})" if run.reason else ""))
+        return 0 if state != "running" else 1
 
 
 def cmd_guests(a: argparse.Namespace) -> int:
     from cloudbox.core import daemons, guest
 
-    try:
-        conn = daemons.connect()
-        with _store() as store:
-            live = {r.uuid for r in store.active_runs()}
-        guests = guest.list_guests(conn)
-        if not guests:
-            print("no cloudbox guests")
-        for g in guests:
-            orphan = "" if g.run_uuid in live else "  (orphan: its run is not active)"
-            print(f"{g.name:40} {g.state:10} profile={g.profile}{orphan}")
-        if a.destroy_orphans:
-            for name in guest.reap_orphans(conn, live):
-                print(f"destroyed {name}")
-        return 0
-    except CloudboxError as e:
-        print(f"cloudbox: {e}", file=sys.stderr)
-        return 1
+    conn = daemons.connect()
+    with _store() as store:
+        live = {r.uuid for r in store.active_runs()}
+    guests = guest.list_guests(conn)
+    if not guests:
+        print("no cloudbox guests")
+    for g in guests:
+        orphan = "" if g.run_uuid in live else "  (orphan: its run is not active)"
+        print(f"{g.name:40} {g.state:10} profile={g.profile}{orphan}")
+    if a.destroy_orphans:
+        for name in guest.reap_orphans(conn, live):
+            print(f"destroyed {name}")
+    return 0
 
 
 def cmd_host(a: argparse.Namespace) -> int:
     from cloudbox.core import accel, backing
 
-    try:
-        acc = accel.detect()
-    except CloudboxError as e:
-        print(f"cloudbox: {e}", file=sys.stderr)
-        return 1
+    acc = accel.detect()
     root = backing.dev_name_for_path("/")
     info = {"accelerator": acc.label, "reason": acc.reason, "nested": acc.nested,
             "root_device": backing.device_model(root)}
