@@ -24,15 +24,6 @@ from cloudbox.core.results import Event, ResultStore, Run
 
 
 @dataclass
-class LiveRun:
-    """What the tests screen shows of one run: the run row and its events so far."""
-
-    run: Run
-    events: list[Event] = field(default_factory=list)
-    plan: list[str] = field(default_factory=list)
-
-
-@dataclass
 class Cluster:
     """What the overview says about the cluster besides the node rows."""
 
