@@ -168,6 +168,13 @@ def test_labels_from_domain_xml_and_accelerators():
     assert compare.vmm_label(r) == "KVM (nested, emulated)"
     assert (compare.target_label(r), compare.driver_label(r)) == ("EBS (AoE)", "virtio-scsi, phy")
     assert compare._nic(r) == "virtio-net (vhost)"
+    # A run on a back-end with network tests: its private network in provenance, under the key it had before
+    # (old rows) and under its own key now; the NIC's knobs still come from the profile, vhost included.
+    private = {"bridge": "cbpriv0", "peer": "10.73.0.1", "host_ip": "10.73.0.17", "guest_ip": "10.73.0.101",
+               "mtu": 9000}
+    toml = '[guest]\nhypervisor = "kvm"\n[network]\nmodel = "virtio"\nvhost = true\nmtu = 9000\n'
+    for prov in ({"network": private}, {"private_network": private}):
+        assert compare._nic(run(provenance=prov, profile_toml=toml)) == "virtio-net (vhost), MTU 9000", prov
     r = run(accelerator="xen", profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "xen-vbd"\n'
             'backing = "prealloc-file"\n')
     assert (compare.vmm_label(r), compare.target_label(r), compare.driver_label(r)) == (

@@ -344,8 +344,18 @@ def driver_label(run: Run) -> str:
     return f"{bus_label(run)}, {backing}"
 
 
+def _net_knobs(run: Run) -> dict:
+    """The NIC's profile knobs (model, vhost, MTU...). Provenance "network" holds them only when it names a model:
+    runs on a back-end stored their private network (bridge, peer, addresses) under that key before it became
+    "private_network", and the profile then holds the knobs."""
+    prov = _dict(run.provenance.get("network"))
+    if prov.get("model") or prov.get("nic"):
+        return prov
+    return _dict(_profile(run).get("network"))
+
+
 def _nic(run: Run) -> str:
-    net = _dict(run.provenance.get("network")) or _dict(_profile(run).get("network"))
+    net = _net_knobs(run)
     model = net.get("model") or net.get("nic")
     if not model:
         dom = _domain(run)
@@ -362,9 +372,6 @@ def _nic(run: Run) -> str:
 
 
 def _net_target(run: Run, measurements: Sequence[Measurement]) -> str:
-    net = _dict(run.provenance.get("network"))
-    if net.get("target"):
-        return str(net["target"])
     if any(m.test.endswith(FRONTEND_SUFFIX) for m in measurements):
         return "front-end"
     if any("loopback" in m.labels for m in measurements):

@@ -441,7 +441,7 @@ class Executor:
         peer = spec.peer if want_net else ""
         if peer:
             private = self._check_private_network(peer)
-            prov["network"] = {"bridge": private, "peer": peer}
+            prov["private_network"] = {"bridge": private, "peer": peer}
         if want_net or session:
             hostnet = network.HostNetwork(profile.network.mtu)
             stack.callback(hostnet.teardown)
@@ -511,7 +511,7 @@ class Executor:
             if peer:
                 network.guest_path(g, peer, mtu)
                 self.log(f"MTU {mtu} verified end to end (guest {guest_ip} -> the front-end {peer})")
-                prov["network"].update(host_ip=hostnet.host_ip, guest_ip=guest_ip, mtu=mtu)
+                prov["private_network"].update(host_ip=hostnet.host_ip, guest_ip=guest_ip, mtu=mtu)
                 self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
             return network.GuestLink(g, nic, hostnet.host_ip, hostnet.bridge, mtu)
 
