@@ -84,6 +84,35 @@ def render_domain(
     makes libvirt copy everything the guest writes to its serial console into that file (<log append='off'>,
     written by virtlogd as root; QEMU/KVM only). Raises ValueError on arguments that do not fit the profile
     or libvirt."""
+    _check_arguments(profile, name=name, domain_type=domain_type, mac=mac, uuid=uuid, run_uuid=run_uuid,
+                     console_log=console_log, kernel=kernel, initrd=initrd, disk_path=disk_path)
+    xen = domain_type == "xen"
+    pv = xen and profile.disk.bus == "xen-vbd"
+
+    root = ET.Element("domain", {"type": domain_type})
+    _sub(root, "name", name)
+    if uuid is not None:
+        _sub(root, "uuid", uuid)
+    _metadata(root, profile, run_uuid)
+    _resources(root, profile, xen)
+    _boot(root, profile, xen=xen, pv=pv, kernel=kernel, initrd=initrd, cmdline=cmdline)
+
+    devices = _sub(root, "devices")
+    if emulator is not None:
+        _sub(devices, "emulator", emulator)
+    _controllers(devices, profile, xen)
+    _disk(devices, profile, xen, disk_path=disk_path, disk_is_block=disk_is_block)
+    if bridge is not None:
+        _interface(devices, profile, bridge, mac)
+    _console_and_agent(devices, xen=xen, pv=pv, console_log=console_log)
+    _sub(devices, "memballoon", model="xen" if xen else "none")
+
+    ET.indent(root, space="  ")
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str | None, uuid: str | None,
+                     run_uuid: str | None, console_log: str | None, kernel: str, initrd: str, disk_path: str) -> None:
     hv = profile.guest.hypervisor
     if domain_type not in ("kvm", "qemu", "xen"):
         raise ValueError(f"domain_type must be kvm, qemu or xen, not {domain_type!r}")
@@ -109,14 +138,8 @@ def render_domain(
         if not value:
             raise ValueError(f"{what} must not be empty")
 
-    xen = domain_type == "xen"
-    pv = xen and profile.disk.bus == "xen-vbd"
-    g, d, n = profile.guest, profile.disk, profile.network
 
-    root = ET.Element("domain", {"type": domain_type})
-    _sub(root, "name", name)
-    if uuid is not None:
-        _sub(root, "uuid", uuid)
+def _metadata(root: ET.Element, profile: Profile, run_uuid: str | None) -> None:
     meta = _sub(root, "metadata")
     # Written with a literal prefix so the xmlns declaration sits on the element itself
     # (ElementTree would hoist a registered namespace onto <domain>).
@@ -127,12 +150,20 @@ def render_domain(
     )
     if run_uuid is not None:
         tag.set("run", run_uuid)
+
+
+def _resources(root: ET.Element, profile: Profile, xen: bool) -> None:
+    g, d = profile.guest, profile.disk
     _sub(root, "memory", str(g.memory_mib), unit="MiB")
     _sub(root, "currentMemory", str(g.memory_mib), unit="MiB")
     _sub(root, "vcpu", str(g.vcpus), placement="static")
     if d.iothreads > 0 and not xen:
         _sub(root, "iothreads", str(d.iothreads))
 
+
+def _boot(root: ET.Element, profile: Profile, *, xen: bool, pv: bool, kernel: str, initrd: str,
+          cmdline: str) -> None:
+    """Direct kernel boot, the machine's features, and a guest that is destroyed whenever it stops."""
     os_el = _sub(root, "os")
     if pv:
         _sub(os_el, "type", "xen", arch="x86_64", machine="xenpv")
@@ -141,7 +172,6 @@ def render_domain(
     _sub(os_el, "kernel", kernel)
     _sub(os_el, "initrd", initrd)
     _sub(os_el, "cmdline", cmdline)
-
     if not pv:
         features = _sub(root, "features")
         _sub(features, "acpi")
@@ -153,11 +183,9 @@ def render_domain(
     _sub(root, "on_reboot", "destroy")
     _sub(root, "on_crash", "destroy")
 
-    devices = _sub(root, "devices")
-    if emulator is not None:
-        _sub(devices, "emulator", emulator)
 
-    # controllers
+def _controllers(devices: ET.Element, profile: Profile, xen: bool) -> None:
+    d = profile.disk
     if not xen and d.bus in _SCSI_CONTROLLER:
         ctrl = _sub(devices, "controller", type="scsi", index="0", model=_SCSI_CONTROLLER[d.bus])
         if d.bus == "virtio-scsi" and (d.queues > 1 or d.iothreads > 0):
@@ -171,7 +199,10 @@ def render_domain(
         # No USB: libvirt would otherwise add a PIIX3 UHCI controller nobody uses.
         _sub(devices, "controller", type="usb", index="0", model="none")
 
-    # the benchmark disk
+
+def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, disk_is_block: bool) -> None:
+    """The benchmark disk: the profile's bus, cache and I/O mode (QEMU), or phy/qdisk (Xen)."""
+    d = profile.disk
     disk = _sub(devices, "disk", type="block" if disk_is_block else "file", device="disk")
     if xen:
         _sub(disk, "driver", name="phy" if disk_is_block else "qemu", type=d.format)
@@ -189,20 +220,23 @@ def render_domain(
     dev, bus = _TARGETS[d.bus]
     _sub(disk, "target", dev=dev, bus=bus)
 
-    # the NIC
-    if bridge is not None:
-        iface = _sub(devices, "interface", type="bridge")
-        if mac is not None:
-            _sub(iface, "mac", address=mac.lower())
-        _sub(iface, "source", bridge=bridge)
-        _sub(iface, "model", type=_NIC_MODEL[n.model])
-        if n.model == "virtio":
-            drv = _sub(iface, "driver", name="vhost" if n.vhost else "qemu")
-            if n.queues > 1:
-                drv.set("queues", str(n.queues))
-        _sub(iface, "mtu", size=str(n.mtu))
 
-    # console and agent channel
+def _interface(devices: ET.Element, profile: Profile, bridge: str, mac: str | None) -> None:
+    """The NIC on `bridge`: the profile's model, vhost and queues (virtio), and MTU."""
+    n = profile.network
+    iface = _sub(devices, "interface", type="bridge")
+    if mac is not None:
+        _sub(iface, "mac", address=mac.lower())
+    _sub(iface, "source", bridge=bridge)
+    _sub(iface, "model", type=_NIC_MODEL[n.model])
+    if n.model == "virtio":
+        drv = _sub(iface, "driver", name="vhost" if n.vhost else "qemu")
+        if n.queues > 1:
+            drv.set("queues", str(n.queues))
+    _sub(iface, "mtu", size=str(n.mtu))
+
+
+def _console_and_agent(devices: ET.Element, *, xen: bool, pv: bool, console_log: str | None) -> None:
     if pv:
         con = _sub(devices, "console", type="pty")
         _sub(con, "target", type="xen", port="0")
@@ -217,11 +251,6 @@ def render_domain(
     chan = _sub(devices, "channel", type="unix")
     _sub(chan, "source", mode="bind")
     _sub(chan, "target", type="xen" if xen else "virtio", name=AGENT_CHANNEL)
-
-    _sub(devices, "memballoon", model="xen" if xen else "none")
-
-    ET.indent(root, space="  ")
-    return ET.tostring(root, encoding="unicode") + "\n"
 
 
 def cloudbox_metadata(domain_xml: str) -> dict[str, str] | None:
