@@ -40,10 +40,19 @@ from cloudbox.core.install import (
 from cloudbox.core.install.answers import Answers, validate_data
 from cloudbox.core.install.apply import reap_stale
 from cloudbox.tui.background import BackgroundApp
+from cloudbox.tui.screens.install.disk import DiskPage
+from cloudbox.tui.screens.install.done import DonePage
+from cloudbox.tui.screens.install.node import NodePage
+from cloudbox.tui.screens.install.page import InstallPage, Outcome
+from cloudbox.tui.screens.install.progress import ProgressPage
+from cloudbox.tui.screens.install.review import ReviewPage
+from cloudbox.tui.screens.install.role import RolePage
 
 log = logging.getLogger("cloudbox.tui.install")
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+# The wizard's pages in order: each page hands over to the next through InstallApp.next_page.
+PAGES: tuple[type[InstallPage], ...] = (RolePage, DiskPage, NodePage, ReviewPage, ProgressPage, DonePage)
 SOURCE = "interactive answers"
 
 
@@ -81,15 +90,6 @@ class InstallBackend:
         return self.probe()
 
 
-@dataclass
-class Outcome:
-    """How the install ended, for the last page."""
-
-    kind: str  # "installed", "nothing" (already installed), "interrupted", "failed"
-    message: str
-    answers_file: Path | None = None
-
-
 class InstallApp(BackgroundApp[int]):
     ERROR_TITLE = "cloudbox install: error"
     ERROR_TIMEOUT = 15.0
@@ -121,10 +121,16 @@ class InstallApp(BackgroundApp[int]):
         self.after_done: str | None = None  # "reboot"/"poweroff"/"stay" once the user finished a complete install
 
     def on_mount(self) -> None:
-        from cloudbox.tui.screens.install.role import RolePage
-
-        self.push_screen(RolePage())
+        self.push_screen(PAGES[0]())
         self.set_interval(0.25, self._check_signal)
+
+    def next_page(self, page: InstallPage, *args: Any, replace: bool = False) -> None:
+        """Show the page after `page` (PAGES), made with `args`; `replace`: instead of it (no way back)."""
+        nxt = PAGES[PAGES.index(type(page)) + 1](*args)
+        if replace:
+            self.switch_screen(nxt)
+        else:
+            self.push_screen(nxt)
 
     # -- answers ---------------------------------------------------------------------------------------
     def answers_data(self) -> dict[str, Any]:

@@ -106,8 +106,6 @@ class DiskPage(InstallPage):
         return self.query_one(f"#{field_id('disk.confirm_serial')}", Input).value.strip()
 
     def action_next(self) -> None:
-        from cloudbox.tui.screens.install.node import NodePage
-
         self.clear_problems()
         d = self.current()
         if d is None:
@@ -126,4 +124,4 @@ class DiskPage(InstallPage):
                 self.query_one(f"#{field_id('disk.confirm_serial')}", Input).focus()
             return
         self.iapp.data["disk"] = disk
-        self.app.push_screen(NodePage())
+        self.iapp.next_page(self)

@@ -154,11 +154,9 @@ class NodePage(InstallPage):
         app.work_in_thread(app.make_plan, done=self._planned, failed=self._plan_failed, name="making the plan")
 
     def _planned(self, plan: InstallPlan) -> None:
-        from cloudbox.tui.screens.install.review import ReviewPage
-
         self.query_one("#plan-status", Label).update("")
         self.iapp.plan = plan
-        self.app.push_screen(ReviewPage(plan))
+        self.iapp.next_page(self, plan)
 
     def _plan_failed(self, err: BaseException) -> None:
         self.query_one("#plan-status", Label).update("")

@@ -3,6 +3,8 @@ placing the core's problems (AnswerError) next to their fields."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -18,6 +20,15 @@ if TYPE_CHECKING:
     from cloudbox.tui.install_app import InstallApp
 
 STEPS = ("Role", "Disk", "Node", "Review", "Install")
+
+
+@dataclass
+class Outcome:
+    """How the install ended, for the last page."""
+
+    kind: str  # "installed", "nothing" (already installed), "interrupted", "failed"
+    message: str
+    answers_file: Path | None = None
 
 
 def err_id(key: str) -> str:

@@ -12,8 +12,7 @@ from textual.widgets import Label, Log, ProgressBar
 
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.install import STEPS, InstallPlan, ProgressEvent
-from cloudbox.tui.install_app import Outcome
-from cloudbox.tui.screens.install.page import InstallPage
+from cloudbox.tui.screens.install.page import InstallPage, Outcome
 
 # Share of the whole install per step: the copy (partition) is nearly all of it.
 WEIGHT = {"partition": 0.85}
@@ -88,8 +87,6 @@ class ProgressPage(InstallPage):
         self.query_one(Log).write_line(str(ev))
 
     def _ended(self, kind: str, err: BaseException | None) -> None:
-        from cloudbox.tui.screens.install.done import DonePage
-
         app = self.iapp
         app.installing = False
         plan = self.plan
@@ -110,7 +107,7 @@ class ProgressPage(InstallPage):
                 msg = f"the install failed: {text}\nre-run {again} to resume"
         app.outcome = Outcome(kind, msg, saved)
         self.query_one(Log).write_line(f"cloudbox: {msg}")
-        self.app.switch_screen(DonePage())
+        self.iapp.next_page(self, replace=True)
 
     def action_stop(self) -> None:
         self.iapp.request_cancel()

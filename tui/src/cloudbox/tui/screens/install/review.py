@@ -56,8 +56,6 @@ class ReviewPage(InstallPage):
         self.action_next()
 
     def action_next(self) -> None:
-        from cloudbox.tui.screens.install.progress import ProgressPage
-
         if self.iapp.dry_run:
             self.set_error("#page-error", "! dry run: nothing is written (run `cloudbox install` to install)")
             return
@@ -69,4 +67,4 @@ class ReviewPage(InstallPage):
                                "(Esc: back to change the answers)")
                 confirm.focus()
                 return
-        self.app.push_screen(ProgressPage(self.plan))
+        self.iapp.next_page(self, self.plan)

@@ -65,12 +65,10 @@ class RolePage(InstallPage):
         self.action_next()
 
     def action_next(self) -> None:
-        from cloudbox.tui.screens.install.disk import DiskPage
-
         if self.iapp.machine is None:
             self.set_error("#page-error", "! still probing the machine's disks; a moment")
             return
         ol = self.query_one(OptionList)
         role = ROLES[ol.highlighted or 0]
         self.iapp.data["role"] = role
-        self.app.push_screen(DiskPage())
+        self.iapp.next_page(self)
