@@ -49,7 +49,11 @@ def _work_files(state) -> list:
     return sorted(str(p) for p in work.rglob("*")) if work.exists() else []
 
 
-@pytest.mark.parametrize(("profile", "net_tests"), [("eucalyptus-default", "both"), ("virtio-disk", "netperf")])
+# make test keeps one real run (virtio-disk, every network tool); the other profile is the opt-in matrix (make test-full).
+@pytest.mark.parametrize(("profile", "net_tests"), [
+    ("virtio-disk", "both"),
+    pytest.param("eucalyptus-default", "netperf", marks=pytest.mark.full),
+])
 def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
     spec = runner.RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke",
                           net_tests=net_tests, net_seconds=3, runtime=3)
