@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_trouble import warn_run_trouble
 
 from cloudbox.core import network, runner
 from cloudbox.core.results import ResultStore
@@ -174,7 +175,9 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
         rid = runner.Executor(spec, store).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
-        steps = [e.payload.get("text", "") for e in store.events_since(rid, 0) if e.kind == "step"]
+        evs = store.events_since(rid, 0)
+    steps = [e.payload.get("text", "") for e in evs if e.kind == "step"]
+    warn_run_trouble(evs)
     assert run.state == "completed", run.reason
     net = run.provenance["private_network"]
     assert "network" not in run.provenance  # the key holds the NIC's knobs elsewhere (compare._net_knobs)

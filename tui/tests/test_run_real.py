@@ -10,9 +10,9 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 
 import pytest
+from run_trouble import warn_run_trouble
 
 from cloudbox.core import runner
 from cloudbox.core.results import ResultStore
@@ -49,7 +49,7 @@ def _work_files(state) -> list:
     return sorted(str(p) for p in work.rglob("*")) if work.exists() else []
 
 
-# make test keeps one real run (virtio-disk, every network tool); the other profile is the opt-in matrix (make test-full).
+# make test keeps one real run (virtio-disk, every network tool); the other profile is in make test-full.
 @pytest.mark.parametrize(("profile", "net_tests"), [
     ("virtio-disk", "both"),
     pytest.param("eucalyptus-default", "netperf", marks=pytest.mark.full),
@@ -91,13 +91,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
             assert m is not None and m.value > 0, (side, test)
         if side == "baseline":
             assert "veth-netns" in run.measurement(side, "tcp-stream", "Mbit/s").labels
-    # A stall of the guest's network (issue 13) is recovered by the run; say so in the test report, with the hop and
-    # counters the run logged, so that CI's output carries the evidence of each one.
-    stalls = [e.payload["text"] for e in evs if e.kind in ("log", "step") and
-              e.payload.get("text", "").startswith(("guest network:", "guest: its network stopped"))]
-    if stalls:
-        warnings.warn("the guest's network stalled in this run and was brought back:\n" + "\n".join(stalls),
-                      stacklevel=1)
+    warn_run_trouble(evs)
     # progress was streamed while running, not only at the end
     kinds = [e.kind for e in evs]
     assert kinds.count("progress") >= 3 and "sample" in kinds and kinds[-1] == "state"
