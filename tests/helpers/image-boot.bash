@@ -115,11 +115,11 @@ image_boot_until() {
 }
 
 # Prints the self-test status the guest reported (virtio-serial port, else the serial log), or nothing.
-# The first line of a kernel oops from an `int3` (the multi-threaded TCG text-patching flake, docs/image.md) in
+# The first line of a kernel oops or panic of the appliance under TCG (docs/image.md, "Known flake") in
 # LOGDIR/serial.log, without its timestamp; nothing when there is none.
 image_tcg_oops() {
     local line
-    line=$(grep -a -m1 -E 'Oops: int3' "$1/serial.log" 2>/dev/null) || return 0
+    line=$(grep -a -m1 -E 'Oops: |Kernel panic - not syncing' "$1/serial.log" 2>/dev/null) || return 0
     echo "${line#*] }"
 }
 

@@ -33,8 +33,8 @@ teardown() {
 # Boots with FIRMWARE, asserts status 123 and the boot time budget (IMAGE_BOOT_BUDGET_S, default 480 s). The budget
 # catches a boot that hangs or slows down several-fold; the figures themselves are in docs/benchmarks.md. Under TCG
 # on 2 shared cores the same boot took 86-236 s depending on the host's load, hence twice the slowest seen.
-# One announced retry, only when the boot failed on the known multi-threaded TCG flake (docs/image.md, "Known
-# flake": kernel text patching racing translated code on the other vCPU, an `int3` oops): attempt 1's logs are kept.
+# One announced retry, only when the boot failed with the appliance's kernel crashed under TCG (docs/image.md,
+# "Known flake"): attempt 1's logs are kept.
 boot_and_check() {
     local firmware=$1 oops
     logdir=$BOOT_LOGS/$firmware
