@@ -55,7 +55,101 @@ def libvirt_conn(guest_image):
     acc = accel.detect(guest_image.kernel)
     had_record = (Path(os.environ["CLOUDBOX_RUN_DIR"]) / "daemons.json").exists()
     conn = daemons.connect(hide_kvm=not acc.kvm_usable)
+    _LIVE["conn"] = conn
     yield conn
+    _LIVE.pop("conn", None)
     conn.close()
     if not had_record and os.environ.get("CLOUDBOX_KEEP_DAEMONS") != "1":
         daemons.stop_started_daemons()
+
+
+# -- what a test module leaves behind ---------------------------------------------------------------------------
+_LIVE: dict = {}  # the session's libvirt connection, once a test has asked for it
+
+
+def _executors() -> set[int]:
+    """Processes running a cloudbox run executor or sweep (python -m cloudbox.core.runner)."""
+    found = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"cloudbox.core.runner" in argv:
+                found.add(int(d.name))
+    return found
+
+
+def _cloudbox_things() -> dict[str, set]:
+    from cloudbox.core import network
+
+    things: dict[str, set] = {
+        "executor": _executors(),
+        "link": {n for n in (network.BRIDGE, network.VETH_HOST) if network.link_exists(n)},
+        "netns": {network.NS} if os.path.exists(f"/run/netns/{network.NS}") else set(),
+        "guest": set(),
+    }
+    if "conn" in _LIVE:
+        from cloudbox.core.guest import list_guests
+
+        things["guest"] = {g.name for g in list_guests(_LIVE["conn"]) if g.state == "running"}
+    return things
+
+
+def _remove(kind: str, name) -> None:
+    import signal
+    import subprocess
+    import time
+
+    if kind == "executor":
+        try:
+            os.kill(name, signal.SIGTERM)  # its own cleanup removes its guest, bridge and volumes
+            deadline = time.monotonic() + 90
+            while os.path.exists(f"/proc/{name}") and time.monotonic() < deadline:
+                try:
+                    os.waitpid(name, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                time.sleep(0.5)
+            if os.path.exists(f"/proc/{name}"):
+                os.kill(name, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    elif kind == "guest" and "conn" in _LIVE:
+        import libvirt
+
+        try:
+            _LIVE["conn"].lookupByName(name).destroy()
+        except libvirt.libvirtError:
+            pass
+    elif kind == "link":
+        subprocess.run(["ip", "link", "del", name], capture_output=True)
+    elif kind == "netns":
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_behind():
+    """A module's real runs leave no executor, guest, bridge or namespace running after its last test: whatever
+    one leaves is removed here and reported as that module's error, so the next module does not fail on it
+    (bridge cbbr0 already exists...). Things that were there before the module started are not touched."""
+    if not _is_root():
+        yield
+        return
+    before = _cloudbox_things()
+    yield
+    after = _cloudbox_things()
+    executors = sorted(after["executor"] - before["executor"])
+    for pid in executors:  # maybe still finishing a cancel: SIGTERM first, so it cleans up after itself
+        _remove("executor", pid)
+    if executors:
+        after = _cloudbox_things()
+    left = {k: after[k] - before[k] for k in ("guest", "link", "netns")}
+    for k, names in left.items():
+        for n in names:
+            _remove(k, n)
+    named = [f"run executor pid {p}" for p in executors] + [f"{k} {n}" for k, names in left.items()
+                                                             for n in sorted(names)]
+    if named:
+        pytest.fail("this module left behind (now removed): " + ", ".join(named), pytrace=False)

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from guest_session import wait_up
 
 from cloudbox.cli import main
 from cloudbox.core import host, profiles, runner
@@ -96,16 +100,52 @@ def _wait(pred, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+@pytest.mark.root
+def test_a_bridge_with_a_guest_plugged_in_is_refused_naming_its_port():
+    """Our bridge name taken by a bridge with a port (a run with another run dir, whose lock this run cannot
+    see): refused, naming the port, and left as it was; a dead run's empty namespace and veth are removed."""
+    from cloudbox.core import network
+    from cloudbox.core.errors import CloudboxError
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (creates a bridge and a network namespace)")
+    ip = ["ip", "link", "add"]
+    subprocess.run([*ip, network.BRIDGE, "type", "bridge"], check=True)
+    try:
+        subprocess.run([*ip, "cbtest0", "type", "veth", "peer", "name", "cbtest1"], check=True)
+        subprocess.run(["ip", "link", "set", "cbtest0", "master", network.BRIDGE], check=True)
+        with pytest.raises(CloudboxError, match=rf"link {network.BRIDGE} already exists and has ports cbtest0 "
+                                                r"\(a guest is plugged in\)"):
+            network.HostNetwork(9000).setup_bridge()
+        assert network.link_exists("cbtest0") and network.link_exists(network.BRIDGE)
+    finally:
+        subprocess.run(["ip", "link", "del", "cbtest0"], check=False)
+        subprocess.run(["ip", "link", "del", network.BRIDGE], check=False)
+    subprocess.run(["ip", "netns", "add", network.NS], check=True)
+    subprocess.run([*ip, network.VETH_HOST, "type", "veth", "peer", "name", network.VETH_NS], check=True)
+    hn = network.HostNetwork(9000)
+    try:
+        hn.setup_netns()
+        assert hn.reaped == [f"network namespace {network.NS} (nothing running in it)", f"link {network.VETH_HOST}"]
+    finally:
+        hn.teardown()
+    assert not network.link_exists(network.VETH_HOST) and not os.path.exists(f"/run/netns/{network.NS}")
+
+
 @pytest.mark.slow
 @pytest.mark.root
 def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
+    from cloudbox.core import network
     from cloudbox.core.guest import list_guests
 
+    # a dead run's bridge, no guest on it: the session removes it and says so
+    subprocess.run(["ip", "link", "add", network.BRIDGE, "type", "bridge"], check=True)
     with ResultStore() as store:
         rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
         try:
-            _wait(lambda: any("running; stop it" in (e.payload.get("text") or "") for e in store.events_since(rid)),
-                  240, "the guest session to come up")
+            wait_up(store, rid)
+            assert f"removed bridge {network.BRIDGE} (no guest on it), left by a run that is gone" in [
+                e.payload.get("text") for e in store.events_since(rid) if e.kind == "log"]
             (g,) = [g for g in list_guests(libvirt_conn) if g.run_uuid == store.get_run(rid).uuid]
             assert g.state == "running" and g.uptime() is not None and g.uptime() < 600
             time.sleep(2)
@@ -124,9 +164,20 @@ def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
 @pytest.mark.root
 def test_sweep_runs_profiles_one_after_another_and_cancel_skips_the_rest(state, libvirt_conn):
     spec = dict(suite="storage", size="16M", storage_tests="dd-write-64k")
+    started: list[runner.Sweep] = []
+    try:
+        _sweep_then_a_cancelled_one(spec, started)
+    finally:  # a failed wait must not leave a sweep (and its guest session) running into the next tests
+        for sw in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sw.pid, signal.SIGTERM)
+
+
+def _sweep_then_a_cancelled_one(spec: dict, started: list) -> None:
     with ResultStore() as store:
         sweep = runner.start_sweep([runner.RunSpec(profile=p, **spec) for p in ("virtio-disk", "virtio-file")],
                                    store)
+        started.append(sweep)
         done = _wait(lambda: next((s for s in runner.list_sweeps() if s.id == sweep.id and s.state != "running"),
                                   None), 420, "the sweep to finish")
         assert done.state == "completed" and None not in done.runs
@@ -139,10 +190,10 @@ def test_sweep_runs_profiles_one_after_another_and_cancel_skips_the_rest(state, 
         specs = [runner.RunSpec(profile="virtio-disk", suite="guest"),
                  *[runner.RunSpec(profile="virtio-disk", **spec)] * 2]
         sweep2 = runner.start_sweep(specs, store)
+        started.append(sweep2)
         first = _wait(lambda: next((s.runs[0] for s in runner.list_sweeps() if s.id == sweep2.id), None), 60,
                       "the first run of the second sweep")
-        _wait(lambda: any("running; stop it" in (e.payload.get("text") or "") for e in store.events_since(first)),
-              240, "the sweep's guest session to come up")
+        wait_up(store, first, "the sweep's guest session")
         assert runner.cancel(store, first, timeout=120) == "completed"  # a stopped session ends normally
         final = _wait(lambda: next((s for s in runner.list_sweeps() if s.id == sweep2.id and s.state != "running"),
                                    None), 60, "the second sweep to stop")

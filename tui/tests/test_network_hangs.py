@@ -13,8 +13,10 @@ import signal
 import subprocess
 import threading
 import time
+import warnings
 
 import pytest
+from guest_session import wait_up
 
 from cloudbox.core import network, runner
 from cloudbox.core.errors import CloudboxError, NicStalled
@@ -100,32 +102,58 @@ def test_a_retried_measurement_says_so_in_its_raw_output(state):
     assert raw.startswith("800,Trans/s,1250\n") and "measured on attempt 2; 1 before it hung and was killed" in raw
 
 
+class _Session:
+    """The module's real guest session (a run of suite "guest": the profile's guest on bridge cbbr0, its NIC
+    configured). `ready()` gives its guest and a link whose path works; when an earlier test left the path dead,
+    the session is relaunched once and that is warned, so one failure does not fail the tests after it."""
+
+    def __init__(self, conn) -> None:
+        self.conn, self.rid, self.guest = conn, None, None
+
+    def start(self) -> None:
+        from cloudbox.core.guest import Guest, list_guests
+
+        with ResultStore() as store:
+            self.rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
+            wait_up(store, self.rid, "the module's guest session")
+            (info,) = [g for g in list_guests(self.conn) if g.run_uuid == store.get_run(self.rid).uuid]
+        self.guest = Guest(self.conn, self.conn.lookupByName(info.name))
+
+    def stop(self) -> str:
+        with ResultStore() as store:
+            return runner.cancel(store, self.rid, timeout=120) if self.rid is not None else "completed"
+
+    def ready(self) -> tuple:
+        link = _link(self.guest)
+        if link.path_ok(tries=2):
+            return self.guest, link
+        warnings.warn(f"the guest session's path to {network.HOST_IP} was dead at the start of this test (an "
+                      "earlier test left it so): relaunched it", stacklevel=2)
+        self.stop()
+        self.start()
+        link = _link(self.guest)
+        assert link.path_ok(tries=2), "the relaunched guest session's path did not work"
+        return self.guest, link
+
+
 @pytest.fixture(scope="module")
-def session_guest(libvirt_conn):
-    """One real guest session for this module's guest tests (a run of suite "guest": the profile's guest on bridge
-    cbbr0, its NIC configured), in a state dir of its own; cancelled at the end, nothing left behind. Each test
-    leaves the path as it found it."""
+def session(libvirt_conn):
+    """The module's guest session, in a state dir of its own; cancelled at the end, nothing left behind."""
     import tempfile
 
-    from cloudbox.core.guest import Guest, list_guests
+    from cloudbox.core.guest import list_guests
 
     base = tempfile.mkdtemp(prefix="cloudbox-test-", dir="/var/tmp")
     os.chmod(base, 0o755)
     saved = os.environ.get("CLOUDBOX_STATE_DIR")
     os.environ["CLOUDBOX_STATE_DIR"] = os.path.join(base, "state")
+    sess = _Session(libvirt_conn)
     try:
-        with ResultStore() as store:
-            rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
-            try:
-                deadline = time.monotonic() + 300
-                while not any("running; stop it" in (e.payload.get("text") or "") for e in store.events_since(rid)):
-                    assert store.get_run(rid).state == "running", store.get_run(rid).reason
-                    assert time.monotonic() < deadline, "the guest session did not come up in 300 s"
-                    time.sleep(1)
-                (info,) = [g for g in list_guests(libvirt_conn) if g.run_uuid == store.get_run(rid).uuid]
-                yield Guest(libvirt_conn, libvirt_conn.lookupByName(info.name))
-            finally:
-                assert runner.cancel(store, rid, timeout=120) == "completed"
+        try:
+            sess.start()
+            yield sess
+        finally:
+            assert sess.stop() == "completed"
         assert not list_guests(libvirt_conn)
     finally:
         if saved is None:
@@ -139,15 +167,14 @@ def _link(guest) -> network.GuestLink:
     (nic,) = guest.sh("ls /sys/class/net | grep -vx lo", timeout=20).stdout.split()
     link = network.GuestLink(guest, nic, network.HOST_IP, network.BRIDGE, 9000)
     assert link.tap and network.link_exists(link.tap), link.tap
-    assert link.path_ok(tries=2), "the guest's path did not work at the start of the test"
     return link
 
 
 @pytest.mark.slow
 @pytest.mark.root
-def test_a_guest_test_that_hangs_is_killed_in_the_guest_and_run_again(session_guest, stopped_netserver):
+def test_a_guest_test_that_hangs_is_killed_in_the_guest_and_run_again(session, stopped_netserver):
     """From a real guest (a guest session) to a stopped netserver on the session's bridge address."""
-    guest = session_guest
+    guest, link = session.ready()
     pid, port = stopped_netserver(network.HOST_IP)
     logs: list[str] = []
     timer = _resume_after(pid, 22)  # the first attempt is killed at 15 s; the second one then finishes
@@ -171,7 +198,7 @@ def test_a_guest_test_that_hangs_is_killed_in_the_guest_and_run_again(session_gu
                                             rf"port {port2} hung 2 times \(no frame reached the guest's NIC "
                                             r"for \d+ s, killed\)"):
         network.run_in_guest(guest, RR, port2, 1, lambda _: None, lambda: False, hang_s=60,
-                             log=logs.append, link=_link(guest), quiet_s=6)
+                             log=logs.append, link=link, quiet_s=6)
     assert len(logs) == 2, logs
     assert guest.sh("pidof netperf", timeout=20).exitcode != 0, "a killed netperf still runs in the guest"
 
@@ -194,12 +221,11 @@ def _later(seconds: float, argv: list[str]) -> threading.Timer:
 
 @pytest.mark.slow
 @pytest.mark.root
-def test_a_stopped_path_is_found_hop_by_hop_and_brought_back(session_guest, host_servers):
+def test_a_stopped_path_is_found_hop_by_hop_and_brought_back(session, host_servers):
     """The path stopped deliberately at a hop (the host's tap of the guest's NIC set down in the middle of a
     netperf TCP_MAERTS): the NIC goes quiet, the tool is killed early, the probe names the tap, the tap is set up
     again, and the test's second attempt measures; the raw output keeps what happened."""
-    guest = session_guest
-    link = _link(guest)
+    guest, link = session.ready()
     host_netserver = host_servers.start_netserver(network.HOST_IP)
     logs: list[str] = []
     timer = _later(3, ["ip", "link", "set", "dev", str(link.tap), "down"])
@@ -213,27 +239,44 @@ def test_a_stopped_path_is_found_hop_by_hop_and_brought_back(session_guest, host
     assert logs[0].startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {host_netserver} hung: "
                               "no frame reached the guest's NIC for 5 s, killed (attempt 1 of 2)"), logs
     assert f"frames stop at the host's tap {link.tap}: it is down" in logs[1], logs
-    assert re.search(rf"guest {link.nic}: sent \+[1-9]\d*, received \+0; host tap {link.tap}: from the guest "
-                     r"\+0", logs[1]), logs
-    assert logs[-1] == (f"guest network: the host's tap {link.tap} set up again: the path to {network.HOST_IP} "
-                        "answers again"), logs
+    assert re.search(rf"guest {link.nic}: sent \+\d+, received \+0; host tap {link.tap}: from the guest \+0",
+                     logs[1]), logs
+    # The tap set up again brings the path back, unless the guest's transmit queue stopped while the tap was down
+    # (seen once in CI: the guest sent +0): then only the device reset does.
+    fixes = (f"the host's tap {link.tap} set up again", f"the guest's {link.nic} device reset (its driver unbound "
+             "and bound again)")
+    fixed = next((f for f in fixes if logs[-1] == f"guest network: {f}: the path to {network.HOST_IP} answers "
+                  "again"), None)
+    assert fixed is not None, logs
     (note,) = res.notes
     assert note.startswith(f"attempt 1 hung: the path to {network.HOST_IP} was dead, frames stopped at the "
-                           f"host's tap {link.tap}: it is down (") and note.endswith(
-        f"the host's tap {link.tap} set up again brought it back"), note
+                           f"host's tap {link.tap}: it is down (") and note.endswith(f"{fixed} brought it back"), note
 
 
 @pytest.mark.slow
 @pytest.mark.root
-def test_a_path_that_stays_stopped_fails_naming_the_hop(session_guest, host_servers):
+def test_a_nic_device_reset_keeps_its_address_and_mtu(session):
+    """The last re-plug step (GuestLink._reset_device) in a real guest: the NIC comes back under its name with its
+    address and MTU, and full-size frames pass."""
+    guest, link = session.ready()
+    before = guest.sh(f"ip -o -4 addr show dev {link.nic}", timeout=20).stdout.split()
+    link._reset_device()
+    after = guest.sh(f"ip -o -4 addr show dev {link.nic}; cat /sys/class/net/{link.nic}/mtu",
+                             timeout=20).stdout.split()
+    assert after[:4] == before[:4] and after[-1] == "9000", (before, after)
+    assert link.path_ok(tries=5), "the path did not come back after the device reset"
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_a_path_that_stays_stopped_fails_naming_the_hop(session, host_servers):
     """The path stopped where no re-plug reaches (this host drops everything it sends to the guest, an iptables
     OUTPUT rule): the test fails at its first hang with NicStalled naming this host as the hop, after the
     re-plug steps were tried; nothing keeps running in the guest."""
     if shutil.which("iptables") is None:
         pytest.skip("iptables is not installed (make test installs it)")
     rule = ["OUTPUT", "-o", network.BRIDGE, "-d", network.GUEST_IP, "-j", "DROP"]
-    guest = session_guest
-    link = _link(guest)
+    guest, link = session.ready()
     host_netserver = host_servers.start_netserver(network.HOST_IP)
     logs: list[str] = []
     timer = _later(3, ["iptables", "-I", *rule])
@@ -253,6 +296,8 @@ def test_a_path_that_stays_stopped_fails_naming_the_hop(session_guest, host_serv
     tried = [ln for ln in logs if ln.startswith("guest network: ") and "still dead" in ln]
     assert [t.split(":")[1].strip() for t in tried] == [f"the guest's {link.nic} taken down and up",
                                                         "the NIC's virtual cable unplugged and plugged again "
-                                                        "(libvirt link state)"], logs
+                                                        "(libvirt link state)",
+                                                        f"the guest's {link.nic} device reset (its driver unbound "
+                                                        "and bound again)"], logs
     assert guest.sh("pidof netperf", timeout=20).exitcode != 0, "a killed netperf still runs in the guest"
     assert link.path_ok(tries=2), "the path did not come back once the rule was gone"

@@ -110,6 +110,7 @@ class HostNetwork:
     host_ip: str = HOST_IP  # the host's address on the bridge (the far end of the guest -> host tests)
     created: list[tuple[str, str]] = field(default_factory=list)
     procs: list[subprocess.Popen] = field(default_factory=list)
+    reaped: list[str] = field(default_factory=list)  # a dead run's leftovers removed by setup, for the run's log
 
     def use_bridge(self, name: str) -> None:
         """Attach the guest to an existing bridge (a back-end's private bridge, which the installer made and
@@ -133,18 +134,37 @@ class HostNetwork:
         if os.geteuid() != 0:
             raise PermissionProblem("the network suite needs root (it creates a bridge and a network namespace)")
         if link_exists(self.bridge):
-            raise CloudboxError(
-                f"bridge {self.bridge} already exists: another cloudbox run is using it, or a crashed run "
-                f"left it behind (remove it with: ip link del {self.bridge})")
+            self._reap_bridge()
         _ip("link", "add", self.bridge, "type", "bridge")
         self.created.append(("link", self.bridge))
         _ip("link", "set", self.bridge, "mtu", str(self.mtu))
         _ip("addr", "add", f"{HOST_IP}/{PREFIX}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
 
+    def _reap_bridge(self) -> None:
+        """The run holds this host's run lock, so an existing bridge of ours is a dead run's: removed when no
+        guest is plugged into it, else refused naming its ports."""
+        brif = f"/sys/class/net/{self.bridge}/brif"
+        ports = sorted(os.listdir(brif)) if os.path.isdir(brif) else None
+        if ports is None or ports:
+            what = "is not a bridge" if ports is None else f"has ports {', '.join(ports)} (a guest is plugged in)"
+            raise CloudboxError(
+                f"link {self.bridge} already exists and {what}: another cloudbox run (with another run dir) is "
+                f"using it, or something else made it; remove it with: ip link del {self.bridge}")
+        _ip("link", "del", self.bridge)
+        self.reaped.append(f"bridge {self.bridge} (no guest on it)")
+
     def setup_netns(self) -> None:
         if os.path.exists(f"/run/netns/{NS}"):
-            raise CloudboxError(f"network namespace {NS} already exists (remove it with: ip netns del {NS})")
+            pids = _ip("netns", "pids", NS, check=False).stdout.split()
+            if pids:
+                raise CloudboxError(f"network namespace {NS} already exists and processes {', '.join(pids)} run "
+                                    f"in it: another cloudbox run is using it; remove it with: ip netns del {NS}")
+            _ip("netns", "del", NS)
+            self.reaped.append(f"network namespace {NS} (nothing running in it)")
+        if link_exists(VETH_HOST):  # its namespace went, its host end stayed
+            _ip("link", "del", VETH_HOST)
+            self.reaped.append(f"link {VETH_HOST}")
         _ip("netns", "add", NS)
         self.created.append(("netns", NS))
         _ip("link", "add", VETH_HOST, "mtu", str(self.mtu), "type", "veth", "peer", "name", VETH_NS,
@@ -690,11 +710,27 @@ class GuestLink:
         except libvirt.libvirtError as e:
             raise CloudboxError(f"libvirt could not change the NIC's link state: {e}") from e
 
+    def _reset_device(self) -> None:
+        """Reset the NIC's device from inside the guest: its driver unbound and bound again (the device's queues
+        are reset on both sides, which brings back a transmit queue that stopped moving), then its MTU and
+        IPv4 address put back."""
+        nic = self.nic
+        script = (
+            f"set -e; addr=$(ip -o -4 addr show dev {nic} | awk '{{print $4}}' | head -n 1); "
+            f"dev=$(basename \"$(readlink /sys/class/net/{nic}/device)\"); "
+            f"drv=$(readlink -f /sys/class/net/{nic}/device/driver); "
+            'echo "$dev" > "$drv/unbind"; echo "$dev" > "$drv/bind"; i=0; '
+            f"while [ ! -e /sys/class/net/{nic} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; "
+            f"ip link set dev {nic} mtu {self.mtu}; "
+            f'[ -z "$addr" ] || ip addr add "$addr" dev {nic}; ip link set dev {nic} up')
+        self.guest.sh(script, timeout=60, check=True)
+
     def replug(self, log: Callable[[str], None]) -> str | None:
         """Try, in order, what brings a stopped path back, each checked with a full-size ping: on the host, a tap
         that is down set up, a bridge port that does not forward set to forwarding; in the guest, the NIC taken down
         and up (its driver refills and re-arms its queues); the NIC's virtual cable unplugged and plugged again
-        through libvirt (QEMU flushes the NIC's queues). Returns what brought the path back, None if nothing did."""
+        through libvirt; the NIC's device reset from the guest (GuestLink._reset_device). Returns what brought the
+        path back, None if nothing did."""
         tap, nic = self.tap, self.nic
         steps: list[tuple[str, Callable[[], object]]] = []
         if tap and not _tap_up(tap):
@@ -708,6 +744,7 @@ class GuestLink:
                       lambda: self.guest.sh(f"ip link set dev {nic} down && ip link set dev {nic} up",
                                             timeout=30, check=True)))
         steps.append(("the NIC's virtual cable unplugged and plugged again (libvirt link state)", self._cable))
+        steps.append((f"the guest's {nic} device reset (its driver unbound and bound again)", self._reset_device))
         for what, act in steps:
             try:
                 act()

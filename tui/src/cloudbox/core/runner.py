@@ -455,6 +455,8 @@ class Executor:
                     hostnet.setup_bridge()
                 if want_net:
                     hostnet.setup_netns()
+            for what in hostnet.reaped:
+                self.log(f"removed {what}, left by a run that is gone")
 
         # ---- the guest ---------------------------------------------------------------------
         name = f"cloudbox-{profile.name}-{run_uuid[:8]}"
