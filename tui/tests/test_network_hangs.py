@@ -84,6 +84,32 @@ def test_a_bare_metal_test_that_always_hangs_fails_naming_the_server(stopped_net
     assert not _clients_to(port)
 
 
+def test_a_server_whose_port_was_taken_starts_on_another(monkeypatch):
+    """free_port() then the server's bind race: a netserver whose port is taken exits at once, and the next port
+    is tried; every port taken fails naming the server and its own message."""
+    if shutil.which("netserver") is None:
+        pytest.skip("netperf is not installed (make test installs it)")
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        ports = iter([taken, network.free_port()])
+        monkeypatch.setattr(network, "free_port", lambda: next(ports))
+        hn = network.HostNetwork(9000)
+        try:
+            port = hn.start_netserver("127.0.0.1")
+            assert port != taken and len(hn.procs) == 1 and hn.procs[0].poll() is None
+            monkeypatch.setattr(network, "free_port", lambda: taken)
+            with pytest.raises(CloudboxError, match=r"netserver on 127\.0\.0\.1 did not start \(3 ports tried; "
+                                                    r"the last exited \d+ at once: .+\)"):
+                hn.start_netserver("127.0.0.1")
+            assert len(hn.procs) == 1
+        finally:
+            hn.teardown()
+
+
 def test_a_retried_measurement_says_so_in_its_raw_output(state):
     """The executor keeps the retry with the number: the log line is in the events, the note in `raw`."""
     spec = runner.RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-rr")

@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -184,20 +185,27 @@ class HostNetwork:
     def start_netserver(self, addr: str) -> int:
         if shutil.which("netserver") is None:
             raise CloudboxError("netserver is not installed on this host (Debian package netperf, non-free)")
-        port = free_port()
-        p = subprocess.Popen(["netserver", "-D", "-L", addr, "-p", str(port)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        self.procs.append(p)
-        _wait_port(addr, port)
-        return port
+        return self._serve("netserver", addr, lambda port: ["netserver", "-D", "-L", addr, "-p", str(port)])
 
     def start_iperf3(self, addr: str) -> int:
-        port = free_port()
-        p = subprocess.Popen(["iperf3", "-s", "-B", addr, "-p", str(port)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        self.procs.append(p)
-        _wait_port(addr, port)
-        return port
+        return self._serve("iperf3", addr, lambda port: ["iperf3", "-s", "-B", addr, "-p", str(port)])
+
+    def _serve(self, name: str, addr: str, argv: Callable[[int], list[str]]) -> int:
+        """Start a server on a free port of `addr`; another port when it exits at once (the port was taken
+        between free_port() and its bind). Returns the port it answers on."""
+        why = ""
+        for _ in range(SERVER_TRIES):
+            port = free_port()
+            with tempfile.TemporaryFile() as err:
+                p = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=err)
+                self.procs.append(p)
+                rc = _wait_port(addr, port, p)
+                if rc is None:
+                    return port
+                err.seek(0)
+                why = f"exited {rc} at once: {err.read().decode(errors='replace').strip()[-300:] or 'no message'}"
+            self.procs.remove(p)
+        raise CloudboxError(f"{name} on {addr} did not start ({SERVER_TRIES} ports tried; the last {why})")
 
     def teardown(self) -> None:
         for p in self.procs:
@@ -279,15 +287,23 @@ def check_path_mtu(target: str, mtu: int, *, netns: str | None = None, where: st
                      f"install the nodes with network.private_mtu = {1500 if lo >= 1500 else lo}")
 
 
-def _wait_port(addr: str, port: int, timeout: float = 10.0) -> None:
+SERVER_TRIES = 3
+SERVER_START_S = 30.0  # a server answers in well under a second; a loaded 2-core host has taken seconds
+
+
+def _wait_port(addr: str, port: int, proc: subprocess.Popen, timeout: float = SERVER_START_S) -> int | None:
+    """None once `proc` itself listens on addr:port (a connect could reach another program on that port); its exit
+    status if it exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((addr, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise CloudboxError(f"server on {addr}:{port} did not start within {timeout:.0f} s")
+        rc = proc.poll()
+        if rc is not None:
+            return rc
+        ss = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True)
+        if f"pid={proc.pid}," in ss.stdout:
+            return None
+        time.sleep(0.1)
+    raise CloudboxError(f"the server on {addr}:{port} (pid {proc.pid}) did not listen within {timeout:.0f} s")
 
 
 UDHCPC_SCRIPT = "/tmp/cloudbox-udhcpc"
