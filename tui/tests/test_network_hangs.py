@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 from guest_session import wait_up
@@ -108,6 +109,37 @@ def test_a_server_whose_port_was_taken_starts_on_another(monkeypatch):
             assert len(hn.procs) == 1
         finally:
             hn.teardown()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"  # a zombie has ended
+    except (OSError, IndexError):
+        return False
+
+
+def test_teardown_stops_the_server_and_the_child_serving_a_test():
+    """netserver forks a child per test: a test still running at teardown (a hung one) must not leave it behind."""
+    if shutil.which("netserver") is None or shutil.which("netperf") is None:
+        pytest.skip("netperf is not installed (make test installs it)")
+    hn = network.HostNetwork(9000)
+    port = hn.start_netserver("127.0.0.1")
+    server = hn.procs[0].pid
+    client = subprocess.Popen(["netperf", "-H", "127.0.0.1", "-p", str(port), "-l", "60", "-t", "TCP_RR"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not (children := subprocess.run(["pgrep", "-P", str(server)], capture_output=True,
+                                              text=True).stdout.split()):
+            assert time.monotonic() < deadline, "netserver forked no child for the test"
+            time.sleep(0.1)
+        hn.teardown()
+        time.sleep(0.5)
+        assert [c for c in children if _running(int(c))] == [], "the child serving the test still runs"
+    finally:
+        client.kill()
+        client.wait()
+        hn.teardown()
 
 
 def test_a_retried_measurement_says_so_in_its_raw_output(state):

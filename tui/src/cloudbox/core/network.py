@@ -11,10 +11,12 @@ Control of the guest goes through the guest agent, never this network.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -197,7 +199,8 @@ class HostNetwork:
         for _ in range(SERVER_TRIES):
             port = free_port()
             with tempfile.TemporaryFile() as err:
-                p = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=err)
+                # its own process group: netserver forks a child per test, which teardown must stop too
+                p = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
                 self.procs.append(p)
                 rc = _wait_port(addr, port, p)
                 if rc is None:
@@ -209,13 +212,16 @@ class HostNetwork:
 
     def teardown(self) -> None:
         for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
+            for sig in (signal.SIGTERM, signal.SIGKILL):  # the whole group: the server and its children
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, sig)
                 try:
                     p.wait(timeout=5)
+                    break
                 except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+                    continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # a child that outlived its parent's TERM
         self.procs.clear()
         while self.created:
             kind, name = self.created.pop()
