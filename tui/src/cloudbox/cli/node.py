@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudbox.cli.common import guard, usage
-from cloudbox.core import inputs
+from cloudbox.core import inputs, profiles
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.nodes import enrol, frontend, health, registry
 from cloudbox.core.nodes.remote import KEEP_IMAGES
@@ -488,4 +488,33 @@ def read_request(stream: Any) -> dict[str, Any]:
     unknown = sorted(set(req) - {"spec", "profile_toml", "image_dir"})
     if unknown:
         raise BadRequest(f"start-run: unknown field(s) {', '.join(map(inputs.printable, unknown))}; allowed: {allowed}")
+    _check_spec(req["spec"])
+    try:
+        profiles.parse_profile(req["profile_toml"], "start-run: field profile_toml")
+    except CloudboxError as e:
+        raise BadRequest(str(e)) from None
     return req
+
+
+def _check_spec(spec: dict[str, Any]) -> None:
+    """The run settings in a start-run request: known names, each of its field's type, then RunSpec's own checks."""
+    import dataclasses
+
+    from cloudbox.core.runner import RunSpec
+
+    fields = {f.name: f for f in dataclasses.fields(RunSpec)}
+    for key, value in spec.items():
+        f = fields.get(key)
+        if f is None:
+            raise BadRequest(f"start-run: unknown run setting {inputs.shown(key)}; allowed: {', '.join(fields)} "
+                             "(update this node's cloudbox)")
+        want = (str,) if isinstance(f.default, str) or f.name == "profile" else \
+            (int,) if isinstance(f.default, int) else (int, float)
+        if isinstance(value, bool) or not isinstance(value, want) or (isinstance(value, str) and
+                                                                        inputs.control_chars(value)):
+            raise BadRequest(f"start-run: run setting {key}: {inputs.shown(value)}; allowed: "
+                             f"{' or '.join(t.__name__ for t in want)} without control characters")
+    try:
+        RunSpec(**{"profile": "x", **{k: v for k, v in spec.items() if k != "profile"}}).validate()
+    except CloudboxError as e:
+        raise BadRequest(f"start-run: {e}") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from cloudbox.core.inputs import InputProblem, got, printable
+from cloudbox.core.inputs import MAX_NESTING, InputProblem, got, nesting, printable
 
 
 class CloudboxError(Exception):
@@ -62,7 +62,10 @@ PYDANTIC_MESSAGES = {
 
 
 def plain_value(value: object) -> object:
-    """An offending value as plain data for a problem report (TOML dates and times become their text)."""
+    """An offending value as plain data for a problem report (TOML dates and times become their text; a value
+    nested deeper than the input layer allows becomes a sentence, never a recursion)."""
+    if isinstance(value, dict | list) and nesting(value, MAX_NESTING) > MAX_NESTING:
+        return f"a value nested more than {MAX_NESTING} levels deep"
     try:
         json.dumps(value)
     except (TypeError, ValueError, RecursionError):

@@ -286,7 +286,7 @@ def _excerpt(text: str, line: int) -> str:
     return lines[line - 1] if 0 < line <= len(lines) else ""
 
 
-def _depth(data: object, limit: int) -> int:
+def nesting(data: object, limit: int) -> int:
     """Nesting depth of parsed data, counting no further than limit + 1."""
     stack = [(data, 1)]
     worst = 0
@@ -332,7 +332,7 @@ def load_toml(text: str, *, max_depth: int = MAX_NESTING, max_digits: int = MAX_
         raise InputProblem("line 1", _excerpt(text, 1), f"the TOML parser gave up: {exc}",
                            f"TOML 1.0 nested at most {max_depth} levels, numbers of at most {max_digits} digits") \
             from None
-    if _depth(data, max_depth) > max_depth:
+    if nesting(data, max_depth) > max_depth:
         raise InputProblem("line 1", _excerpt(text, 1), f"nested more than {max_depth} levels deep",
                            f"arrays, tables and dotted keys nested at most {max_depth} levels")
     return data
@@ -354,7 +354,7 @@ def load_json(text: str | bytes, *, max_depth: int = MAX_NESTING, max_digits: in
     except (RecursionError, ValueError) as exc:
         raise InputProblem("line 1", _excerpt(text, 1), f"the JSON parser gave up: {exc}",
                            f"JSON nested at most {max_depth} levels") from None
-    if _depth(data, max_depth) > max_depth:
+    if nesting(data, max_depth) > max_depth:
         raise InputProblem("line 1", _excerpt(text, 1), f"nested more than {max_depth} levels deep",
                            f"JSON nested at most {max_depth} levels")
     return data

@@ -107,8 +107,10 @@ class NoOpenCode(CloudboxError):
 class _Channel:
     """JSON lines over a socket, each read bounded by `timeout` and all of them by `deadline` (monotonic)."""
 
-    def __init__(self, sock: socket.socket, timeout: float = IO_TIMEOUT_S, deadline: float | None = None):
+    def __init__(self, sock: socket.socket, timeout: float = IO_TIMEOUT_S, deadline: float | None = None, *,
+                 refusals: bool = True):
         self.sock = sock
+        self.refusals = refusals  # the back-end reads refusals; the server takes none from a peer
         self.timeout = timeout
         self.deadline = deadline if deadline is not None else time.monotonic() + CONNECTION_DEADLINE_S
         self.span = self.deadline - time.monotonic()
@@ -153,7 +155,7 @@ class _Channel:
         if not isinstance(msg, dict):
             raise EnrolRefused("bad-request", "message is not a JSON object")
         kind = msg.get("type")
-        if kind == "refused":
+        if kind == "refused" and self.refusals:
             # Whatever answers on the port wrote this: it reaches a terminal only escaped and cut.
             reason = inputs.cut(inputs.printable(msg.get("reason", "?")), 40)
             text = msg.get("message", REASONS.get(reason, ""))
@@ -407,7 +409,7 @@ class EnrolServer:
                      "80-bit code is not guessed online); `cloudbox node code --revoke all` closes them")
 
     def handle(self, conn: socket.socket, peer: str) -> None:
-        ch = _Channel(conn, self.io_timeout, time.monotonic() + self.deadline)
+        ch = _Channel(conn, self.io_timeout, time.monotonic() + self.deadline, refusals=False)
         name: str | None = None
         try:
             local = inputs.normal_address(conn.getsockname()[0])
