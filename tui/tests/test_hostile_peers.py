@@ -397,3 +397,18 @@ def test_the_join_code_can_come_from_a_file_or_standard_input(tmp_path: Path, mo
     args = build_parser().parse_args(["node", "join", "--code-file", str(tmp_path / "fifo")])
     with pytest.raises(CloudboxError, match="not a regular file"):
         cli_node._join_code(args)
+
+
+def test_the_image_starts_no_unauthenticated_test_server_at_boot():
+    """What tests/image/listeners.bats checks on a booted image, checked on the tree: Debian's iperf3.service is
+    disabled by the preset, netperf's SysV netserver masked, and the allow-list names neither."""
+    repo = Path(__file__).resolve().parents[2]
+    preset = (repo / "mkosi.extra/usr/lib/systemd/system-preset/10-cloudbox.preset").read_text().splitlines()
+    assert "disable iperf3.service" in preset
+    mask = repo / "appliance/units/netperf.service"
+    assert mask.is_symlink() and os.readlink(mask) == "/dev/null"
+    doc = (repo / "docs/cluster.md").read_text()
+    table = doc.split("<!-- listeners:begin -->", 1)[1].split("<!-- listeners:end -->", 1)[0]
+    idle = [[c.strip() for c in row.split("|")[1:-1]] for row in table.splitlines()[3:] if row.startswith("|")]
+    assert all(len(r) == 6 and r[4] in ("yes", "no") for r in idle), idle
+    assert {r[2] for r in idle if r[4] == "yes"} == {"sshd", "systemd-resolve", "systemd-network"}
