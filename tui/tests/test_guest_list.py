@@ -35,3 +35,37 @@ def test_cloudbox_guests_sorted_by_name_with_their_metadata():
             if d.name() != "test":
                 d.destroy()
         conn.close()
+
+
+def test_reaping_leaves_the_guests_of_another_results_database_alone():
+    """An executor reaps the guests of its own database's dead runs; a guest of a run it does not know belongs to
+    another state directory on this host (another user, a test session) and stays."""
+    libvirt.registerErrorHandler(lambda *_: None, None)
+    conn = libvirt.open("test:///default")
+    try:
+        for n in ("cloudbox-a", "cloudbox-b", "cloudbox-c"):
+            conn.createXML(_xml(n, meta=True), 0)
+        assert guest.reap_orphans(conn, {"run-a"}, known_runs={"run-a", "run-b"}) == ["cloudbox-b"]
+        assert [g.name for g in guest.list_guests(conn)] == ["cloudbox-a", "cloudbox-c"]
+        assert guest.reap_orphans(conn, {"run-a"}) == ["cloudbox-c"]  # no database given: every orphan
+    finally:
+        for d in conn.listAllDomains(0):
+            if d.name() != "test":
+                d.destroy()
+        conn.close()
+
+
+def test_the_tui_destroys_a_transient_guest_without_an_error():
+    """A cloudbox guest is transient: gone once destroyed, so the Guests screen's destroy must not ask libvirt
+    about it afterwards."""
+    from cloudbox.tui.backend import Backend
+
+    libvirt.registerErrorHandler(lambda *_: None, None)
+    conn = libvirt.open("test:///default")  # held open: the backend's own connection sees the same state
+    try:
+        conn.createXML(_xml("cloudbox-a", meta=True), 0)
+        (info,) = guest.list_guests(conn)
+        Backend(libvirt_uri="test:///default").destroy_guest(info)
+        assert guest.list_guests(conn) == []
+    finally:
+        conn.close()

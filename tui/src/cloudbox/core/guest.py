@@ -258,19 +258,24 @@ def list_guests(conn) -> list[GuestInfo]:
     return sorted(out, key=lambda g: g.name)
 
 
-def reap_orphans(conn, live_runs: set[str]) -> list[str]:
-    """Destroy cloudbox guests whose run is not live. Returns their names."""
+def reap_orphans(conn, live_runs: set[str], known_runs: set[str] | None = None) -> list[str]:
+    """Destroy cloudbox guests whose run is not live. With `known_runs` (the run uuids of one results database),
+    only guests of those runs: a guest of an unknown run belongs to another state directory on this host. Returns
+    their names."""
     import libvirt
 
     gone = []
     for g in list_guests(conn):
         if g.run_uuid and g.run_uuid in live_runs:
             continue
+        if known_runs is not None and g.run_uuid not in known_runs:
+            continue
         try:
             dom = conn.lookupByName(g.name)
+            persistent = dom.isPersistent()  # asked first: a transient domain is gone once destroyed
             if dom.isActive():
                 dom.destroy()
-            if dom.isPersistent():
+            if persistent:
                 dom.undefine()
         except libvirt.libvirtError:
             continue

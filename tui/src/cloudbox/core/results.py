@@ -745,6 +745,11 @@ class ResultStore:
             return True  # cannot see another host's processes: assume alive
         return pid_alive(run.pid, run.started_at)
 
+    def run_uuids(self) -> set[str]:
+        """Every run's uuid in this database (whatever its state)."""
+        with self._read() as conn:
+            return {r[0] for r in conn.execute("SELECT uuid FROM runs")}
+
     def active_runs(self) -> list[Run]:
         """Runs in state 'running' whose executor process is alive."""
         return [r for r in self.list_runs(state="running") if self._executor_alive(r)]

@@ -391,7 +391,7 @@ class Executor:
             conn = daemons.connect(hide_kvm=not acc.kvm_usable)
             stack.callback(conn.close)
         live = {r.uuid for r in self.store.active_runs()}  # type: ignore[attr-defined]
-        for name in reap_orphans(conn, live | {run_uuid}):
+        for name in reap_orphans(conn, live | {run_uuid}, self.store.run_uuids()):  # type: ignore[attr-defined]
             self.log(f"destroyed orphan guest {name} left by a dead run")
 
         base = Path(spec.work_dir) if spec.work_dir else paths.state_dir() / "work"

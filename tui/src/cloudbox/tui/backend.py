@@ -193,9 +193,10 @@ class Backend:
         conn = self._conn(start=False)
         try:
             dom = conn.lookupByName(info.name)
+            persistent = dom.isPersistent()  # asked first: a transient domain is gone once destroyed
             if dom.isActive():
                 dom.destroy()
-            if dom.isPersistent():
+            if persistent:
                 dom.undefine()
         except libvirt.libvirtError as e:
             raise CloudboxError(f"could not destroy guest {info.name}: {e}") from e
