@@ -157,6 +157,7 @@ def _run_plan(answers: Answers, source: str, machine: Machine, a: argparse.Names
         if not confirm(f"Write {plan.disk.path} ({plan.disk.identity})? Type yes to install: "):
             print("nothing was written")
             return EXIT_FAILED
+    a.writing = True  # from here on an interruption leaves something written (and a re-run resumes it)
     installed = apply(plan, ProgressPrinter())
     if installed:
         print(f"cloudbox: installed {answers.role} {answers.hostname} on {plan.disk.path}")
@@ -188,11 +189,15 @@ def cmd_install(a: argparse.Namespace) -> int:
         return EXIT_INVALID
     except CloudboxError as e:
         print(f"cloudbox: {e}", file=sys.stderr)
-        print("cloudbox: re-run `cloudbox install` with the same answers to resume", file=sys.stderr)
+        if getattr(a, "writing", False):
+            print("cloudbox: re-run `cloudbox install` with the same answers to resume", file=sys.stderr)
         return EXIT_FAILED
     except (KeyboardInterrupt, EOFError):
-        print("\ncloudbox: interrupted; mounts removed. What was written stays: re-run `cloudbox install` with "
-              "the same answers to resume", file=sys.stderr)
+        if getattr(a, "writing", False):
+            print("\ncloudbox: interrupted; mounts removed. What was written stays: re-run `cloudbox install` with "
+                  "the same answers to resume", file=sys.stderr)
+        else:
+            print("\ncloudbox: interrupted before anything was written; nothing was written", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, old)
@@ -254,7 +259,10 @@ def _unattended(a: argparse.Namespace) -> int:
         return EXIT_INVALID
     except CloudboxError as e:
         print(f"cloudbox: {e}", file=sys.stderr)
-        print("cloudbox: fix the cause and reboot the stick to resume; what was written stays", file=sys.stderr)
+        if getattr(a, "writing", False):
+            print("cloudbox: fix the cause and reboot the stick to resume; what was written stays", file=sys.stderr)
+        else:
+            print("cloudbox: fix the cause and reboot the stick; nothing was written", file=sys.stderr)
         return EXIT_FAILED
     finally:
         sys.stdout.flush()

@@ -1,7 +1,8 @@
 """`cloudbox node`: the cluster's nodes, join codes and enrolment (docs/cluster.md).
 
 On the front-end:
-    cloudbox node code [--minutes M] [--wait | --no-listen] [--bind ADDR] [--port N]   a one-time join code
+    cloudbox node code [--minutes M] [--wait | --no-listen] [--bind ADDR] [--port N] [--replace NAME]
+                                                      a one-time join code
     cloudbox node code --list | --revoke ID|all
     cloudbox node list [--json]                       enrolled nodes with state
     cloudbox node check [--watch] [--json]            probe every node's libvirt (and, without --watch, jumbo
@@ -12,17 +13,20 @@ On the front-end:
     cloudbox node images NAME [--clear [--keep N]] [--json]   the node's image cache; clear it
     cloudbox node enrol-server [--bind ADDR] [--port N]   (started by `node code`; listens while a code is open)
 On a back-end:
-    cloudbox node join --front-end ADDR[:PORT]|discover --code CODE [--name NAME] [--ssh-port N]
+    cloudbox node join --front-end ADDR[:PORT]|discover [--code CODE|- | --code-file FILE] [--name NAME]
+                       [--ssh-port N]         (no --code on a terminal: the code is asked for, not echoed)
 On a node, run by the front-end over SSH (core/nodes/remote.py):
     cloudbox node local has-image ID | receive-image ID | images [--clear --keep N] | start-run |
                         follow RUN [--after SEQ]
 
-Exit codes: 0 ok, 1 on a CloudboxError (message on stderr), 2 on usage errors.
+Exit codes: 0 ok, 1 on a CloudboxError (message on stderr), 2 on usage errors and malformed `local` requests.
+Everything printed that came from a node, a peer or the registry goes through inputs.printable().
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 import threading
@@ -32,9 +36,22 @@ from pathlib import Path
 from typing import Any
 
 from cloudbox.cli.common import guard, usage
+from cloudbox.core import inputs, profiles
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.nodes import enrol, frontend, health, registry
 from cloudbox.core.nodes.remote import KEEP_IMAGES
+
+MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a start-run request: the spec and a profile's TOML (a few KiB)
+MAX_CODE_FILE_BYTES = 1024
+
+
+class BadRequest(CloudboxError):
+    """A `node local` request that is not what this cloudbox understands (exit 2)."""
+
+
+def say(*parts: object, **kw: Any) -> None:
+    """print() through the one escaping function: the text may hold names, reasons or messages from elsewhere."""
+    print(*(inputs.printable(p) for p in parts), **kw)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -50,6 +67,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"validity (default {registry.DEFAULT_CODE_MINUTES}, at most {registry.MAX_CODE_MINUTES})")
     c.add_argument("--list", action="store_true", help="list kept codes (never the codes themselves)")
     c.add_argument("--revoke", metavar="ID|all", help="revoke an open code (or all open codes)")
+    c.add_argument("--replace", metavar="NAME", default=None,
+                   help="the code may re-enrol the enrolled node NAME without proof of its host key (a reinstalled "
+                   "node, whose key changed)")
     mode = c.add_mutually_exclusive_group()
     mode.add_argument("--wait", action="store_true", help="serve enrolments in the foreground until no code is open")
     mode.add_argument("--no-listen", action="store_true", help="only make the code; do not start the server")
@@ -63,7 +83,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     j = sub.add_parser("join", help="enrol this back-end with the front-end using a join code")
     j.add_argument("--front-end", dest="front_end", default=None,
                    help="ADDR[:PORT] or discover (default: network.frontend of the node settings)")
-    j.add_argument("--code", required=True, help="the join code the front-end shows")
+    code = j.add_mutually_exclusive_group()
+    code.add_argument("--code", default=None, help="the join code the front-end shows, or - to read it from standard "
+                      "input (a code on the command line shows in ps and the shell's history; without --code on a "
+                      "terminal it is asked for)")
+    code.add_argument("--code-file", type=Path, default=None, metavar="FILE", help="read the join code from FILE")
     j.add_argument("--name", default=None, help="this node's name (default: the node settings' hostname, else the "
                    "host name)")
     j.add_argument("--ssh-port", type=int, default=22, help="this node's sshd port (default 22)")
@@ -125,7 +149,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     x = lsub.add_parser("follow")
     x.add_argument("run")
     x.add_argument("--after", type=int, default=0)
-    lo.set_defaults(func=guard(cmd_local))
+    lo.set_defaults(func=guard(cmd_local, invalid=(BadRequest,)))
     return p
 
 
@@ -156,7 +180,8 @@ def cmd_code(args: argparse.Namespace) -> int:
             for c in codes:
                 extra = {"used": f"by {c.used_by} at {_when(c.used_at)}", "revoked": f"{c.revoked_reason}",
                          "open": f"until {_when(c.expires_at)}", "expired": f"at {_when(c.expires_at)}"}
-                print(f"{c.id:>4}  {c.status():8}  made {_when(c.created_at)}  {extra[c.status()]}")
+                replaces = f"  (replaces {c.replaces})" if c.replaces else ""
+                say(f"{c.id:>4}  {c.status():8}  made {_when(c.created_at)}  {extra[c.status()]}{replaces}")
             return 0
         if args.revoke:
             if args.revoke == "all":
@@ -172,8 +197,10 @@ def cmd_code(args: argparse.Namespace) -> int:
                     raise CloudboxError(f"--revoke: join code {code_id} is not open ({reg.code(code_id).status()})")
             print(f"revoked: {', '.join(map(str, ids)) or 'no open code'}")
             return 0
+        if args.wait and not args.bind:
+            args.bind = frontend.enrol_bind()
         offer = frontend.make_code(reg, args.minutes, bind=args.bind, port=args.port,
-                                   listen=not (args.no_listen or args.wait), db=args.db)
+                                   listen=not (args.no_listen or args.wait), db=args.db, replaces=args.replace)
     print(f"join code {offer.record.id}:  {offer.code}")
     print(f"valid until {_when(offer.record.expires_at)} ({args.minutes:g} min), for one node only")
     print(f"on the back-end:  {offer.join_command}")
@@ -188,12 +215,12 @@ def cmd_code(args: argparse.Namespace) -> int:
 def cmd_enrol_server(args: argparse.Namespace) -> int:
     """Serve enrolments while a code is open."""
     frontend.require_role("the enrolment server")
-    return _serve(args, args.bind or frontend.default_bind())
+    return _serve(args, args.bind or frontend.enrol_bind())
 
 
 def _serve(args: argparse.Namespace, bind: str) -> int:
     with _registry(args) as reg:
-        frontend.serve(reg, bind, args.port, log=lambda m: print(f"{_when(time.time())} {m}", flush=True))
+        frontend.serve(reg, bind, args.port, log=lambda m: say(f"{_when(time.time())} {m}", flush=True))
     return 0
 
 
@@ -215,22 +242,42 @@ def cmd_join(args: argparse.Namespace) -> int:
         nic = discover.private_link(frontend.settings())
         fe = discover.discover_frontend(nic)
         print(f"discovered the front-end at {fe} (the DHCP server of {nic or 'this node'}'s lease)")
+    code = _join_code(args)
     ident = enrol.local_identity(args.name or frontend.settings().get("hostname"), ssh_port=args.ssh_port)
-    res = enrol.join(fe, args.code, identity=ident, restrict_from=not args.no_from, log=print)
-    print(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
-          f"(pinned in {res.pin_file.parent})")
-    print(f"its management key is in {res.authorized_keys}; it manages this node as {res.libvirt_uri.split('?')[0]}")
+    res = enrol.join(fe, code, identity=ident, restrict_from=not args.no_from, log=say)
+    say(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
+        f"(pinned in {res.pin_file.parent})")
+    say(f"its management key is in {res.authorized_keys}; it manages this node as {res.libvirt_uri.split('?')[0]}")
     found = frontend.check_private_path(res.frontend_address, res.frontend_name)
     if found is not None and found[1].ok:
-        print(found[1].message)
+        say(found[1].message)
     elif found is not None:  # enrolled all the same: runs work, but not at the private network's MTU
-        print(f"cloudbox: warning: {found[1].message}", file=sys.stderr)
+        say(f"cloudbox: warning: {found[1].message}", file=sys.stderr)
     try:
         print(f"libvirt on this node answers ({health.local_libvirt_ready():.1f} s): the front-end can manage it")
     except CloudboxError as e:  # enrolled all the same: the front-end shows the node down until libvirt answers
         print(f"cloudbox: warning: libvirt on this node does not answer, so the front-end cannot manage it yet: {e}",
               file=sys.stderr)
     return 0
+
+
+def _join_code(args: argparse.Namespace) -> str:
+    """The join code from --code-file, --code - (standard input), --code, or asked for on a terminal."""
+    if args.code_file is not None:
+        try:
+            return inputs.read_text_file(args.code_file, limit=MAX_CODE_FILE_BYTES).strip()
+        except FileNotFoundError:
+            raise CloudboxError(f"--code-file: {inputs.shown(str(args.code_file))}: no such file") from None
+        except inputs.InputProblem as e:
+            raise CloudboxError(f"--code-file {inputs.shown(str(args.code_file))}: {e}") from None
+    if args.code == "-":
+        return inputs.decode(sys.stdin.buffer.readline(MAX_CODE_FILE_BYTES)).strip()
+    if args.code is not None:
+        return str(args.code)
+    if sys.stdin.isatty():
+        return getpass.getpass("join code (as the front-end shows it): ")
+    raise CloudboxError("--code: missing; allowed: --code CODE, --code - (read from standard input) or "
+                        "--code-file FILE")
 
 
 # -- list, check, remove -----------------------------------------------------------------------------
@@ -255,6 +302,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     header = ["NAME", "STATE", "ADDRESS", "LAST SEEN", "HOST KEY", "REASON"]
     table = [[r["name"], r["shown_state"], f"{r['address']}:{r['ssh_port']}", _when(r["last_seen"]),
               r["host_key_fingerprint"][:20] + "…", r["shown_reason"]] for r in rows]
+    table = [[inputs.printable(c) for c in row] for row in table]  # a node's reason cannot forge a row
     widths = [max(len(x[i]) for x in [header, *table]) for i in range(len(header) - 1)]
     for line in [header, *table]:
         print(" ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)) + " " + line[-1])
@@ -284,7 +332,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             return
         for h in healths if last is None else changed(last, healths):
             runs = f"; runs marked failed: {', '.join(map(str, h.failed_runs))}" if h.failed_runs else ""
-            print(f"{_when(time.time())} {h.name}: {h.state} ({h.reason}, {h.seconds:.1f} s){runs}", flush=True)
+            say(f"{_when(time.time())} {h.name}: {h.state} ({h.reason}, {h.seconds:.1f} s){runs}", flush=True)
         if not healths and not was_empty:
             print("no nodes enrolled", flush=True)
         was_empty = not healths and last is not None
@@ -297,7 +345,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             if not args.json:
                 for h in healths:
                     if "path" in h.detail:
-                        print(f"{h.name}: {h.detail['path']}", flush=True)
+                        say(f"{h.name}: {h.detail['path']}", flush=True)
             return 0 if all(h.state == "up" for h in healths) and paths_ok else 1
         health.monitor(reg, store, timeout=args.timeout, stop=threading.Event(), on_check=show)
     return 0
@@ -322,11 +370,11 @@ def cmd_remove(args: argparse.Namespace) -> int:
     frontend.require_role("removing nodes")  # before a registry is made
     with _registry(args) as reg:
         removal = frontend.remove_node(reg, args.name, authorized_keys=args.authorized_keys)
-    print(removal.forgotten)
+    say(removal.forgotten)
     if removal.cleaned:
-        print(removal.on_node)
+        say(removal.on_node)
     else:
-        print(f"cloudbox: warning: {removal.on_node}", file=sys.stderr)
+        say(f"cloudbox: warning: {removal.on_node}", file=sys.stderr)
     return 0
 
 
@@ -413,11 +461,60 @@ def cmd_local(args: argparse.Namespace) -> int:
     elif op == "images":
         print(json.dumps(remote.local_images(args.clear, args.keep)))
     elif op == "start-run":
-        try:
-            req = json.loads(sys.stdin.read())
-        except ValueError as e:
-            raise CloudboxError(f"start-run: the request on stdin is not JSON ({e})") from None
-        print(json.dumps(remote.local_start_run(req)))
+        print(json.dumps(remote.local_start_run(read_request(sys.stdin.buffer))))
     elif op == "follow":
         return remote.local_follow(args.run, args.after, sys.stdout)
     return 0
+
+
+def read_request(stream: Any) -> dict[str, Any]:
+    """A start-run request from the front-end, through the input layer: at most MAX_REQUEST_BYTES, JSON nested at
+    most inputs.MAX_NESTING deep, an object with spec (an object), profile_toml (a string) and image_dir (a string,
+    optional). Anything else is a BadRequest naming what is wrong."""
+    allowed = "a JSON object {spec: {...}, profile_toml: \"...\", image_dir: \"...\"}"
+    try:
+        req = inputs.load_json(inputs.stdin_limit_read(stream, MAX_REQUEST_BYTES))
+    except inputs.InputProblem as e:
+        raise BadRequest(f"start-run: the request on stdin: {e}") from None
+    if not isinstance(req, dict):
+        raise BadRequest(f"start-run: the request is {inputs.shown(req)}; allowed: {allowed}")
+    for key, kind, required in (("spec", dict, True), ("profile_toml", str, True), ("image_dir", str, False)):
+        v = req.get(key)
+        if (v is None and required) or (v is not None and not isinstance(v, kind)):
+            raise BadRequest(f"start-run: field {key}: {inputs.shown(v)}; allowed: {allowed}")
+    if isinstance(req.get("image_dir"), str) and inputs.path_problem(req["image_dir"]):
+        raise BadRequest(f"start-run: field image_dir: {inputs.shown(req['image_dir'])} "
+                         f"{inputs.path_problem(req['image_dir'])}; allowed: an absolute path")
+    unknown = sorted(set(req) - {"spec", "profile_toml", "image_dir"})
+    if unknown:
+        raise BadRequest(f"start-run: unknown field(s) {', '.join(map(inputs.printable, unknown))}; allowed: {allowed}")
+    _check_spec(req["spec"])
+    try:
+        profiles.parse_profile(req["profile_toml"], "start-run: field profile_toml")
+    except CloudboxError as e:
+        raise BadRequest(str(e)) from None
+    return req
+
+
+def _check_spec(spec: dict[str, Any]) -> None:
+    """The run settings in a start-run request: known names, each of its field's type, then RunSpec's own checks."""
+    import dataclasses
+
+    from cloudbox.core.runner import RunSpec
+
+    fields = {f.name: f for f in dataclasses.fields(RunSpec)}
+    for key, value in spec.items():
+        f = fields.get(key)
+        if f is None:
+            raise BadRequest(f"start-run: unknown run setting {inputs.shown(key)}; allowed: {', '.join(fields)} "
+                             "(update this node's cloudbox)")
+        want = (str,) if isinstance(f.default, str) or f.name == "profile" else \
+            (int,) if isinstance(f.default, int) else (int, float)
+        if isinstance(value, bool) or not isinstance(value, want) or (isinstance(value, str) and
+                                                                        inputs.control_chars(value)):
+            raise BadRequest(f"start-run: run setting {key}: {inputs.shown(value)}; allowed: "
+                             f"{' or '.join(t.__name__ for t in want)} without control characters")
+    try:
+        RunSpec(**{"profile": "x", **{k: v for k, v in spec.items() if k != "profile"}}).validate()
+    except CloudboxError as e:
+        raise BadRequest(f"start-run: {e}") from None

@@ -15,6 +15,7 @@ import sys
 from cloudbox.cli.common import guard, usage
 from cloudbox.core import profiles
 from cloudbox.core.errors import CloudboxError, ProfileError
+from cloudbox.core.inputs import printable
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -105,7 +106,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         text = (
             e.description if e.problem is None else "INVALID (cloudbox profile validate " + str(e.path) + ")"
         )
-        print(f"{e.name:<{width}}  {e.kind:<6}  {text}" + ("  [active]" if e.name == active else ""))
+        line = f"{e.name:<{width}}  {e.kind:<6}  {text}" + ("  [active]" if e.name == active else "")
+        print(printable(line))
     return EXIT_OK
 
 
@@ -116,15 +118,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     elif args.json:
         print(json.dumps({**prof.model_dump(mode="json"), "hash": prof.hash}, indent=2))
     else:
-        print(f"{prof.name}: {prof.description}")
+        print(printable(f"{prof.name}: {prof.description}"))
         if prof.reproduces:
-            print(f"reproduces: {prof.reproduces}")
-        print(prof.describe())
+            print(printable(f"reproduces: {prof.reproduces}"))
+        print(printable(prof.describe()))
         print(f"hash: {prof.hash}")
         knobs = prof.knobs()
         width = max(len(k) for k in knobs)
         for key, value in knobs.items():
-            print(f"  {key:<{width}}  {_fmt(value)}")
+            print(printable(f"  {key:<{width}}  {_fmt(value)}"))
     return EXIT_OK
 
 
@@ -139,7 +141,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     w0 = max(len(r[0]) for r in table)
     w1 = max(len(r[1]) for r in table)
     for k, x, y in table:
-        print(f"{k:<{w0}}  {x:<{w1}}  {y}")
+        print(printable(f"{k:<{w0}}  {x:<{w1}}  {y}"))
     return EXIT_DIFFERENT
 
 
@@ -155,5 +157,5 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"cloudbox: {e}", file=sys.stderr)
             worst = EXIT_INVALID
         else:
-            print(f"{f}: ok ({prof.name}, {prof.hash[:12]})")
+            print(printable(f"{f}: ok ({prof.name}, {prof.hash[:12]})"))
     return worst

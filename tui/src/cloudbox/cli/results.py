@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, TextIO
 from cloudbox.cli.common import guard, usage
 from cloudbox.core import compare
 from cloudbox.core.errors import CloudboxError
+from cloudbox.core.inputs import printable
 from cloudbox.core.results import STATES, ResultStore, Run
 
 
@@ -138,6 +140,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             _mbps(s["seq_write_mbps"], s["seq_write_pct"]), _mbps(s["seq_read_mbps"], s["seq_read_pct"]), tcp,
         ])
     numeric = {0, 5, 6, 7}
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
     for line in [header, *rows]:
         print(" ".join(c.rjust(widths[i]) if i in numeric else c.ljust(widths[i]) for i, c in enumerate(line))
@@ -193,14 +196,16 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
                      "the tests from there on ran on the new guest")
     if versions:
         lines.append("  versions     " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))
-    print("\n".join(lines), file=out)
+    # Reasons, kernels and versions may come from a node: every line goes through the one escaping function.
+    print("\n".join(printable(line) for line in lines), file=out)
     print(file=out)
-    print(compare.to_text(compare.compare_table([run], title=f"Run #{run.id}")), end="", file=out)
+    table = compare.to_text(compare.compare_table([run], title=f"Run #{run.id}"))
+    print("".join(printable(line) + "\n" for line in table.splitlines()), end="", file=out)
     if raw:
         for m in run.measurements:
             if m.raw:
-                print(f"\n--- raw: {m.side} {m.test} {m.metric} (measurement {m.id}) ---", file=out)
-                print(m.raw.rstrip("\n"), file=out)
+                print(printable(f"\n--- raw: {m.side} {m.test} {m.metric} (measurement {m.id}) ---", "\n"), file=out)
+                print(printable(m.raw.rstrip("\n"), "\t\n"), file=out)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -252,13 +257,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output is None:
         print(text, end="")
         return 0
+    if args.output.is_dir():
+        raise CloudboxError(f"-o {printable(str(args.output))}: is a directory; allowed: a file name (the export is "
+                            "written there)")
+    tmp = args.output.with_name(f".{args.output.name}.tmp{os.getpid()}")
     try:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.output.with_name(args.output.name + ".tmp")
         tmp.write_text(text)
         tmp.replace(args.output)
     except OSError as e:
-        raise CloudboxError(f"cannot write {args.output}: {e.strerror or e}") from e
+        raise CloudboxError(f"cannot write {printable(str(args.output))}: {e.strerror or e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
     print(f"wrote {len(runs)} run{'s' if len(runs) != 1 else ''} to {args.output}", file=sys.stderr)
     return 0
 

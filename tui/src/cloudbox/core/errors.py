@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from cloudbox.core.inputs import MAX_NESTING, InputProblem, got, nesting, printable
+
 
 class CloudboxError(Exception):
     """Base class. str(err) is a complete, user-facing explanation; no traceback needed."""
@@ -15,7 +17,7 @@ class ProfileError(CloudboxError):
     def __init__(self, source: str, problems: list[ProfileProblem]):
         self.source = source
         self.problems = problems
-        lines = [f"{source}: invalid profile ({len(problems)} problem{'s' if len(problems) != 1 else ''})"]
+        lines = [f"{printable(source)}: invalid profile ({len(problems)} problem{'s' if len(problems) != 1 else ''})"]
         lines += [f"  {p}" for p in problems]
         super().__init__("\n".join(lines))
 
@@ -30,9 +32,9 @@ class ProfileProblem:
         self.allowed = allowed
 
     def __str__(self) -> str:
-        s = f"{self.key}: {self.message} (got {self.value!r})"
+        s = f"{printable(self.key)}: {printable(self.message)}{got(self.value)}"
         if self.allowed:
-            s += f"; allowed: {self.allowed}"
+            s += f"; allowed: {printable(self.allowed)}"
         return s
 
     def as_dict(self) -> dict[str, object]:
@@ -60,12 +62,20 @@ PYDANTIC_MESSAGES = {
 
 
 def plain_value(value: object) -> object:
-    """An offending value as plain data for a problem report (TOML dates and times become their text)."""
+    """An offending value as plain data for a problem report (TOML dates and times become their text; a value
+    nested deeper than the input layer allows becomes a sentence, never a recursion)."""
+    if isinstance(value, dict | list) and nesting(value, MAX_NESTING) > MAX_NESTING:
+        return f"a value nested more than {MAX_NESTING} levels deep"
     try:
         json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)
+    except (TypeError, ValueError, RecursionError):
+        return str(value)[:10_000]
     return value
+
+
+def problem_from(p: InputProblem) -> ProfileProblem:
+    """An input layer problem (a file, its syntax, its nesting) as a problem of the profile or answer file."""
+    return ProfileProblem(p.where, p.value, p.message, p.allowed)
 
 
 class NotFound(CloudboxError):
@@ -129,7 +139,7 @@ class AnswerError(CloudboxError):
         self.source = source
         self.problems = problems
         n = len(problems)
-        lines = [f"{source}: invalid answer file ({n} problem{'s' if n != 1 else ''}); nothing was written"]
+        lines = [f"{printable(source)}: invalid answer file ({n} problem{'s' if n != 1 else ''}); nothing was written"]
         lines += [f"  {p}" for p in problems]
         super().__init__("\n".join(lines))
 

@@ -37,7 +37,6 @@ import json
 import os
 import posixpath
 import re
-import tomllib
 import types
 import typing
 from collections.abc import Iterable
@@ -46,10 +45,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cloudbox.core import paths
-from cloudbox.core.errors import PYDANTIC_MESSAGES, NotFound, ProfileError, ProfileProblem, plain_value
+from cloudbox.core import inputs, paths
+from cloudbox.core.errors import PYDANTIC_MESSAGES, NotFound, ProfileError, ProfileProblem, plain_value, problem_from
 
 Hypervisor = Literal["kvm", "xen"]
 Bus = Literal["virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "xen-vbd"]
@@ -83,7 +82,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-OneLine = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]*\S[^\n\r]*$")]
+def _no_controls(v: str) -> str:
+    bad = inputs.control_chars(v)
+    if bad:
+        raise ValueError(f"contains {bad}")
+    return v
+
+
+def _volume(v: str) -> str:
+    bad = inputs.control_chars(v)
+    if bad:
+        raise ValueError(f"contains {bad}")
+    if v.startswith("/") and inputs.path_problem(v):
+        raise ValueError(str(inputs.path_problem(v)))
+    return v
+
+
+OneLine = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]*\S[^\n\r]*$"),
+                    AfterValidator(_no_controls)]
 
 
 class Guest(_Strict):
@@ -104,7 +120,7 @@ class Disk(_Strict):
     queues: int = Field(1, ge=1, le=16)
     backing: Backing
     format: DiskFormat = "raw"
-    volume: str = Field("", max_length=4096, pattern=r"^[^\n\r]*$")
+    volume: Annotated[str, Field(max_length=4096, pattern=r"^[^\n\r]*$"), AfterValidator(_volume)] = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -138,7 +154,7 @@ class Profile(_Strict):
 
     name: str = Field(pattern=NAME_PATTERN)
     description: OneLine
-    reproduces: str | None = Field(None, max_length=200, pattern=r"^[^\n\r]*$")
+    reproduces: Annotated[str, Field(max_length=200, pattern=r"^[^\n\r]*$"), AfterValidator(_no_controls)] | None = None
     guest: Guest
     disk: Disk
     network: Network
@@ -479,7 +495,7 @@ def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
             problems.extend(ctx_err.problems)
             continue
         loc = tuple(err["loc"])
-        key = ".".join(str(x) for x in loc) or "(profile)"
+        key = inputs.key_text(loc) or "(profile)"
         etype = err["type"]
         value = None if etype == "missing" else plain_value(err.get("input"))
         if etype == "extra_forbidden":
@@ -490,6 +506,8 @@ def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
         else:
             allowed = allowed_for(key)
         message = PYDANTIC_MESSAGES.get(etype, err["msg"])
+        if etype == "value_error":
+            message = str(err["msg"]).removeprefix("Value error, ")
         if etype == "string_pattern_mismatch" and key == "description":
             message = "must be one line of text"
         problems.append(ProfileProblem(key, value, message, allowed))
@@ -497,9 +515,6 @@ def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
 
 
 # -- parsing and loading ----------------------------------------------------------------
-
-_TOML_LOCATION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")
-
 
 def validate_data(data: object, source: str, *, expect_name: str | None = None) -> Profile:
     """Validate already-parsed data (a dict) into a Profile, or raise ProfileError."""
@@ -526,43 +541,23 @@ def parse_profile(text: str, source: str = "<profile>", *, expect_name: str | No
     """Parse TOML text into a Profile. `source` names the text in errors; `expect_name`, when
     given, is the name the profile must carry (load_profile passes the file's stem)."""
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        msg = str(exc)
-        m = _TOML_LOCATION.search(msg)
-        lines = text.splitlines()
-        if m:
-            line = int(m.group(1)) if m.group(1) else max(len(lines), 1)
-            msg = msg[: m.start()]
-        else:
-            line = max(len(lines), 1)
-        excerpt = lines[line - 1] if 0 < line <= len(lines) else ""
-        key = f"line {line}"
-        raise ProfileError(
-            source,
-            [ProfileProblem(key, excerpt, f"TOML syntax error: {msg}", "TOML 1.0 syntax (https://toml.io)")],
-        ) from None
+        data = inputs.load_toml(text)
+    except inputs.InputProblem as e:
+        raise ProfileError(source, [problem_from(e)]) from None
     return validate_data(data, source, expect_name=expect_name)
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
-    """Load and validate one profile file; its `name` must equal the file's stem."""
+    """Load and validate one profile file (a regular file of at most inputs.MAX_FILE_BYTES); its `name` must
+    equal the file's stem."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        text = inputs.read_text_file(path)
     except FileNotFoundError:
-        raise NotFound(f"{p}: no such profile file") from None
-    except OSError as exc:
-        raise ProfileError(
-            str(p), [ProfileProblem("file", str(p), f"cannot read: {exc.strerror}", "a readable TOML file")]
-        ) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(
-            str(p), [ProfileProblem("file", raw[exc.start : exc.end], "not UTF-8 text", "a UTF-8 TOML file")]
-        ) from None
-    return parse_profile(text, str(p), expect_name=p.stem)
+        raise NotFound(f"{inputs.shown(os.fspath(path))}: no such profile file") from None
+    except inputs.InputProblem as e:
+        raise ProfileError(os.fspath(path), [problem_from(e)]) from None
+    return parse_profile(text, os.fspath(path), expect_name=p.stem)
 
 
 # -- lookup ---------------------------------------------------------------------------
@@ -618,7 +613,7 @@ def find_profile_path(name: str) -> Path:
             if f.is_file():
                 return f
     known = sorted(n for n, _ in _candidates())
-    raise NotFound(f"no profile named {name!r}; known profiles: {', '.join(known) or '(none)'}")
+    raise NotFound(f"no profile named {inputs.shown(name)}; known profiles: {', '.join(known) or '(none)'}")
 
 
 def find_profile(name: str) -> Profile:

@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import posixpath
 import re
-import tomllib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cloudbox.core.errors import PYDANTIC_MESSAGES, AnswerError, ProfileProblem, plain_value
+from cloudbox.core import inputs
+from cloudbox.core.errors import PYDANTIC_MESSAGES, AnswerError, ProfileProblem, plain_value, problem_from
 from cloudbox.core.install.disks import INSTALL_NAMESPACE, Disk, find_disk
 from cloudbox.core.install.machine import Machine, Nic
 
@@ -50,14 +51,16 @@ SSH_KEY_PATTERN = (
 _TEXT_RULES: dict[str, str] = {
     "role": ", ".join(ROLES) + " (exactly one per node)",
     "hostname": "lowercase letters, digits and '-', 1..63 characters, not starting or ending with '-'",
-    "disk.target": "a /dev/disk/by-id/ path (see `cloudbox install disks`)",
-    "disk.confirm_serial": "the target disk's serial number, as `cloudbox install disks` shows it",
+    "disk.target": "an absolute, normalised /dev/disk/by-id/ path (see `cloudbox install disks`)",
+    "disk.confirm_serial": "the target disk's serial number, as `cloudbox install disks` shows it (no control "
+    "characters)",
     "network.private_nic": "a NIC name (e.g. enp1s0) or MAC address (see `ip link`)",
     "network.campus_nic": "a NIC name (e.g. enp2s0) or MAC address (see `ip link`)",
     "network.private_mtu": "an integer 1500..9000",
-    "network.frontend": '"discover" or the front-end\'s IPv4/IPv6 address on the private network',
+    "network.frontend": '"discover" or the front-end\'s IPv4/IPv6 address on the private network ('
+    + inputs.FRONTEND_ADDRESS_RULE + ")",
     "network.private_address": "the front-end's private IPv4 address with prefix, in a private range "
-    "(10/8, 172.16/12, 192.168/16), prefix /8../27, e.g. 10.73.0.1/24 (the default)",
+    f"({inputs.PRIVATE_RANGES_TEXT}), prefix /8../27, e.g. 10.73.0.1/24 (the default)",
     "root.password_hash": "a crypt(5) hash: $y$... (yescrypt), $6$... (sha512), $5$..., $2b$...; "
     "make one with `openssl passwd -6` or `mkpasswd`",
     "root.password_credential": "the name of a systemd credential holding a password hash "
@@ -77,9 +80,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _no_controls(v: str) -> str:
+    bad = inputs.control_chars(v)
+    if bad:
+        raise ValueError(f"contains {bad}")
+    return v
+
+
+def _path(v: str) -> str:
+    bad = inputs.path_problem(v)
+    if bad:
+        raise ValueError(bad)
+    return v
+
+
 class DiskAnswers(_Strict):
-    target: str = Field(min_length=1, max_length=4096, pattern=r"^/[^\n\r]*$")
-    confirm_serial: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[^\n\r]+$")
+    target: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_path)]
+    confirm_serial: Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_no_controls)] | None = None
 
 
 class NetworkAnswers(_Strict):
@@ -95,15 +112,19 @@ class NetworkAnswers(_Strict):
     def _private_address(cls, v: str | None) -> str | None:
         if v is None:
             return v
+        if inputs.control_chars(v):
+            raise ValueError(f"contains {inputs.control_chars(v)}")
+        if "/" not in v:
+            raise ValueError("no prefix given: write the address with its prefix, A.B.C.D/NN")
         try:
             iface = ipaddress.IPv4Interface(v)
         except ValueError:
             raise ValueError("not an IPv4 address with a prefix (A.B.C.D/NN)") from None
-        if "/" not in v or not 8 <= iface.network.prefixlen <= 27:
+        if not 8 <= iface.network.prefixlen <= 27:
             raise ValueError("the prefix must be /8../27 (room for the back-ends and their guests: DHCP hands out "
                              "addresses from the 16th on)")
-        if not iface.ip.is_private or iface.ip.is_loopback or iface.ip.is_link_local:
-            raise ValueError("not in a private range (10/8, 172.16/12, 192.168/16)")
+        if not inputs.in_private_ranges(iface.ip):
+            raise ValueError(f"not in a private range ({inputs.PRIVATE_RANGES_TEXT})")
         if iface.ip in (iface.network.network_address, iface.network.broadcast_address):
             raise ValueError("the network's own or broadcast address cannot be a host's")
         return str(iface)
@@ -114,16 +135,17 @@ class NetworkAnswers(_Strict):
         if v is None or v == "discover":
             return v
         try:
-            addr = ipaddress.ip_address(v)
+            addr = inputs.ip_address(v)
         except ValueError:
             raise ValueError("not an IP address and not \"discover\"") from None
-        if addr.is_loopback or addr.is_unspecified or addr.is_multicast:
-            raise ValueError("a loopback, unspecified or multicast address cannot be the front-end")
+        why = inputs.peer_address_problem(addr)
+        if why:
+            raise ValueError(f"{why} ({addr}) cannot be the front-end")
         return str(addr)
 
 
 class RootAnswers(_Strict):
-    password_hash: str | None = Field(None, pattern=PASSWORD_HASH_PATTERN)
+    password_hash: Annotated[str, Field(pattern=PASSWORD_HASH_PATTERN), AfterValidator(_no_controls)] | None = None
     password_credential: str | None = Field(None, pattern=CREDENTIAL_PATTERN)
     ssh_authorized_keys: list[str] = Field(default_factory=list, max_length=64)
 
@@ -131,7 +153,10 @@ class RootAnswers(_Strict):
     @classmethod
     def _keys(cls, v: list[str]) -> list[str]:
         for i, key in enumerate(v):
-            if not re.match(SSH_KEY_PATTERN, key.strip()):
+            bad = inputs.control_chars(key.strip())
+            if bad:
+                raise ValueError(f"entry {i + 1} contains {bad}")
+            if not re.fullmatch(SSH_KEY_PATTERN, key.strip()):
                 raise ValueError(f"entry {i + 1} is not an OpenSSH public key line")
         return [k.strip() for k in v]
 
@@ -246,7 +271,7 @@ def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
         etype = err["type"]
         if loc and loc[0] == "root" and len(loc) > 2 and loc[1] == "ssh_authorized_keys":
             loc = loc[:2]  # one entry of the list: report the list key
-        key = ".".join(loc) or "(answers)"
+        key = inputs.key_text(loc) or "(answers)"
         value = None if etype == "missing" else plain_value(err.get("input"))
         if etype == "extra_forbidden":
             section = loc[0] if len(loc) == 2 else ""
@@ -274,43 +299,33 @@ def validate_data(data: object, source: str) -> Answers:
         if isinstance(data, dict):  # the rules between keys, on what is there (pydantic skips them on errors)
             net, root = data.get("network"), data.get("root")
             seen = {p.key for p in problems}
+            # A section that is not a table has its own problem; rules about its keys would be false ones.
+            broken = {k for k in ("network", "root") if k in data and not isinstance(data[k], dict)}
             extra = _cross(data.get("role"), net if isinstance(net, dict) else {},
                            root if isinstance(root, dict) else {})
-            problems += [p for p in extra if p.key not in seen]
+            problems += [p for p in extra if p.key not in seen and p.key.split(".")[0] not in broken]
         raise AnswerError(source, problems) from None
-
-
-_TOML_LOCATION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")
 
 
 def parse_answers(text: str, source: str = "<answers>") -> Answers:
     """Parse and validate the text of an answer file (the file alone, not yet against this machine)."""
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        msg = str(exc)
-        m = _TOML_LOCATION.search(msg)
-        lines = text.splitlines()
-        line = int(m.group(1)) if m and m.group(1) else max(len(lines), 1)
-        if m:
-            msg = msg[: m.start()]
-        excerpt = lines[line - 1] if 0 < line <= len(lines) else ""
-        raise AnswerError(
-            source, [ProfileProblem(f"line {line}", excerpt, f"TOML syntax error: {msg}", "TOML 1.0 syntax")]
-        ) from None
+        data = inputs.load_toml(text)
+    except inputs.InputProblem as e:
+        raise AnswerError(source, [problem_from(e)]) from None
     return validate_data(data, source)
 
 
 def load_answers(path: str | Path) -> Answers:
-    p = Path(path)
+    """Read (a regular file of at most inputs.MAX_FILE_BYTES), parse and validate an answer file."""
     try:
-        text = p.read_text(encoding="utf-8")
+        text = inputs.read_text_file(path)
     except FileNotFoundError:
-        raise AnswerError(str(p), [ProfileProblem("(file)", str(p), "no such file", "an existing TOML file")]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        problem = ProfileProblem("(file)", str(p), f"cannot read it: {e}", "a UTF-8 TOML file")
-        raise AnswerError(str(p), [problem]) from None
-    return parse_answers(text, str(p))
+        raise AnswerError(str(path), [ProfileProblem("(file)", str(path), "no such file", "an existing TOML file")]) \
+            from None
+    except inputs.InputProblem as e:
+        raise AnswerError(str(path), [problem_from(e)]) from None
+    return parse_answers(text, str(path))
 
 
 # ------------------------------------------------------------------------------------- against the machine
@@ -353,7 +368,8 @@ def check_answers(answers: Answers, machine: Machine, source: str = "<answers>")
     target = answers.disk.target
     disk: Disk | None = None
     by_id_prefix = machine.by_id_dir.rstrip("/") + "/"
-    if not target.startswith(by_id_prefix):
+    # The rule is on the normalised path: /dev/disk/by-id/../../sda names /dev/sda, a name that can change.
+    if posixpath.dirname(posixpath.normpath(target)) + "/" != by_id_prefix:
         bad("disk.target", target, f"name the disk by its {by_id_prefix} path, which stays the same across reboots "
             "(/dev/sdX names do not)", _disk_choices(machine))
     else:
@@ -405,8 +421,11 @@ def check_answers(answers: Answers, machine: Machine, source: str = "<answers>")
             bad("root.password_credential", cred, "no such credential was passed to this system",
                 "a credential in " + ", ".join(str(d) for d in machine.cred_dirs))
         else:
-            value = path.read_text(errors="replace").strip()
-            if not re.match(PASSWORD_HASH_PATTERN, value):
+            try:
+                value = inputs.read_text_file(path, limit=4096).strip()
+            except (OSError, inputs.InputProblem):
+                value = ""
+            if inputs.control_chars(value) or not re.fullmatch(PASSWORD_HASH_PATTERN, value):
                 bad("root.password_credential", cred, f"{path} does not hold a password hash",
                     _TEXT_RULES["root.password_hash"])
             else:

@@ -15,7 +15,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from cloudbox.core.errors import InstallError
+from cloudbox.core import inputs
+from cloudbox.core.errors import AnswerError, InstallError, problem_from
 from cloudbox.core.install.machine import Machine
 from cloudbox.core.install.plan import readonly_view
 
@@ -48,12 +49,13 @@ def find_answers(machine: Machine, esp_device: str | None, *, cmdline: str | Non
     """The answer file for an unattended install, or None when there is none."""
     cred = machine.credential(CREDENTIAL)
     if cred is not None:
-        return AnswerSource(cred.read_text(encoding="utf-8", errors="replace"), f"credential {CREDENTIAL} ({cred})")
+        return AnswerSource(_read(cred, f"credential {CREDENTIAL} ({cred})"), f"credential {CREDENTIAL} ({cred})")
     named = cmdline_answers_path(cmdline)
     rel = named or DEFAULT_ESP_PATH
     p = PurePosixPath(rel)
-    if not p.is_absolute() or ".." in p.parts:
-        raise InstallError(f"kernel command line: {CMDLINE_KEY}={rel}: must be an absolute path on the boot "
+    if not p.is_absolute() or ".." in p.parts or inputs.control_chars(rel):
+        raise InstallError(f"kernel command line: {CMDLINE_KEY}={inputs.printable(rel)}: must be an absolute path "
+                           "without control characters on the boot "
                            f"medium's ESP, e.g. {CMDLINE_KEY}={DEFAULT_ESP_PATH}")
     if esp_device is None:
         if named:
@@ -67,4 +69,14 @@ def find_answers(machine: Machine, esp_device: str | None, *, cmdline: str | Non
                 raise InstallError(f"kernel command line names {CMDLINE_KEY}={rel}, but {esp_device} has no "
                                    f"such file")
             return None
-        return AnswerSource(f.read_text(encoding="utf-8", errors="replace"), f"{esp_device}:{rel}")
+        return AnswerSource(_read(f, f"{esp_device}:{rel}"), f"{esp_device}:{rel}")
+
+
+def _read(path: Path, source: str) -> str:
+    """The answer file's text through the input layer (a regular file, size-capped, UTF-8)."""
+    try:
+        return inputs.read_text_file(path)
+    except inputs.InputProblem as e:
+        raise AnswerError(source, [problem_from(e)]) from None
+    except OSError as e:
+        raise InstallError(f"{source}: cannot read it: {e.strerror or e}") from None

@@ -64,6 +64,17 @@ def default_bind() -> str:
     return (network.ipv4_of(link) if link else None) or "0.0.0.0"
 
 
+def enrol_bind() -> str:
+    """Where the enrolment server listens: the private link's address, never every address. A CloudboxError when
+    this host has none (no private NIC in the node settings, or it has no IPv4 address), saying to pass --bind."""
+    addr = default_bind()
+    if addr == "0.0.0.0":
+        raise CloudboxError("the enrolment server listens only on this front-end's private network address, and "
+                            "none was found (the node settings name no private NIC, or it has no IPv4 address); "
+                            "give the address with --bind ADDR")
+    return addr
+
+
 def check_private_path(address: str, name: str = ""):
     """Full-size don't-fragment pings from this node's private link to `address` (another node): (the link,
     a network.PathCheck, which names a switch that drops jumbo frames), or None when this host has no private
@@ -110,18 +121,44 @@ def server_running() -> bool:
 
 
 def serve(reg: Registry, bind: str, port: int, log: Callable[[str], None]) -> None:
-    """Serve enrolments in this process until no code is open (holding the one-per-host lock)."""
+    """Serve enrolments in this process until no code is open, holding the one-per-host lock exactly while the
+    socket is open: it is released when the socket closes (connections still finishing hold no lock), so the
+    next code starts a server of its own. A code made while this one was closing is served here again."""
     lock_path = server_lock()
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:
+    ident = enrol.local_identity(settings().get("hostname"), client_key_path=reg.client_key)
+    first = True
+    while True:
+        lock = open(lock_path, "a")  # noqa: SIM115 - closed by release(), when the socket closes
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise CloudboxError(f"the enrolment server is already running ({lock_path} is locked)") from None
-        ident = enrol.local_identity(settings().get("hostname"), client_key_path=reg.client_key)
-        server = enrol.EnrolServer(reg, ident, host=bind, port=port, log=log)
-        server.open()
-        server.serve()
+            lock.close()
+            if first:
+                raise CloudboxError(f"the enrolment server is already running ({lock_path} is locked)") from None
+            return  # another server took over
+        released = False
+
+        def release(lock=lock) -> None:
+            nonlocal released
+            if not released:
+                released = True
+                lock.close()  # closing the file drops the flock
+
+        try:
+            server = enrol.EnrolServer(reg, ident, host=bind, port=port, log=log)
+            try:
+                server.open()
+            except enrol.NoOpenCode:
+                if first:
+                    raise
+                return
+            server.serve(on_close=release)
+        finally:
+            release()
+        first = False
+        if not reg.open_codes():
+            return
 
 
 def _child_env() -> dict[str, str]:
@@ -188,8 +225,8 @@ class CodeOffer:
 
     @property
     def front_end(self) -> str:
-        """The --front-end value to type on the back-end (ADDRESS when the server listens on every address)."""
-        where = "ADDRESS" if self.bind in ("0.0.0.0", "::") else self.bind
+        """The --front-end value to type on the back-end (ADDRESS when it is not known here)."""
+        where = "ADDRESS" if self.bind in ("", "0.0.0.0", "::") else self.bind
         if self.port != enrol.PORT:
             where = f"[{where}]:{self.port}" if ":" in where else f"{where}:{self.port}"
         return where
@@ -211,14 +248,19 @@ class CodeOffer:
 
 
 def make_code(reg: Registry, minutes: float = DEFAULT_CODE_MINUTES, *, bind: str | None = None,
-              port: int = enrol.PORT, listen: bool = True, db: Path | None = None) -> CodeOffer:
+              port: int = enrol.PORT, listen: bool = True, db: Path | None = None,
+              replaces: str | None = None) -> CodeOffer:
     """A one-time join code, and (listen=True) the detached enrolment server, unless one already runs. When the
-    server cannot start, the new code is revoked (nothing could use it) and the server's error is raised."""
+    server cannot start, the new code is revoked (nothing could use it) and the server's error is raised.
+    `replaces`: the code may re-enrol that node without proof of its host key (a reinstalled node)."""
     require_role("making join codes")
     if not 1 <= port <= 65535:
         raise CloudboxError(f"--port: {port} is out of range; allowed: 1..65535")
-    bind = bind or default_bind()
-    code, rec = reg.make_code(minutes)
+    if listen:
+        bind = bind or enrol_bind()  # before a code is made that no server could serve
+    else:
+        bind = bind or ("" if default_bind() == "0.0.0.0" else default_bind())
+    code, rec = reg.make_code(minutes, replaces=replaces)
     offer = CodeOffer(code, rec, minutes, bind, port, "not started")
     if not listen:
         return offer

@@ -170,3 +170,40 @@ def install_authorized_key(key: PublicKey, *, frontend_name: str, from_address: 
 
 def write_file(path: Path, text: str, mode: int = 0o600) -> None:
     _atomic_write(path, text, mode)
+
+
+SIGNATURE_RE = re.compile(r"-----BEGIN SSH SIGNATURE-----\n[A-Za-z0-9+/=\n]{1,4000}-----END SSH SIGNATURE-----\n?")
+
+
+def host_private_key_path() -> Path:
+    """The private half of this node's host key (the .pub path without .pub): what proves the key is ours."""
+    pub = host_key_path()
+    return pub.with_name(pub.name.removesuffix(".pub"))
+
+
+def sign(data: bytes, private_key: Path, namespace: str) -> str | None:
+    """An SSH signature (ssh-keygen -Y sign) of `data` with `private_key`, or None when the key cannot be read
+    (not root, no such file): the caller then proves nothing with it."""
+    try:
+        out = subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(private_key), "-n", namespace], input=data,
+                             capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.decode(errors="replace")
+    return text if out.returncode == 0 and SIGNATURE_RE.fullmatch(text) else None
+
+
+def verify(data: bytes, signature: str, key: PublicKey, namespace: str) -> bool:
+    """Whether `signature` is `key`'s SSH signature of `data` in `namespace` (ssh-keygen -Y verify)."""
+    if not SIGNATURE_RE.fullmatch(signature):
+        return False
+    with tempfile.TemporaryDirectory(prefix="cloudbox-verify-") as tmp:
+        signers, sig = Path(tmp) / "allowed_signers", Path(tmp) / "data.sig"
+        signers.write_text(f'node namespaces="{namespace}" {key.line}\n')
+        sig.write_text(signature)
+        try:
+            out = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", "node", "-n", namespace,
+                                  "-s", str(sig)], input=data, capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return out.returncode == 0

@@ -5,8 +5,12 @@ Tables (schema version SCHEMA_VERSION in PRAGMA user_version; MIGRATIONS upgrade
   nodes           one enrolled node: name, role, address, SSH port, pinned host key, its client key, libvirt URI,
                   enrolled_at, last_seen (last good check), checked_at, state up/down/unknown and the reason
   join_codes      one join code: only its derived key (scrypt of the code), created/expires/used/revoked
-  enrol_failures  every refused enrolment (peer, name, reason), which is what the rate limit counts
+  enrol_failures  refused enrolments (peer, name, reason), which is what the rate limit counts; kept a day and
+                  at most MAX_FAILURE_ROWS rows
   propagations    every copy of the guest image to a node: bytes, seconds, MB/s, or "cached" (v2)
+
+The file and its -wal/-shm are 0600 from their first byte: nodes.db is created 0600 before SQLite opens it,
+and SQLite gives the WAL and shared-memory files the database's own mode.
 
 A join code is 16 Crockford base32 characters (80 bits), shown as XXXX-XXXX-XXXX-XXXX. The code itself is
 never stored: only scrypt(code, cluster salt), which is both what proves a code and the HMAC key the enrolment
@@ -39,7 +43,7 @@ from .. import db, paths
 from ..errors import CloudboxError, NotFound
 from . import keys
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 NODE_STATES = ("up", "down", "unknown")
 ENROL_ROLES = ("back-end",)
 
@@ -52,10 +56,14 @@ KEEP_SPENT_CODES_S = 24 * 3600
 # scrypt cost: ~50 ms and 16 MiB per guess; with 80-bit codes an offline guesser has no chance either way.
 KDF_N, KDF_R, KDF_P = 2**14, 8, 1
 
-# Rate limits on refused enrolments (wrong, reused, expired or revoked code).
+# Rate limits on refused enrolments (wrong, reused, expired or revoked code, or a malformed message).
 PEER_FAILURE_LIMIT = 5  # from one address within PEER_FAILURE_WINDOW_S: that address is refused until it ages out
 PEER_FAILURE_WINDOW_S = 600
-TOTAL_FAILURE_LIMIT = 20  # in all, while codes are open: every open code is revoked
+# In all, while codes are open: logged as a warning (someone is guessing), never a revocation, so a few addresses
+# cannot shut enrolment down; guessing an 80-bit code online is hopeless at any rate a server can answer.
+TOTAL_FAILURE_LIMIT = 20
+KEEP_FAILURES_S = 24 * 3600
+MAX_FAILURE_ROWS = 1000
 
 _SCHEMA_V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -118,12 +126,40 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX propagations_node ON propagations (node, at)")
 
 
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    # A code made with --replace NAME may re-enrol that node without proof of its host key (the admin's say-so).
+    conn.execute("ALTER TABLE join_codes ADD COLUMN replaces TEXT")
+
+
 # MIGRATIONS[n] upgrades user_version n to n + 1. Append, never edit, entries.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2,
+                                                               2: _migrate_2_to_3}
 
 
 def nodes_db() -> Path:
     return paths.state_dir() / "nodes.db"
+
+
+def _private_files(db_path: Path) -> None:
+    """nodes.db 0600 before SQLite first opens it (its -wal and -shm then get the same mode), older -wal/-shm
+    files made 0600 too; the directory is made 0700 when created here, and a state directory that others could
+    write to loses those bits (it stays traversable: QEMU reaches the work directory below it)."""
+    parent = db_path.parent
+    if not parent.exists():
+        parent.mkdir(parents=True, mode=0o700)
+    else:
+        st = parent.stat()
+        if st.st_uid == os.geteuid() and st.st_mode & 0o022:
+            os.chmod(parent, st.st_mode & 0o7755)
+    fd = os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        side = db_path.with_name(db_path.name + suffix)
+        if side.exists():
+            os.chmod(side, 0o600)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,6 +202,7 @@ class JoinCode:
     used_by: str | None
     revoked_at: float | None
     revoked_reason: str | None
+    replaces: str | None = None  # a node this code may re-enrol without proof of its host key
 
     def status(self, now: float | None = None) -> str:
         now = time.time() if now is None else now
@@ -179,7 +216,7 @@ class JoinCode:
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("id", "created_at", "expires_at", "used_at", "used_by", "revoked_at",
-                                              "revoked_reason")}
+                                              "revoked_reason", "replaces")}
         d["status"] = self.status()
         return d
 
@@ -234,16 +271,12 @@ class Registry:
         self.dir = self.path.parent / "nodes"
         self._lock = threading.RLock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _private_files(self.path)
             self._conn = db.connect(self.path)
             self._migrate()
         except (OSError, sqlite3.DatabaseError) as e:
             raise CloudboxError(f"{self.path}: cannot open the node registry: {e}"
                                 " (set CLOUDBOX_STATE_DIR to a writable directory)") from e
-        try:
-            os.chmod(self.path, 0o600)
-        except OSError:
-            pass
 
     def _migrate(self) -> None:
         while True:
@@ -281,19 +314,23 @@ class Registry:
 
     # -- join codes ---------------------------------------------------------------------------------
 
-    def make_code(self, minutes: float = DEFAULT_CODE_MINUTES) -> tuple[str, JoinCode]:
-        """A new one-time code, valid `minutes`; returns (the code, its record). The code is shown once."""
+    def make_code(self, minutes: float = DEFAULT_CODE_MINUTES, *, replaces: str | None = None) -> tuple[str, JoinCode]:
+        """A new one-time code, valid `minutes`; returns (the code, its record). The code is shown once. With
+        `replaces`, the code may also re-enrol that (enrolled) node without proof of its host key: a reinstalled
+        node with a new key, or one that cannot sign with its key."""
         if not (0 < minutes <= MAX_CODE_MINUTES):
             raise CloudboxError(f"--minutes: {minutes:g} is out of range; allowed: more than 0, "
                                 f"at most {MAX_CODE_MINUTES} (a day)")
+        if replaces is not None:
+            self.node(replaces)  # NotFound names the enrolled nodes
         code = new_code()
         now = time.time()
         key = derive_key(code, self.salt)
         with self._write() as conn:
             conn.execute("DELETE FROM join_codes WHERE coalesce(used_at, revoked_at, expires_at) < ?",
                          (now - KEEP_SPENT_CODES_S,))
-            cur = conn.execute("INSERT INTO join_codes (key, created_at, expires_at) VALUES (?, ?, ?)",
-                               (key, now, now + minutes * 60))
+            cur = conn.execute("INSERT INTO join_codes (key, created_at, expires_at, replaces) VALUES (?, ?, ?, ?)",
+                               (key, now, now + minutes * 60, replaces))
             code_id = int(cur.lastrowid or 0)
         return code, self.code(code_id)
 
@@ -336,9 +373,13 @@ class Registry:
     # -- refusals and the rate limit ------------------------------------------------------------------
 
     def record_failure(self, peer: str, name: str | None, reason: str, *, counts: bool = True) -> None:
+        """Record a refusal, pruning rows older than KEEP_FAILURES_S and beyond the newest MAX_FAILURE_ROWS."""
+        now = time.time()
         with self._write() as conn:
             conn.execute("INSERT INTO enrol_failures (t, peer, name, reason, counts) VALUES (?, ?, ?, ?, ?)",
-                         (time.time(), peer, name, reason, int(counts)))
+                         (now, peer, name, reason, int(counts)))
+            conn.execute("DELETE FROM enrol_failures WHERE t < ? OR rowid <= (SELECT max(rowid) FROM enrol_failures)"
+                         " - ?", (now - KEEP_FAILURES_S, MAX_FAILURE_ROWS))
 
     def peer_failures(self, peer: str, window: float = PEER_FAILURE_WINDOW_S) -> list[float]:
         with self._lock:
@@ -376,19 +417,28 @@ class Registry:
             raise NotFound(f"node {name!r}: not enrolled (known: {known})")
         return self._node_row(r)
 
-    def conflict(self, name: str, host_key: str) -> NodeConflict | None:
-        """Why enrolling `name` with `host_key` must be refused, or None. Re-enrolling a node with the same
-        host key is allowed (a re-run join); another key under a known name, or a known key under another
-        name, is not."""
+    def conflict(self, name: str, host_key: str, *, proven: bool = True,
+                 replaces: str | None = None) -> NodeConflict | None:
+        """Why enrolling `name` with `host_key` must be refused, or None. Re-enrolling a node with the same host
+        key is allowed when the back-end proved it holds that key (`proven`: a re-run join); another key under a
+        known name, or a known key under another name, is not. A code made to replace `name` allows both."""
         with self._lock:
             by_name = self._conn.execute("SELECT host_key FROM nodes WHERE name = ?", (name,)).fetchone()
             by_key = self._conn.execute("SELECT name FROM nodes WHERE host_key = ?", (host_key,)).fetchone()
-        if by_name is not None and by_name[0] != host_key:
+        replacing = replaces is not None and replaces == name
+        if by_name is not None and by_name[0] == host_key and not proven and not replacing:
+            return NodeConflict(
+                "key-unproven",
+                f"node {name!r} is already enrolled with this host key, and the back-end did not prove it holds "
+                f"the key (it could not sign with it); to enrol it again all the same, make the code with "
+                f"`cloudbox node code --replace {name}` on the front-end")
+        if by_name is not None and by_name[0] != host_key and not replacing:
             return NodeConflict(
                 "name-taken",
                 f"node {name!r} is already enrolled with a different SSH host key "
                 f"({keys.fingerprint(by_name[0])}, offered {keys.fingerprint(host_key)}); if the node was "
-                f"reinstalled, remove it on the front-end first: cloudbox node remove {name}")
+                f"reinstalled, make its code with `cloudbox node code --replace {name}`, or remove it on the "
+                f"front-end first: cloudbox node remove {name}")
         if by_key is not None and by_key[0] != name:
             return NodeConflict(
                 "key-taken",
@@ -397,9 +447,10 @@ class Registry:
         return None
 
     def enrol(self, *, name: str, role: str, address: str, ssh_port: int, host_key: str, client_key: str,
-              code_key: bytes, peer: str) -> NodeRecord:
+              code_key: bytes, peer: str, proven: bool = False) -> NodeRecord:
         """In one transaction: consume the (still open) code and record the node. Raises NodeConflict or
-        CloudboxError('code no longer open') without changing anything."""
+        CloudboxError('code no longer open') without changing anything. `proven`: the back-end signed the
+        enrolment with its host key (required to re-enrol a known name, unless the code replaces it)."""
         if role not in ENROL_ROLES:
             raise CloudboxError(f"role: {role!r} cannot enrol; allowed: {', '.join(ENROL_ROLES)}")
         now = time.time()
@@ -407,7 +458,7 @@ class Registry:
             row = conn.execute("SELECT * FROM join_codes WHERE key = ?", (code_key,)).fetchone()
             if row is None or self._code_row(row).status(now) != "open":
                 raise CloudboxError("the join code stopped being open while this node enrolled")
-            problem = self.conflict(name, host_key)
+            problem = self.conflict(name, host_key, proven=proven, replaces=row["replaces"])
             if problem is not None:
                 raise problem
             conn.execute("UPDATE join_codes SET used_at = ?, used_by = ? WHERE id = ?",
@@ -417,6 +468,7 @@ class Registry:
                 "INSERT INTO nodes (name, role, address, ssh_port, host_key, client_key, libvirt_uri, enrolled_at,"
                 " state, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'unknown', 'enrolled; not checked yet')"
                 " ON CONFLICT (name) DO UPDATE SET address = excluded.address, ssh_port = excluded.ssh_port,"
+                " host_key = excluded.host_key,"
                 " client_key = excluded.client_key, libvirt_uri = excluded.libvirt_uri,"
                 " enrolled_at = excluded.enrolled_at, state = 'unknown', reason = excluded.reason",
                 (name, role, address, int(ssh_port), host_key, client_key, uri, now))
