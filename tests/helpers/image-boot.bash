@@ -6,8 +6,15 @@
 # IMAGE_QEMU_CPU picks the CPU model (default max: TCG emulates AMD SVM, so KVM works inside the appliance).
 # image_esp_* read the image's ESP with mtools; image_xen_default makes a copy of the image that boots Xen.
 
-IMAGE_DIR=${IMAGE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build/image}
+IMAGE_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+IMAGE_DIR=${IMAGE_DIR:-$IMAGE_REPO/build/image}
 IMAGE=${IMAGE:-$IMAGE_DIR/out/cloudbox.raw}
+
+# The image the suites boot: what `make image` built, else built now the same way (scripts/build-image).
+image_ensure() {
+    [ -f "$IMAGE" ] || "$IMAGE_REPO/scripts/build-image" || return 1
+    [ -f "$IMAGE" ] || { echo "no image at $IMAGE (scripts/build-image writes build/image/out/cloudbox.raw)" >&2; return 1; }
+}
 
 image_ovmf_code() {
     local f

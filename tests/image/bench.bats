@@ -6,7 +6,6 @@
 bats_require_minimum_version 1.5.0
 
 setup_file() {
-    load '../helpers/image-build'
     load '../helpers/image-boot'
     export IMAGE_DIR IMAGE
     export BENCH_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/bench
@@ -16,9 +15,7 @@ setup_file() {
     export IMAGE_QEMU_SMP=${IMAGE_QEMU_SMP:-1}
     mkdir -p "$BENCH_LOGS"
     rm -f "$BENCH_LOGS/quick-suite-seconds" "$BENCH_LOGS/run-attempt1.txt"  # quick-suite-seconds: for scripts/image-bench
-    if [ ! -f "$IMAGE" ]; then
-        image_build "$IMAGE_DIR" >&3 2>&1
-    fi
+    image_ensure >&3 2>&1
     start=$(date +%s)
     image_start uefi "$BENCH_LOGS" "$BENCH_PORT"
     echo "$IMAGE_QEMU_PID" > "$BENCH_LOGS/qemu.pid"

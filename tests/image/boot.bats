@@ -5,16 +5,11 @@
 bats_require_minimum_version 1.5.0
 
 setup_file() {
-    load '../helpers/image-build'
     load '../helpers/image-boot'
     export IMAGE_DIR IMAGE
     export BOOT_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}
     mkdir -p "$BOOT_LOGS"
-    # Build once per file, or reuse what `make image` built.
-    if [ ! -f "$IMAGE" ]; then
-        image_build "$IMAGE_DIR" >&3 2>&1
-    fi
-    [ -f "$IMAGE" ]
+    image_ensure >&3 2>&1
 }
 
 setup() {

@@ -14,17 +14,13 @@ BE_CAMPUS=52:54:00:cb:02:01
 BE_PRIVATE=52:54:00:cb:02:02
 
 setup_file() {
-    load '../helpers/image-build'
     load '../helpers/image-boot'
     load '../helpers/image-install'
     load '../helpers/image-cluster'
     export IMAGE_DIR IMAGE
     export LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/cluster
     mkdir -p "$LOGS"
-    if [ ! -f "$IMAGE" ]; then
-        image_build "$IMAGE_DIR" >&3 2>&1
-    fi
-    [ -f "$IMAGE" ]
+    image_ensure >&3 2>&1
     rm -f "$LOGS"/*.seconds "$LOGS"/run*.txt "$LOGS"/*.json "$LOGS"/{booted,enrolled,run}.ok
     # IMAGE_CLUSTER_REUSE=1 (with IMAGE_CLUSTER_KEEP_DISKS=1 on the run before): keep the installed disks and
     # start at the boots, for iterating on the later tests.

@@ -9,16 +9,12 @@
 bats_require_minimum_version 1.5.0
 
 setup_file() {
-    load '../helpers/image-build'
     load '../helpers/image-boot'
     load '../helpers/image-install'
     export IMAGE_DIR IMAGE
     export LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/install
     mkdir -p "$LOGS"
-    if [ ! -f "$IMAGE" ]; then
-        image_build "$IMAGE_DIR" >&3 2>&1
-    fi
-    [ -f "$IMAGE" ]
+    image_ensure >&3 2>&1
     rm -f "$LOGS"/*.raw "$LOGS"/*.toml "$LOGS"/*.sha "$LOGS"/*.ok
     image_make_credentials "$LOGS"
     openssl passwd -6 -stdin < "$LOGS/root-password" > "$LOGS/root-hash"

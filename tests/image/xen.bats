@@ -6,14 +6,11 @@
 bats_require_minimum_version 1.5.0
 
 setup_file() {
-    load '../helpers/image-build'
     load '../helpers/image-boot'
     export IMAGE_DIR IMAGE
     export XEN_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/xen
     mkdir -p "$XEN_LOGS"
-    if [ ! -f "$IMAGE" ]; then
-        image_build "$IMAGE_DIR" >&3 2>&1
-    fi
+    image_ensure >&3 2>&1
     # A copy whose loaders default to the Xen entry, as if a lab picked it in the menu.
     export XEN_IMAGE=$XEN_LOGS/cloudbox-xen.raw
     image_xen_default "$IMAGE" "$XEN_IMAGE"
