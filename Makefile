@@ -46,7 +46,7 @@ guest-image: deps
 	@appliance/guest/build-guest-image --quiet
 
 lint: venv
-	$(VENV)/bin/ruff check tui
+	$(VENV)/bin/ruff check tui tests
 	$(VENV)/bin/mypy --config-file tui/pyproject.toml tui/src
 
 bench: need-root-bench deps-test venv guest-image
