@@ -36,9 +36,9 @@ deps-test:
 
 venv: $(STAMP)
 
-$(STAMP): tui/requirements.lock tui/pyproject.toml
+$(STAMP): tui/requirements-dev.lock tui/pyproject.toml
 	@test -x $(PY) || $(SYSPY) -m venv $(VENV)
-	@$(PY) -m pip install -q --disable-pip-version-check --require-hashes -r tui/requirements.lock
+	@$(PY) -m pip install -q --disable-pip-version-check --require-hashes -r tui/requirements-dev.lock
 	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e tui
 	@touch $@
 
@@ -46,7 +46,7 @@ guest-image: deps
 	@appliance/guest/build-guest-image --quiet
 
 lint: venv
-	$(VENV)/bin/ruff check tui
+	$(VENV)/bin/ruff check tui tests
 	$(VENV)/bin/mypy --config-file tui/pyproject.toml tui/src
 
 bench: need-root-bench deps-test venv guest-image

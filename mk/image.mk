@@ -1,5 +1,6 @@
-# Appliance image targets (issue 4): `make image`, `make image-test`, `make image-bench`. See docs/image.md.
-IMAGE_DIR       ?= build/image
+# Appliance image targets: `make image`, `make image-test`, `make image-bench`. See docs/image.md.
+# Where mkosi.conf puts the build (OutputDirectory=, CacheDirectory=); the suites keep their logs under it too.
+IMAGE_DIR       := build/image
 IMAGE_BATS      ?= bats
 # Arguments for bats in image-test; the default leaves out the nested benchmark (image-bench runs it) and the
 # opt-in full Xen dom0 boot (--filter-tags xen-full) and the installed nodes' second boots (install-full).
@@ -10,7 +11,7 @@ IMAGE_BATS_ARGS ?= --timing --filter-tags '!bench,!xen-full,!install-full'
 # Incremental: mkosi reuses build/image/cache (packages installed); a cold build starts from nothing.
 image:
 	@scripts/install-deps image
-	@tests/helpers/image-build.bash "$(IMAGE_DIR)"
+	@scripts/build-image
 
 # Boots the image under TCG with OVMF and SeaBIOS and checks the self-test verdict 123.
 image-test: image

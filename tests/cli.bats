@@ -1,15 +1,9 @@
 #!/usr/bin/env bats
 # The installed `cloudbox` command and the make entry points, as a user meets them (fast; no guests).
 
-bats_require_minimum_version 1.5.0
+load helpers/load
 
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
-
-setup_file() {
-    export REPO="$BATS_TEST_DIRNAME/.."
-    export CB="$REPO/tui/.venv/bin/cloudbox"
-}
+CB=$REPO/tui/.venv/bin/cloudbox
 
 setup() {
     export CLOUDBOX_STATE_DIR="$BATS_TEST_TMPDIR/state"

@@ -1,12 +1,9 @@
 #!/usr/bin/env bats
 # Benchmark guest image: reproducible build, and boots under QEMU TCG with a working agent.
 
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
-load '/usr/lib/bats/bats-file/load'
-load 'helpers/guest-image'
+load helpers/load
 
-BUILDER="$BATS_TEST_DIRNAME/../appliance/guest/build-guest-image"
+BUILDER=$GUEST_BUILDER
 
 setup() {
     GUEST_RUN=$(mktemp -d /tmp/cbguest.XXXXXX)       # short: holds unix sockets

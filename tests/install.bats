@@ -2,14 +2,9 @@
 # `cloudbox install` as a user meets it on any machine (fast; writes nothing). Installs themselves boot the
 # appliance image: tests/image/install.bats.
 
-bats_require_minimum_version 1.5.0
+load helpers/load
 
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
-
-setup_file() {
-    export CB="$BATS_TEST_DIRNAME/../tui/.venv/bin/cloudbox"
-}
+CB=$REPO/tui/.venv/bin/cloudbox
 
 @test "cloudbox install --help names the answer file, the dry run and the unattended mode" {
     run -0 "$CB" install --help

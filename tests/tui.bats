@@ -8,18 +8,13 @@
 #   flock /var/lock/cloudbox-libvirtd.lock bats tests/tui.bats
 # On failure the screens captured so far and the run logs are kept (the path is printed).
 
-bats_require_minimum_version 1.5.0
-
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
-load 'helpers/tui'
+load helpers/load
 
 # The profiles the slow tests use: switched to in the TUI, then (second run) chosen with the CLI.
 PROFILE_A=virtio-file   # virtio-blk on a pre-allocated raw file
 PROFILE_B=virtio-disk   # virtio-blk on a whole block device (a loop device here)
 
 setup_file() {
-    export REPO="$BATS_TEST_DIRNAME/.."
     export CB=${CLOUDBOX_CMD:-$REPO/tui/.venv/bin/cloudbox}
     # Under /var/tmp and world-traversable: QEMU (user libvirt-qemu) opens the file backings in work/.
     BASE=$(mktemp -d /var/tmp/cloudbox-tui.XXXXXX)
@@ -48,7 +43,7 @@ teardown_file() {
 }
 
 setup() {
-    command -v tmux > /dev/null || skip "tmux is not installed (scripts/install-deps test installs it)"
+    needs tmux
     [ -x "$CB" ] || skip "no cloudbox command at $CB (make venv)"
 }
 
@@ -73,8 +68,7 @@ teardown() {
 # Real guests need root, the benchmark guest image and libvirt/QEMU.
 need_guests() {
     [ "$(id -u)" = 0 ] || skip "guest launches and runs need root (libvirtd, loop devices, a bridge)"
-    command -v qemu-system-x86_64 > /dev/null && command -v virsh > /dev/null \
-        || skip "QEMU/libvirt are not installed (make deps)"
+    needs qemu-system-x86_64 virsh
     local img=${CLOUDBOX_GUEST_IMAGE:-/var/cache/cloudbox/guest}
     [ -f "$img/manifest.json" ] || skip "no benchmark guest image in $img (make guest-image)"
 }
@@ -294,8 +288,7 @@ extended_colours() { grep -E '(^|;)(38|48|58)[;:](5|2)([;:]|$)' || true; }
     tui_tmux kill-session -t t1
     # The terminal is gone and so is the TUI (hung up); the run's executor got the same hang-up if it
     # had been attached to that terminal.
-    local end=$((SECONDS + 30))
-    while kill -0 "$tui_pid" 2>/dev/null; do [ "$SECONDS" -lt "$end" ] || fail "TUI still running"; sleep 0.2; done
+    wait_for 30 0.2 pid_gone "$tui_pid" || fail "TUI still running"
     pid=$(run_field "$id" pid)
     [ -n "$pid" ]
     run -0 run_field "$id" state

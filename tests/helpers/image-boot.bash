@@ -1,183 +1,138 @@
-# Boots the appliance image under QEMU (TCG, -cpu max) and reads the self-test's exit status (tests/image/*.bats).
-# image_boot FIRMWARE LOGDIR [TIMEOUT_S] boots a throw-away qcow2 overlay of $IMAGE with FIRMWARE uefi (OVMF)
-# or bios (SeaBIOS), passes the self-test request and root credentials as SMBIOS type 11 systemd credentials,
-# waits for the guest to power off and leaves in LOGDIR: serial.log, status (the self-test's status line),
-# journal.txt (the guest journal, written by the guest on failure), qemu.log, boot-seconds.
-# IMAGE_QEMU_CPU picks the CPU model (default max: TCG emulates AMD SVM, so KVM works inside the appliance).
-# image_esp_* read the image's ESP with mtools; image_xen_default makes a copy of the image that boots Xen.
+# Boots the appliance image under QEMU (TCG) and reads the self-test's verdict (tests/image/*.bats, scripts/image-bench);
+# reads the image's ESP with mtools. Command lines come from qemu.bash.
+# IMAGE_QEMU_CPU (default max: TCG emulates AMD SVM, so KVM works inside the appliance) and IMAGE_QEMU_SMP (default
+# 2) size the appliance; IMAGE_QEMU_EXTRA adds QEMU arguments to image_boot.
 
-IMAGE_DIR=${IMAGE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build/image}
+IMAGE_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+IMAGE_DIR=${IMAGE_DIR:-$IMAGE_REPO/build/image}
 IMAGE=${IMAGE:-$IMAGE_DIR/out/cloudbox.raw}
 
-image_ovmf_code() {
-    local f
-    for f in /usr/share/OVMF/OVMF_CODE_4M.fd /usr/share/OVMF/OVMF_CODE.fd; do
-        [ -r "$f" ] && { echo "$f"; return 0; }
-    done
-    return 1
+# The image the suites boot: what `make image` built, else built now the same way (scripts/build-image).
+image_ensure() {
+    [ -f "$IMAGE" ] || "$IMAGE_REPO/scripts/build-image" || return 1
+    [ -f "$IMAGE" ] || { echo "no image at $IMAGE (scripts/build-image writes build/image/out/cloudbox.raw)" >&2; return 1; }
 }
 
-# Writes LOGDIR/id_ed25519{,.pub} and LOGDIR/root-password (random) for the credentials.
+# image_make_credentials DIR: DIR/id_ed25519{,.pub} and DIR/root-password (random), unless they exist.
 image_make_credentials() {
-    local logdir=$1
-    [ -f "$logdir/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C cloudbox-test -f "$logdir/id_ed25519"
-    [ -f "$logdir/root-password" ] || head -c 12 /dev/urandom | base64 | tr -d '/+=' > "$logdir/root-password"
+    local dir=$1
+    [ -f "$dir/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C cloudbox-test -f "$dir/id_ed25519"
+    [ -f "$dir/root-password" ] || head -c 12 /dev/urandom | base64 | tr -d '/+=' > "$dir/root-password"
 }
 
-# Prepares LOGDIR for one boot (overlay disk of SIZE, firmware vars, credentials) and sets the array
-# IMAGE_QEMU_ARGS to the QEMU arguments every appliance boot shares: _image_qemu_args FIRMWARE LOGDIR SIZE
-_image_qemu_args() {
-    local firmware=$1 logdir=$2 size=$3 hash code
-    local -a fw=()
+# image_machine FIRMWARE LOGDIR SIZE: a new command line (qemu.bash) for the live appliance: a qcow2 overlay of $IMAGE
+# (SIZE) as its boot disk, root's password hash and SSH key (LOGDIR's credentials) as systemd credentials.
+image_machine() {
+    local firmware=$1 logdir=$2 size=$3
     mkdir -p "$logdir"
     image_make_credentials "$logdir"
-    hash=$(openssl passwd -6 -stdin < "$logdir/root-password")
-    qemu-img create -q -f qcow2 -b "$IMAGE" -F raw "$logdir/disk.qcow2" "$size" || return 1
-    case $firmware in
-        uefi)
-            code=$(image_ovmf_code) || { echo "no OVMF firmware found" >&2; return 1; }
-            cp "${code/CODE/VARS}" "$logdir/ovmf-vars.fd"
-            fw=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$code"
-                -drive "if=pflash,format=raw,unit=1,file=$logdir/ovmf-vars.fd") ;;
-        bios) fw=() ;;  # QEMU's default firmware is SeaBIOS
-        *) echo "image_boot: firmware must be uefi or bios" >&2; return 1 ;;
-    esac
-    # IMAGE_QEMU_SMP: vCPUs (default 2). tests/image/bench.bats uses 1: with 2, a nested KVM guest on one
-    # TCG vCPU once never answered the other's IPI and the appliance's kernel locked up (docs/image.md).
-    IMAGE_QEMU_ARGS=(
-        -machine q35 -accel tcg -cpu "${IMAGE_QEMU_CPU:-max}" -smp "${IMAGE_QEMU_SMP:-2}" -m 4096
-        "${fw[@]}"
-        -display none -no-user-config -nodefaults -no-reboot
-        -serial "file:$logdir/serial.log"
-        -drive "if=none,id=disk,format=qcow2,file=$logdir/disk.qcow2,discard=unmap"
-        -device virtio-blk-pci,drive=disk,bootindex=1
-        -smbios "type=11,value=io.systemd.credential:passwd.hashed-password.root=$hash"
-        -smbios "type=11,value=io.systemd.credential:ssh.authorized_keys.root=$(cat "$logdir/id_ed25519.pub")"
-    )
+    qemu_overlay "$logdir/disk.qcow2" "$size" || return 1
+    qemu_new "$logdir/serial.log" --cpu "${IMAGE_QEMU_CPU:-max}" --smp "${IMAGE_QEMU_SMP:-2}" --no-reboot
+    qemu_firmware "$firmware" "$logdir/ovmf-vars.fd" || return 1
+    qemu_disk disk qcow2 "$logdir/disk.qcow2" --boot --discard
+    qemu_credential passwd.hashed-password.root "$(openssl passwd -6 -stdin < "$logdir/root-password")"
+    qemu_credential ssh.authorized_keys.root "$(cat "$logdir/id_ed25519.pub")"
 }
 
+# image_boot FIRMWARE LOGDIR [TIMEOUT_S]: boots the appliance with FIRMWARE (uefi: OVMF, bios: SeaBIOS) and the
+# self-test, until it powers off (or TIMEOUT_S, default 600). Leaves in LOGDIR: serial.log, status (the self-test's
+# status line), journal.txt (the boot's journal, sent by the guest on failure), qemu.log, boot-seconds.
 image_boot() {
-    local firmware=$1 logdir=$2 timeout_s=${3:-600} start end rc=
+    local firmware=$1 logdir=$2 timeout_s=${3:-600} start rc=0
     mkdir -p "$logdir"
     rm -f "$logdir"/{serial.log,status,journal.txt,qemu.log,boot-seconds,disk.qcow2}
-    _image_qemu_args "$firmware" "$logdir" 8G || return 1
-    : > "$logdir/status"
-    : > "$logdir/journal.txt"
-    start=$(date +%s)
-    # shellcheck disable=SC2086 # IMAGE_QEMU_EXTRA is a word list on purpose
-    timeout --kill-after=10 "$timeout_s" nice -n 10 qemu-system-x86_64 "${IMAGE_QEMU_ARGS[@]}" \
-        -nic user,restrict=on,model=virtio-net-pci \
-        -device virtio-serial-pci \
-        -chardev "file,id=selftest,path=$logdir/status" \
-        -device virtserialport,chardev=selftest,name=org.cloudbox.selftest \
-        -chardev "file,id=journal,path=$logdir/journal.txt" \
-        -device virtserialport,chardev=journal,name=org.cloudbox.journal \
-        -smbios "type=11,value=io.systemd.credential:cloudbox.selftest=1" \
-        ${IMAGE_QEMU_EXTRA:-} \
-        > "$logdir/qemu.log" 2>&1 || rc=$?
-    rc=${rc:-0}
-    end=$(date +%s)
-    echo $((end - start)) > "$logdir/boot-seconds"
-    echo "qemu exit $rc after $((end - start)) s ($firmware)" >> "$logdir/qemu.log"
+    image_machine "$firmware" "$logdir" 8G || return 1
+    qemu_nic
+    qemu_selftest "$logdir/status" "$logdir/journal.txt"
+    # shellcheck disable=SC2206 # a word list on purpose
+    QEMU_ARGS+=(${IMAGE_QEMU_EXTRA:-})
+    start=$SECONDS
+    qemu_run "$timeout_s" "$logdir/qemu.log" || rc=$?
+    echo $((SECONDS - start)) > "$logdir/boot-seconds"
+    echo "qemu exit $rc after $((SECONDS - start)) s ($firmware)" >> "$logdir/qemu.log"
     rm -f "$logdir/disk.qcow2"
-    return 0
 }
 
-# Boots like image_boot (no self-test request) and stops QEMU, by its PID, as soon as PATTERN (grep -E) shows in
-# the serial log, or after TIMEOUT_S: image_boot_until FIRMWARE LOGDIR PATTERN TIMEOUT_S. Returns 0 when the
-# pattern was seen. Leaves serial.log, qemu.log and boot-seconds (seconds until the pattern) in LOGDIR.
+# image_boot_until FIRMWARE LOGDIR PATTERN TIMEOUT_S: boots like image_boot without the self-test and stops QEMU, by
+# its PID, as soon as PATTERN (grep -E) shows in the serial log, or after TIMEOUT_S. Returns 0 when the pattern was
+# seen. Leaves serial.log, qemu.log and boot-seconds (seconds until the pattern) in LOGDIR.
 image_boot_until() {
-    local firmware=$1 logdir=$2 pattern=$3 timeout_s=$4 start pid rc=1
+    local firmware=$1 logdir=$2 pattern=$3 timeout_s=$4 rc=0
     mkdir -p "$logdir"
     rm -f "$logdir"/{serial.log,qemu.log,boot-seconds,disk.qcow2}
-    _image_qemu_args "$firmware" "$logdir" 8G || return 1
+    image_machine "$firmware" "$logdir" 8G || return 1
+    qemu_nic
     : > "$logdir/serial.log"
-    start=$(date +%s)
-    nice -n 10 qemu-system-x86_64 "${IMAGE_QEMU_ARGS[@]}" -nic user,restrict=on,model=virtio-net-pci \
-        > "$logdir/qemu.log" 2>&1 &
-    pid=$!
-    while :; do
-        if grep -aqE "$pattern" "$logdir/serial.log"; then rc=0; break; fi
-        kill -0 "$pid" 2>/dev/null || break
-        [ $(($(date +%s) - start)) -ge "$timeout_s" ] && break
-        sleep 1
-    done
-    echo $(($(date +%s) - start)) > "$logdir/boot-seconds"
-    kill "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
+    qemu_start "$logdir/qemu.log"
+    wait_for --alive "$QEMU_PID" "$timeout_s" 1 grep -aqE "$pattern" "$logdir/serial.log" 2>/dev/null || rc=$?
+    echo "$WAITED_S" > "$logdir/boot-seconds"
+    kill "$QEMU_PID" 2>/dev/null || :
+    wait "$QEMU_PID" 2>/dev/null || :
     if [ "$rc" = 0 ]; then
-        echo "qemu stopped after $(cat "$logdir/boot-seconds") s ($firmware): serial log matched /$pattern/" >> "$logdir/qemu.log"
+        echo "qemu stopped after $WAITED_S s ($firmware): serial log matched /$pattern/" >> "$logdir/qemu.log"
     else
-        echo "no /$pattern/ in the serial log after $(cat "$logdir/boot-seconds") s ($firmware)" >> "$logdir/qemu.log"
+        echo "no /$pattern/ in the serial log after $WAITED_S s ($firmware)" >> "$logdir/qemu.log"
     fi
     rm -f "$logdir/disk.qcow2"
-    return $rc
+    return $((rc != 0))
 }
 
-# Prints the self-test status the guest reported (virtio-serial port, else the serial log), or nothing.
-# The first line of a kernel oops or panic of the appliance under TCG (docs/image.md, "Known flake") in
-# LOGDIR/serial.log, without its timestamp; nothing when there is none.
+# image_start FIRMWARE LOGDIR SSH_PORT: starts the appliance in the background for use over SSH (no self-test, no
+# power-off; 16 GiB overlay), SSH on 127.0.0.1:SSH_PORT only; QEMU_PID is its process. machine_* (qemu.bash) reach
+# and stop it with LOGDIR's key.
+image_start() {
+    local firmware=$1 logdir=$2 port=$3
+    rm -f "$logdir"/{serial.log,qemu.log,disk.qcow2}
+    image_machine "$firmware" "$logdir" 16G || return 1
+    qemu_nic --ssh "$port"
+    qemu_start "$logdir/qemu.log"
+}
+
+# run_again_if_guest_died_booting OUT CMD...: after a failed `run` of a `cloudbox run` whose output is in OUT: when
+# it failed because its nested guest stopped while booting (docs/image.md, "When a benchmark guest dies"), keeps OUT
+# as OUT-attempt1, announces it with the reason, and runs CMD again (`run`; output to OUT; RUN_AGAIN_AT is $SECONDS
+# when it started). Returns 1, running nothing, for any other outcome.
+run_again_if_guest_died_booting() {
+    local out=$1 first=${1%.txt}-attempt1.txt line
+    shift
+    # shellcheck disable=SC2154 # status and output: bats' run
+    [ "$status" -ne 0 ] && grep -qE '^==> run (failed|aborted): .*stopped while booting' <<<"$output" || return 1
+    mv "$out" "$first"
+    note "RETRY: the nested guest stopped while booting; attempt 1 in $first:"
+    grep -A 40 -E '^==> run (failed|aborted)' "$first" | sed -n '/^$/q;s/^/  /p' | while IFS= read -r line; do
+        note "$line"
+    done || true
+    # shellcheck disable=SC2034 # for the caller
+    RUN_AGAIN_AT=$SECONDS
+    run "$@"
+    echo "$output" > "$out"
+}
+
+# image_tcg_oops LOGDIR: the first line of a kernel oops or panic in LOGDIR/serial.log, without its timestamp; nothing
+# when there is none (docs/image.md, "Known flake").
 image_tcg_oops() {
     local line
     line=$(grep -a -m1 -E 'Oops: |Kernel panic - not syncing' "$1/serial.log" 2>/dev/null) || return 0
     echo "${line#*] }"
 }
 
-image_selftest_status() {
-    local logdir=$1 s
-    s=$(tr -dc '0-9' < "$logdir/status" 2>/dev/null)
+# selftest_status STATUS SERIAL_LOG: the self-test's status as the guest reported it (its virtio-serial port, else
+# the serial log), or nothing.
+selftest_status() {
+    local s
+    s=$(tr -dc '0-9' < "$1" 2>/dev/null) || s=
     if [ -z "$s" ]; then
-        s=$(grep -ao 'cloudbox-selftest: status=[0-9]*' "$logdir/serial.log" 2>/dev/null | tail -1 | cut -d= -f2)
+        s=$(grep -ao 'cloudbox-selftest: status=[0-9]*' "$2" 2>/dev/null | tail -1 | cut -d= -f2) || s=
     fi
     echo "$s"
 }
 
-# Starts the appliance in the background for interactive use over SSH (no self-test, no power-off):
-# image_start FIRMWARE LOGDIR SSH_PORT. Sets IMAGE_QEMU_PID. SSH listens on 127.0.0.1:SSH_PORT only.
-image_start() {
-    local firmware=$1 logdir=$2 port=$3
-    rm -f "$logdir"/{serial.log,qemu.log,disk.qcow2}
-    _image_qemu_args "$firmware" "$logdir" 16G || return 1
-    nice -n 10 qemu-system-x86_64 "${IMAGE_QEMU_ARGS[@]}" \
-        -nic "user,restrict=on,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:$port-:22" \
-        > "$logdir/qemu.log" 2>&1 &
-    IMAGE_QEMU_PID=$!
+# image_selftest_status LOGDIR: the self-test's status of an image_boot.
+image_selftest_status() {
+    selftest_status "$1/status" "$1/serial.log"
 }
 
-# Runs a command in the appliance started by image_start: image_ssh LOGDIR PORT CMD...
-# With IMAGE_SSH_TIMEOUT_S set, the command is killed after that many seconds (exit 124): a hung appliance
-# (its kernel locked up) can keep an SSH session open forever.
-image_ssh() {
-    local logdir=$1 port=$2 limit=()
-    shift 2
-    [ -n "${IMAGE_SSH_TIMEOUT_S:-}" ] && limit=(timeout --kill-after=10 "$IMAGE_SSH_TIMEOUT_S")
-    "${limit[@]}" ssh -q -p "$port" -i "$logdir/id_ed25519" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
-        -o ConnectTimeout=10 -o BatchMode=yes root@127.0.0.1 "$@"
-}
-
-# Waits until SSH answers (up to TIMEOUT_S): image_wait_ssh LOGDIR PORT TIMEOUT_S
-image_wait_ssh() {
-    local logdir=$1 port=$2 timeout_s=${3:-600} t=0
-    until image_ssh "$logdir" "$port" true 2>/dev/null; do
-        kill -0 "$IMAGE_QEMU_PID" 2>/dev/null || return 1
-        [ "$t" -ge "$timeout_s" ] && return 1
-        sleep 5; t=$((t + 5))
-    done
-}
-
-# Stops the appliance started by image_start: a clean power-off, then the QEMU process by its PID.
-image_stop() {
-    local logdir=$1 port=$2 t=0
-    [ -n "${IMAGE_QEMU_PID:-}" ] || return 0
-    IMAGE_SSH_TIMEOUT_S=60 image_ssh "$logdir" "$port" systemctl poweroff 2>/dev/null || :
-    while kill -0 "$IMAGE_QEMU_PID" 2>/dev/null && [ "$t" -lt 60 ]; do sleep 2; t=$((t + 2)); done
-    kill "$IMAGE_QEMU_PID" 2>/dev/null || :
-    wait "$IMAGE_QEMU_PID" 2>/dev/null || :
-    rm -f "$logdir/disk.qcow2"
-    IMAGE_QEMU_PID=
-}
-
-# The ESP of a disk image as mtools' IMAGE@@OFFSET: image_esp RAW
+# image_esp RAW: the ESP of a disk image as mtools' IMAGE@@OFFSET.
 image_esp() {
     local raw=$1 start
     start=$(partx --show --output START,TYPE --noheadings "$raw" |
@@ -186,14 +141,14 @@ image_esp() {
     echo "$raw@@$((start * 512))"
 }
 
-# Prints a file of the image's ESP (CRs removed): image_esp_cat RAW PATH
+# image_esp_cat RAW PATH: a file of the image's ESP (CRs removed).
 image_esp_cat() {
     local esp
     esp=$(image_esp "$1") || return 1
     MTOOLS_SKIP_CHECK=1 mtype -i "$esp" "::$2" | tr -d '\r'
 }
 
-# Prints the size in bytes of a file on the image's ESP (fails if it is not there): image_esp_size RAW PATH
+# image_esp_size RAW PATH: the size in bytes of a file on the image's ESP (fails if it is not there).
 image_esp_size() {
     local esp
     esp=$(image_esp "$1") || return 1
@@ -201,10 +156,9 @@ image_esp_size() {
     MTOOLS_SKIP_CHECK=1 mcopy -n -i "$esp" "::$2" - | wc -c
 }
 
-# Copies the image to DST (sparse) and makes the Xen entry the default of both boot loaders there, the way a
-# lab would pick it in the menu: image_xen_default SRC DST. Later settings win in grub.cfg and loader.conf.
-# dom0 also gets systemd.default_device_timeout_sec=600: a PV dom0 under TCG on a loaded host needed more than
-# systemd's 90 s for the root device to appear (udev coldplug alone took ~2 min) and went to emergency mode.
+# image_xen_default SRC DST: a sparse copy of the image whose boot loaders both default to the Xen entry, as a lab
+# would pick it in the menu (later settings win in grub.cfg and loader.conf). dom0 also gets
+# systemd.default_device_timeout_sec=600: under TCG its root device can take longer than systemd's 90 s to appear.
 image_xen_default() {
     local src=$1 dst=$2 esp tmp slow=systemd.default_device_timeout_sec=600
     cp --sparse=always "$src" "$dst" || return 1

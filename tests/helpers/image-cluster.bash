@@ -4,68 +4,38 @@
 # back-end connects), which carries Ethernet frames of any size: the nodes set MTU 9000 on it themselves.
 
 # cluster_start LOGDIR NAME DISK CAMPUS_MAC PRIVATE_MAC SSH_PORT listen|connect LINK_PORT: starts the node in the
-# background; its PID goes to LOGDIR/NAME.pid. CLUSTER_SMP (default 1: a nested KVM guest on one of two TCG vCPUs
-# once locked the node's kernel, docs/image.md) and CLUSTER_MEM_MB (default 3072) size it.
+# background (UEFI); its PID goes to LOGDIR/NAME.pid. CLUSTER_SMP (default 1: one vCPU leaves a nested KVM guest no
+# other vCPU to stall, docs/image.md) and CLUSTER_MEM_MB (default 3072) size it.
 cluster_start() {
-    local logdir=$1 name=$2 disk=$3 campus=$4 private=$5 port=$6 mode=$7 link=$8 code
-    code=$(image_ovmf_code) || { echo "no OVMF firmware found" >&2; return 1; }
-    cp "${code/CODE/VARS}" "$logdir/$name-vars.fd"
+    local logdir=$1 name=$2 disk=$3 campus=$4 private=$5 port=$6 mode=$7 link=$8
     rm -f "$logdir/$name".{serial.log,qemu.log,pid}
-    nice -n 10 qemu-system-x86_64 -machine q35 -accel tcg -cpu max -smp "${CLUSTER_SMP:-1}" -m "${CLUSTER_MEM_MB:-3072}" \
-        -drive "if=pflash,format=raw,unit=0,readonly=on,file=$code" \
-        -drive "if=pflash,format=raw,unit=1,file=$logdir/$name-vars.fd" \
-        -display none -no-user-config -nodefaults -serial "file:$logdir/$name.serial.log" \
-        -drive "if=none,id=disk,format=raw,file=$disk,discard=unmap" \
-        -device virtio-blk-pci,drive=disk,serial=cbtarget,bootindex=1 \
-        -nic "user,restrict=on,model=virtio-net-pci,mac=$campus,hostfwd=tcp:127.0.0.1:$port-:22" \
-        -netdev "socket,id=private,$mode=127.0.0.1:$link" -device "virtio-net-pci,netdev=private,mac=$private" \
-        > "$logdir/$name.qemu.log" 2>&1 &
-    echo $! > "$logdir/$name.pid"
+    qemu_new "$logdir/$name.serial.log" --smp "${CLUSTER_SMP:-1}" --mem "${CLUSTER_MEM_MB:-3072}"
+    qemu_firmware uefi "$logdir/$name-vars.fd" || return 1
+    qemu_disk disk raw "$disk" --serial cbtarget --boot --discard
+    qemu_nic --mac "$campus" --ssh "$port"
+    qemu_link "$mode" "$link" "$private"
+    qemu_start "$logdir/$name.qemu.log"
+    echo "$QEMU_PID" > "$logdir/$name.pid"
 }
 
-# cluster_ssh LOGDIR PORT CMD...: a command on a node as root (the answer files' SSH key). CLUSTER_SSH_TIMEOUT_S
-# (default 300) bounds it: a hung node must not hold the suite.
-cluster_ssh() {
-    local logdir=$1 port=$2
-    shift 2
-    timeout --kill-after=10 "${CLUSTER_SSH_TIMEOUT_S:-300}" ssh -q -p "$port" -i "$logdir/id_ed25519" \
-        -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 -o BatchMode=yes \
-        root@127.0.0.1 "$@"
-}
-
-# cluster_wait_ssh LOGDIR NAME PORT TIMEOUT_S: until the node answers over SSH; fails early when QEMU is gone.
+# cluster_wait_ssh LOGDIR NAME PORT TIMEOUT_S: until the node answers over SSH; fails at once when its QEMU is gone.
 cluster_wait_ssh() {
-    local logdir=$1 name=$2 port=$3 limit=$4 t=0
-    until CLUSTER_SSH_TIMEOUT_S=20 cluster_ssh "$logdir" "$port" true 2>/dev/null; do
-        kill -0 "$(cat "$logdir/$name.pid")" 2>/dev/null || { echo "$name: QEMU exited" >&2; return 1; }
-        [ "$t" -ge "$limit" ] && { echo "$name: no SSH after $t s" >&2; return 1; }
-        sleep 5; t=$((t + 5))
-    done
+    machine_wait_ssh "$1" "$3" "$(cat "$1/$2.pid")" "$4"
 }
 
 # cluster_stop LOGDIR NAME PORT: the node's journal to LOGDIR/NAME.journal.txt, a clean power-off, then its QEMU.
 cluster_stop() {
-    local logdir=$1 name=$2 port=$3 pid t=0
+    local logdir=$1 name=$2 port=$3 pid
     pid=$(cat "$logdir/$name.pid" 2>/dev/null) || return 0
-    if kill -0 "$pid" 2>/dev/null; then
-        CLUSTER_SSH_TIMEOUT_S=60 cluster_ssh "$logdir" "$port" journalctl -b --no-pager > "$logdir/$name.journal.txt" 2>&1 || :
-        CLUSTER_SSH_TIMEOUT_S=30 cluster_ssh "$logdir" "$port" systemctl poweroff 2>/dev/null || :
-        while kill -0 "$pid" 2>/dev/null && [ "$t" -lt 60 ]; do sleep 2; t=$((t + 2)); done
-        kill "$pid" 2>/dev/null || :
-    fi
+    machine_stop "$logdir" "$port" "$pid" "$logdir/$name.journal.txt"
     rm -f "$logdir/$name.pid" "$logdir/$name-vars.fd"
-}
-
-# cluster_free_port: a TCP port on 127.0.0.1 nobody listens on now.
-cluster_free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 # cluster_record_bench LOGDIR: writes the <!-- bench:cluster --> section of docs/benchmarks.md from a finished
 # cluster.bats run's logs (install, boot, enrolment seconds; the first guest image copy to the back-end).
 cluster_record_bench() {
     local logs=$1 mbps
-    mbps=$(python3 -c "import json; p=[x for x in json.load(open('$logs/propagations.json')) if not x['cached']][0]; print(f\"{p['bytes'] / 1e6:.1f} MB in {p['seconds']:.2f} s = {p['mbps']:.1f} MB/s (SHA-256 check on the node {p['verify_seconds']:.2f} s)\")")
+    mbps=$(python3 "$REPO/tests/helpers/cluster_checks.py" propagation "$logs/propagations.json")
     install_record_bench cluster "$(cat <<EOF
 ## Two-node cluster: power-on to cluster ready, image propagation (tests/image/cluster.bats)
 

@@ -12,111 +12,83 @@ install_disk() {
     rm -f "$1" && truncate -s "$2" "$1"
 }
 
-# _install_fw FIRMWARE LOGDIR NAME: sets INSTALL_FW to the firmware arguments (a fresh copy of OVMF's VARS).
-_install_fw() {
-    local code
-    INSTALL_FW=()
-    case $1 in
-        uefi)
-            code=$(image_ovmf_code) || { echo "no OVMF firmware found" >&2; return 1; }
-            cp "${code/CODE/VARS}" "$2/$3-vars.fd"
-            INSTALL_FW=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$code"
-                        -drive "if=pflash,format=raw,unit=1,file=$2/$3-vars.fd") ;;
-        bios) ;;
-        *) echo "firmware must be uefi or bios" >&2; return 1 ;;
-    esac
-}
-
-# _install_disks FILE:SERIAL...: sets INSTALL_DISKS to the QEMU arguments of the extra disks.
+# _install_disks FILE:SERIAL...: the disks to install onto, in order (raw, TRIM passed through).
 _install_disks() {
-    local i=0 spec file serial
-    INSTALL_DISKS=()
+    local i=0 spec
     for spec in "$@"; do
-        file=${spec%%:*} serial=${spec#*:}
-        INSTALL_DISKS+=(-drive "if=none,id=d$i,format=raw,file=$file,discard=unmap"
-                        -device "virtio-blk-pci,drive=d$i,serial=$serial")
+        qemu_disk "d$i" raw "${spec%%:*}" --serial "${spec#*:}" --discard
         i=$((i + 1))
     done
+}
+
+# _install_event LOG: whether the serial log LOG shows INSTALL_KILL_AT or INSTALL_STOP_AT (grep -E).
+_install_event() {
+    { [ -n "${INSTALL_KILL_AT:-}" ] && grep -aqE "$INSTALL_KILL_AT" "$1" 2>/dev/null; } ||
+        { [ -n "${INSTALL_STOP_AT:-}" ] && grep -aqE "$INSTALL_STOP_AT" "$1" 2>/dev/null; }
 }
 
 # install_live FIRMWARE LOGDIR NAME STICK ANSWERS DISK... : boots the live system from STICK (raw; a qcow2
 # overlay of $IMAGE when STICK is "overlay") with ANSWERS as the credential cloudbox.answers and the DISKs,
 # and waits until QEMU exits (the install reboots; -no-reboot turns that into an exit) or the timeout
 # (INSTALL_TIMEOUT_S, default 900). With INSTALL_KILL_AT=REGEX, QEMU is killed (a power loss) as soon as the
-# serial log matches REGEX; with INSTALL_STOP_AT=REGEX, it is killed once REGEX shows (the live system stays up
-# when there is nothing to do). Leaves LOGDIR/NAME.serial.log, NAME.qemu.log, NAME.seconds, NAME.rc.
+# serial log matches REGEX; with INSTALL_STOP_AT=REGEX, it is stopped 5 s after REGEX shows (the live system stays
+# up when there is nothing to do). Leaves LOGDIR/NAME.serial.log, NAME.qemu.log, NAME.seconds, NAME.rc.
 install_live() {
-    local fw=$1 logdir=$2 name=$3 stick=$4 answers=$5 start pid t=0 rc= stickargs
+    local fw=$1 logdir=$2 name=$3 stick=$4 answers=$5 start seen=0 rc=0
     shift 5
     mkdir -p "$logdir"
     rm -f "$logdir/$name".{serial.log,qemu.log,seconds,rc}
-    _install_fw "$fw" "$logdir" "$name" || return 1
-    _install_disks "$@"
+    qemu_new "$logdir/$name.serial.log" --no-reboot
+    qemu_firmware "$fw" "$logdir/$name-vars.fd" || return 1
     if [ "$stick" = overlay ]; then
-        qemu-img create -q -f qcow2 -b "$IMAGE" -F raw "$logdir/$name-stick.qcow2" 8G || return 1
-        stickargs=(-drive "if=none,id=stick,format=qcow2,file=$logdir/$name-stick.qcow2")
+        qemu_overlay "$logdir/$name-stick.qcow2" 8G || return 1
+        qemu_disk stick qcow2 "$logdir/$name-stick.qcow2" --serial cbstick --boot
     else
-        stickargs=(-drive "if=none,id=stick,format=raw,file=$stick")
+        qemu_disk stick raw "$stick" --serial cbstick --boot
     fi
-    start=$(date +%s)
-    nice -n 10 qemu-system-x86_64 -machine q35 -accel tcg -cpu max -smp 2 -m 4096 "${INSTALL_FW[@]}" \
-        -display none -no-user-config -nodefaults -no-reboot -serial "file:$logdir/$name.serial.log" \
-        "${stickargs[@]}" -device virtio-blk-pci,drive=stick,serial=cbstick,bootindex=1 \
-        "${INSTALL_DISKS[@]}" \
-        -nic "user,restrict=on,model=virtio-net-pci,mac=$INSTALL_CAMPUS_MAC" \
-        -nic "user,restrict=on,model=virtio-net-pci,mac=$INSTALL_PRIVATE_MAC" \
-        -smbios "type=11,value=io.systemd.credential.binary:cloudbox.answers=$(base64 -w0 "$answers")" \
-        > "$logdir/$name.qemu.log" 2>&1 &
-    pid=$!
-    while kill -0 "$pid" 2>/dev/null; do
-        if [ -n "${INSTALL_KILL_AT:-}" ] && grep -aqE "$INSTALL_KILL_AT" "$logdir/$name.serial.log" 2>/dev/null; then
-            kill -KILL "$pid"; echo "killed (power loss) at: $INSTALL_KILL_AT" >> "$logdir/$name.qemu.log"; break
-        fi
-        if [ -n "${INSTALL_STOP_AT:-}" ] && grep -aqE "$INSTALL_STOP_AT" "$logdir/$name.serial.log" 2>/dev/null; then
-            sleep 5; kill -TERM "$pid"; echo "stopped at: $INSTALL_STOP_AT" >> "$logdir/$name.qemu.log"; break
-        fi
-        if [ "$t" -ge "${INSTALL_TIMEOUT_S:-900}" ]; then
-            kill -KILL "$pid"; echo "timeout after $t s" >> "$logdir/$name.qemu.log"; break
-        fi
-        sleep 2; t=$((t + 2))
-    done
-    wait "$pid" 2>/dev/null || rc=$?
-    echo "${rc:-0}" > "$logdir/$name.rc"
-    echo $(( $(date +%s) - start )) > "$logdir/$name.seconds"
+    _install_disks "$@"
+    qemu_nic --mac "$INSTALL_CAMPUS_MAC"
+    qemu_nic --mac "$INSTALL_PRIVATE_MAC"
+    qemu_credential_file cloudbox.answers "$answers"
+    start=$SECONDS
+    qemu_start "$logdir/$name.qemu.log"
+    wait_for --alive "$QEMU_PID" "${INSTALL_TIMEOUT_S:-900}" 2 _install_event "$logdir/$name.serial.log" 2>/dev/null ||
+        seen=$?
+    if [ "$seen" = 0 ] && [ -n "${INSTALL_KILL_AT:-}" ] &&
+        grep -aqE "$INSTALL_KILL_AT" "$logdir/$name.serial.log"; then
+        kill -KILL "$QEMU_PID"; echo "killed (power loss) at: $INSTALL_KILL_AT" >> "$logdir/$name.qemu.log"
+    elif [ "$seen" = 0 ]; then
+        sleep 5; kill -TERM "$QEMU_PID"; echo "stopped at: $INSTALL_STOP_AT" >> "$logdir/$name.qemu.log"
+    elif [ "$seen" = 1 ]; then
+        kill -KILL "$QEMU_PID"; echo "timeout after $WAITED_S s" >> "$logdir/$name.qemu.log"
+    fi
+    wait "$QEMU_PID" 2>/dev/null || rc=$?
+    echo "$rc" > "$logdir/$name.rc"
+    echo $((SECONDS - start)) > "$logdir/$name.seconds"
     rm -f "$logdir/$name-stick.qcow2" "$logdir/$name-vars.fd"
 }
 
-# install_boot_installed FIRMWARE LOGDIR NAME DISK: boots DISK alone (no stick) with the self-test; leaves
-# LOGDIR/NAME.status (the self-test's status), NAME.serial.log, NAME.seconds.
+# install_boot_installed FIRMWARE LOGDIR NAME DISK: boots DISK alone (no stick) with the self-test, until it powers off
+# (or INSTALL_BOOT_TIMEOUT_S, default 600); leaves LOGDIR/NAME.status (the self-test's status), NAME.serial.log,
+# NAME.seconds.
 install_boot_installed() {
-    local fw=$1 logdir=$2 name=$3 disk=$4 start rc=
+    local fw=$1 logdir=$2 name=$3 disk=$4 start rc=0
     rm -f "$logdir/$name".{serial.log,qemu.log,seconds,status,journal.txt}
-    _install_fw "$fw" "$logdir" "$name" || return 1
-    : > "$logdir/$name.status"; : > "$logdir/$name.journal.txt"
-    start=$(date +%s)
-    timeout --kill-after=10 "${INSTALL_BOOT_TIMEOUT_S:-600}" nice -n 10 qemu-system-x86_64 -machine q35 -accel tcg \
-        -cpu max -smp 2 -m 4096 "${INSTALL_FW[@]}" \
-        -display none -no-user-config -nodefaults -no-reboot -serial "file:$logdir/$name.serial.log" \
-        -drive "if=none,id=disk,format=raw,file=$disk" -device virtio-blk-pci,drive=disk,serial=cbtarget,bootindex=1 \
-        -nic "user,restrict=on,model=virtio-net-pci,mac=$INSTALL_CAMPUS_MAC" \
-        -device virtio-serial-pci \
-        -chardev "file,id=selftest,path=$logdir/$name.status" \
-        -device virtserialport,chardev=selftest,name=org.cloudbox.selftest \
-        -chardev "file,id=journal,path=$logdir/$name.journal.txt" \
-        -device virtserialport,chardev=journal,name=org.cloudbox.journal \
-        -smbios "type=11,value=io.systemd.credential:cloudbox.selftest=1" \
-        > "$logdir/$name.qemu.log" 2>&1 || rc=$?
-    echo "qemu exit ${rc:-0}" >> "$logdir/$name.qemu.log"
-    echo $(( $(date +%s) - start )) > "$logdir/$name.seconds"
+    qemu_new "$logdir/$name.serial.log" --no-reboot
+    qemu_firmware "$fw" "$logdir/$name-vars.fd" || return 1
+    qemu_disk disk raw "$disk" --serial cbtarget --boot
+    qemu_nic --mac "$INSTALL_CAMPUS_MAC"
+    qemu_selftest "$logdir/$name.status" "$logdir/$name.journal.txt"
+    start=$SECONDS
+    qemu_run "${INSTALL_BOOT_TIMEOUT_S:-600}" "$logdir/$name.qemu.log" || rc=$?
+    echo "qemu exit $rc" >> "$logdir/$name.qemu.log"
+    echo $((SECONDS - start)) > "$logdir/$name.seconds"
     rm -f "$logdir/$name-vars.fd"
 }
 
 # install_status LOGDIR NAME: the self-test status of an installed boot (virtio-serial port, else serial log).
 install_status() {
-    local s
-    s=$(tr -dc '0-9' < "$1/$2.status" 2>/dev/null)
-    [ -n "$s" ] || s=$(grep -ao 'cloudbox-selftest: status=[0-9]*' "$1/$2.serial.log" 2>/dev/null | tail -1 | cut -d= -f2)
-    echo "$s"
+    selftest_status "$1/$2.status" "$1/$2.serial.log"
 }
 
 # _install_root_loop DISK: prints a read-only loop device over partition 3 (the installed root) of the raw image
@@ -146,6 +118,14 @@ install_exists() {
     out=$(debugfs -R "stat $2" "$part" 2>&1)
     losetup -d "$part"
     ! grep -q 'File not found' <<<"$out"
+}
+
+# install_finished DISK: whether DISK holds a finished install (its install journal has the "complete" event).
+install_finished() {
+    local journal
+    [ -f "$1" ] || return 1
+    journal=$(install_cat "$1" /var/lib/cloudbox/install/journal.jsonl) || return 1
+    grep -q '"event": "complete"' <<<"$journal"
 }
 
 # install_assert_frontend DISK PRIVATE_MAC LOGS: what an unattended front-end install (hostname fe1, root password
@@ -198,18 +178,8 @@ install_boot_regions_sha() {
 
 # install_record_bench NAME BODY: replaces the <!-- bench:NAME --> section of docs/benchmarks.md with BODY.
 install_record_bench() {
-    local doc
-    doc="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/docs/benchmarks.md"
-    python3 - "$doc" "$1" "$2" <<'PY'
-import sys
-doc, name, body = sys.argv[1:]
-start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-text = open(doc).read()
-block = f"{start}\n{body.rstrip()}\n{end}"
-if start in text and end in text:
-    text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
-else:
-    text = text.rstrip("\n") + "\n\n" + block + "\n"
-open(doc, "w").write(text)
-PY
+    printf '%s\n' "$2" | "$REPO/tui/.venv/bin/python" -c 'import sys
+from pathlib import Path
+from cloudbox.bench import update_section
+update_section(Path(sys.argv[1]), sys.argv[2], sys.stdin.read())' "$REPO/docs/benchmarks.md" "$1"
 }

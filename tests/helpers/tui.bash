@@ -62,66 +62,73 @@ tui_type() { tui_tmux send-keys -t "$1" -l "$2"; }
 # tui_dead SESSION: cloudbox has exited (its status is in $TUI_PANES/SESSION.status).
 tui_dead() { [ -s "$TUI_PANES/$1.status" ]; }
 
+# _tui_shows SESSION ERE LABEL: the screen matches ERE, and still does a moment later (a capture can catch a frame
+# half drawn); that screen is kept in TUI_SCREEN. Also true, to end the wait, once cloudbox has exited or the session
+# is gone (TUI_GONE=1); tui_wait tells which.
+_tui_shows() {
+    local s=$1 re=$2 label=$3 screen
+    screen=$(tui_tmux capture-pane -p -t "$s" 2>/dev/null) || { TUI_GONE=1; return 0; }
+    if grep -qE -- "$re" <<<"$screen"; then
+        sleep 0.3
+        TUI_SCREEN=$(tui_capture "$s" "$label") || TUI_SCREEN=
+        grep -qE -- "$re" <<<"$TUI_SCREEN" && return 0
+    fi
+    tui_dead "$s"
+}
+
 # tui_wait SESSION TIMEOUT ERE [LABEL]: poll the screen until it matches ERE (grep -E), twice 0.3 s apart;
 # prints the matching screen. On timeout, or if cloudbox exited meanwhile, prints the last screen and fails.
 tui_wait() {
-    local s=$1 timeout=$2 re=$3 label=${4:-wait} screen end
-    end=$(( SECONDS + timeout ))
-    while :; do
-        screen=$(tui_tmux capture-pane -p -t "$s" 2>/dev/null) || { echo "tui_wait: session $s is gone" >&2; return 1; }
-        if grep -qE -- "$re" <<<"$screen"; then
-            # A capture can catch a frame half drawn: take the screen a moment later, if it still matches.
-            sleep 0.3
-            screen=$(tui_capture "$s" "$label")
-            if grep -qE -- "$re" <<<"$screen"; then
-                printf '%s\n' "$screen"
-                return 0
-            fi
-        fi
-        if tui_dead "$s"; then
-            echo "tui_wait: cloudbox exited while waiting for /$re/ ($label); its screen:" >&2
-            tui_capture "$s" "$label-dead" >&2
-            return 1
-        fi
-        if [ "$SECONDS" -ge "$end" ]; then
-            echo "tui_wait: no /$re/ on screen after ${timeout}s ($label); the screen:" >&2
-            tui_capture "$s" "$label-timeout" >&2
-            return 1
-        fi
-        sleep 0.2
-    done
+    local s=$1 timeout=$2 re=$3 label=${4:-wait}
+    TUI_SCREEN='' TUI_GONE=0
+    if ! wait_for "$timeout" 0.2 _tui_shows "$s" "$re" "$label" 2>/dev/null; then
+        echo "tui_wait: no /$re/ on screen after ${timeout}s ($label); the screen:" >&2
+        tui_capture "$s" "$label-timeout" >&2
+        return 1
+    fi
+    if [ "$TUI_GONE" = 1 ]; then
+        echo "tui_wait: session $s is gone" >&2
+        return 1
+    fi
+    if ! grep -qE -- "$re" <<<"$TUI_SCREEN"; then
+        echo "tui_wait: cloudbox exited while waiting for /$re/ ($label); its screen:" >&2
+        tui_capture "$s" "$label-dead" >&2
+        return 1
+    fi
+    printf '%s\n' "$TUI_SCREEN"
+}
+
+# _tui_lacks SESSION ERE: the screen does not match ERE.
+_tui_lacks() {
+    local screen
+    screen=$(tui_tmux capture-pane -p -t "$1") || return 1
+    ! grep -qE -- "$2" <<<"$screen"
 }
 
 # tui_wait_gone SESSION TIMEOUT ERE [LABEL]: poll until the screen no longer matches ERE.
 tui_wait_gone() {
-    local s=$1 timeout=$2 re=$3 label=${4:-gone} end
-    end=$(( SECONDS + timeout ))
-    while tui_tmux capture-pane -p -t "$s" | grep -qE -- "$re"; do
-        if [ "$SECONDS" -ge "$end" ]; then
-            echo "tui_wait_gone: /$re/ still on screen after ${timeout}s ($label):" >&2
-            tui_capture "$s" "$label-timeout" >&2
-            return 1
-        fi
-        sleep 0.2
-    done
+    local s=$1 timeout=$2 re=$3 label=${4:-gone}
+    if ! wait_for "$timeout" 0.2 _tui_lacks "$s" "$re" 2>/dev/null; then
+        echo "tui_wait_gone: /$re/ still on screen after ${timeout}s ($label):" >&2
+        tui_capture "$s" "$label-timeout" >&2
+        return 1
+    fi
     tui_capture "$s" "$label" > /dev/null
 }
 
 # tui_quit SESSION: press q and wait until cloudbox has exited; fails unless its exit status is 0 and
 # the screen it left holds no traceback.
 tui_quit() {
-    local s=$1 end=$(( SECONDS + 20 )) st
+    local s=$1 st screen
     tui_keys "$s" q
-    until tui_dead "$s"; do
-        if [ "$SECONDS" -ge "$end" ]; then
-            echo "tui_quit: cloudbox still running 20 s after q; its screen:" >&2
-            tui_capture "$s" quit-timeout >&2
-            return 1
-        fi
-        sleep 0.1
-    done
+    if ! wait_for 20 0.1 tui_dead "$s" 2>/dev/null; then
+        echo "tui_quit: cloudbox still running 20 s after q; its screen:" >&2
+        tui_capture "$s" quit-timeout >&2
+        return 1
+    fi
     st=$(cat "$TUI_PANES/$s.status")
-    if [ "$st" != 0 ] || tui_capture "$s" quit | grep -q Traceback; then
+    screen=$(tui_capture "$s" quit) || screen=
+    if [ "$st" != 0 ] || grep -q Traceback <<<"$screen"; then
         echo "tui_quit: cloudbox exited with status $st; its screen:" >&2
         tui_capture "$s" quit-failed >&2
         return 1
@@ -162,13 +169,14 @@ cancel_running_runs() {
     done
 }
 
-# wait_sql TIMEOUT SQL: poll the results DB until the query prints something other than 0 or nothing.
+# _sql_some SQL: the query prints something other than 0 or nothing; kept in SQL_OUT.
+_sql_some() {
+    SQL_OUT=$(sqlite3 "$CLOUDBOX_STATE_DIR/results.db" "$1" 2>/dev/null) || SQL_OUT=
+    [ -n "$SQL_OUT" ] && [ "$SQL_OUT" != 0 ]
+}
+
+# wait_sql TIMEOUT SQL: poll the results DB until the query prints something other than 0 or nothing; prints it.
 wait_sql() {
-    local end=$(( SECONDS + $1 )) out
-    while :; do
-        out=$(sqlite3 "$CLOUDBOX_STATE_DIR/results.db" "$2" 2>/dev/null || true)
-        [ -n "$out" ] && [ "$out" != 0 ] && { echo "$out"; return 0; }
-        [ "$SECONDS" -lt "$end" ] || { echo "wait_sql: nothing after ${1}s for: $2" >&2; return 1; }
-        sleep 0.5
-    done
+    wait_for "$1" 0.5 _sql_some "$2" 2>/dev/null || { echo "wait_sql: nothing after ${1}s for: $2" >&2; return 1; }
+    echo "$SQL_OUT"
 }

@@ -2,23 +2,17 @@
 # Installs the appliance unattended under QEMU TCG and boots the installed disks (done-when of the installer, issue 5).
 # Live boots get an answer file as the credential cloudbox.answers, a blank target disk and a disk holding an ext4
 # file system that no answer names; the installed disk then boots alone (UEFI and BIOS) to the self-test verdict.
-# Slow (each boot takes minutes); the tests build on each other in file order. Logs: $IMAGE_DIR/test-logs/install.
-# make test runs the all-in-one tests (power loss, re-run, invalid answers); the front-end's install and the
-# installed nodes' boots are tagged install-full (cluster.bats covers the front-end): --filter-tags install runs all.
+# Slow (each boot takes minutes). Logs: $IMAGE_DIR/test-logs/install. make test runs the all-in-one tests (power
+# loss, re-run, invalid answers); the front-end's install with its boots and the all-in-one node's boot are tagged
+# install-full (cluster.bats covers the front-end): --filter-tags install runs all. The all-in-one tests after the
+# power-loss test use the disk it installs (file order); each first checks that the disk holds a finished install.
 
-bats_require_minimum_version 1.5.0
+load ../helpers/load
 
 setup_file() {
-    load '../helpers/image-build'
-    load '../helpers/image-boot'
-    load '../helpers/image-install'
-    export IMAGE_DIR IMAGE
     export LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/install
     mkdir -p "$LOGS"
-    if [ ! -f "$IMAGE" ]; then
-        image_build "$IMAGE_DIR" >&3 2>&1
-    fi
-    [ -f "$IMAGE" ]
+    image_ensure >&3 2>&1
     rm -f "$LOGS"/*.raw "$LOGS"/*.toml "$LOGS"/*.sha "$LOGS"/*.ok
     image_make_credentials "$LOGS"
     openssl passwd -6 -stdin < "$LOGS/root-password" > "$LOGS/root-hash"
@@ -76,13 +70,6 @@ teardown_file() {
     fi
 }
 
-setup() {
-    load '/usr/lib/bats/bats-support/load'
-    load '/usr/lib/bats/bats-assert/load'
-    load '../helpers/image-boot'
-    load '../helpers/image-install'
-}
-
 teardown() {
     if [ "${BATS_TEST_COMPLETED:-}" != 1 ]; then
         echo "# logs kept in $LOGS (NAME.serial.log, NAME.qemu.log, NAME.journal.txt)" >&3
@@ -94,10 +81,11 @@ data_untouched() {
     assert_output "$(cat "$LOGS/data.sha")"
 }
 
-# Opt-in (install-full), like the installed front-end's own boot below: cluster.bats installs a front-end the same
-# way (UEFI, the answer credential) and checks the same, and boots it; make test runs that one. ~9 min under TCG.
+# Opt-in (install-full): cluster.bats installs a front-end the same way (UEFI, the answer credential), checks the same
+# and boots it; make test runs that one. One test owns the front-end's disk: its install, then its two boots
+# (~15 min under TCG).
 # bats test_tags=slow,image,install,install-full
-@test "unattended UEFI install of a front-end from the answer credential; the disk with data is untouched" {
+@test "a front-end installs unattended under UEFI (the data disk untouched) and its disk boots alone under UEFI and BIOS to 123" {
     install_disk "$LOGS/fe.raw" 12G
     install_live uefi "$LOGS" fe-live overlay "$LOGS/frontend.toml" "$LOGS/fe.raw:cbtarget" "$LOGS/data.raw:cbdata"
     echo "# live boot + install + reboot: $(cat "$LOGS/fe-live.seconds") s" >&3
@@ -107,12 +95,7 @@ data_untouched() {
     run -0 grep -a '\[1/7 partition\].*copying the root file system' "$LOGS/fe-live.serial.log"
     data_untouched
     install_assert_frontend "$LOGS/fe.raw" "$INSTALL_PRIVATE_MAC" "$LOGS"
-    touch "$LOGS/fe.ok"
-}
-
-# bats test_tags=slow,image,install,install-full
-@test "the installed front-end boots alone under UEFI to the self-test verdict 123" {
-    [ -f "$LOGS/fe.ok" ] || skip "needs the front-end install of the first test"
+    # The installed disk alone, under UEFI, then under legacy BIOS (grub).
     install_boot_installed uefi "$LOGS" fe-uefi "$LOGS/fe.raw"
     echo "# installed node, UEFI boot to verdict: $(cat "$LOGS/fe-uefi.seconds") s" >&3
     run -0 install_status "$LOGS" fe-uefi
@@ -140,11 +123,6 @@ Command: \`IMAGE_BENCH_RECORD=1 bats --filter 'front-end' tests/image/install.ba
 EOF
 )"
     fi
-}
-
-# bats test_tags=slow,image,install,install-full
-@test "the installed front-end boots alone under legacy BIOS (grub) to the self-test verdict 123" {
-    [ -f "$LOGS/fe.ok" ] || skip "needs the front-end install of the first test"
     install_boot_installed bios "$LOGS" fe-bios "$LOGS/fe.raw"
     echo "# installed node, BIOS boot to verdict: $(cat "$LOGS/fe-bios.seconds") s" >&3
     run -0 install_status "$LOGS" fe-bios
@@ -171,12 +149,11 @@ EOF
     run -0 install_boot_regions_sha "$LOGS/stick.raw"
     assert_output "$(cat "$LOGS/stick.sha")"
     data_untouched
-    touch "$LOGS/aio.ok"
 }
 
 # bats test_tags=slow,image,install,install-full
 @test "the all-in-one node boots alone under UEFI to the self-test verdict 123" {
-    [ -f "$LOGS/aio.ok" ] || skip "needs the all-in-one install of the power-loss test"
+    install_finished "$LOGS/aio.raw" || skip "needs the all-in-one disk the power-loss test installs"
     install_boot_installed uefi "$LOGS" aio-uefi "$LOGS/aio.raw"
     run -0 install_status "$LOGS" aio-uefi
     assert_output 123
@@ -184,7 +161,7 @@ EOF
 
 # bats test_tags=slow,image,install
 @test "re-running a finished install with the same answers writes nothing" {
-    [ -f "$LOGS/aio.ok" ] || skip "needs the all-in-one install of the power-loss test"
+    install_finished "$LOGS/aio.raw" || skip "needs the all-in-one disk the power-loss test installs"
     sha256sum < "$LOGS/aio.raw" | cut -d' ' -f1 > "$LOGS/aio.sha"
     INSTALL_STOP_AT='already holds this install|invalid answer file|cloudbox: installed' \
         install_live bios "$LOGS" aio-again overlay "$LOGS/aio.toml" "$LOGS/aio.raw:cbtarget" "$LOGS/data.raw:cbdata"

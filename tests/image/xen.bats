@@ -3,17 +3,12 @@
 # mounts the appliance's root, from systemd-boot (UEFI, Xen's EFI loader) and from grub (BIOS, multiboot2).
 # The full dom0 boot to the self-test verdict is slow (~10 min under TCG) and opt-in: --filter-tags xen-full.
 
-bats_require_minimum_version 1.5.0
+load ../helpers/load
 
 setup_file() {
-    load '../helpers/image-build'
-    load '../helpers/image-boot'
-    export IMAGE_DIR IMAGE
     export XEN_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/xen
     mkdir -p "$XEN_LOGS"
-    if [ ! -f "$IMAGE" ]; then
-        image_build "$IMAGE_DIR" >&3 2>&1
-    fi
+    image_ensure >&3 2>&1
     # A copy whose loaders default to the Xen entry, as if a lab picked it in the menu.
     export XEN_IMAGE=$XEN_LOGS/cloudbox-xen.raw
     image_xen_default "$IMAGE" "$XEN_IMAGE"
@@ -23,19 +18,13 @@ teardown_file() {
     rm -f "$XEN_LOGS/cloudbox-xen.raw"
 }
 
-setup() {
-    load '/usr/lib/bats/bats-support/load'
-    load '/usr/lib/bats/bats-assert/load'
-    load '../helpers/image-boot'
-}
-
 teardown() {
     if [ "${BATS_TEST_COMPLETED:-}" != 1 ] && [ -n "${logdir:-}" ]; then
         echo "# logs kept in $logdir (serial.log, qemu.log)" >&3
     fi
 }
 
-# Xen runs on -cpu qemu64,+svm here: with -cpu max dom0 crashed at start (docs/environment facts).
+# Xen runs on -cpu qemu64,+svm here: with -cpu max its dom0 crashes at start (docs/image.md).
 : "${IMAGE_XEN_CPU:=qemu64,+svm}"
 DOM0_ROOT_MOUNTED='EXT4-fs \(vd[a-z]3\): mounted filesystem'
 

@@ -737,7 +737,7 @@ def test_node_check_unit_runs_on_an_installed_front_end_or_all_in_one_only(tmp_p
 
 def _console_cluster_status(env: dict[str, str]) -> str:
     """The live console's cluster lines (cloudbox-console's cluster_status, run on its own)."""
-    script = (REPO / "mkosi.extra/usr/libexec/cloudbox/cloudbox-console").read_text()
+    script = (REPO / "appliance/libexec/cloudbox-console").read_text()
     body = script[script.index("node_toml="):]  # its settings variables and the function
     body = body[:body.index("\n}\n") + 3]
     out = subprocess.run(["bash", "-c", f"set -u\n{body}cluster_status"], env=env, capture_output=True, text=True,

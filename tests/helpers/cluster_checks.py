@@ -1,0 +1,120 @@
+"""What tests/image/cluster.bats checks in the cluster's JSON output: the node run's results, the node list, the
+image copies. Standard library only: it runs on the test host with Debian's python3.
+
+    cluster_checks.py run RUN_JSON PROPAGATIONS_JSON   the last run of `results export --format json`
+    cluster_checks.py node-state NAME < NODES_JSON     the state `node list --json` shows for node NAME
+    cluster_checks.py wrong-code CODE                  a well-formed join code other than CODE
+    cluster_checks.py propagation PROPAGATIONS_JSON    the first real image copy, in words
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+# The join code's alphabet (cloudbox.core.nodes.registry.CODE_ALPHABET): a wrong code must still be well-formed.
+CODE_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+class CheckFailed(Exception):
+    """A fact the cluster should show and does not; the message names it with the value found."""
+
+
+def check(ok: object, what: str, found: object) -> None:
+    if not ok:
+        raise CheckFailed(f"{what}; found: {found!r}")
+
+
+def first_copy(props: list[dict[str, Any]], node: str | None = None) -> dict[str, Any]:
+    """The first image copy that was not served from the node's cache."""
+    copies = [p for p in props if not p["cached"] and (node is None or p["node"] == node)]
+    check(copies, f"an image copy to {node or 'a node'} that was not cached", props)
+    return copies[0]
+
+
+def check_run(run_json: Path, props_json: Path) -> str:
+    """The front-end's run on be1: completed, both nodes named, nested KVM, the storage and network tests on both
+    sides (guest and baseline), Study A's guest -> front-end tests, the node's provenance, the image copied."""
+    run = json.loads(run_json.read_text())["runs"][-1]
+    props = json.loads(props_json.read_text())
+    prov = run["provenance"]
+    check(run["state"] == "completed", "the run completed", (run["state"], run["reason"]))
+    check(run["node"] == "be1", "the run ran on be1", run["node"])
+    check(prov["nodes"] == {"front-end": "fe1", "back-end": "be1"}, "provenance names both nodes", prov["nodes"])
+    check(prov["host"] == "be1" and prov["controller"]["host"] == "fe1", "host be1, controller fe1",
+          (prov["host"], prov["controller"]))
+    acc = prov["accelerator"]
+    check(acc["name"] in ("kvm", "nested-kvm") and acc["nested"], "the guest ran under nested KVM", acc)
+    # The node's own provenance came through: how many launches its guest needed (a second one is announced).
+    check(prov.get("boot_attempts") in (1, 2), "boot_attempts is 1 or 2", prov.get("boot_attempts"))
+    sides = {(m["side"], m["test"]) for m in run["measurements"]}
+    tests = {t for _, t in sides}
+    check({s for s, _ in sides} >= {"guest", "baseline"}, "guest and baseline measurements", sides)
+    check(any(t.startswith("seq-") or "write" in t for t in tests), "a storage test", tests)
+    check(any("tcp" in t for t in tests), "a TCP network test", tests)
+    # Study A's guest -> other host: the guest on be1's private bridge to the front-end, beside be1's host -> fe1.
+    for t in ("tcp-stream-fe", "tcp-maerts-fe", "tcp-rr-fe"):
+        check(("guest", t) in sides and ("baseline", t) in sides, f"{t} on both sides", sorted(sides))
+    for m in run["measurements"]:
+        if m["side"] == "baseline" and m["test"].endswith("-fe"):
+            check("private-network" in m["labels"] and "nested" not in m["labels"],
+                  "a baseline to fe1 is labelled private-network, not nested", m)
+            check("virtualized-host" in m["labels"], "be1's own baseline says it is a VM", m)
+        if m["side"] == "guest":
+            check("nested" in m["labels"], "a guest measurement is labelled nested", m)
+    net = prov["private_network"]  # the NIC's own knobs are the profile's
+    check(net["peer"] == "10.73.0.1" and net["bridge"] == "cbpriv0" and net["mtu"] == 9000,
+          "the private network: peer 10.73.0.1, bridge cbpriv0, MTU 9000", net)
+    check(net["guest_ip"].startswith("10.73.0.") and net["guest_ip"] != net["host_ip"],
+          "the guest has its own private address", net)
+    check(prov["peer"]["peer"] == "10.73.0.1" and prov["peer"]["peer_netperf_port"] > 0,
+          "the peer is fe1 with its netserver port", prov["peer"])
+    copy = first_copy(props, "be1")
+    check(copy["bytes"] > 0 and copy["mbps"] > 0, "the image copy to be1 moved bytes", copy)
+    fe_tx = next(m["value"] for m in run["measurements"] if (m["side"], m["test"]) == ("guest", "tcp-stream-fe"))
+    return (f"{len(run['measurements'])} measurements; guest boot attempts {prov['boot_attempts']}; "
+            f"guest -> fe1 {fe_tx:.0f} Mbit/s; image copy {copy['bytes'] / 1e6:.1f} MB at {copy['mbps']:.1f} MB/s")
+
+
+def node_state(nodes: list[dict[str, Any]], name: str) -> str:
+    return next((n["shown_state"] for n in nodes if n["name"] == name), "?")
+
+
+def wrong_code(code: str) -> str:
+    while True:
+        wrong = "-".join("".join(random.choice(CODE_ALPHABET) for _ in range(4)) for _ in range(4))
+        if wrong != code:
+            return wrong
+
+
+def propagation(props_json: Path) -> str:
+    p = first_copy(json.loads(props_json.read_text()))
+    return (f"{p['bytes'] / 1e6:.1f} MB in {p['seconds']:.2f} s = {p['mbps']:.1f} MB/s "
+            f"(SHA-256 check on the node {p['verify_seconds']:.2f} s)")
+
+
+def main(argv: list[str]) -> int:
+    try:
+        match argv:
+            case ["run", run_json, props_json]:
+                print(check_run(Path(run_json), Path(props_json)))
+            case ["node-state", name]:
+                print(node_state(json.load(sys.stdin), name))
+            case ["wrong-code", code]:
+                print(wrong_code(code))
+            case ["propagation", props_json]:
+                print(propagation(Path(props_json)))
+            case _:
+                print(__doc__, file=sys.stderr)
+                return 2
+    except CheckFailed as e:
+        print(f"cluster check failed: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
