@@ -68,16 +68,18 @@ _LIVE: dict = {}  # the session's libvirt connection, once a test has asked for 
 
 
 def _executors() -> set[int]:
-    """Processes running a cloudbox run executor or sweep (python -m cloudbox.core.runner)."""
+    """This session's run executors and sweeps (python -m cloudbox.core.runner, started with this session's
+    CLOUDBOX_RUN_DIR): another test session's or a real run's executor on the same host is none of ours."""
+    ours = f"CLOUDBOX_RUN_DIR={os.environ['CLOUDBOX_RUN_DIR']}".encode()
     found = set()
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
                 argv = (d / "cmdline").read_bytes().split(b"\0")
+                if b"cloudbox.core.runner" in argv and ours in (d / "environ").read_bytes().split(b"\0"):
+                    found.add(int(d.name))
             except OSError:
                 continue
-            if b"cloudbox.core.runner" in argv:
-                found.add(int(d.name))
     return found
 
 
@@ -130,11 +132,14 @@ def _remove(kind: str, name) -> None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def nothing_left_behind():
+def nothing_left_behind(request):
     """A module's real runs leave no executor, guest, bridge or namespace running after its last test: whatever
     one leaves is removed here and reported as that module's error, so the next module does not fail on it
-    (bridge cbbr0 already exists...). Things that were there before the module started are not touched."""
-    if not _is_root():
+    (bridge cbbr0 already exists...). Things that were there before the module started are not touched, nor is
+    anything while only the module's quick tests run (a real run elsewhere on the host may make its bridge then)."""
+    real = any(item.get_closest_marker("slow") or item.get_closest_marker("root")
+               for item in request.session.items if item.module is request.module)
+    if not _is_root() or not real:
         yield
         return
     before = _cloudbox_things()
