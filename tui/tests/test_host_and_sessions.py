@@ -18,6 +18,7 @@ from cloudbox.cli import main
 from cloudbox.core import host, profiles, runner
 from cloudbox.core.errors import NotFound
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import PlanStep, RunSpec
 
 
 def test_gather_reads_this_hosts_disks_and_nics(state, monkeypatch, tmp_path):
@@ -61,11 +62,14 @@ def test_active_profile_defaults_switches_and_survives_a_deleted_profile(state, 
 
 
 def test_run_plan_lists_every_step_in_order():
-    spec = runner.RunSpec(profile="virtio-disk", suite="all", storage_tests="smoke", net_tests="netperf")
-    plan = spec.plan()
-    assert plan[:3] == ["baseline:seq-write-64k", "baseline:seq-read-64k", "baseline:randread-4k-qd32"]
-    assert plan[3] == "guest:boot" and plan[-2:] == ["guest:tcp-rr", "baseline:tcp-rr"]
-    assert runner.RunSpec(profile="x", suite="guest").plan() == ["guest:boot"]
+    spec = RunSpec(profile="virtio-disk", suite="all", storage_tests="smoke", net_tests="netperf")
+    plan = [(s.side, s.test) for s in spec.plan()]
+    assert plan[:3] == [("baseline", "seq-write-64k"), ("baseline", "seq-read-64k"), ("baseline", "randread-4k-qd32")]
+    assert plan[3] == ("guest", "boot") and plan[-2:] == [("guest", "tcp-rr"), ("baseline", "tcp-rr")]
+    assert RunSpec(profile="x", suite="guest").plan() == [PlanStep("guest", "boot")]
+    peer = RunSpec(profile="x", suite="network", net_tests="tcp-rr", peer="10.73.0.1").plan()
+    assert [(s.side, s.test) for s in peer] == [("guest", "boot"), ("guest", "tcp-rr"), ("baseline", "tcp-rr"),
+                                                ("guest", "tcp-rr-fe"), ("baseline", "tcp-rr-fe")]
 
 
 @pytest.mark.parametrize("bad", [0, 9.5, 3601, -1])
@@ -73,9 +77,9 @@ def test_agent_timeout_out_of_range_is_refused(bad):
     from cloudbox.core.errors import CloudboxError
 
     with pytest.raises(CloudboxError, match=rf"--agent-timeout {bad:g} is not allowed; allowed: 10 to 3600 seconds"):
-        runner.RunSpec(profile="virtio-disk", agent_timeout=bad).validate()
-    runner.RunSpec(profile="virtio-disk", agent_timeout=10).validate()
-    runner.RunSpec(profile="virtio-disk", agent_timeout=3600).validate()
+        RunSpec(profile="virtio-disk", agent_timeout=bad).validate()
+    RunSpec(profile="virtio-disk", agent_timeout=10).validate()
+    RunSpec(profile="virtio-disk", agent_timeout=3600).validate()
 
 
 def test_sweep_needs_a_profile_and_valid_specs(state):
@@ -85,7 +89,7 @@ def test_sweep_needs_a_profile_and_valid_specs(state):
         with pytest.raises(CloudboxError, match="at least one profile"):
             runner.start_sweep([], store)
         with pytest.raises(CloudboxError, match="--suite 'bogus' is not allowed"):
-            runner.start_sweep([runner.RunSpec(profile="virtio-disk", suite="bogus")], store)
+            runner.start_sweep([RunSpec(profile="virtio-disk", suite="bogus")], store)
     assert runner.list_sweeps() == []
 
 
@@ -141,7 +145,7 @@ def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
     # a dead run's bridge, no guest on it: the session removes it and says so
     subprocess.run(["ip", "link", "add", network.BRIDGE, "type", "bridge"], check=True)
     with ResultStore() as store:
-        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
+        rid = runner.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
         try:
             wait_up(store, rid)
             assert f"removed bridge {network.BRIDGE} (no guest on it), left by a run that is gone" in [
@@ -175,7 +179,7 @@ def test_sweep_runs_profiles_one_after_another_and_cancel_skips_the_rest(state, 
 
 def _sweep_then_a_cancelled_one(spec: dict, started: list) -> None:
     with ResultStore() as store:
-        sweep = runner.start_sweep([runner.RunSpec(profile=p, **spec) for p in ("virtio-disk", "virtio-file")],
+        sweep = runner.start_sweep([RunSpec(profile=p, **spec) for p in ("virtio-disk", "virtio-file")],
                                    store)
         started.append(sweep)
         done = _wait(lambda: next((s for s in runner.list_sweeps() if s.id == sweep.id and s.state != "running"),
@@ -187,8 +191,8 @@ def _sweep_then_a_cancelled_one(spec: dict, started: list) -> None:
         assert runs[0].finished_at <= runs[1].started_at + 1  # one after the other, not at once
         # a sweep of three, cancelled during its first item: the rest never starts. The first item is a guest
         # session, which holds until cancelled, so the cancel cannot race the end of a short run.
-        specs = [runner.RunSpec(profile="virtio-disk", suite="guest"),
-                 *[runner.RunSpec(profile="virtio-disk", **spec)] * 2]
+        specs = [RunSpec(profile="virtio-disk", suite="guest"),
+                 *[RunSpec(profile="virtio-disk", **spec)] * 2]
         sweep2 = runner.start_sweep(specs, store)
         started.append(sweep2)
         first = _wait(lambda: next((s.runs[0] for s in runner.list_sweeps() if s.id == sweep2.id), None), 60,

@@ -21,6 +21,7 @@ from guest_session import wait_up
 from cloudbox.core import network, runner
 from cloudbox.core.errors import CloudboxError, NicStalled
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import RunSpec
 
 MAERTS, RR = network.NET_TESTS["tcp-maerts"], network.NET_TESTS["tcp-rr"]
 
@@ -86,7 +87,7 @@ def test_a_bare_metal_test_that_always_hangs_fails_naming_the_server(stopped_net
 
 def test_a_retried_measurement_says_so_in_its_raw_output(state):
     """The executor keeps the retry with the number: the log line is in the events, the note in `raw`."""
-    spec = runner.RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-rr")
+    spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-rr")
     with ResultStore() as store:
         rid = store.create_run(uuid="0" * 32, profile_name=spec.profile, suite=spec.suite, state="running",
                                node="here", started_at=time.time())
@@ -114,7 +115,7 @@ class _Session:
         from cloudbox.core.guest import Guest, list_guests
 
         with ResultStore() as store:
-            self.rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
+            self.rid = runner.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
             wait_up(store, self.rid, "the module's guest session")
             (info,) = [g for g in list_guests(self.conn) if g.run_uuid == store.get_run(self.rid).uuid]
         self.guest = Guest(self.conn, self.conn.lookupByName(info.name))

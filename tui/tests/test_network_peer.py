@@ -22,6 +22,7 @@ from run_trouble import warn_run_trouble
 
 from cloudbox.core import network, runner
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import RunSpec
 
 pytestmark = [pytest.mark.root]
 
@@ -168,7 +169,7 @@ def private_network(tmp_path: Path, monkeypatch, state):
 
 @pytest.mark.slow
 def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_end(private_network, libvirt_conn):
-    spec = runner.RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="netperf",
+    spec = RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="netperf",
                           net_seconds=3, **private_network)
     assert spec.plan()[-4:] == ["guest:tcp-rr", "baseline:tcp-rr", "guest:tcp-rr-fe", "baseline:tcp-rr-fe"]
     with ResultStore() as store:
@@ -206,7 +207,7 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
 def test_a_run_for_a_front_end_on_a_host_without_a_private_network_says_so(state, monkeypatch, tmp_path):
     """Refused before anything is made, naming the settings file."""
     monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(tmp_path / "absent.toml"))
-    ex = runner.Executor(runner.RunSpec(profile="virtio-disk", suite="network", peer="10.199.0.1",
+    ex = runner.Executor(RunSpec(profile="virtio-disk", suite="network", peer="10.199.0.1",
                                         peer_netperf_port=1), None)
     with pytest.raises(runner.CloudboxError, match=r"absent\.toml\) name no private NIC: it is not an installed "
                                                    "back-end"):

@@ -21,6 +21,8 @@ from cloudbox.core import runner
 from cloudbox.core.guestimage import GuestImage
 from cloudbox.core.nodes import remote
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runlock import RunLock
+from cloudbox.core.runspec import RunSpec
 
 pytestmark = pytest.mark.skipif(SSHD is None or os.geteuid() != 0,
                                 reason="needs sshd (openssh-server, `scripts/install-deps test`) and root")
@@ -102,7 +104,7 @@ def test_guest_image_propagation_is_timed_verified_and_cached(cluster: Cluster, 
     kept = remote.node_images(shell, clear=True, keep=1)
     assert kept["removed"] == ["00000000000000aa"] and [i["id"] for i in kept["images"]] == [p.image_id]
     # Refused while a run goes on the node (its guest may boot from the cache), and nothing is removed.
-    lock = runner.RunLock()
+    lock = RunLock()
     lock.acquire({"pid": os.getpid(), "profile": "test", "run_id": 1})
     try:
         with pytest.raises(remote.NodeError, match="listing the image cache failed: .*run"):
@@ -129,7 +131,7 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
     without booting a guest."""
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        ex = runner.Executor(runner.RunSpec(profile="xen-default", suite="storage", node="node7"), store,
+        ex = runner.Executor(RunSpec(profile="xen-default", suite="storage", node="node7"), store,
                              emit=lambda k, p: events.append((k, p)))
         rid = ex.execute()
         run = store.get_run(rid)
@@ -148,11 +150,11 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
 
 def test_unknown_or_down_nodes_are_refused_before_anything_starts(cluster: Cluster):
     with ResultStore() as store:
-        rid = runner.Executor(runner.RunSpec(profile="virtio-disk", node="nosuch"), store).execute()
+        rid = runner.Executor(RunSpec(profile="virtio-disk", node="nosuch"), store).execute()
         assert "--node 'nosuch': no such node; allowed: node7" in (store.get_run(rid).reason or "")
     cluster.sshd.stop()
     with ResultStore() as store:
-        rid = runner.Executor(runner.RunSpec(profile="virtio-disk", node="node7"), store).execute()
+        rid = runner.Executor(RunSpec(profile="virtio-disk", node="node7"), store).execute()
         run = store.get_run(rid)
     assert run.state == "aborted" and "node node7 is down" in (run.reason or ""), run.reason
     assert not (cluster.node_state / "results.db").exists()  # nothing started there
@@ -164,7 +166,7 @@ def test_a_real_storage_run_on_the_node_comes_back_with_its_measurements(cluster
     front-end's run holds the same measurements, labels and host metrics, the timeline, and both nodes."""
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        ex = runner.Executor(runner.RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke",
+        ex = runner.Executor(RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke",
                                             node="node7"), store, emit=lambda k, p: events.append((k, p)))
         rid = ex.execute()
         run = store.get_run(rid)

@@ -16,6 +16,7 @@ from run_trouble import warn_run_trouble
 
 from cloudbox.core import runner
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -55,7 +56,7 @@ def _work_files(state) -> list:
     pytest.param("eucalyptus-default", "netperf", marks=pytest.mark.full),
 ])
 def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
-    spec = runner.RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke",
+    spec = RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke",
                           net_tests=net_tests, net_seconds=3, runtime=3)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
@@ -104,7 +105,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
 def test_second_run_refused_and_cancel(state, libvirt_conn):
     """A detached run holds the host; a second one is refused; cancel cleans up and stores `aborted`."""
     with ResultStore() as store:
-        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="storage", size="64M",
+        rid = runner.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="64M",
                                                    storage_tests="full", runtime=30), store)
         deadline = time.time() + 240
         while time.time() < deadline:  # wait until the executor holds the lock and the guest is up
@@ -116,7 +117,7 @@ def test_second_run_refused_and_cancel(state, libvirt_conn):
         else:
             pytest.fail("detached run never launched its guest")
         with pytest.raises(runner.RunBusy, match="another cloudbox run is active"):
-            runner.Executor(runner.RunSpec(profile="eucalyptus-default", suite="storage"), store).execute()
+            runner.Executor(RunSpec(profile="eucalyptus-default", suite="storage"), store).execute()
         assert runner.cancel(store, rid, timeout=120) == "aborted"
         run = store.get_run(rid)
         assert "SIGTERM" in run.reason
@@ -154,7 +155,7 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
     the run's work directory; that directory is gone afterwards. Under TCG or nested KVM the guest is launched a
     second time first, announced with attempt 1's console."""
     monkeypatch.setattr(runner, "CMDLINE", runner.CMDLINE + " rdinit=/cloudbox-no-such-init")
-    spec = runner.RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="dd-write-64k",
+    spec = RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="dd-write-64k",
                           agent_timeout=240)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
@@ -194,7 +195,7 @@ def test_cli_json_output(state, libvirt_conn):
 
 def test_watch_follows_detached_run(state, libvirt_conn):
     with ResultStore() as store:
-        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="storage", size="16M",
+        rid = runner.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="16M",
                                                    storage_tests="seq-write-64k"), store)
     out: list[str] = []
 
@@ -222,7 +223,7 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
 
     if shutil.which("iptables") is None:
         pytest.skip("iptables is not installed (make test installs it)")
-    spec = runner.RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-maerts,tcp-rr", net_seconds=3)
+    spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-maerts,tcp-rr", net_seconds=3)
     rules: list[list[str]] = []
 
     def on_event(kind: str, payload: dict) -> None:

@@ -9,28 +9,15 @@ import time
 
 from cloudbox.cli.common import guard
 from cloudbox.core import runner
+from cloudbox.core.runspec import RUN_OPTIONS, RunSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run storage and/or network tests under a profile, with a bare-metal baseline")
-    p.add_argument("--profile", "-p", required=True, help="preset or user profile name, or a .toml file")
-    p.add_argument("--suite", "-s", default="all", choices=runner.SUITES)
-    p.add_argument("--size", default="quick",
-                   help="test size: quick (128 MiB), study (2x guest RAM, >= 2 GiB) or e.g. 512M, 4G")
-    p.add_argument("--tests", default="standard",
-                   help="storage tests: smoke, study, standard, full, or comma-separated ids")
-    p.add_argument("--net-tests", default="netperf", help="netperf, iperf3, both, or comma-separated ids")
-    p.add_argument("--net-seconds", type=int, default=0, help="seconds per network test (default 5 quick / 30)")
-    p.add_argument("--runtime", type=int, default=0, help="seconds cap for random I/O tests (default 5 / 30)")
-    p.add_argument("--work-dir", default="", help="directory on the file system under test (file backings)")
-    p.add_argument("--device", default="", help="whole device for block-device backings (else a loop device)")
-    p.add_argument("--destroy", default="", metavar="NAME",
-                   help="confirm destroying --device's data by naming it (e.g. sdb)")
-    p.add_argument("--node", default="", metavar="NAME",
-                   help="run on this enrolled back-end (front-end only; `cloudbox node list`); default: this host")
-    p.add_argument("--agent-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="seconds to wait for the guest to boot to its agent (default 300; under TCG or nested KVM "
-                        "a guest that misses it is launched once more)")
+    for opt in RUN_OPTIONS:
+        p.add_argument(*opt.flags, dest=opt.field, type=opt.type, default=opt.default, help=opt.help,
+                       metavar=opt.metavar, required=opt.required,
+                       choices=[c.value for c in opt.choices] if opt.closed else None)
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
     p.add_argument("--json", action="store_true", help="print the finished run as JSON")
     p.set_defaults(func=guard(cmd_run))
@@ -52,11 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     h.set_defaults(func=guard(cmd_host))
 
 
-def _spec(a: argparse.Namespace) -> runner.RunSpec:
-    return runner.RunSpec(profile=a.profile, suite=a.suite, size=a.size, storage_tests=a.tests,
-                          net_tests=a.net_tests, net_seconds=a.net_seconds, runtime=a.runtime,
-                          work_dir=a.work_dir, device=a.device, destroy=a.destroy, node=a.node,
-                          agent_timeout=a.agent_timeout)
+def _spec(a: argparse.Namespace) -> RunSpec:
+    return RunSpec(**{opt.field: getattr(a, opt.field) for opt in RUN_OPTIONS})
 
 
 class Printer:

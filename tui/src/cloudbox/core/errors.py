@@ -68,6 +68,11 @@ def plain_value(value: object) -> object:
     return value
 
 
+class UsageError(CloudboxError):
+    """A value given on the command line or in a form is not allowed (the CLI exits 2): the message names the
+    option, the value and what is allowed."""
+
+
 class NotFound(CloudboxError):
     """A named thing (profile, run, guest, device) does not exist."""
 

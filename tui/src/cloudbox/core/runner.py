@@ -13,7 +13,6 @@ with it); when the guest dies or its agent stops answering, the reason ends with
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -33,147 +32,16 @@ from .errors import Aborted, CloudboxError, GuestUnreachable, NicStalled, RunBus
 from .guest import QEMU_LOG_DIR, Guest, reap_orphans
 from .guestimage import CMDLINE, GuestImage
 from .results import MEASUREMENT_COLUMNS
+from .runlock import RunLock, check_not_busy
+from .runspec import RunSpec, parse_size, resolve_net_tests
 
-QUICK_SIZE = 128 * 1024**2
 CONSOLE_TAIL_LINES = 20  # lines of the guest's serial console kept in the reason of a run whose guest died
 QEMU_LOG_TAIL_LINES = 8  # and of libvirt's log of its QEMU process
-# "guest" launches the profile's guest and keeps it running (no tests) until `cancel` stops it.
-SUITES = ("storage", "network", "all", "guest")
 
 
 # Launches of one guest under emulation or nested virtualization before a silent or dead boot fails the run.
 BOOT_ATTEMPTS = 2
 NIC_RELAUNCHES = 1  # a guest whose network stopped for good is launched afresh this often per run
-
-
-@dataclass
-class RunSpec:
-    profile: str  # preset/user profile name or a path to a .toml
-    suite: str = "all"
-    size: str = "quick"  # quick | study | <number>[K|M|G]
-    storage_tests: str = "standard"  # a set name (smoke, study, standard, full) or comma-separated ids
-    net_tests: str = "netperf"  # netperf | iperf3 | both | comma-separated ids
-    net_seconds: int = 0  # 0: 5 s for quick runs, 30 s otherwise
-    runtime: int = 0  # cap for random tests; 0: 5 s quick, 30 s otherwise
-    work_dir: str = ""  # where file backings and baseline files go (the file system under test)
-    device: str = ""  # explicit whole device for block-device backings
-    destroy: str = ""  # confirmation: the device's kernel name, required when it holds data
-    agent_timeout: float = 300.0  # seconds to wait for the guest agent after launch
-    node: str = ""  # an enrolled back-end to run on (the front-end mirrors the node's run); "" = this host
-    # Set by the front-end for a run on a back-end: its private address and the netserver/iperf3 ports it opened
-    # there. The guest then joins the node's private bridge and the network tests also go to the front-end.
-    peer: str = ""
-    peer_netperf_port: int = 0
-    peer_iperf3_port: int = 0
-
-    def validate(self) -> None:
-        if self.suite not in SUITES:
-            raise CloudboxError(f"--suite {self.suite!r} is not allowed; allowed: {', '.join(SUITES)}")
-        parse_size(self.size, 1024)
-        if not 10 <= self.agent_timeout <= 3600:
-            raise CloudboxError(f"--agent-timeout {self.agent_timeout:g} is not allowed; allowed: 10 to 3600 "
-                                "seconds (default 300)")
-        storage.resolve_tests(self.storage_tests)
-        resolve_net_tests(self.net_tests)
-
-    def plan(self) -> list[str]:
-        """The run's steps as 'side:test' in execution order ("guest:boot" for the launch): what a
-        watcher needs to turn per-test progress into whole-run progress."""
-        want_storage = self.suite in ("storage", "all")
-        want_net = self.suite in ("network", "all")
-        out: list[str] = []
-        tests = [t.id for t in storage.resolve_tests(self.storage_tests)] if want_storage else []
-        out += [f"baseline:{t}" for t in tests]
-        out.append("guest:boot")
-        out += [f"guest:{t}" for t in tests]
-        if want_net:
-            for nt in resolve_net_tests(self.net_tests):
-                out += [f"guest:{nt.id}", f"baseline:{nt.id}"]
-                if self.peer:
-                    out += [f"guest:{nt.id}{network.FRONTEND_SUFFIX}", f"baseline:{nt.id}{network.FRONTEND_SUFFIX}"]
-        return out
-
-
-def parse_size(text: str, memory_mib: int) -> tuple[int, str]:
-    """-> (bytes, label). 'study' is study B's rule: twice the guest's RAM (at least 2 GiB)."""
-    t = str(text).strip().lower()
-    if t == "quick":
-        return QUICK_SIZE, "quick"
-    if t == "study":
-        return max(2 * memory_mib * 1024**2, 2 * 1024**3), "study"
-    mult = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-    try:
-        if t and t[-1] in mult:
-            n = int(float(t[:-1]) * mult[t[-1]])
-        else:
-            n = int(t)
-    except ValueError:
-        raise CloudboxError(f"--size {text!r} not understood; allowed: quick, study, or a size like 512M, 4G") from None
-    if n < 4 * 1024**2:
-        raise CloudboxError(f"--size {text!r} is too small; the minimum is 4M")
-    return n, "custom"
-
-
-def resolve_net_tests(spec: str) -> list[network.NetTest]:
-    ids = network.NET_SETS.get(spec) or [s for s in spec.split(",") if s]
-    bad = [i for i in ids if i not in network.NET_TESTS]
-    if bad:
-        raise CloudboxError(f"unknown network test(s) {', '.join(bad)}; allowed: {', '.join(network.NET_TESTS)} "
-                            f"or a set: {', '.join(network.NET_SETS)}")
-    return [network.NET_TESTS[i] for i in ids]
-
-
-# ------------------------------------------------------------------------------------------- lock
-class RunLock:
-    """One active run per host: an flock on <run dir>/run.lock holding the run's id and pid. A run on a node
-    takes run-node-<name>.lock here instead (the node itself holds its own run.lock)."""
-
-    def __init__(self, node: str = "") -> None:
-        self.node = node
-        self.path = paths.run_dir() / (f"run-node-{node}.lock" if node else "run.lock")
-        self.fd: int | None = None
-
-    def acquire(self, info: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = self.holder() or {}
-            os.close(fd)
-            where = f"node {self.node}" if self.node else "this host"
-            raise RunBusy(
-                f"another cloudbox run is active on {where} (run {holder.get('run_id', '?')}, profile "
-                f"{holder.get('profile', '?')}, pid {holder.get('pid', '?')}); watch it with 'cloudbox watch "
-                f"{holder.get('run_id', 'ID')}' or stop it with 'cloudbox cancel {holder.get('run_id', 'ID')}'"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(info).encode())
-        self.fd = fd
-
-    def update(self, info: dict) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, json.dumps(info).encode(), 0)
-
-    def holder(self) -> dict | None:
-        try:
-            return json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            return None
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            os.close(self.fd)
-            self.fd = None
-
-
-def check_not_busy(node: str = "") -> None:
-    """Raise RunBusy now (cheaply) if a run holds the lock (of this host, or of `node`)."""
-    lock = RunLock(node)
-    lock.acquire({"probe": True, "pid": os.getpid()})
-    lock.release()
 
 
 # --------------------------------------------------------------------------------------- executor
@@ -264,7 +132,7 @@ class Executor:
                 self.store.update_run(self.run_id, **fields)  # type: ignore[attr-defined]
             lock.update({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
             self.event("state", {"state": "running", "profile": profile.name, "suite": spec.suite,
-                                 "plan": spec.plan()})
+                                 "plan": [f"{step.side}:{step.test}" for step in spec.plan()]})
             if spec.node:
                 self._run_on_node(profile, stack)
             else:

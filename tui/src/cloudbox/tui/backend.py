@@ -21,6 +21,7 @@ from cloudbox.core.errors import CloudboxError, LibvirtUnavailable, NotFound
 from cloudbox.core.nodes import enrol, frontend, registry
 from cloudbox.core.profiles import Profile, ProfileEntry
 from cloudbox.core.results import Event, ResultStore, Run
+from cloudbox.core.runspec import RunSpec
 
 
 @dataclass
@@ -167,7 +168,7 @@ class Backend:
 
     def launch_guest(self, profile: str) -> int:
         """A guest session (suite 'guest'): detached, outlives the TUI, stopped by stop_guest()."""
-        return runner.start_detached(runner.RunSpec(profile=profile, suite="guest"), self.store)
+        return runner.start_detached(RunSpec(profile=profile, suite="guest"), self.store)
 
     def run_for_guest(self, info: guest.GuestInfo) -> Run | None:
         if not info.run_uuid:
@@ -217,7 +218,7 @@ class Backend:
                 out.append((f"node {n.name} ({state})", n.name))
         return out
 
-    def start_runs(self, specs: list[runner.RunSpec]) -> tuple[int | None, runner.Sweep | None]:
+    def start_runs(self, specs: list[RunSpec]) -> tuple[int | None, runner.Sweep | None]:
         """One spec: a detached run (its id). Several: a sweep that runs them one after another."""
         if len(specs) == 1:
             return runner.start_detached(specs[0], self.store), None

@@ -322,7 +322,7 @@ def local_images(clear: bool = False, keep: int = 0) -> dict[str, Any]:
                      reverse=True) if d.is_dir() else []
     removed: list[str] = []
     if clear and entries:
-        from ..runner import check_not_busy
+        from ..runlock import check_not_busy
 
         check_not_busy()
         complete = [p for p in entries if not p.name.endswith(".part") and (p / ".complete").is_file()]
@@ -427,7 +427,8 @@ def local_start_run(req: dict[str, Any]) -> dict[str, Any]:
     import tomllib
 
     from ..results import ResultStore
-    from ..runner import RunSpec, start_detached
+    from ..runner import start_detached
+    from ..runspec import RunSpec
 
     try:
         spec_in = dict(req["spec"])

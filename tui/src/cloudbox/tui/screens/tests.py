@@ -12,15 +12,16 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane, Tabs
 
-from cloudbox.core import runner, storage
+from cloudbox.core import runner
 from cloudbox.core.results import Event, Run
+from cloudbox.core.runspec import RunSpec, option
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.charts import LiveChart
 from cloudbox.tui.widgets.checklist import CheckList
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 
-SUITES = (("storage", "storage"), ("network", "network"), ("both", "all"))
-SIZES = (("quick (128 MiB, 5 s tests)", "quick"), ("study-sized (2x guest RAM, 30 s tests)", "study"))
+# The form's selects, from the run options' one declaration (core.runspec.RUN_OPTIONS).
+SUITE, SIZE, TESTS, WHERE = (option(f) for f in ("suite", "size", "storage_tests", "node"))
 
 
 @dataclass
@@ -119,15 +120,14 @@ class TestsScreen(BaseScreen):
                 with VerticalScroll():
                     with Horizontal(id="setup-row"):
                         with Vertical(classes="setup-col"):
-                            yield Label("Suite", classes="section")
-                            yield Select(SUITES, value="storage", allow_blank=False, id="suite")
-                            yield Label("Size", classes="section")
-                            yield Select(SIZES, value="quick", allow_blank=False, id="size")
-                            yield Label("Storage tests", classes="section")
-                            yield Select([(f"{k}: {', '.join(v)}", k) for k, v in storage.TEST_SETS.items()],
-                                         value="study", allow_blank=False, id="test-set")
+                            yield Label(SUITE.title, classes="section")
+                            yield Select(SUITE.offered(), value=SUITE.initial, allow_blank=False, id="suite")
+                            yield Label(SIZE.title, classes="section")
+                            yield Select(SIZE.offered(), value=SIZE.initial, allow_blank=False, id="size")
+                            yield Label(TESTS.title, classes="section")
+                            yield Select(TESTS.offered(), value=TESTS.initial, allow_blank=False, id="test-set")
                             # Shown once nodes are enrolled (a front-end); an all-in-one box runs here.
-                            yield Label("Where", classes="section", id="where-label")
+                            yield Label(WHERE.title, classes="section", id="where-label")
                             yield Select([("this host", "")], value="", allow_blank=False, id="where")
                         with Vertical(classes="setup-col"):
                             yield Label("Profiles: space ticks [x]; several = a sweep", classes="section", markup=False)
@@ -208,7 +208,7 @@ class TestsScreen(BaseScreen):
         if not names:
             self.notify("tick at least one profile (space in the Profiles list)", severity="warning")
             return
-        specs = [runner.RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node) for n in names]
+        specs = [RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node) for n in names]
         where = f" on node {node}" if node else ""
 
         def started(result: tuple[int | None, runner.Sweep | None]) -> None:
