@@ -73,3 +73,17 @@ def test_the_tests_screen_offers_the_declared_choices(state):
     asyncio.run(go())
     assert option("suite").offered() == [("storage", "storage"), ("network", "network"), ("both", "all")]
     assert [v for _, v in option("storage_tests").offered()] == list(storage.TEST_SETS)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--agent-timeout", "5"], "--agent-timeout 5 is not allowed; allowed: 10 to 3600 seconds (default 300)"),
+    (["--size", "1M"], "--size '1M' is too small; the minimum is 4M"),
+    (["--tests", "seq-write-7k"], "--tests 'seq-write-7k': unknown storage test(s) seq-write-7k; allowed:"),
+    (["--net-seconds", "-3"], "--net-seconds -3 is not allowed; allowed: 0 (5 s quick, 30 s otherwise) or more"),
+    (["--runtime", "-1"], "--runtime -1 is not allowed; allowed: 0 (5 s quick, 30 s otherwise) or more seconds"),
+])
+def test_a_usage_error_exits_2_before_anything_is_created(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
+    assert cli.main(["run", "--profile", "virtio-disk", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()  # no results database, no log, no lock

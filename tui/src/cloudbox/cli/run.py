@@ -9,6 +9,7 @@ import time
 
 from cloudbox.cli.common import guard
 from cloudbox.core import runner
+from cloudbox.core.errors import UsageError
 from cloudbox.core.runspec import RUN_OPTIONS, RunSpec
 
 
@@ -20,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        choices=[c.value for c in opt.choices] if opt.closed else None)
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
     p.add_argument("--json", action="store_true", help="print the finished run as JSON")
-    p.set_defaults(func=guard(cmd_run))
+    p.set_defaults(func=guard(cmd_run, invalid=(UsageError,)))
 
     w = sub.add_parser("watch", help="follow a run's progress live (attach to a detached run)")
     w.add_argument("run", help="run id")
@@ -109,6 +110,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     from cloudbox.core.compare import compare_table, to_text
 
     spec = _spec(a)
+    spec.validate()  # a usage error exits 2 before anything (the results database) is created
     with _store() as store:
         if a.detach:
             rid = runner.start_detached(spec, store)

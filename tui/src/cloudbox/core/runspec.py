@@ -203,6 +203,13 @@ def _check_net_tests(value: str) -> None:
         raise UsageError(f"--net-tests {value!r}: {e}") from None
 
 
+def _seconds(flag: str, default: str) -> Callable[[int], None]:
+    def check(value: int) -> None:
+        if value < 0:
+            raise UsageError(f"{flag} {value} is not allowed; allowed: 0 ({default}) or more seconds")
+    return check
+
+
 def _check_agent_timeout(value: float) -> None:
     low, high = AGENT_TIMEOUT_RANGE
     if not low <= value <= high:
@@ -227,8 +234,10 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               check=_check_tests, form_default="study"),
     RunOption("net_tests", ("--net-tests",), str, "netperf", "netperf, iperf3, both, or comma-separated ids",
               choices=tuple(Choice(k) for k in network.NET_SETS), check=_check_net_tests),
-    RunOption("net_seconds", ("--net-seconds",), int, 0, "seconds per network test (default 5 quick / 30)"),
-    RunOption("runtime", ("--runtime",), int, 0, "seconds cap for random I/O tests (default 5 / 30)"),
+    RunOption("net_seconds", ("--net-seconds",), int, 0, "seconds per network test (default 5 quick / 30)",
+              check=_seconds("--net-seconds", "5 s quick, 30 s otherwise")),
+    RunOption("runtime", ("--runtime",), int, 0, "seconds cap for random I/O tests (default 5 / 30)",
+              check=_seconds("--runtime", "5 s quick, 30 s otherwise")),
     RunOption("work_dir", ("--work-dir",), str, "", "directory on the file system under test (file backings)"),
     RunOption("device", ("--device",), str, "", "whole device for block-device backings (else a loop device)"),
     RunOption("destroy", ("--destroy",), str, "", "confirm destroying --device's data by naming it (e.g. sdb)",
