@@ -87,3 +87,22 @@ def test_a_usage_error_exits_2_before_anything_is_created(argv, message, tmp_pat
     assert cli.main(["run", "--profile", "virtio-disk", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "state").exists()  # no results database, no log, no lock
+
+
+@pytest.mark.parametrize("name", ["/../../x", "../escape", "be1\n", "Be1", "-be1", "a" * 64])
+def test_a_node_name_reaching_the_run_lock_is_a_node_name(name, tmp_path, monkeypatch, capsys):
+    from cloudbox.core.runlock import RunLock, check_not_busy
+
+    run_dir = tmp_path / "run" / "dir"
+    monkeypatch.setenv("CLOUDBOX_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
+    for attempt in (lambda: RunLock(name), lambda: check_not_busy(name)):
+        with pytest.raises(UsageError, match="is not a node name; allowed: lowercase letters, digits and '-'"):
+            attempt()
+    assert cli.main(["run", "--profile", "virtio-disk", f"--node={name}"]) == 2
+    assert f"--node {name!r} is not a node name" in capsys.readouterr().err
+    assert list(tmp_path.rglob("*")) == []  # no lock file, in the run dir or outside it
+    lock = RunLock("be-1")
+    lock.acquire({"pid": 1})
+    lock.release()
+    assert [p.name for p in run_dir.iterdir()] == ["run-node-be-1.lock"]

@@ -8,14 +8,17 @@ import os
 from typing import Any
 
 from . import paths
-from .errors import RunBusy
+from .errors import RunBusy, UsageError
+from .nodeconf import NODE_NAME_ALLOWED, is_node_name
 
 
 class RunLock:
     """An flock on <run dir>/run.lock holding the run's id and pid. A run on a node takes run-node-<name>.lock here
-    instead (the node itself holds its own run.lock)."""
+    instead (the node itself holds its own run.lock); the name must be a node name, so it stays in the run dir."""
 
     def __init__(self, node: str = "") -> None:
+        if node and not is_node_name(node):
+            raise UsageError(f"--node {node!r} is not a node name; allowed: {NODE_NAME_ALLOWED}")
         self.node = node
         self.path = paths.run_dir() / (f"run-node-{node}.lock" if node else "run.lock")
         self.fd: int | None = None

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import network, storage
 from .errors import CloudboxError, UsageError
+from .nodeconf import NODE_NAME_ALLOWED, is_node_name
 
 QUICK_SIZE = 128 * 1024**2
 MIN_SIZE = 4 * 1024**2
@@ -217,6 +218,12 @@ def _check_agent_timeout(value: float) -> None:
                          f"(default {DEFAULT_AGENT_TIMEOUT:g})")
 
 
+def _check_node(value: str) -> None:
+    if value and not is_node_name(value):
+        raise UsageError(f"--node {value!r} is not a node name; allowed: {NODE_NAME_ALLOWED} "
+                         "(`cloudbox node list` names the enrolled ones)")
+
+
 RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("profile", ("--profile", "-p"), str, None, "preset or user profile name, or a .toml file",
               required=True),
@@ -244,7 +251,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               metavar="NAME"),
     RunOption("node", ("--node",), str, "",
               "run on this enrolled back-end (front-end only; `cloudbox node list`); default: this host",
-              title="Where", metavar="NAME"),
+              title="Where", metavar="NAME", check=_check_node),
     RunOption("agent_timeout", ("--agent-timeout",), float, DEFAULT_AGENT_TIMEOUT,
               f"seconds to wait for the guest to boot to its agent (default {DEFAULT_AGENT_TIMEOUT:g}; under TCG or "
               "nested KVM a guest that misses it is launched once more)", metavar="SECONDS",

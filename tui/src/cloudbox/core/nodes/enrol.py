@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CloudboxError
+from ..nodeconf import NODE_NAME_ALLOWED, NODE_NAME_PATTERN
 from . import keys
 from .registry import (
     ENROL_ROLES,
@@ -52,8 +53,6 @@ PORT = 7413
 VERSION = 1
 MAX_LINE = 64 * 1024
 IO_TIMEOUT_S = 15.0
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-NAME_ALLOWED = "lowercase letters, digits and '-', 1..63 characters, not starting or ending with '-'"
 
 REASONS = {
     "bad-request": "the message is malformed or a field is invalid",
@@ -291,7 +290,7 @@ class EnrolServer:
                 if hello.get("v") != VERSION:
                     raise EnrolRefused("bad-request", f"field v: protocol version {hello.get('v')!r} is not "
                                        f"supported; allowed: {VERSION}")
-                name = _field(hello, "name", NAME_PATTERN, NAME_ALLOWED)
+                name = _field(hello, "name", NODE_NAME_PATTERN, NODE_NAME_ALLOWED)
                 role = _field(hello, "role")
                 if role not in ENROL_ROLES:
                     raise EnrolRefused("bad-request", f"field role: {role!r} cannot enrol with a front-end; "
@@ -426,8 +425,8 @@ def join(frontend: str, code: str, *, identity: Identity | None = None, role: st
     normalized = normalize_code(code)  # a typo in the code's format fails here, before any connection
     host, port = parse_frontend(frontend)
     me = identity or local_identity()
-    if not re.match(NAME_PATTERN, me.name):
-        raise CloudboxError(f"--name: {me.name!r} is not a valid node name; allowed: {NAME_ALLOWED}")
+    if not re.match(NODE_NAME_PATTERN, me.name):
+        raise CloudboxError(f"--name: {me.name!r} is not a valid node name; allowed: {NODE_NAME_ALLOWED}")
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as e:
@@ -440,7 +439,7 @@ def join(frontend: str, code: str, *, identity: Identity | None = None, role: st
                  "nonce": secrets.token_hex(32), "host_key": me.host_key.line, "client_key": me.client_key.line}
         ch.send(hello)
         challenge = ch.recv("challenge")
-        fe_name = _field(challenge, "name", NAME_PATTERN, NAME_ALLOWED)
+        fe_name = _field(challenge, "name", NODE_NAME_PATTERN, NODE_NAME_ALLOWED)
         _field(challenge, "nonce", r"^[0-9a-f]{64}$", "64 hex digits")
         salt = _field(challenge, "salt", r"^[0-9a-f]{32}$", "32 hex digits")
         fe_host = _key_field(challenge, "host_key")
