@@ -132,7 +132,7 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
         ex = runner.Executor(RunSpec(profile="xen-default", suite="storage", node="node7"), store,
-                             emit=lambda k, p: events.append((k, p)))
+                             emit=lambda ev: events.append((ev.kind, ev.to_payload())))
         rid = ex.execute()
         run = store.get_run(rid)
     assert run.state == "aborted" and run.node == "node7"
@@ -166,8 +166,8 @@ def test_a_real_storage_run_on_the_node_comes_back_with_its_measurements(cluster
     front-end's run holds the same measurements, labels and host metrics, the timeline, and both nodes."""
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        ex = runner.Executor(RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke",
-                                            node="node7"), store, emit=lambda k, p: events.append((k, p)))
+        ex = runner.Executor(RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke", node="node7"),
+                             store, emit=lambda ev: events.append((ev.kind, ev.to_payload())))
         rid = ex.execute()
         run = store.get_run(rid)
         samples = store.samples(rid)

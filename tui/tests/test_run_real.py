@@ -15,6 +15,7 @@ import pytest
 from run_trouble import warn_run_trouble
 
 from cloudbox.core import runner
+from cloudbox.core.events import RunEvent, StepEvent
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import RunSpec
 
@@ -60,7 +61,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
                           net_tests=net_tests, net_seconds=3, runtime=3)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        rid = runner.Executor(spec, store, emit=lambda k, p: events.append((k, p))).execute()
+        rid = runner.Executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
     with ResultStore() as store:  # read back through a fresh connection
         run = store.get_run(rid)
         evs = store.events_since(rid, 0)
@@ -159,7 +160,7 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
                           agent_timeout=240)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        rid = runner.Executor(spec, store, emit=lambda k, p: events.append((k, p))).execute()
+        rid = runner.Executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
     assert run.state == "aborted"
@@ -226,8 +227,8 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
     spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-maerts,tcp-rr", net_seconds=3)
     rules: list[list[str]] = []
 
-    def on_event(kind: str, payload: dict) -> None:
-        if kind == "step" and payload.get("text", "").startswith("guest: tcp-maerts") and not rules:
+    def on_event(ev: RunEvent) -> None:
+        if isinstance(ev, StepEvent) and ev.text.startswith("guest: tcp-maerts") and not rules:
             (g,) = list_guests(libvirt_conn)
             mac = re.search(r"<mac address='([0-9a-f:]+)'", libvirt_conn.lookupByName(g.name).XMLDesc(0)).group(1)
             rules.append(["INPUT", "-i", network.BRIDGE, "-m", "mac", "--mac-source", mac, "-j", "DROP"])

@@ -34,12 +34,14 @@ from textual.widgets import DataTable, Input, Static
 
 from cloudbox.core import domain, profiles
 from cloudbox.core.accel import Accelerator
+from cloudbox.core.events import StateEvent
 from cloudbox.core.guest import METADATA_NS
 from cloudbox.core.guestimage import CMDLINE
 from cloudbox.core.host import Disk, HostFacts, Nic, Node
 from cloudbox.core.nodes.frontend import CodeOffer
 from cloudbox.core.nodes.registry import JoinCode
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import PlanStep
 from cloudbox.tui.app import CloudboxApp, create_app
 from cloudbox.tui.backend import Backend
 
@@ -264,9 +266,10 @@ def add_run(store: ResultStore, d: DemoRun) -> int:
     storage_tests = [x for x in STUDY_TESTS if x in d.guest] if d.suite in ("storage", "all") else []
     acc_label = {"kvm": "KVM", "nested-kvm": "KVM (nested)", "tcg": "TCG (emulated)"}[d.accelerator]
     if ev:
-        plan = [f"baseline:{x}" for x in storage_tests] + ["guest:boot"] + [f"guest:{x}" for x in storage_tests]
-        store.add_event(rid, "state", {"state": "running", "profile": prof.name, "suite": d.suite, "plan": plan},
-                        t=t)
+        plan = ([PlanStep("baseline", x) for x in storage_tests] + [PlanStep("guest", "boot")]
+                + [PlanStep("guest", x) for x in storage_tests])
+        store.add_event(rid, "state", StateEvent("running", profile=prof.name, suite=d.suite,
+                                                 plan=tuple(plan)).to_payload(), t=t)
         for i, text in enumerate(("checking the benchmark guest image", "probing the accelerator")):
             store.add_event(rid, "step", {"text": text}, t=t + 0.1 * (i + 1))
         store.add_event(rid, "log", {"text": f"accelerator: {acc_label}: {TCG.reason}"}, t=t + 2.4)

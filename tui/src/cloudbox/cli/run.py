@@ -10,6 +10,7 @@ import time
 from cloudbox.cli.common import guard
 from cloudbox.core import runner
 from cloudbox.core.errors import UsageError
+from cloudbox.core.events import ProgressEvent, RunEvent, SampleEvent, describe, progress_line
 from cloudbox.core.runspec import RUN_OPTIONS, RunSpec
 
 
@@ -45,12 +46,12 @@ def _spec(a: argparse.Namespace) -> RunSpec:
 
 
 class Printer:
-    """Renders run events as terminal lines (a live status line on a tty, sparse lines otherwise)."""
+    """Prints run events (core.events' lines): a live status line on a tty, sparse progress lines otherwise."""
 
     def __init__(self, out=sys.stdout):
         self.out = out
         self.tty = out.isatty()
-        self.sample: dict | None = None
+        self.sample: SampleEvent | None = None
         self.last_plain = 0.0
         self.status_shown = False
 
@@ -59,20 +60,12 @@ class Printer:
             self.out.write("\r\033[K")
             self.status_shown = False
 
-    def __call__(self, kind: str, p: dict) -> None:
-        if kind == "sample":
-            self.sample = p
+    def __call__(self, ev: RunEvent) -> None:
+        if isinstance(ev, SampleEvent):
+            self.sample = ev
             return
-        if kind == "progress":
-            line = f"  [{p.get('side', '?')}] {p.get('test', '')} {p.get('pct', 0):5.1f}%"
-            if p.get("mbps") is not None:
-                line += f"  {p['mbps']:8.1f} MB/s"
-            if p.get("eta"):
-                line += f"  eta {p['eta']}"
-            s = self.sample
-            if s and p.get("test") != "boot":
-                line += (f" | host {s['device']} {s['read_mbps'] + s['write_mbps']:.1f} MB/s rq "
-                         f"{s['avgrq_sectors']:.0f} sect qu {s['avgqu']:.1f} util {s['util']:.0f}%")
+        if isinstance(ev, ProgressEvent):
+            line = progress_line(ev, self.sample)
             if self.tty:
                 self.out.write("\r\033[K" + line[:200])
                 self.status_shown = True
@@ -82,21 +75,9 @@ class Printer:
             self.out.flush()
             return
         self._clear()
-        if kind == "step":
-            self.out.write(f"==> {p.get('text')}\n")
-        elif kind == "log":
-            self.out.write(f"    {p.get('text')}\n")
-        elif kind == "measurement":
-            host = ""
-            if p.get("host_avgrq_sectors") is not None:
-                host = (f"  (host: {p.get('host_mbps', 0):.1f} MB/s, avgrq {p['host_avgrq_sectors']:.0f} sectors, "
-                        f"avgqu {p.get('host_avgqu', 0):.2f}, util {p.get('host_util', 0):.0f}%)")
-            labels = f" [{', '.join(p['labels'])}]" if p.get("labels") else ""
-            self.out.write(f"  = {p['side']:8} {p['test']:24} {p['value']:10.2f} {p['metric']}{labels}{host}\n")
-        elif kind == "state":
-            st = p.get("state")
-            if st in ("completed", "aborted", "failed"):
-                self.out.write(f"==> run {st}" + (f": {p['reason']}" if p.get("reason") else "") + "\n")
+        text = describe(ev)
+        if text is not None:
+            self.out.write(text + "\n")
         self.out.flush()
 
 
@@ -138,7 +119,8 @@ def cmd_watch(a: argparse.Namespace) -> int:
         with _store() as store:
             rid = store.resolve(a.run)
             for ev in store.follow(rid):
-                printer(ev.kind, ev.payload)
+                if (rec := ev.record) is not None:
+                    printer(rec)
             return 0 if store.get_run(rid, raw=False).state == "completed" else 1
     except KeyboardInterrupt:
         print("\n(stopped watching; the run goes on)")

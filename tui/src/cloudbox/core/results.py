@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import db, paths
+from . import db, events, paths
 from .errors import CloudboxError, NotFound
+from .events import FINAL_STATES, SAMPLE_FIELDS
 from .network import FRONTEND_SUFFIX, NET_SETS
 from .procs import process_exists
 
@@ -41,12 +42,10 @@ SCHEMA_VERSION = 2
 SUITES = ("storage", "network", "all", "guest")
 SIZE_LABELS = ("quick", "study", "custom")
 STATES = ("running", "completed", "aborted", "failed")
-FINAL_STATES = ("completed", "aborted", "failed")
 ACCELERATORS = ("kvm", "nested-kvm", "tcg", "xen")
 EMULATED_ACCELERATORS = ("tcg", "nested-kvm")
 SIDES = ("guest", "baseline")
 METRICS = ("MB/s", "IOPS", "lat_us", "Mbit/s", "trans/s")  # the views know these; others are stored as-is
-EVENT_KINDS = ("state", "step", "progress", "log", "sample", "measurement")
 
 STORAGE_TESTS = (
     "seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m", "seq-read-1m",
@@ -65,9 +64,6 @@ _RUN_COLUMNS = (
 MEASUREMENT_COLUMNS = (
     "side", "test", "metric", "value", "host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util",
     "labels", "raw", "started_at", "finished_at",
-)
-SAMPLE_FIELDS = (
-    "t", "device", "test", "read_mbps", "write_mbps", "avgrq_sectors", "avgrq_kb", "avgqu", "util",
 )
 
 
@@ -178,6 +174,11 @@ class Event:
     t: float
     kind: str
     payload: dict[str, Any]
+
+    @property
+    def record(self) -> events.RunEvent | None:
+        """The typed event (core.events); None for a kind this cloudbox does not know."""
+        return events.parse(self.kind, self.payload)
 
 
 @dataclass
@@ -894,8 +895,8 @@ class ResultStore:
                   t: float | None = None) -> int:
         """Append to the run's live stream at time `t` (default now); returns the new seq (1, 2, ...).
         Touches nothing else."""
-        if kind not in EVENT_KINDS:
-            raise ValueError(f"event kind must be one of {', '.join(EVENT_KINDS)} (got {kind!r})")
+        if kind not in events.KINDS:
+            raise ValueError(f"event kind must be one of {', '.join(events.KINDS)} (got {kind!r})")
         with self._write() as conn:
             try:
                 return self._append_event(conn, int(run_id), kind, payload or {}, t)

@@ -13,6 +13,7 @@ with it); when the guest dies or its agent stops answering, the reason ends with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -29,11 +30,21 @@ from pathlib import Path
 from . import accel, backing, daemons, host, network, paths, storage
 from .diskstats import delta, read_counters
 from .errors import Aborted, CloudboxError, GuestUnreachable, NicStalled, RunBusy
+from .events import (
+    LogEvent,
+    MeasurementEvent,
+    ProgressEvent,
+    RunEvent,
+    SampleEvent,
+    StateEvent,
+    StepEvent,
+    parse,
+)
 from .guest import QEMU_LOG_DIR, Guest, reap_orphans
 from .guestimage import CMDLINE, GuestImage
 from .results import MEASUREMENT_COLUMNS
 from .runlock import RunLock, check_not_busy
-from .runspec import RunSpec, parse_size, resolve_net_tests
+from .runspec import BOOT, RunSpec, parse_size, resolve_net_tests
 
 CONSOLE_TAIL_LINES = 20  # lines of the guest's serial console kept in the reason of a run whose guest died
 QEMU_LOG_TAIL_LINES = 8  # and of libvirt's log of its QEMU process
@@ -45,7 +56,7 @@ NIC_RELAUNCHES = 1  # a guest whose network stopped for good is launched afresh 
 
 
 # --------------------------------------------------------------------------------------- executor
-EmitFn = Callable[[str, dict], None]
+EmitFn = Callable[[RunEvent], None]
 
 
 @dataclass
@@ -63,22 +74,22 @@ class Executor:
     _guest: Guest | None = field(default=None, init=False)  # the running guest, for its console on failure
 
     # -- events ----------------------------------------------------------------------------
-    def event(self, kind: str, payload: dict) -> None:
-        if kind == "progress":
+    def event(self, ev: RunEvent) -> None:
+        if isinstance(ev, ProgressEvent):
             now = time.monotonic()
-            if now - self._last_progress < 0.5 and payload.get("pct", 0) < 100:
+            if now - self._last_progress < 0.5 and ev.pct < 100:
                 return
             self._last_progress = now
         if self.run_id is not None:
-            self.store.add_event(self.run_id, kind, payload)  # type: ignore[attr-defined]
+            self.store.add_event(self.run_id, ev.kind, ev.to_payload())  # type: ignore[attr-defined]
         if self.emit:
-            self.emit(kind, payload)
+            self.emit(ev)
 
-    def step(self, text: str, **extra) -> None:
-        self.event("step", {"text": text, **extra})
+    def step(self, text: str, side: str | None = None, test: str | None = None) -> None:
+        self.event(StepEvent(text, side, test))
 
     def log(self, text: str) -> None:
-        self.event("log", {"text": text})
+        self.event(LogEvent(text))
 
     def cancelled(self) -> bool:
         return self._cancel
@@ -131,8 +142,7 @@ class Executor:
             else:
                 self.store.update_run(self.run_id, **fields)  # type: ignore[attr-defined]
             lock.update({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
-            self.event("state", {"state": "running", "profile": profile.name, "suite": spec.suite,
-                                 "plan": [f"{step.side}:{step.test}" for step in spec.plan()]})
+            self.event(StateEvent("running", profile=profile.name, suite=spec.suite, plan=tuple(spec.plan())))
             if spec.node:
                 self._run_on_node(profile, stack)
             else:
@@ -160,7 +170,7 @@ class Executor:
                 # finish_run also appends the final `state` event, atomically with the state change.
                 self.store.finish_run(self.run_id, state, reason)  # type: ignore[attr-defined]
                 if self.emit:
-                    self.emit("state", {"state": state, "reason": reason})
+                    self.emit(StateEvent(state, reason))
             for s, h in old.items():
                 signal.signal(s, h)
             lock.release()
@@ -205,8 +215,7 @@ class Executor:
             try:
                 waited = guest.wait_agent(timeout=self.spec.agent_timeout,
                                           on_wait=lambda s: self._check_cancel_and(
-                                              lambda: self.event("progress", {"side": "guest", "test": "boot",
-                                                                              "pct": 0, "eta": f"{s:.0f}s"})))
+                                              lambda: self.event(ProgressEvent("guest", BOOT, 0, f"{s:.0f}s"))))
                 return guest, waited, time.monotonic() - t0, attempt
             except GuestUnreachable as e:
                 if attempt == attempts or self.cancelled():
@@ -285,7 +294,7 @@ class Executor:
                 # One transaction: the timeline row and its live `sample` event.
                 self.store.add_samples(self.run_id, [row], event=True)  # type: ignore[attr-defined]
                 if self.emit:
-                    self.emit("sample", row)
+                    self.emit(SampleEvent.from_payload(row))
 
             with self._atomic():
                 sampler = stack.enter_context(Sampler(store.host_device, on_sample))
@@ -343,7 +352,7 @@ class Executor:
         prov["launch_to_agent_s"] = round(boot_s, 2)
         prov["boot_attempts"] = attempts
         self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
-        self.event("progress", {"side": "guest", "test": "boot", "pct": 100})
+        self.event(ProgressEvent("guest", BOOT, 100))
 
         if session:
             self._hold(guest, profile.network.mtu, boot_s)
@@ -483,8 +492,7 @@ class Executor:
         self.step(f"propagating the guest image to {node.name}", side="guest")
         prop = remote.propagate_image(
             shell, image, cancelled=self.cancelled,
-            progress=lambda done, total: self.event("progress", {"side": "guest", "test": "boot",
-                                                                 "pct": 0, "eta": f"copy {done * 100 // total}%"}))
+            progress=lambda done, total: self.event(ProgressEvent("guest", BOOT, 0, f"copy {done * 100 // total}%")))
         self.log(prop.describe())
         with registry.Registry() as reg:
             reg.add_propagation(asdict(prop))
@@ -578,22 +586,22 @@ class Executor:
 
     def _mirror(self, kind: str, payload: dict, final: dict) -> None:
         """One event of the node's run, re-emitted here (samples stored as this run's timeline)."""
-        if kind == "state":
-            if payload.get("state") == "running":
-                self.event("state", payload)
+        ev = parse(kind, payload)
+        if isinstance(ev, StateEvent):
+            if ev.state == "running":
+                self.event(ev)
             else:
-                final.update(payload)
+                final.update(ev.to_payload())
             return
-        if kind == "sample":
-            row = {k: payload.get(k) for k in ("t", "device", "test", "read_mbps", "write_mbps", "avgrq_sectors",
-                                               "avgrq_kb", "avgqu", "util")}
-            self.store.add_samples(self.run_id, [row], event=True)  # type: ignore[attr-defined]
+        if isinstance(ev, SampleEvent):
+            self.store.add_samples(self.run_id, [ev.to_payload()], event=True)  # type: ignore[attr-defined]
             if self.emit:
-                self.emit("sample", row)
+                self.emit(ev)
             return
-        if kind == "step" and "text" in payload:
-            payload = {**payload, "text": f"{self.spec.node}: {payload['text']}"}
-        self.event(kind, payload)
+        if isinstance(ev, StepEvent):
+            ev = dataclasses.replace(ev, text=f"{self.spec.node}: {ev.text}")
+        if ev is not None:
+            self.event(ev)
 
     def _hold(self, guest: Guest, mtu: int, boot_s: float) -> None:
         """A guest session: bring up its NIC, then keep the guest until it shuts down or is stopped."""
@@ -615,7 +623,7 @@ class Executor:
         fn()
 
     def _progress(self, side: str, test: str) -> Callable[[dict], None]:
-        return lambda p: self.event("progress", {"side": side, "test": test, **p})
+        return lambda p: self.event(ProgressEvent.from_payload({"side": side, "test": test, **p}))
 
     def _storage_test(self, side: str, t: storage.StorageTest, run: Callable[[], storage.FioResult],
                       sampler, labels: list[str], guest_drop: Callable[[], None]) -> None:
@@ -648,9 +656,10 @@ class Executor:
         if t.timed:
             self.store.add_measurement(self.run_id, metric="IOPS", value=res.iops, raw="", **common)  # type: ignore[attr-defined]
             self.store.add_measurement(self.run_id, metric="lat_us", value=res.lat_us, raw="", **common)  # type: ignore[attr-defined]
-        self.event("measurement", {"side": side, "test": t.id, "metric": "MB/s", "value": round(res.mbps, 2),
-                                   "iops": round(res.iops, 1), **{k: round(v, 2) for k, v in (host or {}).items()},
-                                   "labels": tl})
+        hr = {k: round(v, 2) for k, v in (host or {}).items()}
+        self.event(MeasurementEvent(side, t.id, "MB/s", round(res.mbps, 2), tuple(tl), round(res.iops, 1),
+                                    hr.get("host_mbps"), hr.get("host_avgrq_sectors"), hr.get("host_avgqu"),
+                                    hr.get("host_util")))
 
     def _net_test(self, side: str, t: network.NetTest, run: Callable[[], network.NetResult],
                   labels: list[str], note: str = "") -> None:
@@ -670,8 +679,7 @@ class Executor:
         self.store.add_measurement(self.run_id, metric=res.metric, value=res.value, raw=raw, **common)  # type: ignore[attr-defined]
         if res.lat_us is not None and t.kind == "TCP_RR":
             self.store.add_measurement(self.run_id, metric="lat_us", value=res.lat_us, raw="", **common)  # type: ignore[attr-defined]
-        self.event("measurement", {"side": side, "test": t.id, "metric": res.metric, "value": round(res.value, 2),
-                                   "labels": tl})
+        self.event(MeasurementEvent(side, t.id, res.metric, round(res.value, 2), tuple(tl)))
 
     def _provenance(self, conn, acc, image: GuestImage, store: backing.BackingStore) -> dict:
         from .. import __version__

@@ -13,7 +13,17 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane, Tabs
 
 from cloudbox.core import runner
-from cloudbox.core.results import Event, Run
+from cloudbox.core.events import (
+    MeasurementEvent,
+    PlanProgress,
+    ProgressEvent,
+    SampleEvent,
+    StateEvent,
+    StepEvent,
+    describe,
+    stamped,
+)
+from cloudbox.core.results import Run
 from cloudbox.core.runspec import RunSpec, option
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.charts import LiveChart
@@ -30,58 +40,6 @@ class SetupData:
     active: str
     runs: list[Run]
     targets: list[tuple[str, str]]  # where a run can go: ("this host", ""), then enrolled nodes
-
-
-class Progress:
-    """Turns a run's events into whole-run progress: the plan (from the first state event), the steps done
-    (measurements, and the guest's boot), the current step's own percentage."""
-
-    def __init__(self) -> None:
-        self.plan: list[str] = []
-        self.done: set[str] = set()
-        self.current: str | None = None
-        self.current_pct = 0.0
-
-    def feed(self, ev: Event) -> None:
-        p = ev.payload
-        if ev.kind == "state" and p.get("plan"):
-            self.plan = list(p["plan"])
-        elif ev.kind == "progress":
-            key = f"{p.get('side')}:{p.get('test')}"
-            self.current, self.current_pct = key, float(p.get("pct") or 0)
-            if key == "guest:boot" and self.current_pct >= 100:
-                self.done.add(key)
-        elif ev.kind == "measurement":
-            self.done.add(f"{p.get('side')}:{p.get('test')}")
-
-    @property
-    def percent(self) -> float | None:
-        if not self.plan:
-            return None
-        done = len(self.done & set(self.plan))
-        part = self.current_pct / 100 if self.current in self.plan and self.current not in self.done else 0
-        return min(100.0, 100.0 * (done + part) / len(self.plan))
-
-
-def event_line(ev: Event) -> str | None:
-    """A log line for an event (None for high-rate progress and sample events)."""
-    p = ev.payload
-    stamp = time.strftime("%H:%M:%S", time.localtime(ev.t))
-    if ev.kind == "step":
-        return f"{stamp} ==> {p.get('text')}"
-    if ev.kind == "log":
-        return f"{stamp}     {p.get('text')}"
-    if ev.kind == "measurement":
-        labels = f" [{', '.join(p['labels'])}]" if p.get("labels") else ""
-        host = ""
-        if p.get("host_avgrq_sectors") is not None:
-            host = (f" host: rq {p['host_avgrq_sectors']:.0f} sect, qu {p.get('host_avgqu', 0):.2f}, "
-                    f"util {p.get('host_util', 0):.0f}%")
-        return f"{stamp}   = {p.get('side')} {p.get('test')}: {p.get('value')} {p.get('metric')}{labels}{host}"
-    if ev.kind == "state":
-        st = p.get("state")
-        return f"{stamp} run {st}" + (f": {p['reason']}" if p.get("reason") else "")
-    return None
 
 
 class TestsScreen(BaseScreen):
@@ -106,7 +64,7 @@ class TestsScreen(BaseScreen):
         self.run_id: int | None = None
         self.run: Run | None = None
         self.seq = 0
-        self.progress = Progress()
+        self.progress = PlanProgress()
         self.polling = False
         self.setup: SetupData | None = None
         self.last_redraw = 0.0
@@ -231,7 +189,7 @@ class TestsScreen(BaseScreen):
         if run_id == self.run_id:
             return
         self.run_id, self.run, self.seq = run_id, None, 0
-        self.progress = Progress()
+        self.progress = PlanProgress()
         for c in self.query(LiveChart):
             c.clear()
         self.query_one("#run-log", Log).clear()
@@ -289,23 +247,25 @@ class TestsScreen(BaseScreen):
         log = self.query_one("#run-log", Log)
         for ev in events:
             self.seq = ev.seq
-            self.progress.feed(ev)
-            line = event_line(ev)
-            if line:
-                log.write_line(line)
-            if ev.kind == "step":
-                self.query_one("#run-step", Static).update(f"Step: {ev.payload.get('text')}")
-            elif ev.kind == "progress" and ev.payload.get("mbps") is not None:
-                name = "guest" if ev.payload.get("side") == "guest" else "bare metal"
-                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, ev.payload["mbps"])
-            elif ev.kind == "measurement" and ev.payload.get("metric") == "MB/s":
-                name = "guest" if ev.payload.get("side") == "guest" else "bare metal"
-                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, ev.payload.get("value"))
-            elif ev.kind == "sample":
-                p = ev.payload
-                self.query_one("#chart-rq", LiveChart).add("avgrq", ev.t, p.get("avgrq_sectors"))
-                self.query_one("#chart-qu", LiveChart).add("avgqu", ev.t, p.get("avgqu"))
-                self.query_one("#chart-qu", LiveChart).add("util %", ev.t, p.get("util"))
+            rec = ev.record
+            if rec is None:
+                continue
+            self.progress.feed(rec)
+            line = describe(rec)
+            if line is not None:
+                log.write_line(stamped(ev.t, line))
+            if isinstance(rec, StepEvent):
+                self.query_one("#run-step", Static).update(f"Step: {rec.text}")
+            elif isinstance(rec, ProgressEvent) and rec.mbps is not None:
+                name = "guest" if rec.side == "guest" else "bare metal"
+                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, rec.mbps)
+            elif isinstance(rec, MeasurementEvent) and rec.metric == "MB/s":
+                name = "guest" if rec.side == "guest" else "bare metal"
+                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, rec.value)
+            elif isinstance(rec, SampleEvent):
+                self.query_one("#chart-rq", LiveChart).add("avgrq", ev.t, rec.avgrq_sectors)
+                self.query_one("#chart-qu", LiveChart).add("avgqu", ev.t, rec.avgqu)
+                self.query_one("#chart-qu", LiveChart).add("util %", ev.t, rec.util)
         self.show_head(run, sweep)
         pct = 100.0 if run.state == "completed" else self.progress.percent
         bar = self.query_one("#run-progress", ProgressBar)
@@ -317,8 +277,7 @@ class TestsScreen(BaseScreen):
         if self.charts_stale and self.is_current and time.monotonic() - self.last_redraw > 1.0:
             self.redraw_charts()
         if run.finished:
-            if any(e.kind == "state" and e.payload.get("state") in ("completed", "aborted", "failed")
-                   for e in events):
+            if any(isinstance(rec := e.record, StateEvent) and rec.final for e in events):
                 self.redraw_charts()
                 sev = "information" if run.state == "completed" else "warning"
                 self.notify(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else ""),
