@@ -292,7 +292,7 @@ for m in run["measurements"]:
     if m["side"] == "baseline" and m["test"].endswith("-fe"):
         assert "private-network" in m["labels"] and "nested" not in m["labels"], m
         assert "virtualized-host" in m["labels"], m  # be1 is a VM: its "bare metal" says so
-net = prov["private_network"]  # the NIC's own knobs are the profile's (compare._net_knobs)
+net = prov["private_network"]  # the NIC's own knobs are the profile's (compare.knobs)
 assert net["peer"] == "10.73.0.1" and net["bridge"] == "cbpriv0" and net["mtu"] == 9000, net
 assert net["guest_ip"].startswith("10.73.0.") and net["guest_ip"] != net["host_ip"], net
 assert prov["peer"]["peer"] == "10.73.0.1" and prov["peer"]["peer_netperf_port"] > 0, prov["peer"]

@@ -15,6 +15,7 @@ from conftest_results import study_a_store
 
 from cloudbox.cli import results as cli_results
 from cloudbox.core import compare
+from cloudbox.core.provenance import NicStall
 from cloudbox.core.results import ResultStore
 
 
@@ -88,11 +89,10 @@ def test_show_text_json_raw(db, capsys):
 
     # the guest's launch-to-agent time, and a lost first boot said in words
     with ResultStore(path) as store:
+        stall = NicStall(test="tcp-maerts", hop="the host's tap vnet3: it is down", remedy="relaunch")
         for rid, extra in ((default, {"launch_to_agent_s": 1.4}),
-                           (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2,
-                                     "nic_stalls": [{"test": "tcp-maerts", "hop": "the host's tap vnet3: it is down",
-                                                     "remedy": "relaunch"}]})):
-            store.update_run(rid, provenance={**store.get_run(rid).provenance, **extra})
+                           (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2, "nic_stalls": [stall]})):
+            store.set_provenance(rid, store.get_run(rid).provenance.model_copy(update=extra))
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(virtio)], capsys)
     assert "guest boot   95 s to its agent (launch 2: the guest's first boot was lost and it was launched again)" \
         in out, out

@@ -21,6 +21,7 @@ import pytest
 from run_trouble import warn_run_trouble
 
 from cloudbox.core import network, runner
+from cloudbox.core.provenance import PrivateNetwork, Provenance
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import RunSpec
 
@@ -169,9 +170,10 @@ def private_network(tmp_path: Path, monkeypatch, state):
 
 @pytest.mark.slow
 def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_end(private_network, libvirt_conn):
-    spec = RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="netperf",
-                          net_seconds=3, **private_network)
-    assert spec.plan()[-4:] == ["guest:tcp-rr", "baseline:tcp-rr", "guest:tcp-rr-fe", "baseline:tcp-rr-fe"]
+    spec = RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="netperf", net_seconds=3,
+                   **private_network)
+    assert [(s.side, s.test) for s in spec.plan()[-4:]] == [("guest", "tcp-rr"), ("baseline", "tcp-rr"),
+                                                           ("guest", "tcp-rr-fe"), ("baseline", "tcp-rr-fe")]
     with ResultStore() as store:
         rid = runner.Executor(spec, store).execute()
     with ResultStore() as store:
@@ -180,11 +182,11 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
     steps = [e.payload.get("text", "") for e in evs if e.kind == "step"]
     warn_run_trouble(evs)
     assert run.state == "completed", run.reason
-    net = run.provenance["private_network"]
-    assert "network" not in run.provenance  # the key holds the NIC's knobs elsewhere (compare._net_knobs)
-    assert net["bridge"] == BRIDGE and net["host_ip"] == NODE_IP and net["peer"] == FE_IP and net["mtu"] == 9000
+    net = run.provenance.private_network
+    assert net is not None and "network" not in run.provenance.to_stored()  # the NIC's knobs are the profile's
+    assert net.bridge == BRIDGE and net.host_ip == NODE_IP and net.peer == FE_IP and net.mtu == 9000
     # The guest's address is the front-end's DHCP lease, from its pool.
-    lease = ipaddress.IPv4Address(net["guest_ip"])
+    lease = ipaddress.IPv4Address(net.guest_ip)
     assert ipaddress.IPv4Address("10.199.0.100") <= lease <= ipaddress.IPv4Address("10.199.0.150"), lease
     assert any("checking the private network to the front-end 10.199.0.1" in s for s in steps), steps
     for test, metric in (("tcp-stream", "Mbit/s"), ("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s")):
@@ -196,7 +198,8 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
         fe_base = run.measurement("baseline", test + network.FRONTEND_SUFFIX, metric)
         assert "private-network" in fe_base.labels and "emulated" not in fe_base.labels
         # This host being a VM (as here) is said on the bare-metal side, not hidden.
-        assert ("virtualized-host" in fe_base.labels) is bool(run.provenance["accelerator"]["nested"])
+        assert run.provenance.accelerator is not None
+        assert ("virtualized-host" in fe_base.labels) is run.provenance.accelerator.nested
         if run.emulated:
             assert "emulated" in run.measurement("guest", test + network.FRONTEND_SUFFIX, metric).labels
     # The private bridge is the node's: it stays, with the guest's tap gone; the run's own bridge was never made.
@@ -226,7 +229,7 @@ def test_comparison_rows_name_the_far_end_of_network_tests():
     from cloudbox.core.compare import _net_target
     from cloudbox.core.results import Measurement
 
-    run = SimpleNamespace(provenance={"network": {"bridge": "cbpriv0", "mtu": 9000}})  # what _net_target reads
+    run = SimpleNamespace(provenance=Provenance(private_network=PrivateNetwork(bridge="cbpriv0", peer="10.73.0.1")))
 
     def m(test: str, labels: list[str]) -> Measurement:
         return Measurement(id=1, run_id=1, side="baseline", test=test, metric="Mbit/s", value=1.0, labels=labels)

@@ -137,7 +137,7 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
         run = store.get_run(rid)
     assert run.state == "aborted" and run.node == "node7"
     assert "the run on node7" in (run.reason or "") and "needs the Xen hypervisor" in (run.reason or "")
-    prov = run.provenance
+    prov = run.provenance.to_stored()  # the stored form, as `results export` shows it
     assert prov["nodes"]["back-end"] == "node7" and prov["nodes"]["front-end"] == prov["controller"]["host"]
     assert prov["propagation"]["node"] == "node7" and prov["remote_run"]["run_id"] >= 1
     steps = [p["text"] for k, p in events if k == "step"]
@@ -172,7 +172,7 @@ def test_a_real_storage_run_on_the_node_comes_back_with_its_measurements(cluster
         run = store.get_run(rid)
         samples = store.samples(rid)
     assert run.state == "completed", run.reason
-    prov = run.provenance
+    prov = run.provenance.to_stored()  # the stored form, as `results export` shows it
     with cluster.node_store() as ns:
         there = ns.get_run(prov["remote_run"]["run_id"])
     assert there.state == "completed" and there.uuid == prov["remote_run"]["uuid"]

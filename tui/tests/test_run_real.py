@@ -69,7 +69,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
     assert run.accelerator in ("kvm", "nested-kvm", "tcg")
     if run.accelerator == "tcg":
         assert run.emulated
-    prov = run.provenance
+    prov = run.provenance.to_stored()  # the stored form, as `results export` shows it
     assert prov["backing"]["kind"] in ("sparse-file", "block-device")
     assert "<domain" in prov["domain_xml"] and prov["guest_kernel"]
     assert prov["versions"]["qemu"].startswith("QEMU")
@@ -245,7 +245,7 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
             subprocess.run(["iptables", "-D", *r], check=False)
     assert rules, "the run never reached its first guest network test"
     assert run.state == "completed", run.reason
-    (stall,) = run.provenance["nic_stalls"]
+    (stall,) = run.provenance.to_stored()["nic_stalls"]
     assert stall["test"] == "tcp-maerts" and stall["remedy"] == "relaunch", stall
     assert any(t.startswith("guest: its network stopped and re-plugging the NIC did not help") and
                t.endswith("relaunching the guest (relaunch 1 of 1)") for t in texts), texts

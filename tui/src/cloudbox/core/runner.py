@@ -42,6 +42,18 @@ from .events import (
 )
 from .guest import QEMU_LOG_DIR, Guest, reap_orphans
 from .guestimage import CMDLINE, GuestImage
+from .provenance import (
+    BackingInfo,
+    Controller,
+    GuestImageInfo,
+    NicStall,
+    NodeInfo,
+    Nodes,
+    PeerServers,
+    PrivateNetwork,
+    Provenance,
+    Versions,
+)
 from .results import MEASUREMENT_COLUMNS
 from .runlock import RunLock, check_not_busy
 from .runspec import BOOT, RunSpec, parse_size, resolve_net_tests
@@ -136,11 +148,12 @@ class Executor:
             fields = dict(uuid=run_uuid, profile_name=profile.name, profile_hash=profile.hash,
                           profile_toml=profile.to_toml(), suite=spec.suite, size_bytes=size,
                           size_label=size_label, state="running", node=spec.node or platform.node(), pid=os.getpid(),
-                          started_at=time.time(), provenance=json.dumps(_controller_provenance()))
+                          started_at=time.time())
             if self.run_id is None:
                 self.run_id = self.store.create_run(**fields)  # type: ignore[attr-defined]
             else:
                 self.store.update_run(self.run_id, **fields)  # type: ignore[attr-defined]
+            self.store.set_provenance(self.run_id, Provenance(controller=Controller.this_host()))  # type: ignore[attr-defined]
             lock.update({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
             self.event(StateEvent("running", profile=profile.name, suite=spec.suite, plan=tuple(spec.plan())))
             if spec.node:
@@ -281,8 +294,8 @@ class Executor:
             stack.callback(store.remove)
         labels += store.labels
         prov = self._provenance(conn, acc, image, store)
-        self.store.update_run(self.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested),  # type: ignore[attr-defined]
-                              provenance=json.dumps(prov))
+        self.store.update_run(self.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))  # type: ignore[attr-defined]
+        self.store.set_provenance(self.run_id, prov)  # type: ignore[attr-defined]
 
         sampler = None
         if store.host_device and want_storage:
@@ -318,7 +331,7 @@ class Executor:
         peer = spec.peer if want_net else ""
         if peer:
             private = self._check_private_network(peer)
-            prov["private_network"] = {"bridge": private, "peer": peer}
+            prov.private_network = PrivateNetwork(bridge=private, peer=peer)
         if want_net or session:
             hostnet = network.HostNetwork(profile.network.mtu)
             stack.callback(hostnet.teardown)
@@ -347,11 +360,11 @@ class Executor:
         guest, waited, boot_s, attempts = self._launch(conn, xml, console_log, acc, stack)
         self.log(f"guest agent ready after {waited:.1f} s" + (f" (boot attempt {attempts})" if attempts > 1 else ""))
         guest_kernel = guest.sh("uname -r", timeout=30).stdout.strip()
-        prov["domain_xml"] = guest.xml()
-        prov["guest_kernel"] = guest_kernel
-        prov["launch_to_agent_s"] = round(boot_s, 2)
-        prov["boot_attempts"] = attempts
-        self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+        prov.domain_xml = guest.xml()
+        prov.guest_kernel = guest_kernel
+        prov.launch_to_agent_s = round(boot_s, 2)
+        prov.boot_attempts = attempts
+        self.store.set_provenance(self.run_id, prov)  # type: ignore[attr-defined]
         self.event(ProgressEvent("guest", BOOT, 100))
 
         if session:
@@ -376,7 +389,7 @@ class Executor:
                             relaunch=lambda: self._launch(conn, xml, console_log, acc, stack)[0])
 
     def _net_tests(self, profile, guest: Guest, hostnet: network.HostNetwork, net_tests: list[network.NetTest],
-                   net_seconds: int, labels: list[str], prov: dict, relaunch: Callable[[], Guest]) -> None:
+                   net_seconds: int, labels: list[str], prov: Provenance, relaunch: Callable[[], Guest]) -> None:
         """The network tests, guest and bare metal side by side. A guest test whose path stops for good
         (NicStalled: re-plugging the NIC did not bring it back) has the guest relaunched once and runs again."""
         spec, peer = self.spec, self.spec.peer
@@ -390,8 +403,10 @@ class Executor:
             if peer:
                 network.guest_path(g, peer, mtu)
                 self.log(f"MTU {mtu} verified end to end (guest {guest_ip} -> the front-end {peer})")
-                prov["private_network"].update(host_ip=hostnet.host_ip, guest_ip=guest_ip, mtu=mtu)
-                self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+                assert prov.private_network is not None
+                prov.private_network.host_ip, prov.private_network.guest_ip = hostnet.host_ip, guest_ip
+                prov.private_network.mtu = mtu
+                self.store.set_provenance(self.run_id, prov)  # type: ignore[attr-defined]
             return network.GuestLink(g, nic, hostnet.host_ip, hostnet.bridge, mtu)
 
         current = configure(guest)
@@ -414,7 +429,7 @@ class Executor:
                     if relaunches >= NIC_RELAUNCHES or self.cancelled():
                         raise
                     relaunches += 1
-                    prov.setdefault("nic_stalls", []).append({"test": t.id, "hop": e.hop, "remedy": "relaunch"})
+                    prov.add_nic_stall(NicStall(test=t.id, hop=e.hop, remedy="relaunch"))
                     self.step(f"guest: its network stopped and re-plugging the NIC did not help ({e.hop}): "
                               f"relaunching the guest (relaunch {relaunches} of {NIC_RELAUNCHES})")
                     with self._atomic():
@@ -424,7 +439,7 @@ class Executor:
                             link.guest.console_log.replace(link.guest.console_log.with_name(
                                 f"console-stall{relaunches}.log"))
                     current = configure(relaunch())
-                    self.store.update_run(self.run_id, provenance=json.dumps(prov))  # type: ignore[attr-defined]
+                    self.store.set_provenance(self.run_id, prov)  # type: ignore[attr-defined]
 
         ports = {"netperf": 0, "iperf3": 0}
         bports = {"netperf": 0, "iperf3": 0}
@@ -497,17 +512,17 @@ class Executor:
         with registry.Registry() as reg:
             reg.add_propagation(asdict(prop))
         # The front-end's part of the provenance; the node's own (host, CPU, versions, domain XML) joins it at the end.
-        ours: dict = {**_controller_provenance(),
-                      "nodes": {"front-end": platform.node(), "back-end": node.name},
-                      "node": {"name": node.name, "address": node.address,
-                               "host_key_fingerprint": node.host_key_fingerprint},
-                      "propagation": asdict(prop)}
-        self.store.update_run(self.run_id, provenance=json.dumps(ours))  # type: ignore[attr-defined]
+        ours = Provenance(controller=Controller.this_host(), nodes=Nodes(front_end=platform.node(), back_end=node.name),
+                          node=NodeInfo(name=node.name, address=node.address,
+                                        host_key_fingerprint=node.host_key_fingerprint),
+                          propagation=prop)
+        self.store.set_provenance(self.run_id, ours)  # type: ignore[attr-defined]
         remote_spec = {k: v for k, v in asdict(spec).items() if k != "node"}
         if spec.suite in ("network", "all"):
             remote_spec.update(self._serve_peer(profile, stack))
             if remote_spec.get("peer"):
-                ours["peer"] = {k: remote_spec[k] for k in ("peer", "peer_netperf_port", "peer_iperf3_port")}
+                ours.peer = PeerServers(peer=remote_spec["peer"], peer_netperf_port=remote_spec["peer_netperf_port"],
+                                        peer_iperf3_port=remote_spec["peer_iperf3_port"])
         self.step(f"starting the run on {node.name}")
         with self._atomic():
             rr = remote.start_run(shell, remote_spec, profile.to_toml(), prop.remote_dir)
@@ -521,8 +536,8 @@ class Executor:
                         self.log(f"could not cancel run {rr.run_id} on {node.name}: {e}")
 
             stack.callback(stop_remote)
-        ours["remote_run"] = asdict(rr)
-        self.store.update_run(self.run_id, provenance=json.dumps(ours))  # type: ignore[attr-defined]
+        ours.remote_run = rr
+        self.store.set_provenance(self.run_id, ours)  # type: ignore[attr-defined]
         self.log(f"run {rr.run_id} on {node.name} started; its own record stays there")
         seq, final = 0, dict[str, object]()
         self._holding = spec.suite == "guest"  # stopping a guest session is its normal end, as on this host
@@ -553,10 +568,11 @@ class Executor:
         data = remote.fetch_run(shell, rr)
         rr.uuid = str(data.get("uuid") or rr.uuid)  # the node's executor gives its run its final uuid
         finished["done"] = data.get("state") != "running"
-        prov = {**(data.get("provenance") or {}), **ours, "remote_run": asdict(rr)}
+        ours.remote_run = rr
         self.store.update_run(self.run_id, accelerator=data.get("accelerator"),  # type: ignore[attr-defined]
                               emulated=int(bool(data.get("emulated"))), size_bytes=data.get("size_bytes"),
-                              size_label=data.get("size_label"), provenance=json.dumps(prov))
+                              size_label=data.get("size_label"))
+        self.store.set_provenance(self.run_id, Provenance.from_stored(data.get("provenance")).under(ours))  # type: ignore[attr-defined]
         for m in data.get("measurements") or []:  # as the node's export wrote them (its own columns)
             self.store.add_measurement(self.run_id, **{k: m.get(k) for k in MEASUREMENT_COLUMNS if k in m})  # type: ignore[attr-defined]
         if data.get("state") != "completed":
@@ -681,7 +697,7 @@ class Executor:
             self.store.add_measurement(self.run_id, metric="lat_us", value=res.lat_us, raw="", **common)  # type: ignore[attr-defined]
         self.event(MeasurementEvent(side, t.id, res.metric, round(res.value, 2), tuple(tl)))
 
-    def _provenance(self, conn, acc, image: GuestImage, store: backing.BackingStore) -> dict:
+    def _provenance(self, conn, acc, image: GuestImage, store: backing.BackingStore) -> Provenance:
         from .. import __version__
 
         def ver(cmd: list[str]) -> str:
@@ -694,26 +710,17 @@ class Executor:
         def lv(n: int) -> str:
             return f"{n // 1000000}.{n // 1000 % 1000}.{n % 1000}"
 
-        return {
-            "host": platform.node(),
-            "host_kernel": platform.release(),
-            "cpu": _cpu_model(),
-            "accelerator": asdict(acc),
-            "versions": {
-                "cloudbox": __version__,
-                "qemu": ver(["qemu-system-x86_64", "--version"]),
-                "libvirt": lv(conn.getLibVersion()),
-                "hypervisor": lv(conn.getVersion()),
-                "fio": ver(["fio", "--version"]),
-                "netperf": ver(["netperf", "-V"]),
-                "iperf3": ver(["iperf3", "--version"]),
-                "guest_packages": image.packages,
-            },
-            "guest_image": {"kernel_version": image.kernel_version, "sha256": image.manifest.get("sha256", {})},
-            "backing": {"kind": store.kind, "path": store.path, "device": store.host_device, "model": store.model,
-                        "size_bytes": store.size_bytes, "format": store.format, "is_block": store.is_block},
-            "spec": asdict(self.spec),
-        }
+        return Provenance(
+            controller=Controller.this_host(), host=platform.node(), host_kernel=platform.release(), cpu=_cpu_model(),
+            accelerator=acc,
+            versions=Versions(cloudbox=__version__, qemu=ver(["qemu-system-x86_64", "--version"]),
+                              libvirt=lv(conn.getLibVersion()), hypervisor=lv(conn.getVersion()),
+                              fio=ver(["fio", "--version"]), netperf=ver(["netperf", "-V"]),
+                              iperf3=ver(["iperf3", "--version"]), guest_packages=image.packages),
+            guest_image=GuestImageInfo(kernel_version=image.kernel_version, sha256=image.manifest.get("sha256", {})),
+            backing=BackingInfo(kind=store.kind, path=store.path, device=store.host_device, model=store.model,
+                                size_bytes=store.size_bytes, format=store.format, is_block=store.is_block),
+            spec=self.spec)
 
 
 def host_labels(labels: list[str]) -> list[str]:
@@ -722,12 +729,6 @@ def host_labels(labels: list[str]) -> list[str]:
     VM, and says so wherever it is shown."""
     out = [x for x in labels if x not in ("emulated", "nested")]
     return [*out, "virtualized-host"] if "nested" in labels else out
-
-
-def _controller_provenance() -> dict:
-    """Which host executes the run (for a run on a node: the front-end that mirrors it). ResultStore reaps a
-    node's run whose controller is this host when its executor here has died."""
-    return {"controller": {"host": platform.node(), "host_kernel": platform.release()}}
 
 
 def _cpu_model() -> str:
@@ -747,7 +748,7 @@ def start_detached(spec: RunSpec, store) -> int:
     check_not_busy(spec.node)
     run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
                               state="running", node=spec.node or platform.node(), started_at=time.time(),
-                              provenance=json.dumps(_controller_provenance()))
+                              provenance=Provenance(controller=Controller.this_host()))
     log_dir = paths.state_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_dir / f"run-{run_id}.log", "ab")

@@ -25,13 +25,14 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from .. import paths
 from ..errors import CloudboxError
 from ..guestimage import GuestImage
+from ..provenance import Propagation, RemoteRun
 from .registry import NodeRecord, Registry
 
 IMAGE_FILES = ("vmlinuz", "initrd.img", "manifest.json")
@@ -112,27 +113,6 @@ def explain(rc: int, stderr: bytes | str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ propagation
-@dataclass
-class Propagation:
-    """One copy of the guest image from the front-end's store to a node (cached: it was there already)."""
-
-    node: str
-    image_id: str
-    bytes: int
-    seconds: float  # first byte sent -> the node has written every file
-    verify_seconds: float  # the node's SHA-256 check of what it received
-    mbps: float  # MB/s (10^6 bytes per second) over `seconds`; 0 when cached
-    cached: bool
-    remote_dir: str
-    at: float = field(default_factory=time.time)
-
-    def describe(self) -> str:
-        if self.cached:
-            return f"guest image {self.image_id} already on {self.node} (checked in {self.verify_seconds:.1f} s)"
-        return (f"guest image {self.image_id} to {self.node}: {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s = "
-                f"{self.mbps:.1f} MB/s (verified on the node in {self.verify_seconds:.2f} s)")
-
-
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -354,13 +334,6 @@ def _prune(keep: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- runs
-@dataclass
-class RemoteRun:
-    node: str
-    run_id: int
-    uuid: str
-
-
 def start_run(shell: NodeShell, spec: dict[str, Any], profile_toml: str, image_dir: str) -> RemoteRun:
     """Start a detached run on the node with this spec (its `profile` replaced by the front-end's resolved
     profile, sent along, so both ends run the same profile with the same hash) and the propagated image."""
