@@ -15,7 +15,7 @@ import pytest
 from guest_session import wait_up
 
 from cloudbox.cli import main
-from cloudbox.core import host, profiles, runner
+from cloudbox.core import host, nodeconf, profiles, runner
 from cloudbox.core.errors import NotFound
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import PlanStep, RunSpec
@@ -36,9 +36,9 @@ def test_role_comes_from_the_node_settings_file(monkeypatch, tmp_path):
     cfg = tmp_path / "node.toml"
     monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(cfg))
     cfg.write_text('role = "back-end"\n')
-    assert host.role() == ("back-end", str(cfg))
+    assert nodeconf.role() == ("back-end", str(cfg))
     cfg.write_text('role = "controller"\n')
-    r, src = host.role()
+    r, src = nodeconf.role()
     assert r == "all-in-one" and "'controller' is not one of front-end, back-end, all-in-one" in src
 
 

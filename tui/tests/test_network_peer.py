@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from run_trouble import warn_run_trouble
 
-from cloudbox.core import network, runner
+from cloudbox.core import network, nodeconf, runner
 from cloudbox.core.provenance import PrivateNetwork, Provenance
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import RunSpec
@@ -97,8 +97,6 @@ def test_a_switch_that_drops_jumbo_frames_is_named_with_the_largest_frame_that_p
 def test_the_private_links_address_passes_over_link_local_ones(tmp_path: Path, monkeypatch):
     """networkd can put a 169.254/16 address beside the real one: the enrolment server binds to the real one, and
     a back-end's bridge address (the far end of guest -> host) is the real one too. A real link (a bridge)."""
-    from cloudbox.core.nodes import frontend
-
     _need_root()
     link = f"cbtd{os.getpid() % 10000}"
     ip("link", "add", link, "type", "bridge")
@@ -113,9 +111,9 @@ def test_the_private_links_address_passes_over_link_local_ones(tmp_path: Path, m
         settings = tmp_path / "node.toml"
         settings.write_text(f'role = "front-end"\n[network]\nprivate_nic = "{link}"\nprivate_mac = "{mac}"\n')
         monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(settings))
-        assert frontend.default_bind() == "10.197.0.1"
+        assert nodeconf.private_address() == "10.197.0.1"
         monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(tmp_path / "absent.toml"))
-        assert frontend.default_bind() == "0.0.0.0"  # no private network: every address
+        assert nodeconf.private_address() == "0.0.0.0"  # no private network: every address
     finally:
         subprocess.run(["ip", "link", "del", link], capture_output=True)
     assert network.ipv4_of(link) is None  # a link that is gone

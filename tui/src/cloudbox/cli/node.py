@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudbox.cli.common import guard, usage
+from cloudbox.core import nodeconf
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.nodes import enrol, frontend, health, registry
 from cloudbox.core.nodes.remote import KEEP_IMAGES
@@ -188,7 +189,7 @@ def cmd_code(args: argparse.Namespace) -> int:
 def cmd_enrol_server(args: argparse.Namespace) -> int:
     """Serve enrolments while a code is open."""
     frontend.require_role("the enrolment server")
-    return _serve(args, args.bind or frontend.default_bind())
+    return _serve(args, args.bind or nodeconf.private_address())
 
 
 def _serve(args: argparse.Namespace, bind: str) -> int:
@@ -203,7 +204,7 @@ def _serve(args: argparse.Namespace, bind: str) -> int:
 def cmd_join(args: argparse.Namespace) -> int:
     """Enrol this back-end."""
     frontend.require_role("`cloudbox node join`", ("back-end",))
-    fe = args.front_end or frontend.settings().get("network", {}).get("frontend")
+    fe = args.front_end or nodeconf.settings().get("network", {}).get("frontend")
     if not fe:
         raise CloudboxError("--front-end: missing; allowed: the front-end's ADDR[:PORT], or discover "
                             "(the node settings have no network.frontend either)")
@@ -212,15 +213,15 @@ def cmd_join(args: argparse.Namespace) -> int:
     if fe.strip() == "discover":
         from cloudbox.core.nodes import discover
 
-        nic = discover.private_link(frontend.settings())
+        nic = nodeconf.private_link(nodeconf.settings())
         fe = discover.discover_frontend(nic)
         print(f"discovered the front-end at {fe} (the DHCP server of {nic or 'this node'}'s lease)")
-    ident = enrol.local_identity(args.name or frontend.settings().get("hostname"), ssh_port=args.ssh_port)
+    ident = enrol.local_identity(args.name or nodeconf.settings().get("hostname"), ssh_port=args.ssh_port)
     res = enrol.join(fe, args.code, identity=ident, restrict_from=not args.no_from, log=print)
     print(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
           f"(pinned in {res.pin_file.parent})")
     print(f"its management key is in {res.authorized_keys}; it manages this node as {res.libvirt_uri.split('?')[0]}")
-    found = frontend.check_private_path(res.frontend_address, res.frontend_name)
+    found = nodeconf.check_private_path(res.frontend_address, res.frontend_name)
     if found is not None and found[1].ok:
         print(found[1].message)
     elif found is not None:  # enrolled all the same: runs work, but not at the private network's MTU
@@ -310,7 +311,7 @@ def _check_paths(reg: registry.Registry, healths: list[health.Health]) -> bool:
     for h in healths:
         if h.state != "up":
             continue
-        found = frontend.check_private_path(reg.node(h.name).address, h.name)
+        found = nodeconf.check_private_path(reg.node(h.name).address, h.name)
         if found is not None:
             h.detail["path"] = found[1].message
             ok = ok and found[1].ok

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import accel, backing, daemons, host, network, paths, storage
+from . import accel, backing, daemons, network, nodeconf, paths, storage
 from .diskstats import delta, read_counters
 from .errors import Aborted, CloudboxError, GuestUnreachable, NicStalled, RunBusy
 from .events import (
@@ -471,13 +471,12 @@ class Executor:
 
     def _check_private_network(self, peer: str) -> str:
         """The private bridge of this back-end, after proving that full-size frames reach the front-end `peer`."""
-        from .nodes import frontend
-
         self.step(f"network: checking the private network to the front-end {peer}")
-        found = frontend.check_private_path(peer, "the front-end")
+        found = nodeconf.check_private_path(peer, "the front-end")
         if found is None:
             raise CloudboxError(f"the front-end {peer} asked for network tests to it, but this host's node settings "
-                                f"({host.node_settings_file()}) name no private NIC: it is not an installed back-end")
+                                f"({nodeconf.node_settings_file()}) name no private NIC: it is not an installed "
+                                "back-end")
         link, pc = found
         self.log(pc.message)
         if not pc.ok:
@@ -583,9 +582,7 @@ class Executor:
         """The front-end's side of the cross-node network tests: netserver and iperf3 on its private address for
         the length of the run (stopped with it). {} when this host has no private network (not an installed
         front-end): the node's guest -> front-end tests are then left out, and the log says so."""
-        from .nodes import frontend
-
-        addr = frontend.default_bind()
+        addr = nodeconf.private_address()
         if addr == "0.0.0.0":
             self.log("this host has no private network address (its node settings name no private NIC): the "
                      "guest -> front-end network tests are left out of this run")

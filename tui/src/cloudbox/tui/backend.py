@@ -40,7 +40,7 @@ class Backend:
         self._db = db
         self._fixed_facts = facts
         self._uri = libvirt_uri
-        self._enrol_bind = enrol_bind  # None: the private NIC's address (frontend.default_bind)
+        self._enrol_bind = enrol_bind  # None: the private NIC's address (nodeconf.private_address)
         self._enrol_port = enrol_port
         self._store: ResultStore | None = None
         self._lock = threading.Lock()

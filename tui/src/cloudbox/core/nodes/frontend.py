@@ -12,13 +12,11 @@ import shlex
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from .. import host, paths
+from .. import nodeconf, paths
 from ..errors import CloudboxError
 from . import enrol, keys
 from .registry import DEFAULT_CODE_MINUTES, JoinCode, NodeRecord, Registry
@@ -39,45 +37,11 @@ def role_refusal(role: str, source: str, what: str, allowed: tuple[str, ...] = F
 
 def require_role(what: str, allowed: tuple[str, ...] = FRONT_END_ROLES) -> str:
     """This node's role when it is one of `allowed`; else a CloudboxError naming the role and where it came from."""
-    role, src = host.role()
+    role, src = nodeconf.role()
     why = role_refusal(role, src, what, allowed)
     if why:
         raise CloudboxError(why)
     return role
-
-
-def settings() -> dict[str, Any]:
-    """The installed node settings (empty on a live or development host)."""
-    try:
-        return tomllib.loads(host.node_settings_file().read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
-
-
-def default_bind() -> str:
-    """The private link's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0. Link-local
-    addresses (169.254/16, which networkd's LinkLocalAddressing can add beside the real one) are passed over."""
-    from .. import network
-    from .discover import private_link
-
-    link = private_link(settings())
-    return (network.ipv4_of(link) if link else None) or "0.0.0.0"
-
-
-def check_private_path(address: str, name: str = ""):
-    """Full-size don't-fragment pings from this node's private link to `address` (another node): (the link,
-    a network.PathCheck, which names a switch that drops jumbo frames), or None when this host has no private
-    network."""
-    import platform
-
-    from .. import network
-    from .discover import private_link
-
-    link = private_link(settings())
-    if not link or not network.link_exists(link):
-        return None
-    return link, network.check_path_mtu(address, network.link_mtu(link), where=f"{platform.node()} ({link})",
-                                        to=f"{name} ({address})" if name else address)
 
 
 def when(t: float | None) -> str:
@@ -118,7 +82,7 @@ def serve(reg: Registry, bind: str, port: int, log: Callable[[str], None]) -> No
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CloudboxError(f"the enrolment server is already running ({lock_path} is locked)") from None
-        ident = enrol.local_identity(settings().get("hostname"), client_key_path=reg.client_key)
+        ident = enrol.local_identity(nodeconf.settings().get("hostname"), client_key_path=reg.client_key)
         server = enrol.EnrolServer(reg, ident, host=bind, port=port, log=log)
         server.open()
         server.serve()
@@ -217,7 +181,7 @@ def make_code(reg: Registry, minutes: float = DEFAULT_CODE_MINUTES, *, bind: str
     require_role("making join codes")
     if not 1 <= port <= 65535:
         raise CloudboxError(f"--port: {port} is out of range; allowed: 1..65535")
-    bind = bind or default_bind()
+    bind = bind or nodeconf.private_address()
     code, rec = reg.make_code(minutes)
     offer = CodeOffer(code, rec, minutes, bind, port, "not started")
     if not listen:
