@@ -20,8 +20,13 @@ from guest_session import wait_up
 
 from cloudbox.core import network, runner
 from cloudbox.core.errors import CloudboxError, NicStalled
+from cloudbox.core.execution.context import RunContext, RunControl
+from cloudbox.core.execution.measure import net_test
+from cloudbox.core.execution.sink import EventSink
+from cloudbox.core.profiles import resolve_profile
+from cloudbox.core.provenance import Provenance
 from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.runspec import QUICK_SIZE, RunSpec
 
 MAERTS, RR = network.NET_TESTS["tcp-maerts"], network.NET_TESTS["tcp-rr"]
 
@@ -91,12 +96,12 @@ def test_a_retried_measurement_says_so_in_its_raw_output(state):
     with ResultStore() as store:
         rid = store.create_run(uuid="0" * 32, profile_name=spec.profile, suite=spec.suite, state="running",
                                node="here", started_at=time.time())
-        ex = runner.Executor(spec, store)
-        ex.run_id = rid
+        ctx = RunContext(spec, resolve_profile(spec.profile), QUICK_SIZE, "quick", "0" * 32, rid, store,
+                         EventSink(store, rid), RunControl(), contextlib.ExitStack(), Provenance())
         clean = network.NetResult("tcp-rr", 900.0, "trans/s", 1111.0, "900,Trans/s,1111\n")
         again = network.NetResult("tcp-rr", 800.0, "trans/s", 1250.0, "800,Trans/s,1250\n", hung=1)
-        ex._net_test("baseline", RR, lambda: clean, ["x"])
-        ex._net_test("guest", RR, lambda: again, ["x"])
+        net_test(ctx, "baseline", RR, lambda: clean, ["x"])
+        net_test(ctx, "guest", RR, lambda: again, ["x"])
         run = store.get_run(rid)
     assert run.measurement("baseline", "tcp-rr", "trans/s").raw == "900,Trans/s,1111\n"
     raw = run.measurement("guest", "tcp-rr", "trans/s").raw

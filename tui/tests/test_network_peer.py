@@ -21,6 +21,10 @@ import pytest
 from run_trouble import warn_run_trouble
 
 from cloudbox.core import network, nodeconf, runner
+from cloudbox.core.errors import CloudboxError
+from cloudbox.core.execution.context import host_labels
+from cloudbox.core.execution.network_steps import check_private_network
+from cloudbox.core.execution.sink import EventSink
 from cloudbox.core.provenance import PrivateNetwork, Provenance
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import RunSpec
@@ -173,7 +177,7 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
     assert [(s.side, s.test) for s in spec.plan()[-4:]] == [("guest", "tcp-rr"), ("baseline", "tcp-rr"),
                                                            ("guest", "tcp-rr-fe"), ("baseline", "tcp-rr-fe")]
     with ResultStore() as store:
-        rid = runner.Executor(spec, store).execute()
+        rid = runner.executor(spec, store).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
         evs = store.events_since(rid, 0)
@@ -208,17 +212,15 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
 def test_a_run_for_a_front_end_on_a_host_without_a_private_network_says_so(state, monkeypatch, tmp_path):
     """Refused before anything is made, naming the settings file."""
     monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(tmp_path / "absent.toml"))
-    ex = runner.Executor(RunSpec(profile="virtio-disk", suite="network", peer="10.199.0.1",
-                                        peer_netperf_port=1), None)
-    with pytest.raises(runner.CloudboxError, match=r"absent\.toml\) name no private NIC: it is not an installed "
-                                                   "back-end"):
-        ex._check_private_network("10.199.0.1")
+    with ResultStore() as store, pytest.raises(CloudboxError, match=r"absent\.toml\) name no private NIC: it is "
+                                                                    "not an installed back-end"):
+        check_private_network(EventSink(store), "10.199.0.1")
 
 
 def test_the_host_side_says_when_the_host_is_itself_a_virtual_machine():
-    assert runner.host_labels(["nested", "emulated", "quick-size"]) == ["quick-size", "virtualized-host"]
-    assert runner.host_labels(["emulated", "quick-size"]) == ["quick-size"]
-    assert runner.host_labels([]) == []
+    assert host_labels(["nested", "emulated", "quick-size"]) == ["quick-size", "virtualized-host"]
+    assert host_labels(["emulated", "quick-size"]) == ["quick-size"]
+    assert host_labels([]) == []
 
 
 def test_comparison_rows_name_the_far_end_of_network_tests():

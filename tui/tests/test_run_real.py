@@ -15,7 +15,9 @@ import pytest
 from run_trouble import warn_run_trouble
 
 from cloudbox.core import runner
+from cloudbox.core.errors import RunBusy
 from cloudbox.core.events import RunEvent, StepEvent
+from cloudbox.core.execution import launch, local
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import RunSpec
 
@@ -61,7 +63,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
                           net_tests=net_tests, net_seconds=3, runtime=3)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        rid = runner.Executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
+        rid = runner.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
     with ResultStore() as store:  # read back through a fresh connection
         run = store.get_run(rid)
         evs = store.events_since(rid, 0)
@@ -117,8 +119,8 @@ def test_second_run_refused_and_cancel(state, libvirt_conn):
             time.sleep(1)
         else:
             pytest.fail("detached run never launched its guest")
-        with pytest.raises(runner.RunBusy, match="another cloudbox run is active"):
-            runner.Executor(RunSpec(profile="eucalyptus-default", suite="storage"), store).execute()
+        with pytest.raises(RunBusy, match="another cloudbox run is active"):
+            runner.executor(RunSpec(profile="eucalyptus-default", suite="storage"), store).execute()
         assert runner.cancel(store, rid, timeout=120) == "aborted"
         run = store.get_run(rid)
         assert "SIGTERM" in run.reason
@@ -155,12 +157,12 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
     the run is stored as aborted and its reason ends with the guest's serial console, which virtlogd logged into
     the run's work directory; that directory is gone afterwards. Under TCG or nested KVM the guest is launched a
     second time first, announced with attempt 1's console."""
-    monkeypatch.setattr(runner, "CMDLINE", runner.CMDLINE + " rdinit=/cloudbox-no-such-init")
+    monkeypatch.setattr(local, "CMDLINE", local.CMDLINE + " rdinit=/cloudbox-no-such-init")
     spec = RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="dd-write-64k",
                           agent_timeout=240)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        rid = runner.Executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
+        rid = runner.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
     assert run.state == "aborted"
@@ -175,7 +177,7 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
     assert "lines of the guest's serial console:" in reason, reason
     assert "Kernel panic" in reason, reason
     quoted = [ln for ln in reason.splitlines() if ln.startswith("  | ")]
-    assert 0 < len(quoted) <= runner.CONSOLE_TAIL_LINES
+    assert 0 < len(quoted) <= launch.CONSOLE_TAIL_LINES
     # and libvirt's log of the QEMU process, which says why it stopped
     assert "lines of its QEMU log" in reason, reason
     assert any(ln.startswith("  : ") and "shutting down" in ln for ln in reason.splitlines()), reason
@@ -236,7 +238,7 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
 
     try:
         with ResultStore() as store:
-            rid = runner.Executor(spec, store, emit=on_event).execute()
+            rid = runner.executor(spec, store, emit=on_event).execute()
         with ResultStore() as store:
             run = store.get_run(rid)
             texts = [e.payload.get("text", "") for e in store.events_since(rid, 0)]

@@ -102,7 +102,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                   f"stop it with 'cloudbox cancel {rid}'")
             return 0
         printer = Printer()
-        ex = runner.Executor(spec, store, emit=printer)
+        ex = runner.executor(spec, store, emit=printer)
         rid = ex.execute()
         run = store.get_run(rid)
         if a.json:
