@@ -1,7 +1,8 @@
-"""Runs on an enrolled node from the front-end (core/nodes/remote.py, runner.Executor with spec.node): guest image
-propagation and a run on the node, through a real sshd on 127.0.0.1 with the node's own host key, the pinned ssh
-wrapper and the management key (the same path libvirt's qemu+ssh takes). The node's side is this host's cloudbox
-with its own state directory (sshd's SetEnv), so "front-end" and "node" keep separate databases as on two machines.
+"""Runs on an enrolled node from the front-end (core.nodes.client and core.nodes.mirror; the node's side is
+core.agent): guest image propagation and a run on the node, through a real sshd on 127.0.0.1 with the node's own
+host key, the pinned ssh wrapper and the management key (the same path libvirt's qemu+ssh takes). The node's side
+is this host's cloudbox with its own state directory (sshd's SetEnv), so "front-end" and "node" keep separate
+databases as on two machines.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from test_nodes import SSHD, Front, Sshd, _enrolled_behind_sshd
 import cloudbox
 from cloudbox.core import runner
 from cloudbox.core.guestimage import GuestImage
-from cloudbox.core.nodes import remote
+from cloudbox.core.nodes import client
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runlock import RunLock
 from cloudbox.core.runspec import RunSpec
@@ -33,8 +34,8 @@ class Cluster:
         self.front, self.node_state, self.sshd, self.name = front, node_state, sshd, name
 
     @property
-    def shell(self) -> remote.NodeShell:
-        return remote.NodeShell.for_node(self.front.reg, self.front.reg.node(self.name))
+    def shell(self) -> client.NodeShell:
+        return client.NodeShell.for_node(self.front.reg, self.front.reg.node(self.name))
 
     def node_store(self) -> ResultStore:
         return ResultStore(self.node_state / "results.db")
@@ -67,26 +68,26 @@ def cluster(tmp_path: Path, monkeypatch):
 
 
 def _same_files(a: Path, b: Path) -> bool:
-    return all((a / n).read_bytes() == (b / n).read_bytes() for n in remote.IMAGE_FILES)
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in client.IMAGE_FILES)
 
 
 def test_guest_image_propagation_is_timed_verified_and_cached(cluster: Cluster, guest_image: GuestImage):
     shell = cluster.shell
     seen: list[tuple[int, int]] = []
-    p = remote.propagate_image(shell, guest_image, progress=lambda d, t: seen.append((d, t)))
-    total = sum((guest_image.directory / n).stat().st_size for n in remote.IMAGE_FILES)
+    p = client.propagate_image(shell, guest_image, progress=lambda d, t: seen.append((d, t)))
+    total = sum((guest_image.directory / n).stat().st_size for n in client.IMAGE_FILES)
     assert not p.cached and p.bytes == total and p.seconds > 0 and p.mbps == pytest.approx(total / p.seconds / 1e6,
                                                                                          rel=0.01)
     copy = cluster.node_state / "images" / p.image_id
     assert Path(p.remote_dir) == copy and _same_files(guest_image.directory, copy)
     assert seen and seen[-1] == (total, total)
     assert not list((cluster.node_state / "images").glob("*.part"))
-    again = remote.propagate_image(shell, guest_image)
+    again = client.propagate_image(shell, guest_image)
     assert again.cached and again.bytes == 0 and again.image_id == p.image_id
     # A damaged copy on the node is not taken for the image: it is copied again.
     with open(copy / "initrd.img", "r+b") as f:
         f.write(b"\0damaged")
-    fixed = remote.propagate_image(shell, guest_image)
+    fixed = client.propagate_image(shell, guest_image)
     assert not fixed.cached and _same_files(guest_image.directory, copy)
     # The front-end's record (what `cloudbox node propagations` shows).
     cluster.front.reg.add_propagation(asdict(fixed))
@@ -98,27 +99,27 @@ def test_guest_image_propagation_is_timed_verified_and_cached(cluster: Cluster, 
     (older / "vmlinuz").write_bytes(b"x" * 10)
     (older / ".complete").touch()
     os.utime(older, (1, 1))
-    listed = remote.node_images(shell)
+    listed = client.node_images(shell)
     assert [(i["id"], i["complete"]) for i in listed["images"]] == [(p.image_id, True), ("00000000000000aa", True)]
     assert listed["images"][0]["bytes"] >= total and listed["removed"] == []
-    kept = remote.node_images(shell, clear=True, keep=1)
+    kept = client.node_images(shell, clear=True, keep=1)
     assert kept["removed"] == ["00000000000000aa"] and [i["id"] for i in kept["images"]] == [p.image_id]
     # Refused while a run goes on the node (its guest may boot from the cache), and nothing is removed.
     lock = RunLock()
     lock.acquire({"pid": os.getpid(), "profile": "test", "run_id": 1})
     try:
-        with pytest.raises(remote.NodeError, match="listing the image cache failed: .*run"):
-            remote.node_images(shell, clear=True)
+        with pytest.raises(client.NodeError, match="listing the image cache failed: .*run"):
+            client.node_images(shell, clear=True)
     finally:
         lock.release()
     assert copy.is_dir()
-    assert remote.node_images(shell, clear=True)["removed"] == [p.image_id] and not copy.exists()
+    assert client.node_images(shell, clear=True)["removed"] == [p.image_id] and not copy.exists()
 
 
 def test_a_bad_image_id_and_a_damaged_stream_leave_nothing(cluster: Cluster, guest_image: GuestImage):
-    with pytest.raises(remote.NodeError, match="image id 'x/../y': allowed: 16 lowercase hex digits"):
+    with pytest.raises(client.NodeError, match="image id 'x/../y': allowed: 16 lowercase hex digits"):
         cluster.shell.run("cloudbox", "node", "local", "receive-image", "x/../y", input=b"", what="receive")
-    with pytest.raises(remote.NodeError, match="receive"):
+    with pytest.raises(client.NodeError, match="receive"):
         cluster.shell.run("cloudbox", "node", "local", "receive-image", "0123456789abcdef", input=b"not a tar",
                           what="receive")
     assert not list((cluster.node_state / "images").glob("*"))
@@ -197,6 +198,6 @@ def test_a_runs_own_ssh_traffic_is_patient_and_health_checks_are_not(cluster: Cl
     plain, patient = shell.argv("true"), shell.argv("true", patient=True)
     assert "-o" not in plain
     at = patient.index("--")
-    assert patient[at - 4:at] == ["-o", f"ConnectTimeout={remote.PATIENT_CONNECT_S}", "-o",
-                                  f"ServerAliveCountMax={remote.PATIENT_KEEPALIVE_COUNT}"]
+    assert patient[at - 4:at] == ["-o", f"ConnectTimeout={client.PATIENT_CONNECT_S}", "-o",
+                                  f"ServerAliveCountMax={client.PATIENT_KEEPALIVE_COUNT}"]
     assert shell.run("echo", "ok", patient=True).strip() == "ok"  # ssh takes them

@@ -13,7 +13,7 @@ On the front-end:
     cloudbox node enrol-server [--bind ADDR] [--port N]   (started by `node code`; listens while a code is open)
 On a back-end:
     cloudbox node join --front-end ADDR[:PORT]|discover --code CODE [--name NAME] [--ssh-port N]
-On a node, run by the front-end over SSH (core/nodes/remote.py):
+On a node, run by the front-end over SSH (core/nodes/client.py; the node's side is core/agent.py):
     cloudbox node local has-image ID | receive-image ID | images [--clear --keep N] | start-run |
                         follow RUN [--after SEQ]
 
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from cloudbox.cli.common import guard, usage
-from cloudbox.core import nodeconf
+from cloudbox.core import agent, nodeconf
+from cloudbox.core.agent import KEEP_IMAGES
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.nodes import enrol, frontend, health, registry
-from cloudbox.core.nodes.remote import KEEP_IMAGES
+from cloudbox.core.nodes import client, enrol, frontend, health, registry
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -334,15 +334,12 @@ def cmd_remove(args: argparse.Namespace) -> int:
 # -- guest image propagation and the node's side of remote work -------------------------------------------
 
 
-def _shell(reg: registry.Registry, name: str) -> Any:
-    from cloudbox.core.nodes import remote
-
-    return remote.NodeShell.for_node(reg, reg.node(name))
+def _shell(reg: registry.Registry, name: str) -> client.NodeShell:
+    return client.NodeShell.for_node(reg, reg.node(name))
 
 
 def cmd_push_image(args: argparse.Namespace) -> int:
     from cloudbox.core.guestimage import GuestImage
-    from cloudbox.core.nodes import remote
 
     image = GuestImage.locate()
     with _registry(args) as reg:
@@ -354,7 +351,7 @@ def cmd_push_image(args: argparse.Namespace) -> int:
                 print(f"\rcopying to {args.name}: {done / 1e6:.1f} of {total / 1e6:.1f} MB", end="", file=sys.stderr,
                       flush=True)
 
-        p = remote.propagate_image(shell, image, force=args.force, progress=progress)
+        p = client.propagate_image(shell, image, force=args.force, progress=progress)
         if tty:
             print(file=sys.stderr)
         reg.add_propagation(asdict(p))
@@ -384,12 +381,10 @@ def cmd_propagations(args: argparse.Namespace) -> int:
 
 
 def cmd_images(args: argparse.Namespace) -> int:
-    from cloudbox.core.nodes import remote
-
     if args.keep < 0:
         raise CloudboxError(f"--keep {args.keep}: allowed: 0 or more")
     with _registry(args) as reg:
-        data = remote.node_images(_shell(reg, args.name), clear=args.clear, keep=args.keep)
+        data = client.node_images(_shell(reg, args.name), clear=args.clear, keep=args.keep)
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
@@ -404,21 +399,19 @@ def cmd_images(args: argparse.Namespace) -> int:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
-    from cloudbox.core.nodes import remote
-
     op = args.local_op
     if op == "has-image":
-        print(json.dumps(remote.local_has_image(args.image_id)))
+        print(json.dumps(agent.local_has_image(args.image_id)))
     elif op == "receive-image":
-        remote.local_receive_image(args.image_id, sys.stdin.buffer, lambda m: print(m, flush=True))
+        agent.local_receive_image(args.image_id, sys.stdin.buffer, lambda m: print(m, flush=True))
     elif op == "images":
-        print(json.dumps(remote.local_images(args.clear, args.keep)))
+        print(json.dumps(agent.local_images(args.clear, args.keep)))
     elif op == "start-run":
         try:
             req = json.loads(sys.stdin.read())
         except ValueError as e:
             raise CloudboxError(f"start-run: the request on stdin is not JSON ({e})") from None
-        print(json.dumps(remote.local_start_run(req)))
+        print(json.dumps(agent.local_start_run(req)))
     elif op == "follow":
-        return remote.local_follow(args.run, args.after, sys.stdout)
+        return agent.local_follow(args.run, args.after, sys.stdout)
     return 0

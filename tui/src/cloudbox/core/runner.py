@@ -3,7 +3,6 @@ executors that outlive their caller, cancelling, and sweeps of several runs one 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -14,21 +13,17 @@ import time
 import uuid as uuidlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from . import network, nodeconf, paths
+from . import paths
 from .errors import CloudboxError, RunBusy
-from .events import ProgressEvent, SampleEvent, StateEvent, StepEvent, parse
-from .execution.context import RunContext
 from .execution.lifecycle import Execution
 from .execution.local import run_local
 from .execution.sink import Consumer
-from .guestimage import GuestImage
-from .nodes import health, registry, remote
-from .provenance import Controller, NodeInfo, Nodes, PeerServers, Provenance
-from .results import MEASUREMENT_COLUMNS, ResultStore, pid_alive
+from .nodes.mirror import run_on_node
+from .provenance import Controller, Provenance
+from .results import ResultStore, pid_alive
 from .runlock import check_not_busy
-from .runspec import BOOT, RunSpec, resolve_net_tests
+from .runspec import RunSpec
 
 
 # --------------------------------------------------------------------------------------- executor
@@ -36,139 +31,6 @@ def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
              run_id: int | None = None) -> Execution:
     """The executor of `spec`: this host's steps, or the mirroring of a run on the enrolled node spec.node."""
     return Execution(spec, store, run_on_node if spec.node else run_local, emit=emit, run_id=run_id)
-
-
-def run_on_node(ctx: RunContext) -> None:
-    """The run on an enrolled node: check it is up, propagate the guest image (timed), start the node's own
-    executor there, mirror its events here live, then bring its measurements and provenance into this
-    database. Cancelling here cancels the node's run (its guest and stores are removed there)."""
-    spec, sink, control, store = ctx.spec, ctx.sink, ctx.control, ctx.store
-    sink.step(f"checking node {spec.node}")
-    with registry.Registry() as reg:
-        try:
-            node = reg.node(spec.node)
-        except CloudboxError:
-            known = ", ".join(n.name for n in reg.nodes()) or "none enrolled"
-            raise CloudboxError(f"--node {spec.node!r}: no such node; allowed: {known}") from None
-        shell = remote.NodeShell.for_node(reg, node)
-    h = health.check_node(node)
-    if h.state != "up":
-        raise CloudboxError(f"node {node.name} is down: {h.reason}")
-    sink.log(f"node {node.name} ({node.address}) is up: {h.reason}")
-    image = GuestImage.locate()
-    sink.step(f"propagating the guest image to {node.name}", side="guest")
-    prop = remote.propagate_image(
-        shell, image, cancelled=control.cancelled,
-        progress=lambda done, total: sink.emit(ProgressEvent("guest", BOOT, 0, f"copy {done * 100 // total}%")))
-    sink.log(prop.describe())
-    with registry.Registry() as reg:
-        reg.add_propagation(asdict(prop))
-    # The front-end's part of the provenance; the node's own (host, CPU, versions, domain XML) joins it at the end.
-    ours = Provenance(controller=Controller.this_host(), nodes=Nodes(front_end=platform.node(), back_end=node.name),
-                      node=NodeInfo(name=node.name, address=node.address,
-                                    host_key_fingerprint=node.host_key_fingerprint),
-                      propagation=prop)
-    ctx.provenance = ours
-    ctx.save_provenance()
-    remote_spec = {k: v for k, v in asdict(spec).items() if k != "node"}
-    if spec.suite in ("network", "all"):
-        remote_spec.update(serve_peer(ctx))
-        if remote_spec.get("peer"):
-            ours.peer = PeerServers(peer=remote_spec["peer"], peer_netperf_port=remote_spec["peer_netperf_port"],
-                                    peer_iperf3_port=remote_spec["peer_iperf3_port"])
-    sink.step(f"starting the run on {node.name}")
-    with control.atomic():
-        rr = remote.start_run(shell, remote_spec, ctx.profile.to_toml(), prop.remote_dir)
-        finished = {"done": False}
-
-        def stop_remote() -> None:
-            if not finished["done"]:
-                try:
-                    sink.log(f"cancelling run {rr.run_id} on {node.name}: {remote.cancel_run(shell, rr)}")
-                except CloudboxError as e:
-                    sink.log(f"could not cancel run {rr.run_id} on {node.name}: {e}")
-
-        ctx.stack.callback(stop_remote)
-    ours.remote_run = rr
-    ctx.save_provenance()
-    sink.log(f"run {rr.run_id} on {node.name} started; its own record stays there")
-    seq, final = 0, dict[str, object]()
-    control.holding = spec.session  # stopping a guest session is its normal end, as on this host
-    dropped_at: float | None = None  # when the stream first dropped without the run having ended
-    while True:
-        try:
-            for ev_seq, kind, payload in remote.follow(shell, rr, cancelled=control.cancelled, after_seq=seq):
-                seq = ev_seq  # where a re-attached stream picks up
-                dropped_at = None
-                mirror(ctx, kind, payload, final)
-            break
-        except remote.NodeError as e:
-            if control.cancelled():
-                break
-            now = time.monotonic()
-            dropped_at = dropped_at or now
-            if now - dropped_at > remote.REATTACH_WITHIN_S:
-                h = health.check_node(node)
-                raise CloudboxError(f"lost node {node.name} during the run: no event stream for "
-                                    f"{now - dropped_at:.0f} s ({e}); its health check: {h.state}, {h.reason}; "
-                                    f"run {rr.run_id} there is left to finish or be cleaned up by the node") \
-                    from None
-            sink.log(f"re-attaching to run {rr.run_id} on {node.name} in 10 s ({e})")
-            time.sleep(10)
-    if control.cancelled():
-        raise control.aborted()
-    control.holding = False
-    data = remote.fetch_run(shell, rr)
-    rr.uuid = str(data.get("uuid") or rr.uuid)  # the node's executor gives its run its final uuid
-    finished["done"] = data.get("state") != "running"
-    ours.remote_run = rr
-    store.update_run(ctx.run_id, accelerator=data.get("accelerator"), emulated=int(bool(data.get("emulated"))),
-                     size_bytes=data.get("size_bytes"), size_label=data.get("size_label"))
-    ctx.provenance = Provenance.from_stored(data.get("provenance")).under(ours)
-    ctx.save_provenance()
-    for m in data.get("measurements") or []:  # as the node's export wrote them (its own columns)
-        store.add_measurement(ctx.run_id, **{k: m.get(k) for k in MEASUREMENT_COLUMNS if k in m})
-    if data.get("state") != "completed":
-        raise CloudboxError(f"the run on {node.name} (its run {rr.run_id}) ended {data.get('state')}: "
-                            f"{data.get('reason') or final.get('reason') or 'no reason given'}")
-
-
-def serve_peer(ctx: RunContext) -> dict[str, Any]:
-    """The front-end's side of the cross-node network tests: netserver and iperf3 on its private address for
-    the length of the run (stopped with it). {} when this host has no private network (not an installed
-    front-end): the node's guest -> front-end tests are then left out, and the log says so."""
-    addr = nodeconf.private_address()
-    if addr == "0.0.0.0":
-        ctx.sink.log("this host has no private network address (its node settings name no private NIC): the "
-                     "guest -> front-end network tests are left out of this run")
-        return {}
-    tools = {nt.tool for nt in resolve_net_tests(ctx.spec.net_tests)}
-    servers = network.HostNetwork(ctx.profile.network.mtu)
-    ctx.stack.callback(servers.teardown)
-    fields = {"peer": addr,
-              "peer_netperf_port": servers.start_netserver(addr) if "netperf" in tools else 0,
-              "peer_iperf3_port": servers.start_iperf3(addr) if "iperf3" in tools else 0}
-    ctx.sink.log(f"serving the cross-node network tests on {addr}: "
-                 + ", ".join(f"{t} port {fields[f'peer_{t}_port']}" for t in sorted(tools)))
-    return fields
-
-
-def mirror(ctx: RunContext, kind: str, payload: dict[str, Any], final: dict[str, Any]) -> None:
-    """One event of the node's run, re-emitted here (samples stored as this run's timeline)."""
-    ev = parse(kind, payload)
-    if isinstance(ev, StateEvent):
-        if ev.state == "running":
-            ctx.sink.emit(ev)
-        else:
-            final.update(ev.to_payload())
-        return
-    if isinstance(ev, SampleEvent):
-        ctx.sink.sample(ev)
-        return
-    if isinstance(ev, StepEvent):
-        ev = dataclasses.replace(ev, text=f"{ctx.spec.node}: {ev.text}")
-    if ev is not None:
-        ctx.sink.emit(ev)
 
 
 # ------------------------------------------------------------------------------------- detached

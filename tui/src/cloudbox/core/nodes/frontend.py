@@ -19,8 +19,8 @@ from pathlib import Path
 from .. import nodeconf, paths
 from ..errors import CloudboxError
 from . import enrol, keys
+from .client import NodeShell
 from .registry import DEFAULT_CODE_MINUTES, JoinCode, NodeRecord, Registry
-from .remote import NodeShell
 
 FRONT_END_ROLES = ("front-end", "all-in-one")
 NODE_AUTHORIZED_KEYS = "/root/.ssh/authorized_keys"  # on the node (what enrolment writes there)
