@@ -15,7 +15,7 @@ import pytest
 from guest_session import wait_up
 
 from cloudbox.cli import main
-from cloudbox.core import host, nodeconf, profiles, runner
+from cloudbox.core import host, nodeconf, profiles, runs
 from cloudbox.core.errors import NotFound
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import PlanStep, RunSpec
@@ -87,10 +87,10 @@ def test_sweep_needs_a_profile_and_valid_specs(state):
 
     with ResultStore() as store:
         with pytest.raises(CloudboxError, match="at least one profile"):
-            runner.start_sweep([], store)
+            runs.start_sweep([], store)
         with pytest.raises(CloudboxError, match="--suite 'bogus' is not allowed"):
-            runner.start_sweep([RunSpec(profile="virtio-disk", suite="bogus")], store)
-    assert runner.list_sweeps() == []
+            runs.start_sweep([RunSpec(profile="virtio-disk", suite="bogus")], store)
+    assert runs.list_sweeps() == []
 
 
 # -- real guests ---------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
     # a dead run's bridge, no guest on it: the session removes it and says so
     subprocess.run(["ip", "link", "add", network.BRIDGE, "type", "bridge"], check=True)
     with ResultStore() as store:
-        rid = runner.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
+        rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
         try:
             wait_up(store, rid)
             assert f"removed bridge {network.BRIDGE} (no guest on it), left by a run that is gone" in [
@@ -155,7 +155,7 @@ def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
             time.sleep(2)
             assert store.get_run(rid).state == "running"  # it holds: no tests, no end of its own
         finally:
-            state_after = runner.cancel(store, rid, timeout=120)
+            state_after = runs.cancel(store, rid, timeout=120)
         run = store.get_run(rid)
         assert state_after == "completed" and run.reason.startswith("guest stopped (cancelled by SIGTERM")
         assert run.measurements == []
@@ -168,7 +168,7 @@ def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
 @pytest.mark.root
 def test_sweep_runs_profiles_one_after_another_and_cancel_skips_the_rest(state, libvirt_conn):
     spec = dict(suite="storage", size="16M", storage_tests="dd-write-64k")
-    started: list[runner.Sweep] = []
+    started: list[runs.Sweep] = []
     try:
         _sweep_then_a_cancelled_one(spec, started)
     finally:  # a failed wait must not leave a sweep (and its guest session) running into the next tests
@@ -179,26 +179,25 @@ def test_sweep_runs_profiles_one_after_another_and_cancel_skips_the_rest(state, 
 
 def _sweep_then_a_cancelled_one(spec: dict, started: list) -> None:
     with ResultStore() as store:
-        sweep = runner.start_sweep([RunSpec(profile=p, **spec) for p in ("virtio-disk", "virtio-file")],
-                                   store)
+        sweep = runs.start_sweep([RunSpec(profile=p, **spec) for p in ("virtio-disk", "virtio-file")], store)
         started.append(sweep)
-        done = _wait(lambda: next((s for s in runner.list_sweeps() if s.id == sweep.id and s.state != "running"),
+        done = _wait(lambda: next((s for s in runs.list_sweeps() if s.id == sweep.id and s.state != "running"),
                                   None), 420, "the sweep to finish")
         assert done.state == "completed" and None not in done.runs
-        runs = [store.get_run(r) for r in done.runs]
-        assert [r.profile_name for r in runs] == ["virtio-disk", "virtio-file"]
-        assert all(r.state == "completed" for r in runs), [(r.state, r.reason) for r in runs]
-        assert runs[0].finished_at <= runs[1].started_at + 1  # one after the other, not at once
+        items = [store.get_run(r) for r in done.runs]
+        assert [r.profile_name for r in items] == ["virtio-disk", "virtio-file"]
+        assert all(r.state == "completed" for r in items), [(r.state, r.reason) for r in items]
+        assert items[0].finished_at <= items[1].started_at + 1  # one after the other, not at once
         # a sweep of three, cancelled during its first item: the rest never starts. The first item is a guest
         # session, which holds until cancelled, so the cancel cannot race the end of a short run.
         specs = [RunSpec(profile="virtio-disk", suite="guest"),
                  *[RunSpec(profile="virtio-disk", **spec)] * 2]
-        sweep2 = runner.start_sweep(specs, store)
+        sweep2 = runs.start_sweep(specs, store)
         started.append(sweep2)
-        first = _wait(lambda: next((s.runs[0] for s in runner.list_sweeps() if s.id == sweep2.id), None), 60,
+        first = _wait(lambda: next((s.runs[0] for s in runs.list_sweeps() if s.id == sweep2.id), None), 60,
                       "the first run of the second sweep")
         wait_up(store, first, "the sweep's guest session")
-        assert runner.cancel(store, first, timeout=120) == "completed"  # a stopped session ends normally
-        final = _wait(lambda: next((s for s in runner.list_sweeps() if s.id == sweep2.id and s.state != "running"),
+        assert runs.cancel(store, first, timeout=120) == "completed"  # a stopped session ends normally
+        final = _wait(lambda: next((s for s in runs.list_sweeps() if s.id == sweep2.id and s.state != "running"),
                                    None), 60, "the second sweep to stop")
         assert final.state == "cancelled" and final.runs[1:] == [None, None]

@@ -18,7 +18,7 @@ import warnings
 import pytest
 from guest_session import wait_up
 
-from cloudbox.core import network, runner
+from cloudbox.core import network, runs
 from cloudbox.core.errors import CloudboxError, NicStalled
 from cloudbox.core.execution.context import RunContext, RunControl
 from cloudbox.core.execution.measure import net_test
@@ -120,14 +120,14 @@ class _Session:
         from cloudbox.core.guest import Guest, list_guests
 
         with ResultStore() as store:
-            self.rid = runner.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
+            self.rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
             wait_up(store, self.rid, "the module's guest session")
             (info,) = [g for g in list_guests(self.conn) if g.run_uuid == store.get_run(self.rid).uuid]
         self.guest = Guest(self.conn, self.conn.lookupByName(info.name))
 
     def stop(self) -> str:
         with ResultStore() as store:
-            return runner.cancel(store, self.rid, timeout=120) if self.rid is not None else "completed"
+            return runs.cancel(store, self.rid, timeout=120) if self.rid is not None else "completed"
 
     def ready(self) -> tuple:
         link = _link(self.guest)

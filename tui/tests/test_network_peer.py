@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from run_trouble import warn_run_trouble
 
-from cloudbox.core import network, nodeconf, runner
+from cloudbox.core import network, nodeconf, runs
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.execution.context import host_labels
 from cloudbox.core.execution.network_steps import check_private_network
@@ -177,7 +177,7 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
     assert [(s.side, s.test) for s in spec.plan()[-4:]] == [("guest", "tcp-rr"), ("baseline", "tcp-rr"),
                                                            ("guest", "tcp-rr-fe"), ("baseline", "tcp-rr-fe")]
     with ResultStore() as store:
-        rid = runner.executor(spec, store).execute()
+        rid = runs.executor(spec, store).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
         evs = store.events_since(rid, 0)

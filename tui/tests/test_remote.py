@@ -18,7 +18,7 @@ import pytest
 from test_nodes import SSHD, Front, Sshd, _enrolled_behind_sshd
 
 import cloudbox
-from cloudbox.core import runner
+from cloudbox.core import runs
 from cloudbox.core.guestimage import GuestImage
 from cloudbox.core.nodes import client
 from cloudbox.core.results import ResultStore
@@ -132,7 +132,7 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
     without booting a guest."""
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        ex = runner.executor(RunSpec(profile="xen-default", suite="storage", node="node7"), store,
+        ex = runs.executor(RunSpec(profile="xen-default", suite="storage", node="node7"), store,
                              emit=lambda ev: events.append((ev.kind, ev.to_payload())))
         rid = ex.execute()
         run = store.get_run(rid)
@@ -151,11 +151,11 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
 
 def test_unknown_or_down_nodes_are_refused_before_anything_starts(cluster: Cluster):
     with ResultStore() as store:
-        rid = runner.executor(RunSpec(profile="virtio-disk", node="nosuch"), store).execute()
+        rid = runs.executor(RunSpec(profile="virtio-disk", node="nosuch"), store).execute()
         assert "--node 'nosuch': no such node; allowed: node7" in (store.get_run(rid).reason or "")
     cluster.sshd.stop()
     with ResultStore() as store:
-        rid = runner.executor(RunSpec(profile="virtio-disk", node="node7"), store).execute()
+        rid = runs.executor(RunSpec(profile="virtio-disk", node="node7"), store).execute()
         run = store.get_run(rid)
     assert run.state == "aborted" and "node node7 is down" in (run.reason or ""), run.reason
     assert not (cluster.node_state / "results.db").exists()  # nothing started there
@@ -167,7 +167,7 @@ def test_a_real_storage_run_on_the_node_comes_back_with_its_measurements(cluster
     front-end's run holds the same measurements, labels and host metrics, the timeline, and both nodes."""
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        ex = runner.executor(RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke", node="node7"),
+        ex = runs.executor(RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke", node="node7"),
                              store, emit=lambda ev: events.append((ev.kind, ev.to_payload())))
         rid = ex.execute()
         run = store.get_run(rid)

@@ -14,7 +14,7 @@ import time
 import pytest
 from run_trouble import warn_run_trouble
 
-from cloudbox.core import runner
+from cloudbox.core import runs
 from cloudbox.core.errors import RunBusy
 from cloudbox.core.events import RunEvent, StepEvent
 from cloudbox.core.execution import launch, local
@@ -30,7 +30,7 @@ def no_run_outlives_its_test(state):
     yield
     with ResultStore() as store:
         for run in store.active_runs():
-            runner.cancel(store, run.id, timeout=120)
+            runs.cancel(store, run.id, timeout=120)
 
 
 def _leftovers(conn, state) -> dict:
@@ -63,7 +63,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
                           net_tests=net_tests, net_seconds=3, runtime=3)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        rid = runner.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
+        rid = runs.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
     with ResultStore() as store:  # read back through a fresh connection
         run = store.get_run(rid)
         evs = store.events_since(rid, 0)
@@ -108,7 +108,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
 def test_second_run_refused_and_cancel(state, libvirt_conn):
     """A detached run holds the host; a second one is refused; cancel cleans up and stores `aborted`."""
     with ResultStore() as store:
-        rid = runner.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="64M",
+        rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="64M",
                                                    storage_tests="full", runtime=30), store)
         deadline = time.time() + 240
         while time.time() < deadline:  # wait until the executor holds the lock and the guest is up
@@ -120,8 +120,8 @@ def test_second_run_refused_and_cancel(state, libvirt_conn):
         else:
             pytest.fail("detached run never launched its guest")
         with pytest.raises(RunBusy, match="another cloudbox run is active"):
-            runner.executor(RunSpec(profile="eucalyptus-default", suite="storage"), store).execute()
-        assert runner.cancel(store, rid, timeout=120) == "aborted"
+            runs.executor(RunSpec(profile="eucalyptus-default", suite="storage"), store).execute()
+        assert runs.cancel(store, rid, timeout=120) == "aborted"
         run = store.get_run(rid)
         assert "SIGTERM" in run.reason
     assert _leftovers(libvirt_conn, state)["guests"] == []
@@ -162,7 +162,7 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
                           agent_timeout=240)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        rid = runner.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
+        rid = runs.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
     assert run.state == "aborted"
@@ -198,7 +198,7 @@ def test_cli_json_output(state, libvirt_conn):
 
 def test_watch_follows_detached_run(state, libvirt_conn):
     with ResultStore() as store:
-        rid = runner.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="16M",
+        rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="16M",
                                                    storage_tests="seq-write-64k"), store)
     out: list[str] = []
 
@@ -238,7 +238,7 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
 
     try:
         with ResultStore() as store:
-            rid = runner.executor(spec, store, emit=on_event).execute()
+            rid = runs.executor(spec, store, emit=on_event).execute()
         with ResultStore() as store:
             run = store.get_run(rid)
             texts = [e.payload.get("text", "") for e in store.events_since(rid, 0)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import backing, runner
+from cloudbox.core import backing, runs
 from cloudbox.core.errors import CloudboxError, DeviceRefused, GuestError, NoSpace
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import RunSpec
@@ -120,7 +120,7 @@ def test_full_disk_run_is_aborted_and_clean(state, guest_image):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], check=True)
     try:
         with ResultStore() as store:
-            rid = runner.executor(RunSpec(profile="eucalyptus-prealloc", suite="storage", size="64M",
+            rid = runs.executor(RunSpec(profile="eucalyptus-prealloc", suite="storage", size="64M",
                                                  work_dir=str(mnt)), store).execute()
             run = store.get_run(rid)
         assert run.state == "aborted"
@@ -133,7 +133,7 @@ def test_full_disk_run_is_aborted_and_clean(state, guest_image):
 def test_unreachable_libvirtd(state, guest_image, monkeypatch):
     monkeypatch.setenv("CLOUDBOX_LIBVIRT_URI", "qemu+unix:///system?socket=/nonexistent/libvirt-sock")
     with ResultStore() as store:
-        rid = runner.executor(RunSpec(profile="virtio-disk", suite="storage", size="16M"), store).execute()
+        rid = runs.executor(RunSpec(profile="virtio-disk", suite="storage", size="16M"), store).execute()
         run = store.get_run(rid)
     assert run.state == "aborted"
     assert "cannot reach libvirtd" in run.reason and "/nonexistent/libvirt-sock" in run.reason
@@ -151,7 +151,7 @@ def test_bad_run_arguments(state):
             (RunSpec(profile="virtio-disk", net_tests="udp-stream"), "unknown network test"),
         ]:
             with pytest.raises(CloudboxError, match=msg):
-                runner.executor(spec, store).execute()
+                runs.executor(spec, store).execute()
         assert store.list_runs() == []  # rejected before a run was recorded
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 from cloudbox.cli.common import guard
-from cloudbox.core import runner
+from cloudbox.core import runs
 from cloudbox.core.errors import UsageError
 from cloudbox.core.events import ProgressEvent, RunEvent, SampleEvent, describe, progress_line
 from cloudbox.core.runspec import RUN_OPTIONS, RunSpec
@@ -94,7 +94,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     spec.validate()  # a usage error exits 2 before anything (the results database) is created
     with _store() as store:
         if a.detach:
-            rid = runner.start_detached(spec, store)
+            rid = runs.start_detached(spec, store)
             if a.json:
                 print(json.dumps({"run_id": rid, "uuid": store.get_run(rid).uuid}))
                 return 0
@@ -102,7 +102,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                   f"stop it with 'cloudbox cancel {rid}'")
             return 0
         printer = Printer()
-        ex = runner.executor(spec, store, emit=printer)
+        ex = runs.executor(spec, store, emit=printer)
         rid = ex.execute()
         run = store.get_run(rid)
         if a.json:
@@ -130,7 +130,7 @@ def cmd_watch(a: argparse.Namespace) -> int:
 def cmd_cancel(a: argparse.Namespace) -> int:
     with _store() as store:
         rid = store.resolve(a.run)
-        state = runner.cancel(store, rid)
+        state = runs.cancel(store, rid)
         run = store.get_run(rid, raw=False)
         print(f"run {rid}: {state}" + (f" ({run.reason})" if run.reason else ""))
         return 0 if state != "running" else 1

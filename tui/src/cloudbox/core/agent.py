@@ -22,7 +22,7 @@ from .guestimage import GuestImage
 from .nodes.client import IMAGE_FILES, SUMS, sha256_file
 from .results import ResultStore
 from .runlock import check_not_busy
-from .runner import start_detached
+from .runs import start_detached
 from .runspec import RunSpec
 
 KEEP_IMAGES = 3  # image ids a node keeps in its cache (the newest)

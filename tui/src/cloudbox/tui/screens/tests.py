@@ -12,7 +12,6 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane, Tabs
 
-from cloudbox.core import runner
 from cloudbox.core.events import (
     MeasurementEvent,
     PlanProgress,
@@ -24,6 +23,7 @@ from cloudbox.core.events import (
     stamped,
 )
 from cloudbox.core.results import Run
+from cloudbox.core.runs import Sweep
 from cloudbox.core.runspec import RunSpec, option
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.charts import LiveChart
@@ -69,7 +69,7 @@ class TestsScreen(BaseScreen):
         self.setup: SetupData | None = None
         self.last_redraw = 0.0
         self.charts_stale = False  # events arrived since the charts were last drawn
-        self.sweep: runner.Sweep | None = None
+        self.sweep: Sweep | None = None
         self._targets: list[tuple[str, str]] = []
 
     def body(self) -> ComposeResult:
@@ -169,7 +169,7 @@ class TestsScreen(BaseScreen):
         specs = [RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node) for n in names]
         where = f" on node {node}" if node else ""
 
-        def started(result: tuple[int | None, runner.Sweep | None]) -> None:
+        def started(result: tuple[int | None, Sweep | None]) -> None:
             run_id, sweep = result
             if sweep is not None:
                 self.notify(f"sweep of {len(names)} profiles started{where}: {', '.join(names)}", title="tests")
@@ -287,7 +287,7 @@ class TestsScreen(BaseScreen):
         elif len(events) >= 1000:
             self.call_later(self.poll)  # catching up with a long run: fetch the next page at once
 
-    def show_head(self, run: Run, sweep: runner.Sweep | None) -> None:
+    def show_head(self, run: Run, sweep: Sweep | None) -> None:
         acc = run.accelerator or "accelerator not known yet"
         emu = " (EMULATED: not overhead figures)" if run.accelerator == "tcg" else (
             " (nested)" if run.accelerator == "nested-kvm" else "")

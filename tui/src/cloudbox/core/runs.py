@@ -1,5 +1,9 @@
-"""Runs: the executor of a spec (this host's steps, or the mirroring of a run on an enrolled node), detached
-executors that outlive their caller, cancelling, and sweeps of several runs one after another."""
+"""Starting runs: the executor of a spec (this host's steps, or the mirroring of a run on an enrolled node), a
+detached executor that outlives its caller, cancelling, and sweeps of several runs one after another.
+
+`python -m cloudbox.core.runs RUN_ID SPEC_JSON` is a detached executor and `python -m cloudbox.core.runs --sweep
+FILE` a sweep's process: both run in their own session, their output in <state dir>/logs.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import time
 import uuid as uuidlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 
 from . import paths
 from .errors import CloudboxError, RunBusy
@@ -25,6 +30,8 @@ from .results import ResultStore, pid_alive
 from .runlock import check_not_busy
 from .runspec import RunSpec
 
+ENTRY = "cloudbox.core.runs"  # the module a detached executor or sweep runs as (`python -m`)
+
 
 # --------------------------------------------------------------------------------------- executor
 def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
@@ -34,7 +41,7 @@ def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
 
 
 # ------------------------------------------------------------------------------------- detached
-def start_detached(spec: RunSpec, store) -> int:
+def start_detached(spec: RunSpec, store: ResultStore) -> int:
     """Start the executor in its own session (it outlives the caller); returns the run id at once."""
     spec.validate()
     check_not_busy(spec.node)
@@ -44,7 +51,7 @@ def start_detached(spec: RunSpec, store) -> int:
     log_dir = paths.state_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_dir / f"run-{run_id}.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "cloudbox.core.runner", str(run_id), json.dumps(asdict(spec))],
+    proc = subprocess.Popen([sys.executable, "-m", ENTRY, str(run_id), json.dumps(spec.as_dict())],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.close()
@@ -52,7 +59,7 @@ def start_detached(spec: RunSpec, store) -> int:
     return run_id
 
 
-def cancel(store, run_id: int, timeout: float = 60.0) -> str:
+def cancel(store: ResultStore, run_id: int, timeout: float = 60.0) -> str:
     """Ask a run's executor to stop (SIGTERM: it cleans up and stores the run as aborted)."""
     run = store.get_run(run_id)
     if run.state != "running":
@@ -96,7 +103,7 @@ class Sweep:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {**asdict(self), "specs": [asdict(s) for s in self.specs]}
+        data = {**asdict(self), "specs": [s.as_dict() for s in self.specs]}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, self.path)
@@ -104,7 +111,7 @@ class Sweep:
     @classmethod
     def load(cls, path: Path) -> Sweep:
         data = json.loads(path.read_text())
-        data["specs"] = [RunSpec(**s) for s in data["specs"]]
+        data["specs"] = [RunSpec.from_dict(s, source=str(path)) for s in data["specs"]]
         return cls(**data)
 
     @property
@@ -126,7 +133,7 @@ def list_sweeps() -> list[Sweep]:
     for f in sorted(d.glob("*.json"), reverse=True) if d.is_dir() else []:
         try:
             sw = Sweep.load(f)
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, KeyError, CloudboxError):
             continue
         if sw.state == "running":
             if sw.pid is None:
@@ -138,7 +145,7 @@ def list_sweeps() -> list[Sweep]:
     return out
 
 
-def start_sweep(specs: list[RunSpec], store) -> Sweep:
+def start_sweep(specs: list[RunSpec], store: ResultStore) -> Sweep:
     """Queue `specs` to run one after another in a detached process (it outlives the caller)."""
     if not specs:
         raise CloudboxError("a sweep needs at least one profile")
@@ -152,7 +159,7 @@ def start_sweep(specs: list[RunSpec], store) -> Sweep:
     log_dir = paths.state_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / f"{sweep.id}.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cloudbox.core.runner", "--sweep", str(sweep.path)],
+        proc = subprocess.Popen([sys.executable, "-m", ENTRY, "--sweep", str(sweep.path)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     # Only the child writes the file from now on (it records its own pid first): a second writer here could
@@ -167,7 +174,7 @@ def _run_sweep(path: Path) -> int:
     sweep.save()
     stop = {"signal": ""}
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop["signal"] = signal.Signals(signum).name
 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -201,7 +208,7 @@ def _run_sweep(path: Path) -> int:
 def _main(argv: list[str]) -> int:
     if argv and argv[0] == "--sweep":
         return _run_sweep(Path(argv[1]))
-    run_id, spec = int(argv[0]), RunSpec(**json.loads(argv[1]))
+    run_id, spec = int(argv[0]), RunSpec.from_dict(json.loads(argv[1]), source="the detached executor's argument")
     with ResultStore() as store:
         ex = executor(spec, store, run_id=run_id)
         try:
