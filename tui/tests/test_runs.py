@@ -11,6 +11,7 @@ import time
 import pytest
 
 from cloudbox.core import paths, runs
+from cloudbox.core.errors import NotFound
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import RunSpec
 
@@ -52,3 +53,14 @@ def test_cancelling_a_finished_run_changes_nothing(state):
         other = store.create_run(profile_name="p", pid=0)
         with pytest.raises(Exception, match=f"run {other} has no executor pid recorded"):
             runs.cancel(store, other)
+
+
+def test_a_profile_that_does_not_exist_is_refused_before_a_detached_run_is_recorded(state):
+    """As a run in the foreground is: not a run that starts, then fails as a dead executor."""
+    with ResultStore() as store:
+        with pytest.raises(NotFound, match="no profile named 'no-such-profile'; known profiles: .*virtio-disk"):
+            runs.start_detached(RunSpec(profile="no-such-profile"), store)
+        with pytest.raises(NotFound, match="no profile named 'no-such-profile'"):
+            runs.start_sweep([RunSpec(profile="virtio-disk"), RunSpec(profile="no-such-profile")], store)
+        assert store.list_runs() == []
+    assert runs.list_sweeps() == []

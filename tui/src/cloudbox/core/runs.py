@@ -25,6 +25,7 @@ from .execution.lifecycle import Execution
 from .execution.local import run_local
 from .execution.sink import Consumer
 from .nodes.mirror import run_on_node
+from .profiles import resolve_profile
 from .provenance import Controller, Provenance
 from .results import ResultStore, pid_alive
 from .runlock import check_not_busy
@@ -42,8 +43,10 @@ def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
 
 # ------------------------------------------------------------------------------------- detached
 def start_detached(spec: RunSpec, store: ResultStore) -> int:
-    """Start the executor in its own session (it outlives the caller); returns the run id at once."""
+    """Start the executor in its own session (it outlives the caller); returns the run id at once. What the
+    executor would refuse before recording anything (bad settings, no such profile, a busy host) is raised here."""
     spec.validate()
+    resolve_profile(spec.profile)
     check_not_busy(spec.node)
     run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
                               state="running", node=spec.node or platform.node(), started_at=time.time(),
@@ -151,6 +154,7 @@ def start_sweep(specs: list[RunSpec], store: ResultStore) -> Sweep:
         raise CloudboxError("a sweep needs at least one profile")
     for spec in specs:
         spec.validate()
+        resolve_profile(spec.profile)
     for node in dict.fromkeys(spec.node for spec in specs):
         check_not_busy(node)
     sweep = Sweep(id=time.strftime("sweep-%Y%m%d-%H%M%S-") + uuidlib.uuid4().hex[:6], specs=specs,
