@@ -133,7 +133,7 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
         ex = runs.executor(RunSpec(profile="xen-default", suite="storage", node="node7"), store,
-                             emit=lambda ev: events.append((ev.kind, ev.to_payload())))
+                           emit=lambda ev: events.append((ev.kind, ev.to_payload())))
         rid = ex.execute()
         run = store.get_run(rid)
     assert run.state == "aborted" and run.node == "node7"
@@ -168,7 +168,7 @@ def test_a_real_storage_run_on_the_node_comes_back_with_its_measurements(cluster
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
         ex = runs.executor(RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke", node="node7"),
-                             store, emit=lambda ev: events.append((ev.kind, ev.to_payload())))
+                           store, emit=lambda ev: events.append((ev.kind, ev.to_payload())))
         rid = ex.execute()
         run = store.get_run(rid)
         samples = store.samples(rid)

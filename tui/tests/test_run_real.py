@@ -59,8 +59,8 @@ def _work_files(state) -> list:
     pytest.param("eucalyptus-default", "netperf", marks=pytest.mark.full),
 ])
 def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
-    spec = RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke",
-                          net_tests=net_tests, net_seconds=3, runtime=3)
+    spec = RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke", net_tests=net_tests,
+                   net_seconds=3, runtime=3)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
         rid = runs.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
@@ -109,7 +109,7 @@ def test_second_run_refused_and_cancel(state, libvirt_conn):
     """A detached run holds the host; a second one is refused; cancel cleans up and stores `aborted`."""
     with ResultStore() as store:
         rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="64M",
-                                                   storage_tests="full", runtime=30), store)
+                                          storage_tests="full", runtime=30), store)
         deadline = time.time() + 240
         while time.time() < deadline:  # wait until the executor holds the lock and the guest is up
             steps = [e.payload.get("text", "") for e in store.events_since(rid, 0) if e.kind == "step"]
@@ -159,7 +159,7 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
     second time first, announced with attempt 1's console."""
     monkeypatch.setattr(local, "CMDLINE", local.CMDLINE + " rdinit=/cloudbox-no-such-init")
     spec = RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="dd-write-64k",
-                          agent_timeout=240)
+                   agent_timeout=240)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
         rid = runs.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
@@ -199,7 +199,7 @@ def test_cli_json_output(state, libvirt_conn):
 def test_watch_follows_detached_run(state, libvirt_conn):
     with ResultStore() as store:
         rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="16M",
-                                                   storage_tests="seq-write-64k"), store)
+                                          storage_tests="seq-write-64k"), store)
     out: list[str] = []
 
     def watch() -> None:

@@ -121,7 +121,7 @@ def test_full_disk_run_is_aborted_and_clean(state, guest_image):
     try:
         with ResultStore() as store:
             rid = runs.executor(RunSpec(profile="eucalyptus-prealloc", suite="storage", size="64M",
-                                                 work_dir=str(mnt)), store).execute()
+                                        work_dir=str(mnt)), store).execute()
             run = store.get_run(rid)
         assert run.state == "aborted"
         assert "not enough free space" in run.reason and str(mnt) in run.reason
