@@ -237,6 +237,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
                        Choice("study", "study-sized (2x guest RAM, 30 s tests)")), check=_check_size),
     RunOption("storage_tests", ("--tests",), str, "standard",
               "storage tests: smoke, study, standard, full, or comma-separated ids", title="Storage tests",
+              metavar="TESTS",
               choices=tuple(Choice(k, f"{k}: {', '.join(v)}") for k, v in storage.TEST_SETS.items()),
               check=_check_tests, form_default="study"),
     RunOption("net_tests", ("--net-tests",), str, "netperf", "netperf, iperf3, both, or comma-separated ids",
