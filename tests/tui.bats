@@ -255,7 +255,7 @@ extended_colours() { grep -E '(^|;)(38|48|58)[;:](5|2)([;:]|$)' || true; }
     run -0 tui_wait tests 120 'Step: ' step
     run -0 tui_wait tests 900 'COMPLETED' completed
     assert_output --partial "Run $id · $PROFILE_A · storage"
-    assert_output --regexp '[0-9:]+ run completed'
+    assert_output --regexp '[0-9:]+ ==> run completed'
     refute_output --partial 'Traceback'
     tui_quit tests
 
@@ -302,7 +302,7 @@ extended_colours() { grep -E '(^|;)(38|48|58)[;:](5|2)([;:]|$)' || true; }
     # ...then follows it live to the end.
     run -0 tui_wait t2 900 'COMPLETED' completed
     assert_output --partial "Run $id · $PROFILE_B · storage"
-    assert_output --regexp '[0-9:]+ run completed'
+    assert_output --regexp '[0-9:]+ ==> run completed'
     tui_quit t2
 
     run -0 run_field "$id" state

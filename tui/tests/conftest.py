@@ -68,15 +68,17 @@ _LIVE: dict = {}  # the session's libvirt connection, once a test has asked for 
 
 
 def _executors() -> set[int]:
-    """This session's run executors and sweeps (python -m cloudbox.core.runner, started with this session's
+    """This session's run executors and sweeps (python -m cloudbox.core.runs, started with this session's
     CLOUDBOX_RUN_DIR): another test session's or a real run's executor on the same host is none of ours."""
+    from cloudbox.core.runs import ENTRY
+
     ours = f"CLOUDBOX_RUN_DIR={os.environ['CLOUDBOX_RUN_DIR']}".encode()
     found = set()
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
                 argv = (d / "cmdline").read_bytes().split(b"\0")
-                if b"cloudbox.core.runner" in argv and ours in (d / "environ").read_bytes().split(b"\0"):
+                if ENTRY.encode() in argv and ours in (d / "environ").read_bytes().split(b"\0"):
                     found.add(int(d.name))
             except OSError:
                 continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cloudbox.core.provenance import BackingInfo, Provenance, Versions
 from cloudbox.core.results import ResultStore
 
 DOMAIN_XML_SCSI_SPARSE = """\
@@ -67,17 +68,12 @@ mtu = 9000
 FIO_JSON = {"fio version": "fio-3.33", "jobs": [{"jobname": "seq-write-64k", "write": {"bw": 1331}}]}
 
 
-def _prov(**extra: object) -> dict:
-    prov = {
-        "host_kernel": "6.1.0-28-amd64",
-        "guest_kernel": "6.12.9-amd64",
-        "versions": {"qemu": "7.2.15", "libvirt": "9.0.0", "fio": "3.33", "netperf": "2.7.0",
-                     "iperf3": "3.12", "cloudbox": "0.1.0"},
-        "sizes": {"storage_bytes": 20 * 2**30},
-        "labels": [],
-    }
-    prov.update(extra)
-    return prov
+def _prov(**extra: object) -> Provenance:
+    return Provenance(
+        host_kernel="6.1.0-28-amd64", guest_kernel="6.12.9-amd64",
+        versions=Versions(qemu="7.2.15", libvirt="9.0.0", fio="3.33", netperf="2.7.0", iperf3="3.12",
+                          cloudbox="0.1.0"),
+        **extra)
 
 
 def add_study_a_default(store: ResultStore, started_at: float = 1_700_000_000.0, node: str = "node1") -> int:
@@ -88,8 +84,8 @@ def add_study_a_default(store: ResultStore, started_at: float = 1_700_000_000.0,
         started_at=started_at,
         provenance=_prov(
             domain_xml=DOMAIN_XML_SCSI_SPARSE,
-            backing={"kind": "sparse-file", "path": "/var/lib/cloudbox/backing/bench.img",
-                     "device": "sdb", "model": "WDC WD5003ABYX", "size_bytes": 20 * 2**30},
+            backing=BackingInfo(kind="sparse-file", path="/var/lib/cloudbox/backing/bench.img", device="sdb",
+                                model="WDC WD5003ABYX", size_bytes=20 * 2**30),
         ),
     )
     m = store.add_measurement
@@ -130,8 +126,8 @@ def add_virtio_tcg(store: ResultStore, started_at: float = 1_700_003_600.0, node
         suite="storage", size_bytes=2 * 2**30, size_label="quick", accelerator="tcg", node=node,
         started_at=started_at,
         provenance=_prov(
-            backing={"kind": "block-device", "path": "/dev/sdb", "device": "sdb", "model": "WDC WD5003ABYX",
-                     "size_bytes": 500 * 10**9},
+            backing=BackingInfo(kind="block-device", path="/dev/sdb", device="sdb", model="WDC WD5003ABYX",
+                                size_bytes=500 * 10**9),
         ),
     )
     m = store.add_measurement

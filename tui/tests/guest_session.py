@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 
-from cloudbox.core import runner
+from cloudbox.core.execution import launch
+from cloudbox.core.runspec import RunSpec
 
 # A guest session is up within every boot attempt's agent wait; past that the run has failed on its own.
-SESSION_UP_S = runner.BOOT_ATTEMPTS * runner.RunSpec.agent_timeout + 60
+SESSION_UP_S = launch.BOOT_ATTEMPTS * RunSpec.agent_timeout + 60
 UP_STEP = "running; stop it"
 
 

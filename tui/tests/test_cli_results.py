@@ -15,6 +15,7 @@ from conftest_results import study_a_store
 
 from cloudbox.cli import results as cli_results
 from cloudbox.core import compare
+from cloudbox.core.provenance import NicStall
 from cloudbox.core.results import ResultStore
 
 
@@ -88,11 +89,12 @@ def test_show_text_json_raw(db, capsys):
 
     # the guest's launch-to-agent time, and a lost first boot said in words
     with ResultStore(path) as store:
-        for rid, extra in ((default, {"launch_to_agent_s": 1.4}),
-                           (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2,
-                                     "nic_stalls": [{"test": "tcp-maerts", "hop": "the host's tap vnet3: it is down",
-                                                     "remedy": "relaunch"}]})):
-            store.update_run(rid, provenance={**store.get_run(rid).provenance, **extra})
+        stall = NicStall(test="tcp-maerts", hop="the host's tap vnet3: it is down", remedy="relaunch")
+        with_packages = store.get_run(default).provenance.versions.model_copy(  # type: ignore[union-attr]
+            update={"guest_packages": {"fio": "3.33-3", "netperf": "2.7.0-0.1"}})
+        for rid, extra in ((default, {"launch_to_agent_s": 1.4, "versions": with_packages}),
+                           (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2, "nic_stalls": [stall]})):
+            store.set_provenance(rid, store.get_run(rid).provenance.model_copy(update=extra))
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(virtio)], capsys)
     assert "guest boot   95 s to its agent (launch 2: the guest's first boot was lost and it was launched again)" \
         in out, out
@@ -100,6 +102,10 @@ def test_show_text_json_raw(db, capsys):
             "is down); re-plugging its NIC did not help, the guest was launched afresh") in out, out
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(default)], capsys)
     assert "guest boot   1 s to its agent\n" in out, out
+    # The tools' versions in one line; the guest image's packages stay in the JSON (a run lists dozens).
+    (versions,) = [line for line in out.splitlines() if line.startswith("  versions")]
+    assert versions == ("  versions     cloudbox 0.1.0, fio 3.33, iperf3 3.12, libvirt 9.0.0, netperf 2.7.0, "
+                        "qemu 7.2.15"), versions
     assert "network      the guest's network stopped" not in out
 
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--raw"], capsys)

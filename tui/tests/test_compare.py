@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest_results import DOMAIN_XML_SCSI_SPARSE, add_study_a_default, study_a_store
+from conftest_results import PROFILE_DEFAULT, add_study_a_default, study_a_store
 
 from cloudbox.core import compare
+from cloudbox.core.provenance import BackingInfo, PrivateNetwork, Provenance
 from cloudbox.core.results import ResultStore, Run
 
 
@@ -147,21 +148,24 @@ def test_shared_baseline_row_is_a_marked_mean(tmp_path: Path):
     assert _row(table, "seq-write-64k", b).cells["pct"] == pytest.approx(1.3 / 109 * 100)
 
 
-def test_labels_from_domain_xml_and_accelerators():
-    def run(**kw) -> Run:
+def test_labels_from_the_profile_and_the_backing_store_used():
+    def run(provenance: Provenance | None = None, **kw) -> Run:
         base = dict(id=1, uuid="u", profile_name=None, profile_hash=None, profile_toml=None, suite="storage",
                     size_bytes=None, size_label=None, state="completed", reason=None, accelerator="kvm",
                     emulated=False, node="n", pid=None, started_at=None, finished_at=None)
         base.update(kw)
-        return Run(**base)  # type: ignore[arg-type]
+        return Run(**base, provenance=provenance or Provenance())  # type: ignore[arg-type]
 
-    r = run(provenance={"domain_xml": DOMAIN_XML_SCSI_SPARSE,
-                        "backing": {"kind": "sparse-file", "path": "/var/lib/cloudbox/backing/bench.img"}})
-    assert compare.driver_label(r) == "scsi-lsi, sparse file"
-    assert compare.target_label(r) == "local file"
-    r = run(accelerator="xen", provenance={"disk": {"bus": "xen"}, "backing": {"kind": "full-file"}})
+    sparse = BackingInfo(kind="sparse-file", path="/var/lib/cloudbox/backing/bench.img")
+    r = run(Provenance(backing=sparse), profile_toml=PROFILE_DEFAULT)
+    assert (compare.vmm_label(r), compare.target_label(r), compare.driver_label(r)) == (
+        "KVM", "local file", "scsi-lsi, sparse file")
+    assert compare._nic(r) == "e1000, MTU 9000"
+    # The backing store the run used, over the one its profile asked for (they agree on every run so far).
+    r = run(Provenance(backing=BackingInfo(kind="prealloc-file")), accelerator="xen",
+            profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "xen-vbd"\nbacking = "sparse-file"\n')
     assert (compare.vmm_label(r), compare.driver_label(r)) == ("Xen", "xvd, pre-allocated file")
-    r = run(accelerator="nested-kvm", emulated=True, provenance={"backing": {"kind": "network-volume"}},
+    r = run(Provenance(backing=BackingInfo(kind="network-volume")), accelerator="nested-kvm", emulated=True,
             profile_toml='[guest]\nhypervisor = "kvm"\n[disk]\nbus = "virtio-scsi"\n'
                          'backing = "network-volume"\nvolume = "aoe:e0.1"\n'
                          '[network]\nmodel = "virtio"\nvhost = true\n')
@@ -173,19 +177,21 @@ def test_labels_from_domain_xml_and_accelerators():
     private = {"bridge": "cbpriv0", "peer": "10.73.0.1", "host_ip": "10.73.0.17", "guest_ip": "10.73.0.101",
                "mtu": 9000}
     toml = '[guest]\nhypervisor = "kvm"\n[network]\nmodel = "virtio"\nvhost = true\nmtu = 9000\n'
-    for prov in ({"network": private}, {"private_network": private}):
-        assert compare._nic(run(provenance=prov, profile_toml=toml)) == "virtio-net (vhost), MTU 9000", prov
+    for stored in ({"network": private}, {"private_network": private}):
+        prov = Provenance.from_stored(stored)
+        assert prov.private_network == PrivateNetwork(**private), stored
+        assert compare._nic(run(prov, profile_toml=toml)) == "virtio-net (vhost), MTU 9000", stored
     r = run(accelerator="xen", profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "xen-vbd"\n'
             'backing = "prealloc-file"\n')
     assert (compare.vmm_label(r), compare.target_label(r), compare.driver_label(r)) == (
         "Xen", "local file", "xvd, pre-allocated file")
-    assert compare.driver_label(run(provenance={})) == "?, ?"
+    assert compare.driver_label(run()) == "?, ?"
+    assert compare.driver_label(run(profile_toml="not [toml")) == "?, ?"
 
 
 def test_missing_baseline_shows_a_dash(tmp_path: Path):
     with ResultStore(tmp_path / "r.db") as store:
-        prov = {"backing": {"kind": "block-device"}, "disk": {"bus": "virtio-blk"}}
-        rid = store.create_run(accelerator="kvm", provenance=prov)
+        rid = store.create_run(accelerator="kvm", provenance=Provenance(backing=BackingInfo(kind="block-device")))
         store.add_measurement(rid, side="guest", test="seq-write-1m", metric="MB/s", value=87.0)
         run = store.get_run(rid)
     table = compare.compare_table([run])

@@ -15,9 +15,10 @@ import pytest
 from guest_session import wait_up
 
 from cloudbox.cli import main
-from cloudbox.core import host, profiles, runner
+from cloudbox.core import host, nodeconf, profiles, runs
 from cloudbox.core.errors import NotFound
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import PlanStep, RunSpec
 
 
 def test_gather_reads_this_hosts_disks_and_nics(state, monkeypatch, tmp_path):
@@ -35,9 +36,9 @@ def test_role_comes_from_the_node_settings_file(monkeypatch, tmp_path):
     cfg = tmp_path / "node.toml"
     monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(cfg))
     cfg.write_text('role = "back-end"\n')
-    assert host.role() == ("back-end", str(cfg))
+    assert nodeconf.role() == ("back-end", str(cfg))
     cfg.write_text('role = "controller"\n')
-    r, src = host.role()
+    r, src = nodeconf.role()
     assert r == "all-in-one" and "'controller' is not one of front-end, back-end, all-in-one" in src
 
 
@@ -61,11 +62,14 @@ def test_active_profile_defaults_switches_and_survives_a_deleted_profile(state, 
 
 
 def test_run_plan_lists_every_step_in_order():
-    spec = runner.RunSpec(profile="virtio-disk", suite="all", storage_tests="smoke", net_tests="netperf")
-    plan = spec.plan()
-    assert plan[:3] == ["baseline:seq-write-64k", "baseline:seq-read-64k", "baseline:randread-4k-qd32"]
-    assert plan[3] == "guest:boot" and plan[-2:] == ["guest:tcp-rr", "baseline:tcp-rr"]
-    assert runner.RunSpec(profile="x", suite="guest").plan() == ["guest:boot"]
+    spec = RunSpec(profile="virtio-disk", suite="all", storage_tests="smoke", net_tests="netperf")
+    plan = [(s.side, s.test) for s in spec.plan()]
+    assert plan[:3] == [("baseline", "seq-write-64k"), ("baseline", "seq-read-64k"), ("baseline", "randread-4k-qd32")]
+    assert plan[3] == ("guest", "boot") and plan[-2:] == [("guest", "tcp-rr"), ("baseline", "tcp-rr")]
+    assert RunSpec(profile="x", suite="guest").plan() == [PlanStep("guest", "boot")]
+    peer = RunSpec(profile="x", suite="network", net_tests="tcp-rr", peer="10.73.0.1").plan()
+    assert [(s.side, s.test) for s in peer] == [("guest", "boot"), ("guest", "tcp-rr"), ("baseline", "tcp-rr"),
+                                                ("guest", "tcp-rr-fe"), ("baseline", "tcp-rr-fe")]
 
 
 @pytest.mark.parametrize("bad", [0, 9.5, 3601, -1])
@@ -73,9 +77,9 @@ def test_agent_timeout_out_of_range_is_refused(bad):
     from cloudbox.core.errors import CloudboxError
 
     with pytest.raises(CloudboxError, match=rf"--agent-timeout {bad:g} is not allowed; allowed: 10 to 3600 seconds"):
-        runner.RunSpec(profile="virtio-disk", agent_timeout=bad).validate()
-    runner.RunSpec(profile="virtio-disk", agent_timeout=10).validate()
-    runner.RunSpec(profile="virtio-disk", agent_timeout=3600).validate()
+        RunSpec(profile="virtio-disk", agent_timeout=bad).validate()
+    RunSpec(profile="virtio-disk", agent_timeout=10).validate()
+    RunSpec(profile="virtio-disk", agent_timeout=3600).validate()
 
 
 def test_sweep_needs_a_profile_and_valid_specs(state):
@@ -83,10 +87,10 @@ def test_sweep_needs_a_profile_and_valid_specs(state):
 
     with ResultStore() as store:
         with pytest.raises(CloudboxError, match="at least one profile"):
-            runner.start_sweep([], store)
+            runs.start_sweep([], store)
         with pytest.raises(CloudboxError, match="--suite 'bogus' is not allowed"):
-            runner.start_sweep([runner.RunSpec(profile="virtio-disk", suite="bogus")], store)
-    assert runner.list_sweeps() == []
+            runs.start_sweep([RunSpec(profile="virtio-disk", suite="bogus")], store)
+    assert runs.list_sweeps() == []
 
 
 # -- real guests ---------------------------------------------------------------------------------------------
@@ -141,7 +145,7 @@ def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
     # a dead run's bridge, no guest on it: the session removes it and says so
     subprocess.run(["ip", "link", "add", network.BRIDGE, "type", "bridge"], check=True)
     with ResultStore() as store:
-        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
+        rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
         try:
             wait_up(store, rid)
             assert f"removed bridge {network.BRIDGE} (no guest on it), left by a run that is gone" in [
@@ -151,7 +155,7 @@ def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
             time.sleep(2)
             assert store.get_run(rid).state == "running"  # it holds: no tests, no end of its own
         finally:
-            state_after = runner.cancel(store, rid, timeout=120)
+            state_after = runs.cancel(store, rid, timeout=120)
         run = store.get_run(rid)
         assert state_after == "completed" and run.reason.startswith("guest stopped (cancelled by SIGTERM")
         assert run.measurements == []
@@ -164,7 +168,7 @@ def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
 @pytest.mark.root
 def test_sweep_runs_profiles_one_after_another_and_cancel_skips_the_rest(state, libvirt_conn):
     spec = dict(suite="storage", size="16M", storage_tests="dd-write-64k")
-    started: list[runner.Sweep] = []
+    started: list[runs.Sweep] = []
     try:
         _sweep_then_a_cancelled_one(spec, started)
     finally:  # a failed wait must not leave a sweep (and its guest session) running into the next tests
@@ -175,26 +179,25 @@ def test_sweep_runs_profiles_one_after_another_and_cancel_skips_the_rest(state, 
 
 def _sweep_then_a_cancelled_one(spec: dict, started: list) -> None:
     with ResultStore() as store:
-        sweep = runner.start_sweep([runner.RunSpec(profile=p, **spec) for p in ("virtio-disk", "virtio-file")],
-                                   store)
+        sweep = runs.start_sweep([RunSpec(profile=p, **spec) for p in ("virtio-disk", "virtio-file")], store)
         started.append(sweep)
-        done = _wait(lambda: next((s for s in runner.list_sweeps() if s.id == sweep.id and s.state != "running"),
+        done = _wait(lambda: next((s for s in runs.list_sweeps() if s.id == sweep.id and s.state != "running"),
                                   None), 420, "the sweep to finish")
         assert done.state == "completed" and None not in done.runs
-        runs = [store.get_run(r) for r in done.runs]
-        assert [r.profile_name for r in runs] == ["virtio-disk", "virtio-file"]
-        assert all(r.state == "completed" for r in runs), [(r.state, r.reason) for r in runs]
-        assert runs[0].finished_at <= runs[1].started_at + 1  # one after the other, not at once
+        items = [store.get_run(r) for r in done.runs]
+        assert [r.profile_name for r in items] == ["virtio-disk", "virtio-file"]
+        assert all(r.state == "completed" for r in items), [(r.state, r.reason) for r in items]
+        assert items[0].finished_at <= items[1].started_at + 1  # one after the other, not at once
         # a sweep of three, cancelled during its first item: the rest never starts. The first item is a guest
         # session, which holds until cancelled, so the cancel cannot race the end of a short run.
-        specs = [runner.RunSpec(profile="virtio-disk", suite="guest"),
-                 *[runner.RunSpec(profile="virtio-disk", **spec)] * 2]
-        sweep2 = runner.start_sweep(specs, store)
+        specs = [RunSpec(profile="virtio-disk", suite="guest"),
+                 *[RunSpec(profile="virtio-disk", **spec)] * 2]
+        sweep2 = runs.start_sweep(specs, store)
         started.append(sweep2)
-        first = _wait(lambda: next((s.runs[0] for s in runner.list_sweeps() if s.id == sweep2.id), None), 60,
+        first = _wait(lambda: next((s.runs[0] for s in runs.list_sweeps() if s.id == sweep2.id), None), 60,
                       "the first run of the second sweep")
         wait_up(store, first, "the sweep's guest session")
-        assert runner.cancel(store, first, timeout=120) == "completed"  # a stopped session ends normally
-        final = _wait(lambda: next((s for s in runner.list_sweeps() if s.id == sweep2.id and s.state != "running"),
+        assert runs.cancel(store, first, timeout=120) == "completed"  # a stopped session ends normally
+        final = _wait(lambda: next((s for s in runs.list_sweeps() if s.id == sweep2.id and s.state != "running"),
                                    None), 60, "the second sweep to stop")
         assert final.state == "cancelled" and final.runs[1:] == [None, None]

@@ -19,9 +19,15 @@ from pathlib import Path
 import pytest
 from guest_session import wait_up
 
-from cloudbox.core import network, runner
+from cloudbox.core import network, runs
 from cloudbox.core.errors import CloudboxError, NicStalled
+from cloudbox.core.execution.context import RunContext, RunControl
+from cloudbox.core.execution.measure import net_test
+from cloudbox.core.execution.sink import EventSink
+from cloudbox.core.profiles import resolve_profile
+from cloudbox.core.provenance import Provenance
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import QUICK_SIZE, RunSpec
 
 MAERTS, RR = network.NET_TESTS["tcp-maerts"], network.NET_TESTS["tcp-rr"]
 
@@ -144,16 +150,16 @@ def test_teardown_stops_the_server_and_the_child_serving_a_test():
 
 def test_a_retried_measurement_says_so_in_its_raw_output(state):
     """The executor keeps the retry with the number: the log line is in the events, the note in `raw`."""
-    spec = runner.RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-rr")
+    spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-rr")
     with ResultStore() as store:
         rid = store.create_run(uuid="0" * 32, profile_name=spec.profile, suite=spec.suite, state="running",
                                node="here", started_at=time.time())
-        ex = runner.Executor(spec, store)
-        ex.run_id = rid
+        ctx = RunContext(spec, resolve_profile(spec.profile), QUICK_SIZE, "quick", "0" * 32, rid, store,
+                         EventSink(store, rid), RunControl(), contextlib.ExitStack(), Provenance())
         clean = network.NetResult("tcp-rr", 900.0, "trans/s", 1111.0, "900,Trans/s,1111\n")
         again = network.NetResult("tcp-rr", 800.0, "trans/s", 1250.0, "800,Trans/s,1250\n", hung=1)
-        ex._net_test("baseline", RR, lambda: clean, ["x"])
-        ex._net_test("guest", RR, lambda: again, ["x"])
+        net_test(ctx, "baseline", RR, lambda: clean, ["x"])
+        net_test(ctx, "guest", RR, lambda: again, ["x"])
         run = store.get_run(rid)
     assert run.measurement("baseline", "tcp-rr", "trans/s").raw == "900,Trans/s,1111\n"
     raw = run.measurement("guest", "tcp-rr", "trans/s").raw
@@ -172,14 +178,14 @@ class _Session:
         from cloudbox.core.guest import Guest, list_guests
 
         with ResultStore() as store:
-            self.rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="guest"), store)
+            self.rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
             wait_up(store, self.rid, "the module's guest session")
             (info,) = [g for g in list_guests(self.conn) if g.run_uuid == store.get_run(self.rid).uuid]
         self.guest = Guest(self.conn, self.conn.lookupByName(info.name))
 
     def stop(self) -> str:
         with ResultStore() as store:
-            return runner.cancel(store, self.rid, timeout=120) if self.rid is not None else "completed"
+            return runs.cancel(store, self.rid, timeout=120) if self.rid is not None else "completed"
 
     def ready(self) -> tuple:
         link = _link(self.guest)

@@ -20,8 +20,14 @@ from pathlib import Path
 import pytest
 from run_trouble import warn_run_trouble
 
-from cloudbox.core import network, runner
+from cloudbox.core import network, nodeconf, runs
+from cloudbox.core.errors import CloudboxError
+from cloudbox.core.execution.context import host_labels
+from cloudbox.core.execution.network_steps import check_private_network
+from cloudbox.core.execution.sink import EventSink
+from cloudbox.core.provenance import PrivateNetwork, Provenance
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import RunSpec
 
 pytestmark = [pytest.mark.root]
 
@@ -95,8 +101,6 @@ def test_a_switch_that_drops_jumbo_frames_is_named_with_the_largest_frame_that_p
 def test_the_private_links_address_passes_over_link_local_ones(tmp_path: Path, monkeypatch):
     """networkd can put a 169.254/16 address beside the real one: the enrolment server binds to the real one, and
     a back-end's bridge address (the far end of guest -> host) is the real one too. A real link (a bridge)."""
-    from cloudbox.core.nodes import frontend
-
     _need_root()
     link = f"cbtd{os.getpid() % 10000}"
     ip("link", "add", link, "type", "bridge")
@@ -111,9 +115,9 @@ def test_the_private_links_address_passes_over_link_local_ones(tmp_path: Path, m
         settings = tmp_path / "node.toml"
         settings.write_text(f'role = "front-end"\n[network]\nprivate_nic = "{link}"\nprivate_mac = "{mac}"\n')
         monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(settings))
-        assert frontend.default_bind() == "10.197.0.1"
+        assert nodeconf.private_address() == "10.197.0.1"
         monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(tmp_path / "absent.toml"))
-        assert frontend.default_bind() == "0.0.0.0"  # no private network: every address
+        assert nodeconf.private_address() == "0.0.0.0"  # no private network: every address
     finally:
         subprocess.run(["ip", "link", "del", link], capture_output=True)
     assert network.ipv4_of(link) is None  # a link that is gone
@@ -168,22 +172,23 @@ def private_network(tmp_path: Path, monkeypatch, state):
 
 @pytest.mark.slow
 def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_end(private_network, libvirt_conn):
-    spec = runner.RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="netperf",
-                          net_seconds=3, **private_network)
-    assert spec.plan()[-4:] == ["guest:tcp-rr", "baseline:tcp-rr", "guest:tcp-rr-fe", "baseline:tcp-rr-fe"]
+    spec = RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="netperf", net_seconds=3,
+                   **private_network)
+    assert [(s.side, s.test) for s in spec.plan()[-4:]] == [("guest", "tcp-rr"), ("baseline", "tcp-rr"),
+                                                           ("guest", "tcp-rr-fe"), ("baseline", "tcp-rr-fe")]
     with ResultStore() as store:
-        rid = runner.Executor(spec, store).execute()
+        rid = runs.executor(spec, store).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
         evs = store.events_since(rid, 0)
     steps = [e.payload.get("text", "") for e in evs if e.kind == "step"]
     warn_run_trouble(evs)
     assert run.state == "completed", run.reason
-    net = run.provenance["private_network"]
-    assert "network" not in run.provenance  # the key holds the NIC's knobs elsewhere (compare._net_knobs)
-    assert net["bridge"] == BRIDGE and net["host_ip"] == NODE_IP and net["peer"] == FE_IP and net["mtu"] == 9000
+    net = run.provenance.private_network
+    assert net is not None and "network" not in run.provenance.to_stored()  # the NIC's knobs are the profile's
+    assert net.bridge == BRIDGE and net.host_ip == NODE_IP and net.peer == FE_IP and net.mtu == 9000
     # The guest's address is the front-end's DHCP lease, from its pool.
-    lease = ipaddress.IPv4Address(net["guest_ip"])
+    lease = ipaddress.IPv4Address(net.guest_ip)
     assert ipaddress.IPv4Address("10.199.0.100") <= lease <= ipaddress.IPv4Address("10.199.0.150"), lease
     assert any("checking the private network to the front-end 10.199.0.1" in s for s in steps), steps
     for test, metric in (("tcp-stream", "Mbit/s"), ("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s")):
@@ -195,7 +200,8 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
         fe_base = run.measurement("baseline", test + network.FRONTEND_SUFFIX, metric)
         assert "private-network" in fe_base.labels and "emulated" not in fe_base.labels
         # This host being a VM (as here) is said on the bare-metal side, not hidden.
-        assert ("virtualized-host" in fe_base.labels) is bool(run.provenance["accelerator"]["nested"])
+        assert run.provenance.accelerator is not None
+        assert ("virtualized-host" in fe_base.labels) is run.provenance.accelerator.nested
         if run.emulated:
             assert "emulated" in run.measurement("guest", test + network.FRONTEND_SUFFIX, metric).labels
     # The private bridge is the node's: it stays, with the guest's tap gone; the run's own bridge was never made.
@@ -206,17 +212,15 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
 def test_a_run_for_a_front_end_on_a_host_without_a_private_network_says_so(state, monkeypatch, tmp_path):
     """Refused before anything is made, naming the settings file."""
     monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(tmp_path / "absent.toml"))
-    ex = runner.Executor(runner.RunSpec(profile="virtio-disk", suite="network", peer="10.199.0.1",
-                                        peer_netperf_port=1), None)
-    with pytest.raises(runner.CloudboxError, match=r"absent\.toml\) name no private NIC: it is not an installed "
-                                                   "back-end"):
-        ex._check_private_network("10.199.0.1")
+    with ResultStore() as store, pytest.raises(CloudboxError, match=r"absent\.toml\) name no private NIC: it is "
+                                                                    "not an installed back-end"):
+        check_private_network(EventSink(store), "10.199.0.1")
 
 
 def test_the_host_side_says_when_the_host_is_itself_a_virtual_machine():
-    assert runner.host_labels(["nested", "emulated", "quick-size"]) == ["quick-size", "virtualized-host"]
-    assert runner.host_labels(["emulated", "quick-size"]) == ["quick-size"]
-    assert runner.host_labels([]) == []
+    assert host_labels(["nested", "emulated", "quick-size"]) == ["quick-size", "virtualized-host"]
+    assert host_labels(["emulated", "quick-size"]) == ["quick-size"]
+    assert host_labels([]) == []
 
 
 def test_comparison_rows_name_the_far_end_of_network_tests():
@@ -225,7 +229,7 @@ def test_comparison_rows_name_the_far_end_of_network_tests():
     from cloudbox.core.compare import _net_target
     from cloudbox.core.results import Measurement
 
-    run = SimpleNamespace(provenance={"network": {"bridge": "cbpriv0", "mtu": 9000}})  # what _net_target reads
+    run = SimpleNamespace(provenance=Provenance(private_network=PrivateNetwork(bridge="cbpriv0", peer="10.73.0.1")))
 
     def m(test: str, labels: list[str]) -> Measurement:
         return Measurement(id=1, run_id=1, side="baseline", test=test, metric="Mbit/s", value=1.0, labels=labels)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudbox.core import nodeconf
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.nodes import enrol, frontend, health, keys, registry
 from cloudbox.core.results import ResultStore
@@ -786,7 +787,7 @@ def test_discover_reads_the_dhcp_server_of_the_private_nics_lease(tmp_path: Path
     # The shape networkd writes (sd_dhcp_lease_save): comments, KEY=VALUE lines.
     (leases / "3").write_text("# This is private data. Do not parse.\nADDRESS=10.73.0.57\nNETMASK=255.255.255.0\n"
                               "SERVER_ADDRESS=10.73.0.1\nLIFETIME=3600\n")
-    assert discover.nic_by_mac("52:54:00:CB:00:02", sys_net) == "enp2s0"
+    assert nodeconf.nic_by_mac("52:54:00:CB:00:02", sys_net) == "enp2s0"
     assert discover.discover_frontend("enp2s0", lease_dir=leases, sys_net=sys_net) == "10.73.0.1"
     assert discover.discover_frontend(None, lease_dir=leases, sys_net=sys_net) == "10.73.0.1"  # the only lease
     with pytest.raises(CloudboxError, match=r"the private NIC enp1s0 has no DHCP lease yet .*leases/2"):
@@ -803,28 +804,24 @@ def test_discover_reads_the_dhcp_server_of_the_private_nics_lease(tmp_path: Path
 def test_a_back_ends_private_link_is_the_bridge_its_private_nic_is_a_port_of(tmp_path: Path):
     """A back-end's address (and DHCP lease) is on the bridge cbpriv0 that its guests join; a front-end's on the
     NIC. The bridge has the NIC's MAC here, as a kernel bridge can: the NIC is still the one found by MAC first."""
-    from cloudbox.core.nodes import discover
-
     sys_net = tmp_path / "net"
     _fake_nic(sys_net, "enp2s0", 3, "52:54:00:cb:00:02")
     settings = {"network": {"private_nic": "enp2s0", "private_mac": "52:54:00:cb:00:02"}}
-    assert discover.private_link(settings, sys_net) == "enp2s0"  # a front-end: no bridge
+    assert nodeconf.private_link(settings, sys_net) == "enp2s0"  # a front-end: no bridge
     _fake_nic(sys_net, "cbpriv0", 9, "52:54:00:cb:00:02")
     (sys_net / "cbpriv0" / "bridge").mkdir()
     (sys_net / "enp2s0" / "master").symlink_to(sys_net / "cbpriv0")
-    assert discover.private_nic(settings, sys_net) == "enp2s0"
-    assert discover.private_link(settings, sys_net) == "cbpriv0"
-    assert discover.private_link({}, sys_net) is None
+    assert nodeconf.private_nic(settings, sys_net) == "enp2s0"
+    assert nodeconf.private_link(settings, sys_net) == "cbpriv0"
+    assert nodeconf.private_link({}, sys_net) is None
 
 
 def test_the_private_nic_is_found_by_its_mac_when_its_name_changed(tmp_path: Path):
     """The installer records the live system's NIC name and MAC; on the installed node PCI slots (so names) can
     differ: the MAC decides."""
-    from cloudbox.core.nodes import discover
-
     sys_net = tmp_path / "net"
     _fake_nic(sys_net, "enp0s3", 2, "52:54:00:cb:01:02")
     settings = {"network": {"private_nic": "enp0s4", "private_mac": "52:54:00:cb:01:02"}}
-    assert discover.private_nic(settings, sys_net) == "enp0s3"
-    assert discover.private_nic({"network": {"private_nic": "enp0s4"}}, sys_net) == "enp0s4"
-    assert discover.private_nic({}, sys_net) is None
+    assert nodeconf.private_nic(settings, sys_net) == "enp0s3"
+    assert nodeconf.private_nic({"network": {"private_nic": "enp0s4"}}, sys_net) == "enp0s4"
+    assert nodeconf.private_nic({}, sys_net) is None

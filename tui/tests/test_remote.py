@@ -1,7 +1,8 @@
-"""Runs on an enrolled node from the front-end (core/nodes/remote.py, runner.Executor with spec.node): guest image
-propagation and a run on the node, through a real sshd on 127.0.0.1 with the node's own host key, the pinned ssh
-wrapper and the management key (the same path libvirt's qemu+ssh takes). The node's side is this host's cloudbox
-with its own state directory (sshd's SetEnv), so "front-end" and "node" keep separate databases as on two machines.
+"""Runs on an enrolled node from the front-end (core.nodes.client and core.nodes.mirror; the node's side is
+core.agent): guest image propagation and a run on the node, through a real sshd on 127.0.0.1 with the node's own
+host key, the pinned ssh wrapper and the management key (the same path libvirt's qemu+ssh takes). The node's side
+is this host's cloudbox with its own state directory (sshd's SetEnv), so "front-end" and "node" keep separate
+databases as on two machines.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import pytest
 from test_nodes import SSHD, Front, Sshd, _enrolled_behind_sshd
 
 import cloudbox
-from cloudbox.core import runner
+from cloudbox.core import runs
 from cloudbox.core.guestimage import GuestImage
-from cloudbox.core.nodes import remote
+from cloudbox.core.nodes import client
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runlock import RunLock
+from cloudbox.core.runspec import RunSpec
 
 pytestmark = pytest.mark.skipif(SSHD is None or os.geteuid() != 0,
                                 reason="needs sshd (openssh-server, `scripts/install-deps test`) and root")
@@ -31,8 +34,8 @@ class Cluster:
         self.front, self.node_state, self.sshd, self.name = front, node_state, sshd, name
 
     @property
-    def shell(self) -> remote.NodeShell:
-        return remote.NodeShell.for_node(self.front.reg, self.front.reg.node(self.name))
+    def shell(self) -> client.NodeShell:
+        return client.NodeShell.for_node(self.front.reg, self.front.reg.node(self.name))
 
     def node_store(self) -> ResultStore:
         return ResultStore(self.node_state / "results.db")
@@ -65,26 +68,26 @@ def cluster(tmp_path: Path, monkeypatch):
 
 
 def _same_files(a: Path, b: Path) -> bool:
-    return all((a / n).read_bytes() == (b / n).read_bytes() for n in remote.IMAGE_FILES)
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in client.IMAGE_FILES)
 
 
 def test_guest_image_propagation_is_timed_verified_and_cached(cluster: Cluster, guest_image: GuestImage):
     shell = cluster.shell
     seen: list[tuple[int, int]] = []
-    p = remote.propagate_image(shell, guest_image, progress=lambda d, t: seen.append((d, t)))
-    total = sum((guest_image.directory / n).stat().st_size for n in remote.IMAGE_FILES)
+    p = client.propagate_image(shell, guest_image, progress=lambda d, t: seen.append((d, t)))
+    total = sum((guest_image.directory / n).stat().st_size for n in client.IMAGE_FILES)
     assert not p.cached and p.bytes == total and p.seconds > 0 and p.mbps == pytest.approx(total / p.seconds / 1e6,
                                                                                          rel=0.01)
     copy = cluster.node_state / "images" / p.image_id
     assert Path(p.remote_dir) == copy and _same_files(guest_image.directory, copy)
     assert seen and seen[-1] == (total, total)
     assert not list((cluster.node_state / "images").glob("*.part"))
-    again = remote.propagate_image(shell, guest_image)
+    again = client.propagate_image(shell, guest_image)
     assert again.cached and again.bytes == 0 and again.image_id == p.image_id
     # A damaged copy on the node is not taken for the image: it is copied again.
     with open(copy / "initrd.img", "r+b") as f:
         f.write(b"\0damaged")
-    fixed = remote.propagate_image(shell, guest_image)
+    fixed = client.propagate_image(shell, guest_image)
     assert not fixed.cached and _same_files(guest_image.directory, copy)
     # The front-end's record (what `cloudbox node propagations` shows).
     cluster.front.reg.add_propagation(asdict(fixed))
@@ -96,27 +99,27 @@ def test_guest_image_propagation_is_timed_verified_and_cached(cluster: Cluster, 
     (older / "vmlinuz").write_bytes(b"x" * 10)
     (older / ".complete").touch()
     os.utime(older, (1, 1))
-    listed = remote.node_images(shell)
+    listed = client.node_images(shell)
     assert [(i["id"], i["complete"]) for i in listed["images"]] == [(p.image_id, True), ("00000000000000aa", True)]
     assert listed["images"][0]["bytes"] >= total and listed["removed"] == []
-    kept = remote.node_images(shell, clear=True, keep=1)
+    kept = client.node_images(shell, clear=True, keep=1)
     assert kept["removed"] == ["00000000000000aa"] and [i["id"] for i in kept["images"]] == [p.image_id]
     # Refused while a run goes on the node (its guest may boot from the cache), and nothing is removed.
-    lock = runner.RunLock()
+    lock = RunLock()
     lock.acquire({"pid": os.getpid(), "profile": "test", "run_id": 1})
     try:
-        with pytest.raises(remote.NodeError, match="listing the image cache failed: .*run"):
-            remote.node_images(shell, clear=True)
+        with pytest.raises(client.NodeError, match="listing the image cache failed: .*run"):
+            client.node_images(shell, clear=True)
     finally:
         lock.release()
     assert copy.is_dir()
-    assert remote.node_images(shell, clear=True)["removed"] == [p.image_id] and not copy.exists()
+    assert client.node_images(shell, clear=True)["removed"] == [p.image_id] and not copy.exists()
 
 
 def test_a_bad_image_id_and_a_damaged_stream_leave_nothing(cluster: Cluster, guest_image: GuestImage):
-    with pytest.raises(remote.NodeError, match="image id 'x/../y': allowed: 16 lowercase hex digits"):
+    with pytest.raises(client.NodeError, match="image id 'x/../y': allowed: 16 lowercase hex digits"):
         cluster.shell.run("cloudbox", "node", "local", "receive-image", "x/../y", input=b"", what="receive")
-    with pytest.raises(remote.NodeError, match="receive"):
+    with pytest.raises(client.NodeError, match="receive"):
         cluster.shell.run("cloudbox", "node", "local", "receive-image", "0123456789abcdef", input=b"not a tar",
                           what="receive")
     assert not list((cluster.node_state / "images").glob("*"))
@@ -129,13 +132,13 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
     without booting a guest."""
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        ex = runner.Executor(runner.RunSpec(profile="xen-default", suite="storage", node="node7"), store,
-                             emit=lambda k, p: events.append((k, p)))
+        ex = runs.executor(RunSpec(profile="xen-default", suite="storage", node="node7"), store,
+                           emit=lambda ev: events.append((ev.kind, ev.to_payload())))
         rid = ex.execute()
         run = store.get_run(rid)
     assert run.state == "aborted" and run.node == "node7"
     assert "the run on node7" in (run.reason or "") and "needs the Xen hypervisor" in (run.reason or "")
-    prov = run.provenance
+    prov = run.provenance.to_stored()  # the stored form, as `results export` shows it
     assert prov["nodes"]["back-end"] == "node7" and prov["nodes"]["front-end"] == prov["controller"]["host"]
     assert prov["propagation"]["node"] == "node7" and prov["remote_run"]["run_id"] >= 1
     steps = [p["text"] for k, p in events if k == "step"]
@@ -148,11 +151,11 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
 
 def test_unknown_or_down_nodes_are_refused_before_anything_starts(cluster: Cluster):
     with ResultStore() as store:
-        rid = runner.Executor(runner.RunSpec(profile="virtio-disk", node="nosuch"), store).execute()
+        rid = runs.executor(RunSpec(profile="virtio-disk", node="nosuch"), store).execute()
         assert "--node 'nosuch': no such node; allowed: node7" in (store.get_run(rid).reason or "")
     cluster.sshd.stop()
     with ResultStore() as store:
-        rid = runner.Executor(runner.RunSpec(profile="virtio-disk", node="node7"), store).execute()
+        rid = runs.executor(RunSpec(profile="virtio-disk", node="node7"), store).execute()
         run = store.get_run(rid)
     assert run.state == "aborted" and "node node7 is down" in (run.reason or ""), run.reason
     assert not (cluster.node_state / "results.db").exists()  # nothing started there
@@ -164,13 +167,13 @@ def test_a_real_storage_run_on_the_node_comes_back_with_its_measurements(cluster
     front-end's run holds the same measurements, labels and host metrics, the timeline, and both nodes."""
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        ex = runner.Executor(runner.RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke",
-                                            node="node7"), store, emit=lambda k, p: events.append((k, p)))
+        ex = runs.executor(RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke", node="node7"),
+                           store, emit=lambda ev: events.append((ev.kind, ev.to_payload())))
         rid = ex.execute()
         run = store.get_run(rid)
         samples = store.samples(rid)
     assert run.state == "completed", run.reason
-    prov = run.provenance
+    prov = run.provenance.to_stored()  # the stored form, as `results export` shows it
     with cluster.node_store() as ns:
         there = ns.get_run(prov["remote_run"]["run_id"])
     assert there.state == "completed" and there.uuid == prov["remote_run"]["uuid"]
@@ -195,6 +198,6 @@ def test_a_runs_own_ssh_traffic_is_patient_and_health_checks_are_not(cluster: Cl
     plain, patient = shell.argv("true"), shell.argv("true", patient=True)
     assert "-o" not in plain
     at = patient.index("--")
-    assert patient[at - 4:at] == ["-o", f"ConnectTimeout={remote.PATIENT_CONNECT_S}", "-o",
-                                  f"ServerAliveCountMax={remote.PATIENT_KEEPALIVE_COUNT}"]
+    assert patient[at - 4:at] == ["-o", f"ConnectTimeout={client.PATIENT_CONNECT_S}", "-o",
+                                  f"ServerAliveCountMax={client.PATIENT_KEEPALIVE_COUNT}"]
     assert shell.run("echo", "ok", patient=True).strip() == "ok"  # ssh takes them

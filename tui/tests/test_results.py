@@ -18,6 +18,7 @@ from conftest_results import FIO_JSON, add_study_a_default, add_virtio_tcg, stud
 
 from cloudbox.core import db, results
 from cloudbox.core.errors import CloudboxError, NotFound
+from cloudbox.core.provenance import Controller, Provenance, Versions
 from cloudbox.core.results import SCHEMA_VERSION, ResultStore
 
 SRC = str(Path(results.__file__).resolve().parents[2])
@@ -45,9 +46,9 @@ def test_round_trip_run_and_measurements(tmp_path: Path):
     assert run.state == "completed" and run.finished_at is not None and run.reason is None
     assert run.accelerator == "kvm" and run.emulated is False
     assert run.node == "node1" and run.pid == os.getpid()
-    assert run.provenance["backing"]["kind"] == "sparse-file"
-    assert run.provenance["versions"]["fio"] == "3.33"
-    assert "<controller type='scsi'" in run.provenance["domain_xml"]
+    assert run.provenance.backing is not None and run.provenance.backing.kind == "sparse-file"
+    assert run.provenance.versions is not None and run.provenance.versions.fio == "3.33"
+    assert "<controller type='scsi'" in (run.provenance.domain_xml or "")
     m = run.measurement("guest", "seq-write-64k", "MB/s")
     assert m is not None
     assert (m.value, m.host_avgrq_sectors, m.host_avgqu, m.host_util) == (1.3, 30, 0.9, 90)
@@ -143,11 +144,16 @@ def test_emulated_is_forced_for_tcg_and_nested(store: ResultStore):
 
 def test_update_run_and_validation(store: ResultStore):
     rid = store.create_run(profile_name="p", suite="storage")
-    store.update_run(rid, size_bytes=123, size_label="custom", provenance={"a": 1})
-    store.merge_provenance(rid, guest_kernel="6.12", versions={"fio": "3.33"})
+    store.update_run(rid, size_bytes=123, size_label="custom")
+    store.set_provenance(rid, Provenance(guest_kernel="6.12", versions=Versions(fio="3.33")))
     run = store.get_run(rid)
     assert run.size_bytes == 123 and run.size_label == "custom"
-    assert run.provenance == {"a": 1, "guest_kernel": "6.12", "versions": {"fio": "3.33"}}
+    assert run.provenance == Provenance(guest_kernel="6.12", versions=Versions(fio="3.33"))
+    assert run.as_dict()["provenance"] == {"guest_kernel": "6.12", "versions": {
+        "cloudbox": "", "qemu": "", "libvirt": "", "hypervisor": "", "fio": "3.33", "netperf": "", "iperf3": "",
+        "guest_packages": {}}}
+    with pytest.raises(ValueError, match="set_provenance"):
+        store.update_run(rid, provenance=Provenance())
     with pytest.raises(ValueError, match="unknown run field"):
         store.update_run(rid, colour="red")
     with pytest.raises(ValueError, match="suite"):
@@ -435,10 +441,10 @@ def test_a_locked_database_is_a_cloudbox_error(tmp_path: Path, monkeypatch):
 def test_a_node_run_mirrored_here_is_reaped_when_its_executor_here_dies(store: ResultStore):
     """A run on an enrolled node (node = the back-end) is executed by this host when this host is its controller:
     a dead executor here must not leave it 'running' forever; a run controlled elsewhere is left alone."""
-    here = {"controller": {"host": platform.node()}}
-    mine = store.create_run(profile_name="on-node", pid=_dead_pid(), node="be1", provenance=json.dumps(here))
+    here = Provenance(controller=Controller(host=platform.node()))
+    mine = store.create_run(profile_name="on-node", pid=_dead_pid(), node="be1", provenance=here)
     theirs = store.create_run(profile_name="elsewhere", pid=_dead_pid(), node="be1",
-                              provenance=json.dumps({"controller": {"host": "another-front-end"}}))
+                              provenance=Provenance(controller=Controller(host="another-front-end")))
     assert {r.id for r in store.reap_dead_runs()} == {mine}
     assert store.get_run(theirs).state == "running"
 

@@ -14,8 +14,12 @@ import time
 import pytest
 from run_trouble import warn_run_trouble
 
-from cloudbox.core import runner
+from cloudbox.core import runs
+from cloudbox.core.errors import RunBusy
+from cloudbox.core.events import RunEvent, StepEvent
+from cloudbox.core.execution import launch, local
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -26,7 +30,7 @@ def no_run_outlives_its_test(state):
     yield
     with ResultStore() as store:
         for run in store.active_runs():
-            runner.cancel(store, run.id, timeout=120)
+            runs.cancel(store, run.id, timeout=120)
 
 
 def _leftovers(conn, state) -> dict:
@@ -55,11 +59,11 @@ def _work_files(state) -> list:
     pytest.param("eucalyptus-default", "netperf", marks=pytest.mark.full),
 ])
 def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
-    spec = runner.RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke",
-                          net_tests=net_tests, net_seconds=3, runtime=3)
+    spec = RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke", net_tests=net_tests,
+                   net_seconds=3, runtime=3)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        rid = runner.Executor(spec, store, emit=lambda k, p: events.append((k, p))).execute()
+        rid = runs.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
     with ResultStore() as store:  # read back through a fresh connection
         run = store.get_run(rid)
         evs = store.events_since(rid, 0)
@@ -67,7 +71,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
     assert run.accelerator in ("kvm", "nested-kvm", "tcg")
     if run.accelerator == "tcg":
         assert run.emulated
-    prov = run.provenance
+    prov = run.provenance.to_stored()  # the stored form, as `results export` shows it
     assert prov["backing"]["kind"] in ("sparse-file", "block-device")
     assert "<domain" in prov["domain_xml"] and prov["guest_kernel"]
     assert prov["versions"]["qemu"].startswith("QEMU")
@@ -104,8 +108,8 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
 def test_second_run_refused_and_cancel(state, libvirt_conn):
     """A detached run holds the host; a second one is refused; cancel cleans up and stores `aborted`."""
     with ResultStore() as store:
-        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="storage", size="64M",
-                                                   storage_tests="full", runtime=30), store)
+        rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="64M",
+                                          storage_tests="full", runtime=30), store)
         deadline = time.time() + 240
         while time.time() < deadline:  # wait until the executor holds the lock and the guest is up
             steps = [e.payload.get("text", "") for e in store.events_since(rid, 0) if e.kind == "step"]
@@ -115,9 +119,9 @@ def test_second_run_refused_and_cancel(state, libvirt_conn):
             time.sleep(1)
         else:
             pytest.fail("detached run never launched its guest")
-        with pytest.raises(runner.RunBusy, match="another cloudbox run is active"):
-            runner.Executor(runner.RunSpec(profile="eucalyptus-default", suite="storage"), store).execute()
-        assert runner.cancel(store, rid, timeout=120) == "aborted"
+        with pytest.raises(RunBusy, match="another cloudbox run is active"):
+            runs.executor(RunSpec(profile="eucalyptus-default", suite="storage"), store).execute()
+        assert runs.cancel(store, rid, timeout=120) == "aborted"
         run = store.get_run(rid)
         assert "SIGTERM" in run.reason
     assert _leftovers(libvirt_conn, state)["guests"] == []
@@ -153,12 +157,12 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
     the run is stored as aborted and its reason ends with the guest's serial console, which virtlogd logged into
     the run's work directory; that directory is gone afterwards. Under TCG or nested KVM the guest is launched a
     second time first, announced with attempt 1's console."""
-    monkeypatch.setattr(runner, "CMDLINE", runner.CMDLINE + " rdinit=/cloudbox-no-such-init")
-    spec = runner.RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="dd-write-64k",
-                          agent_timeout=240)
+    monkeypatch.setattr(local, "CMDLINE", local.CMDLINE + " rdinit=/cloudbox-no-such-init")
+    spec = RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="dd-write-64k",
+                   agent_timeout=240)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
-        rid = runner.Executor(spec, store, emit=lambda k, p: events.append((k, p))).execute()
+        rid = runs.executor(spec, store, emit=lambda ev: events.append((ev.kind, ev.to_payload()))).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
     assert run.state == "aborted"
@@ -173,7 +177,7 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
     assert "lines of the guest's serial console:" in reason, reason
     assert "Kernel panic" in reason, reason
     quoted = [ln for ln in reason.splitlines() if ln.startswith("  | ")]
-    assert 0 < len(quoted) <= runner.CONSOLE_TAIL_LINES
+    assert 0 < len(quoted) <= launch.CONSOLE_TAIL_LINES
     # and libvirt's log of the QEMU process, which says why it stopped
     assert "lines of its QEMU log" in reason, reason
     assert any(ln.startswith("  : ") and "shutting down" in ln for ln in reason.splitlines()), reason
@@ -194,8 +198,8 @@ def test_cli_json_output(state, libvirt_conn):
 
 def test_watch_follows_detached_run(state, libvirt_conn):
     with ResultStore() as store:
-        rid = runner.start_detached(runner.RunSpec(profile="virtio-disk", suite="storage", size="16M",
-                                                   storage_tests="seq-write-64k"), store)
+        rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="16M",
+                                          storage_tests="seq-write-64k"), store)
     out: list[str] = []
 
     def watch() -> None:
@@ -222,11 +226,11 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
 
     if shutil.which("iptables") is None:
         pytest.skip("iptables is not installed (make test installs it)")
-    spec = runner.RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-maerts,tcp-rr", net_seconds=3)
+    spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-maerts,tcp-rr", net_seconds=3)
     rules: list[list[str]] = []
 
-    def on_event(kind: str, payload: dict) -> None:
-        if kind == "step" and payload.get("text", "").startswith("guest: tcp-maerts") and not rules:
+    def on_event(ev: RunEvent) -> None:
+        if isinstance(ev, StepEvent) and ev.text.startswith("guest: tcp-maerts") and not rules:
             (g,) = list_guests(libvirt_conn)
             mac = re.search(r"<mac address='([0-9a-f:]+)'", libvirt_conn.lookupByName(g.name).XMLDesc(0)).group(1)
             rules.append(["INPUT", "-i", network.BRIDGE, "-m", "mac", "--mac-source", mac, "-j", "DROP"])
@@ -234,7 +238,7 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
 
     try:
         with ResultStore() as store:
-            rid = runner.Executor(spec, store, emit=on_event).execute()
+            rid = runs.executor(spec, store, emit=on_event).execute()
         with ResultStore() as store:
             run = store.get_run(rid)
             texts = [e.payload.get("text", "") for e in store.events_since(rid, 0)]
@@ -243,7 +247,7 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
             subprocess.run(["iptables", "-D", *r], check=False)
     assert rules, "the run never reached its first guest network test"
     assert run.state == "completed", run.reason
-    (stall,) = run.provenance["nic_stalls"]
+    (stall,) = run.provenance.to_stored()["nic_stalls"]
     assert stall["test"] == "tcp-maerts" and stall["remedy"] == "relaunch", stall
     assert any(t.startswith("guest: its network stopped and re-plugging the NIC did not help") and
                t.endswith("relaunching the guest (relaunch 1 of 1)") for t in texts), texts

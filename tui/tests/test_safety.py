@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import backing, runner
+from cloudbox.core import backing, runs
 from cloudbox.core.errors import CloudboxError, DeviceRefused, GuestError, NoSpace
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import RunSpec
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: loop devices, mounts, libvirtd")
 
@@ -119,8 +120,8 @@ def test_full_disk_run_is_aborted_and_clean(state, guest_image):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], check=True)
     try:
         with ResultStore() as store:
-            rid = runner.Executor(runner.RunSpec(profile="eucalyptus-prealloc", suite="storage", size="64M",
-                                                 work_dir=str(mnt)), store).execute()
+            rid = runs.executor(RunSpec(profile="eucalyptus-prealloc", suite="storage", size="64M",
+                                        work_dir=str(mnt)), store).execute()
             run = store.get_run(rid)
         assert run.state == "aborted"
         assert "not enough free space" in run.reason and str(mnt) in run.reason
@@ -132,7 +133,7 @@ def test_full_disk_run_is_aborted_and_clean(state, guest_image):
 def test_unreachable_libvirtd(state, guest_image, monkeypatch):
     monkeypatch.setenv("CLOUDBOX_LIBVIRT_URI", "qemu+unix:///system?socket=/nonexistent/libvirt-sock")
     with ResultStore() as store:
-        rid = runner.Executor(runner.RunSpec(profile="virtio-disk", suite="storage", size="16M"), store).execute()
+        rid = runs.executor(RunSpec(profile="virtio-disk", suite="storage", size="16M"), store).execute()
         run = store.get_run(rid)
     assert run.state == "aborted"
     assert "cannot reach libvirtd" in run.reason and "/nonexistent/libvirt-sock" in run.reason
@@ -143,14 +144,14 @@ def test_unreachable_libvirtd(state, guest_image, monkeypatch):
 def test_bad_run_arguments(state):
     with ResultStore() as store:
         for spec, msg in [
-            (runner.RunSpec(profile="virtio-disk", suite="disk"), "allowed: storage, network, all"),
-            (runner.RunSpec(profile="virtio-disk", size="lots"), "allowed: quick, study"),
-            (runner.RunSpec(profile="virtio-disk", size="1M"), "too small"),
-            (runner.RunSpec(profile="virtio-disk", storage_tests="seq-write-7k"), "unknown storage test"),
-            (runner.RunSpec(profile="virtio-disk", net_tests="udp-stream"), "unknown network test"),
+            (RunSpec(profile="virtio-disk", suite="disk"), "allowed: storage, network, all"),
+            (RunSpec(profile="virtio-disk", size="lots"), "allowed: quick, study"),
+            (RunSpec(profile="virtio-disk", size="1M"), "too small"),
+            (RunSpec(profile="virtio-disk", storage_tests="seq-write-7k"), "unknown storage test"),
+            (RunSpec(profile="virtio-disk", net_tests="udp-stream"), "unknown network test"),
         ]:
             with pytest.raises(CloudboxError, match=msg):
-                runner.Executor(spec, store).execute()
+                runs.executor(spec, store).execute()
         assert store.list_runs() == []  # rejected before a run was recorded
 
 

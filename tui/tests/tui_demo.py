@@ -34,12 +34,15 @@ from textual.widgets import DataTable, Input, Static
 
 from cloudbox.core import domain, profiles
 from cloudbox.core.accel import Accelerator
+from cloudbox.core.events import StateEvent
 from cloudbox.core.guest import METADATA_NS
 from cloudbox.core.guestimage import CMDLINE
 from cloudbox.core.host import Disk, HostFacts, Nic, Node
 from cloudbox.core.nodes.frontend import CodeOffer
 from cloudbox.core.nodes.registry import JoinCode
+from cloudbox.core.provenance import BackingInfo, Provenance, Versions
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import PlanStep
 from cloudbox.tui.app import CloudboxApp, create_app
 from cloudbox.tui.backend import Backend
 
@@ -212,16 +215,15 @@ def _domain_xml(profile: profiles.Profile, run_uuid: str, domain_type: str) -> s
         run_uuid=run_uuid)
 
 
-def _provenance(d: DemoRun, prof: profiles.Profile, run_uuid: str) -> dict:
+def _provenance(d: DemoRun, prof: profiles.Profile, run_uuid: str) -> Provenance:
     domain_type = {"kvm": "kvm", "nested-kvm": "kvm", "tcg": "qemu"}[d.accelerator]
-    return {
-        "host": HOST, "host_kernel": "6.12.48+deb13-amd64", "cpu": "Intel(R) Xeon(R) CPU E5-2620 v3 @ 2.40GHz",
-        "versions": {"cloudbox": "0.1.0", "qemu": "QEMU emulator version 10.0.2", "libvirt": "11.3.0",
-                     "fio": "fio-3.39", "netperf": "Netperf version 2.7.1", "iperf3": "iperf 3.18"},
-        "backing": {"kind": prof.disk.backing, "device": "sdb", "model": "WDC WD5003ABYX-01WERA0",
-                    "path": "/dev/sdb", "size_bytes": 500_107_862_016},
-        "domain_xml": _domain_xml(prof, run_uuid, domain_type),
-    }
+    return Provenance(
+        host=HOST, host_kernel="6.12.48+deb13-amd64", cpu="Intel(R) Xeon(R) CPU E5-2620 v3 @ 2.40GHz",
+        versions=Versions(cloudbox="0.1.0", qemu="QEMU emulator version 10.0.2", libvirt="11.3.0", fio="fio-3.39",
+                          netperf="Netperf version 2.7.1", iperf3="iperf 3.18"),
+        backing=BackingInfo(kind=prof.disk.backing, device="sdb", model="WDC WD5003ABYX-01WERA0", path="/dev/sdb",
+                            size_bytes=500_107_862_016),
+        domain_xml=_domain_xml(prof, run_uuid, domain_type))
 
 
 def _storage_test(store: ResultStore, rid: int, d: DemoRun, side: str, test: str, t: float, events: bool) -> float:
@@ -264,9 +266,10 @@ def add_run(store: ResultStore, d: DemoRun) -> int:
     storage_tests = [x for x in STUDY_TESTS if x in d.guest] if d.suite in ("storage", "all") else []
     acc_label = {"kvm": "KVM", "nested-kvm": "KVM (nested)", "tcg": "TCG (emulated)"}[d.accelerator]
     if ev:
-        plan = [f"baseline:{x}" for x in storage_tests] + ["guest:boot"] + [f"guest:{x}" for x in storage_tests]
-        store.add_event(rid, "state", {"state": "running", "profile": prof.name, "suite": d.suite, "plan": plan},
-                        t=t)
+        plan = ([PlanStep("baseline", x) for x in storage_tests] + [PlanStep("guest", "boot")]
+                + [PlanStep("guest", x) for x in storage_tests])
+        store.add_event(rid, "state", StateEvent("running", profile=prof.name, suite=d.suite,
+                                                 plan=tuple(plan)).to_payload(), t=t)
         for i, text in enumerate(("checking the benchmark guest image", "probing the accelerator")):
             store.add_event(rid, "step", {"text": text}, t=t + 0.1 * (i + 1))
         store.add_event(rid, "log", {"text": f"accelerator: {acc_label}: {TCG.reason}"}, t=t + 2.4)

@@ -15,7 +15,7 @@ On the front-end:
 On a back-end:
     cloudbox node join --front-end ADDR[:PORT]|discover [--code CODE|- | --code-file FILE] [--name NAME]
                        [--ssh-port N]         (no --code on a terminal: the code is asked for, not echoed)
-On a node, run by the front-end over SSH (core/nodes/remote.py):
+On a node, run by the front-end over SSH (core/nodes/client.py; the node's side is core/agent.py):
     cloudbox node local has-image ID | receive-image ID | images [--clear --keep N] | start-run |
                         follow RUN [--after SEQ]
 
@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from cloudbox.cli.common import guard, usage
-from cloudbox.core import inputs, profiles
+from cloudbox.core import agent, inputs, nodeconf, profiles
+from cloudbox.core.agent import KEEP_IMAGES
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.nodes import enrol, frontend, health, registry
-from cloudbox.core.nodes.remote import KEEP_IMAGES
+from cloudbox.core.nodes import client, enrol, frontend, health, registry
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a start-run request: the spec and a profile's TOML (a few KiB)
 MAX_CODE_FILE_BYTES = 1024
@@ -230,7 +230,7 @@ def _serve(args: argparse.Namespace, bind: str) -> int:
 def cmd_join(args: argparse.Namespace) -> int:
     """Enrol this back-end."""
     frontend.require_role("`cloudbox node join`", ("back-end",))
-    fe = args.front_end or frontend.settings().get("network", {}).get("frontend")
+    fe = args.front_end or nodeconf.settings().get("network", {}).get("frontend")
     if not fe:
         raise CloudboxError("--front-end: missing; allowed: the front-end's ADDR[:PORT], or discover "
                             "(the node settings have no network.frontend either)")
@@ -239,16 +239,16 @@ def cmd_join(args: argparse.Namespace) -> int:
     if fe.strip() == "discover":
         from cloudbox.core.nodes import discover
 
-        nic = discover.private_link(frontend.settings())
+        nic = nodeconf.private_link(nodeconf.settings())
         fe = discover.discover_frontend(nic)
         print(f"discovered the front-end at {fe} (the DHCP server of {nic or 'this node'}'s lease)")
     code = _join_code(args)
-    ident = enrol.local_identity(args.name or frontend.settings().get("hostname"), ssh_port=args.ssh_port)
+    ident = enrol.local_identity(args.name or nodeconf.settings().get("hostname"), ssh_port=args.ssh_port)
     res = enrol.join(fe, code, identity=ident, restrict_from=not args.no_from, log=say)
     say(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
         f"(pinned in {res.pin_file.parent})")
     say(f"its management key is in {res.authorized_keys}; it manages this node as {res.libvirt_uri.split('?')[0]}")
-    found = frontend.check_private_path(res.frontend_address, res.frontend_name)
+    found = nodeconf.check_private_path(res.frontend_address, res.frontend_name)
     if found is not None and found[1].ok:
         say(found[1].message)
     elif found is not None:  # enrolled all the same: runs work, but not at the private network's MTU
@@ -358,7 +358,7 @@ def _check_paths(reg: registry.Registry, healths: list[health.Health]) -> bool:
     for h in healths:
         if h.state != "up":
             continue
-        found = frontend.check_private_path(reg.node(h.name).address, h.name)
+        found = nodeconf.check_private_path(reg.node(h.name).address, h.name)
         if found is not None:
             h.detail["path"] = found[1].message
             ok = ok and found[1].ok
@@ -381,15 +381,12 @@ def cmd_remove(args: argparse.Namespace) -> int:
 # -- guest image propagation and the node's side of remote work -------------------------------------------
 
 
-def _shell(reg: registry.Registry, name: str) -> Any:
-    from cloudbox.core.nodes import remote
-
-    return remote.NodeShell.for_node(reg, reg.node(name))
+def _shell(reg: registry.Registry, name: str) -> client.NodeShell:
+    return client.NodeShell.for_node(reg, reg.node(name))
 
 
 def cmd_push_image(args: argparse.Namespace) -> int:
     from cloudbox.core.guestimage import GuestImage
-    from cloudbox.core.nodes import remote
 
     image = GuestImage.locate()
     with _registry(args) as reg:
@@ -401,7 +398,7 @@ def cmd_push_image(args: argparse.Namespace) -> int:
                 print(f"\rcopying to {args.name}: {done / 1e6:.1f} of {total / 1e6:.1f} MB", end="", file=sys.stderr,
                       flush=True)
 
-        p = remote.propagate_image(shell, image, force=args.force, progress=progress)
+        p = client.propagate_image(shell, image, force=args.force, progress=progress)
         if tty:
             print(file=sys.stderr)
         reg.add_propagation(asdict(p))
@@ -431,12 +428,10 @@ def cmd_propagations(args: argparse.Namespace) -> int:
 
 
 def cmd_images(args: argparse.Namespace) -> int:
-    from cloudbox.core.nodes import remote
-
     if args.keep < 0:
         raise CloudboxError(f"--keep {args.keep}: allowed: 0 or more")
     with _registry(args) as reg:
-        data = remote.node_images(_shell(reg, args.name), clear=args.clear, keep=args.keep)
+        data = client.node_images(_shell(reg, args.name), clear=args.clear, keep=args.keep)
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
@@ -451,19 +446,17 @@ def cmd_images(args: argparse.Namespace) -> int:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
-    from cloudbox.core.nodes import remote
-
     op = args.local_op
     if op == "has-image":
-        print(json.dumps(remote.local_has_image(args.image_id)))
+        print(json.dumps(agent.local_has_image(args.image_id)))
     elif op == "receive-image":
-        remote.local_receive_image(args.image_id, sys.stdin.buffer, lambda m: print(m, flush=True))
+        agent.local_receive_image(args.image_id, sys.stdin.buffer, lambda m: print(m, flush=True))
     elif op == "images":
-        print(json.dumps(remote.local_images(args.clear, args.keep)))
+        print(json.dumps(agent.local_images(args.clear, args.keep)))
     elif op == "start-run":
-        print(json.dumps(remote.local_start_run(read_request(sys.stdin.buffer))))
+        print(json.dumps(agent.local_start_run(read_request(sys.stdin.buffer))))
     elif op == "follow":
-        return remote.local_follow(args.run, args.after, sys.stdout)
+        return agent.local_follow(args.run, args.after, sys.stdout)
     return 0
 
 
@@ -500,7 +493,7 @@ def _check_spec(spec: dict[str, Any]) -> None:
     """The run settings in a start-run request: known names, each of its field's type, then RunSpec's own checks."""
     import dataclasses
 
-    from cloudbox.core.runner import RunSpec
+    from cloudbox.core.runspec import RunSpec
 
     fields = {f.name: f for f in dataclasses.fields(RunSpec)}
     for key, value in spec.items():

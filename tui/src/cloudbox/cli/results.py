@@ -159,8 +159,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
     p = run.provenance
-    versions = p.get("versions") if isinstance(p.get("versions"), dict) else {}
-    backing = p.get("backing") if isinstance(p.get("backing"), dict) else {}
     state = run.state + (f" ({run.reason})" if run.reason else "")
     if run.state == "running" and not _alive(store, run):
         state += " - executor process gone"
@@ -178,23 +176,25 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
         f"  started      {_when(run.started_at, True)}  finished {_when(run.finished_at, True)}"
         + (f"  ({_duration(run.duration)})" if run.duration is not None else ""),
     ]
-    if backing:
-        desc = ", ".join(f"{k}={backing[k]}" for k in ("kind", "path", "device", "model", "size_bytes")
-                         if backing.get(k) is not None)
+    if p.backing is not None:
+        b = p.backing
+        desc = ", ".join(f"{k}={v}" for k, v in (("kind", b.kind), ("path", b.path), ("device", b.device),
+                                                  ("model", b.model), ("size_bytes", b.size_bytes)) if v is not None)
         lines.append(f"  backing      {desc}")
-    for key in ("host_kernel", "guest_kernel"):
-        if p.get(key):
-            lines.append(f"  {key.replace('_', ' '):<12} {p[key]}")
-    if p.get("launch_to_agent_s") is not None:
-        attempts = int(p.get("boot_attempts") or 1)
-        lines.append(f"  guest boot   {p['launch_to_agent_s']:.0f} s to its agent"
+    for key, value in (("host kernel", p.host_kernel), ("guest kernel", p.guest_kernel)):
+        if value:
+            lines.append(f"  {key:<12} {value}")
+    if p.launch_to_agent_s is not None:
+        attempts = p.boot_attempts or 1
+        lines.append(f"  guest boot   {p.launch_to_agent_s:.0f} s to its agent"
                      + (f" (launch {attempts}: the guest's first boot was lost and it was launched again)"
                         if attempts > 1 else ""))
-    for stall in p.get("nic_stalls") or []:
-        lines.append(f"  network      the guest's network stopped during {stall.get('test', '?')} (frames stopped at "
-                     f"{stall.get('hop', '?')}); re-plugging its NIC did not help, the guest was launched afresh and "
+    for stall in p.nic_stalls or []:
+        lines.append(f"  network      the guest's network stopped during {stall.test} (frames stopped at "
+                     f"{stall.hop}); re-plugging its NIC did not help, the guest was launched afresh and "
                      "the tests from there on ran on the new guest")
-    if versions:
+    if p.versions is not None:  # the tools' versions; the guest's packages are in --json (dozens of them)
+        versions = p.versions.model_dump(exclude={"guest_packages"})
         lines.append("  versions     " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))
     # Reasons, kernels and versions may come from a node: every line goes through the one escaping function.
     print("\n".join(printable(line) for line in lines), file=out)

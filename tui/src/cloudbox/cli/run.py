@@ -8,32 +8,21 @@ import sys
 import time
 
 from cloudbox.cli.common import guard
-from cloudbox.core import runner
+from cloudbox.core import runs
+from cloudbox.core.errors import UsageError
+from cloudbox.core.events import ProgressEvent, RunEvent, SampleEvent, describe, progress_line
+from cloudbox.core.runspec import RUN_OPTIONS, RunSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run storage and/or network tests under a profile, with a bare-metal baseline")
-    p.add_argument("--profile", "-p", required=True, help="preset or user profile name, or a .toml file")
-    p.add_argument("--suite", "-s", default="all", choices=runner.SUITES)
-    p.add_argument("--size", default="quick",
-                   help="test size: quick (128 MiB), study (2x guest RAM, >= 2 GiB) or e.g. 512M, 4G")
-    p.add_argument("--tests", default="standard",
-                   help="storage tests: smoke, study, standard, full, or comma-separated ids")
-    p.add_argument("--net-tests", default="netperf", help="netperf, iperf3, both, or comma-separated ids")
-    p.add_argument("--net-seconds", type=int, default=0, help="seconds per network test (default 5 quick / 30)")
-    p.add_argument("--runtime", type=int, default=0, help="seconds cap for random I/O tests (default 5 / 30)")
-    p.add_argument("--work-dir", default="", help="directory on the file system under test (file backings)")
-    p.add_argument("--device", default="", help="whole device for block-device backings (else a loop device)")
-    p.add_argument("--destroy", default="", metavar="NAME",
-                   help="confirm destroying --device's data by naming it (e.g. sdb)")
-    p.add_argument("--node", default="", metavar="NAME",
-                   help="run on this enrolled back-end (front-end only; `cloudbox node list`); default: this host")
-    p.add_argument("--agent-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="seconds to wait for the guest to boot to its agent (default 300; under TCG or nested KVM "
-                        "a guest that misses it is launched once more)")
+    for opt in RUN_OPTIONS:
+        p.add_argument(*opt.flags, dest=opt.field, type=opt.type, default=opt.default, help=opt.help,
+                       metavar=opt.metavar, required=opt.required,
+                       choices=[c.value for c in opt.choices] if opt.closed else None)
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
     p.add_argument("--json", action="store_true", help="print the finished run as JSON")
-    p.set_defaults(func=guard(cmd_run))
+    p.set_defaults(func=guard(cmd_run, invalid=(UsageError,)))
 
     w = sub.add_parser("watch", help="follow a run's progress live (attach to a detached run)")
     w.add_argument("run", help="run id")
@@ -52,20 +41,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     h.set_defaults(func=guard(cmd_host))
 
 
-def _spec(a: argparse.Namespace) -> runner.RunSpec:
-    return runner.RunSpec(profile=a.profile, suite=a.suite, size=a.size, storage_tests=a.tests,
-                          net_tests=a.net_tests, net_seconds=a.net_seconds, runtime=a.runtime,
-                          work_dir=a.work_dir, device=a.device, destroy=a.destroy, node=a.node,
-                          agent_timeout=a.agent_timeout)
+def _spec(a: argparse.Namespace) -> RunSpec:
+    return RunSpec(**{opt.field: getattr(a, opt.field) for opt in RUN_OPTIONS})
 
 
 class Printer:
-    """Renders run events as terminal lines (a live status line on a tty, sparse lines otherwise)."""
+    """Prints run events (core.events' lines): a live status line on a tty, sparse progress lines otherwise."""
 
     def __init__(self, out=sys.stdout):
         self.out = out
         self.tty = out.isatty()
-        self.sample: dict | None = None
+        self.sample: SampleEvent | None = None
         self.last_plain = 0.0
         self.status_shown = False
 
@@ -74,20 +60,12 @@ class Printer:
             self.out.write("\r\033[K")
             self.status_shown = False
 
-    def __call__(self, kind: str, p: dict) -> None:
-        if kind == "sample":
-            self.sample = p
+    def __call__(self, ev: RunEvent) -> None:
+        if isinstance(ev, SampleEvent):
+            self.sample = ev
             return
-        if kind == "progress":
-            line = f"  [{p.get('side', '?')}] {p.get('test', '')} {p.get('pct', 0):5.1f}%"
-            if p.get("mbps") is not None:
-                line += f"  {p['mbps']:8.1f} MB/s"
-            if p.get("eta"):
-                line += f"  eta {p['eta']}"
-            s = self.sample
-            if s and p.get("test") != "boot":
-                line += (f" | host {s['device']} {s['read_mbps'] + s['write_mbps']:.1f} MB/s rq "
-                         f"{s['avgrq_sectors']:.0f} sect qu {s['avgqu']:.1f} util {s['util']:.0f}%")
+        if isinstance(ev, ProgressEvent):
+            line = progress_line(ev, self.sample)
             if self.tty:
                 self.out.write("\r\033[K" + line[:200])
                 self.status_shown = True
@@ -97,21 +75,9 @@ class Printer:
             self.out.flush()
             return
         self._clear()
-        if kind == "step":
-            self.out.write(f"==> {p.get('text')}\n")
-        elif kind == "log":
-            self.out.write(f"    {p.get('text')}\n")
-        elif kind == "measurement":
-            host = ""
-            if p.get("host_avgrq_sectors") is not None:
-                host = (f"  (host: {p.get('host_mbps', 0):.1f} MB/s, avgrq {p['host_avgrq_sectors']:.0f} sectors, "
-                        f"avgqu {p.get('host_avgqu', 0):.2f}, util {p.get('host_util', 0):.0f}%)")
-            labels = f" [{', '.join(p['labels'])}]" if p.get("labels") else ""
-            self.out.write(f"  = {p['side']:8} {p['test']:24} {p['value']:10.2f} {p['metric']}{labels}{host}\n")
-        elif kind == "state":
-            st = p.get("state")
-            if st in ("completed", "aborted", "failed"):
-                self.out.write(f"==> run {st}" + (f": {p['reason']}" if p.get("reason") else "") + "\n")
+        text = describe(ev)
+        if text is not None:
+            self.out.write(text + "\n")
         self.out.flush()
 
 
@@ -125,9 +91,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     from cloudbox.core.compare import compare_table, to_text
 
     spec = _spec(a)
+    spec.validate()  # a usage error exits 2 before anything (the results database) is created
     with _store() as store:
         if a.detach:
-            rid = runner.start_detached(spec, store)
+            rid = runs.start_detached(spec, store)
             if a.json:
                 print(json.dumps({"run_id": rid, "uuid": store.get_run(rid).uuid}))
                 return 0
@@ -135,7 +102,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                   f"stop it with 'cloudbox cancel {rid}'")
             return 0
         printer = Printer()
-        ex = runner.Executor(spec, store, emit=printer)
+        ex = runs.executor(spec, store, emit=printer)
         rid = ex.execute()
         run = store.get_run(rid)
         if a.json:
@@ -152,7 +119,8 @@ def cmd_watch(a: argparse.Namespace) -> int:
         with _store() as store:
             rid = store.resolve(a.run)
             for ev in store.follow(rid):
-                printer(ev.kind, ev.payload)
+                if (rec := ev.record) is not None:
+                    printer(rec)
             return 0 if store.get_run(rid, raw=False).state == "completed" else 1
     except KeyboardInterrupt:
         print("\n(stopped watching; the run goes on)")
@@ -162,7 +130,7 @@ def cmd_watch(a: argparse.Namespace) -> int:
 def cmd_cancel(a: argparse.Namespace) -> int:
     with _store() as store:
         rid = store.resolve(a.run)
-        state = runner.cancel(store, rid)
+        state = runs.cancel(store, rid)
         run = store.get_run(rid, raw=False)
         print(f"run {rid}: {state}" + (f" ({run.reason})" if run.reason else ""))
         return 0 if state != "running" else 1

@@ -18,13 +18,13 @@ headline numbers for list views.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import re
 import textwrap
 import time
 import tomllib
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,57 +207,60 @@ def primary_metric(test: str, available: Iterable[str] = ()) -> str:
 # Describing a run's configuration: VMM, target, driver
 # --------------------------------------------------------------------------------------------------
 
-# Backing kinds (profiles.Backing, plus older/looser spellings) -> the studies' "target" words.
+# Backing kinds (profiles.Backing) -> the studies' "target" words...
 _TARGETS = {
-    "sparse-file": "local file", "prealloc-file": "local file", "qcow2": "local file",
-    "qcow2-prealloc": "local file", "full-file": "local file", "file": "local file",
-    "block-device": "local disk", "disk": "local disk", "phy": "local disk", "partition": "local disk",
-    "lv": "local LV", "loop": "loop device", "ram": "RAM disk",
-    "network-volume": "EBS", "aoe": "EBS (AoE)", "iscsi": "EBS (iSCSI)", "nbd": "EBS (NBD)",
-    "nvme-tcp": "EBS (NVMe/TCP)",
+    "sparse-file": "local file", "prealloc-file": "local file", "qcow2": "local file", "qcow2-prealloc": "local file",
+    "block-device": "local disk", "network-volume": "EBS",
 }
 _VOLUME_SCHEMES = {"aoe": "AoE", "iscsi": "iSCSI", "nbd": "NBD", "nvme-tcp": "NVMe/TCP"}
 # ... and the backing half of the studies' "driver" column ("SCSI, sparse file", "virtio/phy").
 _BACKINGS = {
-    "sparse-file": "sparse file", "prealloc-file": "pre-allocated file", "full-file": "pre-allocated file",
-    "qcow2": "qcow2 file", "qcow2-prealloc": "pre-allocated qcow2", "file": "file",
+    "sparse-file": "sparse file", "prealloc-file": "pre-allocated file", "qcow2": "qcow2 file",
+    "qcow2-prealloc": "pre-allocated qcow2", "block-device": "phy", "network-volume": "phy",
 }
 # Disk buses (profiles.Bus) as the tables name them.
-_BUSES = {"xen-vbd": "xvd", "xen": "xvd"}
-_SCSI_MODELS = {"lsilogic": "scsi-lsi", "lsisas1068": "scsi-lsisas", "lsisas1078": "scsi-lsisas",
-                "virtio-scsi": "virtio-scsi", "virtio-non-transitional": "virtio-scsi",
-                "virtio-transitional": "virtio-scsi", "buslogic": "scsi-buslogic", "vmpvscsi": "pvscsi"}
+_BUSES = {"xen-vbd": "xvd"}
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
+@dataclass(frozen=True)
+class Knobs:
+    """The profile's knobs the tables name (from the profile stored with the run); "" where it has none."""
+
+    hypervisor: str = ""
+    bus: str = ""
+    backing: str = ""
+    volume: str = ""
+    nic: str = ""
+    vhost: bool = False
+    mtu: int | None = None
 
 
-def _profile(run: Run) -> dict[str, Any]:
-    if not run.profile_toml:
-        return {}
+def knobs(run: Run) -> Knobs:
+    """The knobs of the run's stored profile."""
+    return _knobs(run.profile_toml or "")
+
+
+@functools.lru_cache(maxsize=256)
+def _knobs(profile_toml: str) -> Knobs:
+    """Each knob read on its own: a partial or older profile leaves the rest empty rather than losing them all."""
     try:
-        return tomllib.loads(run.profile_toml)
-    except (tomllib.TOMLDecodeError, TypeError):
-        return {}
+        data = tomllib.loads(profile_toml)
+    except tomllib.TOMLDecodeError:
+        data = {}
 
+    def get(table: str, key: str, kind: type) -> Any:
+        section = data.get(table)
+        value = section.get(key) if isinstance(section, dict) else None
+        return value if isinstance(value, kind) and not (kind is int and isinstance(value, bool)) else None
 
-def _domain(run: Run) -> ET.Element | None:
-    xml = run.provenance.get("domain_xml")
-    if not isinstance(xml, str) or not xml.strip():
-        return None
-    try:
-        return ET.fromstring(xml)
-    except ET.ParseError:
-        return None
+    return Knobs(get("guest", "hypervisor", str) or "", get("disk", "bus", str) or "",
+                 get("disk", "backing", str) or "", get("disk", "volume", str) or "",
+                 get("network", "model", str) or "", bool(get("network", "vhost", bool)), get("network", "mtu", int))
 
 
 def vmm_label(run: Run) -> str:
     """'KVM', 'Xen', 'KVM (TCG, emulated)', 'KVM (nested, emulated)'..."""
-    prov = run.provenance
-    hyp = str(prov.get("hypervisor") or _dict(_profile(run).get("guest")).get("hypervisor") or "")
-    if not hyp:
-        hyp = "xen" if run.accelerator == "xen" else "kvm"
+    hyp = knobs(run).hypervisor or ("xen" if run.accelerator == "xen" else "kvm")
     base = {"kvm": "KVM", "xen": "Xen", "qemu": "QEMU"}.get(hyp.lower(), hyp)
     quals = []
     if run.accelerator == "tcg":
@@ -269,105 +272,41 @@ def vmm_label(run: Run) -> str:
     return f"{base} ({', '.join(quals)})" if quals else base
 
 
-def _backing(run: Run) -> dict[str, Any]:
-    """provenance.backing, else the profile's [disk] backing kind."""
-    b = _dict(run.provenance.get("backing"))
-    if not b:
-        kind = _dict(_profile(run).get("disk")).get("backing")
-        b = {"kind": kind} if isinstance(kind, str) else {}
-    return b
+def backing_kind(run: Run) -> str:
+    """The backing store the run prepared (provenance), else the one its profile asked for."""
+    b = run.provenance.backing
+    return b.kind if b is not None else knobs(run).backing
 
 
 def target_label(run: Run) -> str:
     """'local file', 'local disk', 'EBS (AoE)'..."""
-    b = _backing(run)
-    if b.get("target"):
-        return str(b["target"])
-    kind = str(b.get("kind") or "")
+    kind = backing_kind(run)
     if kind == "network-volume":
-        volume = str(_dict(_profile(run).get("disk")).get("volume") or b.get("volume") or b.get("path") or "")
-        scheme = volume.split(":", 1)[0] if ":" in volume else str(b.get("scheme") or "")
+        volume = knobs(run).volume
+        scheme = volume.split(":", 1)[0] if ":" in volume else ""
         if scheme in _VOLUME_SCHEMES:
             return f"EBS ({_VOLUME_SCHEMES[scheme]})"
     return _TARGETS.get(kind, kind.replace("-", " ") if kind else "?")
 
 
-def _bus_from_xml(run: Run) -> str | None:
-    dom = _domain(run)
-    if dom is None:
-        return None
-    disks = [d for d in dom.iter("disk") if d.get("device", "disk") == "disk"]
-    if not disks:
-        return None
-    b = _backing(run)
-    want = {str(b.get(k)) for k in ("path", "device") if b.get(k)}
-    disk = disks[-1]
-    for d in disks:
-        src = d.find("source")
-        if src is not None and want & {v for v in src.attrib.values()}:
-            disk = d
-    tgt = disk.find("target")
-    bus = tgt.get("bus") if tgt is not None else None
-    if bus == "scsi":
-        ctrl_idx = "0"
-        addr = disk.find("address")
-        if addr is not None and addr.get("controller"):
-            ctrl_idx = addr.get("controller", "0")
-        for c in dom.iter("controller"):
-            if c.get("type") == "scsi" and c.get("index", "0") == ctrl_idx:
-                model = c.get("model")
-                return _SCSI_MODELS.get(model or "", f"scsi-{model}" if model else "scsi")
-        return "scsi"
-    return bus
-
-
-def _bus_label(bus: str, controller: str | None = None) -> str:
-    bus = bus.lower()
-    if bus == "scsi" and controller:
-        return _SCSI_MODELS.get(controller, f"scsi-{controller}")
-    return _BUSES.get(bus, bus)
-
-
 def bus_label(run: Run) -> str:
-    disk = _dict(run.provenance.get("disk")) or _dict(_profile(run).get("disk"))
-    if disk.get("bus"):
-        return _bus_label(str(disk["bus"]), disk.get("controller") or disk.get("scsi_model"))
-    return _bus_from_xml(run) or "?"
+    bus = knobs(run).bus.lower()
+    return _BUSES.get(bus, bus) or "?"
 
 
 def driver_label(run: Run) -> str:
     """'<bus>, <backing>', e.g. 'scsi-lsi, sparse file' or 'virtio-blk, phy' (whole device or volume)."""
-    if isinstance(run.provenance.get("driver"), str):
-        return str(run.provenance["driver"])
-    kind = str(_backing(run).get("kind") or "")
-    backing = _BACKINGS.get(kind, "phy" if kind in _TARGETS else (kind.replace("-", " ") or "?"))
+    kind = backing_kind(run)
+    backing = _BACKINGS.get(kind, kind.replace("-", " ") or "?")
     return f"{bus_label(run)}, {backing}"
 
 
-def _net_knobs(run: Run) -> dict:
-    """The NIC's profile knobs (model, vhost, MTU...). Provenance "network" holds them only when it names a model:
-    runs on a back-end stored their private network (bridge, peer, addresses) under that key before it became
-    "private_network", and the profile then holds the knobs."""
-    prov = _dict(run.provenance.get("network"))
-    if prov.get("model") or prov.get("nic"):
-        return prov
-    return _dict(_profile(run).get("network"))
-
-
 def _nic(run: Run) -> str:
-    net = _net_knobs(run)
-    model = net.get("model") or net.get("nic")
-    if not model:
-        dom = _domain(run)
-        iface = dom.find(".//interface") if dom is not None else None
-        m = iface.find("model") if iface is not None else None
-        model = m.get("type") if m is not None else None
-    model = {"virtio": "virtio-net", "xen-netfront": "netfront"}.get(str(model), model)
-    parts = [str(model or "?") + (" (vhost)" if net.get("vhost") else "")]
-    if net.get("mode"):
-        parts.append(str(net["mode"]))
-    if net.get("mtu"):
-        parts.append(f"MTU {net['mtu']}")
+    k = knobs(run)
+    model = {"virtio": "virtio-net", "xen-netfront": "netfront"}.get(k.nic, k.nic)
+    parts = [(model or "?") + (" (vhost)" if k.vhost else "")]
+    if k.mtu:
+        parts.append(f"MTU {k.mtu}")
     return ", ".join(parts)
 
 

@@ -78,6 +78,11 @@ def problem_from(p: InputProblem) -> ProfileProblem:
     return ProfileProblem(p.where, p.value, p.message, p.allowed)
 
 
+class UsageError(CloudboxError):
+    """A value given on the command line or in a form is not allowed (the CLI exits 2): the message names the
+    option, the value and what is allowed."""
+
+
 class NotFound(CloudboxError):
     """A named thing (profile, run, guest, device) does not exist."""
 

@@ -11,15 +11,14 @@ import json
 import os
 import socket
 import subprocess
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import accel, paths
 from .errors import CloudboxError
+from .nodeconf import role
+from .nodes import health, registry
 from .procs import process_exists
-
-ROLES = ("front-end", "back-end", "all-in-one")
 
 
 @dataclass
@@ -72,26 +71,6 @@ class HostFacts:
     problems: list[str] = field(default_factory=list)
 
 
-def node_settings_file() -> Path:
-    """The installed node's settings (written by the installer); absent on a live or development host."""
-    return Path(os.environ.get("CLOUDBOX_NODE_CONFIG", "/etc/cloudbox/node.toml"))
-
-
-def role() -> tuple[str, str]:
-    """(role, where it came from). Without node settings the box is an all-in-one."""
-    f = node_settings_file()
-    try:
-        data = tomllib.loads(f.read_text())
-    except FileNotFoundError:
-        return "all-in-one", "default (not installed: no node settings file)"
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        return "all-in-one", f"default ({f} unreadable: {e})"
-    r = data.get("role")
-    if r not in ROLES:
-        return "all-in-one", f"default ({f}: role {r!r} is not one of {', '.join(ROLES)})"
-    return str(r), str(f)
-
-
 def disks() -> list[Disk]:
     out = subprocess.run(["lsblk", "--json", "--bytes", "--nodeps", "-o",
                           "NAME,SIZE,TYPE,MODEL,ROTA,TRAN,MOUNTPOINTS"],
@@ -139,8 +118,6 @@ def registry_nodes(this_role: str, problems: list[str]) -> list[Node]:
     registry exists."""
     if this_role not in ("front-end", "all-in-one"):
         return []
-    from .nodes import health, registry
-
     if not registry.nodes_db().exists():
         return []
     try:

@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import db, paths
+from . import db, events, paths
 from .errors import CloudboxError, NotFound
+from .events import FINAL_STATES, SAMPLE_FIELDS
 from .network import FRONTEND_SUFFIX, NET_SETS
 from .procs import process_exists
+from .provenance import Provenance
 
 SCHEMA_VERSION = 2
 
@@ -41,12 +43,10 @@ SCHEMA_VERSION = 2
 SUITES = ("storage", "network", "all", "guest")
 SIZE_LABELS = ("quick", "study", "custom")
 STATES = ("running", "completed", "aborted", "failed")
-FINAL_STATES = ("completed", "aborted", "failed")
 ACCELERATORS = ("kvm", "nested-kvm", "tcg", "xen")
 EMULATED_ACCELERATORS = ("tcg", "nested-kvm")
 SIDES = ("guest", "baseline")
 METRICS = ("MB/s", "IOPS", "lat_us", "Mbit/s", "trans/s")  # the views know these; others are stored as-is
-EVENT_KINDS = ("state", "step", "progress", "log", "sample", "measurement")
 
 STORAGE_TESTS = (
     "seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m", "seq-read-1m",
@@ -65,9 +65,6 @@ _RUN_COLUMNS = (
 MEASUREMENT_COLUMNS = (
     "side", "test", "metric", "value", "host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util",
     "labels", "raw", "started_at", "finished_at",
-)
-SAMPLE_FIELDS = (
-    "t", "device", "test", "read_mbps", "write_mbps", "avgrq_sectors", "avgrq_kb", "avgqu", "util",
 )
 
 
@@ -127,7 +124,7 @@ class Run:
     pid: int | None
     started_at: float | None
     finished_at: float | None
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: Provenance = field(default_factory=Provenance)
     measurements: list[Measurement] = field(default_factory=list)
 
     @property
@@ -164,7 +161,7 @@ class Run:
 
     def as_dict(self, raw: bool = False) -> dict[str, Any]:
         d: dict[str, Any] = {k: getattr(self, k) for k in ("id", *_RUN_COLUMNS)}
-        d["provenance"] = self.provenance
+        d["provenance"] = self.provenance.to_stored()
         d["measurements"] = [m.as_dict(raw=raw) for m in self.measurements]
         return d
 
@@ -178,6 +175,11 @@ class Event:
     t: float
     kind: str
     payload: dict[str, Any]
+
+    @property
+    def record(self) -> events.RunEvent | None:
+        """The typed event (core.events); None for a kind this cloudbox does not know."""
+        return events.parse(self.kind, self.payload)
 
 
 @dataclass
@@ -569,9 +571,6 @@ class ResultStore:
         _check("state", fields.get("state"), STATES)
         _check("accelerator", fields.get("accelerator"), ACCELERATORS)
         values = dict(fields)
-        if "provenance" in values:
-            prov = values["provenance"]
-            values["provenance"] = prov if isinstance(prov, str) else _json(prov or {})
         accel = values.get("accelerator", (current or {}).get("accelerator"))
         if "emulated" in values or "accelerator" in values:
             emulated = bool(values.get("emulated", (current or {}).get("emulated", False)))
@@ -589,7 +588,7 @@ class ResultStore:
         size_label: str | None = None,
         accelerator: str | None = None,
         emulated: bool = False,
-        provenance: dict[str, Any] | None = None,
+        provenance: Provenance | None = None,
         node: str | None = None,
         pid: int | None = None,
         started_at: float | None = None,
@@ -620,9 +619,9 @@ class ResultStore:
                 "pid": pid if pid is not None else os.getpid(),
                 "started_at": started_at if started_at is not None else time.time(),
                 "finished_at": finished_at,
-                "provenance": provenance or {},
             }
         )
+        values["provenance"] = _json((provenance or Provenance()).to_stored())
         cols = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         with self._write() as conn:
@@ -630,8 +629,9 @@ class ResultStore:
             return int(cur.lastrowid or 0)
 
     def update_run(self, run_id: int, **fields: Any) -> None:
-        """Set any run columns (see _RUN_COLUMNS). A 'provenance' dict replaces the stored one;
-        use merge_provenance() to add keys."""
+        """Set any run columns (see _RUN_COLUMNS) but the provenance (set_provenance)."""
+        if "provenance" in fields:
+            raise ValueError("a run's provenance is set with set_provenance()")
         if not fields:
             return
         with self._write() as conn:
@@ -640,14 +640,12 @@ class ResultStore:
             assignments = ", ".join(f"{k} = ?" for k in values)
             conn.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*values.values(), int(run_id)))
 
-    def merge_provenance(self, run_id: int, **items: Any) -> dict[str, Any]:
-        """Add or replace top-level provenance keys (read-modify-write in one transaction)."""
+    def set_provenance(self, run_id: int, provenance: Provenance) -> None:
+        """Store the run's provenance record, replacing what it had: the one way provenance is written."""
         with self._write() as conn:
-            row = self._require(conn, run_id)
-            prov = _loads(row["provenance"], {})
-            prov.update(items)
-            conn.execute("UPDATE runs SET provenance = ? WHERE id = ?", (_json(prov), int(run_id)))
-        return prov
+            self._require(conn, run_id)
+            conn.execute("UPDATE runs SET provenance = ? WHERE id = ?",
+                         (_json(provenance.to_stored()), int(run_id)))
 
     def finish_run(self, run_id: int, state: str, reason: str | None = None, *,
                    finished_at: float | None = None) -> None:
@@ -694,7 +692,7 @@ class ResultStore:
     def _run_from_row(row: sqlite3.Row, measurements: list[Measurement]) -> Run:
         d = dict(row)
         d["emulated"] = bool(d["emulated"])
-        d["provenance"] = _loads(d["provenance"], {})
+        d["provenance"] = Provenance.from_stored(_loads(d["provenance"], {}))
         return Run(**d, measurements=measurements)
 
     def get_run(self, run_id: int, *, raw: bool = True) -> Run:
@@ -740,7 +738,7 @@ class ResultStore:
 
     def _executor_alive(self, run: Run) -> bool:
         # A run on an enrolled node is executed (mirrored) by this host when this host is its controller.
-        controller = (run.provenance.get("controller") or {}).get("host") if run.provenance else None
+        controller = run.provenance.controller.host if run.provenance.controller else None
         if run.node and run.node != self._hostname and controller != self._hostname:
             return True  # cannot see another host's processes: assume alive
         return pid_alive(run.pid, run.started_at)
@@ -899,8 +897,8 @@ class ResultStore:
                   t: float | None = None) -> int:
         """Append to the run's live stream at time `t` (default now); returns the new seq (1, 2, ...).
         Touches nothing else."""
-        if kind not in EVENT_KINDS:
-            raise ValueError(f"event kind must be one of {', '.join(EVENT_KINDS)} (got {kind!r})")
+        if kind not in events.KINDS:
+            raise ValueError(f"event kind must be one of {', '.join(events.KINDS)} (got {kind!r})")
         with self._write() as conn:
             try:
                 return self._append_event(conn, int(run_id), kind, payload or {}, t)

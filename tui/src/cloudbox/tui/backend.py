@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloudbox.core import compare, daemons, guest, host, paths, profiles, runner
+from cloudbox.core import compare, daemons, guest, host, paths, profiles, runs
 from cloudbox.core.errors import CloudboxError, LibvirtUnavailable, NotFound
 from cloudbox.core.nodes import enrol, frontend, registry
 from cloudbox.core.profiles import Profile, ProfileEntry
 from cloudbox.core.results import Event, ResultStore, Run
+from cloudbox.core.runs import Sweep
+from cloudbox.core.runspec import RunSpec
 
 
 @dataclass
@@ -39,7 +41,7 @@ class Backend:
         self._db = db
         self._fixed_facts = facts
         self._uri = libvirt_uri
-        self._enrol_bind = enrol_bind  # None: the private NIC's address (frontend.default_bind)
+        self._enrol_bind = enrol_bind  # None: the private NIC's address (nodeconf.private_address)
         self._enrol_port = enrol_port
         self._store: ResultStore | None = None
         self._lock = threading.Lock()
@@ -167,7 +169,7 @@ class Backend:
 
     def launch_guest(self, profile: str) -> int:
         """A guest session (suite 'guest'): detached, outlives the TUI, stopped by stop_guest()."""
-        return runner.start_detached(runner.RunSpec(profile=profile, suite="guest"), self.store)
+        return runs.start_detached(RunSpec(profile=profile, suite="guest"), self.store)
 
     def run_for_guest(self, info: guest.GuestInfo) -> Run | None:
         if not info.run_uuid:
@@ -181,7 +183,7 @@ class Backend:
         """Stop a guest through its run (cleans up like Ctrl-C); an orphan is destroyed directly."""
         run = self.run_for_guest(info)
         if run is not None:
-            state = runner.cancel(self.store, run.id)
+            state = runs.cancel(self.store, run.id)
             return f"run {run.id} {state}"
         self.destroy_guest(info)
         return "destroyed (it had no live run)"
@@ -218,22 +220,22 @@ class Backend:
                 out.append((f"node {n.name} ({state})", n.name))
         return out
 
-    def start_runs(self, specs: list[runner.RunSpec]) -> tuple[int | None, runner.Sweep | None]:
+    def start_runs(self, specs: list[RunSpec]) -> tuple[int | None, Sweep | None]:
         """One spec: a detached run (its id). Several: a sweep that runs them one after another."""
         if len(specs) == 1:
-            return runner.start_detached(specs[0], self.store), None
-        return None, runner.start_sweep(specs, self.store)
+            return runs.start_detached(specs[0], self.store), None
+        return None, runs.start_sweep(specs, self.store)
 
     def cancel(self, run_id: int) -> str:
-        return runner.cancel(self.store, run_id)
+        return runs.cancel(self.store, run_id)
 
     def active_runs(self) -> list[Run]:
         store = self.store
         store.reap_dead_runs()
         return store.active_runs()
 
-    def sweeps(self) -> list[runner.Sweep]:
-        return runner.list_sweeps()
+    def sweeps(self) -> list[Sweep]:
+        return runs.list_sweeps()
 
     def live(self, run_id: int, after_seq: int) -> tuple[Run, list[Event]]:
         store = self.store
@@ -252,13 +254,13 @@ class Backend:
         return compare.to_text(compare.compare_table(self.get_runs(ids)), width=width)
 
     def export(self, ids: list[int], fmt: str, path: Path) -> Path:
-        runs = [self.store.get_run(i, raw=fmt == "json") for i in ids]
+        chosen = [self.store.get_run(i, raw=fmt == "json") for i in ids]
         if fmt == "json":
-            text = compare.to_json(runs)
+            text = compare.to_json(chosen)
         elif fmt == "csv":
-            text = compare.to_csv(compare.compare_table(runs))
+            text = compare.to_csv(compare.compare_table(chosen))
         elif fmt == "markdown":
-            text = compare.to_markdown(compare.compare_table(runs))
+            text = compare.to_markdown(compare.compare_table(chosen))
         else:
             raise CloudboxError(f"export format {fmt!r} is not one of json, csv, markdown")
         path = path.expanduser()

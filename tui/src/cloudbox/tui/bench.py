@@ -126,8 +126,9 @@ async def _measure(presses: int, run_id: int) -> dict:
 
 def main() -> int:
     from cloudbox.bench import machine, update_section
-    from cloudbox.core import runner
+    from cloudbox.core import runs
     from cloudbox.core.results import ResultStore
+    from cloudbox.core.runspec import RunSpec
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--presses", type=int, default=140)
@@ -136,15 +137,15 @@ def main() -> int:
     state = Path(tempfile.mkdtemp(prefix="cloudbox-bench-tui-", dir="/var/tmp"))
     os.chmod(state, 0o755)
     os.environ["CLOUDBOX_STATE_DIR"] = str(state)
-    spec = runner.RunSpec(profile="virtio-disk", suite="storage", size="64M", storage_tests="standard", runtime=10)
+    spec = RunSpec(profile="virtio-disk", suite="storage", size="64M", storage_tests="standard", runtime=10)
     store = ResultStore()
     print("bench: TUI key response during a run ...", flush=True)
-    run_id = runner.start_detached(spec, store)
+    run_id = runs.start_detached(spec, store)
     try:
         res = asyncio.run(_measure(a.presses, run_id))
         acc = store.get_run(run_id).accelerator or "?"
     finally:
-        runner.cancel(store, run_id, timeout=120)
+        runs.cancel(store, run_id, timeout=120)
         store.close()
         shutil.rmtree(state, ignore_errors=True)
     fs, fc = _stats(res["frames"]["switch"]), _stats(res["frames"]["cursor"])

@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 
 from ..errors import CloudboxError
+from ..nodeconf import SYS_NET
 
 LEASE_DIR = Path(os.environ.get("CLOUDBOX_NETIF_LEASES", "/run/systemd/netif/leases"))
-SYS_NET = Path("/sys/class/net")
 
 
 def read_lease(path: Path) -> dict[str, str]:
@@ -25,38 +25,6 @@ def read_lease(path: Path) -> dict[str, str]:
             k, v = line.split("=", 1)
             out[k.strip()] = v.strip()
     return out
-
-
-def nic_by_mac(mac: str, sys_net: Path = SYS_NET) -> str | None:
-    for d in sorted(sys_net.iterdir()) if sys_net.is_dir() else []:
-        if (d / "bridge").is_dir():  # a bridge may carry its port's MAC; the NIC is the port
-            continue
-        try:
-            if (d / "address").read_text().strip().lower() == mac.lower():
-                return d.name
-        except OSError:
-            continue
-    return None
-
-
-def private_nic(settings: dict, sys_net: Path = SYS_NET) -> str | None:
-    """This node's private NIC by the MAC the installer recorded (names follow PCI slots, which can differ between
-    the live system that wrote the settings and the installed one), else by the recorded name."""
-    net = settings.get("network", {}) if isinstance(settings, dict) else {}
-    mac, name = net.get("private_mac"), net.get("private_nic")
-    return (nic_by_mac(str(mac), sys_net) if mac else None) or (str(name) if name else None)
-
-
-def private_link(settings: dict, sys_net: Path = SYS_NET) -> str | None:
-    """Where this node's private address lives: the bridge its private NIC is a port of (a back-end's cbpriv0,
-    which its guests join), else the NIC itself."""
-    nic = private_nic(settings, sys_net)
-    if nic is None:
-        return None
-    master = sys_net / nic / "master"
-    if master.is_symlink() and (sys_net / master.resolve().name / "bridge").is_dir():
-        return master.resolve().name
-    return nic
 
 
 def discover_frontend(nic: str | None, *, lease_dir: Path | None = None, sys_net: Path = SYS_NET) -> str:

@@ -43,6 +43,7 @@ from typing import Any
 
 from .. import inputs
 from ..errors import CloudboxError
+from ..nodeconf import NODE_NAME_ALLOWED, NODE_NAME_PATTERN
 from . import keys
 from .registry import (
     ENROL_ROLES,
@@ -64,8 +65,6 @@ CONNECTION_DEADLINE_S = 30.0  # a whole enrolment, hello to installed; a peer tr
 MAX_CONNECTIONS = 16  # served at once; more are turned away ("busy") at accept
 MAX_PER_PEER = 2  # at once from one address, so that a few addresses cannot take every slot
 HOST_SIG_NAMESPACE = "cloudbox-enrol@v2"
-NAME_PATTERN = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-NAME_ALLOWED = "lowercase letters, digits and '-', 1..63 characters, not starting or ending with '-'"
 
 REASONS = {
     "bad-request": "the message is malformed or a field is invalid",
@@ -418,7 +417,7 @@ class EnrolServer:
                 if hello.get("v") != VERSION:
                     raise EnrolRefused("bad-request", f"field v: protocol version {inputs.shown(hello.get('v'))} is "
                                        f"not supported; allowed: {VERSION} (update cloudbox on the back-end)")
-                name = _field(hello, "name", NAME_PATTERN, NAME_ALLOWED)
+                name = _field(hello, "name", NODE_NAME_PATTERN, NODE_NAME_ALLOWED)
                 role = _field(hello, "role")
                 if role not in ENROL_ROLES:
                     raise EnrolRefused("bad-request", f"field role: {inputs.shown(role)} cannot enrol with a "
@@ -560,8 +559,8 @@ def join(frontend: str, code: str, *, identity: Identity | None = None, role: st
     normalized = normalize_code(code)  # a typo in the code's format fails here, before any connection
     host, port = parse_frontend(frontend)
     me = identity or local_identity()
-    if not re.fullmatch(NAME_PATTERN, me.name):
-        raise CloudboxError(f"--name: {inputs.shown(me.name)} is not a valid node name; allowed: {NAME_ALLOWED}")
+    if not re.fullmatch(NODE_NAME_PATTERN, me.name):
+        raise CloudboxError(f"--name: {inputs.shown(me.name)} is not a valid node name; allowed: {NODE_NAME_ALLOWED}")
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as e:
@@ -576,7 +575,7 @@ def join(frontend: str, code: str, *, identity: Identity | None = None, role: st
                  "address": local, "front_end_address": peer}
         ch.send(hello)
         challenge = ch.recv("challenge")
-        fe_name = _field(challenge, "name", NAME_PATTERN, NAME_ALLOWED)
+        fe_name = _field(challenge, "name", NODE_NAME_PATTERN, NODE_NAME_ALLOWED)
         _field(challenge, "nonce", r"[0-9a-f]{64}", "64 hex digits")
         salt = _field(challenge, "salt", r"[0-9a-f]{32}", "32 hex digits")
         fe_host = _key_field(challenge, "host_key")

@@ -12,17 +12,15 @@ import shlex
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from .. import host, paths
+from .. import nodeconf, paths
 from ..errors import CloudboxError
 from . import enrol, keys
+from .client import NodeShell
 from .registry import DEFAULT_CODE_MINUTES, JoinCode, NodeRecord, Registry
-from .remote import NodeShell
 
 FRONT_END_ROLES = ("front-end", "all-in-one")
 NODE_AUTHORIZED_KEYS = "/root/.ssh/authorized_keys"  # on the node (what enrolment writes there)
@@ -39,56 +37,22 @@ def role_refusal(role: str, source: str, what: str, allowed: tuple[str, ...] = F
 
 def require_role(what: str, allowed: tuple[str, ...] = FRONT_END_ROLES) -> str:
     """This node's role when it is one of `allowed`; else a CloudboxError naming the role and where it came from."""
-    role, src = host.role()
+    role, src = nodeconf.role()
     why = role_refusal(role, src, what, allowed)
     if why:
         raise CloudboxError(why)
     return role
 
 
-def settings() -> dict[str, Any]:
-    """The installed node settings (empty on a live or development host)."""
-    try:
-        return tomllib.loads(host.node_settings_file().read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
-
-
-def default_bind() -> str:
-    """The private link's IPv4 address (the enrolment server stays off the campus network), else 0.0.0.0. Link-local
-    addresses (169.254/16, which networkd's LinkLocalAddressing can add beside the real one) are passed over."""
-    from .. import network
-    from .discover import private_link
-
-    link = private_link(settings())
-    return (network.ipv4_of(link) if link else None) or "0.0.0.0"
-
-
 def enrol_bind() -> str:
     """Where the enrolment server listens: the private link's address, never every address. A CloudboxError when
     this host has none (no private NIC in the node settings, or it has no IPv4 address), saying to pass --bind."""
-    addr = default_bind()
+    addr = nodeconf.private_address()
     if addr == "0.0.0.0":
         raise CloudboxError("the enrolment server listens only on this front-end's private network address, and "
                             "none was found (the node settings name no private NIC, or it has no IPv4 address); "
                             "give the address with --bind ADDR")
     return addr
-
-
-def check_private_path(address: str, name: str = ""):
-    """Full-size don't-fragment pings from this node's private link to `address` (another node): (the link,
-    a network.PathCheck, which names a switch that drops jumbo frames), or None when this host has no private
-    network."""
-    import platform
-
-    from .. import network
-    from .discover import private_link
-
-    link = private_link(settings())
-    if not link or not network.link_exists(link):
-        return None
-    return link, network.check_path_mtu(address, network.link_mtu(link), where=f"{platform.node()} ({link})",
-                                        to=f"{name} ({address})" if name else address)
 
 
 def when(t: float | None) -> str:
@@ -126,7 +90,7 @@ def serve(reg: Registry, bind: str, port: int, log: Callable[[str], None]) -> No
     next code starts a server of its own. A code made while this one was closing is served here again."""
     lock_path = server_lock()
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    ident = enrol.local_identity(settings().get("hostname"), client_key_path=reg.client_key)
+    ident = enrol.local_identity(nodeconf.settings().get("hostname"), client_key_path=reg.client_key)
     first = True
     while True:
         lock = open(lock_path, "a")  # noqa: SIM115 - closed by release(), when the socket closes
@@ -259,7 +223,7 @@ def make_code(reg: Registry, minutes: float = DEFAULT_CODE_MINUTES, *, bind: str
     if listen:
         bind = bind or enrol_bind()  # before a code is made that no server could serve
     else:
-        bind = bind or ("" if default_bind() == "0.0.0.0" else default_bind())
+        bind = bind or ("" if nodeconf.private_address() == "0.0.0.0" else nodeconf.private_address())
     code, rec = reg.make_code(minutes, replaces=replaces)
     offer = CodeOffer(code, rec, minutes, bind, port, "not started")
     if not listen:

@@ -500,7 +500,7 @@ class Registry:
     # -- guest image propagation ---------------------------------------------------------------------
 
     def add_propagation(self, p: dict[str, Any]) -> None:
-        """Record one propagation (remote.Propagation as a dict)."""
+        """Record one propagation (provenance.Propagation as a dict)."""
         cols = ("node", "image_id", "bytes", "seconds", "verify_seconds", "mbps", "cached", "remote_dir", "at")
         with self._write() as conn:
             conn.execute(f"INSERT INTO propagations ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",

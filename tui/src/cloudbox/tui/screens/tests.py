@@ -12,15 +12,26 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane, Tabs
 
-from cloudbox.core import runner, storage
-from cloudbox.core.results import Event, Run
+from cloudbox.core.events import (
+    MeasurementEvent,
+    PlanProgress,
+    ProgressEvent,
+    SampleEvent,
+    StateEvent,
+    StepEvent,
+    describe,
+    stamped,
+)
+from cloudbox.core.results import Run
+from cloudbox.core.runs import Sweep
+from cloudbox.core.runspec import RunSpec, option
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.charts import LiveChart
 from cloudbox.tui.widgets.checklist import CheckList
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 
-SUITES = (("storage", "storage"), ("network", "network"), ("both", "all"))
-SIZES = (("quick (128 MiB, 5 s tests)", "quick"), ("study-sized (2x guest RAM, 30 s tests)", "study"))
+# The form's selects, from the run options' one declaration (core.runspec.RUN_OPTIONS).
+SUITE, SIZE, TESTS, WHERE = (option(f) for f in ("suite", "size", "storage_tests", "node"))
 
 
 @dataclass
@@ -29,58 +40,6 @@ class SetupData:
     active: str
     runs: list[Run]
     targets: list[tuple[str, str]]  # where a run can go: ("this host", ""), then enrolled nodes
-
-
-class Progress:
-    """Turns a run's events into whole-run progress: the plan (from the first state event), the steps done
-    (measurements, and the guest's boot), the current step's own percentage."""
-
-    def __init__(self) -> None:
-        self.plan: list[str] = []
-        self.done: set[str] = set()
-        self.current: str | None = None
-        self.current_pct = 0.0
-
-    def feed(self, ev: Event) -> None:
-        p = ev.payload
-        if ev.kind == "state" and p.get("plan"):
-            self.plan = list(p["plan"])
-        elif ev.kind == "progress":
-            key = f"{p.get('side')}:{p.get('test')}"
-            self.current, self.current_pct = key, float(p.get("pct") or 0)
-            if key == "guest:boot" and self.current_pct >= 100:
-                self.done.add(key)
-        elif ev.kind == "measurement":
-            self.done.add(f"{p.get('side')}:{p.get('test')}")
-
-    @property
-    def percent(self) -> float | None:
-        if not self.plan:
-            return None
-        done = len(self.done & set(self.plan))
-        part = self.current_pct / 100 if self.current in self.plan and self.current not in self.done else 0
-        return min(100.0, 100.0 * (done + part) / len(self.plan))
-
-
-def event_line(ev: Event) -> str | None:
-    """A log line for an event (None for high-rate progress and sample events)."""
-    p = ev.payload
-    stamp = time.strftime("%H:%M:%S", time.localtime(ev.t))
-    if ev.kind == "step":
-        return f"{stamp} ==> {p.get('text')}"
-    if ev.kind == "log":
-        return f"{stamp}     {p.get('text')}"
-    if ev.kind == "measurement":
-        labels = f" [{', '.join(p['labels'])}]" if p.get("labels") else ""
-        host = ""
-        if p.get("host_avgrq_sectors") is not None:
-            host = (f" host: rq {p['host_avgrq_sectors']:.0f} sect, qu {p.get('host_avgqu', 0):.2f}, "
-                    f"util {p.get('host_util', 0):.0f}%")
-        return f"{stamp}   = {p.get('side')} {p.get('test')}: {p.get('value')} {p.get('metric')}{labels}{host}"
-    if ev.kind == "state":
-        st = p.get("state")
-        return f"{stamp} run {st}" + (f": {p['reason']}" if p.get("reason") else "")
-    return None
 
 
 class TestsScreen(BaseScreen):
@@ -105,12 +64,12 @@ class TestsScreen(BaseScreen):
         self.run_id: int | None = None
         self.run: Run | None = None
         self.seq = 0
-        self.progress = Progress()
+        self.progress = PlanProgress()
         self.polling = False
         self.setup: SetupData | None = None
         self.last_redraw = 0.0
         self.charts_stale = False  # events arrived since the charts were last drawn
-        self.sweep: runner.Sweep | None = None
+        self.sweep: Sweep | None = None
         self._targets: list[tuple[str, str]] = []
 
     def body(self) -> ComposeResult:
@@ -119,15 +78,14 @@ class TestsScreen(BaseScreen):
                 with VerticalScroll():
                     with Horizontal(id="setup-row"):
                         with Vertical(classes="setup-col"):
-                            yield Label("Suite", classes="section")
-                            yield Select(SUITES, value="storage", allow_blank=False, id="suite")
-                            yield Label("Size", classes="section")
-                            yield Select(SIZES, value="quick", allow_blank=False, id="size")
-                            yield Label("Storage tests", classes="section")
-                            yield Select([(f"{k}: {', '.join(v)}", k) for k, v in storage.TEST_SETS.items()],
-                                         value="study", allow_blank=False, id="test-set")
+                            yield Label(SUITE.title, classes="section")
+                            yield Select(SUITE.offered(), value=SUITE.initial, allow_blank=False, id="suite")
+                            yield Label(SIZE.title, classes="section")
+                            yield Select(SIZE.offered(), value=SIZE.initial, allow_blank=False, id="size")
+                            yield Label(TESTS.title, classes="section")
+                            yield Select(TESTS.offered(), value=TESTS.initial, allow_blank=False, id="test-set")
                             # Shown once nodes are enrolled (a front-end); an all-in-one box runs here.
-                            yield Label("Where", classes="section", id="where-label")
+                            yield Label(WHERE.title, classes="section", id="where-label")
                             yield Select([("this host", "")], value="", allow_blank=False, id="where")
                         with Vertical(classes="setup-col"):
                             yield Label("Profiles: space ticks [x]; several = a sweep", classes="section", markup=False)
@@ -208,10 +166,10 @@ class TestsScreen(BaseScreen):
         if not names:
             self.notify("tick at least one profile (space in the Profiles list)", severity="warning")
             return
-        specs = [runner.RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node) for n in names]
+        specs = [RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node) for n in names]
         where = f" on node {node}" if node else ""
 
-        def started(result: tuple[int | None, runner.Sweep | None]) -> None:
+        def started(result: tuple[int | None, Sweep | None]) -> None:
             run_id, sweep = result
             if sweep is not None:
                 self.notify(f"sweep of {len(names)} profiles started{where}: {', '.join(names)}", title="tests")
@@ -231,7 +189,7 @@ class TestsScreen(BaseScreen):
         if run_id == self.run_id:
             return
         self.run_id, self.run, self.seq = run_id, None, 0
-        self.progress = Progress()
+        self.progress = PlanProgress()
         for c in self.query(LiveChart):
             c.clear()
         self.query_one("#run-log", Log).clear()
@@ -289,23 +247,25 @@ class TestsScreen(BaseScreen):
         log = self.query_one("#run-log", Log)
         for ev in events:
             self.seq = ev.seq
-            self.progress.feed(ev)
-            line = event_line(ev)
-            if line:
-                log.write_line(line)
-            if ev.kind == "step":
-                self.query_one("#run-step", Static).update(f"Step: {ev.payload.get('text')}")
-            elif ev.kind == "progress" and ev.payload.get("mbps") is not None:
-                name = "guest" if ev.payload.get("side") == "guest" else "bare metal"
-                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, ev.payload["mbps"])
-            elif ev.kind == "measurement" and ev.payload.get("metric") == "MB/s":
-                name = "guest" if ev.payload.get("side") == "guest" else "bare metal"
-                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, ev.payload.get("value"))
-            elif ev.kind == "sample":
-                p = ev.payload
-                self.query_one("#chart-rq", LiveChart).add("avgrq", ev.t, p.get("avgrq_sectors"))
-                self.query_one("#chart-qu", LiveChart).add("avgqu", ev.t, p.get("avgqu"))
-                self.query_one("#chart-qu", LiveChart).add("util %", ev.t, p.get("util"))
+            rec = ev.record
+            if rec is None:
+                continue
+            self.progress.feed(rec)
+            line = describe(rec)
+            if line is not None:
+                log.write_line(stamped(ev.t, line))
+            if isinstance(rec, StepEvent):
+                self.query_one("#run-step", Static).update(f"Step: {rec.text}")
+            elif isinstance(rec, ProgressEvent) and rec.mbps is not None:
+                name = "guest" if rec.side == "guest" else "bare metal"
+                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, rec.mbps)
+            elif isinstance(rec, MeasurementEvent) and rec.metric == "MB/s":
+                name = "guest" if rec.side == "guest" else "bare metal"
+                self.query_one("#chart-mbps", LiveChart).add(name, ev.t, rec.value)
+            elif isinstance(rec, SampleEvent):
+                self.query_one("#chart-rq", LiveChart).add("avgrq", ev.t, rec.avgrq_sectors)
+                self.query_one("#chart-qu", LiveChart).add("avgqu", ev.t, rec.avgqu)
+                self.query_one("#chart-qu", LiveChart).add("util %", ev.t, rec.util)
         self.show_head(run, sweep)
         pct = 100.0 if run.state == "completed" else self.progress.percent
         bar = self.query_one("#run-progress", ProgressBar)
@@ -317,8 +277,7 @@ class TestsScreen(BaseScreen):
         if self.charts_stale and self.is_current and time.monotonic() - self.last_redraw > 1.0:
             self.redraw_charts()
         if run.finished:
-            if any(e.kind == "state" and e.payload.get("state") in ("completed", "aborted", "failed")
-                   for e in events):
+            if any(isinstance(rec := e.record, StateEvent) and rec.final for e in events):
                 self.redraw_charts()
                 sev = "information" if run.state == "completed" else "warning"
                 self.notify(f"run {run.id} {run.state}" + (f": {run.reason}" if run.reason else ""),
@@ -328,7 +287,7 @@ class TestsScreen(BaseScreen):
         elif len(events) >= 1000:
             self.call_later(self.poll)  # catching up with a long run: fetch the next page at once
 
-    def show_head(self, run: Run, sweep: runner.Sweep | None) -> None:
+    def show_head(self, run: Run, sweep: Sweep | None) -> None:
         acc = run.accelerator or "accelerator not known yet"
         emu = " (EMULATED: not overhead figures)" if run.accelerator == "tcg" else (
             " (nested)" if run.accelerator == "nested-kvm" else "")

@@ -1,12 +1,12 @@
-"""Work on an enrolled node from the front-end, over the pinned SSH (the same OpenSSH, keys and pins as libvirt's
-qemu+ssh transport): propagate the benchmark guest image from the front-end's store to the node, start a run
-there, follow its events live, cancel it, and fetch its result for the front-end's database.
+"""The front-end's side of work on an enrolled node, over the pinned SSH (the same OpenSSH, keys and pins as
+libvirt's qemu+ssh transport): propagate the benchmark guest image from the front-end's store to the node, start a
+run there, follow its events live, cancel it, fetch its result, list the node's image cache.
 
-The node does the work with its own cloudbox: `cloudbox node local OP` (cli/node.py), run through SSH by the
-front-end's management key, is the node's side of each step. Nothing listens on the node for this: it is a
-command over SSH, like virt-ssh-helper for libvirt. The node's run is its own executor (the same code as a
-local run: bare-metal baseline, guest, disk sampler, cleanup on failure), started detached there so a dropped
-connection cannot leave a half-cleaned guest; the front-end's executor mirrors it (runner.Executor, spec.node).
+The node does the work with its own cloudbox: `cloudbox node local OP` (cli/node.py over core.agent), run through
+SSH by the front-end's management key, is the node's side of each step. Nothing listens on the node for this: it
+is a command over SSH, like virt-ssh-helper for libvirt. The node's run is its own executor, started detached there
+so a dropped connection cannot leave a half-cleaned guest; the front-end mirrors it (core.nodes.mirror). What a
+node sends is read with a size limit: a node that sends more is an error naming it and the limit.
 
 Image propagation is study B's measurement: the kernel, initramfs and manifest travel as one tar stream; the
 node unpacks it into <its state dir>/images/<image id>.part, checks every file's SHA-256 and renames the
@@ -19,28 +19,33 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import shutil
+import os
+import shlex
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .. import paths
 from ..errors import CloudboxError
 from ..guestimage import GuestImage
+from ..provenance import Propagation, RemoteRun
 from .registry import NodeRecord, Registry
 
 IMAGE_FILES = ("vmlinuz", "initrd.img", "manifest.json")
 SUMS = "SHA256SUMS"
 CHUNK = 1024 * 1024
-KEEP_IMAGES = 3  # image ids a node keeps in its cache (the newest)
 PATIENT_CONNECT_S = 30  # ssh ConnectTimeout for a run's own traffic
 PATIENT_KEEPALIVE_COUNT = 24  # x the registry's 5 s ServerAliveInterval: 2 min of silence before the stream drops
 REATTACH_WITHIN_S = 300.0  # a run's dropped event stream is re-attached for this long before the node counts as lost
+OUTPUT_LIMIT = 1024 * 1024  # what a node's command may print (its answers are one JSON line)
+RUN_EXPORT_LIMIT = 64 * 1024 * 1024  # a run's export with its raw tool output (a full study run: about 1 MB)
+EVENT_LINE_LIMIT = 1024 * 1024  # one event of a followed run
+STDERR_TAIL = 64 * 1024  # of a failed command's stderr, for its message
 
 
 class NodeError(CloudboxError):
@@ -67,8 +72,6 @@ class NodeShell:
         """ssh's argv for `cmd`. patient: for a run's own traffic (its event stream, fetch, cancel), which must
         ride out a node that is busy, not gone: a TCG node under a queue-depth-32 fio once left sshd silent past
         the registry's 5 s connect timeout and 10 s keepalive (a health check stays quick: it is what says down)."""
-        import shlex
-
         base = list(self.base)
         if patient:
             at = base.index("--") if "--" in base else len(base) - 1
@@ -77,18 +80,31 @@ class NodeShell:
         return [*base, shlex.join(cmd)]
 
     def run(self, *cmd: str, input: bytes | None = None, timeout: float = 60.0, what: str = "",
-            patient: bool = False) -> str:
+            patient: bool = False, limit: int = OUTPUT_LIMIT) -> str:
+        """The command's output; a NodeError when it fails, takes longer than `timeout` or prints more than
+        `limit` bytes (it is stopped then: a node cannot fill the front-end's memory)."""
         what = what or " ".join(cmd[:3])
-        try:
-            out = subprocess.run(self.argv(*cmd, patient=patient), input=input, capture_output=True, timeout=timeout,
-                                 stdin=subprocess.DEVNULL if input is None else None)
-        except subprocess.TimeoutExpired:
-            raise NodeError(f"{self.where}: {what} did not finish within {timeout:g} s") from None
-        except OSError as e:
-            raise NodeError(f"{self.where}: cannot run ssh: {e}") from None
-        if out.returncode != 0:
-            raise NodeError(f"{self.where}: {what} failed: {explain(out.returncode, out.stderr)}")
-        return out.stdout.decode(errors="replace")
+        with tempfile.TemporaryFile() as err:
+            try:
+                proc = subprocess.Popen(self.argv(*cmd, patient=patient), stdout=subprocess.PIPE, stderr=err,
+                                        stdin=subprocess.DEVNULL if input is None else subprocess.PIPE)
+            except OSError as e:
+                raise NodeError(f"{self.where}: cannot run ssh: {e}") from None
+            out, over = _bounded(proc, input, limit)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                over.join(timeout=1.0)  # a child it left may hold its stdout: not waited for
+                raise NodeError(f"{self.where}: {what} did not finish within {timeout:g} s") from None
+            over.join()
+            if over.exceeded:
+                raise NodeError(f"{self.where}: {what} sent more than {_size(limit)}, the limit; stopped")
+            if proc.returncode != 0:
+                err.seek(max(0, err.seek(0, io.SEEK_END) - STDERR_TAIL))
+                raise NodeError(f"{self.where}: {what} failed: {explain(proc.returncode, err.read())}")
+        return bytes(out).decode(errors="replace")
 
     def popen(self, *cmd: str, stdin: int | None = subprocess.DEVNULL,
               patient: bool = False) -> subprocess.Popen[bytes]:
@@ -111,28 +127,49 @@ def explain(rc: int, stderr: bytes | str) -> str:
     return f"exit status {rc}: {tail}"
 
 
+
+class _Reader(threading.Thread):
+    """Reads a process's stdout into `out` (writing `input` to its stdin first, beside it), stopping the process
+    once more than `limit` bytes came."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], input: bytes | None, limit: int, out: bytearray) -> None:
+        super().__init__(daemon=True)
+        self.proc, self.input, self.limit, self.out = proc, input, limit, out
+        self.exceeded = False
+
+    def run(self) -> None:
+        if self.input is not None and self.proc.stdin is not None:
+            threading.Thread(target=self._write, daemon=True).start()
+        assert self.proc.stdout is not None
+        while chunk := os.read(self.proc.stdout.fileno(), CHUNK):
+            self.out.extend(chunk)
+            if len(self.out) > self.limit:
+                self.exceeded = True
+                self.proc.kill()
+                break
+        self.proc.stdout.close()
+
+    def _write(self) -> None:
+        assert self.proc.stdin is not None and self.input is not None
+        try:
+            self.proc.stdin.write(self.input)
+            self.proc.stdin.close()
+        except OSError:
+            pass  # the command stopped reading: its exit status and stderr say why
+
+
+def _bounded(proc: subprocess.Popen[bytes], input: bytes | None, limit: int) -> tuple[bytearray, _Reader]:
+    out = bytearray()
+    reader = _Reader(proc, input, limit, out)
+    reader.start()
+    return out, reader
+
+
+def _size(n: int) -> str:
+    return f"{n // 1024**2} MiB" if n >= 1024**2 else f"{n} bytes"
+
+
 # ------------------------------------------------------------------------------------------ propagation
-@dataclass
-class Propagation:
-    """One copy of the guest image from the front-end's store to a node (cached: it was there already)."""
-
-    node: str
-    image_id: str
-    bytes: int
-    seconds: float  # first byte sent -> the node has written every file
-    verify_seconds: float  # the node's SHA-256 check of what it received
-    mbps: float  # MB/s (10^6 bytes per second) over `seconds`; 0 when cached
-    cached: bool
-    remote_dir: str
-    at: float = field(default_factory=time.time)
-
-    def describe(self) -> str:
-        if self.cached:
-            return f"guest image {self.image_id} already on {self.node} (checked in {self.verify_seconds:.1f} s)"
-        return (f"guest image {self.image_id} to {self.node}: {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s = "
-                f"{self.mbps:.1f} MB/s (verified on the node in {self.verify_seconds:.2f} s)")
-
-
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -239,103 +276,6 @@ def propagate_image(shell: NodeShell, image: GuestImage, *, force: bool = False,
                        round(total / seconds / 1e6, 2), False, remote_dir)
 
 
-# The node's side (`cloudbox node local has-image|receive-image`).
-def images_dir() -> Path:
-    return paths.state_dir() / "images"
-
-
-def local_has_image(iid: str) -> dict[str, Any]:
-    d = images_dir() / _check_id(iid)
-    ok = (d / ".complete").is_file() and _verify(d) is None
-    return {"present": ok, "dir": str(d)}
-
-
-def local_receive_image(iid: str, stream: IO[bytes], say: Callable[[str], None]) -> Path:
-    """Unpack a tar of the image files from `stream` into images/<iid>, check the SHA-256 sums, rename into place
-    (a failed copy leaves nothing behind). Prints 'received' and 'verified DIR' lines as it goes."""
-    d = images_dir() / _check_id(iid)
-    part = d.with_name(d.name + ".part")
-    shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
-    try:
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for member in tar:
-                if member.name not in (*IMAGE_FILES, SUMS) or not member.isfile():
-                    raise CloudboxError(f"receive-image: unexpected entry {member.name!r} in the stream; allowed: "
-                                        f"{', '.join((*IMAGE_FILES, SUMS))}")
-                # Only plain files with the names above get here; the data filter (Python >= 3.12) on top.
-                if hasattr(tarfile, "data_filter"):
-                    tar.extract(member, part, filter="data")
-                else:
-                    tar.extract(member, part)
-        say("received")
-        problem = _verify(part)
-        if problem:
-            raise CloudboxError(f"receive-image: {problem}")
-        shutil.rmtree(d, ignore_errors=True)
-        part.rename(d)
-        (d / ".complete").touch()
-    except BaseException:
-        shutil.rmtree(part, ignore_errors=True)
-        raise
-    _prune(keep=d)
-    say(f"verified {d}")
-    return d
-
-
-def _check_id(iid: str) -> str:
-    if len(iid) != 16 or any(c not in "0123456789abcdef" for c in iid):
-        raise CloudboxError(f"image id {iid!r}: allowed: 16 lowercase hex digits")
-    return iid
-
-
-def _verify(d: Path) -> str | None:
-    """None when every file listed in SHA256SUMS is there with that hash; else what is wrong."""
-    try:
-        want: dict[str, str] = {}
-        for line in (d / SUMS).read_text().splitlines():
-            if line.strip():
-                digest, name = line.split(None, 1)
-                want[name.strip()] = digest
-    except (OSError, ValueError) as e:
-        return f"{d / SUMS}: {e}"
-    for name in IMAGE_FILES:
-        if name not in want:
-            return f"{d / SUMS} lists no {name}"
-        try:
-            got = sha256_file(d / name)
-        except OSError as e:
-            return f"{d / name}: {e.strerror or e}"
-        if got != want[name]:
-            return f"{d / name}: SHA-256 mismatch (the copy is damaged)"
-    return None
-
-
-def local_images(clear: bool = False, keep: int = 0) -> dict[str, Any]:
-    """The node's image cache, newest first ({"images": [{id, bytes, at, complete}], "removed": [ids]}); with
-    clear, everything but the newest `keep` complete images goes (and any cut copy). Refused while a run is
-    going on this node: its guest may be about to boot from the cache."""
-    if keep < 0:
-        raise CloudboxError(f"--keep {keep}: allowed: 0 or more")
-    d = images_dir()
-    entries = sorted((p for p in d.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime,
-                     reverse=True) if d.is_dir() else []
-    removed: list[str] = []
-    if clear and entries:
-        from ..runner import check_not_busy
-
-        check_not_busy()
-        complete = [p for p in entries if not p.name.endswith(".part") and (p / ".complete").is_file()]
-        for p in entries:
-            if p not in complete[:keep]:
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p.name)
-        entries = [p for p in entries if p.name not in removed]
-    images = [{"id": p.name, "bytes": sum(f.stat().st_size for f in p.iterdir() if f.is_file()),
-               "at": p.stat().st_mtime, "complete": (p / ".complete").is_file()} for p in entries]
-    return {"dir": str(d), "images": images, "removed": removed}
-
-
 def node_images(shell: NodeShell, *, clear: bool = False, keep: int = 0) -> dict[str, Any]:
     """`local_images` on the node, over the pinned SSH."""
     args = ["cloudbox", "node", "local", "images", *(["--clear", "--keep", str(keep)] if clear else [])]
@@ -346,21 +286,8 @@ def node_images(shell: NodeShell, *, clear: bool = False, keep: int = 0) -> dict
         raise NodeError(f"{shell.where}: the image cache listing was {out.strip()[:200]!r}, not JSON") from None
 
 
-def _prune(keep: Path) -> None:
-    done = sorted((p for p in images_dir().iterdir() if p.is_dir() and not p.name.endswith(".part")),
-                  key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in [p for p in done if p != keep][KEEP_IMAGES - 1:]:
-        shutil.rmtree(old, ignore_errors=True)
-
 
 # ------------------------------------------------------------------------------------------------- runs
-@dataclass
-class RemoteRun:
-    node: str
-    run_id: int
-    uuid: str
-
-
 def start_run(shell: NodeShell, spec: dict[str, Any], profile_toml: str, image_dir: str) -> RemoteRun:
     """Start a detached run on the node with this spec (its `profile` replaced by the front-end's resolved
     profile, sent along, so both ends run the same profile with the same hash) and the propagated image."""
@@ -374,15 +301,18 @@ def start_run(shell: NodeShell, spec: dict[str, Any], profile_toml: str, image_d
 
 
 def follow(shell: NodeShell, rr: RemoteRun, *, cancelled: Callable[[], bool] = lambda: False,
-           after_seq: int = 0) -> Iterator[tuple[int, str, dict[str, Any]]]:
+           after_seq: int = 0, line_limit: int = EVENT_LINE_LIMIT) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """(seq, kind, payload) of the node's run as they happen, until it ends. Raises NodeError when the connection
-    is lost (ssh ends without the run's final state)."""
+    is lost (ssh ends without the run's final state), and a CloudboxError for an event longer than `line_limit`."""
     proc = shell.popen("cloudbox", "node", "local", "follow", str(rr.run_id), "--after", str(after_seq),
                        patient=True)
     assert proc.stdout is not None and proc.stderr is not None
     ended = False
     try:
-        for raw in proc.stdout:
+        while raw := proc.stdout.readline(line_limit + 1):
+            if len(raw) > line_limit:
+                raise CloudboxError(f"{shell.where}: an event of run {rr.run_id} there is longer than "
+                                    f"{_size(line_limit)}, the limit; stopped following it")
             if cancelled():
                 break
             try:
@@ -399,12 +329,14 @@ def follow(shell: NodeShell, rr: RemoteRun, *, cancelled: Callable[[], bool] = l
         rc = proc.wait()
     if not ended and not cancelled():
         raise NodeError(f"{shell.where}: lost the run's event stream before it ended "
-                        f"({explain(rc, proc.stderr.read())}); run {rr.run_id} there may still be going")
+                        f"({explain(rc, proc.stderr.read(STDERR_TAIL))}); run {rr.run_id} there may still be going")
 
 
-def fetch_run(shell: NodeShell, rr: RemoteRun) -> dict[str, Any]:
+def fetch_run(shell: NodeShell, rr: RemoteRun, limit: int = RUN_EXPORT_LIMIT) -> dict[str, Any]:
+    """The node's run as its `results export` writes it (measurements with raw output, provenance), read up to
+    `limit` bytes."""
     out = shell.run("cloudbox", "results", "export", "--format", "json", "--raw", str(rr.run_id), timeout=180,
-                    what=f"reading run {rr.run_id}", patient=True)
+                    what=f"reading run {rr.run_id}", patient=True, limit=limit)
     try:
         run: dict[str, Any] = json.loads(out)["runs"][0]
         return run
@@ -418,53 +350,3 @@ def cancel_run(shell: NodeShell, rr: RemoteRun) -> str:
                      patient=True).strip()
 
 
-# The node's side of start-run and follow (`cloudbox node local start-run|follow`).
-def local_start_run(req: dict[str, Any]) -> dict[str, Any]:
-    """Start a detached run here from a front-end's request: {"spec": RunSpec fields, "profile_toml": the
-    resolved profile, "image_dir": where propagation put the guest image}."""
-    import dataclasses
-    import os
-    import tomllib
-
-    from ..results import ResultStore
-    from ..runner import RunSpec, start_detached
-
-    try:
-        spec_in = dict(req["spec"])
-        profile_toml = str(req["profile_toml"])
-        name = str(tomllib.loads(profile_toml)["name"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CloudboxError(f"start-run: the request is not what this cloudbox understands ({e}); allowed: JSON "
-                            "with spec, profile_toml, image_dir (is the front-end's cloudbox the same version?)") \
-            from None
-    known = {f.name for f in dataclasses.fields(RunSpec)}
-    unknown = sorted(set(spec_in) - known)
-    if unknown:
-        raise CloudboxError(f"start-run: unknown run setting(s) {', '.join(unknown)} from the front-end; allowed: "
-                            f"{', '.join(sorted(known))} (update this node's cloudbox)")
-    digest = hashlib.sha256(profile_toml.encode()).hexdigest()[:12]
-    pdir = paths.state_dir() / "remote-profiles" / digest
-    pdir.mkdir(parents=True, exist_ok=True)
-    pfile = pdir / f"{Path(name).name}.toml"
-    pfile.write_text(profile_toml)
-    spec_in.update(profile=str(pfile), node="")
-    image_dir = req.get("image_dir")
-    if image_dir:
-        GuestImage.locate(Path(image_dir))  # a clear error now rather than in the detached executor
-        os.environ["CLOUDBOX_GUEST_IMAGE"] = str(image_dir)  # inherited by the detached executor
-    spec = RunSpec(**spec_in)
-    with ResultStore() as store:
-        rid = start_detached(spec, store)
-        return {"run_id": rid, "uuid": store.get_run(rid).uuid}
-
-
-def local_follow(run_ref: str, after_seq: int, out: IO[str], poll: float = 0.3) -> int:
-    """Print the run's events as JSON lines ({"seq", "kind", "payload"}) until it has ended; 0 when completed."""
-    from ..results import ResultStore
-
-    with ResultStore() as store:
-        rid = store.resolve(run_ref)
-        for ev in store.follow(rid, after_seq, poll=poll):
-            out.write(json.dumps({"seq": ev.seq, "t": ev.t, "kind": ev.kind, "payload": ev.payload}) + "\n")
-            out.flush()
-        return 0 if store.get_run(rid, raw=False).state == "completed" else 1

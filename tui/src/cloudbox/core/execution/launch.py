@@ -1,0 +1,87 @@
+"""Launching the run's guest and waiting for its agent, with the boot retry under emulation or nested
+virtualization, and the note a failed run's reason ends with when its guest died or went silent."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+from ..errors import CloudboxError, GuestUnreachable
+from ..events import ProgressEvent
+from ..guest import QEMU_LOG_DIR, Guest
+from ..runspec import BOOT
+from .context import RunContext
+
+# Launches of one guest under emulation or nested virtualization before a silent or dead boot fails the run.
+BOOT_ATTEMPTS = 2
+CONSOLE_TAIL_LINES = 20  # lines of the guest's serial console kept in the reason of a run whose guest died
+QEMU_LOG_TAIL_LINES = 8  # and of libvirt's log of its QEMU process
+
+
+@dataclass
+class Launched:
+    guest: Guest
+    waited_s: float  # for the agent
+    boot_s: float  # since this attempt's launch
+    attempts: int
+
+
+def console_note(guest: Guest | None, err: CloudboxError) -> str:
+    """When the guest died or its agent went silent: the last lines of its serial console (read before the
+    work directory holding the log is removed) and of libvirt's log of its QEMU process (a guest reset without
+    a word, a KVM error), to go after the abort reason. Else ""."""
+    if guest is None or guest.console_log is None:
+        return ""
+    if not isinstance(err, GuestUnreachable) and guest.is_active():
+        return ""
+    tail = guest.console_tail(CONSOLE_TAIL_LINES)
+    if tail:
+        note = (f"\nlast {len(tail)} lines of the guest's serial console:\n"
+                + "\n".join(f"  | {line}" for line in tail))
+    else:
+        note = f"\n(guest {guest.name} printed nothing on its serial console)"
+    qemu = guest.qemu_log_tail(QEMU_LOG_TAIL_LINES)
+    if qemu:
+        note += (f"\nlast {len(qemu)} lines of its QEMU log ({QEMU_LOG_DIR / (guest.name + '.log')}):\n"
+                 + "\n".join(f"  : {line}" for line in qemu))
+    return note
+
+
+def launch(ctx: RunContext) -> Launched:
+    """Start the guest (ctx.domain_xml) and wait for its agent. Under emulation or nested virtualization a guest
+    that dies while booting or whose agent stays silent is launched once more, announced as a step with its
+    console's last lines (the first console is kept as console-attempt1.log): multi-threaded TCG and nested KVM
+    inside TCG lose a boot now and then (docs/image.md). With KVM on bare metal that means something is wrong: no
+    retry."""
+    acc, control = ctx.accelerator, ctx.control
+    attempts = BOOT_ATTEMPTS if (acc.emulated or acc.nested) else 1
+
+    def waiting(seconds: float) -> None:
+        control.check("cancelled while the guest was booting")
+        ctx.sink.emit(ProgressEvent("guest", BOOT, 0, f"{seconds:.0f}s"))
+
+    for attempt in range(1, attempts + 1):
+        t0 = time.monotonic()
+        with control.atomic():
+            guest = Guest.start(ctx.conn, ctx.domain_xml, console_log=ctx.console_log)
+            ctx.stack.callback(guest.destroy)
+            ctx.guest = guest
+        try:
+            waited = guest.wait_agent(timeout=ctx.spec.agent_timeout, on_wait=waiting)
+            return Launched(guest, waited, time.monotonic() - t0, attempt)
+        except GuestUnreachable as e:
+            if attempt == attempts or control.cancelled():
+                raise
+            note = console_note(guest, e)
+            with control.atomic():
+                guest.destroy()
+                ctx.guest = None
+            kept = ctx.console_log.with_name(f"console-attempt{attempt}.log")
+            with contextlib.suppress(OSError):
+                ctx.console_log.replace(kept)
+            ctx.sink.step(f"guest {guest.name} did not come up ({e}); {acc.label} loses a boot now and then: "
+                          f"launching it again (attempt {attempt + 1} of {attempts})")
+            if note:
+                ctx.sink.log(note.strip("\n") + f"\n(attempt {attempt}'s console: {kept})")
+    raise AssertionError("unreachable")

@@ -1,0 +1,208 @@
+"""A run on this host, as a sequence of small steps over one RunContext: the guest image, the accelerator, libvirt,
+the backing store, the host disk's sampler, the bare-metal storage baseline, the network plumbing, the guest's
+launch, its storage tests, the network tests (or a guest session's hold). Each step registers what it creates in
+the context's cleanup stack; the lifecycle (core.execution.lifecycle) unwinds it whatever happens.
+
+The guest's serial console is logged to console.log in the run's work directory (removed with it); when the guest
+dies or its agent stops answering, the run's reason ends with the console's last lines.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from ... import __version__
+from .. import accel, backing, daemons, paths, storage
+from ..diskstats import Sample, Sampler
+from ..domain import render_domain
+from ..errors import CloudboxError
+from ..events import ProgressEvent, SampleEvent
+from ..guest import reap_orphans
+from ..guestimage import CMDLINE, GuestImage
+from ..provenance import BackingInfo, Controller, GuestImageInfo, Provenance, Versions
+from ..runspec import BOOT
+from .context import RunContext
+from .launch import launch
+from .measure import storage_test
+from .network_steps import hold, network_tests, plumb
+
+Step = Callable[[RunContext], None]
+
+
+def run_local(ctx: RunContext) -> None:
+    """The run's body on this host (core.execution.lifecycle.Execution runs it)."""
+    for step in (find_image, probe_accelerator, connect_libvirt, prepare_backing, record_facts, start_sampler,
+                 storage_baseline, plumb, launch_guest):
+        step(ctx)
+    assert ctx.guest is not None
+    if ctx.spec.session:
+        hold(ctx, ctx.guest, ctx.boot_s)
+        return
+    guest_storage(ctx)
+    if ctx.spec.wants_network and ctx.hostnet is not None:
+        network_tests(ctx, ctx.guest)
+
+
+def find_image(ctx: RunContext) -> None:
+    ctx.sink.step("checking the benchmark guest image")
+    ctx.image = GuestImage.locate()
+
+
+def probe_accelerator(ctx: RunContext) -> None:
+    ctx.sink.step("probing the accelerator")
+    acc = ctx.accelerator = accel.detect(ctx.image.kernel)
+    ctx.sink.log(f"accelerator: {acc.label}: {acc.reason}")
+    if ctx.profile.guest.hypervisor == "xen":
+        raise CloudboxError(
+            f"profile {ctx.profile.name} needs the Xen hypervisor, but this host runs Linux without Xen "
+            "(/proc/xen not present); boot the appliance's Xen entry to run Xen profiles")
+    if acc.emulated:
+        ctx.labels.append("emulated")
+    if acc.nested:
+        ctx.labels.append("nested")
+    if ctx.quick:
+        ctx.labels.append("quick-size")
+
+
+def connect_libvirt(ctx: RunContext) -> None:
+    """libvirt (started here where systemd does not), and the guests of runs that died, destroyed."""
+    ctx.sink.step("connecting to libvirt")
+    with ctx.control.atomic():
+        ctx.conn = daemons.connect(hide_kvm=not ctx.accelerator.kvm_usable)
+        ctx.stack.callback(ctx.conn.close)
+    live = {r.uuid for r in ctx.store.active_runs()}
+    for name in reap_orphans(ctx.conn, live | {ctx.run_uuid}, ctx.store.run_uuids()):
+        ctx.sink.log(f"destroyed orphan guest {name} left by a dead run")
+
+
+def prepare_backing(ctx: RunContext) -> None:
+    spec, disk = ctx.spec, ctx.profile.disk
+    base = Path(spec.work_dir) if spec.work_dir else paths.state_dir() / "work"
+    ctx.sink.step(f"preparing the backing store ({disk.backing}, {backing.human_size(ctx.size)})")
+    ctx.work_dir = base / f"run-{ctx.run_uuid[:12]}"
+    with ctx.control.atomic():
+        ctx.backing = backing.prepare(disk.backing, work_dir=ctx.work_dir, size_bytes=ctx.size, fmt=disk.format,
+                                      device=spec.device or None, confirm=spec.destroy or None, volume=disk.volume)
+        ctx.stack.callback(ctx.backing.remove)
+    ctx.labels += ctx.backing.labels
+
+
+def record_facts(ctx: RunContext) -> None:
+    """The run's provenance so far: this host, the accelerator, the versions, the guest image, the backing store."""
+    acc, image, store = ctx.accelerator, ctx.image, ctx.backing
+    ctx.provenance = Provenance(
+        controller=Controller.this_host(), host=platform.node(), host_kernel=platform.release(), cpu=_cpu_model(),
+        accelerator=acc,
+        versions=Versions(cloudbox=__version__, qemu=_version(["qemu-system-x86_64", "--version"]),
+                          libvirt=_libvirt_version(ctx.conn.getLibVersion()),
+                          hypervisor=_libvirt_version(ctx.conn.getVersion()), fio=_version(["fio", "--version"]),
+                          netperf=_version(["netperf", "-V"]), iperf3=_version(["iperf3", "--version"]),
+                          guest_packages=image.packages),
+        guest_image=GuestImageInfo(kernel_version=image.kernel_version, sha256=image.manifest.get("sha256", {})),
+        backing=BackingInfo(kind=store.kind, path=store.path, device=store.host_device, model=store.model,
+                            size_bytes=store.size_bytes, format=store.format, is_block=store.is_block),
+        spec=ctx.spec)
+    ctx.store.update_run(ctx.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))
+    ctx.save_provenance()
+
+
+def start_sampler(ctx: RunContext) -> None:
+    """The host disk's metrics once a second, on the run's timeline, tagged with the test running then."""
+    device = ctx.backing.host_device
+    if not (device and ctx.spec.wants_storage):
+        return
+
+    def on_sample(s: Sample) -> None:
+        ctx.sink.sample(SampleEvent.from_payload({**s.as_dict(), "test": ctx.current_test}))
+
+    with ctx.control.atomic():
+        ctx.sampler = ctx.stack.enter_context(Sampler(device, on_sample))
+
+
+def storage_baseline(ctx: RunContext) -> None:
+    """The storage tests on bare metal, against the same device the guest's disk is on."""
+    if not ctx.spec.wants_storage:
+        return
+    tests = storage.resolve_tests(ctx.spec.storage_tests)
+    store, sink = ctx.backing, ctx.sink
+    runner = storage.HostRunner(ctx.control.cancelled)
+    sink.step("bare metal: storage tests", side="baseline")
+    if storage.needs_fill(tests):
+        sink.step("bare metal: laying down data for read tests", side="baseline")
+        runner.fill(store.baseline_target, ctx.size)
+    for t in tests:
+        storage_test(ctx, "baseline", t, functools.partial(runner.run, t, store.baseline_target, ctx.size,
+                                                           ctx.runtime, sink.progress("baseline", t.id)))
+    if not store.is_block:
+        Path(store.baseline_target).unlink(missing_ok=True)
+
+
+def launch_guest(ctx: RunContext) -> None:
+    """The guest under the profile, on the backing store and the bridge; boot retried under emulation."""
+    acc, image = ctx.accelerator, ctx.image
+    name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}"
+    # virtlogd (root) writes it; it goes with the work directory when the store is removed.
+    ctx.console_log = ctx.work_dir / "console.log"
+    ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type, kernel=str(image.kernel),
+                                   initrd=str(image.initrd), cmdline=CMDLINE, disk_path=ctx.backing.path,
+                                   disk_is_block=ctx.backing.is_block,
+                                   bridge=ctx.hostnet.bridge if ctx.hostnet else None, mac=None,
+                                   run_uuid=ctx.run_uuid, console_log=str(ctx.console_log))
+    ctx.sink.step(f"launching guest {name} ({acc.label})")
+    up = launch(ctx)
+    ctx.sink.log(f"guest agent ready after {up.waited_s:.1f} s"
+                 + (f" (boot attempt {up.attempts})" if up.attempts > 1 else ""))
+    prov = ctx.provenance
+    prov.guest_kernel = up.guest.sh("uname -r", timeout=30).stdout.strip()
+    prov.domain_xml = up.guest.xml()
+    prov.launch_to_agent_s = round(up.boot_s, 2)
+    prov.boot_attempts = up.attempts
+    ctx.boot_s = up.boot_s
+    ctx.save_provenance()
+    ctx.sink.emit(ProgressEvent("guest", BOOT, 100))
+
+
+def guest_storage(ctx: RunContext) -> None:
+    """The same storage tests inside the guest, against its benchmark disk."""
+    if not ctx.spec.wants_storage:
+        return
+    assert ctx.guest is not None
+    tests = storage.resolve_tests(ctx.spec.storage_tests)
+    sink = ctx.sink
+    gr = storage.GuestRunner(ctx.guest, ctx.control.cancelled)
+    gr.check_tools(tests)
+    disk = gr.disk()
+    sink.log(f"guest benchmark disk: {disk} (bus {ctx.profile.disk.bus})")
+    sink.step("guest: storage tests", side="guest")
+    if storage.needs_fill(tests):
+        sink.step("guest: laying down data for read tests", side="guest")
+        gr.fill(disk, ctx.size)
+    for t in tests:
+        storage_test(ctx, "guest", t, functools.partial(gr.run, t, disk, ctx.size, ctx.runtime,
+                                                        sink.progress("guest", t.id)), gr.drop_caches)
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+        return (out.stdout or out.stderr).strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "not installed"
+
+
+def _libvirt_version(n: int) -> str:
+    return f"{n // 1000000}.{n // 1000 % 1000}.{n % 1000}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

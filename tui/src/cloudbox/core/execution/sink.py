@@ -1,0 +1,55 @@
+"""Where a run's events go: its event stream in the results store, and one optional extra consumer (the foreground
+CLI's printer, a test). Progress is thinned to two a second; a test's last progress always goes through."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..events import LogEvent, ProgressEvent, RunEvent, SampleEvent, StateEvent, StepEvent
+from ..results import ResultStore
+
+Consumer = Callable[[RunEvent], None]
+PROGRESS_EVERY_S = 0.5
+
+
+class EventSink:
+    def __init__(self, store: ResultStore, run_id: int | None = None, extra: Consumer | None = None) -> None:
+        self.store = store
+        self.run_id = run_id  # None until the run is recorded: events before that go to `extra` alone
+        self.extra = extra
+        self._last_progress = 0.0
+
+    def emit(self, ev: RunEvent) -> None:
+        if isinstance(ev, ProgressEvent):
+            now = time.monotonic()
+            if now - self._last_progress < PROGRESS_EVERY_S and ev.pct < 100:
+                return
+            self._last_progress = now
+        if self.run_id is not None:
+            self.store.add_event(self.run_id, ev.kind, ev.to_payload())
+        if self.extra is not None:
+            self.extra(ev)
+
+    def step(self, text: str, side: str | None = None, test: str | None = None) -> None:
+        self.emit(StepEvent(text, side, test))
+
+    def log(self, text: str) -> None:
+        self.emit(LogEvent(text))
+
+    def progress(self, side: str, test: str) -> Callable[[dict[str, Any]], None]:
+        """The progress callback of a test's runner (core.storage, core.network: pct, mbps, eta)."""
+        return lambda p: self.emit(ProgressEvent.from_payload({**p, "side": side, "test": test}))
+
+    def sample(self, ev: SampleEvent) -> None:
+        """A sampler row: kept in the run's timeline and its event stream in one transaction."""
+        if self.run_id is not None:
+            self.store.add_samples(self.run_id, [ev.to_payload()], event=True)
+        if self.extra is not None:
+            self.extra(ev)
+
+    def finished(self, state: str, reason: str | None) -> None:
+        """The final state, for the extra consumer: the store appends its event with the state itself."""
+        if self.extra is not None:
+            self.extra(StateEvent(state, reason))

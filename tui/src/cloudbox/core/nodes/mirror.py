@@ -1,0 +1,202 @@
+"""The front-end's run of a spec on an enrolled node (spec.node): the node is checked, the guest image propagated
+to it (timed), the node's own executor started there (detached, through core.nodes.client), its events mirrored
+here live, and at the end its measurements and provenance brought into this database with the front-end's facts
+over them. It runs inside the same lifecycle as a run on this host (core.execution.lifecycle), so cancelling here
+cancels the node's run (its guest and stores are removed there) and a failure there is this run's reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .. import network, nodeconf
+from ..errors import CloudboxError
+from ..events import ProgressEvent, SampleEvent, StateEvent, StepEvent, parse
+from ..execution.context import RunContext
+from ..guestimage import GuestImage
+from ..provenance import Controller, NodeInfo, Nodes, PeerServers, Provenance, RemoteRun
+from ..results import MEASUREMENT_COLUMNS
+from ..runspec import BOOT, resolve_net_tests
+from . import client, health, registry
+from .registry import NodeRecord
+
+REATTACH_PAUSE_S = 10.0
+
+
+@dataclass
+class NodeRun:
+    """The node and the run on it, as the mirroring goes."""
+
+    node: NodeRecord
+    shell: client.NodeShell
+    run: RemoteRun | None = None
+    finished: bool = False  # the node's run has ended: nothing to cancel there any more
+    reason: str | None = None  # its final state event's
+
+
+def run_on_node(ctx: RunContext) -> None:
+    """The run's body on spec.node (core.execution.lifecycle.Execution runs it)."""
+    there = find_node(ctx)
+    propagate(ctx, there)
+    start(ctx, there)
+    follow(ctx, there)
+    fetch(ctx, there)
+
+
+def find_node(ctx: RunContext) -> NodeRun:
+    """The enrolled node, up (its libvirt answers over the pinned SSH)."""
+    name = ctx.spec.node
+    ctx.sink.step(f"checking node {name}")
+    with registry.Registry() as reg:
+        try:
+            node = reg.node(name)
+        except CloudboxError:
+            known = ", ".join(n.name for n in reg.nodes()) or "none enrolled"
+            raise CloudboxError(f"--node {name!r}: no such node; allowed: {known}") from None
+        shell = client.NodeShell.for_node(reg, node)
+    h = health.check_node(node)
+    if h.state != "up":
+        raise CloudboxError(f"node {node.name} is down: {h.reason}")
+    ctx.sink.log(f"node {node.name} ({node.address}) is up: {h.reason}")
+    return NodeRun(node, shell)
+
+
+def propagate(ctx: RunContext, there: NodeRun) -> None:
+    """The guest image into the node's cache (timed, recorded); the front-end's part of the provenance."""
+    sink, node = ctx.sink, there.node
+    sink.step(f"propagating the guest image to {node.name}", side="guest")
+    prop = client.propagate_image(
+        there.shell, GuestImage.locate(), cancelled=ctx.control.cancelled,
+        progress=lambda done, total: sink.emit(ProgressEvent("guest", BOOT, 0, f"copy {done * 100 // total}%")))
+    sink.log(prop.describe())
+    with registry.Registry() as reg:
+        reg.add_propagation(asdict(prop))
+    # The node's own provenance (host, CPU, versions, domain XML) joins this at the end.
+    ctx.provenance = Provenance(controller=Controller.this_host(),
+                                nodes=Nodes(front_end=platform.node(), back_end=node.name),
+                                node=NodeInfo(name=node.name, address=node.address,
+                                              host_key_fingerprint=node.host_key_fingerprint),
+                                propagation=prop)
+    ctx.save_provenance()
+
+
+def serve_peer(ctx: RunContext) -> PeerServers | None:
+    """The front-end's side of the cross-node network tests: netserver and iperf3 on its private address for
+    the length of the run (stopped with it). None when this host has no private network (not an installed
+    front-end): the node's guest -> front-end tests are then left out, and the log says so."""
+    addr = nodeconf.private_address()
+    if addr == "0.0.0.0":
+        ctx.sink.log("this host has no private network address (its node settings name no private NIC): the "
+                     "guest -> front-end network tests are left out of this run")
+        return None
+    tools = {nt.tool for nt in resolve_net_tests(ctx.spec.net_tests)}
+    servers = network.HostNetwork(ctx.profile.network.mtu)
+    ctx.stack.callback(servers.teardown)
+    peer = PeerServers(peer=addr, peer_netperf_port=servers.start_netserver(addr) if "netperf" in tools else 0,
+                       peer_iperf3_port=servers.start_iperf3(addr) if "iperf3" in tools else 0)
+    ports = {"netperf": peer.peer_netperf_port, "iperf3": peer.peer_iperf3_port}
+    ctx.sink.log(f"serving the cross-node network tests on {addr}: "
+                 + ", ".join(f"{t} port {ports[t]}" for t in sorted(tools)))
+    return peer
+
+
+def start(ctx: RunContext, there: NodeRun) -> None:
+    """The node's executor, detached there, with this spec and the front-end's resolved profile; cancelled
+    there when this run ends before it did."""
+    spec, sink, node = ctx.spec, ctx.sink, there.node
+    remote_spec = {k: v for k, v in asdict(spec).items() if k != "node"}
+    if spec.wants_network and (peer := serve_peer(ctx)) is not None:
+        remote_spec.update(peer.model_dump())
+        ctx.provenance.peer = peer
+    sink.step(f"starting the run on {node.name}")
+    assert ctx.provenance.propagation is not None
+    with ctx.control.atomic():
+        rr = there.run = client.start_run(there.shell, remote_spec, ctx.profile.to_toml(),
+                                          ctx.provenance.propagation.remote_dir)
+
+        def stop_remote() -> None:
+            if not there.finished:
+                try:
+                    sink.log(f"cancelling run {rr.run_id} on {node.name}: {client.cancel_run(there.shell, rr)}")
+                except CloudboxError as e:
+                    sink.log(f"could not cancel run {rr.run_id} on {node.name}: {e}")
+
+        ctx.stack.callback(stop_remote)
+    ctx.provenance.remote_run = rr
+    ctx.save_provenance()
+    sink.log(f"run {rr.run_id} on {node.name} started; its own record stays there")
+
+
+def follow(ctx: RunContext, there: NodeRun) -> None:
+    """The node's events, mirrored here until its run ends; a dropped stream is re-attached where it stopped for
+    REATTACH_WITHIN_S before the node counts as lost."""
+    control, sink, node, rr = ctx.control, ctx.sink, there.node, there.run
+    assert rr is not None
+    seq = 0
+    control.holding = ctx.spec.session  # stopping a guest session is its normal end, as on this host
+    dropped_at: float | None = None  # when the stream first dropped without the run having ended
+    while True:
+        try:
+            for ev_seq, kind, payload in client.follow(there.shell, rr, cancelled=control.cancelled, after_seq=seq):
+                seq = ev_seq  # where a re-attached stream picks up
+                dropped_at = None
+                mirror(ctx, there, kind, payload)
+            break
+        except client.NodeError as e:
+            if control.cancelled():
+                break
+            now = time.monotonic()
+            dropped_at = dropped_at or now
+            if now - dropped_at > client.REATTACH_WITHIN_S:
+                h = health.check_node(node)
+                raise CloudboxError(f"lost node {node.name} during the run: no event stream for "
+                                    f"{now - dropped_at:.0f} s ({e}); its health check: {h.state}, {h.reason}; "
+                                    f"run {rr.run_id} there is left to finish or be cleaned up by the node") \
+                    from None
+            sink.log(f"re-attaching to run {rr.run_id} on {node.name} in {REATTACH_PAUSE_S:.0f} s ({e})")
+            time.sleep(REATTACH_PAUSE_S)
+    if control.cancelled():
+        raise control.aborted()
+    control.holding = False
+
+
+def mirror(ctx: RunContext, there: NodeRun, kind: str, payload: dict[str, Any]) -> None:
+    """One event of the node's run, re-emitted here (its steps named after the node, its samples stored as this
+    run's timeline, its final state kept for the reason)."""
+    ev = parse(kind, payload)
+    if isinstance(ev, StateEvent):
+        if ev.state == "running":
+            ctx.sink.emit(ev)
+        else:
+            there.reason = ev.reason
+        return
+    if isinstance(ev, SampleEvent):
+        ctx.sink.sample(ev)
+        return
+    if isinstance(ev, StepEvent):
+        ev = dataclasses.replace(ev, text=f"{ctx.spec.node}: {ev.text}")
+    if ev is not None:
+        ctx.sink.emit(ev)
+
+
+def fetch(ctx: RunContext, there: NodeRun) -> None:
+    """The node's run into this database: its accelerator and sizes, its measurements as the node stored them,
+    its provenance under the front-end's."""
+    rr = there.run
+    assert rr is not None
+    data = client.fetch_run(there.shell, rr)
+    rr.uuid = str(data.get("uuid") or rr.uuid)  # the node's executor gives its run its final uuid
+    there.finished = data.get("state") != "running"
+    ctx.provenance.remote_run = rr
+    ctx.store.update_run(ctx.run_id, accelerator=data.get("accelerator"), emulated=int(bool(data.get("emulated"))),
+                         size_bytes=data.get("size_bytes"), size_label=data.get("size_label"))
+    ctx.provenance = Provenance.from_stored(data.get("provenance")).under(ctx.provenance)
+    ctx.save_provenance()
+    for m in data.get("measurements") or []:  # as the node's export wrote them (its own columns)
+        ctx.store.add_measurement(ctx.run_id, **{k: m.get(k) for k in MEASUREMENT_COLUMNS if k in m})
+    if data.get("state") != "completed":
+        raise CloudboxError(f"the run on {there.node.name} (its run {rr.run_id}) ended {data.get('state')}: "
+                            f"{data.get('reason') or there.reason or 'no reason given'}")

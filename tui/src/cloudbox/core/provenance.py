@@ -1,0 +1,195 @@
+"""A run's provenance: everything that says where, how and with what its numbers were measured, as one typed record.
+
+The executor fills it as the run goes (which host ran it, the accelerator, tool versions, the guest image, the
+backing store, the spec, the guest's domain XML and kernel, its boot, a stalled network, the private network of a
+run on a back-end) and the front-end adds what it knows of a run it mirrored on a node (both nodes, the image's
+propagation, the node's run, the servers it opened for the cross-node tests). The results store keeps it as JSON
+(`to_stored`) and reads it back with `from_stored`, which also reads the older untyped form: keys it does not know
+are left out, a value of the wrong type drops that key alone, and `network` of a run on a back-end, its private
+network before that had its own key, becomes `private_network`.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+
+from .accel import Accelerator
+from .runspec import RunSpec
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Controller(_Record):
+    """The host whose executor runs the run (for a run on a node: the front-end that mirrors it)."""
+
+    host: str
+    host_kernel: str = ""
+
+    @classmethod
+    def this_host(cls) -> Controller:
+        return cls(host=platform.node(), host_kernel=platform.release())
+
+
+class Versions(_Record):
+    """The versions of what measured: cloudbox, QEMU, libvirt and its hypervisor driver, the tools, the guest's
+    packages."""
+
+    cloudbox: str = ""
+    qemu: str = ""
+    libvirt: str = ""
+    hypervisor: str = ""
+    fio: str = ""
+    netperf: str = ""
+    iperf3: str = ""
+    guest_packages: dict[str, str] = {}
+
+
+class GuestImageInfo(_Record):
+    kernel_version: str = ""
+    sha256: dict[str, str] = {}
+
+
+class BackingInfo(_Record):
+    """The backing store the guest's disk was on, as prepared (core.backing.BackingStore)."""
+
+    kind: str
+    path: str = ""
+    device: str | None = None  # the host block device sampled
+    model: str = ""
+    size_bytes: int | None = None
+    format: str = ""
+    is_block: bool = False
+
+
+class PrivateNetwork(_Record):
+    """A back-end guest's network for the tests to the front-end: the node's private bridge and the addresses."""
+
+    bridge: str
+    peer: str  # the front-end's private address
+    host_ip: str | None = None
+    guest_ip: str | None = None
+    mtu: int | None = None
+
+
+class NicStall(_Record):
+    """A guest network test whose path stopped for good: the test, the hop where frames stopped, what was done."""
+
+    test: str
+    hop: str
+    remedy: str = "relaunch"
+
+
+class Nodes(_Record):
+    """A run on a back-end: the front-end that ran it and the back-end it ran on."""
+
+    front_end: str = Field(validation_alias=AliasChoices("front-end", "front_end"), serialization_alias="front-end")
+    back_end: str = Field(validation_alias=AliasChoices("back-end", "back_end"), serialization_alias="back-end")
+
+
+class NodeInfo(_Record):
+    """The back-end as the front-end's registry knows it."""
+
+    name: str
+    address: str = ""
+    host_key_fingerprint: str = ""
+
+
+class PeerServers(_Record):
+    """The front-end's netserver and iperf3 for the cross-node tests of a run on a back-end."""
+
+    peer: str
+    peer_netperf_port: int = 0
+    peer_iperf3_port: int = 0
+
+
+@dataclass
+class Propagation:
+    """One copy of the guest image from the front-end's store to a node (cached: it was there already)."""
+
+    node: str
+    image_id: str
+    bytes: int
+    seconds: float  # first byte sent -> the node has written every file
+    verify_seconds: float  # the node's SHA-256 check of what it received
+    mbps: float  # MB/s (10^6 bytes per second) over `seconds`; 0 when cached
+    cached: bool
+    remote_dir: str
+    at: float = field(default_factory=time.time)
+
+    def describe(self) -> str:
+        if self.cached:
+            return f"guest image {self.image_id} already on {self.node} (checked in {self.verify_seconds:.1f} s)"
+        return (f"guest image {self.image_id} to {self.node}: {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s = "
+                f"{self.mbps:.1f} MB/s (verified on the node in {self.verify_seconds:.2f} s)")
+
+
+@dataclass
+class RemoteRun:
+    """A run on a node, as the node's own results store numbers it."""
+
+    node: str
+    run_id: int
+    uuid: str
+
+
+class Provenance(_Record):
+    """Every fact of a run's provenance; None (left out of the stored form) where the run never got that far."""
+
+    controller: Controller | None = None
+    host: str | None = None  # the host that ran the guest and the baseline
+    host_kernel: str | None = None
+    cpu: str | None = None
+    accelerator: Accelerator | None = None
+    versions: Versions | None = None
+    guest_image: GuestImageInfo | None = None
+    backing: BackingInfo | None = None
+    spec: RunSpec | None = None
+    private_network: PrivateNetwork | None = None
+    domain_xml: str | None = None  # what libvirt reported after the launch
+    guest_kernel: str | None = None
+    launch_to_agent_s: float | None = None
+    boot_attempts: int | None = None
+    nic_stalls: list[NicStall] | None = None
+    nodes: Nodes | None = None
+    node: NodeInfo | None = None
+    propagation: Propagation | None = None
+    peer: PeerServers | None = None
+    remote_run: RemoteRun | None = None
+
+    def to_stored(self) -> dict[str, Any]:
+        """The JSON form kept in the results store and shown by `results export|show --json`."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    @classmethod
+    def from_stored(cls, data: Any) -> Provenance:
+        """The record of a stored provenance, of this or an older cloudbox (see the module's docstring)."""
+        if not isinstance(data, dict):
+            return cls()
+        d = dict(data)
+        old = d.pop("network", None)
+        if "private_network" not in d and isinstance(old, dict) and ("bridge" in old or "peer" in old):
+            d["private_network"] = old
+        while True:
+            try:
+                return cls.model_validate(d)
+            except ValidationError as e:
+                bad = {err["loc"][0] for err in e.errors() if err["loc"]} & set(d)
+                if not bad:
+                    return cls()
+                for key in bad:
+                    del d[key]
+
+    def add_nic_stall(self, stall: NicStall) -> None:
+        self.nic_stalls = [*(self.nic_stalls or []), stall]
+
+    def under(self, front_end: Provenance) -> Provenance:
+        """This (a node's run's) provenance with the front-end's facts over it: what the front-end stores."""
+        return self.model_copy(update={k: v for k in type(front_end).model_fields
+                                       if (v := getattr(front_end, k)) is not None})

@@ -1,0 +1,227 @@
+"""Starting runs: the executor of a spec (this host's steps, or the mirroring of a run on an enrolled node), a
+detached executor that outlives its caller, cancelling, and sweeps of several runs one after another.
+
+`python -m cloudbox.core.runs RUN_ID SPEC_JSON` is a detached executor and `python -m cloudbox.core.runs --sweep
+FILE` a sweep's process: both run in their own session, their output in <state dir>/logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import uuid as uuidlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+
+from . import paths
+from .errors import CloudboxError, RunBusy
+from .execution.lifecycle import Execution
+from .execution.local import run_local
+from .execution.sink import Consumer
+from .nodes.mirror import run_on_node
+from .profiles import resolve_profile
+from .provenance import Controller, Provenance
+from .results import ResultStore, pid_alive
+from .runlock import check_not_busy
+from .runspec import RunSpec
+
+ENTRY = "cloudbox.core.runs"  # the module a detached executor or sweep runs as (`python -m`)
+
+
+# --------------------------------------------------------------------------------------- executor
+def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
+             run_id: int | None = None) -> Execution:
+    """The executor of `spec`: this host's steps, or the mirroring of a run on the enrolled node spec.node."""
+    return Execution(spec, store, run_on_node if spec.node else run_local, emit=emit, run_id=run_id)
+
+
+# ------------------------------------------------------------------------------------- detached
+def start_detached(spec: RunSpec, store: ResultStore) -> int:
+    """Start the executor in its own session (it outlives the caller); returns the run id at once. What the
+    executor would refuse before recording anything (bad settings, no such profile, a busy host) is raised here."""
+    spec.validate()
+    resolve_profile(spec.profile)
+    check_not_busy(spec.node)
+    run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
+                              state="running", node=spec.node or platform.node(), started_at=time.time(),
+                              provenance=Provenance(controller=Controller.this_host()))
+    log_dir = paths.state_dir() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / f"run-{run_id}.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", ENTRY, str(run_id), json.dumps(spec.as_dict())],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log.close()
+    store.update_run(run_id, pid=proc.pid)
+    return run_id
+
+
+def cancel(store: ResultStore, run_id: int, timeout: float = 60.0) -> str:
+    """Ask a run's executor to stop (SIGTERM: it cleans up and stores the run as aborted)."""
+    run = store.get_run(run_id)
+    if run.state != "running":
+        return run.state
+    if not run.pid:
+        raise CloudboxError(f"run {run_id} has no executor pid recorded")
+    try:
+        os.kill(run.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        store.reap_dead_runs()
+        return store.get_run(run_id).state
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = store.get_run(run_id).state
+        if state != "running":
+            return state
+        time.sleep(0.5)
+    return "running"
+
+
+# ----------------------------------------------------------------------------------------- sweeps
+@dataclass
+class Sweep:
+    """Several runs queued one after another (profiles x one suite), executed by one detached process.
+
+    Its state lives in <state dir>/sweeps/<id>.json, rewritten by the sweep process after every change:
+    `runs[i]` is the run id of `specs[i]` once it has started (None while queued), `state` is running,
+    completed (every item ran, whatever each run's outcome) or cancelled (the rest was skipped)."""
+
+    id: str
+    specs: list[RunSpec]
+    runs: list[int | None]
+    state: str = "running"
+    pid: int | None = None
+    started_at: float = 0.0
+    finished_at: float | None = None
+
+    @property
+    def path(self) -> Path:
+        return sweeps_dir() / f"{self.id}.json"
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {**asdict(self), "specs": [s.as_dict() for s in self.specs]}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)
+
+    @classmethod
+    def load(cls, path: Path) -> Sweep:
+        data = json.loads(path.read_text())
+        data["specs"] = [RunSpec.from_dict(s, source=str(path)) for s in data["specs"]]
+        return cls(**data)
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for r in self.runs if r is None) if self.state == "running" else 0
+
+
+SWEEP_START_GRACE_S = 60.0  # how long a new sweep may take to record its process before it counts as dead
+
+
+def sweeps_dir() -> Path:
+    return paths.state_dir() / "sweeps"
+
+
+def list_sweeps() -> list[Sweep]:
+    """Known sweeps, newest first. A 'running' sweep whose process is gone is reported as 'died'."""
+    out = []
+    d = sweeps_dir()
+    for f in sorted(d.glob("*.json"), reverse=True) if d.is_dir() else []:
+        try:
+            sw = Sweep.load(f)
+        except (OSError, ValueError, TypeError, KeyError, CloudboxError):
+            continue
+        if sw.state == "running":
+            if sw.pid is None:
+                if time.time() - sw.started_at > SWEEP_START_GRACE_S:
+                    sw.state = "died"  # its process never recorded itself
+            elif not pid_alive(sw.pid, sw.started_at):
+                sw.state = "died"
+        out.append(sw)
+    return out
+
+
+def start_sweep(specs: list[RunSpec], store: ResultStore) -> Sweep:
+    """Queue `specs` to run one after another in a detached process (it outlives the caller)."""
+    if not specs:
+        raise CloudboxError("a sweep needs at least one profile")
+    for spec in specs:
+        spec.validate()
+        resolve_profile(spec.profile)
+    for node in dict.fromkeys(spec.node for spec in specs):
+        check_not_busy(node)
+    sweep = Sweep(id=time.strftime("sweep-%Y%m%d-%H%M%S-") + uuidlib.uuid4().hex[:6], specs=specs,
+                  runs=[None] * len(specs), started_at=time.time())
+    sweep.save()
+    log_dir = paths.state_dir() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{sweep.id}.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", ENTRY, "--sweep", str(sweep.path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # Only the child writes the file from now on (it records its own pid first): a second writer here could
+    # overwrite the child's progress. Until the pid appears, list_sweeps() reports the sweep as starting.
+    sweep.pid = proc.pid
+    return sweep
+
+
+def _run_sweep(path: Path) -> int:
+    sweep = Sweep.load(path)
+    sweep.pid = os.getpid()
+    sweep.save()
+    stop = {"signal": ""}
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop["signal"] = signal.Signals(signum).name
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on_signal)
+    rc = 0
+    with ResultStore() as store:
+        for i, spec in enumerate(sweep.specs):
+            if stop["signal"]:
+                break
+            run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
+                                      state="running", node=platform.node(), started_at=time.time())
+            sweep.runs[i] = run_id
+            sweep.save()
+            ex = executor(spec, store, run_id=run_id)
+            try:
+                ex.execute()
+            except RunBusy as e:  # raised before the executor owns the run: record it here
+                store.finish_run(run_id, "failed", str(e))
+                rc = 1
+            except Exception as e:  # noqa: BLE001 - the executor recorded it in the run
+                print(f"sweep {sweep.id}: run {run_id}: {e}", file=sys.stderr)
+                rc = 1
+            if ex.cancelled():
+                stop["signal"] = stop["signal"] or "cancel"
+    sweep.state = "cancelled" if stop["signal"] else "completed"
+    sweep.finished_at = time.time()
+    sweep.save()
+    return rc
+
+
+def _main(argv: list[str]) -> int:
+    if argv and argv[0] == "--sweep":
+        return _run_sweep(Path(argv[1]))
+    run_id, spec = int(argv[0]), RunSpec.from_dict(json.loads(argv[1]), source="the detached executor's argument")
+    with ResultStore() as store:
+        ex = executor(spec, store, run_id=run_id)
+        try:
+            ex.execute()
+        except Exception as e:  # noqa: BLE001 - recorded in the run already
+            print(f"executor: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

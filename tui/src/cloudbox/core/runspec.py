@@ -1,0 +1,265 @@
+"""What a run is asked to do: the RunSpec, every run option declared once, the test sizes and sets, and the plan.
+
+RUN_OPTIONS is the one table of run options (name, type, default, help, choices, check): `cloudbox run` builds its
+flags from it and the TUI's Tests screen its selects, so a new option or choice appears in both at once. A spec
+is checked (`RunSpec.validate`) before anything is created; a bad value is a UsageError naming the flag, the value
+and what is allowed. The plan is the run's steps as (side, test), in the order the executor takes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from . import network, storage
+from .errors import CloudboxError, UsageError
+from .nodeconf import NODE_NAME_ALLOWED, is_node_name
+
+QUICK_SIZE = 128 * 1024**2
+MIN_SIZE = 4 * 1024**2
+AGENT_TIMEOUT_RANGE = (10.0, 3600.0)  # seconds
+DEFAULT_AGENT_TIMEOUT = 300.0
+# "guest" launches the profile's guest and keeps it running (no tests) until `cancel` stops it.
+SUITES = ("storage", "network", "all", "guest")
+SIDES = ("baseline", "guest")
+BOOT = "boot"  # the plan's test name for the guest's launch
+
+
+@dataclass
+class RunSpec:
+    profile: str  # preset/user profile name or a path to a .toml
+    suite: str = "all"
+    size: str = "quick"  # quick | study | <number>[K|M|G]
+    storage_tests: str = "standard"  # a set name (smoke, study, standard, full) or comma-separated ids
+    net_tests: str = "netperf"  # netperf | iperf3 | both | comma-separated ids
+    net_seconds: int = 0  # 0: 5 s for quick runs, 30 s otherwise
+    runtime: int = 0  # cap for random tests; 0: 5 s quick, 30 s otherwise
+    work_dir: str = ""  # where file backings and baseline files go (the file system under test)
+    device: str = ""  # explicit whole device for block-device backings
+    destroy: str = ""  # confirmation: the device's kernel name, required when it holds data
+    agent_timeout: float = DEFAULT_AGENT_TIMEOUT  # seconds to wait for the guest agent after launch
+    node: str = ""  # an enrolled back-end to run on (the front-end mirrors the node's run); "" = this host
+    # Set by the front-end for a run on a back-end (no option: never typed by a person): its private address and
+    # the netserver/iperf3 ports it opened there. The guest then joins the node's private bridge and the network
+    # tests also go to the front-end.
+    peer: str = ""
+    peer_netperf_port: int = 0
+    peer_iperf3_port: int = 0
+
+    def validate(self) -> None:
+        """Every option's value against its declaration; a UsageError for the first that is not allowed."""
+        for opt in RUN_OPTIONS:
+            opt.validate(getattr(self, opt.field))
+
+    @property
+    def wants_storage(self) -> bool:
+        return self.suite in ("storage", "all")
+
+    @property
+    def wants_network(self) -> bool:
+        return self.suite in ("network", "all")
+
+    @property
+    def session(self) -> bool:
+        """A guest session: launched, then held until stopped (no tests)."""
+        return self.suite == "guest"
+
+    def plan(self) -> list[PlanStep]:
+        """The run's steps in execution order (the guest's launch is ("guest", "boot")): what a watcher needs to
+        turn per-test progress into whole-run progress."""
+        tests = [t.id for t in storage.resolve_tests(self.storage_tests)] if self.wants_storage else []
+        out = [PlanStep("baseline", t) for t in tests]
+        out.append(PlanStep("guest", BOOT))
+        out += [PlanStep("guest", t) for t in tests]
+        if self.wants_network:
+            for nt in resolve_net_tests(self.net_tests):
+                out += [PlanStep("guest", nt.id), PlanStep("baseline", nt.id)]
+                if self.peer:
+                    fe = nt.id + network.FRONTEND_SUFFIX
+                    out += [PlanStep("guest", fe), PlanStep("baseline", fe)]
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "run settings") -> RunSpec:
+        """A spec from its dict form (a detached executor's argument, a sweep file, a front-end's request);
+        unknown settings are refused by name (a cloudbox of another version wrote them)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CloudboxError(f"{source}: unknown run setting(s) {', '.join(unknown)}; allowed: "
+                                f"{', '.join(sorted(known))}")
+        if "profile" not in data:
+            raise CloudboxError(f"{source}: no profile given")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """One step of a run's plan: a test (or the guest's boot) on one side."""
+
+    side: str  # "baseline" | "guest"
+    test: str
+
+
+def parse_size(text: str, memory_mib: int) -> tuple[int, str]:
+    """-> (bytes, label). 'study' is study B's rule: twice the guest's RAM (at least 2 GiB)."""
+    t = str(text).strip().lower()
+    if t == "quick":
+        return QUICK_SIZE, "quick"
+    if t == "study":
+        return max(2 * memory_mib * 1024**2, 2 * 1024**3), "study"
+    mult = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+    try:
+        if t and t[-1] in mult:
+            n = int(float(t[:-1]) * mult[t[-1]])
+        else:
+            n = int(t)
+    except (ValueError, OverflowError):
+        raise UsageError(f"--size {text!r} not understood; allowed: quick, study, or a size like 512M, 4G") from None
+    if n < MIN_SIZE:
+        raise UsageError(f"--size {text!r} is too small; the minimum is 4M")
+    return n, "custom"
+
+
+def resolve_net_tests(spec: str) -> list[network.NetTest]:
+    ids = network.NET_SETS.get(spec) or [s for s in spec.split(",") if s]
+    bad = [i for i in ids if i not in network.NET_TESTS]
+    if bad:
+        raise UsageError(f"unknown network test(s) {', '.join(bad)}; allowed: {', '.join(network.NET_TESTS)} "
+                         f"or a set: {', '.join(network.NET_SETS)}")
+    return [network.NET_TESTS[i] for i in ids]
+
+
+# ------------------------------------------------------------------------------------------------ options
+@dataclass(frozen=True)
+class Choice:
+    """One offered value of an option: its value, the TUI's words for it, whether the TUI's run form offers it."""
+
+    value: str
+    label: str = ""
+    offered: bool = True
+
+    @property
+    def title(self) -> str:
+        return self.label or self.value
+
+
+@dataclass(frozen=True)
+class RunOption:
+    """One run option, declared once for the CLI's flags, the TUI's run form and the spec's validation."""
+
+    field: str  # the RunSpec attribute
+    flags: tuple[str, ...]  # the CLI's flags, the long one first
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+    title: str = ""  # the TUI form's heading for it ("" where the form does not offer it)
+    metavar: str | None = None
+    choices: tuple[Choice, ...] = ()
+    closed: bool = False  # only the choices are allowed; else `check` says what is
+    check: Callable[[Any], None] | None = None  # raises UsageError naming the flag, the value and what is allowed
+    form_default: Any = None  # the TUI form's first value, where it differs from the CLI's default
+    required: bool = False
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+    def validate(self, value: Any) -> None:
+        if self.closed and value not in [c.value for c in self.choices]:
+            raise UsageError(f"{self.flag} {value!r} is not allowed; allowed: "
+                             f"{', '.join(c.value for c in self.choices)}")
+        if self.check is not None:
+            self.check(value)
+
+    def offered(self) -> list[tuple[str, str]]:
+        """(label, value) of every choice the TUI's form offers, for a select."""
+        return [(c.title, c.value) for c in self.choices if c.offered]
+
+    @property
+    def initial(self) -> Any:
+        """The value the TUI's form starts with."""
+        return self.default if self.form_default is None else self.form_default
+
+
+def _check_size(value: str) -> None:
+    parse_size(value, 1024)
+
+
+def _check_tests(value: str) -> None:
+    try:
+        storage.resolve_tests(value)
+    except CloudboxError as e:
+        raise UsageError(f"--tests {value!r}: {e}") from None
+
+
+def _check_net_tests(value: str) -> None:
+    try:
+        resolve_net_tests(value)
+    except CloudboxError as e:
+        raise UsageError(f"--net-tests {value!r}: {e}") from None
+
+
+def _seconds(flag: str, default: str) -> Callable[[int], None]:
+    def check(value: int) -> None:
+        if value < 0:
+            raise UsageError(f"{flag} {value} is not allowed; allowed: 0 ({default}) or more seconds")
+    return check
+
+
+def _check_agent_timeout(value: float) -> None:
+    low, high = AGENT_TIMEOUT_RANGE
+    if not low <= value <= high:
+        raise UsageError(f"--agent-timeout {value:g} is not allowed; allowed: {low:g} to {high:g} seconds "
+                         f"(default {DEFAULT_AGENT_TIMEOUT:g})")
+
+
+def _check_node(value: str) -> None:
+    if value and not is_node_name(value):
+        raise UsageError(f"--node {value!r} is not a node name; allowed: {NODE_NAME_ALLOWED} "
+                         "(`cloudbox node list` names the enrolled ones)")
+
+
+RUN_OPTIONS: tuple[RunOption, ...] = (
+    RunOption("profile", ("--profile", "-p"), str, None, "preset or user profile name, or a .toml file",
+              required=True),
+    RunOption("suite", ("--suite", "-s"), str, "all",
+              "what to measure: storage, network, all, or guest (launch the profile's guest and keep it until "
+              "cancelled)", title="Suite", closed=True, form_default="storage",
+              choices=(Choice("storage"), Choice("network"), Choice("all", "both"), Choice("guest", offered=False))),
+    RunOption("size", ("--size",), str, "quick",
+              "test size: quick (128 MiB), study (2x guest RAM, >= 2 GiB) or e.g. 512M, 4G", title="Size",
+              choices=(Choice("quick", "quick (128 MiB, 5 s tests)"),
+                       Choice("study", "study-sized (2x guest RAM, 30 s tests)")), check=_check_size),
+    RunOption("storage_tests", ("--tests",), str, "standard",
+              "storage tests: smoke, study, standard, full, or comma-separated ids", title="Storage tests",
+              metavar="TESTS",
+              choices=tuple(Choice(k, f"{k}: {', '.join(v)}") for k, v in storage.TEST_SETS.items()),
+              check=_check_tests, form_default="study"),
+    RunOption("net_tests", ("--net-tests",), str, "netperf", "netperf, iperf3, both, or comma-separated ids",
+              choices=tuple(Choice(k) for k in network.NET_SETS), check=_check_net_tests),
+    RunOption("net_seconds", ("--net-seconds",), int, 0, "seconds per network test (default 5 quick / 30)",
+              check=_seconds("--net-seconds", "5 s quick, 30 s otherwise")),
+    RunOption("runtime", ("--runtime",), int, 0, "seconds cap for random I/O tests (default 5 / 30)",
+              check=_seconds("--runtime", "5 s quick, 30 s otherwise")),
+    RunOption("work_dir", ("--work-dir",), str, "", "directory on the file system under test (file backings)"),
+    RunOption("device", ("--device",), str, "", "whole device for block-device backings (else a loop device)"),
+    RunOption("destroy", ("--destroy",), str, "", "confirm destroying --device's data by naming it (e.g. sdb)",
+              metavar="NAME"),
+    RunOption("node", ("--node",), str, "",
+              "run on this enrolled back-end (front-end only; `cloudbox node list`); default: this host",
+              title="Where", metavar="NAME", check=_check_node),
+    RunOption("agent_timeout", ("--agent-timeout",), float, DEFAULT_AGENT_TIMEOUT,
+              f"seconds to wait for the guest to boot to its agent (default {DEFAULT_AGENT_TIMEOUT:g}; under TCG or "
+              "nested KVM a guest that misses it is launched once more)", metavar="SECONDS",
+              check=_check_agent_timeout),
+)
+OPTIONS_BY_FIELD = {o.field: o for o in RUN_OPTIONS}
+
+
+def option(field: str) -> RunOption:
+    return OPTIONS_BY_FIELD[field]

@@ -1,0 +1,127 @@
+"""A run's provenance (core.provenance): one typed record, written whole, read back from this and older releases.
+
+data/provenance-2026-11.db holds runs recorded by the writers of the release before the record was typed (commit
+8d3dedd): run 1 on this host, its guest network stalled once; runs 2 and 3 on back-end be1 with network tests,
+their private network under "network" (as stored before it had its own key) and under "private_network"; run 4
+failed before its profile resolved, holding its controller only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core import compare
+from cloudbox.core.accel import Accelerator
+from cloudbox.core.provenance import (
+    BackingInfo,
+    Controller,
+    NicStall,
+    Nodes,
+    PeerServers,
+    PrivateNetwork,
+    Propagation,
+    Provenance,
+    RemoteRun,
+    Versions,
+)
+from cloudbox.core.results import ResultStore, Run
+from cloudbox.core.runspec import RunSpec
+
+FIXTURE = Path(__file__).parent / "data" / "provenance-2026-11.db"
+
+
+@pytest.fixture
+def old_runs(tmp_path: Path) -> dict[int, Run]:
+    db = tmp_path / "results.db"
+    shutil.copy(FIXTURE, db)  # opening it sets WAL mode: never on the committed file
+    with ResultStore(db) as store:
+        return {rid: store.get_run(rid) for rid in store.run_ids()}
+
+
+def _stored(run_id: int) -> dict:
+    with sqlite3.connect(f"file:{FIXTURE}?mode=ro", uri=True) as c:
+        return json.loads(c.execute("SELECT provenance FROM runs WHERE id = ?", (run_id,)).fetchone()[0])
+
+
+def test_a_local_run_of_the_previous_release_reads_field_by_field(old_runs):
+    p = old_runs[1].provenance
+    assert p.host == "fe1" and p.host_kernel == "6.12.48+deb13-amd64"
+    assert p.accelerator == Accelerator("tcg", "qemu", True, False, "no /dev/kvm", 0.1)
+    assert p.backing is not None and (p.backing.kind, p.backing.path, p.backing.device) == ("block-device",
+                                                                                              "/dev/loop7", "loop7")
+    assert p.versions is not None and p.versions.fio.startswith("fio-") and p.versions.guest_packages
+    assert p.spec == RunSpec(profile="virtio-disk", suite="all", storage_tests="smoke")
+    assert p.nic_stalls == [NicStall(test="tcp-maerts", hop="the guest's NIC", remedy="relaunch")]
+    assert (p.boot_attempts, p.launch_to_agent_s, p.guest_kernel) == (1, 21.37, "6.12.48+deb13-amd64")
+    assert "<domain" in (p.domain_xml or "") and p.private_network is None and p.nodes is None
+    # Written out again, it is what the previous release stored, key for key.
+    assert p.to_stored() == _stored(1)
+
+
+def test_a_node_runs_private_network_reads_under_its_own_key_from_either_form(old_runs):
+    for rid in (2, 3):
+        p = old_runs[rid].provenance
+        assert p.private_network == PrivateNetwork(bridge="cbpriv0", peer="10.73.0.1", host_ip="10.73.0.17",
+                                                   guest_ip="10.73.0.101", mtu=9000), rid
+        assert p.nodes == Nodes(front_end="fe1", back_end="be1") and p.host == "be1"
+        assert p.controller == Controller(host="fe1", host_kernel="6.12.48+deb13-amd64")
+        assert p.peer == PeerServers(peer="10.73.0.1", peer_netperf_port=41000)
+        assert p.remote_run == RemoteRun("be1", 7, str(rid) * 32)
+        assert p.propagation is not None and p.propagation.mbps == 40.13 and not p.propagation.cached
+        assert p.spec is not None and p.spec.peer == "10.73.0.1"
+        stored = _stored(rid)
+        if rid == 2:
+            assert "private_network" not in stored
+            stored["private_network"] = stored.pop("network")
+        assert p.to_stored() == stored, rid
+    assert old_runs[4].provenance == Provenance(controller=Controller(host="fe1", host_kernel="6.12.48+deb13-amd64"))
+
+
+def test_vhost_stays_in_the_comparison_rows_of_node_runs_with_network_tests(old_runs):
+    """Both forms of a back-end's run: its NIC's knobs come from the profile, "(vhost)" included."""
+    table = compare.compare_table([old_runs[i] for i in (1, 2, 3)])
+    for test in ("tcp-stream", "tcp-stream-fe"):
+        section = table.section(test)
+        assert section is not None, test
+        drivers = {r.run_ids[0]: r.cells["driver"] for r in section.rows if r.kind == "guest"}
+        assert drivers[2] == drivers[3] == "virtio-net (vhost), MTU 9000", (test, drivers)
+    assert compare._nic(old_runs[1]) == "virtio-net, MTU 9000"
+    assert [(compare.target_label(r), compare.driver_label(r)) for r in old_runs.values()] == [
+        ("local disk", "virtio-blk, phy"), ("local file", "virtio-blk, sparse file"),
+        ("local file", "virtio-blk, sparse file"), ("?", "?, ?")]
+
+
+def test_a_record_is_written_whole_and_read_back(tmp_path: Path):
+    prov = Provenance(controller=Controller.this_host(), host="h", accelerator=Accelerator("kvm", "kvm", False,
+                                                                                          False, "ok"),
+                      versions=Versions(qemu="QEMU 9"), backing=BackingInfo(kind="sparse-file", path="/w/d.raw"),
+                      spec=RunSpec(profile="p"), nodes=Nodes(front_end="fe1", back_end="be1"),
+                      propagation=Propagation("be1", "0123456789abcdef", 1, 0.5, 0.1, 2.0, False, "/x", at=1.0))
+    prov.add_nic_stall(NicStall(test="tcp-rr", hop="the bridge"))
+    with ResultStore(tmp_path / "r.db") as store:
+        rid = store.create_run(profile_name="p", provenance=prov)
+        assert store.get_run(rid).provenance == prov
+        assert store.get_run(rid).as_dict()["provenance"]["nodes"] == {"front-end": "fe1", "back-end": "be1"}
+        prov.boot_attempts = 2
+        store.set_provenance(rid, prov)
+        assert store.get_run(rid).provenance.boot_attempts == 2
+
+
+def test_a_value_of_the_wrong_type_drops_that_key_alone():
+    p = Provenance.from_stored({"host": "h", "boot_attempts": "twice", "nodes": {"front-end": "fe1"},
+                                "sizes": {"storage_bytes": 1}, "network": {"model": "virtio"}})
+    assert p == Provenance(host="h")
+    assert Provenance.from_stored(None) == Provenance() == Provenance.from_stored([1, 2])
+
+
+def test_the_front_ends_facts_go_over_the_nodes():
+    node = Provenance(host="be1", controller=Controller(host="be1"), boot_attempts=2)
+    ours = Provenance(controller=Controller(host="fe1"), nodes=Nodes(front_end="fe1", back_end="be1"))
+    merged = node.under(ours)
+    assert (merged.host, merged.controller, merged.boot_attempts, merged.nodes) == (
+        "be1", Controller(host="fe1"), 2, ours.nodes)
