@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,9 @@ def _remove(kind: str, name) -> None:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
+EXIT_GRACE_S = 30.0
+
+
 @pytest.fixture(scope="module", autouse=True)
 def nothing_left_behind(request):
     """A module's real runs leave no executor, guest, bridge or namespace running after its last test: whatever
@@ -146,9 +150,11 @@ def nothing_left_behind(request):
         return
     before = _cloudbox_things()
     yield
-    after = _cloudbox_things()
+    deadline = time.monotonic() + EXIT_GRACE_S  # a cancelled run's state is final a moment before its process ends
+    while (after := _cloudbox_things())["executor"] - before["executor"] and time.monotonic() < deadline:
+        time.sleep(0.5)
     executors = sorted(after["executor"] - before["executor"])
-    for pid in executors:  # maybe still finishing a cancel: SIGTERM first, so it cleans up after itself
+    for pid in executors:  # SIGTERM first, so it cleans up after itself
         _remove("executor", pid)
     if executors:
         after = _cloudbox_things()

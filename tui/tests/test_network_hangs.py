@@ -193,7 +193,7 @@ class _Session:
             return self.guest, link
         warnings.warn(f"the guest session's path to {network.HOST_IP} was dead at the start of this test (an "
                       "earlier test left it so): relaunched it", stacklevel=2)
-        self.stop()
+        assert self.stop() == "completed", "the dead session did not stop"
         self.start()
         link = _link(self.guest)
         assert link.path_ok(tries=2), "the relaunched guest session's path did not work"
