@@ -148,6 +148,51 @@ def test_teardown_stops_the_server_and_the_child_serving_a_test():
         hn.teardown()
 
 
+QUEUE_STATUS = """/machine/peripheral/net0/virtio-backend:
+  device_name:          virtio-net
+  queue_index:          0
+  inuse:                0
+  used_idx:             23
+  signalled_used:       23
+  signalled_used_valid: true
+  last_avail_idx:       23
+  shadow_avail_idx:     256
+  VRing:
+    num:          256
+"""
+
+
+def test_qemus_view_of_the_rings_names_the_hop_inside_qemu():
+    """QEMU's virtqueue counters (info virtio-queue-status) tell a guest that stopped refilling its receive ring
+    from one that stopped taking what QEMU delivered, and QEMU's stuck transmit side from a lost frame."""
+    from cloudbox.core.guest import parse_virtqueue_status
+
+    q = parse_virtqueue_status(QUEUE_STATUS)
+    assert q == {"used_idx": 23, "signalled_used": 23, "last_avail_idx": 23, "shadow_avail_idx": 256}
+    assert parse_virtqueue_status("Error: no such queue") is None
+
+    def queues(rx_used, rx_sig, rx_last, rx_shadow, tx_last, tx_shadow):
+        return {"rx": {"used_idx": rx_used, "signalled_used": rx_sig, "last_avail_idx": rx_last,
+                       "shadow_avail_idx": rx_shadow},
+                "tx": {"used_idx": tx_last, "signalled_used": tx_last, "last_avail_idx": tx_last,
+                       "shadow_avail_idx": tx_shadow}}
+
+    link = network.GuestLink(None, "eth0", network.HOST_IP, network.BRIDGE, 9000)
+    # the ring wraps at 65536: 65534 -> 2 is 4 frames
+    full = network.Rings.between(queues(65534, 65534, 65534, 65534, 7, 7), queues(2, 2, 2, 2, 10, 10))
+    assert full is not None and (full.rx_delivered, full.rx_free, full.tx_taken) == (4, 0, 3)
+    hop = link._where(None, 3, 0, 3, 3, 0, 3, 3, full)
+    assert hop.startswith("the guest's receive ring: ") and "no free buffer" in hop, hop
+    unread = network.Rings.between(queues(10, 10, 10, 200, 7, 7), queues(13, 10, 13, 200, 10, 10))
+    hop = link._where(None, 3, 0, 3, 3, 0, 3, 3, unread)
+    assert hop.startswith("the guest's NIC driver: ") and "last interrupt at 10" in hop, hop
+    stuck = network.Rings.between(queues(10, 10, 10, 200, 7, 7), queues(10, 10, 10, 200, 7, 10))
+    hop = link._where(None, 3, 0, 0, 0, 0, 0, 0, stuck)
+    assert hop.startswith("QEMU's virtio-net transmit side: ") and "3 still waiting" in hop, hop
+    assert link._where(None, 3, 0, 0, 0, 0, 0, 0, None).startswith("QEMU's NIC, guest -> host: ")
+    assert str(full).startswith("QEMU virtio-net: receive ring +4 filled, 0 free buffers")
+
+
 def test_a_retried_measurement_says_so_in_its_raw_output(state):
     """The executor keeps the retry with the number: the log line is in the events, the note in `raw`."""
     spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-rr")
@@ -303,6 +348,7 @@ def test_a_stopped_path_is_found_hop_by_hop_and_brought_back(session, host_serve
     assert logs[0].startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {host_netserver} hung: "
                               "no frame reached the guest's NIC for 5 s, killed (attempt 1 of 2)"), logs
     assert f"frames stop at the host's tap {link.tap}: it is down" in logs[1], logs
+    assert re.search(r"QEMU virtio-net: receive ring \+\d+ filled, \d+ free buffers", logs[1]), logs
     assert re.search(rf"guest {link.nic}: sent \+\d+, received \+0; host tap {link.tap}: from the guest \+0",
                      logs[1]), logs
     # The tap set up again brings the path back, unless the guest's transmit queue stopped while the tap was down

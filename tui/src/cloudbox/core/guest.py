@@ -201,11 +201,51 @@ class Guest:
         )
         return res.check() if check else res
 
+    def monitor(self, command: str) -> str | None:
+        """A QEMU human-monitor command's answer through libvirt (diagnosis only: libvirt marks the domain
+        'tainted: custom-monitor'); None where this domain has no QEMU monitor (another hypervisor, gone)."""
+        import libvirt
+        import libvirt_qemu
+
+        try:
+            return str(libvirt_qemu.qemuMonitorCommand(self.dom, command,
+                                                       libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP))
+        except libvirt.libvirtError:
+            return None
+
+    def virtio_net_queues(self) -> dict[str, dict[str, int]] | None:
+        """QEMU's own view of the first virtio-net NIC's queues ({"rx": ..., "tx": ...}: used_idx,
+        signalled_used, last_avail_idx, shadow_avail_idx); None for another NIC model or an older QEMU."""
+        listing = self.monitor("info virtio") or ""
+        path = next((ln.split()[0] for ln in listing.splitlines() if "[virtio-net]" in ln), None)
+        if path is None:
+            return None
+        out = {}
+        for name, index in (("rx", 0), ("tx", 1)):
+            q = parse_virtqueue_status(self.monitor(f"info virtio-queue-status {path} {index}") or "")
+            if q is None:
+                return None
+            out[name] = q
+        return out
+
     def sh(self, script: str, **kw) -> ExecResult:
         return self.run(["/bin/sh", "-c", script], **kw)
 
     def has(self, program: str) -> bool:
         return self.sh(f"command -v {program} >/dev/null 2>&1", timeout=20).exitcode == 0
+
+
+VIRTQUEUE_FIELDS = ("used_idx", "signalled_used", "last_avail_idx", "shadow_avail_idx")
+
+
+def parse_virtqueue_status(text: str) -> dict[str, int] | None:
+    """The counters of QEMU's `info virtio-queue-status` answer; None when one is missing."""
+    found = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(":")
+        if key in VIRTQUEUE_FIELDS and value.strip().isdigit():
+            found[key] = int(value)
+    return found if len(found) == len(VIRTQUEUE_FIELDS) else None
 
 
 def _b64(s: str | None) -> str:

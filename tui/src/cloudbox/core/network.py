@@ -613,6 +613,39 @@ def _n(v: int | None) -> str:
 
 
 @dataclass
+class Rings:
+    """QEMU's own counters of a virtio-net NIC's rings over a probe (Guest.virtio_net_queues), the hop inside QEMU
+    that the host's and the guest's packet counters cannot see. Ring indices are 16-bit and wrap."""
+
+    rx_delivered: int  # frames QEMU put in the guest's receive ring
+    rx_free: int  # receive buffers the guest had posted that QEMU had not filled yet, at the end
+    rx_used: int
+    rx_signalled: int  # the ring's used index at QEMU's last interrupt to the guest
+    tx_taken: int  # frames QEMU took off the guest's transmit ring
+    tx_waiting: int  # frames the guest had queued that QEMU had not taken, at the end
+
+    @classmethod
+    def between(cls, a: dict[str, dict[str, int]] | None, b: dict[str, dict[str, int]] | None) -> Rings | None:
+        if a is None or b is None:
+            return None
+
+        def d(x: int, y: int) -> int:
+            return (y - x) & 0xFFFF
+
+        rx, tx = b["rx"], b["tx"]
+        return cls(rx_delivered=d(a["rx"]["used_idx"], rx["used_idx"]),
+                   rx_free=d(rx["last_avail_idx"], rx["shadow_avail_idx"]),
+                   rx_used=rx["used_idx"], rx_signalled=rx["signalled_used"],
+                   tx_taken=d(a["tx"]["last_avail_idx"], tx["last_avail_idx"]),
+                   tx_waiting=d(tx["last_avail_idx"], tx["shadow_avail_idx"]))
+
+    def __str__(self) -> str:
+        return (f"QEMU virtio-net: receive ring +{self.rx_delivered} filled, {self.rx_free} free buffers "
+                f"(used {self.rx_used}, last interrupt at {self.rx_signalled}); transmit ring +{self.tx_taken} taken, "
+                f"{self.tx_waiting} waiting")
+
+
+@dataclass
 class PathProbe:
     """PROBE_PINGS pings from the guest to the far end, with every hop's packet counters read before and after:
     the guest's NIC, the host's tap (frames from the guest arrive there as its rx; frames to the guest leave as
@@ -656,9 +689,11 @@ class GuestLink:
     def probe(self) -> PathProbe:
         tap = self.tap
         g0, t0, b0 = self._guest_stats(), link_stats(tap) if tap else None, link_stats(self.bridge)
+        q0 = self.guest.virtio_net_queues()
         p = self.guest.run(["ping", "-n", "-c", str(PROBE_PINGS), "-W", "2", self.target],
                            timeout=30)
         g1, t1, b1 = self._guest_stats(), link_stats(tap) if tap else None, link_stats(self.bridge)
+        rings = Rings.between(q0, self.guest.virtio_net_queues())
         gtx, grx = _delta(g0, g1, "tx_packets"), _delta(g0, g1, "rx_packets")
         from_guest, to_guest = _delta(t0, t1, "rx_packets"), _delta(t0, t1, "tx_packets")
         dropped = _delta(t0, t1, "tx_dropped")
@@ -667,16 +702,18 @@ class GuestLink:
                     f"{_n(from_guest)}, to the guest {_n(to_guest)}, dropped {_n(dropped)}")
         if self.local:
             counters += f"; bridge {self.bridge}: up to this host {_n(brx)}, from this host {_n(btx)}"
+        if rings is not None:
+            counters += f"; {rings}"
         if p.exitcode == 0:
             return PathProbe(True, "", counters)
-        hop = self._where(tap, gtx, grx, from_guest, to_guest, dropped, brx, btx)
+        hop = self._where(tap, gtx, grx, from_guest, to_guest, dropped, brx, btx, rings)
         try:
             glog = self.guest.sh("dmesg | tail -n 6; cat /proc/net/dev", timeout=20).stdout.strip()
         except GuestError as e:
             glog = f"(not readable: {e})"
         return PathProbe(False, hop, counters, glog)
 
-    def _where(self, tap, gtx, grx, from_guest, to_guest, dropped, brx, btx) -> str:
+    def _where(self, tap, gtx, grx, from_guest, to_guest, dropped, brx, btx, rings: Rings | None = None) -> str:
         # A hop passes when at least as many frames crossed it as pings were sent; fewer are stray ARP or ND.
         def low(v: int | None) -> bool:
             return v is not None and v < PROBE_PINGS
@@ -690,8 +727,11 @@ class GuestLink:
         if low(gtx):
             return f"the guest's NIC {nic}: it sent {gtx} frames for {PROBE_PINGS} pings (its transmit queue is stuck)"
         if low(from_guest):
-            return (f"QEMU's NIC, guest -> host: the guest's {nic} sent {gtx} frames, the host's tap {tap} received "
-                    f"{from_guest}")
+            seen = f"the guest's {nic} sent {gtx} frames, the host's tap {tap} received {from_guest}"
+            if rings is not None and rings.tx_taken < PROBE_PINGS:
+                return (f"QEMU's virtio-net transmit side: {seen}; QEMU took {rings.tx_taken} of them off the "
+                        f"guest's transmit ring ({rings.tx_waiting} still waiting there)")
+            return f"QEMU's NIC, guest -> host: {seen}"
         if self.local and low(brx):
             return f"the bridge {br}: tap {tap} received {from_guest} frames from the guest, {brx} reached this host"
         if self.local and low(btx):
@@ -701,9 +741,17 @@ class GuestLink:
             return (f"the way back to the guest: {to_guest} frames were sent to tap {tap}"
                     + ("" if self.local else f" (does {self.target} answer on the private network?)"))
         if low(grx):
-            return (f"QEMU's NIC, host -> guest: the host put {to_guest} frames on tap {tap}"
+            seen = (f"the host put {to_guest} frames on tap {tap}"
                     + (f" and dropped {dropped} more there (nobody read its queue)" if dropped else "")
                     + f", the guest's {nic} received {grx}")
+            if rings is not None and rings.rx_free == 0:
+                return (f"the guest's receive ring: {seen}; it has no free buffer for QEMU to fill (the guest's "
+                        "driver stopped refilling it)")
+            if rings is not None and rings.rx_delivered >= PROBE_PINGS:
+                return (f"the guest's NIC driver: {seen}; QEMU put {rings.rx_delivered} frames in its receive ring "
+                        f"and the guest took none (ring used {rings.rx_used}, last interrupt at "
+                        f"{rings.rx_signalled})")
+            return f"QEMU's NIC, host -> guest: {seen}"
         return "no single hop: frames moved both ways, yet no ping was answered"
 
     def path_ok(self, tries: int = 5) -> bool:
