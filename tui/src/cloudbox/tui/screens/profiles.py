@@ -36,6 +36,11 @@ def knob_text(value: object) -> Text:
     return Text(str(value).lower() if isinstance(value, bool) else str(value))
 
 
+def detail_title(e: profiles.ProfileEntry) -> str:
+    """The detail pane's first words: which profile it shows."""
+    return f"{e.name} ({e.kind})"
+
+
 def knob_table(p: profiles.Profile) -> Table:
     t = Table(show_header=True, header_style="bold", box=None, expand=False, pad_edge=False)
     t.add_column("knob")
@@ -167,7 +172,7 @@ class ProfilesScreen(BaseScreen):
         if p is None:
             detail.update(Text(f"{e.path}: not loaded yet"))
             return
-        head = Text(f"{e.name} ({e.kind}){'  [active]' if e.name == self.active else ''}\n", style="bold")
+        head = Text(f"{detail_title(e)}{'  [active]' if e.name == self.active else ''}\n", style="bold")
         head.append(f"{p.description}\n", style="")
         if p.reproduces:
             head.append(f"Reproduces: {p.reproduces}\n", style="italic")
