@@ -14,8 +14,8 @@ from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from cloudbox.tui.app_base import CloudboxAppBase
 from cloudbox.tui.backend import Backend
-from cloudbox.tui.background import BackgroundApp
 from cloudbox.tui.screens.guests import GuestsScreen
 from cloudbox.tui.screens.help import HelpScreen
 from cloudbox.tui.screens.overview import OverviewScreen
@@ -34,7 +34,7 @@ class _SwitchHold:
     ended_by = ""  # "resume" (the new screen is ready) or "timer" (SWITCH_HOLD_MAX_S passed first)
 
 
-class CloudboxApp(BackgroundApp[None]):
+class CloudboxApp(CloudboxAppBase):
     CSS_PATH = "app.tcss"
     TITLE = "cloudbox"
     MODES = {
@@ -55,19 +55,14 @@ class CloudboxApp(BackgroundApp[None]):
     ]
 
     def __init__(self, backend: Backend | None = None, *, mode: str | None = None, poll_interval: float = 1.0):
-        super().__init__()
-        self.backend = backend or Backend()
+        super().__init__(backend, poll_interval=poll_interval)
         self.start_mode = mode or self.DEFAULT_MODE
-        self.poll_interval = poll_interval
         self._switching = False
         self._switch_hold: _SwitchHold | None = None
         self.last_switch_hold: _SwitchHold | None = None  # the latest screen switch's hold (tests read it)
 
     def on_mount(self) -> None:
         self.switch_mode(self.start_mode)
-
-    def on_unmount(self) -> None:
-        self.backend.close()
 
     # -- screen switches ----------------------------------------------------------------------------
     # Textual holds frames for a fixed 50 ms after a screen switch (App.switch_mode calls delay_update) to
@@ -110,7 +105,7 @@ class CloudboxApp(BackgroundApp[None]):
     # -- actions -----------------------------------------------------------------------------------
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.screen))
+            self.push_screen(HelpScreen(self.screen, self.MODES))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """Every action is in the command palette: the screens, then the current screen's keys."""

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from textual import getters
 from textual.app import ComposeResult
 from textual.screen import Screen
 
+from cloudbox.tui.app_base import CloudboxAppBase
 from cloudbox.tui.widgets.keybar import KeyBar
 from cloudbox.tui.widgets.navbar import NavBar
-
-if TYPE_CHECKING:
-    from cloudbox.tui.app import CloudboxApp
 
 
 class BaseScreen(Screen[None]):
@@ -21,9 +20,7 @@ class BaseScreen(Screen[None]):
     RELOAD_EVERY: float | None = 2.0  # seconds; None: only on demand
     _shown_once = False
 
-    @property
-    def capp(self) -> CloudboxApp:
-        return self.app  # type: ignore[return-value]
+    app = getters.app(CloudboxAppBase)
 
     def compose(self) -> ComposeResult:
         yield NavBar(self.MODE)
@@ -39,7 +36,7 @@ class BaseScreen(Screen[None]):
         self.call_after_refresh(gc.freeze)
         self.reload()
         if self.RELOAD_EVERY:
-            self.set_interval(max(self.RELOAD_EVERY, self.capp.poll_interval), self._periodic_reload)
+            self.set_interval(max(self.RELOAD_EVERY, self.app.poll_interval), self._periodic_reload)
 
     def on_screen_resume(self) -> None:
         self.reload()
@@ -52,7 +49,7 @@ class BaseScreen(Screen[None]):
 
     def reload(self) -> None:
         """Fetch this screen's data in a thread (one at a time per screen) and show it."""
-        self.capp.work_in_thread(self.fetch, done=self._show, group=f"load-{self.MODE}", exclusive=True,
+        self.app.work_in_thread(self.fetch, done=self._show, group=f"load-{self.MODE}", exclusive=True,
                                  name=f"loading the {self.MODE} screen")
 
     def _show(self, data: Any) -> None:

@@ -119,7 +119,7 @@ class ProfilesScreen(BaseScreen):
         self.query_one("#profiles", DataTable).focus()
 
     def fetch(self) -> ProfilesData:
-        b = self.capp.backend
+        b = self.app.backend
         entries = b.profiles()
         loaded = {}
         for e in entries:
@@ -191,7 +191,7 @@ class ProfilesScreen(BaseScreen):
             self.notify(f"active profile: {prof.name}", title="profiles")
             self.reload()
 
-        self.capp.work_in_thread(self.capp.backend.set_active_profile, name, done=done, name=f"switching to {name}")
+        self.app.work_in_thread(self.app.backend.set_active_profile, name, done=done, name=f"switching to {name}")
 
     def action_mark(self) -> None:
         name = self.current_name()
@@ -290,7 +290,7 @@ class ProfilesScreen(BaseScreen):
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self.capp.work_in_thread(self.capp.backend.delete_user_profile, e.name, done=deleted)
+                self.app.work_in_thread(self.app.backend.delete_user_profile, e.name, done=deleted)
 
         def deleted(path: Path) -> None:
             self.notify(f"deleted {path}", title="profiles")

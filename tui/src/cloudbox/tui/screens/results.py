@@ -73,7 +73,7 @@ class ResultsScreen(BaseScreen):
         self.query_one("#runs", DataTable).focus()
 
     def fetch(self) -> list[Run]:
-        return self.capp.backend.runs()
+        return self.app.backend.runs()
 
     def show(self, runs: list[Run]) -> None:
         self.runs = runs
@@ -128,7 +128,7 @@ class ResultsScreen(BaseScreen):
             self.query_one("#compare", Static).update(Text(text))
             self.query_one("#compare-box").add_class("open")
 
-        self.capp.work_in_thread(self.capp.backend.compare_text, ids, width, done=done,
+        self.app.work_in_thread(self.app.backend.compare_text, ids, width, done=done,
                                  name=f"comparing runs {', '.join(map(str, ids))}")
 
     def action_close_compare(self) -> None:
@@ -145,7 +145,7 @@ class ResultsScreen(BaseScreen):
             if result is None:
                 return
             fmt, path = result
-            self.capp.work_in_thread(self.capp.backend.export, ids, fmt, path, name="exporting",
+            self.app.work_in_thread(self.app.backend.export, ids, fmt, path, name="exporting",
                                      done=lambda p: self.notify(f"wrote {p} ({fmt}, runs {', '.join(map(str, ids))})",
                                                                 title="results"))
 
@@ -159,7 +159,7 @@ class ResultsScreen(BaseScreen):
         def answer(yes: bool | None) -> None:
             if yes:
                 self.marked = [m for m in self.marked if m != rid]
-                self.capp.work_in_thread(self.capp.backend.delete_run, rid, name=f"deleting run {rid}",
+                self.app.work_in_thread(self.app.backend.delete_run, rid, name=f"deleting run {rid}",
                                          done=deleted)
 
         def deleted(_result: object) -> None:
