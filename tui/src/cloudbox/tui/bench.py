@@ -122,14 +122,14 @@ async def measure(app: App[Any], presses: int, ready: Callable[[Pilot[Any]], Awa
     frames: dict[str, list[float]] = {"switch": [], "cursor": [], "detail": []}
     idle: dict[str, list[float]] = {"switch": [], "cursor": []}
     slow: list[str] = []  # keys answered in 100 ms or more: which key, which screen
-    gc_pauses: list[float] = []  # the collector's pauses on the UI thread, ms
+    gc_pauses: list[tuple[int, float]] = []  # the collector's pauses: (generation, ms)
     gc_start = [0.0]
 
     def gc_timer(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             gc_start[0] = time.perf_counter()
         else:
-            gc_pauses.append((time.perf_counter() - gc_start[0]) * 1000)
+            gc_pauses.append((info["generation"], (time.perf_counter() - gc_start[0]) * 1000))
 
     async with app.run_test(headless=False, size=size) as pilot:
         loop = asyncio.get_running_loop()
@@ -168,8 +168,10 @@ async def measure(app: App[Any], presses: int, ready: Callable[[Pilot[Any]], Awa
                 await press(key, shows, "cursor", "profiles")
         finally:
             gc.callbacks.remove(gc_timer)
-    return {"frames": frames, "idle": idle, "slow": slow, "max_gc_ms": max(gc_pauses, default=0.0),
-            "gc_pauses": len(gc_pauses), "max_stall_ms": max(stalls) * 1000 if stalls else 0.0}
+    full = [ms for gen, ms in gc_pauses if gen == 2]
+    return {"frames": frames, "idle": idle, "slow": slow, "max_gc_ms": max((ms for _, ms in gc_pauses), default=0.0),
+            "gc_pauses": len(gc_pauses), "gc_full": len(full), "gc_full_median_ms": statistics.median(full or [0.0]),
+            "max_stall_ms": max(stalls) * 1000 if stalls else 0.0}
 
 
 def stats(t: list[float]) -> dict[str, float]:
@@ -188,7 +190,7 @@ def summary(res: dict[str, Any]) -> list[str]:
         lines.append(f"{what}: median {st['median']:.1f} ms, p95 {st['p95']:.1f} ms, max {st['max']:.1f} ms, "
                      f"{st['over']:.0f} of {st['n']:.0f} >= 100 ms")
     lines.append(f"longest stall {res['max_stall_ms']:.0f} ms, longest gc pause {res['max_gc_ms']:.0f} ms "
-                 f"({res['gc_pauses']} collections)")
+                 f"({res['gc_pauses']} collections, {res['gc_full']} full: median {res['gc_full_median_ms']:.0f} ms)")
     if res["slow"]:
         lines.append(f"slow keys: {', '.join(res['slow'])}")
     return lines
@@ -266,7 +268,7 @@ def main() -> int:
         row("cursor move, until idle", i_c, "-"),
         f"| longest UI event-loop stall (10 ms timer) | {res['max_stall_ms']:.0f} ms | - |",
         f"| longest garbage-collector pause | {res['max_gc_ms']:.0f} ms ({res['gc_pauses']} collections during "
-        "the keys) | - |",
+        f"the keys, {res['gc_full']} of them full, median {res['gc_full_median_ms']:.0f} ms) | - |",
         "",
         "Target met: every key answered in under 100 ms." if met else
         "Target not met: some keys took 100 ms or more to answer (counts above).",
