@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 from textual import getters
@@ -18,7 +17,6 @@ class BaseScreen(Screen[None]):
     MODE = ""
     HELP = ""  # what the screen is for, shown by ? (HelpScreen)
     RELOAD_EVERY: float | None = 2.0  # seconds; None: only on demand
-    _shown_once = False
 
     app = getters.app(CloudboxAppBase)
 
@@ -31,9 +29,6 @@ class BaseScreen(Screen[None]):
         yield from ()
 
     def on_mount(self) -> None:
-        # The widgets of a built screen live as long as the app: moved out of the collector's reach, so that
-        # full collections stop walking them (they paused the UI thread for ~100 ms each; make bench, "tui").
-        self.call_after_refresh(gc.freeze)
         self.reload()
         if self.RELOAD_EVERY:
             self.set_interval(max(self.RELOAD_EVERY, self.app.poll_interval), self._periodic_reload)
@@ -55,9 +50,6 @@ class BaseScreen(Screen[None]):
     def _show(self, data: Any) -> None:
         if self.is_attached:
             self.show(data)
-            if not self._shown_once:  # the first content too (once: later garbage must stay collectable)
-                self._shown_once = True
-                self.call_after_refresh(gc.freeze)
 
     def fetch(self) -> Any:  # runs in a worker thread
         return None
