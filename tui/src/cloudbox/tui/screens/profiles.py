@@ -106,6 +106,7 @@ class ProfilesScreen(BaseScreen):
         self.active = ""
         self.marked: list[str] = []
         self.loaded: dict[str, profiles.Profile] = {}
+        self.drawn: ProfilesData | None = None  # what the list shows
 
     def body(self) -> ComposeResult:
         with Horizontal(id="profiles-split"):
@@ -131,6 +132,9 @@ class ProfilesScreen(BaseScreen):
         return ProfilesData(entries, b.active_profile(), loaded)
 
     def show(self, data: ProfilesData) -> None:
+        if data == self.drawn:
+            return  # nothing changed: the list, its cursor and the detail (or a diff) stay as they are
+        self.drawn = data
         self.entries, self.active, self.loaded = data.entries, data.active, data.loaded
         table = self.query_one("#profiles", DataTable)
         current = self.current_name()

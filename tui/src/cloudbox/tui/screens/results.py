@@ -57,6 +57,7 @@ class ResultsScreen(BaseScreen):
     def __init__(self) -> None:
         super().__init__()
         self.runs: list[Run] = []
+        self.drawn: list[Run] | None = None  # the runs the table shows
         self.marked: list[int] = []
 
     def body(self) -> ComposeResult:
@@ -76,7 +77,9 @@ class ResultsScreen(BaseScreen):
         return self.app.backend.runs()
 
     def show(self, runs: list[Run]) -> None:
-        self.runs = runs
+        if runs == self.drawn:
+            return  # nothing changed: the table is not rebuilt
+        self.runs = self.drawn = runs
         table = self.query_one("#runs", DataTable)
         keep = self.current_id()
         table.clear()
