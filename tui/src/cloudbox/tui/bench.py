@@ -257,7 +257,8 @@ def main() -> int:
         "shown once before, so a first build is not counted) and cursor moves in the Profiles list (its detail "
         "pane follows). *Frame*: from the key until the terminal is written the frame that shows its answer "
         "(the whole new screen with its bar; the profile's row drawn with the cursor on it, then its detail). "
-        "*Idle*: until the app has nothing left to do (Pilot.press returns).",
+        "*Idle*: until the app has nothing left to do (Pilot.press returns). Without a guest, "
+        "`tui/tests/key_latency.py` presses the same keys against a results store it fills.",
         "",
         "| what | result | target |",
         "|---|---|---|",
