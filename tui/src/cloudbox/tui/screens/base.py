@@ -45,7 +45,7 @@ class BaseScreen(Screen[None]):
     def reload(self) -> None:
         """Fetch this screen's data in a thread (one at a time per screen) and show it."""
         self.app.work_in_thread(self.fetch, done=self._show, group=f"load-{self.MODE}", exclusive=True,
-                                 name=f"loading the {self.MODE} screen")
+                                name=f"loading the {self.MODE} screen")
 
     def _show(self, data: Any) -> None:
         if self.is_attached:

@@ -130,7 +130,7 @@ class GuestsScreen(BaseScreen):
             if yes:
                 self.notify(f"stopping {g.name}…", title="guests")
                 self.app.work_in_thread(self.app.backend.stop_guest, g, name=f"stopping {g.name}",
-                                         done=lambda r: self.after(f"{g.name}: {r}"))
+                                        done=lambda r: self.after(f"{g.name}: {r}"))
 
         self.app.push_screen(ConfirmDialog(
             "Stop guest", f"Stop {g.name}? The guest is destroyed and its disk and network are removed.",
@@ -145,7 +145,7 @@ class GuestsScreen(BaseScreen):
         def answer(yes: bool | None) -> None:
             if yes:
                 self.app.work_in_thread(self.app.backend.destroy_guest, g, name=f"destroying {g.name}",
-                                         done=lambda _r: self.after(f"{g.name} destroyed"))
+                                        done=lambda _r: self.after(f"{g.name} destroyed"))
 
         self.app.push_screen(ConfirmDialog(
             "Destroy guest", f"Power off {g.name} at once (like pulling the plug)? Its run then cleans up "
@@ -161,4 +161,4 @@ class GuestsScreen(BaseScreen):
             self.notify("no guest selected", severity="warning")
             return
         self.app.work_in_thread(self.app.backend.guest_xml, g.name, name=f"reading {g.name}'s XML",
-                                 done=lambda xml: self.app.push_screen(TextDialog(f"{g.name}: domain XML", xml)))
+                                done=lambda xml: self.app.push_screen(TextDialog(f"{g.name}: domain XML", xml)))

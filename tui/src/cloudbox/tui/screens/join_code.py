@@ -98,7 +98,7 @@ class JoinCodeDialog(ModalScreen[None]):
         if self.poll is None:
             return
         self.app.work_in_thread(self.poll, self.record.id, done=self._show, group="join-code-status",
-                                 exclusive=True, name=f"following join code {self.record.id}")
+                                exclusive=True, name=f"following join code {self.record.id}")
 
     def _show(self, rec: JoinCode) -> None:
         if not self.is_attached:
@@ -115,7 +115,7 @@ class JoinCodeDialog(ModalScreen[None]):
             self.notify(f"join code {self.record.id} is {self.record.status()}: nothing to revoke")
             return
         self.app.work_in_thread(self.revoke, self.record.id, name=f"revoking join code {self.record.id}",
-                                 done=lambda _ids: self._refresh_status())
+                                done=lambda _ids: self._refresh_status())
 
     def action_close(self) -> None:
         self.dismiss(None)

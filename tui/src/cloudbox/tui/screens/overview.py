@@ -236,7 +236,7 @@ class OverviewScreen(BaseScreen):
             self.reload()
 
         self.app.work_in_thread(b.make_join_code, done=made, group="join-code", exclusive=True,
-                                 name="making a join code")
+                                name="making a join code")
 
     def action_revoke_codes(self) -> None:
         if self._refused("revoking join codes"):
@@ -275,7 +275,7 @@ class OverviewScreen(BaseScreen):
             if yes:
                 self.notify(f"removing {name}…", title="nodes", timeout=3)
                 self.app.work_in_thread(self.app.backend.remove_node, name, done=removed,
-                                         name=f"removing node {name}")
+                                        name=f"removing node {name}")
 
         self.app.push_screen(ConfirmDialog(
             "Remove node", f"Remove node {name} ({n.address})? The front-end's key is taken off {name} over SSH "

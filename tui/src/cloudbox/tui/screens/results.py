@@ -132,7 +132,7 @@ class ResultsScreen(BaseScreen):
             self.query_one("#compare-box").add_class("open")
 
         self.app.work_in_thread(self.app.backend.compare_text, ids, width, done=done,
-                                 name=f"comparing runs {', '.join(map(str, ids))}")
+                                name=f"comparing runs {', '.join(map(str, ids))}")
 
     def action_close_compare(self) -> None:
         self.query_one("#compare-box").remove_class("open")
@@ -149,7 +149,7 @@ class ResultsScreen(BaseScreen):
                 return
             fmt, path = result
             self.app.work_in_thread(self.app.backend.export, ids, fmt, path, name="exporting",
-                                     done=lambda p: self.notify(f"wrote {p} ({fmt}, runs {', '.join(map(str, ids))})",
+                                    done=lambda p: self.notify(f"wrote {p} ({fmt}, runs {', '.join(map(str, ids))})",
                                                                 title="results"))
 
         self.app.push_screen(ExportDialog(stem), chosen)
@@ -163,7 +163,7 @@ class ResultsScreen(BaseScreen):
             if yes:
                 self.marked = [m for m in self.marked if m != rid]
                 self.app.work_in_thread(self.app.backend.delete_run, rid, name=f"deleting run {rid}",
-                                         done=deleted)
+                                        done=deleted)
 
         def deleted(_result: object) -> None:
             self.notify(f"deleted run {rid}", title="results")

@@ -256,7 +256,7 @@ class TestsScreen(BaseScreen):
             return
         self.polling = True
         self.app.work_in_thread(self._poll_fetch, self.run_id, self.seq, done=self._poll_show,
-                                 group="tests-live", name="following the run")
+                                group="tests-live", name="following the run")
 
     def _poll_fetch(self, run_id: int | None, seq: int):
         b = self.app.backend
@@ -352,7 +352,7 @@ class TestsScreen(BaseScreen):
             if yes:
                 self.notify(f"cancelling run {run.id}…", title="tests")
                 self.app.work_in_thread(self.app.backend.cancel, run.id, name=f"cancelling run {run.id}",
-                                         done=lambda st: self.notify(f"run {run.id}: {st}", title="tests"))
+                                        done=lambda st: self.notify(f"run {run.id}: {st}", title="tests"))
 
         self.app.push_screen(ConfirmDialog(
             "Cancel run", f"Cancel run {run.id} ({run.profile_name}){sweep_note}? The guest is destroyed, the "
@@ -379,5 +379,5 @@ class TestsScreen(BaseScreen):
             return
         rid = self.run_id
         self.app.work_in_thread(self.app.backend.run_log, rid, name="reading the run log",
-                                 done=lambda text: self.app.push_screen(
+                                done=lambda text: self.app.push_screen(
                                      TextDialog(f"run {rid}: executor log", text or "(empty)")))

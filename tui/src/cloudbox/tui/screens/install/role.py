@@ -46,7 +46,7 @@ class RolePage(InstallPage):
         ol.focus()
         if self.app.machine is None:
             self.app.work_in_thread(self.app.backend.machine, done=self._probed, failed=self._probe_failed,
-                                     name="probing the machine")
+                                    name="probing the machine")
         else:
             self._probed(self.app.machine)
 
