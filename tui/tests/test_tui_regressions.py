@@ -171,3 +171,29 @@ def test_screen_switch_frames_wait_for_the_new_screen_and_no_longer(state, monke
                 assert first[0] >= held[0][1], f"key {key}: a frame was written while the switch was held"
 
     asyncio.run(drive())
+
+
+def test_a_switch_hold_ends_once(state, monkeypatch):
+    """The fallback timer of a hold that its screen's resume ended is stopped: it does not end the hold again
+    later, with a refresh of the whole screen in the middle of whatever the user does next."""
+    monkeypatch.setattr(CloudboxApp, "SWITCH_HOLD_MAX_S", 0.3)
+    app = create_app(Backend(facts=_facts(), libvirt_uri="test:///default"), mode="overview", poll_interval=3600)
+    ended: list[float] = []
+    end = app._end_switch_hold
+
+    def counted(hold: contextlib.ExitStack) -> None:
+        ended.append(time.perf_counter())
+        end(hold)
+
+    app._end_switch_hold = counted  # type: ignore[method-assign]
+
+    async def drive() -> None:
+        async with app.run_test(size=(100, 32)) as pilot:
+            for key, mode in (("5", "results"), ("1", "overview"), ("5", "results"), ("1", "overview")):
+                await pilot.press(key)
+                await pilot.pause(0.2)
+                assert app.current_mode == mode
+            await pilot.pause(0.5)  # past SWITCH_HOLD_MAX_S
+            assert len(ended) == 3, f"three switches to screens shown before, their holds ended {len(ended)} times"
+
+    asyncio.run(drive())

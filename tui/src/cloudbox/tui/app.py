@@ -80,8 +80,8 @@ class CloudboxApp(CloudboxAppBase):
             self._switch_hold = None
         if held:
             end = partial(self._end_switch_hold, hold)
+            hold.callback(self.set_timer(self.SWITCH_HOLD_MAX_S, end, name="switch hold").stop)
             self.screen.call_later(end)
-            self.set_timer(self.SWITCH_HOLD_MAX_S, end, name="switch hold")
         return switched
 
     def delay_update(self, delay: float = 0.05) -> None:
@@ -91,7 +91,7 @@ class CloudboxApp(CloudboxAppBase):
             self._switch_hold.enter_context(self.batch_update())
 
     def _end_switch_hold(self, hold: ExitStack) -> None:
-        hold.close()  # leaves the batch update once; a second call finds nothing to close
+        hold.close()  # the batch update and the fallback timer, once: a second call finds nothing to close
         self.screen.refresh()
 
     # -- actions -----------------------------------------------------------------------------------
