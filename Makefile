@@ -48,7 +48,7 @@ guest-image: deps
 lint: venv
 	$(VENV)/bin/ruff check tui tests
 	$(VENV)/bin/mypy --config-file tui/pyproject.toml tui/src
-	$(VENV)/bin/lint-imports --no-cache --config tui/pyproject.toml
+	$(VENV)/bin/lint-imports --no-cache tui/pyproject.toml
 
 bench: need-root-bench deps-test venv guest-image
 	@scripts/run-bench

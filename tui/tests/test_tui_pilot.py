@@ -20,6 +20,7 @@ from cloudbox.tui import create_app
 from cloudbox.tui.backend import Backend
 from cloudbox.tui.widgets.checklist import CheckList
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, ExportDialog, PickDialog, TextDialog
+from cloudbox.tui.widgets.keybar import KeyBar
 
 SIZE = (100, 32)
 
@@ -86,6 +87,19 @@ def test_screens_switch_with_number_keys_and_help_lists_keys(backend):
             assert "(this screen)" in md.source and "**u** Use" in md.source and "**s** Start" in md.source
             await pilot.press("escape")
             await until(pilot, lambda: app.screen.__class__.__name__ == "OverviewScreen")
+    run(go())
+
+
+def test_a_click_on_the_key_bar_runs_that_key(backend):
+    async def go():
+        app = create_app(backend, mode="profiles")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.current_mode == "profiles")
+            bar = app.screen.query_one(KeyBar)
+            await until(pilot, lambda: any(action == "help" for *_, action in bar.spans), what="the Help key")
+            start, _end, _node, _action = next(s for s in bar.spans if s[3] == "help")
+            assert await pilot.click(KeyBar, offset=(start + 1, 0))
+            await until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen", what="the help screen")
     run(go())
 
 

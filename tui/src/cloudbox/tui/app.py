@@ -6,16 +6,19 @@ errors from background work become notifications (never a traceback on the scree
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterable
-from typing import Any
+from contextlib import ExitStack
+from functools import partial
 
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
+from textual.widget import AwaitMount
 
+from cloudbox.tui.app_base import CloudboxAppBase
 from cloudbox.tui.backend import Backend
-from cloudbox.tui.background import BackgroundApp
 from cloudbox.tui.screens.guests import GuestsScreen
 from cloudbox.tui.screens.help import HelpScreen
 from cloudbox.tui.screens.overview import OverviewScreen
@@ -27,14 +30,7 @@ from cloudbox.tui.widgets.navbar import SCREENS
 log = logging.getLogger("cloudbox.tui")
 
 
-class _SwitchHold:
-    """One screen switch's hold on frames (see CloudboxApp.switch_mode); ended once, by whichever comes first."""
-
-    ended = False
-    ended_by = ""  # "resume" (the new screen is ready) or "timer" (SWITCH_HOLD_MAX_S passed first)
-
-
-class CloudboxApp(BackgroundApp[None]):
+class CloudboxApp(CloudboxAppBase):
     CSS_PATH = "app.tcss"
     TITLE = "cloudbox"
     MODES = {
@@ -55,62 +51,53 @@ class CloudboxApp(BackgroundApp[None]):
     ]
 
     def __init__(self, backend: Backend | None = None, *, mode: str | None = None, poll_interval: float = 1.0):
-        super().__init__()
-        self.backend = backend or Backend()
+        super().__init__(backend, poll_interval=poll_interval)
         self.start_mode = mode or self.DEFAULT_MODE
-        self.poll_interval = poll_interval
-        self._switching = False
-        self._switch_hold: _SwitchHold | None = None
-        self.last_switch_hold: _SwitchHold | None = None  # the latest screen switch's hold (tests read it)
+        self._switch_hold: ExitStack | None = None  # set while switch_mode runs for a screen shown before
 
     def on_mount(self) -> None:
         self.switch_mode(self.start_mode)
-
-    def on_unmount(self) -> None:
-        self.backend.close()
+        # What exists once the first screen is drawn (modules, classes, that screen) lives as long as the app:
+        # out of the collector's reach, a full collection walks about half the objects it did (make bench, "tui").
+        self.call_after_refresh(gc.freeze)
 
     # -- screen switches ----------------------------------------------------------------------------
-    # Textual holds frames for a fixed 50 ms after a screen switch (App.switch_mode calls delay_update) to
-    # mask the transition: that hold alone was most of a screen key's answer time (make bench, "tui"). Here
-    # the hold ends as soon as the new screen has handled its ScreenResume (styles, layout): a callback queued
-    # on that screen behind the resume ends it, so the first frame is the complete new screen, written as
-    # soon as it is ready; a timer ends it anyway after SWITCH_HOLD_MAX_S.
+    # Textual holds frames for a fixed 50 ms after a screen switch (switch_mode calls delay_update) to mask
+    # the transition. A screen shown before is complete once it has handled its ScreenResume, so its hold is a
+    # batch update that a callback queued on it behind the resume ends (SWITCH_HOLD_MAX_S at the latest).
     SWITCH_HOLD_MAX_S = 0.5
 
-    def switch_mode(self, mode: str) -> Any:
-        self._switching = True
+    def switch_mode(self, mode: str) -> AwaitMount:
         try:
-            result = super().switch_mode(mode)
+            held = mode != self.current_mode and bool(self.get_screen_stack(mode))
+        except KeyError:  # never shown: Textual's own hold covers its first build
+            held = False
+        hold = ExitStack()
+        self._switch_hold = hold if held else None
+        try:
+            switched = super().switch_mode(mode)
         finally:
-            self._switching = False
-        hold, self._switch_hold = self._switch_hold, None
-        if hold is not None:
-            self.last_switch_hold = hold
-            if not self.screen.call_later(self._end_switch_hold, hold, "resume"):
-                self._end_switch_hold(hold, "resume")
-        return result
+            self._switch_hold = None
+        if held:
+            end = partial(self._end_switch_hold, hold)
+            hold.callback(self.set_timer(self.SWITCH_HOLD_MAX_S, end, name="switch hold").stop)
+            self.screen.call_later(end)
+        return switched
 
     def delay_update(self, delay: float = 0.05) -> None:
-        if not getattr(self, "_switching", False):
+        if self._switch_hold is None:
             super().delay_update(delay)
-            return
-        hold = _SwitchHold()
-        self._begin_batch()
-        self._switch_hold = hold
-        self.set_timer(self.SWITCH_HOLD_MAX_S, lambda: self._end_switch_hold(hold, "timer"), name="switch_hold")
+        else:
+            self._switch_hold.enter_context(self.batch_update())
 
-    def _end_switch_hold(self, hold: _SwitchHold, by: str) -> None:
-        if hold.ended:
-            return
-        hold.ended, hold.ended_by = True, by
-        self._end_batch()
-        if not self._batch_count:
-            self.screen.refresh()
+    def _end_switch_hold(self, hold: ExitStack) -> None:
+        hold.close()  # the batch update and the fallback timer, once: a second call finds nothing to close
+        self.screen.refresh()
 
     # -- actions -----------------------------------------------------------------------------------
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.screen))
+            self.push_screen(HelpScreen(self.screen, self.MODES))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """Every action is in the command palette: the screens, then the current screen's keys."""

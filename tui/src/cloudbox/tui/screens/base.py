@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import gc
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from textual import getters
 from textual.app import ComposeResult
 from textual.screen import Screen
 
+from cloudbox.tui.app_base import CloudboxAppBase
 from cloudbox.tui.widgets.keybar import KeyBar
 from cloudbox.tui.widgets.navbar import NavBar
-
-if TYPE_CHECKING:
-    from cloudbox.tui.app import CloudboxApp
 
 
 class BaseScreen(Screen[None]):
     MODE = ""
     HELP = ""  # what the screen is for, shown by ? (HelpScreen)
     RELOAD_EVERY: float | None = 2.0  # seconds; None: only on demand
-    _shown_once = False
 
-    @property
-    def capp(self) -> CloudboxApp:
-        return self.app  # type: ignore[return-value]
+    app = getters.app(CloudboxAppBase)
 
     def compose(self) -> ComposeResult:
         yield NavBar(self.MODE)
@@ -34,12 +29,9 @@ class BaseScreen(Screen[None]):
         yield from ()
 
     def on_mount(self) -> None:
-        # The widgets of a built screen live as long as the app: moved out of the collector's reach, so that
-        # full collections stop walking them (they paused the UI thread for ~100 ms each; make bench, "tui").
-        self.call_after_refresh(gc.freeze)
         self.reload()
         if self.RELOAD_EVERY:
-            self.set_interval(max(self.RELOAD_EVERY, self.capp.poll_interval), self._periodic_reload)
+            self.set_interval(max(self.RELOAD_EVERY, self.app.poll_interval), self._periodic_reload)
 
     def on_screen_resume(self) -> None:
         self.reload()
@@ -52,15 +44,12 @@ class BaseScreen(Screen[None]):
 
     def reload(self) -> None:
         """Fetch this screen's data in a thread (one at a time per screen) and show it."""
-        self.capp.work_in_thread(self.fetch, done=self._show, group=f"load-{self.MODE}", exclusive=True,
-                                 name=f"loading the {self.MODE} screen")
+        self.app.work_in_thread(self.fetch, done=self._show, group=f"load-{self.MODE}", exclusive=True,
+                                name=f"loading the {self.MODE} screen")
 
     def _show(self, data: Any) -> None:
         if self.is_attached:
             self.show(data)
-            if not self._shown_once:  # the first content too (once: later garbage must stay collectable)
-                self._shown_once = True
-                self.call_after_refresh(gc.freeze)
 
     def fetch(self) -> Any:  # runs in a worker thread
         return None

@@ -62,7 +62,7 @@ class GuestsScreen(BaseScreen):
         self.query_one("#guests", DataTable).focus()
 
     def fetch(self) -> GuestsData:
-        b = self.capp.backend
+        b = self.app.backend
         guests, problem = b.guests()
         runs = {r.uuid: r for r in b.active_runs()}
         return GuestsData(guests, problem, runs, b.active_profile())
@@ -101,7 +101,7 @@ class GuestsScreen(BaseScreen):
         self.reload()
 
     def action_launch(self) -> None:
-        b = self.capp.backend
+        b = self.app.backend
 
         def got(entries) -> None:
             options = [(e.name, e.description) for e in entries if e.problem is None]
@@ -112,13 +112,13 @@ class GuestsScreen(BaseScreen):
                 return
             self.notify(f"launching a guest with {name}; it appears here when libvirt has started it",
                         title="guests")
-            self.capp.work_in_thread(b.launch_guest, name, done=launched, name=f"launching a {name} guest")
+            self.app.work_in_thread(b.launch_guest, name, done=launched, name=f"launching a {name} guest")
 
         def launched(run_id: int) -> None:
             self.notify(f"guest session started as run {run_id} (stop it here with s)", title="guests")
             self.reload()
 
-        self.capp.work_in_thread(b.profiles, done=got, name="listing profiles")
+        self.app.work_in_thread(b.profiles, done=got, name="listing profiles")
 
     def action_stop(self) -> None:
         g = self.current()
@@ -129,8 +129,8 @@ class GuestsScreen(BaseScreen):
         def answer(yes: bool | None) -> None:
             if yes:
                 self.notify(f"stopping {g.name}…", title="guests")
-                self.capp.work_in_thread(self.capp.backend.stop_guest, g, name=f"stopping {g.name}",
-                                         done=lambda r: self.after(f"{g.name}: {r}"))
+                self.app.work_in_thread(self.app.backend.stop_guest, g, name=f"stopping {g.name}",
+                                        done=lambda r: self.after(f"{g.name}: {r}"))
 
         self.app.push_screen(ConfirmDialog(
             "Stop guest", f"Stop {g.name}? The guest is destroyed and its disk and network are removed.",
@@ -144,8 +144,8 @@ class GuestsScreen(BaseScreen):
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self.capp.work_in_thread(self.capp.backend.destroy_guest, g, name=f"destroying {g.name}",
-                                         done=lambda _r: self.after(f"{g.name} destroyed"))
+                self.app.work_in_thread(self.app.backend.destroy_guest, g, name=f"destroying {g.name}",
+                                        done=lambda _r: self.after(f"{g.name} destroyed"))
 
         self.app.push_screen(ConfirmDialog(
             "Destroy guest", f"Power off {g.name} at once (like pulling the plug)? Its run then cleans up "
@@ -160,5 +160,5 @@ class GuestsScreen(BaseScreen):
         if g is None:
             self.notify("no guest selected", severity="warning")
             return
-        self.capp.work_in_thread(self.capp.backend.guest_xml, g.name, name=f"reading {g.name}'s XML",
-                                 done=lambda xml: self.app.push_screen(TextDialog(f"{g.name}: domain XML", xml)))
+        self.app.work_in_thread(self.app.backend.guest_xml, g.name, name=f"reading {g.name}'s XML",
+                                done=lambda xml: self.app.push_screen(TextDialog(f"{g.name}: domain XML", xml)))

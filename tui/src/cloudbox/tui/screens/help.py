@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Label, Markdown
 
+from cloudbox.tui.screens.base import BaseScreen
 
-def help_markdown(current: Screen) -> str:
-    from cloudbox.tui.app import CloudboxApp
-    from cloudbox.tui.screens.base import BaseScreen
 
+def help_markdown(current: Screen, modes: Mapping[str, object]) -> str:
+    """The help text for the app's `modes` (name: screen class), `current` marked."""
     lines = ["# cloudbox", "",
              "Keys: **1**–**5** switch screens, **?** this help, **Ctrl+P** the command palette (every action), "
              "**q** quit. Runs keep going when you quit.", "",
              "Numbers measured under TCG emulation are marked **\\*** and are not virtualization-overhead "
              "figures; nested KVM is labelled *nested*.", ""]
-    for mode, cls in CloudboxApp.MODES.items():
+    for mode, cls in modes.items():
         if not (isinstance(cls, type) and issubclass(cls, BaseScreen)):
             continue
         here = " (this screen)" if isinstance(current, cls) else ""
@@ -34,14 +36,15 @@ def help_markdown(current: Screen) -> str:
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,question_mark,q", "close", "Close", id="help.close")]
 
-    def __init__(self, current: Screen):
+    def __init__(self, current: Screen, modes: Mapping[str, object]):
         super().__init__()
         self.current = current
+        self.modes = modes
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
             with VerticalScroll(classes="dialog-scroll"):
-                yield Markdown(help_markdown(self.current), id="help-text")
+                yield Markdown(help_markdown(self.current, self.modes), id="help-text")
             yield Label("Esc: close", classes="dialog-hint")
 
     def action_close(self) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from textual import getters
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -15,9 +15,7 @@ from textual.widgets import Label, Static
 
 from cloudbox.core.nodes.frontend import CodeOffer
 from cloudbox.core.nodes.registry import JoinCode
-
-if TYPE_CHECKING:
-    from cloudbox.tui.background import BackgroundApp
+from cloudbox.tui.background import BackgroundApp
 
 POLL_EVERY_S = 1.0
 
@@ -63,9 +61,7 @@ class JoinCodeDialog(ModalScreen[None]):
         self.revoke = revoke
         self.record = offer.record
 
-    @property
-    def bapp(self) -> BackgroundApp:
-        return self.app  # type: ignore[return-value]
+    app = getters.app(BackgroundApp)
 
     def compose(self) -> ComposeResult:
         o = self.offer
@@ -101,8 +97,8 @@ class JoinCodeDialog(ModalScreen[None]):
     def _refresh_status(self) -> None:
         if self.poll is None:
             return
-        self.bapp.work_in_thread(self.poll, self.record.id, done=self._show, group="join-code-status",
-                                 exclusive=True, name=f"following join code {self.record.id}")
+        self.app.work_in_thread(self.poll, self.record.id, done=self._show, group="join-code-status",
+                                exclusive=True, name=f"following join code {self.record.id}")
 
     def _show(self, rec: JoinCode) -> None:
         if not self.is_attached:
@@ -118,8 +114,8 @@ class JoinCodeDialog(ModalScreen[None]):
         if self.record.status() != "open":
             self.notify(f"join code {self.record.id} is {self.record.status()}: nothing to revoke")
             return
-        self.bapp.work_in_thread(self.revoke, self.record.id, name=f"revoking join code {self.record.id}",
-                                 done=lambda _ids: self._refresh_status())
+        self.app.work_in_thread(self.revoke, self.record.id, name=f"revoking join code {self.record.id}",
+                                done=lambda _ids: self._refresh_status())
 
     def action_close(self) -> None:
         self.dismiss(None)

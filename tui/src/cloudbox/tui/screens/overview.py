@@ -20,6 +20,7 @@ from cloudbox.core.results import Run
 from cloudbox.tui.backend import Cluster
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.screens.join_code import JoinCodeDialog
+from cloudbox.tui.screens.tests import TestsScreen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog
 from cloudbox.tui.widgets.table import PlainTable
 
@@ -130,7 +131,7 @@ class OverviewScreen(BaseScreen):
         super().on_mount()
 
     def fetch(self) -> OverviewData:
-        b = self.capp.backend
+        b = self.app.backend
         facts = b.facts()
         return OverviewData(facts, b.active_profile(), b.active_runs(), b.cluster(facts.role))
 
@@ -226,7 +227,7 @@ class OverviewScreen(BaseScreen):
     def action_join_code(self) -> None:
         if self._refused("making join codes"):
             return
-        b = self.capp.backend
+        b = self.app.backend
         self.notify("making a join code and starting the enrolment server…", title="nodes", timeout=3)
 
         def made(offer: frontend.CodeOffer) -> None:
@@ -234,8 +235,8 @@ class OverviewScreen(BaseScreen):
                                  lambda _r: self.reload())
             self.reload()
 
-        self.capp.work_in_thread(b.make_join_code, done=made, group="join-code", exclusive=True,
-                                 name="making a join code")
+        self.app.work_in_thread(b.make_join_code, done=made, group="join-code", exclusive=True,
+                                name="making a join code")
 
     def action_revoke_codes(self) -> None:
         if self._refused("revoking join codes"):
@@ -249,7 +250,7 @@ class OverviewScreen(BaseScreen):
                 self.notify("no join code is open: nothing to revoke", title="nodes")
             self.reload()
 
-        self.capp.work_in_thread(self.capp.backend.revoke_codes, done=revoked, name="revoking join codes")
+        self.app.work_in_thread(self.app.backend.revoke_codes, done=revoked, name="revoking join codes")
 
     def action_remove_node(self) -> None:
         if self._refused("removing nodes"):
@@ -273,8 +274,8 @@ class OverviewScreen(BaseScreen):
         def answer(yes: bool | None) -> None:
             if yes:
                 self.notify(f"removing {name}…", title="nodes", timeout=3)
-                self.capp.work_in_thread(self.capp.backend.remove_node, name, done=removed,
-                                         name=f"removing node {name}")
+                self.app.work_in_thread(self.app.backend.remove_node, name, done=removed,
+                                        name=f"removing node {name}")
 
         self.app.push_screen(ConfirmDialog(
             "Remove node", f"Remove node {name} ({n.address})? The front-end's key is taken off {name} over SSH "
@@ -287,5 +288,7 @@ class OverviewScreen(BaseScreen):
             self.notify("no run in progress; start one on the Tests screen (4)")
             return
         row = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
-        self.capp.switch_mode("tests")
-        self.capp.screen.call_after_refresh(self.capp.screen.action_attach, int(str(row.value)))  # type: ignore[attr-defined]
+        self.app.switch_mode("tests")
+        tests = self.app.screen
+        if isinstance(tests, TestsScreen):
+            tests.call_after_refresh(tests.action_attach, int(str(row.value)))

@@ -3,6 +3,7 @@ it is saved, each problem shown next to its field."""
 
 from __future__ import annotations
 
+from textual import getters
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -11,6 +12,7 @@ from textual.widgets import Button, Input, Label, Select
 
 from cloudbox.core import profiles
 from cloudbox.core.errors import CloudboxError, ProfileError
+from cloudbox.tui.app_base import CloudboxAppBase
 
 
 def _field_id(key: str) -> str:
@@ -28,6 +30,8 @@ class ProfileForm(ModalScreen[str | None]):
         Binding("ctrl+s", "save", "Save", id="form.save"),
         Binding("escape", "cancel", "Cancel", id="form.cancel"),
     ]
+
+    app = getters.app(CloudboxAppBase)
 
     def __init__(self, base: profiles.Profile, new_name: str):
         super().__init__()
@@ -92,7 +96,7 @@ class ProfileForm(ModalScreen[str | None]):
             lab.update("")  # type: ignore[attr-defined]
         data = self.collect()
         try:
-            path = self.app.backend.save_profile(data, f"new profile {data['name']!r}")  # type: ignore[attr-defined]
+            path = self.app.backend.save_profile(data, f"new profile {data['name']!r}")
         except ProfileError as e:
             self.show_problems(e)
             return

@@ -36,6 +36,11 @@ def knob_text(value: object) -> Text:
     return Text(str(value).lower() if isinstance(value, bool) else str(value))
 
 
+def detail_title(e: profiles.ProfileEntry) -> str:
+    """The detail pane's first words: which profile it shows."""
+    return f"{e.name} ({e.kind})"
+
+
 def knob_table(p: profiles.Profile) -> Table:
     t = Table(show_header=True, header_style="bold", box=None, expand=False, pad_edge=False)
     t.add_column("knob")
@@ -101,6 +106,7 @@ class ProfilesScreen(BaseScreen):
         self.active = ""
         self.marked: list[str] = []
         self.loaded: dict[str, profiles.Profile] = {}
+        self.drawn: ProfilesData | None = None  # what the list shows
 
     def body(self) -> ComposeResult:
         with Horizontal(id="profiles-split"):
@@ -114,7 +120,7 @@ class ProfilesScreen(BaseScreen):
         self.query_one("#profiles", DataTable).focus()
 
     def fetch(self) -> ProfilesData:
-        b = self.capp.backend
+        b = self.app.backend
         entries = b.profiles()
         loaded = {}
         for e in entries:
@@ -126,6 +132,9 @@ class ProfilesScreen(BaseScreen):
         return ProfilesData(entries, b.active_profile(), loaded)
 
     def show(self, data: ProfilesData) -> None:
+        if data == self.drawn:
+            return  # nothing changed: the list, its cursor and the detail (or a diff) stay as they are
+        self.drawn = data
         self.entries, self.active, self.loaded = data.entries, data.active, data.loaded
         table = self.query_one("#profiles", DataTable)
         current = self.current_name()
@@ -167,7 +176,7 @@ class ProfilesScreen(BaseScreen):
         if p is None:
             detail.update(Text(f"{e.path}: not loaded yet"))
             return
-        head = Text(f"{e.name} ({e.kind}){'  [active]' if e.name == self.active else ''}\n", style="bold")
+        head = Text(f"{detail_title(e)}{'  [active]' if e.name == self.active else ''}\n", style="bold")
         head.append(f"{p.description}\n", style="")
         if p.reproduces:
             head.append(f"Reproduces: {p.reproduces}\n", style="italic")
@@ -186,7 +195,7 @@ class ProfilesScreen(BaseScreen):
             self.notify(f"active profile: {prof.name}", title="profiles")
             self.reload()
 
-        self.capp.work_in_thread(self.capp.backend.set_active_profile, name, done=done, name=f"switching to {name}")
+        self.app.work_in_thread(self.app.backend.set_active_profile, name, done=done, name=f"switching to {name}")
 
     def action_mark(self) -> None:
         name = self.current_name()
@@ -285,7 +294,7 @@ class ProfilesScreen(BaseScreen):
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self.capp.work_in_thread(self.capp.backend.delete_user_profile, e.name, done=deleted)
+                self.app.work_in_thread(self.app.backend.delete_user_profile, e.name, done=deleted)
 
         def deleted(path: Path) -> None:
             self.notify(f"deleted {path}", title="profiles")

@@ -57,6 +57,7 @@ class ResultsScreen(BaseScreen):
     def __init__(self) -> None:
         super().__init__()
         self.runs: list[Run] = []
+        self.drawn: list[Run] | None = None  # the runs the table shows
         self.marked: list[int] = []
 
     def body(self) -> ComposeResult:
@@ -73,10 +74,12 @@ class ResultsScreen(BaseScreen):
         self.query_one("#runs", DataTable).focus()
 
     def fetch(self) -> list[Run]:
-        return self.capp.backend.runs()
+        return self.app.backend.runs()
 
     def show(self, runs: list[Run]) -> None:
-        self.runs = runs
+        if runs == self.drawn:
+            return  # nothing changed: the table is not rebuilt
+        self.runs = self.drawn = runs
         table = self.query_one("#runs", DataTable)
         keep = self.current_id()
         table.clear()
@@ -128,8 +131,8 @@ class ResultsScreen(BaseScreen):
             self.query_one("#compare", Static).update(Text(text))
             self.query_one("#compare-box").add_class("open")
 
-        self.capp.work_in_thread(self.capp.backend.compare_text, ids, width, done=done,
-                                 name=f"comparing runs {', '.join(map(str, ids))}")
+        self.app.work_in_thread(self.app.backend.compare_text, ids, width, done=done,
+                                name=f"comparing runs {', '.join(map(str, ids))}")
 
     def action_close_compare(self) -> None:
         self.query_one("#compare-box").remove_class("open")
@@ -145,8 +148,8 @@ class ResultsScreen(BaseScreen):
             if result is None:
                 return
             fmt, path = result
-            self.capp.work_in_thread(self.capp.backend.export, ids, fmt, path, name="exporting",
-                                     done=lambda p: self.notify(f"wrote {p} ({fmt}, runs {', '.join(map(str, ids))})",
+            self.app.work_in_thread(self.app.backend.export, ids, fmt, path, name="exporting",
+                                    done=lambda p: self.notify(f"wrote {p} ({fmt}, runs {', '.join(map(str, ids))})",
                                                                 title="results"))
 
         self.app.push_screen(ExportDialog(stem), chosen)
@@ -159,8 +162,8 @@ class ResultsScreen(BaseScreen):
         def answer(yes: bool | None) -> None:
             if yes:
                 self.marked = [m for m in self.marked if m != rid]
-                self.capp.work_in_thread(self.capp.backend.delete_run, rid, name=f"deleting run {rid}",
-                                         done=deleted)
+                self.app.work_in_thread(self.app.backend.delete_run, rid, name=f"deleting run {rid}",
+                                        done=deleted)
 
         def deleted(_result: object) -> None:
             self.notify(f"deleted run {rid}", title="results")

@@ -124,7 +124,7 @@ class TestsScreen(BaseScreen):
 
     # -- setup ---------------------------------------------------------------------------------------
     def fetch(self) -> SetupData:
-        b = self.capp.backend
+        b = self.app.backend
         entries = [(e.name, e.description) for e in b.profiles() if e.problem is None]
         return SetupData(entries, b.active_profile(), b.active_runs(), b.run_targets())
 
@@ -180,7 +180,7 @@ class TestsScreen(BaseScreen):
                 self.attach(run_id)
             self.show_live()
 
-        self.capp.work_in_thread(self.capp.backend.start_runs, specs, done=started, name="starting the run")
+        self.app.work_in_thread(self.app.backend.start_runs, specs, done=started, name="starting the run")
 
     pending_sweep: str | None = None
 
@@ -213,11 +213,11 @@ class TestsScreen(BaseScreen):
         if self.run_id is None and self.pending_sweep is None:
             return
         self.polling = True
-        self.capp.work_in_thread(self._poll_fetch, self.run_id, self.seq, done=self._poll_show,
-                                 group="tests-live", name="following the run")
+        self.app.work_in_thread(self._poll_fetch, self.run_id, self.seq, done=self._poll_show,
+                                group="tests-live", name="following the run")
 
     def _poll_fetch(self, run_id: int | None, seq: int):
-        b = self.capp.backend
+        b = self.app.backend
         try:
             if run_id is None:  # a sweep was started: follow its first run once it exists
                 sw = next((s for s in b.sweeps() if s.id == self.pending_sweep), None)
@@ -310,8 +310,8 @@ class TestsScreen(BaseScreen):
         def answer(yes: bool | None) -> None:
             if yes:
                 self.notify(f"cancelling run {run.id}…", title="tests")
-                self.capp.work_in_thread(self.capp.backend.cancel, run.id, name=f"cancelling run {run.id}",
-                                         done=lambda st: self.notify(f"run {run.id}: {st}", title="tests"))
+                self.app.work_in_thread(self.app.backend.cancel, run.id, name=f"cancelling run {run.id}",
+                                        done=lambda st: self.notify(f"run {run.id}: {st}", title="tests"))
 
         self.app.push_screen(ConfirmDialog(
             "Cancel run", f"Cancel run {run.id} ({run.profile_name}){sweep_note}? The guest is destroyed, the "
@@ -330,13 +330,13 @@ class TestsScreen(BaseScreen):
             if value:
                 self.attach(int(value))
 
-        self.capp.work_in_thread(self.capp.backend.active_runs, done=got, name="listing runs")
+        self.app.work_in_thread(self.app.backend.active_runs, done=got, name="listing runs")
 
     def action_show_log(self) -> None:
         if self.run_id is None:
             self.notify("no run attached", severity="warning")
             return
         rid = self.run_id
-        self.capp.work_in_thread(self.capp.backend.run_log, rid, name="reading the run log",
-                                 done=lambda text: self.app.push_screen(
+        self.app.work_in_thread(self.app.backend.run_log, rid, name="reading the run log",
+                                done=lambda text: self.app.push_screen(
                                      TextDialog(f"run {rid}: executor log", text or "(empty)")))

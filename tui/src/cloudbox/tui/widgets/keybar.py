@@ -55,7 +55,7 @@ class KeyBar(Static):
             t.append(f" {palette}", style="dim")
         self.update(t)
 
-    async def _on_click(self, event: events.Click) -> None:
+    async def on_click(self, event: events.Click) -> None:
         for start, end, node, action in self.spans:
             if start <= event.x < end:
                 await node.run_action(action)  # type: ignore[attr-defined]

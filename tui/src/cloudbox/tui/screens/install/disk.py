@@ -47,8 +47,8 @@ class DiskPage(InstallPage):
 
     @property
     def disks(self) -> list[Disk]:
-        assert self.iapp.machine is not None
-        return self.iapp.machine.disks
+        assert self.app.machine is not None
+        return self.app.machine.disks
 
     def on_mount(self) -> None:
         t = self.query_one(DataTable)
@@ -59,7 +59,7 @@ class DiskPage(InstallPage):
                       key=d.path)
         if not self.disks:
             self.query_one("#disk-why", Label).update("this machine has no disk")
-        chosen = self.iapp.data["disk"].get("target")
+        chosen = self.app.data["disk"].get("target")
         rows = [disk_target(d) for d in self.disks]
         start = rows.index(chosen) if chosen in rows else next(
             (i for i, d in enumerate(self.disks) if d.status != "refused"), 0)
@@ -117,11 +117,11 @@ class DiskPage(InstallPage):
             disk["confirm_serial"] = serial
         # The disk alone, checked by the core: an all-in-one needs no NIC, so only the disk's rules apply.
         try:
-            self.iapp.resolve({"role": "all-in-one", "hostname": "x", "disk": disk})
+            self.app.resolve({"role": "all-in-one", "hostname": "x", "disk": disk})
         except AnswerError as e:
             self.show_problems(e, {"disk.target": "disk.target", "disk.confirm_serial": "disk.confirm_serial"})
             if any(p.key == "disk.confirm_serial" for p in e.problems):
                 self.query_one(f"#{field_id('disk.confirm_serial')}", Input).focus()
             return
-        self.iapp.data["disk"] = disk
-        self.iapp.next_page(self)
+        self.app.data["disk"] = disk
+        self.app.next_page(self)

@@ -22,7 +22,7 @@ class DonePage(InstallPage):
     ]
 
     def body(self) -> ComposeResult:
-        app = self.iapp
+        app = self.app
         outcome = app.outcome
         assert outcome is not None and app.plan is not None
         after = app.plan.resolved.answers.after
@@ -44,13 +44,13 @@ class DonePage(InstallPage):
     def action_finish(self) -> None:
         """Leave; after a completed install, what the answers' `after` says follows (run_install_tui does it
         once the terminal is restored). A disk that already held the install is not rebooted into (as the CLI)."""
-        app = self.iapp
+        app = self.app
         if app.outcome is not None and app.outcome.kind == "installed" and app.plan is not None:
             app.after_done = app.plan.resolved.answers.after
         app.exit(app.exit_code())
 
     def action_leave(self) -> None:
-        self.iapp.exit(self.iapp.exit_code())
+        self.app.exit(self.app.exit_code())
 
     def action_noop(self) -> None:
         pass

@@ -38,7 +38,7 @@ class NodePage(InstallPage):
 
     @property
     def role(self) -> str:
-        return str(self.iapp.data["role"])
+        return str(self.app.data["role"])
 
     def _row(self, key: str, label: str, widget: Widget) -> ComposeResult:
         with Horizontal(classes="field-row"):
@@ -47,7 +47,7 @@ class NodePage(InstallPage):
         yield Label("", id=err_id(key), classes="field-error", markup=False)
 
     def body(self) -> ComposeResult:
-        app = self.iapp
+        app = self.app
         assert app.machine is not None
         data, net, root = app.data, app.data["network"], app.data["root"]
         nics = [(Text(n.describe()), n.name) for n in app.machine.nics]
@@ -135,7 +135,7 @@ class NodePage(InstallPage):
         self.action_next()
 
     def action_next(self) -> None:
-        app = self.iapp
+        app = self.app
         self.clear_problems()
         app.data.update(self.collect())
         pw, pw2 = self._value("root.password"), self._value("root.password2")
@@ -155,13 +155,13 @@ class NodePage(InstallPage):
 
     def _planned(self, plan: InstallPlan) -> None:
         self.query_one("#plan-status", Label).update("")
-        self.iapp.plan = plan
-        self.iapp.next_page(self, plan)
+        self.app.plan = plan
+        self.app.next_page(self, plan)
 
     def _plan_failed(self, err: BaseException) -> None:
         self.query_one("#plan-status", Label).update("")
         if isinstance(err, AnswerError):
             self.show_problems(err, FIELDS)
             return
-        text = self.iapp.report_error(err, "making the plan")
+        text = self.app.report_error(err, "making the plan")
         self.set_error("#page-error", f"! no plan: {text}")

@@ -3,32 +3,18 @@ placing the core's problems (AnswerError) next to their fields."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
-
 from rich.text import Text
+from textual import getters
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Label
 
 from cloudbox.core.errors import AnswerError
+from cloudbox.tui.install_base import InstallAppBase
 from cloudbox.tui.widgets.keybar import KeyBar
 
-if TYPE_CHECKING:
-    from cloudbox.tui.install_app import InstallApp
-
 STEPS = ("Role", "Disk", "Node", "Review", "Install")
-
-
-@dataclass
-class Outcome:
-    """How the install ended, for the last page."""
-
-    kind: str  # "installed", "nothing" (already installed), "interrupted", "failed"
-    message: str
-    answers_file: Path | None = None
 
 
 def err_id(key: str) -> str:
@@ -50,14 +36,12 @@ class InstallPage(Screen[None]):
     STEP = 0  # index in STEPS
     BINDINGS = [Binding("escape", "back", "Back", id="install.back")]
 
-    @property
-    def iapp(self) -> InstallApp:
-        return self.app  # type: ignore[return-value]
+    app = getters.app(InstallAppBase)
 
     def compose(self) -> ComposeResult:
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" cloudbox install", style="bold")
-        t.append("  " + ("(dry run)  " if self.iapp.dry_run else ""))
+        t.append("  " + ("(dry run)  " if self.app.dry_run else ""))
         for i, name in enumerate(STEPS):
             t.append(f"[{name}]" if i == self.STEP else f" {name} ", style="bold reverse" if i == self.STEP else "")
             if i < len(STEPS) - 1:

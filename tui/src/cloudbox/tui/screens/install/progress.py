@@ -12,7 +12,8 @@ from textual.widgets import Label, Log, ProgressBar
 
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.install import STEPS, InstallPlan, ProgressEvent
-from cloudbox.tui.screens.install.page import InstallPage, Outcome
+from cloudbox.tui.install_base import Outcome
+from cloudbox.tui.screens.install.page import InstallPage
 
 # Share of the whole install per step: the copy (partition) is nearly all of it.
 WEIGHT = {"partition": 0.85}
@@ -55,7 +56,7 @@ class ProgressPage(InstallPage):
                         id="progress-hint", markup=False)
 
     def on_mount(self) -> None:
-        app = self.iapp
+        app = self.app
         app.installing = True
         app.cancel.clear()
         app.work_in_thread(self._run, name="installing")
@@ -63,12 +64,12 @@ class ProgressPage(InstallPage):
     # -- worker thread ------------------------------------------------------------------------------
     def _progress(self, ev: ProgressEvent) -> None:
         final = ev.step == "complete" and ev.fraction == 1.0
-        if self.iapp.cancel.is_set() and not final:
+        if self.app.cancel.is_set() and not final:
             raise _Cancelled
         self.app.call_from_thread(self._event, ev)
 
     def _run(self) -> None:
-        app = self.iapp
+        app = self.app
         try:
             installed = app.backend.apply(self.plan, self._progress)
         except KeyboardInterrupt:
@@ -87,7 +88,7 @@ class ProgressPage(InstallPage):
         self.query_one(Log).write_line(str(ev))
 
     def _ended(self, kind: str, err: BaseException | None) -> None:
-        app = self.iapp
+        app = self.app
         app.installing = False
         plan = self.plan
         a = plan.resolved.answers
@@ -107,10 +108,10 @@ class ProgressPage(InstallPage):
                 msg = f"the install failed: {text}\nre-run {again} to resume"
         app.outcome = Outcome(kind, msg, saved)
         self.query_one(Log).write_line(f"cloudbox: {msg}")
-        self.iapp.next_page(self, replace=True)
+        self.app.next_page(self, replace=True)
 
     def action_stop(self) -> None:
-        self.iapp.request_cancel()
+        self.app.request_cancel()
 
     def show_stopping(self) -> None:
         self.query_one("#progress-hint", Label).update(

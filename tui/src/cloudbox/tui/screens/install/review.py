@@ -25,7 +25,7 @@ class ReviewPage(InstallPage):
         with Vertical(classes="install-body"):
             yield Label("\n".join(plan.summary()), id="plan-summary", markup=False)
             yield Log(id="plan-text", max_lines=None)
-            if self.iapp.dry_run:
+            if self.app.dry_run:
                 yield Label("dry run: nothing will be written. Esc: back, Ctrl+Q: leave", id="confirm-hint",
                             markup=False)
             elif plan.mode == "done":
@@ -56,7 +56,7 @@ class ReviewPage(InstallPage):
         self.action_next()
 
     def action_next(self) -> None:
-        if self.iapp.dry_run:
+        if self.app.dry_run:
             self.set_error("#page-error", "! dry run: nothing is written (run `cloudbox install` to install)")
             return
         inputs = self.query("#f-confirm")
@@ -67,4 +67,4 @@ class ReviewPage(InstallPage):
                                "(Esc: back to change the answers)")
                 confirm.focus()
                 return
-        self.iapp.next_page(self, self.plan)
+        self.app.next_page(self, self.plan)

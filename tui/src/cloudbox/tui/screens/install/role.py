@@ -42,22 +42,22 @@ class RolePage(InstallPage):
     def on_mount(self) -> None:
         self.clear_problems()
         ol = self.query_one(OptionList)
-        ol.highlighted = ROLES.index(self.iapp.data.get("role", "all-in-one"))
+        ol.highlighted = ROLES.index(self.app.data.get("role", "all-in-one"))
         ol.focus()
-        if self.iapp.machine is None:
-            self.iapp.work_in_thread(self.iapp.backend.machine, done=self._probed, failed=self._probe_failed,
-                                     name="probing the machine")
+        if self.app.machine is None:
+            self.app.work_in_thread(self.app.backend.machine, done=self._probed, failed=self._probe_failed,
+                                    name="probing the machine")
         else:
-            self._probed(self.iapp.machine)
+            self._probed(self.app.machine)
 
     def _probed(self, machine: Machine) -> None:
-        self.iapp.machine = machine
+        self.app.machine = machine
         usable = sum(d.status != "refused" for d in machine.disks)
         self.query_one("#probe-status", Label).update(
             f"{len(machine.disks)} disks ({usable} may be written), {len(machine.nics)} NICs found")
 
     def _probe_failed(self, err: BaseException) -> None:
-        text = self.iapp.report_error(err, "probing the machine")
+        text = self.app.report_error(err, "probing the machine")
         self.query_one("#probe-status", Label).update(f"! cannot probe this machine: {text}")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
@@ -65,10 +65,10 @@ class RolePage(InstallPage):
         self.action_next()
 
     def action_next(self) -> None:
-        if self.iapp.machine is None:
+        if self.app.machine is None:
             self.set_error("#page-error", "! still probing the machine's disks; a moment")
             return
         ol = self.query_one(OptionList)
         role = ROLES[ol.highlighted or 0]
-        self.iapp.data["role"] = role
-        self.iapp.next_page(self)
+        self.app.data["role"] = role
+        self.app.next_page(self)
