@@ -1,4 +1,4 @@
-"""Fixture data for the results-store tests, modelled on Study A (seeds.md, Tables 1 and 2).
+"""Fixture data for the results-store tests, modelled on Study A (docs/studies.md, Tables 1 and 2).
 
 Imported by test_results.py, test_compare.py and test_cli_results.py (not a pytest conftest).
 
