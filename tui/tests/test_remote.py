@@ -127,7 +127,7 @@ def test_a_bad_image_id_and_a_damaged_stream_leave_nothing(cluster: Cluster, gue
 
 @pytest.mark.slow
 def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster: Cluster, libvirt_conn):
-    """A Xen profile on this (non-Xen) node: the node's executor refuses it after its accelerator probe, which
+    """A Xen profile on this node: the node's executor refuses it once it has checked its guest image, which
     exercises the health check (libvirt over the pinned SSH), start, follow, fetch and the failure path end to end
     without booting a guest."""
     events: list[tuple[str, dict]] = []
@@ -142,7 +142,7 @@ def test_a_run_on_the_node_is_mirrored_with_both_nodes_in_its_provenance(cluster
     assert prov["nodes"]["back-end"] == "node7" and prov["nodes"]["front-end"] == prov["controller"]["host"]
     assert prov["propagation"]["node"] == "node7" and prov["remote_run"]["run_id"] >= 1
     steps = [p["text"] for k, p in events if k == "step"]
-    assert any(s.startswith("node7: probing the accelerator") for s in steps), steps
+    assert any(s.startswith("node7: checking the benchmark guest image") for s in steps), steps
     with cluster.node_store() as ns:
         there = ns.get_run(prov["remote_run"]["run_id"])
     assert there.state == "aborted" and there.uuid == prov["remote_run"]["uuid"]

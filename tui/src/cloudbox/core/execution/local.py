@@ -53,13 +53,16 @@ def find_image(ctx: RunContext) -> None:
 
 
 def probe_accelerator(ctx: RunContext) -> None:
+    if ctx.profile.guest.hypervisor == "xen":  # before the probe, which boots a KVM test guest
+        booted = ("this host is booted into Xen, but" if Path("/proc/xen").exists()
+                  else "this host runs Linux without Xen (/proc/xen not present), and")
+        raise CloudboxError(
+            f"profile {ctx.profile.name} needs the Xen hypervisor: {booted} cloudbox runs guests under KVM/QEMU "
+            "only for now (Xen profiles validate and render, but no Xen guest is launched yet); choose a KVM "
+            "profile (cloudbox profile list)")
     ctx.sink.step("probing the accelerator")
     acc = ctx.accelerator = accel.detect(ctx.image.kernel)
     ctx.sink.log(f"accelerator: {acc.label}: {acc.reason}")
-    if ctx.profile.guest.hypervisor == "xen":
-        raise CloudboxError(
-            f"profile {ctx.profile.name} needs the Xen hypervisor, but this host runs Linux without Xen "
-            "(/proc/xen not present); boot the appliance's Xen entry to run Xen profiles")
     if acc.emulated:
         ctx.labels.append("emulated")
     if acc.nested:
