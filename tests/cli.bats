@@ -42,9 +42,10 @@ setup() {
 }
 
 @test "run with a bad argument fails before touching anything" {
-    run -1 "$CB" run --profile virtio-disk --size lots
+    run -2 "$CB" run --profile virtio-disk --size lots  # a usage error: exit 2
     assert_output --partial "allowed: quick, study"
     [ ! -e "$CLOUDBOX_STATE_DIR/work" ]
+    [ ! -e "$CLOUDBOX_STATE_DIR/results.db" ]
 }
 
 @test "results on an empty database explain themselves" {
