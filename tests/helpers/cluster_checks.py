@@ -5,12 +5,14 @@ image copies. Standard library only: it runs on the test host with Debian's pyth
     cluster_checks.py node-state NAME < NODES_JSON     the state `node list --json` shows for node NAME
     cluster_checks.py wrong-code CODE                  a well-formed join code other than CODE
     cluster_checks.py propagation PROPAGATIONS_JSON    the first real image copy, in words
+    cluster_checks.py listeners ALLOW_MD NODE < SS      `ss -Htulpn` of NODE against the allow-list in ALLOW_MD
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,44 @@ def propagation(props_json: Path) -> str:
             f"(SHA-256 check on the node {p['verify_seconds']:.2f} s)")
 
 
+def allow_list(md: str) -> list[tuple[str, str, str, str]]:
+    """The idle rows of docs/cluster.md's "Listening sockets" table, one (protocol, port, process, bound to) per
+    protocol of a row."""
+    m = re.search(r"<!-- listeners:begin -->(.*?)<!-- listeners:end -->", md, re.S)
+    check(m, "docs/cluster.md has the listeners table", None)
+    rows = []
+    for line in m.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 5 or cells[4] != "yes":
+            continue
+        rows += [(proto, cells[1], cells[2], cells[3]) for proto in re.split(r",\s*", cells[0])]
+    check(("tcp", "22", "sshd", "any") in rows, "the allow-list names sshd", rows)
+    return rows
+
+
+def listeners(allow_md: Path, node: str, ss: str) -> str:
+    """Every socket `ss -Htulpn` lists on NODE is an idle row of the allow-list (a loopback row only on 127/8 or
+    ::1); the answer names each offender with its address and process."""
+    allowed = allow_list(allow_md.read_text())
+    seen, offenders = 0, []
+    for line in ss.splitlines():
+        f = line.split()
+        if len(f) < 5:
+            continue
+        seen += 1
+        addr, _, port = f[4].rpartition(":")
+        addr = addr.strip("[]").split("%")[0]
+        proc = m.group(1) if (m := re.search(r'users:\(\("([^"]+)"', line)) else "-"
+        loopback = addr.startswith("127.") or addr == "::1"
+        if not any(f[0] == p and port == pt and proc == pr and (b != "loopback" or loopback)
+                   for p, pt, pr, b in allowed):
+            offenders.append(f"{f[0]} {addr}:{port} ({proc})")
+    check(seen, f"{node} listens on something (sshd at least)", ss)
+    check(not offenders, f"{node}: every listening socket is on the allow-list in docs/cluster.md (\"Listening "
+          "sockets\"); these are not", offenders)
+    return f"{node}: {seen} listening sockets, all on the allow-list"
+
+
 def main(argv: list[str]) -> int:
     try:
         match argv:
@@ -107,6 +147,8 @@ def main(argv: list[str]) -> int:
                 print(wrong_code(code))
             case ["propagation", props_json]:
                 print(propagation(Path(props_json)))
+            case ["listeners", allow_md, node]:
+                print(listeners(Path(allow_md), node, sys.stdin.read()))
             case _:
                 print(__doc__, file=sys.stderr)
                 return 2

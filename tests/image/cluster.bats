@@ -188,6 +188,23 @@ enrolled() {
     assert_output --regexp '[Mm]essage too long'
 }
 
+# bats test_tags=slow,image,cluster
+@test "every listening socket on both installed nodes is on the allow-list; no test server runs at boot" {
+    both_up || skip "needs both nodes up (the boot test)"
+    # The nodes are idle here: no join code is open and no run measures yet (docs/cluster.md, "Listening sockets").
+    for node in fe be; do
+        run -0 "$node" ss -Htulpn
+        printf '%s\n' "$output" > "$LOGS/$node.ss.txt"
+        run -0 checks listeners "$REPO/docs/cluster.md" "${node}1" < "$LOGS/$node.ss.txt"
+        echo "# $output" >&3
+        # Debian's iperf3 server is preset off, netperf's boot-time netserver masked: runs start their own.
+        run "$node" systemctl is-enabled iperf3.service netperf.service
+        assert_line --index 0 disabled
+        assert_line --index 1 --regexp '^masked'
+        run -1 "$node" pgrep -x 'iperf3|netserver'
+    done
+}
+
 be_has_private_address() {
     local addrs
     addrs=$(be ip -4 -o addr show) && grep -q 'inet 10\.73\.0\.' <<<"$addrs"

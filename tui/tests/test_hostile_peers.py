@@ -400,7 +400,7 @@ def test_the_join_code_can_come_from_a_file_or_standard_input(tmp_path: Path, mo
 
 
 def test_the_image_starts_no_unauthenticated_test_server_at_boot():
-    """What tests/image/listeners.bats checks on a booted image, checked on the tree: Debian's iperf3.service is
+    """What tests/image/cluster.bats checks on both installed nodes, checked on the tree: Debian's iperf3.service is
     disabled by the preset, netperf's SysV netserver masked, and the allow-list names neither."""
     repo = Path(__file__).resolve().parents[2]
     preset = (repo / "mkosi.extra/usr/lib/systemd/system-preset/10-cloudbox.preset").read_text().splitlines()
