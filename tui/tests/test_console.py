@@ -110,3 +110,22 @@ def test_kvm_probe_timeout_bad_value(monkeypatch, value):
     monkeypatch.setenv("CLOUDBOX_KVM_PROBE_TIMEOUT", value)
     with pytest.raises(CloudboxError, match="CLOUDBOX_KVM_PROBE_TIMEOUT"):
         accel._probe_timeout()
+
+
+def test_the_probe_tells_a_stuck_vcpu_from_a_slow_one(guest_image):
+    """Real QEMU boots of the guest kernel, under TCG (the KVM here cannot run a guest): a running guest is seen by
+    its firmware's first lines long before its banner; a vCPU that never runs (-S: stopped at start) shows nothing
+    and fails at the short limit, whatever the banner limit."""
+    import shutil
+
+    from cloudbox.core import accel
+
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed (make test installs it)")
+    ok, why, took = accel.boot_probe(guest_image.kernel, ["-accel", "tcg"], "TCG", 20, 120)
+    assert ok and why.startswith("a test kernel printed its banner under TCG in "), why
+    ok, why, took = accel.boot_probe(guest_image.kernel, ["-accel", "tcg", "-S"], "TCG", 2, 120)
+    assert not ok and why == "a test kernel made no progress under TCG within 2 s (vCPU stuck)" and took < 10, why
+    # runs (the firmware speaks at once) but cannot reach its banner in 0.01 s: too slow, not stuck
+    ok, why, _ = accel.boot_probe(guest_image.kernel, ["-accel", "tcg"], "TCG", 20, 0.01)
+    assert not ok and why == "a test kernel ran under TCG but printed no banner within 0 s (too slow to use)", why
