@@ -47,7 +47,7 @@ boot_and_check() {
     boot_and_check uefi
 }
 
-# bats test_tags=slow,image
+# bats test_tags=slow,image,boot-full
 @test "legacy BIOS (SeaBIOS) boot reaches the self-test verdict 123 with the root credentials applied" {
     boot_and_check bios
 }

@@ -159,7 +159,7 @@ EOF
     assert_output 123
 }
 
-# bats test_tags=slow,image,install
+# bats test_tags=slow,image,install,install-full
 @test "re-running a finished install with the same answers writes nothing" {
     install_finished "$LOGS/aio.raw" || skip "needs the all-in-one disk the power-loss test installs"
     sha256sum < "$LOGS/aio.raw" | cut -d' ' -f1 > "$LOGS/aio.sha"
@@ -173,7 +173,7 @@ EOF
     data_untouched
 }
 
-# bats test_tags=slow,image,install
+# bats test_tags=slow,image,install,install-full
 @test "an invalid answer file is refused on the console before anything is written" {
     install_disk "$LOGS/blank.raw" 12G
     INSTALL_STOP_AT='invalid answer file|cloudbox: installed' \
