@@ -25,8 +25,8 @@ from .errors import CloudboxError
 # How long the test guest may show no sign of running at all (firmware or kernel output) before KVM counts as
 # broken (a vCPU that never leaves the host kernel shows none). CLOUDBOX_KVM_PROBE_TIMEOUT overrides it (seconds).
 PROBE_TIMEOUT_S = 30.0
-# Once it runs, how long it may take to print its banner: under nested KVM inside an emulated host a slow day took
-# more than 30 s, and a run that then fell back to TCG inside TCG could not boot its guest at all.
+# Once it runs, how long it may take to print its banner: nested KVM inside an emulated host can take minutes, and
+# falling back to TCG there (emulation inside emulation) would leave the benchmark guest unable to boot at all.
 PROBE_BANNER_LIMIT_S = 300.0
 BANNER = b"Linux version"
 
