@@ -1,4 +1,4 @@
-"""A network test tool that hangs (in CI a netperf TCP_MAERTS in a TCG guest once never ended) is killed, logged
+"""A network test tool that hangs (a netperf TCP_MAERTS in a TCG guest can stall with its path) is killed, logged
 with the sockets it held, and run once more; hanging every time is an error naming the tool, the test and the
 server, with nothing left running. The hang is real: a real netserver stopped with SIGSTOP (the kernel still
 accepts the connection, nothing answers), from this host and from a real guest."""
@@ -352,7 +352,7 @@ def test_a_stopped_path_is_found_hop_by_hop_and_brought_back(session, host_serve
     assert re.search(rf"guest {link.nic}: sent \+\d+, received \+0; host tap {link.tap}: from the guest \+0",
                      logs[1]), logs
     # The tap set up again brings the path back, unless the guest's transmit queue stopped while the tap was down
-    # (seen once in CI: the guest sent +0): then only the device reset does.
+    # (the guest then sends +0): then only the device reset does.
     fixes = (f"the host's tap {link.tap} set up again", f"the guest's {link.nic} device reset (its driver unbound "
              "and bound again)")
     fixed = next((f for f in fixes if logs[-1] == f"guest network: {f}: the path to {network.HOST_IP} answers "
