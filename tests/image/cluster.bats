@@ -197,11 +197,13 @@ enrolled() {
         printf '%s\n' "$output" > "$LOGS/$node.ss.txt"
         run -0 checks listeners "$REPO/docs/cluster.md" "${node}1" < "$LOGS/$node.ss.txt"
         echo "# $output" >&3
-        # Debian's iperf3 server is preset off, netperf's boot-time netserver masked: runs start their own.
-        run "$node" systemctl is-enabled iperf3.service netperf.service
+        # Debian's iperf3 and fio servers are preset off, netperf's boot-time netserver masked: runs start their
+        # own netserver and iperf3, and run fio directly.
+        run "$node" systemctl is-enabled iperf3.service fio.service netperf.service
         assert_line --index 0 disabled
-        assert_line --index 1 --regexp '^masked'
-        run -1 "$node" pgrep -x 'iperf3|netserver'
+        assert_line --index 1 disabled
+        assert_line --index 2 --regexp '^masked'
+        run -1 "$node" pgrep -x 'iperf3|netserver|fio'
     done
 }
 
