@@ -2,9 +2,9 @@
 # Where mkosi.conf puts the build (OutputDirectory=, CacheDirectory=); the suites keep their logs under it too.
 IMAGE_DIR       := build/image
 IMAGE_BATS      ?= bats
-# Arguments for bats in image-test; the default leaves out the nested benchmark (image-bench runs it) and the
-# opt-in full Xen dom0 boot (--filter-tags xen-full) and the installed nodes' second boots (install-full).
-IMAGE_BATS_ARGS ?= --timing --filter-tags '!bench,!xen-full,!install-full'
+# Arguments for bats in image-test; the default runs what make test runs: not the nested benchmark (image-bench
+# runs it) nor the opt-in tiers (docs/benchmarks.md, "Test tiers").
+IMAGE_BATS_ARGS ?= --timing --filter-tags '!bench,!xen-full,!install-full,!boot-full,!cluster-full'
 
 .PHONY: image image-test image-bench image-cluster-bench image-clean
 

@@ -1,7 +1,9 @@
 """What tests/image/cluster.bats checks in the cluster's JSON output: the node run's results, the node list, the
 image copies. Standard library only: it runs on the test host with Debian's python3.
 
-    cluster_checks.py run RUN_JSON PROPAGATIONS_JSON   the last run of `results export --format json`
+    cluster_checks.py run RUN_JSON PROPAGATIONS_JSON [FE_TEST...]
+                                                       the last run of `results export --format json`, with
+                                                       FE_TEST (default tcp-stream-fe) on both sides
     cluster_checks.py node-state NAME < NODES_JSON     the state `node list --json` shows for node NAME
     cluster_checks.py wrong-code CODE                  a well-formed join code other than CODE
     cluster_checks.py propagation PROPAGATIONS_JSON    the first real image copy, in words
@@ -37,9 +39,10 @@ def first_copy(props: list[dict[str, Any]], node: str | None = None) -> dict[str
     return copies[0]
 
 
-def check_run(run_json: Path, props_json: Path) -> str:
+def check_run(run_json: Path, props_json: Path, fe_tests: list[str]) -> str:
     """The front-end's run on be1: completed, both nodes named, nested KVM, the storage and network tests on both
-    sides (guest and baseline), Study A's guest -> front-end tests, the node's provenance, the image copied."""
+    sides (guest and baseline), Study A's guest -> front-end tests (fe_tests), the node's provenance, the image
+    copied."""
     run = json.loads(run_json.read_text())["runs"][-1]
     props = json.loads(props_json.read_text())
     prov = run["provenance"]
@@ -58,7 +61,7 @@ def check_run(run_json: Path, props_json: Path) -> str:
     check(any(t.startswith("seq-") or "write" in t for t in tests), "a storage test", tests)
     check(any("tcp" in t for t in tests), "a TCP network test", tests)
     # Study A's guest -> other host: the guest on be1's private bridge to the front-end, beside be1's host -> fe1.
-    for t in ("tcp-stream-fe", "tcp-maerts-fe", "tcp-rr-fe"):
+    for t in fe_tests:
         check(("guest", t) in sides and ("baseline", t) in sides, f"{t} on both sides", sorted(sides))
     for m in run["measurements"]:
         if m["side"] == "baseline" and m["test"].endswith("-fe"):
@@ -139,8 +142,8 @@ def listeners(allow_md: Path, node: str, ss: str) -> str:
 def main(argv: list[str]) -> int:
     try:
         match argv:
-            case ["run", run_json, props_json]:
-                print(check_run(Path(run_json), Path(props_json)))
+            case ["run", run_json, props_json, *fe_tests]:
+                print(check_run(Path(run_json), Path(props_json), fe_tests or ["tcp-stream-fe"]))
             case ["node-state", name]:
                 print(node_state(json.load(sys.stdin), name))
             case ["wrong-code", code]:

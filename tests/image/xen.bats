@@ -1,7 +1,8 @@
 #!/usr/bin/env bats
 # The Xen boot entry: present in both loaders' menus on the ESP, and under QEMU TCG it starts Xen and a dom0 that
 # mounts the appliance's root, from systemd-boot (UEFI, Xen's EFI loader) and from grub (BIOS, multiboot2).
-# The full dom0 boot to the self-test verdict is slow (~10 min under TCG) and opt-in: --filter-tags xen-full.
+# make test boots the UEFI entry; the BIOS entry and the full dom0 boot to the self-test verdict (~10 min under TCG)
+# are opt-in: --filter-tags xen-full.
 
 load ../helpers/load
 
@@ -91,7 +92,7 @@ xen_starts() {
     xen_starts uefi EFI
 }
 
-# bats test_tags=slow,image,xen
+# bats test_tags=slow,image,xen,xen-full
 @test "BIOS: grub's Xen entry starts Xen (multiboot2) and a dom0 that mounts the appliance's root" {
     xen_starts bios GRUB
 }

@@ -380,6 +380,7 @@ def test_a_nic_device_reset_keeps_its_address_and_mtu(session):
 
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.full
 def test_a_path_that_stays_stopped_fails_naming_the_hop(session, host_servers):
     """The path stopped where no re-plug reaches (this host drops everything it sends to the guest, an iptables
     OUTPUT rule): the test fails at its first hang with NicStalled naming this host as the hop, after the

@@ -386,9 +386,10 @@ def test_tests_screen_needs_a_profile_ticked(backend):
     run(go())
 
 
-# -- real guests (slow) ----------------------------------------------------------------------------------------
+# -- real guests (full tier: tests/tui.bats drives the same through a real terminal in make test) ---------------
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.full
 def test_launch_a_guest_show_its_xml_and_stop_it(state, libvirt_conn):
     from cloudbox.core.guest import list_guests
 
@@ -429,6 +430,7 @@ def test_launch_a_guest_show_its_xml_and_stop_it(state, libvirt_conn):
 
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.full
 def test_quick_storage_test_through_the_ui(state, libvirt_conn):
     from textual.widgets import Select
 
