@@ -100,6 +100,9 @@ def test_one_line_per_event_for_the_cli_and_the_tui():
     assert printed[3] == "  [guest] seq-write-64k  45.0%     120.3 MB/s  eta 00m:05s"
     assert events.progress_line(RECORDS[4], SAMPLE).endswith("| host sdb 26.9 MB/s rq 256 sect qu 0.5 util 90%")
     assert events.stamped(0, "==> run completed").endswith(" ==> run completed")
+    # The launch has no percentage or ETA: its line says what it is doing and for how long.
+    boot = ProgressEvent("guest", "boot", 0, "booting, 12 s since launch")
+    assert events.progress_line(boot, SAMPLE) == "  [guest] boot: booting, 12 s since launch"
 
 
 def test_whole_run_progress_from_the_plan():

@@ -236,6 +236,8 @@ def stamped(t: float, line: str) -> str:
 
 def progress_line(ev: ProgressEvent, sample: SampleEvent | None = None) -> str:
     """The live status line of the current test, with the host disk's last second when there is one."""
+    if ev.test == BOOT:  # no percentage: the text says what the launch is doing and for how long
+        return f"  [{ev.side}] {ev.test}: {ev.eta}" if ev.eta else f"  [{ev.side}] {ev.test}"
     line = f"  [{ev.side}] {ev.test} {ev.pct:5.1f}%"
     if ev.mbps is not None:
         line += f"  {ev.mbps:8.1f} MB/s"

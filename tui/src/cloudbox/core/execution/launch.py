@@ -59,7 +59,7 @@ def launch(ctx: RunContext) -> Launched:
 
     def waiting(seconds: float) -> None:
         control.check("cancelled while the guest was booting")
-        ctx.sink.emit(ProgressEvent("guest", BOOT, 0, f"{seconds:.0f}s"))
+        ctx.sink.emit(ProgressEvent("guest", BOOT, 0, f"booting, {seconds:.0f} s since launch"))
 
     for attempt in range(1, attempts + 1):
         t0 = time.monotonic()

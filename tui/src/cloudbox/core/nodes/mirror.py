@@ -70,7 +70,8 @@ def propagate(ctx: RunContext, there: NodeRun) -> None:
     sink.step(f"propagating the guest image to {node.name}", side="guest")
     prop = client.propagate_image(
         there.shell, GuestImage.locate(), cancelled=ctx.control.cancelled,
-        progress=lambda done, total: sink.emit(ProgressEvent("guest", BOOT, 0, f"copy {done * 100 // total}%")))
+        progress=lambda done, total: sink.emit(
+            ProgressEvent("guest", BOOT, 0, f"copying the image, {done * 100 // total}%")))
     sink.log(prop.describe())
     with registry.Registry() as reg:
         reg.add_propagation(asdict(prop))
