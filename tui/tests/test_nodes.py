@@ -472,8 +472,12 @@ def test_a_node_that_is_gone_is_down_and_its_runs_fail(front: Front, back: Back,
     back.ident.ssh_port = _closed_port()  # nothing listens there: the node has disappeared
     code, _ = front.reg.make_code()
     back.join(f"127.0.0.1:{front.serve()}", code)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
     with ResultStore(tmp_path / "results.db") as store:
-        run_id = store.create_run(profile_name="x", suite="storage", node="node2")
+        # A run on the node whose executor is gone, and one whose executor (this process) still follows it.
+        run_id = store.create_run(profile_name="x", suite="storage", node="node2", pid=dead.pid)
+        followed = store.create_run(profile_name="x", suite="storage", node="node2")
         other = store.create_run(profile_name="x", suite="storage")  # this host's run is not touched
         t0 = time.monotonic()
         (h,) = health.check_all(front.reg, store, timeout=10)  # the real libvirt client over the ssh wrapper
@@ -485,6 +489,7 @@ def test_a_node_that_is_gone_is_down_and_its_runs_fail(front: Front, back: Back,
         run = store.get_run(run_id)
         assert run.state == "failed" and run.reason == f"node node2 down: {h.reason}"
         assert h.failed_runs == [run_id] and store.get_run(other).state == "running"
+        assert store.get_run(followed).state == "running"  # its executor ends it when the stream drops
     assert health.shown_state(node)[0] == "down"
     node.checked_at = time.time() - 60
     assert health.shown_state(node)[0] == "unknown"
@@ -493,10 +498,29 @@ def test_a_node_that_is_gone_is_down_and_its_runs_fail(front: Front, back: Back,
 def test_health_timeout_marks_down(front: Front, back: Back):
     code, _ = front.reg.make_code()
     back.join(f"127.0.0.1:{front.serve()}", code)
-    (h,) = health.check_all(front.reg, None, probe=lambda n: time.sleep(5) or {}, timeout=0.3)
+    release = threading.Event()
+    calls: list[str] = []
+
+    def stuck(n):
+        calls.append(n.name)
+        release.wait(30)
+        return {}
+
+    def fine(n):
+        calls.append(n.name)
+        return {"hostname": "node2", "libvirt": "9.0.0"}
+
+    (h,) = health.check_all(front.reg, None, probe=stuck, timeout=0.3)
     assert h.state == "down" and "within 0.3 s" in h.reason
-    (h,) = health.check_all(front.reg, None, probe=lambda n: {"hostname": "node2", "libvirt": "9.0.0"})
-    assert h.state == "up" and front.reg.node("node2").last_seen is not None
+    # While that probe still waits, the next check starts no second one (no pile of SSH logins on a busy node).
+    (h,) = health.check_all(front.reg, None, probe=fine, timeout=0.3)
+    assert h.state == "down" and "is still waiting" in h.reason and calls == ["node2"], (h, calls)
+    release.set()
+    deadline = time.monotonic() + 10
+    while health._in_flight["node2"][0].is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (h,) = health.check_all(front.reg, None, probe=fine)
+    assert h.state == "up" and front.reg.node("node2").last_seen is not None and calls == ["node2", "node2"]
 
 
 def test_gather_lists_registry_nodes_on_a_front_end(tmp_path: Path, monkeypatch, front: Front, back: Back):

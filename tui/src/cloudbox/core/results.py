@@ -776,12 +776,16 @@ class ResultStore:
         return reaped
 
     def fail_runs_on_node(self, node: str, reason: str) -> list[Run]:
-        """Mark every run still 'running' on `node` as 'failed' with `reason` (the node went down: its runs
-        cannot finish, and must not stay 'running' forever); returns them as they are now."""
+        """Mark every run still 'running' on `node` whose executor is gone as 'failed' with `reason` (the node
+        went down: they cannot finish, and must not stay 'running' forever); returns them as they are now. A run
+        whose executor on this host is alive is left to it: it follows the node over its own SSH stream, which
+        drops after 2 minutes of silence, and then ends the run itself; so a busy node that misses one health
+        check (a TCG back-end running a guest) does not lose the run it is measuring."""
         failed = []
         with self._read() as conn:
-            ids = [int(r[0]) for r in conn.execute("SELECT id FROM runs WHERE state = 'running' AND node = ?",
-                                                   (node,))]
+            rows = conn.execute("SELECT id, pid, started_at FROM runs WHERE state = 'running' AND node = ?",
+                                (node,)).fetchall()
+        ids = [int(r["id"]) for r in rows if not pid_alive(r["pid"], r["started_at"])]
         for run_id in ids:
             with self._write() as conn:
                 row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()

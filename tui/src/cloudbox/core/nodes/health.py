@@ -2,7 +2,8 @@
 
 `check_all()` probes every node at once (libvirt open + getHostname + getLibVersion over the node's
 qemu+ssh URI, each bounded by CHECK_TIMEOUT_S), stores up/down with the reason in the registry and, for a
-node that is down, marks its runs still 'running' as failed with that reason (not left running, not lost).
+node that is down, marks its runs still 'running' whose executor is gone as failed with that reason (not left
+running, not lost; a live executor ends its run itself: ResultStore.fail_runs_on_node).
 `monitor()` repeats it every CHECK_INTERVAL_S: a back-end that disappears is shown down within
 CHECK_INTERVAL_S + CHECK_TIMEOUT_S (20 s), inside the 30 s the overview promises. A node whose last check is
 older than STALE_AFTER_S is shown 'unknown' (nobody is checking), never as still up.
@@ -95,8 +96,15 @@ def _first_line(text: str) -> str:
     return "; ".join(lines[:3])[:300] or "failed without a message"
 
 
+# node name -> (its probe's thread, when it started): a probe given up on keeps running until its SSH ends.
+_in_flight: dict[str, tuple[threading.Thread, float]] = {}
+_in_flight_lock = threading.Lock()
+
+
 def check_node(node: NodeRecord, *, probe: Probe = libvirt_probe, timeout: float = CHECK_TIMEOUT_S) -> Health:
-    """Probe one node in a worker thread, giving up after `timeout` seconds."""
+    """Probe one node in a worker thread, giving up after `timeout` seconds. While an earlier probe of the node
+    is still waiting, no second one starts: on a back-end too busy to answer in time (a TCG node running a
+    guest), each new SSH login would add to the load that made it slow, and the logins would pile up."""
     out: dict[str, Any] = {}
 
     def work() -> None:
@@ -106,7 +114,13 @@ def check_node(node: NodeRecord, *, probe: Probe = libvirt_probe, timeout: float
             out["error"] = f"{type(e).__name__}: {e}" if not isinstance(e, CloudboxError) else str(e)
 
     t0 = time.monotonic()
-    t = threading.Thread(target=work, name=f"check-{node.name}", daemon=True)
+    with _in_flight_lock:
+        earlier = _in_flight.get(node.name)
+        if earlier is not None and earlier[0].is_alive():
+            return Health(node.name, "down", f"no answer from libvirt at {node.address} within {timeout:g} s "
+                          f"(its check started {t0 - earlier[1]:.0f} s ago is still waiting)", {}, 0.0)
+        t = threading.Thread(target=work, name=f"check-{node.name}", daemon=True)
+        _in_flight[node.name] = (t, t0)
     t.start()
     t.join(timeout)
     took = time.monotonic() - t0
