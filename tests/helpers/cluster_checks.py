@@ -8,6 +8,8 @@ image copies. Standard library only: it runs on the test host with Debian's pyth
     cluster_checks.py wrong-code CODE                  a well-formed join code other than CODE
     cluster_checks.py propagation PROPAGATIONS_JSON    the first real image copy, in words
     cluster_checks.py listeners ALLOW_MD NODE < SS      `ss -Htulpn` of NODE against the allow-list in ALLOW_MD
+    cluster_checks.py watch-state NAME DB SECONDS       on the front-end: NAME's state in the registry DB every
+                                                       0.5 s for SECONDS, each line "<this machine's clock> <state>"
 """
 
 from __future__ import annotations
@@ -84,6 +86,18 @@ def check_run(run_json: Path, props_json: Path, fe_tests: list[str]) -> str:
             f"guest -> fe1 {fe_tx:.0f} Mbit/s; image copy {copy['bytes'] / 1e6:.1f} MB at {copy['mbps']:.1f} MB/s")
 
 
+def watch_state(name: str, db: str, seconds: float) -> None:
+    import sqlite3
+    import time
+
+    conn = sqlite3.connect(db, timeout=5)
+    end = time.time() + seconds
+    while time.time() < end:
+        row = conn.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
+        print(f"{time.time():.2f} {row[0] if row else '?'}", flush=True)
+        time.sleep(0.5)
+
+
 def node_state(nodes: list[dict[str, Any]], name: str) -> str:
     return next((n["shown_state"] for n in nodes if n["name"] == name), "?")
 
@@ -150,6 +164,8 @@ def main(argv: list[str]) -> int:
                 print(wrong_code(code))
             case ["propagation", props_json]:
                 print(propagation(Path(props_json)))
+            case ["watch-state", name, db, seconds]:
+                watch_state(name, db, float(seconds))
             case ["listeners", allow_md, node]:
                 print(listeners(Path(allow_md), node, sys.stdin.read()))
             case _:
