@@ -1,5 +1,5 @@
 """What tests/image/cluster.bats checks in the cluster's JSON output: the node run's results, the node list, the
-image copies. Standard library only: it runs on the test host with Debian's python3.
+image copies. Standard library only: it runs with Debian's python3 on the test host (watch-state on the front-end).
 
     cluster_checks.py run RUN_JSON PROPAGATIONS_JSON [FE_TEST...]
                                                        the last run of `results export --format json`, with
@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +89,6 @@ def check_run(run_json: Path, props_json: Path, fe_tests: list[str]) -> str:
 
 
 def watch_state(name: str, db: str, seconds: float) -> None:
-    import sqlite3
-    import time
-
     conn = sqlite3.connect(db, timeout=5)
     end = time.time() + seconds
     while time.time() < end:

@@ -758,22 +758,7 @@ class ResultStore:
 
     def reap_dead_runs(self) -> list[Run]:
         """Mark every dead run 'failed' (reason 'executor died'); returns them as they are now."""
-        reaped = []
-        for run in self.dead_runs():
-            with self._write() as conn:
-                row = conn.execute("SELECT state FROM runs WHERE id = ?", (run.id,)).fetchone()
-                if row is None or row["state"] != "running":
-                    continue
-                now = time.time()
-                conn.execute(
-                    "UPDATE runs SET state = 'failed', reason = ?, finished_at = ? WHERE id = ?",
-                    (DEAD_EXECUTOR_REASON, now, run.id),
-                )
-                self._append_event(
-                    conn, run.id, "state", {"state": "failed", "reason": DEAD_EXECUTOR_REASON}, now
-                )
-            reaped.append(self.get_run(run.id, raw=False))
-        return reaped
+        return self._fail_running([r.id for r in self.dead_runs()], DEAD_EXECUTOR_REASON)
 
     def fail_runs_on_node(self, node: str, reason: str) -> list[Run]:
         """Mark every run still 'running' on `node` whose executor is gone as 'failed' with `reason` (the node
@@ -781,12 +766,16 @@ class ResultStore:
         whose executor on this host is alive is left to it: it follows the node over its own SSH stream, which
         drops after 2 minutes of silence, and then ends the run itself; so a busy node that misses one health
         check (a TCG back-end running a guest) does not lose the run it is measuring."""
-        failed = []
         with self._read() as conn:
             rows = conn.execute("SELECT id, pid, started_at FROM runs WHERE state = 'running' AND node = ?",
                                 (node,)).fetchall()
-        ids = [int(r["id"]) for r in rows if not pid_alive(r["pid"], r["started_at"])]
-        for run_id in ids:
+        return self._fail_running([int(r["id"]) for r in rows if not pid_alive(r["pid"], r["started_at"])], reason)
+
+    def _fail_running(self, run_ids: list[int], reason: str) -> list[Run]:
+        """Each run of `run_ids` still 'running' becomes 'failed' with `reason` and its final state event, in one
+        transaction per run (a run that ended meanwhile is left as it is); returns them as they are now."""
+        failed = []
+        for run_id in run_ids:
             with self._write() as conn:
                 row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
                 if row is None or row["state"] != "running":
