@@ -74,13 +74,10 @@ class CloudboxApp(CloudboxAppBase):
             held = False
         hold = ExitStack()
         self._switch_hold = hold if held else None
-        first = not held and mode != self.current_mode
         try:
             switched = super().switch_mode(mode)
         finally:
             self._switch_hold = None
-        if first:  # a screen built now lives as long as the app: its widgets out of the collector's reach too
-            self.call_after_refresh(gc.freeze)
         if held:
             end = partial(self._end_switch_hold, hold)
             hold.callback(self.set_timer(self.SWITCH_HOLD_MAX_S, end, name="switch hold").stop)
