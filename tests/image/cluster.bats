@@ -207,6 +207,22 @@ enrolled() {
     done
 }
 
+# bats test_tags=slow,image,cluster
+@test "the boot self-test passes on both installed nodes: no failed unit, libvirt and the CLI answer" {
+    both_up || skip "needs both nodes up (the boot test)"
+    # The checks boot.bats's UEFI boot makes of the live image (boot-full), made here of the installed system.
+    for node in fe be; do
+        run "$node" /usr/libexec/cloudbox/cloudbox-selftest
+        printf '%s\n' "$output" > "$LOGS/$node.selftest.txt"
+        echo "# ${node}1: $(grep -a 'status=' <<<"$output")" >&3
+        assert_equal "$status" 123
+        assert_line 'cloudbox-selftest: PASS no failed units'
+        assert_line --partial 'cloudbox-selftest: PASS libvirt: '
+        assert_line 'cloudbox-selftest: PASS sshd is running'
+        assert_line --regexp '^cloudbox-selftest: kvm: '
+    done
+}
+
 be_has_private_address() {
     local addrs
     addrs=$(be ip -4 -o addr show) && grep -q 'inet 10\.73\.0\.' <<<"$addrs"

@@ -130,7 +130,7 @@ EOF
     run -0 grep -a 'Kernel command line: BOOT_IMAGE=.* root=PARTUUID=' "$LOGS/fe-bios.serial.log"
 }
 
-# bats test_tags=slow,image,install
+# bats test_tags=slow,image,install,install-full
 @test "an all-in-one install cut off by a power loss mid-copy re-runs to completion; the stick's boot regions are not written" {
     cp --sparse=always "$IMAGE" "$LOGS/stick.raw"
     install_boot_regions_sha "$LOGS/stick.raw" > "$LOGS/stick.sha"
