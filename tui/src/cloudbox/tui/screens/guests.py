@@ -69,15 +69,16 @@ class GuestsScreen(BaseScreen):
 
     def show(self, data: GuestsData) -> None:
         self.data = data
-        table = self.query_one("#guests", DataTable)
+        table = self.query_one("#guests", PlainTable)
         keep = self.current()
-        table.clear()
-        for g in data.guests:
+
+        def row(g: GuestInfo) -> tuple[str, tuple[str, ...]]:
             run = data.runs.get(g.run_uuid or "")
             run_text = f"{run.id} ({run.suite})" if run else "none: orphan"
-            table.add_row(g.name, g.state, fmt_uptime(g.uptime()), g.profile or "-", run_text, key=g.name)
+            return g.name, (g.name, g.state, fmt_uptime(g.uptime()), g.profile or "-", run_text)
+
         names = [g.name for g in data.guests]
-        if keep and keep.name in names:
+        if table.set_rows(row(g) for g in data.guests) and keep and keep.name in names:
             table.move_cursor(row=names.index(keep.name))
         status = self.query_one("#guests-status", Static)
         if data.problem:

@@ -158,36 +158,29 @@ class OverviewScreen(BaseScreen):
         self.query_one("#box", Static).update(box)
         self.query_one("#cluster", Static).update(cluster_line(f, data.cluster))
         self._show_nodes(f.nodes)
-        runs = self.query_one("#active-runs", DataTable)
-        runs.clear()
-        for r in data.runs:
-            started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "-"
-            runs.add_row(str(r.id), r.profile_name or "-", r.suite or "-", f"{(r.duration or 0):.0f} s", started,
-                         key=str(r.id))
-        disks = self.query_one("#disks", DataTable)
-        disks.clear()
-        for d in f.disks:
-            disks.add_row(d.name, backing.human_size(d.size_bytes), d.kind, d.model, d.transport,
-                          ", ".join(d.mountpoints) or "-")
-        nics = self.query_one("#nics", DataTable)
-        nics.clear()
-        for nic in f.nics:
-            nics.add_row(nic.name, nic.state, str(nic.mtu), nic.mac, ", ".join(nic.addresses) or "-")
+        self.query_one("#active-runs", PlainTable).set_rows(
+            (str(r.id), (str(r.id), r.profile_name or "-", r.suite or "-", f"{(r.duration or 0):.0f} s",
+                         time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "-"))
+            for r in data.runs)
+        self.query_one("#disks", PlainTable).set_rows(
+            (d.name, (d.name, backing.human_size(d.size_bytes), d.kind, d.model, d.transport,
+                      ", ".join(d.mountpoints) or "-"))
+            for d in f.disks)
+        self.query_one("#nics", PlainTable).set_rows(
+            (nic.name, (nic.name, nic.state, str(nic.mtu), nic.mac, ", ".join(nic.addresses) or "-"))
+            for nic in f.nics)
 
     def _show_nodes(self, nodes: list[Node]) -> None:
-        table = self.query_one("#nodes", DataTable)
+        table = self.query_one("#nodes", PlainTable)
         keep = self._highlighted_key()
-        table.clear()
         self.nodes = {}
         for n in nodes:
             key = f"node:{n.name}" if n.enrolled else THIS_BOX
-            if key in self.nodes:  # a second "this box" in odd fixed facts: shown once
-                continue
-            self.nodes[key] = n
-            table.add_row(n.name, n.role, n.state.upper(), n.address or "-", seen(n.last_seen) if n.enrolled else "-",
-                          n.detail, key=key)
+            self.nodes.setdefault(key, n)  # a second "this box" in odd fixed facts: shown once
+        rows = ((key, (n.name, n.role, n.state.upper(), n.address or "-",
+                       seen(n.last_seen) if n.enrolled else "-", n.detail)) for key, n in self.nodes.items())
         keys = list(self.nodes)
-        if keep in keys:
+        if table.set_rows(rows) and keep in keys:
             table.move_cursor(row=keys.index(keep))
         self._show_node_detail()
 

@@ -136,15 +136,12 @@ class ProfilesScreen(BaseScreen):
             return  # nothing changed: the list, its cursor and the detail (or a diff) stay as they are
         self.drawn = data
         self.entries, self.active, self.loaded = data.entries, data.active, data.loaded
-        table = self.query_one("#profiles", DataTable)
+        table = self.query_one("#profiles", PlainTable)
         current = self.current_name()
-        table.clear()
-        for e in self.entries:
-            kind = e.kind if e.problem is None else f"{e.kind} INVALID"
-            table.add_row("active" if e.name == self.active else "", "x" if e.name in self.marked else "",
-                          e.name, kind, key=e.name)
+        rows = ((e.name, ("active" if e.name == self.active else "", "x" if e.name in self.marked else "", e.name,
+                          e.kind if e.problem is None else f"{e.kind} INVALID")) for e in self.entries)
         names = [e.name for e in self.entries]
-        if current in names:
+        if table.set_rows(rows) and current in names:
             table.move_cursor(row=names.index(current))
         self.show_detail()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -80,16 +81,17 @@ class ResultsScreen(BaseScreen):
         if runs == self.drawn:
             return  # nothing changed: the table is not rebuilt
         self.runs = self.drawn = runs
-        table = self.query_one("#runs", DataTable)
+        table = self.query_one("#runs", PlainTable)
         keep = self.current_id()
-        table.clear()
-        for r in runs:
+
+        def row(r: Run) -> tuple[str, tuple[Any, ...]]:
             when = time.strftime("%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "-"
-            table.add_row("x" if r.id in self.marked else "", str(r.id), r.profile_name or "-", Text(headline(r)),
-                          ACCEL_WORDS.get(r.accelerator, r.accelerator or "-"), r.state, r.suite or "-", when,
-                          key=str(r.id))
+            return str(r.id), ("x" if r.id in self.marked else "", str(r.id), r.profile_name or "-",
+                               Text(headline(r)), ACCEL_WORDS.get(r.accelerator, r.accelerator or "-"), r.state,
+                               r.suite or "-", when)
+
         ids = [r.id for r in runs]
-        if keep in ids:
+        if table.set_rows(row(r) for r in runs) and keep in ids:
             table.move_cursor(row=ids.index(keep))
         if not runs:
             self.query_one("#compare", Static).update("No runs stored yet: start one on the Tests screen (4).")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 MARKERS = ("braille", "dot", "+", "x")
@@ -22,6 +23,7 @@ class LiveChart(PlotextPlot):
         self.ylabel = ylabel
         self.data: dict[str, deque[tuple[float, float]]] = {n: deque(maxlen=keep) for n in series}
         self.t0: float | None = None
+        self._drawn: tuple[tuple[object, ...], RenderResult] | None = None  # (size and theme, the plot)
 
     def on_mount(self) -> None:
         self.redraw()
@@ -63,4 +65,13 @@ class LiveChart(PlotextPlot):
             plt.text("waiting for data", 0, 0)
             plt.xlim(-1, 1)
             plt.ylim(-1, 1)
+        self._drawn = None
         self.refresh()
+
+    def render(self) -> RenderResult:
+        # plotext builds the whole plot on each call; a screen shown again repaints charts whose data and
+        # size are unchanged.
+        key = (self.size, self.app.theme, self.theme)
+        if self._drawn is None or self._drawn[0] != key:
+            self._drawn = (key, super().render())
+        return self._drawn[1]
