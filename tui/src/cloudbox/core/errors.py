@@ -22,6 +22,19 @@ class ProfileError(CloudboxError):
         super().__init__("\n".join(lines))
 
 
+class StudyError(CloudboxError):
+    """A study file is invalid: one problem per entry, each naming the key, the value and what is allowed (the
+    shape of a profile's problems)."""
+
+    def __init__(self, source: str, problems: list[ProfileProblem]):
+        self.source = source
+        self.problems = problems
+        n = len(problems)
+        lines = [f"{printable(source)}: invalid study ({n} problem{'s' if n != 1 else ''})"]
+        lines += [f"  {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
 class ProfileProblem:
     """One problem in a profile: the key (dotted path), the bad value, what is allowed."""
 

@@ -9,6 +9,8 @@ CLOUDBOX_RUN_DIR    run lock, temp backing stores, sockets        (default /run/
 CLOUDBOX_PROFILE_PATH  extra colon-separated directories searched for profiles
 CLOUDBOX_PRESET_DIR    the directory of shipped presets, instead of the checkout's profiles/ and
                        /usr/share/cloudbox/profiles (packaging; the TUI's demo data for screenshots)
+CLOUDBOX_STUDY_DIR     the directory of study files, instead of the checkout's studies/ and
+                       /usr/share/cloudbox/studies
 """
 
 from __future__ import annotations
@@ -85,6 +87,20 @@ def preset_dirs() -> list[Path]:
 def profile_path() -> list[Path]:
     extra = [Path(p) for p in os.environ.get("CLOUDBOX_PROFILE_PATH", "").split(":") if p]
     return extra + preset_dirs() + [user_profiles_dir()]
+
+
+def study_dirs() -> list[Path]:
+    """Directories holding study files (studies/*.toml): the checkout's studies/, then the installed location
+    (or only CLOUDBOX_STUDY_DIR when set)."""
+    env = os.environ.get("CLOUDBOX_STUDY_DIR")
+    if env:
+        return [Path(env)] if Path(env).is_dir() else []
+    dirs: list[Path] = []
+    root = repo_root()
+    if root is not None:
+        dirs.append(root / "studies")
+    dirs.append(Path("/usr/share/cloudbox/studies"))
+    return [d for d in dirs if d.is_dir()]
 
 
 def guest_image_dir() -> Path:

@@ -1,0 +1,820 @@
+"""Studies as data: what a published study measured, the numbers it published and its findings as rules that stored
+runs can confirm or refute.
+
+A study is a TOML file (studies/*.toml in the checkout, /usr/share/cloudbox/studies installed) holding:
+
+- its matrix: the profiles (each with the paper's words for its row), the tests (each with the title of the paper's
+  table it fills) and the sizes `study run` offers (`study` decides findings; `quick` is for trying things out);
+- `[[paper]]`: the published numbers per cell ("profile/test", or "native/test" for the bare-metal row);
+- `[[rules]]`: each finding as a comparison over one cell: the cell's number itself, or as a % of the same run's
+  bare-metal baseline ("native") or of another profile's cell of the same test.
+
+This module loads and validates studies (`StudyError`: file, key, value and what is allowed, like a profile's
+problems), picks for every cell the latest completed run (`select_cells`), evaluates each rule to a `Verdict`
+(`evaluate`), and plans which cells `study run` still has to measure (`plan_run`). Selecting, evaluating and
+planning are pure functions over plain data (runs, cells, hashes), so they are tested without a guest.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from . import inputs, paths, profiles
+from .compare import primary_metric
+from .errors import PYDANTIC_MESSAGES, NotFound, ProfileError, ProfileProblem, StudyError, plain_value, problem_from
+from .network import FRONTEND_SUFFIX, NET_TESTS
+from .results import Run, is_network_test, is_storage_test
+from .runspec import RunSpec
+from .storage import TESTS as STORAGE_TESTS
+
+NATIVE = "native"  # the bare-metal row of a paper table, and a rule's "% of native"
+SIZES = ("study", "quick")
+DECISIVE_SIZE = "study"  # the only size whose cells can decide a finding
+HOST_METRICS = ("avgrq", "avgqu", "util")
+RULE_METRICS = ("value", *HOST_METRICS)
+OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt,
+                                                 ">": operator.gt}
+OP_SIGNS = {"<=": "≤", ">=": "≥", "<": "<", ">": ">"}
+
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+INCONCLUSIVE = "inconclusive"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
+
+MAX_ENTRIES = 64  # profiles, tests, paper cells or rules in one study: the real ones have about a dozen
+
+
+def known_tests() -> list[str]:
+    """Every test a run can store: the storage tests, the network tests and their front-end variants."""
+    return [*STORAGE_TESTS, *NET_TESTS, *(t + FRONTEND_SUFFIX for t in NET_TESTS)]
+
+
+def needs_node(test: str) -> bool:
+    """A test only a run on a back-end measures (the far end is the front-end)."""
+    return test.endswith(FRONTEND_SUFFIX)
+
+
+# ------------------------------------------------------------------------------------------------------ schema
+def _no_controls(v: str) -> str:
+    bad = inputs.control_chars(v)
+    if bad:
+        raise ValueError(f"contains {bad}")
+    return v
+
+
+Line = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]*\S[^\n\r]*$"),
+                 AfterValidator(_no_controls)]
+Text = Annotated[str, Field(min_length=1, max_length=1000, pattern=r"^[^\n\r]*\S[^\n\r]*$"),
+                 AfterValidator(_no_controls)]
+Number = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+CellText = Annotated[str, Field(max_length=200)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class MatrixProfile(_Strict):
+    """A row of the study: a profile, with the paper's words for the configuration it stands for."""
+
+    name: str = Field(pattern=profiles.NAME_PATTERN)
+    row: Line
+
+
+class MatrixTest(_Strict):
+    """A column of the study: a test, with the title of the paper's table it fills."""
+
+    id: str = Field(max_length=64)
+    table: Line
+
+
+class PaperCell(_Strict):
+    """The published numbers of one cell ("profile/test", or "native/test" for the bare-metal row)."""
+
+    cell: CellText
+    value: Number | None = None  # in the test's metric (MB/s, Mbit/s, ...)
+    percent: Number | None = None  # the published % of native, where the paper gives a ratio rather than a number
+    native: Number | None = None  # the bare-metal number this row was published against, when not the native row
+    avgrq: Number | None = None  # host request size, 512-byte sectors
+    avgqu: Number | None = None  # host queue length
+    util: Number | None = None  # host disk utilisation, %
+
+
+class Rule(_Strict):
+    """A finding as a check over one cell: its number (`value`), or its % of native or of another profile's cell of
+    the same test (`against` with `percent`), compared with `op`."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,15}$")
+    finding: Text
+    cell: CellText
+    against: str | None = Field(None, max_length=64)
+    metric: Literal["value", "avgrq", "avgqu", "util"] = "value"
+    op: Literal["<=", ">=", "<", ">"]
+    percent: Number | None = None
+    value: Number | None = None
+    paper: Number | None = None  # the published figure of the same quantity, where the paper states it
+    why: Text
+
+    @property
+    def profile(self) -> str:
+        return self.cell.partition("/")[0]
+
+    @property
+    def test(self) -> str:
+        return self.cell.partition("/")[2]
+
+    @property
+    def threshold(self) -> float:
+        return self.percent if self.percent is not None else (self.value or 0.0)
+
+    @property
+    def unit(self) -> str:
+        """The unit of the rule's number without `against`: the test's metric, or the host metric's."""
+        return {"value": primary_metric(self.test), "avgrq": "sectors", "avgqu": "", "util": "%"}[self.metric]
+
+    def statement(self) -> str:
+        """The rule in words, e.g. "eucalyptus-default dd-write-64k ≤ 10% of native"."""
+        what = f"{self.profile} {self.test}" + ("" if self.metric == "value" else f" host {self.metric}")
+        sign = OP_SIGNS[self.op]
+        if self.against is None:
+            return f"{what} {sign} {self.threshold:g}" + (f" {self.unit}" if self.unit else "")
+        of = NATIVE if self.against == NATIVE else f"{self.against}'s"
+        return f"{what} {sign} {self.threshold:g}% of {of}"
+
+
+class Study(_Strict):
+    """A validated study. Construct with parse_study/load_study."""
+
+    name: str = Field(pattern=profiles.NAME_PATTERN)
+    title: Line
+    description: Text
+    sizes: list[Literal["study", "quick"]] = Field(min_length=1, max_length=2)
+    profiles: list[MatrixProfile] = Field(min_length=1, max_length=MAX_ENTRIES)
+    tests: list[MatrixTest] = Field(min_length=1, max_length=MAX_ENTRIES)
+    paper: list[PaperCell] = Field(default_factory=list, max_length=4 * MAX_ENTRIES)
+    rules: list[Rule] = Field(default_factory=list, max_length=MAX_ENTRIES)
+
+    @property
+    def profile_names(self) -> list[str]:
+        return [p.name for p in self.profiles]
+
+    @property
+    def test_ids(self) -> list[str]:
+        return [t.id for t in self.tests]
+
+    def row(self, profile: str) -> str:
+        return next((p.row for p in self.profiles if p.name == profile), profile)
+
+    def paper_cell(self, profile: str, test: str) -> PaperCell | None:
+        key = f"{profile}/{test}"
+        return next((c for c in self.paper if c.cell == key), None)
+
+    def paper_native(self, profile: str, test: str) -> float | None:
+        """The bare-metal number the paper set this row against: its own `native`, else the native row's."""
+        own = self.paper_cell(profile, test)
+        if own is not None and own.native is not None:
+            return own.native
+        row = self.paper_cell(NATIVE, test)
+        return None if row is None else row.value
+
+    def paper_percent(self, profile: str, test: str) -> tuple[float | None, bool]:
+        """(the paper's % of native for the cell, whether it was computed here from published numbers)."""
+        c = self.paper_cell(profile, test)
+        if c is None:
+            return None, False
+        if c.percent is not None:
+            return c.percent, False
+        native = self.paper_native(profile, test)
+        if c.value is None or not native:
+            return None, False
+        return c.value / native * 100.0, True
+
+    @property
+    def suite(self) -> str:
+        storage = any(is_storage_test(t) for t in self.test_ids)
+        network = any(is_network_test(t) and not is_storage_test(t) for t in self.test_ids)
+        return "all" if storage and network else ("network" if network else "storage")
+
+
+# --------------------------------------------------------------------------------------------------- problems
+_RULES = {
+    "name": "lowercase letters, digits and '-', starting with a letter or digit, at most 63 characters",
+    "title": "one line of text, 1..200 characters",
+    "description": "one line of text, 1..1000 characters",
+    "sizes": "a list of study, quick (each at most once)",
+    "profiles": f"1..{MAX_ENTRIES} [[profiles]] tables with keys name, row",
+    "profiles.name": "a profile name (cloudbox profile list)",
+    "profiles.row": "one line of text, 1..200 characters: the paper's words for the row",
+    "tests": f"1..{MAX_ENTRIES} [[tests]] tables with keys id, table",
+    "tests.table": "one line of text, 1..200 characters: the paper's table title",
+    "paper": f"at most {4 * MAX_ENTRIES} [[paper]] tables",
+    "paper.cell": "profile/test, or native/test for the bare-metal row",
+    "rules": f"at most {MAX_ENTRIES} [[rules]] tables",
+    "rules.id": "1..16 letters, digits, '.' and '-', e.g. A1 or B3.2",
+    "rules.finding": "one line of text, 1..1000 characters",
+    "rules.why": "one line of text, 1..1000 characters: why the threshold is where it is",
+    "rules.cell": "profile/test of this study's matrix",
+    "rules.against": f"{NATIVE} or a profile of this study's matrix",
+    "rules.metric": ", ".join(RULE_METRICS),
+    "rules.op": ", ".join(OPS),
+}
+_NUMBERS = {"value", "percent", "native", "avgrq", "avgqu", "util", "paper"}
+
+
+def _model_at(parts: Sequence[str]) -> type[BaseModel] | None:
+    """The model owning the key at `parts` (list indexes left out)."""
+    model: type[BaseModel] = Study
+    for part in parts[:-1]:
+        field_ = model.model_fields.get(part)
+        args = getattr(field_.annotation, "__args__", ()) if field_ else ()
+        inner = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _key(loc: Sequence[str | int]) -> str:
+    """A key as the file writes it, arrays of tables counted from 1: "rules[2].op"."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part + 1}]"
+        else:
+            out += ("." if out else "") + inputs.key_text((part,))
+    return out or "(study)"
+
+
+def _allowed(loc: Sequence[str | int], etype: str) -> str | None:
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    if etype == "extra_forbidden":
+        owner = _model_at(parts)
+        return f"known keys: {', '.join(owner.model_fields)}" if owner else None
+    if not parts:
+        return f"a TOML document with keys: {', '.join(Study.model_fields)}"
+    if parts[-1] in _NUMBERS:
+        return "a number >= 0"
+    if parts == ["tests", "id"]:
+        return ", ".join(known_tests())
+    return _RULES.get(".".join(parts))
+
+
+def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
+    out = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        etype = err["type"]
+        message = PYDANTIC_MESSAGES.get(etype, err["msg"])
+        if etype == "value_error":
+            message = str(err["msg"]).removeprefix("Value error, ")
+        value = None if etype == "missing" else plain_value(err.get("input"))
+        out.append(ProfileProblem(_key(loc), value, message, _allowed(loc, etype)))
+    return out
+
+
+def _split_cell(text: str) -> tuple[str, str] | None:
+    profile, sep, test = text.partition("/")
+    return (profile, test) if sep and profile and test else None
+
+
+def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """What pydantic cannot see: unknown profiles and tests, cells outside the matrix, rules that cannot be stated."""
+    out: list[ProfileProblem] = []
+
+    def bad(key: str, value: object, message: str, allowed: str) -> None:
+        out.append(ProfileProblem(key, value, message, allowed))
+
+    if len(set(study.sizes)) != len(study.sizes):
+        bad("sizes", list(study.sizes), "a size is listed twice", _RULES["sizes"])
+
+    names = study.profile_names
+    for i, p in enumerate(study.profiles, 1):
+        key = f"profiles[{i}].name"
+        if p.name == NATIVE:
+            bad(key, p.name, f"'{NATIVE}' names the bare-metal row, not a profile", "a profile name")
+        elif names.index(p.name) != i - 1:
+            bad(key, p.name, "the profile is listed twice", "each profile once")
+        else:
+            try:
+                lookup(p.name)
+            except NotFound:
+                names_known = ", ".join(e.name for e in profiles.list_profiles()) or "(none)"
+                bad(key, p.name, "no such profile", f"a profile name: {names_known}")
+            except ProfileError as e:
+                bad(key, p.name, f"the profile does not validate ({e.problems[0] if e.problems else e.source})",
+                    "a valid profile (cloudbox profile validate)")
+
+    tests = study.test_ids
+    known = known_tests()
+    for i, t in enumerate(study.tests, 1):
+        key = f"tests[{i}].id"
+        if t.id not in known:
+            bad(key, t.id, "no such test", ", ".join(known))
+        elif tests.index(t.id) != i - 1:
+            bad(key, t.id, "the test is listed twice", "each test once")
+
+    def cell_problem(key: str, text: str, *, native: bool) -> tuple[str, str] | None:
+        rows = ([NATIVE] if native else []) + names
+        allowed = (f"profile/test with a profile of [[profiles]] ({', '.join(rows)}) and a test of [[tests]] "
+                   f"({', '.join(tests)})")
+        parts = _split_cell(text)
+        if parts is None:
+            bad(key, text, "not a cell", allowed)
+            return None
+        if parts[0] not in rows:
+            bad(key, text, f"profile {parts[0]!r} is not in this study's [[profiles]]", allowed)
+            return None
+        if parts[1] not in tests:
+            bad(key, text, f"test {parts[1]!r} is not in this study's [[tests]]", allowed)
+            return None
+        return parts
+
+    seen: set[str] = set()
+    for i, c in enumerate(study.paper, 1):
+        key = f"paper[{i}]"
+        parts = cell_problem(f"{key}.cell", c.cell, native=True)
+        if parts is None:
+            continue
+        if c.cell in seen:
+            bad(f"{key}.cell", c.cell, "the cell has published numbers twice", "each cell once")
+        seen.add(c.cell)
+        if parts[0] == NATIVE and (c.percent is not None or c.native is not None):
+            bad(f"{key}.percent" if c.percent is not None else f"{key}.native",
+                c.percent if c.percent is not None else c.native, "the bare-metal row is native itself",
+                "value, avgrq, avgqu, util (on native/... cells)")
+        if all(getattr(c, k) is None for k in ("value", "percent", "avgrq", "avgqu", "util")):
+            bad(key, c.cell, "a paper cell without a published number", "at least one of value, percent, avgrq, "
+                "avgqu, util")
+
+    ids: set[str] = set()
+    for i, r in enumerate(study.rules, 1):
+        key = f"rules[{i}]"
+        if r.id in ids:
+            bad(f"{key}.id", r.id, "two rules have this id", "a unique id per rule")
+        ids.add(r.id)
+        parts = cell_problem(f"{key}.cell", r.cell, native=False)
+        if r.against is not None and r.against != NATIVE:
+            if r.against not in names:
+                bad(f"{key}.against", r.against, "not a profile of this study's [[profiles]]",
+                    f"{NATIVE}, {', '.join(names)}")
+            elif parts is not None and r.against == parts[0]:
+                bad(f"{key}.against", r.against, "a cell against itself", f"{NATIVE} or another profile")
+        if r.against is None and r.value is None:
+            bad(f"{key}.value", None, "a rule without `against` compares the cell's number with `value`",
+                "a number >= 0 (or set against and percent)")
+        if r.against is not None and r.percent is None:
+            bad(f"{key}.percent", None, "a rule with `against` compares a percentage", "a number > 0 (percent)")
+        if r.against is not None and r.value is not None:
+            bad(f"{key}.value", r.value, "with `against` the threshold is a percentage", "percent instead of value")
+        if r.against is None and r.percent is not None:
+            bad(f"{key}.percent", r.percent, "a percentage needs `against`", f"against = \"{NATIVE}\" or a profile; "
+                "or value instead of percent")
+        if r.percent == 0 and r.against is not None:
+            bad(f"{key}.percent", r.percent, "0% is no threshold", "a number > 0")
+        if parts is not None and r.metric in HOST_METRICS and not is_storage_test(parts[1]):
+            bad(f"{key}.metric", r.metric, "host disk metrics exist for storage tests only",
+                f"value (with test {parts[1]})")
+    return out
+
+
+def validate_data(data: object, source: str, *, expect_name: str | None = None,
+                  lookup: Callable[[str], object] = profiles.find_profile) -> Study:
+    """Validate parsed data (a dict) into a Study, or raise StudyError with every problem found. `lookup` finds a
+    profile by name (NotFound or ProfileError when it cannot)."""
+    try:
+        study = Study.model_validate(data)
+    except ValidationError as exc:
+        raise StudyError(source, _problems_from(exc)) from None
+    problems = []
+    if expect_name is not None and study.name != expect_name:
+        problems.append(ProfileProblem("name", study.name, "must equal the file name without .toml",
+                                       f"{expect_name} (this file is {expect_name}.toml)"))
+    problems += _cross_problems(study, lookup)
+    if problems:
+        raise StudyError(source, problems)
+    return study
+
+
+def parse_study(text: str, source: str = "<study>", *, expect_name: str | None = None,
+                lookup: Callable[[str], object] = profiles.find_profile) -> Study:
+    """A Study from TOML text; `source` names the text in errors."""
+    try:
+        data = inputs.load_toml(text)
+    except inputs.InputProblem as e:
+        raise StudyError(source, [problem_from(e)]) from None
+    return validate_data(data, source, expect_name=expect_name, lookup=lookup)
+
+
+def load_study(path: str | os.PathLike[str]) -> Study:
+    """Load and validate one study file (a regular file of at most inputs.MAX_FILE_BYTES); its `name` must equal the
+    file's stem."""
+    try:
+        text = inputs.read_text_file(path)
+    except FileNotFoundError:
+        raise NotFound(f"{inputs.shown(os.fspath(path))}: no such study file") from None
+    except inputs.InputProblem as e:
+        raise StudyError(os.fspath(path), [problem_from(e)]) from None
+    return parse_study(text, os.fspath(path), expect_name=Path(path).stem)
+
+
+@dataclass(frozen=True)
+class StudyEntry:
+    """A study file found in the study directories; `problem` is set (and `title` empty) when it does not
+    validate."""
+
+    name: str
+    path: Path
+    title: str
+    profiles: int = 0
+    tests: int = 0
+    rules: int = 0
+    problem: str | None = None
+
+
+def _candidates() -> list[tuple[str, Path]]:
+    seen: dict[str, Path] = {}
+    for d in paths.study_dirs():
+        for f in sorted(d.glob("*.toml")):
+            if f.is_file():
+                seen.setdefault(f.stem, f)
+    return sorted(seen.items())
+
+
+def list_studies() -> list[StudyEntry]:
+    """Every study file in paths.study_dirs(), by name; invalid ones too, with their problem."""
+    out = []
+    for name, f in _candidates():
+        try:
+            s = load_study(f)
+            out.append(StudyEntry(name, f, s.title, len(s.profiles), len(s.tests), len(s.rules)))
+        except (StudyError, NotFound) as e:
+            out.append(StudyEntry(name, f, "", problem=str(e)))
+    return out
+
+
+def find_study(name: str) -> Study:
+    """The study called `name` (case does not matter: `A` is studies/a.toml), or a study file given by path."""
+    if "/" in name or name.endswith(".toml"):
+        return load_study(name)
+    for stem, f in _candidates():
+        if stem == name.lower():
+            return load_study(f)
+    known = ", ".join(stem for stem, _ in _candidates()) or "(none)"
+    raise NotFound(f"no study named {inputs.shown(name)}; known studies: {known} (cloudbox study list)")
+
+
+def cannot_run(profile: profiles.Profile) -> str | None:
+    """Why this cloudbox cannot measure `profile` yet (the executor refuses it at its start), or None."""
+    if profile.guest.hypervisor == "xen":
+        return "cloudbox does not launch Xen guests yet"
+    if profile.disk.backing == "network-volume":
+        return "network volumes (AoE, iSCSI, NBD, NVMe-TCP) are not implemented yet"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------- cells
+@dataclass(frozen=True)
+class Measured:
+    """One side's number of a cell with the host disk's metrics over its window and its labels."""
+
+    value: float
+    avgrq: float | None = None
+    avgqu: float | None = None
+    util: float | None = None
+    labels: tuple[str, ...] = ()
+
+    def metric(self, name: str) -> float | None:
+        return self.value if name == "value" else getattr(self, name)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What a stored run measured for one (profile, test): the guest's number and the same run's bare-metal one."""
+
+    profile: str
+    test: str
+    run_id: int
+    guest: Measured
+    baseline: Measured | None = None
+    metric: str = ""  # the unit of `value` (MB/s, Mbit/s, ...)
+    size_label: str | None = None
+    accelerator: str | None = None
+    emulated: bool = False
+    node: str | None = None
+    started_at: float | None = None
+    profile_changed: bool = False  # the run's profile hash is not the profile's hash today
+
+    @property
+    def qualifiers(self) -> list[str]:
+        """Why this number is weaker than the paper's, in a word each: emulated, nested, quick, ..."""
+        out = []
+        if self.accelerator == "nested-kvm":
+            out.append("nested")
+        elif self.emulated:
+            out.append("emulated")
+        if self.size_label == "quick":
+            out.append("quick")
+        labels = set(self.guest.labels) | set(self.baseline.labels if self.baseline else ())
+        if "warm-cache" in labels:
+            out.append("warm cache")
+        if "loop-device" in labels:
+            out.append("loop device")
+        if self.profile_changed:
+            out.append("profile changed")
+        return out
+
+
+CellKey = tuple[str, str]  # (profile, test)
+
+
+def _measured(run: Run, side: str, test: str, metric: str) -> Measured | None:
+    m = run.measurement(side, test, metric)
+    if m is None:
+        return None
+    return Measured(m.value, m.host_avgrq_sectors, m.host_avgqu, m.host_util, tuple(m.labels))
+
+
+def select_cells(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, size: str | None = None,
+                 node: str | None = None) -> dict[CellKey, Cell]:
+    """For each (profile, test) of the study, the cell of the best completed run measuring it: a run of the profile
+    as it is today (`hashes`: name -> hash) before one of an older version of it, the study size before quick
+    (only `size` when given), then the latest; only runs on `node` when given."""
+    sizes: list[str] = [size] if size else list(study.sizes)
+    best: dict[CellKey, tuple[tuple[Any, ...], Cell]] = {}
+    for run in runs:
+        if run.state != "completed" or run.profile_name not in study.profile_names or run.size_label not in sizes:
+            continue
+        if node and run.node != node:
+            continue
+        current = hashes.get(run.profile_name)
+        changed = bool(current and run.profile_hash and run.profile_hash != current)
+        for test in study.test_ids:
+            metric = primary_metric(test, [m.metric for m in run.measurements if m.test == test])
+            guest = _measured(run, "guest", test, metric)
+            if guest is None:
+                continue
+            rank = (not changed, -sizes.index(run.size_label or ""), run.started_at or 0.0, run.id)
+            key = (run.profile_name, test)
+            if key in best and best[key][0] >= rank:
+                continue
+            best[key] = (rank, Cell(run.profile_name, test, run.id, guest, _measured(run, "baseline", test, metric),
+                                    metric=metric, size_label=run.size_label, accelerator=run.accelerator,
+                                    emulated=run.emulated, node=run.node, started_at=run.started_at,
+                                    profile_changed=changed))
+    return {k: v[1] for k, v in best.items()}
+
+
+# ---------------------------------------------------------------------------------------------------- verdicts
+@dataclass(frozen=True)
+class Verdict:
+    """One rule evaluated: its status, why it is inconclusive, our figure and the paper's (in the rule's unit: % or
+    the metric), and the runs it used."""
+
+    rule: Rule
+    status: str
+    reasons: tuple[str, ...] = ()
+    ours: float | None = None
+    paper: float | None = None
+    paper_computed: bool = False
+    run_ids: tuple[int, ...] = ()
+
+    def figure(self, v: float | None) -> str:
+        if v is None:
+            return "-"
+        if self.rule.against is not None:
+            return f"{v:.1f}%"
+        unit = f" {self.rule.unit}" if self.rule.unit else ""
+        return (f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}") + unit
+
+    def explain(self) -> str:
+        """One line: the verdict and what it rests on."""
+        need = f"{OP_SIGNS[self.rule.op]} " + (f"{self.rule.threshold:g}%" if self.rule.against is not None
+                                               else self.figure(self.rule.threshold))
+        paper = "" if self.paper is None else (
+            f"; the paper: {self.figure(self.paper)}" + (" (computed from its numbers)" if self.paper_computed else ""))
+        if self.status == INCONCLUSIVE:
+            would = "" if self.ours is None else f"; ours would be {self.figure(self.ours)}"
+            return f"{INCONCLUSIVE}: " + "; ".join(self.reasons) + would + paper
+        return f"{self.status}: ours {self.figure(self.ours)}, the rule needs {need}{paper}"
+
+
+def _missing(profile: str, test: str, size: str | None, unavailable: Mapping[str, str]) -> str:
+    at = f" at {size} size" if size else ""
+    why = f"no completed run of {profile} with {test}{at}"
+    if profile in unavailable:
+        return f"{why}: {unavailable[profile]}"
+    if needs_node(test):
+        return f"{why}: only a run on a back-end (--node) measures it"
+    return why
+
+
+def _cell_reasons(cell: Cell, metric: str, *, native: bool) -> list[str]:
+    name = f"{cell.profile}/{cell.test} (run #{cell.run_id})"
+    out = []
+    if cell.accelerator == "nested-kvm":
+        out.append(f"{name} was measured under nested virtualization: not an overhead figure")
+    elif cell.emulated:
+        how = "TCG emulation" if cell.accelerator == "tcg" else "emulation"
+        out.append(f"{name} was measured under {how}: not an overhead figure")
+    if cell.size_label == "quick":
+        out.append(f"{name} is quick-size: the page and device caches weigh more than in the study")
+    elif cell.size_label != DECISIVE_SIZE:
+        out.append(f"{name} was measured at {cell.size_label or 'an unknown'} size, not the study's")
+    if "warm-cache" in cell.guest.labels or (native and cell.baseline and "warm-cache" in cell.baseline.labels):
+        out.append(f"{name}: the page cache was not dropped before the test")
+    if cell.profile_changed:
+        out.append(f"{name}: the profile {cell.profile} changed since this run")
+    if cell.guest.metric(metric) is None:
+        out.append(f"{name} has no host {metric} (no host metrics for this backing)")
+    if native:
+        if cell.baseline is None:
+            out.append(f"{name} has no bare-metal number")
+        else:
+            if "virtualized-host" in cell.baseline.labels:
+                out.append(f"{name}: its bare-metal side ran on a virtual machine")
+            base = cell.baseline.metric(metric)
+            if base is None:
+                out.append(f"{name} has no host {metric} for its bare-metal side")
+            elif base == 0:
+                out.append(f"{name}: bare metal measured 0")
+    return out
+
+
+def paper_figure(study: Study, rule: Rule) -> tuple[float | None, bool]:
+    """The paper's figure for the rule's quantity: stated in the rule, or computed from its published cells."""
+    if rule.paper is not None:
+        return rule.paper, False
+    own = study.paper_cell(rule.profile, rule.test)
+    if own is None:
+        return None, False
+    mine = own.value if rule.metric == "value" else getattr(own, rule.metric)
+    if rule.against is None:
+        return mine, False
+    if rule.against == NATIVE:
+        if rule.metric == "value":
+            return study.paper_percent(rule.profile, rule.test)
+        base = study.paper_cell(NATIVE, rule.test)
+        other = None if base is None else getattr(base, rule.metric)
+    else:
+        cell = study.paper_cell(rule.against, rule.test)
+        other = None if cell is None else (cell.value if rule.metric == "value" else getattr(cell, rule.metric))
+    if mine is None or not other:
+        return None, False
+    return mine / other * 100.0, True
+
+
+def evaluate_rule(study: Study, rule: Rule, cells: Mapping[CellKey, Cell], *,
+                  unavailable: Mapping[str, str] | None = None, size: str | None = None) -> Verdict:
+    """One rule over the selected cells. Inconclusive, with every reason, when a cell is missing or was measured where
+    it cannot speak for virtualization overhead (emulated, nested, quick size, warm cache, a changed profile);
+    otherwise reproduced or not reproduced."""
+    unavailable = unavailable or {}
+    paper, computed = paper_figure(study, rule)
+    native = rule.against == NATIVE
+    keys = [(rule.profile, rule.test)]
+    if rule.against not in (None, NATIVE):
+        keys.append((str(rule.against), rule.test))
+    reasons: list[str] = []
+    for key in keys:
+        if key not in cells:
+            reasons.append(_missing(*key, size, unavailable))
+        else:
+            reasons += _cell_reasons(cells[key], rule.metric, native=native)
+    present = [cells[k] for k in keys if k in cells]
+    ours = _ours(rule, present) if len(present) == len(keys) else None
+    run_ids = tuple(dict.fromkeys(c.run_id for c in present))
+    if ours is None and not reasons:
+        reasons.append("no figure could be computed from the cells")
+    if reasons:
+        return Verdict(rule, INCONCLUSIVE, tuple(dict.fromkeys(reasons)), ours, paper, computed, run_ids)
+    assert ours is not None
+    status = REPRODUCED if OPS[rule.op](ours, rule.threshold) else NOT_REPRODUCED
+    return Verdict(rule, status, (), ours, paper, computed, run_ids)
+
+
+def _ours(rule: Rule, cells: Sequence[Cell]) -> float | None:
+    mine = cells[0].guest.metric(rule.metric)
+    if mine is None:
+        return None
+    if rule.against is None:
+        return mine
+    if rule.against == NATIVE:
+        base = cells[0].baseline
+        other = None if base is None else base.metric(rule.metric)
+    else:
+        other = cells[1].guest.metric(rule.metric)
+    if not other:
+        return None
+    return mine / other * 100.0
+
+
+def evaluate(study: Study, cells: Mapping[CellKey, Cell], *, unavailable: Mapping[str, str] | None = None,
+             size: str | None = None) -> list[Verdict]:
+    """Every rule of the study, in file order."""
+    return [evaluate_rule(study, r, cells, unavailable=unavailable, size=size) for r in study.rules]
+
+
+# -------------------------------------------------------------------------------------------------- study runs
+@dataclass
+class PlannedProfile:
+    """One profile of a study run: the tests still to measure, those already stored (test -> run id), those this
+    placement cannot measure, or why the profile cannot run at all."""
+
+    profile: str
+    run: list[str] = field(default_factory=list)
+    stored: dict[str, int] = field(default_factory=dict)
+    elsewhere: list[str] = field(default_factory=list)
+    refused: str | None = None
+
+    def spec(self, size: str, node: str = "", **options: Any) -> RunSpec:
+        """The run that measures the missing tests (the run options of `cloudbox run` in `options`)."""
+        storage = [t for t in self.run if is_storage_test(t)]
+        network = list(dict.fromkeys(t.removesuffix(FRONTEND_SUFFIX) for t in self.run if t not in storage))
+        suite = "all" if storage and network else ("network" if network else "storage")
+        extra: dict[str, Any] = {}
+        if storage:
+            extra["storage_tests"] = ",".join(storage)
+        if network:
+            extra["net_tests"] = ",".join(network)
+        return RunSpec(profile=self.profile, suite=suite, size=size, node=node, **extra, **options)
+
+
+def plan_run(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, size: str, node: str,
+             backend: bool, unavailable: Mapping[str, str] | None = None, again: bool = False) -> list[PlannedProfile]:
+    """What `study run` has to do: per profile, the tests not yet stored by a completed run of the profile as it is
+    today (same hash), at `size`, on `node` (the node name runs record: the back-end's with --node, else this
+    host's). With `again` every test runs. Unless the runs go to a back-end (`backend`), the front-end tests ("-fe")
+    are left out: only a run on a back-end measures them."""
+    unavailable = unavailable or {}
+    out = []
+    for name in study.profile_names:
+        item = PlannedProfile(name)
+        if name in unavailable:
+            item.refused = unavailable[name]
+            out.append(item)
+            continue
+        for test in study.test_ids:
+            if needs_node(test) and not backend:
+                item.elsewhere.append(test)
+                continue
+            found = None if again else _stored(runs, name, hashes.get(name), test, size, node)
+            if found is None:
+                item.run.append(test)
+            else:
+                item.stored[test] = found
+        out.append(item)
+    return out
+
+
+def _stored(runs: Sequence[Run], profile: str, profile_hash: str | None, test: str, size: str,
+            node: str) -> int | None:
+    """The newest completed run of this profile (same hash), size and node with both sides of `test`, or None."""
+    for run in sorted(runs, key=lambda r: (r.started_at or 0.0, r.id), reverse=True):
+        if (run.state == "completed" and run.profile_name == profile and run.profile_hash == profile_hash
+                and run.size_label == size and run.node == node
+                and run.measurement("guest", test) is not None and run.measurement("baseline", test) is not None):
+            return run.id
+    return None
+
+
+# ------------------------------------------------------------------------------------------ from the store
+@dataclass
+class Evidence:
+    """What the store holds for a study: the profiles' hashes today, which profiles cannot run here yet (and why),
+    the selected cells and the verdicts."""
+
+    study: Study
+    hashes: dict[str, str]
+    unavailable: dict[str, str]
+    cells: dict[CellKey, Cell]
+    verdicts: list[Verdict]
+    size: str | None = None
+    node: str | None = None
+
+
+def profile_facts(study: Study) -> tuple[dict[str, str], dict[str, str]]:
+    """(name -> hash today, name -> why it cannot run yet) for the study's profiles."""
+    hashes: dict[str, str] = {}
+    unavailable: dict[str, str] = {}
+    for name in study.profile_names:
+        prof = profiles.find_profile(name)
+        hashes[name] = prof.hash
+        why = cannot_run(prof)
+        if why:
+            unavailable[name] = why
+    return hashes, unavailable
+
+
+def gather(study: Study, runs: Sequence[Run], *, size: str | None = None, node: str | None = None) -> Evidence:
+    """The evidence for `study` in `runs` (ResultStore.list_runs(state="completed"))."""
+    hashes, unavailable = profile_facts(study)
+    cells = select_cells(study, runs, hashes, size=size, node=node)
+    verdicts = evaluate(study, cells, unavailable=unavailable, size=size)
+    return Evidence(study, hashes, unavailable, cells, verdicts, size, node)

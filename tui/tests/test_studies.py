@@ -1,0 +1,485 @@
+"""Studies as data (cloudbox.core.studies): the shipped studies load; every kind of bad study file is refused naming
+the file, the key, the value and what is allowed; rules evaluate to each verdict over hand-built cells; cells are
+selected from, and study runs planned against, a real results store."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core import paths, profiles, studies
+from cloudbox.core.errors import NotFound, StudyError
+from cloudbox.core.inputs import shown
+from cloudbox.core.results import ResultStore
+from cloudbox.core.studies import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Cell,
+    Measured,
+    evaluate_rule,
+    parse_study,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A small valid study over presets: two KVM profiles, one Xen (not runnable), one storage and one network test.
+GOOD = """\
+name = "t"
+title = "A test study"
+description = "Two KVM rows and a Xen row."
+sizes = ["study", "quick"]
+
+[[profiles]]
+name = "eucalyptus-default"
+row = "KVM, sparse file, SCSI"
+
+[[profiles]]
+name = "virtio-disk"
+row = "KVM, whole disk, virtio"
+
+[[profiles]]
+name = "xen-default"
+row = "Xen, file, SCSI"
+
+[[tests]]
+id = "dd-write-64k"
+table = "Table 1: writes"
+
+[[tests]]
+id = "tcp-stream-fe"
+table = "Network to the other node"
+
+[[paper]]
+cell = "native/dd-write-64k"
+value = 100
+avgqu = 140
+
+[[paper]]
+cell = "eucalyptus-default/dd-write-64k"
+value = 2.0
+avgqu = 0.9
+
+[[paper]]
+cell = "virtio-disk/dd-write-64k"
+value = 95
+
+[[rules]]
+id = "R1"
+finding = "The default collapses writes."
+cell = "eucalyptus-default/dd-write-64k"
+against = "native"
+op = "<="
+percent = 10
+why = "Ten percent is a collapse."
+
+[[rules]]
+id = "R2"
+finding = "virtio beats the default."
+cell = "virtio-disk/dd-write-64k"
+against = "eucalyptus-default"
+op = ">="
+percent = 110
+why = "A margin over a tie."
+
+[[rules]]
+id = "R3"
+finding = "The host queue stays below one."
+cell = "eucalyptus-default/dd-write-64k"
+metric = "avgqu"
+op = "<"
+value = 1
+why = "One request at a time."
+
+[[rules]]
+id = "R4"
+finding = "Xen is in the way."
+cell = "xen-default/dd-write-64k"
+against = "native"
+op = ">="
+percent = 50
+why = "Half."
+
+[[rules]]
+id = "R5"
+finding = "The default does not fill the link."
+cell = "eucalyptus-default/tcp-stream-fe"
+against = "native"
+op = "<="
+percent = 85
+paper = 71
+why = "Halfway to a full link."
+"""
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("CLOUDBOX_PROFILE_PATH", raising=False)
+    monkeypatch.delenv("CLOUDBOX_STUDY_DIR", raising=False)
+
+
+def good() -> studies.Study:
+    return parse_study(GOOD, "t.toml")
+
+
+def replace(text: str, old: str, new: str) -> str:
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def test_shipped_studies_load_and_name_their_files():
+    names = [e.name for e in studies.list_studies()]
+    assert {"a", "b"} <= set(names)
+    for e in studies.list_studies():
+        assert e.problem is None, e.problem
+        assert e.path.parent == REPO / "studies"
+    a = studies.find_study("A")  # the issue's spelling
+    assert a.name == "a" and a.suite == "all"
+    assert set(a.profile_names) <= set(profiles.preset_names())
+    assert a.paper_percent("eucalyptus-default", "dd-write-64k") == pytest.approx((1.3 / 111 * 100, True))
+    assert a.paper_percent("kvm-ebs-aoe", "dd-write-64k") == pytest.approx((18.7 / 65.2 * 100, True))
+    assert a.paper_percent("eucalyptus-default", "tcp-stream-fe") == (71.0, False)
+    b = studies.find_study("b")
+    assert b.suite == "storage" and [r.id for r in b.rules] == ["B3.wt", "B3.none", "B3.kvm"]
+
+
+def test_study_dir_override_and_not_found(tmp_path, monkeypatch):
+    d = tmp_path / "studies"
+    d.mkdir()
+    (d / "t.toml").write_text(GOOD)
+    monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(d))
+    assert paths.study_dirs() == [d]
+    assert [e.name for e in studies.list_studies()] == ["t"]
+    assert studies.find_study("T").title == "A test study"
+    with pytest.raises(NotFound) as exc:
+        studies.find_study("a")  # the checkout's studies are not searched when the override is set
+    assert "known studies: t" in str(exc.value)
+    with pytest.raises(NotFound):
+        studies.load_study(tmp_path / "nope.toml")
+
+
+def test_an_invalid_file_is_listed_with_its_problem(tmp_path, monkeypatch):
+    d = tmp_path / "studies"
+    d.mkdir()
+    (d / "t.toml").write_text(GOOD)
+    (d / "u.toml").write_text(GOOD)  # its name says t
+    monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(d))
+    by_name = {e.name: e for e in studies.list_studies()}
+    assert by_name["t"].problem is None and by_name["t"].rules == 5
+    assert by_name["u"].problem is not None and "name: must equal the file name" in by_name["u"].problem
+
+
+# Each bad input: (id, text, key, value, a piece of what is allowed).
+INVALID = [
+    ("unknown-profile", replace(GOOD, 'name = "virtio-disk"', 'name = "virtio-dsk"'),
+     "profiles[2].name", "virtio-dsk", "virtio-disk"),
+    ("profile-twice", replace(GOOD, 'name = "virtio-disk"', 'name = "eucalyptus-default"'),
+     "profiles[2].name", "eucalyptus-default", "each profile once"),
+    ("native-is-no-profile", replace(GOOD, 'name = "virtio-disk"', 'name = "native"'),
+     "profiles[2].name", "native", "a profile name"),
+    ("unknown-test", replace(GOOD, 'id = "dd-write-64k"', 'id = "dd-write-2m"'),
+     "tests[1].id", "dd-write-2m", "dd-write-64k"),
+    ("unknown-size", replace(GOOD, 'sizes = ["study", "quick"]', 'sizes = ["study", "huge"]'),
+     "sizes[2]", "huge", "study, quick"),
+    ("size-twice", replace(GOOD, 'sizes = ["study", "quick"]', 'sizes = ["quick", "quick"]'),
+     "sizes", ["quick", "quick"], "each at most once"),
+    ("unknown-top-key", 'matrix = "x"\n' + GOOD, "matrix", "x", "known keys: name, title"),
+    ("unknown-rule-key", replace(GOOD, 'percent = 110', 'treshold = 110'),
+     "rules[2].treshold", 110, "known keys: id, finding, cell"),
+    ("rule-bad-op", replace(GOOD, 'op = ">="', 'op = "=>"'), "rules[2].op", "=>", "<=, >=, <, >"),
+    ("rule-test-outside-matrix", replace(GOOD, 'cell = "virtio-disk/dd-write-64k"\nagainst',
+                                         'cell = "virtio-disk/dd-read-64k"\nagainst'),
+     "rules[2].cell", "virtio-disk/dd-read-64k", "a test of [[tests]] (dd-write-64k, tcp-stream-fe)"),
+    ("rule-profile-outside-matrix", replace(GOOD, 'cell = "virtio-disk/dd-write-64k"\nagainst',
+                                            'cell = "kvm-scsi-phy/dd-write-64k"\nagainst'),
+     "rules[2].cell", "kvm-scsi-phy/dd-write-64k", "eucalyptus-default, virtio-disk, xen-default"),
+    ("rule-not-a-cell", replace(GOOD, 'cell = "virtio-disk/dd-write-64k"\nagainst', 'cell = "virtio-disk"\nagainst'),
+     "rules[2].cell", "virtio-disk", "profile/test"),
+    ("rule-against-unknown", replace(GOOD, 'against = "eucalyptus-default"', 'against = "xen"'),
+     "rules[2].against", "xen", "native, eucalyptus-default"),
+    ("rule-against-itself", replace(GOOD, 'against = "eucalyptus-default"', 'against = "virtio-disk"'),
+     "rules[2].against", "virtio-disk", "another profile"),
+    ("rule-percent-without-against", replace(GOOD, 'metric = "avgqu"\nop = "<"\nvalue = 1',
+                                             'metric = "avgqu"\nop = "<"\npercent = 1'),
+     "rules[3].percent", 1.0, "or value instead of percent"),
+    ("rule-value-with-against", replace(GOOD, 'percent = 110', 'value = 110'),
+     "rules[2].value", 110.0, "percent instead of value"),
+    ("rule-host-metric-on-network", replace(GOOD, 'cell = "eucalyptus-default/tcp-stream-fe"\nagainst = "native"',
+                                            'cell = "eucalyptus-default/tcp-stream-fe"\nmetric = "util"\n'
+                                            'against = "native"'),
+     "rules[5].metric", "util", "value (with test tcp-stream-fe)"),
+    ("rule-id-twice", replace(GOOD, 'id = "R2"', 'id = "R1"'), "rules[2].id", "R1", "a unique id per rule"),
+    ("rule-without-why", replace(GOOD, 'why = "Half."\n', ''), "rules[4].why", None, "why the threshold"),
+    ("paper-negative", replace(GOOD, "value = 95", "value = -95"), "paper[3].value", -95, "a number >= 0"),
+    ("paper-cell-twice", replace(GOOD, 'cell = "virtio-disk/dd-write-64k"\nvalue = 95',
+                                 'cell = "eucalyptus-default/dd-write-64k"\nvalue = 95'),
+     "paper[3].cell", "eucalyptus-default/dd-write-64k", "each cell once"),
+    ("paper-percent-on-native", replace(GOOD, "value = 100\navgqu = 140", "value = 100\npercent = 100"),
+     "paper[1].percent", 100.0, "native/... cells"),
+    ("paper-unknown-test", replace(GOOD, 'cell = "virtio-disk/dd-write-64k"\nvalue = 95',
+                                   'cell = "virtio-disk/tcp-rr"\nvalue = 95'),
+     "paper[3].cell", "virtio-disk/tcp-rr", "a test of [[tests]]"),
+    ("no-profiles", GOOD.split("[[profiles]]")[0], "profiles", None, "[[profiles]] tables"),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "value", "allowed"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID])
+def test_invalid_study(text, key, value, allowed):
+    with pytest.raises(StudyError) as exc_info:
+        parse_study(text, "studies/t.toml", expect_name="t")
+    err = exc_info.value
+    by_key = {p.key: p for p in err.problems}
+    assert key in by_key, f"no problem for {key}: {err}"
+    problem = by_key[key]
+    assert problem.value == value and type(problem.value) is type(value)
+    assert problem.allowed and allowed in problem.allowed
+    text_of_err = str(err)
+    assert text_of_err.startswith("studies/t.toml: invalid study")
+    assert f"{key}: " in text_of_err
+    assert value is None or shown(value) in text_of_err
+    assert allowed in text_of_err
+
+
+def test_name_must_be_the_file_stem_and_syntax_errors_name_the_line(tmp_path):
+    f = tmp_path / "other.toml"
+    f.write_text(GOOD)
+    with pytest.raises(StudyError) as exc:
+        studies.load_study(f)
+    assert str(exc.value).startswith(f"{f}: invalid study")
+    assert exc.value.problems[0].key == "name" and exc.value.problems[0].value == "t"
+    f.write_text(GOOD.replace("[[tests]]", "[[tests]", 1))
+    with pytest.raises(StudyError) as exc:
+        studies.load_study(f)
+    line = GOOD.splitlines().index("[[tests]]") + 1
+    assert exc.value.problems[0].key == f"line {line}"
+
+
+def test_every_problem_is_reported_at_once():
+    text = replace(replace(GOOD, 'op = ">="', 'op = "=>"'), 'name = "virtio-disk"', 'name = "nope"')
+    with pytest.raises(StudyError) as exc:
+        parse_study(text)
+    # pydantic's problem (the op) stops the cross-checks; fixed, the profile is the one left
+    assert [p.key for p in exc.value.problems] == ["rules[2].op"]
+    with pytest.raises(StudyError) as exc:
+        parse_study(replace(GOOD, 'name = "virtio-disk"', 'name = "nope"').replace('id = "R2"', 'id = "R1"'))
+    assert {p.key for p in exc.value.problems} >= {"profiles[2].name", "rules[2].id"}
+
+
+def test_statements_and_paper_figures():
+    s = good()
+    by_id = {r.id: r for r in s.rules}
+    assert by_id["R1"].statement() == "eucalyptus-default dd-write-64k ≤ 10% of native"
+    assert by_id["R2"].statement() == "virtio-disk dd-write-64k ≥ 110% of eucalyptus-default's"
+    assert by_id["R3"].statement() == "eucalyptus-default dd-write-64k host avgqu < 1"
+    assert studies.paper_figure(s, by_id["R1"]) == pytest.approx((2.0, True))
+    assert studies.paper_figure(s, by_id["R2"]) == pytest.approx((4750.0, True))
+    assert studies.paper_figure(s, by_id["R3"]) == (0.9, False)
+    assert studies.paper_figure(s, by_id["R4"]) == (None, False)
+    assert studies.paper_figure(s, by_id["R5"]) == (71.0, False)
+
+
+# ----------------------------------------------------------------------------------------------- verdicts
+def cell(profile: str, test: str = "dd-write-64k", guest: float = 2.0, base: float | None = 100.0, *,
+         run_id: int = 1, avgqu: float | None = 0.5, **kw) -> Cell:
+    baseline = None if base is None else Measured(base, avgqu=140.0, labels=tuple(kw.pop("base_labels", ())))
+    kw.setdefault("size_label", "study")
+    kw.setdefault("accelerator", "kvm")
+    return Cell(profile, test, run_id, Measured(guest, avgqu=avgqu, labels=tuple(kw.pop("labels", ()))), baseline,
+                metric="MB/s", **kw)
+
+
+def verdict(rule_id: str, cells: list[Cell], **kw) -> studies.Verdict:
+    s = good()
+    rule = next(r for r in s.rules if r.id == rule_id)
+    return evaluate_rule(s, rule, {(c.profile, c.test): c for c in cells}, **kw)
+
+
+def test_reproduced_against_native():
+    v = verdict("R1", [cell("eucalyptus-default", guest=4.0, base=80.0)])
+    assert v.status == REPRODUCED and v.reasons == ()
+    assert v.ours == pytest.approx(5.0) and v.run_ids == (1,)
+    assert v.explain() == "reproduced: ours 5.0%, the rule needs ≤ 10%; the paper: 2.0% (computed from its numbers)"
+
+
+def test_not_reproduced_says_the_numbers():
+    v = verdict("R1", [cell("eucalyptus-default", guest=40.0, base=80.0)])
+    assert v.status == NOT_REPRODUCED and v.ours == pytest.approx(50.0)
+    assert v.explain() == ("not reproduced: ours 50.0%, the rule needs ≤ 10%; the paper: 2.0% "
+                           "(computed from its numbers)")
+
+
+def test_a_boundary_value_holds_for_an_inclusive_operator_only():
+    assert verdict("R1", [cell("eucalyptus-default", guest=10.0, base=100.0)]).status == REPRODUCED
+    assert verdict("R3", [cell("eucalyptus-default", avgqu=1.0)]).status == NOT_REPRODUCED
+    assert verdict("R3", [cell("eucalyptus-default", avgqu=0.99)]).status == REPRODUCED
+
+
+def test_against_another_profile():
+    cells = [cell("eucalyptus-default", guest=50.0, run_id=1), cell("virtio-disk", guest=60.0, run_id=2)]
+    v = verdict("R2", cells)
+    assert v.status == REPRODUCED and v.ours == pytest.approx(120.0) and v.run_ids == (2, 1)
+    cells = [cell("eucalyptus-default", guest=50.0, run_id=1), cell("virtio-disk", guest=52.0, run_id=2)]
+    v = verdict("R2", cells)
+    assert v.status == NOT_REPRODUCED and v.ours == pytest.approx(104.0)
+
+
+def test_emulated_cells_are_inconclusive_whatever_their_numbers():
+    for acc, words in (("tcg", "under TCG emulation"), ("nested-kvm", "under nested virtualization")):
+        v = verdict("R1", [cell("eucalyptus-default", guest=1.0, base=100.0, accelerator=acc, emulated=True)])
+        assert v.status == INCONCLUSIVE
+        assert v.reasons == (f"eucalyptus-default/dd-write-64k (run #1) was measured {words}: "
+                             "not an overhead figure",)
+        assert v.ours == pytest.approx(1.0)  # shown, never used
+        assert "ours would be 1.0%" in v.explain()
+    # one emulated side of a comparison is enough
+    cells = [cell("eucalyptus-default", guest=10.0, run_id=1),
+             cell("virtio-disk", guest=60.0, run_id=2, accelerator="tcg", emulated=True)]
+    v = verdict("R2", cells)
+    assert v.status == INCONCLUSIVE and "virtio-disk/dd-write-64k (run #2)" in v.reasons[0]
+
+
+def test_quick_size_warm_cache_changed_profile_and_virtualized_host_are_inconclusive():
+    base = dict(guest=1.0, base=100.0)
+    cases = [
+        (dict(size_label="quick"), "is quick-size"),
+        (dict(labels=["warm-cache"]), "the page cache was not dropped"),
+        (dict(profile_changed=True), "the profile eucalyptus-default changed since this run"),
+        (dict(base_labels=["virtualized-host"]), "its bare-metal side ran on a virtual machine"),
+    ]
+    for extra, words in cases:
+        v = verdict("R1", [cell("eucalyptus-default", **base, **extra)])
+        assert v.status == INCONCLUSIVE, extra
+        assert len(v.reasons) == 1 and words in v.reasons[0], v.reasons
+
+
+def test_every_reason_is_given():
+    v = verdict("R1", [cell("eucalyptus-default", size_label="quick", accelerator="tcg", emulated=True)])
+    assert v.status == INCONCLUSIVE and len(v.reasons) == 2
+    assert "TCG" in v.reasons[0] and "quick-size" in v.reasons[1]
+
+
+def test_a_missing_cell_is_inconclusive_and_says_why():
+    v = verdict("R2", [cell("eucalyptus-default")], size="study")
+    assert v.status == INCONCLUSIVE and v.ours is None
+    assert v.reasons == ("no completed run of virtio-disk with dd-write-64k at study size",)
+    v = verdict("R4", [], unavailable={"xen-default": "cloudbox does not launch Xen guests yet"})
+    assert v.reasons == ("no completed run of xen-default with dd-write-64k: cloudbox does not launch Xen guests yet",)
+    v = verdict("R5", [])
+    assert v.reasons == ("no completed run of eucalyptus-default with tcp-stream-fe: only a run on a back-end "
+                         "(--node) measures it",)
+
+
+def test_missing_numbers_inside_a_run_are_inconclusive():
+    v = verdict("R1", [cell("eucalyptus-default", base=None)])
+    assert v.status == INCONCLUSIVE and v.reasons == ("eucalyptus-default/dd-write-64k (run #1) has no bare-metal "
+                                                      "number",)
+    v = verdict("R1", [cell("eucalyptus-default", base=0.0)])
+    assert v.status == INCONCLUSIVE and v.reasons[0].endswith("bare metal measured 0")
+    v = verdict("R3", [cell("eucalyptus-default", avgqu=None)])
+    assert v.status == INCONCLUSIVE and "has no host avgqu" in v.reasons[0]
+
+
+# ------------------------------------------------------------------------------------- cells from the store
+def add_run(store: ResultStore, profile: str, tests: dict[str, tuple[float, float]], *, size: str = "study",
+            accelerator: str = "kvm", state: str = "completed", started_at: float = 1_700_000_000.0,
+            node: str | None = None, profile_hash: str | None = None, metric: str = "MB/s") -> int:
+    prof = profiles.find_profile(profile)
+    rid = store.create_run(profile_name=profile, profile_hash=profile_hash or prof.hash,
+                           profile_toml=prof.to_toml(), suite="all", size_label=size, accelerator=accelerator,
+                           started_at=started_at, node=node or platform.node())
+    for test, (guest, base) in tests.items():
+        store.add_measurement(rid, side="baseline", test=test, metric=metric, value=base, host_avgqu=100.0)
+        store.add_measurement(rid, side="guest", test=test, metric=metric, value=guest, host_avgqu=0.8)
+    if state != "running":
+        store.finish_run(rid, state)
+    return rid
+
+
+def test_select_cells_prefers_today_s_profile_then_study_size_then_the_latest(tmp_path):
+    s = good()
+    w = "dd-write-64k"
+    with ResultStore(tmp_path / "r.db") as store:
+        old = add_run(store, "eucalyptus-default", {w: (1.0, 100.0)}, started_at=1.0)
+        new = add_run(store, "eucalyptus-default", {w: (2.0, 100.0)}, started_at=2.0)
+        add_run(store, "eucalyptus-default", {w: (3.0, 100.0)}, started_at=3.0, size="quick")
+        add_run(store, "eucalyptus-default", {w: (4.0, 100.0)}, started_at=4.0, state="aborted")
+        add_run(store, "eucalyptus-default", {w: (5.0, 100.0)}, started_at=5.0, profile_hash="0" * 64)
+        add_run(store, "modern-tuned", {w: (6.0, 100.0)}, started_at=6.0)  # not in the study
+        quick_virtio = add_run(store, "virtio-disk", {w: (7.0, 100.0)}, started_at=7.0, size="quick",
+                               accelerator="tcg")
+        custom = add_run(store, "virtio-disk", {w: (8.0, 100.0)}, started_at=8.0, size="custom")
+        runs = store.list_runs()
+    hashes, _ = studies.profile_facts(s)
+    cells = studies.select_cells(s, runs, hashes)
+    assert set(cells) == {("eucalyptus-default", w), ("virtio-disk", w)}
+    c = cells[("eucalyptus-default", w)]
+    assert (c.run_id, c.guest.value, c.baseline.value, c.metric) == (new, 2.0, 100.0, "MB/s")
+    v = cells[("virtio-disk", w)]  # a custom size is not one of the study's sizes
+    assert v.run_id == quick_virtio != custom and v.qualifiers == ["emulated", "quick"] and v.emulated
+    assert studies.select_cells(s, runs, hashes, size="quick")[("eucalyptus-default", w)].guest.value == 3.0
+    assert studies.select_cells(s, runs, hashes, node="elsewhere") == {}
+    # a run of an older version of the profile is used only when nothing else is there, and says so
+    only_old = [r for r in runs if r.profile_hash == "0" * 64]
+    c = studies.select_cells(s, only_old, hashes)[("eucalyptus-default", w)]
+    assert c.profile_changed and c.qualifiers == ["profile changed"]
+    assert old != c.run_id
+
+
+def test_gather_evaluates_over_the_store(tmp_path):
+    s = good()
+    with ResultStore(tmp_path / "r.db") as store:
+        add_run(store, "eucalyptus-default", {"dd-write-64k": (4.0, 80.0)})
+        add_run(store, "virtio-disk", {"dd-write-64k": (3.0, 80.0)}, started_at=1_700_000_100.0)
+        ev = studies.gather(s, store.list_runs(state="completed"))
+    assert ev.unavailable == {"xen-default": "cloudbox does not launch Xen guests yet"}
+    assert [(v.rule.id, v.status) for v in ev.verdicts] == [
+        ("R1", REPRODUCED), ("R2", NOT_REPRODUCED), ("R3", REPRODUCED), ("R4", INCONCLUSIVE), ("R5", INCONCLUSIVE)]
+    assert ev.verdicts[1].ours == pytest.approx(75.0)
+
+
+# ---------------------------------------------------------------------------------------------- study runs
+def test_plan_skips_cells_stored_for_the_same_hash_size_and_node(tmp_path):
+    s = good()
+    here = platform.node()
+    with ResultStore(tmp_path / "r.db") as store:
+        done = add_run(store, "eucalyptus-default", {"dd-write-64k": (1.0, 100.0)})
+        add_run(store, "virtio-disk", {"dd-write-64k": (1.0, 100.0)}, size="quick")  # another size
+        add_run(store, "virtio-disk", {"dd-write-64k": (1.0, 100.0)}, node="elsewhere")  # another node
+        add_run(store, "virtio-disk", {"dd-write-64k": (1.0, 100.0)}, profile_hash="0" * 64)  # another profile
+        add_run(store, "virtio-disk", {"dd-write-64k": (1.0, 100.0)}, state="failed")
+        runs = store.list_runs()
+    hashes, unavailable = studies.profile_facts(s)
+    plan = studies.plan_run(s, runs, hashes, size="study", node=here, backend=False, unavailable=unavailable)
+    by = {p.profile: p for p in plan}
+    assert by["eucalyptus-default"].stored == {"dd-write-64k": done} and by["eucalyptus-default"].run == []
+    assert by["eucalyptus-default"].elsewhere == ["tcp-stream-fe"]
+    assert by["virtio-disk"].run == ["dd-write-64k"] and by["virtio-disk"].stored == {}
+    assert by["xen-default"].refused == "cloudbox does not launch Xen guests yet" and by["xen-default"].run == []
+    # on a back-end the front-end test is measured too; --again measures what is stored
+    plan = studies.plan_run(s, runs, hashes, size="study", node=here, backend=True, unavailable=unavailable,
+                            again=True)
+    assert {p.profile: p.run for p in plan}["eucalyptus-default"] == ["dd-write-64k", "tcp-stream-fe"]
+    # the quick run counts for a quick study run
+    plan = studies.plan_run(s, runs, hashes, size="quick", node=here, backend=False, unavailable=unavailable)
+    assert {p.profile: p.run for p in plan}["virtio-disk"] == []
+
+
+def test_planned_profiles_become_valid_run_specs():
+    storage_only = studies.PlannedProfile("virtio-disk", run=["dd-write-64k", "dd-read-64k"])
+    spec = storage_only.spec("quick", work_dir="/srv/test")
+    assert (spec.profile, spec.suite, spec.size, spec.storage_tests, spec.work_dir) == (
+        "virtio-disk", "storage", "quick", "dd-write-64k,dd-read-64k", "/srv/test")
+    spec.validate()
+    both = studies.PlannedProfile("virtio-disk", run=["dd-read-64k", "tcp-stream", "tcp-stream-fe", "tcp-maerts-fe"])
+    spec = both.spec("study", "node2")
+    assert (spec.suite, spec.storage_tests, spec.net_tests, spec.node) == (
+        "all", "dd-read-64k", "tcp-stream,tcp-maerts", "node2")
+    spec.validate()
+    assert [(p.side, p.test) for p in spec.plan()][:3] == [("baseline", "dd-read-64k"), ("guest", "boot"),
+                                                            ("guest", "dd-read-64k")]
+    net = studies.PlannedProfile("virtio-disk", run=["tcp-maerts"]).spec("quick")
+    assert (net.suite, net.net_tests) == ("network", "tcp-maerts")
