@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from cloudbox import __version__
-from cloudbox.cli import install, node, profile, results, run
+from cloudbox.cli import install, node, profile, results, run, study
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_parser(subparsers)
     run.add_parser(subparsers)
     results.add_parser(subparsers)
+    study.add_parser(subparsers)
     install.add_parser(subparsers)
     node.add_parser(subparsers)
     t = subparsers.add_parser("tui", help="open the terminal UI (the default when no command is given)")

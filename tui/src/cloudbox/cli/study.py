@@ -1,0 +1,242 @@
+"""`cloudbox study list | show | report | run`: the published studies as checked experiments.
+
+    cloudbox study list [--json]
+    cloudbox study show NAME [--json]
+    cloudbox study report NAME [--format md] [-o FILE] [--size quick|study] [--node N] [--db PATH]
+    cloudbox study run NAME [--size quick|study] [--node N] [--work-dir D] [--device DEV --destroy NAME]
+                            [--agent-timeout S] [--again] [--dry-run] [--detach]
+
+NAME is a study's name (`A` and `a` are the same) or a study file. `run` measures, one profile after another (the
+same executor as `cloudbox run`; with --detach a sweep), the cells no completed run holds yet for the same profile
+hash, size and node, and says which it skips. Exit codes: 0 ok; 1 a cloudbox error or a run that did not complete;
+2 an invalid study file or option; 130 stopped by Ctrl-C (after the current run cleaned up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from cloudbox.cli.common import EXIT_INTERRUPTED, guard, usage
+from cloudbox.cli.run import Printer
+from cloudbox.core import runs, studies, studyreport
+from cloudbox.core.errors import CloudboxError, StudyError, UsageError
+from cloudbox.core.inputs import printable
+from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import RunSpec, option
+
+# The `cloudbox run` options a study run passes on to each of its runs, declared once in runspec.RUN_OPTIONS.
+PASSED_ON = ("work_dir", "device", "destroy", "agent_timeout")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `study` and its subcommands on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "study", help="the published studies: their matrix, a run that fills it, a report with verdicts",
+        description="Studies (studies/*.toml): the paper's matrix of profiles and tests, its published numbers "
+        "and its findings as rules checked against stored runs.")
+    p.set_defaults(func=usage(p))
+    sub = p.add_subparsers(dest="study_command", metavar="SUBCOMMAND")
+    invalid = (StudyError, UsageError)
+
+    ls = sub.add_parser("list", help="every study: name, title, matrix size, rules")
+    ls.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    ls.set_defaults(func=guard(cmd_list, invalid=invalid))
+
+    show = sub.add_parser("show", help="a study's matrix, the paper's numbers and its rules")
+    show.add_argument("study", metavar="NAME")
+    show.add_argument("--json", action="store_true", help="the validated study as JSON")
+    show.set_defaults(func=guard(cmd_show, invalid=invalid))
+
+    rep = sub.add_parser("report", help="the study's tables with the paper's numbers beside ours, and the verdicts")
+    rep.add_argument("study", metavar="NAME")
+    rep.add_argument("--format", choices=("md",), default="md", help="md (Markdown; HTML is not there yet)")
+    rep.add_argument("-o", "--output", type=Path, help="write to FILE instead of standard output")
+    rep.add_argument("--size", choices=studies.SIZES, default=None,
+                     help="only runs of this size (default: the study's sizes, study size first)")
+    rep.add_argument("--node", default=None, metavar="NAME", help="only runs on this node")
+    rep.add_argument("--db", type=Path, default=None, help="results database (default: the state dir's results.db)")
+    rep.set_defaults(func=guard(cmd_report, invalid=invalid))
+
+    run = sub.add_parser("run", help="measure the study's cells not stored yet, one profile after another")
+    run.add_argument("study", metavar="NAME")
+    run.add_argument("--size", choices=studies.SIZES, default=None,
+                     help="study (2x guest RAM, >= 2 GiB: decides findings) or quick (128 MiB: trying things out; "
+                     "its findings are inconclusive); default: the study's first size")
+    node = option("node")
+    run.add_argument(*node.flags, dest="node", default="", metavar=node.metavar, help=node.help)
+    for name in PASSED_ON:
+        opt = option(name)
+        run.add_argument(*opt.flags, dest=opt.field, type=opt.type, default=opt.default, help=opt.help,
+                         metavar=opt.metavar)
+    run.add_argument("--again", action="store_true", help="measure every cell, also those already stored")
+    run.add_argument("--dry-run", action="store_true", help="say what would run and what is skipped, run nothing")
+    run.add_argument("--detach", "-d", action="store_true",
+                     help="run in the background as a sweep (one run after another) and return at once")
+    run.set_defaults(func=guard(cmd_run, invalid=invalid))
+    return p
+
+
+# -- list / show --------------------------------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    entries = studies.list_studies()
+    if args.json:
+        print(json.dumps([{"name": e.name, "path": str(e.path), "title": e.title, "profiles": e.profiles,
+                           "tests": e.tests, "rules": e.rules, "problem": e.problem} for e in entries], indent=2))
+        return 0
+    if not entries:
+        print("no studies found (searched: studies/ in the checkout, /usr/share/cloudbox/studies, "
+              "CLOUDBOX_STUDY_DIR)", file=sys.stderr)
+        return 0
+    width = max(len(e.name) for e in entries)
+    for e in entries:
+        if e.problem is not None:
+            text = f"INVALID (cloudbox study show {e.path})"
+        else:
+            text = f"{e.title}  [{e.profiles} profiles x {e.tests} tests, {e.rules} rules]"
+        print(printable(f"{e.name:<{width}}  {text}"))
+    return 0
+
+
+def _paper_text(c: studies.PaperCell) -> str:
+    parts = [f"{k} {getattr(c, k):g}" for k in ("value", "percent", "native", "avgrq", "avgqu", "util")
+             if getattr(c, k) is not None]
+    return ", ".join(parts)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    study = studies.find_study(args.study)
+    if args.json:
+        print(json.dumps(study.model_dump(mode="json"), indent=2))
+        return 0
+    _, unavailable = studies.profile_facts(study)
+    lines = [f"{study.name}: {study.title}", study.description, "",
+             f"sizes: {', '.join(study.sizes)} (only {studies.DECISIVE_SIZE} size decides findings)",
+             f"suite: {study.suite}", "", "profiles (rows):"]
+    width = max(len(p) for p in study.profile_names)
+    for p in study.profiles:
+        note = f"  [not runnable yet: {unavailable[p.name]}]" if p.name in unavailable else ""
+        lines.append(f"  {p.name:<{width}}  {p.row}{note}")
+    lines += ["", "tests (tables):"]
+    width = max(len(t) for t in study.test_ids)
+    for t in study.tests:
+        note = "  [measured only by runs on a back-end: --node]" if studies.needs_node(t.id) else ""
+        lines.append(f"  {t.id:<{width}}  {t.table}{note}")
+    lines += ["", "paper's numbers:"]
+    if not study.paper:
+        lines.append("  (none per cell: the paper's figures are on the rules)")
+    width = max([len(c.cell) for c in study.paper] or [0])
+    for c in study.paper:
+        lines.append(f"  {c.cell:<{width}}  {_paper_text(c)}")
+    lines += ["", "rules:"]
+    for r in study.rules:
+        paper, computed = studies.paper_figure(study, r)
+        figure = "" if paper is None else (f"{paper:.1f}%" if r.against is not None else f"{paper:g}")
+        lines += [f"  {r.id}: {r.statement()}" + (f"  (paper: {figure}{', computed' if computed else ''})"
+                                                  if figure else ""),
+                  f"      {r.finding}", f"      why: {r.why}"]
+    print("\n".join(printable(line) for line in lines))
+    return 0
+
+
+# -- report -------------------------------------------------------------------------------------------------------
+def _write(path: Path, text: str) -> None:
+    """`text` to `path` through a temporary file that never outlives the command."""
+    if path.is_dir():
+        raise CloudboxError(f"-o {printable(str(path))}: is a directory; allowed: a file name (the report is "
+                            "written there)")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:
+        raise CloudboxError(f"cannot write {printable(str(path))}: {e.strerror or e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    study = studies.find_study(args.study)
+    with ResultStore(args.db) as store:
+        stored = store.list_runs(state="completed")
+    ev = studies.gather(study, stored, size=args.size, node=args.node)
+    text = studyreport.to_markdown(ev)
+    if args.output is None:
+        print(text, end="")
+        return 0
+    _write(args.output, text)
+    counts = {s: sum(1 for v in ev.verdicts if v.status == s) for s in studies.VERDICTS}
+    print(printable(f"wrote {args.output}: {len(ev.cells)} cells from {len({c.run_id for c in ev.cells.values()})} "
+                    f"runs; " + ", ".join(f"{n} {s}" for s, n in counts.items())), file=sys.stderr)
+    return 0
+
+
+# -- run ----------------------------------------------------------------------------------------------------------
+def _plan_lines(plan: list[studies.PlannedProfile]) -> list[str]:
+    out = []
+    for item in plan:
+        if item.refused:
+            out.append(f"  {item.profile}: skipped, {item.refused}")
+            continue
+        parts = []
+        if item.run:
+            parts.append("run " + ", ".join(item.run))
+        if item.stored:
+            parts.append("stored " + ", ".join(f"{t} (#{rid})" for t, rid in item.stored.items()))
+        if item.elsewhere:
+            parts.append("needs --node for " + ", ".join(item.elsewhere))
+        out.append(f"  {item.profile}: " + "; ".join(parts))
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    study = studies.find_study(args.study)
+    size = args.size or study.sizes[0]
+    if size not in study.sizes:
+        raise UsageError(f"--size {size!r} is not offered by study {study.name}; allowed: {', '.join(study.sizes)}")
+    options = {name: getattr(args, name) for name in PASSED_ON}
+    # A bad option stops here, before the results database is opened or any run recorded.
+    RunSpec(profile=study.profile_names[0], size=size, node=args.node, **options).validate()
+    node_name = args.node or platform.node()
+    with ResultStore() as store:
+        hashes, unavailable = studies.profile_facts(study)
+        plan = studies.plan_run(study, store.list_runs(state="completed"), hashes, size=size, node=node_name,
+                                backend=bool(args.node), unavailable=unavailable, again=args.again)
+        specs = [item.spec(size, args.node, **options) for item in plan if item.run]
+        for spec in specs:
+            spec.validate()
+        where = f"on node {args.node}" if args.node else "on this host"
+        print(printable(f"study {study.name} at {size} size {where}: {len(specs)} run(s) to do"))
+        print("\n".join(printable(line) for line in _plan_lines(plan)))
+        if args.dry_run:
+            return 0
+        if not specs:
+            print(f"every cell this placement can measure is stored: cloudbox study report {study.name}")
+            return 0
+        if args.detach:
+            sweep = runs.start_sweep(specs, store)
+            print(f"sweep {sweep.id} started in the background ({len(specs)} runs, one after another); "
+                  "`cloudbox results list` shows each run as it starts, `cloudbox watch RUN` follows it, "
+                  "`cloudbox cancel RUN` stops it and the rest")
+            return 0
+        printer = Printer()
+        failed = 0
+        for i, spec in enumerate(specs, 1):
+            print(printable(f"\n== study {study.name}: run {i} of {len(specs)}: {spec.profile} ({spec.suite})"))
+            ex = runs.executor(spec, store, emit=printer)
+            rid = ex.execute()
+            state = store.get_run(rid, raw=False).state
+            failed += state != "completed"
+            if ex.cancelled():
+                print(f"\nstopped after run #{rid} cleaned up; `cloudbox study run {study.name}` again measures "
+                      "what is still missing")
+                return EXIT_INTERRUPTED
+    print(f"\nstudy {study.name}: {len(specs) - failed} of {len(specs)} runs completed; "
+          f"cloudbox study report {study.name}")
+    return 0 if not failed else 1

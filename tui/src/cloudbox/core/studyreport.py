@@ -1,0 +1,218 @@
+"""A study's report in Markdown: its tables in the paper's layout with the paper's number beside ours in every cell,
+then each finding with its verdict and the reason.
+
+Made only from stored runs (`studies.gather`), so it can be regenerated and exported at any time; it carries no
+time of its own, only the runs it used. Our numbers measured where they cannot stand for the paper's (emulated,
+nested, quick size, warm cache, a changed profile, a loop device) carry the reason in brackets, and the
+findings resting on them are inconclusive (studies.evaluate_rule).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from .compare import test_title
+from .inputs import printable
+from .results import is_storage_test
+from .studies import (
+    INCONCLUSIVE,
+    NATIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Cell,
+    Evidence,
+    Measured,
+    Study,
+    needs_node,
+)
+
+QUALIFIER_NOTES = {
+    "emulated": "measured under TCG emulation: not an overhead figure",
+    "nested": "measured under nested virtualization (KVM inside a virtual machine): not an overhead figure",
+    "quick": "quick size (128 MiB): the page and device caches weigh more than in the study",
+    "warm cache": "the page cache was not dropped before the test",
+    "loop device": "the whole-disk profile ran on a loop device over a file, not on a disk (no --device given)",
+    "profile changed": "the profile changed since the run: it measured another configuration",
+}
+
+
+def _md(text: object) -> str:
+    """Text for a table cell: printable, pipes escaped."""
+    return printable(text).replace("\\", "\\\\").replace("|", "\\|")
+
+
+def _g(v: float | None) -> str:
+    """A published number as the paper writes it (111, 1.3, 0.57)."""
+    return "-" if v is None else f"{v:g}"
+
+
+def value_text(v: float | None, metric: str) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if metric in ("IOPS", "Mbit/s", "trans/s") else f"{v:.1f}"
+
+
+def pct_text(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def host_text(key: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    if key == "avgrq":
+        return f"{v:.0f}" if v >= 10 else f"{v:.1f}"
+    if key == "avgqu":
+        return f"{v:.2f}" if v < 10 else (f"{v:.1f}" if v < 100 else f"{v:.0f}")
+    return f"{v:.0f}"
+
+
+def _with(text: str, qualifiers: Sequence[str]) -> str:
+    return f"{text} ({', '.join(qualifiers)})" if qualifiers and text != "-" else text
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def native_row(cells: Sequence[Cell]) -> tuple[Measured | None, list[int]]:
+    """The bare-metal row of a table: the mean of the baselines of the runs its guest cells come from (each guest's %
+    uses its own run's baseline), and those runs."""
+    by_run: dict[int, Measured] = {}
+    for c in cells:
+        if c.baseline is not None:
+            by_run.setdefault(c.run_id, c.baseline)
+    if not by_run:
+        return None, []
+    bs = list(by_run.values())
+    value = _mean([b.value for b in bs])
+    assert value is not None
+    return Measured(value, _mean([b.avgrq for b in bs]), _mean([b.avgqu for b in bs]), _mean([b.util for b in bs]),
+                    tuple(sorted({lab for b in bs for lab in b.labels}))), sorted(by_run)
+
+
+def _runs(ids: Sequence[int]) -> str:
+    return ", ".join(f"#{i}" for i in ids) + (" (mean)" if len(ids) > 1 else "")
+
+
+def _missing_note(ev: Evidence, profile: str, test: str) -> str:
+    if profile in ev.unavailable:
+        return f"not run: {ev.unavailable[profile]}"
+    if needs_node(test):
+        return "not run: needs a run on a back-end (--node)"
+    return "not run yet"
+
+
+def table(ev: Evidence, test: str) -> list[str]:
+    """One test's table in the paper's layout: the bare-metal row, then a row per profile in the study's order."""
+    study = ev.study
+    title = next(t.table for t in study.tests if t.id == test)
+    cells = [ev.cells[(p, test)] for p in study.profile_names if (p, test) in ev.cells]
+    metric = cells[0].metric if cells else ("MB/s" if is_storage_test(test) else "Mbit/s")
+    storage = is_storage_test(test)
+    head = ["configuration", "profile", f"paper {metric}", f"ours {metric}", "paper % of native", "ours % of native"]
+    if storage:
+        head += ["avgrq paper / ours", "avgqu paper / ours", "util % paper / ours"]
+    head.append("run")
+    out = [f"## {_md(title)}", "", f"`{test}`: {_md(test_title(test))}", "",
+           "| " + " | ".join(head) + " |",
+           "|" + "|".join("---" if i < 2 or i == len(head) - 1 else "---:" for i in range(len(head))) + "|"]
+
+    paper_native = study.paper_cell(NATIVE, test)
+    native, native_runs = native_row(cells)
+    native_q = ["virtualized host"] if native and "virtualized-host" in native.labels else []
+    row = ["none, bare metal", "-", _g(paper_native.value if paper_native else None),
+           _with(value_text(native.value if native else None, metric), native_q), "100" if paper_native else "-",
+           "100" if native else "-"]
+    if storage:
+        for key in ("avgrq", "avgqu", "util"):
+            row.append(f"{_g(getattr(paper_native, key) if paper_native else None)} / "
+                       f"{host_text(key, getattr(native, key) if native else None)}")
+    row.append(_runs(native_runs) if native_runs else "-")
+    out.append("| " + " | ".join(_md(x) for x in row) + " |")
+
+    for profile in study.profile_names:
+        pc = study.paper_cell(profile, test)
+        cell = ev.cells.get((profile, test))
+        p_pct, computed = study.paper_percent(profile, test)
+        p_pct_text = pct_text(p_pct) if computed or p_pct is None else f"{_g(p_pct)} (published)"
+        if pc is not None and pc.native is not None and p_pct is not None:
+            p_pct_text += f" (of {_g(pc.native)})"
+        q = cell.qualifiers if cell else []
+        ours = ours_pct = "-"
+        if cell is not None:
+            ours = _with(value_text(cell.guest.value, metric), q)
+            if cell.baseline is not None and cell.baseline.value:
+                ours_pct = _with(pct_text(cell.guest.value / cell.baseline.value * 100.0), q)
+        row = [study.row(profile), f"`{profile}`", _g(pc.value if pc else None), ours, p_pct_text, ours_pct]
+        if storage:
+            for key in ("avgrq", "avgqu", "util"):
+                row.append(f"{_g(getattr(pc, key) if pc else None)} / "
+                           f"{host_text(key, getattr(cell.guest, key) if cell else None)}")
+        row.append(f"#{cell.run_id}" if cell else _missing_note(ev, profile, test))
+        out.append("| " + " | ".join(_md(x) for x in row) + " |")
+    out.append("")
+    return out
+
+
+def _legend(ev: Evidence) -> list[str]:
+    seen: dict[int, Cell] = {}
+    for c in ev.cells.values():
+        seen.setdefault(c.run_id, c)
+    out = []
+    for rid in sorted(seen):
+        c = seen[rid]
+        acc = {"tcg": "TCG (emulated)", "nested-kvm": "nested KVM"}.get(c.accelerator or "", c.accelerator or "?")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.started_at)) if c.started_at else "?"
+        out.append(f"- run #{rid}: profile `{c.profile}`, {_md(c.size_label or '?')} size, {_md(acc)}, node "
+                   f"{_md(c.node or '?')}, started {when}")
+    return out
+
+
+def findings(ev: Evidence) -> list[str]:
+    """The findings: a summary table, then each rule with its verdict, the reason and why its threshold is there."""
+    if not ev.verdicts:
+        return ["## Findings", "", "This study states no findings as rules.", ""]
+    counts = {s: sum(1 for v in ev.verdicts if v.status == s) for s in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)}
+    out = ["## Findings", "", ", ".join(f"{n} {s}" for s, n in counts.items()) + ".", "",
+           "| finding | rule | paper | ours | verdict |", "|---|---|---:|---:|---|"]
+    for v in ev.verdicts:
+        paper = v.figure(v.paper) + (" (computed)" if v.paper_computed else "")
+        out.append(f"| {_md(v.rule.id)} | {_md(v.rule.statement())} | {_md(paper)} | {_md(v.figure(v.ours))} | "
+                   f"**{v.status}** |")
+    out.append("")
+    for v in ev.verdicts:
+        out += [f"### {_md(v.rule.id)}: {v.status}", "", _md(v.rule.finding), "",
+                f"- rule: {_md(v.rule.statement())}",
+                f"- verdict: {_md(v.explain())}",
+                f"- runs: {', '.join(f'#{i}' for i in v.run_ids) or 'none'}",
+                f"- why this threshold: {_md(v.rule.why)}", ""]
+    return out
+
+
+def to_markdown(ev: Evidence) -> str:
+    """The whole report."""
+    study: Study = ev.study
+    size = f"{ev.size} size" if ev.size else " or ".join(f"{s} size" for s in study.sizes) + " (in that order)"
+    out = [f"# {_md(study.title)}", "", _md(study.description), "",
+           f"Each cell is the latest completed run of its profile with that test at {size}"
+           + (f" on node {_md(ev.node)}" if ev.node else "")
+           + ", preferring a run of the profile as it is today. \"paper\" is the study's published figure, \"ours\" "
+           "this lab's; \"% of native\" divides each guest number by the bare-metal baseline measured in the same run "
+           "(the paper's: by its bare-metal row unless a row says otherwise). Paper percentages are computed from the "
+           "published numbers unless marked published. Host columns: avgrq in 512-byte sectors, avgqu in requests.",
+           ""]
+    legend = _legend(ev)
+    out += ["Runs used:", "", *legend, ""] if legend else ["No stored run matches this study yet "
+                                                           f"(`cloudbox study run {study.name}`).", ""]
+    for test in study.test_ids:
+        out += table(ev, test)
+    out += findings(ev)
+    present = {q for c in ev.cells.values() for q in c.qualifiers}
+    if any(c.baseline and "virtualized-host" in c.baseline.labels for c in ev.cells.values()):
+        out += ["(virtualized host): the bare-metal side ran on a virtual machine, not on bare metal", ""]
+    for q, note in QUALIFIER_NOTES.items():
+        if q in present:
+            out += [f"({q}): {note}", ""]
+    return "\n".join(out).rstrip("\n") + "\n"
