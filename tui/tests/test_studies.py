@@ -5,9 +5,13 @@ selected from, and study runs planned against, a real results store."""
 from __future__ import annotations
 
 import platform
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cloudbox.core import paths, profiles, studies
 from cloudbox.core.errors import NotFound, StudyError
@@ -242,6 +246,51 @@ def test_invalid_study(text, key, value, allowed):
     assert f"{key}: " in text_of_err
     assert value is None or shown(value) in text_of_err
     assert allowed in text_of_err
+
+
+# Any value at any of these places of a valid study: a study or a list of problems, never another exception.
+PLACES = [("name",), ("sizes",), ("sizes", 0), ("profiles",), ("profiles", 0), ("profiles", 1, "name"),
+          ("profiles", 0, "row"), ("tests",), ("tests", 1, "id"), ("paper",), ("paper", 0, "cell"),
+          ("paper", 1, "value"), ("paper", 2, "native"), ("rules",), ("rules", 0), ("rules", 0, "cell"),
+          ("rules", 1, "against"), ("rules", 2, "op"), ("rules", 0, "percent"), ("rules", 2, "metric"),
+          ("rules", 2, "value"), ("rules", 3, "extra"), ("title",), ("description",), ("other",)]
+scalars = st.one_of(st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True),
+                    st.text(max_size=30), st.sampled_from(["native", "native/dd-write-64k", "virtio-disk/tcp-rr",
+                                                           "/", "a/b/c", "\x1b[2J", "study", ">=", "avgqu"]))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                      max_leaves=8)
+
+
+def put(data: Any, place: tuple, value: Any) -> None:
+    for part in place[:-1]:
+        if isinstance(data, dict):
+            data = data.get(part)
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return
+    if isinstance(data, dict) and isinstance(place[-1], str):
+        data[place[-1]] = value
+    elif isinstance(data, list) and isinstance(place[-1], int) and place[-1] < len(data):
+        data[place[-1]] = value
+
+
+@settings(max_examples=80, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(PLACES), values), min_size=1, max_size=3))
+def test_any_change_gives_a_study_or_problems(changes):
+    data = tomllib.loads(GOOD)
+    for place, value in changes:
+        put(data, place, value)
+    try:
+        study = studies.validate_data(data, "t.toml")
+    except StudyError as e:
+        assert e.problems and all(p.key and str(p) for p in e.problems)
+    else:
+        for r in study.rules:  # what a valid study never holds
+            assert (r.percent is None) == (r.against is None) and (r.value is None) != (r.against is None)
+            assert (r.profile, r.test) != ("", "") and r.test in study.test_ids
 
 
 def test_name_must_be_the_file_stem_and_syntax_errors_name_the_line(tmp_path):
