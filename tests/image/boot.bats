@@ -42,13 +42,13 @@ boot_and_check() {
     assert [ "$(cat "$logdir/boot-seconds")" -le "${IMAGE_BOOT_BUDGET_S:-480}" ]
 }
 
-# UEFI is boot-full: cluster.bats boots the stick and the installed disks under UEFI and runs this self-test there.
+# Both boot-full: cluster.bats boots the stick and the installed disks under UEFI and runs this self-test there.
 # bats test_tags=slow,image,boot-full
 @test "UEFI (OVMF) boot reaches the self-test verdict 123 with the root credentials applied" {
     boot_and_check uefi
 }
 
-# bats test_tags=slow,image
+# bats test_tags=slow,image,boot-full
 @test "legacy BIOS (SeaBIOS) boot reaches the self-test verdict 123 with the root credentials applied" {
     boot_and_check bios
 }

@@ -1,0 +1,79 @@
+"""A real `cloudbox study run` (real libvirtd and QEMU, TCG here) of a one-cell study, run again (nothing left to
+measure), then reported: the cell's number labelled emulated and the rule inconclusive for that reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cloudbox import cli
+from cloudbox.core.results import ResultStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+ONE_CELL = """\
+name = "t"
+title = "virtio's writes"
+description = "One cell: dd writes on the whole disk through virtio, against bare metal."
+sizes = ["quick"]
+
+[[profiles]]
+name = "virtio-disk"
+row = "KVM, local disk, virtio"
+
+[[tests]]
+id = "dd-write-64k"
+table = "Writes (dd, 64 kB blocks)"
+
+[[rules]]
+id = "T1"
+finding = "virtio writes at nearly native speed."
+cell = "virtio-disk/dd-write-64k"
+against = "native"
+op = ">="
+percent = 90
+why = "The study measured 99%."
+"""
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_path, monkeypatch, capsys):
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "t.toml").write_text(ONE_CELL)
+    monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(studies))
+
+    code, out = run_cli(["study", "run", "t", "--size", "quick"], capsys)
+    assert code == 0, out
+    assert "study t at quick size on this host: 1 run(s) to do" in out
+    assert "virtio-disk: run dd-write-64k" in out
+    with ResultStore() as store:
+        [run] = store.list_runs()
+        run = store.get_run(run.id)
+    assert run.state == "completed", run.reason
+    for side in ("guest", "baseline"):
+        assert run.measurement(side, "dd-write-64k", "MB/s").value > 0
+
+    code, out = run_cli(["study", "run", "t", "--size", "quick"], capsys)  # resumable: the cell is stored
+    assert code == 0, out
+    assert "0 run(s) to do" in out and f"stored dd-write-64k (#{run.id})" in out
+    with ResultStore() as store:
+        assert len(store.list_runs()) == 1
+
+    report = tmp_path / "t.md"
+    code, out = run_cli(["study", "report", "t", "-o", str(report)], capsys)
+    assert code == 0, out
+    text = Path(report).read_text()
+    assert f"#{run.id}" in text or str(run.id) in text
+    guest = run.measurement("guest", "dd-write-64k", "MB/s").value
+    if run.accelerator == "tcg":
+        assert f"{guest:.1f} (emulated)" in text
+        assert "inconclusive" in text and "emulat" in text.split("T1", 1)[1]
+    else:
+        assert f"{guest:.1f}" in text
