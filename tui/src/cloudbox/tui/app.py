@@ -11,9 +11,7 @@ import logging
 from collections.abc import Iterable
 from contextlib import ExitStack
 from functools import partial
-from time import monotonic
 
-from textual import events
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -30,36 +28,6 @@ from cloudbox.tui.screens.tests import TestsScreen
 from cloudbox.tui.widgets.navbar import SCREENS
 
 log = logging.getLogger("cloudbox.tui")
-
-
-class IdleCollector:
-    """Python's full garbage collections wait for a pause in the keys. Once every screen is built a full
-    collection takes ~100 ms on a loaded box, and Python's own schedule ran them between keys and their
-    answers (make bench, "tui"). Collections of the young generations, which are short, are left as they are."""
-
-    PAUSE_S = 1.0  # no input for this long: a full collection may run
-    EVERY_S = 10.0  # ... at most this often
-    LATEST_S = 60.0  # ... and at the latest this long after the last one, input or not
-
-    def __init__(self) -> None:
-        self.last_input = self.last_full = monotonic()
-        self.saved: tuple[int, int, int] | None = None
-
-    def start(self) -> None:
-        self.saved = gc.get_threshold()
-        gc.set_threshold(self.saved[0], self.saved[1], 1_000_000)  # the oldest generation: only by tick()
-
-    def stop(self) -> None:
-        if self.saved is not None:
-            gc.set_threshold(*self.saved)
-            self.saved = None
-
-    def tick(self) -> None:
-        now = monotonic()
-        since = now - self.last_full
-        if since >= self.LATEST_S or (since >= self.EVERY_S and now - self.last_input >= self.PAUSE_S):
-            gc.collect()
-            self.last_full = monotonic()
 
 
 class CloudboxApp(CloudboxAppBase):
@@ -86,24 +54,12 @@ class CloudboxApp(CloudboxAppBase):
         super().__init__(backend, poll_interval=poll_interval)
         self.start_mode = mode or self.DEFAULT_MODE
         self._switch_hold: ExitStack | None = None  # set while switch_mode runs for a screen shown before
-        self.collector = IdleCollector()
 
     def on_mount(self) -> None:
         self.switch_mode(self.start_mode)
         # What exists once the first screen is drawn (modules, classes, that screen) lives as long as the app:
         # out of the collector's reach, a full collection walks about half the objects it did (make bench, "tui").
         self.call_after_refresh(gc.freeze)
-        self.collector.start()
-        self.set_interval(1.0, self.collector.tick, name="idle collector")
-
-    def on_unmount(self) -> None:
-        self.collector.stop()
-        super().on_unmount()
-
-    async def on_event(self, event: events.Event) -> None:
-        if isinstance(event, events.InputEvent):
-            self.collector.last_input = monotonic()
-        await super().on_event(event)
 
     # -- screen switches ----------------------------------------------------------------------------
     # Textual holds frames for a fixed 50 ms after a screen switch (switch_mode calls delay_update) to mask

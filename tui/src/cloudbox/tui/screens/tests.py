@@ -68,7 +68,6 @@ class TestsScreen(BaseScreen):
         self.polling = False
         self.setup: SetupData | None = None
         self.last_redraw = 0.0
-        self.charts_stale = False  # events arrived since the charts were last drawn
         self.sweep: Sweep | None = None
         self._targets: list[tuple[str, str]] = []
 
@@ -116,11 +115,15 @@ class TestsScreen(BaseScreen):
         if self.charts_stale:
             self.call_after_refresh(self.redraw_charts)
 
+    @property
+    def charts_stale(self) -> bool:
+        return any(c.stale for c in self.query(LiveChart))
+
     def redraw_charts(self) -> None:
         self.last_redraw = time.monotonic()
-        self.charts_stale = False
         for c in self.query(LiveChart):
-            c.redraw()
+            if c.stale:  # only the charts that got points: a plot costs milliseconds to build
+                c.redraw()
 
     # -- setup ---------------------------------------------------------------------------------------
     def fetch(self) -> SetupData:
@@ -272,8 +275,6 @@ class TestsScreen(BaseScreen):
         if pct is not None:
             bar.update(total=100, progress=pct)
         bar.query_one("#eta").display = not run.finished  # a finished run has no ETA (it showed a stale one)
-        if events:
-            self.charts_stale = True
         if self.charts_stale and self.is_current and time.monotonic() - self.last_redraw > 1.0:
             self.redraw_charts()
         if run.finished:

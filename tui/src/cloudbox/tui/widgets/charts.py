@@ -23,6 +23,7 @@ class LiveChart(PlotextPlot):
         self.ylabel = ylabel
         self.data: dict[str, deque[tuple[float, float]]] = {n: deque(maxlen=keep) for n in series}
         self.t0: float | None = None
+        self.stale = False  # points were added since the last redraw
         self._drawn: tuple[tuple[object, ...], RenderResult] | None = None  # (size and theme, the plot)
 
     def on_mount(self) -> None:
@@ -40,8 +41,10 @@ class LiveChart(PlotextPlot):
         if self.t0 is None:
             self.t0 = t
         self.data[name].append((t - self.t0, float(value)))
+        self.stale = True
 
     def redraw(self) -> None:
+        self.stale = False
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
