@@ -11,28 +11,31 @@ class CloudboxError(Exception):
     """Base class. str(err) is a complete, user-facing explanation; no traceback needed."""
 
 
-class ProfileError(CloudboxError):
-    """A tuning profile is invalid. Carries one entry per problem."""
+class ProblemsError(CloudboxError):
+    """An input file is invalid: one entry per problem, each naming the key, the bad value and what is allowed."""
 
-    def __init__(self, source: str, problems: list[ProfileProblem]):
-        self.source = source
-        self.problems = problems
-        lines = [f"{printable(source)}: invalid profile ({len(problems)} problem{'s' if len(problems) != 1 else ''})"]
-        lines += [f"  {p}" for p in problems]
-        super().__init__("\n".join(lines))
-
-
-class StudyError(CloudboxError):
-    """A study file is invalid: one problem per entry, each naming the key, the value and what is allowed (the
-    shape of a profile's problems)."""
+    WHAT = "input"  # what the source is, in the first line
+    AFTER = ""  # said after the count
 
     def __init__(self, source: str, problems: list[ProfileProblem]):
         self.source = source
         self.problems = problems
         n = len(problems)
-        lines = [f"{printable(source)}: invalid study ({n} problem{'s' if n != 1 else ''})"]
+        lines = [f"{printable(source)}: invalid {self.WHAT} ({n} problem{'s' if n != 1 else ''}){self.AFTER}"]
         lines += [f"  {p}" for p in problems]
         super().__init__("\n".join(lines))
+
+
+class ProfileError(ProblemsError):
+    """A tuning profile is invalid."""
+
+    WHAT = "profile"
+
+
+class StudyError(ProblemsError):
+    """A study file is invalid."""
+
+    WHAT = "study"
 
 
 class ProfileProblem:
@@ -149,17 +152,11 @@ class PermissionProblem(CloudboxError):
     """The caller lacks a privilege cloudbox needs (root, or membership in a group)."""
 
 
-class AnswerError(CloudboxError):
-    """An install answer file is invalid, or does not fit this machine. One entry per problem, each naming the
-    key, the bad value and what is allowed (the same shape as a ProfileProblem)."""
+class AnswerError(ProblemsError):
+    """An install answer file is invalid, or does not fit this machine."""
 
-    def __init__(self, source: str, problems: list[ProfileProblem]):
-        self.source = source
-        self.problems = problems
-        n = len(problems)
-        lines = [f"{printable(source)}: invalid answer file ({n} problem{'s' if n != 1 else ''}); nothing was written"]
-        lines += [f"  {p}" for p in problems]
-        super().__init__("\n".join(lines))
+    WHAT = "answer file"
+    AFTER = "; nothing was written"
 
 
 class InstallError(CloudboxError):
