@@ -43,8 +43,8 @@ class PlainTable(DataTable[Any]):
             columns = [c.key for c in self.ordered_columns]
             for (key, cells), (_, before) in zip(new, old, strict=True):
                 for column, value, was in zip(columns, cells, before, strict=True):
-                    if value != was:
-                        self.update_cell(key, column, value, update_width=True)
+                    if value != was:  # DataTable's own: _shown is replaced whole below
+                        DataTable.update_cell(self, key, column, plain(value), update_width=True)
             self._shown = new
             return False
         self.clear()
