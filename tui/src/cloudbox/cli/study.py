@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from cloudbox.core import runs, studies, studyreport
 from cloudbox.core.errors import CloudboxError, StudyError, UsageError
 from cloudbox.core.inputs import printable
 from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec, option
+from cloudbox.core.runspec import option
 
 # The `cloudbox run` options a study run passes on to each of its runs, declared once in runspec.RUN_OPTIONS.
 PASSED_ON = ("work_dir", "device", "destroy", "agent_timeout")
@@ -178,42 +177,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # -- run ----------------------------------------------------------------------------------------------------------
-def _plan_lines(plan: list[studies.PlannedProfile]) -> list[str]:
-    out = []
-    for item in plan:
-        if item.refused:
-            out.append(f"  {item.profile}: skipped, {item.refused}")
-            continue
-        parts = []
-        if item.run:
-            parts.append("run " + ", ".join(item.run))
-        if item.stored:
-            parts.append("stored " + ", ".join(f"{t} (#{rid})" for t, rid in item.stored.items()))
-        if item.elsewhere:
-            parts.append("needs --node for " + ", ".join(item.elsewhere))
-        out.append(f"  {item.profile}: " + "; ".join(parts))
-    return out
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     study = studies.find_study(args.study)
-    size = args.size or study.sizes[0]
-    if size not in study.sizes:
-        raise UsageError(f"--size {size!r} is not offered by study {study.name}; allowed: {', '.join(study.sizes)}")
     options = {name: getattr(args, name) for name in PASSED_ON}
     # A bad option stops here, before the results database is opened or any run recorded.
-    RunSpec(profile=study.profile_names[0], size=size, node=args.node, **options).validate()
-    node_name = args.node or platform.node()
+    studies.check_run(study, args.size, args.node, **options)
     with ResultStore() as store:
-        hashes, unavailable = studies.profile_facts(study)
-        plan = studies.plan_run(study, store.list_runs(state="completed"), hashes, size=size, node=node_name,
-                                backend=bool(args.node), unavailable=unavailable, again=args.again)
-        specs = [item.spec(size, args.node, **options) for item in plan if item.run]
-        for spec in specs:
-            spec.validate()
-        where = f"on node {args.node}" if args.node else "on this host"
-        print(printable(f"study {study.name} at {size} size {where}: {len(specs)} run(s) to do"))
-        print("\n".join(printable(line) for line in _plan_lines(plan)))
+        todo = studies.prepare_run(study, store.list_runs(state="completed"), size=args.size, node=args.node,
+                                   again=args.again, **options)
+        specs = todo.specs
+        print(printable(todo.headline()))
+        print("\n".join(printable(line) for line in todo.lines()))
         if args.dry_run:
             return 0
         if not specs:

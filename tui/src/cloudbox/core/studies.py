@@ -13,12 +13,15 @@ This module loads and validates studies (`StudyError`: file, key, value and what
 problems), picks for every cell the latest completed run (`select_cells`), evaluates each rule to a `Verdict`
 (`evaluate`), and plans which cells `study run` still has to measure (`plan_run`). Selecting, evaluating and
 planning are pure functions over plain data (runs, cells, hashes), so they are tested without a guest.
+`cell_states` says where each cell of the matrix stands (done, failed, running, not run, cannot run) and
+`prepare_run` is the study run that `cloudbox study run` and the TUI's Studies screen both start.
 """
 
 from __future__ import annotations
 
 import operator
 import os
+import platform
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +31,16 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from . import inputs, paths, profiles
 from .compare import primary_metric
-from .errors import PYDANTIC_MESSAGES, NotFound, ProfileError, ProfileProblem, StudyError, plain_value, problem_from
+from .errors import (
+    PYDANTIC_MESSAGES,
+    NotFound,
+    ProfileError,
+    ProfileProblem,
+    StudyError,
+    UsageError,
+    plain_value,
+    problem_from,
+)
 from .network import FRONTEND_SUFFIX, NET_TESTS
 from .results import Run, is_network_test, is_storage_test
 from .runspec import RunSpec
@@ -818,3 +830,169 @@ def gather(study: Study, runs: Sequence[Run], *, size: str | None = None, node: 
     cells = select_cells(study, runs, hashes, size=size, node=node)
     verdicts = evaluate(study, cells, unavailable=unavailable, size=size)
     return Evidence(study, hashes, unavailable, cells, verdicts, size, node)
+
+
+# ------------------------------------------------------------------------------------------ the matrix's state
+NOT_RUN = "not run"
+DONE = "done"
+FAILED = "failed"
+RUNNING = "running"
+CANNOT_RUN = "cannot run"
+CELL_STATES = (NOT_RUN, DONE, FAILED, RUNNING, CANNOT_RUN)
+
+
+@dataclass(frozen=True)
+class CellState:
+    """Where one cell of the matrix stands: done (its selected `cell`); failed or running (the latest run of the
+    profile that would measure it, newer than any stored number, in `run_id`, with its reason when failed); not run;
+    or cannot run here (`reason`). A failed or running cell keeps the older number it has, if any, in `cell`."""
+
+    profile: str
+    test: str
+    state: str
+    cell: Cell | None = None
+    run_id: int | None = None
+    reason: str | None = None
+
+
+def _covers(run: Run, test: str) -> bool:
+    """Whether a run of `run.suite` would measure `test` (its measurements say so once it stored one)."""
+    if run.measurement("guest", test) is not None:
+        return True
+    if needs_node(test) and not run.node:
+        return False
+    if is_storage_test(test):
+        return run.suite in ("storage", "all")
+    return run.suite in ("network", "all")
+
+
+def cell_states(study: Study, runs: Sequence[Run], cells: Mapping[CellKey, Cell], *,
+                unavailable: Mapping[str, str] | None = None, size: str | None = None) -> list[CellState]:
+    """Every cell of the matrix (profiles in the study's order, then tests) with its state. `cells` is
+    select_cells' choice; `runs` are the stored runs in any state: a running or failed run of the profile at one of
+    the study's sizes (only `size` when given) that started after the selected cell's run, and would measure the
+    test, decides the state."""
+    unavailable = unavailable or {}
+    sizes = [size] if size else list(study.sizes)
+    latest: dict[str, list[Run]] = {}
+    for run in sorted(runs, key=lambda r: (r.started_at or 0.0, r.id), reverse=True):
+        if run.profile_name in study.profile_names and run.size_label in sizes and run.state != "completed":
+            latest.setdefault(run.profile_name, []).append(run)
+    out = []
+    for profile in study.profile_names:
+        for test in study.test_ids:
+            cell = cells.get((profile, test))
+            after = (cell.started_at or 0.0, cell.run_id) if cell else None
+            newer = next((r for r in latest.get(profile, ())
+                          if _covers(r, test) and (after is None or (r.started_at or 0.0, r.id) > after)), None)
+            if newer is not None:
+                state = RUNNING if newer.state == "running" else FAILED
+                out.append(CellState(profile, test, state, cell, newer.id,
+                                     newer.reason if state == FAILED else None))
+            elif cell is not None:
+                out.append(CellState(profile, test, DONE, cell, cell.run_id))
+            elif profile in unavailable:
+                out.append(CellState(profile, test, CANNOT_RUN, reason=unavailable[profile]))
+            elif needs_node(test):
+                out.append(CellState(profile, test, NOT_RUN, reason="only a run on a back-end (--node) measures it"))
+            else:
+                out.append(CellState(profile, test, NOT_RUN))
+    return out
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """A study in one line: its matrix's size, the cells holding a number, and the findings by verdict."""
+
+    name: str
+    title: str
+    cells: int
+    with_results: int
+    verdicts: dict[str, int]
+    problem: str | None = None
+
+    @property
+    def checked(self) -> int:
+        """Findings with a verdict other than inconclusive."""
+        return self.verdicts.get(REPRODUCED, 0) + self.verdicts.get(NOT_REPRODUCED, 0)
+
+    @property
+    def reproduced(self) -> int:
+        return self.verdicts.get(REPRODUCED, 0)
+
+    @property
+    def findings(self) -> int:
+        return sum(self.verdicts.values())
+
+
+def summarize(ev: Evidence) -> StudySummary:
+    """The summary of gathered evidence."""
+    study = ev.study
+    counts = {s: sum(1 for v in ev.verdicts if v.status == s) for s in VERDICTS}
+    return StudySummary(study.name, study.title, len(study.profiles) * len(study.tests), len(ev.cells), counts)
+
+
+# ------------------------------------------------------------------------------------------- a study run to do
+@dataclass
+class StudyRun:
+    """What `study run` will do: its size and placement, the plan per profile and the runs (validated specs)."""
+
+    study: Study
+    size: str
+    node: str  # "" for this host
+    plan: list[PlannedProfile]
+    specs: list[RunSpec]
+
+    @property
+    def where(self) -> str:
+        return f"on node {self.node}" if self.node else "on this host"
+
+    def headline(self) -> str:
+        return f"study {self.study.name} at {self.size} size {self.where}: {len(self.specs)} run(s) to do"
+
+    def lines(self) -> list[str]:
+        """The plan in words, one line per profile."""
+        return plan_lines(self.plan)
+
+
+def plan_lines(plan: Sequence[PlannedProfile]) -> list[str]:
+    """Per profile: what runs, what is stored (with its run), what needs a back-end, or why it is skipped."""
+    out = []
+    for item in plan:
+        if item.refused:
+            out.append(f"  {item.profile}: skipped, {item.refused}")
+            continue
+        parts = []
+        if item.run:
+            parts.append("run " + ", ".join(item.run))
+        if item.stored:
+            parts.append("stored " + ", ".join(f"{t} (#{rid})" for t, rid in item.stored.items()))
+        if item.elsewhere:
+            parts.append("needs --node for " + ", ".join(item.elsewhere))
+        out.append(f"  {item.profile}: " + "; ".join(parts))
+    return out
+
+
+def check_run(study: Study, size: str | None, node: str = "", **options: Any) -> str:
+    """The size a study run uses (the study's first when None), after refusing a size the study does not offer and
+    bad run options (UsageError), before anything is opened or recorded."""
+    size = size or study.sizes[0]
+    if size not in study.sizes:
+        raise UsageError(f"--size {size!r} is not offered by study {study.name}; allowed: {', '.join(study.sizes)}")
+    RunSpec(profile=study.profile_names[0], size=size, node=node, **options).validate()
+    return size
+
+
+def prepare_run(study: Study, runs: Sequence[Run], *, size: str | None = None, node: str = "", again: bool = False,
+                **options: Any) -> StudyRun:
+    """The study run `cloudbox study run` (and the TUI's Studies screen) starts: the cells not stored yet for the
+    profiles as they are today, at `size`, on `node` (this host when ""), as validated RunSpecs. `runs` are the
+    completed runs in the store."""
+    size = check_run(study, size, node, **options)
+    hashes, unavailable = profile_facts(study)
+    plan = plan_run(study, runs, hashes, size=size, node=node or platform.node(), backend=bool(node),
+                    unavailable=unavailable, again=again)
+    specs = [item.spec(size, node, **options) for item in plan if item.run]
+    for spec in specs:
+        spec.validate()
+    return StudyRun(study, size, node, plan, specs)
