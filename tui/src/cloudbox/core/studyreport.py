@@ -71,6 +71,18 @@ def _with(text: str, qualifiers: Sequence[str]) -> str:
     return f"{text} ({', '.join(qualifiers)})" if qualifiers and text != "-" else text
 
 
+def ours_text(cell: Cell, metric: str | None = None) -> str:
+    """A cell's number as the report's tables write it, with the reasons it is weaker than the paper's in brackets:
+    "21.4 (emulated, quick)". `metric` picks the number's format (the cell's own by default)."""
+    return _with(value_text(cell.guest.value, metric or cell.metric), cell.qualifiers)
+
+
+def paper_text(study: Study, profile: str, test: str) -> str:
+    """The paper's number for a cell as the report's tables write it, "-" when it published none."""
+    pc = study.paper_cell(profile, test)
+    return _g(pc.value if pc else None)
+
+
 def _mean(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
@@ -142,10 +154,10 @@ def table(ev: Evidence, test: str) -> list[str]:
         q = cell.qualifiers if cell else []
         ours = ours_pct = "-"
         if cell is not None:
-            ours = _with(value_text(cell.guest.value, metric), q)
+            ours = ours_text(cell, metric)
             if cell.baseline is not None and cell.baseline.value:
                 ours_pct = _with(pct_text(cell.guest.value / cell.baseline.value * 100.0), q)
-        row = [study.row(profile), f"`{profile}`", _g(pc.value if pc else None), ours, p_pct_text, ours_pct]
+        row = [study.row(profile), f"`{profile}`", paper_text(study, profile, test), ours, p_pct_text, ours_pct]
         if storage:
             for key in ("avgrq", "avgqu", "util"):
                 row.append(f"{_g(getattr(pc, key) if pc else None)} / "
