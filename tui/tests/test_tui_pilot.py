@@ -78,7 +78,7 @@ def test_screens_switch_with_number_keys_and_help_lists_keys(backend):
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.current_mode == "overview")
             for key, mode in (("2", "profiles"), ("3", "guests"), ("4", "tests"), ("5", "results"),
-                              ("1", "overview")):
+                              ("6", "studies"), ("1", "overview")):
                 await pilot.press(key)
                 await until(pilot, lambda m=mode: app.current_mode == m, what=f"mode {mode}")
             await pilot.press("question_mark")
@@ -338,6 +338,130 @@ def test_results_delete_asks_and_refuses_nothing_silently(results_backend):
 
 
 # -- errors become notifications, not tracebacks -------------------------------------------------------------
+# -- studies ----------------------------------------------------------------------------------------------
+def record_study_run(store: ResultStore, profile: str, tests: dict[str, float], *, started_at: float,
+                     state: str = "completed", accelerator: str = "tcg", size: str = "quick") -> int:
+    """A run of `profile` as the executor records one, through the results store's API."""
+    prof = profiles.find_profile(profile)
+    rid = store.create_run(profile_name=profile, profile_hash=prof.hash, suite="storage", size_label=size,
+                           accelerator=accelerator, started_at=started_at)
+    for test, value in tests.items():
+        store.add_measurement(rid, side="baseline", test=test, metric="MB/s", value=110.0)
+        store.add_measurement(rid, side="guest", test=test, metric="MB/s", value=value)
+    store.finish_run(rid, state, None if state == "completed" else "guest did not boot")
+    return rid
+
+
+@pytest.fixture
+def studies_backend(state) -> Backend:
+    with ResultStore() as store:
+        record_study_run(store, "eucalyptus-default", {"dd-write-64k": 1.3, "dd-read-64k": 71.9},
+                         started_at=1_700_000_000.0)
+    b = Backend(facts=facts(), libvirt_uri="test:///default")
+    yield b
+    b.close()
+
+
+def cell_state(table, key: str) -> list[str]:
+    return [str(getattr(c, "plain", c)) for c in table.get_row(key)]
+
+
+def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend):
+    """The studies found, their counts over the seeded database, study A's matrix with labelled numbers; a run
+    recorded while the screen is shown turns its cell from not run to done on the screen's own reload timer."""
+    async def go():
+        app = create_app(studies_backend, mode="studies", poll_interval=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            studies_table = app.screen.query_one("#studies")
+            cells = app.screen.query_one("#cells")
+            await until(pilot, lambda: studies_table.row_count == 2 and cells.row_count > 0, what="the studies")
+            listed = {r[0]: r for r in rows(studies_table)}
+            assert set(listed) == {"a", "b"}
+            name, total, with_results, findings, title = listed["a"]
+            assert (total, with_results) == ("48", "2") and title.startswith("Study A")
+            assert findings.startswith("0/") and findings.endswith("checked, 0 reproduced")
+            assert listed["b"][2] == "0"
+            assert cells.row_count == 48
+            done = cell_state(cells, "eucalyptus-default/dd-write-64k")
+            assert done[2:5] == ["done", "1.3 (emulated, quick)", "MB/s"] and done[6] == "#1"
+            assert done[5] != "-"  # the paper's number beside ours
+            assert cell_state(cells, "xen-default/dd-write-64k")[2] == "cannot run"
+            assert cell_state(cells, "virtio-disk/dd-write-64k")[2:4] == ["not run", "-"]
+            with ResultStore() as store:
+                failed = record_study_run(store, "kvm-scsi-phy", {}, started_at=1_700_000_100.0, state="failed")
+                rid = record_study_run(store, "virtio-disk", {"dd-write-64k": 21.4}, started_at=1_700_000_200.0,
+                                       accelerator="nested-kvm")
+            await until(pilot, lambda: cell_state(cells, "virtio-disk/dd-write-64k")[2] == "done", timeout=15,
+                        what="the new result on the matrix")
+            filled = cell_state(cells, "virtio-disk/dd-write-64k")
+            assert (filled[3], filled[6]) == ("21.4 (nested, quick)", f"#{rid}")
+            scsi = cell_state(cells, "kvm-scsi-phy/dd-write-64k")
+            assert scsi[2] == "failed" and scsi[6] == f"#{failed}" and scsi[7] == "guest did not boot"
+            assert rows(studies_table)[0][2] == "3"
+            await pilot.press("down")  # study B: its matrix replaces A's
+            await until(pilot, lambda: cells.row_count and cells.get_row_at(0) and
+                        "kvm-cache-writethrough" in str(cells.get_row_at(0)[0]), what="study B's cells")
+    run(go())
+
+
+def test_studies_report_view_shows_the_cli_report(studies_backend):
+    async def go():
+        from cloudbox.core import studies, studyreport
+
+        with ResultStore() as store:
+            expected = studyreport.to_markdown(studies.gather(studies.find_study("a"),
+                                                              store.list_runs(state="completed")))
+        app = create_app(studies_backend, mode="studies")
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.screen.query_one("#studies")
+            await until(pilot, lambda: table.row_count == 2, what="the studies")
+            for key in ("r", "enter"):
+                await pilot.press(key)
+                await until(pilot, lambda: app.screen.__class__.__name__ == "ReportScreen", what="the report")
+                report = app.screen.query_one("#report")
+                assert report.text.splitlines()[0] == "# Study A: Eucalyptus / UEC on KVM and Xen (Tables 1 and 2, " \
+                    "network)"
+                assert report.text == expected
+                await pilot.press("escape")
+                await until(pilot, lambda: app.screen.__class__.__name__ == "StudiesScreen")
+    run(go())
+
+
+def test_studies_start_plans_a_quick_run_like_the_cli(studies_backend, monkeypatch):
+    """s plans study A at quick size as `cloudbox study run a --size quick --detach` does and hands the runs to
+    the sweep launcher. The test stops there: the launcher is replaced by one that records the runs, so no guest
+    starts (a real sweep would boot one per profile)."""
+    from cloudbox.core import runs
+
+    launched: list = []
+
+    class FakeSweep:
+        id = "sweep-test"
+
+    def start_sweep(specs, store):
+        launched.append(specs)
+        return FakeSweep()
+
+    monkeypatch.setattr(runs, "start_sweep", start_sweep)
+
+    async def go():
+        app = create_app(studies_backend, mode="studies")
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.screen.query_one("#studies")
+            await until(pilot, lambda: table.row_count == 2, what="the studies")
+            await pilot.press("s")
+            await until(pilot, lambda: launched, what="the sweep")
+            specs = launched[0]
+            assert all(s.size == "quick" and s.node == "" for s in specs)
+            assert {s.profile for s in specs} == {"eucalyptus-default", "eucalyptus-prealloc", "virtio-file",
+                                                  "kvm-scsi-phy", "virtio-disk"}
+            default = next(s for s in specs if s.profile == "eucalyptus-default")
+            assert default.suite == "network"  # its two storage cells are stored at quick size
+            await until(pilot, lambda: any("sweep sweep-test started" in n.message for n in app._notifications),
+                        what="the notification")
+    run(go())
+
+
 def test_core_errors_are_notifications(state, monkeypatch, tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")

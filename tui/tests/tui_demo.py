@@ -576,6 +576,12 @@ async def help_screen(pilot: Pilot) -> None:
     await settle(pilot, lambda: pilot.app.screen.query_one("#help-text") is not None, "the help")
 
 
+async def studies(pilot: Pilot) -> None:
+    app = pilot.app
+    await settle(pilot, lambda: _rows(app, "#studies") == 2 and _rows(app, "#cells") > 0
+                 and "cells done" in _text(app, "#study-head"), "the studies and study A's cells")
+
+
 @dataclass(frozen=True)
 class Scene:
     mode: str
@@ -602,4 +608,5 @@ SCENES: dict[str, Scene] = {
     "nodes": Scene("overview", nodes, accelerator="kvm", role="front-end"),
     "join-code": Scene("overview", join_code, accelerator="kvm", role="front-end"),
     "help": Scene("overview", help_screen),
+    "studies": Scene("studies", studies),
 }

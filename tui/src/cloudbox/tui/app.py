@@ -24,6 +24,7 @@ from cloudbox.tui.screens.help import HelpScreen
 from cloudbox.tui.screens.overview import OverviewScreen
 from cloudbox.tui.screens.profiles import ProfilesScreen
 from cloudbox.tui.screens.results import ResultsScreen
+from cloudbox.tui.screens.studies import StudiesScreen
 from cloudbox.tui.screens.tests import TestsScreen
 from cloudbox.tui.widgets.navbar import SCREENS
 
@@ -39,6 +40,7 @@ class CloudboxApp(CloudboxAppBase):
         "guests": GuestsScreen,
         "tests": TestsScreen,
         "results": ResultsScreen,
+        "studies": StudiesScreen,
     }
     DEFAULT_MODE = "overview"
     BINDINGS = [

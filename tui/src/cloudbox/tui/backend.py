@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloudbox.core import compare, daemons, guest, host, paths, profiles, runs
+from cloudbox.core import compare, daemons, guest, host, paths, profiles, runs, studies, studyreport
 from cloudbox.core.errors import CloudboxError, LibvirtUnavailable, NotFound
 from cloudbox.core.nodes import enrol, frontend, registry
 from cloudbox.core.profiles import Profile, ProfileEntry
@@ -280,6 +280,41 @@ class Backend:
         if run.state == "running":
             raise CloudboxError(f"run {run_id} is still running; cancel it first")
         self.store.delete_run(run_id)
+
+    # -- studies -------------------------------------------------------------------------------------
+    def study_summaries(self) -> list[studies.StudySummary]:
+        """Every study file with its counts over the stored runs; an invalid one with its problem."""
+        completed = self.store.list_runs(state="completed")
+        out = []
+        for e in studies.list_studies():
+            if e.problem is not None:
+                out.append(studies.StudySummary(e.name, "", 0, 0, {}, problem=e.problem))
+                continue
+            out.append(studies.summarize(studies.gather(studies.find_study(e.name), completed)))
+        return out
+
+    def study_matrix(self, name: str) -> tuple[studies.Study, list[studies.CellState]]:
+        """The study and each cell's state over every stored run (running and failed ones too)."""
+        study = studies.find_study(name)
+        store = self.store
+        store.reap_dead_runs()
+        stored = store.list_runs()
+        ev = studies.gather(study, [r for r in stored if r.state == "completed"])
+        return study, studies.cell_states(study, stored, ev.cells, unavailable=ev.unavailable)
+
+    def study_report(self, name: str) -> str:
+        """The Markdown report `cloudbox study report NAME` prints."""
+        study = studies.find_study(name)
+        return studyreport.to_markdown(studies.gather(study, self.store.list_runs(state="completed")))
+
+    def start_study(self, name: str, size: str = "quick") -> tuple[studies.StudyRun, Sweep | None]:
+        """Start the study's missing cells on this host in the background as a sweep, as `cloudbox study run NAME
+        --size SIZE --detach` does; nothing starts (no sweep) when every cell is stored."""
+        study = studies.find_study(name)
+        todo = studies.prepare_run(study, self.store.list_runs(state="completed"), size=size)
+        if not todo.specs:
+            return todo, None
+        return todo, runs.start_sweep(todo.specs, self.store)
 
     def run_log(self, run_id: int, lines: int = 200) -> str:
         f = paths.state_dir() / "logs" / f"run-{run_id}.log"

@@ -16,10 +16,11 @@ from cloudbox.tui.screens.base import BaseScreen
 def help_markdown(current: Screen, modes: Mapping[str, object]) -> str:
     """The help text for the app's `modes` (name: screen class), `current` marked."""
     lines = ["# cloudbox", "",
-             "Keys: **1**–**5** switch screens, **?** this help, **Ctrl+P** the command palette (every action), "
+             "Keys: **1**–**6** switch screens, **?** this help, **Ctrl+P** the command palette (every action), "
              "**q** quit. Runs keep going when you quit.", "",
              "Numbers measured under TCG emulation are marked **\\*** and are not virtualization-overhead "
-             "figures; nested KVM is labelled *nested*.", ""]
+             "figures; nested KVM is labelled *nested*. The Studies screen labels them as the study report does: "
+             "(emulated) and (nested).", ""]
     for mode, cls in modes.items():
         if not (isinstance(cls, type) and issubclass(cls, BaseScreen)):
             continue

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 SCREENS = (("overview", "1", "Overview"), ("profiles", "2", "Profiles"), ("guests", "3", "Guests"),
-           ("tests", "4", "Tests"), ("results", "5", "Results"))
+           ("tests", "4", "Tests"), ("results", "5", "Results"), ("studies", "6", "Studies"))
 
 
 class NavBar(Static):
@@ -19,14 +19,24 @@ class NavBar(Static):
         self.current = current
 
     def on_mount(self) -> None:
-        self.update(self.render_bar())
+        self.update(self.render_bar(self.size.width))
 
-    def render_bar(self) -> Text:
+    def on_resize(self) -> None:
+        self.update(self.render_bar(self.size.width))
+
+    def render_bar(self, width: int = 0) -> Text:
+        """The bar; in a terminal narrower than its full text (80 columns) the screens are one space apart, not two."""
+        t = self._bar(compact=False)
+        return self._bar(compact=True) if width and t.cell_len > width else t
+
+    def _bar(self, *, compact: bool) -> Text:
         t = Text(" cloudbox ", style="bold reverse")
         for mode, key, title in SCREENS:
             if mode == self.current:
+                if compact:
+                    t.append(" ")
                 t.append(f"[{key} {title}]", style="bold reverse")
             else:
-                t.append(f" {key} {title} ")
+                t.append(f" {key} {title}" if compact else f" {key} {title} ")
         t.append(" ? help")
         return t
