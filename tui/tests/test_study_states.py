@@ -50,6 +50,7 @@ def test_every_cell_has_a_state_and_newer_runs_decide_it():
         older_failure = record(store, "kvm-scsi-phy", {}, started_at=T0 - 10, state="failed")
         scsi = record(store, "kvm-scsi-phy", {"dd-write-64k": 60.0}, started_at=T0)
         running = record(store, "eucalyptus-prealloc", {}, started_at=T0, state="running")
+        everything = record(store, "virtio-file", {}, started_at=T0, state="failed", suite="all")
     s = states(a)
     assert len(s) == len(a.profiles) * len(a.tests)
     assert s[("eucalyptus-default", "dd-write-64k")].state == studies.DONE
@@ -62,6 +63,8 @@ def test_every_cell_has_a_state_and_newer_runs_decide_it():
     assert s[("kvm-scsi-phy", "dd-read-64k")].run_id == older_failure
     assert s[("eucalyptus-prealloc", "dd-read-64k")].state == studies.RUNNING
     assert s[("eucalyptus-prealloc", "dd-read-64k")].run_id == running
+    assert s[("virtio-file", "tcp-stream")].run_id == everything
+    assert s[("virtio-file", "tcp-stream-fe")].state == studies.NOT_RUN  # it ran here, not on a back-end
     assert s[("xen-default", "dd-write-64k")].state == studies.CANNOT_RUN
     assert "Xen" in (s[("xen-default", "dd-write-64k")].reason or "")
     assert s[("eucalyptus-default", "tcp-stream-fe")].reason == "only a run on a back-end (--node) measures it"

@@ -856,10 +856,11 @@ class CellState:
 
 
 def _covers(run: Run, test: str) -> bool:
-    """Whether a run of `run.suite` would measure `test` (its measurements say so once it stored one)."""
+    """Whether a run of `run.suite` would measure `test` (its measurements say so once it stored one). A front-end
+    test only a run on a back-end measures: one on this host (its node is this host's name) does not."""
     if run.measurement("guest", test) is not None:
         return True
-    if needs_node(test) and not run.node:
+    if needs_node(test) and run.node in (None, "", platform.node()):
         return False
     if is_storage_test(test):
         return run.suite in ("storage", "all")
