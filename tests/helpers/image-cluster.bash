@@ -18,10 +18,20 @@ cluster_start() {
     echo "$QEMU_PID" > "$logdir/$name.pid"
 }
 
-# cluster_wait_ssh LOGDIR NAME PORT TIMEOUT_S: until the node answers over SSH; fails at once when its QEMU is gone.
+# cluster_wait_ssh LOGDIR NAME PORT TIMEOUT_S: until the node answers over SSH; fails at once when its QEMU is gone
+# or its console shows it dead (console_dead), and then prints the console's last lines.
 cluster_wait_ssh() {
-    machine_wait_ssh "$1" "$3" "$(cat "$1/$2.pid")" "$4"
+    local logdir=$1 name=$2 rc=0
+    MACHINE_SSH_TIMEOUT_S=20 wait_for --alive "$(cat "$logdir/$name.pid")" "$4" 5 \
+        _cluster_up_or_dead "$logdir" "$3" "$logdir/$name.serial.log" || rc=$?
+    if [ "$rc" = 0 ] && ! console_dead "$logdir/$name.serial.log" > /dev/null; then
+        return 0
+    fi
+    echo "$name: no SSH after ${WAITED_S:-?} s; its console's last lines:" >&2
+    install_console_tail "$logdir/$name.serial.log" >&2
+    return 1
 }
+_cluster_up_or_dead() { console_dead "$3" > /dev/null || _machine_answers "$1" "$2"; }
 
 # cluster_stop LOGDIR NAME PORT: the node's journal to LOGDIR/NAME.journal.txt, a clean power-off, then its QEMU.
 cluster_stop() {
@@ -39,7 +49,7 @@ cluster_record_bench() {
     install_record_bench cluster "$(cat <<EOF
 ## Two-node cluster: power-on to cluster ready, image propagation (tests/image/cluster.bats)
 
-Two nodes under QEMU TCG on one host (installs: \`-smp 2 -m 4096\` each, side by side; installed nodes: \`-smp 1
+Two nodes under QEMU TCG on one host (installs: \`-smp 1 -m 4096\` each, side by side; installed nodes: \`-smp 1
 -m 3072\`, OVMF), private link a QEMU socket with MTU 9000; measured $(date -u +%Y-%m-%d) on $(nproc) cores of
 $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'). Emulated (TCG) throughout: the target on
 real hardware with an SSD is under 3 minutes per node. Command: \`make bench\` (its step \`make image-cluster-bench\`:

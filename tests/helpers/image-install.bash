@@ -21,16 +21,20 @@ _install_disks() {
     done
 }
 
-# _install_event LOG: whether the serial log LOG shows INSTALL_KILL_AT or INSTALL_STOP_AT (grep -E).
+# _install_event LOG: whether the serial log LOG shows INSTALL_KILL_AT or INSTALL_STOP_AT (grep -E), or a machine
+# that will never go on (console_dead).
 _install_event() {
-    { [ -n "${INSTALL_KILL_AT:-}" ] && grep -aqE "$INSTALL_KILL_AT" "$1" 2>/dev/null; } ||
+    console_dead "$1" ||
+        { [ -n "${INSTALL_KILL_AT:-}" ] && grep -aqE "$INSTALL_KILL_AT" "$1" 2>/dev/null; } ||
         { [ -n "${INSTALL_STOP_AT:-}" ] && grep -aqE "$INSTALL_STOP_AT" "$1" 2>/dev/null; }
 }
 
 # install_live FIRMWARE LOGDIR NAME STICK ANSWERS DISK... : boots the live system from STICK (raw; a qcow2
 # overlay of $IMAGE when STICK is "overlay") with ANSWERS as the credential cloudbox.answers and the DISKs,
 # and waits until QEMU exits (the install reboots; -no-reboot turns that into an exit) or the timeout
-# (INSTALL_TIMEOUT_S, default 900). With INSTALL_KILL_AT=REGEX, QEMU is killed (a power loss) as soon as the
+# (INSTALL_TIMEOUT_S, default 900) or a dead machine (console_dead; for both, the console's last lines go to stderr).
+# INSTALL_SMP: vCPUs (default 2).
+# With INSTALL_KILL_AT=REGEX, QEMU is killed (a power loss) as soon as the
 # serial log matches REGEX; with INSTALL_STOP_AT=REGEX, it is stopped 5 s after REGEX shows (the live system stays
 # up when there is nothing to do). Leaves LOGDIR/NAME.serial.log, NAME.qemu.log, NAME.seconds, NAME.rc.
 install_live() {
@@ -38,7 +42,7 @@ install_live() {
     shift 5
     mkdir -p "$logdir"
     rm -f "$logdir/$name".{serial.log,qemu.log,seconds,rc}
-    qemu_new "$logdir/$name.serial.log" --no-reboot
+    qemu_new "$logdir/$name.serial.log" --smp "${INSTALL_SMP:-2}" --no-reboot
     qemu_firmware "$fw" "$logdir/$name-vars.fd" || return 1
     if [ "$stick" = overlay ]; then
         qemu_overlay "$logdir/$name-stick.qcow2" 8G || return 1
@@ -54,18 +58,31 @@ install_live() {
     qemu_start "$logdir/$name.qemu.log"
     wait_for --alive "$QEMU_PID" "${INSTALL_TIMEOUT_S:-900}" 2 _install_event "$logdir/$name.serial.log" 2>/dev/null ||
         seen=$?
-    if [ "$seen" = 0 ] && [ -n "${INSTALL_KILL_AT:-}" ] &&
+    if [ "$seen" = 0 ] && console_dead "$logdir/$name.serial.log"; then
+        kill -KILL "$QEMU_PID"; echo "dead after $WAITED_S s: $(console_dead "$logdir/$name.serial.log")" >> "$logdir/$name.qemu.log"
+        echo "$name: the machine stopped for good after $WAITED_S s; its console's last lines:" >&2
+        install_console_tail "$logdir/$name.serial.log" >&2
+    elif [ "$seen" = 0 ] && [ -n "${INSTALL_KILL_AT:-}" ] &&
         grep -aqE "$INSTALL_KILL_AT" "$logdir/$name.serial.log"; then
         kill -KILL "$QEMU_PID"; echo "killed (power loss) at: $INSTALL_KILL_AT" >> "$logdir/$name.qemu.log"
     elif [ "$seen" = 0 ]; then
         sleep 5; kill -TERM "$QEMU_PID"; echo "stopped at: $INSTALL_STOP_AT" >> "$logdir/$name.qemu.log"
     elif [ "$seen" = 1 ]; then
         kill -KILL "$QEMU_PID"; echo "timeout after $WAITED_S s" >> "$logdir/$name.qemu.log"
+        echo "$name: no reboot after $WAITED_S s; its console's last lines:" >&2
+        install_console_tail "$logdir/$name.serial.log" >&2
     fi
     wait "$QEMU_PID" 2>/dev/null || rc=$?
     echo "$rc" > "$logdir/$name.rc"
     echo $((SECONDS - start)) > "$logdir/$name.seconds"
     rm -f "$logdir/$name-stick.qcow2" "$logdir/$name-vars.fd"
+}
+
+# install_console_tail SERIAL_LOG [N]: the last N (default 15) lines of a serial console log that say where the
+# machine was (kernel and service messages; audit records and terminal escapes left out).
+install_console_tail() {
+    grep -av 'audit' "$1" 2>/dev/null | sed 's/\x1b\[[0-9;]*[A-Za-z]//g' | tr -d '\r' | grep -av '^\s*$' |
+        tail -n "${2:-15}" | cut -c1-200 | sed 's/^/  | /'
 }
 
 # install_boot_installed FIRMWARE LOGDIR NAME DISK: boots DISK alone (no stick) with the self-test, until it powers off

@@ -31,6 +31,12 @@ qemu_new() {
                -display none -no-user-config -nodefaults "${reboot[@]}" -serial "file:$serial")
 }
 
+# console_dead SERIAL_LOG: whether the machine's console shows it will never go on (PID 1 frozen, e.g. when its
+# generators ran past their 90 s under a loaded emulator; a kernel panic); prints the line.
+console_dead() {
+    grep -aoE 'systemd\[1\]: Freezing execution|Kernel panic - not syncing.*' "$1" 2>/dev/null | head -1 | grep .
+}
+
 # qemu_firmware uefi VARS | bios: UEFI boots OVMF with a fresh copy of its VARS template at VARS (the machine's own
 # NVRAM); BIOS is QEMU's default SeaBIOS.
 qemu_firmware() {

@@ -109,6 +109,8 @@ enrolled() {
     install_disk "$LOGS/fe.raw" 12G
     install_disk "$LOGS/be.raw" 12G
     start=$(date +%s)
+    # One vCPU each: two machines of two on a 2-core host left PID 1's generators past their 90 s (PID 1 froze).
+    export INSTALL_SMP=1 INSTALL_TIMEOUT_S=1500
     (INSTALL_CAMPUS_MAC=$FE_CAMPUS INSTALL_PRIVATE_MAC=$FE_PRIVATE
      install_live uefi "$LOGS" fe-live overlay "$LOGS/fe.toml" "$LOGS/fe.raw:cbtarget") &
     fe_pid=$!
