@@ -2,7 +2,7 @@
 
     cloudbox study list [--json]
     cloudbox study show NAME [--json]
-    cloudbox study report NAME [--format md] [-o FILE] [--size quick|study] [--node N] [--db PATH]
+    cloudbox study report NAME [--format md|html] [-o FILE] [--size quick|study] [--node N] [--db PATH]
     cloudbox study run NAME [--size quick|study] [--node N] [--work-dir D] [--device DEV --destroy NAME]
                             [--agent-timeout S] [--again] [--dry-run] [--detach]
 
@@ -54,7 +54,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="the study's tables with the paper's numbers beside ours, and the verdicts")
     rep.add_argument("study", metavar="NAME")
-    rep.add_argument("--format", choices=("md",), default="md", help="md (Markdown; HTML is not there yet)")
+    rep.add_argument("--format", choices=tuple(studyreport.FORMATS), default=None,
+                     help="md (Markdown) or html (one page with a figure per table); default: html when FILE ends "
+                          "in .html or .htm, else md")
     rep.add_argument("-o", "--output", type=Path, help="write to FILE instead of standard output")
     rep.add_argument("--size", choices=studies.SIZES, default=None,
                      help="only runs of this size (default: the study's sizes, study size first)")
@@ -165,7 +167,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     with ResultStore(args.db) as store:
         stored = store.list_runs(state="completed")
     ev = studies.gather(study, stored, size=args.size, node=args.node)
-    text = studyreport.to_markdown(ev)
+    fmt = args.format
+    if fmt is None:
+        fmt = "html" if args.output is not None and args.output.suffix.lower() in (".html", ".htm") else "md"
+    text = studyreport.FORMATS[fmt](ev)
     if args.output is None:
         print(text, end="")
         return 0

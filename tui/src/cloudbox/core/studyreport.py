@@ -1,5 +1,5 @@
-"""A study's report in Markdown: its tables in the paper's layout with the paper's number beside ours in every cell,
-then each finding with its verdict and the reason.
+"""A study's report in Markdown (or HTML with a figure per table): its tables in the paper's layout with the paper's
+number beside ours in every cell, then each finding with its verdict and the reason.
 
 Made only from stored runs (`studies.gather`), so it can be regenerated and exported at any time; it carries no
 time of its own, only the runs it used. Our numbers measured where they cannot stand for the paper's (emulated,
@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from html import escape
+
+from markdown_it import MarkdownIt
 
 from .compare import test_title
 from .inputs import printable
@@ -203,8 +206,8 @@ def findings(ev: Evidence) -> list[str]:
     return out
 
 
-def to_markdown(ev: Evidence) -> str:
-    """The whole report."""
+def _intro(ev: Evidence) -> list[str]:
+    """The title, what the study is, how cells were chosen, and the runs used."""
     study: Study = ev.study
     size = f"{ev.size} size" if ev.size else " or ".join(f"{s} size" for s in study.sizes) + " (in that order)"
     out = [f"# {_md(study.title)}", "", _md(study.description), "",
@@ -218,13 +221,116 @@ def to_markdown(ev: Evidence) -> str:
     legend = _legend(ev)
     out += ["Runs used:", "", *legend, ""] if legend else ["No stored run matches this study yet "
                                                            f"(`cloudbox study run {study.name}`).", ""]
-    for test in study.test_ids:
-        out += table(ev, test)
-    out += findings(ev)
+    return out
+
+
+def _notes(ev: Evidence) -> list[str]:
+    """What each qualifier in brackets means, for those the report uses."""
+    out: list[str] = []
     present = {q for c in ev.cells.values() for q in c.qualifiers}
     if any(c.baseline and "virtualized-host" in c.baseline.labels for c in ev.cells.values()):
         out += ["(virtualized host): the bare-metal side ran on a virtual machine, not on bare metal", ""]
     for q, note in QUALIFIER_NOTES.items():
         if q in present:
             out += [f"({q}): {note}", ""]
+    return out
+
+
+def to_markdown(ev: Evidence) -> str:
+    """The whole report."""
+    out = _intro(ev)
+    for test in ev.study.test_ids:
+        out += table(ev, test)
+    out += findings(ev) + _notes(ev)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------- HTML
+FIG_WIDTH, FIG_LABEL, FIG_BAR, FIG_GAP = 760, 230, 13, 9
+PAPER_FILL, OURS_FILL = "#9e9e9e", "#1f5fa8"
+HTML_STYLE = """body{font-family:system-ui,sans-serif;max-width:75em;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .5em}
+th{background:#f2f2f2}td:nth-child(n+3){text-align:right}code{background:#f4f4f4;padding:0 .2em}
+figure{margin:1em 0 2em}figcaption{font-size:.85em;color:#555}"""
+
+
+def bars(ev: Evidence, test: str) -> list[tuple[str, float | None, float | None, str]]:
+    """The figure's rows for one test: (profile, the paper's % of native, ours, our qualifiers), one per profile
+    that has either number."""
+    study = ev.study
+    out = []
+    for profile in study.profile_names:
+        paper, _ = study.paper_percent(profile, test)
+        cell = ev.cells.get((profile, test))
+        ours = None
+        quals = ""
+        if cell is not None and cell.baseline is not None and cell.baseline.value:
+            ours = cell.guest.value / cell.baseline.value * 100.0
+            quals = ", ".join(cell.qualifiers)
+        if paper is not None or ours is not None:
+            out.append((profile, paper, ours, quals))
+    return out
+
+
+def figure(ev: Evidence, test: str) -> str:
+    """An inline SVG bar chart of one test: per profile, the paper's % of native (grey) above ours (blue), the
+    bare-metal 100 % as a dashed line; our bars carry their qualifiers (emulated, nested, quick, ...) in words.
+    Empty when neither side has a number."""
+    rows = bars(ev, test)
+    if not rows:
+        return ""
+    top = max([100.0] + [v for _, p, o, _ in rows for v in (p, o) if v is not None]) * 1.15
+    plot = FIG_WIDTH - FIG_LABEL - 10
+    row_h = 2 * FIG_BAR + FIG_GAP
+    height = 30 + row_h * len(rows) + 20
+
+    def x(v: float) -> float:
+        return FIG_LABEL + plot * v / top
+
+    title = next(t.table for t in ev.study.tests if t.id == test)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{FIG_WIDTH}" height="{height}" '
+             f'viewBox="0 0 {FIG_WIDTH} {height}" role="img" font-family="sans-serif" font-size="11">',
+             f"<title>{escape(printable(title))}: % of native, paper and ours</title>",
+             f'<rect x="{FIG_LABEL}" y="6" width="10" height="10" fill="{PAPER_FILL}"/>'
+             f'<text x="{FIG_LABEL + 14}" y="15">paper</text>',
+             f'<rect x="{FIG_LABEL + 70}" y="6" width="10" height="10" fill="{OURS_FILL}"/>'
+             f'<text x="{FIG_LABEL + 84}" y="15">ours (this lab)</text>']
+    y = 30
+    for profile, paper, ours, quals in rows:
+        parts.append(f'<text x="{FIG_LABEL - 6}" y="{y + FIG_BAR + 4}" text-anchor="end">'
+                     f"<title>{escape(printable(ev.study.row(profile)))}</title>{escape(printable(profile))}</text>")
+        for i, (value, fill, note) in enumerate(((paper, PAPER_FILL, ""), (ours, OURS_FILL, quals))):
+            by = y + i * FIG_BAR
+            if value is None:
+                parts.append(f'<text x="{FIG_LABEL + 4}" y="{by + FIG_BAR - 3}" fill="#777">no number</text>')
+                continue
+            text = f"{value:.1f} %" + (f" ({note})" if note else "")
+            parts.append(f'<rect x="{FIG_LABEL}" y="{by}" width="{x(value) - FIG_LABEL:.1f}" height="{FIG_BAR - 2}" '
+                         f'fill="{fill}"/><text x="{x(value) + 4:.1f}" y="{by + FIG_BAR - 3}">'
+                         f"{escape(printable(text))}</text>")
+        y += row_h
+    parts.append(f'<line x1="{x(100):.1f}" y1="24" x2="{x(100):.1f}" y2="{y}" stroke="#333" '
+                 f'stroke-dasharray="4 3"/><text x="{x(100):.1f}" y="{y + 14}" text-anchor="middle">'
+                 "100 % = bare metal</text></svg>")
+    return "\n".join(parts)
+
+
+def to_html(ev: Evidence) -> str:
+    """The whole report as one self-contained HTML page: the Markdown report's text and tables, and after each
+    table its figure. Raw HTML in a study's text is shown as text, never passed through."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    body = [md.render("\n".join(_intro(ev)))]
+    for test in ev.study.test_ids:
+        body.append(md.render("\n".join(table(ev, test))))
+        svg = figure(ev, test)
+        if svg:
+            body.append(f"<figure>{svg}<figcaption>% of native: each guest number divided by the bare-metal "
+                        "number of the same run (ours) or of the paper's bare-metal row (paper).</figcaption></figure>")
+    body.append(md.render("\n".join(findings(ev) + _notes(ev))))
+    title = escape(printable(ev.study.title))
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{title}</title>\n<style>\n{HTML_STYLE}\n</style>\n</head>\n<body>\n"
+            + "\n".join(body) + "</body>\n</html>\n")
+
+
+FORMATS = {"md": to_markdown, "html": to_html}
