@@ -3,7 +3,9 @@ tables and verdicts against hand-computed values, and study runs that plan witho
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -285,6 +287,30 @@ def test_run_dry_run_says_what_it_skips(study_a_runs, capsys):
     assert any(line.startswith("  virtio-disk: run tcp-maerts; stored dd-write-64k") for line in lines)
     code, out, _ = run_cli(["study", "run", "a", "--dry-run", "--again", "--size", "quick"], capsys)
     assert "  virtio-disk: run dd-write-64k, dd-read-64k, tcp-stream, tcp-maerts; needs --node" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts a small tmpfs as the work directory")
+def test_run_that_cannot_fit_is_refused_before_anything_starts(tmp_path, capsys):
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], check=True)
+    try:
+        for argv in (["--dry-run"], ["--detach"], []):
+            code, out, err = run_cli(["study", "run", "a", "--size", "quick", "--work-dir", str(small), *argv],
+                                     capsys)
+            assert code == 1 and out == ""
+            assert err.startswith(f"cloudbox: {small}: not enough free space for study a at quick size: its largest "
+                                  "run (profile "), err
+            assert "needs 320.0 MiB for the backing file and the bare-metal baseline file (64.0 MiB margin " \
+                   "included), 64.0 MiB free. Allowed: a --work-dir on a larger file system" in err  # 2 x 128 MiB
+            assert list(small.iterdir()) == []
+        with ResultStore() as store:
+            assert store.list_runs() == []  # nothing recorded, nothing started
+        # where it fits, the same study run plans (a file system with room: the state dir's)
+        code, out, _ = run_cli(["study", "run", "a", "--size", "quick", "--dry-run"], capsys)
+        assert code == 0 and out.startswith("study a at quick size on this host: ")
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
 
 
 def test_run_with_everything_stored_starts_nothing(tmp_path, monkeypatch, capsys):

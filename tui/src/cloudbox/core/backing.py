@@ -191,6 +191,28 @@ def _free_bytes(d: Path) -> int:
     return s.f_bavail * s.f_frsize
 
 
+FILE_KINDS = ("sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc")
+
+
+def space_needed(kind: str, size_bytes: int, *, device: str | None = None) -> tuple[int, str]:
+    """(bytes a run of backing `kind` writes into its work directory, what they are), margin not included: a file
+    backing and the bare-metal baseline file beside it; a loop device's file when no --device is given; nothing for a
+    device or a network volume."""
+    if kind in FILE_KINDS:
+        return size_bytes * 2, "backing file and the bare-metal baseline file"
+    if kind == "block-device" and not device:
+        return size_bytes, "loop-device backing file"
+    return 0, ""
+
+
+def free_bytes_at(d: Path) -> tuple[Path, int]:
+    """(the directory that holds `d`: `d` or its nearest existing parent, its free bytes for an unprivileged write)."""
+    d = Path(d)
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    return d, _free_bytes(d)
+
+
 def _need_space(d: Path, size: int, what: str) -> None:
     free = _free_bytes(d)
     if free < size + MARGIN:
@@ -242,8 +264,8 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
     store = BackingStore(kind, "", False, fmt, size_bytes, dev_name, device_model(dev_name))
     store._cleanup.append(("dir", str(work_dir)))
     try:
-        if kind in ("sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc"):
-            _need_space(work_dir, size_bytes * 2, "backing file and the bare-metal baseline file")
+        if kind in FILE_KINDS:
+            _need_space(work_dir, *space_needed(kind, size_bytes))
             path = work_dir / ("disk.qcow2" if kind.startswith("qcow2") else "disk.raw")
             store._cleanup.append(("file", str(path)))
             if kind == "sparse-file":
@@ -273,7 +295,7 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
                                   f"{human_size(size_bytes)}")
             else:
                 # Test host without a spare disk: a loop device over a pre-allocated file, labelled.
-                _need_space(work_dir, size_bytes, "loop-device backing file")
+                _need_space(work_dir, *space_needed(kind, size_bytes))
                 img = work_dir / "loopdisk.raw"
                 store._cleanup.append(("file", str(img)))
                 _run(["fallocate", "-l", str(size_bytes), str(img)])

@@ -66,6 +66,11 @@ def results_db() -> Path:
     return state_dir() / "results.db"
 
 
+def work_base(chosen: str = "") -> Path:
+    """Where runs make their per-run work directories: --work-dir when given, else the state dir's work/."""
+    return Path(chosen) if chosen else state_dir() / "work"
+
+
 def user_profiles_dir() -> Path:
     return state_dir() / "profiles"
 

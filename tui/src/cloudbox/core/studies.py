@@ -29,10 +29,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from . import inputs, paths, profiles
+from . import backing, inputs, paths, profiles
 from .compare import primary_metric
 from .errors import (
     PYDANTIC_MESSAGES,
+    NoSpace,
     NotFound,
     ProfileError,
     ProfileProblem,
@@ -43,7 +44,7 @@ from .errors import (
 )
 from .network import FRONTEND_SUFFIX, NET_TESTS
 from .results import Run, is_network_test, is_storage_test
-from .runspec import RunSpec
+from .runspec import RunSpec, parse_size
 from .storage import TESTS as STORAGE_TESTS
 
 NATIVE = "native"  # the bare-metal row of a paper table, and a rule's "% of native"
@@ -996,4 +997,38 @@ def prepare_run(study: Study, runs: Sequence[Run], *, size: str | None = None, n
     specs = [item.spec(size, node, **options) for item in plan if item.run]
     for spec in specs:
         spec.validate()
-    return StudyRun(study, size, node, plan, specs)
+    todo = StudyRun(study, size, node, plan, specs)
+    if not node:
+        check_space(todo)
+    return todo
+
+
+def space_plan(todo: StudyRun) -> list[tuple[RunSpec, int, str]]:
+    """Per run of a study run on this host: (its spec, the bytes it writes into its work directory, what they are).
+    The runs go one after the other and each removes its work directory, so the largest one decides."""
+    out = []
+    for spec in todo.specs:
+        prof = profiles.find_profile(spec.profile)
+        size_bytes, _ = parse_size(spec.size, prof.guest.memory_mib)
+        need, what = backing.space_needed(prof.disk.backing, size_bytes, device=spec.device or None)
+        out.append((spec, need, what))
+    return out
+
+
+def check_space(todo: StudyRun) -> None:
+    """Refuse a study run on this host whose largest run would not fit in the free space of the work directory's
+    file system (NoSpace), before anything starts; each run still checks again at its own start."""
+    plan = space_plan(todo)
+    if not plan:
+        return
+    spec, need, what = max(plan, key=lambda p: p[1])
+    if not need:
+        return
+    where, free = backing.free_bytes_at(paths.work_base(spec.work_dir))
+    if free < need + backing.MARGIN:
+        raise NoSpace(
+            f"{where}: not enough free space for study {todo.study.name} at {todo.size} size: its largest run "
+            f"(profile {spec.profile}) needs {backing.human_size(need + backing.MARGIN)} for the {what} "
+            f"({backing.human_size(backing.MARGIN)} margin included), {backing.human_size(free)} free. "
+            "Allowed: " + ("--size quick, " if todo.size != "quick" and "quick" in todo.study.sizes else "")
+            + "a --work-dir on a larger file system, or more free space there")

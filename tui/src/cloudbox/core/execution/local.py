@@ -84,7 +84,7 @@ def connect_libvirt(ctx: RunContext) -> None:
 
 def prepare_backing(ctx: RunContext) -> None:
     spec, disk = ctx.spec, ctx.profile.disk
-    base = Path(spec.work_dir) if spec.work_dir else paths.state_dir() / "work"
+    base = paths.work_base(spec.work_dir)
     ctx.sink.step(f"preparing the backing store ({disk.backing}, {backing.human_size(ctx.size)})")
     ctx.work_dir = base / f"run-{ctx.run_uuid[:12]}"
     with ctx.control.atomic():
