@@ -1,9 +1,11 @@
 """A real `cloudbox study run` (real libvirtd and QEMU, TCG here) of a one-cell study, run again (nothing left to
-measure), then reported: the cell's number labelled emulated and the rule inconclusive for that reason."""
+measure), then reported in Markdown and HTML: the cell's number labelled emulated (in the table and on the figure)
+and the rule inconclusive for that reason."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -77,3 +79,15 @@ def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_
         assert "inconclusive" in text and "emulat" in text.split("T1", 1)[1]
     else:
         assert f"{guest:.1f}" in text
+
+    # The HTML page parses as XML where it must (its figure), and the figure's bar is the run's % of native.
+    page = tmp_path / "t.html"
+    code, out = run_cli(["study", "report", "t", "-o", str(page)], capsys)
+    assert code == 0, out
+    html = page.read_text()
+    svg = ElementTree.fromstring(html[html.index("<svg"):html.index("</svg>") + len("</svg>")])
+    texts = ["".join(t.itertext()) for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+    pct = guest / run.measurement("baseline", "dd-write-64k", "MB/s").value * 100.0
+    ours = [t for t in texts if t.startswith(f"{pct:.1f} %")]
+    assert ours, texts
+    assert ("(emulated" in ours[0]) == (run.accelerator == "tcg")  # labelled on the plot as in the table
