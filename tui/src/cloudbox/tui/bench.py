@@ -2,7 +2,7 @@
 
 A detached storage run (real libvirtd, QEMU, fio) is started; the app runs under App.run_test on the Tests
 screen, attached to it, with live charts and log. Once the run's guest is up, keys are pressed one at a time:
-screen switches (1-5, the heaviest keys) and cursor moves in the Profiles list, whose detail pane follows the
+screen switches (1-6, the heaviest keys) and cursor moves in the Profiles list, whose detail pane follows the
 cursor (the commonest). The app draws to a recording terminal (`KeyTimer`: Textual's headless driver, except
 that the app renders every frame and writes it, as to a real terminal). Each key is timed from the press until
 the terminal is written the frame that shows its answer (the new screen's bar; the row the cursor moved to, then
@@ -34,8 +34,8 @@ from textual.widgets import DataTable
 from cloudbox.tui.screens.profiles import ProfilesScreen, detail_title
 from cloudbox.tui.widgets.navbar import SCREENS
 
-KEYS = [("5", "results"), ("4", "tests"), ("2", "profiles"), ("4", "tests"), ("3", "guests"), ("1", "overview"),
-        ("4", "tests")]
+KEYS = [("5", "results"), ("4", "tests"), ("2", "profiles"), ("4", "tests"), ("3", "guests"), ("6", "studies"),
+        ("4", "tests"), ("1", "overview"), ("4", "tests")]
 SIZE = (100, 32)
 FRAME_TIMEOUT_S = 10.0
 BAR = {mode: f"[{key} {title}]" for mode, key, title in SCREENS}  # how the screen bar marks the screen shown
@@ -254,7 +254,7 @@ def main() -> int:
         f"While a real detached storage run was in its guest phase ({spec.storage_tests} tests, 64M, accelerator "
         f"{acc}{emu}), the app ran on the Tests screen attached to it (live log, charts, 0.5 s poll), drawing "
         f"to a recording terminal of {SIZE[0]}x{SIZE[1]} (every frame rendered and written, as to a real one). "
-        "Keys were pressed one at a time (Pilot.press): screen switches (1-5, the heaviest keys; each screen "
+        "Keys were pressed one at a time (Pilot.press): screen switches (1-6, the heaviest keys; each screen "
         "shown once before, so a first build is not counted) and cursor moves in the Profiles list (its detail "
         "pane follows). *Frame*: from the key until the terminal is written the frame that shows its answer "
         "(the whole new screen with its bar; the profile's row drawn with the cursor on it, then its detail). "
