@@ -404,6 +404,19 @@ def test_load_profile_names_file_and_checks_stem(tmp_path):
     assert load_profile(f).name == "mine"
 
 
+def test_a_file_rewritten_at_once_is_read_again(tmp_path):
+    # Loads are kept by text, not by timestamp: a rewrite within one clock tick is still seen.
+    f = tmp_path / "mine.toml"
+    f.write_text(variant(("name", "mine"), ("disk.cache", "none")))
+    first = load_profile(f)
+    f.write_text(variant(("name", "mine"), ("disk.cache", "unsafe")))
+    assert (first.disk.cache, load_profile(f).disk.cache) == ("none", "unsafe")
+    assert load_profile(f) is load_profile(f)  # unchanged text: parsed once
+    f.write_text(variant(("name", "mine"), ("disk.cache", "bogus")))
+    with pytest.raises(ProfileError):
+        load_profile(f)
+
+
 def test_syntax_error_names_file_and_line(tmp_path):
     f = tmp_path / "t.toml"
     f.write_text('name = "t"\ndescription = "x"\n[guest\n')

@@ -177,6 +177,25 @@ def test_an_invalid_file_is_listed_with_its_problem(tmp_path, monkeypatch):
     assert by_name["u"].problem is not None and "name: must equal the file name" in by_name["u"].problem
 
 
+def test_a_study_is_checked_against_the_profiles_on_every_load(tmp_path, monkeypatch):
+    # The study's own parse is kept by text; its profiles are looked up again each time.
+    pdir = tmp_path / "presets"
+    pdir.mkdir()
+    for name in ("eucalyptus-default", "virtio-disk", "xen-default"):
+        (pdir / f"{name}.toml").write_text((REPO / "profiles" / f"{name}.toml").read_text())
+    monkeypatch.setenv("CLOUDBOX_PRESET_DIR", str(pdir))
+    f = tmp_path / "t.toml"
+    f.write_text(GOOD)
+    assert studies.load_study(f) is studies.load_study(f)
+    (pdir / "virtio-disk.toml").unlink()
+    with pytest.raises(StudyError) as exc:
+        studies.load_study(f)
+    assert "profiles[2].name" in str(exc.value) and "no such profile" in str(exc.value)
+    f.write_text(GOOD.replace('title = "A test study"', 'title = "A test study!"'))
+    (pdir / "virtio-disk.toml").write_text((REPO / "profiles" / "virtio-disk.toml").read_text())
+    assert studies.load_study(f).title == "A test study!"
+
+
 # Each bad input: (id, text, key, value, a piece of what is allowed).
 INVALID = [
     ("unknown-profile", replace(GOOD, 'name = "virtio-disk"', 'name = "virtio-dsk"'),

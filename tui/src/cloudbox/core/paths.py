@@ -15,6 +15,7 @@ CLOUDBOX_STUDY_DIR     the directory of study files, instead of the checkout's s
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -23,8 +24,10 @@ def _root() -> bool:
     return os.geteuid() == 0
 
 
+@functools.cache
 def repo_root() -> Path | None:
-    """The source checkout this package runs from (tui/src/cloudbox/core -> repo), if any."""
+    """The source checkout this package runs from (tui/src/cloudbox/core -> repo), if any (fixed for the process:
+    profile and study lookups ask for it dozens of times per screen reload)."""
     here = Path(__file__).resolve()
     for parent in here.parents:
         if (parent / "profiles").is_dir() and (parent / "tui").is_dir():

@@ -557,7 +557,19 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
         raise NotFound(f"{inputs.shown(os.fspath(path))}: no such profile file") from None
     except inputs.InputProblem as e:
         raise ProfileError(os.fspath(path), [problem_from(e)]) from None
-    return parse_profile(text, os.fspath(path), expect_name=p.stem)
+    key = (os.path.abspath(path), text)
+    if (profile := _LOADED.get(key)) is None:
+        profile = parse_profile(text, os.fspath(path), expect_name=p.stem)
+        if len(_LOADED) >= _LOADED_MAX:
+            _LOADED.clear()
+        _LOADED[key] = profile
+    return profile
+
+
+# Parsed profiles by (path, text): screens and study summaries load the same files every few seconds, and the
+# parse, not the read, is what costs (make bench, "tui"). Profile is immutable.
+_LOADED: dict[tuple[str, str], Profile] = {}
+_LOADED_MAX = 256
 
 
 # -- lookup ---------------------------------------------------------------------------

@@ -397,10 +397,8 @@ def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[Profi
     return out
 
 
-def validate_data(data: object, source: str, *, expect_name: str | None = None,
-                  lookup: Callable[[str], object] = profiles.find_profile) -> Study:
-    """Validate parsed data (a dict) into a Study, or raise StudyError with every problem found. `lookup` finds a
-    profile by name (NotFound or ProfileError when it cannot)."""
+def _validate_own(data: object, source: str, expect_name: str | None) -> tuple[Study, list[ProfileProblem]]:
+    """The study's own checks (schema, name); StudyError when the schema fails, else the study and its problems."""
     try:
         study = Study.model_validate(data)
     except ValidationError as exc:
@@ -409,6 +407,14 @@ def validate_data(data: object, source: str, *, expect_name: str | None = None,
     if expect_name is not None and study.name != expect_name:
         problems.append(ProfileProblem("name", study.name, "must equal the file name without .toml",
                                        f"{expect_name} (this file is {expect_name}.toml)"))
+    return study, problems
+
+
+def validate_data(data: object, source: str, *, expect_name: str | None = None,
+                  lookup: Callable[[str], object] = profiles.find_profile) -> Study:
+    """Validate parsed data (a dict) into a Study, or raise StudyError with every problem found. `lookup` finds a
+    profile by name (NotFound or ProfileError when it cannot)."""
+    study, problems = _validate_own(data, source, expect_name)
     problems += _cross_problems(study, lookup)
     if problems:
         raise StudyError(source, problems)
@@ -434,7 +440,29 @@ def load_study(path: str | os.PathLike[str]) -> Study:
         raise NotFound(f"{inputs.shown(os.fspath(path))}: no such study file") from None
     except inputs.InputProblem as e:
         raise StudyError(os.fspath(path), [problem_from(e)]) from None
-    return parse_study(text, os.fspath(path), expect_name=Path(path).stem)
+    source = os.fspath(path)
+    key = (os.path.abspath(path), text)
+    if (own := _PARSED.get(key)) is None:
+        try:
+            data = inputs.load_toml(text)
+        except inputs.InputProblem as e:
+            raise StudyError(source, [problem_from(e)]) from None
+        own = _validate_own(data, source, Path(path).stem)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[key] = own
+    study, problems = own
+    # The profiles may have changed since: checked on every load (cheap, load_profile keeps what it parsed).
+    problems = problems + _cross_problems(study, profiles.find_profile)
+    if problems:
+        raise StudyError(source, problems)
+    return study
+
+
+# A study file's own validation by (path, text): the Studies screen reloads every few seconds, and parsing every
+# study took most of that reload's CPU on the UI's process (make bench, "tui"). Study is immutable.
+_PARSED: dict[tuple[str, str], tuple[Study, list[ProfileProblem]]] = {}
+_PARSED_MAX = 64
 
 
 @dataclass(frozen=True)
