@@ -4,6 +4,7 @@ and the rule inconclusive for that reason."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -91,3 +92,53 @@ def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_
     ours = [t for t in texts if t.startswith(f"{pct:.1f} %")]
     assert ours, texts
     assert ("(emulated" in ours[0]) == (run.accelerator == "tcg")  # labelled on the plot as in the table
+
+
+SERIES = """\
+name = "s"
+title = "virtio's writes over time"
+description = "One cell measured as a series: dd writes on the whole disk through virtio, repeated."
+sizes = ["quick"]
+
+[[profiles]]
+name = "virtio-disk"
+row = "KVM, local disk, virtio"
+
+[[tests]]
+id = "dd-write-64k"
+table = "Writes (dd, 64 kB blocks)"
+
+[series.quick]
+every_minutes = 0
+repeats = 2
+"""
+
+
+def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp_path, monkeypatch, capsys):
+    from cloudbox.core import runs
+
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "s.toml").write_text(SERIES)
+    monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(studies))
+
+    code, out = run_cli(["study", "run", "s", "--size", "quick", "--detach"], capsys)
+    assert code == 0, out
+    assert "a series of 2 repeats back to back" in out and "cloudbox cancel sweep-" in out
+    sweep_id = out.split("cloudbox cancel ", 1)[1].split("`", 1)[0]
+    assert not runs.wait_until(time.time() + 600, lambda: any(
+        s.id == sweep_id and s.state != "running" for s in runs.list_sweeps())), "the series did not end in 600 s"
+    with ResultStore() as store:
+        done = [store.get_run(r.id) for r in store.list_runs()]
+    assert [r.state for r in done] == ["completed", "completed"], [r.reason for r in done]
+    values = sorted(r.measurement("guest", "dd-write-64k", "MB/s").value for r in done)
+
+    code, out = run_cli(["study", "report", "s"], capsys)
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.startswith("| virtio-disk | dd-write-64k | 2 of 2 (quick)"))
+    median = f"{(values[0] + values[1]) / 2:.1f}"
+    emulated = done[0].accelerator == "tcg"
+    assert f"| {median} (emulated, quick) MB/s |" in row if emulated else f"| {median} (quick) MB/s |" in row
+    assert f"{values[0]:.1f} - {values[1]:.1f}" in row
+    code, out = run_cli(["study", "run", "s", "--size", "quick"], capsys)  # the series is whole: nothing to do
+    assert code == 0 and "2 of 2 repeats stored" in out and "0 run(s) to do" in out

@@ -374,9 +374,9 @@ def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend
         async with app.run_test(size=SIZE) as pilot:
             studies_table = app.screen.query_one("#studies")
             cells = app.screen.query_one("#cells")
-            await until(pilot, lambda: studies_table.row_count == 2 and cells.row_count > 0, what="the studies")
+            await until(pilot, lambda: studies_table.row_count == 3 and cells.row_count > 0, what="the studies")
             listed = {r[0]: r for r in rows(studies_table)}
-            assert set(listed) == {"a", "b"}
+            assert set(listed) == {"a", "b", "d"}
             name, total, with_results, findings, title = listed["a"]
             assert (total, with_results) == ("48", "2") and title.startswith("Study A")
             assert findings.startswith("0/") and findings.endswith("checked, 0 reproduced")
@@ -401,6 +401,11 @@ def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend
             await pilot.press("down")  # study B: its matrix replaces A's
             await until(pilot, lambda: cells.row_count and cells.get_row_at(0) and
                         "kvm-cache-writethrough" in str(cells.get_row_at(0)[0]), what="study B's cells")
+            await pilot.press("down")  # study D, a series: each cell counts its repeats
+            await until(pilot, lambda: cells.row_count == 2 and "virtio-file" in str(cells.get_row_at(0)[0]),
+                        what="study D's cells")
+            assert cell_state(cells, "virtio-file/seq-write-64k")[2:] == ["not run", "-", "", "-", "-",
+                                                                        "0 of 17 repeats"]
     run(go())
 
 
@@ -414,7 +419,7 @@ def test_studies_report_view_shows_the_cli_report(studies_backend):
         app = create_app(studies_backend, mode="studies")
         async with app.run_test(size=SIZE) as pilot:
             table = app.screen.query_one("#studies")
-            await until(pilot, lambda: table.row_count == 2, what="the studies")
+            await until(pilot, lambda: table.row_count == 3, what="the studies")
             for key in ("r", "enter"):
                 await pilot.press(key)
                 await until(pilot, lambda: app.screen.__class__.__name__ == "ReportScreen", what="the report")
@@ -438,7 +443,7 @@ def test_studies_start_plans_a_quick_run_like_the_cli(studies_backend, monkeypat
     class FakeSweep:
         id = "sweep-test"
 
-    def start_sweep(specs, store):
+    def start_sweep(specs, store, offsets=None):
         launched.append(specs)
         return FakeSweep()
 
@@ -448,7 +453,7 @@ def test_studies_start_plans_a_quick_run_like_the_cli(studies_backend, monkeypat
         app = create_app(studies_backend, mode="studies")
         async with app.run_test(size=SIZE) as pilot:
             table = app.screen.query_one("#studies")
-            await until(pilot, lambda: table.row_count == 2, what="the studies")
+            await until(pilot, lambda: table.row_count == 3, what="the studies")
             await pilot.press("s")
             await until(pilot, lambda: launched, what="the sweep")
             specs = launched[0]

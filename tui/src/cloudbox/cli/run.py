@@ -28,8 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("run", help="run id")
     w.set_defaults(func=guard(cmd_watch))
 
-    c = sub.add_parser("cancel", help="stop a run: guest destroyed, stores removed, run kept as aborted")
-    c.add_argument("run", help="run id")
+    c = sub.add_parser("cancel", help="stop a run: guest destroyed, stores removed, run kept as aborted; "
+                                      "or a sweep (its running run and the queued ones)")
+    c.add_argument("run", help="run id, or a sweep's id (sweep-...: `cloudbox study run --detach` prints it)")
     c.set_defaults(func=guard(cmd_cancel))
 
     g = sub.add_parser("guests", help="list cloudbox guests known to libvirt; --destroy-orphans cleans up")
@@ -129,6 +130,10 @@ def cmd_watch(a: argparse.Namespace) -> int:
 
 def cmd_cancel(a: argparse.Namespace) -> int:
     with _store() as store:
+        if a.run.startswith("sweep-"):
+            state = runs.cancel_sweep(a.run)
+            print(f"{a.run}: {state}")
+            return 0 if state != "running" else 1
         rid = store.resolve(a.run)
         state = runs.cancel(store, rid)
         run = store.get_run(rid, raw=False)

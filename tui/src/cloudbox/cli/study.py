@@ -8,7 +8,8 @@
 
 NAME is a study's name (`A` and `a` are the same) or a study file. `run` measures, one profile after another (the
 same executor as `cloudbox run`; with --detach a sweep), the cells no completed run holds yet for the same profile
-hash, size and node, and says which it skips. Exit codes: 0 ok; 1 a cloudbox error or a run that did not complete;
+hash, size and node, and says which it skips; a series study (D) runs the repeats still missing, spaced as its
+file says. Exit codes: 0 ok; 1 a cloudbox error or a run that did not complete;
 2 an invalid study file or option; 130 stopped by Ctrl-C (after the current run cleaned up).
 """
 
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +120,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     _, unavailable = studies.profile_facts(study)
     lines = [f"{study.name}: {study.title}", study.description, "",
              f"sizes: {', '.join(study.sizes)} (only {studies.DECISIVE_SIZE} size decides findings)",
-             f"suite: {study.suite}", "", "profiles (rows):"]
+             f"suite: {study.suite}"]
+    if study.series is not None:
+        lines.append("series: " + "; ".join(f"{size}: {plan.words()}" for size in study.sizes
+                                            if (plan := study.series_plan(size)) is not None))
+    lines += ["", "profiles (rows):"]
     width = max(len(p) for p in study.profile_names)
     for p in study.profiles:
         note = f"  [not runnable yet: {unavailable[p.name]}]" if p.name in unavailable else ""
@@ -130,11 +136,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         lines.append(f"  {t.id:<{width}}  {t.table}{note}")
     lines += ["", "paper's numbers:"]
     if not study.paper:
-        lines.append("  (none per cell: the paper's figures are on the rules)")
+        lines.append("  (none per cell" + (": the paper's figures are on the rules)" if study.rules else ")"))
     width = max([len(c.cell) for c in study.paper] or [0])
     for c in study.paper:
         lines.append(f"  {c.cell:<{width}}  {_paper_text(c)}")
     lines += ["", "rules:"]
+    if not study.rules:
+        lines.append("  (none: the report gives the measurements" + (" and their spread over the series)"
+                                                                    if study.series else ")"))
     for r in study.rules:
         paper, computed = studies.paper_figure(study, r)
         figure = "" if paper is None else (f"{paper:.1f}%" if r.against is not None else f"{paper:g}")
@@ -199,14 +208,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"every cell this placement can measure is stored: cloudbox study report {study.name}")
             return 0
         if args.detach:
-            sweep = runs.start_sweep(specs, store)
-            print(f"sweep {sweep.id} started in the background ({len(specs)} runs, one after another); "
+            sweep = runs.start_sweep(specs, store, offsets=todo.offsets)
+            print(f"sweep {sweep.id} started in the background ({len(specs)} runs, one after another"
+                  + (f", {todo.series.words()}" if todo.series else "") + "); "
                   "`cloudbox results list` shows each run as it starts, `cloudbox watch RUN` follows it, "
-                  "`cloudbox cancel RUN` stops it and the rest")
+                  f"`cloudbox cancel {sweep.id}` stops it and the rest")
             return 0
         printer = Printer()
         failed = 0
+        start = time.time()
         for i, spec in enumerate(specs, 1):
+            due = start + (todo.offsets[i - 1] if todo.offsets else 0.0)
+            if time.time() < due:
+                print(f"\n(next run at {time.strftime('%H:%M:%S', time.localtime(due))}: "
+                      f"{todo.series.words() if todo.series else ''}; Ctrl-C stops the series)", flush=True)
+                try:
+                    runs.wait_until(due, lambda: False)
+                except KeyboardInterrupt:
+                    print(f"\nstopped before run {i} of {len(specs)}; `cloudbox study run {study.name}` again "
+                          "measures the repeats still missing")
+                    return EXIT_INTERRUPTED
             print(printable(f"\n== study {study.name}: run {i} of {len(specs)}: {spec.profile} ({spec.suite})"))
             ex = runs.executor(spec, store, emit=printer)
             rid = ex.execute()

@@ -15,12 +15,13 @@ import subprocess
 import sys
 import time
 import uuid as uuidlib
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 
 from . import paths
-from .errors import CloudboxError, RunBusy
+from .errors import CloudboxError, NotFound, RunBusy
 from .execution.lifecycle import Execution
 from .execution.local import run_local
 from .execution.sink import Consumer
@@ -90,7 +91,9 @@ class Sweep:
 
     Its state lives in <state dir>/sweeps/<id>.json, rewritten by the sweep process after every change:
     `runs[i]` is the run id of `specs[i]` once it has started (None while queued), `state` is running,
-    completed (every item ran, whatever each run's outcome) or cancelled (the rest was skipped)."""
+    completed (every item ran, whatever each run's outcome) or cancelled (the rest was skipped). A series
+    (a study's repeats over time) gives `offsets[i]`: run i starts no sooner than that many seconds after the
+    sweep started."""
 
     id: str
     specs: list[RunSpec]
@@ -99,6 +102,12 @@ class Sweep:
     pid: int | None = None
     started_at: float = 0.0
     finished_at: float | None = None
+    offsets: list[float] = field(default_factory=list)
+    waiting_until: float | None = None  # while the sweep waits for its next run's start
+
+    def due(self, i: int) -> float:
+        """When run i may start (the sweep's start for a plain sweep)."""
+        return self.started_at + (self.offsets[i] if i < len(self.offsets) else 0.0)
 
     @property
     def path(self) -> Path:
@@ -148,17 +157,21 @@ def list_sweeps() -> list[Sweep]:
     return out
 
 
-def start_sweep(specs: list[RunSpec], store: ResultStore) -> Sweep:
-    """Queue `specs` to run one after another in a detached process (it outlives the caller)."""
+def start_sweep(specs: list[RunSpec], store: ResultStore, *, offsets: list[float] | None = None) -> Sweep:
+    """Queue `specs` to run one after another in a detached process (it outlives the caller); with `offsets`
+    (seconds from now, one per spec) none starts before its own."""
     if not specs:
         raise CloudboxError("a sweep needs at least one profile")
+    offsets = list(offsets or [])
+    if offsets and (len(offsets) != len(specs) or any(b < a for a, b in zip(offsets, offsets[1:], strict=False))):
+        raise CloudboxError(f"a sweep's start offsets must be one per run ({len(specs)}), in order")
     for spec in specs:
         spec.validate()
         resolve_profile(spec.profile)
     for node in dict.fromkeys(spec.node for spec in specs):
         check_not_busy(node)
     sweep = Sweep(id=time.strftime("sweep-%Y%m%d-%H%M%S-") + uuidlib.uuid4().hex[:6], specs=specs,
-                  runs=[None] * len(specs), started_at=time.time())
+                  runs=[None] * len(specs), started_at=time.time(), offsets=offsets)
     sweep.save()
     log_dir = paths.state_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -170,6 +183,39 @@ def start_sweep(specs: list[RunSpec], store: ResultStore) -> Sweep:
     # overwrite the child's progress. Until the pid appears, list_sweeps() reports the sweep as starting.
     sweep.pid = proc.pid
     return sweep
+
+
+def wait_until(when: float, stopped: Callable[[], bool]) -> bool:
+    """Sleep until the wall-clock time `when` unless `stopped()` turns true first (checked every 0.2 s); True when
+    the time came."""
+    while not stopped():
+        left = when - time.time()
+        if left <= 0:
+            return True
+        time.sleep(min(0.2, left))
+    return False
+
+
+def cancel_sweep(sweep_id: str, timeout: float = 60.0) -> str:
+    """Stop a sweep: its running run is cancelled (cleaned up, stored as aborted) and the queued ones skipped; a
+    sweep waiting for its next start stops at once. Returns the sweep's state afterwards."""
+    sweep = next((s for s in list_sweeps() if s.id == sweep_id), None)
+    if sweep is None:
+        known = ", ".join(s.id for s in list_sweeps()[:5]) or "(none)"
+        raise NotFound(f"no sweep {sweep_id!r}; newest sweeps: {known}")
+    if sweep.state != "running" or sweep.pid is None:
+        return sweep.state
+    try:
+        os.kill(sweep.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "died"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = next((s for s in list_sweeps() if s.id == sweep_id), None)
+        if now is None or now.state != "running":
+            return now.state if now else "gone"
+        time.sleep(0.3)
+    return "running"
 
 
 def _run_sweep(path: Path) -> int:
@@ -186,6 +232,11 @@ def _run_sweep(path: Path) -> int:
     rc = 0
     with ResultStore() as store:
         for i, spec in enumerate(sweep.specs):
+            if time.time() < sweep.due(i) and not stop["signal"]:
+                sweep.waiting_until = sweep.due(i)
+                sweep.save()
+                wait_until(sweep.due(i), lambda: bool(stop["signal"]))
+                sweep.waiting_until = None
             if stop["signal"]:
                 break
             run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,

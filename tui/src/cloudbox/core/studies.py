@@ -19,9 +19,11 @@ planning are pure functions over plain data (runs, cells, hashes), so they are t
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import platform
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +64,7 @@ INCONCLUSIVE = "inconclusive"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
 
 MAX_ENTRIES = 64  # profiles, tests, paper cells or rules in one study: the real ones have about a dozen
+MAX_REPEATS = 1000  # runs of one profile in a series: 24 h at one every 1.5 min
 
 
 def known_tests() -> list[str]:
@@ -162,6 +165,31 @@ class Rule(_Strict):
         return f"{what} {sign} {self.threshold:g}% of {of}"
 
 
+class SeriesPlan(_Strict):
+    """How a variability series is measured at one size: `repeats` runs of each profile, one started every
+    `every_minutes` (at once when the previous run took longer)."""
+
+    every_minutes: float = Field(ge=0, le=24 * 60, allow_inf_nan=False)
+    repeats: int = Field(ge=2, le=MAX_REPEATS)
+
+    @property
+    def every_s(self) -> float:
+        return self.every_minutes * 60.0
+
+    def words(self) -> str:
+        span = self.every_minutes * (self.repeats - 1)
+        every = f"every {self.every_minutes:g} min" if self.every_minutes else "back to back"
+        return f"{self.repeats} repeats {every}" + (f" (over {span / 60:.3g} h)" if span >= 60 else
+                                                   (f" (over {span:g} min)" if span else ""))
+
+
+class Series(_Strict):
+    """A study measured as a series over time (study D) rather than once per cell: the plan for each size."""
+
+    study: SeriesPlan | None = None
+    quick: SeriesPlan | None = None
+
+
 class Study(_Strict):
     """A validated study. Construct with parse_study/load_study."""
 
@@ -173,6 +201,11 @@ class Study(_Strict):
     tests: list[MatrixTest] = Field(min_length=1, max_length=MAX_ENTRIES)
     paper: list[PaperCell] = Field(default_factory=list, max_length=4 * MAX_ENTRIES)
     rules: list[Rule] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    series: Series | None = None
+
+    def series_plan(self, size: str) -> SeriesPlan | None:
+        """How many repeats at `size`, how far apart; None for a study measured once per cell."""
+        return None if self.series is None else getattr(self.series, size, None)
 
     @property
     def profile_names(self) -> list[str]:
@@ -237,6 +270,13 @@ _RULES = {
     "rules.against": f"{NATIVE} or a profile of this study's matrix",
     "rules.metric": ", ".join(RULE_METRICS),
     "rules.op": ", ".join(OPS),
+    "series": "a table with a plan per size: [series.study] and/or [series.quick]",
+    "series.study": "a table with keys every_minutes, repeats",
+    "series.quick": "a table with keys every_minutes, repeats",
+    "series.study.every_minutes": "minutes between the starts of two repeats, 0..1440 (0: back to back)",
+    "series.quick.every_minutes": "minutes between the starts of two repeats, 0..1440 (0: back to back)",
+    "series.study.repeats": f"a whole number of runs per profile, 2..{MAX_REPEATS}",
+    "series.quick.repeats": f"a whole number of runs per profile, 2..{MAX_REPEATS}",
 }
 _NUMBERS = {"value", "percent", "native", "avgrq", "avgqu", "util", "paper"}
 
@@ -394,6 +434,15 @@ def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[Profi
         if parts is not None and r.metric in HOST_METRICS and not is_storage_test(parts[1]):
             bad(f"{key}.metric", r.metric, "host disk metrics exist for storage tests only",
                 f"value (with test {parts[1]})")
+    if study.series is not None:
+        for size in study.sizes:
+            if study.series_plan(size) is None:
+                bad(f"series.{size}", None, f"a series study needs a plan for each of its sizes ({size} is one)",
+                    _RULES[f"series.{size}"])
+        for other in SIZES:
+            if other not in study.sizes and study.series_plan(other) is not None:
+                bad(f"series.{other}", other, "a plan for a size the study does not offer",
+                    f"sizes: {', '.join(study.sizes)}")
     return out
 
 
@@ -773,6 +822,9 @@ class PlannedProfile:
     stored: dict[str, int] = field(default_factory=dict)
     elsewhere: list[str] = field(default_factory=list)
     refused: str | None = None
+    repeats: int = 1  # runs of `run` still to do: 1, or in a series the repeats missing
+    series: SeriesPlan | None = None
+    have: int = 0  # in a series: the repeats already stored
 
     def spec(self, size: str, node: str = "", **options: Any) -> RunSpec:
         """The run that measures the missing tests (the run options of `cloudbox run` in `options`)."""
@@ -794,11 +846,20 @@ def plan_run(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, si
     host's). With `again` every test runs. Unless the runs go to a back-end (`backend`), the front-end tests ("-fe")
     are left out: only a run on a back-end measures them."""
     unavailable = unavailable or {}
+    series = study.series_plan(size)
     out = []
     for name in study.profile_names:
-        item = PlannedProfile(name)
+        item = PlannedProfile(name, series=series)
         if name in unavailable:
             item.refused = unavailable[name]
+            out.append(item)
+            continue
+        if series is not None:
+            item.elsewhere = [t for t in study.test_ids if needs_node(t) and not backend]
+            tests = [t for t in study.test_ids if t not in item.elsewhere]
+            item.have = 0 if again else len(series_runs(runs, name, hashes.get(name), tests, size, node))
+            item.repeats = max(0, series.repeats - item.have)
+            item.run = tests if item.repeats else []
             out.append(item)
             continue
         for test in study.test_ids:
@@ -812,6 +873,17 @@ def plan_run(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, si
                 item.stored[test] = found
         out.append(item)
     return out
+
+
+def series_runs(runs: Sequence[Run], profile: str, profile_hash: str | None, tests: Sequence[str], size: str,
+                node: str | None) -> list[Run]:
+    """The completed runs of this profile (same hash), size and node (any when None) holding both sides of every one
+    of `tests`: the repeats of a series, oldest first."""
+    out = [r for r in runs if r.state == "completed" and r.profile_name == profile and r.profile_hash == profile_hash
+           and r.size_label == size and (node is None or r.node == node)
+           and all(r.measurement("guest", t) is not None and r.measurement("baseline", t) is not None
+                   for t in tests)]
+    return sorted(out, key=lambda r: (r.started_at or 0.0, r.id))
 
 
 def _stored(runs: Sequence[Run], profile: str, profile_hash: str | None, test: str, size: str,
@@ -838,6 +910,7 @@ class Evidence:
     verdicts: list[Verdict]
     size: str | None = None
     node: str | None = None
+    series: dict[CellKey, list[Sample]] = field(default_factory=dict)  # a series study's repeats per cell
 
 
 def profile_facts(study: Study) -> tuple[dict[str, str], dict[str, str]]:
@@ -858,7 +931,76 @@ def gather(study: Study, runs: Sequence[Run], *, size: str | None = None, node: 
     hashes, unavailable = profile_facts(study)
     cells = select_cells(study, runs, hashes, size=size, node=node)
     verdicts = evaluate(study, cells, unavailable=unavailable, size=size)
-    return Evidence(study, hashes, unavailable, cells, verdicts, size, node)
+    series = gather_series(study, runs, hashes, size=size, node=node) if study.series else {}
+    return Evidence(study, hashes, unavailable, cells, verdicts, size, node, series)
+
+
+# ----------------------------------------------------------------------------------------------------- series
+@dataclass(frozen=True)
+class Sample:
+    """One repeat of a series: the run, when it started, the guest's number and the same run's bare-metal one."""
+
+    run_id: int
+    started_at: float
+    value: float
+    baseline: float | None
+    metric: str
+    size_label: str
+    emulated: bool = False
+    accelerator: str | None = None
+
+
+@dataclass(frozen=True)
+class SeriesStats:
+    """A series' distribution: count, median, 5th and 95th percentiles (linear between ranks), mean, standard
+    deviation and coefficient of variation (stdev / mean, %; None below two samples or with a zero mean)."""
+
+    n: int
+    median: float
+    p5: float
+    p95: float
+    mean: float
+    stdev: float | None
+    cv: float | None
+    low: float
+    high: float
+
+
+def series_stats(values: Sequence[float]) -> SeriesStats | None:
+    """The distribution of `values`, or None when there are none."""
+    if not values:
+        return None
+    xs = sorted(values)
+    mean = statistics.fmean(xs)
+    if len(xs) == 1:
+        return SeriesStats(1, xs[0], xs[0], xs[0], mean, None, None, xs[0], xs[0])
+    q = statistics.quantiles(xs, n=20, method="inclusive")
+    sd = statistics.stdev(xs)
+    return SeriesStats(len(xs), statistics.median(xs), q[0], q[-1], mean, sd, sd / mean * 100.0 if mean else None,
+                       xs[0], xs[-1])
+
+
+def gather_series(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, size: str | None = None,
+                  node: str | None = None) -> dict[CellKey, list[Sample]]:
+    """Per cell, every stored repeat (oldest first) at one size: `size`, else the first of the study's sizes holding
+    any; each repeat is a completed run of the profile as it is today, on `node` when given."""
+    out: dict[CellKey, list[Sample]] = {}
+    for profile in study.profile_names:
+        for test in study.test_ids:
+            for sz in [size] if size else study.sizes:
+                found = series_runs(runs, profile, hashes.get(profile), [test], sz, node)
+                if not found:
+                    continue
+                samples = []
+                for r in found:
+                    metric = primary_metric(test, [m.metric for m in r.measurements if m.test == test])
+                    guest, base = _measured(r, "guest", test, metric), _measured(r, "baseline", test, metric)
+                    if guest is not None:
+                        samples.append(Sample(r.id, r.started_at or 0.0, guest.value, base.value if base else None,
+                                              metric, sz, r.emulated, r.accelerator))
+                out[(profile, test)] = samples
+                break
+    return out
 
 
 # ------------------------------------------------------------------------------------------ the matrix's state
@@ -882,6 +1024,12 @@ class CellState:
     cell: Cell | None = None
     run_id: int | None = None
     reason: str | None = None
+    repeats: tuple[int, int] | None = None  # a series: (repeats stored, repeats planned at their size)
+
+    @property
+    def series_text(self) -> str:
+        """"3 of 5 repeats" for a series cell, else empty."""
+        return "" if self.repeats is None else f"{self.repeats[0]} of {self.repeats[1]} repeats"
 
 
 def _covers(run: Run, test: str) -> bool:
@@ -897,13 +1045,21 @@ def _covers(run: Run, test: str) -> bool:
 
 
 def cell_states(study: Study, runs: Sequence[Run], cells: Mapping[CellKey, Cell], *,
-                unavailable: Mapping[str, str] | None = None, size: str | None = None) -> list[CellState]:
+                unavailable: Mapping[str, str] | None = None, size: str | None = None,
+                series: Mapping[CellKey, Sequence[Sample]] | None = None) -> list[CellState]:
     """Every cell of the matrix (profiles in the study's order, then tests) with its state. `cells` is
     select_cells' choice; `runs` are the stored runs in any state: a running or failed run of the profile at one of
     the study's sizes (only `size` when given) that started after the selected cell's run, and would measure the
     test, decides the state."""
-    unavailable = unavailable or {}
     sizes = [size] if size else list(study.sizes)
+    out = _cell_states(study, runs, cells, unavailable or {}, sizes)
+    if study.series is None:
+        return out
+    return [_with_repeats(study, c, (series or {}).get((c.profile, c.test), ()), sizes) for c in out]
+
+
+def _cell_states(study: Study, runs: Sequence[Run], cells: Mapping[CellKey, Cell], unavailable: Mapping[str, str],
+                 sizes: Sequence[str]) -> list[CellState]:
     latest: dict[str, list[Run]] = {}
     for run in sorted(runs, key=lambda r: (r.started_at or 0.0, r.id), reverse=True):
         if run.profile_name in study.profile_names and run.size_label in sizes and run.state != "completed":
@@ -928,6 +1084,12 @@ def cell_states(study: Study, runs: Sequence[Run], cells: Mapping[CellKey, Cell]
             else:
                 out.append(CellState(profile, test, NOT_RUN))
     return out
+
+
+def _with_repeats(study: Study, c: CellState, samples: Sequence[Sample], sizes: Sequence[str]) -> CellState:
+    size = samples[0].size_label if samples else sizes[0]
+    plan = study.series_plan(size)
+    return dataclasses.replace(c, repeats=(len(samples), plan.repeats if plan else 0))
 
 
 @dataclass(frozen=True)
@@ -972,13 +1134,21 @@ class StudyRun:
     node: str  # "" for this host
     plan: list[PlannedProfile]
     specs: list[RunSpec]
+    offsets: list[float] = field(default_factory=list)  # a series: seconds from the start to each run's start
 
     @property
     def where(self) -> str:
         return f"on node {self.node}" if self.node else "on this host"
 
+    @property
+    def series(self) -> SeriesPlan | None:
+        return self.study.series_plan(self.size)
+
     def headline(self) -> str:
-        return f"study {self.study.name} at {self.size} size {self.where}: {len(self.specs)} run(s) to do"
+        text = f"study {self.study.name} at {self.size} size {self.where}: {len(self.specs)} run(s) to do"
+        if self.series is not None and self.specs:
+            text += f", a series of {self.series.words()}"
+        return text
 
     def lines(self) -> list[str]:
         """The plan in words, one line per profile."""
@@ -993,8 +1163,10 @@ def plan_lines(plan: Sequence[PlannedProfile]) -> list[str]:
             out.append(f"  {item.profile}: skipped, {item.refused}")
             continue
         parts = []
+        if item.series is not None:
+            parts.append(f"{item.have} of {item.series.repeats} repeats stored")
         if item.run:
-            parts.append("run " + ", ".join(item.run))
+            parts.append("run " + ", ".join(item.run) + (f" x{item.repeats}" if item.series is not None else ""))
         if item.stored:
             parts.append("stored " + ", ".join(f"{t} (#{rid})" for t, rid in item.stored.items()))
         if item.elsewhere:
@@ -1022,10 +1194,18 @@ def prepare_run(study: Study, runs: Sequence[Run], *, size: str | None = None, n
     hashes, unavailable = profile_facts(study)
     plan = plan_run(study, runs, hashes, size=size, node=node or platform.node(), backend=bool(node),
                     unavailable=unavailable, again=again)
-    specs = [item.spec(size, node, **options) for item in plan if item.run]
+    # Round r runs each profile still short of r + 1 repeats; a series spaces the rounds `every_minutes` apart.
+    series = study.series_plan(size)
+    specs: list[RunSpec] = []
+    offsets: list[float] = []
+    for r in range(max((item.repeats for item in plan if item.run), default=0)):
+        for item in plan:
+            if item.run and r < item.repeats:
+                specs.append(item.spec(size, node, **options))
+                offsets.append(r * series.every_s if series else 0.0)
     for spec in specs:
         spec.validate()
-    todo = StudyRun(study, size, node, plan, specs)
+    todo = StudyRun(study, size, node, plan, specs, offsets if series else [])
     if not node:
         check_space(todo)
     return todo

@@ -9,6 +9,7 @@ findings resting on them are inconclusive (studies.evaluate_rule).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from html import escape
@@ -26,8 +27,11 @@ from .studies import (
     Cell,
     Evidence,
     Measured,
+    Sample,
+    SeriesStats,
     Study,
     needs_node,
+    series_stats,
 )
 
 QUALIFIER_NOTES = {
@@ -236,12 +240,96 @@ def _notes(ev: Evidence) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------- series
+def sample_qualifiers(samples: Sequence[Sample]) -> list[str]:
+    """Why a series' numbers are weaker than a study-sized one on bare hardware, in a word each."""
+    out = []
+    if any(x.accelerator == "nested-kvm" for x in samples):
+        out.append("nested")
+    elif any(x.emulated for x in samples):
+        out.append("emulated")
+    if any(x.size_label == "quick" for x in samples):
+        out.append("quick")
+    return out
+
+
+def bins(values: Sequence[float], count: int | None = None) -> list[tuple[float, float, int]]:
+    """Equal-width histogram bins over [min, max]: (low, high, how many); about sqrt(n) bins, at most 12, the last
+    one closed. One bin when every value is the same."""
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return [(lo, hi, len(values))]
+    k = count or max(2, min(12, round(math.sqrt(len(values)))))
+    width = (hi - lo) / k
+    counts = [0] * k
+    for v in values:
+        counts[min(k - 1, int((v - lo) / width))] += 1
+    return [(lo + i * width, lo + (i + 1) * width, n) for i, n in enumerate(counts)]
+
+
+def _series_rows(ev: Evidence) -> list[tuple[str, str, list[Sample], SeriesStats]]:
+    out = []
+    for (profile, test), samples in ev.series.items():
+        st = series_stats([x.value for x in samples])
+        if st is not None:
+            out.append((profile, test, samples, st))
+    return out
+
+
+def variability(ev: Evidence) -> list[str]:
+    """A series study's section: per cell, the distribution of the guest's number over the stored repeats (median,
+    5th and 95th percentiles, coefficient of variation, range), the bare-metal median beside it, and a text
+    histogram."""
+    study = ev.study
+    if study.series is None:
+        return []
+    plans = "; ".join(f"{size} size: {plan.words()}" for size in study.sizes
+                      if (plan := study.series_plan(size)) is not None)
+    out = ["## Variability over time", "",
+           f"The same tests repeated as a series ({_md(plans)}). Each row is one cell's distribution over its stored "
+           "repeats (completed runs of the profile as it is today): p5 and p95 are the 5th and 95th percentiles, CV "
+           "the coefficient of variation (standard deviation / mean). One short run describes one moment; the spread "
+           "is the finding.", ""]
+    rows = _series_rows(ev)
+    if not rows:
+        return out + [f"No repeats stored yet (`cloudbox study run {study.name}`).", ""]
+    out += ["| profile | test | repeats | median | p5 | p95 | CV | range | bare-metal median | from - to |",
+            "|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    for profile, test, samples, st in rows:
+        metric = samples[0].metric
+        plan = study.series_plan(samples[0].size_label)
+        want = f" of {plan.repeats}" if plan else ""
+        base = series_stats([x.baseline for x in samples if x.baseline is not None])
+        quals = sample_qualifiers(samples)
+        cv = "-" if st.cv is None else f"{st.cv:.1f}%"
+        span = " - ".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+                          for t in dict.fromkeys((samples[0].started_at, samples[-1].started_at)))
+        out.append(f"| {_md(profile)} | {_md(test)} | {st.n}{want} ({_md(samples[0].size_label)}) | "
+                   f"{_md(_with(value_text(st.median, metric), quals))} {_md(metric)} | "
+                   f"{value_text(st.p5, metric)} | {value_text(st.p95, metric)} | {cv} | "
+                   f"{value_text(st.low, metric)} - {value_text(st.high, metric)} | "
+                   f"{_md(_with(value_text(base.median if base else None, metric), quals))} | {span} |")
+    out.append("")
+    for profile, test, samples, _st in rows:
+        metric = samples[0].metric
+        hist = bins([x.value for x in samples])
+        top = max(n for _, _, n in hist)
+        out += [f"Histogram of {_md(profile)} {_md(test)} ({_md(metric)}, runs "
+                f"{', '.join(f'#{x.run_id}' for x in samples)}):", "", "```"]
+        out += [f"{value_text(a, metric):>8} - {value_text(b, metric):<8} {'#' * round(20 * n / top):<20} {n}"
+                for a, b, n in hist]
+        out += ["```", ""]
+    return out
+
+
 def to_markdown(ev: Evidence) -> str:
     """The whole report."""
     out = _intro(ev)
     for test in ev.study.test_ids:
         out += table(ev, test)
-    out += findings(ev) + _notes(ev)
+    out += variability(ev) + findings(ev) + _notes(ev)
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -326,11 +414,82 @@ def to_html(ev: Evidence) -> str:
         if svg:
             body.append(f"<figure>{svg}<figcaption>% of native: each guest number divided by the bare-metal "
                         "number of the same run (ours) or of the paper's bare-metal row (paper).</figcaption></figure>")
+    section = variability(ev)
+    if section:
+        body.append(md.render("\n".join(section)))
+        for profile, test, samples, _st in _series_rows(ev):
+            body.append(f"<figure>{histogram_svg(profile, test, samples)}{timeline_svg(profile, test, samples)}"
+                        "<figcaption>Left: how often each range of the guest's number came up over the repeats. "
+                        "Right: each repeat at its start time, with the same run's bare-metal number (grey)."
+                        "</figcaption></figure>")
     body.append(md.render("\n".join(findings(ev) + _notes(ev))))
     title = escape(printable(ev.study.title))
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{title}</title>\n<style>\n{HTML_STYLE}\n</style>\n</head>\n<body>\n"
             + "\n".join(body) + "</body>\n</html>\n")
+
+
+SERIES_W, SERIES_H, SERIES_PAD = 370, 200, 40
+
+
+def _svg_open(title: str) -> list[str]:
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{SERIES_W}" height="{SERIES_H}" '
+            f'viewBox="0 0 {SERIES_W} {SERIES_H}" role="img" font-family="sans-serif" font-size="10">',
+            f"<title>{escape(printable(title))}</title>"]
+
+
+def histogram_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
+    """An inline SVG histogram of a series' guest numbers (bars over equal-width bins, counts on top)."""
+    metric = samples[0].metric
+    hist = bins([x.value for x in samples])
+    top = max(n for _, _, n in hist)
+    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
+    bw = plot_w / len(hist)
+    quals = sample_qualifiers(samples)
+    parts = _svg_open(f"{profile} {test}: histogram of {len(samples)} repeats ({metric})")
+    parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}'
+                 + (f" ({escape(', '.join(quals))})" if quals else "") + "</text>")
+    for i, (a, _b, n) in enumerate(hist):
+        h = plot_h * n / top
+        x = SERIES_PAD + i * bw
+        parts.append(f'<rect x="{x:.1f}" y="{SERIES_PAD + plot_h - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" '
+                     f'fill="{OURS_FILL}"/><text x="{x + bw / 2:.1f}" y="{SERIES_PAD + plot_h - h - 3:.1f}" '
+                     f'text-anchor="middle">{n}</text>')
+        if i == 0 or i == len(hist) - 1 or len(hist) <= 6:
+            parts.append(f'<text x="{x:.1f}" y="{SERIES_PAD + plot_h + 14}">{escape(value_text(a, metric))}</text>')
+    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
+                 f"{escape(printable(metric))} (guest)</text></svg>")
+    return "\n".join(parts)
+
+
+def timeline_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
+    """An inline SVG of a series over time: the guest's number per repeat (blue dots) and the bare-metal one (grey)."""
+    metric = samples[0].metric
+    values = [x.value for x in samples] + [x.baseline for x in samples if x.baseline is not None]
+    top = max(values) * 1.1 or 1.0
+    t0, t1 = samples[0].started_at, samples[-1].started_at
+    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
+
+    def xy(t: float, v: float) -> tuple[float, float]:
+        x = SERIES_PAD + (plot_w * (t - t0) / (t1 - t0) if t1 > t0 else plot_w / 2)
+        return x, SERIES_PAD + plot_h - plot_h * v / top
+
+    parts = _svg_open(f"{profile} {test}: {len(samples)} repeats over time ({metric})")
+    parts.append(f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
+                 f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>'
+                 f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + 4}" text-anchor="end">{escape(value_text(top, metric))}'
+                 f'</text><text x="{SERIES_PAD - 4}" y="{SERIES_PAD + plot_h}" text-anchor="end">0</text>')
+    for x_ in samples:
+        if x_.baseline is not None:
+            bx, by = xy(x_.started_at, x_.baseline)
+            parts.append(f'<circle cx="{bx:.1f}" cy="{by:.1f}" r="3" fill="{PAPER_FILL}"/>')
+        gx, gy = xy(x_.started_at, x_.value)
+        parts.append(f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="3.5" fill="{OURS_FILL}"><title>run #{x_.run_id}: '
+                     f"{escape(value_text(x_.value, metric))} {escape(printable(metric))}</title></circle>")
+    minutes = (t1 - t0) / 60.0
+    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
+                 f"time: {minutes:.1f} min from the first repeat to the last</text></svg>")
+    return "\n".join(parts)
 
 
 FORMATS = {"md": to_markdown, "html": to_html}

@@ -300,7 +300,7 @@ class Backend:
         store.reap_dead_runs()
         stored = store.list_runs()
         ev = studies.gather(study, [r for r in stored if r.state == "completed"])
-        return study, studies.cell_states(study, stored, ev.cells, unavailable=ev.unavailable)
+        return study, studies.cell_states(study, stored, ev.cells, unavailable=ev.unavailable, series=ev.series)
 
     def study_report(self, name: str) -> str:
         """The Markdown report `cloudbox study report NAME` prints."""
@@ -314,7 +314,7 @@ class Backend:
         todo = studies.prepare_run(study, self.store.list_runs(state="completed"), size=size)
         if not todo.specs:
             return todo, None
-        return todo, runs.start_sweep(todo.specs, self.store)
+        return todo, runs.start_sweep(todo.specs, self.store, offsets=todo.offsets)
 
     def run_log(self, run_id: int, lines: int = 200) -> str:
         f = paths.state_dir() / "logs" / f"run-{run_id}.log"

@@ -45,7 +45,7 @@ def cell_row(study: studies.Study, c: studies.CellState) -> tuple[str, tuple[Any
     unit = c.cell.metric if c.cell is not None else ""
     run = f"#{c.run_id}" if c.run_id is not None else "-"
     state = c.state
-    note = c.reason or ""
+    note = "; ".join(n for n in (c.series_text, c.reason or "") if n)
     if c.state in (studies.FAILED, studies.RUNNING) and c.cell is not None:
         note = (note + "; " if note else "") + f"stored: #{c.cell.run_id}"
     return f"{c.profile}/{c.test}", (c.profile, c.test, state, ours, unit, paper_text(study, c.profile, c.test),

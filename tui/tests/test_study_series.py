@@ -1,0 +1,174 @@
+"""A study measured as a series over time (study D): its [series] plan validated, the repeats still missing planned
+and spaced, the distribution computed (median, percentiles, CV, histogram bins) against hand-computed values, the
+report's variability section and figures, and each cell's "n of N repeats", over runs recorded in a real results
+store through its own API."""
+
+from __future__ import annotations
+
+import platform
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core import profiles, studies, studyreport
+from cloudbox.core.errors import StudyError
+from cloudbox.core.results import ResultStore
+
+T0 = 1_700_000_000.0
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("CLOUDBOX_PROFILE_PATH", raising=False)
+    monkeypatch.delenv("CLOUDBOX_STUDY_DIR", raising=False)
+
+
+def record(store: ResultStore, values: dict[str, float], *, started_at: float, size: str = "quick",
+           accelerator: str = "tcg", profile: str = "virtio-file") -> int:
+    prof = profiles.find_profile(profile)
+    rid = store.create_run(profile_name=profile, profile_hash=prof.hash, suite="storage", size_label=size,
+                           accelerator=accelerator, started_at=started_at, node=platform.node(),
+                           emulated=accelerator == "tcg")
+    for test, value in values.items():
+        store.add_measurement(rid, side="baseline", test=test, metric="MB/s", value=100.0)
+        store.add_measurement(rid, side="guest", test=test, metric="MB/s", value=value)
+    store.finish_run(rid, "completed")
+    return rid
+
+
+D_TEXT = (REPO / "studies" / "d.toml").read_text()
+
+
+def problems_of(text: str) -> dict[str, str]:
+    with pytest.raises(StudyError) as exc:
+        studies.parse_study(text, "d.toml")
+    return {p.key: f"{p.message} | {p.allowed}" for p in exc.value.problems}
+
+
+def test_the_shipped_study_d_is_a_series_per_size():
+    d = studies.find_study("d")
+    assert d.rules == [] and d.paper == []
+    quick, full = d.series_plan("quick"), d.series_plan("study")
+    assert quick is not None and full is not None
+    assert (quick.repeats, quick.every_s) == (5, 60.0)
+    assert full.words() == "17 repeats every 15 min (over 4 h)"
+    assert studies.find_study("a").series_plan("quick") is None
+
+
+def test_a_bad_series_plan_names_the_key_and_what_is_allowed():
+    no_quick = D_TEXT.replace("[series.quick]\nevery_minutes = 1\nrepeats = 5\n", "")
+    assert "a plan for each of its sizes" in problems_of(no_quick)["series.quick"]
+    one = D_TEXT.replace("repeats = 5", "repeats = 1")
+    assert "2..1000" in problems_of(one)["series.quick.repeats"]
+    hours = D_TEXT.replace("every_minutes = 1\n", "every_minutes = 1\nhours = 2\n")
+    assert "known keys: every_minutes, repeats" in problems_of(hours)["series.quick.hours"]
+    negative = D_TEXT.replace("every_minutes = 1\n", "every_minutes = -1\n")
+    assert "0..1440" in problems_of(negative)["series.quick.every_minutes"]
+    study_only = D_TEXT.replace('sizes = ["study", "quick"]', 'sizes = ["study"]')
+    assert "does not offer" in problems_of(study_only)["series.quick"]
+
+
+def test_a_series_run_plans_the_repeats_still_missing_spaced_by_the_plan():
+    d = studies.find_study("d")
+    with ResultStore() as store:
+        first = record(store, {"seq-write-64k": 50.0, "seq-write-64k-buffered": 80.0}, started_at=T0)
+        record(store, {"seq-write-64k": 52.0}, started_at=T0 + 60)  # lacks a test: not a whole repeat
+        record(store, {"seq-write-64k": 51.0, "seq-write-64k-buffered": 81.0}, started_at=T0 + 120, size="study")
+        done = store.list_runs(state="completed")
+        todo = studies.prepare_run(d, done, size="quick")
+        again = studies.prepare_run(d, done, size="quick", again=True)
+    assert len(todo.specs) == 4 and todo.offsets == [0.0, 60.0, 120.0, 180.0]
+    assert all(s.size == "quick" and s.storage_tests == "seq-write-64k,seq-write-64k-buffered" for s in todo.specs)
+    assert todo.plan[0].have == 1 and todo.plan[0].repeats == 4
+    assert todo.lines() == ["  virtio-file: 1 of 5 repeats stored; run seq-write-64k, seq-write-64k-buffered x4"]
+    assert todo.headline().endswith("4 run(s) to do, a series of 5 repeats every 1 min (over 4 min)")
+    assert len(again.specs) == 5
+    assert [r.id for r in studies.series_runs(done, "virtio-file", profiles.find_profile("virtio-file").hash,
+                                              ["seq-write-64k", "seq-write-64k-buffered"], "quick", None)] == [first]
+
+
+def test_series_stats_match_hand_computed_values():
+    st = studies.series_stats([10.0, 12.0, 11.0, 13.0, 14.0])
+    assert st is not None
+    assert (st.n, st.median, st.low, st.high, st.mean) == (5, 12.0, 10.0, 14.0, 12.0)
+    # sample standard deviation: sqrt((4+0+1+1+4)/4) = sqrt(2.5) = 1.5811; CV = 1.5811 / 12 = 13.18 %
+    assert st.stdev == pytest.approx(1.58114, abs=1e-5) and st.cv == pytest.approx(13.176, abs=1e-3)
+    # 5th / 95th percentiles, linear between ranks: 10 + 0.2 * 1 = 10.2 and 13 + 0.8 * 1 = 13.8
+    assert st.p5 == pytest.approx(10.2) and st.p95 == pytest.approx(13.8)
+    one = studies.series_stats([7.0])
+    assert one is not None and (one.median, one.stdev, one.cv) == (7.0, None, None)
+    assert studies.series_stats([]) is None
+
+
+def test_histogram_bins_cover_every_value_once():
+    values = [1.0, 2.0, 2.5, 3.0, 9.0, 10.0]
+    hist = studyreport.bins(values, 3)
+    assert hist == [(1.0, 4.0, 4), (4.0, 7.0, 0), (7.0, 10.0, 2)]
+    assert sum(n for _, _, n in studyreport.bins(values)) == len(values)
+    assert studyreport.bins([5.0, 5.0]) == [(5.0, 5.0, 2)]
+
+
+def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
+    d = studies.find_study("d")
+    ids = []
+    with ResultStore() as store:
+        for i, v in enumerate([10.0, 12.0, 11.0]):
+            ids.append(record(store, {"seq-write-64k": v, "seq-write-64k-buffered": 5 * v}, started_at=T0 + 60 * i))
+        done = store.list_runs(state="completed")
+        stored = store.list_runs()
+    ev = studies.gather(d, done)
+    assert [x.run_id for x in ev.series[("virtio-file", "seq-write-64k")]] == ids
+    md = studyreport.to_markdown(ev)
+    assert "## Variability over time" in md
+    row = next(line for line in md.splitlines() if line.startswith("| virtio-file | seq-write-64k |"))
+    # 3 of the quick plan's 5 repeats; median 11.0 labelled emulated and quick; p5 10.1, p95 11.9; CV 1/11 = 9.1 %
+    assert row.startswith("| virtio-file | seq-write-64k | 3 of 5 (quick) | 11.0 (emulated, quick) MB/s | 10.1 | 11.9 "
+                          "| 9.1% | 10.0 - 12.0 | 100.0 (emulated, quick) |")
+    assert f"runs #{ids[0]}, #{ids[1]}, #{ids[2]}" in md
+    html = studyreport.to_html(ev)
+    svgs = [chunk.split("</svg>")[0] + "</svg>" for chunk in html.split("<svg")[1:]]
+    for svg in svgs:
+        ET.fromstring("<svg" + svg)
+    # beside each table's % of native bars, a histogram and a timeline per cell of the series
+    assert sum("histogram of 3 repeats" in svg for svg in svgs) == len(d.tests)
+    assert sum("3 repeats over time" in svg for svg in svgs) == len(d.tests)
+    assert "(emulated, quick)" in html
+    cells = {(c.profile, c.test): c for c in studies.cell_states(d, stored, ev.cells, series=ev.series)}
+    assert cells[("virtio-file", "seq-write-64k-buffered")].series_text == "3 of 5 repeats"
+
+
+def test_a_study_without_a_series_has_no_variability_section():
+    a = studies.find_study("a")
+    with ResultStore() as store:
+        record(store, {"dd-write-64k": 2.0}, started_at=T0, profile="eucalyptus-default")
+        done = store.list_runs(state="completed")
+    ev = studies.gather(a, done)
+    assert ("eucalyptus-default", "dd-write-64k") in ev.cells
+    assert ev.series == {} and "Variability" not in studyreport.to_markdown(ev)
+
+
+def test_a_sweep_waits_for_each_runs_start_and_stops_at_once_when_cancelled(request):
+    from cloudbox.core import runs
+    from cloudbox.core.runspec import RunSpec
+
+    specs = [RunSpec(profile="virtio-file", size="quick"), RunSpec(profile="virtio-file", size="quick")]
+    with ResultStore() as store:
+        with pytest.raises(runs.CloudboxError, match="one per run"):
+            runs.start_sweep(specs, store, offsets=[0.0])
+        with pytest.raises(runs.CloudboxError, match="in order"):
+            runs.start_sweep(specs, store, offsets=[60.0, 0.0])
+        sweep = runs.start_sweep(specs, store, offsets=[3600.0, 3660.0])
+        request.addfinalizer(lambda: runs.cancel_sweep(sweep.id, timeout=10))  # never left waiting an hour
+        # wait_until is False when its stop condition came first: here, the sweep saying it waits
+        assert not runs.wait_until(time.time() + 30, lambda: any(
+            s.id == sweep.id and s.waiting_until for s in runs.list_sweeps())), "the sweep never said it waits"
+        [now] = [s for s in runs.list_sweeps() if s.id == sweep.id]
+        assert now.state == "running" and now.waiting_until == pytest.approx(sweep.started_at + 3600.0)
+        assert runs.cancel_sweep(sweep.id, timeout=30) == "cancelled"
+        assert store.list_runs() == []  # nothing started
+        with pytest.raises(runs.NotFound, match="no sweep 'sweep-nope'"):
+            runs.cancel_sweep("sweep-nope")
