@@ -162,6 +162,8 @@ enrolled() {
     run -0 grep -a 'Kernel command line:.* root=PARTUUID=' "$LOGS/fe1.serial.log"
     run -1 grep -a 'unattended install with the answers' "$LOGS/fe1.serial.log"
     run -0 fe test -s /etc/ssh/ssh_host_ed25519_key
+    run -0 fe ls /etc/ssh
+    refute_output --partial 'ssh_host_rsa_key'  # ed25519 and ECDSA only: RSA's keygen took 70 s of this boot
     run -0 fe systemctl --failed --no-legend --plain
     assert_output ''
     run -0 be systemctl --failed --no-legend --plain
