@@ -172,3 +172,26 @@ def test_a_sweep_waits_for_each_runs_start_and_stops_at_once_when_cancelled(requ
         assert store.list_runs() == []  # nothing started
         with pytest.raises(runs.NotFound, match="no sweep 'sweep-nope'"):
             runs.cancel_sweep("sweep-nope")
+
+
+def test_repeats_and_every_change_the_plan_of_a_series_study_only(capsys):
+    from cloudbox import cli
+    from cloudbox.core.errors import UsageError
+
+    d = studies.find_study("d")
+    short = studies.with_series_plan(d, "quick", repeats=3, every_minutes=0)
+    assert short.series_plan("quick").words() == "3 repeats back to back"
+    assert short.series_plan("study") == d.series_plan("study")  # the other size keeps the file's plan
+    assert studies.with_series_plan(d, "study", every_minutes=30).series_plan("study").repeats == 17
+    with pytest.raises(UsageError, match=r"--repeats 1 is out of range; allowed: .*2\.\.1000"):
+        studies.with_series_plan(d, "quick", repeats=1)
+    with pytest.raises(UsageError, match=r"--every 2000 is out of range; allowed: .*0\.\.1440"):
+        studies.with_series_plan(d, "quick", every_minutes=2000)
+    with pytest.raises(UsageError, match="study a is measured once per cell .series studies: d"):
+        studies.with_series_plan(studies.find_study("a"), "quick", repeats=3)
+
+    assert cli.main(["study", "run", "d", "--size", "quick", "--repeats", "3", "--every", "2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "3 run(s) to do, a series of 3 repeats every 2 min (over 4 min)" in out
+    assert cli.main(["study", "run", "a", "--size", "quick", "--every", "5", "--dry-run"]) == 2
+    assert "series studies: d" in capsys.readouterr().err

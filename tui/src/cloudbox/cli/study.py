@@ -4,7 +4,7 @@
     cloudbox study show NAME [--json]
     cloudbox study report NAME [--format md|html] [-o FILE] [--size quick|study] [--node N] [--db PATH]
     cloudbox study run NAME [--size quick|study] [--node N] [--work-dir D] [--device DEV --destroy NAME]
-                            [--agent-timeout S] [--again] [--dry-run] [--detach]
+                            [--agent-timeout S] [--repeats N] [--every MINUTES] [--again] [--dry-run] [--detach]
 
 NAME is a study's name (`A` and `a` are the same) or a study file. `run` measures, one profile after another (the
 same executor as `cloudbox run`; with --detach a sweep), the cells no completed run holds yet for the same profile
@@ -77,6 +77,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         opt = option(name)
         run.add_argument(*opt.flags, dest=opt.field, type=opt.type, default=opt.default, help=opt.help,
                          metavar=opt.metavar)
+    run.add_argument("--repeats", type=int, default=None, metavar="N",
+                     help="a series study (D): repeats per profile instead of the file's plan for the size, "
+                          f"2..{studies.MAX_REPEATS}")
+    run.add_argument("--every", type=float, default=None, metavar="MINUTES",
+                     help="a series study (D): minutes between the starts of two repeats instead of the file's "
+                          "plan, 0..1440 (0: back to back)")
     run.add_argument("--again", action="store_true", help="measure every cell, also those already stored")
     run.add_argument("--dry-run", action="store_true", help="say what would run and what is skipped, run nothing")
     run.add_argument("--detach", "-d", action="store_true",
@@ -184,7 +190,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(text, end="")
         return 0
     _write(args.output, text)
-    counts = {s: sum(1 for v in ev.verdicts if v.status == s) for s in studies.VERDICTS}
+    counts = studies.summarize(ev).verdicts
     print(printable(f"wrote {args.output}: {len(ev.cells)} cells from {len({c.run_id for c in ev.cells.values()})} "
                     f"runs; " + ", ".join(f"{n} {s}" for s, n in counts.items())), file=sys.stderr)
     return 0
@@ -195,7 +201,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     study = studies.find_study(args.study)
     options = {name: getattr(args, name) for name in PASSED_ON}
     # A bad option stops here, before the results database is opened or any run recorded.
-    studies.check_run(study, args.size, args.node, **options)
+    size = studies.check_run(study, args.size, args.node, **options)
+    if args.repeats is not None or args.every is not None:
+        study = studies.with_series_plan(study, size, repeats=args.repeats, every_minutes=args.every)
     with ResultStore() as store:
         todo = studies.prepare_run(study, store.list_runs(state="completed"), size=args.size, node=args.node,
                                    again=args.again, **options)

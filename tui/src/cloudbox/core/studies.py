@@ -1175,6 +1175,29 @@ def plan_lines(plan: Sequence[PlannedProfile]) -> list[str]:
     return out
 
 
+def with_series_plan(study: Study, size: str, *, repeats: int | None = None,
+                     every_minutes: float | None = None) -> Study:
+    """The study with its series plan at `size` changed (`study run --repeats/--every`), or UsageError naming the
+    option and what is allowed: a study measured once per cell has no series to change."""
+    plan = study.series_plan(size)
+    if plan is None:
+        series = ", ".join(e.name for e in list_studies() if e.problem is None
+                           and find_study(e.name).series is not None) or "(none)"
+        raise UsageError(f"--repeats and --every change a series study's plan; study {study.name} is measured once "
+                         f"per cell (series studies: {series})")
+    try:
+        new = SeriesPlan(every_minutes=plan.every_minutes if every_minutes is None else float(every_minutes),
+                         repeats=plan.repeats if repeats is None else repeats)
+    except ValidationError as exc:
+        field_ = str(exc.errors()[0]["loc"][0])
+        flag, allowed = {"repeats": ("--repeats", _RULES["series.study.repeats"]),
+                         "every_minutes": ("--every", _RULES["series.study.every_minutes"])}[field_]
+        given = repeats if field_ == "repeats" else every_minutes
+        raise UsageError(f"{flag} {given!r} is out of range; allowed: {allowed}") from None
+    assert study.series is not None
+    return study.model_copy(update={"series": study.series.model_copy(update={size: new})})
+
+
 def check_run(study: Study, size: str | None, node: str = "", **options: Any) -> str:
     """The size a study run uses (the study's first when None), after refusing a size the study does not offer and
     bad run options (UsageError), before anything is opened or recorded."""
