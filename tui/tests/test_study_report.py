@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -210,6 +211,31 @@ def test_html_report_has_the_tables_and_a_figure_per_table_with_our_labels(study
     assert code == 0 and out.read_text() == page and err.startswith(f"wrote {out}: ")
     code, _, _ = run_cli(["study", "report", "a", "-o", str(tmp_path / "a.md")], capsys)
     assert (tmp_path / "a.md").read_text() == md
+
+
+def test_html_report_plots_the_host_disk_over_each_storage_cell_that_has_samples(study_a_runs, capsys):
+    rid = study_a_runs["default"]
+    guest = [{"t": T0 + i, "device": "sda", "test": "guest:dd-write-64k", "avgrq_sectors": 30.0 + i, "avgqu": 0.9}
+             for i in range(4)]
+    base = [{"t": T0 + 50 + i, "device": "sda", "test": "baseline:dd-write-64k", "avgrq_sectors": 1024.0,
+             "avgqu": 140.0} for i in range(3)]
+    with ResultStore() as store:
+        store.add_samples(rid, guest + base + [{"t": T0 + 60, "device": "sda", "test": "idle", "avgqu": 0.0}])
+    code, page, _ = run_cli(["study", "report", "a", "--format", "html"], capsys)
+    assert code == 0
+    figures = [f.split("</figure>")[0] for f in page.split("<figure>")[1:] if "the host disk each second" in f]
+    assert len(figures) == 1 and f"from run #{rid}" in figures[0]  # only the cell whose run has samples
+    svgs = [ElementTree.fromstring("<svg" + chunk.split("</svg>")[0] + "</svg>")
+            for chunk in figures[0].split("<svg")[1:]]
+    assert len(svgs) == 2  # request size and queue depth
+    ns = "{http://www.w3.org/2000/svg}"
+    for svg, key in zip(svgs, ("avgrq_sectors", "avgqu"), strict=True):
+        lines = {"".join(p.itertext()): p.get("points").split() for p in svg.iter(f"{ns}polyline")}
+        assert [len(lines["guest"]), len(lines["baseline"])] == [4, 3]  # one point a second, the idle one left out
+        top = [t.text for t in svg.iter(f"{ns}text") if t.get("text-anchor") == "end"][0]
+        assert float(top) == pytest.approx(max(r[key] for r in guest + base) * 1.1, rel=1e-2)
+    code, md, _ = run_cli(["study", "report", "a"], capsys)
+    assert "the host disk each second" not in md  # the Markdown report has no figures
 
 
 def test_html_report_shows_markup_in_a_study_as_text(tmp_path, monkeypatch, capsys):

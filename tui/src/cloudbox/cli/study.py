@@ -179,12 +179,13 @@ def _write(path: Path, text: str) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     study = studies.find_study(args.study)
-    with ResultStore(args.db) as store:
-        stored = store.list_runs(state="completed")
-    ev = studies.gather(study, stored, size=args.size, node=args.node)
     fmt = args.format
     if fmt is None:
         fmt = "html" if args.output is not None and args.output.suffix.lower() in (".html", ".htm") else "md"
+    with ResultStore(args.db) as store:
+        ev = studies.gather(study, store.list_runs(state="completed"), size=args.size, node=args.node)
+        if fmt == "html":  # its host disk figures
+            studies.attach_host_samples(ev, lambda run_id, test: store.samples(run_id, test=test))
     text = studyreport.FORMATS[fmt](ev)
     if args.output is None:
         print(text, end="")

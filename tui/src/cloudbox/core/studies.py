@@ -46,6 +46,7 @@ from .errors import (
 )
 from .network import FRONTEND_SUFFIX, NET_TESTS
 from .results import Run, is_network_test, is_storage_test
+from .results import Sample as HostSample
 from .runspec import RunSpec, parse_size
 from .storage import TESTS as STORAGE_TESTS
 
@@ -911,6 +912,7 @@ class Evidence:
     size: str | None = None
     node: str | None = None
     series: dict[CellKey, list[Sample]] = field(default_factory=dict)  # a series study's repeats per cell
+    host: dict[CellKey, dict[str, list[HostSample]]] = field(default_factory=dict)  # attach_host_samples
 
 
 def profile_facts(study: Study) -> tuple[dict[str, str], dict[str, str]]:
@@ -933,6 +935,18 @@ def gather(study: Study, runs: Sequence[Run], *, size: str | None = None, node: 
     verdicts = evaluate(study, cells, unavailable=unavailable, size=size)
     series = gather_series(study, runs, hashes, size=size, node=node) if study.series else {}
     return Evidence(study, hashes, unavailable, cells, verdicts, size, node, series)
+
+
+def attach_host_samples(ev: Evidence, fetch: Callable[[int, str], Sequence[HostSample]]) -> Evidence:
+    """Fill `ev.host`: per storage cell, the host disk's samples (one a second) of its run while the guest's and
+    while the bare-metal test ran, by side; `fetch(run_id, "side:test")` reads them (ResultStore.samples)."""
+    for (profile, test), cell in ev.cells.items():
+        if not is_storage_test(test):
+            continue
+        sides = {side: list(fetch(cell.run_id, f"{side}:{test}")) for side in ("guest", "baseline")}
+        if any(sides.values()):
+            ev.host[(profile, test)] = sides
+    return ev
 
 
 # ----------------------------------------------------------------------------------------------------- series

@@ -18,6 +18,7 @@ from markdown_it import MarkdownIt
 
 from .compare import test_title
 from .inputs import printable
+from .results import Sample as HostSample
 from .results import is_storage_test
 from .studies import (
     INCONCLUSIVE,
@@ -414,6 +415,13 @@ def to_html(ev: Evidence) -> str:
         if svg:
             body.append(f"<figure>{svg}<figcaption>% of native: each guest number divided by the bare-metal "
                         "number of the same run (ours) or of the paper's bare-metal row (paper).</figcaption></figure>")
+        for profile in ev.study.profile_names:
+            sides = ev.host.get((profile, test))
+            if sides:
+                body.append("<figure>" + "".join(host_svg(profile, test, sides, key) for key in HOST_PLOTS)
+                            + f"<figcaption>{escape(printable(profile))}, {escape(test)}: the host disk each second "
+                            "while the guest's test ran (blue) and while the same test ran on bare metal (grey), "
+                            f"from run #{ev.cells[(profile, test)].run_id}'s sampler.</figcaption></figure>")
     section = variability(ev)
     if section:
         body.append(md.render("\n".join(section)))
@@ -430,6 +438,43 @@ def to_html(ev: Evidence) -> str:
 
 
 SERIES_W, SERIES_H, SERIES_PAD = 370, 200, 40
+# The host disk's metrics plotted over a test: sample field, axis title.
+HOST_PLOTS = {"avgrq_sectors": "request size (512-byte sectors)", "avgqu": "queue depth (requests)"}
+
+
+def host_svg(profile: str, test: str, sides: dict[str, list[HostSample]], key: str) -> str:
+    """An inline SVG line chart of one host disk metric over a test, seconds from the side's first sample: the
+    guest's side (blue) and the bare-metal side (grey)."""
+    lines = []
+    for side, colour in (("guest", OURS_FILL), ("baseline", PAPER_FILL)):
+        samples = sides.get(side) or []
+        pts = [(x.t - samples[0].t, v) for x in samples if (v := getattr(x, key)) is not None]
+        if pts:
+            lines.append((side, colour, pts))
+    top = max([v for _, _, pts in lines for _, v in pts] + [1.0]) * 1.1
+    top = float(f"{top:.0f}") if top >= 10 else float(f"{top:.2g}")  # the axis says the scale it uses
+    right = max([t for _, _, pts in lines for t, _ in pts] + [1.0])
+    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
+
+    def xy(t: float, v: float) -> str:
+        return f"{SERIES_PAD + plot_w * t / right:.1f},{SERIES_PAD + plot_h - plot_h * v / top:.1f}"
+
+    what = HOST_PLOTS[key]
+    parts = _svg_open(f"{profile} {test}: host disk {what} over the test")
+    parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}: {escape(what)}</text>'
+                 f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
+                 f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>'
+                 f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + 4}" text-anchor="end">{top:g}</text>'
+                 f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + plot_h}" text-anchor="end">0</text>')
+    for side, colour, pts in lines:
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                     f'points="{" ".join(xy(t, v) for t, v in pts)}"><title>{side}</title></polyline>')
+    if not lines:
+        parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H / 2:.0f}" text-anchor="middle" fill="#777">'
+                     "no samples</text>")
+    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
+                 f"seconds into the test (up to {right:.0f} s)</text></svg>")
+    return "\n".join(parts)
 
 
 def _svg_open(title: str) -> list[str]:
