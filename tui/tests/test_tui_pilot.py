@@ -588,3 +588,45 @@ def test_quick_storage_test_through_the_ui(state, libvirt_conn):
             assert r.state == "completed" and r.value("guest", "seq-write-64k", "MB/s") > 0
             assert r.value("baseline", "seq-write-64k", "MB/s") > 0
     run(go())
+
+
+def test_a_series_waiting_between_runs_says_when_the_next_starts_and_c_cancels_it(backend, request):
+    """The Tests screen on a finished run of a series sweep waiting for its next start (a real sweep process):
+    its head says when the next run starts, and c (confirmed) cancels the sweep, not the finished run."""
+    import time
+
+    from cloudbox.core import runs
+    from cloudbox.core.runspec import RunSpec
+
+    with ResultStore() as store:
+        done = store.create_run(profile_name="virtio-file", suite="storage", size_label="quick",
+                                accelerator="tcg", started_at=time.time() - 60)
+        store.finish_run(done, "completed")
+        sweep = runs.start_sweep([RunSpec(profile="virtio-file", size="quick")] * 2, store,
+                                 offsets=[3600.0, 3660.0])
+    request.addfinalizer(lambda: runs.cancel_sweep(sweep.id, timeout=10))
+
+    def waiting():
+        return next((s for s in runs.list_sweeps() if s.id == sweep.id and s.waiting_until), None)
+
+    async def go():
+        app = create_app(backend, mode="tests")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, waiting, timeout=30, what="the sweep waiting")
+            screen = app.screen
+            with ResultStore() as store:
+                screen.run = store.get_run(done, raw=False)
+            screen.sweep = waiting()
+            screen.sweep.runs[0] = done  # as if its first run were the finished one
+            screen.show_head(screen.run, screen.sweep)
+            due = time.strftime("%H:%M:%S", time.localtime(sweep.started_at + 3600.0))
+            assert f"the next run starts at {due}" in text(screen.query_one("#run-head"))
+            await pilot.press("c")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the confirmation")
+            assert "Cancel sweep" in text(app.screen.query_one(".dialog-title"))
+            await pilot.press("y")
+            await until(pilot, lambda: any(s.id == sweep.id and s.state == "cancelled" for s in runs.list_sweeps()),
+                        timeout=30, what="the sweep cancelled")
+            with ResultStore() as store:
+                assert store.get_run(done).state == "completed"  # the finished run is kept as it was
+    run(go())

@@ -229,6 +229,10 @@ class Backend:
     def cancel(self, run_id: int) -> str:
         return runs.cancel(self.store, run_id)
 
+    def cancel_sweep(self, sweep_id: str) -> str:
+        """Stop a sweep (also one waiting for its next run's start), as `cloudbox cancel SWEEP-ID` does."""
+        return runs.cancel_sweep(sweep_id)
+
     def active_runs(self) -> list[Run]:
         store = self.store
         store.reap_dead_runs()

@@ -298,10 +298,16 @@ class TestsScreen(BaseScreen):
         if sweep is not None:
             pos = sweep.runs.index(run.id) + 1
             text += f"\nSweep {sweep.id}: run {pos} of {len(sweep.runs)}, {sweep.queued} queued ({sweep.state})"
+            if sweep.state == "running" and sweep.waiting_until:
+                text += f"; the next run starts at {time.strftime('%H:%M:%S', time.localtime(sweep.waiting_until))}"
         self.query_one("#run-head", Static).update(text)
 
     def action_cancel_run(self) -> None:
         run = self.run
+        waiting = self.sweep if self.sweep is not None and self.sweep.state == "running" and self.sweep.queued else None
+        if run is not None and run.finished and waiting is not None:
+            self._cancel_sweep(waiting)
+            return
         if run is None or run.finished:
             self.notify("no run in progress to cancel", severity="warning")
             return
@@ -318,6 +324,17 @@ class TestsScreen(BaseScreen):
             "Cancel run", f"Cancel run {run.id} ({run.profile_name}){sweep_note}? The guest is destroyed, the "
             "backing store and network removed; the partial run is kept as aborted.", yes="Cancel run",
             no="Keep running"), answer)
+
+    def _cancel_sweep(self, sweep: Sweep) -> None:
+        """Between two runs of a sweep (a series waiting for its next start): skip the runs still queued."""
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.app.work_in_thread(self.app.backend.cancel_sweep, sweep.id, name=f"cancelling {sweep.id}",
+                                        done=lambda st: self.notify(f"sweep {sweep.id}: {st}", title="tests"))
+
+        self.app.push_screen(ConfirmDialog(
+            "Cancel sweep", f"Cancel sweep {sweep.id}? Its {sweep.queued} queued run(s) are skipped; the runs it "
+            "finished are kept.", yes="Cancel sweep", no="Keep it"), answer)
 
     def action_attach_pick(self) -> None:
         def got(runs: list[Run]) -> None:
