@@ -962,6 +962,7 @@ class Sample:
     size_label: str
     emulated: bool = False
     accelerator: str | None = None
+    baseline_labels: tuple[str, ...] = ()  # e.g. virtualized-host: the bare-metal side ran on a virtual machine
 
 
 @dataclass(frozen=True)
@@ -1011,7 +1012,7 @@ def gather_series(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], 
                     guest, base = _measured(r, "guest", test, metric), _measured(r, "baseline", test, metric)
                     if guest is not None:
                         samples.append(Sample(r.id, r.started_at or 0.0, guest.value, base.value if base else None,
-                                              metric, sz, r.emulated, r.accelerator))
+                                              metric, sz, r.emulated, r.accelerator, base.labels if base else ()))
                 out[(profile, test)] = samples
                 break
     return out

@@ -304,6 +304,9 @@ def variability(ev: Evidence) -> list[str]:
         want = f" of {plan.repeats}" if plan else ""
         base = series_stats([x.baseline for x in samples if x.baseline is not None])
         quals = sample_qualifiers(samples)
+        # the bare-metal side ran without the guest's accelerator: only the size, and a virtual machine under it
+        base_quals = (["virtualized host"] if any("virtualized-host" in x.baseline_labels for x in samples) else []) \
+            + [q for q in quals if q == "quick"]
         cv = "-" if st.cv is None else f"{st.cv:.1f}%"
         span = " - ".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
                           for t in dict.fromkeys((samples[0].started_at, samples[-1].started_at)))
@@ -311,7 +314,7 @@ def variability(ev: Evidence) -> list[str]:
                    f"{_md(_with(value_text(st.median, metric), quals))} {_md(metric)} | "
                    f"{value_text(st.p5, metric)} | {value_text(st.p95, metric)} | {cv} | "
                    f"{value_text(st.low, metric)} - {value_text(st.high, metric)} | "
-                   f"{_md(_with(value_text(base.median if base else None, metric), quals))} | {span} |")
+                   f"{_md(_with(value_text(base.median if base else None, metric), base_quals))} | {span} |")
     out.append("")
     for profile, test, samples, _st in rows:
         metric = samples[0].metric
