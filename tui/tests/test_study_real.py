@@ -94,24 +94,9 @@ def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_
     assert ("(emulated" in ours[0]) == (run.accelerator == "tcg")  # labelled on the plot as in the table
 
 
-SERIES = """\
-name = "s"
-title = "virtio's writes over time"
-description = "One cell measured as a series: dd writes on the whole disk through virtio, repeated."
-sizes = ["quick"]
-
-[[profiles]]
-name = "virtio-disk"
-row = "KVM, local disk, virtio"
-
-[[tests]]
-id = "dd-write-64k"
-table = "Writes (dd, 64 kB blocks)"
-
-[series.quick]
-every_minutes = 0
-repeats = 2
-"""
+# The same cell measured as a series: two repeats back to back, no rule.
+SERIES = (ONE_CELL.split("[[rules]]")[0].replace('name = "t"', 'name = "s"', 1)
+          + "[series.quick]\nevery_minutes = 0\nrepeats = 2\n")
 
 
 def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp_path, monkeypatch, capsys):

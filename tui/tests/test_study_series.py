@@ -174,6 +174,8 @@ def test_a_sweep_waits_for_each_runs_start_and_stops_at_once_when_cancelled(requ
         assert store.list_runs() == []  # nothing started
         with pytest.raises(runs.NotFound, match="no sweep 'sweep-nope'"):
             runs.cancel_sweep("sweep-nope")
+        with pytest.raises(runs.NotFound):  # an id is never a path
+            runs.cancel_sweep(f"../sweeps/{sweep.id}")
 
 
 def test_repeats_and_every_change_the_plan_of_a_series_study_only(capsys):

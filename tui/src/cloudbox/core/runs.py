@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -138,23 +139,36 @@ def sweeps_dir() -> Path:
     return paths.state_dir() / "sweeps"
 
 
+def _load_sweep(f: Path) -> Sweep | None:
+    """The sweep in file `f`, a 'running' one whose process is gone reported as 'died'; None when unreadable."""
+    try:
+        sw = Sweep.load(f)
+    except (OSError, ValueError, TypeError, KeyError, CloudboxError):
+        return None
+    if sw.state == "running":
+        if sw.pid is None:
+            if time.time() - sw.started_at > SWEEP_START_GRACE_S:
+                sw.state = "died"  # its process never recorded itself
+        elif not pid_alive(sw.pid, sw.started_at):
+            sw.state = "died"
+    return sw
+
+
 def list_sweeps() -> list[Sweep]:
     """Known sweeps, newest first. A 'running' sweep whose process is gone is reported as 'died'."""
-    out = []
     d = sweeps_dir()
-    for f in sorted(d.glob("*.json"), reverse=True) if d.is_dir() else []:
-        try:
-            sw = Sweep.load(f)
-        except (OSError, ValueError, TypeError, KeyError, CloudboxError):
-            continue
-        if sw.state == "running":
-            if sw.pid is None:
-                if time.time() - sw.started_at > SWEEP_START_GRACE_S:
-                    sw.state = "died"  # its process never recorded itself
-            elif not pid_alive(sw.pid, sw.started_at):
-                sw.state = "died"
-        out.append(sw)
-    return out
+    found = (_load_sweep(f) for f in sorted(d.glob("*.json"), reverse=True)) if d.is_dir() else ()
+    return [sw for sw in found if sw is not None]
+
+
+SWEEP_ID = re.compile(r"sweep-\d{8}-\d{6}-[0-9a-f]{6}")
+
+
+def find_sweep(sweep_id: str) -> Sweep | None:
+    """The sweep called `sweep_id` (its file alone is read), or None."""
+    if not SWEEP_ID.fullmatch(sweep_id):
+        return None
+    return _load_sweep(sweeps_dir() / f"{sweep_id}.json")
 
 
 def start_sweep(specs: list[RunSpec], store: ResultStore, *, offsets: list[float] | None = None) -> Sweep:
@@ -199,7 +213,7 @@ def wait_until(when: float, stopped: Callable[[], bool]) -> bool:
 def cancel_sweep(sweep_id: str, timeout: float = 60.0) -> str:
     """Stop a sweep: its running run is cancelled (cleaned up, stored as aborted) and the queued ones skipped; a
     sweep waiting for its next start stops at once. Returns the sweep's state afterwards."""
-    sweep = next((s for s in list_sweeps() if s.id == sweep_id), None)
+    sweep = find_sweep(sweep_id)
     if sweep is None:
         known = ", ".join(s.id for s in list_sweeps()[:5]) or "(none)"
         raise NotFound(f"no sweep {sweep_id!r}; newest sweeps: {known}")
@@ -211,7 +225,7 @@ def cancel_sweep(sweep_id: str, timeout: float = 60.0) -> str:
         return "died"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        now = next((s for s in list_sweeps() if s.id == sweep_id), None)
+        now = find_sweep(sweep_id)
         if now is None or now.state != "running":
             return now.state if now else "gone"
         time.sleep(0.3)

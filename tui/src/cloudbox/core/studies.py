@@ -1196,8 +1196,8 @@ def with_series_plan(study: Study, size: str, *, repeats: int | None = None,
     option and what is allowed: a study measured once per cell has no series to change."""
     plan = study.series_plan(size)
     if plan is None:
-        series = ", ".join(e.name for e in list_studies() if e.problem is None
-                           and find_study(e.name).series is not None) or "(none)"
+        series = ", ".join(e.name for e in list_studies()
+                           if e.problem is None and load_study(e.path).series is not None) or "(none)"
         raise UsageError(f"--repeats and --every change a series study's plan; study {study.name} is measured once "
                          f"per cell (series studies: {series})")
     try:
