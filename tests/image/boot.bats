@@ -52,3 +52,25 @@ boot_and_check() {
 @test "legacy BIOS (SeaBIOS) boot reaches the self-test verdict 123 with the root credentials applied" {
     boot_and_check bios
 }
+
+# bats test_tags=slow,image
+@test "the kernel-modules initrd holds the drivers that find the root (disks, HBAs, USB, NVMe, virtio), not every module" {
+    local esp kver list
+    esp=$(image_esp "$IMAGE")
+    kver=$(MTOOLS_SKIP_CHECK=1 mdir -b -i "$esp" ::/cloudbox | sed -n 's|^::/cloudbox/\([0-9][^/]*\)/$|\1|p' | head -1)
+    [ -n "$kver" ] || fail "no kernel directory under /cloudbox on the ESP of $IMAGE"
+    list=$BATS_TEST_TMPDIR/modules.txt
+    MTOOLS_SKIP_CHECK=1 mcopy -n -i "$esp" "::/cloudbox/$kver/kernel-modules.initrd" "$BATS_TEST_TMPDIR/kmods"
+    echo "# kernel-modules.initrd: $(( $(stat -c %s "$BATS_TEST_TMPDIR/kmods") / 1048576 )) MiB" >&3
+    zstd -dcq "$BATS_TEST_TMPDIR/kmods" | cpio -it --quiet | sed -n 's|.*/\([^/]*\)\.ko\(\.[a-z]*\)\?$|\1|p' > "$list"
+    local m
+    for m in virtio_blk virtio_scsi ahci ata_piix nvme vmd sd_mod usb-storage uas xhci-pci ehci-pci \
+             sdhci-pci mmc_block megaraid_sas mpt3sas hpsa smartpqi xen-blkfront dm-mod raid0 ext4 vfat efivarfs \
+             nls_cp437 usbhid hid-generic; do
+        grep -qx -- "$m" "$list" || fail "the kernel-modules initrd lacks $m (mkosi.conf KernelModulesInitrdInclude=)"
+    done
+    for m in cfg80211 kvm-amd snd-hda-intel i915 iwlwifi; do
+        ! grep -qx -- "$m" "$list" || fail "the kernel-modules initrd holds $m, which loads from the root"
+    done
+    assert [ "$(stat -c %s "$BATS_TEST_TMPDIR/kmods")" -le $((32 * 1048576)) ]
+}

@@ -129,3 +129,35 @@ def test_the_probe_tells_a_stuck_vcpu_from_a_slow_one(guest_image):
     # runs (the firmware speaks at once) but cannot reach its banner in 0.01 s: too slow, not stuck
     ok, why, _ = accel.boot_probe(guest_image.kernel, ["-accel", "tcg"], "TCG", 20, 0.01)
     assert not ok and why == "a test kernel ran under TCG but printed no banner within 0 s (too slow to use)", why
+
+
+def test_the_verdict_line_says_usable_or_why_not_and_the_fallback():
+    from cloudbox.core.accel import Accelerator
+
+    ok = Accelerator("nested-kvm", "kvm", False, True, "a test kernel printed its banner under KVM in 27.19 s", 27.19)
+    assert ok.verdict == "kvm: usable (KVM (nested): a test kernel printed its banner under KVM in 27.19 s)"
+    bad = Accelerator("tcg", "qemu", True, False, "/dev/kvm does not exist (no KVM module loaded); using TCG emulation")
+    assert bad.verdict == ("kvm: unusable (/dev/kvm does not exist (no KVM module loaded)), "
+                           "guests fall back to TCG (emulated)")
+
+
+def test_host_verdict_probes_once_and_runs_reuse_the_answer(tmp_path, guest_image):
+    """`cloudbox host --verdict` (what cloudbox-kvm-probe.service runs at boot): the real probe of this host, its
+    exit status matching its line, and the answer cached for this boot where runs read it (accel.json)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CLOUDBOX_RUN_DIR": str(tmp_path), "CLOUDBOX_KVM_PROBE_TIMEOUT": "5"}
+    env.pop("CLOUDBOX_ACCEL", None)
+    cmd = [sys.executable, "-m", "cloudbox.cli", "host", "--verdict"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    line = first.stdout.strip()
+    assert first.returncode == (0 if line.startswith("kvm: usable (") else 1), (first.returncode, line, first.stderr)
+    assert line.startswith(("kvm: usable (", "kvm: unusable (")), line
+    cached = json.loads((tmp_path / "accel.json").read_text())
+    assert (cached["domain_type"] == "kvm") == line.startswith("kvm: usable ("), cached
+    assert cached["boot_id"] == open("/proc/sys/kernel/random/boot_id").read().strip()
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert (again.returncode, again.stdout.strip()) == (first.returncode, line)

@@ -39,6 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     h = sub.add_parser("host", help="what this host offers: accelerator, libvirt, block devices")
     h.add_argument("--json", action="store_true")
+    h.add_argument("--verdict", action="store_true",
+                   help="print one line: KVM usable, or why not and that guests fall back to TCG (exit 1 then)")
     h.set_defaults(func=guard(cmd_host))
 
 
@@ -163,6 +165,9 @@ def cmd_host(a: argparse.Namespace) -> int:
     from cloudbox.core import accel, backing
 
     acc = accel.detect()
+    if a.verdict:
+        print(acc.verdict)
+        return 0 if acc.kvm_usable else 1
     root = backing.dev_name_for_path("/")
     info = {"accelerator": acc.label, "reason": acc.reason, "nested": acc.nested,
             "root_device": backing.device_model(root)}

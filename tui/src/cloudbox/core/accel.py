@@ -29,6 +29,7 @@ PROBE_TIMEOUT_S = 30.0
 # falling back to TCG there (emulation inside emulation) would leave the benchmark guest unable to boot at all.
 PROBE_BANNER_LIMIT_S = 300.0
 BANNER = b"Linux version"
+_TCG_SUFFIX = "; using TCG emulation"
 
 
 @dataclass
@@ -51,6 +52,14 @@ class Accelerator:
     @property
     def kvm_usable(self) -> bool:
         return self.domain_type == "kvm"
+
+    @property
+    def verdict(self) -> str:
+        """One line for the appliance's console and self-test (cloudbox-kvm-probe.service writes it per boot)."""
+        if self.kvm_usable:
+            return f"kvm: usable ({self.label}: {self.reason})"
+        why = self.reason.removesuffix(_TCG_SUFFIX)
+        return f"kvm: unusable ({why}), guests fall back to TCG (emulated)"
 
 
 def host_is_virtualized() -> bool:
@@ -169,7 +178,7 @@ def detect(kernel: Path | None = None, *, use_cache: bool = True) -> Accelerator
     if ok:
         acc = Accelerator("nested-kvm" if nested else "kvm", "kvm", False, nested, why, took)
     else:
-        acc = Accelerator("tcg", "qemu", True, nested, f"{why}; using TCG emulation", took)
+        acc = Accelerator("tcg", "qemu", True, nested, why + _TCG_SUFFIX, took)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({**asdict(acc), "boot_id": _boot_id()}))
