@@ -125,3 +125,44 @@ def test_the_front_ends_facts_go_over_the_nodes():
     merged = node.under(ours)
     assert (merged.host, merged.controller, merged.boot_attempts, merged.nodes) == (
         "be1", Controller(host="fe1"), 2, ours.nodes)
+
+
+def test_runs_of_the_previous_release_have_no_core_count(old_runs):
+    assert old_runs and all(r.provenance.host_cores is None and r.provenance.host_cpus is None
+                            for r in old_runs.values())
+
+
+def _cpu(root: Path, n: int, package: int, core: int, *, online: str | None = None, die: bool = True) -> None:
+    topo = root / f"cpu{n}" / "topology"
+    topo.mkdir(parents=True)
+    (topo / "physical_package_id").write_text(f"{package}\n")
+    (topo / "core_id").write_text(f"{core}\n")
+    if die:
+        (topo / "die_id").write_text("0\n")
+    if online is not None:
+        (root / f"cpu{n}" / "online").write_text(online)
+
+
+def test_host_cpus_and_cores_are_counted_from_sysfs_and_kept_with_the_run(tmp_path: Path):
+    from cloudbox.core.execution.local import cpu_counts
+
+    root = tmp_path / "cpu"
+    # two packages of two cores with two threads each; one more thread offline; core ids repeat across packages
+    for n, (package, core) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1), (0, 0), (0, 1), (1, 0), (1, 1)]):
+        _cpu(root, n, package, core, online=None if n == 0 else "1\n")
+    _cpu(root, 8, 1, 1, online="0\n")
+    (root / "cpufreq").mkdir()  # not a CPU
+    assert cpu_counts(root) == (8, 4)
+    older = tmp_path / "older"
+    _cpu(older, 0, 0, 0, die=False)  # kernels without die_id
+    _cpu(older, 1, 0, 0, die=False)
+    assert cpu_counts(older) == (2, 1)
+    assert cpu_counts(tmp_path / "none")[1] is None  # no sysfs: the cores are not guessed
+
+    prov = Provenance(host="h", host_cpus=8, host_cores=4)
+    with ResultStore(tmp_path / "r.db") as store:
+        rid = store.create_run(profile_name="p", provenance=prov)
+        run = store.get_run(rid)
+    assert (run.provenance.host_cpus, run.provenance.host_cores) == (8, 4)
+    assert run.as_dict()["provenance"]["host_cores"] == 4
+    assert Provenance.from_stored({"host": "h", "host_cores": "eight"}) == Provenance(host="h")

@@ -257,3 +257,29 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
         assert m is not None and m.value > 0, test
         assert "# cloudbox: measured on a guest relaunched after its network stopped" in m.raw, m.raw
     assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+
+
+@pytest.mark.full
+def test_the_record_sweep_issues_each_record_size_in_the_guest_and_on_bare_metal(state, libvirt_conn):
+    """Study C's sweep in a real run: on both sides every record size is one whole-file pass of direct requests of
+    that size, one at a time, as fio itself reports it; the run records the host's CPUs for the cost columns."""
+    from cloudbox.core import storage
+
+    size = 16 << 20
+    spec = RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="records")
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+    with ResultStore() as store:
+        run = store.get_run(rid)
+    assert run.state == "completed", run.reason
+    assert run.provenance.host_cpus and run.provenance.host_cores
+    for side in ("guest", "baseline"):
+        for tid in storage.TEST_SETS["records"]:
+            t = storage.TESTS[tid]
+            m = run.measurement(side, tid, "MB/s")
+            assert m is not None and m.value > 0, (side, tid)
+            job = json.loads(m.raw)["jobs"][0]
+            opts = job["job options"]
+            assert (opts["bs"], opts["direct"], opts["iodepth"], opts["ioengine"]) == (t.bs, "1", "1", "psync")
+            assert job[t.rw]["io_bytes"] == size and job[t.rw]["total_ios"] == size // storage.block_bytes(t.bs)
+    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}

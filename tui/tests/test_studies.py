@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudbox.core import paths, profiles, studies
+from cloudbox.core import paths, profiles, storage, studies
 from cloudbox.core.errors import NotFound, StudyError
 from cloudbox.core.inputs import shown
 from cloudbox.core.results import ResultStore
@@ -151,6 +151,32 @@ def test_shipped_studies_load_and_name_their_files():
     assert b.suite == "storage" and [r.id for r in b.rules] == ["B3.wt", "B3.none", "B3.kvm"]
 
 
+def test_study_c_is_the_record_sweep_with_cost_columns_and_no_invented_figures():
+    c = studies.find_study("C")
+    assert c.title == "Study C: record size under O_DIRECT" and c.suite == "storage" and c.cost
+    assert c.sizes == ["study", "quick"] and c.series is None
+    assert c.test_ids == list(storage.TEST_SETS["records"])
+    assert set(c.profile_names) <= set(profiles.preset_names())
+    for name in c.profile_names:  # one KVM box: no Xen, no network volume, one disk per guest
+        assert studies.cannot_run(profiles.find_profile(name)) is None
+    backings = {profiles.find_profile(n).disk.backing for n in c.profile_names}
+    assert "block-device" in backings and backings & {"prealloc-file", "sparse-file"}
+    assert c.paper == [] and c.rules == []  # the design notes give no figure or conclusion for the sweep
+    assert not studies.find_study("a").cost and not studies.find_study("b").cost
+
+
+def test_a_bad_cost_in_a_study_file_names_the_file_key_value_and_what_is_allowed(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text((REPO / "studies" / "c.toml").read_text().replace("cost = true", 'cost = "maybe"'))
+    with pytest.raises(StudyError) as exc:
+        studies.load_study(f)
+    assert [p.key for p in exc.value.problems] == ["cost"]
+    text = str(exc.value)
+    assert text.startswith(f"{f}: invalid study (1 problem)")
+    assert "cost: must be true or false (got 'maybe'); allowed: true or false: whether the report adds cost " \
+           "columns (per host core, per GiB of guest RAM)" in text
+
+
 def test_study_dir_override_and_not_found(tmp_path, monkeypatch):
     d = tmp_path / "studies"
     d.mkdir()
@@ -247,6 +273,10 @@ INVALID = [
                                    'cell = "virtio-disk/tcp-rr"\nvalue = 95'),
      "paper[3].cell", "virtio-disk/tcp-rr", "a test of [[tests]]"),
     ("no-profiles", GOOD.split("[[profiles]]")[0], "profiles", None, "[[profiles]] tables"),
+    ("cost-not-a-bool", replace(GOOD, 'sizes = ["study", "quick"]\n', 'sizes = ["study", "quick"]\ncost = "yes"\n'),
+     "cost", "yes", "true or false"),
+    ("cost-a-number", replace(GOOD, 'sizes = ["study", "quick"]\n', 'sizes = ["study", "quick"]\ncost = 1\n'),
+     "cost", 1, "per host core, per GiB of guest RAM"),
 ]
 
 
@@ -272,7 +302,7 @@ PLACES = [("name",), ("sizes",), ("sizes", 0), ("profiles",), ("profiles", 0), (
           ("profiles", 0, "row"), ("tests",), ("tests", 1, "id"), ("paper",), ("paper", 0, "cell"),
           ("paper", 1, "value"), ("paper", 2, "native"), ("rules",), ("rules", 0), ("rules", 0, "cell"),
           ("rules", 1, "against"), ("rules", 2, "op"), ("rules", 0, "percent"), ("rules", 2, "metric"),
-          ("rules", 2, "value"), ("rules", 3, "extra"), ("title",), ("description",), ("other",)]
+          ("rules", 2, "value"), ("rules", 3, "extra"), ("title",), ("description",), ("other",), ("cost",)]
 scalars = st.one_of(st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True),
                     st.text(max_size=30), st.sampled_from(["native", "native/dd-write-64k", "virtio-disk/tcp-rr",
                                                            "/", "a/b/c", "\x1b[2J", "study", ">=", "avgqu"]))

@@ -13,8 +13,10 @@ import pytest
 
 from cloudbox import cli
 from cloudbox.core import paths, profiles
+from cloudbox.core.provenance import Provenance
 from cloudbox.core.results import ResultStore
 
+REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0
 HOST = dict(host_avgrq_sectors=28.0, host_avgqu=0.85, host_util=91.0)  # every guest row's host columns
 BASE_HOST = dict(host_avgrq_sectors=1000.0, host_avgqu=120.0, host_util=100.0)
@@ -34,10 +36,11 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def add_run(store: ResultStore, profile: str, tests: dict[str, tuple[float, float]], *, started_at: float,
-            accelerator: str = "kvm", size: str = "study") -> int:
+            accelerator: str = "kvm", size: str = "study", provenance: Provenance | None = None) -> int:
     prof = profiles.find_profile(profile)
     rid = store.create_run(profile_name=profile, profile_hash=prof.hash, profile_toml=prof.to_toml(), suite="all",
-                           size_label=size, accelerator=accelerator, started_at=started_at, node=platform.node())
+                           size_label=size, accelerator=accelerator, started_at=started_at, node=platform.node(),
+                           provenance=provenance)
     for test, (guest, base) in tests.items():
         metric = "Mbit/s" if test.startswith("tcp-") else "MB/s"
         host = HOST if metric == "MB/s" else {}
@@ -247,6 +250,94 @@ def test_html_report_shows_markup_in_a_study_as_text(tmp_path, monkeypatch, caps
     assert code == 0
     assert "<script" not in page and "<b " not in page
     assert "&lt;script&gt;x()&lt;/script&gt;" in page and "&lt;b onmouseover=x()&gt;row&lt;/b&gt;" in page
+
+
+# ----------------------------------------------------------------------------------------------- cost columns
+COST_STUDY = """\
+name = "t"
+title = "Records and what they cost"
+description = "1 MB records on a whole disk, with a 1 GiB and a 3 GiB guest."
+sizes = ["study", "quick"]
+cost = true
+
+[[profiles]]
+name = "virtio-disk"
+row = "KVM, whole disk, 1 GiB guest"
+
+[[profiles]]
+name = "big-virtio"
+row = "KVM, whole disk, 3 GiB guest"
+
+[[tests]]
+id = "rec-write-1m"
+table = "Writes, 1 MB records"
+
+[[tests]]
+id = "rec-read-1m"
+table = "Reads, 1 MB records"
+"""
+
+
+@pytest.fixture
+def cost_runs(tmp_path, monkeypatch) -> dict[str, int]:
+    """A study with cost columns: virtio-disk's run recorded an 8-core host; big-virtio (virtio-disk with 3 GiB) was
+    measured by a run that recorded no core count, as runs of an older cloudbox did."""
+    bad_study_dir(tmp_path, monkeypatch, COST_STUDY)
+    user = paths.user_profiles_dir()
+    user.mkdir(parents=True)
+    text = (REPO / "profiles" / "virtio-disk.toml").read_text()
+    (user / "big-virtio.toml").write_text(text.replace('name = "virtio-disk"', 'name = "big-virtio"')
+                                          .replace("memory_mib = 1024", "memory_mib = 3072"))
+    with ResultStore() as store:
+        return {
+            "small": add_run(store, "virtio-disk", {"rec-write-1m": (120.0, 160.0), "rec-read-1m": (90.0, 180.0)},
+                             started_at=T0, provenance=Provenance(host="h", host_cpus=16, host_cores=8)),
+            "big": add_run(store, "big-virtio", {"rec-write-1m": (150.0, 140.0)}, started_at=T0 + 10,
+                           provenance=Provenance(host="h")),
+        }
+
+
+def test_cost_columns_against_hand_computed_values(cost_runs, capsys):
+    small, big = (f"#{cost_runs[k]}" for k in ("small", "big"))
+    code, report, err = run_cli(["study", "report", "t"], capsys)
+    assert code == 0 and err == ""
+    head = next(line for line in report.splitlines() if line.startswith("| configuration"))
+    assert head.split(" | ")[6:8] == ["ours MB/s per host core", "ours MB/s per GiB guest RAM"]
+    assert table_rows(report, "Writes, 1 MB records") == [
+        # bare metal: (160 + 140) / 2 = 150.0; per core only if every run used recorded its cores (big's did not)
+        ["none, bare metal", "-", "-", "150.0", "-", "100", "-", "-", "- / 1000", "- / 120", "- / 100",
+         f"{small}, {big} (mean)"],
+        # 120 / 160 = 75.0 %; 120 MB/s over 8 cores = 15.0; over 1024 MiB = 1 GiB: 120.0
+        ["KVM, whole disk, 1 GiB guest", "`virtio-disk`", "-", "120.0", "-", "75.0", "15.0", "120.0", "- / 28",
+         "- / 0.85", "- / 91", small],
+        # 150 / 140 = 107.1 %; no core count recorded: "-"; over 3072 MiB = 3 GiB: 50.0
+        ["KVM, whole disk, 3 GiB guest", "`big-virtio`", "-", "150.0", "-", "107.1", "-", "50.0", "- / 28",
+         "- / 0.85", "- / 91", big],
+    ]
+    reads = table_rows(report, "Reads, 1 MB records")
+    assert reads[0][3] == "180.0" and reads[0][6:8] == ["22.5", "-"]  # 180 over 8 cores; bare metal has no guest
+    assert reads[1][6:8] == ["11.2", "90.0"]  # 90 / 8 = 11.25, shown to one decimal
+    assert reads[2][3] == "-" and reads[2][6:8] == ["-", "-"] and reads[2][-1] == "not run yet"
+    assert "Cost columns: each number divided by the physical cores of the host that ran it" in report
+    assert '"-" where a run did not record its host\'s cores.' in report
+
+    code, page, _ = run_cli(["study", "report", "t", "--format", "html"], capsys)
+    assert code == 0
+    right = '<td style="text-align:right">'
+    assert '<th style="text-align:right">ours MB/s per host core</th>' in page
+    assert '<th style="text-align:right">ours MB/s per GiB guest RAM</th>' in page
+    assert all(f"{right}{v}</td>" in page for v in ("15.0", "50.0", "22.5", "11.2"))
+
+    with ResultStore() as store:  # a quick run is newer but the study size is chosen; its cost columns say quick
+        add_run(store, "virtio-disk", {"rec-write-1m": (60.0, 80.0)}, started_at=T0 + 20, size="quick",
+                provenance=Provenance(host="h", host_cores=4))
+    code, report, _ = run_cli(["study", "report", "t", "--size", "quick"], capsys)
+    assert table_rows(report, "Writes, 1 MB records")[1][6:8] == ["15.0 (quick)", "60.0 (quick)"]
+
+
+def test_a_study_without_cost_has_no_cost_columns(study_a_runs, capsys):
+    code, report, _ = run_cli(["study", "report", "a"], capsys)
+    assert code == 0 and "per host core" not in report and "Cost columns" not in report
 
 
 # ----------------------------------------------------------------------------------------------- list / show

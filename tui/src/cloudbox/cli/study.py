@@ -130,6 +130,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     if study.series is not None:
         lines.append("series: " + "; ".join(f"{size}: {plan.words()}" for size in study.sizes
                                             if (plan := study.series_plan(size)) is not None))
+    if study.cost:
+        lines.append("cost: the report gives each number per host core and per GiB of guest RAM")
     lines += ["", "profiles (rows):"]
     width = max(len(p) for p in study.profile_names)
     for p in study.profiles:

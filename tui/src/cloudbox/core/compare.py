@@ -31,6 +31,7 @@ from typing import Any
 
 from .network import FRONTEND_SUFFIX
 from .results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
+from .storage import RECORD_SIZES
 
 EMULATED_MARK = "*"
 MEAN_BASELINE_MARK = "^"
@@ -108,7 +109,14 @@ class Table:
 # Test ordering and titles
 # --------------------------------------------------------------------------------------------------
 
-_STORAGE_ORDER = ("seq-{d}-64k", "dd-{d}-64k", "seq-{d}-1m", "rand{d}-4k-qd1", "rand{d}-4k-qd32")
+_STORAGE_ORDER = ("seq-{d}-64k", "dd-{d}-64k", "seq-{d}-1m", "rand{d}-4k-qd1", "rand{d}-4k-qd32",
+                  *(f"rec-{{d}}-{bs}" for bs in RECORD_SIZES))
+
+
+def _size_words(bs: str) -> str:
+    """fio's block size in words: 4k -> 4 kB, 16m -> 16 MB."""
+    return f"{bs[:-1]} {'kB' if bs.endswith('k') else 'MB'}"
+
 
 _STORAGE_TITLES = {
     "seq-{d}-64k": "sequential {d}, 64 kB requests (fio)",
@@ -116,6 +124,8 @@ _STORAGE_TITLES = {
     "seq-{d}-1m": "sequential {d}, 1 MB requests (fio)",
     "rand{d}-4k-qd1": "random {d}, 4 kB, queue depth 1 (fio)",
     "rand{d}-4k-qd32": "random {d}, 4 kB, queue depth 32 (fio)",
+    **{f"rec-{{d}}-{bs}": f"sequential {{d}}, {_size_words(bs)} records, one at a time (fio, as IOzone)"
+       for bs in RECORD_SIZES},
 }
 
 _NETWORK_TITLES = {
@@ -233,6 +243,7 @@ class Knobs:
     nic: str = ""
     vhost: bool = False
     mtu: int | None = None
+    memory_mib: int | None = None  # the guest's RAM
 
 
 def knobs(run: Run) -> Knobs:
@@ -255,7 +266,8 @@ def _knobs(profile_toml: str) -> Knobs:
 
     return Knobs(get("guest", "hypervisor", str) or "", get("disk", "bus", str) or "",
                  get("disk", "backing", str) or "", get("disk", "volume", str) or "",
-                 get("network", "model", str) or "", bool(get("network", "vhost", bool)), get("network", "mtu", int))
+                 get("network", "model", str) or "", bool(get("network", "vhost", bool)), get("network", "mtu", int),
+                 get("guest", "memory_mib", int))
 
 
 def vmm_label(run: Run) -> str:
@@ -656,8 +668,8 @@ def run_summary(run: Run) -> dict[str, Any]:
                 return t, v, percent_of_baseline(run, t, metric)
         return None, None, None
 
-    wt, wv, wp = pick(("seq-write-64k", "dd-write-64k", "seq-write-1m"), "MB/s")
-    rt, rv, rp = pick(("seq-read-64k", "dd-read-64k", "seq-read-1m"), "MB/s")
+    wt, wv, wp = pick(("seq-write-64k", "dd-write-64k", "seq-write-1m", "rec-write-1m"), "MB/s")
+    rt, rv, rp = pick(("seq-read-64k", "dd-read-64k", "seq-read-1m", "rec-read-1m"), "MB/s")
     nt, nv, np_ = pick(("tcp-stream", "iperf3-tx"), "Mbit/s")
     return {
         "id": run.id,

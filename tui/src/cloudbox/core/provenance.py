@@ -1,11 +1,11 @@
 """A run's provenance: everything that says where, how and with what its numbers were measured, as one typed record.
 
-The executor fills it as the run goes (which host ran it, the accelerator, tool versions, the guest image, the
-backing store, the spec, the guest's domain XML and kernel, its boot, a stalled network, the private network of a
-run on a back-end) and the front-end adds what it knows of a run it mirrored on a node (both nodes, the image's
-propagation, the node's run, the servers it opened for the cross-node tests). The results store keeps it as JSON
-(`to_stored`) and reads it back with `from_stored`, which also reads the older untyped form: keys it does not know
-are left out, a value of the wrong type drops that key alone, and `network` of a run on a back-end, its private
+The executor fills it as the run goes (which host ran it and its CPUs, the accelerator, tool versions, the guest
+image, the backing store, the spec, the guest's domain XML and kernel, its boot, a stalled network, the private
+network of a run on a back-end) and the front-end adds what it knows of a run it mirrored on a node (both nodes, the
+image's propagation, the node's run, the servers it opened for the cross-node tests). The results store keeps it as
+JSON (`to_stored`) and reads it back with `from_stored`, which also reads the older untyped form: keys it does not
+know are left out, a value of the wrong type drops that key alone, and `network` of a run on a back-end, its private
 network before that had its own key, becomes `private_network`.
 """
 
@@ -146,6 +146,8 @@ class Provenance(_Record):
     host: str | None = None  # the host that ran the guest and the baseline
     host_kernel: str | None = None
     cpu: str | None = None
+    host_cpus: int | None = None  # logical CPUs online on `host`
+    host_cores: int | None = None  # physical cores among them (hyperthreads counted once)
     accelerator: Accelerator | None = None
     versions: Versions | None = None
     guest_image: GuestImageInfo | None = None

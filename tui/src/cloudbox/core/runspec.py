@@ -51,6 +51,8 @@ class RunSpec:
         """Every option's value against its declaration; a UsageError for the first that is not allowed."""
         for opt in RUN_OPTIONS:
             opt.validate(getattr(self, opt.field))
+        if self.wants_storage:
+            _check_records_fit(self.storage_tests, self.size)
 
     @property
     def wants_storage(self) -> bool:
@@ -197,6 +199,15 @@ def _check_tests(value: str) -> None:
         raise UsageError(f"--tests {value!r}: {e}") from None
 
 
+def _check_records_fit(tests: str, size: str) -> None:
+    """fio refuses a file smaller than one block, so a custom --size must hold the largest record of --tests."""
+    n, _ = parse_size(size, 1024)
+    big = max(storage.resolve_tests(tests), key=lambda t: storage.block_bytes(t.bs))
+    if n < storage.block_bytes(big.bs):
+        raise UsageError(f"--size {size!r} is smaller than one {big.bs} record of {big.id}; allowed: a size of at "
+                         f"least {big.bs.upper()}, or --tests without {big.id}")
+
+
 def _check_net_tests(value: str) -> None:
     try:
         resolve_net_tests(value)
@@ -236,7 +247,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               choices=(Choice("quick", "quick (128 MiB, 5 s tests)"),
                        Choice("study", "study-sized (2x guest RAM, 30 s tests)")), check=_check_size),
     RunOption("storage_tests", ("--tests",), str, "standard",
-              "storage tests: smoke, study, standard, full, or comma-separated ids", title="Storage tests",
+              f"storage tests: {', '.join(storage.TEST_SETS)}, or comma-separated ids", title="Storage tests",
               metavar="TESTS",
               choices=tuple(Choice(k, f"{k}: {', '.join(v)}") for k, v in storage.TEST_SETS.items()),
               check=_check_tests, form_default="study"),

@@ -19,6 +19,8 @@ from pathlib import Path
 from .errors import Aborted, CloudboxError, GuestError
 
 MB = 1_000_000
+GUEST_TIMEOUT = 3600.0  # seconds a guest's test may run before it counts as hung
+SLOW_REQUEST_S = 0.02  # one request waiting for a hard disk's flush: the slowest a one-at-a-time pass may go
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,11 @@ class StorageTest:
     direct: bool = True
     dd: bool = False  # literal dd instead of fio
     timed: bool = False  # random tests are capped by runtime
+    sync: bool = False  # one read()/write() call at a time, as IOzone issues them, instead of libaio
+
+    @property
+    def engine(self) -> str:
+        return "psync" if self.sync or not self.direct else "libaio"
 
     @property
     def writes(self) -> bool:
@@ -39,6 +46,10 @@ class StorageTest:
     def labels(self) -> list[str]:
         return [] if self.direct else ["buffered"]
 
+
+# IOzone's O_DIRECT record-size sweep (study C): the whole file at each size, one request at a time, write then read.
+RECORD_SIZES = ("4k", "16k", "64k", "256k", "1m", "4m", "16m")
+RECORD_TESTS = tuple(f"rec-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write", "read"))
 
 TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("seq-write-64k", "write", "64k"),
@@ -53,6 +64,7 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("randread-4k-qd1", "randread", "4k", timed=True),
     StorageTest("randwrite-4k-qd32", "randwrite", "4k", iodepth=32, timed=True),
     StorageTest("randread-4k-qd32", "randread", "4k", iodepth=32, timed=True),
+    *(StorageTest(f"rec-{rw}-{bs}", rw, bs, sync=True) for bs in RECORD_SIZES for rw in ("write", "read")),
 ]}
 
 TEST_SETS: dict[str, list[str]] = {
@@ -61,8 +73,10 @@ TEST_SETS: dict[str, list[str]] = {
     "standard": ["seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m",
                  "seq-read-1m", "randwrite-4k-qd1", "randread-4k-qd1", "randwrite-4k-qd32",
                  "randread-4k-qd32"],
-    "full": list(TESTS),
+    # Not the record sweep: 14 more whole-file passes, down to 4 kB at a time, would more than double a full run.
+    "full": [t for t in TESTS if t not in RECORD_TESTS],
     "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
+    "records": list(RECORD_TESTS),
 }
 
 
@@ -75,6 +89,19 @@ def resolve_tests(spec: str | list[str]) -> list[StorageTest]:
             f"unknown storage test(s) {', '.join(unknown)}; allowed: {', '.join(TESTS)} "
             f"or a set: {', '.join(TEST_SETS)}")
     return [TESTS[i] for i in ids]
+
+
+def block_bytes(bs: str) -> int:
+    """fio's block size in bytes: "64k" -> 65536, "16m" -> 16777216."""
+    return int(bs[:-1]) * {"k": 1024, "m": 1024**2}[bs[-1]]
+
+
+def guest_timeout(t: StorageTest, size: int) -> float:
+    """How long the guest's run of `t` over `size` bytes may take: an hour, or for a test issuing one request at a time
+    over the whole file (the record sweep) as long as its requests take at the slowest (SLOW_REQUEST_S each)."""
+    if t.sync:
+        return max(GUEST_TIMEOUT, size / block_bytes(t.bs) * SLOW_REQUEST_S)
+    return GUEST_TIMEOUT
 
 
 def needs_fill(tests: list[StorageTest]) -> bool:
@@ -104,7 +131,7 @@ def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool
         "fio", f"--name={'fill' if fill else t.id}", f"--filename={target}", f"--size={size}",
         f"--rw={rw}", f"--bs={'1m' if fill else t.bs}", f"--iodepth={1 if fill else t.iodepth}",
         f"--direct={1 if (fill or t.direct) else 0}",
-        "--ioengine=libaio" if (fill or t.direct) else "--ioengine=psync",
+        f"--ioengine={'libaio' if fill else t.engine}",
         "--output-format=json", "--eta=always", "--eta-newline=1", "--eta-interval=1",
         "--group_reporting=1", "--randrepeat=0", "--norandommap=1",
     ]
@@ -282,10 +309,10 @@ class GuestRunner:
 
     def fill(self, target: str, size: int) -> None:
         t = TESTS["seq-write-1m"]
-        self._fio(t, fio_args(t, target, size, 0, fill=True), lambda _p: None, timeout=3600)
+        self._fio(t, fio_args(t, target, size, 0, fill=True), lambda _p: None, timeout=GUEST_TIMEOUT)
 
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn,
-            timeout: float = 3600) -> FioResult:
+            timeout: float = GUEST_TIMEOUT) -> FioResult:
         if t.dd:
             r = self.guest.sh(timed_dd_script(dd_args(t, target, size)), timeout=timeout, poll=self._check_cancel)
             if r.exitcode != 0:

@@ -8,6 +8,7 @@ A study is a TOML file (studies/*.toml in the checkout, /usr/share/cloudbox/stud
 - `[[paper]]`: the published numbers per cell ("profile/test", or "native/test" for the bare-metal row);
 - `[[rules]]`: each finding as a comparison over one cell: the cell's number itself, or as a % of the same run's
   bare-metal baseline ("native") or of another profile's cell of the same test.
+- `cost = true`: the report adds each number per host core and per GiB of guest RAM (study C's cost per MB/s).
 
 This module loads and validates studies (`StudyError`: file, key, value and what is allowed, like a profile's
 problems), picks for every cell the latest completed run (`select_cells`), evaluates each rule to a `Verdict`
@@ -32,7 +33,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from . import backing, inputs, paths, profiles
-from .compare import primary_metric
+from .compare import knobs, primary_metric
 from .errors import (
     PYDANTIC_MESSAGES,
     NoSpace,
@@ -203,6 +204,7 @@ class Study(_Strict):
     paper: list[PaperCell] = Field(default_factory=list, max_length=4 * MAX_ENTRIES)
     rules: list[Rule] = Field(default_factory=list, max_length=MAX_ENTRIES)
     series: Series | None = None
+    cost: bool = False  # the report adds each number per host core and per GiB of guest RAM (study C's cost)
 
     def series_plan(self, size: str) -> SeriesPlan | None:
         """How many repeats at `size`, how far apart; None for a study measured once per cell."""
@@ -272,6 +274,7 @@ _RULES = {
     "rules.metric": ", ".join(RULE_METRICS),
     "rules.op": ", ".join(OPS),
     "series": "a table with a plan per size: [series.study] and/or [series.quick]",
+    "cost": "true or false: whether the report adds cost columns (per host core, per GiB of guest RAM)",
     "series.study": "a table with keys every_minutes, repeats",
     "series.quick": "a table with keys every_minutes, repeats",
     "series.study.every_minutes": "minutes between the starts of two repeats, 0..1440 (0: back to back)",
@@ -601,6 +604,18 @@ class Cell:
     node: str | None = None
     started_at: float | None = None
     profile_changed: bool = False  # the run's profile hash is not the profile's hash today
+    host_cores: int | None = None  # physical cores of the host that ran it, as the run recorded them
+    guest_memory_mib: int | None = None  # the guest's RAM, from the profile stored with the run
+
+    def per_host_core(self, value: float | None) -> float | None:
+        """`value` (this cell's guest or bare-metal number) per physical core of the host; None when the run
+        recorded no core count."""
+        return None if value is None or not self.host_cores else value / self.host_cores
+
+    @property
+    def guest_per_gib(self) -> float | None:
+        """The guest's number per GiB of its RAM; None when the stored profile gives no memory size."""
+        return None if not self.guest_memory_mib else self.guest.value / (self.guest_memory_mib / 1024)
 
     @property
     def qualifiers(self) -> list[str]:
@@ -658,7 +673,8 @@ def select_cells(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *
             best[key] = (rank, Cell(run.profile_name, test, run.id, guest, _measured(run, "baseline", test, metric),
                                     metric=metric, size_label=run.size_label, accelerator=run.accelerator,
                                     emulated=run.emulated, node=run.node, started_at=run.started_at,
-                                    profile_changed=changed))
+                                    profile_changed=changed, host_cores=run.provenance.host_cores,
+                                    guest_memory_mib=knobs(run).memory_mib))
     return {k: v[1] for k, v in best.items()}
 
 

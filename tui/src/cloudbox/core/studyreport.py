@@ -1,5 +1,6 @@
 """A study's report in Markdown (or HTML with a figure per table): its tables in the paper's layout with the paper's
-number beside ours in every cell, then each finding with its verdict and the reason.
+number beside ours in every cell (and, when the study asks for cost, ours per host core and per GiB of guest RAM),
+then each finding with its verdict and the reason.
 
 Made only from stored runs (`studies.gather`), so it can be regenerated and exported at any time; it carries no
 time of its own, only the runs it used. Our numbers measured where they cannot stand for the paper's (emulated,
@@ -112,6 +113,17 @@ def native_row(cells: Sequence[Cell]) -> tuple[Measured | None, list[int]]:
                     tuple(sorted({lab for b in bs for lab in b.labels}))), sorted(by_run)
 
 
+def native_per_core(cells: Sequence[Cell]) -> float | None:
+    """The bare-metal row's number per host core: the mean over the runs it comes from of each baseline divided by
+    its own host's cores; None unless every one of those runs recorded its cores."""
+    by_run: dict[int, Cell] = {}
+    for c in cells:
+        if c.baseline is not None:
+            by_run.setdefault(c.run_id, c)
+    per = [c.per_host_core(c.baseline.value if c.baseline else None) for c in by_run.values()]
+    return None if not per or None in per else _mean(per)
+
+
 def _runs(ids: Sequence[int]) -> str:
     return ", ".join(f"#{i}" for i in ids) + (" (mean)" if len(ids) > 1 else "")
 
@@ -132,6 +144,8 @@ def table(ev: Evidence, test: str) -> list[str]:
     metric = cells[0].metric if cells else ("MB/s" if is_storage_test(test) else "Mbit/s")
     storage = is_storage_test(test)
     head = ["configuration", "profile", f"paper {metric}", f"ours {metric}", "paper % of native", "ours % of native"]
+    if study.cost:
+        head += [f"ours {metric} per host core", f"ours {metric} per GiB guest RAM"]
     if storage:
         head += ["avgrq paper / ours", "avgqu paper / ours", "util % paper / ours"]
     head.append("run")
@@ -145,6 +159,8 @@ def table(ev: Evidence, test: str) -> list[str]:
     row = ["none, bare metal", "-", _g(paper_native.value if paper_native else None),
            _with(value_text(native.value if native else None, metric), native_q), "100" if paper_native else "-",
            "100" if native else "-"]
+    if study.cost:
+        row += [_with(value_text(native_per_core(cells), metric), native_q), "-"]
     if storage:
         for key in ("avgrq", "avgqu", "util"):
             row.append(f"{_g(getattr(paper_native, key) if paper_native else None)} / "
@@ -166,6 +182,9 @@ def table(ev: Evidence, test: str) -> list[str]:
             if cell.baseline is not None and cell.baseline.value:
                 ours_pct = _with(pct_text(cell.guest.value / cell.baseline.value * 100.0), q)
         row = [study.row(profile), f"`{profile}`", paper_text(study, profile, test), ours, p_pct_text, ours_pct]
+        if study.cost:
+            row += [_with(value_text(cell.per_host_core(cell.guest.value) if cell else None, metric), q),
+                    _with(value_text(cell.guest_per_gib if cell else None, metric), q)]
         if storage:
             for key in ("avgrq", "avgqu", "util"):
                 row.append(f"{_g(getattr(pc, key) if pc else None)} / "
@@ -223,6 +242,10 @@ def _intro(ev: Evidence) -> list[str]:
            "(the paper's: by its bare-metal row unless a row says otherwise). Paper percentages are computed from the "
            "published numbers unless marked published. Host columns: avgrq in 512-byte sectors, avgqu in requests.",
            ""]
+    if study.cost:
+        out += ["Cost columns: each number divided by the physical cores of the host that ran it, as its run "
+                "recorded them, and the guest's by its RAM in GiB, from the profile stored with its run; the "
+                "bare-metal row has no guest RAM. \"-\" where a run did not record its host's cores.", ""]
     legend = _legend(ev)
     out += ["Runs used:", "", *legend, ""] if legend else ["No stored run matches this study yet "
                                                            f"(`cloudbox study run {study.name}`).", ""]

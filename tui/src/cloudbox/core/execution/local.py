@@ -10,6 +10,7 @@ dies or its agent stops answering, the run's reason ends with the console's last
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import subprocess
 from collections.abc import Callable
@@ -97,9 +98,10 @@ def prepare_backing(ctx: RunContext) -> None:
 def record_facts(ctx: RunContext) -> None:
     """The run's provenance so far: this host, the accelerator, the versions, the guest image, the backing store."""
     acc, image, store = ctx.accelerator, ctx.image, ctx.backing
+    cpus, cores = cpu_counts()
     ctx.provenance = Provenance(
         controller=Controller.this_host(), host=platform.node(), host_kernel=platform.release(), cpu=_cpu_model(),
-        accelerator=acc,
+        host_cpus=cpus, host_cores=cores, accelerator=acc,
         versions=Versions(cloudbox=__version__, qemu=_version(["qemu-system-x86_64", "--version"]),
                           libvirt=_libvirt_version(ctx.conn.getLibVersion()),
                           hypervisor=_libvirt_version(ctx.conn.getVersion()), fio=_version(["fio", "--version"]),
@@ -186,7 +188,8 @@ def guest_storage(ctx: RunContext) -> None:
         gr.fill(disk, ctx.size)
     for t in tests:
         storage_test(ctx, "guest", t, functools.partial(gr.run, t, disk, ctx.size, ctx.runtime,
-                                                        sink.progress("guest", t.id)), gr.drop_caches)
+                                                        sink.progress("guest", t.id),
+                                                        timeout=storage.guest_timeout(t, ctx.size)), gr.drop_caches)
 
 
 def _version(cmd: list[str]) -> str:
@@ -209,3 +212,25 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+CPU_SYSFS = Path("/sys/devices/system/cpu")
+
+
+def cpu_counts(root: Path = CPU_SYSFS) -> tuple[int | None, int | None]:
+    """(logical CPUs online, physical cores among them) from sysfs, a core being a distinct (package, die, core id);
+    the cores are None when sysfs cannot tell."""
+    cores: set[tuple[str, ...]] = set()
+    logical = 0
+    try:
+        for cpu in root.glob("cpu[0-9]*"):
+            topo = cpu / "topology"
+            online = cpu / "online"
+            if not topo.is_dir() or (online.exists() and online.read_text().strip() != "1"):
+                continue
+            logical += 1
+            cores.add(tuple((topo / f).read_text().strip() if (topo / f).exists() else ""
+                            for f in ("physical_package_id", "die_id", "core_id")))
+    except OSError:
+        return os.cpu_count(), None
+    return (logical or os.cpu_count()), (len(cores) or None)

@@ -1,0 +1,105 @@
+"""Study C's record-size sweep as storage tests: each record size a sequential O_DIRECT write and read, one request
+at a time, named alike wherever storage tests are named (catalogue, sets, the run option, compare's titles and
+order), and fio really issuing records of that size (a bare-metal run of the sweep on a small file)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from cloudbox.core import compare, results, storage
+from cloudbox.core.errors import UsageError
+from cloudbox.core.runspec import RunSpec, option
+
+SIZES = ("4k", "16k", "64k", "256k", "1m", "4m", "16m")
+SWEEP = [f"rec-{rw}-{bs}" for bs in SIZES for rw in ("write", "read")]
+
+
+def fio_options(args: list[str]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in args[1:] if a.startswith("--") and "=" in a)
+
+
+def test_each_record_test_is_one_direct_request_at_a_time_of_its_size():
+    assert storage.RECORD_SIZES == SIZES and list(storage.RECORD_TESTS) == SWEEP
+    for tid in SWEEP:
+        t = storage.TESTS[tid]
+        rw, bs = tid.split("-")[1:]
+        opts = fio_options(storage.fio_args(t, "/dev/vdb", 128 << 20, 5))
+        assert opts["name"] == tid and opts["filename"] == "/dev/vdb" and opts["size"] == str(128 << 20)
+        assert (opts["rw"], opts["bs"], opts["direct"], opts["iodepth"]) == (rw, bs, "1", "1")
+        assert opts["ioengine"] == "psync"  # one pread/pwrite call at a time, as IOzone issues them
+        assert "runtime" not in opts  # the whole file at every size, as IOzone
+        assert "end_fsync" not in opts  # O_DIRECT: nothing is left in the guest's page cache to flush
+        assert t.labels == [] and not t.timed and not t.dd
+    # The other direct tests keep libaio; the fill that lays data down for a lone read stays 1 MB direct writes.
+    assert fio_options(storage.fio_args(storage.TESTS["seq-write-64k"], "/dev/vdb", 1 << 20, 5))["ioengine"] == "libaio"
+    fill = fio_options(storage.fio_args(storage.TESTS["rec-read-4k"], "/dev/vdb", 1 << 20, 5, fill=True))
+    assert (fill["rw"], fill["bs"], fill["ioengine"], fill["direct"]) == ("write", "1m", "libaio", "1")
+    assert storage.block_bytes("4k") == 4096 and storage.block_bytes("16m") == 16 * 2**20
+
+
+def test_a_guest_pass_one_request_at_a_time_may_take_as_long_as_its_requests_at_their_slowest():
+    two_gib = 2 << 30
+    # 524,288 requests of 4 kB at 20 ms each (a hard disk flushing every write): 10,486 s, not the usual hour
+    assert storage.guest_timeout(storage.TESTS["rec-write-4k"], two_gib) == pytest.approx(524_288 * 0.02)
+    assert storage.guest_timeout(storage.TESTS["rec-read-16m"], two_gib) == storage.GUEST_TIMEOUT == 3600.0
+    assert storage.guest_timeout(storage.TESTS["seq-write-64k"], two_gib) == storage.GUEST_TIMEOUT
+    assert storage.guest_timeout(storage.TESTS["randread-4k-qd1"], two_gib) == storage.GUEST_TIMEOUT  # time-capped
+
+
+def test_the_records_set_and_full():
+    assert storage.TEST_SETS["records"] == SWEEP
+    assert not storage.needs_fill(storage.resolve_tests("records"))  # each size writes before it reads
+    assert storage.needs_fill(storage.resolve_tests("rec-read-64k"))
+    assert not set(SWEEP) & set(storage.TEST_SETS["full"])  # full leaves the sweep out
+    assert set(storage.TEST_SETS["full"]) | set(SWEEP) == set(storage.TESTS)
+    # the run option's choices and help come from the same table
+    assert [v for _, v in option("storage_tests").offered()] == list(storage.TEST_SETS)
+    assert "records" in option("storage_tests").help
+    assert [t.id for t in storage.resolve_tests("rec-write-4k,rec-read-16m")] == ["rec-write-4k", "rec-read-16m"]
+
+
+def test_a_custom_size_must_hold_the_largest_record():
+    RunSpec(profile="virtio-disk", size="16M", storage_tests="records").validate()
+    RunSpec(profile="virtio-disk", size="quick", storage_tests="records").validate()
+    RunSpec(profile="virtio-disk", size="4M", storage_tests="rec-write-4m").validate()
+    RunSpec(profile="virtio-disk", size="4M", suite="network", storage_tests="records").validate()  # no storage
+    with pytest.raises(UsageError, match=r"--size '8M' is smaller than one 16m record of rec-write-16m; allowed: "
+                                         r"a size of at least 16M, or --tests without rec-write-16m"):
+        RunSpec(profile="virtio-disk", size="8M", storage_tests="records").validate()
+
+
+def test_results_and_compare_name_the_sweep():
+    for tid in SWEEP:
+        assert results.is_storage_test(tid) and not results.is_network_test(tid)
+        assert compare.primary_metric(tid, ["MB/s"]) == "MB/s"
+    assert compare.test_title("rec-write-4k") == (
+        "Write: sequential write, 4 kB records, one at a time (fio, as IOzone), O_DIRECT [rec-write-4k]")
+    assert compare.test_title("rec-read-16m") == (
+        "Read: sequential read, 16 MB records, one at a time (fio, as IOzone), O_DIRECT [rec-read-16m]")
+    # writes then reads; within each, after the general tests, by record size (not alphabetically: 16k after 4k)
+    shuffled = ["rec-read-1m", "seq-read-64k", "rec-write-16m", "rec-write-4k", "rec-read-4k", "rec-write-16k",
+                "randwrite-4k-qd32", "rec-write-256k"]
+    assert sorted(shuffled, key=compare.test_sort_key) == [
+        "randwrite-4k-qd32", "rec-write-4k", "rec-write-16k", "rec-write-256k", "rec-write-16m", "seq-read-64k",
+        "rec-read-4k", "rec-read-1m"]
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="needs fio")
+def test_fio_issues_records_of_each_size_on_bare_metal(tmp_path):
+    size = 16 << 20
+    target = str(tmp_path / "file")
+    runner = storage.HostRunner(lambda: False)
+    for tid in SWEEP:
+        t = storage.TESTS[tid]
+        try:
+            res = runner.run(t, target, size, 5, lambda _p: None)
+        except Exception as e:  # a file system without O_DIRECT (tmpfs before Linux 6.6)
+            pytest.skip(f"fio with O_DIRECT in {tmp_path}: {e}")
+        job = json.loads(res.raw)["jobs"][0]
+        side = job[t.rw]
+        assert job["job options"]["bs"] == t.bs and job["job options"]["direct"] == "1"
+        assert side["io_bytes"] == size and side["total_ios"] == size // storage.block_bytes(t.bs), tid
+        assert res.mbps > 0
