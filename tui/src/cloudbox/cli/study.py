@@ -5,11 +5,14 @@
     cloudbox study report NAME [--format md|html] [-o FILE] [--size quick|study] [--node N] [--db PATH]
     cloudbox study run NAME [--size quick|study] [--node N] [--work-dir D] [--device DEV --destroy NAME]
                             [--agent-timeout S] [--repeats N] [--every MINUTES] [--again] [--dry-run] [--detach]
+    cloudbox study images [--clear]
 
 NAME is a study's name (`A` and `a` are the same) or a study file. `run` measures, one profile after another (the
 same executor as `cloudbox run`; with --detach a sweep), the cells no completed run holds yet for the same profile
 hash, size and node, and says which it skips; a series study (D) runs the repeats still missing, spaced as its
-file says. Exit codes: 0 ok; 1 a cloudbox error or a run that did not complete;
+file says; a study with an image-propagation sweep (B) then runs the sweep's missing samples as one more run.
+`images` lists the sweep's source images in the image store, `--clear` removes them.
+Exit codes: 0 ok; 1 a cloudbox error or a run that did not complete;
 2 an invalid study file or option; 130 stopped by Ctrl-C (after the current run cleaned up).
 """
 
@@ -25,10 +28,11 @@ from typing import Any
 
 from cloudbox.cli.common import EXIT_INTERRUPTED, guard, usage
 from cloudbox.cli.run import Printer
-from cloudbox.core import runs, studies, studyreport
+from cloudbox.core import backing, propagation, runs, studies, studyreport
 from cloudbox.core.errors import CloudboxError, StudyError, UsageError
 from cloudbox.core.inputs import printable
 from cloudbox.core.results import ResultStore
+from cloudbox.core.runlock import check_not_busy
 from cloudbox.core.runspec import option
 
 # The `cloudbox run` options a study run passes on to each of its runs, declared once in runspec.RUN_OPTIONS.
@@ -88,6 +92,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--detach", "-d", action="store_true",
                      help="run in the background as a sweep (one run after another) and return at once")
     run.set_defaults(func=guard(cmd_run, invalid=invalid))
+
+    im = sub.add_parser("images", help="the image-propagation sweep's source images (made once, reused); --clear "
+                                       "removes them")
+    im.add_argument("--clear", action="store_true",
+                    help="remove every source image (refused while a run is going on this host)")
+    im.set_defaults(func=guard(cmd_images, invalid=invalid))
     return p
 
 
@@ -132,6 +142,9 @@ def cmd_show(args: argparse.Namespace) -> int:
                                             if (plan := study.series_plan(size)) is not None))
     if study.cost:
         lines.append("cost: the report gives each number per host core and per GiB of guest RAM")
+    if study.propagation is not None:
+        lines.append(f"image-propagation sweep of {study.propagation.profile}: " + "; ".join(
+            f"{size}: {sp.words()}" for size in study.sizes if (sp := study.sweep_plan(size)) is not None))
     lines += ["", "profiles (rows):"]
     width = max(len(p) for p in study.profile_names)
     for p in study.profiles:
@@ -185,7 +198,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if fmt is None:
         fmt = "html" if args.output is not None and args.output.suffix.lower() in (".html", ".htm") else "md"
     with ResultStore(args.db) as store:
-        ev = studies.gather(study, store.list_runs(state="completed"), size=args.size, node=args.node)
+        ev = studies.gather(study, store.list_runs(), size=args.size, node=args.node)
         if fmt == "html":  # its host disk figures
             studies.attach_host_samples(ev, lambda run_id, test: store.samples(run_id, test=test))
     text = studyreport.FORMATS[fmt](ev)
@@ -194,8 +207,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     _write(args.output, text)
     counts = studies.summarize(ev).verdicts
+    sweep = f"; {len(ev.sweep.samples)} propagation samples" if ev.sweep is not None else ""
     print(printable(f"wrote {args.output}: {len(ev.cells)} cells from {len({c.run_id for c in ev.cells.values()})} "
-                    f"runs; " + ", ".join(f"{n} {s}" for s, n in counts.items())), file=sys.stderr)
+                    f"runs{sweep}; " + ", ".join(f"{n} {s}" for s, n in counts.items())), file=sys.stderr)
     return 0
 
 
@@ -208,8 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.repeats is not None or args.every is not None:
         study = studies.with_series_plan(study, size, repeats=args.repeats, every_minutes=args.every)
     with ResultStore() as store:
-        todo = studies.prepare_run(study, store.list_runs(state="completed"), size=args.size, node=args.node,
-                                   again=args.again, **options)
+        todo = studies.prepare_run(study, store.list_runs(), size=args.size, node=args.node, again=args.again,
+                                   **options)
         specs = todo.specs
         print(printable(todo.headline()))
         print("\n".join(printable(line) for line in todo.lines()))
@@ -239,7 +253,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     print(f"\nstopped before run {i} of {len(specs)}; `cloudbox study run {study.name}` again "
                           "measures the repeats still missing")
                     return EXIT_INTERRUPTED
-            print(printable(f"\n== study {study.name}: run {i} of {len(specs)}: {spec.profile} ({spec.suite})"))
+            what = f"image-propagation sweep, {len(spec.propagate)} samples" if spec.propagation else spec.suite
+            print(printable(f"\n== study {study.name}: run {i} of {len(specs)}: {spec.profile} ({what})"))
             ex = runs.executor(spec, store, emit=printer)
             rid = ex.execute()
             state = store.get_run(rid, raw=False).state
@@ -251,3 +266,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\nstudy {study.name}: {len(specs) - failed} of {len(specs)} runs completed; "
           f"cloudbox study report {study.name}")
     return 0 if not failed else 1
+
+
+# -- images -------------------------------------------------------------------------------------------------------
+def cmd_images(args: argparse.Namespace) -> int:
+    if args.clear:
+        check_not_busy()  # a sweep in progress copies from them
+        removed = propagation.clear_sources()
+        freed = sum(x.size_bytes for x in removed)
+        print(printable(f"removed {len(removed)} source image(s) from {propagation.store_dir()}"
+                        + (f" ({backing.human_size(freed)})" if removed else "")))
+        return 0
+    found = propagation.list_sources()
+    if not found:
+        print(printable(f"no source images in {propagation.store_dir()} (a study's image-propagation sweep makes "
+                        "them: cloudbox study run b)"))
+        return 0
+    print(printable(f"{propagation.store_dir()}:"))
+    for x in found:
+        print(printable(f"  {propagation.size_text(x.size_bytes):>9}  {x.path.name}"
+                        + ("" if x.complete else "  (incomplete: the next sweep or --clear removes it)")))
+    return 0

@@ -238,13 +238,8 @@ def _run(cmd: list[str]) -> str:
     return r.stdout
 
 
-def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str | None = None,
-            confirm: str | None = None, volume: str = "") -> BackingStore:
-    """Create the backing store. On any failure everything created so far is removed."""
-    if kind == "network-volume":
-        raise CloudboxError(
-            f"backing 'network-volume' ({volume or 'no volume'}) is declared but not implemented yet: "
-            "it needs a front-end exporting AoE/iSCSI/NBD/NVMe-TCP volumes (cluster issue)")
+def _new_work_dir(kind: str, work_dir: Path, size_bytes: int, fmt: str) -> BackingStore:
+    """A fresh per-run work directory that QEMU can reach, as an empty store that removes it whole."""
     for parent in work_dir.parents:  # QEMU runs as libvirt-qemu and must be able to traverse to the store
         if parent == Path("/"):
             break
@@ -263,6 +258,31 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
     dev_name = dev_name_for_path(work_dir)
     store = BackingStore(kind, "", False, fmt, size_bytes, dev_name, device_model(dev_name))
     store._cleanup.append(("dir", str(work_dir)))
+    return store
+
+
+INSTANCE_KIND = "instance-copy"
+
+
+def instance_dir(work_dir: Path, size_bytes: int) -> BackingStore:
+    """A fresh work directory for the raw instance files a propagation run copies in, one per guest (study B); the
+    store is the directory (`path`), removed whole with what is in it. `size_bytes`: the largest instance."""
+    store = _new_work_dir(INSTANCE_KIND, work_dir, size_bytes, "raw")
+    store.path = str(work_dir)
+    if store.host_device is None:
+        store.labels.append("no-host-metrics")
+    return store
+
+
+def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str | None = None,
+            confirm: str | None = None, volume: str = "") -> BackingStore:
+    """Create the backing store. On any failure everything created so far is removed."""
+    if kind == "network-volume":
+        raise CloudboxError(
+            f"backing 'network-volume' ({volume or 'no volume'}) is declared but not implemented yet: "
+            "it needs a front-end exporting AoE/iSCSI/NBD/NVMe-TCP volumes (cluster issue)")
+    store = _new_work_dir(kind, work_dir, size_bytes, fmt)
+    dev_name = store.host_device
     try:
         if kind in FILE_KINDS:
             _need_space(work_dir, *space_needed(kind, size_bytes))

@@ -31,6 +31,7 @@ from typing import Any
 
 from .network import FRONTEND_SUFFIX
 from .results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
+from .runspec import PROPAGATE_PREFIX
 from .storage import RECORD_SIZES
 
 EMULATED_MARK = "*"
@@ -196,11 +197,14 @@ def test_title(test: str) -> str:
 
 def primary_metric(test: str, available: Iterable[str] = ()) -> str:
     """The metric a section shows: MB/s for sequential, IOPS for random, trans/s for tcp-rr,
-    Mbit/s for streams; the first available one when the preferred is missing."""
+    Mbit/s for streams, total_s for an image-propagation sample; the first available one when the preferred is
+    missing."""
     avail = list(dict.fromkeys(available))
     b = base_test(test)
     if test.removesuffix(FRONTEND_SUFFIX) == "tcp-rr":
         preferred = ["trans/s"]
+    elif test.startswith(PROPAGATE_PREFIX):
+        preferred = ["total_s"]  # an image-propagation sample: provisioning to the guest's agent
     elif is_network_test(test) and not is_storage_test(test):
         preferred = ["Mbit/s"]
     elif b.startswith("rand"):

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 from .accel import Accelerator
 from .runspec import RunSpec
@@ -164,6 +164,10 @@ class Provenance(_Record):
     propagation: Propagation | None = None
     peer: PeerServers | None = None
     remote_run: RemoteRun | None = None
+
+    @field_serializer("spec")
+    def _spec_stored(self, spec: RunSpec | None) -> dict[str, Any] | None:
+        return None if spec is None else spec.as_dict()
 
     def to_stored(self) -> dict[str, Any]:
         """The JSON form kept in the results store and shown by `results export|show --json`."""

@@ -7,7 +7,8 @@ readers never block the writer and always see committed rows. Every write is its
 
 Tables (schema version SCHEMA_VERSION, kept in PRAGMA user_version; `migrate()` upgrades older files):
   runs          one benchmark run: profile, suite, size, state, accelerator, emulated flag, provenance
-  measurements  one number per (run, side, test, metric), with the host disk metrics of its steady window
+  measurements  one number per (run, side, test, metric), with the host disk metrics of its steady window (a
+                propagation run stores one row per sample and metric: its copy, boot and total seconds)
   samples       the host sampler's once-a-second disk metrics
   events        the live stream (state/step/progress/log/sample/measurement) a watcher polls by seq
 
@@ -38,10 +39,11 @@ from .procs import process_exists
 from .provenance import Provenance
 from .storage import RECORD_TESTS
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # "guest": an interactive guest session (launched, kept running until stopped; no tests).
-SUITES = ("storage", "network", "all", "guest")
+# "propagation": study B's image-propagation sweep (its samples: measurements of the tests "propagate-<MiB>m").
+SUITES = ("storage", "network", "all", "guest", "propagation")
 SIZE_LABELS = ("quick", "study", "custom")
 STATES = ("running", "completed", "aborted", "failed")
 ACCELERATORS = ("kvm", "nested-kvm", "tcg", "xen")
@@ -304,30 +306,43 @@ def _exec_script(conn: sqlite3.Connection, script: str) -> None:
 # MIGRATIONS[n] upgrades a database at user_version n to n + 1. Append, never edit, entries.
 _SUITE_CHECK_V1 = "CHECK (suite IN ('storage', 'network', 'all'))"
 _SUITE_CHECK_V2 = "CHECK (suite IN ('storage', 'network', 'all', 'guest'))"
+_SUITE_CHECK_V3 = "CHECK (suite IN ('storage', 'network', 'all', 'guest', 'propagation'))"
 
 
-def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
-    """Widen runs.suite's CHECK to allow 'guest' (guest sessions). A wider CHECK changes nothing on disk,
-    so this is SQLite's documented in-place schema edit (writable_schema + schema_version bump), not a
-    table rebuild: a rebuild would have to drop `runs`, which cascades to measurements and events."""
+def _widen_suite_check(conn: sqlite3.Connection, old: str, new: str, target: int) -> None:
+    """Replace runs.suite's CHECK `old` by the wider `new`. A wider CHECK changes nothing on disk, so this is
+    SQLite's documented in-place schema edit (writable_schema + schema_version bump), not a table rebuild: a
+    rebuild would have to drop `runs`, which cascades to measurements and events."""
     version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
     conn.execute("PRAGMA writable_schema = ON")
     try:
         cur = conn.execute(
-            "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table' AND name = 'runs'",
-            (_SUITE_CHECK_V1, _SUITE_CHECK_V2),
+            "UPDATE sqlite_master SET sql = replace(sql, ?, ?)"
+            " WHERE type = 'table' AND name = 'runs' AND instr(sql, ?)",
+            (old, new, old),
         )
         if cur.rowcount != 1:
-            raise CloudboxError("results database: table runs not found while upgrading to schema 2")
+            raise CloudboxError(f"results database: table runs with {old} not found while upgrading to schema {target}")
         conn.execute(f"PRAGMA schema_version = {version + 1}")
     finally:
         conn.execute("PRAGMA writable_schema = OFF")
     check = conn.execute("PRAGMA integrity_check").fetchone()[0]
     if check != "ok":
-        raise CloudboxError(f"results database: integrity check failed after upgrading to schema 2: {check}")
+        raise CloudboxError(f"results database: integrity check failed after upgrading to schema {target}: {check}")
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    """Widen runs.suite's CHECK to allow 'guest' (guest sessions)."""
+    _widen_suite_check(conn, _SUITE_CHECK_V1, _SUITE_CHECK_V2, 2)
+
+
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    """Widen runs.suite's CHECK to allow 'propagation' (study B's image-propagation sweep)."""
+    _widen_suite_check(conn, _SUITE_CHECK_V2, _SUITE_CHECK_V3, 3)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2,
+                                                                2: _migrate_2_to_3}
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

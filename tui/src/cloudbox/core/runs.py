@@ -25,6 +25,7 @@ from . import paths
 from .errors import CloudboxError, NotFound, RunBusy
 from .execution.lifecycle import Execution
 from .execution.local import run_local
+from .execution.propagate import run_propagation
 from .execution.sink import Consumer
 from .nodes.mirror import run_on_node
 from .profiles import resolve_profile
@@ -39,8 +40,10 @@ ENTRY = "cloudbox.core.runs"  # the module a detached executor or sweep runs as 
 # --------------------------------------------------------------------------------------- executor
 def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
              run_id: int | None = None) -> Execution:
-    """The executor of `spec`: this host's steps, or the mirroring of a run on the enrolled node spec.node."""
-    return Execution(spec, store, run_on_node if spec.node else run_local, emit=emit, run_id=run_id)
+    """The executor of `spec`: this host's steps (a test run's, or the image-propagation sweep's), or the mirroring
+    of a run on the enrolled node spec.node."""
+    body = run_on_node if spec.node else (run_propagation if spec.propagation else run_local)
+    return Execution(spec, store, body, emit=emit, run_id=run_id)
 
 
 # ------------------------------------------------------------------------------------- detached

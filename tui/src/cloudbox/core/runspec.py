@@ -4,12 +4,17 @@ RUN_OPTIONS is the one table of run options (name, type, default, help, choices,
 flags from it and the TUI's Tests screen its selects, so a new option or choice appears in both at once. A spec
 is checked (`RunSpec.validate`) before anything is created; a bad value is a UsageError naming the flag, the value
 and what is allowed. The plan is the run's steps as (side, test), in the order the executor takes them.
+
+A propagation run (suite "propagation", study B's image-propagation sweep) is made by `cloudbox study run` only, from
+a study's [propagation] table: its image sizes are the spec's `propagate`, one per sample, and `cloudbox run` does not
+offer the suite.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from . import network, storage
@@ -24,6 +29,23 @@ DEFAULT_AGENT_TIMEOUT = 300.0
 SUITES = ("storage", "network", "all", "guest")
 SIDES = ("baseline", "guest")
 BOOT = "boot"  # the plan's test name for the guest's launch
+# Study B's image-propagation sweep: provision a guest from an image of each size (core.execution.propagate).
+PROPAGATION = "propagation"
+PROPAGATE_PREFIX = "propagate-"
+MIB = 1024**2
+MAX_PROPAGATE_SAMPLES = 2000  # samples in one propagation run: a study's 16 sizes x 100 repeats, with room
+MAX_IMAGE_SIZE = 1024**4  # 1 TiB
+
+
+def propagation_test(size_bytes: int) -> str:
+    """The test name a propagation sample of an image of `size_bytes` (whole MiB) is stored under: "propagate-64m"."""
+    return f"{PROPAGATE_PREFIX}{size_bytes // MIB}m"
+
+
+def propagation_size(test: str) -> int | None:
+    """The image size in bytes of a propagation test name ("propagate-64m" -> 64 MiB), else None."""
+    m = re.fullmatch(re.escape(PROPAGATE_PREFIX) + r"([1-9][0-9]{0,7})m", test)
+    return int(m.group(1)) * MIB if m else None
 
 
 @dataclass
@@ -46,13 +68,24 @@ class RunSpec:
     peer: str = ""
     peer_netperf_port: int = 0
     peer_iperf3_port: int = 0
+    # Suite propagation only (set by `cloudbox study run`, no option): image sizes in bytes, one per sample, in order.
+    propagate: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
         """Every option's value against its declaration; a UsageError for the first that is not allowed."""
         for opt in RUN_OPTIONS:
+            if opt.field == "suite" and self.suite == PROPAGATION:
+                continue  # not a --suite choice: only a study run makes one, and its sizes are checked below
             opt.validate(getattr(self, opt.field))
         if self.wants_storage:
             _check_records_fit(self.storage_tests, self.size)
+        if not isinstance(self.propagate, list):
+            raise UsageError(f"image sizes to propagate {self.propagate!r} are not allowed; allowed: a list of sizes "
+                             "in bytes")
+        if self.propagation:
+            _check_propagation(self)
+        elif self.propagate:
+            raise UsageError(f"image sizes to propagate belong to a propagation run, not to --suite {self.suite}")
 
     @property
     def wants_storage(self) -> bool:
@@ -67,9 +100,26 @@ class RunSpec:
         """A guest session: launched, then held until stopped (no tests)."""
         return self.suite == "guest"
 
+    @property
+    def propagation(self) -> bool:
+        """Study B's image-propagation sweep: a guest provisioned from an image of each size in `propagate`."""
+        return self.suite == PROPAGATION
+
+    def propagation_steps(self) -> list[tuple[int, str]]:
+        """(image size, plan step test) per sample: the size's test name with the sample's number at that size in
+        this run ("propagate-64m#2"), so that every sample is a step of its own."""
+        seen: dict[int, int] = {}
+        out = []
+        for size in self.propagate:
+            seen[size] = seen.get(size, 0) + 1
+            out.append((size, f"{propagation_test(size)}#{seen[size]}"))
+        return out
+
     def plan(self) -> list[PlanStep]:
         """The run's steps in execution order (the guest's launch is ("guest", "boot")): what a watcher needs to
         turn per-test progress into whole-run progress."""
+        if self.propagation:
+            return [PlanStep("guest", step) for _, step in self.propagation_steps()]
         tests = [t.id for t in storage.resolve_tests(self.storage_tests)] if self.wants_storage else []
         out = [PlanStep("baseline", t) for t in tests]
         out.append(PlanStep("guest", BOOT))
@@ -83,7 +133,12 @@ class RunSpec:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec's settings; `propagate` only in a propagation run, so every other run's stored record and request
+        to a node read as before it existed."""
+        d = asdict(self)
+        if not d["propagate"]:
+            del d["propagate"]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "run settings") -> RunSpec:
@@ -206,6 +261,28 @@ def _check_records_fit(tests: str, size: str) -> None:
     if n < storage.block_bytes(big.bs):
         raise UsageError(f"--size {size!r} is smaller than one {big.bs} record of {big.id}; allowed: a size of at "
                          f"least {big.bs.upper()}, or --tests without {big.id}")
+
+
+def _check_propagation(spec: RunSpec) -> None:
+    """A propagation run: on this host, with whole-MiB image sizes, and none of the options it has no use for."""
+    if spec.node:
+        raise UsageError(f"--node {spec.node!r}: the image-propagation sweep runs on this host only for now (on a "
+                         "back-end it would have to copy the images over the network, which is not implemented "
+                         "yet); allowed: a study run without --node")
+    for flag, value in (("--device", spec.device), ("--destroy", spec.destroy)):
+        if value:
+            raise UsageError(f"{flag} {value!r} does not apply to the image-propagation sweep (its guests' disks are "
+                             "copies in --work-dir); allowed: none")
+    if not spec.propagate:
+        raise UsageError("a propagation run needs image sizes: `cloudbox study run` takes them from the study's "
+                         "[propagation] table")
+    if len(spec.propagate) > MAX_PROPAGATE_SAMPLES:
+        raise UsageError(f"{len(spec.propagate)} propagation samples in one run; allowed: at most "
+                         f"{MAX_PROPAGATE_SAMPLES}")
+    for size in spec.propagate:
+        if isinstance(size, bool) or not isinstance(size, int) or size % MIB or not MIN_SIZE <= size <= MAX_IMAGE_SIZE:
+            raise UsageError(f"image size {size!r} is not allowed; allowed: a whole number of MiB from "
+                             f"{MIN_SIZE // MIB} MiB to {MAX_IMAGE_SIZE // MIB} MiB, in bytes")
 
 
 def _check_net_tests(value: str) -> None:

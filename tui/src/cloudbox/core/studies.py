@@ -9,13 +9,16 @@ A study is a TOML file (studies/*.toml in the checkout, /usr/share/cloudbox/stud
 - `[[rules]]`: each finding as a comparison over one cell: the cell's number itself, or as a % of the same run's
   bare-metal baseline ("native") or of another profile's cell of the same test.
 - `cost = true`: the report adds each number per host core and per GiB of guest RAM (study C's cost per MB/s).
+- `[propagation]`: study B's image-propagation sweep: a profile whose guest is provisioned from images of the sizes
+  of `[propagation.study]` / `[propagation.quick]`, `repeats` times each (core.propagation).
 
 This module loads and validates studies (`StudyError`: file, key, value and what is allowed, like a profile's
 problems), picks for every cell the latest completed run (`select_cells`), evaluates each rule to a `Verdict`
 (`evaluate`), and plans which cells `study run` still has to measure (`plan_run`). Selecting, evaluating and
 planning are pure functions over plain data (runs, cells, hashes), so they are tested without a guest.
 `cell_states` says where each cell of the matrix stands (done, failed, running, not run, cannot run) and
-`prepare_run` is the study run that `cloudbox study run` and the TUI's Studies screen both start.
+`prepare_run` is the study run that `cloudbox study run` and the TUI's Studies screen both start; for a study with a
+sweep it plans the samples still missing (`plan_sweep`) as one more run, and `gather` reads the stored ones back.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from . import backing, inputs, paths, profiles
+from . import backing, inputs, paths, profiles, propagation
 from .compare import knobs, primary_metric
 from .errors import (
     PYDANTIC_MESSAGES,
@@ -48,7 +51,7 @@ from .errors import (
 from .network import FRONTEND_SUFFIX, NET_TESTS
 from .results import Run, is_network_test, is_storage_test
 from .results import Sample as HostSample
-from .runspec import RunSpec, parse_size
+from .runspec import MIB, PROPAGATION, RunSpec, parse_size
 from .storage import TESTS as STORAGE_TESTS
 
 NATIVE = "native"  # the bare-metal row of a paper table, and a rule's "% of native"
@@ -67,6 +70,9 @@ VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
 
 MAX_ENTRIES = 64  # profiles, tests, paper cells or rules in one study: the real ones have about a dozen
 MAX_REPEATS = 1000  # runs of one profile in a series: 24 h at one every 1.5 min
+MAX_IMAGE_SIZES = 16  # sizes in a propagation sweep: the study had seven
+MAX_IMAGE_MIB = 1024 * 1024  # 1 TiB
+MAX_SWEEP_REPEATS = 100  # samples per size: the study took ten
 
 
 def known_tests() -> list[str]:
@@ -192,6 +198,31 @@ class Series(_Strict):
     quick: SeriesPlan | None = None
 
 
+class PropagationPlan(_Strict):
+    """The image-propagation sweep at one size of the study: the images' sizes (MiB, ascending) and the samples per
+    size."""
+
+    sizes_mib: list[Annotated[int, Field(ge=4, le=MAX_IMAGE_MIB)]] = Field(min_length=1, max_length=MAX_IMAGE_SIZES)
+    repeats: int = Field(ge=1, le=MAX_SWEEP_REPEATS)
+
+    @property
+    def sizes(self) -> list[int]:
+        """The image sizes in bytes."""
+        return [m * MIB for m in self.sizes_mib]
+
+    def words(self) -> str:
+        return (f"images of {', '.join(str(m) for m in self.sizes_mib)} MiB, {self.repeats} "
+                f"sample{'s' if self.repeats != 1 else ''} each")
+
+
+class Propagation(_Strict):
+    """Study B's image-propagation sweep: the profile whose guest is provisioned, and the plan per size."""
+
+    profile: str = Field(pattern=profiles.NAME_PATTERN)
+    study: PropagationPlan | None = None
+    quick: PropagationPlan | None = None
+
+
 class Study(_Strict):
     """A validated study. Construct with parse_study/load_study."""
 
@@ -205,10 +236,15 @@ class Study(_Strict):
     rules: list[Rule] = Field(default_factory=list, max_length=MAX_ENTRIES)
     series: Series | None = None
     cost: bool = False  # the report adds each number per host core and per GiB of guest RAM (study C's cost)
+    propagation: Propagation | None = None
 
     def series_plan(self, size: str) -> SeriesPlan | None:
         """How many repeats at `size`, how far apart; None for a study measured once per cell."""
         return None if self.series is None else getattr(self.series, size, None)
+
+    def sweep_plan(self, size: str) -> PropagationPlan | None:
+        """The image-propagation sweep at `size`; None for a study without one."""
+        return None if self.propagation is None else getattr(self.propagation, size, None)
 
     @property
     def profile_names(self) -> list[str]:
@@ -281,6 +317,14 @@ _RULES = {
     "series.quick.every_minutes": "minutes between the starts of two repeats, 0..1440 (0: back to back)",
     "series.study.repeats": f"a whole number of runs per profile, 2..{MAX_REPEATS}",
     "series.quick.repeats": f"a whole number of runs per profile, 2..{MAX_REPEATS}",
+    "propagation": "a table with key profile and a plan per size: [propagation.study] and/or [propagation.quick]",
+    "propagation.profile": "a profile of this study's [[profiles]] whose guest cloudbox launches (KVM) on a raw disk",
+    "propagation.study": "a table with keys sizes_mib, repeats",
+    "propagation.quick": "a table with keys sizes_mib, repeats",
+    "propagation.study.sizes_mib": f"1..{MAX_IMAGE_SIZES} image sizes in MiB, each 4..{MAX_IMAGE_MIB}, ascending",
+    "propagation.quick.sizes_mib": f"1..{MAX_IMAGE_SIZES} image sizes in MiB, each 4..{MAX_IMAGE_MIB}, ascending",
+    "propagation.study.repeats": f"a whole number of samples per image size, 1..{MAX_SWEEP_REPEATS}",
+    "propagation.quick.repeats": f"a whole number of samples per image size, 1..{MAX_SWEEP_REPEATS}",
 }
 _NUMBERS = {"value", "percent", "native", "avgrq", "avgqu", "util", "paper"}
 
@@ -438,6 +482,8 @@ def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[Profi
         if parts is not None and r.metric in HOST_METRICS and not is_storage_test(parts[1]):
             bad(f"{key}.metric", r.metric, "host disk metrics exist for storage tests only",
                 f"value (with test {parts[1]})")
+    if study.propagation is not None:
+        out += _sweep_problems(study, lookup)
     if study.series is not None:
         for size in study.sizes:
             if study.series_plan(size) is None:
@@ -447,6 +493,45 @@ def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[Profi
             if other not in study.sizes and study.series_plan(other) is not None:
                 bad(f"series.{other}", other, "a plan for a size the study does not offer",
                     f"sizes: {', '.join(study.sizes)}")
+    return out
+
+
+def _sweep_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """The [propagation] table against the rest: its profile a runnable row with a raw disk, a plan for each of the
+    study's sizes and none for another, the image sizes ascending."""
+    assert study.propagation is not None
+    prop = study.propagation
+    out: list[ProfileProblem] = []
+    names = study.profile_names
+    if prop.profile not in names:
+        out.append(ProfileProblem("propagation.profile", prop.profile, "not a profile of this study's [[profiles]]",
+                                  ", ".join(names)))
+    else:
+        try:
+            prof = lookup(prop.profile)
+        except (NotFound, ProfileError):
+            prof = None  # [[profiles]] says what is wrong with it
+        if isinstance(prof, profiles.Profile):
+            why = cannot_run(prof)
+            if why is None and prof.disk.format != "raw":
+                why = f"its disk format is {prof.disk.format}: the sweep copies raw images"
+            if why is not None:
+                out.append(ProfileProblem("propagation.profile", prop.profile, why, _RULES["propagation.profile"]))
+    for size in study.sizes:
+        if study.sweep_plan(size) is None:
+            out.append(ProfileProblem(f"propagation.{size}", None, f"a sweep needs a plan for each of the study's "
+                                      f"sizes ({size} is one)", _RULES[f"propagation.{size}"]))
+    for other in SIZES:
+        plan = study.sweep_plan(other)
+        if plan is None:
+            continue
+        if other not in study.sizes:
+            out.append(ProfileProblem(f"propagation.{other}", other, "a plan for a size the study does not offer",
+                                      f"sizes: {', '.join(study.sizes)}"))
+        if any(b <= a for a, b in zip(plan.sizes_mib, plan.sizes_mib[1:], strict=False)):
+            out.append(ProfileProblem(f"propagation.{other}.sizes_mib", list(plan.sizes_mib),
+                                      "the sizes are not ascending (or one is listed twice)",
+                                      _RULES[f"propagation.{other}.sizes_mib"]))
     return out
 
 
@@ -914,6 +999,77 @@ def _stored(runs: Sequence[Run], profile: str, profile_hash: str | None, test: s
     return None
 
 
+# ------------------------------------------------------------------------------------------- the sweep
+@dataclass
+class PlannedSweep:
+    """The image-propagation sweep of a study run: its profile and plan, the samples stored per image size (size in
+    bytes -> count, at most `repeats`), the samples still to measure (image sizes in the order they run), or why it
+    is skipped."""
+
+    profile: str
+    plan: PropagationPlan
+    have: dict[int, int] = field(default_factory=dict)
+    todo: list[int] = field(default_factory=list)
+    refused: str | None = None
+
+    def spec(self, size: str, **options: Any) -> RunSpec:
+        """The propagation run measuring `todo` (work_dir and agent_timeout of `options` passed on)."""
+        passed = {k: v for k, v in options.items() if k in ("work_dir", "agent_timeout")}
+        return RunSpec(profile=self.profile, suite=PROPAGATION, size=size, propagate=list(self.todo), **passed)
+
+    def line(self) -> str:
+        """The sweep in the plan's words: stored and to do per image size."""
+        head = f"  propagation sweep ({self.profile}): "
+        if self.refused:
+            return head + f"skipped, {self.refused}"
+        per = [f"{propagation.size_text(sz)} {min(self.have.get(sz, 0), self.plan.repeats)} of {self.plan.repeats}"
+               for sz in self.plan.sizes]
+        todo = f"run {len(self.todo)} sample(s)" if self.todo else "nothing to run"
+        return head + f"{todo}; stored " + ", ".join(per)
+
+
+def sweep_samples(runs: Sequence[Run], profile: str, profile_hash: str | None, size: str | None,
+                  node: str | None, *, today: str | None = None) -> list[propagation.Sample]:
+    """The samples of finished propagation runs (completed, or stopped part-way: each sample is stored whole) of
+    `profile` (same hash when given), at `size` and on `node` (any when None), oldest first; those of a run whose
+    profile hash is not `today`'s are labelled profile changed."""
+    out: list[propagation.Sample] = []
+    for run in runs:
+        if (propagation.finished(run) and run.profile_name == profile
+                and (profile_hash is None or run.profile_hash == profile_hash)
+                and (size is None or run.size_label == size) and (node is None or run.node == node)):
+            out += propagation.samples_of(run, profile_hash=today)
+    return sorted(out, key=lambda x: (x.started_at or 0.0, x.run_id))
+
+
+def plan_sweep(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, size: str, node: str,
+               backend: bool, unavailable: Mapping[str, str] | None = None,
+               again: bool = False) -> PlannedSweep | None:
+    """The sweep's samples still to measure at `size` on `node`: per image size, `repeats` less those stored by
+    finished propagation runs of the profile as it is today (all of them with `again`). None for a study without a
+    sweep; skipped, saying why, when the runs go to a back-end or the profile cannot run here."""
+    plan = study.sweep_plan(size)
+    if plan is None:
+        return None
+    assert study.propagation is not None
+    name = study.propagation.profile
+    item = PlannedSweep(name, plan)
+    why = (unavailable or {}).get(name)
+    if backend:
+        why = ("the sweep runs on this host only for now (on a back-end it would copy the images over the network, "
+               "which is not implemented yet): run it without --node")
+    if why:
+        item.refused = why
+        return item
+    for x in [] if again else sweep_samples(runs, name, hashes.get(name), size, node):
+        item.have[x.size_bytes] = item.have.get(x.size_bytes, 0) + 1
+    missing = {sz: max(0, plan.repeats - item.have.get(sz, 0)) for sz in plan.sizes}
+    # Round by round over the sizes: drift spreads over all of them instead of tilting the slope; a cut sweep has all.
+    for r in range(max(missing.values(), default=0)):
+        item.todo += [sz for sz in plan.sizes if r < missing[sz]]
+    return item
+
+
 # ------------------------------------------------------------------------------------------ from the store
 @dataclass
 class Evidence:
@@ -929,6 +1085,39 @@ class Evidence:
     node: str | None = None
     series: dict[CellKey, list[Sample]] = field(default_factory=dict)  # a series study's repeats per cell
     host: dict[CellKey, dict[str, list[HostSample]]] = field(default_factory=dict)  # attach_host_samples
+    sweep: SweepEvidence | None = None  # a study with an image-propagation sweep: its stored samples
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """A propagation run whose samples a report uses, as its legend lists it."""
+
+    run_id: int
+    state: str
+    reason: str | None
+    size_label: str | None
+    accelerator: str | None
+    node: str | None
+    started_at: float | None
+
+
+@dataclass
+class SweepEvidence:
+    """The stored samples of a study's image-propagation sweep at one size (`size`: the report's, else the first of
+    the study's sizes holding any), per image size at most the plan's repeats, the newest of the profile as it is
+    today first; and the runs they come from."""
+
+    profile: str
+    size: str | None
+    plan: PropagationPlan | None
+    samples: list[propagation.Sample]
+    runs: list[SweepRun]
+
+    def by_size(self) -> dict[int, list[propagation.Sample]]:
+        out: dict[int, list[propagation.Sample]] = {}
+        for x in sorted(self.samples, key=lambda x: (x.size_bytes, x.started_at or 0.0)):
+            out.setdefault(x.size_bytes, []).append(x)
+        return out
 
 
 def profile_facts(study: Study) -> tuple[dict[str, str], dict[str, str]]:
@@ -945,12 +1134,43 @@ def profile_facts(study: Study) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def gather(study: Study, runs: Sequence[Run], *, size: str | None = None, node: str | None = None) -> Evidence:
-    """The evidence for `study` in `runs` (ResultStore.list_runs(state="completed"))."""
+    """The evidence for `study` in `runs` (ResultStore.list_runs(): cells and series come from the completed runs
+    among them, a sweep's samples from every finished propagation run)."""
     hashes, unavailable = profile_facts(study)
     cells = select_cells(study, runs, hashes, size=size, node=node)
     verdicts = evaluate(study, cells, unavailable=unavailable, size=size)
     series = gather_series(study, runs, hashes, size=size, node=node) if study.series else {}
-    return Evidence(study, hashes, unavailable, cells, verdicts, size, node, series)
+    sweep = gather_sweep(study, runs, hashes, size=size, node=node)
+    return Evidence(study, hashes, unavailable, cells, verdicts, size, node, series, sweep=sweep)
+
+
+def gather_sweep(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, size: str | None = None,
+                 node: str | None = None) -> SweepEvidence | None:
+    """The sweep's stored samples (SweepEvidence), None for a study without a sweep."""
+    if study.propagation is None:
+        return None
+    name = study.propagation.profile
+    sizes = [size] if size else list(study.sizes)
+    at, found = sizes[0], []
+    for sz in sizes:
+        found = sweep_samples(runs, name, None, sz, node, today=hashes.get(name))
+        if found:
+            at = sz
+            break
+    plan = study.sweep_plan(at)
+    # The newest per size, today's profile first: a new set (--again, a changed profile) takes the old one's place.
+    per: dict[int, list[propagation.Sample]] = {}
+    for x in found:
+        per.setdefault(x.size_bytes, []).append(x)
+    chosen: list[propagation.Sample] = []
+    for xs in per.values():
+        ranked = sorted(xs, key=lambda x: (not x.profile_changed, x.started_at or 0.0), reverse=True)
+        chosen += ranked[:plan.repeats] if plan else ranked
+    chosen.sort(key=lambda x: (x.size_bytes, x.started_at or 0.0))
+    used = {x.run_id for x in chosen}
+    sweep_runs = [SweepRun(r.id, r.state, r.reason, r.size_label, r.accelerator, r.node, r.started_at)
+                  for r in sorted(runs, key=lambda r: r.id) if r.id in used]
+    return SweepEvidence(name, at, plan, chosen, sweep_runs)
 
 
 def attach_host_samples(ev: Evidence, fetch: Callable[[int, str], Sequence[HostSample]]) -> Evidence:
@@ -1166,6 +1386,7 @@ class StudyRun:
     plan: list[PlannedProfile]
     specs: list[RunSpec]
     offsets: list[float] = field(default_factory=list)  # a series: seconds from the start to each run's start
+    sweep: PlannedSweep | None = None  # the image-propagation sweep (its run, if any, is the last of `specs`)
 
     @property
     def where(self) -> str:
@@ -1182,8 +1403,8 @@ class StudyRun:
         return text
 
     def lines(self) -> list[str]:
-        """The plan in words, one line per profile."""
-        return plan_lines(self.plan)
+        """The plan in words, one line per profile, then the sweep's."""
+        return plan_lines(self.plan) + ([self.sweep.line()] if self.sweep is not None else [])
 
 
 def plan_lines(plan: Sequence[PlannedProfile]) -> list[str]:
@@ -1242,8 +1463,9 @@ def check_run(study: Study, size: str | None, node: str = "", **options: Any) ->
 def prepare_run(study: Study, runs: Sequence[Run], *, size: str | None = None, node: str = "", again: bool = False,
                 **options: Any) -> StudyRun:
     """The study run `cloudbox study run` (and the TUI's Studies screen) starts: the cells not stored yet for the
-    profiles as they are today, at `size`, on `node` (this host when ""), as validated RunSpecs. `runs` are the
-    completed runs in the store."""
+    profiles as they are today, at `size`, on `node` (this host when ""), as validated RunSpecs, and after them the
+    sweep's missing samples as one propagation run. `runs` are the stored runs (ResultStore.list_runs(): the cells
+    count completed ones, the sweep the samples of every finished propagation run)."""
     size = check_run(study, size, node, **options)
     hashes, unavailable = profile_facts(study)
     plan = plan_run(study, runs, hashes, size=size, node=node or platform.node(), backend=bool(node),
@@ -1257,19 +1479,26 @@ def prepare_run(study: Study, runs: Sequence[Run], *, size: str | None = None, n
             if item.run and r < item.repeats:
                 specs.append(item.spec(size, node, **options))
                 offsets.append(r * series.every_s if series else 0.0)
+    sweep = plan_sweep(study, runs, hashes, size=size, node=node or platform.node(), backend=bool(node),
+                       unavailable=unavailable, again=again)
+    if sweep is not None and sweep.todo and not sweep.refused:
+        specs.append(sweep.spec(size, **options))
+        offsets.append(offsets[-1] if offsets else 0.0)
     for spec in specs:
         spec.validate()
-    todo = StudyRun(study, size, node, plan, specs, offsets if series else [])
+    todo = StudyRun(study, size, node, plan, specs, offsets if series else [], sweep)
     if not node:
         check_space(todo)
     return todo
 
 
 def space_plan(todo: StudyRun) -> list[tuple[RunSpec, int, str]]:
-    """Per run of a study run on this host: (its spec, the bytes it writes into its work directory, what they are).
-    The runs go one after the other and each removes its work directory, so the largest one decides."""
+    """Per test run of a study run on this host: (its spec, the bytes it writes into its work directory, what they
+    are). The runs go one after the other and each removes its work directory, so the largest one decides."""
     out = []
     for spec in todo.specs:
+        if spec.propagation:
+            continue  # its source images stay: checked apart (propagation.check_space)
         prof = profiles.find_profile(spec.profile)
         size_bytes, _ = parse_size(spec.size, prof.guest.memory_mib)
         need, what = backing.space_needed(prof.disk.backing, size_bytes, device=spec.device or None)
@@ -1279,7 +1508,23 @@ def space_plan(todo: StudyRun) -> list[tuple[RunSpec, int, str]]:
 
 def check_space(todo: StudyRun) -> None:
     """Refuse a study run on this host whose largest run would not fit in the free space of the work directory's
-    file system (NoSpace), before anything starts; each run still checks again at its own start."""
+    file system (NoSpace), before anything starts; each run still checks again at its own start. The sweep, which
+    runs last, needs its source images and its largest instance copy (propagation.check_space)."""
+    allowed = ("--size quick, " if todo.size != "quick" and "quick" in todo.study.sizes else "") \
+        + "a --work-dir on a larger file system, or more free space there"
+    plan = space_plan(todo)
+    spec, need, what = max(plan, key=lambda p: p[1]) if plan else (None, 0, "")
+    if spec is not None and need:
+        where, free = backing.free_bytes_at(paths.work_base(spec.work_dir))
+        if free < need + backing.MARGIN:
+            raise NoSpace(
+                f"{where}: not enough free space for study {todo.study.name} at {todo.size} size: its largest run "
+                f"(profile {spec.profile}) needs {backing.human_size(need + backing.MARGIN)} for the {what} "
+                f"({backing.human_size(backing.MARGIN)} margin included), {backing.human_size(free)} free. "
+                f"Allowed: {allowed}")
+    for spec in todo.specs:
+        if spec.propagation:
+            propagation.check_space(spec.propagate, paths.work_base(spec.work_dir), hint=allowed)
     plan = space_plan(todo)
     if not plan:
         return

@@ -1,5 +1,6 @@
 """A study's report in Markdown (or HTML with a figure per table): its tables in the paper's layout with the paper's
 number beside ours in every cell (and, when the study asks for cost, ours per host core and per GiB of guest RAM),
+then for a study with an image-propagation sweep (B) its samples per image size and the line fitted through them,
 then each finding with its verdict and the reason.
 
 Made only from stored runs (`studies.gather`), so it can be regenerated and exported at any time; it carries no
@@ -11,14 +12,17 @@ findings resting on them are inconclusive (studies.evaluate_rule).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from html import escape
 
 from markdown_it import MarkdownIt
 
+from . import propagation
 from .compare import test_title
 from .inputs import printable
+from .propagation import Fit, NoFit
 from .results import Sample as HostSample
 from .results import is_storage_test
 from .studies import (
@@ -32,6 +36,7 @@ from .studies import (
     Sample,
     SeriesStats,
     Study,
+    SweepEvidence,
     needs_node,
     series_stats,
 )
@@ -195,6 +200,14 @@ def table(ev: Evidence, test: str) -> list[str]:
     return out
 
 
+def _accelerator_text(accelerator: str | None) -> str:
+    return {"tcg": "TCG (emulated)", "nested-kvm": "nested KVM"}.get(accelerator or "", accelerator or "?")
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "?"
+
+
 def _legend(ev: Evidence) -> list[str]:
     seen: dict[int, Cell] = {}
     for c in ev.cells.values():
@@ -202,10 +215,16 @@ def _legend(ev: Evidence) -> list[str]:
     out = []
     for rid in sorted(seen):
         c = seen[rid]
-        acc = {"tcg": "TCG (emulated)", "nested-kvm": "nested KVM"}.get(c.accelerator or "", c.accelerator or "?")
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.started_at)) if c.started_at else "?"
-        out.append(f"- run #{rid}: profile `{c.profile}`, {_md(c.size_label or '?')} size, {_md(acc)}, node "
-                   f"{_md(c.node or '?')}, started {when}")
+        out.append(f"- run #{rid}: profile `{c.profile}`, {_md(c.size_label or '?')} size, "
+                   f"{_md(_accelerator_text(c.accelerator))}, node {_md(c.node or '?')}, started {_when(c.started_at)}")
+    sweep = ev.sweep
+    profile = sweep.profile if sweep is not None else ""
+    for r in sweep.runs if sweep is not None else ():
+        why = (r.reason or "no reason recorded").splitlines()[0]  # a dead guest's console follows: not for a legend
+        ended = "" if r.state == "completed" else f", {_md(r.state)} ({_md(why)}): the samples it stored before count"
+        out.append(f"- run #{r.run_id}: image-propagation sweep of `{profile}`, {_md(r.size_label or '?')} size, "
+                   f"{_md(_accelerator_text(r.accelerator))}, node {_md(r.node or '?')}, started "
+                   f"{_when(r.started_at)}{ended}")
     return out
 
 
@@ -256,6 +275,7 @@ def _notes(ev: Evidence) -> list[str]:
     """What each qualifier in brackets means, for those the report uses."""
     out: list[str] = []
     present = {q for c in ev.cells.values() for q in c.qualifiers}
+    present |= {q for x in (ev.sweep.samples if ev.sweep else ()) for q in x.qualifiers}
     if any(c.baseline and "virtualized-host" in c.baseline.labels for c in ev.cells.values()):
         out += ["(virtualized host): the bare-metal side ran on a virtual machine, not on bare metal", ""]
     for q, note in QUALIFIER_NOTES.items():
@@ -351,12 +371,96 @@ def variability(ev: Evidence) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------ the sweep
+QUALIFIER_ORDER = ("nested", "emulated", "quick", "warm cache", "profile changed")
+
+
+def sweep_qualifiers(samples: Sequence[propagation.Sample]) -> list[str]:
+    """The qualifiers any of these samples carries, in the report's order."""
+    present = {q for x in samples for q in x.qualifiers}
+    return [q for q in QUALIFIER_ORDER if q in present]
+
+
+def sweep_fit(sweep: SweepEvidence) -> Fit | NoFit:
+    """The line through the sweep's samples, or why there is none."""
+    try:
+        return propagation.fit(sweep.samples)
+    except NoFit as e:
+        return e
+
+
+def _secs(v: float) -> str:
+    return f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def _rate(v: float | None) -> str:
+    return "-" if v is None else (f"{v:.0f}" if v >= 100 else f"{v:.3g}")
+
+
+def fit_lines(line: Fit, quals: Sequence[str]) -> list[str]:
+    """The fitted line in words, its qualifiers after its heading."""
+    rate = line.mbps
+    slope = (f"- slope: {line.slope_s_per_gb:.3g} s per GB, that is {_rate(rate)} MB/s" if rate is not None else
+             f"- slope: {line.slope_s_per_gb:.3g} s per GB: time does not grow with the image's size here, so it "
+             "implies no transfer rate")
+    r2 = "- (every total is the same)" if line.r2 is None else f"{line.r2:.3f}"
+    return [_with("Fitted line", quals) + ", least squares over every sample (sizes in GB of 10^9 bytes, rates in MB "
+            "of 10^6):", "",
+            f"- total = {_secs(line.intercept_s)} s + {line.slope_s_per_gb:.3g} s/GB × size",
+            f"- intercept: {_secs(line.intercept_s)} s, what provisioning costs whatever the image's size (finding B1)",
+            slope, f"- R²: {r2}", f"- n: {line.n} samples at {line.sizes} image sizes", ""]
+
+
+def sweep_section(ev: Evidence) -> list[str]:
+    """A study with an image-propagation sweep (B): the method, a row per image size (samples, median and mean total,
+    median copy and boot, the copy's rate) and the line fitted through every sample."""
+    sweep = ev.sweep
+    if sweep is None:
+        return []
+    study = ev.study
+    plans = "; ".join(f"{size} size: {plan.words()}" for size in study.sizes
+                      if (plan := study.sweep_plan(size)) is not None)
+    out = ["## Propagation", "",
+           "The study provisioned a VM from an image of each size, waited until it ran and terminated it, ten times "
+           "per size from 3 to 21 GB, and fitted a straight line to time against size: its intercept is what the "
+           "cloud manager adds whatever the size, its slope the transfer. Here each sample copies a raw image of that "
+           "size from cloudbox's image store to a fresh instance file (every byte read and written, then flushed to "
+           f"disk, the host's page cache dropped first), starts `{_md(sweep.profile)}`'s guest with the copy as its "
+           "disk and waits for its agent, then destroys the guest and deletes the copy. \"copy\" is the copy's "
+           "seconds, \"boot\" from starting the guest to its agent answering, \"total\" both. No cloud manager is in "
+           "the loop: the intercept is libvirt's, QEMU's and the guest's own fixed cost.", "",
+           f"The sweep ({_md(plans)}), at {_md(sweep.size or '?')} size: the newest samples of each image size up to "
+           "its repeats, from finished propagation runs (a run stopped part-way keeps the samples it stored).", ""]
+    if not sweep.samples:
+        return out + [f"No samples stored yet (`cloudbox study run {study.name}`).", ""]
+    if sweep.size == "quick":
+        out += ["At quick size the images are a few dozen MiB: the boot outweighs the copy, so the slope says "
+                "little about the transfer.", ""]
+    out += ["| image size | samples | median total s | mean total s | median copy s | median boot s | copy MB/s "
+            "| runs |", "|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for size, xs in sweep.by_size().items():
+        totals = [x.total_s for x in xs]
+        copy = statistics.median(x.copy_s for x in xs)
+        want = f" of {sweep.plan.repeats}" if sweep.plan else ""
+        runs = ", ".join(f"#{r}" for r in dict.fromkeys(x.run_id for x in xs))
+        out.append(f"| {propagation.size_text(size)} | {len(xs)}{want} | "
+                   f"{_md(_with(_secs(statistics.median(totals)), sweep_qualifiers(xs)))} | "
+                   f"{_secs(statistics.fmean(totals))} | {_secs(copy)} | "
+                   f"{_secs(statistics.median(x.boot_s for x in xs))} | "
+                   f"{_rate(size / copy / 1e6 if copy > 0 else None)} | {runs} |")
+    out.append("")
+    line = sweep_fit(sweep)
+    if isinstance(line, NoFit):
+        return out + [f"No line is fitted: {_md(line)}.", ""]
+    return out + fit_lines(line, sweep_qualifiers(sweep.samples))
+
+
 def to_markdown(ev: Evidence) -> str:
     """The whole report."""
     out = _intro(ev)
     for test in ev.study.test_ids:
         out += table(ev, test)
-    out += variability(ev) + findings(ev) + _notes(ev)
+    out += sweep_section(ev) + variability(ev) + findings(ev) + _notes(ev)
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -448,6 +552,14 @@ def to_html(ev: Evidence) -> str:
                             + f"<figcaption>{escape(printable(profile))}, {escape(test)}: the host disk each second "
                             "while the guest's test ran (blue) and while the same test ran on bare metal (grey), "
                             f"from run #{ev.cells[(profile, test)].run_id}'s sampler.</figcaption></figure>")
+    section = sweep_section(ev)
+    if section:
+        body.append(md.render("\n".join(section)))
+        assert ev.sweep is not None
+        if ev.sweep.samples:
+            body.append(f"<figure>{sweep_svg(ev.sweep)}<figcaption>Each sample's total seconds (provisioning to the "
+                        "guest's agent) against its image's size, and the least-squares line through them."
+                        "</figcaption></figure>")
     section = variability(ev)
     if section:
         body.append(md.render("\n".join(section)))
@@ -560,6 +672,75 @@ def timeline_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
     minutes = (t1 - t0) / 60.0
     parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
                  f"time: {minutes:.1f} min from the first repeat to the last</text></svg>")
+    return "\n".join(parts)
+
+
+SWEEP_W, SWEEP_H, SWEEP_PAD = 620, 330, 56
+LINE_STROKE = "#b03a2e"
+
+
+def sweep_svg(sweep: SweepEvidence) -> str:
+    """An inline SVG of the sweep: each sample's total seconds against its image's size in GB (blue dots, a title
+    each) and the fitted line (red) across the sizes; the qualifiers (emulated, nested, quick, ...) in its heading."""
+    samples = sweep.samples
+    line = sweep_fit(sweep)
+    fitted = line if isinstance(line, Fit) else None
+    right = max(x.size_gb for x in samples) * 1.08
+    ys = [x.total_s for x in samples] + ([fitted.at(0.0), fitted.at(right)] if fitted else [])
+    top = max(max(ys) * 1.1, 1e-3)
+    bottom = min(0.0, min(ys) * 1.1)
+    plot_w, plot_h = SWEEP_W - 2 * SWEEP_PAD, SWEEP_H - 2 * SWEEP_PAD
+
+    def xy(gb: float, sec: float) -> tuple[float, float]:
+        return (SWEEP_PAD + plot_w * gb / right, SWEEP_PAD + plot_h - plot_h * (sec - bottom) / (top - bottom))
+
+    quals = sweep_qualifiers(samples)
+    heading = f"{sweep.profile}: total seconds against image size" + (f" ({', '.join(quals)})" if quals else "")
+    x0, y0 = xy(0.0, bottom)
+    x1, _ = xy(right, bottom)
+    _, ytop = xy(0.0, top)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{SWEEP_W}" height="{SWEEP_H}" '
+             f'viewBox="0 0 {SWEEP_W} {SWEEP_H}" role="img" font-family="sans-serif" font-size="11">',
+             f"<title>{escape(printable(heading))}</title>",
+             f'<text x="{SWEEP_PAD}" y="18">{escape(printable(heading))}</text>',
+             f'<line x1="{x0:.1f}" y1="{y0:.1f}" x2="{x1:.1f}" y2="{y0:.1f}" stroke="#333"/>',
+             f'<line x1="{x0:.1f}" y1="{y0:.1f}" x2="{x0:.1f}" y2="{ytop:.1f}" stroke="#333"/>']
+    for frac in (0.0, 0.5, 1.0):
+        gb = right / 1.08 * frac
+        tx, _ = xy(gb, bottom)
+        parts.append(f'<text x="{tx:.1f}" y="{y0 + 14:.1f}" text-anchor="middle">{gb:.3g}</text>')
+        sec = bottom + (top - bottom) * frac
+        _, ty = xy(0.0, sec)
+        parts.append(f'<text x="{x0 - 4:.1f}" y="{ty + 4:.1f}" text-anchor="end">{sec:.3g}</text>')
+    if bottom < 0:
+        _, zy = xy(0.0, 0.0)
+        parts.append(f'<line x1="{x0:.1f}" y1="{zy:.1f}" x2="{x1:.1f}" y2="{zy:.1f}" stroke="#bbb" '
+                     'stroke-dasharray="3 3"/>')
+    if fitted is not None:
+        (lx0, ly0), (lx1, ly1) = xy(0.0, fitted.at(0.0)), xy(right, fitted.at(right))
+        words = f"fit: {_secs(fitted.intercept_s)} s + {fitted.slope_s_per_gb:.3g} s/GB x size"
+        parts.append(f'<line x1="{lx0:.1f}" y1="{ly0:.1f}" x2="{lx1:.1f}" y2="{ly1:.1f}" stroke="{LINE_STROKE}" '
+                     f'stroke-width="1.5"><title>{escape(words)}</title></line>')
+        parts.append(f'<text x="{SWEEP_W - SWEEP_PAD}" y="34" text-anchor="end" fill="{LINE_STROKE}">'
+                     f"{escape(words)}</text>")
+    else:
+        parts.append(f'<text x="{SWEEP_W - SWEEP_PAD}" y="34" text-anchor="end" fill="#777">no line: '
+                     f"{escape(printable(str(line)))}</text>")
+    weak = [x for x in samples if {"emulated", "nested"} & set(x.qualifiers)]
+    if weak:
+        parts.append(f'<text x="{SWEEP_PAD}" y="34" fill="#555">hollow dots: emulated or nested samples</text>')
+    for x in samples:
+        cx, cy = xy(x.size_gb, x.total_s)
+        note = f" ({', '.join(x.qualifiers)})" if x.qualifiers else ""
+        paint = (f'fill="none" stroke="{OURS_FILL}" stroke-width="1.5"' if x in weak
+                 else f'fill="{OURS_FILL}" fill-opacity="0.75"')
+        parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3.5" {paint}>'
+                     f"<title>run #{x.run_id}: {escape(propagation.size_text(x.size_bytes))}, total "
+                     f"{_secs(x.total_s)} s (copy {_secs(x.copy_s)} s, boot {_secs(x.boot_s)} s)"
+                     f"{escape(note)}</title></circle>")
+    parts.append(f'<text x="{(x0 + x1) / 2:.0f}" y="{SWEEP_H - 12}" text-anchor="middle">image size (GB)</text>'
+                 f'<text x="14" y="{(y0 + ytop) / 2:.0f}" text-anchor="middle" '
+                 f'transform="rotate(-90 14 {(y0 + ytop) / 2:.0f})">seconds to the guest\'s agent</text></svg>')
     return "\n".join(parts)
 
 

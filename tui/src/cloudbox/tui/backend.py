@@ -309,13 +309,13 @@ class Backend:
     def study_report(self, name: str) -> str:
         """The Markdown report `cloudbox study report NAME` prints."""
         study = studies.find_study(name)
-        return studyreport.to_markdown(studies.gather(study, self.store.list_runs(state="completed")))
+        return studyreport.to_markdown(studies.gather(study, self.store.list_runs()))
 
     def start_study(self, name: str, size: str = "quick") -> tuple[studies.StudyRun, Sweep | None]:
         """Start the study's missing cells on this host in the background as a sweep, as `cloudbox study run NAME
         --size SIZE --detach` does; nothing starts (no sweep) when every cell is stored."""
         study = studies.find_study(name)
-        todo = studies.prepare_run(study, self.store.list_runs(state="completed"), size=size)
+        todo = studies.prepare_run(study, self.store.list_runs(), size=size)
         if not todo.specs:
             return todo, None
         return todo, runs.start_sweep(todo.specs, self.store, offsets=todo.offsets)

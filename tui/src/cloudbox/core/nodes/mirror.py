@@ -108,7 +108,7 @@ def start(ctx: RunContext, there: NodeRun) -> None:
     """The node's executor, detached there, with this spec and the front-end's resolved profile; cancelled
     there when this run ends before it did."""
     spec, sink, node = ctx.spec, ctx.sink, there.node
-    remote_spec = {k: v for k, v in asdict(spec).items() if k != "node"}
+    remote_spec = {k: v for k, v in spec.as_dict().items() if k != "node"}
     if spec.wants_network and (peer := serve_peer(ctx)) is not None:
         remote_spec.update(peer.model_dump())
         ctx.provenance.peer = peer
