@@ -300,20 +300,32 @@ node_check() {
     assert_failure
 }
 
+# serial_lockup SERIAL_LOG OFFSET: the first kernel lockup or RCU stall report after byte OFFSET of a console log
+# (without its timestamp), or nothing.
+serial_lockup() {
+    tail -c +$(($2 + 1)) "$1" | grep -a -m1 -E 'soft lockup|hard LOCKUP|rcu_[a-z]+ detected stalls' | sed 's/^[^]]*] //' || :
+}
+
 # cluster_run NAME FE_TESTS SIZE RUN_ARGS...: `run` the front-end's `cloudbox run --node be1 --size SIZE RUN_ARGS...`
 # (a few MiB: the nested guest writes under 1 MB/s under TCG, so quick's 128 MiB took minutes per test; output in
 # $LOGS/NAME.txt, one announced re-run when the nested guest died booting), then checks it completed with the
 # guest -> fe1 tests FE_TESTS (space-separated) on both sides; results in $LOGS/NAME.json.
 cluster_run() {
-    local name=$1 fe_tests=$2 size=$3 lock
+    local name=$1 fe_tests=$2 size=$3 lock from
     shift 3
     export MACHINE_SSH_TIMEOUT_S=${IMAGE_CLUSTER_RUN_TIMEOUT_S:-1500}
+    from=$(stat -c %s "$LOGS/be1.serial.log")  # what be1's kernel says from here on is said during the run
     run fe cloudbox run --node be1 --profile virtio-disk --size "$size" "$@"
     echo "$output" > "$LOGS/$name.txt"
     run_again_if_guest_died_booting "$LOGS/$name.txt" fe cloudbox run --node be1 --profile virtio-disk --size "$size" \
         "$@" || :
-    lock=$(grep -a -m1 -E 'soft lockup|hard LOCKUP|rcu_[a-z]+ detected stalls' "$LOGS/be1.serial.log" || true)
-    [ -z "$lock" ] || fail "the back-end's kernel locked up during the run (be1.serial.log: ${lock#*] })"
+    lock=$(serial_lockup "$LOGS/be1.serial.log" "$from")
+    # A stall the run came through (the emulated CPU starved by a loaded host) is reported; one it died of, failed on.
+    if [ -n "$lock" ] && [ "$status" -ne 0 ]; then
+        fail "the back-end's kernel locked up during the run (be1.serial.log: $lock)"
+    elif [ -n "$lock" ]; then
+        note "be1's kernel reported '$lock' during the run, which completed"
+    fi
     # The reason (with the guest's last console lines when it died or went silent) comes before the results table.
     [ "$status" -eq 0 ] || fail "the run failed (exit $status); $LOGS/$name.txt says: $(grep -a -A25 -m1 -E '^==> run (failed|aborted)|^cloudbox: ' "$LOGS/$name.txt" || tail -25 "$LOGS/$name.txt")"
     assert_output --partial 'be1: launching guest'
