@@ -1525,17 +1525,3 @@ def check_space(todo: StudyRun) -> None:
     for spec in todo.specs:
         if spec.propagation:
             propagation.check_space(spec.propagate, paths.work_base(spec.work_dir), hint=allowed)
-    plan = space_plan(todo)
-    if not plan:
-        return
-    spec, need, what = max(plan, key=lambda p: p[1])
-    if not need:
-        return
-    where, free = backing.free_bytes_at(paths.work_base(spec.work_dir))
-    if free < need + backing.MARGIN:
-        raise NoSpace(
-            f"{where}: not enough free space for study {todo.study.name} at {todo.size} size: its largest run "
-            f"(profile {spec.profile}) needs {backing.human_size(need + backing.MARGIN)} for the {what} "
-            f"({backing.human_size(backing.MARGIN)} margin included), {backing.human_size(free)} free. "
-            "Allowed: " + ("--size quick, " if todo.size != "quick" and "quick" in todo.study.sizes else "")
-            + "a --work-dir on a larger file system, or more free space there")
