@@ -25,6 +25,7 @@ cluster_wait_ssh() {
     MACHINE_SSH_TIMEOUT_S=20 wait_for --alive "$(cat "$logdir/$name.pid")" "$4" 5 \
         _cluster_up_or_dead "$logdir" "$3" "$logdir/$name.serial.log" || rc=$?
     if [ "$rc" = 0 ] && ! console_dead "$logdir/$name.serial.log" > /dev/null; then
+        machine_ssh_share "$logdir" "$3"
         return 0
     fi
     echo "$name: no SSH after ${WAITED_S:-?} s; its console's last lines:" >&2

@@ -138,18 +138,41 @@ free_port() {
 
 # machine_ssh KEYDIR PORT CMD...: CMD as root on the machine whose SSH is forwarded to 127.0.0.1:PORT, with the key
 # KEYDIR/id_ed25519. MACHINE_SSH_TIMEOUT_S (default 300) bounds it: a hung machine can hold a session open forever.
+# Commands go through the machine's shared connection (machine_ssh_share) when there is one, else connect afresh.
 machine_ssh() {
     local keydir=$1 port=$2
     shift 2
     timeout --kill-after=10 "${MACHINE_SSH_TIMEOUT_S:-300}" ssh -q -p "$port" -i "$keydir/id_ed25519" \
         -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 -o BatchMode=yes \
-        root@127.0.0.1 "$@"
+        -o ControlMaster=no -o "ControlPath=$(_machine_mux "$port")" root@127.0.0.1 "$@"
+}
+# A short path: a unix socket's name is limited to 108 bytes, and ssh adds 17 while it creates it.
+_machine_mux() { echo "${TMPDIR:-/tmp}/cbmux-$(id -u)-$1"; }
+
+# machine_ssh_share KEYDIR PORT: one SSH connection to the machine that later machine_ssh calls share. Under TCG a
+# login (key exchange, PAM and logind session, often a user manager) costs the machine's one vCPU seconds each time.
+# The connection ends with the machine; stdio and bats' fd 3 are closed so it never holds a test open.
+machine_ssh_share() {
+    local keydir=$1 port=$2 mux
+    mux=$(_machine_mux "$port")
+    ssh -q -O check -o "ControlPath=$mux" root@127.0.0.1 2>/dev/null && return 0
+    rm -f "$mux"  # left by a connection that was killed
+    timeout 60 ssh -q -f -N -M -p "$port" -i "$keydir/id_ed25519" \
+        -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 -o BatchMode=yes \
+        -o "ControlPath=$mux" root@127.0.0.1 < /dev/null > /dev/null 2>&1 3>&- || :
 }
 
-# machine_wait_ssh KEYDIR PORT PID TIMEOUT_S: until the machine (QEMU process PID) answers over SSH; fails at once
-# when QEMU has exited.
+# machine_ssh_unshare PORT: ends the shared connection, if any (it also ends by itself when the machine goes).
+machine_ssh_unshare() {
+    ssh -q -O exit -o "ControlPath=$(_machine_mux "$1")" root@127.0.0.1 2>/dev/null || :
+    rm -f "$(_machine_mux "$1")"
+}
+
+# machine_wait_ssh KEYDIR PORT PID TIMEOUT_S: until the machine (QEMU process PID) answers over SSH, then shares one
+# connection to it; fails at once when QEMU has exited.
 machine_wait_ssh() {
-    MACHINE_SSH_TIMEOUT_S=20 wait_for --alive "$3" "$4" 5 _machine_answers "$1" "$2"
+    MACHINE_SSH_TIMEOUT_S=20 wait_for --alive "$3" "$4" 5 _machine_answers "$1" "$2" || return
+    machine_ssh_share "$1" "$2"
 }
 _machine_answers() { machine_ssh "$1" "$2" true 2>/dev/null; }
 
@@ -157,8 +180,9 @@ _machine_answers() { machine_ssh "$1" "$2" true 2>/dev/null; }
 # process, by its PID, if it is still there after 60 s.
 machine_stop() {
     local keydir=$1 port=$2 pid=$3 journal=$4
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || { machine_ssh_unshare "$port"; return 0; }
     MACHINE_SSH_TIMEOUT_S=120 machine_ssh "$keydir" "$port" journalctl -b --no-pager > "$journal" 2>&1 || :
     MACHINE_SSH_TIMEOUT_S=30 machine_ssh "$keydir" "$port" systemctl poweroff 2>/dev/null || :
     wait_for 60 2 pid_gone "$pid" 2>/dev/null || kill "$pid" 2>/dev/null || :
+    machine_ssh_unshare "$port"
 }
