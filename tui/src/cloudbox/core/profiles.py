@@ -57,6 +57,7 @@ IoMode = Literal["native", "threads", "io_uring"]
 Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "block-device", "network-volume"]
 DiskFormat = Literal["raw", "qcow2"]
 NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
+RaidLevel = Literal["none", "0"]
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
@@ -65,15 +66,27 @@ KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "
 QCOW2_BACKINGS: tuple[str, ...] = ("qcow2", "qcow2-prealloc")
 VOLUME_SCHEMES: tuple[str, ...] = ("aoe", "iscsi", "nbd", "nvme-tcp")
 PAGE_CACHE_FREE: tuple[str, ...] = ("none", "directsync")
+MAX_DISKS = 8
+# Disks a bus takes on one controller (the pc machine's IDE has two channels of two; ich9-ahci six ports; the LSI
+# 53C895A seven targets); the rest take MAX_DISKS.
+BUS_MAX_DISKS: dict[str, int] = {"ide": 4, "sata": 6, "scsi-lsi": 7}
+RAID_CHUNK_DEFAULT_KIB = 512  # mdadm's own default
+# Knobs added after profiles were first hashed, with the value that leaves a profile's hash as it was.
+_HASH_NEUTRAL: dict[str, dict[str, object]] = {"disk": {"count": 1, "raid": "none", "raid_chunk_kib": 0}}
 
 # Human wording for string fields whose rule is not a list of values or a range.
 _TEXT_RULES: dict[str, str] = {
     "name": "lowercase letters, digits and '-', starting with a letter or digit, at most 63 characters",
     "description": "one line of text, 1..200 characters",
     "reproduces": "one line of text, at most 200 characters",
+    "disk.raid": 'none, "0" (a string: RAID 0 in the guest over the disk.count disks)',
     "disk.volume": (
         "empty; for backing = block-device an absolute /dev/ path; for backing = network-volume "
         + ", ".join(f"{s}:<target>" for s in VOLUME_SCHEMES)
+    ),
+    "disk.raid_chunk_kib": (
+        "0 (no RAID) or, with disk.raid = 0, a power of two 4..1024 (KiB; left out or 0: mdadm's "
+        f"{RAID_CHUNK_DEFAULT_KIB})"
     ),
 }
 
@@ -95,6 +108,12 @@ def _volume(v: str) -> str:
         raise ValueError(f"contains {bad}")
     if v.startswith("/") and inputs.path_problem(v):
         raise ValueError(str(inputs.path_problem(v)))
+    return v
+
+
+def _chunk(v: int) -> int:
+    if v != 0 and (v < 4 or v > 1024 or v & (v - 1)):
+        raise ValueError("must be 0 or a power of two from 4 to 1024")
     return v
 
 
@@ -121,6 +140,9 @@ class Disk(_Strict):
     backing: Backing
     format: DiskFormat = "raw"
     volume: Annotated[str, Field(max_length=4096, pattern=r"^[^\n\r]*$"), AfterValidator(_volume)] = ""
+    count: int = Field(1, ge=1, le=MAX_DISKS)  # benchmark disks, each on its own backing store
+    raid: RaidLevel = "none"  # "0": the guest stripes the disks with mdadm and the tests run on /dev/md0
+    raid_chunk_kib: Annotated[int, AfterValidator(_chunk)] = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -128,7 +150,10 @@ class Disk(_Strict):
         # A qcow2 backing without an explicit format means format qcow2; an explicit
         # mismatch is still reported by the profile's cross-field checks.
         if isinstance(data, dict) and "format" not in data and data.get("backing") in QCOW2_BACKINGS:
-            return {**data, "format": "qcow2"}
+            data = {**data, "format": "qcow2"}
+        # A RAID without a chunk size (or 0) gets mdadm's default, so the stored profile says the chunk used.
+        if isinstance(data, dict) and data.get("raid") == "0" and data.get("raid_chunk_kib", 0) == 0:
+            data = {**data, "raid_chunk_kib": RAID_CHUNK_DEFAULT_KIB}
         return data
 
 
@@ -169,8 +194,14 @@ class Profile(_Strict):
     # -- canonical forms -------------------------------------------------------------
 
     def canonical_json(self) -> str:
-        """Sorted-key, compact JSON of the whole validated model (what `hash` digests)."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Sorted-key, compact JSON of the whole validated model (what `hash` digests). Knobs added later are left
+        out at their neutral value, so a profile that does not use them keeps the hash its stored runs carry."""
+        data = self.model_dump(mode="json")
+        for section, neutral in _HASH_NEUTRAL.items():
+            for key, value in neutral.items():
+                if data[section].get(key) == value:
+                    del data[section][key]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
     def hash(self) -> str:
@@ -209,6 +240,8 @@ class Profile(_Strict):
             disk += f", {d.iothreads} iothread{'s' if d.iothreads > 1 else ''}"
         if d.queues > 1:
             disk += f", {d.queues} queues"
+        if d.raid == "0":
+            disk = f"RAID 0 ({d.raid_chunk_kib} KiB chunks) over {d.count} disks, each {disk}"
         net = _NIC_WORDS[n.model]
         if n.model == "virtio":
             net += " (vhost)" if n.vhost else " (userspace)"
@@ -352,6 +385,23 @@ def cross_field_problems(p: Profile) -> list[ProfileProblem]:
         )
     elif d.queues > g.vcpus:
         bad("disk.queues", d.queues, "more disk queues than vCPUs", f"1..{g.vcpus} (guest.vcpus = {g.vcpus})")
+
+    # several disks <-> RAID
+    if d.raid == "0" and d.count < 2:
+        bad("disk.raid", d.raid, f"a RAID 0 over {d.count} disk stripes nothing",
+            f"none (with disk.count = {d.count}); 0 needs disk.count 2..{MAX_DISKS}")
+    if d.raid == "none" and d.count > 1:
+        bad("disk.count", d.count, "the tests run on one device: several disks need a RAID to join them",
+            f"1 (with disk.raid = none); 2..{MAX_DISKS} needs disk.raid = 0")
+    if d.raid == "none" and d.raid_chunk_kib != 0:
+        bad("disk.raid_chunk_kib", d.raid_chunk_kib, "a chunk size is a RAID's; this profile has none",
+            "0 (with disk.raid = none); a power of two 4..1024 needs disk.raid = 0")
+    if d.count > BUS_MAX_DISKS.get(d.bus, MAX_DISKS):
+        bad("disk.count", d.count, f"bus {d.bus} takes at most {BUS_MAX_DISKS[d.bus]} disks on its controller",
+            f"1..{BUS_MAX_DISKS[d.bus]} (with disk.bus = {d.bus})")
+    if d.count > 1 and (d.backing == "network-volume" or d.volume):
+        bad("disk.count", d.count, f"disk.volume names one volume; {d.count} disks would need {d.count}",
+            f"1 (with disk.volume = {d.volume!r}); several disks need backing files or loop devices")
 
     # NIC
     if n.model == "xen-netfront" and g.hypervisor != "xen":
