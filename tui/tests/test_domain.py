@@ -78,6 +78,10 @@ VARIANTS: list[tuple[str, Profile]] = (
         ("xen-hvm-scsi-netfront", xen_profile("scsi-lsi", "block-device", "xen-netfront")),
         ("xen-pv-file", xen_profile("xen-vbd", "prealloc-file", "xen-netfront")),
     ]
+    # RAID 0 over as many disks as each bus takes on its controller.
+    + [(f"raid0-{b}-{n}", kvm_variant(disk={"bus": b, "count": n, "raid": "0", "raid_chunk_kib": 64}))
+       for b, n in (("virtio-blk", 8), ("virtio-scsi", 8), ("scsi-lsi", 7), ("sata", 6), ("ide", 4))]
+    + [("raid0-block", kvm_variant(disk={"backing": "block-device", "count": 3, "raid": "0", "raid_chunk_kib": 4}))]
 )
 
 CASES: list[tuple[str, Profile]] = [(p.stem, load_profile(p)) for p in PRESETS] + VARIANTS
@@ -95,6 +99,9 @@ def render(
     if domain_type is None:
         domain_type = "xen" if prof.guest.hypervisor == "xen" else "kvm"
     block = prof.disk.backing in ("block-device", "network-volume")
+    if prof.disk.count > 1 and "more_disk_paths" not in kw:
+        kw["more_disk_paths"] = [f"/dev/sdz{i}" if block else f"/var/tmp/cloudbox/disk{i}.img"
+                                 for i in range(2, prof.disk.count + 1)]
     return render_domain(
         prof,
         name=name,
@@ -162,6 +169,10 @@ def test_test_driver_accepts(prof: Profile, domain_type: str, test_conn):
     drv = root.find("devices/disk/driver")
     assert drv is not None and drv.get("cache") == prof.disk.cache and drv.get("io") == prof.disk.io
     assert root.find("devices/disk/target").get("bus") == LIBVIRT_BUS[prof.disk.bus]
+    disks = root.findall("devices/disk")
+    assert len(disks) == prof.disk.count
+    assert len({d.find("target").get("dev") for d in disks}) == prof.disk.count
+    assert all(d.find("driver").get("cache") == prof.disk.cache for d in disks)
     assert root.find(f"metadata/{{{CLOUDBOX_XMLNS}}}profile").get("hash") == prof.hash
 
 
@@ -340,3 +351,46 @@ def test_console_log_must_be_absolute(path):
 def test_console_log_not_for_xen():
     with pytest.raises(ValueError, match="Xen"):
         render(xen_profile("ide", "prealloc-file", "e1000"), console_log="/var/tmp/console.log")
+
+
+@pytest.mark.parametrize(
+    ("bus", "count", "devs"),
+    [
+        ("virtio-blk", 3, ["vda", "vdb", "vdc"]),
+        ("virtio-scsi", 2, ["sda", "sdb"]),
+        ("scsi-lsi", 7, ["sda", "sdb", "sdc", "sdd", "sde", "sdf", "sdg"]),
+        ("sata", 6, ["sda", "sdb", "sdc", "sdd", "sde", "sdf"]),
+        ("ide", 4, ["hda", "hdb", "hdc", "hdd"]),
+    ],
+)
+def test_several_disks_each_on_its_own_store(bus, count, devs):
+    prof = kvm_variant(disk={"bus": bus, "count": count, "raid": "0"})
+    paths = [f"/var/tmp/cloudbox/d{i}.raw" for i in range(count)]
+    root = _tree(prof, more_disk_paths=paths[1:])
+    disks = root.findall("devices/disk")
+    assert [d.find("target").get("dev") for d in disks] == devs
+    assert {d.find("target").get("bus") for d in disks} == {LIBVIRT_BUS[bus]}
+    assert [d.find("source").get("file") for d in disks] == ["/var/tmp/cloudbox/disk.img", *paths[1:]]
+    assert len(root.findall("devices/controller[@type='scsi']")) == (1 if bus in ("virtio-scsi", "scsi-lsi") else 0)
+
+
+def test_xen_pv_several_disks():
+    prof = xen_profile("xen-vbd", "prealloc-file", "xen-netfront").model_dump()
+    prof["disk"].update(count=3, raid="0")
+    root = _tree(Profile.model_validate(prof))
+    assert [d.find("target").get("dev") for d in root.findall("devices/disk")] == ["xvda", "xvdb", "xvdc"]
+
+
+@pytest.mark.parametrize(
+    ("count", "more", "message"),
+    [
+        (3, ["/var/tmp/b.raw"], "disk.count = 3; got 2 disk path"),
+        (1, ["/var/tmp/b.raw"], "disk.count = 1; got 2 disk path"),
+        (2, ["/var/tmp/cloudbox/disk.img"], "two disk paths are the same"),
+        (2, [""], "more_disk_paths must not be empty"),
+    ],
+)
+def test_disk_paths_must_fit_the_count(count, more, message):
+    prof = kvm_variant(disk={"count": count, "raid": "0" if count > 1 else "none"})
+    with pytest.raises(ValueError, match=message):
+        render(prof, more_disk_paths=more)

@@ -1,11 +1,13 @@
 """Backing stores for the guest's benchmark disk: prepared per run, removed afterwards, never on a device
 the user did not choose.
 
-Kinds: sparse-file, prealloc-file, qcow2, qcow2-prealloc (files in a work directory on the device under
-test), block-device (a whole device, partition or LV the user names with a destroy confirmation; or, on
-a test host, a loop device over a pre-allocated file, labelled as such), network-volume (declared,
-not implemented yet). Safety checks refuse a device that is mounted, holds the running system or
-swap, or carries a partition table / filesystem signature, unless the user confirms by naming it.
+Kinds: sparse-file, prealloc-file, qcow2, qcow2-prealloc (files in a work directory on the device under test),
+block-device (a whole device, partition or LV the user names with a destroy confirmation; or, on a test host, a loop
+device over a pre-allocated file, labelled as such), network-volume (declared, not implemented yet). A profile with
+several disks (disk.count, for a RAID in the guest) gets that many stores of its kind, each of an equal share of the
+test size; the bare-metal baseline then runs on a file of the whole test size on the same host disk, the one device
+every store lives on. Safety checks refuse a device that is mounted, holds the running system or swap, or carries a
+partition table / filesystem signature, unless the user confirms by naming it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class BackingStore:
     model: str  # human description of the physical device under test
     labels: list[str] = field(default_factory=list)
     baseline_target: str = ""  # file or device the bare-metal baseline runs fio against
+    more_paths: list[str] = field(default_factory=list)  # the other disks' stores (disk.count > 1), like `path`
     _cleanup: list[tuple[str, str]] = field(default_factory=list, repr=False)
 
     def remove(self) -> None:
@@ -194,13 +197,26 @@ def _free_bytes(d: Path) -> int:
 FILE_KINDS = ("sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc")
 
 
-def space_needed(kind: str, size_bytes: int, *, device: str | None = None) -> tuple[int, str]:
+def disk_bytes(size_bytes: int, count: int) -> int:
+    """Each of `count` disks' size for a test of `size_bytes`: an equal share, rounded up to whole MiB (a multiple
+    of any RAID chunk, so the striped array holds the whole test)."""
+    if count <= 1:
+        return size_bytes
+    mib = 1024 * 1024
+    return -(-size_bytes // (count * mib)) * mib
+
+
+def space_needed(kind: str, size_bytes: int, *, device: str | None = None, count: int = 1) -> tuple[int, str]:
     """(bytes a run of backing `kind` writes into its work directory, what they are), margin not included: a file
     backing and the bare-metal baseline file beside it; a loop device's file when no --device is given; nothing for a
-    device or a network volume."""
+    device or a network volume. With `count` disks, each store holds its share (disk_bytes)."""
+    stores = disk_bytes(size_bytes, count) * count
     if kind in FILE_KINDS:
-        return size_bytes * 2, "backing file and the bare-metal baseline file"
+        return stores + size_bytes, ("backing file" if count == 1 else f"{count} backing files") \
+            + " and the bare-metal baseline file"
     if kind == "block-device" and not device:
+        if count > 1:
+            return stores + size_bytes, f"{count} loop devices' backing files and the bare-metal baseline file"
         return size_bytes, "loop-device backing file"
     return 0, ""
 
@@ -275,29 +291,26 @@ def instance_dir(work_dir: Path, size_bytes: int) -> BackingStore:
 
 
 def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str | None = None,
-            confirm: str | None = None, volume: str = "") -> BackingStore:
-    """Create the backing store. On any failure everything created so far is removed."""
+            confirm: str | None = None, volume: str = "", count: int = 1) -> BackingStore:
+    """Create the backing store (`count` of them for a profile with several disks). On any failure everything
+    created so far is removed."""
     if kind == "network-volume":
         raise CloudboxError(
             f"backing 'network-volume' ({volume or 'no volume'}) is declared but not implemented yet: "
             "it needs a front-end exporting AoE/iSCSI/NBD/NVMe-TCP volumes (cluster issue)")
+    if count > 1:
+        if kind == "block-device" and (device or volume):
+            raise CloudboxError(
+                f"the profile has {count} disks (disk.count) but {device or volume} is one device; leave out "
+                f"--device to give each disk a loop device, or use a file backing")
+        return _prepare_several(kind, work_dir=work_dir, size_bytes=size_bytes, fmt=fmt, count=count)
     store = _new_work_dir(kind, work_dir, size_bytes, fmt)
     dev_name = store.host_device
     try:
         if kind in FILE_KINDS:
             _need_space(work_dir, *space_needed(kind, size_bytes))
             path = work_dir / ("disk.qcow2" if kind.startswith("qcow2") else "disk.raw")
-            store._cleanup.append(("file", str(path)))
-            if kind == "sparse-file":
-                with open(path, "wb") as f:
-                    f.truncate(size_bytes)
-            elif kind == "prealloc-file":
-                # Real blocks, as the study's pre-allocated ("full") files: fallocate, not a sparse hole.
-                _run(["fallocate", "-l", str(size_bytes), str(path)])
-            else:
-                prealloc = "falloc" if kind == "qcow2-prealloc" else "off"
-                _run(["qemu-img", "create", "-q", "-f", "qcow2", "-o", f"preallocation={prealloc}",
-                      str(path), str(size_bytes)])
+            _make_file(store, kind, path, size_bytes)
             store.path = str(path)
             store.baseline_target = str(work_dir / "baseline.dat")
             store._cleanup.append(("file", store.baseline_target))
@@ -316,11 +329,7 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
             else:
                 # Test host without a spare disk: a loop device over a pre-allocated file, labelled.
                 _need_space(work_dir, *space_needed(kind, size_bytes))
-                img = work_dir / "loopdisk.raw"
-                store._cleanup.append(("file", str(img)))
-                _run(["fallocate", "-l", str(size_bytes), str(img)])
-                loop = _run(["losetup", "--find", "--show", "--direct-io=on", str(img)]).strip()
-                store._cleanup.append(("loop", loop))
+                loop = _make_loop(store, work_dir / "loopdisk.raw", size_bytes)
                 store.path = store.baseline_target = loop
                 store.is_block = True
                 store.host_device = os.path.basename(loop)
@@ -328,6 +337,64 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
                 store.labels.append("loop-device")
         else:
             raise CloudboxError(f"unknown backing kind {kind!r}")
+    except BaseException:
+        store.remove()
+        raise
+    if store.host_device is None:
+        store.labels.append("no-host-metrics")
+    return store
+
+
+def _make_file(store: BackingStore, kind: str, path: Path, size_bytes: int) -> None:
+    """One file store of `kind` at `path`, registered for removal before it exists."""
+    store._cleanup.append(("file", str(path)))
+    if kind == "sparse-file":
+        with open(path, "wb") as f:
+            f.truncate(size_bytes)
+    elif kind == "prealloc-file":
+        # Real blocks, as the study's pre-allocated ("full") files: fallocate, not a sparse hole.
+        _run(["fallocate", "-l", str(size_bytes), str(path)])
+    else:
+        prealloc = "falloc" if kind == "qcow2-prealloc" else "off"
+        _run(["qemu-img", "create", "-q", "-f", "qcow2", "-o", f"preallocation={prealloc}",
+              str(path), str(size_bytes)])
+
+
+def _make_loop(store: BackingStore, img: Path, size_bytes: int) -> str:
+    """A loop device over a fresh pre-allocated file `img`; both registered for removal."""
+    store._cleanup.append(("file", str(img)))
+    _run(["fallocate", "-l", str(size_bytes), str(img)])
+    loop = _run(["losetup", "--find", "--show", "--direct-io=on", str(img)]).strip()
+    store._cleanup.append(("loop", loop))
+    return loop
+
+
+def _prepare_several(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, count: int) -> BackingStore:
+    """`count` stores of `kind`, each of an equal share of the test size, in one work directory; the baseline on a
+    file of the whole size beside them (the host disk they all share is what bare metal has to offer)."""
+    if kind not in FILE_KINDS and kind != "block-device":
+        raise CloudboxError(f"unknown backing kind {kind!r}")
+    each = disk_bytes(size_bytes, count)
+    store = _new_work_dir(kind, work_dir, each, fmt)
+    dev_name = store.host_device
+    try:
+        _need_space(work_dir, *space_needed(kind, size_bytes, count=count))
+        paths: list[str] = []
+        for i in range(1, count + 1):
+            if kind in FILE_KINDS:
+                path = work_dir / (f"disk{i}.qcow2" if kind.startswith("qcow2") else f"disk{i}.raw")
+                _make_file(store, kind, path, each)
+                paths.append(str(path))
+            else:
+                paths.append(_make_loop(store, work_dir / f"loopdisk{i}.raw", each))
+        store.path, store.more_paths = paths[0], paths[1:]
+        if kind == "block-device":
+            store.is_block = True
+            store.model = (f"{count} loop devices ({', '.join(paths)}) over pre-allocated files on "
+                           f"{device_model(dev_name)}")
+            store.labels.append("loop-device")
+        store.baseline_target = str(work_dir / "baseline.dat")
+        store._cleanup.append(("file", store.baseline_target))
     except BaseException:
         store.remove()
         raise

@@ -2,11 +2,14 @@
 
 `render_domain()` produces a deterministic, pretty-printed <domain> for one benchmark
 guest: direct kernel boot of the cloudbox guest (kernel + initramfs, no boot disk), the
-benchmark disk as the only disk, one bridged NIC, a serial console (logged to a file by
+benchmark disk (or disk.count of them) as the only disks, one bridged NIC, a serial console (logged to a file by
 libvirt's virtlogd when `console_log` is given), a guest-agent channel, and a <metadata>
 element in the cloudbox namespace (CLOUDBOX_XMLNS) carrying the profile's name and hash
 (and the run's id) so cloudbox can recognise and clean up its own guests
 (`cloudbox_metadata()` reads it back).
+
+A profile with disk.count N > 1 gets N such disks, one per backing store, named on from the first target by
+the bus's own sequence (vda, vdb, ...; sda, sdb, ...; hda..hdd; xvda, xvdb, ...).
 
 Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does not):
   virtio-blk   target vda bus virtio; <driver iothread=1 queues=N>
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 
 from cloudbox.core.profiles import Profile
 
@@ -74,18 +78,21 @@ def render_domain(
     uuid: str | None = None,
     run_uuid: str | None = None,
     console_log: str | None = None,
+    more_disk_paths: Sequence[str] = (),
 ) -> str:
     """The libvirt domain XML (a str, ending in a newline) for `profile`.
 
     domain_type is "kvm" or "qemu" (TCG) for hypervisor kvm, "xen" for hypervisor xen.
     disk_path is the prepared backing store (a file, or a block device when
-    disk_is_block). No <interface> when bridge is None. run_uuid, when given, is written
+    disk_is_block); more_disk_paths, the other disks' stores (of the same kind) when the profile has
+    disk.count > 1, one per further disk. No <interface> when bridge is None. run_uuid, when given, is written
     to the metadata (attribute "run") so orphans of dead runs can be found. console_log, an absolute path,
     makes libvirt copy everything the guest writes to its serial console into that file (<log append='off'>,
     written by virtlogd as root; QEMU/KVM only). Raises ValueError on arguments that do not fit the profile
     or libvirt."""
     _check_arguments(profile, name=name, domain_type=domain_type, mac=mac, uuid=uuid, run_uuid=run_uuid,
-                     console_log=console_log, kernel=kernel, initrd=initrd, disk_path=disk_path)
+                     console_log=console_log, kernel=kernel, initrd=initrd, disk_path=disk_path,
+                     more_disk_paths=more_disk_paths)
     xen = domain_type == "xen"
     pv = xen and profile.disk.bus == "xen-vbd"
 
@@ -101,7 +108,8 @@ def render_domain(
     if emulator is not None:
         _sub(devices, "emulator", emulator)
     _controllers(devices, profile, xen)
-    _disk(devices, profile, xen, disk_path=disk_path, disk_is_block=disk_is_block)
+    for i, path in enumerate([disk_path, *more_disk_paths]):
+        _disk(devices, profile, xen, disk_path=path, disk_is_block=disk_is_block, index=i)
     if bridge is not None:
         _interface(devices, profile, bridge, mac)
     _console_and_agent(devices, xen=xen, pv=pv, console_log=console_log)
@@ -112,7 +120,8 @@ def render_domain(
 
 
 def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str | None, uuid: str | None,
-                     run_uuid: str | None, console_log: str | None, kernel: str, initrd: str, disk_path: str) -> None:
+                     run_uuid: str | None, console_log: str | None, kernel: str, initrd: str, disk_path: str,
+                     more_disk_paths: Sequence[str] = ()) -> None:
     hv = profile.guest.hypervisor
     if domain_type not in ("kvm", "qemu", "xen"):
         raise ValueError(f"domain_type must be kvm, qemu or xen, not {domain_type!r}")
@@ -134,9 +143,15 @@ def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str 
             raise ValueError("console_log: libvirt's Xen (libxl) driver does not log consoles to a file")
         if not console_log.startswith("/") or any(c in console_log for c in "\n\r\0"):
             raise ValueError(f"console_log must be an absolute path without control characters, not {console_log!r}")
-    for what, value in (("kernel", kernel), ("initrd", initrd), ("disk_path", disk_path)):
+    for what, value in (("kernel", kernel), ("initrd", initrd), ("disk_path", disk_path),
+                        *(("more_disk_paths", p) for p in more_disk_paths)):
         if not value:
             raise ValueError(f"{what} must not be empty")
+    if 1 + len(more_disk_paths) != profile.disk.count:
+        raise ValueError(f"profile {profile.name!r} has disk.count = {profile.disk.count}; got "
+                         f"{1 + len(more_disk_paths)} disk path(s)")
+    if len({disk_path, *more_disk_paths}) != 1 + len(more_disk_paths):
+        raise ValueError("each disk needs its own backing store; two disk paths are the same")
 
 
 def _metadata(root: ET.Element, profile: Profile, run_uuid: str | None) -> None:
@@ -200,8 +215,15 @@ def _controllers(devices: ET.Element, profile: Profile, xen: bool) -> None:
         _sub(devices, "controller", type="usb", index="0", model="none")
 
 
-def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, disk_is_block: bool) -> None:
-    """The benchmark disk: the profile's bus, cache and I/O mode (QEMU), or phy/qdisk (Xen)."""
+def target_dev(bus: str, index: int) -> str:
+    """The guest-visible name of benchmark disk `index` (0-based) on profile bus `bus`: vda, vdb, ...; sda, ..."""
+    first = _TARGETS[bus][0]
+    return first[:-1] + chr(ord(first[-1]) + index)
+
+
+def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, disk_is_block: bool,
+          index: int = 0) -> None:
+    """Benchmark disk `index`: the profile's bus, cache and I/O mode (QEMU), or phy/qdisk (Xen)."""
     d = profile.disk
     disk = _sub(devices, "disk", type="block" if disk_is_block else "file", device="disk")
     if xen:
@@ -217,8 +239,7 @@ def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, d
         _sub(disk, "source", dev=disk_path)
     else:
         _sub(disk, "source", file=disk_path)
-    dev, bus = _TARGETS[d.bus]
-    _sub(disk, "target", dev=dev, bus=bus)
+    _sub(disk, "target", dev=target_dev(d.bus, index), bus=_TARGETS[d.bus][1])
 
 
 def _interface(devices: ET.Element, profile: Profile, bridge: str, mac: str | None) -> None:

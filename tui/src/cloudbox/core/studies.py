@@ -1501,7 +1501,8 @@ def space_plan(todo: StudyRun) -> list[tuple[RunSpec, int, str]]:
             continue  # its source images stay: checked apart (propagation.check_space)
         prof = profiles.find_profile(spec.profile)
         size_bytes, _ = parse_size(spec.size, prof.guest.memory_mib)
-        need, what = backing.space_needed(prof.disk.backing, size_bytes, device=spec.device or None)
+        need, what = backing.space_needed(prof.disk.backing, size_bytes, device=spec.device or None,
+                                          count=prof.disk.count)
         out.append((spec, need, what))
     return out
 
