@@ -516,6 +516,13 @@ def test_raid_knobs_default_and_keep_old_hashes():
     assert "RAID 0 (512 KiB chunks) over 3 disks" in raid.describe()
 
 
+def test_raid_preset():
+    p = profiles.find_profile("virtio-raid0")
+    assert (p.disk.bus, p.disk.count, p.disk.raid, p.disk.raid_chunk_kib) == ("virtio-blk", 3, "0", 64)
+    assert [k for k, _, _ in diff_profiles(profiles.find_profile("virtio-file"), p)] == [
+        "disk.count", "disk.raid", "disk.raid_chunk_kib"]
+
+
 def test_hash_changes_with_any_knob():
     base = parse_profile(variant())
     assert parse_profile(variant(("network.mtu", 9000))).hash != base.hash

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from run_trouble import warn_run_trouble
@@ -283,3 +284,45 @@ def test_the_record_sweep_issues_each_record_size_in_the_guest_and_on_bare_metal
             assert (opts["bs"], opts["direct"], opts["iodepth"], opts["ioengine"]) == (t.bs, "1", "1", "psync")
             assert job[t.rw]["io_bytes"] == size and job[t.rw]["total_ios"] == size // storage.block_bytes(t.bs)
     assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+
+
+def _md_devices() -> list[str]:
+    return sorted(p.name for p in Path("/sys/block").glob("md*"))
+
+
+def test_raid0_preset_writes_through_md0_over_three_disks(state, libvirt_conn):
+    """virtio-raid0 in a real guest: mdadm stripes the three virtio disks into /dev/md0, fio writes there, each
+    member takes its share of the chunks, and no backing file, loop or md device is left."""
+    from cloudbox.core import storage
+
+    size, chunk = 16 << 20, 64 << 10
+    md_before = _md_devices()
+    spec = RunSpec(profile="virtio-raid0", suite="storage", size="16M", storage_tests="seq-write-64k")
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+    with ResultStore() as store:
+        run = store.get_run(rid)
+    assert run.state == "completed", run.reason
+    prov = run.provenance
+    assert prov.backing is not None and prov.backing.count == 3 and len(prov.backing.more_paths) == 2
+    assert prov.domain_xml is not None and prov.domain_xml.count("<disk ") == 3
+    raid = prov.raid
+    assert raid is not None and (raid.device, raid.level, raid.chunk_kib) == ("/dev/md0", "0", 64)
+    assert storage.mdstat_array(raid.mdstat) == ("raid0", ["vda", "vdb", "vdc"]) and "64k chunks" in raid.mdstat
+    # the chunks of the 16 MiB write go round the members: 86, 85, 85 of 64 KiB
+    share = size // chunk // 3 * chunk // 512
+    assert set(raid.sectors_written) == {"vda", "vdb", "vdc"}
+    assert all(v >= share for v in raid.sectors_written.values()), raid.sectors_written
+    assert sum(raid.sectors_written.values()) >= size // 512
+    guest = run.measurement("guest", "seq-write-64k", "MB/s")
+    base = run.measurement("baseline", "seq-write-64k", "MB/s")
+    assert guest is not None and guest.value > 0 and base is not None and base.value > 0
+    job = json.loads(guest.raw)
+    assert job["jobs"][0]["job options"]["filename"] == "/dev/md0" and job["jobs"][0]["write"]["io_bytes"] == size
+    util = {d["name"]: d for d in job["disk_util"]}
+    assert {"md0", "vda", "vdb", "vdc"} <= set(util) and all(util[d]["write_ios"] > 0 for d in ("vda", "vdb", "vdc"))
+    if run.emulated:
+        assert "emulated" in guest.labels
+    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+    assert _work_files(state) == []
+    assert _md_devices() == md_before

@@ -248,6 +248,9 @@ class Knobs:
     vhost: bool = False
     mtu: int | None = None
     memory_mib: int | None = None  # the guest's RAM
+    disks: int = 1  # disk.count
+    raid: str = "none"
+    raid_chunk_kib: int | None = None
 
 
 def knobs(run: Run) -> Knobs:
@@ -271,7 +274,8 @@ def _knobs(profile_toml: str) -> Knobs:
     return Knobs(get("guest", "hypervisor", str) or "", get("disk", "bus", str) or "",
                  get("disk", "backing", str) or "", get("disk", "volume", str) or "",
                  get("network", "model", str) or "", bool(get("network", "vhost", bool)), get("network", "mtu", int),
-                 get("guest", "memory_mib", int))
+                 get("guest", "memory_mib", int), get("disk", "count", int) or 1, get("disk", "raid", str) or "none",
+                 get("disk", "raid_chunk_kib", int))
 
 
 def vmm_label(run: Run) -> str:
@@ -311,9 +315,14 @@ def bus_label(run: Run) -> str:
 
 
 def driver_label(run: Run) -> str:
-    """'<bus>, <backing>', e.g. 'scsi-lsi, sparse file' or 'virtio-blk, phy' (whole device or volume)."""
+    """'<bus>, <backing>', e.g. 'scsi-lsi, sparse file' or 'virtio-blk, phy' (whole device or volume); a RAID
+    says so first: 'RAID 0 (64 KiB) over 3 x virtio-blk, pre-allocated file'."""
     kind = backing_kind(run)
     backing = _BACKINGS.get(kind, kind.replace("-", " ") or "?")
+    k = knobs(run)
+    if k.raid != "none":
+        chunk = f" ({k.raid_chunk_kib} KiB)" if k.raid_chunk_kib else ""
+        return f"RAID {k.raid}{chunk} over {k.disks} x {bus_label(run)}, {backing}"
     return f"{bus_label(run)}, {backing}"
 
 

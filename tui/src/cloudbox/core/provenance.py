@@ -1,12 +1,12 @@
 """A run's provenance: everything that says where, how and with what its numbers were measured, as one typed record.
 
 The executor fills it as the run goes (which host ran it and its CPUs, the accelerator, tool versions, the guest
-image, the backing store, the spec, the guest's domain XML and kernel, its boot, a stalled network, the private
-network of a run on a back-end) and the front-end adds what it knows of a run it mirrored on a node (both nodes, the
-image's propagation, the node's run, the servers it opened for the cross-node tests). The results store keeps it as
-JSON (`to_stored`) and reads it back with `from_stored`, which also reads the older untyped form: keys it does not
-know are left out, a value of the wrong type drops that key alone, and `network` of a run on a back-end, its private
-network before that had its own key, becomes `private_network`.
+image, the backing store, the spec, the guest's domain XML and kernel, the guest's md array, its boot, a stalled
+network, the private network of a run on a back-end) and the front-end adds what it knows of a run it mirrored on a
+node (both nodes, the image's propagation, the node's run, the servers it opened for the cross-node tests). The
+results store keeps it as JSON (`to_stored`) and reads it back with `from_stored`, which also reads the older
+untyped form: keys it does not know are left out, a value of the wrong type drops that key alone, and `network` of a
+run on a back-end, its private network before that had its own key, becomes `private_network`.
 """
 
 from __future__ import annotations
@@ -66,6 +66,19 @@ class BackingInfo(_Record):
     size_bytes: int | None = None
     format: str = ""
     is_block: bool = False
+    count: int = 1  # disks, each on its own store (disk.count); size_bytes is each one's
+    more_paths: list[str] = []  # the other disks' stores
+
+
+class RaidInfo(_Record):
+    """The md array the guest's tests ran on (disk.raid): as assembled, and what each member had written after."""
+
+    device: str
+    level: str
+    chunk_kib: int
+    members: list[str] = []
+    mdstat: str = ""  # /proc/mdstat once assembled
+    sectors_written: dict[str, int] = {}  # per member, after the guest's tests (512-byte sectors since boot)
 
 
 class PrivateNetwork(_Record):
@@ -152,6 +165,7 @@ class Provenance(_Record):
     versions: Versions | None = None
     guest_image: GuestImageInfo | None = None
     backing: BackingInfo | None = None
+    raid: RaidInfo | None = None
     spec: RunSpec | None = None
     private_network: PrivateNetwork | None = None
     domain_xml: str | None = None  # what libvirt reported after the launch

@@ -280,6 +280,33 @@ class HostRunner:
         return parse_dd(t.id, r.stderr)
 
 
+RAID_DEVICE = "/dev/md0"
+_DISKS_SH = ("for d in /sys/block/*; do n=${d##*/}; case $n in ram*|loop*|sr*|zram*|md*) ;; "
+             "*) echo $n;; esac; done")
+
+
+@dataclass(frozen=True)
+class RaidArray:
+    """The guest's md array, as assembled: its device, level, chunk, members and /proc/mdstat then."""
+
+    device: str
+    level: str
+    chunk_kib: int
+    members: list[str]
+    mdstat: str
+
+
+def mdstat_array(text: str, device: str = RAID_DEVICE) -> tuple[str, list[str]] | None:
+    """(personality, member names) of `device` in /proc/mdstat text ("md0 : active raid0 vdc[2] vdb[1] vda[0]"),
+    members in role order; None when the array is not there or not active."""
+    name = device.rsplit("/", 1)[-1]
+    m = re.search(rf"^{re.escape(name)} : active (\S+) (.*)$", text, re.M)
+    if not m:
+        return None
+    members = sorted(((int(r), n) for n, r in re.findall(r"(\w+)\[(\d+)\]", m[2])))
+    return m[1], [n for _, n in members]
+
+
 class GuestRunner:
     """Runs storage tests inside the guest through the guest agent."""
 
@@ -297,12 +324,47 @@ class GuestRunner:
 
     def disk(self) -> str:
         """The guest's benchmark disk: the one non-ram, non-loop block device."""
-        r = self.guest.sh("for d in /sys/block/*; do n=${d##*/}; case $n in ram*|loop*|sr*|zram*) ;; "
-                          "*) echo $n;; esac; done", timeout=30).check()
-        disks = r.stdout.split()
+        disks = self.disks()
         if len(disks) != 1:
             raise GuestError(f"expected exactly one benchmark disk in the guest, found: {disks or 'none'}")
         return f"/dev/{disks[0]}"
+
+    def disks(self) -> list[str]:
+        """The guest's benchmark disks (kernel names, in name order): every non-ram, non-loop, non-md block device."""
+        return sorted(self.guest.sh(_DISKS_SH, timeout=30).check().stdout.split())
+
+    def assemble_raid(self, count: int, chunk_kib: int) -> RaidArray:
+        """RAID 0 over the guest's `count` disks as RAID_DEVICE: built without superblocks (mdadm --build), so the
+        array is the members' whole size and nothing of it stays on the disks; checked in /proc/mdstat."""
+        disks = self.disks()
+        if len(disks) != count:
+            raise GuestError(f"the profile has {count} disks (disk.count) but the guest sees {len(disks)}: "
+                             f"{', '.join(disks) or 'none'}")
+        if not self.guest.has("mdadm"):
+            raise GuestError(f"the guest {self.guest.name} has no mdadm: the benchmark guest image is too old for a "
+                             "RAID profile; rebuild it with 'make guest-image' (appliance/guest/build-guest-image)")
+        argv = ["mdadm", "--build", RAID_DEVICE, "--level=0", f"--chunk={chunk_kib}", f"--raid-devices={count}",
+                *(f"/dev/{d}" for d in disks)]
+        r = self.guest.run(argv, timeout=120)
+        if r.exitcode != 0:
+            raise GuestError(f"mdadm --build in the guest exited {r.exitcode}: {(r.stderr or r.stdout).strip()[-300:]}")
+        mdstat = self.guest.sh("cat /proc/mdstat", timeout=30).check().stdout
+        found = mdstat_array(mdstat)
+        if found != ("raid0", disks):
+            raise GuestError(f"mdadm built {RAID_DEVICE}, but /proc/mdstat does not show it as raid0 over "
+                             f"{', '.join(disks)}: {mdstat.strip()[-300:]}")
+        return RaidArray(RAID_DEVICE, "0", chunk_kib, disks, mdstat)
+
+    def sectors_written(self, disks: list[str]) -> dict[str, int]:
+        """Sectors written to each of `disks` since the guest booted (/sys/block/<disk>/stat, field 7)."""
+        out = {}
+        for d in disks:
+            fields = self.guest.sh(f"cat /sys/block/{shlex.quote(d)}/stat", timeout=30).check().stdout.split()
+            out[d] = int(fields[6])
+        return out
+
+    def stop_raid(self) -> None:
+        self.guest.run(["mdadm", "--stop", RAID_DEVICE], timeout=60, check=True)
 
     def drop_caches(self) -> None:
         self.guest.sh("sync; echo 3 > /proc/sys/vm/drop_caches", timeout=60)

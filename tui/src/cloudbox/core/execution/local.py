@@ -24,7 +24,7 @@ from ..errors import CloudboxError
 from ..events import ProgressEvent, SampleEvent
 from ..guest import reap_orphans
 from ..guestimage import CMDLINE, GuestImage
-from ..provenance import BackingInfo, Controller, GuestImageInfo, Provenance, Versions
+from ..provenance import BackingInfo, Controller, GuestImageInfo, Provenance, RaidInfo, Versions
 from ..runspec import BOOT
 from .context import RunContext
 from .launch import launch
@@ -90,7 +90,8 @@ def prepare_backing(ctx: RunContext) -> None:
     ctx.work_dir = base / f"run-{ctx.run_uuid[:12]}"
     with ctx.control.atomic():
         ctx.backing = backing.prepare(disk.backing, work_dir=ctx.work_dir, size_bytes=ctx.size, fmt=disk.format,
-                                      device=spec.device or None, confirm=spec.destroy or None, volume=disk.volume)
+                                      device=spec.device or None, confirm=spec.destroy or None, volume=disk.volume,
+                                      count=disk.count)
         ctx.stack.callback(ctx.backing.remove)
     ctx.labels += ctx.backing.labels
 
@@ -109,7 +110,8 @@ def record_facts(ctx: RunContext) -> None:
                           guest_packages=image.packages),
         guest_image=GuestImageInfo(kernel_version=image.kernel_version, sha256=image.manifest.get("sha256", {})),
         backing=BackingInfo(kind=store.kind, path=store.path, device=store.host_device, model=store.model,
-                            size_bytes=store.size_bytes, format=store.format, is_block=store.is_block),
+                            size_bytes=store.size_bytes, format=store.format, is_block=store.is_block,
+                            count=1 + len(store.more_paths), more_paths=store.more_paths),
         spec=ctx.spec)
     ctx.store.update_run(ctx.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))
     ctx.save_provenance()
@@ -156,7 +158,8 @@ def launch_guest(ctx: RunContext) -> None:
                                    initrd=str(image.initrd), cmdline=CMDLINE, disk_path=ctx.backing.path,
                                    disk_is_block=ctx.backing.is_block,
                                    bridge=ctx.hostnet.bridge if ctx.hostnet else None, mac=None,
-                                   run_uuid=ctx.run_uuid, console_log=str(ctx.console_log))
+                                   run_uuid=ctx.run_uuid, console_log=str(ctx.console_log),
+                                   more_disk_paths=ctx.backing.more_paths)
     ctx.sink.step(f"launching guest {name} ({acc.label})")
     up = launch(ctx)
     ctx.sink.log(f"guest agent ready after {up.waited_s:.1f} s"
@@ -180,7 +183,28 @@ def guest_storage(ctx: RunContext) -> None:
     sink = ctx.sink
     gr = storage.GuestRunner(ctx.guest, ctx.control.cancelled)
     gr.check_tools(tests)
-    disk = gr.disk()
+    d = ctx.profile.disk
+    if d.raid == "none":
+        _guest_tests(ctx, gr, tests, gr.disk())
+        return
+    sink.step(f"guest: RAID {d.raid} over {d.count} disks ({d.raid_chunk_kib} KiB chunks)", side="guest")
+    array = gr.assemble_raid(d.count, d.raid_chunk_kib)
+    raid = RaidInfo(device=array.device, level=array.level, chunk_kib=array.chunk_kib, members=array.members,
+                    mdstat=array.mdstat)
+    ctx.provenance.raid = raid
+    ctx.save_provenance()
+    sink.log(f"guest md array: {array.device}, RAID {array.level} over {', '.join(array.members)}")
+    # A failure leaves the array to the guest's destruction: built without superblocks, nothing outlives it.
+    _guest_tests(ctx, gr, tests, array.device)
+    raid.sectors_written = gr.sectors_written(array.members)
+    gr.stop_raid()
+    ctx.save_provenance()
+    sink.log("guest md array stopped; sectors written per member: "
+             + ", ".join(f"{k} {v}" for k, v in raid.sectors_written.items()))
+
+
+def _guest_tests(ctx: RunContext, gr: storage.GuestRunner, tests: list[storage.StorageTest], disk: str) -> None:
+    sink = ctx.sink
     sink.log(f"guest benchmark disk: {disk} (bus {ctx.profile.disk.bus})")
     sink.step("guest: storage tests", side="guest")
     if storage.needs_fill(tests):
