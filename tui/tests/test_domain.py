@@ -79,9 +79,9 @@ VARIANTS: list[tuple[str, Profile]] = (
         ("xen-pv-file", xen_profile("xen-vbd", "prealloc-file", "xen-netfront")),
     ]
     # RAID 0 over as many disks as each bus takes on its controller.
-    + [(f"raid0-{b}-{n}", kvm_variant(disk={"bus": b, "count": n, "raid": "0", "raid_chunk_kib": 64}))
+    + [(f"raid0-{b}-{n}", kvm_variant(disk={"bus": b, "count": n, "raid": "0", "chunk_kib": 64}))
        for b, n in (("virtio-blk", 8), ("virtio-scsi", 8), ("scsi-lsi", 7), ("sata", 6), ("ide", 4))]
-    + [("raid0-block", kvm_variant(disk={"backing": "block-device", "count": 3, "raid": "0", "raid_chunk_kib": 4}))]
+    + [("raid0-block", kvm_variant(disk={"backing": "block-device", "count": 3, "raid": "0", "chunk_kib": 4}))]
 )
 
 CASES: list[tuple[str, Profile]] = [(p.stem, load_profile(p)) for p in PRESETS] + VARIANTS

@@ -361,14 +361,14 @@ INVALID = [
     ),
     ("raid-over-one-disk", variant(("disk.raid", "0")), None, "disk.raid", "0", "0 needs disk.count 2..8"),
     ("several-disks-without-raid", variant(("disk.count", 3)), None, "disk.count", 3, "2..8 needs disk.raid = 0"),
-    ("chunk-without-raid", variant(("disk.raid_chunk_kib", 64)), None, "disk.raid_chunk_kib", 64,
+    ("chunk-without-raid", variant(("disk.chunk_kib", 64)), None, "disk.chunk_kib", 64,
      "0 (with disk.raid = none)"),
-    ("chunk-not-a-power-of-two", variant(("disk.count", 2), ("disk.raid", "0"), ("disk.raid_chunk_kib", 48)), None,
-     "disk.raid_chunk_kib", 48, "a power of two 4..1024"),
-    ("chunk-too-big", variant(("disk.count", 2), ("disk.raid", "0"), ("disk.raid_chunk_kib", 2048)), None,
-     "disk.raid_chunk_kib", 2048, "a power of two 4..1024"),
-    ("chunk-too-small", variant(("disk.count", 2), ("disk.raid", "0"), ("disk.raid_chunk_kib", 2)), None,
-     "disk.raid_chunk_kib", 2, "a power of two 4..1024"),
+    ("chunk-not-a-power-of-two", variant(("disk.count", 2), ("disk.raid", "0"), ("disk.chunk_kib", 48)), None,
+     "disk.chunk_kib", 48, "a power of two 4..1024"),
+    ("chunk-too-big", variant(("disk.count", 2), ("disk.raid", "0"), ("disk.chunk_kib", 2048)), None,
+     "disk.chunk_kib", 2048, "a power of two 4..1024"),
+    ("chunk-too-small", variant(("disk.count", 2), ("disk.raid", "0"), ("disk.chunk_kib", 2)), None,
+     "disk.chunk_kib", 2, "a power of two 4..1024"),
     ("too-many-disks", variant(("disk.count", 9), ("disk.raid", "0")), None, "disk.count", 9, "1..8"),
     ("no-disk", variant(("disk.count", 0)), None, "disk.count", 0, "1..8"),
     ("raid-level-1", variant(("disk.count", 2), ("disk.raid", "1")), None, "disk.raid", "1", 'none, "0"'),
@@ -502,15 +502,15 @@ def test_hash_golden_value():
 
 def test_raid_knobs_default_and_keep_old_hashes():
     single = parse_profile(variant())
-    assert (single.disk.count, single.disk.raid, single.disk.raid_chunk_kib) == (1, "none", 0)
+    assert (single.disk.count, single.disk.raid, single.disk.chunk_kib) == (1, "none", 0)
     # the knobs at their neutral values leave a profile's hash as it was before they existed
-    explicit = parse_profile(variant(("disk.count", 1), ("disk.raid", "none"), ("disk.raid_chunk_kib", 0)))
+    explicit = parse_profile(variant(("disk.count", 1), ("disk.raid", "none"), ("disk.chunk_kib", 0)))
     assert explicit.hash == single.hash == "574072a5af512125a1dbd89d3e2ec5f2adc2748fe07ed454713bfcb2157c3e60"
     raid = parse_profile(variant(("disk.count", 3), ("disk.raid", "0")))
-    assert raid.disk.raid_chunk_kib == 512  # mdadm's default, written into the profile
-    assert raid == parse_profile(variant(("disk.count", 3), ("disk.raid", "0"), ("disk.raid_chunk_kib", 0)))
+    assert raid.disk.chunk_kib == 512  # mdadm's default, written into the profile
+    assert raid == parse_profile(variant(("disk.count", 3), ("disk.raid", "0"), ("disk.chunk_kib", 0)))
     assert raid.hash != single.hash
-    assert parse_profile(variant(("disk.count", 3), ("disk.raid", "0"), ("disk.raid_chunk_kib", 64))).hash != raid.hash
+    assert parse_profile(variant(("disk.count", 3), ("disk.raid", "0"), ("disk.chunk_kib", 64))).hash != raid.hash
     assert parse_profile(variant(("disk.count", 2), ("disk.raid", "0"))).hash != raid.hash
     assert parse_profile(raid.to_toml()) == raid
     assert "RAID 0 (512 KiB chunks) over 3 disks" in raid.describe()
@@ -518,9 +518,9 @@ def test_raid_knobs_default_and_keep_old_hashes():
 
 def test_raid_preset():
     p = profiles.find_profile("virtio-raid0")
-    assert (p.disk.bus, p.disk.count, p.disk.raid, p.disk.raid_chunk_kib) == ("virtio-blk", 3, "0", 64)
+    assert (p.disk.bus, p.disk.count, p.disk.raid, p.disk.chunk_kib) == ("virtio-blk", 3, "0", 64)
     assert [k for k, _, _ in diff_profiles(profiles.find_profile("virtio-file"), p)] == [
-        "disk.count", "disk.raid", "disk.raid_chunk_kib"]
+        "disk.count", "disk.raid", "disk.chunk_kib"]
 
 
 def test_hash_changes_with_any_knob():
@@ -545,7 +545,7 @@ def test_knobs_are_flat_and_ordered():
         "disk.volume",
         "disk.count",
         "disk.raid",
-        "disk.raid_chunk_kib",
+        "disk.chunk_kib",
         "network.model",
         "network.vhost",
         "network.queues",

@@ -304,7 +304,7 @@ def test_raid0_preset_writes_through_md0_over_three_disks(state, libvirt_conn):
         run = store.get_run(rid)
     assert run.state == "completed", run.reason
     prov = run.provenance
-    assert prov.backing is not None and prov.backing.count == 3 and len(prov.backing.more_paths) == 2
+    assert prov.backing is not None and prov.backing.count == 3 and len(prov.backing.more_paths or []) == 2
     assert prov.domain_xml is not None and prov.domain_xml.count("<disk ") == 3
     raid = prov.raid
     assert raid is not None and (raid.device, raid.level, raid.chunk_kib) == ("/dev/md0", "0", 64)

@@ -34,7 +34,8 @@ def test_each_disk_holds_its_share_in_whole_mib(size, count, each):
 def test_space_counts_every_store_and_the_baseline():
     assert backing.space_needed("prealloc-file", 16 * MiB, count=3) == (
         3 * 6 * MiB + 16 * MiB, "3 backing files and the bare-metal baseline file")
-    assert backing.space_needed("prealloc-file", 16 * MiB) == (32 * MiB, "backing file and the bare-metal baseline file")
+    assert backing.space_needed("prealloc-file", 16 * MiB) == (
+        32 * MiB, "backing file and the bare-metal baseline file")
     assert backing.space_needed("block-device", 16 * MiB, count=2)[0] == 2 * 8 * MiB + 16 * MiB
     assert backing.space_needed("block-device", 16 * MiB, device="/dev/sdb", count=2) == (0, "")
 

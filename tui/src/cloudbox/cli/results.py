@@ -180,12 +180,13 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
         b = p.backing
         desc = ", ".join(f"{k}={v}" for k, v in (("kind", b.kind), ("path", b.path), ("device", b.device),
                                                   ("model", b.model), ("size_bytes", b.size_bytes)) if v is not None)
-        if b.count > 1:
+        if b.count and b.more_paths:
             desc += f", {b.count} disks (size_bytes each), also " + ", ".join(b.more_paths)
         lines.append(f"  backing      {desc}")
     if p.raid is not None:
         r = p.raid
-        lines.append(f"  guest RAID   {r.device}: RAID {r.level}, {r.chunk_kib} KiB chunks, over {', '.join(r.members)}"
+        lines.append(f"  guest RAID   {r.device}: RAID {r.level}, {r.chunk_kib} KiB chunks, over "
+                     + ", ".join(r.members)
                      + ("; sectors written " + ", ".join(f"{k} {v}" for k, v in r.sectors_written.items())
                         if r.sectors_written else ""))
     for key, value in (("host kernel", p.host_kernel), ("guest kernel", p.guest_kernel)):

@@ -250,7 +250,7 @@ class Knobs:
     memory_mib: int | None = None  # the guest's RAM
     disks: int = 1  # disk.count
     raid: str = "none"
-    raid_chunk_kib: int | None = None
+    chunk_kib: int | None = None
 
 
 def knobs(run: Run) -> Knobs:
@@ -275,7 +275,7 @@ def _knobs(profile_toml: str) -> Knobs:
                  get("disk", "backing", str) or "", get("disk", "volume", str) or "",
                  get("network", "model", str) or "", bool(get("network", "vhost", bool)), get("network", "mtu", int),
                  get("guest", "memory_mib", int), get("disk", "count", int) or 1, get("disk", "raid", str) or "none",
-                 get("disk", "raid_chunk_kib", int))
+                 get("disk", "chunk_kib", int))
 
 
 def vmm_label(run: Run) -> str:
@@ -321,7 +321,7 @@ def driver_label(run: Run) -> str:
     backing = _BACKINGS.get(kind, kind.replace("-", " ") or "?")
     k = knobs(run)
     if k.raid != "none":
-        chunk = f" ({k.raid_chunk_kib} KiB)" if k.raid_chunk_kib else ""
+        chunk = f" ({k.chunk_kib} KiB)" if k.chunk_kib else ""
         return f"RAID {k.raid}{chunk} over {k.disks} x {bus_label(run)}, {backing}"
     return f"{bus_label(run)}, {backing}"
 

@@ -72,7 +72,7 @@ MAX_DISKS = 8
 BUS_MAX_DISKS: dict[str, int] = {"ide": 4, "sata": 6, "scsi-lsi": 7}
 RAID_CHUNK_DEFAULT_KIB = 512  # mdadm's own default
 # Knobs added after profiles were first hashed, with the value that leaves a profile's hash as it was.
-_HASH_NEUTRAL: dict[str, dict[str, object]] = {"disk": {"count": 1, "raid": "none", "raid_chunk_kib": 0}}
+_HASH_NEUTRAL: dict[str, dict[str, object]] = {"disk": {"count": 1, "raid": "none", "chunk_kib": 0}}
 
 # Human wording for string fields whose rule is not a list of values or a range.
 _TEXT_RULES: dict[str, str] = {
@@ -84,7 +84,7 @@ _TEXT_RULES: dict[str, str] = {
         "empty; for backing = block-device an absolute /dev/ path; for backing = network-volume "
         + ", ".join(f"{s}:<target>" for s in VOLUME_SCHEMES)
     ),
-    "disk.raid_chunk_kib": (
+    "disk.chunk_kib": (
         "0 (no RAID) or, with disk.raid = 0, a power of two 4..1024 (KiB; left out or 0: mdadm's "
         f"{RAID_CHUNK_DEFAULT_KIB})"
     ),
@@ -142,7 +142,7 @@ class Disk(_Strict):
     volume: Annotated[str, Field(max_length=4096, pattern=r"^[^\n\r]*$"), AfterValidator(_volume)] = ""
     count: int = Field(1, ge=1, le=MAX_DISKS)  # benchmark disks, each on its own backing store
     raid: RaidLevel = "none"  # "0": the guest stripes the disks with mdadm and the tests run on /dev/md0
-    raid_chunk_kib: Annotated[int, AfterValidator(_chunk)] = 0
+    chunk_kib: Annotated[int, AfterValidator(_chunk)] = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -152,8 +152,8 @@ class Disk(_Strict):
         if isinstance(data, dict) and "format" not in data and data.get("backing") in QCOW2_BACKINGS:
             data = {**data, "format": "qcow2"}
         # A RAID without a chunk size (or 0) gets mdadm's default, so the stored profile says the chunk used.
-        if isinstance(data, dict) and data.get("raid") == "0" and data.get("raid_chunk_kib", 0) == 0:
-            data = {**data, "raid_chunk_kib": RAID_CHUNK_DEFAULT_KIB}
+        if isinstance(data, dict) and data.get("raid") == "0" and data.get("chunk_kib", 0) == 0:
+            data = {**data, "chunk_kib": RAID_CHUNK_DEFAULT_KIB}
         return data
 
 
@@ -241,7 +241,7 @@ class Profile(_Strict):
         if d.queues > 1:
             disk += f", {d.queues} queues"
         if d.raid == "0":
-            disk = f"RAID 0 ({d.raid_chunk_kib} KiB chunks) over {d.count} disks, each {disk}"
+            disk = f"RAID 0 ({d.chunk_kib} KiB chunks) over {d.count} disks, each {disk}"
         net = _NIC_WORDS[n.model]
         if n.model == "virtio":
             net += " (vhost)" if n.vhost else " (userspace)"
@@ -393,8 +393,8 @@ def cross_field_problems(p: Profile) -> list[ProfileProblem]:
     if d.raid == "none" and d.count > 1:
         bad("disk.count", d.count, "the tests run on one device: several disks need a RAID to join them",
             f"1 (with disk.raid = none); 2..{MAX_DISKS} needs disk.raid = 0")
-    if d.raid == "none" and d.raid_chunk_kib != 0:
-        bad("disk.raid_chunk_kib", d.raid_chunk_kib, "a chunk size is a RAID's; this profile has none",
+    if d.raid == "none" and d.chunk_kib != 0:
+        bad("disk.chunk_kib", d.chunk_kib, "a chunk size is a RAID's; this profile has none",
             "0 (with disk.raid = none); a power of two 4..1024 needs disk.raid = 0")
     if d.count > BUS_MAX_DISKS.get(d.bus, MAX_DISKS):
         bad("disk.count", d.count, f"bus {d.bus} takes at most {BUS_MAX_DISKS[d.bus]} disks on its controller",

@@ -66,8 +66,8 @@ class BackingInfo(_Record):
     size_bytes: int | None = None
     format: str = ""
     is_block: bool = False
-    count: int = 1  # disks, each on its own store (disk.count); size_bytes is each one's
-    more_paths: list[str] = []  # the other disks' stores
+    count: int | None = None  # disks, each on its own store, when more than one (size_bytes is then each one's)
+    more_paths: list[str] | None = None  # the other disks' stores
 
 
 class RaidInfo(_Record):

@@ -111,7 +111,8 @@ def record_facts(ctx: RunContext) -> None:
         guest_image=GuestImageInfo(kernel_version=image.kernel_version, sha256=image.manifest.get("sha256", {})),
         backing=BackingInfo(kind=store.kind, path=store.path, device=store.host_device, model=store.model,
                             size_bytes=store.size_bytes, format=store.format, is_block=store.is_block,
-                            count=1 + len(store.more_paths), more_paths=store.more_paths),
+                            count=1 + len(store.more_paths) if store.more_paths else None,
+                            more_paths=store.more_paths or None),
         spec=ctx.spec)
     ctx.store.update_run(ctx.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))
     ctx.save_provenance()
@@ -187,8 +188,8 @@ def guest_storage(ctx: RunContext) -> None:
     if d.raid == "none":
         _guest_tests(ctx, gr, tests, gr.disk())
         return
-    sink.step(f"guest: RAID {d.raid} over {d.count} disks ({d.raid_chunk_kib} KiB chunks)", side="guest")
-    array = gr.assemble_raid(d.count, d.raid_chunk_kib)
+    sink.step(f"guest: RAID {d.raid} over {d.count} disks ({d.chunk_kib} KiB chunks)", side="guest")
+    array = gr.assemble_raid(d.count, d.chunk_kib)
     raid = RaidInfo(device=array.device, level=array.level, chunk_kib=array.chunk_kib, members=array.members,
                     mdstat=array.mdstat)
     ctx.provenance.raid = raid
