@@ -60,7 +60,7 @@ import hashlib, json, sys
 d = sys.argv[1]
 m = json.load(open(f"{d}/manifest.json"))
 pk = m["packages"]
-for p in ("fio", "netperf", "iperf3", "qemu-guest-agent", "busybox-static", "iputils-ping", "libc6"):
+for p in ("fio", "netperf", "iperf3", "qemu-guest-agent", "busybox-static", "iputils-ping", "mdadm", "libc6"):
     assert p in pk and pk[p], p
 assert m["kernel_package"] in pk and m["kernel_package"] == "linux-image-" + m["kernel_version"]
 for f in ("vmlinuz", "initrd.img"):
@@ -68,7 +68,7 @@ for f in ("vmlinuz", "initrd.img"):
 assert isinstance(m["source_date_epoch"], int) and m["source_date_epoch"] > 1600000000
 assert len(m["builder_hash"]) == 64
 for mod in ("virtio_blk", "virtio_net", "virtio_console", "virtio_scsi", "sd_mod", "sym53c8xx",
-            "ahci", "ata_piix", "e1000", "8139cp", "8139too", "xen_blkfront", "xen_netfront"):
+            "ahci", "ata_piix", "e1000", "8139cp", "8139too", "xen_blkfront", "xen_netfront", "md_mod", "raid0"):
     assert mod in m["modules"], mod
 print(m["kernel_version"], m["bytes"]["initrd.img"])
 PY
@@ -128,6 +128,8 @@ PY
     assert_success
     assert_output --regexp '^iperf 3\.'
     run guest_exec "$s" /usr/bin/ping -c 1 -M do -s 1400 127.0.0.1
+    assert_success
+    run guest_exec "$s" /usr/sbin/mdadm --version
     assert_success
     run guest_exec "$s" /usr/bin/fio --name=w --filename=/dev/vda --rw=write --bs=1M --size=4M \
         --direct=1 --ioengine=libaio --output-format=terse
