@@ -29,6 +29,7 @@ AGENT_SILENT_CODES = frozenset({86, 112})
 # Where libvirtd (qemu:///system) keeps each domain's QEMU log: its command line, its stderr (KVM internal errors,
 # register dumps) and why it stopped ("shutting down, reason=...").
 QEMU_LOG_DIR = Path("/var/log/libvirt/qemu")
+AGENT_POLL_S = 0.5  # wait_agent's pause between guest-pings
 
 
 @dataclass
@@ -136,8 +137,9 @@ class Guest:
             raise GuestError(f"guest agent ({command}) in {self.name}: {e}") from e
         return json.loads(out).get("return")
 
-    def wait_agent(self, timeout: float = 180.0, on_wait: Callable[[float], None] | None = None) -> float:
-        """Block until the guest agent answers; returns seconds waited."""
+    def wait_agent(self, timeout: float = 180.0, on_wait: Callable[[float], None] | None = None,
+                   interval: float = AGENT_POLL_S) -> float:
+        """Block until the guest agent answers, asking every `interval` seconds; returns seconds waited."""
         start = time.monotonic()
         last: Exception | None = None
         while time.monotonic() - start < timeout:
@@ -150,7 +152,7 @@ class Guest:
                 last = e
             if on_wait:
                 on_wait(time.monotonic() - start)
-            time.sleep(0.5)
+            time.sleep(interval)
         raise GuestUnreachable(f"guest agent in {self.name} did not answer within {timeout:.0f} s ({last})")
 
     def spawn(self, argv: list[str], *, capture: bool = True) -> int:
