@@ -48,11 +48,15 @@ guest_exec() {
     local b=$BATS_FILE_TMPDIR/b
     run "$BUILDER" --output "$b" --quiet
     assert_success
-    for f in vmlinuz initrd.img manifest.json; do
+    for f in vmlinuz vmlinux initrd.img initrd.cpio manifest.json; do
         assert_file_exists "$b/$f"
     done
-    [ "$(sha256sum < "$GUEST_DIR/vmlinuz")" = "$(sha256sum < "$b/vmlinuz")" ]
-    [ "$(sha256sum < "$GUEST_DIR/initrd.img")" = "$(sha256sum < "$b/initrd.img")" ]
+    for f in vmlinuz vmlinux initrd.img initrd.cpio; do
+        [ "$(sha256sum < "$GUEST_DIR/$f")" = "$(sha256sum < "$b/$f")" ]
+    done
+    # QEMU boots the uncompressed pair: the same root, the same kernel
+    zstd -q -d -c "$b/initrd.img" | cmp - "$b/initrd.cpio"
+    [ "$(head -c 4 "$b/vmlinux" | od -An -c | tr -d ' ')" = '177ELF' ]
     cmp "$GUEST_DIR/manifest.json" "$b/manifest.json"
 
     run /usr/bin/python3 - "$b" <<'PY'
@@ -63,7 +67,7 @@ pk = m["packages"]
 for p in ("fio", "netperf", "iperf3", "qemu-guest-agent", "busybox-static", "iputils-ping", "mdadm", "libc6"):
     assert p in pk and pk[p], p
 assert m["kernel_package"] in pk and m["kernel_package"] == "linux-image-" + m["kernel_version"]
-for f in ("vmlinuz", "initrd.img"):
+for f in ("vmlinuz", "vmlinux", "initrd.img", "initrd.cpio"):
     assert m["sha256"][f] == hashlib.sha256(open(f"{d}/{f}", "rb").read()).hexdigest(), f
 assert isinstance(m["source_date_epoch"], int) and m["source_date_epoch"] > 1600000000
 assert len(m["builder_hash"]) == 64

@@ -20,6 +20,23 @@ class GuestImage:
     initrd: Path
     manifest: dict
 
+    def boot_kernel(self, domain_type: str) -> Path:
+        """The kernel to boot a domain of `domain_type` with: under QEMU/KVM the uncompressed vmlinux (QEMU enters
+        it through PVH, skipping the bzImage's decompressor: seconds under TCG) when the image has one; Xen's
+        loaders get vmlinuz."""
+        vmlinux = self.directory / "vmlinux"
+        if domain_type in ("kvm", "qemu") and vmlinux.exists():
+            return vmlinux
+        return self.kernel
+
+    def boot_initrd(self, domain_type: str) -> Path:
+        """The initramfs for a domain of `domain_type`: under QEMU/KVM the uncompressed initrd.cpio when the image
+        has one (the guest kernel then only copies it: seconds less under TCG than unpacking zstd)."""
+        cpio = self.directory / "initrd.cpio"
+        if domain_type in ("kvm", "qemu") and cpio.exists():
+            return cpio
+        return self.initrd
+
     @property
     def kernel_version(self) -> str:
         return str(self.manifest.get("kernel_version", "unknown"))

@@ -155,8 +155,10 @@ def launch_guest(ctx: RunContext) -> None:
     name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}"
     # virtlogd (root) writes it; it goes with the work directory when the store is removed.
     ctx.console_log = ctx.work_dir / "console.log"
-    ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type, kernel=str(image.kernel),
-                                   initrd=str(image.initrd), cmdline=CMDLINE, disk_path=ctx.backing.path,
+    ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
+                                   kernel=str(image.boot_kernel(acc.domain_type)),
+                                   initrd=str(image.boot_initrd(acc.domain_type)), cmdline=CMDLINE,
+                                   disk_path=ctx.backing.path,
                                    disk_is_block=ctx.backing.is_block,
                                    bridge=ctx.hostnet.bridge if ctx.hostnet else None, mac=None,
                                    run_uuid=ctx.run_uuid, console_log=str(ctx.console_log),

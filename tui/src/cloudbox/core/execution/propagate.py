@@ -91,7 +91,8 @@ def provision(ctx: RunContext, i: int, source: Path, size: int, step: str, of: i
     name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}-{i}"
     ctx.console_log = ctx.work_dir / f"console-{i}.log"
     ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=ctx.accelerator.domain_type,
-                                   kernel=str(ctx.image.kernel), initrd=str(ctx.image.initrd), cmdline=CMDLINE,
+                                   kernel=str(ctx.image.boot_kernel(ctx.accelerator.domain_type)),
+                                   initrd=str(ctx.image.boot_initrd(ctx.accelerator.domain_type)), cmdline=CMDLINE,
                                    disk_path=str(instance), disk_is_block=False, bridge=None, mac=None,
                                    run_uuid=ctx.run_uuid, console_log=str(ctx.console_log))
     t1 = time.monotonic()
