@@ -194,7 +194,7 @@ def test_common_elements():
     assert root.findtext("os/kernel").endswith("vmlinuz") and root.findtext("os/initrd").endswith(
         "initrd.img"
     )
-    assert root.findtext("os/cmdline") == "console=ttyS0 quiet"
+    assert root.findtext("os/cmdline").startswith("console=ttyS0 quiet cloudbox.drivers=")
     assert root.find("memory").attrib == {"unit": "MiB"} and root.findtext("memory") == "1024"
     assert root.findtext("vcpu") == "2"
     assert root.findtext("on_poweroff") == "destroy" and root.findtext("on_crash") == "destroy"
@@ -255,6 +255,30 @@ def test_nic_mapping():
     assert iface.find("model").get("type") == "e1000"
     assert iface.find("driver") is None
     assert _tree(kvm_variant()).find("devices/interface/driver").get("name") == "qemu"
+
+
+@pytest.mark.parametrize(
+    ("bus", "model", "bridge", "drivers"),
+    [
+        ("virtio-blk", "virtio", "cbbr0", "virtio_blk,virtio_net,button,evdev"),
+        ("scsi-lsi", "e1000", "cbbr0", "sym53c8xx,crct10dif_generic,sd_mod,e1000,button,evdev"),
+        ("ide", "rtl8139", "cbbr0", "ata_piix,crct10dif_generic,sd_mod,8139cp,8139too,button,evdev"),
+        ("sata", "e1000", None, "ahci,crct10dif_generic,sd_mod,button,evdev"),
+        ("virtio-scsi", "virtio", None, "virtio_scsi,crct10dif_generic,sd_mod,button,evdev"),
+    ],
+)
+def test_guest_loads_only_the_profiles_drivers(bus, model, bridge, drivers):
+    root = _tree(kvm_variant(disk={"bus": bus}, network={"model": model}), bridge=bridge)
+    assert root.findtext("os/cmdline") == f"console=ttyS0 quiet cloudbox.drivers={drivers}"
+
+
+def test_drivers_kept_when_named_and_not_for_xen():
+    assert "cloudbox.drivers=" not in _tree(xen_profile("scsi-lsi", "prealloc-file", "e1000")).findtext("os/cmdline")
+    prof = kvm_variant()
+    xml = render_domain(prof, name="cloudbox-x", domain_type="kvm", kernel="/k", initrd="/i",
+                        cmdline="console=ttyS0 cloudbox.drivers=e1000", disk_path="/dev/sdz", disk_is_block=True,
+                        bridge=None, mac=None)
+    assert ET.fromstring(xml).findtext("os/cmdline") == "console=ttyS0 cloudbox.drivers=e1000"
 
 
 def test_no_interface_without_bridge():
