@@ -18,6 +18,7 @@ import pytest
 from cloudbox import cli
 from cloudbox.core import backing, profiles, propagation, results, studies
 from cloudbox.core.errors import NoSpace, StudyError, UsageError
+from cloudbox.core.guestimage import GuestImage
 from cloudbox.core.inputs import shown
 from cloudbox.core.propagation import NoFit, Sample
 from cloudbox.core.results import ResultStore
@@ -535,7 +536,7 @@ def fake_host(state, monkeypatch):
     fail_at: dict[str, int] = {}
 
     def image(ctx):
-        ctx.image = SimpleNamespace(kernel=Path("/boot/vmlinuz"), initrd=Path("/boot/initrd.img"))
+        ctx.image = GuestImage(Path("/boot"), Path("/boot/vmlinuz"), Path("/boot/initrd.img"), {})
 
     def accelerator(ctx):
         ctx.accelerator = Accelerator("tcg", "qemu", True, False, "faked")
