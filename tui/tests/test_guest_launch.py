@@ -47,7 +47,8 @@ def test_each_bus_and_nic_with_only_its_drivers(bus, model, disk, nic_driver, st
     log = state / "w" / "console.log"
     xml = render_domain(prof, name=f"cloudbox-test-launch-{bus}", domain_type=acc.domain_type,
                         kernel=str(guest_image.boot_kernel(acc.domain_type)),
-                        initrd=str(guest_image.boot_initrd(acc.domain_type)), cmdline=CMDLINE, disk_path=st.path,
+                        initrd=str(guest_image.boot_initrd(acc.domain_type, prof.guest.memory_mib)), cmdline=CMDLINE,
+                        disk_path=st.path,
                         disk_is_block=False, bridge=bridge, mac=None, run_uuid=f"test-launch-{bus}",
                         console_log=str(log))
     assert "cloudbox.drivers=" in xml
@@ -70,3 +71,26 @@ def test_each_bus_and_nic_with_only_its_drivers(bus, model, disk, nic_driver, st
     phases = [v for _, v in trace.phases()]
     assert all(v is not None and v >= -0.5 for v in phases), trace.phases()
     assert sum(phases) == pytest.approx(trace.agent)
+
+
+def test_a_256_mib_guest_boots_the_compressed_root(state, libvirt_conn, guest_image):
+    data = find_profile("virtio-disk").model_dump()
+    data["guest"]["memory_mib"] = 256  # the smallest a profile allows: the uncompressed root does not fit twice
+    prof = Profile.model_validate(data)
+    acc = accel.detect(guest_image.kernel)
+    initrd = guest_image.boot_initrd(acc.domain_type, prof.guest.memory_mib)
+    assert initrd == guest_image.initrd
+    st = backing.prepare("sparse-file", work_dir=state / "w", size_bytes=32 * 1024**2, fmt="raw")
+    log = state / "w" / "console.log"
+    xml = render_domain(prof, name="cloudbox-test-launch-256", domain_type=acc.domain_type,
+                        kernel=str(guest_image.boot_kernel(acc.domain_type)), initrd=str(initrd), cmdline=CMDLINE,
+                        disk_path=st.path, disk_is_block=False, bridge=None, mac=None, run_uuid="test-launch-256",
+                        console_log=str(log))
+    g, trace = trace_launch(libvirt_conn, xml, console_log=log)
+    try:
+        g.run(["/usr/bin/fio", "--name=w", "--filename=/dev/vda", "--rw=write", "--bs=64k", "--size=4M",
+               "--direct=1", "--output-format=terse"], timeout=120, check=True)
+    finally:
+        g.destroy()
+        st.remove()
+    assert trace.agent > 0

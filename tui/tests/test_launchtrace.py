@@ -38,3 +38,20 @@ def test_phases_of_a_guest_without_init_marks():
     assert phases["/init: mounts, drivers loaded"] is None and phases["/init: agent started"] is None
     assert phases["agent's first answer (host poll)"] == pytest.approx(7.0 - 1.3 - 4.625645)
     assert sum(v for v in phases.values() if v is not None) == pytest.approx(7.0)
+
+
+def test_boot_pair_by_domain_type_and_memory(tmp_path):
+    from cloudbox.core.guestimage import GuestImage
+
+    for name, size in (("vmlinuz", 10), ("initrd.img", 10)):
+        (tmp_path / name).write_bytes(b"x" * size)
+    (tmp_path / "manifest.json").write_text("{}")
+    img = GuestImage.locate(tmp_path)
+    assert img.boot_kernel("qemu") == tmp_path / "vmlinuz" and img.boot_initrd("qemu", 1024) == img.initrd
+    (tmp_path / "vmlinux").write_bytes(b"x")
+    with open(tmp_path / "initrd.cpio", "wb") as f:
+        f.truncate(96 * 1024 * 1024)
+    assert img.boot_kernel("qemu") == tmp_path / "vmlinux" and img.boot_kernel("xen") == img.kernel
+    assert img.boot_initrd("kvm", 1024) == tmp_path / "initrd.cpio" and img.boot_initrd("xen", 1024) == img.initrd
+    assert img.boot_initrd("qemu", 384) == tmp_path / "initrd.cpio"
+    assert img.boot_initrd("qemu", 256) == img.initrd

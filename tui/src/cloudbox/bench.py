@@ -54,7 +54,8 @@ def bench_launch(reps: int, work: Path, profile: str = "virtio-disk", old: Path 
             log = work / f"launch-{label}-{i}" / "console.log"
             xml = render_domain(prof, name=f"cloudbox-bench-{i}", domain_type=acc.domain_type,
                                 kernel=str(img.boot_kernel(acc.domain_type)),
-                                initrd=str(img.boot_initrd(acc.domain_type)), cmdline=CMDLINE, disk_path=st.path,
+                                initrd=str(img.boot_initrd(acc.domain_type, prof.guest.memory_mib)), cmdline=CMDLINE,
+                                disk_path=st.path,
                                 disk_is_block=False, bridge=None, mac=None, run_uuid=f"bench-{i}",
                                 console_log=str(log))
             # Without cloudbox's metadata: another session's orphan reaping on this host would destroy it.

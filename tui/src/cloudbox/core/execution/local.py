@@ -157,7 +157,8 @@ def launch_guest(ctx: RunContext) -> None:
     ctx.console_log = ctx.work_dir / "console.log"
     ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
                                    kernel=str(image.boot_kernel(acc.domain_type)),
-                                   initrd=str(image.boot_initrd(acc.domain_type)), cmdline=CMDLINE,
+                                   initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
+                                   cmdline=CMDLINE,
                                    disk_path=ctx.backing.path,
                                    disk_is_block=ctx.backing.is_block,
                                    bridge=ctx.hostnet.bridge if ctx.hostnet else None, mac=None,

@@ -92,7 +92,9 @@ def provision(ctx: RunContext, i: int, source: Path, size: int, step: str, of: i
     ctx.console_log = ctx.work_dir / f"console-{i}.log"
     ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=ctx.accelerator.domain_type,
                                    kernel=str(ctx.image.boot_kernel(ctx.accelerator.domain_type)),
-                                   initrd=str(ctx.image.boot_initrd(ctx.accelerator.domain_type)), cmdline=CMDLINE,
+                                   initrd=str(ctx.image.boot_initrd(ctx.accelerator.domain_type,
+                                                                    ctx.profile.guest.memory_mib)),
+                                   cmdline=CMDLINE,
                                    disk_path=str(instance), disk_is_block=False, bridge=None, mac=None,
                                    run_uuid=ctx.run_uuid, console_log=str(ctx.console_log))
     t1 = time.monotonic()
