@@ -265,10 +265,14 @@ def test_nic_mapping():
         ("ide", "rtl8139", "cbbr0", "ata_piix,crct10dif_generic,sd_mod,8139cp,8139too,button,evdev"),
         ("sata", "e1000", None, "ahci,crct10dif_generic,sd_mod,button,evdev"),
         ("virtio-scsi", "virtio", None, "virtio_scsi,crct10dif_generic,sd_mod,button,evdev"),
+        ("virtio-blk+raid0", "virtio", None, "virtio_blk,md_mod,raid0,button,evdev"),
     ],
 )
 def test_guest_loads_only_the_profiles_drivers(bus, model, bridge, drivers):
-    root = _tree(kvm_variant(disk={"bus": bus}, network={"model": model}), bridge=bridge)
+    bus, _, raid = bus.partition("+raid")
+    disk = {"bus": bus, "count": 2, "raid": raid} if raid else {"bus": bus}
+    more = {"more_disk_paths": ["/var/tmp/cloudbox/d1.raw"]} if raid else {}
+    root = _tree(kvm_variant(disk=disk, network={"model": model}), bridge=bridge, **more)
     assert root.findtext("os/cmdline") == f"console=ttyS0 quiet cloudbox.drivers={drivers}"
 
 

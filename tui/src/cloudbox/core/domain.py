@@ -64,6 +64,7 @@ _DISK_DRIVERS = {
 }
 _NIC_DRIVERS = {"virtio": ("virtio_net",), "e1000": ("e1000",), "rtl8139": ("8139cp", "8139too")}
 _ALWAYS_DRIVERS = ("button", "evdev")  # the ACPI power button, for the guest's acpid
+_RAID_DRIVERS = {"none": (), "0": ("md_mod", "raid0")}
 
 
 def guest_drivers(profile: Profile, *, nic: bool) -> list[str] | None:
@@ -72,7 +73,8 @@ def guest_drivers(profile: Profile, *, nic: bool) -> list[str] | None:
     d, n = profile.disk.bus, profile.network.model
     if d not in _DISK_DRIVERS or (nic and n not in _NIC_DRIVERS):
         return None
-    return [*_DISK_DRIVERS[d], *(_NIC_DRIVERS[n] if nic else ()), *_ALWAYS_DRIVERS]
+    return [*_DISK_DRIVERS[d], *_RAID_DRIVERS[profile.disk.raid], *(_NIC_DRIVERS[n] if nic else ()),
+            *_ALWAYS_DRIVERS]
 
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
