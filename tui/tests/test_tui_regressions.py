@@ -197,3 +197,23 @@ def test_a_switch_hold_ends_once(state, monkeypatch):
             assert len(ended) == 3, f"three switches to screens shown before, their holds ended {len(ended)} times"
 
     asyncio.run(drive())
+
+
+def test_the_app_sets_its_collector_thresholds_and_restores_them(state):
+    """While the app runs, the collector uses the app's thresholds (a large gen 0, so drawing's short-lived cycles
+    die young instead of feeding full collections); when it exits, the process gets its own back."""
+    import gc
+
+    before = gc.get_threshold()
+    assert before != CloudboxApp.GC_THRESHOLD, "the test needs a process threshold unlike the app's"
+    app = create_app(Backend(facts=_facts(), libvirt_uri="test:///default"), mode="overview", poll_interval=3600)
+    seen = []
+
+    async def drive() -> None:
+        async with app.run_test(size=(100, 32)) as pilot:
+            await pilot.pause(0.1)
+            seen.append(gc.get_threshold())
+
+    asyncio.run(drive())
+    assert seen == [CloudboxApp.GC_THRESHOLD]
+    assert gc.get_threshold() == before
