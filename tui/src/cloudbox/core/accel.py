@@ -10,9 +10,11 @@ are labelled, as are TCG ones.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -22,11 +24,13 @@ from pathlib import Path
 from . import paths
 from .errors import CloudboxError
 
-# How long the test guest may show no sign of running at all (firmware or kernel output) before KVM counts as
-# broken (a vCPU that never leaves the host kernel shows none). CLOUDBOX_KVM_PROBE_TIMEOUT overrides it (seconds).
+# How long the test guest may show no sign of running (firmware or kernel output) before KVM counts as broken (a
+# vCPU that never leaves the host kernel shows none); once it has spoken, twice that without a new byte (PVM's KVM on
+# Intel hosts runs SeaBIOS and the kernel's decompressor, then spins; a loaded TCG host's decompression was silent
+# for over 20 s). CLOUDBOX_KVM_PROBE_TIMEOUT overrides it (seconds).
 PROBE_TIMEOUT_S = 30.0
-# Once it runs, how long it may take to print its banner: nested KVM inside an emulated host can take minutes, and
-# falling back to TCG there (emulation inside emulation) would leave the benchmark guest unable to boot at all.
+# While it keeps printing, how long it may take to print its banner: nested KVM inside an emulated host can take
+# minutes, and falling back to TCG there (emulation inside emulation) would leave the benchmark guest unable to boot.
 PROBE_BANNER_LIMIT_S = 300.0
 BANNER = b"Linux version"
 _TCG_SUFFIX = "; using TCG emulation"
@@ -83,8 +87,9 @@ def _boot_id() -> str:
 
 def probe_kvm(kernel: Path, timeout: float = PROBE_TIMEOUT_S,
               banner_limit: float = PROBE_BANNER_LIMIT_S) -> tuple[bool, str, float]:
-    """Boot `kernel` under QEMU with KVM; True if its banner reaches the serial port. No output at all (firmware or
-    kernel) within `timeout` is a stuck vCPU; once it runs it gets up to `banner_limit` for the banner."""
+    """Boot `kernel` under QEMU with KVM; True if its banner reaches the serial port. No output (firmware or kernel)
+    for `timeout`, or none new for twice that once it has spoken, is a stuck vCPU; while output keeps coming it gets up
+    to `banner_limit` for the banner."""
     if not os.path.exists("/dev/kvm"):
         return False, "/dev/kvm does not exist (no KVM module loaded or no hardware virtualization)", 0.0
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
@@ -108,15 +113,18 @@ def boot_probe(kernel: Path, accel_args: list[str], what: str, timeout: float,
             "-append", "console=ttyS0 earlyprintk=ttyS0 panic=-1 loglevel=4",
         ]
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        ok, ran = False, False
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        ok, ran, seen, progress = False, False, (0, 0), start
         try:
-            while time.monotonic() - start < (banner_limit if ran else timeout):
+            while ((now := time.monotonic()) - progress < (2 * timeout if ran else timeout)
+                   and now - start < banner_limit):
                 out = serial.read_bytes() if serial.exists() else b""
                 if BANNER in out:
                     ok = True
                     break
-                ran = ran or bool(out) or (debug.exists() and debug.stat().st_size > 0)
+                sizes = (len(out), debug.stat().st_size if debug.exists() else 0)
+                if sizes != seen:
+                    seen, progress, ran = sizes, now, True
                 if proc.poll() is not None:
                     break
                 time.sleep(0.05)
@@ -129,10 +137,21 @@ def boot_probe(kernel: Path, accel_args: list[str], what: str, timeout: float,
         if proc.returncode not in (None, -9) and err:
             msg = err.decode(errors="replace").strip().splitlines()[-1]
             return False, f"QEMU with {what} failed: {msg}", took
-        if ran:
+        if took >= banner_limit:
             return False, (f"a test kernel ran under {what} but printed no banner within {banner_limit:.0f} s "
                            "(too slow to use)"), took
+        if ran:
+            return False, (f"a test kernel started under {what} (firmware {seen[1]} bytes, serial {seen[0]} bytes) "
+                           f"but printed nothing more for {2 * timeout:.0f} s and no banner (vCPU stuck)"), took
         return False, f"a test kernel made no progress under {what} within {timeout:.0f} s (vCPU stuck)", took
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent dies, so a killed probe leaves no spinning QEMU."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _probe_timeout() -> float:
