@@ -162,6 +162,17 @@ def test_the_verdict_line_says_usable_or_why_not_and_the_fallback():
                            "guests fall back to TCG (emulated)")
 
 
+def test_a_pvm_only_kvm_is_told_apart_from_vmx_or_svm(tmp_path):
+    from cloudbox.core import accel
+
+    for loaded, pvm_only in (((), False), (("kvm", "kvm_pvm"), True), (("kvm", "kvm_pvm", "kvm_amd"), False),
+                             (("kvm", "kvm_intel"), False)):
+        d = tmp_path / "-".join(loaded or ("none",))
+        for m in loaded:
+            (d / m).mkdir(parents=True)
+        assert accel.pvm_only(d) is pvm_only, loaded
+
+
 def test_host_verdict_probes_once_and_runs_reuse_the_answer(tmp_path, guest_image):
     """`cloudbox host --verdict` (what cloudbox-kvm-probe.service runs at boot): the real probe of this host, its
     exit status matching its line, and the answer cached for this boot where runs read it (accel.json)."""

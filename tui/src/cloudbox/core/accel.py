@@ -94,7 +94,15 @@ def probe_kvm(kernel: Path, timeout: float = PROBE_TIMEOUT_S,
         return False, "/dev/kvm does not exist (no KVM module loaded or no hardware virtualization)", 0.0
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return False, "/dev/kvm is not accessible to this user (needs root or the kvm group)", 0.0
+    if pvm_only():
+        return False, ("this host's KVM is PVM (module kvm_pvm, no kvm_intel or kvm_amd), which runs only guest "
+                       "kernels built for PVM"), 0.0
     return boot_probe(kernel, ["-accel", "kvm", "-cpu", "host"], "KVM", timeout, banner_limit)
+
+
+def pvm_only(modules: Path = Path("/sys/module")) -> bool:
+    """True when the loaded KVM is PVM alone: a vCPU of an ordinary kernel never gets past its decompressor there."""
+    return (modules / "kvm_pvm").exists() and not any((modules / m).exists() for m in ("kvm_intel", "kvm_amd"))
 
 
 def boot_probe(kernel: Path, accel_args: list[str], what: str, timeout: float,
