@@ -127,6 +127,8 @@ enrolled() {
     run -0 sh -c "sha256sum < '$LOGS/data.raw' | cut -d' ' -f1"
     assert_output "$(cat "$LOGS/data.sha")"
     run -0 grep -a '\[1/7 partition\].*copying the root file system' "$LOGS/fe-live.serial.log"
+    # The copy's rate beside the disk's own (dd on the new root), as `cloudbox install` prints them.
+    run -0 grep -aE '\[6/7 verify\] copied [0-9]+ MiB in [0-9.]+ s: [0-9.]+ MB/s; the disk writes [0-9.]+ MB/s \(dd, 256 MiB, O_DIRECT\): the copy ran at [0-9]+% of it' "$LOGS/fe-live.serial.log"
     # What the front-end got, read from its disk on the host (read-only); install.bats's UEFI front-end install
     # (tagged install-full) checks the same. Then what only the cluster's front-end has: the private network served.
     install_assert_frontend "$LOGS/fe.raw" "$FE_PRIVATE" "$LOGS"

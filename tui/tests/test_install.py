@@ -641,3 +641,19 @@ def test_front_end_serves_the_private_network_and_back_ends_ask_it():
     assert "Name=cbpriv0" in bnet and "DHCP=ipv4" in bnet and "DHCPServer=" not in bnet and "\nAddress=" not in bnet
     assert "UseRoutes=no" in bnet and "MulticastDNS=yes" in bnet
     assert "private_address" not in node_settings_text(be)  # type: ignore[arg-type]
+
+
+def test_the_disks_own_write_rate_is_measured_and_its_file_removed():
+    """What the installer prints beside its copy rate: a real dd (O_DIRECT) into a directory of this host's disk,
+    its file gone after; a directory without room for it gets a reason naming it instead of a number."""
+    from cloudbox.core.install.apply import CopyRate, disk_write_rate
+
+    with tempfile.TemporaryDirectory(prefix="cloudbox-dd-", dir="/var/tmp") as tmp:
+        rate = disk_write_rate(Path(tmp), mib=16)
+        assert isinstance(rate, CopyRate), rate
+        assert rate.bytes == 16 * 2**20 and rate.seconds > 0 and rate.mb_per_s == rate.bytes / rate.seconds / 1e6
+        assert os.listdir(tmp) == []
+        st = os.statvfs(tmp)
+        too_big = st.f_bavail * st.f_frsize // 2**20
+        assert disk_write_rate(Path(tmp), mib=too_big) == f"less than {too_big + 64} MiB free on {tmp}"
+        assert os.listdir(tmp) == []

@@ -10,7 +10,8 @@ journal (/var/lib/cloudbox/install/journal.jsonl):
 3. settings   node.toml, hostname, network, root's password and SSH keys, a fresh machine id (first boot).
 4. boot-uefi  `bootctl install` on the node's ESP (and a firmware boot entry when started by UEFI).
 5. boot-bios  grub-mkimage + grub-bios-setup (core image in the BIOS boot partition, boot.img in the MBR).
-6. verify     the boot files, the MBR and the settings are there.
+6. verify     the boot files, the MBR and the settings are there; the root copy's rate is printed beside the
+              disk's own sequential write rate (dd on the new root).
 7. complete   the journal's last line says so; everything is synced and unmounted.
 
 Every step after the first is idempotent, so a re-run of the same answers after a power loss or Ctrl-C
@@ -309,7 +310,7 @@ def apply(plan: InstallPlan, progress: Progress | None = None, *, work: Path | N
         write_definitions(plan.definitions, defs)
         (run / "tmp").mkdir()
 
-        _partition(plan, defs, src, run, say)
+        copied = _partition(plan, defs, src, run, say)
 
         parts = _wait_partitions(plan)
         dev = {}
@@ -343,6 +344,8 @@ def apply(plan: InstallPlan, progress: Progress | None = None, *, work: Path | N
 
         say("verify", "checking the boot files, the MBR and the settings")
         _verify(plan, target)
+        if copied is not None:
+            _copy_speed(copied, target, journal, say)
         journal.add("step-done", step="verify")
 
         journal.add("complete")
@@ -353,7 +356,9 @@ def apply(plan: InstallPlan, progress: Progress | None = None, *, work: Path | N
     return True
 
 
-def _partition(plan: InstallPlan, defs: Path, src: Path, run: Path, say: Callable[..., None]) -> None:
+def _partition(plan: InstallPlan, defs: Path, src: Path, run: Path,
+               say: Callable[..., None]) -> CopyRate | None:
+    """systemd-repart; the rate of its root file system copy (None when it kept an interrupted install's)."""
     empty = "allow" if plan.mode == "resume" else "force"
     cmd = ["systemd-repart", "--dry-run=no", f"--empty={empty}", "--discard=no", f"--definitions={defs}",
            f"--copy-source={src}", f"--seed={plan.install_id}", "--no-pager", plan.disk.path]
@@ -365,11 +370,16 @@ def _partition(plan: InstallPlan, defs: Path, src: Path, run: Path, say: Callabl
     say("partition", f"systemd-repart on {plan.disk.path}: {what}", 0.0)
     state: dict[str, object] = {"phase": "starting", "copy_start": None, "last": 0.0}
     root_bytes = max(plan.root_used, 1)
+    copy: list[float] = []  # start time, start sectors, end time, end sectors of the root copy
 
     def on_line(line: str) -> None:
         low = line.lower()
+        if len(copy) == 2:  # the line after the root copy's: it has ended
+            copy.extend((time.monotonic(), _sectors_written(plan.disk.name)))
         if "populating ext4" in low:
-            state["copy_start"] = _sectors_written(plan.disk.name)
+            sectors = _sectors_written(plan.disk.name)
+            state["copy_start"] = sectors
+            copy[:] = [time.monotonic(), sectors]
             state["phase"] = "copying the root file system"
         elif "populating vfat" in low:
             state["phase"] = "copying the ESP"
@@ -400,7 +410,62 @@ def _partition(plan: InstallPlan, defs: Path, src: Path, run: Path, say: Callabl
             say("partition", str(state["phase"]), frac)
 
     _stream(cmd, env, on_line, tick, "partition")
+    if len(copy) == 2:
+        copy.extend((time.monotonic(), _sectors_written(plan.disk.name)))
     say("partition", "partition table written", 1.0)
+    if len(copy) < 4 or copy[2] <= copy[0]:
+        return None
+    return CopyRate(int(copy[3] - copy[1]) * 512, copy[2] - copy[0])
+
+
+@dataclass(frozen=True)
+class CopyRate:
+    bytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e6
+
+
+DD_TEST_MIB = 256
+
+
+def disk_write_rate(directory: Path, mib: int = DD_TEST_MIB) -> CopyRate | str:
+    """The disk's own sequential write rate under `directory`: dd of `mib` MiB of zeros, O_DIRECT, 1 MiB blocks,
+    into a file that is removed after. A reason (str) instead when it cannot be measured there."""
+    st = os.statvfs(directory)
+    if st.f_bavail * st.f_frsize < (mib + 64) * 2**20:
+        return f"less than {mib + 64} MiB free on {directory}"
+    probe = directory / f".cloudbox-dd-{os.getpid()}"
+    cmd = ["dd", "if=/dev/zero", f"of={probe}", "bs=1M", f"count={mib}", "oflag=direct", "conv=fsync",
+           "status=none"]
+    try:
+        start = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        took = time.monotonic() - start
+    finally:
+        probe.unlink(missing_ok=True)
+    if r.returncode != 0:
+        return f"dd failed: {(r.stderr.strip().splitlines() or ['exit status ' + str(r.returncode)])[-1]}"
+    return CopyRate(mib * 2**20, took)
+
+
+def _copy_speed(copied: CopyRate, target: Path, journal: _Journal, say: Callable[..., None]) -> None:
+    """The root copy's rate beside the target disk's own (dd on the new root): the copy should reach 80% of it."""
+    say("verify", f"measuring the disk's own sequential write (dd, {DD_TEST_MIB} MiB, O_DIRECT, on the new root)")
+    disk = disk_write_rate(target)
+    line = f"copied {copied.bytes / 2**20:.0f} MiB in {copied.seconds:.1f} s: {copied.mb_per_s:.1f} MB/s"
+    if isinstance(disk, str):
+        say("verify", f"{line}; the disk's own write rate was not measured ({disk})")
+        journal.add("copy-speed", copy_bytes=copied.bytes, copy_seconds=round(copied.seconds, 2), disk=None,
+                    why=disk)
+        return
+    ratio = copied.mb_per_s / disk.mb_per_s
+    say("verify", f"{line}; the disk writes {disk.mb_per_s:.1f} MB/s (dd, {DD_TEST_MIB} MiB, O_DIRECT): the copy "
+                  f"ran at {100 * ratio:.0f}% of it")
+    journal.add("copy-speed", copy_bytes=copied.bytes, copy_seconds=round(copied.seconds, 2),
+                disk_bytes=disk.bytes, disk_seconds=round(disk.seconds, 2), ratio=round(ratio, 3))
 
 
 def _settings(plan: InstallPlan, target: Path) -> None:
