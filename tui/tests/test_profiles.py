@@ -369,6 +369,13 @@ INVALID = [
      "disk.chunk_kib", 2048, "a power of two 4..1024"),
     ("chunk-too-small", variant(("disk.count", 2), ("disk.raid", "0"), ("disk.chunk_kib", 2)), None,
      "disk.chunk_kib", 2, "a power of two 4..1024"),
+    ("attach-a-file", variant(("disk.attach", "qemu")), None, "disk.attach", "qemu", "host (with disk.backing ="),
+    ("attach-unknown", variant(("disk.attach", "iscsiadm")), None, "disk.attach", "iscsiadm", "host, guest, qemu"),
+    ("attach-aoe-by-qemu", variant(("disk.backing", "network-volume"), ("disk.volume", "aoe:e0.1"),
+                                   ("disk.attach", "qemu")), None, "disk.attach", "qemu",
+     "host, guest (with disk.volume = 'aoe:e0.1'); qemu needs nbd:<target> or iscsi:<target>"),
+    ("attach-nvme-tcp-by-qemu", variant(("disk.backing", "network-volume"), ("disk.volume", "nvme-tcp:nqn.x"),
+                                        ("disk.attach", "qemu")), None, "disk.attach", "qemu", "host, guest"),
     ("too-many-disks", variant(("disk.count", 9), ("disk.raid", "0")), None, "disk.count", 9, "1..8"),
     ("no-disk", variant(("disk.count", 0)), None, "disk.count", 0, "1..8"),
     ("raid-level-1", variant(("disk.count", 2), ("disk.raid", "1")), None, "disk.raid", "1", 'none, "0"'),
@@ -399,6 +406,12 @@ def test_invalid_profile(text, expect_name, key, value, allowed):
     assert value is None or shown(value) in text_of_err
     assert "got None" not in text_of_err and "True" not in text_of_err
     assert allowed in text_of_err
+
+
+def test_attach_host_keeps_the_hash_and_qemu_attaches_nbd():
+    assert parse_profile(variant(("disk.attach", "host"))).hash == parse_profile(variant()).hash
+    p = parse_profile(variant(("disk.backing", "network-volume"), ("disk.volume", "nbd:ebs"), ("disk.attach", "qemu")))
+    assert p.disk.attach == "qemu" and "attached by QEMU's own initiator" in p.describe()
 
 
 def test_at_least_twenty_invalid_cases():
@@ -546,6 +559,7 @@ def test_knobs_are_flat_and_ordered():
         "disk.count",
         "disk.raid",
         "disk.chunk_kib",
+        "disk.attach",
         "network.model",
         "network.vhost",
         "network.queues",

@@ -58,6 +58,7 @@ Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "bl
 DiskFormat = Literal["raw", "qcow2"]
 NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
 RaidLevel = Literal["none", "0"]
+Attach = Literal["host", "guest", "qemu"]
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
@@ -65,6 +66,8 @@ XEN_BUSES: tuple[str, ...] = ("xen-vbd", "ide", "scsi-lsi")
 KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide")
 QCOW2_BACKINGS: tuple[str, ...] = ("qcow2", "qcow2-prealloc")
 VOLUME_SCHEMES: tuple[str, ...] = ("aoe", "iscsi", "nbd", "nvme-tcp")
+# Schemes QEMU itself can be the initiator of (its nbd and libiscsi block drivers); it has none for AoE or NVMe/TCP.
+QEMU_SCHEMES: tuple[str, ...] = ("nbd", "iscsi")
 PAGE_CACHE_FREE: tuple[str, ...] = ("none", "directsync")
 MAX_DISKS = 8
 # Disks a bus takes on one controller (the pc machine's IDE has two channels of two; ich9-ahci six ports; the LSI
@@ -72,7 +75,7 @@ MAX_DISKS = 8
 BUS_MAX_DISKS: dict[str, int] = {"ide": 4, "sata": 6, "scsi-lsi": 7}
 RAID_CHUNK_DEFAULT_KIB = 512  # mdadm's own default
 # Knobs added after profiles were first hashed, with the value that leaves a profile's hash as it was.
-_HASH_NEUTRAL: dict[str, dict[str, object]] = {"disk": {"count": 1, "raid": "none", "chunk_kib": 0}}
+_HASH_NEUTRAL: dict[str, dict[str, object]] = {"disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host"}}
 
 # Human wording for string fields whose rule is not a list of values or a range.
 _TEXT_RULES: dict[str, str] = {
@@ -143,6 +146,7 @@ class Disk(_Strict):
     count: int = Field(1, ge=1, le=MAX_DISKS)  # benchmark disks, each on its own backing store
     raid: RaidLevel = "none"  # "0": the guest stripes the disks with mdadm and the tests run on /dev/md0
     chunk_kib: Annotated[int, AfterValidator(_chunk)] = 0
+    attach: Attach = "host"  # who attaches a network volume: the host's kernel, the guest's, or QEMU itself
 
     @model_validator(mode="before")
     @classmethod
@@ -235,6 +239,8 @@ class Profile(_Strict):
         disk = f"{_BUS_WORDS[d.bus]} on {_BACKING_WORDS[d.backing]} ({d.format})"
         if d.volume:
             disk += f" {d.volume}"
+        if d.backing == "network-volume":
+            disk += f" attached by {_ATTACH_WORDS[d.attach]}"
         disk += f", cache={d.cache}, io={d.io}"
         if d.iothreads:
             disk += f", {d.iothreads} iothread{'s' if d.iothreads > 1 else ''}"
@@ -268,6 +274,7 @@ _BACKING_WORDS = {
     "block-device": "a whole block device",
     "network-volume": "a network volume",
 }
+_ATTACH_WORDS = {"host": "the host's kernel", "guest": "the guest's kernel", "qemu": "QEMU's own initiator"}
 _NIC_WORDS = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio-net", "xen-netfront": "Xen netfront"}
 
 
@@ -399,6 +406,16 @@ def cross_field_problems(p: Profile) -> list[ProfileProblem]:
     if d.count > BUS_MAX_DISKS.get(d.bus, MAX_DISKS):
         bad("disk.count", d.count, f"bus {d.bus} takes at most {BUS_MAX_DISKS[d.bus]} disks on its controller",
             f"1..{BUS_MAX_DISKS[d.bus]} (with disk.bus = {d.bus})")
+    if d.attach != "host" and d.backing != "network-volume":
+        bad("disk.attach", d.attach, f"only a network volume is attached by someone else; backing {d.backing} is "
+            "opened by the host", f"host (with disk.backing = {d.backing}); guest or qemu need network-volume")
+    elif d.attach == "qemu" and d.volume.partition(":")[0] not in QEMU_SCHEMES:
+        bad("disk.attach", d.attach, f"QEMU has no initiator for {d.volume.partition(':')[0] or 'this'} volumes",
+            f"host, guest (with disk.volume = {d.volume!r}); qemu needs "
+            + " or ".join(f"{s}:<target>" for s in QEMU_SCHEMES))
+    elif d.attach == "qemu" and g.hypervisor == "xen":
+        bad("disk.attach", d.attach, "libxl (Xen) does not hand QEMU's network block drivers to a guest",
+            "host, guest (with guest.hypervisor = xen)")
     if d.count > 1 and (d.backing == "network-volume" or d.volume):
         bad("disk.count", d.count, f"disk.volume names one volume; {d.count} disks would need {d.count}",
             f"1 (with disk.volume = {d.volume!r}); several disks need backing files or loop devices")
