@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from cloudbox import __version__
-from cloudbox.cli import install, node, profile, results, run, study
+from cloudbox.cli import install, node, profile, results, run, study, volume
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_parser(subparsers)
     install.add_parser(subparsers)
     node.add_parser(subparsers)
+    volume.add_parser(subparsers)
     t = subparsers.add_parser("tui", help="open the terminal UI (the default when no command is given)")
     t.add_argument("--screen", choices=["overview", "profiles", "guests", "tests", "results"], default=None,
                    help="the screen to open on")
