@@ -422,3 +422,23 @@ def test_disk_paths_must_fit_the_count(count, more, message):
     prof = kvm_variant(disk={"count": count, "raid": "0" if count > 1 else "none"})
     with pytest.raises(ValueError, match=message):
         render(prof, more_disk_paths=more)
+
+
+def test_nbd_volume_attached_by_qemu(tmp_path):
+    from cloudbox.core.backing import NetworkSource
+
+    prof = kvm_variant(disk={"bus": "virtio-blk", "cache": "writethrough", "backing": "network-volume",
+                             "volume": "nbd:ebs", "attach": "qemu"})
+    xml = render(prof, network_source=NetworkSource("nbd", "ebs", "127.0.0.1", 10809))
+    disk = ET.fromstring(xml).find("devices/disk")
+    assert disk is not None and disk.get("type") == "network"
+    src = disk.find("source")
+    assert src is not None and (src.get("protocol"), src.get("name"), src.get("tls")) == ("nbd", "ebs", "yes")
+    assert src.find("host").attrib == {"name": "127.0.0.1", "port": "10809"}
+    if _validator_works():
+        f = tmp_path / "domain.xml"
+        f.write_text(xml)
+        r = subprocess.run(["virt-xml-validate", str(f), "domain"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+    with pytest.raises(ValueError, match="disk.attach = qemu"):
+        render(kvm_variant(), network_source=NetworkSource("nbd", "ebs", "127.0.0.1", 10809))

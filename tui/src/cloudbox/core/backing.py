@@ -3,7 +3,8 @@ the user did not choose.
 
 Kinds: sparse-file, prealloc-file, qcow2, qcow2-prealloc (files in a work directory on the device under test),
 block-device (a whole device, partition or LV the user names with a destroy confirmation; or, on a test host, a loop
-device over a pre-allocated file, labelled as such), network-volume (declared, not implemented yet). A profile with
+device over a pre-allocated file, labelled as such), network-volume (core.volumes exports one per run; this module
+only describes it: `NetworkSource`). A profile with
 several disks (disk.count, for a RAID in the guest) gets that many stores of its kind, each of an equal share of the
 test size; the bare-metal baseline then runs on a file of the whole test size on the same host disk, the one device
 every store lives on. Safety checks refuse a device that is mounted, holds the running system or swap, or carries a
@@ -24,6 +25,17 @@ from .errors import CloudboxError, DeviceRefused, NoSpace
 MARGIN = 64 * 1024 * 1024  # space kept free beyond the store itself
 
 
+@dataclass(frozen=True)
+class NetworkSource:
+    """A guest disk that QEMU opens over the network itself (libvirt <disk type='network'>)."""
+
+    protocol: str  # nbd
+    name: str  # the export's name
+    host: str
+    port: int
+    tls: bool = True
+
+
 @dataclass
 class BackingStore:
     kind: str
@@ -36,6 +48,8 @@ class BackingStore:
     labels: list[str] = field(default_factory=list)
     baseline_target: str = ""  # file or device the bare-metal baseline runs fio against
     more_paths: list[str] = field(default_factory=list)  # the other disks' stores (disk.count > 1), like `path`
+    network: NetworkSource | None = None  # QEMU opens the disk over the network (disk.attach = qemu), not `path`
+    baseline_labels: list[str] = field(default_factory=list)  # what the baseline's numbers are, beyond `labels`
     _cleanup: list[tuple[str, str]] = field(default_factory=list, repr=False)
 
     def remove(self) -> None:
@@ -254,7 +268,7 @@ def _run(cmd: list[str]) -> str:
     return r.stdout
 
 
-def _new_work_dir(kind: str, work_dir: Path, size_bytes: int, fmt: str) -> BackingStore:
+def new_work_dir(kind: str, work_dir: Path, size_bytes: int, fmt: str) -> BackingStore:
     """A fresh per-run work directory that QEMU can reach, as an empty store that removes it whole."""
     for parent in work_dir.parents:  # QEMU runs as libvirt-qemu and must be able to traverse to the store
         if parent == Path("/"):
@@ -283,7 +297,7 @@ INSTANCE_KIND = "instance-copy"
 def instance_dir(work_dir: Path, size_bytes: int) -> BackingStore:
     """A fresh work directory for the raw instance files a propagation run copies in, one per guest (study B); the
     store is the directory (`path`), removed whole with what is in it. `size_bytes`: the largest instance."""
-    store = _new_work_dir(INSTANCE_KIND, work_dir, size_bytes, "raw")
+    store = new_work_dir(INSTANCE_KIND, work_dir, size_bytes, "raw")
     store.path = str(work_dir)
     if store.host_device is None:
         store.labels.append("no-host-metrics")
@@ -295,16 +309,15 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
     """Create the backing store (`count` of them for a profile with several disks). On any failure everything
     created so far is removed."""
     if kind == "network-volume":
-        raise CloudboxError(
-            f"backing 'network-volume' ({volume or 'no volume'}) is declared but not implemented yet: "
-            "it needs a front-end exporting AoE/iSCSI/NBD/NVMe-TCP volumes (cluster issue)")
+        raise CloudboxError(f"backing 'network-volume' ({volume or 'no volume'}) is exported by the volume service "
+                            "(core.volumes), not prepared here")
     if count > 1:
         if kind == "block-device" and (device or volume):
             raise CloudboxError(
                 f"the profile has {count} disks (disk.count) but {device or volume} is one device; leave out "
                 f"--device to give each disk a loop device, or use a file backing")
         return _prepare_several(kind, work_dir=work_dir, size_bytes=size_bytes, fmt=fmt, count=count)
-    store = _new_work_dir(kind, work_dir, size_bytes, fmt)
+    store = new_work_dir(kind, work_dir, size_bytes, fmt)
     dev_name = store.host_device
     try:
         if kind in FILE_KINDS:
@@ -375,7 +388,7 @@ def _prepare_several(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, co
     if kind not in FILE_KINDS and kind != "block-device":
         raise CloudboxError(f"unknown backing kind {kind!r}")
     each = disk_bytes(size_bytes, count)
-    store = _new_work_dir(kind, work_dir, each, fmt)
+    store = new_work_dir(kind, work_dir, each, fmt)
     dev_name = store.host_device
     try:
         _need_space(work_dir, *space_needed(kind, size_bytes, count=count))

@@ -49,6 +49,8 @@ CAVEAT_LABELS = {
     "loopback": "no physical network between the ends",
     "virtualized-host": "the bare-metal side ran on a virtual machine, not on bare metal",
 }
+# A baseline measured on a network volume from the host domain (Study A's "EBS from dom0" row), not on a local disk.
+VOLUME_BASELINE_LABEL = "volume-from-host"
 
 JSON_FORMAT = "cloudbox-results"
 JSON_VERSION = 1
@@ -251,6 +253,7 @@ class Knobs:
     disks: int = 1  # disk.count
     raid: str = "none"
     chunk_kib: int | None = None
+    attach: str = "host"  # who attached a network volume
 
 
 def knobs(run: Run) -> Knobs:
@@ -275,7 +278,7 @@ def _knobs(profile_toml: str) -> Knobs:
                  get("disk", "backing", str) or "", get("disk", "volume", str) or "",
                  get("network", "model", str) or "", bool(get("network", "vhost", bool)), get("network", "mtu", int),
                  get("guest", "memory_mib", int), get("disk", "count", int) or 1, get("disk", "raid", str) or "none",
-                 get("disk", "chunk_kib", int))
+                 get("disk", "chunk_kib", int), get("disk", "attach", str) or "host")
 
 
 def vmm_label(run: Run) -> str:
@@ -320,10 +323,21 @@ def driver_label(run: Run) -> str:
     kind = backing_kind(run)
     backing = _BACKINGS.get(kind, kind.replace("-", " ") or "?")
     k = knobs(run)
+    if kind == "network-volume" and k.attach != "host":
+        scheme = _VOLUME_SCHEMES.get(k.volume.split(":", 1)[0], "volume")
+        backing = f"QEMU's {scheme} client" if k.attach == "qemu" else f"the guest's {scheme} initiator"
     if k.raid != "none":
         chunk = f" ({k.chunk_kib} KiB)" if k.chunk_kib else ""
         return f"RAID {k.raid}{chunk} over {k.disks} x {bus_label(run)}, {backing}"
     return f"{bus_label(run)}, {backing}"
+
+
+def _volume_baseline_driver(run: Run) -> str:
+    """How the host domain reached a network volume for the baseline: 'NBD, fio nbd engine (user space)'."""
+    scheme = knobs(run).volume.split(":", 1)[0]
+    if scheme == "nbd":
+        return "NBD, fio nbd engine (user space)"
+    return f"{_VOLUME_SCHEMES.get(scheme, scheme or '?')}, host initiator"
 
 
 def _nic(run: Run) -> str:
@@ -431,14 +445,15 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
                     bases.append((r, bm))
             if bases:
                 ms_b = [m for _, m in bases]
+                from_host = storage and any(VOLUME_BASELINE_LABEL in m.labels for m in ms_b)
                 row = Row(
                     kind="baseline",
                     run_ids=[r.id for r, _ in bases],
                     cells={
                         "run": ",".join(f"#{r.id}" for r, _ in bases),
-                        "vmm": "none",
+                        "vmm": "host domain" if from_host else "none",
                         "target": target,
-                        "driver": "-",
+                        "driver": _volume_baseline_driver(bases[0][0]) if from_host else "-",
                         "value": _mean(m.value for m in ms_b),
                         "pct": None,
                     },

@@ -34,6 +34,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
+from cloudbox.core.backing import NetworkSource
 from cloudbox.core.profiles import Profile
 
 CLOUDBOX_XMLNS = "https://cloudbox.invalid/xmlns/1"
@@ -101,13 +102,16 @@ def render_domain(
     run_uuid: str | None = None,
     console_log: str | None = None,
     more_disk_paths: Sequence[str] = (),
+    network_source: NetworkSource | None = None,
 ) -> str:
     """The libvirt domain XML (a str, ending in a newline) for `profile`.
 
     domain_type is "kvm" or "qemu" (TCG) for hypervisor kvm, "xen" for hypervisor xen.
     disk_path is the prepared backing store (a file, or a block device when
     disk_is_block); more_disk_paths, the other disks' stores (of the same kind) when the profile has
-    disk.count > 1, one per further disk. No <interface> when bridge is None. run_uuid, when given, is written
+    disk.count > 1, one per further disk. network_source, when given, is what QEMU opens instead (disk.attach = qemu:
+    <disk type='network'>, with TLS through libvirt's nbd_tls_x509_cert_dir).
+    No <interface> when bridge is None. run_uuid, when given, is written
     to the metadata (attribute "run") so orphans of dead runs can be found. console_log, an absolute path,
     makes libvirt copy everything the guest writes to its serial console into that file (<log append='off'>,
     written by virtlogd as root; QEMU/KVM only). Under QEMU/KVM, cmdline gains cloudbox.drivers= (guest_drivers())
@@ -117,6 +121,8 @@ def render_domain(
                      console_log=console_log, kernel=kernel, initrd=initrd, disk_path=disk_path,
                      more_disk_paths=more_disk_paths)
     xen = domain_type == "xen"
+    if network_source is not None and (xen or profile.disk.attach != "qemu"):
+        raise ValueError("a network disk source is QEMU's own initiator: it needs disk.attach = qemu under KVM/QEMU")
     pv = xen and profile.disk.bus == "xen-vbd"
     drivers = None if xen or "cloudbox.drivers=" in cmdline else guest_drivers(profile, nic=bridge is not None)
     if drivers:
@@ -135,7 +141,7 @@ def render_domain(
         _sub(devices, "emulator", emulator)
     _controllers(devices, profile, xen)
     for i, path in enumerate([disk_path, *more_disk_paths]):
-        _disk(devices, profile, xen, disk_path=path, disk_is_block=disk_is_block, index=i)
+        _disk(devices, profile, xen, disk_path=path, disk_is_block=disk_is_block, index=i, network=network_source)
     if bridge is not None:
         _interface(devices, profile, bridge, mac)
     _console_and_agent(devices, xen=xen, pv=pv, console_log=console_log)
@@ -248,10 +254,12 @@ def target_dev(bus: str, index: int) -> str:
 
 
 def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, disk_is_block: bool,
-          index: int = 0) -> None:
-    """Benchmark disk `index`: the profile's bus, cache and I/O mode (QEMU), or phy/qdisk (Xen)."""
+          index: int = 0, network: NetworkSource | None = None) -> None:
+    """Benchmark disk `index`: the profile's bus, cache and I/O mode (QEMU), or phy/qdisk (Xen); over the network
+    when `network` is given."""
     d = profile.disk
-    disk = _sub(devices, "disk", type="block" if disk_is_block else "file", device="disk")
+    kind = "network" if network is not None else "block" if disk_is_block else "file"
+    disk = _sub(devices, "disk", type=kind, device="disk")
     if xen:
         _sub(disk, "driver", name="phy" if disk_is_block else "qemu", type=d.format)
     else:
@@ -261,7 +269,12 @@ def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, d
                 drv.set("iothread", "1")
             if d.queues > 1:
                 drv.set("queues", str(d.queues))
-    if disk_is_block:
+    if network is not None:
+        src = _sub(disk, "source", protocol=network.protocol, name=network.name)
+        if network.tls:
+            src.set("tls", "yes")
+        _sub(src, "host", name=network.host, port=str(network.port))
+    elif disk_is_block:
         _sub(disk, "source", dev=disk_path)
     else:
         _sub(disk, "source", file=disk_path)

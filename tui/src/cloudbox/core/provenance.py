@@ -1,12 +1,12 @@
 """A run's provenance: everything that says where, how and with what its numbers were measured, as one typed record.
 
 The executor fills it as the run goes (which host ran it and its CPUs, the accelerator, tool versions, the guest
-image, the backing store, the spec, the guest's domain XML and kernel, the guest's md array, its boot, a stalled
-network, the private network of a run on a back-end) and the front-end adds what it knows of a run it mirrored on a
-node (both nodes, the image's propagation, the node's run, the servers it opened for the cross-node tests). The
-results store keeps it as JSON (`to_stored`) and reads it back with `from_stored`, which also reads the older
-untyped form: keys it does not know are left out, a value of the wrong type drops that key alone, and `network` of a
-run on a back-end, its private network before that had its own key, becomes `private_network`.
+image, the backing store, the network volume, the spec, the guest's domain XML and kernel, the guest's md array, its
+boot, a stalled network, the private network of a run on a back-end) and the front-end adds what it knows of a run it
+mirrored on a node (both nodes, the image's propagation, the node's run, the servers it opened for the cross-node
+tests). The results store keeps it as JSON (`to_stored`) and reads it back with `from_stored`, which also reads the
+older untyped form: keys it does not know are left out, a value of the wrong type drops that key alone, and `network`
+of a run on a back-end, its private network before that had its own key, becomes `private_network`.
 """
 
 from __future__ import annotations
@@ -68,6 +68,19 @@ class BackingInfo(_Record):
     is_block: bool = False
     count: int | None = None  # disks, each on its own store, when more than one (size_bytes is then each one's)
     more_paths: list[str] | None = None  # the other disks' stores
+
+
+class VolumeInfo(_Record):
+    """The network volume a run measured (backing network-volume): its scheme, who attached it, the server, how the
+    export was secured and what the baseline measured."""
+
+    name: str
+    scheme: str
+    attach: str  # host | guest | qemu
+    server: str = ""  # the exporting program and its address
+    uri: str = ""
+    tls: str = ""  # how the export authenticated its clients ("" = none, as AoE)
+    baseline: str = ""
 
 
 class RaidInfo(_Record):
@@ -165,6 +178,7 @@ class Provenance(_Record):
     versions: Versions | None = None
     guest_image: GuestImageInfo | None = None
     backing: BackingInfo | None = None
+    volume: VolumeInfo | None = None
     raid: RaidInfo | None = None
     spec: RunSpec | None = None
     private_network: PrivateNetwork | None = None

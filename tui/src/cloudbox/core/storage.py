@@ -125,13 +125,23 @@ class FioResult:
     extra: dict = field(default_factory=dict)
 
 
+def is_nbd_uri(target: str) -> bool:
+    """A volume reached through fio's nbd engine (libnbd, user space) rather than a file or device."""
+    return target.startswith(("nbd://", "nbds://"))
+
+
 def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool = False) -> list[str]:
     rw = "write" if fill else t.rw
+    if is_nbd_uri(target):
+        # No page cache between fio and the server: every request goes over the wire, as with O_DIRECT.
+        where = ["--ioengine=nbd", f"--uri={target}"]
+    else:
+        where = [f"--filename={target}", f"--direct={1 if (fill or t.direct) else 0}",
+                 f"--ioengine={'libaio' if fill else t.engine}"]
     args = [
-        "fio", f"--name={'fill' if fill else t.id}", f"--filename={target}", f"--size={size}",
+        "fio", f"--name={'fill' if fill else t.id}", *where[:1], f"--size={size}",
         f"--rw={rw}", f"--bs={'1m' if fill else t.bs}", f"--iodepth={1 if fill else t.iodepth}",
-        f"--direct={1 if (fill or t.direct) else 0}",
-        f"--ioengine={'libaio' if fill else t.engine}",
+        *where[1:],
         "--output-format=json", "--eta=always", "--eta-newline=1", "--eta-interval=1",
         "--group_reporting=1", "--randrepeat=0", "--norandommap=1",
     ]
@@ -242,7 +252,7 @@ class HostRunner:
         self._fio(t, fio_args(t, target, size, 0, fill=True), lambda _p: None)
 
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn) -> FioResult:
-        if t.dd:
+        if t.dd and not is_nbd_uri(target):  # dd cannot open a volume over NBD: fio's nbd engine does its pattern
             return self._dd(t, target, size)
         return self._fio(t, fio_args(t, target, size, runtime), progress)
 

@@ -653,8 +653,9 @@ def cannot_run(profile: profiles.Profile) -> str | None:
     """Why this cloudbox cannot measure `profile` yet (the executor refuses it at its start), or None."""
     if profile.guest.hypervisor == "xen":
         return "cloudbox does not launch Xen guests yet"
-    if profile.disk.backing == "network-volume":
-        return "network volumes (AoE, iSCSI, NBD, NVMe-TCP) are not implemented yet"
+    d = profile.disk
+    if d.backing == "network-volume" and not (d.volume.startswith("nbd:") and d.attach == "qemu"):
+        return "of the network volumes only NBD attached by QEMU (disk.attach = qemu) is implemented yet"
     return None
 
 

@@ -23,6 +23,7 @@ from ..profiles import Profile
 from ..provenance import Provenance
 from ..results import ResultStore
 from ..runspec import RunSpec
+from ..volumes.attach import VolumeExport
 from .sink import EventSink
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -100,6 +101,7 @@ class RunContext:
     accelerator: Accelerator = field(init=False, repr=False)
     conn: Any = field(init=False, repr=False)  # the libvirt connection
     backing: BackingStore = field(init=False, repr=False)
+    volume: VolumeExport | None = field(default=None, repr=False)  # a network volume exported for the run
     work_dir: Path = field(init=False, repr=False)
     domain_xml: str = field(init=False, repr=False)  # rendered: what each launch of the guest starts
     console_log: Path = field(init=False, repr=False)

@@ -24,8 +24,9 @@ from ..errors import CloudboxError
 from ..events import ProgressEvent, SampleEvent
 from ..guest import reap_orphans
 from ..guestimage import CMDLINE, GuestImage
-from ..provenance import BackingInfo, Controller, GuestImageInfo, Provenance, RaidInfo, Versions
+from ..provenance import BackingInfo, Controller, GuestImageInfo, Provenance, RaidInfo, Versions, VolumeInfo
 from ..runspec import BOOT
+from ..volumes.attach import VolumeExport, export_for_run, preflight
 from .context import RunContext
 from .launch import launch
 from .measure import storage_test
@@ -36,8 +37,8 @@ Step = Callable[[RunContext], None]
 
 def run_local(ctx: RunContext) -> None:
     """The run's body on this host (core.execution.lifecycle.Execution runs it)."""
-    for step in (find_image, probe_accelerator, connect_libvirt, prepare_backing, record_facts, start_sampler,
-                 storage_baseline, plumb, launch_guest):
+    for step in (check_volume, find_image, probe_accelerator, connect_libvirt, prepare_backing, record_facts,
+                 start_sampler, storage_baseline, plumb, launch_guest):
         step(ctx)
     assert ctx.guest is not None
     if ctx.spec.session:
@@ -46,6 +47,13 @@ def run_local(ctx: RunContext) -> None:
     guest_storage(ctx)
     if ctx.spec.wants_network and ctx.hostnet is not None:
         network_tests(ctx, ctx.guest)
+
+
+def check_volume(ctx: RunContext) -> None:
+    """A network volume's attach mode, existence and size, before anything is made (the export comes later)."""
+    d = ctx.profile.disk
+    if d.backing == "network-volume":
+        preflight(d.volume, d.attach, ctx.size)
 
 
 def find_image(ctx: RunContext) -> None:
@@ -88,6 +96,16 @@ def prepare_backing(ctx: RunContext) -> None:
     base = paths.work_base(spec.work_dir)
     ctx.sink.step(f"preparing the backing store ({disk.backing}, {backing.human_size(ctx.size)})")
     ctx.work_dir = base / f"run-{ctx.run_uuid[:12]}"
+    if disk.backing == "network-volume":
+        ctx.sink.log(f"volume {disk.volume}, attached by {disk.attach}: exporting it for this run")
+        with ctx.control.atomic():
+            ctx.volume = export_for_run(disk.volume, disk.attach, run_uuid=ctx.run_uuid, work_dir=ctx.work_dir,
+                                        size_bytes=ctx.size)
+            ctx.stack.callback(ctx.volume.close)
+        ctx.backing = ctx.volume.store
+        ctx.sink.log(f"volume exported: {ctx.volume.export.uri} ({ctx.volume.server}, TLS {ctx.volume.tls})")
+        ctx.labels += ctx.backing.labels
+        return
     with ctx.control.atomic():
         ctx.backing = backing.prepare(disk.backing, work_dir=ctx.work_dir, size_bytes=ctx.size, fmt=disk.format,
                                       device=spec.device or None, confirm=spec.destroy or None, volume=disk.volume,
@@ -113,9 +131,17 @@ def record_facts(ctx: RunContext) -> None:
                             size_bytes=store.size_bytes, format=store.format, is_block=store.is_block,
                             count=1 + len(store.more_paths) if store.more_paths else None,
                             more_paths=store.more_paths or None),
+        volume=_volume_info(ctx.volume),
         spec=ctx.spec)
     ctx.store.update_run(ctx.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))
     ctx.save_provenance()
+
+
+def _volume_info(v: VolumeExport | None) -> VolumeInfo | None:
+    if v is None:
+        return None
+    return VolumeInfo(name=v.volume, scheme=v.scheme, attach=v.attach, server=v.server, uri=v.export.uri, tls=v.tls,
+                      baseline="the same export from the host domain: fio's nbd engine (libnbd, user space)")
 
 
 def start_sampler(ctx: RunContext) -> None:
@@ -145,7 +171,7 @@ def storage_baseline(ctx: RunContext) -> None:
     for t in tests:
         storage_test(ctx, "baseline", t, functools.partial(runner.run, t, store.baseline_target, ctx.size,
                                                            ctx.runtime, sink.progress("baseline", t.id)))
-    if not store.is_block:
+    if not store.is_block and not storage.is_nbd_uri(store.baseline_target):
         Path(store.baseline_target).unlink(missing_ok=True)
 
 
@@ -163,7 +189,8 @@ def launch_guest(ctx: RunContext) -> None:
                                    disk_is_block=ctx.backing.is_block,
                                    bridge=ctx.hostnet.bridge if ctx.hostnet else None, mac=None,
                                    run_uuid=ctx.run_uuid, console_log=str(ctx.console_log),
-                                   more_disk_paths=ctx.backing.more_paths)
+                                   more_disk_paths=ctx.backing.more_paths,
+                                   network_source=ctx.backing.network)
     ctx.sink.step(f"launching guest {name} ({acc.label})")
     up = launch(ctx)
     ctx.sink.log(f"guest agent ready after {up.waited_s:.1f} s"

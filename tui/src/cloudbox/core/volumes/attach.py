@@ -1,0 +1,148 @@
+"""A network volume for one run: checked, exported, described as the run's backing store, and taken down again.
+
+`export_for_run()` checks the profile's volume (`<scheme>:<volume name>`) and attach mode against what this host and
+this cloudbox can do before anything is made, marks the volume attached by the run, exports it and returns a
+`VolumeExport` whose `close()` undoes all of that (the executor registers it in the run's cleanup stack). What
+works today: NBD with TLS (qemu-nbd, this box's x509 credentials) attached by QEMU's own NBD client (disk.attach =
+qemu); the baseline is the same export from the host domain through fio's nbd engine (libnbd, user space).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import backing
+from ..errors import CloudboxError, NoSpace
+from . import nbd, pki
+from .store import VolumeBusy, VolumeStore, check_name
+
+# The host kernel's initiator of each scheme (disk.attach = host).
+HOST_MODULES = {"aoe": "aoe", "iscsi": "iscsi_tcp", "nbd": "nbd", "nvme-tcp": "nvme_tcp"}
+BASELINE_LABEL = "volume-from-host"  # the baseline is the volume from the host domain, not a local disk
+
+
+class AttachRefused(CloudboxError):
+    """This attach mode or scheme cannot run here (or not yet): the message says why and where it does."""
+
+
+def kernel_module_available(module: str, release: str | None = None) -> bool:
+    """True when the running kernel has `module` loaded or built in, or can load it from /lib/modules."""
+    if Path(f"/sys/module/{module}").exists():
+        return True
+    base = Path("/lib/modules") / (release or platform.release())
+    for listing in ("modules.builtin", "modules.dep"):
+        try:
+            text = (base / listing).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            path = line.split(":", 1)[0]
+            stem = os.path.basename(path).split(".ko", 1)[0]
+            if stem.replace("-", "_") == module:
+                return True
+    return False
+
+
+def check_attach(scheme: str, attach: str, *, has_module=kernel_module_available) -> None:
+    """Refuse (AttachRefused) what this host or this cloudbox cannot do, saying why and where it works."""
+    if attach == "host":
+        module = HOST_MODULES[scheme]
+        if not has_module(module):
+            raise AttachRefused(
+                f"disk.attach = host: the host's kernel attaches {scheme} volumes with its {module} driver, and this "
+                f"kernel ({platform.release()}) has none (not built in, no loadable module in /lib/modules). Host "
+                f"attach works on the appliance image and on a stock Debian kernel; here use disk.attach = qemu "
+                f"(nbd, iscsi) or guest")
+        raise AttachRefused(f"disk.attach = host ({scheme}) is not implemented yet; use disk.attach = qemu for nbd")
+    if attach == "guest":
+        raise AttachRefused(f"disk.attach = guest ({scheme}) is not implemented yet: the benchmark guest has the "
+                            "kernel initiators, but cloudbox does not yet hand it the volume; use disk.attach = qemu "
+                            "for nbd")
+    if scheme != "nbd":
+        raise AttachRefused(f"disk.attach = qemu ({scheme}) is not implemented yet; nbd is")
+
+
+@dataclass
+class VolumeExport:
+    """A volume exported for one run, as the run's backing store (`store`)."""
+
+    volume: str
+    scheme: str
+    attach: str
+    store: backing.BackingStore
+    export: nbd.NbdExport
+    run_uuid: str
+    tls: str = "x509 (this box's CA; client certificates required)"
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def server(self) -> str:
+        return f"{self.export.server} on {self.export.host}:{self.export.port}"
+
+    def close(self) -> None:
+        """Stop the export, clear the volume's attachment, remove the run's work directory. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.export.stop()
+        finally:
+            try:
+                with VolumeStore() as vs:
+                    vs.detach(self.volume, self.run_uuid)
+            finally:
+                self.store.remove()
+
+
+def parse_volume(spec: str) -> tuple[str, str]:
+    """'nbd:ebs' -> ('nbd', 'ebs')."""
+    scheme, _, name = spec.partition(":")
+    return scheme, check_name(name)
+
+
+def preflight(spec: str, attach: str, size_bytes: int) -> tuple[str, str]:
+    """(scheme, volume name) once the attach mode can run here, the volume exists, is free and holds `size_bytes`;
+    else the error that says why. Nothing is made."""
+    check_attach(spec.partition(":")[0], attach)
+    scheme, name = parse_volume(spec)
+    with VolumeStore() as vs:
+        vol = vs.get(name)
+    if vol.size_bytes < size_bytes:
+        raise NoSpace(f"volume {name!r} holds {backing.human_size(vol.size_bytes)}, less than the test size "
+                      f"{backing.human_size(size_bytes)}; use a smaller --size or a larger volume")
+    if vol.attached_run:
+        raise VolumeBusy(f"volume {name!r} is attached by run {vol.attached_run}; a volume serves one run at a time")
+    return scheme, name
+
+
+def export_for_run(spec: str, attach: str, *, run_uuid: str, work_dir: Path, size_bytes: int) -> VolumeExport:
+    """Check, attach and export the profile's volume `spec` for run `run_uuid`; on any failure nothing is left."""
+    scheme, name = preflight(spec, attach, size_bytes)
+    with VolumeStore() as vs:
+        vol = vs.attach(name, run_uuid)
+    store: backing.BackingStore | None = None
+    try:
+        creds = pki.ensure()
+        pki.install_client(creds, pki.libvirt_nbd_dir(), group=pki.qemu_group())
+        pki.install_client(creds, pki.LIBNBD_DIR)
+        store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
+        exp = nbd.start(name, vol.path, creds.server_dir, log=work_dir / "qemu-nbd.log")
+    except BaseException:
+        if store is not None:
+            store.remove()
+        with VolumeStore() as vs:
+            vs.detach(name, run_uuid)
+        raise
+    dev = backing.dev_name_for_path(vol.path)
+    store.path = store.baseline_target = exp.uri
+    store.host_device = dev
+    store.model = (f"NBD volume {name!r} ({backing.human_size(vol.size_bytes)}, TLS) served by {exp.server} from "
+                   f"{vol.path} on {backing.device_model(dev)}")
+    store.network = backing.NetworkSource("nbd", name, exp.host, exp.port, tls=True)
+    store.baseline_labels = [BASELINE_LABEL]
+    if dev is None:
+        store.labels.append("no-host-metrics")
+    return VolumeExport(name, scheme, attach, store, exp, run_uuid)

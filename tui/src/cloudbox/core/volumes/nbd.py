@@ -1,0 +1,132 @@
+"""One NBD export of a volume with TLS: qemu-nbd as a child of the run's process, killed with it.
+
+qemu-nbd serves the volume's file (raw, O_DIRECT: the server's page cache is not part of the volume) on one TCP
+address to clients holding a certificate of this box's CA (tls-creds-x509 with verify-peer). It dies with the
+process that started it (PR_SET_PDEATHSIG), so an executor killed outright leaves no export behind; `stop()` ends it
+in the ordinary case, Ctrl-C and failures included.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import CloudboxError
+
+START_TIMEOUT = 10.0
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _listens(pid: int, port: int) -> bool:
+    """True once process `pid` itself holds a listening TCP socket on `port` (not merely: something answers there)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return False
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd) in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _version() -> str:
+    r = subprocess.run(["qemu-nbd", "--version"], capture_output=True, text=True)
+    return (r.stdout.splitlines() or ["qemu-nbd"])[0].strip()
+
+
+@dataclass
+class NbdExport:
+    """A running export: nbds://host:port/name."""
+
+    name: str
+    path: str
+    host: str
+    port: int
+    server: str  # "qemu-nbd 7.2.x ..." as it names itself
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    log: Path | None = field(default=None, repr=False)
+
+    @property
+    def uri(self) -> str:
+        return f"nbds://{self.host}:{self.port}/{self.name}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def stop(self) -> None:
+        """End the export (SIGTERM, then SIGKILL after 5 s) and remove its log. Safe to call twice."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.log is not None:
+            self.log.unlink(missing_ok=True)
+
+
+def start(name: str, path: str, server_creds: Path, *, log: Path, host: str = "127.0.0.1",
+          port: int | None = None) -> NbdExport:
+    """Export `path` as `name` on host:port (a free port when None) with TLS from `server_creds`; returns once the
+    server accepts connections. On failure nothing runs and the error names what qemu-nbd said."""
+    if shutil.which("qemu-nbd") is None:
+        raise CloudboxError("qemu-nbd is not installed (package qemu-utils): run 'make deps' (scripts/install-deps)")
+    port = port or free_port(host)
+    exp = NbdExport(name, path, host, port, _version(), log=log)
+    cmd = ["qemu-nbd", "--format=raw", "--cache=none", "--aio=threads", "--persistent", "--shared=16",
+           f"--export-name={name}", f"--bind={host}", f"--port={port}",
+           "--object", f"tls-creds-x509,id=tls0,dir={server_creds},endpoint=server,verify-peer=on",
+           "--tls-creds=tls0", path]
+    with open(log, "wb") as out:
+        exp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    preexec_fn=_die_with_parent)  # noqa: PLW1509 - only prctl, before exec
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if exp.proc.poll() is not None:
+                raise CloudboxError(f"qemu-nbd exited {exp.proc.returncode} before serving volume {name}: "
+                                    f"{log.read_text(errors='replace').strip()[-300:]}")
+            if _listens(exp.proc.pid, port):
+                break
+            if time.monotonic() > deadline:
+                raise CloudboxError(f"qemu-nbd did not listen on {host}:{port} within {START_TIMEOUT:.0f} s")
+            time.sleep(0.05)
+    except BaseException:
+        exp.stop()
+        raise
+    return exp

@@ -1,0 +1,185 @@
+"""A volume exported over NBD with TLS for one run, without a guest: the export serves this box's certified client
+(fio's nbd engine) and refuses a client without TLS; it goes away with the run, after a failure too, and with its
+process when that is killed outright; host attach is refused here with the reason and where it works."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core.errors import CloudboxError
+from cloudbox.core.volumes import attach, nbd, pki
+from cloudbox.core.volumes.store import VolumeStore
+
+MIB = 1024 * 1024
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="exports write the client credentials under /etc/pki (root)"),
+    pytest.mark.skipif(not (shutil.which("qemu-nbd") and shutil.which("openssl") and shutil.which("fio")),
+                       reason="needs qemu-nbd (qemu-utils), openssl and fio"),
+]
+
+
+def _qemu_nbd_pids(path: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"qemu-nbd .*{path}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _listening(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+def _fio(uri: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["fio", "--name=t", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=64k",
+                           "--size=4M", "--output-format=json"], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def volume(state):
+    with VolumeStore() as vs:
+        v = vs.create("ebs", 16 * MIB)
+    return v
+
+
+def _nothing_left(v, exp: nbd.NbdExport, work: Path) -> None:
+    assert _qemu_nbd_pids(v.path) == []
+    assert not _listening(exp.host, exp.port)
+    assert not work.exists()
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
+
+
+def test_export_serves_the_certified_client_and_goes_away(volume, state):
+    work = state / "work" / "run-a"
+    ve = attach.export_for_run("nbd:ebs", "qemu", run_uuid="run-a", work_dir=work, size_bytes=8 * MIB)
+    try:
+        assert ve.store.baseline_target == ve.export.uri and ve.export.uri.startswith("nbds://127.0.0.1:")
+        assert ve.store.network is not None and ve.store.network.tls
+        with VolumeStore() as vs:
+            assert vs.get("ebs").attached_run == "run-a"
+        r = _fio(ve.export.uri)
+        assert r.returncode == 0, r.stdout + r.stderr
+        job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+        assert job["write"]["io_bytes"] == 4 * MIB
+        plain = _fio(ve.export.uri.replace("nbds://", "nbd://"))  # no TLS: the server refuses
+        assert "requires TLS" in plain.stdout + plain.stderr
+        key = pki.pki_dir() / "client" / "client-key.pem"
+        assert key.stat().st_mode & 0o077 == 0
+        with pytest.raises(CloudboxError, match="attached by run run-a"):
+            attach.export_for_run("nbd:ebs", "qemu", run_uuid="run-b", work_dir=state / "work" / "run-b",
+                                  size_bytes=8 * MIB)
+    finally:
+        ve.close()
+    _nothing_left(volume, ve.export, work)
+    ve.close()  # twice is harmless
+
+
+def test_a_failure_after_the_export_leaves_nothing(volume, state):
+    work = state / "work" / "run-a"
+    with pytest.raises(RuntimeError), contextlib.ExitStack() as stack:
+        ve = attach.export_for_run("nbd:ebs", "qemu", run_uuid="run-a", work_dir=work, size_bytes=8 * MIB)
+        stack.callback(ve.close)
+        assert _qemu_nbd_pids(volume.path)
+        raise RuntimeError("the guest failed to boot")
+    _nothing_left(volume, ve.export, work)
+
+
+def test_a_failure_while_exporting_leaves_nothing(volume, state, monkeypatch):
+    work = state / "work" / "run-a"
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    monkeypatch.setattr(nbd, "free_port", lambda host="": port)
+    try:
+        with pytest.raises(CloudboxError, match="qemu-nbd exited"):
+            attach.export_for_run("nbd:ebs", "qemu", run_uuid="run-a", work_dir=work, size_bytes=8 * MIB)
+    finally:
+        taken.close()
+    assert _qemu_nbd_pids(volume.path) == [] and not work.exists()
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
+
+
+def test_the_export_dies_with_a_killed_run(volume, state):
+    code = ("import sys, time; from pathlib import Path; from cloudbox.core.volumes import attach; "
+            "ve = attach.export_for_run('nbd:ebs', 'qemu', run_uuid='run-k', work_dir=Path(sys.argv[1]), "
+            "size_bytes=8 << 20); print(ve.export.pid, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(state / "work" / "run-k")], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        assert _qemu_nbd_pids(volume.path) == [pid]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while _qemu_nbd_pids(volume.path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _qemu_nbd_pids(volume.path) == []
+    with VolumeStore() as vs:  # its process is gone: the volume is free again
+        assert vs.get("ebs").attached_run is None
+
+
+def test_host_attach_is_refused_with_why_and_where(volume, state):
+    with pytest.raises(attach.AttachRefused) as e:
+        attach.check_attach("nbd", "host", has_module=lambda m: False)
+    msg = str(e.value)
+    assert "its nbd driver" in msg and "appliance image" in msg and "disk.attach = qemu" in msg
+    with pytest.raises(attach.AttachRefused, match="aoe driver"):
+        attach.check_attach("aoe", "host", has_module=lambda m: False)
+    if not attach.kernel_module_available("nbd"):  # this host (and CI): refused before anything is made
+        with pytest.raises(attach.AttachRefused, match="has none"):
+            attach.export_for_run("nbd:ebs", "host", run_uuid="run-h", work_dir=state / "work" / "run-h",
+                                  size_bytes=8 * MIB)
+        assert not (state / "work").exists()
+
+
+@pytest.mark.parametrize(("spec", "size", "match"), [
+    ("nbd:nope", 8 * MIB, "no volume 'nope'"),
+    ("nbd:ebs", 32 * MIB, "less than the test size"),
+    ("nbd:Bad", 8 * MIB, "volume name 'Bad' is not allowed"),
+])
+def test_preflight(volume, spec, size, match):
+    with pytest.raises(CloudboxError, match=match):
+        attach.preflight(spec, "qemu", size)
+
+
+def test_foreign_credentials_are_never_overwritten(state, tmp_path):
+    creds = pki.ensure()
+    theirs = tmp_path / "pki"
+    theirs.mkdir()
+    (theirs / "ca-cert.pem").write_text("someone else's CA\n")
+    with pytest.raises(CloudboxError, match="did not make"):
+        pki.install_client(creds, theirs)
+    assert (theirs / "ca-cert.pem").read_text() == "someone else's CA\n"
+    ours = tmp_path / "ours"
+    pki.install_client(creds, ours)
+    assert (ours / "client-key.pem").stat().st_mode & 0o777 == 0o640
+    assert (ours / pki.MARKER).read_text().strip() == creds.fingerprint
+
+
+def test_a_host_attach_run_is_refused_before_anything_is_made(state):
+    """kvm-ebs-aoe attaches on the host: refused at the run's first step, with the reason, nothing made."""
+    from cloudbox.core import runs
+    from cloudbox.core.results import ResultStore
+    from cloudbox.core.runspec import RunSpec
+
+    with ResultStore() as store:
+        rid = runs.executor(RunSpec(profile="kvm-ebs-aoe", suite="storage", size="32M"), store).execute()
+        run = store.get_run(rid)
+    assert run.state in ("aborted", "failed") and "disk.attach = host" in (run.reason or "")
+    assert not (state / "state" / "work").exists() or not any((state / "state" / "work").iterdir())
