@@ -107,10 +107,11 @@ def test_refuses_existing_work_dir(state):
     assert (d / "precious").read_text() == "data"
 
 
-def test_network_volume_is_declared_not_implemented(state):
-    with pytest.raises(CloudboxError, match="network-volume.*not implemented"):
+def test_network_volume_is_the_volume_services(state):
+    with pytest.raises(CloudboxError, match="network-volume.*exported by the volume service"):
         backing.prepare("network-volume", work_dir=state / "w", size_bytes=16 * 1024**2, fmt="raw",
                         volume="aoe:e1.1")
+    assert not (state / "w").exists()
 
 
 @root_only

@@ -655,7 +655,7 @@ def cannot_run(profile: profiles.Profile) -> str | None:
         return "cloudbox does not launch Xen guests yet"
     d = profile.disk
     if d.backing == "network-volume" and not (d.volume.startswith("nbd:") and d.attach == "qemu"):
-        return "of the network volumes only NBD attached by QEMU (disk.attach = qemu) is implemented yet"
+        return "network volumes: only NBD attached by QEMU (disk.attach = qemu) is implemented yet"
     return None
 
 

@@ -54,8 +54,8 @@ def check_attach(scheme: str, attach: str, *, has_module=kernel_module_available
             raise AttachRefused(
                 f"disk.attach = host: the host's kernel attaches {scheme} volumes with its {module} driver, and this "
                 f"kernel ({platform.release()}) has none (not built in, no loadable module in /lib/modules). Host "
-                f"attach works on the appliance image and on a stock Debian kernel; here use disk.attach = qemu "
-                f"(nbd, iscsi) or guest")
+                f"attach works on the appliance image and on a stock Debian kernel; here use an nbd: volume with "
+                f"disk.attach = qemu (preset kvm-ebs-nbd)")
         raise AttachRefused(f"disk.attach = host ({scheme}) is not implemented yet; use disk.attach = qemu for nbd")
     if attach == "guest":
         raise AttachRefused(f"disk.attach = guest ({scheme}) is not implemented yet: the benchmark guest has the "
