@@ -4,6 +4,7 @@ under libvirt and QEMU (TCG here); the baseline is the same export from the host
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 from run_trouble import warn_run_trouble
@@ -41,6 +42,39 @@ def test_quick_storage_run_over_nbd_attached_by_qemu(state, libvirt_conn):
     assert "EBS (NBD)" in text and "host domain" in text and "QEMU's NBD" in text
     warn_run_trouble(evs)
     # the export went with the run: no qemu-nbd on the volume, the volume free again, no work files
+    assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
+    work = state / "state" / "work"
+    assert not work.exists() or not any(work.rglob("*"))
+
+
+def test_ctrl_c_with_the_guest_on_the_volume_leaves_no_export(state, libvirt_conn):
+    """SIGINT while the guest's QEMU holds the export: the run is aborted, the guest, the export and the attachment
+    are gone, the volume is free for the next run."""
+    from cloudbox.core.guest import list_guests
+
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 160 * 1024 * 1024)
+    proc = subprocess.Popen([sys.executable, "-m", "cloudbox.cli", "run", "--profile", "kvm-ebs-nbd", "--suite",
+                             "storage", "--size", "64M", "--tests", "standard", "--runtime", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "guest: storage tests" in line or "guest: laying down" in line:
+            break
+    else:
+        pytest.fail("run ended before the guest phase:\n" + "".join(seen))
+    assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 0
+    proc.send_signal(2)
+    out = "".join(seen) + proc.stdout.read()
+    assert proc.wait(timeout=120) == 1, out
+    with ResultStore() as store:
+        run = store.list_runs()[0]
+        assert run.state == "aborted" and "SIGINT" in (run.reason or ""), run.reason
+    assert [g.name for g in list_guests(libvirt_conn) if "kvm-ebs-nbd" in g.name] == []
     assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
     with VolumeStore() as vs:
         assert vs.get("ebs").attached_run is None
