@@ -49,6 +49,7 @@ def test_quick_storage_run_over_nbd_attached_by_qemu(state, libvirt_conn):
     assert not work.exists() or not any(work.rglob("*"))
 
 
+@pytest.mark.full  # 46 s under TCG here: over the slow tier's 45 s, so make test-full
 def test_ctrl_c_with_the_guest_on_the_volume_leaves_no_export(state, libvirt_conn):
     """SIGINT while the guest's QEMU holds the export: the run is aborted, the guest, the export and the attachment
     are gone, the volume is free for the next run."""
