@@ -657,3 +657,20 @@ def test_the_disks_own_write_rate_is_measured_and_its_file_removed():
         too_big = st.f_bavail * st.f_frsize // 2**20
         assert disk_write_rate(Path(tmp), mib=too_big) == f"less than {too_big + 64} MiB free on {tmp}"
         assert os.listdir(tmp) == []
+
+
+@root_only
+def test_the_boot_mediums_read_rate_only_reads(lab):
+    """The other bound of the copy: a real O_DIRECT read of the device holding a mounted file system (a loop device
+    here), whose write count does not move; a directory on no block device gets a reason instead."""
+    from cloudbox.core.install.apply import CopyRate, source_read_rate
+
+    dev = lab.disk("medium", 1 * GiB)
+    subprocess.run(["mkfs.ext4", "-q", dev], check=True)
+    mnt = lab.mount(dev)
+    stat = Path(f"/sys/block/{os.path.basename(dev)}/stat")
+    written = stat.read_text().split()[6]
+    rate = source_read_rate(str(mnt), mib=16)
+    assert isinstance(rate, CopyRate) and rate.bytes == 16 * 2**20 and rate.seconds > 0, rate
+    assert stat.read_text().split()[6] == written
+    assert source_read_rate("/proc") == "/proc is not on a block device (an overlay or tmpfs)"

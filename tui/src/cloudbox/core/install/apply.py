@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from cloudbox.core import paths
+from cloudbox.core.backing import dev_name_for_path
 from cloudbox.core.errors import AnswerError, InstallError
 from cloudbox.core.install.answers import check_answers
 from cloudbox.core.install.disks import part_uuid_for
@@ -345,7 +346,7 @@ def apply(plan: InstallPlan, progress: Progress | None = None, *, work: Path | N
         say("verify", "checking the boot files, the MBR and the settings")
         _verify(plan, target)
         if copied is not None:
-            _copy_speed(copied, target, journal, say)
+            _copy_speed(copied, plan.sources.root, target, journal, say)
         journal.add("step-done", step="verify")
 
         journal.add("complete")
@@ -447,25 +448,50 @@ def disk_write_rate(directory: Path, mib: int = DD_TEST_MIB) -> CopyRate | str:
     finally:
         probe.unlink(missing_ok=True)
     if r.returncode != 0:
-        return f"dd failed: {(r.stderr.strip().splitlines() or ['exit status ' + str(r.returncode)])[-1]}"
+        return f"dd failed: {_last_line(r)}"
     return CopyRate(mib * 2**20, took)
 
 
-def _copy_speed(copied: CopyRate, target: Path, journal: _Journal, say: Callable[..., None]) -> None:
-    """The root copy's rate beside the target disk's own (dd on the new root): the copy should reach 80% of it."""
-    say("verify", f"measuring the disk's own sequential write (dd, {DD_TEST_MIB} MiB, O_DIRECT, on the new root)")
-    disk = disk_write_rate(target)
+def source_read_rate(root: str, mib: int = DD_TEST_MIB) -> CopyRate | str:
+    """The sequential read rate of the block device holding `root` (the boot medium's root partition): dd of `mib`
+    MiB to /dev/null, O_DIRECT, 1 MiB blocks; only read. A reason (str) instead when it cannot be measured."""
+    name = dev_name_for_path(root)
+    if not name:
+        return f"{root} is not on a block device (an overlay or tmpfs)"
+    cmd = ["dd", f"if=/dev/{name}", "of=/dev/null", "bs=1M", f"count={mib}", "iflag=direct", "status=none"]
+    start = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    took = time.monotonic() - start
+    if r.returncode != 0:
+        return f"dd of /dev/{name} failed: {_last_line(r)}"
+    return CopyRate(mib * 2**20, took)
+
+
+def _last_line(r: subprocess.CompletedProcess[str]) -> str:
+    return (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+
+
+def _copy_speed(copied: CopyRate, source: str, target: Path, journal: _Journal, say: Callable[..., None]) -> None:
+    """The root copy's rate beside the target disk's own (dd on the new root; the copy should reach 80% of it) and
+    the boot medium's read rate (the other bound: a slow stick caps the copy whatever the disk)."""
+    say("verify", f"measuring the disk's own sequential write (dd, {DD_TEST_MIB} MiB, O_DIRECT, on the new root) "
+                  "and the boot medium's read")
+    disk, medium = disk_write_rate(target), source_read_rate(source)
     line = f"copied {copied.bytes / 2**20:.0f} MiB in {copied.seconds:.1f} s: {copied.mb_per_s:.1f} MB/s"
+    read = (f"the boot medium reads {medium.mb_per_s:.1f} MB/s" if isinstance(medium, CopyRate)
+            else f"the boot medium's read rate was not measured ({medium})")
+    rec: dict[str, object] = {"copy_bytes": copied.bytes, "copy_seconds": round(copied.seconds, 2)}
+    if isinstance(medium, CopyRate):
+        rec.update(read_bytes=medium.bytes, read_seconds=round(medium.seconds, 2))
     if isinstance(disk, str):
-        say("verify", f"{line}; the disk's own write rate was not measured ({disk})")
-        journal.add("copy-speed", copy_bytes=copied.bytes, copy_seconds=round(copied.seconds, 2), disk=None,
-                    why=disk)
+        say("verify", f"{line}; the disk's own write rate was not measured ({disk}); {read}")
+        journal.add("copy-speed", **rec, why=disk)
         return
     ratio = copied.mb_per_s / disk.mb_per_s
     say("verify", f"{line}; the disk writes {disk.mb_per_s:.1f} MB/s (dd, {DD_TEST_MIB} MiB, O_DIRECT): the copy "
-                  f"ran at {100 * ratio:.0f}% of it")
-    journal.add("copy-speed", copy_bytes=copied.bytes, copy_seconds=round(copied.seconds, 2),
-                disk_bytes=disk.bytes, disk_seconds=round(disk.seconds, 2), ratio=round(ratio, 3))
+                  f"ran at {100 * ratio:.0f}% of it; {read}")
+    journal.add("copy-speed", **rec, disk_bytes=disk.bytes, disk_seconds=round(disk.seconds, 2),
+                ratio=round(ratio, 3))
 
 
 def _settings(plan: InstallPlan, target: Path) -> None:
