@@ -98,6 +98,8 @@ def render(
 ) -> str:
     if domain_type is None:
         domain_type = "xen" if prof.guest.hypervisor == "xen" else "kvm"
+    if domain_type == "xen":
+        kw.setdefault("agent_socket", f"/run/cloudbox/{name}.agent")
     block = prof.disk.backing in ("block-device", "network-volume")
     if prof.disk.count > 1 and "more_disk_paths" not in kw:
         kw["more_disk_paths"] = [f"/dev/sdz{i}" if block else f"/var/tmp/cloudbox/disk{i}.img"
@@ -320,7 +322,11 @@ def test_xen_pv_and_hvm():
     assert pv.find("devices/interface/model").get("type") == "netfront"
     assert pv.find("devices/console/target").get("type") == "xen"
     assert pv.find("devices/serial") is None
-    assert pv.find("devices/channel/target").get("type") == "xen"
+    assert pv.find("devices/channel/target").attrib == {"type": "xen", "name": "org.qemu.guest_agent.0"}
+    assert pv.find("devices/channel/source").attrib == {"mode": "bind", "path": "/run/cloudbox/cbtest.agent"}
+    # hvc0 the console, hvc1 (the first extra PV console: the channel) the agent's tty
+    assert pv.findtext("os/cmdline") == ("console=ttyS0 quiet cloudbox.drivers=xen_blkfront,xen_netfront,button,evdev "
+                                         "console=hvc0 cloudbox.agent=/dev/hvc1 cloudbox.agent_method=isa-serial")
     assert pv.find("devices/memballoon").get("model") == "xen"
     assert pv.find("devices/controller[@type='virtio-serial']") is None
     hvm = _tree(xen_profile("scsi-lsi", "prealloc-file", "e1000"))
@@ -374,6 +380,18 @@ def test_console_log_on_the_serial_port(test_conn):
 def test_console_log_must_be_absolute(path):
     with pytest.raises(ValueError, match="console_log"):
         render(kvm_variant(), console_log=path)
+
+
+@pytest.mark.parametrize(("domain_type", "path", "message"), [
+    ("xen", None, "needs an absolute path"),
+    ("xen", "run/x.agent", "needs an absolute path"),
+    ("xen", "/run/" + "x" * 110, "longer than a unix socket path"),
+    ("kvm", "/run/x.agent", "only Xen domains"),
+])
+def test_agent_socket_only_and_always_for_xen(domain_type, path, message):
+    prof = xen_profile("xen-vbd", "block-device", "xen-netfront") if domain_type == "xen" else kvm_variant()
+    with pytest.raises(ValueError, match=message):
+        render(prof, domain_type=domain_type, agent_socket=path)
 
 
 def test_console_log_not_for_xen():

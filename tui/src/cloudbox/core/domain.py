@@ -62,15 +62,20 @@ _DISK_DRIVERS = {
     "scsi-lsi": ("sym53c8xx", "crct10dif_generic", "sd_mod"),
     "sata": ("ahci", "crct10dif_generic", "sd_mod"),
     "ide": ("ata_piix", "crct10dif_generic", "sd_mod"),
+    "xen-vbd": ("xen_blkfront",),
 }
-_NIC_DRIVERS = {"virtio": ("virtio_net",), "e1000": ("e1000",), "rtl8139": ("8139cp", "8139too")}
+_NIC_DRIVERS = {"virtio": ("virtio_net",), "e1000": ("e1000",), "rtl8139": ("8139cp", "8139too"),
+                "xen-netfront": ("xen_netfront",)}
+# A Xen PV guest's agent channel is its first extra PV console (hvc0 is its console), a tty for qemu-ga.
+XEN_PV_AGENT_CMDLINE = "console=hvc0 cloudbox.agent=/dev/hvc1 cloudbox.agent_method=isa-serial"
 _ALWAYS_DRIVERS = ("button", "evdev")  # the ACPI power button, for the guest's acpid
 _RAID_DRIVERS = {"none": (), "0": ("md_mod", "raid0")}
 
 
 def guest_drivers(profile: Profile, *, nic: bool) -> list[str] | None:
-    """The kernel modules the cloudbox guest needs under QEMU/KVM for `profile` (its agent's virtio modules are
-    its /init's own); None for a bus or NIC model without an entry here (the guest then loads every module)."""
+    """The kernel modules the cloudbox guest needs under QEMU/KVM or Xen PV for `profile` (its agent's virtio
+    modules are its /init's own); None for a bus or NIC model without an entry here (the guest then loads every
+    module)."""
     d, n = profile.disk.bus, profile.network.model
     if d not in _DISK_DRIVERS or (nic and n not in _NIC_DRIVERS):
         return None
@@ -103,6 +108,7 @@ def render_domain(
     console_log: str | None = None,
     more_disk_paths: Sequence[str] = (),
     network_source: NetworkSource | None = None,
+    agent_socket: str | None = None,
 ) -> str:
     """The libvirt domain XML (a str, ending in a newline) for `profile`.
 
@@ -114,19 +120,24 @@ def render_domain(
     No <interface> when bridge is None. run_uuid, when given, is written
     to the metadata (attribute "run") so orphans of dead runs can be found. console_log, an absolute path,
     makes libvirt copy everything the guest writes to its serial console into that file (<log append='off'>,
-    written by virtlogd as root; QEMU/KVM only). Under QEMU/KVM, cmdline gains cloudbox.drivers= (guest_drivers())
-    unless it names them itself. Raises ValueError on arguments that do not fit the profile
-    or libvirt."""
+    written by virtlogd as root; QEMU/KVM only). Under QEMU/KVM and Xen PV, cmdline gains cloudbox.drivers=
+    (guest_drivers()) unless it names them itself; under Xen PV also the console and agent of
+    XEN_PV_AGENT_CMDLINE. agent_socket (Xen only, required there): the absolute path of the unix socket libxl's
+    QEMU in dom0 serves the agent's channel on (core.qga talks to it). Raises ValueError on arguments that do not
+    fit the profile or libvirt."""
     _check_arguments(profile, name=name, domain_type=domain_type, mac=mac, uuid=uuid, run_uuid=run_uuid,
                      console_log=console_log, kernel=kernel, initrd=initrd, disk_path=disk_path,
-                     more_disk_paths=more_disk_paths)
+                     more_disk_paths=more_disk_paths, agent_socket=agent_socket)
     xen = domain_type == "xen"
     if network_source is not None and (xen or profile.disk.attach != "qemu"):
         raise ValueError("a network disk source is QEMU's own initiator: it needs disk.attach = qemu under KVM/QEMU")
     pv = xen and profile.disk.bus == "xen-vbd"
-    drivers = None if xen or "cloudbox.drivers=" in cmdline else guest_drivers(profile, nic=bridge is not None)
+    drivers = None if (xen and not pv) or "cloudbox.drivers=" in cmdline else guest_drivers(
+        profile, nic=bridge is not None)
     if drivers:
         cmdline = f"{cmdline} cloudbox.drivers={','.join(drivers)}".strip()
+    if pv and "cloudbox.agent=" not in cmdline:
+        cmdline = f"{cmdline} {XEN_PV_AGENT_CMDLINE}".strip()
 
     root = ET.Element("domain", {"type": domain_type})
     _sub(root, "name", name)
@@ -144,7 +155,7 @@ def render_domain(
         _disk(devices, profile, xen, disk_path=path, disk_is_block=disk_is_block, index=i, network=network_source)
     if bridge is not None:
         _interface(devices, profile, bridge, mac)
-    _console_and_agent(devices, xen=xen, pv=pv, console_log=console_log)
+    _console_and_agent(devices, xen=xen, pv=pv, console_log=console_log, agent_socket=agent_socket)
     _sub(devices, "memballoon", model="xen" if xen else "none")
 
     ET.indent(root, space="  ")
@@ -153,7 +164,7 @@ def render_domain(
 
 def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str | None, uuid: str | None,
                      run_uuid: str | None, console_log: str | None, kernel: str, initrd: str, disk_path: str,
-                     more_disk_paths: Sequence[str] = ()) -> None:
+                     more_disk_paths: Sequence[str] = (), agent_socket: str | None = None) -> None:
     hv = profile.guest.hypervisor
     if domain_type not in ("kvm", "qemu", "xen"):
         raise ValueError(f"domain_type must be kvm, qemu or xen, not {domain_type!r}")
@@ -175,6 +186,14 @@ def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str 
             raise ValueError("console_log: libvirt's Xen (libxl) driver does not log consoles to a file")
         if not console_log.startswith("/") or any(c in console_log for c in "\n\r\0"):
             raise ValueError(f"console_log must be an absolute path without control characters, not {console_log!r}")
+    if domain_type == "xen":
+        if not agent_socket or not agent_socket.startswith("/") or any(c in agent_socket for c in "\n\r\0"):
+            raise ValueError(f"agent_socket: a Xen domain needs an absolute path for its agent's channel, not "
+                             f"{agent_socket!r}")
+        if len(agent_socket.encode()) > 107:
+            raise ValueError(f"agent_socket: {agent_socket!r} is longer than a unix socket path may be (107 bytes)")
+    elif agent_socket is not None:
+        raise ValueError("agent_socket: only Xen domains take one (QEMU/KVM's agent is reached through libvirt)")
     for what, value in (("kernel", kernel), ("initrd", initrd), ("disk_path", disk_path),
                         *(("more_disk_paths", p) for p in more_disk_paths)):
         if not value:
@@ -296,7 +315,8 @@ def _interface(devices: ET.Element, profile: Profile, bridge: str, mac: str | No
     _sub(iface, "mtu", size=str(n.mtu))
 
 
-def _console_and_agent(devices: ET.Element, *, xen: bool, pv: bool, console_log: str | None) -> None:
+def _console_and_agent(devices: ET.Element, *, xen: bool, pv: bool, console_log: str | None,
+                       agent_socket: str | None) -> None:
     if pv:
         con = _sub(devices, "console", type="pty")
         _sub(con, "target", type="xen", port="0")
@@ -309,7 +329,9 @@ def _console_and_agent(devices: ET.Element, *, xen: bool, pv: bool, console_log:
         con = _sub(devices, "console", type="pty")
         _sub(con, "target", type="serial", port="0")
     chan = _sub(devices, "channel", type="unix")
-    _sub(chan, "source", mode="bind")
+    source = _sub(chan, "source", mode="bind")
+    if agent_socket is not None:
+        source.set("path", agent_socket)
     _sub(chan, "target", type="xen" if xen else "virtio", name=AGENT_CHANNEL)
 
 

@@ -18,10 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .domain import AGENT_CHANNEL
 from .errors import GuestError, GuestTimeout, GuestUnreachable
+from .qga import AgentError, AgentSilent, AgentSocket
 
 METADATA_NS = "https://cloudbox.invalid/xmlns/1"
 NAME_PREFIX = "cloudbox-"
+
 # libvirt error codes for an agent that does not answer: VIR_ERR_AGENT_UNRESPONSIVE (86) and, since libvirt 9.9,
 # VIR_ERR_AGENT_COMMAND_TIMEOUT (112: "guest agent didn't respond to command within N seconds"), which older
 # libvirt-python builds do not name.
@@ -79,6 +82,8 @@ class Guest:
         self.dom = dom
         self.name: str = dom.name()
         self.console_log = Path(console_log) if console_log is not None else None
+        self._socket: AgentSocket | None = None
+        self._socket_checked = False
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -95,6 +100,8 @@ class Guest:
     def destroy(self) -> None:
         import libvirt
 
+        if self._socket is not None:
+            self._socket.close()
         try:
             self.dom.destroy()
         except libvirt.libvirtError as e:
@@ -121,9 +128,29 @@ class Guest:
         return read_console_tail(QEMU_LOG_DIR / f"{self.name}.log", lines)
 
     # ---- guest agent -----------------------------------------------------------------------
+    def agent_socket(self) -> AgentSocket | None:
+        """The agent's channel as a unix socket this process talks to itself: a Xen PV channel (libvirt's libxl
+        driver passes no agent commands); None for a virtio-serial channel, reached through libvirt."""
+        if not self._socket_checked:
+            path = agent_socket_path(self.xml())
+            self._socket = AgentSocket(path) if path else None
+            self._socket_checked = True
+        return self._socket
+
     def agent(self, command: str, arguments: dict | None = None, timeout: int = 10) -> object:
         import libvirt
         import libvirt_qemu
+
+        sock = self.agent_socket()
+        if sock is not None:
+            try:
+                return sock.command(command, arguments, timeout)
+            except AgentSilent as e:
+                if not self.is_active():
+                    raise GuestUnreachable(f"guest {self.name} stopped (guest agent, {command}: {e})") from e
+                raise GuestUnreachable(f"guest agent in {self.name} stopped answering ({command}: {e})") from e
+            except AgentError as e:
+                raise GuestError(f"guest agent ({command}) in {self.name}: {e}") from e
 
         req: dict[str, object] = {"execute": command}
         if arguments is not None:
@@ -238,6 +265,23 @@ class Guest:
 
     def has(self, program: str) -> bool:
         return self.sh(f"command -v {program} >/dev/null 2>&1", timeout=20).exitcode == 0
+
+
+def agent_socket_path(domain_xml: str) -> str | None:
+    """The unix socket of a domain's Xen agent channel (<channel type='unix'> with <target type='xen'
+    name='org.qemu.guest_agent.0'>), else None."""
+    from xml.etree import ElementTree as ET
+
+    try:
+        root = ET.fromstring(domain_xml)
+    except ET.ParseError:
+        return None
+    for chan in root.iterfind("devices/channel"):
+        target, source = chan.find("target"), chan.find("source")
+        if (chan.get("type") == "unix" and target is not None and target.get("type") == "xen"
+                and target.get("name") == AGENT_CHANNEL and source is not None and source.get("path")):
+            return source.get("path")
+    return None
 
 
 VIRTQUEUE_FIELDS = ("used_idx", "signalled_used", "last_avail_idx", "shadow_avail_idx")

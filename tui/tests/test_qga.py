@@ -1,0 +1,61 @@
+"""The guest agent's protocol over a socket (Xen guests): framing, resynchronising after stale bytes, replies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cloudbox.core import qga
+from cloudbox.core.guest import agent_socket_path
+
+
+def test_frame_is_one_json_line():
+    assert qga.frame("guest-ping") == b'{"execute":"guest-ping"}\n'
+    line = qga.frame("guest-exec", {"path": "/bin/sh", "arg": ["-c", "echo é"]})
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {"execute": "guest-exec", "arguments": {"path": "/bin/sh", "arg": ["-c", "echo é"]}}
+
+
+@pytest.mark.parametrize(
+    ("buf", "synced", "rest"),
+    [
+        (b'\xff{"return": 7}\n', True, b""),
+        (b'\xff{"return": 7}\n{"return": {}}\n', True, b'{"return": {}}\n'),
+        # an earlier client's half-read answer and an older sync before ours
+        (b'{"return": {"pid": 3}}\n\xff{"return": 6}\n\xff{"return": 7}\nX', True, b"X"),
+        (b'\xff{"return": 6}\n', False, b""),  # not our id
+        (b'\xff{"return": 7}', False, b""),  # our answer, not complete yet
+        (b"garbage without a sync byte\n", False, b""),
+        (b'\xffnot json\n\xff{"return": 7}\n', True, b""),
+    ],
+)
+def test_split_sync(buf, synced, rest):
+    assert qga.split_sync(buf, 7) == (synced, rest)
+
+
+def test_parse_reply():
+    assert qga.parse_reply(b'{"return": {}}\n') == ({}, b"")
+    assert qga.parse_reply(b'\r\n\xff{"return": {"pid": 12}}\n{"return": 1}\n') == ({"pid": 12}, b'{"return": 1}\n')
+    assert qga.parse_reply(b'{"return": {"pid"') is None  # incomplete: read more
+    assert qga.parse_reply(b'noise\n{"event": "x"}\n{"return": 5}\n') == (5, b"")
+    with pytest.raises(qga.AgentError, match="GenericError: Guest agent command failed"):
+        qga.parse_reply(b'{"error": {"class": "GenericError", "desc": "Guest agent command failed"}}\n')
+
+
+def test_a_missing_socket_is_silence_not_a_crash(tmp_path):
+    sock = qga.AgentSocket(str(tmp_path / "absent.sock"))
+    with pytest.raises(qga.AgentSilent, match="cannot connect"):
+        sock.command("guest-ping", timeout=0.5)
+
+
+def test_agent_socket_path_from_the_domain_xml():
+    xen = """<domain type='xen'><devices>
+      <channel type='pty'><target type='xen' name='other'/></channel>
+      <channel type='unix'><source mode='bind' path='/run/cloudbox/g.agent'/>
+        <target type='xen' name='org.qemu.guest_agent.0'/></channel></devices></domain>"""
+    assert agent_socket_path(xen) == "/run/cloudbox/g.agent"
+    kvm = """<domain type='kvm'><devices><channel type='unix'><source mode='bind' path='/var/lib/libvirt/q.sock'/>
+        <target type='virtio' name='org.qemu.guest_agent.0'/></channel></devices></domain>"""
+    assert agent_socket_path(kvm) is None  # reached through libvirt's agent commands
+    assert agent_socket_path("<not xml") is None
