@@ -164,7 +164,7 @@ def test_labels_from_the_profile_and_the_backing_store_used():
     # The backing store the run used, over the one its profile asked for (they agree on every run so far).
     r = run(Provenance(backing=BackingInfo(kind="prealloc-file")), accelerator="xen",
             profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "xen-vbd"\nbacking = "sparse-file"\n')
-    assert (compare.vmm_label(r), compare.driver_label(r)) == ("Xen", "xvd, pre-allocated file")
+    assert (compare.vmm_label(r), compare.driver_label(r)) == ("Xen (PV)", "xvd, pre-allocated file")
     r = run(Provenance(backing=BackingInfo(kind="network-volume")), accelerator="nested-kvm", emulated=True,
             profile_toml='[guest]\nhypervisor = "kvm"\n[disk]\nbus = "virtio-scsi"\n'
                          'backing = "network-volume"\nvolume = "aoe:e0.1"\n'
@@ -184,9 +184,34 @@ def test_labels_from_the_profile_and_the_backing_store_used():
     r = run(accelerator="xen", profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "xen-vbd"\n'
             'backing = "prealloc-file"\n')
     assert (compare.vmm_label(r), compare.target_label(r), compare.driver_label(r)) == (
-        "Xen", "local file", "xvd, pre-allocated file")
+        "Xen (PV)", "local file", "xvd, pre-allocated file")
+    r = run(accelerator="xen", emulated=True, profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "scsi-lsi"\n')
+    assert compare.vmm_label(r) == "Xen (HVM, emulated)"
     assert compare.driver_label(run()) == "?, ?"
     assert compare.driver_label(run(profile_toml="not [toml")) == "?, ?"
+
+
+def test_a_xen_run_has_its_dom0_baseline_beside_a_kvm_run(tmp_path: Path):
+    """Xen's baseline is dom0 (Study A's driver domain): its own row, named so, never averaged with KVM's bare metal."""
+    xen_toml = '[guest]\nhypervisor = "xen"\n[disk]\nbus = "xen-vbd"\nbacking = "block-device"\n'
+    kvm_toml = '[guest]\nhypervisor = "kvm"\n[disk]\nbus = "virtio-blk"\nbacking = "block-device"\n'
+    with ResultStore(tmp_path / "r.db") as store:
+        ids = []
+        for acc, toml, base, guest, host in (("xen", xen_toml, 100.0, 50.0, ["dom0", "virtualized-host"]),
+                                             ("tcg", kvm_toml, 120.0, 30.0, ["virtualized-host"])):
+            rid = store.create_run(accelerator=acc, emulated=True, profile_toml=toml,
+                                   provenance=Provenance(backing=BackingInfo(kind="block-device")))
+            store.add_measurement(rid, side="baseline", test="seq-write-64k", metric="MB/s", value=base, labels=host)
+            store.add_measurement(rid, side="guest", test="seq-write-64k", metric="MB/s", value=guest,
+                                  labels=["emulated"])
+            ids.append(rid)
+        runs = [store.get_run(i) for i in ids]
+    sw = compare.compare_table(runs).section("seq-write-64k")
+    assert sw is not None
+    rows = [(r.kind, r.cells["vmm"], r.cells["value"], r.cells["pct"]) for r in sw.rows]
+    assert rows == [("baseline", "dom0", 100.0, None), ("guest", "Xen (PV, emulated)", 50.0, pytest.approx(50.0)),
+                    ("baseline", "none", 120.0, None), ("guest", "KVM (TCG, emulated)", 30.0, pytest.approx(25.0))]
+    assert "dom0" in sw.rows[0].labels
 
 
 def test_missing_baseline_shows_a_dash(tmp_path: Path):

@@ -123,13 +123,14 @@ def test_a_busy_host_is_refused_before_anything_is_recorded(state):
 
 
 def test_a_xen_profile_is_refused_before_the_accelerator_probe(state, guest_image):
-    """No Xen guest is launched yet: the run says so at once, before the probe boots a KVM test guest."""
+    """This host is not booted into Xen: the run says so at once, naming the boot entry, before the probe boots a
+    KVM test guest."""
     from cloudbox.core import runs
 
     with ResultStore() as store:
         rid = runs.executor(RunSpec(profile="xen-default", suite="storage"), store).execute()
         run, events = store.get_run(rid), [e.record for e in store.events_since(rid)]
     assert run.state == "aborted"
-    assert "needs the Xen hypervisor" in run.reason and "KVM/QEMU only for now" in run.reason, run.reason
+    assert "needs the Xen hypervisor" in run.reason and '"cloudbox on Xen" entry' in run.reason, run.reason
     steps = [e.text for e in events if isinstance(e, StepEvent)]
     assert "probing the accelerator" not in steps and steps[-1] == "cleaning up", steps

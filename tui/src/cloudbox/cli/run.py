@@ -172,10 +172,15 @@ def cmd_host(a: argparse.Namespace) -> int:
     info = {"accelerator": acc.label, "reason": acc.reason, "nested": acc.nested,
             "root_device": backing.device_model(root)}
     if a.json:
+        if acc.name == "xen":
+            info.update(accel.dom0_facts())
         print(json.dumps(info, indent=2))
     else:
         for k, v in info.items():
             print(f"{k:12} {v}")
+        if acc.name == "xen":
+            for k, v in accel.dom0_facts().items():
+                print(f"{k:12} {v}")
         if acc.emulated:
             print("WARNING: guests run under TCG emulation: their numbers are not virtualization-overhead figures")
     return 0

@@ -38,7 +38,7 @@ _TCG_SUFFIX = "; using TCG emulation"
 
 @dataclass
 class Accelerator:
-    name: str  # "kvm" | "nested-kvm" | "tcg" | "xen"
+    name: str  # "kvm" | "nested-kvm" | "tcg" | "xen" (this host is Xen's dom0)
     domain_type: str  # libvirt <domain type=...>: "kvm" | "qemu" | "xen"
     emulated: bool  # True for TCG: numbers are not overhead figures
     nested: bool  # this host is itself a VM
@@ -47,6 +47,8 @@ class Accelerator:
 
     @property
     def label(self) -> str:
+        if self.name == "xen":
+            return "Xen (in a VM, emulated)" if self.emulated else "Xen"
         if self.name == "tcg":
             return "TCG (emulated)"
         if self.name == "nested-kvm":
@@ -62,6 +64,8 @@ class Accelerator:
         """One line for the appliance's console and self-test (cloudbox-kvm-probe.service writes it per boot)."""
         if self.kvm_usable:
             return f"kvm: usable ({self.label}: {self.reason})"
+        if self.name == "xen":
+            return f"kvm: not used ({self.reason}; runs take Xen profiles)"
         why = self.reason.removesuffix(_TCG_SUFFIX)
         return f"kvm: unusable ({why}), guests fall back to TCG (emulated)"
 
@@ -76,6 +80,104 @@ def host_is_virtualized() -> bool:
     except OSError:
         pass
     return False
+
+
+XEN_CAPABILITIES = Path("/proc/xen/capabilities")
+DMI_DIR = Path("/sys/class/dmi/id")
+# DMI vendors and products of virtual machines (sys_vendor, product_name): Xen under them runs on a virtual CPU.
+_VM_DMI = ("QEMU", "KVM", "Bochs", "VMware", "VirtualBox", "innotek", "Microsoft Corporation", "Xen", "Amazon EC2",
+           "Google", "OpenStack", "Parallels")
+
+
+def booted_into_xen(capabilities: Path = XEN_CAPABILITIES) -> bool:
+    """True on Xen's control domain (dom0): the appliance booted through its Xen entry."""
+    try:
+        return "control_d" in capabilities.read_text()
+    except OSError:
+        return False
+
+
+def dmi_virtual_machine(dmi: Path = DMI_DIR) -> str | None:
+    """'vendor product' when the firmware's DMI tables name a virtual machine, else None. Under Xen the CPUID
+    hypervisor bit is Xen's own (dom0 is a PV guest), so the tables are what tells whether Xen itself runs in a VM."""
+    def read(name: str) -> str:
+        try:
+            return (dmi / name).read_text().strip()
+        except OSError:
+            return ""
+
+    vendor, product = read("sys_vendor"), read("product_name")
+    if any(v.lower() in f"{vendor} {product}".lower() for v in _VM_DMI):
+        return f"{vendor} {product}".strip()
+    return None
+
+
+def xen_accelerator(dmi: Path = DMI_DIR) -> Accelerator:
+    """The accelerator of a host booted into Xen: its guests are Xen domains. When Xen itself runs in a virtual
+    machine (QEMU TCG in the tests: an emulated CPU with emulated SVM) its guests' figures measure that emulation,
+    and are labelled emulated and nested (the dom0 baseline then says virtualized-host)."""
+    vm = dmi_virtual_machine(dmi)
+    if vm:
+        return Accelerator("xen", "xen", True, True,
+                           f"booted into Xen (dom0), which itself runs in a virtual machine ({vm}): its guests run "
+                           "on a virtual CPU (emulated under QEMU TCG), labelled emulated")
+    return Accelerator("xen", "xen", False, False, "booted into Xen (dom0): guests are Xen domains (libxl)")
+
+
+def dom0_facts() -> dict[str, str]:
+    """dom0's vCPUs and memory (its own view: dom0 is a guest of Xen), and Xen's, as `xl info` (root) tells."""
+    facts = {"dom0_vcpus": str(os.cpu_count() or "?")}
+    try:
+        kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal:"))
+        facts["dom0_memory"] = f"{kib // 1024} MiB"
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    xl = shutil.which("xl")
+    if xl is None:
+        return facts
+    try:
+        out = subprocess.run([xl, "info"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return facts
+    return {**facts, **parse_xl_info(out)}
+
+
+def parse_xl_info(text: str) -> dict[str, str]:
+    """The facts `cloudbox host` shows of `xl info`'s answer: Xen's version, total and free memory, dom0's share."""
+    got = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            got[key.strip()] = value.strip()
+    facts = {}
+    if "xen_version" in got:
+        facts["xen"] = got["xen_version"]
+    if "total_memory" in got:
+        facts["xen_memory"] = f"{got['total_memory']} MiB, {got.get('free_memory', '?')} MiB free for guests"
+    if "nr_cpus" in got:
+        facts["xen_cpus"] = got["nr_cpus"]
+    if "xen_commandline" in got:
+        dom0 = [w for w in got["xen_commandline"].split() if w.startswith(("dom0_mem=", "dom0_max_vcpus="))]
+        if dom0:
+            facts["dom0_boot"] = " ".join(dom0)
+    return facts
+
+
+def hypervisor_mismatch(profile_name: str, hypervisor: str, xen_booted: bool) -> str | None:
+    """Why a profile for `hypervisor` cannot run on this boot (Xen's dom0 when `xen_booted`, else Linux with
+    KVM/QEMU), naming the boot entry that runs it; None when it can."""
+    if hypervisor == "xen" and not xen_booted:
+        return (f"profile {profile_name} needs the Xen hypervisor, but this host runs Linux without Xen "
+                "(/proc/xen/capabilities does not say control_d): boot the appliance's \"cloudbox on Xen\" entry "
+                "(or `bootctl set-oneshot cloudbox-xen.conf` and reboot), or choose a KVM profile "
+                "(cloudbox profile list)")
+    if hypervisor != "xen" and xen_booted:
+        return (f"profile {profile_name} is for {hypervisor.upper()}/QEMU, but this host is booted into Xen (dom0), "
+                "where KVM cannot run: boot the appliance's default Linux entry (`bootctl set-oneshot` with the "
+                "cloudbox-<kernel> entry, or pick it in the boot menu), or choose a Xen profile "
+                "(xen-xvd-phy, xen-default)")
+    return None
 
 
 def _boot_id() -> str:
@@ -181,6 +283,8 @@ def _cache_file() -> Path:
 
 def detect(kernel: Path | None = None, *, use_cache: bool = True) -> Accelerator:
     """The accelerator for guests on this host. `CLOUDBOX_ACCEL=tcg|kvm` forces a choice."""
+    if booted_into_xen():
+        return xen_accelerator()
     forced = os.environ.get("CLOUDBOX_ACCEL")
     nested = host_is_virtualized()
     if forced == "tcg":

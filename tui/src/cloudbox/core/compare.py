@@ -282,10 +282,13 @@ def _knobs(profile_toml: str) -> Knobs:
 
 
 def vmm_label(run: Run) -> str:
-    """'KVM', 'Xen', 'KVM (TCG, emulated)', 'KVM (nested, emulated)'..."""
-    hyp = knobs(run).hypervisor or ("xen" if run.accelerator == "xen" else "kvm")
+    """'KVM', 'Xen (PV)', 'KVM (TCG, emulated)', 'KVM (nested, emulated)', 'Xen (HVM, emulated)'..."""
+    k = knobs(run)
+    hyp = k.hypervisor or ("xen" if run.accelerator == "xen" else "kvm")
     base = {"kvm": "KVM", "xen": "Xen", "qemu": "QEMU"}.get(hyp.lower(), hyp)
     quals = []
+    if hyp.lower() == "xen":
+        quals.append("PV" if k.bus == "xen-vbd" else "HVM")
     if run.accelerator == "tcg":
         quals.append("TCG")
     elif run.accelerator == "nested-kvm":
@@ -431,13 +434,15 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
         metric = primary_metric(test, metrics)
         section = Section(test, test_title(test), metric, _columns(test, metric))
         storage = is_storage_test(test)
-        groups: dict[tuple[str, str], list[Run]] = {}
+        groups: dict[tuple[str, str, str], list[Run]] = {}
         for r in runs:
             if r.measurement("guest", test, metric) or r.measurement("baseline", test, metric):
                 ms = [m for m in r.measurements if m.test == test]
                 target = target_label(r) if storage else _net_target(r, ms)
-                groups.setdefault((r.node or "", target), []).append(r)
-        for (_node, target), members in groups.items():
+                bm = r.measurement("baseline", test, metric)
+                host = "dom0" if bm is not None and "dom0" in bm.labels else "none"
+                groups.setdefault((r.node or "", target, host), []).append(r)
+        for (_node, target, host), members in groups.items():
             bases: list[tuple[Run, Measurement]] = []
             for r in members:
                 bm = r.measurement("baseline", test, metric)
@@ -451,7 +456,7 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
                     run_ids=[r.id for r, _ in bases],
                     cells={
                         "run": ",".join(f"#{r.id}" for r, _ in bases),
-                        "vmm": "host domain" if from_host else "none",
+                        "vmm": host if host != "none" else ("host domain" if from_host else "none"),
                         "target": target,
                         "driver": _volume_baseline_driver(bases[0][0]) if from_host else "-",
                         "value": _mean(m.value for m in ms_b),

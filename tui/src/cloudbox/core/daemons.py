@@ -23,6 +23,7 @@ from .errors import LibvirtUnavailable, PermissionProblem
 from .procs import process_exists
 
 DEFAULT_URI = "qemu:///system"
+XEN_URI = "xen:///system"  # libvirt's libxl driver, on Xen's dom0
 
 
 def libvirt_uri() -> str:

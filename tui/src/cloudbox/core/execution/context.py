@@ -124,13 +124,21 @@ class RunContext:
     def net_seconds(self) -> int:
         return self.spec.net_seconds or (5 if self.quick else 30)
 
+    @property
+    def dom0(self) -> bool:
+        """The host side is Xen's dom0 (the run's guests are Xen domains)."""
+        return self.accelerator.name == "xen"
+
     def save_provenance(self) -> None:
         self.store.set_provenance(self.run_id, self.provenance)
 
 
-def host_labels(labels: list[str]) -> list[str]:
+def host_labels(labels: list[str], *, dom0: bool = False) -> list[str]:
     """A run's labels as the host side (the baseline) carries them: never "emulated" (no guest there); and
     "nested" (this host is itself a virtual machine) becomes "virtualized-host": the "bare metal" side ran on a
-    VM, and says so wherever it is shown."""
+    VM, and says so wherever it is shown. `dom0`: the host is Xen's control domain, itself a PV guest of Xen (the
+    baseline Study A measured under Xen), labelled "dom0"."""
     out = [x for x in labels if x not in ("emulated", "nested")]
+    if dom0:
+        out.append("dom0")
     return [*out, "virtualized-host"] if "nested" in labels else out

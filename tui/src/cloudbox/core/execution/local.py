@@ -62,13 +62,10 @@ def find_image(ctx: RunContext) -> None:
 
 
 def probe_accelerator(ctx: RunContext) -> None:
-    if ctx.profile.guest.hypervisor == "xen":  # before the probe, which boots a KVM test guest
-        booted = ("this host is booted into Xen, but" if Path("/proc/xen").exists()
-                  else "this host runs Linux without Xen (/proc/xen not present), and")
-        raise CloudboxError(
-            f"profile {ctx.profile.name} needs the Xen hypervisor: {booted} cloudbox runs guests under KVM/QEMU "
-            "only for now (Xen profiles validate and render, but no Xen guest is launched yet); choose a KVM "
-            "profile (cloudbox profile list)")
+    # before the probe, which boots a KVM test guest
+    why = accel.hypervisor_mismatch(ctx.profile.name, ctx.profile.guest.hypervisor, accel.booted_into_xen())
+    if why:
+        raise CloudboxError(why)
     ctx.sink.step("probing the accelerator")
     acc = ctx.accelerator = accel.detect(ctx.image.kernel)
     ctx.sink.log(f"accelerator: {acc.label}: {acc.reason}")
@@ -84,7 +81,7 @@ def connect_libvirt(ctx: RunContext) -> None:
     """libvirt (started here where systemd does not), and the guests of runs that died, destroyed."""
     ctx.sink.step("connecting to libvirt")
     with ctx.control.atomic():
-        ctx.conn = daemons.connect(hide_kvm=not ctx.accelerator.kvm_usable)
+        ctx.conn = daemons.connect(daemons.XEN_URI if ctx.dom0 else None, hide_kvm=not ctx.accelerator.kvm_usable)
         ctx.stack.callback(ctx.conn.close)
     live = {r.uuid for r in ctx.store.active_runs()}
     for name in reap_orphans(ctx.conn, live | {ctx.run_uuid}, ctx.store.run_uuids()):
@@ -179,7 +176,7 @@ def launch_guest(ctx: RunContext) -> None:
     """The guest under the profile, on the backing store and the bridge; boot retried under emulation."""
     acc, image = ctx.accelerator, ctx.image
     name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}"
-    # virtlogd (root) writes it; it goes with the work directory when the store is removed.
+    # virtlogd (root) writes it; it goes with the work directory when the store is removed. libxl logs no console.
     ctx.console_log = ctx.work_dir / "console.log"
     ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
                                    kernel=str(image.boot_kernel(acc.domain_type)),
@@ -188,9 +185,11 @@ def launch_guest(ctx: RunContext) -> None:
                                    disk_path=ctx.backing.path,
                                    disk_is_block=ctx.backing.is_block,
                                    bridge=ctx.hostnet.bridge if ctx.hostnet else None, mac=None,
-                                   run_uuid=ctx.run_uuid, console_log=str(ctx.console_log),
+                                   run_uuid=ctx.run_uuid,
+                                   console_log=None if ctx.dom0 else str(ctx.console_log),
                                    more_disk_paths=ctx.backing.more_paths,
-                                   network_source=ctx.backing.network)
+                                   network_source=ctx.backing.network,
+                                   agent_socket=str(paths.run_dir() / f"{name}.agent") if ctx.dom0 else None)
     ctx.sink.step(f"launching guest {name} ({acc.label})")
     up = launch(ctx)
     ctx.sink.log(f"guest agent ready after {up.waited_s:.1f} s"

@@ -18,7 +18,7 @@ def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callab
     ctx.control.check()
     tl = list(dict.fromkeys([*ctx.labels, *t.labels]))
     if side == "baseline":
-        tl = host_labels([*tl, *ctx.backing.baseline_labels])
+        tl = host_labels([*tl, *ctx.backing.baseline_labels], dom0=ctx.dom0)
     if "read" in t.rw:
         if not storage.drop_host_caches():
             tl.append("warm-cache")

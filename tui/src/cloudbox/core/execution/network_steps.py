@@ -118,7 +118,7 @@ def network_tests(ctx: RunContext, guest: Guest) -> None:
     ports = {"netperf": 0, "iperf3": 0}
     bports = {"netperf": 0, "iperf3": 0}
     peer_ports = {"netperf": spec.peer_netperf_port, "iperf3": spec.peer_iperf3_port}
-    plain = host_labels(ctx.labels)
+    plain = host_labels(ctx.labels, dom0=ctx.dom0)
     bare_labels = [*plain, "veth-netns"]
     for nt in resolve_net_tests(spec.net_tests):
         if not current.guest.has(nt.tool):

@@ -1,0 +1,77 @@
+"""A host booted into Xen: how cloudbox knows (dom0's capabilities), what its guests' figures are labelled (Xen itself
+in a virtual machine is emulated), and which profiles each boot refuses, naming the boot entry that runs them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core import accel
+from cloudbox.core.execution.context import host_labels
+
+
+def _file(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_dom0_is_told_by_control_d(tmp_path):
+    assert accel.booted_into_xen(_file(tmp_path / "dom0", "control_d\n"))
+    assert not accel.booted_into_xen(_file(tmp_path / "domU", "\n"))  # a Xen guest, not its host
+    assert not accel.booted_into_xen(tmp_path / "absent")  # no /proc/xen: plain Linux
+
+
+@pytest.mark.parametrize(
+    ("vendor", "product", "vm"),
+    [
+        ("QEMU", "Standard PC (Q35 + ICH9, 2009)", "QEMU Standard PC (Q35 + ICH9, 2009)"),
+        ("innotek GmbH", "VirtualBox", "innotek GmbH VirtualBox"),
+        ("Dell Inc.", "PowerEdge R640", None),
+        ("", "", None),
+    ],
+)
+def test_xen_in_a_virtual_machine_is_labelled_emulated(tmp_path, vendor, product, vm):
+    _file(tmp_path / "sys_vendor", vendor + "\n")
+    _file(tmp_path / "product_name", product + "\n")
+    assert accel.dmi_virtual_machine(tmp_path) == vm
+    acc = accel.xen_accelerator(tmp_path)
+    assert (acc.name, acc.domain_type) == ("xen", "xen")
+    assert acc.emulated is acc.nested is (vm is not None)
+    assert acc.label == ("Xen (in a VM, emulated)" if vm else "Xen")
+    assert not acc.kvm_usable
+    if vm:
+        assert vm in acc.reason
+
+
+def test_dom0_baseline_labels():
+    assert host_labels(["emulated", "nested", "quick-size"], dom0=True) == ["quick-size", "dom0", "virtualized-host"]
+    assert host_labels(["quick-size"], dom0=True) == ["quick-size", "dom0"]
+    assert host_labels(["emulated", "quick-size"]) == ["quick-size"]
+
+
+def test_each_boot_refuses_the_other_hypervisors_profiles_naming_its_entry():
+    assert accel.hypervisor_mismatch("xen-xvd-phy", "xen", xen_booted=True) is None
+    assert accel.hypervisor_mismatch("virtio-disk", "kvm", xen_booted=False) is None
+    on_kvm = accel.hypervisor_mismatch("xen-xvd-phy", "xen", xen_booted=False)
+    assert on_kvm is not None and "needs the Xen hypervisor" in on_kvm and '"cloudbox on Xen" entry' in on_kvm
+    assert "cloudbox-xen.conf" in on_kvm
+    on_xen = accel.hypervisor_mismatch("virtio-disk", "kvm", xen_booted=True)
+    assert on_xen is not None and "booted into Xen (dom0)" in on_xen and "default Linux entry" in on_xen
+    assert "xen-xvd-phy" in on_xen  # a profile that does run there
+
+
+def test_xl_info_facts():
+    text = """host                   : cloudbox
+release                : 6.12.48+deb13-amd64
+nr_cpus                : 2
+total_memory           : 4095
+free_memory            : 1890
+xen_version            : 4.20.2-pre
+xen_commandline        : placeholder console=com1,vga com1=115200,8n1 dom0_mem=50%,max:4096M ucode=scan
+"""
+    assert accel.parse_xl_info(text) == {
+        "xen": "4.20.2-pre", "xen_memory": "4095 MiB, 1890 MiB free for guests", "xen_cpus": "2",
+        "dom0_boot": "dom0_mem=50%,max:4096M"}
+    assert accel.parse_xl_info("") == {}
