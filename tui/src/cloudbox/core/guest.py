@@ -77,13 +77,14 @@ def read_console_tail(path: str | Path, lines: int = 20, max_bytes: int = 65536)
 class Guest:
     """A running benchmark guest."""
 
-    def __init__(self, conn, dom, console_log: str | Path | None = None):
+    def __init__(self, conn, dom, console_log: str | Path | None = None, agent_socket: str | None = None):
         self.conn = conn
         self.dom = dom
         self.name: str = dom.name()
         self.console_log = Path(console_log) if console_log is not None else None
-        self._socket: AgentSocket | None = None
-        self._socket_checked = False
+        # A Xen guest's agent channel as a unix socket this process talks to itself (libvirt's libxl driver passes
+        # no agent commands); None for a virtio-serial channel, reached through libvirt.
+        self._socket = AgentSocket(agent_socket) if agent_socket else None
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -95,7 +96,7 @@ class Guest:
             dom = conn.createXML(xml, 0)
         except libvirt.libvirtError as e:
             raise GuestError(f"libvirt could not start the guest: {e}") from e
-        return cls(conn, dom, console_log)
+        return cls(conn, dom, console_log, agent_socket_path(xml))
 
     def destroy(self) -> None:
         import libvirt
@@ -128,20 +129,11 @@ class Guest:
         return read_console_tail(QEMU_LOG_DIR / f"{self.name}.log", lines)
 
     # ---- guest agent -----------------------------------------------------------------------
-    def agent_socket(self) -> AgentSocket | None:
-        """The agent's channel as a unix socket this process talks to itself: a Xen PV channel (libvirt's libxl
-        driver passes no agent commands); None for a virtio-serial channel, reached through libvirt."""
-        if not self._socket_checked:
-            path = agent_socket_path(self.xml())
-            self._socket = AgentSocket(path) if path else None
-            self._socket_checked = True
-        return self._socket
-
     def agent(self, command: str, arguments: dict | None = None, timeout: int = 10) -> object:
         import libvirt
         import libvirt_qemu
 
-        sock = self.agent_socket()
+        sock = self._socket
         if sock is not None:
             try:
                 return sock.command(command, arguments, timeout)
