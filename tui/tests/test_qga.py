@@ -59,3 +59,55 @@ def test_agent_socket_path_from_the_domain_xml():
         <target type='virtio' name='org.qemu.guest_agent.0'/></channel></devices></domain>"""
     assert agent_socket_path(kvm) is None  # reached through libvirt's agent commands
     assert agent_socket_path("<not xml") is None
+
+
+@pytest.fixture
+def real_agent(guest_image, tmp_path):
+    """The benchmark guest image's own qemu-ga, run from its unpacked root (chroot) on a unix socket: the agent
+    Xen guests run on their channel, served here without a guest."""
+    import os
+    import shutil
+    import subprocess
+    import time
+
+    cpio = guest_image.directory / "initrd.cpio"
+    if os.geteuid() != 0 or shutil.which("cpio") is None or not cpio.exists():
+        pytest.skip("needs root (chroot), cpio and the guest image's uncompressed initrd.cpio (make guest-image)")
+    root = tmp_path / "root"
+    root.mkdir()
+    with cpio.open("rb") as f:
+        subprocess.run(["cpio", "-id", "--quiet"], stdin=f, cwd=root, check=True)
+    proc = subprocess.Popen(["chroot", str(root), "/usr/sbin/qemu-ga", "--method=unix-listen", "--path=/run/qga.sock",
+                             "--statedir=/run"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sock = root / "run" / "qga.sock"
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield str(sock)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_guest_images_agent_answers_over_the_socket(real_agent):
+    import socket
+
+    half = socket.socket(socket.AF_UNIX)
+    half.connect(real_agent)
+    half.sendall(b'{"execute":"guest-pi')  # a client that went away mid-command
+    half.close()
+    agent = qga.AgentSocket(real_agent)
+    try:
+        assert agent.command("guest-ping") == {}
+        with pytest.raises(qga.AgentError, match="CommandNotFound"):
+            agent.command("no-such-command")
+        assert isinstance(agent.command("guest-get-time"), int)  # the connection still works after an error
+    finally:
+        agent.close()
+    again = qga.AgentSocket(real_agent)
+    try:
+        info = again.command("guest-info")
+        assert isinstance(info, dict) and info["version"]
+    finally:
+        again.close()
