@@ -36,7 +36,10 @@ HASH = "$6$yAS/Ne2GmLuv3XGb$wqEONWcbW0.y5n3cSvZxvbkAeVDtYYtfcX1AnqzDfIsb7aV/CNSw
 
 
 def _mounts() -> str:
-    return Path("/proc/self/mountinfo").read_text()
+    """This namespace's mounts but network namespaces' (nsfs): runs of other sessions on the host add and remove those,
+    an install never does."""
+    return "".join(line for line in Path("/proc/self/mountinfo").read_text().splitlines(keepends=True)
+                   if " - nsfs " not in line)
 
 
 class Lab:

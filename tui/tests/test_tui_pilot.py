@@ -397,7 +397,8 @@ def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend
             assert (filled[3], filled[6]) == ("21.4 (nested, quick)", f"#{rid}")
             scsi = cell_state(cells, "kvm-scsi-phy/dd-write-64k")
             assert scsi[2] == "failed" and scsi[6] == f"#{failed}" and scsi[7] == "guest did not boot"
-            assert rows(studies_table)[0][2] == "3"
+            await until(pilot, lambda: rows(studies_table)[0][2] == "3", timeout=15,
+                        what="study A's count of cells with results in the list")  # read before the matrix
             await pilot.press("down")  # study B: its matrix replaces A's
             await until(pilot, lambda: cells.row_count and cells.get_row_at(0) and
                         "kvm-cache-writethrough" in str(cells.get_row_at(0)[0]), what="study B's cells")
