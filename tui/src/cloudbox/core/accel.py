@@ -10,7 +10,6 @@ are labelled, as are TCG ones.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from . import paths
 from .errors import CloudboxError
+from .procs import die_with_parent
 
 # How long the test guest may show no sign of running (firmware or kernel output) before KVM counts as broken (a
 # vCPU that never leaves the host kernel shows none); once it has spoken, twice that without a new byte (PVM's KVM on
@@ -223,7 +223,8 @@ def boot_probe(kernel: Path, accel_args: list[str], what: str, timeout: float,
             "-append", "console=ttyS0 earlyprintk=ttyS0 panic=-1 loglevel=4",
         ]
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=die_with_parent(signal.SIGKILL))  # noqa: PLW1509 - only prctl
         ok, ran, seen, progress = False, False, (0, 0), start
         try:
             while ((now := time.monotonic()) - progress < (2 * timeout if ran else timeout)
@@ -254,14 +255,6 @@ def boot_probe(kernel: Path, accel_args: list[str], what: str, timeout: float,
             return False, (f"a test kernel started under {what} (firmware {seen[1]} bytes, serial {seen[0]} bytes) "
                            f"but printed nothing more for {2 * timeout:.0f} s and no banner (vCPU stuck)"), took
         return False, f"a test kernel made no progress under {what} within {timeout:.0f} s (vCPU stuck)", took
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the parent dies, so a killed probe leaves no spinning QEMU."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _probe_timeout() -> float:

@@ -1,8 +1,15 @@
-"""Process facts shared by the core: whether a pid names a live process."""
+"""Process facts shared by the core: whether a pid names a live process, children that die with their parent."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+from collections.abc import Callable
+
+# Loaded here, not in the forked child: dlopen after fork in a threaded parent can deadlock on the loader's lock.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
 
 
 def process_exists(pid: int | None) -> bool:
@@ -16,3 +23,15 @@ def process_exists(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]:
+    """A Popen preexec_fn: the child gets `sig` when the thread that forked it dies, so no child outlives a killed run.
+
+    The child only calls prctl (async-signal-safe); libc was resolved at import."""
+    prctl = _LIBC.prctl
+    number = int(sig)
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, number, 0, 0, 0)
+    return hook

@@ -8,7 +8,6 @@ in the ordinary case, Ctrl-C and failures included.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -19,13 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CloudboxError
+from ..procs import die_with_parent
 
 START_TIMEOUT = 10.0
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -114,7 +109,7 @@ def start(name: str, path: str, server_creds: Path, *, log: Path, host: str = "1
            "--tls-creds=tls0", path]
     with open(log, "wb") as out:
         exp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    preexec_fn=_die_with_parent)  # noqa: PLW1509 - only prctl, before exec
+                                    preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509 - only prctl, before exec
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while True:

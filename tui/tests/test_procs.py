@@ -1,0 +1,66 @@
+"""Children started with procs.die_with_parent: they die with the parent, and forking them from a threaded parent
+does not hang (the hook runs no loader code between fork and exec)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from cloudbox.core.procs import process_exists
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not process_exists(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_child_dies_when_its_parent_is_killed():
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys, time
+        from cloudbox.core.procs import die_with_parent
+        child = subprocess.Popen(["sleep", "600"], preexec_fn=die_with_parent())
+        print(child.pid, flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert process_exists(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    gone = _wait_gone(child, 10)
+    if not gone:
+        os.kill(child, signal.SIGKILL)
+    assert gone, f"sleep {child} outlived its killed parent"
+
+
+def test_forking_from_a_threaded_parent_that_loads_libraries_does_not_hang():
+    script = textwrap.dedent("""
+        import ctypes, ctypes.util, subprocess, threading
+        from cloudbox.core.procs import die_with_parent
+        stop = threading.Event()
+        names = [n for n in (ctypes.util.find_library(x) for x in ("m", "z", "crypt", "uuid")) if n]
+        def churn():
+            while not stop.is_set():
+                for n in names:
+                    ctypes.CDLL(n)
+        threads = [threading.Thread(target=churn, daemon=True) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for _ in range(40):
+            subprocess.run(["true"], preexec_fn=die_with_parent(), check=True)
+        stop.set()
+        print("forked 40")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "forked 40"
