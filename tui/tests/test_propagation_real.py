@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 
 import pytest
-from test_run_real import _leftovers, _work_files
+from real_runs import leftovers, work_files
 
 from cloudbox import cli
 from cloudbox.core import profiles, propagation
@@ -88,8 +88,8 @@ def test_the_quick_sweep_provisions_a_guest_per_size_and_leaves_nothing(state, l
     assert run.provenance.backing.kind == "instance-copy" and "<domain" in (run.provenance.domain_xml or "")
 
     # nothing left behind: no guest, no work directory (instance copies), no cut source image
-    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
-    assert _work_files(state) == []
+    assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+    assert work_files(state) == []
     assert [(x.size_bytes, x.complete) for x in propagation.list_sources()] == [(32 * MIB, True), (64 * MIB, True)]
 
     code, out = run_cli(["study", "run", "p", "--size", "quick"], capsys)  # resumable: every sample is stored

@@ -4,7 +4,6 @@ back from SQLite and checked for sane values; plus the run lock, cancel and deta
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from real_runs import interrupt_cli_run, leftovers, work_files
 from run_trouble import warn_run_trouble
 
 from cloudbox.core import runs
@@ -32,26 +32,6 @@ def no_run_outlives_its_test(state):
     with ResultStore() as store:
         for run in store.active_runs():
             runs.cancel(store, run.id, timeout=120)
-
-
-def _leftovers(conn, state) -> dict:
-    from cloudbox.core.guest import list_guests
-    from cloudbox.core.network import BRIDGE, NS, link_exists
-
-    return {
-        "guests": [g.name for g in list_guests(conn)],
-        "bridge": link_exists(BRIDGE),
-        "netns": os.path.exists(f"/run/netns/{NS}"),
-        # loop devices whose backing file lies under this test's state dir (where cloudbox made them)
-        "loops": [ln for ln in subprocess.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
-                                              capture_output=True, text=True).stdout.splitlines()
-                  if str(state) in ln],
-    }
-
-
-def _work_files(state) -> list:
-    work = state / "state" / "work"
-    return sorted(str(p) for p in work.rglob("*")) if work.exists() else []
 
 
 # make test keeps one real run (virtio-disk, every network tool); the other profile is in make test-full.
@@ -102,8 +82,8 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
     assert kinds.count("progress") >= 3 and "sample" in kinds and kinds[-1] == "state"
     assert any(k == "step" for k, _ in events)
     # nothing left behind
-    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
-    assert _work_files(state) == []
+    assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+    assert work_files(state) == []
 
 
 def test_second_run_refused_and_cancel(state, libvirt_conn):
@@ -125,32 +105,19 @@ def test_second_run_refused_and_cancel(state, libvirt_conn):
         assert runs.cancel(store, rid, timeout=120) == "aborted"
         run = store.get_run(rid)
         assert "SIGTERM" in run.reason
-    assert _leftovers(libvirt_conn, state)["guests"] == []
-    assert _work_files(state) == []
+    assert leftovers(libvirt_conn, state)["guests"] == []
+    assert work_files(state) == []
 
 
 def test_ctrl_c_in_foreground_cli(state, libvirt_conn):
     """SIGINT to a foreground `cloudbox run` aborts it cleanly: guest gone, store removed, run kept as aborted."""
-    proc = subprocess.Popen([sys.executable, "-m", "cloudbox.cli", "run", "--profile", "eucalyptus-default",
-                             "--suite", "storage", "--size", "64M", "--tests", "full", "--runtime", "30"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "guest: storage tests" in line or "guest: laying down" in line:
-            break
-    else:
-        pytest.fail("run ended before the guest phase:\n" + "".join(seen))
-    proc.send_signal(2)
-    out = "".join(seen) + proc.stdout.read()
-    assert proc.wait(timeout=120) == 1, out
-    assert "run aborted" in out
-    with ResultStore() as store:
-        run = store.list_runs()[0]
-        assert run.state == "aborted" and "SIGINT" in (run.reason or ""), run.reason
-    assert _leftovers(libvirt_conn, state)["guests"] == []
-    assert _work_files(state) == []
+    got = interrupt_cli_run(["--profile", "eucalyptus-default", "--suite", "storage", "--size", "64M",
+                             "--tests", "full", "--runtime", "30"])
+    assert got.returncode == 1, got.output
+    assert "run aborted" in got.output
+    assert got.run.state == "aborted" and "SIGINT" in (got.run.reason or ""), got.run.reason
+    assert leftovers(libvirt_conn, state)["guests"] == []
+    assert work_files(state) == []
 
 
 def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
@@ -182,8 +149,8 @@ def test_dead_guest_reason_quotes_its_console(state, libvirt_conn, monkeypatch):
     # and libvirt's log of the QEMU process, which says why it stopped
     assert "lines of its QEMU log" in reason, reason
     assert any(ln.startswith("  : ") and "shutting down" in ln for ln in reason.splitlines()), reason
-    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
-    assert _work_files(state) == []
+    assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+    assert work_files(state) == []
 
 
 def test_cli_json_output(state, libvirt_conn):
@@ -257,7 +224,7 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
         m = run.measurement("guest", test, metric)
         assert m is not None and m.value > 0, test
         assert "# cloudbox: measured on a guest relaunched after its network stopped" in m.raw, m.raw
-    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+    assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
 
 
 @pytest.mark.full
@@ -283,7 +250,7 @@ def test_the_record_sweep_issues_each_record_size_in_the_guest_and_on_bare_metal
             opts = job["job options"]
             assert (opts["bs"], opts["direct"], opts["iodepth"], opts["ioengine"]) == (t.bs, "1", "1", "psync")
             assert job[t.rw]["io_bytes"] == size and job[t.rw]["total_ios"] == size // storage.block_bytes(t.bs)
-    assert _leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+    assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
 
 
 def _md_devices() -> list[str]:
@@ -324,7 +291,7 @@ def test_raid0_preset_writes_through_md0_over_three_disks(state, libvirt_conn):
     if run.emulated:
         assert "emulated" in guest.labels
     # a storage run makes no bridge or namespace; other runs on a shared host may, so only its own things count
-    left = _leftovers(libvirt_conn, state)
+    left = leftovers(libvirt_conn, state)
     assert [g for g in left["guests"] if run.uuid[:8] in g] == [] and left["loops"] == []
-    assert _work_files(state) == []
+    assert work_files(state) == []
     assert _md_devices() == md_before

@@ -4,9 +4,9 @@ under libvirt and QEMU (TCG here); the baseline is the same export from the host
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
+from real_runs import interrupt_cli_run, work_files
 from run_trouble import warn_run_trouble
 
 from cloudbox.core import runs
@@ -57,27 +57,15 @@ def test_ctrl_c_with_the_guest_on_the_volume_leaves_no_export(state, libvirt_con
 
     with VolumeStore() as vs:
         vol = vs.create("ebs", 160 * 1024 * 1024)
-    proc = subprocess.Popen([sys.executable, "-m", "cloudbox.cli", "run", "--profile", "kvm-ebs-nbd", "--suite",
-                             "storage", "--size", "64M", "--tests", "standard", "--runtime", "30"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "guest: storage tests" in line or "guest: laying down" in line:
-            break
-    else:
-        pytest.fail("run ended before the guest phase:\n" + "".join(seen))
-    assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 0
-    proc.send_signal(2)
-    out = "".join(seen) + proc.stdout.read()
-    assert proc.wait(timeout=120) == 1, out
-    with ResultStore() as store:
-        run = store.list_runs()[0]
-        assert run.state == "aborted" and "SIGINT" in (run.reason or ""), run.reason
+    def exported() -> None:
+        assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 0
+
+    got = interrupt_cli_run(["--profile", "kvm-ebs-nbd", "--suite", "storage", "--size", "64M",
+                             "--tests", "standard", "--runtime", "30"], while_running=exported)
+    assert got.returncode == 1, got.output
+    assert got.run.state == "aborted" and "SIGINT" in (got.run.reason or ""), got.run.reason
     assert [g.name for g in list_guests(libvirt_conn) if "kvm-ebs-nbd" in g.name] == []
     assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
     with VolumeStore() as vs:
         assert vs.get("ebs").attached_run is None
-    work = state / "state" / "work"
-    assert not work.exists() or not any(work.rglob("*"))
+    assert work_files(state) == []

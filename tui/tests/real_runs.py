@@ -1,0 +1,71 @@
+"""Shared pieces of the real-run tests: what a run may leave behind, and a `cloudbox run` interrupted by Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from cloudbox.core.results import ResultStore, Run
+
+# The CLI's progress lines that mean the guest is up and running its tests.
+GUEST_PHASE = ("guest: storage tests", "guest: laying down")
+
+
+def leftovers(conn, state) -> dict:
+    """Guests, the test bridge and namespace, and loop devices over files in this test's state dir."""
+    from cloudbox.core.guest import list_guests
+    from cloudbox.core.network import BRIDGE, NS, link_exists
+
+    return {
+        "guests": [g.name for g in list_guests(conn)],
+        "bridge": link_exists(BRIDGE),
+        "netns": os.path.exists(f"/run/netns/{NS}"),
+        "loops": [ln for ln in subprocess.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
+                                              capture_output=True, text=True).stdout.splitlines()
+                  if str(state) in ln],
+    }
+
+
+def work_files(state) -> list:
+    work = state / "state" / "work"
+    return sorted(str(p) for p in work.rglob("*")) if work.exists() else []
+
+
+@dataclass
+class Interrupted:
+    returncode: int
+    output: str
+    run: Run
+
+
+def interrupt_cli_run(args: list[str], while_running: Callable[[], None] | None = None) -> Interrupted:
+    """Run `cloudbox run ARGS` in the foreground, send SIGINT once the guest runs its tests (after calling
+    `while_running`, to check what the run holds at that moment), and return its exit code, output and stored run."""
+    proc = subprocess.Popen([sys.executable, "-m", "cloudbox.cli", "run", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if any(mark in line for mark in GUEST_PHASE):
+                break
+        else:
+            pytest.fail("run ended before the guest phase:\n" + "".join(seen))
+        if while_running is not None:
+            while_running()
+    except BaseException:
+        proc.send_signal(2)
+        proc.communicate(timeout=120)
+        raise
+    proc.send_signal(2)
+    out = "".join(seen) + proc.stdout.read()
+    rc = proc.wait(timeout=120)
+    with ResultStore() as store:
+        run = store.list_runs()[0]
+    return Interrupted(rc, out, run)
