@@ -15,7 +15,7 @@ import pytest
 from real_runs import interrupt_cli_run, leftovers, work_files
 from run_trouble import warn_run_trouble
 
-from cloudbox.core import runs
+from cloudbox.core import runs, storage
 from cloudbox.core.errors import RunBusy
 from cloudbox.core.events import RunEvent, StepEvent
 from cloudbox.core.execution import launch, local
@@ -40,7 +40,8 @@ def no_run_outlives_its_test(state):
     pytest.param("eucalyptus-default", "netperf", marks=pytest.mark.full),
 ])
 def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
-    spec = RunSpec(profile=profile, suite="all", size="32M", storage_tests="smoke", net_tests=net_tests,
+    tests = "seq-write-64k,seq-read-64k,randread-4k-qd32,iozone-write-1m,iozone-read-1m"
+    spec = RunSpec(profile=profile, suite="all", size="32M", storage_tests=tests, net_tests=net_tests,
                    net_seconds=3, runtime=3)
     events: list[tuple[str, dict]] = []
     with ResultStore() as store:
@@ -56,6 +57,8 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
     assert prov["backing"]["kind"] in ("sparse-file", "block-device")
     assert "<domain" in prov["domain_xml"] and prov["guest_kernel"]
     assert prov["versions"]["qemu"].startswith("QEMU")
+    assert re.fullmatch(r"\d+\.\d+", prov["versions"]["iozone"]), prov["versions"]
+    assert "iozone3" in prov["versions"]["guest_packages"], prov["versions"]["guest_packages"]
     for side in ("guest", "baseline"):
         for test in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32"):
             m = run.measurement(side, test, "MB/s")
@@ -68,6 +71,13 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
                 assert "emulated" in m.labels
             if side == "baseline":
                 assert "emulated" not in m.labels
+        # IOzone itself, in the guest as on the host: both passes, read from its own output
+        for test, again in (("iozone-write-1m", "re-write MB/s"), ("iozone-read-1m", "re-read MB/s")):
+            m = run.measurement(side, test, "MB/s")
+            assert m is not None and m.value > 0 and "O_DIRECT feature enabled" in m.raw, (side, test)
+            assert m.value == pytest.approx(storage.parse_iozone(test, m.raw, test.split("-")[1]).mbps)
+            second = run.measurement(side, test, again)
+            assert second is not None and second.value > 0, (side, test)
         expected = [("tcp-stream", "Mbit/s"), ("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s")]
         if net_tests == "both":
             expected += [("iperf3-tx", "Mbit/s"), ("iperf3-rx", "Mbit/s")]
@@ -231,7 +241,6 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
 def test_the_record_sweep_issues_each_record_size_in_the_guest_and_on_bare_metal(state, libvirt_conn):
     """Study C's sweep in a real run: on both sides every record size is one whole-file pass of direct requests of
     that size, one at a time, as fio itself reports it; the run records the host's CPUs for the cost columns."""
-    from cloudbox.core import storage
 
     size = 16 << 20
     spec = RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="records")
@@ -260,7 +269,6 @@ def _md_devices() -> list[str]:
 def test_raid0_preset_writes_through_md0_over_three_disks(state, libvirt_conn):
     """virtio-raid0 in a real guest: mdadm stripes the three virtio disks into /dev/md0, fio writes there, each
     member takes its share of the chunks, and no backing file, loop or md device is left."""
-    from cloudbox.core import storage
 
     size, chunk = 16 << 20, 64 << 10
     md_before = _md_devices()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import pytest
 
 from cloudbox.core import compare, results, storage
-from cloudbox.core.errors import UsageError
+from cloudbox.core.errors import Aborted, CloudboxError, UsageError
 from cloudbox.core.runspec import RunSpec, option
 
 SIZES = ("4k", "16k", "64k", "256k", "1m", "4m", "16m")
@@ -54,7 +55,7 @@ def test_the_records_set_and_full():
     assert not storage.needs_fill(storage.resolve_tests("records"))  # each size writes before it reads
     assert storage.needs_fill(storage.resolve_tests("rec-read-64k"))
     assert not set(SWEEP) & set(storage.TEST_SETS["full"])  # full leaves the sweep out
-    assert set(storage.TEST_SETS["full"]) | set(SWEEP) == set(storage.TESTS)
+    assert set(storage.TEST_SETS["full"]) | set(SWEEP) | set(storage.IOZONE_TESTS) == set(storage.TESTS)
     # the run option's choices and help come from the same table
     assert [v for _, v in option("storage_tests").offered()] == list(storage.TEST_SETS)
     assert "records" in option("storage_tests").help
@@ -103,3 +104,69 @@ def test_fio_issues_records_of_each_size_on_bare_metal(tmp_path):
         assert job["job options"]["bs"] == t.bs and job["job options"]["direct"] == "1"
         assert side["io_bytes"] == size and side["total_ios"] == size // storage.block_bytes(t.bs), tid
         assert res.mbps > 0
+
+
+# ---------------------------------------------------------------------------------------------- IOzone itself
+IOZONE_ROW = """\
+              kB  reclen    write  rewrite    read    reread    read     write     read   rewrite      read   fwrite
+           16384      64   573107   781606
+"""
+
+
+def test_iozone_tests_run_iozone_direct_with_its_record_and_keep_the_target():
+    assert list(storage.IOZONE_TESTS) == [f"iozone-{rw}-{bs}" for bs in SIZES for rw in ("write", "read")]
+    w = storage.TESTS["iozone-write-1m"]
+    assert (w.program, w.rw, w.bs, w.dd, w.sync) == ("iozone", "write", "1m", False, True)
+    assert storage.iozone_args(w, "/dev/vdb", 32 << 20) == [
+        "iozone", "-i", "0", "-r", "1m", "-s", "32768k", "-I", "-e", "-w", "-f", "/dev/vdb"]
+    assert storage.iozone_args(storage.TESTS["iozone-read-16m"], "/dev/vdb", 32 << 20)[1:3] == ["-i", "1"]
+    assert storage.TEST_SETS["iozone"] == ["iozone-write-64k", "iozone-read-64k", "iozone-write-1m",
+                                           "iozone-read-1m", "iozone-write-16m", "iozone-read-16m"]
+    assert not set(storage.IOZONE_TESTS) & set(storage.TEST_SETS["full"])
+    assert compare.test_title("iozone-read-16m") == (
+        "Read: sequential read, 16 MB records (IOzone; re-read stored beside it), O_DIRECT [iozone-read-16m]")
+    assert results.is_storage_test("iozone-write-4k")
+
+
+def test_iozone_row_is_read_as_kib_per_second_with_the_second_pass_beside_it():
+    r = storage.parse_iozone("iozone-write-64k", IOZONE_ROW, "write")
+    assert r.mbps == pytest.approx(573107 * 1024 / 1e6)
+    assert r.extra == {"re-write MB/s": pytest.approx(781606 * 1024 / 1e6)}
+    assert r.seconds == pytest.approx(16384 * 1024 / 1e6 / r.mbps)
+    assert storage.parse_iozone("iozone-read-64k", IOZONE_ROW, "read").extra.keys() == {"re-read MB/s"}
+    with pytest.raises(CloudboxError, match=r"iozone \(iozone-read-1m\) printed no result row: Can not open"):
+        storage.parse_iozone("iozone-read-1m", "Can not open temporary file /x for read\n", "read")
+    assert storage.iozone_version("        Version $Revision: 3.489 $\n") == "3.489"
+
+
+needs_iozone = pytest.mark.skipif(shutil.which("iozone") is None,
+                                  reason="needs iozone (Debian iozone3, installed by make deps-test)")
+
+
+@needs_iozone
+def test_iozone_writes_and_reads_a_file_on_bare_metal(tmp_path):
+    target = tmp_path / "disk.img"
+    host = storage.HostRunner(cancelled=lambda: False)
+    w = host.run(storage.TESTS["iozone-write-64k"], str(target), 8 << 20, 0, lambda _p: None)
+    assert target.stat().st_size == 8 << 20  # -w: IOzone keeps the file it wrote
+    assert w.mbps > 0 and w.extra["re-write MB/s"] > 0
+    assert "O_DIRECT feature enabled" in w.raw and "Include fsync in write timing" in w.raw
+    r = host.run(storage.TESTS["iozone-read-64k"], str(target), 8 << 20, 0, lambda _p: None)
+    assert r.mbps > 0 and r.extra["re-read MB/s"] > 0
+    with pytest.raises(CloudboxError, match=r"iozone-read-64k: IOzone cannot open a volume served over NBD"):
+        host.run(storage.TESTS["iozone-read-64k"], "nbds://10.0.0.1:10809/ebs", 8 << 20, 0, lambda _p: None)
+
+
+@needs_iozone
+def test_a_cancelled_bare_metal_iozone_is_killed(tmp_path):
+    calls = []
+
+    def cancelled() -> bool:
+        calls.append(1)
+        return len(calls) > 1
+
+    host = storage.HostRunner(cancelled=cancelled)
+    with pytest.raises(Aborted, match="cancelled during a bare-metal iozone run"):
+        # 4 kB records over 1 GiB, synchronous: far longer than the half second before the cancel is seen
+        host.run(storage.TESTS["iozone-write-4k"], str(tmp_path / "big.img"), 1 << 30, 0, lambda _p: None)
+    assert subprocess.run(["pgrep", "-f", f"iozone .*{tmp_path}"], capture_output=True).returncode == 1

@@ -113,7 +113,7 @@ class Table:
 # --------------------------------------------------------------------------------------------------
 
 _STORAGE_ORDER = ("seq-{d}-64k", "dd-{d}-64k", "seq-{d}-1m", "rand{d}-4k-qd1", "rand{d}-4k-qd32",
-                  *(f"rec-{{d}}-{bs}" for bs in RECORD_SIZES))
+                  *(f"rec-{{d}}-{bs}" for bs in RECORD_SIZES), *(f"iozone-{{d}}-{bs}" for bs in RECORD_SIZES))
 
 
 def _size_words(bs: str) -> str:
@@ -128,6 +128,8 @@ _STORAGE_TITLES = {
     "rand{d}-4k-qd1": "random {d}, 4 kB, queue depth 1 (fio)",
     "rand{d}-4k-qd32": "random {d}, 4 kB, queue depth 32 (fio)",
     **{f"rec-{{d}}-{bs}": f"sequential {{d}}, {_size_words(bs)} records, one at a time (fio, as IOzone)"
+       for bs in RECORD_SIZES},
+    **{f"iozone-{{d}}-{bs}": f"sequential {{d}}, {_size_words(bs)} records (IOzone; re-{{d}} stored beside it)"
        for bs in RECORD_SIZES},
 }
 

@@ -48,6 +48,7 @@ class Versions(_Record):
     fio: str = ""
     netperf: str = ""
     iperf3: str = ""
+    iozone: str | None = None  # None in runs stored without it, so their stored form reads back key for key
     guest_packages: dict[str, str] = {}
 
 

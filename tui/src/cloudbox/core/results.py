@@ -37,7 +37,7 @@ from .events import FINAL_STATES, SAMPLE_FIELDS
 from .network import FRONTEND_SUFFIX, NET_SETS
 from .procs import process_exists
 from .provenance import Provenance
-from .storage import RECORD_TESTS
+from .storage import IOZONE_TESTS, RECORD_TESTS
 
 SCHEMA_VERSION = 3
 
@@ -54,6 +54,7 @@ METRICS = ("MB/s", "IOPS", "lat_us", "Mbit/s", "trans/s")  # the views know thes
 STORAGE_TESTS = (
     "seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m", "seq-read-1m",
     "randread-4k-qd1", "randwrite-4k-qd1", "randread-4k-qd32", "randwrite-4k-qd32", *RECORD_TESTS,
+    *IOZONE_TESTS,
 )
 # The guest's own host first, then (runs on a back-end) the same tests to the front-end ("-fe").
 NETWORK_TESTS = (*NET_SETS["both"], *(t + FRONTEND_SUFFIX for t in NET_SETS["both"]))
@@ -213,7 +214,7 @@ def base_test(test: str) -> str:
 
 def is_storage_test(test: str) -> bool:
     b = base_test(test)
-    return b in STORAGE_TESTS or b.startswith(("seq-", "dd-", "rand", "rec-"))
+    return b in STORAGE_TESTS or b.startswith(("seq-", "dd-", "rand", "rec-", "iozone-"))
 
 
 def is_network_test(test: str) -> bool:

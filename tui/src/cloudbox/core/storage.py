@@ -1,4 +1,4 @@
-"""Storage tests: fio jobs (and a literal dd mode) run identically in the guest and on bare metal.
+"""Storage tests: fio jobs (and literal dd and IOzone modes) run identically in the guest and on bare metal.
 
 The same job runs twice: on the host against the backing device/file system (the baseline) and in the
 guest against its benchmark disk. Writes come before reads so reads never hit sparse holes; page
@@ -30,9 +30,18 @@ class StorageTest:
     bs: str
     iodepth: int = 1
     direct: bool = True
-    dd: bool = False  # literal dd instead of fio
+    tool: str = "fio"  # fio, or the studies' own tools: a literal dd, IOzone
     timed: bool = False  # random tests are capped by runtime
     sync: bool = False  # one read()/write() call at a time, as IOzone issues them, instead of libaio
+
+    @property
+    def dd(self) -> bool:
+        return self.tool == "dd"
+
+    @property
+    def program(self) -> str:
+        """The program the test runs (what the guest must have)."""
+        return {"dd": "dd", "iozone": "iozone"}.get(self.tool, "fio")
 
     @property
     def engine(self) -> str:
@@ -50,14 +59,16 @@ class StorageTest:
 # IOzone's O_DIRECT record-size sweep (study C): the whole file at each size, one request at a time, write then read.
 RECORD_SIZES = ("4k", "16k", "64k", "256k", "1m", "4m", "16m")
 RECORD_TESTS = tuple(f"rec-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write", "read"))
+# IOzone itself (study B's tool): write reports re-write beside it, read reports re-read; O_DIRECT, fsync timed.
+IOZONE_TESTS = tuple(f"iozone-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write", "read"))
 
 TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("seq-write-64k", "write", "64k"),
     StorageTest("seq-read-64k", "read", "64k"),
     StorageTest("seq-write-64k-buffered", "write", "64k", direct=False),
     StorageTest("seq-read-64k-buffered", "read", "64k", direct=False),
-    StorageTest("dd-write-64k", "write", "64k", direct=False, dd=True),
-    StorageTest("dd-read-64k", "read", "64k", direct=False, dd=True),
+    StorageTest("dd-write-64k", "write", "64k", direct=False, tool="dd"),
+    StorageTest("dd-read-64k", "read", "64k", direct=False, tool="dd"),
     StorageTest("seq-write-1m", "write", "1m", iodepth=8),
     StorageTest("seq-read-1m", "read", "1m", iodepth=8),
     StorageTest("randwrite-4k-qd1", "randwrite", "4k", timed=True),
@@ -65,6 +76,8 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("randwrite-4k-qd32", "randwrite", "4k", iodepth=32, timed=True),
     StorageTest("randread-4k-qd32", "randread", "4k", iodepth=32, timed=True),
     *(StorageTest(f"rec-{rw}-{bs}", rw, bs, sync=True) for bs in RECORD_SIZES for rw in ("write", "read")),
+    *(StorageTest(f"iozone-{rw}-{bs}", rw, bs, sync=True, tool="iozone")
+      for bs in RECORD_SIZES for rw in ("write", "read")),
 ]}
 
 TEST_SETS: dict[str, list[str]] = {
@@ -74,9 +87,11 @@ TEST_SETS: dict[str, list[str]] = {
                  "seq-read-1m", "randwrite-4k-qd1", "randread-4k-qd1", "randwrite-4k-qd32",
                  "randread-4k-qd32"],
     # Not the record sweep: 14 more whole-file passes, down to 4 kB at a time, would more than double a full run.
-    "full": [t for t in TESTS if t not in RECORD_TESTS],
+    "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS],
     "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
     "records": list(RECORD_TESTS),
+    # Study B's record sizes (64 kB, 1 MB and its 16 MB) with IOzone itself; the whole sweep is `iozone-*` by name.
+    "iozone": [f"iozone-{rw}-{bs}" for bs in ("64k", "1m", "16m") for rw in ("write", "read")],
 }
 
 
@@ -203,6 +218,35 @@ def parse_fio(test_id: str, text: str) -> FioResult:
     return FioResult(test_id, mbps, iops, lat, secs, text[start:])
 
 
+def iozone_args(t: StorageTest, target: str, size: int) -> list[str]:
+    """IOzone over `target` (a device or a file): -w keeps it (IOzone unlinks its file otherwise), -I O_DIRECT,
+    -e counts the closing fsync in the write's time."""
+    return ["iozone", "-i", "0" if t.writes else "1", "-r", t.bs, "-s", f"{max(1, size // 1024)}k", "-I", "-e", "-w",
+            "-f", target]
+
+
+_IOZONE_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.M)
+RETEST_METRIC = {"write": "re-write MB/s", "read": "re-read MB/s"}
+
+
+def parse_iozone(test_id: str, text: str, rw: str) -> FioResult:
+    """IOzone's result row "kB reclen first second" (kB/s; write and re-write, or read and re-read): MB/s of the first
+    pass, the second in `extra` under RETEST_METRIC."""
+    m = _IOZONE_ROW.search(text)
+    if not m:
+        raise CloudboxError(f"iozone ({test_id}) printed no result row: {text.strip()[-300:]}")
+    kib, first, second = int(m[1]), int(m[3]), int(m[4])
+    mbps = first * 1024 / MB
+    return FioResult(test_id, mbps, 0.0, 0.0, kib * 1024 / MB / mbps if mbps else 0.0, text,
+                     {RETEST_METRIC[rw]: second * 1024 / MB})
+
+
+def iozone_version(text: str) -> str:
+    """"3.489" from `iozone -v`'s "Version $Revision: 3.489 $" line, "" when not there."""
+    m = re.search(r"Version \$Revision: ([\d.]+)", text)
+    return m[1] if m else ""
+
+
 _DD = re.compile(r"(\d+) bytes.*copied,\s*([\d.]+)\s*s")
 _RECORDS_OUT = re.compile(r"(\d+)\+(\d+) records out")
 _ELAPSED = re.compile(r"cloudbox-elapsed ([\d.]+) ([\d.]+)")
@@ -254,7 +298,30 @@ class HostRunner:
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn) -> FioResult:
         if t.dd and not is_nbd_uri(target):  # dd cannot open a volume over NBD: fio's nbd engine does its pattern
             return self._dd(t, target, size)
+        if t.tool == "iozone":
+            return self._iozone(t, target, size)
         return self._fio(t, fio_args(t, target, size, runtime), progress)
+
+    def _iozone(self, t: StorageTest, target: str, size: int) -> FioResult:
+        if is_nbd_uri(target):
+            raise CloudboxError(f"{t.id}: IOzone cannot open a volume served over NBD ({target}); the fio tests can")
+        proc = subprocess.Popen(iozone_args(t, target, size), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        try:
+            while True:
+                try:
+                    out, _ = proc.communicate(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if self.cancelled():
+                        raise Aborted("cancelled during a bare-metal iozone run") from None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            raise CloudboxError(f"bare-metal iozone ({t.id}) exited {proc.returncode}: {out.strip()[-400:]}")
+        return parse_iozone(t.id, out, "write" if t.writes else "read")
 
     def _fio(self, t: StorageTest, args: list[str], progress: ProgressFn) -> FioResult:
         import tempfile
@@ -325,7 +392,7 @@ class GuestRunner:
         self.cancelled = cancelled
 
     def check_tools(self, tests: list[StorageTest]) -> None:
-        need = {"dd" if t.dd else "fio" for t in tests}
+        need = {t.program for t in tests}
         missing = [p for p in sorted(need) if not self.guest.has(p)]
         if missing:
             raise GuestError(
@@ -390,6 +457,12 @@ class GuestRunner:
             if r.exitcode != 0:
                 raise GuestError(f"dd ({t.id}) in the guest exited {r.exitcode}: {r.stderr.strip()[-300:]}")
             return parse_dd(t.id, r.stderr)
+        if t.tool == "iozone":
+            r = self.guest.run(iozone_args(t, target, size), timeout=timeout, poll=self._check_cancel)
+            if r.exitcode != 0:
+                raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
+                                 f"{(r.stdout + r.stderr).strip()[-400:]}")
+            return parse_iozone(t.id, r.stdout, "write" if t.writes else "read")
         return self._fio(t, fio_args(t, target, size, runtime), progress, timeout=timeout)
 
     def _check_cancel(self) -> None:

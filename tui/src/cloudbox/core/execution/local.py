@@ -122,6 +122,7 @@ def record_facts(ctx: RunContext) -> None:
                           libvirt=_libvirt_version(ctx.conn.getLibVersion()),
                           hypervisor=_libvirt_version(ctx.conn.getVersion()), fio=_version(["fio", "--version"]),
                           netperf=_version(["netperf", "-V"]), iperf3=_version(["iperf3", "--version"]),
+                          iozone=_iozone_version(),
                           guest_packages=image.packages),
         guest_image=GuestImageInfo(kernel_version=image.kernel_version, sha256=image.manifest.get("sha256", {})),
         backing=BackingInfo(kind=store.kind, path=store.path, device=store.host_device, model=store.model,
@@ -252,6 +253,14 @@ def _version(cmd: list[str]) -> str:
         return (out.stdout or out.stderr).strip().splitlines()[0]
     except (OSError, IndexError, subprocess.TimeoutExpired):
         return "not installed"
+
+
+def _iozone_version() -> str:
+    try:
+        out = subprocess.run(["iozone", "-v"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "not installed"
+    return storage.iozone_version(out) or "unknown"
 
 
 def _libvirt_version(n: int) -> str:

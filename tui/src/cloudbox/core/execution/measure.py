@@ -45,6 +45,8 @@ def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callab
                                   host_util=host["host_util"])
 
     record("MB/s", res.mbps, res.raw)
+    for metric, value in res.extra.items():  # IOzone's second pass: re-write, re-read
+        record(metric, value, "")
     if t.timed:
         record("IOPS", res.iops, "")
         record("lat_us", res.lat_us, "")
