@@ -151,11 +151,11 @@ def test_shipped_studies_load_and_name_their_files():
     assert b.suite == "storage" and [r.id for r in b.rules] == ["B3.wt", "B3.none", "B3.kvm"]
 
 
-def test_study_c_is_the_record_sweep_with_cost_columns_and_no_invented_figures():
+def test_study_c_is_the_iozone_record_sweep_with_cost_columns_and_no_invented_figures():
     c = studies.find_study("C")
     assert c.title == "Study C: record size under O_DIRECT" and c.suite == "storage" and c.cost
     assert c.sizes == ["study", "quick"] and c.series is None
-    assert c.test_ids == list(storage.TEST_SETS["records"])
+    assert c.test_ids == list(storage.IOZONE_TESTS)  # IOzone itself, as the study ran it
     assert set(c.profile_names) <= set(profiles.preset_names())
     for name in c.profile_names:  # one KVM box: no Xen, no network volume, one disk per guest
         assert studies.cannot_run(profiles.find_profile(name)) is None

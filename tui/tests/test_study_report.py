@@ -349,7 +349,7 @@ def test_list_and_show(capsys):
     assert code == 0
     assert "  xen-default             Xen, raw file on the host" in out
     assert "[not runnable yet: cloudbox does not launch Xen guests yet]" in out
-    assert "  B3.wt: kvm-cache-writethrough seq-write-1m ≤ 40% of xen-default's  (paper: 17.0%)" in out
+    assert "  B3.wt: kvm-cache-writethrough iozone-write-16m ≤ 40% of xen-default's  (paper: 17.0%)" in out
     code, out, _ = run_cli(["study", "show", "a", "--json"], capsys)
     assert code == 0 and '"name": "a"' in out
 

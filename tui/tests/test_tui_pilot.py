@@ -405,8 +405,8 @@ def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend
             await pilot.press("down")  # study C: the record sweep on a whole disk, a file and a RAID 0 of three
             await until(pilot, lambda: cells.row_count == 42 and "virtio-disk" in str(cells.get_row_at(0)[0]),
                         what="study C's cells")
-            assert cell_state(cells, "virtio-file/rec-read-16m")[2] == "not run"
-            assert cell_state(cells, "virtio-raid0/rec-write-4k")[2] == "not run"
+            assert cell_state(cells, "virtio-file/iozone-read-16m")[2] == "not run"
+            assert cell_state(cells, "virtio-raid0/iozone-write-4k")[2] == "not run"
             await pilot.press("down")  # study D, a series: each cell counts its repeats
             await until(pilot, lambda: cells.row_count == 2 and "virtio-file" in str(cells.get_row_at(0)[0]),
                         what="study D's cells")
