@@ -40,7 +40,8 @@ def no_run_outlives_its_test(state):
     pytest.param("eucalyptus-default", "netperf", marks=pytest.mark.full),
 ])
 def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
-    tests = "seq-write-64k,seq-read-64k,randread-4k-qd32,iozone-write-1m,iozone-read-1m"
+    # IOzone's read comes after other writes: it must lay its own data down again first
+    tests = "iozone-write-1m,seq-write-64k,seq-read-64k,randread-4k-qd32,iozone-read-1m"
     spec = RunSpec(profile=profile, suite="all", size="32M", storage_tests=tests, net_tests=net_tests,
                    net_seconds=3, runtime=3)
     events: list[tuple[str, dict]] = []
@@ -91,6 +92,9 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
     kinds = [e.kind for e in evs]
     assert kinds.count("progress") >= 3 and "sample" in kinds and kinds[-1] == "state"
     assert any(k == "step" for k, _ in events)
+    steps = [p.get("text", "") for k, p in events if k == "step"]
+    for side in ("bare metal", "guest"):
+        assert f"{side}: laying down IOzone's data for iozone-read-1m" in steps, steps
     # nothing left behind
     assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
     assert work_files(state) == []

@@ -157,6 +157,34 @@ def test_iozone_writes_and_reads_a_file_on_bare_metal(tmp_path):
         host.run(storage.TESTS["iozone-read-64k"], "nbds://10.0.0.1:10809/ebs", 8 << 20, 0, lambda _p: None)
 
 
+def test_an_iozone_read_lays_down_iozones_own_data_unless_its_write_pass_is_the_last_write():
+    def fills(ids: str) -> list[bool]:
+        return storage.iozone_fills(storage.resolve_tests(ids))
+
+    assert fills("iozone-write-1m,iozone-read-1m") == [False, False]
+    assert fills("iozone-read-1m,iozone-read-64k") == [True, False]  # the first lays it down for both
+    assert fills("iozone-write-16m,dd-write-64k,iozone-read-16m,dd-read-64k") == [False, False, True, False]
+    assert fills("iozone-write-1m,seq-read-64k,iozone-read-1m") == [False, False, False]  # reads keep it
+    assert fills("seq-write-64k,rec-read-4k,iozone-read-4k") == [False, False, True]
+    assert not storage.needs_fill(storage.resolve_tests("iozone-read-1m,seq-read-64k"))  # its lay-down fills
+
+
+@needs_iozone
+def test_after_another_write_iozones_read_needs_its_data_laid_down_again(tmp_path):
+    """IOzone's read pass checks the data against its own pattern: after dd's zeros it fails, naming the error,
+    and the untimed lay-down pass makes it read."""
+    target = str(tmp_path / "disk.img")
+    host = storage.HostRunner(cancelled=lambda: False)
+    size = 8 << 20
+    host.run(storage.TESTS["iozone-write-1m"], target, size, 0, lambda _p: None)
+    host.run(storage.TESTS["dd-write-64k"], target, size, 0, lambda _p: None)
+    read = storage.TESTS["iozone-read-1m"]
+    with pytest.raises(CloudboxError, match=r"(?s)bare-metal iozone \(iozone-read-1m\) exited .*Error in file"):
+        host.run(read, target, size, 0, lambda _p: None)
+    host.fill_iozone(read, target, size)
+    assert host.run(read, target, size, 0, lambda _p: None).mbps > 0
+
+
 @needs_iozone
 def test_a_cancelled_bare_metal_iozone_is_killed(tmp_path):
     calls = []

@@ -120,13 +120,28 @@ def guest_timeout(t: StorageTest, size: int) -> float:
 
 
 def needs_fill(tests: list[StorageTest]) -> bool:
-    """True when a read test comes before any full sequential write has laid down data."""
+    """True when a read test comes before any full sequential write has laid down data (an IOzone read lays its own,
+    see iozone_fills)."""
     for t in tests:
-        if t.rw == "write":
+        if t.rw == "write" or t.tool == "iozone":
             return False
         if "read" in t.rw:
             return True
     return False
+
+
+def iozone_fills(tests: list[StorageTest]) -> list[bool]:
+    """For each test, whether IOzone must first write the file untimed: its read pass checks that the data is the
+    pattern its own write pass left, which any other write in between (dd, fio) replaces."""
+    out, ours = [], False
+    for t in tests:
+        lay = t.tool == "iozone" and not t.writes and not ours
+        out.append(lay)
+        if t.writes:
+            ours = t.tool == "iozone"
+        elif lay:
+            ours = True
+    return out
 
 
 @dataclass
@@ -225,6 +240,10 @@ def iozone_args(t: StorageTest, target: str, size: int) -> list[str]:
             "-f", target]
 
 
+def _iozone_writer(t: StorageTest) -> StorageTest:
+    return TESTS[f"iozone-write-{t.bs}"]
+
+
 _IOZONE_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.M)
 RETEST_METRIC = {"write": "re-write MB/s", "read": "re-read MB/s"}
 
@@ -294,6 +313,10 @@ class HostRunner:
     def fill(self, target: str, size: int) -> None:
         t = TESTS["seq-write-1m"]
         self._fio(t, fio_args(t, target, size, 0, fill=True), lambda _p: None)
+
+    def fill_iozone(self, t: StorageTest, target: str, size: int) -> None:
+        """IOzone's write pass with `t`'s record size, untimed, so that `t` (a read) finds IOzone's own data."""
+        self._iozone(_iozone_writer(t), target, size)
 
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn) -> FioResult:
         if t.dd and not is_nbd_uri(target):  # dd cannot open a volume over NBD: fio's nbd engine does its pattern
@@ -449,6 +472,10 @@ class GuestRunner:
     def fill(self, target: str, size: int) -> None:
         t = TESTS["seq-write-1m"]
         self._fio(t, fio_args(t, target, size, 0, fill=True), lambda _p: None, timeout=GUEST_TIMEOUT)
+
+    def fill_iozone(self, t: StorageTest, target: str, size: int, timeout: float = GUEST_TIMEOUT) -> None:
+        """IOzone's write pass with `t`'s record size, untimed, so that `t` (a read) finds IOzone's own data."""
+        self.run(_iozone_writer(t), target, size, 0, lambda _p: None, timeout=timeout)
 
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn,
             timeout: float = GUEST_TIMEOUT) -> FioResult:

@@ -166,7 +166,10 @@ def storage_baseline(ctx: RunContext) -> None:
     if storage.needs_fill(tests):
         sink.step("bare metal: laying down data for read tests", side="baseline")
         runner.fill(store.baseline_target, ctx.size)
-    for t in tests:
+    for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+        if lay:
+            sink.step(f"bare metal: laying down IOzone's data for {t.id}", side="baseline")
+            runner.fill_iozone(t, store.baseline_target, ctx.size)
         storage_test(ctx, "baseline", t, functools.partial(runner.run, t, store.baseline_target, ctx.size,
                                                            ctx.runtime, sink.progress("baseline", t.id)))
     if not store.is_block and not storage.is_nbd_uri(store.baseline_target):
@@ -241,7 +244,10 @@ def _guest_tests(ctx: RunContext, gr: storage.GuestRunner, tests: list[storage.S
     if storage.needs_fill(tests):
         sink.step("guest: laying down data for read tests", side="guest")
         gr.fill(disk, ctx.size)
-    for t in tests:
+    for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+        if lay:
+            sink.step(f"guest: laying down IOzone's data for {t.id}", side="guest")
+            gr.fill_iozone(t, disk, ctx.size, timeout=storage.guest_timeout(t, ctx.size))
         storage_test(ctx, "guest", t, functools.partial(gr.run, t, disk, ctx.size, ctx.runtime,
                                                         sink.progress("guest", t.id),
                                                         timeout=storage.guest_timeout(t, ctx.size)), gr.drop_caches)
