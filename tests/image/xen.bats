@@ -182,4 +182,7 @@ xen_run() {
     assert_output --partial 'accelerator: Xen (in a VM, emulated)'
     run -0 python3 "$REPO/tests/helpers/xen_checks.py" run "$logdir/run-xen-xvd-phy-all.json" xen-xvd-phy xen
     echo "# $output" >&3
+    # The agent's unix socket that libxl's QEMU bound goes with the guest.
+    run -0 dom0 find /run/cloudbox -name '*.agent'
+    assert_output ''
 }

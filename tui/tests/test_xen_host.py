@@ -3,11 +3,16 @@ in a virtual machine is emulated), and which profiles each boot refuses, naming 
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import tempfile
+import types
 from pathlib import Path
 
 import pytest
 
 from cloudbox.core import accel
+from cloudbox.core.execution import launch
 from cloudbox.core.execution.context import host_labels
 
 
@@ -75,3 +80,36 @@ xen_commandline        : placeholder console=com1,vga com1=115200,8n1 dom0_mem=5
         "xen": "4.20.2-pre", "xen_memory": "4095 MiB, 1890 MiB free for guests", "xen_cpus": "2",
         "dom0_boot": "dom0_mem=50%,max:4096M"}
     assert accel.parse_xl_info("") == {}
+
+
+@pytest.fixture
+def bound_socket():
+    """A unix socket bound at a short path (sun_path holds 107 bytes), as libxl's QEMU leaves one behind."""
+    with tempfile.TemporaryDirectory(prefix="cb-") as d:
+        path = Path(d) / "guest.agent"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.bind(str(path))
+        assert path.is_socket()
+        yield path
+
+
+def test_the_agent_socket_is_removed_after_success_failure_and_ctrl_c(bound_socket):
+    for ending in (None, RuntimeError("the guest's agent went silent"), KeyboardInterrupt()):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            bound_socket.unlink(missing_ok=True)
+            s.bind(str(bound_socket))
+        with contextlib.suppress(RuntimeError, KeyboardInterrupt), contextlib.ExitStack() as stack:
+            ctx = types.SimpleNamespace(stack=stack)
+            assert launch.agent_socket(ctx, bound_socket) == bound_socket  # type: ignore[arg-type]
+            assert bound_socket.is_socket()  # the guest runs: its channel stays
+            if ending is not None:
+                raise ending
+        assert not bound_socket.exists(), f"socket left after {ending!r}"
+
+
+def test_only_a_socket_is_removed(tmp_path):
+    plain = tmp_path / "guest.agent"
+    plain.write_text("not a socket")
+    launch.remove_socket(plain)
+    assert plain.read_text() == "not a socket"
+    launch.remove_socket(tmp_path / "absent.agent")  # the guest never bound it: nothing to do

@@ -4,8 +4,10 @@ virtualization, and the note a failed run's reason ends with when its guest died
 from __future__ import annotations
 
 import contextlib
+import stat
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import CloudboxError, GuestUnreachable
 from ..events import ProgressEvent
@@ -46,6 +48,21 @@ def console_note(guest: Guest | None, err: CloudboxError) -> str:
         note += (f"\nlast {len(qemu)} lines of its QEMU log ({QEMU_LOG_DIR / (guest.name + '.log')}):\n"
                  + "\n".join(f"  : {line}" for line in qemu))
     return note
+
+
+def agent_socket(ctx: RunContext, path: Path) -> Path:
+    """`path`, the unix socket libxl's QEMU in dom0 binds for a Xen guest's agent channel, with its removal on the
+    run's cleanup stack: QEMU leaves it behind when the domain is destroyed. Registered before the guest starts, so
+    it is unwound after the guest's destruction whether the run succeeds, fails or is cancelled."""
+    ctx.stack.callback(remove_socket, path)
+    return path
+
+
+def remove_socket(path: Path) -> None:
+    """Remove `path` if it is a unix socket; anything else there (or nothing) is left alone."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()
 
 
 def launch(ctx: RunContext) -> Launched:

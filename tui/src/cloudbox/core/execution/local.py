@@ -28,7 +28,7 @@ from ..provenance import BackingInfo, Controller, GuestImageInfo, Provenance, Ra
 from ..runspec import BOOT
 from ..volumes.attach import VolumeExport, export_for_run, preflight
 from .context import RunContext
-from .launch import launch
+from .launch import agent_socket, launch
 from .measure import storage_test
 from .network_steps import hold, network_tests, plumb
 
@@ -182,6 +182,7 @@ def launch_guest(ctx: RunContext) -> None:
     name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}"
     # virtlogd (root) writes it; it goes with the work directory when the store is removed. libxl logs no console.
     ctx.console_log = ctx.work_dir / "console.log"
+    socket = agent_socket(ctx, paths.run_dir() / f"{name}.agent") if ctx.dom0 else None
     ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
                                    kernel=str(image.boot_kernel(acc.domain_type)),
                                    initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
@@ -193,7 +194,7 @@ def launch_guest(ctx: RunContext) -> None:
                                    console_log=None if ctx.dom0 else str(ctx.console_log),
                                    more_disk_paths=ctx.backing.more_paths,
                                    network_source=ctx.backing.network,
-                                   agent_socket=str(paths.run_dir() / f"{name}.agent") if ctx.dom0 else None)
+                                   agent_socket=str(socket) if socket else None)
     ctx.sink.step(f"launching guest {name} ({acc.label})")
     up = launch(ctx)
     ctx.sink.log(f"guest agent ready after {up.waited_s:.1f} s"
