@@ -1,9 +1,11 @@
 """What tests/image/xen.bats checks in a Xen run's JSON (`cloudbox results export --format json`, its last run).
 Standard library only: it runs with the test host's python3.
 
-    xen_checks.py run RUN_JSON PROFILE BUS    the last run: completed under Xen, a PV guest on BUS, the same storage
-                                               and network tests on both sides, the baseline dom0's, the guest
-                                               emulated
+    xen_checks.py run RUN_JSON PROFILE BUS [DRIVER]
+                                               the last run: completed under Xen, a PV guest on BUS (its disk's
+                                               libxl driver DRIVER: phy for blkback, qemu for qdisk), the same
+                                               storage and network tests on both sides, the baseline dom0's, the
+                                               guest emulated
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def check(ok: object, what: str, found: object) -> None:
         raise CheckFailed(f"{what}; found: {found!r}")
 
 
-def check_run(run_json: Path, profile: str, bus: str) -> str:
+def check_run(run_json: Path, profile: str, bus: str, driver: str | None = None) -> str:
     run = json.loads(run_json.read_text())["runs"][-1]
     prov = run["provenance"]
     check(run["state"] == "completed", "the run completed", (run["state"], run["reason"]))
@@ -40,6 +42,9 @@ def check_run(run_json: Path, profile: str, bus: str) -> str:
     target = dom.find("devices/disk/target")
     check(target is not None and target.get("bus") == bus and (target.get("dev") or "").startswith("xvd"),
           f"the benchmark disk on bus {bus} as xvd*", None if target is None else target.attrib)
+    drv = dom.find("devices/disk/driver")
+    check(driver is None or (drv is not None and drv.get("name") == driver), f"the disk's backend driver {driver}",
+          None if drv is None else drv.attrib)
     check(prov.get("guest_kernel"), "the guest's kernel version", prov.get("guest_kernel"))
     sides: dict[str, set[str]] = {}
     for m in run["measurements"]:
@@ -64,8 +69,8 @@ def check_run(run_json: Path, profile: str, bus: str) -> str:
 def main(argv: list[str]) -> int:
     try:
         match argv:
-            case ["run", run_json, profile, bus]:
-                print(check_run(Path(run_json), profile, bus))
+            case ["run", run_json, profile, bus, *driver] if len(driver) <= 1:
+                print(check_run(Path(run_json), profile, bus, *driver))
             case _:
                 print(__doc__, file=sys.stderr)
                 return 2

@@ -4,7 +4,7 @@
 # make test boots the UEFI entry; the BIOS entry and the full dom0 boot to the self-test verdict (~10 min under TCG)
 # are opt-in: --filter-tags xen-full.
 # Then a Xen PV benchmark guest (xen-xvd-phy) runs one quick storage and one network test (one guest) in dom0 of the
-# UEFI Xen boot, reached over SSH (docs/xen.md).
+# UEFI Xen boot, reached over SSH (docs/xen.md); the same on a file through qdisk (xen-xvd-file) is opt-in (xen-full).
 
 load ../helpers/load
 
@@ -180,9 +180,19 @@ xen_run() {
     # One storage and one network scheme, as the tiers ask of make test (docs/benchmarks.md).
     xen_run xen-xvd-phy all --tests seq-write-64k --net-tests tcp-stream
     assert_output --partial 'accelerator: Xen (in a VM, emulated)'
-    run -0 python3 "$REPO/tests/helpers/xen_checks.py" run "$logdir/run-xen-xvd-phy-all.json" xen-xvd-phy xen
+    run -0 python3 "$REPO/tests/helpers/xen_checks.py" run "$logdir/run-xen-xvd-phy-all.json" xen-xvd-phy xen phy
     echo "# $output" >&3
     # The agent's unix socket that libxl's QEMU bound goes with the guest.
+    run -0 dom0 find /run/cloudbox -name '*.agent'
+    assert_output ''
+}
+
+# bats test_tags=slow,xen,xen-full
+@test "UEFI Xen: a PV guest on a file (xen-xvd-file, qdisk in dom0) runs a quick storage and a network test" {
+    xen_dom0_up pv-qdisk
+    xen_run xen-xvd-file all --tests seq-write-64k --net-tests tcp-stream
+    run -0 python3 "$REPO/tests/helpers/xen_checks.py" run "$logdir/run-xen-xvd-file-all.json" xen-xvd-file xen qemu
+    echo "# $output" >&3
     run -0 dom0 find /run/cloudbox -name '*.agent'
     assert_output ''
 }

@@ -335,6 +335,24 @@ def test_xen_pv_and_hvm():
     assert hvm.find("devices/disk/target").attrib == {"dev": "sda", "bus": "scsi"}
 
 
+@pytest.mark.parametrize(("preset", "driver", "source"), [
+    ("xen-xvd-phy", "phy", {"dev": "/dev/sdz"}),  # blkback on the block device
+    ("xen-xvd-file", "qemu", {"file": "/var/tmp/cloudbox/disk.img"}),  # qdisk, QEMU in dom0, on the file
+    ("xen-default", "qemu", {"file": "/var/tmp/cloudbox/disk.img"}),
+])
+def test_xen_disk_backend(preset, driver, source):
+    dom = _tree(load_profile(Path(PRESETS[0]).with_name(f"{preset}.toml")))
+    assert dom.find("devices/disk/driver").attrib == {"name": driver, "type": "raw"}
+    assert dom.find("devices/disk/source").attrib == source
+
+
+def test_xen_phy_refuses_a_file():
+    with pytest.raises(ValueError, match="xen_backend = phy .* is a file"):
+        render_domain(load_profile(Path(PRESETS[0]).with_name("xen-xvd-phy.toml")), name="x", domain_type="xen",
+                      kernel="/k", initrd="/i", cmdline="", disk_path="/var/tmp/disk.img", disk_is_block=False,
+                      bridge=None, mac=None, agent_socket="/run/cloudbox/x.agent")
+
+
 @pytest.mark.parametrize(
     ("prof_name", "domain_type"), [("kvm", "xen"), ("xen", "kvm"), ("xen", "qemu"), ("kvm", "lxc")]
 )

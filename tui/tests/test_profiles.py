@@ -23,6 +23,7 @@ REQUIRED_PRESETS = {
     "modern-tuned",
     "xen-default",
     "xen-xvd-phy",
+    "xen-xvd-file",
     "kvm-cache-writethrough",
     "kvm-cache-none",
     "kvm-ebs-aoe",
@@ -101,6 +102,18 @@ def test_preset_knobs_match_the_studies():
 
 
 # -- invalid profiles --------------------------------------------------------------------------
+
+XEN_PV_FILE = """name = "t"
+description = "a Xen PV test profile"
+[guest]
+hypervisor = "xen"
+[network]
+model = "xen-netfront"
+[disk]
+bus = "xen-vbd"
+cache = "writeback"
+backing = "prealloc-file"
+"""
 
 BASE = {
     "name": "t",
@@ -382,6 +395,15 @@ INVALID = [
     ("raid-level-as-a-number", variant(("disk.count", 2), ("disk.raid", 0)), None, "disk.raid", 0, 'none, "0"'),
     ("ide-five-disks", variant(("disk.bus", "ide"), ("disk.count", 5), ("disk.raid", "0")), None, "disk.count", 5,
      "1..4 (with disk.bus = ide)"),
+    ("xen-backend-on-kvm", variant(("disk.xen_backend", "qdisk")), None, "disk.xen_backend", "qdisk",
+     "auto (with guest.hypervisor = kvm)"),
+    ("xen-backend-unknown", variant(("disk.xen_backend", "tap")), None, "disk.xen_backend", "tap",
+     "auto, phy, qdisk"),
+    ("xen-phy-on-a-file", XEN_PV_FILE + 'xen_backend = "phy"\n', None, "disk.xen_backend", "phy",
+     "qdisk, auto (with disk.backing = prealloc-file); phy needs backing block-device or network-volume"),
+    ("xen-qdisk-cache-none", XEN_PV_FILE.replace('"writeback"', '"none"') + 'xen_backend = "qdisk"\n', None,
+     "disk.cache", "none", "writeback (with guest.hypervisor = xen, disk.bus = xen-vbd, disk.backing = "
+     "prealloc-file, disk.xen_backend = qdisk)"),
     ("several-disks-on-one-volume", variant(("disk.backing", "block-device"), ("disk.volume", "/dev/sdb"),
                                             ("disk.count", 2), ("disk.raid", "0")), None, "disk.count", 2,
      "1 (with disk.volume = '/dev/sdb')"),
@@ -406,6 +428,21 @@ def test_invalid_profile(text, expect_name, key, value, allowed):
     assert value is None or shown(value) in text_of_err
     assert "got None" not in text_of_err and "True" not in text_of_err
     assert allowed in text_of_err
+
+
+def test_xen_backend_keeps_kvm_hashes_and_decides_xen_cache():
+    assert parse_profile(variant(("disk.xen_backend", "auto"))).hash == parse_profile(variant()).hash
+    assert "xen_backend" not in parse_profile(variant()).canonical_json()
+    file_auto = parse_profile(XEN_PV_FILE)
+    assert profiles.xen_backend(file_auto.disk) == "qdisk" and "backend qdisk (QEMU in dom0)" in file_auto.describe()
+    qdisk_dev = parse_profile(XEN_PV_FILE.replace('"prealloc-file"', '"block-device"') + 'xen_backend = "qdisk"\n')
+    assert profiles.xen_backend(qdisk_dev.disk) == "qdisk" and qdisk_dev.disk.cache == "writeback"
+    phy = profiles.find_profile("xen-xvd-phy")
+    assert (phy.disk.xen_backend, phy.disk.cache) == ("phy", "none") and "blkback (phy)" in phy.describe()
+    # Study A's XVD row on a file instead of a whole disk: one knob pair apart from xen-xvd-phy
+    assert diff_profiles(phy, profiles.find_profile("xen-xvd-file")) == [
+        ("disk.cache", "none", "writeback"), ("disk.backing", "block-device", "prealloc-file"),
+        ("disk.xen_backend", "phy", "qdisk")]
 
 
 def test_attach_host_keeps_the_hash_and_qemu_attaches_nbd():
@@ -560,6 +597,7 @@ def test_knobs_are_flat_and_ordered():
         "disk.raid",
         "disk.chunk_kib",
         "disk.attach",
+        "disk.xen_backend",
         "network.model",
         "network.vhost",
         "network.queues",

@@ -22,7 +22,8 @@ Xen (libxl):
   xen-vbd      PV guest (os type xen, direct kernel boot), target xvda bus xen, NIC netfront
   ide/scsi-lsi HVM guest (machine xenfv), target hda bus ide / sda bus scsi (libxl has
                Xen's QEMU emulate them), NIC e1000|rtl8139|netfront
-  Disk driver "phy" for block devices, "qemu" (qdisk) for files; no cache/io attributes
+  Disk driver "phy" (blkback) or "qemu" (qdisk) as disk.xen_backend says (auto: phy for
+  block devices, qdisk for files; phy on a file is refused); no cache/io attributes
   (libxl ignores them; profiles state the mode libxl uses). Console on the Xen PV
   console (PV) or the first serial port (HVM); the agent channel is a Xen PV channel;
   memballoon model xen (libxl rejects model none).
@@ -35,7 +36,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from cloudbox.core.backing import NetworkSource
-from cloudbox.core.profiles import Profile
+from cloudbox.core.profiles import Profile, xen_backend
 
 CLOUDBOX_XMLNS = "https://cloudbox.invalid/xmlns/1"
 AGENT_CHANNEL = "org.qemu.guest_agent.0"
@@ -129,6 +130,9 @@ def render_domain(
                      console_log=console_log, kernel=kernel, initrd=initrd, disk_path=disk_path,
                      more_disk_paths=more_disk_paths, agent_socket=agent_socket)
     xen = domain_type == "xen"
+    if xen and xen_backend(profile.disk) == "phy" and not disk_is_block:
+        raise ValueError(f"profile {profile.name!r} has disk.xen_backend = phy (blkback), which serves block devices "
+                         f"only; disk_path {disk_path!r} is a file")
     if network_source is not None and (xen or profile.disk.attach != "qemu"):
         raise ValueError("a network disk source is QEMU's own initiator: it needs disk.attach = qemu under KVM/QEMU")
     pv = xen and profile.disk.bus == "xen-vbd"
@@ -280,7 +284,8 @@ def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, d
     kind = "network" if network is not None else "block" if disk_is_block else "file"
     disk = _sub(devices, "disk", type=kind, device="disk")
     if xen:
-        _sub(disk, "driver", name="phy" if disk_is_block else "qemu", type=d.format)
+        # libvirt's libxl driver: name phy is blkback, qemu is qdisk (QEMU in dom0)
+        _sub(disk, "driver", name="phy" if xen_backend(d) == "phy" else "qemu", type=d.format)
     else:
         drv = _sub(disk, "driver", name="qemu", type=d.format, cache=d.cache, io=d.io)
         if d.bus == "virtio-blk":

@@ -59,6 +59,9 @@ DiskFormat = Literal["raw", "qcow2"]
 NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
 RaidLevel = Literal["none", "0"]
 Attach = Literal["host", "guest", "qemu"]
+# Xen's backend for a guest's disk in dom0: blkback ("phy", the kernel's, on a block device) or qdisk (QEMU's, on a
+# file or a device); "auto" picks phy for a block device and qdisk for a file, and is the only value KVM takes.
+XenBackend = Literal["auto", "phy", "qdisk"]
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
@@ -75,7 +78,9 @@ MAX_DISKS = 8
 BUS_MAX_DISKS: dict[str, int] = {"ide": 4, "sata": 6, "scsi-lsi": 7}
 RAID_CHUNK_DEFAULT_KIB = 512  # mdadm's own default
 # Knobs added after profiles were first hashed, with the value that leaves a profile's hash as it was.
-_HASH_NEUTRAL: dict[str, dict[str, object]] = {"disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host"}}
+_HASH_NEUTRAL: dict[str, dict[str, object]] = {"disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host",
+                                                         "xen_backend": "auto"}}
+BLOCK_BACKINGS: tuple[str, ...] = ("block-device", "network-volume")  # the host hands the guest a block device
 
 # Human wording for string fields whose rule is not a list of values or a range.
 _TEXT_RULES: dict[str, str] = {
@@ -147,6 +152,7 @@ class Disk(_Strict):
     raid: RaidLevel = "none"  # "0": the guest stripes the disks with mdadm and the tests run on /dev/md0
     chunk_kib: Annotated[int, AfterValidator(_chunk)] = 0
     attach: Attach = "host"  # who attaches a network volume: the host's kernel, the guest's, or QEMU itself
+    xen_backend: XenBackend = "auto"  # Xen only: blkback (phy) or QEMU's qdisk in dom0
 
     @model_validator(mode="before")
     @classmethod
@@ -241,6 +247,8 @@ class Profile(_Strict):
             disk += f" {d.volume}"
         if d.backing == "network-volume":
             disk += f" attached by {_ATTACH_WORDS[d.attach]}"
+        if g.hypervisor == "xen":
+            disk += f", backend {_XEN_BACKEND_WORDS[xen_backend(d)]}"
         disk += f", cache={d.cache}, io={d.io}"
         if d.iothreads:
             disk += f", {d.iothreads} iothread{'s' if d.iothreads > 1 else ''}"
@@ -275,14 +283,24 @@ _BACKING_WORDS = {
     "network-volume": "a network volume",
 }
 _ATTACH_WORDS = {"host": "the host's kernel", "guest": "the guest's kernel", "qemu": "QEMU's own initiator"}
+_XEN_BACKEND_WORDS = {"phy": "blkback (phy)", "qdisk": "qdisk (QEMU in dom0)"}
 _NIC_WORDS = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio-net", "xen-netfront": "Xen netfront"}
 
 
-def xen_cache_mode(bus: str, backing: str) -> str:
+def xen_backend(disk: Disk) -> str:
+    """The backend dom0 serves a Xen guest's disk with: "phy" (blkback) or "qdisk" (QEMU); "auto" resolved."""
+    if disk.xen_backend != "auto":
+        return disk.xen_backend
+    return "phy" if disk.backing in BLOCK_BACKINGS else "qdisk"
+
+
+def xen_cache_mode(bus: str, backing: str, backend: str = "auto") -> str:
     """The host cache mode libxl really uses for a Xen disk (it offers no choice)."""
-    if bus == "xen-vbd" and backing in ("block-device", "network-volume"):
+    if backend == "auto":
+        backend = "phy" if backing in BLOCK_BACKINGS else "qdisk"
+    if bus == "xen-vbd" and backend == "phy":
         return "none"  # blkback ("phy") submits bios straight to the device: no dom0 page cache
-    return "writeback"  # emulated disks (libxl passes cache=writeback) and qdisk on files
+    return "writeback"  # emulated disks (libxl passes cache=writeback) and qdisk (QEMU's default, no O_DIRECT)
 
 
 def cross_field_problems(p: Profile) -> list[ProfileProblem]:
@@ -309,15 +327,27 @@ def cross_field_problems(p: Profile) -> list[ProfileProblem]:
             f"{', '.join(XEN_BUSES)} (with guest.hypervisor = xen)",
         )
 
+    # Xen's disk backend
+    if g.hypervisor != "xen" and d.xen_backend != "auto":
+        bad("disk.xen_backend", d.xen_backend, "the disk backend is Xen's (blkback or qdisk in dom0); KVM's disks "
+            "are QEMU's, set by disk.bus, cache and io", "auto (with guest.hypervisor = kvm)")
+    elif g.hypervisor == "xen" and d.xen_backend == "phy" and d.backing not in BLOCK_BACKINGS:
+        bad("disk.xen_backend", d.xen_backend, f"blkback (phy) serves block devices only; libxl refuses it on "
+            f"backing {d.backing}, a file", f"qdisk, auto (with disk.backing = {d.backing}); phy needs backing "
+            + " or ".join(BLOCK_BACKINGS))
+
     # cache/io
     if g.hypervisor == "xen":
-        want = xen_cache_mode(d.bus, d.backing)
+        backend = xen_backend(d)
+        want = xen_cache_mode(d.bus, d.backing, backend)
         if d.cache != want:
             bad(
                 "disk.cache",
                 d.cache,
-                f"libxl has no cache setting; with bus {d.bus} on {d.backing} it always uses {want}",
-                f"{want} (with guest.hypervisor = xen, disk.bus = {d.bus}, disk.backing = {d.backing})",
+                f"libxl has no cache setting; with bus {d.bus} on {d.backing} through {backend} it always uses "
+                f"{want}",
+                f"{want} (with guest.hypervisor = xen, disk.bus = {d.bus}, disk.backing = {d.backing}, "
+                f"disk.xen_backend = {d.xen_backend})",
             )
         if d.io != "threads":
             bad(
