@@ -188,11 +188,32 @@ xen_run() {
 }
 
 # bats test_tags=slow,xen,xen-full
-@test "UEFI Xen: a PV guest on a file (xen-xvd-file, qdisk in dom0) runs a quick storage and a network test" {
+@test "UEFI Xen: a PV guest on a file (qdisk in dom0) runs beside dom0 pinned and resized; dom0 restored after" {
     xen_dom0_up pv-qdisk
-    xen_run xen-xvd-file all --tests seq-write-64k --net-tests tcp-stream
-    run -0 python3 "$REPO/tests/helpers/xen_checks.py" run "$logdir/run-xen-xvd-file-all.json" xen-xvd-file xen qemu
+    # xen-xvd-file with a [dom0] table: every dom0 vCPU on CPU 0 and 1536 MiB (of about 2020 at boot) for the run.
+    before_mem=$(dom0 xl list Domain-0 | awk '$1 == "Domain-0" {print $3}')
+    before_aff=$(dom0 xl vcpu-list Domain-0 | awk '$1 == "Domain-0" {print $3, $(NF-2), $(NF-1), $NF}')
+    { sed 's/^name = .*/name = "xen-file-dom0"/' "$REPO/profiles/xen-xvd-file.toml"
+      printf '\n[dom0]\nvcpu_pin = "0"\nmemory_mib = 1536\n'; } |
+        dom0 'mkdir -p /var/lib/cloudbox/profiles && cat > /var/lib/cloudbox/profiles/xen-file-dom0.toml'
+    run -0 dom0 cloudbox profile show xen-file-dom0
+    assert_output --partial 'dom0: vCPUs pinned to 0, 1536 MiB'
+    # 96 MiB: the file and dom0's baseline file share the root, which the first Xen boot does not grow (~280 MiB free)
+    xen_run xen-file-dom0 all --tests seq-write-64k --net-tests tcp-stream --size 96M
+    assert_output --regexp 'dom0: vCPUs pinned to 0; memory [0-9]+ -> 15[0-9][0-9] MiB'
+    assert_output --partial 'dom0 restored: memory'
+    run -0 python3 "$REPO/tests/helpers/xen_checks.py" run "$logdir/run-xen-file-dom0-all.json" xen-file-dom0 xen qemu
     echo "# $output" >&3
     run -0 dom0 find /run/cloudbox -name '*.agent'
     assert_output ''
+    # dom0 as found: every vCPU's affinity, and its memory once the balloon driver is back (within 8 MiB).
+    run -0 dom0 xl vcpu-list Domain-0
+    assert_equal "$(awk '$1 == "Domain-0" {print $3, $(NF-2), $(NF-1), $NF}' <<<"$output")" "$before_aff"
+    for _ in $(seq 60); do
+        mem=$(dom0 xl list Domain-0 | awk '$1 == "Domain-0" {print $3}')
+        [ $((mem - before_mem)) -ge -8 ] && break
+        sleep 1
+    done
+    echo "# dom0 memory: $before_mem MiB before, $mem MiB after the run" >&3
+    assert [ $((mem - before_mem)) -ge -8 ]
 }

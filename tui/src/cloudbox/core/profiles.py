@@ -79,7 +79,10 @@ BUS_MAX_DISKS: dict[str, int] = {"ide": 4, "sata": 6, "scsi-lsi": 7}
 RAID_CHUNK_DEFAULT_KIB = 512  # mdadm's own default
 # Knobs added after profiles were first hashed, with the value that leaves a profile's hash as it was.
 _HASH_NEUTRAL: dict[str, dict[str, object]] = {"disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host",
-                                                         "xen_backend": "auto"}}
+                                                         "xen_backend": "auto"},
+                                                "dom0": {"vcpu_pin": "", "memory_mib": 0}}
+SECTIONS: tuple[str, ...] = ("guest", "disk", "network", "dom0")
+DOM0_MIN_MIB = 512  # below this a Debian dom0 with libvirtd, QEMU and the tests risks the OOM killer
 BLOCK_BACKINGS: tuple[str, ...] = ("block-device", "network-volume")  # the host hands the guest a block device
 
 # Human wording for string fields whose rule is not a list of values or a range.
@@ -92,6 +95,8 @@ _TEXT_RULES: dict[str, str] = {
         "empty; for backing = block-device an absolute /dev/ path; for backing = network-volume "
         + ", ".join(f"{s}:<target>" for s in VOLUME_SCHEMES)
     ),
+    "dom0.vcpu_pin": "empty (leave dom0's vCPUs as they are) or physical CPUs as a list, e.g. 0, 0-1, 0,2",
+    "dom0.memory_mib": f"0 (leave dom0's memory as it is) or {DOM0_MIN_MIB}..262144 (MiB)",
     "disk.chunk_kib": (
         "0 (no RAID) or, with disk.raid = 0, a power of two 4..1024 (KiB; left out or 0: mdadm's "
         f"{RAID_CHUNK_DEFAULT_KIB})"
@@ -122,6 +127,31 @@ def _volume(v: str) -> str:
 def _chunk(v: int) -> int:
     if v != 0 and (v < 4 or v > 1024 or v & (v - 1)):
         raise ValueError("must be 0 or a power of two from 4 to 1024")
+    return v
+
+
+def _cpu_list(v: str) -> str:
+    if v and not re.fullmatch(r"\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?)*", v):
+        raise ValueError("must be empty or a list of CPU numbers and ranges, e.g. 0, 0-1, 0,2")
+    for part in filter(None, v.split(",")):
+        lo, _, hi = part.partition("-")
+        if hi and int(hi) < int(lo):
+            raise ValueError(f"the range {part} runs backwards")
+    return v
+
+
+def cpu_list(v: str) -> list[int]:
+    """The CPUs of a validated list such as "0,2-3": [0, 2, 3]."""
+    out: list[int] = []
+    for part in filter(None, v.split(",")):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return sorted(set(out))
+
+
+def _dom0_memory(v: int) -> int:
+    if v != 0 and not DOM0_MIN_MIB <= v <= 262144:
+        raise ValueError(f"must be 0 or {DOM0_MIN_MIB}..262144")
     return v
 
 
@@ -176,6 +206,13 @@ class Network(_Strict):
     mtu: int = Field(1500, ge=1500, le=9000)
 
 
+class Dom0(_Strict):
+    """Xen's control domain while the run lasts (Xen profiles only; restored after the run)."""
+
+    vcpu_pin: Annotated[str, Field(max_length=200), AfterValidator(_cpu_list)] = ""  # xl vcpu-pin Domain-0 all
+    memory_mib: Annotated[int, AfterValidator(_dom0_memory)] = 0  # xl mem-set Domain-0
+
+
 class _CrossFieldProblems(ValueError):
     """Carries the cross-field problems out of pydantic's validator machinery."""
 
@@ -193,6 +230,7 @@ class Profile(_Strict):
     guest: Guest
     disk: Disk
     network: Network
+    dom0: Dom0 = Dom0()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:
@@ -211,6 +249,8 @@ class Profile(_Strict):
             for key, value in neutral.items():
                 if data[section].get(key) == value:
                     del data[section][key]
+        if not data["dom0"]:
+            del data["dom0"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -218,10 +258,16 @@ class Profile(_Strict):
         """sha256 (hex) of canonical_json(): equal profiles hash equal, whatever the file's layout."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
-    def knobs(self) -> dict[str, object]:
-        """The tuning knobs as a flat, ordered dict: "guest.hypervisor" ... "network.mtu"."""
+    def sections(self) -> tuple[str, ...]:
+        """The profile's tables: [dom0] only for Xen (or when set, which validation then refuses)."""
+        xen = self.guest.hypervisor == "xen" or self.dom0 != Dom0()
+        return SECTIONS if xen else SECTIONS[:3]
+
+    def knobs(self, every: bool = False) -> dict[str, object]:
+        """The tuning knobs as a flat, ordered dict: "guest.hypervisor" ... "network.mtu" (and "dom0.*" for Xen, or
+        with `every`)."""
         out: dict[str, object] = {}
-        for section in ("guest", "disk", "network"):
+        for section in SECTIONS if every else self.sections():
             sub: BaseModel = getattr(self, section)
             for field in type(sub).model_fields:
                 out[f"{section}.{field}"] = getattr(sub, field)
@@ -232,7 +278,7 @@ class Profile(_Strict):
         lines = [f"name = {_toml_value(self.name)}", f"description = {_toml_value(self.description)}"]
         if self.reproduces is not None:
             lines.append(f"reproduces = {_toml_value(self.reproduces)}")
-        for section in ("guest", "disk", "network"):
+        for section in self.sections():
             sub: BaseModel = getattr(self, section)
             lines += ["", f"[{section}]"]
             for field in type(sub).model_fields:
@@ -263,7 +309,10 @@ class Profile(_Strict):
             net += f", {n.queues} queues"
         net += f", MTU {n.mtu}"
         vcpu = f"{g.vcpus} vCPU{'s' if g.vcpus > 1 else ''}"
-        return f"{g.hypervisor.upper()}, {vcpu}, {g.memory_mib} MiB; disk: {disk}; net: {net}"
+        dom0 = [f"vCPUs pinned to {self.dom0.vcpu_pin}"] if self.dom0.vcpu_pin else []
+        dom0 += [f"{self.dom0.memory_mib} MiB"] if self.dom0.memory_mib else []
+        more = f"; dom0: {', '.join(dom0)}" if dom0 else ""
+        return f"{g.hypervisor.upper()}, {vcpu}, {g.memory_mib} MiB; disk: {disk}; net: {net}{more}"
 
 
 _BUS_WORDS = {
@@ -450,6 +499,14 @@ def cross_field_problems(p: Profile) -> list[ProfileProblem]:
         bad("disk.count", d.count, f"disk.volume names one volume; {d.count} disks would need {d.count}",
             f"1 (with disk.volume = {d.volume!r}); several disks need backing files or loop devices")
 
+    # dom0
+    if g.hypervisor != "xen":
+        for key, value, neutral in (("vcpu_pin", p.dom0.vcpu_pin, ""), ("memory_mib", p.dom0.memory_mib, 0)):
+            if value != neutral:
+                bad(f"dom0.{key}", value, "dom0 is Xen's control domain; a KVM host has none",
+                    f"{neutral!r} (with guest.hypervisor = kvm)" if key == "vcpu_pin" else
+                    f"{neutral} (with guest.hypervisor = kvm)")
+
     # NIC
     if n.model == "xen-netfront" and g.hypervisor != "xen":
         bad(
@@ -517,7 +574,7 @@ def _toml_value(v: object) -> str:
 
 # -- pydantic errors -> ProfileProblem -------------------------------------------------
 
-_SECTIONS: dict[str, type[BaseModel]] = {"guest": Guest, "disk": Disk, "network": Network}
+_SECTIONS: dict[str, type[BaseModel]] = {"guest": Guest, "disk": Disk, "network": Network, "dom0": Dom0}
 
 
 def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
@@ -740,7 +797,7 @@ def resolve_profile(ref: str) -> Profile:
 def diff_profiles(a: Profile, b: Profile) -> list[tuple[str, object, object]]:
     """(key, a_value, b_value) for every tuning knob that differs, in schema order.
     Names and descriptions are not knobs and are not compared."""
-    ka, kb = a.knobs(), b.knobs()
+    ka, kb = a.knobs(every=True), b.knobs(every=True)
     return [(k, ka[k], kb[k]) for k in ka if ka[k] != kb[k]]
 
 

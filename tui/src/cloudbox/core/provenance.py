@@ -95,6 +95,15 @@ class RaidInfo(_Record):
     sectors_written: dict[str, int] = {}  # per member, after the guest's tests (512-byte sectors since boot)
 
 
+class Dom0Info(_Record):
+    """What a Xen profile's [dom0] table changed for the run (restored after it): as found, and as set."""
+
+    vcpu_pin: str = ""  # the physical CPUs every dom0 vCPU was pinned to ("" left as found)
+    affinity_before: list[str] = []  # "vCPU: hard / soft", as `xl vcpu-list` showed it before
+    memory_before_mib: int | None = None
+    memory_mib: int | None = None  # dom0's size once the balloon driver reached the profile's
+
+
 class PrivateNetwork(_Record):
     """A back-end guest's network for the tests to the front-end: the node's private bridge and the addresses."""
 
@@ -181,6 +190,7 @@ class Provenance(_Record):
     backing: BackingInfo | None = None
     volume: VolumeInfo | None = None
     raid: RaidInfo | None = None
+    dom0: Dom0Info | None = None
     spec: RunSpec | None = None
     private_network: PrivateNetwork | None = None
     domain_xml: str | None = None  # what libvirt reported after the launch

@@ -9,6 +9,7 @@ dies or its agent stops answering, the run's reason ends with the console's last
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -17,14 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ... import __version__
-from .. import accel, backing, daemons, paths, storage
+from .. import accel, backing, daemons, paths, storage, xendom0
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
 from ..errors import CloudboxError
 from ..events import ProgressEvent, SampleEvent
 from ..guest import reap_orphans
 from ..guestimage import CMDLINE, GuestImage
-from ..provenance import BackingInfo, Controller, GuestImageInfo, Provenance, RaidInfo, Versions, VolumeInfo
+from ..profiles import Dom0
+from ..provenance import BackingInfo, Controller, Dom0Info, GuestImageInfo, Provenance, RaidInfo, Versions, VolumeInfo
 from ..runspec import BOOT
 from ..volumes.attach import VolumeExport, export_for_run, preflight
 from .context import RunContext
@@ -38,7 +40,7 @@ Step = Callable[[RunContext], None]
 def run_local(ctx: RunContext) -> None:
     """The run's body on this host (core.execution.lifecycle.Execution runs it)."""
     for step in (check_volume, find_image, probe_accelerator, connect_libvirt, prepare_backing, record_facts,
-                 start_sampler, storage_baseline, plumb, launch_guest):
+                 tune_dom0, start_sampler, storage_baseline, plumb, launch_guest):
         step(ctx)
     assert ctx.guest is not None
     if ctx.spec.session:
@@ -133,6 +135,33 @@ def record_facts(ctx: RunContext) -> None:
         spec=ctx.spec)
     ctx.store.update_run(ctx.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))
     ctx.save_provenance()
+
+
+def tune_dom0(ctx: RunContext, xl: str = "xl") -> None:
+    """A Xen profile's [dom0] knobs, set before dom0's baseline and the guest, recorded, restored after the run."""
+    knobs = ctx.profile.dom0
+    if knobs == Dom0() or not ctx.dom0:
+        return
+    ctx.sink.step("setting dom0's " + " and ".join(
+        w for w, on in (("vCPU pinning", knobs.vcpu_pin), ("memory", knobs.memory_mib)) if on))
+    tuning = xendom0.Tuning(knobs, xl=xl, cancelled=ctx.control.cancelled)
+
+    def restore() -> None:
+        note = tuning.restore()
+        if note:
+            with contextlib.suppress(Exception):  # the run's outcome stands whatever the log does
+                ctx.sink.log(note)
+
+    with ctx.control.atomic():
+        ctx.stack.callback(restore)
+    tuning.apply()
+    ctx.provenance.dom0 = Dom0Info(
+        vcpu_pin=knobs.vcpu_pin, affinity_before=[f"{a.vcpu}: {a.hard} / {a.soft}" for a in tuning.affinity_before],
+        memory_before_mib=tuning.memory_before_mib, memory_mib=tuning.memory_mib)
+    ctx.save_provenance()
+    pin = f"vCPUs pinned to {knobs.vcpu_pin}" if knobs.vcpu_pin else "vCPUs as found"
+    mem = f"memory {tuning.memory_before_mib} -> {tuning.memory_mib} MiB" if knobs.memory_mib else "memory as found"
+    ctx.sink.log(f"dom0: {pin}; {mem} (restored after the run)")
 
 
 def _volume_info(v: VolumeExport | None) -> VolumeInfo | None:
