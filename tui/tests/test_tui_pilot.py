@@ -187,6 +187,69 @@ def test_profiles_detail_and_diff_of_two_marked(backend):
     run(go())
 
 
+XEN_ENTRY = "Xen profile: boot the appliance's Xen entry"
+LINUX_ENTRY = "KVM profile: boot the appliance's default Linux entry"
+
+
+def test_boot_and_the_reason_a_profile_cannot_run_come_from_core():
+    tcg = accel.Accelerator("tcg", "qemu", True, True, "test")
+    assert accel.boot_of(tcg).label == "tcg (emulated)"
+    assert accel.boot_of(accel.Accelerator("kvm", "kvm", False, False, "test")).label == "kvm"
+    assert accel.boot_of(None, xen=False).label == "linux (kvm or tcg: not probed yet)"
+    xen = accel.boot_of(accel.Accelerator("xen", "xen", True, True, "test"))
+    assert (xen.xen, xen.label) == (True, "xen dom0 (in a VM, emulated)")
+    assert accel.boot_of(tcg).refusal("xen") == XEN_ENTRY and accel.boot_of(tcg).refusal("kvm") is None
+    assert xen.refusal("kvm") == LINUX_ENTRY and xen.refusal("xen") is None
+
+
+def _dim(table, name: str) -> bool:
+    names = [r[2] for r in rows(table)]
+    return all("dim" in str(c.style) for c in table.get_row_at(names.index(name)))
+
+
+@pytest.mark.parametrize(("acc", "label", "greyed", "runs", "why"), [
+    (accel.Accelerator("tcg", "qemu", True, True, "test facts"), "tcg (emulated)", "xen-xvd-phy", "virtio-disk",
+     XEN_ENTRY),
+    (accel.Accelerator("xen", "xen", True, True, "test facts"), "xen dom0 (in a VM, emulated)", "virtio-disk",
+     "xen-xvd-phy", LINUX_ENTRY),
+])
+def test_profiles_of_the_other_hypervisor_are_greyed_with_the_reason(state, acc, label, greyed, runs, why):
+    f = facts()
+    f.accelerator = acc
+    b = Backend(facts=f, libvirt_uri="test:///default")
+
+    async def go():
+        app = create_app(b, mode="profiles")
+        async with app.run_test(size=SIZE) as pilot:
+            table = await _profiles(app, pilot)
+            line = " ".join(text(app.screen.query_one("#boot-line")).split())
+            assert line.startswith(f"Booted into: {label}") and why in line
+            assert _dim(table, greyed) and not _dim(table, runs)
+            detail = app.screen.query_one("#profile-detail")
+            await _goto_row(pilot, table, greyed)
+            await until(pilot, lambda: "disk.bus" in _render(app, detail))
+            assert f"Cannot run on this boot ({label}): {why}" in " ".join(_render(app, detail).split())
+            await _goto_row(pilot, table, runs)
+            await until(pilot, lambda: runs in _render(app, detail).splitlines()[0])
+            assert "Cannot run on this boot" not in _render(app, detail)
+            # Tests: the greyed profile carries its reason in the list and is not started.
+            await pilot.press("4")
+            cl = app.screen.query_one(CheckList)
+            await until(pilot, lambda: cl.items and cl.blocked, what="the profiles to tick")
+            assert f"booted into {label}" in str(app.screen.query_one("#profiles-label").content)
+            assert cl.blocked == {n: why for n, _ in cl.items if (n.startswith("xen") == greyed.startswith("xen"))}
+            prompt = cl.get_option(greyed).prompt
+            assert f"{greyed}  ({why})" in str(prompt) and "dim" in str(prompt.spans[0].style)
+            cl.checked = {greyed}
+            await pilot.press("s")
+            await until(pilot, lambda: any("cannot run on this boot" in n.message for n in app._notifications))
+            assert not ResultStore().list_runs()
+    try:
+        run(go())
+    finally:
+        b.close()
+
+
 def _render(app, widget) -> str:
     """A widget's content rendered to plain text at its width (for rich renderables like tables)."""
     from rich.console import Console

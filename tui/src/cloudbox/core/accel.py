@@ -164,6 +164,37 @@ def parse_xl_info(text: str) -> dict[str, str]:
     return facts
 
 
+@dataclass(frozen=True)
+class Boot:
+    """What this box is booted into, as far as choosing a profile goes: Xen's dom0, or Linux with KVM or TCG."""
+
+    xen: bool
+    label: str  # "kvm", "kvm (nested)", "tcg (emulated)", "xen dom0", "xen dom0 (in a VM, emulated)", ...
+
+    def refusal(self, hypervisor: str) -> str | None:
+        """Why a profile for `hypervisor` cannot run on this boot, in a few words (the run's own refusal,
+        hypervisor_mismatch, says it at length); None when it can."""
+        if hypervisor == "xen" and not self.xen:
+            return "Xen profile: boot the appliance's Xen entry"
+        if hypervisor != "xen" and self.xen:
+            return f"{hypervisor.upper()} profile: boot the appliance's default Linux entry"
+        return None
+
+
+def boot_of(acc: Accelerator | None, xen: bool | None = None) -> Boot:
+    """The Boot of a host whose accelerator is `acc` (None: not probed yet). `xen`, when not given, is read from
+    the accelerator, or from /proc/xen when there is none."""
+    if xen is None:
+        xen = acc.name == "xen" if acc is not None else booted_into_xen()
+    if xen:
+        if acc is None or acc.name != "xen":
+            acc = xen_accelerator()
+        return Boot(True, "xen dom0 (in a VM, emulated)" if acc.emulated else "xen dom0")
+    if acc is None:
+        return Boot(False, "linux (kvm or tcg: not probed yet)")
+    return Boot(False, {"kvm": "kvm", "nested-kvm": "kvm (nested)", "tcg": "tcg (emulated)"}.get(acc.name, acc.name))
+
+
 def hypervisor_mismatch(profile_name: str, hypervisor: str, xen_booted: bool) -> str | None:
     """Why a profile for `hypervisor` cannot run on this boot (Xen's dom0 when `xen_booted`, else Linux with
     KVM/QEMU), naming the boot entry that runs it; None when it can."""

@@ -7,6 +7,7 @@ instead of failing, because an overview that crashes on a missing tool helps nob
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -132,6 +133,16 @@ def registry_nodes(this_role: str, problems: list[str]) -> list[Node]:
         out.append(Node(n.name, n.role, state, reason, n.address if n.ssh_port == 22 else f"{n.address}:{n.ssh_port}",
                         n.last_seen, True))
     return out
+
+
+def boot() -> accel.Boot:
+    """What this box is booted into, without probing KVM: Xen's dom0, or the cached probe's answer (else "not
+    probed yet")."""
+    acc = None
+    if accel.booted_into_xen() or (paths.run_dir() / "accel.json").exists() or os.environ.get("CLOUDBOX_ACCEL"):
+        with contextlib.suppress(CloudboxError):
+            acc = accel.detect()
+    return accel.boot_of(acc)
 
 
 def gather(*, probe: bool = True) -> HostFacts:

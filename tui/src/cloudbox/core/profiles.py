@@ -739,6 +739,7 @@ class ProfileEntry:
     kind: Literal["preset", "user"]
     description: str
     problem: str | None = None
+    hypervisor: str = ""  # guest.hypervisor of a valid profile: which boot of the box runs it
 
 
 def _kind(directory: Path) -> Literal["preset", "user"]:
@@ -765,7 +766,7 @@ def list_profiles() -> list[ProfileEntry]:
     for name, f in _candidates():
         try:
             prof = load_profile(f)
-            out.append(ProfileEntry(name, f, _kind(f.parent), prof.description))
+            out.append(ProfileEntry(name, f, _kind(f.parent), prof.description, hypervisor=prof.guest.hypervisor))
         except (ProfileError, NotFound) as exc:
             out.append(ProfileEntry(name, f, _kind(f.parent), "", str(exc)))
     return sorted(out, key=lambda e: e.name)

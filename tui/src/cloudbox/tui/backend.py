@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloudbox.core import compare, daemons, guest, host, paths, profiles, runs, studies, studyreport
+from cloudbox.core import accel, compare, daemons, guest, host, paths, profiles, runs, studies, studyreport
 from cloudbox.core.errors import CloudboxError, LibvirtUnavailable, NotFound
 from cloudbox.core.nodes import enrol, frontend, registry
 from cloudbox.core.profiles import Profile, ProfileEntry
@@ -74,6 +74,13 @@ class Backend:
         return dataclasses.replace(f, nodes=[*f.nodes, *enrolled], problems=problems)
 
     # -- the cluster -------------------------------------------------------------------------------------
+    def boot(self) -> accel.Boot:
+        """What this box is booted into (Xen's dom0, KVM or TCG), without probing; fixed facts stand for the host."""
+        f = self._fixed_facts
+        if f is None:
+            return host.boot()
+        return accel.boot_of(f.accelerator, xen=f.accelerator is not None and f.accelerator.name == "xen")
+
     def cluster(self, role: str) -> Cluster:
         """Open join codes and the enrolment server (front-end, all-in-one), or the pinned front-end (back-end).
         Creates nothing: a node without a registry has no codes."""

@@ -104,12 +104,22 @@ class GuestsScreen(BaseScreen):
     def action_launch(self) -> None:
         b = self.app.backend
 
-        def got(entries) -> None:
-            options = [(e.name, e.description) for e in entries if e.problem is None]
-            self.app.push_screen(PickDialog("Launch a guest with profile", options, b.active_profile()), chosen)
+        blocked: dict[str, str] = {}
+
+        def got(found) -> None:
+            entries, boot = found
+            valid = [e for e in entries if e.problem is None]
+            blocked.update({e.name: why for e in valid if (why := boot.refusal(e.hypervisor))})
+            options = [(e.name, f"cannot run on this boot ({boot.label}): {blocked[e.name]}" if e.name in blocked
+                        else e.description) for e in valid]
+            self.app.push_screen(PickDialog("Launch a guest with profile", options, b.active_profile(),
+                                            frozenset(blocked)), chosen)
 
         def chosen(name: str | None) -> None:
             if not name:
+                return
+            if name in blocked:
+                self.notify(f"{name} cannot run on this boot: {blocked[name]}", severity="warning")
                 return
             self.notify(f"launching a guest with {name}; it appears here when libvirt has started it",
                         title="guests")
@@ -119,7 +129,7 @@ class GuestsScreen(BaseScreen):
             self.notify(f"guest session started as run {run_id} (stop it here with s)", title="guests")
             self.reload()
 
-        self.app.work_in_thread(b.profiles, done=got, name="listing profiles")
+        self.app.work_in_thread(lambda: (b.profiles(), b.boot()), done=got, name="listing profiles")
 
     def action_stop(self) -> None:
         g = self.current()

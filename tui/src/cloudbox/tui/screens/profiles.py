@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from cloudbox.core import profiles
+from cloudbox.core import accel, profiles
 from cloudbox.core.errors import CloudboxError, ProfileError
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.screens.profile_form import ProfileForm
@@ -29,6 +29,17 @@ class ProfilesData:
     entries: list[profiles.ProfileEntry]
     active: str
     loaded: dict[str, profiles.Profile]  # parsed in the worker, so moving the cursor does no file I/O
+    boot: accel.Boot  # what the box is booted into: profiles of the other hypervisor are greyed
+
+
+def boot_line(boot: accel.Boot, entries: list[profiles.ProfileEntry]) -> Text:
+    """The line above the list: the hypervisor the box is booted into, and why greyed profiles cannot run."""
+    why = sorted({r for e in entries if e.problem is None and (r := boot.refusal(e.hypervisor))})
+    line = Text("Booted into: ")
+    line.append(boot.label, style="bold")
+    if why:
+        line.append(f".  Greyed: cannot run on this boot ({'; '.join(why)})", style="dim")
+    return line
 
 
 def knob_text(value: object) -> Text:
@@ -54,7 +65,8 @@ def diff_table(a: profiles.Profile, b: profiles.Profile, width: int | None = Non
     """Every knob side by side; differing rows are marked with '≠' (not only by colour). When `width` is too
     narrow for three columns (the detail pane at 80 columns), each differing knob gets two lines: A's value,
     then B's."""
-    ka, kb = a.knobs(), b.knobs()
+    every = "dom0" in a.sections() or "dom0" in b.sections()  # a Xen profile's [dom0] beside a KVM one's defaults
+    ka, kb = a.knobs(every), b.knobs(every)
     va = {k: knob_text(v).plain for k, v in ka.items()}
     vb = {k: knob_text(v).plain for k, v in kb.items()}
     knob_w = max(map(len, ka))
@@ -106,9 +118,11 @@ class ProfilesScreen(BaseScreen):
         self.active = ""
         self.marked: list[str] = []
         self.loaded: dict[str, profiles.Profile] = {}
+        self.boot: accel.Boot | None = None
         self.drawn: ProfilesData | None = None  # what the list shows
 
     def body(self) -> ComposeResult:
+        yield Static("", id="boot-line")
         with Horizontal(id="profiles-split"):
             yield PlainTable(id="profiles", cursor_type="row")
             with VerticalScroll(id="profile-detail-box"):
@@ -129,17 +143,24 @@ class ProfilesScreen(BaseScreen):
                     loaded[e.name] = profiles.load_profile(e.path)
                 except CloudboxError:
                     pass
-        return ProfilesData(entries, b.active_profile(), loaded)
+        return ProfilesData(entries, b.active_profile(), loaded, b.boot())
 
     def show(self, data: ProfilesData) -> None:
         if data == self.drawn:
             return  # nothing changed: the list, its cursor and the detail (or a diff) stay as they are
         self.drawn = data
-        self.entries, self.active, self.loaded = data.entries, data.active, data.loaded
+        self.entries, self.active, self.loaded, self.boot = data.entries, data.active, data.loaded, data.boot
+        self.query_one("#boot-line", Static).update(boot_line(data.boot, data.entries))
         table = self.query_one("#profiles", PlainTable)
         current = self.current_name()
-        rows = ((e.name, ("active" if e.name == self.active else "", "x" if e.name in self.marked else "", e.name,
-                          e.kind if e.problem is None else f"{e.kind} INVALID")) for e in self.entries)
+
+        def cells(e: profiles.ProfileEntry) -> tuple[Text, ...]:
+            style = "dim" if e.problem is None and data.boot.refusal(e.hypervisor) else ""
+            return tuple(Text(c, style=style, end="") for c in (
+                "active" if e.name == self.active else "", "x" if e.name in self.marked else "", e.name,
+                e.kind if e.problem is None else f"{e.kind} INVALID"))
+
+        rows = ((e.name, cells(e)) for e in self.entries)
         names = [e.name for e in self.entries]
         if table.set_rows(rows) and current in names:
             table.move_cursor(row=names.index(current))
@@ -178,6 +199,10 @@ class ProfilesScreen(BaseScreen):
         if p.reproduces:
             head.append(f"Reproduces: {p.reproduces}\n", style="italic")
         head.append(f"{e.path}\n", style="dim")
+        why = self.boot.refusal(p.guest.hypervisor) if self.boot else None
+        if why:
+            head.append(f"Cannot run on this boot ({self.boot.label if self.boot else '?'}): {why}\n",
+                        style="bold yellow")
         from rich.console import Group
 
         detail.update(Group(head, knob_table(p)))
@@ -204,7 +229,9 @@ class ProfilesScreen(BaseScreen):
             self.marked = [*self.marked[-1:], name]  # at most two
         table = self.query_one("#profiles", DataTable)
         for e in self.entries:
-            table.update_cell(e.name, table.ordered_columns[1].key, "x" if e.name in self.marked else "")
+            grey = e.problem is None and self.boot is not None and self.boot.refusal(e.hypervisor)
+            table.update_cell(e.name, table.ordered_columns[1].key,
+                              Text("x" if e.name in self.marked else "", style="dim" if grey else "", end=""))
 
     def action_diff(self) -> None:
         pair: list[str | None] = list(self.marked)

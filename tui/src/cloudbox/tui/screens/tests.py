@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane, Tabs
 
+from cloudbox.core import accel
 from cloudbox.core.events import (
     MeasurementEvent,
     PlanProgress,
@@ -38,6 +39,8 @@ SUITE, SIZE, TESTS, WHERE = (option(f) for f in ("suite", "size", "storage_tests
 class SetupData:
     profiles: list[tuple[str, str]]
     active: str
+    boot: accel.Boot  # what this box is booted into
+    blocked: dict[str, str]  # profiles that cannot run on this boot, with the reason (core: accel.Boot.refusal)
     runs: list[Run]
     targets: list[tuple[str, str]]  # where a run can go: ("this host", ""), then enrolled nodes
 
@@ -87,7 +90,8 @@ class TestsScreen(BaseScreen):
                             yield Label(WHERE.title, classes="section", id="where-label")
                             yield Select([("this host", "")], value="", allow_blank=False, id="where")
                         with Vertical(classes="setup-col"):
-                            yield Label("Profiles: space ticks [x]; several = a sweep", classes="section", markup=False)
+                            yield Label("Profiles: space ticks [x]; several = a sweep", classes="section", markup=False,
+                                        id="profiles-label")
                             yield CheckList(id="run-profiles")
                     yield Button("Start (s)", id="start", variant="primary")
                     yield Static("", id="setup-note", markup=False)
@@ -128,15 +132,20 @@ class TestsScreen(BaseScreen):
     # -- setup ---------------------------------------------------------------------------------------
     def fetch(self) -> SetupData:
         b = self.app.backend
-        entries = [(e.name, e.description) for e in b.profiles() if e.problem is None]
-        return SetupData(entries, b.active_profile(), b.active_runs(), b.run_targets())
+        valid = [e for e in b.profiles() if e.problem is None]
+        boot = b.boot()
+        blocked = {e.name: why for e in valid if (why := boot.refusal(e.hypervisor))}
+        return SetupData([(e.name, e.description) for e in valid], b.active_profile(), boot, blocked,
+                         b.active_runs(), b.run_targets())
 
     def show(self, data: SetupData) -> None:
         first = self.setup is None
         self.setup = data
         cl = self.query_one("#run-profiles", CheckList)
-        if first or [n for n, _ in cl.items] != [n for n, _ in data.profiles]:
-            cl.set_items(data.profiles, set(cl.selected) or {data.active})
+        if first or [n for n, _ in cl.items] != [n for n, _ in data.profiles] or cl.blocked != data.blocked:
+            cl.set_items(data.profiles, set(cl.selected) or {data.active}, data.blocked)
+        self.query_one("#profiles-label", Label).update(
+            f"Profiles (booted into {data.boot.label}): space ticks [x]; several = a sweep")
         where = self.query_one("#where", Select)
         if first or self._targets != data.targets:
             keep = where.value if any(v == where.value for _, v in data.targets) else ""
@@ -168,6 +177,12 @@ class TestsScreen(BaseScreen):
         names, suite, size, tests, node = self.spec_choices()
         if not names:
             self.notify("tick at least one profile (space in the Profiles list)", severity="warning")
+            return
+        blocked = [n for n in names if n in self.query_one("#run-profiles", CheckList).blocked]
+        if blocked and not node:  # a node's own boot decides there; its executor refuses what it cannot run
+            cl = self.query_one("#run-profiles", CheckList)
+            self.notify("cannot run on this boot: " + "; ".join(f"{n} ({cl.blocked[n]})" for n in blocked),
+                        severity="warning")
             return
         specs = [RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node) for n in names]
         where = f" on node {node}" if node else ""

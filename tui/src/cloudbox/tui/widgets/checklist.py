@@ -1,4 +1,5 @@
-"""A list of names to tick, where the tick is a visible "[x]" (not only a colour): space or Enter toggles."""
+"""A list of names to tick, where the tick is a visible "[x]" (not only a colour): space or Enter toggles. A name
+that cannot be used here is greyed with its reason written beside it."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ class CheckList(OptionList):
         super().__init__(**kw)
         self.items: list[tuple[str, str]] = []  # (name, description)
         self.checked: set[str] = set()
+        self.blocked: dict[str, str] = {}  # name -> why it cannot be used here
 
-    def set_items(self, items: list[tuple[str, str]], checked: set[str]) -> None:
+    def set_items(self, items: list[tuple[str, str]], checked: set[str],
+                  blocked: dict[str, str] | None = None) -> None:
         keep = self.highlighted
         self.items = list(items)
+        self.blocked = dict(blocked or {})
         self.checked = {c for c in checked if c in {n for n, _ in items}}
         self.clear_options()
         self.add_options([Option(self._prompt(n), id=n) for n, _ in self.items])
@@ -26,7 +30,11 @@ class CheckList(OptionList):
             self.highlighted = min(keep or 0, len(self.items) - 1)
 
     def _prompt(self, name: str) -> Text:
-        return Text(f"[{'x' if name in self.checked else ' '}] {name}")
+        text = Text(f"[{'x' if name in self.checked else ' '}] {name}")
+        if name in self.blocked:
+            text.stylize("dim")
+            text.append(f"  ({self.blocked[name]})", style="dim italic")
+        return text
 
     @property
     def selected(self) -> list[str]:

@@ -47,14 +47,16 @@ class PickDialog(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="pick.cancel")]
 
-    def __init__(self, title: str, options: list[tuple[str, str]], selected: str | None = None):
+    def __init__(self, title: str, options: list[tuple[str, str]], selected: str | None = None,
+                 greyed: frozenset[str] = frozenset()):
         super().__init__()
-        self.title_text, self.options, self.selected = title, options, selected
+        self.title_text, self.options, self.selected, self.greyed = title, options, selected, greyed
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog-title", markup=False)
-            yield OptionList(*[Text(f"{name}  {desc}") for name, desc in self.options], id="pick")
+            yield OptionList(*[Text(f"{name}  {desc}", style="dim" if name in self.greyed else "")
+                               for name, desc in self.options], id="pick")
             yield Label("Enter: choose   Esc: cancel", classes="dialog-hint")
 
     def on_mount(self) -> None:
