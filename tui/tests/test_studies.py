@@ -464,8 +464,8 @@ def test_a_missing_cell_is_inconclusive_and_says_why():
     v = verdict("R2", [cell("eucalyptus-default")], size="study")
     assert v.status == INCONCLUSIVE and v.ours is None
     assert v.reasons == ("no completed run of virtio-disk with dd-write-64k at study size",)
-    v = verdict("R4", [], unavailable={"xen-default": "cloudbox does not launch Xen guests yet"})
-    assert v.reasons == ("no completed run of xen-default with dd-write-64k: cloudbox does not launch Xen guests yet",)
+    v = verdict("R4", [], unavailable={"xen-default": "Xen profile: boot the appliance's Xen entry"})
+    assert v.reasons == ("no completed run of xen-default with dd-write-64k: Xen profile: boot the appliance's Xen entry",)
     v = verdict("R5", [])
     assert v.reasons == ("no completed run of eucalyptus-default with tcp-stream-fe: only a run on a back-end "
                          "(--node) measures it",)
@@ -533,7 +533,7 @@ def test_gather_evaluates_over_the_store(tmp_path):
         add_run(store, "eucalyptus-default", {"dd-write-64k": (4.0, 80.0)})
         add_run(store, "virtio-disk", {"dd-write-64k": (3.0, 80.0)}, started_at=1_700_000_100.0)
         ev = studies.gather(s, store.list_runs(state="completed"))
-    assert ev.unavailable == {"xen-default": "cloudbox does not launch Xen guests yet"}
+    assert ev.unavailable == {"xen-default": "Xen profile: boot the appliance's Xen entry"}
     assert [(v.rule.id, v.status) for v in ev.verdicts] == [
         ("R1", REPRODUCED), ("R2", NOT_REPRODUCED), ("R3", REPRODUCED), ("R4", INCONCLUSIVE), ("R5", INCONCLUSIVE)]
     assert ev.verdicts[1].ours == pytest.approx(75.0)
@@ -556,7 +556,7 @@ def test_plan_skips_cells_stored_for_the_same_hash_size_and_node(tmp_path):
     assert by["eucalyptus-default"].stored == {"dd-write-64k": done} and by["eucalyptus-default"].run == []
     assert by["eucalyptus-default"].elsewhere == ["tcp-stream-fe"]
     assert by["virtio-disk"].run == ["dd-write-64k"] and by["virtio-disk"].stored == {}
-    assert by["xen-default"].refused == "cloudbox does not launch Xen guests yet" and by["xen-default"].run == []
+    assert by["xen-default"].refused == "Xen profile: boot the appliance's Xen entry" and by["xen-default"].run == []
     # on a back-end the front-end test is measured too; --again measures what is stored
     plan = studies.plan_run(s, runs, hashes, size="study", node=here, backend=True, unavailable=unavailable,
                             again=True)

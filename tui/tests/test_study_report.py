@@ -89,7 +89,7 @@ def test_report_tables_against_hand_computed_values(study_a_runs, capsys):
     rows = table_rows(report, "Table 1: writes (dd, 64 kB blocks)")
     d, v, s, p = (f"#{ids[k]}" for k in ("default", "virtio", "scsi", "prealloc"))
     runs = ", ".join(f"#{i}" for i in sorted(ids[k] for k in ("default", "virtio", "scsi", "prealloc")))
-    xen = "not run: cloudbox does not launch Xen guests yet"
+    xen = "not run: Xen profile: boot the appliance's Xen entry"
     assert rows == [
         # bare metal: the mean of the four runs' baselines (110, 100, 100, 110)
         ["none, bare metal", "-", "111", "105.0", "100", "100", "1024 / 1000", "140 / 120", "100 / 100",
@@ -348,7 +348,7 @@ def test_list_and_show(capsys):
     code, out, _ = run_cli(["study", "show", "B"], capsys)
     assert code == 0
     assert "  xen-default             Xen, raw file on the host" in out
-    assert "[not runnable yet: cloudbox does not launch Xen guests yet]" in out
+    assert "[not runnable here: Xen profile: boot the appliance's Xen entry]" in out
     assert "  B3.wt: kvm-cache-writethrough iozone-write-16m ≤ 40% of xen-default's  (paper: 17.0%)" in out
     code, out, _ = run_cli(["study", "show", "a", "--json"], capsys)
     assert code == 0 and '"name": "a"' in out
@@ -399,7 +399,7 @@ def test_run_dry_run_says_what_it_skips(study_a_runs, capsys):
     assert lines[0] == "study a at study size on this host: 5 run(s) to do"
     assert (f"  eucalyptus-default: run tcp-stream, tcp-maerts; stored dd-write-64k (#{ids['default']}), "
             f"dd-read-64k (#{ids['default']}); needs --node for tcp-stream-fe, tcp-maerts-fe") in lines
-    assert "  xen-default: skipped, cloudbox does not launch Xen guests yet" in lines
+    assert "  xen-default: skipped, Xen profile: boot the appliance's Xen entry" in lines
     # the emulated virtio-disk run is stored: re-running skips it too (--again measures it anew)
     assert any(line.startswith("  virtio-disk: run tcp-maerts; stored dd-write-64k") for line in lines)
     code, out, _ = run_cli(["study", "run", "a", "--dry-run", "--again", "--size", "quick"], capsys)

@@ -148,7 +148,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     lines += ["", "profiles (rows):"]
     width = max(len(p) for p in study.profile_names)
     for p in study.profiles:
-        note = f"  [not runnable yet: {unavailable[p.name]}]" if p.name in unavailable else ""
+        note = f"  [not runnable here: {unavailable[p.name]}]" if p.name in unavailable else ""
         lines.append(f"  {p.name:<{width}}  {p.row}{note}")
     lines += ["", "tests (tables):"]
     width = max(len(t) for t in study.test_ids)

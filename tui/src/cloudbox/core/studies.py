@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from . import backing, inputs, paths, profiles, propagation
+from . import accel, backing, inputs, paths, profiles, propagation
 from .compare import knobs, primary_metric
 from .errors import (
     PYDANTIC_MESSAGES,
@@ -650,9 +650,7 @@ def find_study(name: str) -> Study:
 
 
 def cannot_run(profile: profiles.Profile) -> str | None:
-    """Why this cloudbox cannot measure `profile` yet (the executor refuses it at its start), or None."""
-    if profile.guest.hypervisor == "xen":
-        return "cloudbox does not launch Xen guests yet"
+    """Why this cloudbox cannot measure `profile` yet on any boot (the executor refuses it at its start), or None."""
     d = profile.disk
     if d.backing == "network-volume" and not (d.volume.startswith("nbd:") and d.attach == "qemu"):
         return "network volumes: only NBD attached by QEMU (disk.attach = qemu) is implemented yet"
@@ -1121,14 +1119,16 @@ class SweepEvidence:
         return out
 
 
-def profile_facts(study: Study) -> tuple[dict[str, str], dict[str, str]]:
-    """(name -> hash today, name -> why it cannot run yet) for the study's profiles."""
+def profile_facts(study: Study, *, here: bool = True) -> tuple[dict[str, str], dict[str, str]]:
+    """(name -> hash today, name -> why it cannot run yet) for the study's profiles; `here`: also why not on the
+    hypervisor this host is booted into (a Xen profile on Linux, a KVM one on Xen's dom0)."""
     hashes: dict[str, str] = {}
     unavailable: dict[str, str] = {}
+    boot = accel.boot_of(None) if here else None
     for name in study.profile_names:
         prof = profiles.find_profile(name)
         hashes[name] = prof.hash
-        why = cannot_run(prof)
+        why = cannot_run(prof) or (boot.refusal(prof.guest.hypervisor) if boot else None)
         if why:
             unavailable[name] = why
     return hashes, unavailable
@@ -1137,7 +1137,7 @@ def profile_facts(study: Study) -> tuple[dict[str, str], dict[str, str]]:
 def gather(study: Study, runs: Sequence[Run], *, size: str | None = None, node: str | None = None) -> Evidence:
     """The evidence for `study` in `runs` (ResultStore.list_runs(): cells and series come from the completed runs
     among them, a sweep's samples from every finished propagation run)."""
-    hashes, unavailable = profile_facts(study)
+    hashes, unavailable = profile_facts(study, here=node is None)
     cells = select_cells(study, runs, hashes, size=size, node=node)
     verdicts = evaluate(study, cells, unavailable=unavailable, size=size)
     series = gather_series(study, runs, hashes, size=size, node=node) if study.series else {}
@@ -1468,7 +1468,7 @@ def prepare_run(study: Study, runs: Sequence[Run], *, size: str | None = None, n
     sweep's missing samples as one propagation run. `runs` are the stored runs (ResultStore.list_runs(): the cells
     count completed ones, the sweep the samples of every finished propagation run)."""
     size = check_run(study, size, node, **options)
-    hashes, unavailable = profile_facts(study)
+    hashes, unavailable = profile_facts(study, here=not node)
     plan = plan_run(study, runs, hashes, size=size, node=node or platform.node(), backend=bool(node),
                     unavailable=unavailable, again=again)
     # Round r runs each profile still short of r + 1 repeats; a series spaces the rounds `every_minutes` apart.
