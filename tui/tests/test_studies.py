@@ -464,8 +464,9 @@ def test_a_missing_cell_is_inconclusive_and_says_why():
     v = verdict("R2", [cell("eucalyptus-default")], size="study")
     assert v.status == INCONCLUSIVE and v.ours is None
     assert v.reasons == ("no completed run of virtio-disk with dd-write-64k at study size",)
-    v = verdict("R4", [], unavailable={"xen-default": "Xen profile: boot the appliance's Xen entry"})
-    assert v.reasons == ("no completed run of xen-default with dd-write-64k: Xen profile: boot the appliance's Xen entry",)
+    xen = "Xen profile: boot the appliance's Xen entry"
+    v = verdict("R4", [], unavailable={"xen-default": xen})
+    assert v.reasons == (f"no completed run of xen-default with dd-write-64k: {xen}",)
     v = verdict("R5", [])
     assert v.reasons == ("no completed run of eucalyptus-default with tcp-stream-fe: only a run on a back-end "
                          "(--node) measures it",)

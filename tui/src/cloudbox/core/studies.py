@@ -513,6 +513,8 @@ def _sweep_problems(study: Study, lookup: Callable[[str], object]) -> list[Profi
             prof = None  # [[profiles]] says what is wrong with it
         if isinstance(prof, profiles.Profile):
             why = cannot_run(prof)
+            if why is None and prof.guest.hypervisor != "kvm":
+                why = f"a {prof.guest.hypervisor} profile: the sweep launches its guests under KVM/QEMU"
             if why is None and prof.disk.format != "raw":
                 why = f"its disk format is {prof.disk.format}: the sweep copies raw images"
             if why is not None:
