@@ -107,7 +107,7 @@ def test_schema_1_database_upgrades_in_place_keeping_runs_and_measurements(tmp_p
         with pytest.raises(sqlite3.IntegrityError):
             c.execute("INSERT INTO runs (uuid, suite) VALUES ('g', 'guest')")  # schema 1 refuses guest sessions
     with ResultStore(db) as s:
-        assert s.schema_version == SCHEMA_VERSION == 3
+        assert s.schema_version == SCHEMA_VERSION == 4
         run = s.get_run(7)
         assert run.value("guest", "t", "MB/s") == 5 and len(s.events_since(7)) == 1
         gid = s.create_run(suite="guest")

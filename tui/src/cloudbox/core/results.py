@@ -8,7 +8,8 @@ readers never block the writer and always see committed rows. Every write is its
 Tables (schema version SCHEMA_VERSION, kept in PRAGMA user_version; `migrate()` upgrades older files):
   runs          one benchmark run: profile, suite, size, state, accelerator, emulated flag, provenance
   measurements  one number per (run, side, test, metric), with the host disk metrics of its steady window (a
-                propagation run stores one row per sample and metric: its copy, boot and total seconds)
+                propagation run stores one row per sample and metric: its copy, boot and total seconds); a run of
+                N guests also one per guest or host process (`instance` 1..N) beside the aggregate (instance NULL)
   samples       the host sampler's once-a-second disk metrics
   events        the live stream (state/step/progress/log/sample/measurement) a watcher polls by seq
 
@@ -39,7 +40,7 @@ from .procs import process_exists
 from .provenance import Provenance
 from .storage import IOZONE_TESTS, RECORD_TESTS
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # "guest": an interactive guest session (launched, kept running until stopped; no tests).
 # "propagation": study B's image-propagation sweep (its samples: measurements of the tests "propagate-<MiB>m").
@@ -68,7 +69,7 @@ _RUN_COLUMNS = (
 )
 MEASUREMENT_COLUMNS = (
     "side", "test", "metric", "value", "host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util",
-    "labels", "raw", "started_at", "finished_at",
+    "labels", "raw", "started_at", "finished_at", "instance",
 )
 
 
@@ -95,6 +96,9 @@ class Measurement:
     raw: str | None = None  # None also when loaded without raw (list_runs)
     started_at: float | None = None
     finished_at: float | None = None
+    # A run of N guests: 1..N for one guest's (or one bare-metal process's) own figure; None for the run's figure
+    # (its one guest, or the aggregate of the N).
+    instance: int | None = None
 
     @property
     def storage(self) -> bool:
@@ -144,12 +148,20 @@ class Run:
         return max(0.0, end - self.started_at)
 
     def measurement(self, side: str, test: str, metric: str | None = None) -> Measurement | None:
-        """The last measurement of `test` on `side` (in `metric` if given), or None."""
+        """The run's last measurement of `test` on `side` (in `metric` if given; the aggregate in a run of N guests),
+        or None."""
         found = None
         for m in self.measurements:
-            if m.side == side and m.test == test and (metric is None or m.metric == metric):
+            if m.side == side and m.test == test and (metric is None or m.metric == metric) and m.instance is None:
                 found = m
         return found
+
+    def instances(self, side: str, test: str, metric: str) -> list[Measurement]:
+        """Each guest's (or bare-metal process's) own measurement of `test` in a run of N guests, by instance;
+        [] in a run of one guest."""
+        found = {m.instance: m for m in self.measurements
+                 if m.side == side and m.test == test and m.metric == metric and m.instance is not None}
+        return [found[k] for k in sorted(found)]
 
     def value(self, side: str, test: str, metric: str) -> float | None:
         m = self.measurement(side, test, metric)
@@ -342,8 +354,13 @@ def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
     _widen_suite_check(conn, _SUITE_CHECK_V2, _SUITE_CHECK_V3, 3)
 
 
+def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
+    """measurements.instance: which of a run's N guests (or bare-metal processes) a row is; NULL for the run's own."""
+    conn.execute("ALTER TABLE measurements ADD COLUMN instance INTEGER CHECK (instance IS NULL OR instance >= 1)")
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2,
-                                                                2: _migrate_2_to_3}
+                                                                2: _migrate_2_to_3, 3: _migrate_3_to_4}
 
 
 def schema_version(conn: sqlite3.Connection) -> int:
@@ -822,11 +839,15 @@ class ResultStore:
         raw: str | dict[str, Any] | list[Any] | None = None,
         started_at: float | None = None,
         finished_at: float | None = None,
+        instance: int | None = None,
     ) -> int:
         """Store one number; returns its id. A dict/list `raw` is stored as JSON. The label
-        'emulated' is added to guest-side rows when the run is emulated."""
+        'emulated' is added to guest-side rows when the run is emulated. `instance`: 1..N for one of a run's N
+        guests (or bare-metal processes), None for the run's figure."""
         if side not in SIDES:
             raise ValueError(f"side must be one of {', '.join(SIDES)} (got {side!r})")
+        if instance is not None and (isinstance(instance, bool) or not isinstance(instance, int) or instance < 1):
+            raise ValueError(f"instance must be None or a guest number from 1 (got {instance!r})")
         lab = list(dict.fromkeys(labels))
         if raw is not None and not isinstance(raw, str):
             raw = json.dumps(raw)
@@ -837,10 +858,10 @@ class ResultStore:
                 lab.append("emulated")
             cur = conn.execute(
                 "INSERT INTO measurements (run_id, side, test, metric, value, host_mbps, host_avgrq_sectors,"
-                " host_avgqu, host_util, labels, raw, started_at, finished_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " host_avgqu, host_util, labels, raw, started_at, finished_at, instance)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (int(run_id), side, test, metric, float(value), host_mbps, host_avgrq_sectors, host_avgqu,
-                 host_util, json.dumps(lab), raw, started_at, finished_at),
+                 host_util, json.dumps(lab), raw, started_at, finished_at, instance),
             )
             return int(cur.lastrowid or 0)
 
