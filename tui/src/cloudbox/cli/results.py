@@ -189,6 +189,13 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
                      + ", ".join(r.members)
                      + ("; sectors written " + ", ".join(f"{k} {v}" for k, v in r.sectors_written.items())
                         if r.sectors_written else ""))
+    if p.guests is not None:
+        g = p.guests
+        lines.append(f"  guests       {g.count} at once, each on a store of its own: "
+                     + ", ".join(x.name for x in g.guests))
+        if g.skew_s:
+            lines.append("  start skew   " + ", ".join(f"{t} {s * 1000:.0f} ms" for t, s in g.skew_s.items())
+                         + " (the latest guest's start after the earliest's)")
     for key, value in (("host kernel", p.host_kernel), ("guest kernel", p.guest_kernel)):
         if value:
             lines.append(f"  {key:<12} {value}")

@@ -95,6 +95,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     spec = _spec(a)
     spec.validate()  # a usage error exits 2 before anything (the results database) is created
+    if spec.guests > 1:
+        runs.check_guests_fit(spec)
     with _store() as store:
         if a.detach:
             rid = runs.start_detached(spec, store)

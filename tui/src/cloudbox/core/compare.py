@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .fairness import spread
 from .network import FRONTEND_SUFFIX
 from .results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
 from .runspec import PROPAGATE_PREFIX
@@ -410,8 +411,50 @@ def _host_cells(m: Measurement | None) -> dict[str, float | None]:
 def _legend(r: Run) -> str:
     acc = {"tcg": "TCG (emulated)", "nested-kvm": "nested KVM"}.get(r.accelerator or "", r.accelerator or "?")
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "?"
+    n = guest_count(r)
+    many = f", {n} guests at once (rows: their sum, then each guest; bare metal: {n} processes)" if n > 1 else ""
     return (f"run #{r.id}: profile {r.profile_name or '?'}, suite {r.suite or '?'}, {r.size_label or '?'} size, "
-            f"{acc}, {when}, {r.state}")
+            f"{acc}{many}, {when}, {r.state}")
+
+
+def guest_count(r: Run) -> int:
+    """The guests the run ran at once (1 for a run of one guest)."""
+    g = r.provenance.guests
+    return g.count if g is not None else 1
+
+
+def instance_rows(r: Run, side: str, test: str, metric: str, storage: bool) -> list[Row]:
+    """A run of N guests: one row per guest (side guest) or bare-metal process (side baseline), under its sum."""
+    out = []
+    for m in r.instances(side, test, metric):
+        row = Row(kind=side, run_ids=[r.id],
+                  cells={"run": f"#{r.id} {'g' if side == 'guest' else 'p'}{m.instance}",
+                         "vmm": "",
+                         "target": "", "driver": "", "value": m.value, "pct": None},
+                  emulated=r.emulated and side == "guest")
+        if storage:
+            row.cells.update(avgrq=None, avgqu=None, util=None)
+        out.append(row)
+    return out
+
+
+def spread_note(r: Run, test: str, metric: str) -> str | None:
+    """A run of N guests: how `test`'s figure split among them (core.fairness), and the guests' start skew."""
+    guests = r.instances("guest", test, metric)
+    if not guests:
+        return None
+    g = spread([m.value for m in guests])
+    note = (f"#{r.id} {test}: {g.n} guests, sum {g.total:.1f} {metric}; per guest min {g.min:.1f} / median "
+            f"{g.median:.1f} / max {g.max:.1f}; Jain's fairness index {g.jain:.3f}")
+    info = r.provenance.guests
+    if info is not None and test in info.skew_s:
+        note += f"; start skew {info.skew_s[test] * 1000:.0f} ms"
+    base = r.instances("baseline", test, metric)
+    if base:
+        b = spread([m.value for m in base])
+        note += (f". Bare metal, {b.n} processes: sum {b.total:.1f}, min {b.min:.1f} / median {b.median:.1f} / max "
+                 f"{b.max:.1f}, Jain {b.jain:.3f}")
+    return note
 
 
 def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
@@ -430,21 +473,23 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
     any_nested = False
     mean_baselines: list[str] = []
     caveats: dict[int, set[str]] = {}
+    spreads: list[str] = []
 
     for test in sorted(tests, key=test_sort_key):
         metrics = [m.metric for r in runs for m in r.measurements if m.test == test]
         metric = primary_metric(test, metrics)
         section = Section(test, test_title(test), metric, _columns(test, metric))
         storage = is_storage_test(test)
-        groups: dict[tuple[str, str, str], list[Run]] = {}
+        groups: dict[tuple[str, str, str, int], list[Run]] = {}
         for r in runs:
             if r.measurement("guest", test, metric) or r.measurement("baseline", test, metric):
                 ms = [m for m in r.measurements if m.test == test]
                 target = target_label(r) if storage else _net_target(r, ms)
                 bm = r.measurement("baseline", test, metric)
                 host = "dom0" if bm is not None and "dom0" in bm.labels else "none"
-                groups.setdefault((r.node or "", target, host), []).append(r)
-        for (_node, target, host), members in groups.items():
+                # a baseline of N processes is never averaged with one of another N
+                groups.setdefault((r.node or "", target, host, guest_count(r)), []).append(r)
+        for (_node, target, host, n), members in groups.items():
             bases: list[tuple[Run, Measurement]] = []
             for r in members:
                 bm = r.measurement("baseline", test, metric)
@@ -457,7 +502,7 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
                     kind="baseline",
                     run_ids=[r.id for r, _ in bases],
                     cells={
-                        "run": ",".join(f"#{r.id}" for r, _ in bases),
+                        "run": ",".join(f"#{r.id}" for r, _ in bases) + (" sum" if n > 1 else ""),
                         "vmm": host if host != "none" else ("host domain" if from_host else "none"),
                         "target": target,
                         "driver": _volume_baseline_driver(bases[0][0]) if from_host else "-",
@@ -481,6 +526,8 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
                     if note not in mean_baselines:
                         mean_baselines.append(note)
                 section.rows.append(row)
+                for r, _ in bases:
+                    section.rows += instance_rows(r, "baseline", test, metric, storage)
             for r in members:
                 m = r.measurement("guest", test, metric)
                 if m is None:
@@ -509,13 +556,19 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
                 if cav:
                     row.markers.append(CAVEAT_MARK)
                     caveats.setdefault(r.id, set()).update(cav)
+                if guest_count(r) > 1:
+                    row.cells["run"] = f"#{r.id} sum"
                 section.rows.append(row)
+                section.rows += instance_rows(r, "guest", test, metric, storage)
+                if (spread_line := spread_note(r, test, metric)) is not None:
+                    spreads.append(spread_line)
         if section.rows:
             table.sections.append(section)
 
     if any_emulated:
         table.footnotes.append(NESTED_NOTE if any_nested else EMULATED_NOTE)
     table.footnotes.extend(mean_baselines)
+    table.footnotes.extend(spreads)
     if caveats:
         present = set().union(*caveats.values())
         table.footnotes.append(

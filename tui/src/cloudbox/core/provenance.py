@@ -104,6 +104,27 @@ class Dom0Info(_Record):
     memory_mib: int | None = None  # dom0's size once the balloon driver reached the profile's
 
 
+class GuestStart(_Record):
+    """One guest of a run of N: its name, and how well the host knows its clock (for the start barrier)."""
+
+    name: str
+    clock_offset_s: float | None = None  # host time minus the guest's uptime clock, as last measured
+    clock_rtt_s: float | None = None  # the agent round trip that measurement took (its uncertainty is half of it)
+    launch_to_agent_s: float | None = None
+
+
+class Guests(_Record):
+    """A run of N guests of one profile on one host, started test by test at one instant (the barrier)."""
+
+    count: int
+    guests: list[GuestStart] = []
+    # per test: each guest's start after the earliest one's, in seconds (guest 1 first), and the largest of them
+    start_offsets_s: dict[str, list[float]] = {}
+    skew_s: dict[str, float] = {}
+    baseline_processes: int | None = None  # bare-metal fio processes run at once, one file each
+    barrier: str = ""
+
+
 class PrivateNetwork(_Record):
     """A back-end guest's network for the tests to the front-end: the node's private bridge and the addresses."""
 
@@ -191,6 +212,9 @@ class Provenance(_Record):
     volume: VolumeInfo | None = None
     raid: RaidInfo | None = None
     dom0: Dom0Info | None = None
+
+
+    guests: Guests | None = None  # a run of N guests (--guests N > 1)
     spec: RunSpec | None = None
     private_network: PrivateNetwork | None = None
     domain_xml: str | None = None  # what libvirt reported after the launch

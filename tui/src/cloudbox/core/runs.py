@@ -25,6 +25,7 @@ from . import paths
 from .errors import CloudboxError, NotFound, RunBusy
 from .execution.lifecycle import Execution
 from .execution.local import run_local
+from .execution.multi import check_fits, run_many
 from .execution.propagate import run_propagation
 from .execution.sink import Consumer
 from .nodes.mirror import run_on_node
@@ -42,8 +43,14 @@ def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
              run_id: int | None = None) -> Execution:
     """The executor of `spec`: this host's steps (a test run's, or the image-propagation sweep's), or the mirroring
     of a run on the enrolled node spec.node."""
-    body = run_on_node if spec.node else (run_propagation if spec.propagation else run_local)
+    body = run_on_node if spec.node else (run_propagation if spec.propagation
+                                          else run_many if spec.guests > 1 else run_local)
     return Execution(spec, store, body, emit=emit, run_id=run_id)
+
+
+def check_guests_fit(spec: RunSpec) -> None:
+    """A run of N guests that the profile cannot run or this host cannot hold: a UsageError with the arithmetic."""
+    check_fits(spec, resolve_profile(spec.profile))
 
 
 # ------------------------------------------------------------------------------------- detached
@@ -51,7 +58,7 @@ def start_detached(spec: RunSpec, store: ResultStore) -> int:
     """Start the executor in its own session (it outlives the caller); returns the run id at once. What the
     executor would refuse before recording anything (bad settings, no such profile, a busy host) is raised here."""
     spec.validate()
-    resolve_profile(spec.profile)
+    check_fits(spec, resolve_profile(spec.profile))
     check_not_busy(spec.node)
     run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
                               state="running", node=spec.node or platform.node(), started_at=time.time(),

@@ -35,6 +35,7 @@ PROPAGATE_PREFIX = "propagate-"
 MIB = 1024**2
 MAX_PROPAGATE_SAMPLES = 2000  # samples in one propagation run: a study's 16 sizes x 100 repeats, with room
 MAX_IMAGE_SIZE = 1024**4  # 1 TiB
+MAX_GUESTS = 64  # guests of one run on one host; the host's memory and CPUs usually stop it sooner
 
 
 def propagation_test(size_bytes: int) -> str:
@@ -70,6 +71,7 @@ class RunSpec:
     peer_iperf3_port: int = 0
     # Suite propagation only (set by `cloudbox study run`, no option): image sizes in bytes, one per sample, in order.
     propagate: list[int] = field(default_factory=list)
+    guests: int = 1  # benchmark guests of the profile run at once on this host, their tests started together
 
     def validate(self) -> None:
         """Every option's value against its declaration; a UsageError for the first that is not allowed."""
@@ -86,6 +88,8 @@ class RunSpec:
             _check_propagation(self)
         elif self.propagate:
             raise UsageError(f"image sizes to propagate belong to a propagation run, not to --suite {self.suite}")
+        if self.guests > 1:
+            _check_many_guests(self)
 
     @property
     def wants_storage(self) -> bool:
@@ -133,11 +137,13 @@ class RunSpec:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """The spec's settings; `propagate` only in a propagation run, so every other run's stored record and request
-        to a node read as before it existed."""
+        """The spec's settings; `propagate` only in a propagation run and `guests` only when more than one, so every
+        other run's stored record and request to a node read as before they existed."""
         d = asdict(self)
         if not d["propagate"]:
             del d["propagate"]
+        if d["guests"] == 1:
+            del d["guests"]
         return d
 
     @classmethod
@@ -285,6 +291,27 @@ def _check_propagation(spec: RunSpec) -> None:
                              f"{MIN_SIZE // MIB} MiB to {MAX_IMAGE_SIZE // MIB} MiB, in bytes")
 
 
+def _check_guests(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GUESTS:
+        raise UsageError(f"--guests {value!r} is not allowed; allowed: 1 to {MAX_GUESTS} guests (within what this "
+                         "host's memory and CPUs hold)")
+
+
+def _check_many_guests(spec: RunSpec) -> None:
+    """N guests at once: storage tests on this host, each guest on a store of its own."""
+    n = spec.guests
+    if spec.suite != "storage":
+        raise UsageError(f"--guests {n} runs storage tests only: the network tests of N guests at once (one "
+                         f"netserver and one baseline namespace per guest) are not implemented yet; allowed with "
+                         f"--guests > 1: --suite storage (got --suite {spec.suite})")
+    if spec.node:
+        raise UsageError(f"--guests {n} with --node {spec.node!r}: N guests run on this host only for now; allowed: "
+                         "--guests 1 with --node, or no --node")
+    if spec.device:
+        raise UsageError(f"--guests {n} with --device {spec.device!r}: one device cannot be the whole disk of "
+                         f"{n} guests; allowed: no --device (each guest gets a store of its own in --work-dir)")
+
+
 def _check_net_tests(value: str) -> None:
     try:
         resolve_net_tests(value)
@@ -345,6 +372,10 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               f"seconds to wait for the guest to boot to its agent (default {DEFAULT_AGENT_TIMEOUT:g}; under TCG or "
               "nested KVM a guest that misses it is launched once more)", metavar="SECONDS",
               check=_check_agent_timeout),
+    RunOption("guests", ("--guests",), int, 1,
+              "benchmark guests of the profile to run at once on this host, each on a disk of its own, their tests "
+              "started together; stores each guest's figures and their sum (storage suite only)", metavar="N",
+              check=_check_guests),
 )
 OPTIONS_BY_FIELD = {o.field: o for o in RUN_OPTIONS}
 

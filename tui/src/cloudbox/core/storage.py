@@ -153,6 +153,30 @@ class FioResult:
     seconds: float
     raw: str
     extra: dict = field(default_factory=dict)
+    started_uptime: float | None = None  # a guest test held at a barrier: the guest's uptime when it was let go
+
+
+START_STAMP = "/tmp/cloudbox-start"
+
+
+def barrier_script(start_uptime: float) -> str:
+    """Shell that waits until the guest's uptime (/proc/uptime, 10 ms steps) reaches `start_uptime` seconds, writes
+    the uptime it left at to START_STAMP, and goes on to what follows it (N guests' tests started at one instant).
+    It sleeps until half a second before, then spins on shell builtins: under emulation a `sleep` process costs
+    tens of milliseconds to start, more than the clock's step."""
+    cs = int(-(-start_uptime * 100 // 1))
+    return (f"t={cs}; while :; do read u _ < /proc/uptime; u=${{u%.*}}${{u#*.}}; [ \"$u\" -ge \"$t\" ] && break; "
+            "[ $((t - u)) -gt 50 ] && sleep 0.2; done; "
+            f"echo \"$u\" > {START_STAMP}; ")
+
+
+def parse_start_stamp(text: str) -> float:
+    """START_STAMP's centiseconds of uptime -> seconds."""
+    try:
+        return int(text.strip()) / 100
+    except ValueError:
+        raise CloudboxError(f"the guest's start stamp {START_STAMP} holds {text.strip()[:40]!r}, not centiseconds "
+                            "of uptime") from None
 
 
 def is_nbd_uri(target: str) -> bool:
@@ -478,26 +502,58 @@ class GuestRunner:
         self.run(_iozone_writer(t), target, size, 0, lambda _p: None, timeout=timeout)
 
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn,
-            timeout: float = GUEST_TIMEOUT) -> FioResult:
+            timeout: float = GUEST_TIMEOUT, start_uptime: float | None = None) -> FioResult:
+        """`t` against `target`; with `start_uptime`, held until the guest's uptime reaches it (barrier_script)."""
+        hold = "" if start_uptime is None else barrier_script(start_uptime)
         if t.dd:
-            r = self.guest.sh(timed_dd_script(dd_args(t, target, size)), timeout=timeout, poll=self._check_cancel)
+            r = self.guest.sh(hold + timed_dd_script(dd_args(t, target, size)), timeout=timeout,
+                              poll=self._check_cancel)
             if r.exitcode != 0:
                 raise GuestError(f"dd ({t.id}) in the guest exited {r.exitcode}: {r.stderr.strip()[-300:]}")
-            return parse_dd(t.id, r.stderr)
-        if t.tool == "iozone":
-            r = self.guest.run(iozone_args(t, target, size), timeout=timeout, poll=self._check_cancel)
+            res = parse_dd(t.id, r.stderr)
+        elif t.tool == "iozone":
+            r = self.guest.sh(hold + " ".join(shlex.quote(a) for a in iozone_args(t, target, size)), timeout=timeout,
+                              poll=self._check_cancel)
             if r.exitcode != 0:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
-            return parse_iozone(t.id, r.stdout, "write" if t.writes else "read")
-        return self._fio(t, fio_args(t, target, size, runtime), progress, timeout=timeout)
+            res = parse_iozone(t.id, r.stdout, "write" if t.writes else "read")
+        else:
+            res = self._fio(t, fio_args(t, target, size, runtime), progress, timeout=timeout, hold=hold)
+        if start_uptime is not None:
+            res.started_uptime = parse_start_stamp(self.guest.sh(f"cat {START_STAMP}", timeout=30).check().stdout)
+        return res
+
+    def uptime_offset(self, tries: int = 5) -> tuple[float, float]:
+        """(host time minus the guest's uptime, the agent round trip it was measured in): /proc/uptime read
+        through the agent's file calls, one round trip each; the quickest of `tries` is kept."""
+        import base64
+
+        agent = self.guest.agent
+        handle = agent("guest-file-open", {"path": "/proc/uptime", "mode": "r"})
+        best: tuple[float, float] | None = None
+        try:
+            for _ in range(tries):
+                agent("guest-file-seek", {"handle": handle, "offset": 0, "whence": "set"})
+                t0 = time.time()
+                ret = agent("guest-file-read", {"handle": handle, "count": 64})
+                t1 = time.time()
+                assert isinstance(ret, dict)
+                up = float(base64.b64decode(ret.get("buf-b64", "")).split()[0])
+                sample = ((t0 + t1) / 2 - up, t1 - t0)
+                if best is None or sample[1] < best[1]:
+                    best = sample
+        finally:
+            agent("guest-file-close", {"handle": handle})
+        assert best is not None
+        return best
 
     def _check_cancel(self) -> None:
         if self.cancelled():
             raise Aborted("cancelled during a guest test")
 
-    def _fio(self, t: StorageTest, args: list[str], progress: ProgressFn, timeout: float) -> FioResult:
-        cmd = " ".join(shlex.quote(a) for a in args) + " --output=/tmp/fio.json > /tmp/fio.eta 2>&1"
+    def _fio(self, t: StorageTest, args: list[str], progress: ProgressFn, timeout: float, hold: str = "") -> FioResult:
+        cmd = hold + " ".join(shlex.quote(a) for a in args) + " --output=/tmp/fio.json > /tmp/fio.eta 2>&1"
         last = [0.0]
 
         def poll() -> None:

@@ -109,6 +109,8 @@ class RunContext:
     hostnet: HostNetwork | None = None
     private_bridge: str = ""  # a back-end's private bridge, for the network tests to the front-end
     guest: Guest | None = None  # the running guest, for its console on failure
+    backings: list[BackingStore] = field(default_factory=list)  # a run of N guests: each one's store, in order
+    many: list[Guest] = field(default_factory=list)  # and its guests, in order
     boot_s: float = 0.0  # the guest's launch to its agent
 
     @property

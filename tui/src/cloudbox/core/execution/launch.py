@@ -65,23 +65,27 @@ def remove_socket(path: Path) -> None:
             path.unlink()
 
 
-def launch(ctx: RunContext) -> Launched:
-    """Start the guest (ctx.domain_xml) and wait for its agent. Under emulation or nested virtualization a guest
-    that dies while booting or whose agent stays silent is launched once more, announced as a step with its
+def launch(ctx: RunContext, domain_xml: str | None = None, console_log: Path | None = None,
+           first_attempt: int = 1) -> Launched:
+    """Start the guest (`domain_xml`, else ctx.domain_xml) and wait for its agent. Under emulation or nested
+    virtualization a guest that dies while booting or whose agent stays silent is launched once more (from
+    `first_attempt`), announced as a step with its
     console's last lines (the first console is kept as console-attempt1.log): multi-threaded TCG and nested KVM
     inside TCG lose a boot now and then (docs/image.md). With KVM on bare metal that means something is wrong: no
     retry."""
     acc, control = ctx.accelerator, ctx.control
     attempts = BOOT_ATTEMPTS if (acc.emulated or acc.nested) else 1
+    xml = ctx.domain_xml if domain_xml is None else domain_xml
+    log = ctx.console_log if console_log is None else console_log
 
     def waiting(seconds: float) -> None:
         control.check("cancelled while the guest was booting")
         ctx.sink.emit(ProgressEvent("guest", BOOT, 0, f"booting, {seconds:.0f} s since launch"))
 
-    for attempt in range(1, attempts + 1):
+    for attempt in range(first_attempt, attempts + 1):
         t0 = time.monotonic()
         with control.atomic():
-            guest = Guest.start(ctx.conn, ctx.domain_xml, console_log=ctx.console_log)
+            guest = Guest.start(ctx.conn, xml, console_log=log)
             ctx.stack.callback(guest.destroy)
             ctx.guest = guest
         try:
@@ -94,11 +98,50 @@ def launch(ctx: RunContext) -> Launched:
             with control.atomic():
                 guest.destroy()
                 ctx.guest = None
-            kept = ctx.console_log.with_name(f"console-attempt{attempt}.log")
-            with contextlib.suppress(OSError):
-                ctx.console_log.replace(kept)
-            ctx.sink.step(f"guest {guest.name} did not come up ({e}); {acc.label} loses a boot now and then: "
-                          f"launching it again (attempt {attempt + 1} of {attempts})")
-            if note:
-                ctx.sink.log(note.strip("\n") + f"\n(attempt {attempt}'s console: {kept})")
+            _retrying(ctx, guest, e, note, log, attempt, attempts)
     raise AssertionError("unreachable")
+
+
+def _retrying(ctx: RunContext, guest: Guest, err: CloudboxError, note: str, log: Path, attempt: int,
+              attempts: int) -> None:
+    kept = log.with_name(f"console-attempt{attempt}.log")
+    with contextlib.suppress(OSError):
+        log.replace(kept)
+    ctx.sink.step(f"guest {guest.name} did not come up ({err}); {ctx.accelerator.label} loses a boot now and then: "
+                  f"launching it again (attempt {attempt + 1} of {attempts})")
+    if note:
+        ctx.sink.log(note.strip("\n") + f"\n(attempt {attempt}'s console: {kept})")
+
+
+def launch_all(ctx: RunContext, domains: list[tuple[str, Path]]) -> list[Launched]:
+    """Start every guest of `domains` (domain XML, console log), then wait for each one's agent: they boot side by
+    side. A guest lost while booting under emulation or nested virtualization is launched once more on its own."""
+    acc, control = ctx.accelerator, ctx.control
+    attempts = BOOT_ATTEMPTS if (acc.emulated or acc.nested) else 1
+
+    def waiting(seconds: float) -> None:
+        control.check("cancelled while the guests were booting")
+        ctx.sink.emit(ProgressEvent("guest", BOOT, 0, f"booting, {seconds:.0f} s since launch"))
+
+    started: list[tuple[Guest, float]] = []
+    for xml, log in domains:
+        with control.atomic():
+            guest = Guest.start(ctx.conn, xml, console_log=log)
+            ctx.stack.callback(guest.destroy)
+            ctx.guest = guest
+        started.append((guest, time.monotonic()))
+    out = []
+    for (guest, t0), (xml, log) in zip(started, domains, strict=True):
+        try:
+            waited = guest.wait_agent(timeout=ctx.spec.agent_timeout, on_wait=waiting)
+            out.append(Launched(guest, waited, time.monotonic() - t0, 1))
+        except GuestUnreachable as e:
+            if attempts == 1 or control.cancelled():
+                ctx.guest = guest
+                raise
+            note = console_note(guest, e)
+            with control.atomic():
+                guest.destroy()
+            _retrying(ctx, guest, e, note, log, 1, attempts)
+            out.append(launch(ctx, xml, log, first_attempt=2))
+    return out

@@ -25,6 +25,7 @@ from ..runlock import RunLock
 from ..runspec import RunSpec, parse_size
 from .context import RunContext, RunControl
 from .launch import console_note
+from .multi import check_fits
 from .sink import Consumer, EventSink
 
 Body = Callable[[RunContext], None]
@@ -50,6 +51,7 @@ class Execution:
         spec, store, control, sink = self.spec, self.store, self.control, self.sink
         spec.validate()
         profile = resolve_profile(spec.profile)
+        check_fits(spec, profile)
         size, size_label = parse_size(spec.size, profile.guest.memory_mib)
         run_uuid = uuidlib.uuid4().hex
         lock = RunLock(spec.node)

@@ -3,13 +3,18 @@ storage test also with the host disk's counters over exactly the test's window (
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 from .. import network, storage
 from ..diskstats import delta, read_counters
 from ..events import MeasurementEvent
 from .context import RunContext, host_labels
+
+T = TypeVar("T")
 
 
 def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callable[[], storage.FioResult],
@@ -78,3 +83,110 @@ def net_test(ctx: RunContext, side: str, t: network.NetTest, run: Callable[[], n
     if res.lat_us is not None and t.kind == "TCP_RR":
         record("lat_us", res.lat_us, "")
     ctx.sink.emit(MeasurementEvent(side, t.id, res.metric, round(res.value, 2), tuple(tl)))
+
+
+@dataclass
+class Ran:
+    """One guest's (or bare-metal process's) part of a test run by N at once: its result and its window in host
+    time (a guest's start is when its barrier let it go, on the host's clock)."""
+
+    result: storage.FioResult
+    started_at: float
+    finished_at: float
+
+
+def storage_test_many(ctx: RunContext, side: str, t: storage.StorageTest,
+                      runs: Sequence[Callable[[Callable[[], bool]], Ran]],
+                      drops: tuple[Callable[[], None], ...] = ()) -> list[Ran]:
+    """`t` on `side` by N at once (runs[k](cancelled) measures instance k + 1 in a thread of its own): one row per
+    instance, and the run's row: the sum of their MB/s and IOPS, their mean latency, the host disk's counters over
+    the whole window. Any instance failing (or the run cancelled) stops the others and fails the test."""
+    ctx.control.check()
+    tl = list(dict.fromkeys([*ctx.labels, *t.labels]))
+    if side == "baseline":
+        tl = host_labels([*tl, *ctx.backing.baseline_labels], dom0=ctx.dom0)
+    if "read" in t.rw:
+        if not storage.drop_host_caches():
+            tl.append("warm-cache")
+        for drop in drops:
+            drop()
+    ctx.current_test = f"{side}:{t.id}"
+    ctx.sink.step(f"{side}: {t.id} ({len(runs)} at once)", side=side, test=t.id)
+    device = ctx.sampler.device if ctx.sampler else None
+    c0 = read_counters(device) if device else None
+    parts = together(ctx, runs)
+    ctx.current_test = "idle"
+    host: dict[str, float | None] = dict.fromkeys(("host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util"))
+    if device and c0 is not None:
+        d = delta(c0, read_counters(device), device)
+        host = {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors,
+                "host_avgqu": d.avgqu, "host_util": d.util}
+
+    def record(metric: str, value: float, raw: str, start: float, end: float, instance: int | None,
+               metrics: dict[str, float | None]) -> None:
+        ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
+                                  started_at=start, finished_at=end, instance=instance, **metrics)
+
+    none = dict.fromkeys(host)
+    for k, p in enumerate(parts, 1):
+        record("MB/s", p.result.mbps, p.result.raw, p.started_at, p.finished_at, k, none)
+        if t.timed:
+            record("IOPS", p.result.iops, "", p.started_at, p.finished_at, k, none)
+            record("lat_us", p.result.lat_us, "", p.started_at, p.finished_at, k, none)
+    start, end = min(p.started_at for p in parts), max(p.finished_at for p in parts)
+    mbps = sum(p.result.mbps for p in parts)
+    record("MB/s", mbps, "", start, end, None, host)
+    if t.timed:
+        record("IOPS", sum(p.result.iops for p in parts), "", start, end, None, host)
+        record("lat_us", sum(p.result.lat_us for p in parts) / len(parts), "", start, end, None, host)
+    hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
+    ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(mbps, 2), tuple(tl),
+                                   round(sum(p.result.iops for p in parts), 1), hr["host_mbps"],
+                                   hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+    return parts
+
+
+JOIN_EVERY_S = 0.2  # the run's thread looks for a cancellation this often while the instances run
+STOP_GRACE_S = 60.0  # how long stopped instances get to notice and return before the run goes on without them
+
+
+def together(ctx: RunContext, jobs: Sequence[Callable[[Callable[[], bool]], T]]) -> list[T]:
+    """Run every job in a thread of its own at once and return their results in order. A job is given the
+    `cancelled` it must poll: true once the run is cancelled or another job failed. The first failure is raised
+    once every job has returned (or STOP_GRACE_S has passed)."""
+    stop = threading.Event()
+    results: list[T | None] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def cancelled() -> bool:
+        return stop.is_set() or ctx.control.cancelled()
+
+    def work(i: int, job: Callable[[Callable[[], bool]], T]) -> None:
+        try:
+            results[i] = job(cancelled)
+        except BaseException as e:  # noqa: BLE001 - handed to the run's thread
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=work, args=(i, j), name=f"cloudbox-instance-{i + 1}", daemon=True)
+               for i, j in enumerate(jobs)]
+    for th in threads:
+        th.start()
+    try:
+        while any(th.is_alive() for th in threads):
+            ctx.control.check()
+            for th in threads:
+                th.join(JOIN_EVERY_S / len(threads))
+    except BaseException:
+        stop.set()
+        _join(threads)
+        raise
+    if errors:
+        raise errors[0]
+    return [r for r in results if r is not None]
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    deadline = time.monotonic() + STOP_GRACE_S
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,235 @@
+"""A run of N guests of one profile on this host at once (--guests N, storage suite): each guest on a backing store of
+its own, all launched side by side, and every storage test started in all of them at one instant.
+
+The barrier: the host reads each guest's /proc/uptime through the agent's file calls (one round trip each, the
+quickest of five kept) to know the guest's clock against its own, picks a start two seconds ahead, and hands every
+guest that instant on its own clock; each guest's shell waits for it (10 ms steps) and notes when it left. Those
+notes, on the host's clock, are the start skew stored per test (uncertain by half the measuring round trip). The
+bare-metal baseline runs the same N at once: N fio (or dd) processes on the host, one file or loop device each.
+Each guest's figures are stored as instances 1..N beside the run's row, their sum (core.fairness for the spread).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import backing, paths, storage
+from ..diskstats import Sample, Sampler
+from ..domain import render_domain
+from ..errors import CloudboxError, UsageError
+from ..events import ProgressEvent, SampleEvent
+from ..guestimage import CMDLINE
+from ..profiles import Profile
+from ..provenance import Guests, GuestStart
+from ..runspec import BOOT, RunSpec
+from .context import RunContext
+from .launch import launch_all
+from .local import connect_libvirt, cpu_counts, find_image, probe_accelerator, record_facts
+from .measure import Ran, storage_test_many
+
+QEMU_OVERHEAD_MIB = 256  # each guest's QEMU beside its RAM (TCG's translation cache, device emulation)
+HOST_RESERVE_MIB = 512  # left to the host itself: libvirt, the bare-metal fio processes, cloudbox
+BARRIER_LEAD_S = 2.0  # from picking the start instant to it: every guest's agent must have started its shell
+MEMINFO = Path("/proc/meminfo")
+
+
+def mem_available_mib(meminfo: Path = MEMINFO) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = None,
+               host_cpus: int | None = None) -> None:
+    """Refuse N guests the profile cannot run or this host cannot hold, with the arithmetic, before anything starts:
+    every guest's RAM and its QEMU's overhead within the host's available memory less a reserve; a host CPU for
+    every guest vCPU (else the guests' figures would measure the CPU scheduler)."""
+    n = spec.guests
+    if n <= 1:
+        return
+    d = profile.disk
+    if d.backing == "network-volume":
+        raise UsageError(f"profile {profile.name}: disk.backing = network-volume exports one volume for one guest; "
+                         f"--guests {n} needs a store per guest: a profile with a file or block-device backing")
+    if profile.guest.hypervisor != "kvm":
+        raise UsageError(f"profile {profile.name}: guest.hypervisor = {profile.guest.hypervisor}: --guests {n} runs "
+                         "KVM/QEMU guests only for now; allowed: a profile with guest.hypervisor = kvm")
+    g = profile.guest
+    avail = mem_available_mib() if available_mib is None else available_mib
+    if avail is not None:
+        need = n * (g.memory_mib + QEMU_OVERHEAD_MIB) + HOST_RESERVE_MIB
+        if need > avail:
+            most = max(0, (avail - HOST_RESERVE_MIB) // (g.memory_mib + QEMU_OVERHEAD_MIB))
+            raise UsageError(
+                f"--guests {n}: {n} x ({g.memory_mib} MiB guest.memory_mib + {QEMU_OVERHEAD_MIB} MiB QEMU) + "
+                f"{HOST_RESERVE_MIB} MiB for the host = {need} MiB, but this host has {avail} MiB available; "
+                f"allowed: --guests 1 to {most} with profile {profile.name}")
+    cpus = cpu_counts()[0] if host_cpus is None else host_cpus
+    if cpus is not None and n * g.vcpus > cpus:
+        raise UsageError(f"--guests {n}: {n} x {g.vcpus} guest.vcpus = {n * g.vcpus} vCPUs, but this host has {cpus} "
+                         f"CPUs; allowed: --guests 1 to {max(1, cpus // g.vcpus)} with profile {profile.name} "
+                         "(each vCPU gets a host CPU, else the figures measure the scheduler)")
+
+
+def run_many(ctx: RunContext) -> None:
+    """The body of a run of N guests (core.execution.lifecycle.Execution runs it)."""
+    for step in (find_image, probe_accelerator, connect_libvirt, prepare_stores, record_facts, record_guests,
+                 start_sampler, baseline_many, launch_many, guests_storage):
+        step(ctx)
+
+
+def prepare_stores(ctx: RunContext) -> None:
+    """A backing store of the profile's kind for every guest, each in a directory of its own under the run's."""
+    spec, disk, n = ctx.spec, ctx.profile.disk, ctx.spec.guests
+    base = paths.work_base(spec.work_dir)
+    ctx.work_dir = base / f"run-{ctx.run_uuid[:12]}"
+    ctx.sink.step(f"preparing {n} backing stores ({disk.backing}, {backing.human_size(ctx.size)} each)")
+    need, what = backing.space_needed(disk.backing, ctx.size, count=disk.count)
+    _, free = backing.free_bytes_at(base)
+    if n * need + backing.MARGIN > free:
+        raise CloudboxError(f"{base}: not enough free space for {n} guests: {n} x {backing.human_size(need)} ({what}) "
+                            f"+ {backing.human_size(backing.MARGIN)} margin, {backing.human_size(free)} free; use a "
+                            "smaller --size, fewer --guests or another --work-dir")
+    with ctx.control.atomic():
+        ctx.work_dir.mkdir(parents=True, exist_ok=False)
+        ctx.work_dir.chmod(0o755)  # QEMU runs as libvirt-qemu and must reach the stores
+        ctx.stack.callback(ctx.work_dir.rmdir)
+    for k in range(1, n + 1):
+        with ctx.control.atomic():
+            store = backing.prepare(disk.backing, work_dir=ctx.work_dir / f"g{k}", size_bytes=ctx.size,
+                                    fmt=disk.format, volume=disk.volume, count=disk.count)
+            ctx.stack.callback(store.remove)
+        ctx.backings.append(store)
+    ctx.backing = ctx.backings[0]
+    ctx.labels += ctx.backing.labels
+
+
+def record_guests(ctx: RunContext) -> None:
+    ctx.provenance.guests = Guests(
+        count=ctx.spec.guests, baseline_processes=ctx.spec.guests if ctx.spec.wants_storage else None,
+        barrier="each guest waits on its own uptime clock for one instant the host picked; a start is when the "
+                "guest's shell left the wait (10 ms steps), uncertain by half the agent round trip of clock_rtt_s")
+    ctx.save_provenance()
+
+
+def start_sampler(ctx: RunContext) -> None:
+    """The host disk every store is on (a loop device's file included), once a second."""
+    device = backing.dev_name_for_path(ctx.work_dir)
+
+    def on_sample(s: Sample) -> None:
+        ctx.sink.sample(SampleEvent.from_payload({**s.as_dict(), "test": ctx.current_test}))
+
+    if device is None:
+        ctx.labels.append("no-host-metrics")
+        return
+    with ctx.control.atomic():
+        ctx.sampler = ctx.stack.enter_context(Sampler(device, on_sample))
+
+
+def baseline_many(ctx: RunContext) -> None:
+    """The storage tests on bare metal, N processes at once, each on its own guest's store's baseline target."""
+    tests = storage.resolve_tests(ctx.spec.storage_tests)
+    sink = ctx.sink
+    sink.step(f"bare metal: storage tests, {ctx.spec.guests} processes at once", side="baseline")
+    if storage.needs_fill(tests):
+        sink.step("bare metal: laying down data for read tests", side="baseline")
+        for store in ctx.backings:
+            storage.HostRunner(ctx.control.cancelled).fill(store.baseline_target, ctx.size)
+    for t in tests:
+        jobs = [functools.partial(_host_part, ctx, t, store, k) for k, store in enumerate(ctx.backings, 1)]
+        storage_test_many(ctx, "baseline", t, jobs)
+    for store in ctx.backings:
+        if not store.is_block:
+            Path(store.baseline_target).unlink(missing_ok=True)
+
+
+def _host_part(ctx: RunContext, t: storage.StorageTest, store: backing.BackingStore, k: int,
+               cancelled: Callable[[], bool]) -> Ran:
+    progress = ctx.sink.progress("baseline", t.id) if k == 1 else (lambda _p: None)
+    start = time.time()
+    res = storage.HostRunner(cancelled).run(t, store.baseline_target, ctx.size, ctx.runtime, progress)
+    return Ran(res, start, time.time())
+
+
+def launch_many(ctx: RunContext) -> None:
+    """Every guest under the profile on its own store, launched side by side; names carry the run and the guest's
+    number, so no two runs' or guests' names meet."""
+    acc, image = ctx.accelerator, ctx.image
+    domains = []
+    for k, store in enumerate(ctx.backings, 1):
+        name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}-g{k}"
+        log = ctx.work_dir / f"g{k}" / "console.log"  # removed with the store's directory
+        xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
+                            kernel=str(image.boot_kernel(acc.domain_type)),
+                            initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
+                            cmdline=CMDLINE, disk_path=store.path, disk_is_block=store.is_block, bridge=None,
+                            mac=None, run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths)
+        domains.append((xml, log))
+    ctx.domain_xml, ctx.console_log = domains[0]
+    ctx.sink.step(f"launching {len(domains)} guests ({acc.label})")
+    ups = launch_all(ctx, domains)
+    prov = ctx.provenance
+    assert prov.guests is not None
+    for up in ups:
+        ctx.sink.log(f"guest {up.guest.name}: agent ready {up.boot_s:.1f} s after its launch")
+        prov.guests.guests.append(GuestStart(name=up.guest.name, launch_to_agent_s=round(up.boot_s, 2)))
+    ctx.many = [up.guest for up in ups]
+    ctx.guest = ctx.many[0]
+    prov.guest_kernel = ctx.guest.sh("uname -r", timeout=30).stdout.strip()
+    prov.domain_xml = ctx.guest.xml()
+    prov.launch_to_agent_s = round(max(up.boot_s for up in ups), 2)
+    prov.boot_attempts = max(up.attempts for up in ups)
+    ctx.boot_s = max(up.boot_s for up in ups)
+    ctx.save_provenance()
+    ctx.sink.emit(ProgressEvent("guest", BOOT, 100))
+
+
+def guests_storage(ctx: RunContext) -> None:
+    """Every storage test in all guests at once, through the barrier; each guest's start skew kept per test."""
+    tests = storage.resolve_tests(ctx.spec.storage_tests)
+    runners = [storage.GuestRunner(g, ctx.control.cancelled) for g in ctx.many]
+    disks = []
+    for gr in runners:
+        gr.check_tools(tests)
+        if ctx.profile.disk.raid != "none":
+            raise CloudboxError(f"profile {ctx.profile.name}: disk.raid = {ctx.profile.disk.raid} with --guests "
+                                f"{ctx.spec.guests} is not implemented yet; allowed: a profile with disk.raid = none")
+        disks.append(gr.disk())
+    ctx.sink.log("guest benchmark disks: " + ", ".join(f"{g.name} {d}" for g, d in zip(ctx.many, disks, strict=True)))
+    ctx.sink.step(f"guests: storage tests, {len(runners)} guests at once", side="guest")
+    if storage.needs_fill(tests):
+        ctx.sink.step("guests: laying down data for read tests", side="guest")
+        for gr, disk in zip(runners, disks, strict=True):
+            gr.fill(disk, ctx.size)
+    info = ctx.provenance.guests
+    assert info is not None
+    for t in tests:
+        clocks = [gr.uptime_offset() for gr in runners]
+        for rec, (offset, rtt) in zip(info.guests, clocks, strict=True):
+            rec.clock_offset_s, rec.clock_rtt_s = round(offset, 4), round(rtt, 4)
+        at = time.time() + BARRIER_LEAD_S
+        jobs = [functools.partial(_guest_part, ctx, t, gr, disk, at, offset, k)
+                for k, (gr, disk, (offset, _)) in enumerate(zip(runners, disks, clocks, strict=True), 1)]
+        parts = storage_test_many(ctx, "guest", t, jobs, tuple(gr.drop_caches for gr in runners))
+        first = min(p.started_at for p in parts)
+        info.start_offsets_s[t.id] = [round(p.started_at - first, 4) for p in parts]
+        info.skew_s[t.id] = round(max(p.started_at for p in parts) - first, 4)
+        ctx.save_provenance()
+        ctx.sink.log(f"{t.id}: start skew {info.skew_s[t.id] * 1000:.0f} ms over {len(parts)} guests")
+
+
+def _guest_part(ctx: RunContext, t: storage.StorageTest, gr: storage.GuestRunner, disk: str, at: float,
+                offset: float, k: int, cancelled: Callable[[], bool]) -> Ran:
+    runner = storage.GuestRunner(gr.guest, cancelled)
+    progress = ctx.sink.progress("guest", t.id) if k == 1 else (lambda _p: None)
+    res = runner.run(t, disk, ctx.size, ctx.runtime, progress, timeout=storage.guest_timeout(t, ctx.size),
+                     start_uptime=at - offset)
+    assert res.started_uptime is not None
+    return Ran(res, res.started_uptime + offset, time.time())

@@ -1,0 +1,254 @@
+"""N guests of one profile at once on this host (--guests N): the aggregation (sum, min/median/max, Jain's index),
+the option's checks and the host's capacity, the per-guest rows in the results store and the tables, the start
+barrier's shell; and real runs of two TCG guests (one in make test, the Ctrl-C cleanup under `full`)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cloudbox import cli
+from cloudbox.core import compare, results, storage
+from cloudbox.core.errors import UsageError
+from cloudbox.core.execution.multi import QEMU_OVERHEAD_MIB, check_fits
+from cloudbox.core.fairness import jain_index, spread
+from cloudbox.core.profiles import resolve_profile
+from cloudbox.core.provenance import Guests, GuestStart, Provenance
+from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import MAX_GUESTS, RunSpec
+
+
+# -- aggregation -------------------------------------------------------------------------------------------------
+def test_jain_index_is_one_for_equal_shares_and_one_over_n_when_one_takes_all():
+    assert jain_index([50.0, 50.0, 50.0]) == pytest.approx(1.0)
+    assert jain_index([90.0, 0.0, 0.0]) == pytest.approx(1 / 3)
+    assert jain_index([30.0, 10.0]) == pytest.approx(40**2 / (2 * (900 + 100)))  # 0.8
+    assert jain_index([0.0, 0.0]) == 1.0
+    with pytest.raises(ValueError, match="non-negative"):
+        jain_index([1.0, -1.0])
+    with pytest.raises(ValueError, match="no values"):
+        jain_index([])
+
+
+def test_spread_sums_and_takes_min_median_max():
+    s = spread([28.5, 43.25, 30.0, 10.0])
+    assert (s.n, s.total, s.min, s.median, s.max) == (4, 111.75, 10.0, 29.25, 43.25)
+    assert s.jain == pytest.approx(111.75**2 / (4 * (28.5**2 + 43.25**2 + 30**2 + 10**2)))
+    assert spread([7.0]).jain == 1.0 and spread([7.0]).median == 7.0
+    assert "2 guests: sum 3.0 MB/s" in spread([1.0, 2.0]).describe()
+
+
+# -- the option --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"guests": 0}, rf"--guests 0 is not allowed; allowed: 1 to {MAX_GUESTS} guests"),
+    ({"guests": -2}, r"--guests -2 is not allowed"),
+    ({"guests": MAX_GUESTS + 1}, rf"--guests {MAX_GUESTS + 1} is not allowed"),
+    ({"guests": 2, "suite": "all"}, r"--guests 2 runs storage tests only.*allowed with --guests > 1: --suite "
+                                    r"storage \(got --suite all\)"),
+    ({"guests": 2, "suite": "network"}, r"--guests 2 runs storage tests only.*\(got --suite network\)"),
+    ({"guests": 3, "suite": "guest"}, r"\(got --suite guest\)"),
+    ({"guests": 2, "suite": "storage", "node": "be1"}, r"--guests 2 with --node 'be1': N guests run on this host"),
+    ({"guests": 2, "suite": "storage", "device": "/dev/sdb"}, r"--guests 2 with --device '/dev/sdb': one device"),
+])
+def test_bad_guest_counts_and_combinations_name_the_flag(kw, message):
+    with pytest.raises(UsageError, match=message):
+        RunSpec(profile="virtio-disk", **kw).validate()
+
+
+def test_guests_is_a_run_flag_and_only_in_the_stored_spec_when_more_than_one(tmp_path, monkeypatch, capsys):
+    spec = RunSpec(profile="virtio-disk", suite="storage", guests=2)
+    spec.validate()
+    assert spec.as_dict()["guests"] == 2 and RunSpec.from_dict(spec.as_dict()) == spec
+    assert "guests" not in RunSpec(profile="virtio-disk").as_dict()  # an older node reads a one-guest request
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
+    assert cli.main(["run", "--profile", "virtio-disk", "--guests", "0"]) == 2
+    assert "--guests 0 is not allowed" in capsys.readouterr().err
+    assert cli.main(["run", "--profile", "virtio-disk", "--guests", "2"]) == 2  # default suite: all
+    assert "--guests 2 runs storage tests only" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()
+
+
+def test_more_guests_than_memory_or_cpus_hold_is_refused_with_the_arithmetic():
+    p = resolve_profile("virtio-disk")  # 1024 MiB, 1 vCPU
+    spec = RunSpec(profile="virtio-disk", suite="storage", guests=4)
+    with pytest.raises(UsageError) as e:
+        check_fits(spec, p, available_mib=4000, host_cpus=8)
+    assert str(e.value) == (f"--guests 4: 4 x (1024 MiB guest.memory_mib + {QEMU_OVERHEAD_MIB} MiB QEMU) + 512 MiB for "
+                            f"the host = 5632 MiB, but this host has 4000 MiB available; allowed: --guests 1 to 2 with "
+                            "profile virtio-disk")
+    with pytest.raises(UsageError, match=r"--guests 4: 4 x 1 guest.vcpus = 4 vCPUs, but this host has 2 CPUs; "
+                                         r"allowed: --guests 1 to 2"):
+        check_fits(spec, p, available_mib=64000, host_cpus=2)
+    check_fits(spec, p, available_mib=64000, host_cpus=4)
+    check_fits(RunSpec(profile="virtio-disk", guests=1), p, available_mib=1, host_cpus=1)  # one guest: not checked
+
+
+def test_a_profile_that_cannot_run_n_guests_is_refused():
+    p = resolve_profile("virtio-disk")
+    vol = p.model_copy(update={"disk": p.disk.model_copy(update={"backing": "network-volume", "volume": "v1"})})
+    spec = RunSpec(profile="virtio-disk", suite="storage", guests=2)
+    with pytest.raises(UsageError, match="disk.backing = network-volume exports one volume for one guest"):
+        check_fits(spec, vol, available_mib=64000, host_cpus=8)
+    xen = p.model_copy(update={"guest": p.guest.model_copy(update={"hypervisor": "xen"})})
+    with pytest.raises(UsageError, match="guest.hypervisor = xen: --guests 2 runs KVM/QEMU guests only"):
+        check_fits(spec, xen, available_mib=64000, host_cpus=8)
+
+
+# -- the barrier's shell, run by this host's busybox (the guest image's shell) -----------------------------------
+def test_the_barrier_holds_until_the_uptime_and_stamps_when_it_let_go(tmp_path, monkeypatch):
+    if not any(Path(d, "busybox").exists() for d in os.environ.get("PATH", "").split(":")):
+        pytest.skip("busybox is not installed (the guest image's shell)")
+    stamp = tmp_path / "start"
+    monkeypatch.setattr(storage, "START_STAMP", str(stamp))
+    up = float(Path("/proc/uptime").read_text().split()[0]) + 0.7
+    t0 = time.monotonic()
+    subprocess.run(["busybox", "sh", "-c", storage.barrier_script(up) + "true"], check=True, timeout=10)
+    held = time.monotonic() - t0
+    left = storage.parse_start_stamp(stamp.read_text())
+    assert 0.5 < held < 1.5, held
+    assert up - 0.01 <= left < up + 0.1, (up, left)
+
+
+# -- stored and shown --------------------------------------------------------------------------------------------
+def _run_of_two(store: ResultStore) -> int:
+    rid = store.create_run(profile_name="virtio-disk", suite="storage", accelerator="tcg",
+                           provenance=Provenance(guests=Guests(count=2, guests=[GuestStart(name="g1"),
+                                                                                GuestStart(name="g2")],
+                                                               skew_s={"seq-write-64k": 0.012})))
+    for k, v in ((1, 30.0), (2, 10.0)):
+        store.add_measurement(rid, side="guest", test="seq-write-64k", metric="MB/s", value=v, instance=k)
+        store.add_measurement(rid, side="baseline", test="seq-write-64k", metric="MB/s", value=100.0 + k, instance=k)
+    store.add_measurement(rid, side="guest", test="seq-write-64k", metric="MB/s", value=40.0, host_avgqu=1.5)
+    store.add_measurement(rid, side="baseline", test="seq-write-64k", metric="MB/s", value=203.0)
+    return rid
+
+
+def test_each_guest_and_the_sum_are_stored_and_read_apart(tmp_path):
+    with ResultStore(tmp_path / "r.db") as store:
+        rid = _run_of_two(store)
+        run = store.get_run(rid)
+    assert run.value("guest", "seq-write-64k", "MB/s") == 40.0  # the run's figure: the sum
+    assert [m.value for m in run.instances("guest", "seq-write-64k", "MB/s")] == [30.0, 10.0]
+    assert [m.instance for m in run.instances("baseline", "seq-write-64k", "MB/s")] == [1, 2]
+    assert all(m.labels == ["emulated"] for m in run.instances("guest", "seq-write-64k", "MB/s"))
+    assert run.provenance.guests is not None and run.provenance.guests.count == 2
+    with ResultStore(tmp_path / "r.db") as store, pytest.raises(ValueError, match="instance must be None or"):
+        store.add_measurement(rid, side="guest", test="t", metric="MB/s", value=1, instance=0)
+
+
+def test_the_tables_show_the_sum_each_guest_and_the_spread(tmp_path):
+    with ResultStore(tmp_path / "r.db") as store:
+        one = store.create_run(profile_name="virtio-disk", suite="storage", accelerator="tcg")
+        store.add_measurement(one, side="baseline", test="seq-write-64k", metric="MB/s", value=150.0)
+        store.add_measurement(one, side="guest", test="seq-write-64k", metric="MB/s", value=20.0)
+        two = _run_of_two(store)
+        runs = [store.get_run(one), store.get_run(two)]
+    table = compare.compare_table(runs)
+    rows = [(r.kind, r.cells["run"], r.cells["value"], r.cells["pct"]) for r in table.sections[0].rows]
+    # each run against its own baseline: one process's is never averaged with two processes'
+    assert rows == [("baseline", "#1", 150.0, None), ("guest", "#1", 20.0, pytest.approx(20 / 150 * 100)),
+                    ("baseline", "#2 sum", 203.0, None), ("baseline", "#2 p1", 101.0, None),
+                    ("baseline", "#2 p2", 102.0, None), ("guest", "#2 sum", 40.0, pytest.approx(40 / 203 * 100)),
+                    ("guest", "#2 g1", 30.0, None), ("guest", "#2 g2", 10.0, None)]
+    text = compare.to_text(table, width=200)
+    assert ("#2 seq-write-64k: 2 guests, sum 40.0 MB/s; per guest min 10.0 / median 20.0 / max 30.0; Jain's "
+            "fairness index 0.800; start skew 12 ms. Bare metal, 2 processes: sum 203.0") in text
+    assert "2 guests at once" in table.legend[1] and "guests" not in table.legend[0]
+
+
+def test_a_schema_3_database_gains_the_instance_column(tmp_path):
+    db = tmp_path / "v3.db"
+    with sqlite3.connect(db) as c:
+        for n in range(3):
+            results.MIGRATIONS[n](c)
+        c.execute("PRAGMA user_version = 3")
+        c.execute("INSERT INTO runs (id, uuid, suite, state) VALUES (4, 'u4', 'storage', 'completed')")
+        c.execute("INSERT INTO measurements (run_id, side, test, metric, value) VALUES (4, 'guest', 't', 'MB/s', 5)")
+    with ResultStore(db) as s:
+        assert s.schema_version == 4
+        run = s.get_run(4)
+        assert run.value("guest", "t", "MB/s") == 5 and run.measurements[0].instance is None
+    with sqlite3.connect(db) as c, pytest.raises(sqlite3.IntegrityError):
+        c.execute("INSERT INTO measurements (run_id, side, test, metric, value, instance) "
+                  "VALUES (4, 'guest', 't', 'MB/s', 1, 0)")
+
+
+# -- real runs: two TCG guests -----------------------------------------------------------------------------------
+SKEW_BOUND_S = 0.5  # the barrier's start skew of two guests; measured 10-80 ms under TCG on 2 cores
+
+
+def _ours(conn, run_uuid: str) -> list[str]:
+    from cloudbox.core.guest import list_guests
+
+    return [g.name for g in list_guests(conn) if run_uuid[:8] in g.name]
+
+
+def _loops_under(state: Path) -> list[str]:
+    out = subprocess.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"], capture_output=True,
+                         text=True).stdout
+    return [ln for ln in out.splitlines() if str(state) in ln]
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_two_guests_write_at_once_and_their_sum_is_stored(state, libvirt_conn):
+    from cloudbox.core import runs
+
+    spec = RunSpec(profile="virtio-disk", suite="storage", size="quick", storage_tests="seq-write-64k", guests=2)
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+        run = store.get_run(rid)
+    assert run.state == "completed", run.reason
+    for side in ("guest", "baseline"):
+        each = run.instances(side, "seq-write-64k", "MB/s")
+        assert [m.instance for m in each] == [1, 2], side
+        assert all(m.value > 0 and m.started_at and m.finished_at for m in each), side
+        total = run.measurement(side, "seq-write-64k", "MB/s")
+        assert total is not None and total.value == pytest.approx(sum(m.value for m in each), rel=1e-9)
+        assert total.host_avgqu is not None and total.host_util is not None  # the host disk over the window
+    info = run.provenance.guests
+    assert info is not None and info.count == 2 and len(info.guests) == 2
+    assert all(g.clock_rtt_s is not None and g.clock_rtt_s < 1.0 for g in info.guests)
+    skew = info.skew_s["seq-write-64k"]
+    starts = [m.started_at for m in run.instances("guest", "seq-write-64k", "MB/s")]
+    assert skew == pytest.approx(max(starts) - min(starts), abs=1e-3)
+    assert 0 <= skew < SKEW_BOUND_S, skew
+    assert run.provenance.spec is not None and run.provenance.spec.guests == 2
+    assert _ours(libvirt_conn, run.uuid) == []
+    assert _loops_under(state) == []
+    work = state / "state" / "work"
+    assert not work.exists() or list(work.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.full
+def test_ctrl_c_while_two_guests_write_leaves_nothing(state, libvirt_conn):
+    proc = subprocess.Popen([sys.executable, "-m", "cloudbox.cli", "run", "--profile", "virtio-disk", "--guests",
+                             "2", "--suite", "storage", "--size", "256M", "--tests", "seq-write-64k,randwrite-4k-qd32",
+                             "--runtime", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "guest: seq-write-64k (2 at once)" in line:
+            break
+    else:
+        pytest.fail("run ended before the guests' tests:\n" + "".join(seen))
+    time.sleep(3)  # inside the barrier or the test itself
+    proc.send_signal(2)
+    out = "".join(seen) + proc.stdout.read()
+    assert proc.wait(timeout=180) == 1, out
+    with ResultStore() as store:
+        run = store.list_runs()[0]
+    assert run.state == "aborted" and "SIGINT" in (run.reason or ""), run.reason
+    assert _ours(libvirt_conn, run.uuid) == []
+    assert _loops_under(state) == []
+    work = state / "state" / "work"
+    assert not work.exists() or list(work.iterdir()) == []
