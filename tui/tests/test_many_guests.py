@@ -252,3 +252,41 @@ def test_ctrl_c_while_two_guests_write_leaves_nothing(state, libvirt_conn):
     assert _loops_under(state) == []
     work = state / "state" / "work"
     assert not work.exists() or list(work.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.full
+def test_a_guest_dying_mid_test_fails_the_run_naming_it_and_leaves_nothing(state, libvirt_conn):
+    """Guest 2 destroyed under libvirt while both write: guest 1's test is stopped, the run is aborted naming guest
+    2, and both guests, their loop devices and files are gone."""
+    import threading
+
+    from cloudbox.core import runs
+    from cloudbox.core.events import RunEvent, StepEvent
+    from cloudbox.core.guest import list_guests
+
+    killed: list[str] = []
+
+    def kill_g2() -> None:
+        time.sleep(3)  # past the barrier, inside the test
+        (name,) = [g.name for g in list_guests(libvirt_conn) if g.name.endswith("-g2") and g.profile == "virtio-disk"]
+        libvirt_conn.lookupByName(name).destroy()
+        killed.append(name)
+
+    def on_event(ev: RunEvent) -> None:
+        if isinstance(ev, StepEvent) and ev.text.startswith("guest: seq-write-64k (2 at once)"):
+            threading.Thread(target=kill_g2, daemon=True).start()
+
+    spec = RunSpec(profile="virtio-disk", suite="storage", size="256M", storage_tests="seq-write-64k", guests=2)
+    with ResultStore() as store:
+        rid = runs.executor(spec, store, emit=on_event).execute()
+        run = store.get_run(rid)
+    assert killed, "guest 2 was never found to be destroyed"
+    assert run.state == "aborted", run.reason
+    assert killed[0] in (run.reason or ""), run.reason
+    assert run.instances("guest", "seq-write-64k", "MB/s") == []  # no half-measured test stored
+    assert _ours(libvirt_conn, run.uuid) == []
+    assert _loops_under(state) == []
+    work = state / "state" / "work"
+    assert not work.exists() or list(work.iterdir()) == []

@@ -108,6 +108,7 @@ class GuestStart(_Record):
     """One guest of a run of N: its name, and how well the host knows its clock (for the start barrier)."""
 
     name: str
+    disk: str = ""  # its backing store on the host (file or device)
     clock_offset_s: float | None = None  # host time minus the guest's uptime clock, as last measured
     clock_rtt_s: float | None = None  # the agent round trip that measurement took (its uncertainty is half of it)
     launch_to_agent_s: float | None = None

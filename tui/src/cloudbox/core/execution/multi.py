@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import backing, paths, storage
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
-from ..errors import CloudboxError, UsageError
+from ..errors import CloudboxError, GuestUnreachable, UsageError
 from ..events import ProgressEvent, SampleEvent
 from ..guestimage import CMDLINE
 from ..profiles import Profile
@@ -177,9 +177,10 @@ def launch_many(ctx: RunContext) -> None:
     ups = launch_all(ctx, domains)
     prov = ctx.provenance
     assert prov.guests is not None
-    for up in ups:
+    for up, store in zip(ups, ctx.backings, strict=True):
         ctx.sink.log(f"guest {up.guest.name}: agent ready {up.boot_s:.1f} s after its launch")
-        prov.guests.guests.append(GuestStart(name=up.guest.name, launch_to_agent_s=round(up.boot_s, 2)))
+        prov.guests.guests.append(GuestStart(name=up.guest.name, disk=store.path,
+                                             launch_to_agent_s=round(up.boot_s, 2)))
     ctx.many = [up.guest for up in ups]
     ctx.guest = ctx.many[0]
     prov.guest_kernel = ctx.guest.sh("uname -r", timeout=30).stdout.strip()
@@ -229,7 +230,11 @@ def _guest_part(ctx: RunContext, t: storage.StorageTest, gr: storage.GuestRunner
                 offset: float, k: int, cancelled: Callable[[], bool]) -> Ran:
     runner = storage.GuestRunner(gr.guest, cancelled)
     progress = ctx.sink.progress("guest", t.id) if k == 1 else (lambda _p: None)
-    res = runner.run(t, disk, ctx.size, ctx.runtime, progress, timeout=storage.guest_timeout(t, ctx.size),
-                     start_uptime=at - offset)
+    try:
+        res = runner.run(t, disk, ctx.size, ctx.runtime, progress, timeout=storage.guest_timeout(t, ctx.size),
+                         start_uptime=at - offset)
+    except GuestUnreachable:
+        ctx.guest = gr.guest  # the run's reason quotes this guest's console
+        raise
     assert res.started_uptime is not None
     return Ran(res, res.started_uptime + offset, time.time())
