@@ -192,7 +192,7 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
     if p.guests is not None:
         g = p.guests
         lines.append(f"  guests       {g.count} at once, each on a store of its own: "
-                     + ", ".join(x.name for x in g.guests))
+                     + ", ".join(f"{x.name} ({x.disk})" if x.disk else x.name for x in g.guests))
         if g.skew_s:
             lines.append("  start skew   " + ", ".join(f"{t} {s * 1000:.0f} ms" for t, s in g.skew_s.items())
                          + " (the latest guest's start after the earliest's)")
