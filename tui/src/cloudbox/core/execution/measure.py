@@ -130,12 +130,16 @@ def storage_test_many(ctx: RunContext, side: str, t: storage.StorageTest,
     none = dict.fromkeys(host)
     for k, p in enumerate(parts, 1):
         record("MB/s", p.result.mbps, p.result.raw, p.started_at, p.finished_at, k, none)
+        for metric, value in p.result.extra.items():  # IOzone's second pass: re-write, re-read
+            record(metric, value, "", p.started_at, p.finished_at, k, none)
         if t.timed:
             record("IOPS", p.result.iops, "", p.started_at, p.finished_at, k, none)
             record("lat_us", p.result.lat_us, "", p.started_at, p.finished_at, k, none)
     start, end = min(p.started_at for p in parts), max(p.finished_at for p in parts)
     mbps = sum(p.result.mbps for p in parts)
     record("MB/s", mbps, "", start, end, None, host)
+    for metric in parts[0].result.extra:
+        record(metric, sum(p.result.extra.get(metric, 0.0) for p in parts), "", start, end, None, host)
     if t.timed:
         record("IOPS", sum(p.result.iops for p in parts), "", start, end, None, host)
         record("lat_us", sum(p.result.lat_us for p in parts) / len(parts), "", start, end, None, host)
