@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -230,23 +229,16 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(state, libvirt_conn):
 @pytest.mark.root
 @pytest.mark.full
 def test_ctrl_c_while_two_guests_write_leaves_nothing(state, libvirt_conn):
-    proc = subprocess.Popen([sys.executable, "-m", "cloudbox.cli", "run", "--profile", "virtio-disk", "--guests",
-                             "2", "--suite", "storage", "--size", "256M", "--tests", "seq-write-64k,randwrite-4k-qd32",
-                             "--runtime", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "guest: seq-write-64k (2 at once)" in line:
-            break
-    else:
-        pytest.fail("run ended before the guests' tests:\n" + "".join(seen))
-    time.sleep(3)  # inside the barrier or the test itself
-    proc.send_signal(2)
-    out = "".join(seen) + proc.stdout.read()
-    assert proc.wait(timeout=180) == 1, out
-    with ResultStore() as store:
-        run = store.list_runs()[0]
+    from real_runs import interrupt_cli_run
+
+    def into_the_test() -> None:
+        time.sleep(5)  # past the clocks' reading and the barrier: both guests write
+
+    got = interrupt_cli_run(["--profile", "virtio-disk", "--guests", "2", "--suite", "storage", "--size", "256M",
+                             "--tests", "seq-write-64k,randwrite-4k-qd32", "--runtime", "60"], into_the_test)
+    assert got.returncode == 1, got.output
+    assert "guest: seq-write-64k (2 at once)" in got.output, got.output
+    run = got.run
     assert run.state == "aborted" and "SIGINT" in (run.reason or ""), run.reason
     assert _ours(libvirt_conn, run.uuid) == []
     assert _loops_under(state) == []

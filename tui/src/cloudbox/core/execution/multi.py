@@ -204,9 +204,9 @@ def guests_storage(ctx: RunContext) -> None:
                                 f"{ctx.spec.guests} is not implemented yet; allowed: a profile with disk.raid = none")
         disks.append(gr.disk())
     ctx.sink.log("guest benchmark disks: " + ", ".join(f"{g.name} {d}" for g, d in zip(ctx.many, disks, strict=True)))
-    ctx.sink.step(f"guests: storage tests, {len(runners)} guests at once", side="guest")
+    ctx.sink.step(f"guest: storage tests, {len(runners)} guests at once", side="guest")
     if storage.needs_fill(tests):
-        ctx.sink.step("guests: laying down data for read tests", side="guest")
+        ctx.sink.step("guest: laying down data for read tests, in every guest", side="guest")
         for gr, disk in zip(runners, disks, strict=True):
             gr.fill(disk, ctx.size)
     info = ctx.provenance.guests
