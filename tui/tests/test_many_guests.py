@@ -73,6 +73,43 @@ def test_guests_is_a_run_flag_and_only_in_the_stored_spec_when_more_than_one(tmp
     assert not (tmp_path / "state").exists()
 
 
+def test_a_list_of_guest_counts_is_one_run_per_count(tmp_path, monkeypatch, capsys):
+    from cloudbox.cli.run import _specs
+
+    args = cli.build_parser().parse_args(["run", "-p", "virtio-disk", "-s", "storage", "--guests", "1, 2,4"])
+    assert [(s.guests, s.suite) for s in _specs(args)] == [(1, "storage"), (2, "storage"), (4, "storage")]
+    assert [s.guests for s in _specs(cli.build_parser().parse_args(["run", "-p", "x"]))] == [1]
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
+    for given, message in (("1,x", "--guests '1,x': 'x' is not understood; allowed: one value or a comma-separated "
+                                    "list such as 1,2,4 (one run each)"),
+                           ("2,2", "--guests '2,2': 2 is given twice; allowed: each value once"),
+                           ("1,0", "--guests 0 is not allowed; allowed: 1 to 64")):
+        assert cli.main(["run", "-p", "virtio-disk", "-s", "storage", "--guests", given]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()
+
+
+def test_the_sweep_table_has_a_row_per_guest_count(tmp_path):
+    with ResultStore(tmp_path / "r.db") as store:
+        one = store.create_run(profile_name="virtio-disk", suite="storage", accelerator="tcg")
+        store.add_measurement(one, side="baseline", test="seq-write-64k", metric="MB/s", value=150.0)
+        store.add_measurement(one, side="guest", test="seq-write-64k", metric="MB/s", value=20.0, host_avgqu=0.5)
+        two = _run_of_two(store)
+        runs = [store.get_run(one), store.get_run(two)]
+    table = compare.guest_sweep_table(runs)
+    (section,) = table.sections
+    cells = [{k: r.cells[k] for k in ("run", "guests", "value", "min", "median", "max", "skew", "base", "avgqu")}
+             for r in section.rows]
+    assert cells == [
+        {"run": "#1 *", "guests": 1, "value": 20.0, "min": 20.0, "median": 20.0, "max": 20.0, "skew": None,
+         "base": 150.0, "avgqu": 0.5},
+        {"run": "#2 *", "guests": 2, "value": 40.0, "min": 10.0, "median": 20.0, "max": 30.0,
+         "skew": pytest.approx(12.0), "base": 203.0, "avgqu": 1.5}]
+    assert [r.cells["jain"] for r in section.rows] == [1.0, pytest.approx(0.8)]
+    text = compare.to_text(table, width=120)
+    assert "sum MB/s" in text and "0.800" in text and "measured under TCG emulation" in text
+
+
 def test_more_guests_than_memory_or_cpus_hold_is_refused_with_the_arithmetic():
     p = resolve_profile("virtio-disk")  # 1024 MiB, 1 vCPU
     spec = RunSpec(profile="virtio-disk", suite="storage", guests=4)

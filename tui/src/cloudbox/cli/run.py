@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 
 from cloudbox.cli.common import guard
 from cloudbox.core import runs
@@ -17,7 +18,8 @@ from cloudbox.core.runspec import RUN_OPTIONS, RunSpec
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run storage and/or network tests under a profile, with a bare-metal baseline")
     for opt in RUN_OPTIONS:
-        p.add_argument(*opt.flags, dest=opt.field, type=opt.type, default=opt.default, help=opt.help,
+        p.add_argument(*opt.flags, dest=opt.field, type=str if opt.sweep else opt.type, default=opt.default,
+                       help=opt.help,
                        metavar=opt.metavar, required=opt.required,
                        choices=[c.value for c in opt.choices] if opt.closed else None)
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
@@ -44,8 +46,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     h.set_defaults(func=guard(cmd_host))
 
 
-def _spec(a: argparse.Namespace) -> RunSpec:
-    return RunSpec(**{opt.field: getattr(a, opt.field) for opt in RUN_OPTIONS})
+def _specs(a: argparse.Namespace) -> list[RunSpec]:
+    """The run the flags ask for, or one per value of a sweep option given as a list (--guests 1,2,4)."""
+    given = {opt.field: getattr(a, opt.field) for opt in RUN_OPTIONS if not opt.sweep}
+    specs = [RunSpec(**given)]
+    for opt in RUN_OPTIONS:
+        if opt.sweep:
+            specs = [replace(s, **{opt.field: v}) for s in specs for v in opt.values(getattr(a, opt.field))]
+    return specs
 
 
 class Printer:
@@ -93,10 +101,14 @@ def _store():
 def cmd_run(a: argparse.Namespace) -> int:
     from cloudbox.core.compare import compare_table, to_text
 
-    spec = _spec(a)
-    spec.validate()  # a usage error exits 2 before anything (the results database) is created
-    if spec.guests > 1:
-        runs.check_guests_fit(spec)
+    specs = _specs(a)
+    for spec in specs:  # a usage error exits 2 before anything (the results database) is created
+        spec.validate()
+        if spec.guests > 1:
+            runs.check_guests_fit(spec)
+    if len(specs) > 1:
+        return _sweep(a, specs)
+    spec = specs[0]
     with _store() as store:
         if a.detach:
             rid = runs.start_detached(spec, store)
@@ -116,6 +128,36 @@ def cmd_run(a: argparse.Namespace) -> int:
             print()
             print(to_text(compare_table([run])))
         return 0 if run.state == "completed" else 1
+
+
+def _sweep(a: argparse.Namespace, specs: list[RunSpec]) -> int:
+    """One run per guest count, one after another; then the runs side by side (compare.guest_sweep_table)."""
+    from cloudbox.core.compare import guest_sweep_table, to_json, to_text
+
+    counts = ", ".join(str(s.guests) for s in specs)
+    with _store() as store:
+        if a.detach:
+            sweep = runs.start_sweep(specs, store)
+            if a.json:
+                print(json.dumps({"sweep": sweep.id}))
+                return 0
+            print(f"{sweep.id} started in the background: one run per guest count ({counts}); 'cloudbox results "
+                  f"list' shows its runs, 'cloudbox cancel {sweep.id}' stops it")
+            return 0
+        done = []
+        for i, spec in enumerate(specs, 1):
+            print(f"=== run {i} of {len(specs)}: --guests {spec.guests}")
+            rid = runs.executor(spec, store, emit=Printer()).execute()
+            done.append(store.get_run(rid))
+            if done[-1].state != "completed":
+                print(f"run {rid} {done[-1].state}: the sweep stops here")
+                break
+        if a.json:
+            print(to_json(done), end="")
+        else:
+            print()
+            print(to_text(guest_sweep_table(done)))
+        return 0 if len(done) == len(specs) and all(r.state == "completed" for r in done) else 1
 
 
 def cmd_watch(a: argparse.Namespace) -> int:

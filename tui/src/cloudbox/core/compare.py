@@ -581,6 +581,53 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
     return table
 
 
+def guest_sweep_table(runs: Sequence[Run]) -> Table:
+    """Runs of 1, 2, 4... guests side by side, per test: the guests' sum, each guest's min/median/max, Jain's index,
+    the start skew, the sum as % of bare metal with the same number of processes, and the host disk's queue."""
+    runs = list(runs)
+    table = Table(title="Guests at once: runs " + ", ".join(f"#{r.id}" for r in runs), run_ids=[r.id for r in runs],
+                  legend=[_legend(r) for r in runs])
+    tests: dict[str, None] = {}
+    for r in runs:
+        for t in r.tests("guest"):
+            tests.setdefault(t, None)
+    any_emulated = False
+    for test in sorted(tests, key=test_sort_key):
+        metric = primary_metric(test, [m.metric for r in runs for m in r.measurements if m.test == test])
+        columns = [Column("run", "run", "run"), Column("guests", "guests", "N", True),
+                   Column("value", f"sum {metric}", f"sum {metric}", True), Column("min", "min", "min", True),
+                   Column("median", "median", "median", True), Column("max", "max", "max", True),
+                   Column("jain", "Jain's index", "Jain", True), Column("skew", "start skew ms", "skew ms", True),
+                   Column("base", f"bare metal {metric}", "bare", True),
+                   Column("pct", "% of bare metal", "% bare", True),
+                   Column("avgqu", "avgqu", "avgqu", True), Column("util", "util %", "util", True)]
+        section = Section(test, test_title(test), metric, columns)
+        for r in runs:
+            total = r.measurement("guest", test, metric)
+            if total is None:
+                continue
+            each = r.instances("guest", test, metric) or [total]
+            g = spread([m.value for m in each])
+            info = r.provenance.guests
+            skew = info.skew_s.get(test) if info is not None else None
+            row = Row(kind="guest", run_ids=[r.id], emulated=r.emulated,
+                      cells={"run": f"#{r.id}", "guests": guest_count(r), "value": total.value, "min": g.min,
+                             "median": g.median, "max": g.max, "jain": g.jain,
+                             "skew": None if skew is None else skew * 1000,
+                             "base": r.value("baseline", test, metric), "pct": percent_of_baseline(r, test, metric),
+                             "avgqu": total.host_avgqu, "util": total.host_util},
+                      labels=[lab for lab in total.labels if lab != "emulated"])
+            if r.emulated:
+                row.cells["run"] += f" {EMULATED_MARK}"
+                any_emulated = True
+            section.rows.append(row)
+        if section.rows:
+            table.sections.append(section)
+    if any_emulated:
+        table.footnotes.append(EMULATED_NOTE)
+    return table
+
+
 # --------------------------------------------------------------------------------------------------
 # Renderers
 # --------------------------------------------------------------------------------------------------
@@ -600,7 +647,11 @@ def _fmt(key: str, value: Any, metric: str = "") -> str:
         return f"{v:.0f}" if v >= 10 else f"{v:.1f}"
     if key == "avgqu":
         return f"{v:.2f}" if v < 10 else (f"{v:.1f}" if v < 100 else f"{v:.0f}")
-    if key == "value":
+    if key == "jain":
+        return f"{v:.3f}"
+    if key in ("skew", "guests"):
+        return f"{v:.0f}"
+    if key in ("value", "min", "median", "max", "base"):
         if metric in ("IOPS", "Mbit/s", "trans/s"):
             return f"{v:.0f}"
         return f"{v:.1f}"

@@ -227,6 +227,7 @@ class RunOption:
     check: Callable[[Any], None] | None = None  # raises UsageError naming the flag, the value and what is allowed
     form_default: Any = None  # the TUI form's first value, where it differs from the CLI's default
     required: bool = False
+    sweep: bool = False  # the CLI also takes a comma-separated list: one run per value, one after another
 
     @property
     def flag(self) -> str:
@@ -238,6 +239,23 @@ class RunOption:
                              f"{', '.join(c.value for c in self.choices)}")
         if self.check is not None:
             self.check(value)
+
+    def values(self, given: Any) -> list[Any]:
+        """The values of a sweep option's CLI text ("1,2,4" -> [1, 2, 4]), each of the option's type and given once;
+        one value for any other option."""
+        if not (self.sweep and isinstance(given, str)):
+            return [given]
+        out = []
+        for part in given.split(","):
+            try:
+                value = self.type(part.strip())
+            except ValueError:
+                raise UsageError(f"{self.flag} {given!r}: {part.strip()!r} is not understood; allowed: one value or "
+                                 f"a comma-separated list such as 1,2,4 (one run each)") from None
+            if value in out:
+                raise UsageError(f"{self.flag} {given!r}: {value} is given twice; allowed: each value once")
+            out.append(value)
+        return out
 
     def offered(self) -> list[tuple[str, str]]:
         """(label, value) of every choice the TUI's form offers, for a select."""
@@ -374,8 +392,9 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               check=_check_agent_timeout),
     RunOption("guests", ("--guests",), int, 1,
               "benchmark guests of the profile to run at once on this host, each on a disk of its own, their tests "
-              "started together; stores each guest's figures and their sum (storage suite only)", metavar="N",
-              check=_check_guests),
+              "started together; stores each guest's figures and their sum (storage suite only); a list such as "
+              "1,2,4 runs one run per count and prints them in one table", metavar="N[,N...]",
+              check=_check_guests, sweep=True),
 )
 OPTIONS_BY_FIELD = {o.field: o for o in RUN_OPTIONS}
 
