@@ -142,7 +142,11 @@ def baseline_many(ctx: RunContext) -> None:
         sink.step("bare metal: laying down data for read tests", side="baseline")
         for store in ctx.backings:
             storage.HostRunner(ctx.control.cancelled).fill(store.baseline_target, ctx.size)
-    for t in tests:
+    for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+        if lay:
+            sink.step(f"bare metal: laying down IOzone's data for {t.id}", side="baseline")
+            for store in ctx.backings:
+                storage.HostRunner(ctx.control.cancelled).fill_iozone(t, store.baseline_target, ctx.size)
         jobs = [functools.partial(_host_part, ctx, t, store, k) for k, store in enumerate(ctx.backings, 1)]
         storage_test_many(ctx, "baseline", t, jobs)
     for store in ctx.backings:
@@ -211,7 +215,11 @@ def guests_storage(ctx: RunContext) -> None:
             gr.fill(disk, ctx.size)
     info = ctx.provenance.guests
     assert info is not None
-    for t in tests:
+    for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+        if lay:
+            ctx.sink.step(f"guest: laying down IOzone's data for {t.id}, in every guest", side="guest")
+            for gr, disk in zip(runners, disks, strict=True):
+                gr.fill_iozone(t, disk, ctx.size, timeout=storage.guest_timeout(t, ctx.size))
         clocks = [gr.uptime_offset() for gr in runners]
         for rec, (offset, rtt) in zip(info.guests, clocks, strict=True):
             rec.clock_offset_s, rec.clock_rtt_s = round(offset, 4), round(rtt, 4)
