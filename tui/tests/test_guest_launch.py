@@ -75,11 +75,10 @@ def test_each_bus_and_nic_with_only_its_drivers(bus, model, disk, nic_driver, st
 
 def test_a_256_mib_guest_boots_the_compressed_root(state, libvirt_conn, guest_image):
     data = find_profile("virtio-disk").model_dump()
-    data["guest"]["memory_mib"] = 256  # the smallest a profile allows: the uncompressed root does not fit twice
+    data["guest"]["memory_mib"] = 256  # the smallest a profile allows
     prof = Profile.model_validate(data)
     acc = accel.detect(guest_image.kernel)
-    initrd = guest_image.boot_initrd(acc.domain_type, prof.guest.memory_mib)
-    assert initrd == guest_image.initrd
+    initrd = guest_image.initrd  # the compressed root, as Xen and the nodes boot it
     st = backing.prepare("sparse-file", work_dir=state / "w", size_bytes=32 * 1024**2, fmt="raw")
     log = state / "w" / "console.log"
     xml = render_domain(prof, name="cloudbox-test-launch-256", domain_type=acc.domain_type,
