@@ -4,6 +4,7 @@ raised by a signal handler anywhere inside it (the executor turns SIGINT/SIGTERM
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -73,3 +74,33 @@ def test_a_transaction_left_open_is_closed_before_the_next(tmp_path: Path):
         raise ValueError
     assert not conn.in_transaction and [r[0] for r in conn.execute("SELECT v FROM t")] == [2]
     assert str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal"
+
+
+class _Two(db.Database):
+    WHAT = "test store"
+    SCHEMA_VERSION = 2
+    MIGRATIONS: db.Migrations = {0: lambda c: None if c.execute("CREATE TABLE a (x)") else None,
+                                 1: lambda c: None if c.execute("CREATE TABLE b (y)") else None}
+
+
+def test_the_base_migrates_once_closes_under_its_lock_and_refuses_a_newer_file(tmp_path: Path):
+    path = tmp_path / "sub" / "t.db"
+    with _Two(path) as s:
+        tables = {r[0] for r in s._conn.execute("SELECT name FROM sqlite_master")}
+        assert tables == {"a", "b"}
+        with s._write() as c:
+            c.execute("INSERT INTO a VALUES (1)")
+    with _Two(path) as s:  # a second open runs no step again (CREATE TABLE a would fail)
+        assert s._conn.execute("SELECT x FROM a").fetchall()[0][0] == 1
+        s._lock.acquire()
+        closer = threading.Thread(target=s.close)
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive()  # close waits for a thread holding the lock
+        s._lock.release()
+        closer.join(5)
+    conn = db.connect(path)
+    conn.execute("PRAGMA user_version = 3")
+    conn.close()
+    with pytest.raises(db.CloudboxError, match=r"t\.db: the test store has schema version 3.*up to 2"):
+        _Two(path)

@@ -1,5 +1,6 @@
-"""SQLite for cloudbox's databases (the results store, the node registry): one way to open a connection and one
-signal-safe transaction path.
+"""SQLite for cloudbox's databases (the results store, the node registry, the volume registry): one way to open a
+connection, one signal-safe transaction path, one migration loop and one small base for a store that keeps one
+connection.
 
 The executor turns SIGINT/SIGTERM into an exception raised wherever Python is, BEGIN and COMMIT included; every
 transaction here rolls back whatever such a cut left, and first closes a transaction an earlier cut left open, so
@@ -8,9 +9,13 @@ the next write never meets "cannot start a transaction within a transaction"."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
+
+from .errors import CloudboxError
 
 BUSY_TIMEOUT_MS = 5000  # two writers overlap rarely and briefly; waiting beats failing
 
@@ -59,3 +64,70 @@ def read(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     finally:
         if conn.in_transaction:
             conn.execute("COMMIT")
+
+
+Migrations = dict[int, Callable[[sqlite3.Connection], None]]
+
+
+def migrate(conn: sqlite3.Connection, version: int, migrations: Migrations, what: str) -> int:
+    """Bring the database to `version`, one step (migrations[n]: n -> n + 1) per transaction; returns the final
+    version. Safe when several processes open a fresh file at once: each step re-reads user_version under the write
+    lock, so a step another process did is skipped. `what` names the database in the error for a newer file."""
+    while True:
+        current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if current == version:
+            return current
+        if current > version:
+            raise CloudboxError(f"{what} has schema version {current}, but this cloudbox only knows up to {version}; "
+                                "upgrade cloudbox (or point CLOUDBOX_STATE_DIR elsewhere)")
+        with write(conn):
+            if int(conn.execute("PRAGMA user_version").fetchone()[0]) == current:
+                migrations[current](conn)
+                conn.execute(f"PRAGMA user_version = {current + 1}")
+
+
+class Database:
+    """A store with one connection, shared by threads under one lock; a context manager. Subclasses set WHAT (for
+    errors), SCHEMA_VERSION and MIGRATIONS, and may prepare the file first (`_prepare`)."""
+
+    WHAT = "database"
+    SCHEMA_VERSION = 0
+    MIGRATIONS: Migrations = {}
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        try:
+            self._prepare()
+            self._conn = connect(self.path)
+        except (OSError, sqlite3.DatabaseError) as e:
+            raise CloudboxError(f"{self.path}: cannot open the {self.WHAT}: {e}"
+                                " (set CLOUDBOX_STATE_DIR to a writable directory)") from e
+        try:
+            migrate(self._conn, self.SCHEMA_VERSION, self.MIGRATIONS, f"{self.path}: the {self.WHAT}")
+        except sqlite3.DatabaseError as e:
+            self._conn.close()
+            raise CloudboxError(f"{self.path}: cannot open the {self.WHAT}: {e}") from e
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _prepare(self) -> None:
+        """Before the file is opened: its directory exists."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction under the lock, safe against a cut by a signal (write())."""
+        with self._lock, write(self._conn) as conn:
+            yield conn

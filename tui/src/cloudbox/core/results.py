@@ -368,30 +368,8 @@ def schema_version(conn: sqlite3.Connection) -> int:
 
 
 def migrate(conn: sqlite3.Connection, db_path: Path | str = "results database") -> int:
-    """Bring the database to SCHEMA_VERSION, one step per transaction; returns the final version.
-
-    Safe when several processes open a fresh file at once: each step re-reads user_version under
-    the write lock, so a step already done by another process is skipped.
-    """
-    while True:
-        current = schema_version(conn)
-        if current == SCHEMA_VERSION:
-            return current
-        if current > SCHEMA_VERSION:
-            raise CloudboxError(
-                f"{db_path}: results database has schema version {current}, but this cloudbox only "
-                f"knows up to {SCHEMA_VERSION}; upgrade cloudbox (or point CLOUDBOX_STATE_DIR elsewhere)"
-            )
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            current = schema_version(conn)
-            if current < SCHEMA_VERSION:
-                MIGRATIONS[current](conn)
-                conn.execute(f"PRAGMA user_version = {current + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+    """Bring the database to SCHEMA_VERSION, one step per transaction (core.db.migrate); returns the final version."""
+    return db.migrate(conn, SCHEMA_VERSION, MIGRATIONS, f"{db_path}: results database")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -30,11 +30,9 @@ import os
 import secrets
 import shlex
 import sqlite3
-import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,50 +260,21 @@ class NodeConflict(CloudboxError):
         self.reason = reason
 
 
-class Registry:
+class Registry(db.Database):
     """The node registry. One connection per instance (shared by threads under a lock); use as a context
     manager or call close()."""
 
+    WHAT = "node registry"
+    SCHEMA_VERSION = SCHEMA_VERSION
+    MIGRATIONS = MIGRATIONS
+
     def __init__(self, path: Path | str | None = None):
-        self.path = Path(path) if path is not None else nodes_db()
-        self.dir = self.path.parent / "nodes"
-        self._lock = threading.RLock()
-        try:
-            _private_files(self.path)
-            self._conn = db.connect(self.path)
-            self._migrate()
-        except (OSError, sqlite3.DatabaseError) as e:
-            raise CloudboxError(f"{self.path}: cannot open the node registry: {e}"
-                                " (set CLOUDBOX_STATE_DIR to a writable directory)") from e
+        path = Path(path) if path is not None else nodes_db()
+        self.dir = path.parent / "nodes"
+        super().__init__(path)
 
-    def _migrate(self) -> None:
-        while True:
-            current = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-            if current == SCHEMA_VERSION:
-                return
-            if current > SCHEMA_VERSION:
-                raise CloudboxError(f"{self.path}: node registry has schema version {current}, but this cloudbox "
-                                    f"only knows up to {SCHEMA_VERSION}; upgrade cloudbox")
-            with self._write() as conn:
-                if int(conn.execute("PRAGMA user_version").fetchone()[0]) == current:
-                    MIGRATIONS[current](conn)
-                    conn.execute(f"PRAGMA user_version = {current + 1}")
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> Registry:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, safe against a cut by a signal (core.db.write)."""
-        with self._lock, db.write(self._conn) as conn:
-            yield conn
+    def _prepare(self) -> None:
+        _private_files(self.path)
 
     @property
     def salt(self) -> str:

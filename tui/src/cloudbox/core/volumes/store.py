@@ -12,10 +12,7 @@ import os
 import re
 import sqlite3
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +28,10 @@ _SIZE = re.compile(r"(\d+)([KMGT]?)(i?B)?", re.I)
 _SCHEMA = """CREATE TABLE IF NOT EXISTS volumes (
     name TEXT PRIMARY KEY, size_bytes INTEGER NOT NULL, path TEXT NOT NULL, created REAL NOT NULL,
     attached_run TEXT, attached_pid INTEGER)"""
+
+
+def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
+    conn.execute(_SCHEMA)  # IF NOT EXISTS: a file made before user_version was kept has the table already
 
 
 class VolumeBusy(CloudboxError):
@@ -78,33 +79,15 @@ def parse_size(text: str) -> int:
     return n
 
 
-class VolumeStore:
+class VolumeStore(db.Database):
     """The registry. One connection per instance (threads share it under a lock); use as a context manager."""
 
+    WHAT = "volume registry"
+    SCHEMA_VERSION = 1
+    MIGRATIONS: db.Migrations = {0: _migrate_0_to_1}
+
     def __init__(self, path: Path | str | None = None):
-        self.path = Path(path) if path else volumes_db()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        try:
-            self._conn = db.connect(self.path)
-            with self._write() as c:
-                c.execute(_SCHEMA)
-        except sqlite3.DatabaseError as e:
-            raise CloudboxError(f"{self.path}: the volume registry cannot be opened: {e}") from e
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self) -> VolumeStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock, db.write(self._conn) as conn:
-            yield conn
+        super().__init__(path or volumes_db())
 
     # -- queries ----------------------------------------------------------------------------------------------------
     def _volume(self, row: sqlite3.Row) -> Volume:
