@@ -1,5 +1,6 @@
 """Children started with procs.die_with_parent: they die with the parent, and forking them from a threaded parent
-does not hang (the hook runs no loader code between fork and exec)."""
+does not hang (the hook runs no loader code between fork and exec). procs.stop against real children: one that ends
+on SIGTERM, one that ignores it, one already gone."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import time
 
+from cloudbox.core import procs
 from cloudbox.core.procs import process_exists
 
 
@@ -64,3 +66,36 @@ def test_forking_from_a_threaded_parent_that_loads_libraries_does_not_hang():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "forked 40"
+
+# Prints "ready" once its SIGTERM handler is set, so the test never signals it before that.
+_IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
+                "time.sleep(60)"
+
+
+def _child(code: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace():
+    p = _child(_IGNORES_TERM)
+    t0 = time.monotonic()
+    rc = procs.stop(p, 0.5)
+    took = time.monotonic() - t0
+    assert rc == -9 and p.returncode == -9
+    assert 0.5 <= took < 5, took  # waited the grace, then SIGKILL
+    assert not procs.process_exists(p.pid)
+
+
+def test_a_child_that_honours_sigterm_ends_on_it_without_waiting_the_grace():
+    p = _child("import time; print('ready', flush=True); time.sleep(60)")
+    t0 = time.monotonic()
+    assert procs.stop(p, 30) == -15
+    assert time.monotonic() - t0 < 5
+
+
+def test_an_exited_child_is_only_reaped():
+    p = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    p.wait()
+    assert procs.stop(p, 0.1) == 3

@@ -1,10 +1,12 @@
-"""Process facts shared by the core: whether a pid names a live process, children that die with their parent."""
+"""Processes, shared by the core: whether a pid names a live process, children that die with their parent, and
+stopping a child."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
+import subprocess
 from collections.abc import Callable
 
 # Loaded here, not in the forked child: dlopen after fork in a threaded parent can deadlock on the loader's lock.
@@ -35,3 +37,15 @@ def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]:
     def hook() -> None:
         prctl(_PR_SET_PDEATHSIG, number, 0, 0, 0)
     return hook
+
+
+def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: float) -> int:
+    """End child `proc`: SIGTERM, then SIGKILL when it is still there after `grace_s`; always reaped. Returns its
+    exit status (negative: the signal that ended it). A child that has already exited is only reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            return proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()

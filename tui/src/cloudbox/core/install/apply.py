@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from cloudbox.core import paths
+from cloudbox.core import paths, procs
 from cloudbox.core.backing import dev_name_for_path
 from cloudbox.core.errors import AnswerError, InstallError
 from cloudbox.core.install.answers import check_answers
@@ -196,12 +196,7 @@ def _stream(cmd: list[str], env: dict[str, str], on_line: Callable[[str], None],
             on_line(line)
         rc = proc.wait()
     except BaseException:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        procs.stop(proc, 30)
         raise
     if rc != 0:
         raise InstallError(f"step {step}: `{' '.join(cmd)}` failed (status {rc}):\n  " + "\n  ".join(tail))

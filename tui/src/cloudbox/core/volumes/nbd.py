@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import procs
 from ..errors import CloudboxError
 from ..procs import die_with_parent
 
@@ -84,13 +85,8 @@ class NbdExport:
     def stop(self) -> None:
         """End the export (SIGTERM, then SIGKILL after 5 s) and remove its log. Safe to call twice."""
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            procs.stop(proc, 5)
         if self.log is not None:
             self.log.unlink(missing_ok=True)
 
