@@ -1,18 +1,24 @@
-"""A real quick storage run over a network volume: NBD with TLS attached by QEMU's own client (disk.attach = qemu),
-under libvirt and QEMU (TCG here); the baseline is the same export from the host domain (fio's nbd engine)."""
+"""Real quick storage runs over a network volume under libvirt and QEMU (TCG here): NBD with TLS attached by QEMU's
+own client (disk.attach = qemu; the baseline is the same export from the host domain, fio's nbd engine), and AoE
+attached by the guest's own aoe driver over its NIC (disk.attach = guest; no baseline on a host without aoe)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from real_runs import interrupt_cli_run, work_files
 from run_trouble import warn_run_trouble
 
-from cloudbox.core import runs
+from cloudbox.core import compare, runs
 from cloudbox.core.compare import compare_table, to_text
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import RunSpec
+from cloudbox.core.volumes import attach
 from cloudbox.core.volumes.store import VolumeStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -45,8 +51,7 @@ def test_quick_storage_run_over_nbd_attached_by_qemu(state, libvirt_conn):
     assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
     with VolumeStore() as vs:
         assert vs.get("ebs").attached_run is None
-    work = state / "state" / "work"
-    assert not work.exists() or not any(work.rglob("*"))
+    assert work_files(state) == []
 
 
 @pytest.mark.full  # 46 s under TCG here: over the slow tier's 45 s, so make test-full
@@ -66,6 +71,77 @@ def test_ctrl_c_with_the_guest_on_the_volume_leaves_no_export(state, libvirt_con
     assert got.run.state == "aborted" and "SIGINT" in (got.run.reason or ""), got.run.reason
     assert [g.name for g in list_guests(libvirt_conn) if "kvm-ebs-nbd" in g.name] == []
     assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
+    assert work_files(state) == []
+
+
+def _aoe_left(path: str) -> list[str]:
+    """What a guest-attach AoE run could leave: vblade on the volume, the run's bridge."""
+    from cloudbox.core.network import BRIDGE
+    from cloudbox.core.volumes import aoe
+
+    return ([f"vblade pid {p}" for p in aoe.running(path)]
+            + ([f"bridge {BRIDGE}"] if os.path.exists(f"/sys/class/net/{BRIDGE}") else []))
+
+
+def test_quick_storage_run_over_aoe_attached_by_the_guest(state, libvirt_conn):
+    """disk.attach = guest: vblade serves the volume on the guest's bridge, the guest's aoe driver reads and writes
+    it over its NIC; the host domain cannot attach AoE here, so there is no baseline and the run says why."""
+    if shutil.which("vblade") is None:
+        pytest.skip("vblade is not installed (make deps)")
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 160 * 1024 * 1024)
+    before = hashlib.sha256(Path(vol.path).read_bytes()).hexdigest()
+    spec = RunSpec(profile="kvm-ebs-aoe-guest", suite="storage", size="quick", storage_tests="smoke", runtime=3)
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+    with ResultStore() as store:
+        run = store.get_run(rid)
+        evs = store.events_since(rid, 0)
+    assert run.state == "completed", run.reason
+    v = run.provenance.volume
+    assert v is not None and (v.scheme, v.attach, v.name) == ("aoe", "guest", "ebs")
+    assert v.server.startswith("vblade on ") and v.target.startswith("e") and v.tls.startswith("none")
+    # the guest's writes went through vblade to the volume's file
+    assert (v.server_bytes_written or 0) >= 16 * 1024 * 1024, v
+    assert hashlib.sha256(Path(vol.path).read_bytes()).hexdigest() != before
+    assert run.provenance.domain_xml and "<disk" not in run.provenance.domain_xml
+    for test in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32"):
+        m = run.measurement("guest", test, "MB/s")
+        assert m is not None and m.value > 0, test
+        assert run.measurement("baseline", test, "MB/s") is None, test  # never a local disk in its place
+    if not attach.kernel_module_available("aoe"):
+        assert "has none" in v.baseline and "a local disk is not the same volume" in v.baseline
+    assert compare.target_label(run) == "EBS (AoE)"
+    assert compare.driver_label(run) == "e1000 NIC, the guest's AoE initiator"
+    warn_run_trouble(evs)
+    assert _aoe_left(vol.path) == []
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
+    assert work_files(state) == []
+
+
+@pytest.mark.full
+def test_ctrl_c_with_the_guest_attached_over_aoe_leaves_nothing(state, libvirt_conn):
+    """SIGINT while the guest reads the volume over AoE: aborted, and the guest, vblade, the bridge and the
+    attachment are gone."""
+    from cloudbox.core.guest import list_guests
+
+    if shutil.which("vblade") is None:
+        pytest.skip("vblade is not installed (make deps)")
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 160 * 1024 * 1024)
+
+    def served() -> None:
+        assert _aoe_left(vol.path) != []
+
+    got = interrupt_cli_run(["--profile", "kvm-ebs-aoe-guest", "--suite", "storage", "--size", "64M",
+                             "--tests", "standard", "--runtime", "30"], while_running=served)
+    assert got.returncode == 1, got.output
+    assert got.run.state == "aborted" and "SIGINT" in (got.run.reason or ""), got.run.reason
+    assert [g.name for g in list_guests(libvirt_conn) if "kvm-ebs-aoe-guest" in g.name] == []
+    assert _aoe_left(vol.path) == []
     with VolumeStore() as vs:
         assert vs.get("ebs").attached_run is None
     assert work_files(state) == []

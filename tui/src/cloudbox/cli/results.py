@@ -183,6 +183,13 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
         if b.count and b.more_paths:
             desc += f", {b.count} disks (size_bytes each), also " + ", ".join(b.more_paths)
         lines.append(f"  backing      {desc}")
+    if p.volume is not None:
+        v = p.volume
+        io = (f"; the server read {v.server_bytes_read} and wrote {v.server_bytes_written} bytes"
+              if v.server_bytes_written is not None else "")
+        lines.append(f"  volume       {v.scheme}:{v.name} attached by {v.attach}, {v.server}; authentication: "
+                     f"{v.tls or 'none'}{io}")
+        lines.append(f"  baseline     {v.baseline or '-'}")
     if p.raid is not None:
         r = p.raid
         lines.append(f"  guest RAID   {r.device}: RAID {r.level}, {r.chunk_kib} KiB chunks, over "

@@ -331,7 +331,10 @@ def driver_label(run: Run) -> str:
     k = knobs(run)
     if kind == "network-volume" and k.attach != "host":
         scheme = _VOLUME_SCHEMES.get(k.volume.split(":", 1)[0], "volume")
-        backing = f"QEMU's {scheme} client" if k.attach == "qemu" else f"the guest's {scheme} initiator"
+        if k.attach == "guest":  # no disk on a bus: the guest reaches the volume through its NIC
+            nic = {"virtio": "virtio-net", "xen-netfront": "netfront"}.get(k.nic, k.nic) or "?"
+            return f"{nic} NIC, the guest's {scheme} initiator"
+        backing = f"QEMU's {scheme} client"
     if k.raid != "none":
         chunk = f" ({k.chunk_kib} KiB)" if k.chunk_kib else ""
         return f"RAID {k.raid}{chunk} over {k.disks} x {bus_label(run)}, {backing}"

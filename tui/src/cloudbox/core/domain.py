@@ -73,15 +73,15 @@ _ALWAYS_DRIVERS = ("button", "evdev")  # the ACPI power button, for the guest's 
 _RAID_DRIVERS = {"none": (), "0": ("md_mod", "raid0")}
 
 
-def guest_drivers(profile: Profile, *, nic: bool) -> list[str] | None:
+def guest_drivers(profile: Profile, *, nic: bool, disk: bool = True) -> list[str] | None:
     """The kernel modules the cloudbox guest needs under QEMU/KVM or Xen PV for `profile` (its agent's virtio
     modules are its /init's own); None for a bus or NIC model without an entry here (the guest then loads every
     module)."""
     d, n = profile.disk.bus, profile.network.model
     if d not in _DISK_DRIVERS or (nic and n not in _NIC_DRIVERS):
         return None
-    return [*_DISK_DRIVERS[d], *_RAID_DRIVERS[profile.disk.raid], *(_NIC_DRIVERS[n] if nic else ()),
-            *_ALWAYS_DRIVERS]
+    return [*(_DISK_DRIVERS[d] if disk else ()), *_RAID_DRIVERS[profile.disk.raid],
+            *(_NIC_DRIVERS[n] if nic else ()), *_ALWAYS_DRIVERS]
 
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
@@ -117,8 +117,9 @@ def render_domain(
     disk_path is the prepared backing store (a file, or a block device when
     disk_is_block); more_disk_paths, the other disks' stores (of the same kind) when the profile has
     disk.count > 1, one per further disk. network_source, when given, is what QEMU opens instead (disk.attach = qemu:
-    <disk type='network'>, with TLS through libvirt's nbd_tls_x509_cert_dir).
-    No <interface> when bridge is None. run_uuid, when given, is written
+    <disk type='network'>, with TLS through libvirt's nbd_tls_x509_cert_dir). A profile whose guest attaches its
+    network volume itself (disk.attach = guest) has no disk here: disk_path is "" and the bridge is required (the
+    volume reaches the guest through its NIC). No <interface> when bridge is None. run_uuid, when given, is written
     to the metadata (attribute "run") so orphans of dead runs can be found. console_log, an absolute path,
     makes libvirt copy everything the guest writes to its serial console into that file (<log append='off'>,
     written by virtlogd as root; QEMU/KVM only). Under QEMU/KVM and Xen PV, cmdline gains cloudbox.drivers=
@@ -133,11 +134,15 @@ def render_domain(
     if xen and xen_backend(profile.disk) == "phy" and not disk_is_block:
         raise ValueError(f"profile {profile.name!r} has disk.xen_backend = phy (blkback), which serves block devices "
                          f"only; disk_path {disk_path!r} is a file")
+    guest_attach = profile.disk.backing == "network-volume" and profile.disk.attach == "guest"
+    if guest_attach and bridge is None:
+        raise ValueError(f"profile {profile.name!r} has disk.attach = guest: the guest reaches its volume through "
+                         "its NIC, so it needs a bridge")
     if network_source is not None and (xen or profile.disk.attach != "qemu"):
         raise ValueError("a network disk source is QEMU's own initiator: it needs disk.attach = qemu under KVM/QEMU")
     pv = xen and profile.disk.bus == "xen-vbd"
     drivers = None if (xen and not pv) or "cloudbox.drivers=" in cmdline else guest_drivers(
-        profile, nic=bridge is not None)
+        profile, nic=bridge is not None, disk=not guest_attach)
     if drivers:
         cmdline = f"{cmdline} cloudbox.drivers={','.join(drivers)}".strip()
     if pv and "cloudbox.agent=" not in cmdline:
@@ -155,7 +160,7 @@ def render_domain(
     if emulator is not None:
         _sub(devices, "emulator", emulator)
     _controllers(devices, profile, xen)
-    for i, path in enumerate([disk_path, *more_disk_paths]):
+    for i, path in enumerate([] if guest_attach else [disk_path, *more_disk_paths]):
         _disk(devices, profile, xen, disk_path=path, disk_is_block=disk_is_block, index=i, network=network_source)
     if bridge is not None:
         _interface(devices, profile, bridge, mac)
@@ -198,6 +203,11 @@ def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str 
             raise ValueError(f"agent_socket: {agent_socket!r} is longer than a unix socket path may be (107 bytes)")
     elif agent_socket is not None:
         raise ValueError("agent_socket: only Xen domains take one (QEMU/KVM's agent is reached through libvirt)")
+    if profile.disk.backing == "network-volume" and profile.disk.attach == "guest":
+        if disk_path or more_disk_paths:
+            raise ValueError(f"profile {profile.name!r} has disk.attach = guest: the guest attaches its volume "
+                             "itself, so disk_path must be empty")
+        disk_path, more_disk_paths = "-", ()  # no disk: the checks below are the files'
     for what, value in (("kernel", kernel), ("initrd", initrd), ("disk_path", disk_path),
                         *(("more_disk_paths", p) for p in more_disk_paths)):
         if not value:

@@ -81,7 +81,10 @@ class VolumeInfo(_Record):
     server: str = ""  # the exporting program and its address
     uri: str = ""
     tls: str = ""  # how the export authenticated its clients ("" = none, as AoE)
-    baseline: str = ""
+    baseline: str = ""  # what the baseline measured, or why there is none
+    target: str = ""  # the AoE shelf.slot the guest read (disk.attach = guest)
+    server_bytes_read: int | None = None  # what the export read from / wrote to the volume's disk during the run
+    server_bytes_written: int | None = None
 
 
 class RaidInfo(_Record):

@@ -654,8 +654,10 @@ def find_study(name: str) -> Study:
 def cannot_run(profile: profiles.Profile) -> str | None:
     """Why this cloudbox cannot measure `profile` yet on any boot (the executor refuses it at its start), or None."""
     d = profile.disk
-    if d.backing == "network-volume" and not (d.volume.startswith("nbd:") and d.attach == "qemu"):
-        return "network volumes: only NBD attached by QEMU (disk.attach = qemu) is implemented yet"
+    if d.backing == "network-volume" and not ((d.volume.startswith("nbd:") and d.attach == "qemu")
+                                              or (d.volume.startswith("aoe:") and d.attach == "guest")):
+        return ("network volumes: only NBD attached by QEMU (disk.attach = qemu) and AoE attached by the guest "
+                "(disk.attach = guest) are implemented yet")
     return None
 
 

@@ -28,6 +28,7 @@ from ..guestimage import CMDLINE, GuestImage
 from ..profiles import Dom0
 from ..provenance import BackingInfo, Controller, Dom0Info, GuestImageInfo, Provenance, RaidInfo, Versions, VolumeInfo
 from ..runspec import BOOT
+from ..volumes import aoe
 from ..volumes.attach import VolumeExport, export_for_run, preflight
 from .context import RunContext
 from .launch import agent_socket, launch
@@ -40,7 +41,7 @@ Step = Callable[[RunContext], None]
 def run_local(ctx: RunContext) -> None:
     """The run's body on this host (core.execution.lifecycle.Execution runs it)."""
     for step in (check_volume, find_image, probe_accelerator, connect_libvirt, prepare_backing, record_facts,
-                 tune_dom0, start_sampler, storage_baseline, plumb, launch_guest):
+                 tune_dom0, start_sampler, storage_baseline, plumb, serve_volume, launch_guest):
         step(ctx)
     assert ctx.guest is not None
     if ctx.spec.session:
@@ -55,7 +56,7 @@ def check_volume(ctx: RunContext) -> None:
     """A network volume's attach mode, existence and size, before anything is made (the export comes later)."""
     d = ctx.profile.disk
     if d.backing == "network-volume":
-        preflight(d.volume, d.attach, ctx.size)
+        preflight(d.volume, d.attach, ctx.size, hypervisor=ctx.profile.guest.hypervisor)
 
 
 def find_image(ctx: RunContext) -> None:
@@ -99,10 +100,13 @@ def prepare_backing(ctx: RunContext) -> None:
         ctx.sink.log(f"volume {disk.volume}, attached by {disk.attach}: exporting it for this run")
         with ctx.control.atomic():
             ctx.volume = export_for_run(disk.volume, disk.attach, run_uuid=ctx.run_uuid, work_dir=ctx.work_dir,
-                                        size_bytes=ctx.size)
+                                        size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor)
             ctx.stack.callback(ctx.volume.close)
         ctx.backing = ctx.volume.store
-        ctx.sink.log(f"volume exported: {ctx.volume.export.uri} ({ctx.volume.server}, TLS {ctx.volume.tls})")
+        if ctx.volume.export is not None:
+            ctx.sink.log(f"volume exported: {ctx.volume.uri} ({ctx.volume.server}, TLS {ctx.volume.tls})")
+        else:
+            ctx.sink.log(f"volume {disk.volume} marked attached; served on the guest's bridge once that exists")
         ctx.labels += ctx.backing.labels
         return
     with ctx.control.atomic():
@@ -167,8 +171,12 @@ def tune_dom0(ctx: RunContext, xl: str = "xl") -> None:
 def _volume_info(v: VolumeExport | None) -> VolumeInfo | None:
     if v is None:
         return None
-    return VolumeInfo(name=v.volume, scheme=v.scheme, attach=v.attach, server=v.server, uri=v.export.uri, tls=v.tls,
-                      baseline="the same export from the host domain: fio's nbd engine (libnbd, user space)")
+    io = v.export.io() if isinstance(v.export, aoe.AoeExport) else {}
+    return VolumeInfo(name=v.volume, scheme=v.scheme, attach=v.attach, server=v.server, uri=v.uri, tls=v.tls,
+                      baseline=v.no_baseline or "the same export from the host domain: fio's nbd engine (libnbd, "
+                                                "user space)",
+                      target=v.export.target if isinstance(v.export, aoe.AoeExport) else "",
+                      server_bytes_read=io.get("read_bytes"), server_bytes_written=io.get("write_bytes"))
 
 
 def start_sampler(ctx: RunContext) -> None:
@@ -188,6 +196,9 @@ def storage_baseline(ctx: RunContext) -> None:
     """The storage tests on bare metal, against the same device the guest's disk is on."""
     if not ctx.spec.wants_storage:
         return
+    if ctx.volume is not None and ctx.volume.no_baseline:
+        ctx.sink.step(f"bare metal: {ctx.volume.no_baseline}", side="baseline")
+        return
     tests = storage.resolve_tests(ctx.spec.storage_tests)
     store, sink = ctx.backing, ctx.sink
     runner = storage.HostRunner(ctx.control.cancelled)
@@ -205,6 +216,23 @@ def storage_baseline(ctx: RunContext) -> None:
         Path(store.baseline_target).unlink(missing_ok=True)
 
 
+def serve_volume(ctx: RunContext) -> None:
+    """disk.attach = guest: the volume served on the bridge the guest's NIC joins (plumb made it)."""
+    v = ctx.volume
+    if v is None or v.export is not None:
+        return
+    assert ctx.hostnet is not None
+    ctx.sink.step(f"volume: serving {v.volume} over AoE on {ctx.hostnet.bridge} (layer 2, no authentication: the "
+                  "guest's bridge only)")
+    with ctx.control.atomic():
+        v.serve(ctx.hostnet.bridge)
+    ctx.sink.log(f"volume exported: {v.uri} ({v.server}, pid {v.export.pid if v.export else '?'})")
+    ctx.provenance.volume = _volume_info(v)
+    if ctx.provenance.backing is not None:
+        ctx.provenance.backing.path = ctx.backing.path
+    ctx.save_provenance()
+
+
 def launch_guest(ctx: RunContext) -> None:
     """The guest under the profile, on the backing store and the bridge; boot retried under emulation."""
     acc, image = ctx.accelerator, ctx.image
@@ -216,7 +244,7 @@ def launch_guest(ctx: RunContext) -> None:
                                    kernel=str(image.boot_kernel(acc.domain_type)),
                                    initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
                                    cmdline=CMDLINE,
-                                   disk_path=ctx.backing.path,
+                                   disk_path="" if guest_attaches(ctx) else ctx.backing.path,
                                    disk_is_block=ctx.backing.is_block,
                                    bridge=ctx.hostnet.bridge if ctx.hostnet else None, mac=None,
                                    run_uuid=ctx.run_uuid,
@@ -248,6 +276,17 @@ def guest_storage(ctx: RunContext) -> None:
     gr = storage.GuestRunner(ctx.guest, ctx.control.cancelled)
     gr.check_tools(tests)
     d = ctx.profile.disk
+    if guest_attaches(ctx):
+        v = ctx.volume
+        assert v is not None and isinstance(v.export, aoe.AoeExport)
+        sink.step(f"guest: attaching {v.export.target} with its aoe driver", side="guest")
+        dev = aoe.attach_in_guest(ctx.guest, v.export.target)
+        _guest_tests(ctx, gr, tests, dev)
+        ctx.provenance.volume = pv = _volume_info(v)
+        ctx.save_provenance()
+        assert pv is not None
+        sink.log(f"vblade read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the volume")
+        return
     if d.raid == "none":
         _guest_tests(ctx, gr, tests, gr.disk())
         return
@@ -267,9 +306,16 @@ def guest_storage(ctx: RunContext) -> None:
              + ", ".join(f"{k} {v}" for k, v in raid.sectors_written.items()))
 
 
+def guest_attaches(ctx: RunContext) -> bool:
+    """The guest attaches the run's network volume itself (disk.attach = guest): it has no benchmark disk."""
+    d = ctx.profile.disk
+    return d.backing == "network-volume" and d.attach == "guest"
+
+
 def _guest_tests(ctx: RunContext, gr: storage.GuestRunner, tests: list[storage.StorageTest], disk: str) -> None:
     sink = ctx.sink
-    sink.log(f"guest benchmark disk: {disk} (bus {ctx.profile.disk.bus})")
+    via = "its own aoe driver over its NIC" if guest_attaches(ctx) else f"bus {ctx.profile.disk.bus}"
+    sink.log(f"guest benchmark disk: {disk} ({via})")
     sink.step("guest: storage tests", side="guest")
     if storage.needs_fill(tests):
         sink.step("guest: laying down data for read tests", side="guest")

@@ -44,7 +44,9 @@ def plumb(ctx: RunContext) -> None:
     if peer:
         ctx.private_bridge = check_private_network(ctx.sink, peer)
         ctx.provenance.private_network = PrivateNetwork(bridge=ctx.private_bridge, peer=peer)
-    if not (spec.wants_network or spec.session):
+    d = ctx.profile.disk
+    guest_attach = d.backing == "network-volume" and d.attach == "guest"  # the volume reaches it over its NIC
+    if not (spec.wants_network or spec.session or guest_attach):
         return
     hostnet = ctx.hostnet = network.HostNetwork(mtu)
     ctx.stack.callback(hostnet.teardown)

@@ -4,24 +4,28 @@
 this cloudbox can do before anything is made, marks the volume attached by the run, exports it and returns a
 `VolumeExport` whose `close()` undoes all of that (the executor registers it in the run's cleanup stack). What
 works today: NBD with TLS (qemu-nbd, this box's x509 credentials) attached by QEMU's own NBD client (disk.attach =
-qemu); the baseline is the same export from the host domain through fio's nbd engine (libnbd, user space).
+qemu); the baseline is the same export from the host domain through fio's nbd engine (libnbd, user space). AoE
+attached by the guest itself (disk.attach = guest): vblade serves the volume on the bridge of the guest's NIC once
+that exists (`VolumeExport.serve()`), the guest's `aoe` driver reads it; no baseline, `no_baseline` says why.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import backing
 from ..errors import CloudboxError, NoSpace
-from . import nbd, pki
+from . import aoe, nbd, pki
 from .store import VolumeBusy, VolumeStore, check_name
 
 # The host kernel's initiator of each scheme (disk.attach = host).
 HOST_MODULES = {"aoe": "aoe", "iscsi": "iscsi_tcp", "nbd": "nbd", "nvme-tcp": "nvme_tcp"}
 BASELINE_LABEL = "volume-from-host"  # the baseline is the volume from the host domain, not a local disk
+GUEST_SCHEMES = ("aoe",)  # what the benchmark guest attaches itself today (its image has the aoe module)
 
 
 class AttachRefused(CloudboxError):
@@ -46,7 +50,7 @@ def kernel_module_available(module: str, release: str | None = None) -> bool:
     return False
 
 
-def check_attach(scheme: str, attach: str, *, has_module=kernel_module_available) -> None:
+def check_attach(scheme: str, attach: str, *, hypervisor: str = "kvm", has_module=kernel_module_available) -> None:
     """Refuse (AttachRefused) what this host or this cloudbox cannot do, saying why and where it works."""
     if attach == "host":
         module = HOST_MODULES[scheme]
@@ -58,9 +62,13 @@ def check_attach(scheme: str, attach: str, *, has_module=kernel_module_available
                 f"disk.attach = qemu (preset kvm-ebs-nbd)")
         raise AttachRefused(f"disk.attach = host ({scheme}) is not implemented yet; use disk.attach = qemu for nbd")
     if attach == "guest":
-        raise AttachRefused(f"disk.attach = guest ({scheme}) is not implemented yet: the benchmark guest has the "
-                            "kernel initiators, but cloudbox does not yet hand it the volume; use disk.attach = qemu "
-                            "for nbd")
+        if scheme not in GUEST_SCHEMES:
+            raise AttachRefused(f"disk.attach = guest ({scheme}) is not implemented yet; the guest attaches "
+                                + " and ".join(f"{s}:" for s in GUEST_SCHEMES) + " volumes (preset kvm-ebs-aoe-guest)")
+        if hypervisor != "kvm":
+            raise AttachRefused(f"disk.attach = guest is implemented under KVM/QEMU only, not guest.hypervisor = "
+                                f"{hypervisor}")
+        return
     if scheme != "nbd":
         raise AttachRefused(f"disk.attach = qemu ({scheme}) is not implemented yet; nbd is")
 
@@ -73,14 +81,34 @@ class VolumeExport:
     scheme: str
     attach: str
     store: backing.BackingStore
-    export: nbd.NbdExport
+    export: nbd.NbdExport | aoe.AoeExport | None  # None until served (guest attach: once the guest's bridge exists)
     run_uuid: str
+    path: str = ""  # the volume's file
+    work_dir: Path = Path(".")  # the run's work directory (vblade's log; removed with the store)
     tls: str = "x509 (this box's CA; client certificates required)"
+    no_baseline: str = ""  # why the host domain did not measure the volume ("" = it did: BASELINE_LABEL)
     _closed: bool = field(default=False, repr=False)
 
     @property
     def server(self) -> str:
-        return f"{self.export.server} on {self.export.host}:{self.export.port}"
+        if isinstance(self.export, nbd.NbdExport):
+            return f"{self.export.server} on {self.export.host}:{self.export.port}"
+        if isinstance(self.export, aoe.AoeExport):
+            return f"{self.export.server} on {self.export.iface} as {self.export.target}"
+        return "not served yet"
+
+    @property
+    def uri(self) -> str:
+        return self.export.uri if self.export is not None else ""
+
+    def serve(self, iface: str) -> aoe.AoeExport:
+        """Guest attach: serve the volume over AoE on `iface`, the bridge the guest's NIC is plugged into."""
+        if self.export is not None or self.scheme != "aoe":
+            raise CloudboxError(f"volume {self.volume!r} ({self.scheme}) is served already or not over AoE")
+        exp = self.export = aoe.start(self.volume, self.path, iface, shelf=aoe.shelf_for(self.run_uuid),
+                                      log=self.work_dir / "vblade.log")
+        self.store.path = exp.uri
+        return exp
 
     def close(self) -> None:
         """Stop the export, clear the volume's attachment, remove the run's work directory. Safe to call twice."""
@@ -88,7 +116,8 @@ class VolumeExport:
             return
         self._closed = True
         try:
-            self.export.stop()
+            if self.export is not None:
+                self.export.stop()
         finally:
             try:
                 with VolumeStore() as vs:
@@ -103,10 +132,13 @@ def parse_volume(spec: str) -> tuple[str, str]:
     return scheme, check_name(name)
 
 
-def preflight(spec: str, attach: str, size_bytes: int) -> tuple[str, str]:
+def preflight(spec: str, attach: str, size_bytes: int, *, hypervisor: str = "kvm") -> tuple[str, str]:
     """(scheme, volume name) once the attach mode can run here, the volume exists, is free and holds `size_bytes`;
     else the error that says why. Nothing is made."""
-    check_attach(spec.partition(":")[0], attach)
+    check_attach(spec.partition(":")[0], attach, hypervisor=hypervisor)
+    if spec.startswith("aoe:") and shutil.which("vblade") is None:
+        raise AttachRefused("AoE volumes are served by vblade, which is not installed (Debian package vblade): run "
+                            "'make deps' (scripts/install-deps)")
     scheme, name = parse_volume(spec)
     with VolumeStore() as vs:
         vol = vs.get(name)
@@ -118,11 +150,25 @@ def preflight(spec: str, attach: str, size_bytes: int) -> tuple[str, str]:
     return scheme, name
 
 
-def export_for_run(spec: str, attach: str, *, run_uuid: str, work_dir: Path, size_bytes: int) -> VolumeExport:
-    """Check, attach and export the profile's volume `spec` for run `run_uuid`; on any failure nothing is left."""
-    scheme, name = preflight(spec, attach, size_bytes)
+def no_aoe_baseline(has_module=kernel_module_available) -> str:
+    """Why a run with an AoE volume has no baseline: the host domain cannot attach the volume here."""
+    if not has_module("aoe"):
+        return (f"no baseline: the host domain attaches AoE volumes with the kernel's aoe driver, and this kernel "
+                f"({platform.release()}) has none; a local disk is not the same volume, so nothing is measured in "
+                "its place")
+    return ("no baseline: the host's aoe driver does not see a vblade served on the same host (its frames never "
+            "come back to it); the host-domain row needs the target in another network namespace, not built yet")
+
+
+def export_for_run(spec: str, attach: str, *, run_uuid: str, work_dir: Path, size_bytes: int,
+                   hypervisor: str = "kvm") -> VolumeExport:
+    """Check, attach and export the profile's volume `spec` for run `run_uuid`; on any failure nothing is left.
+    An AoE volume the guest attaches is only checked and marked here: `VolumeExport.serve()` exports it."""
+    scheme, name = preflight(spec, attach, size_bytes, hypervisor=hypervisor)
     with VolumeStore() as vs:
         vol = vs.attach(name, run_uuid)
+    if scheme == "aoe":
+        return _for_guest(scheme, name, vol.path, vol.size_bytes, attach, run_uuid, work_dir, size_bytes)
     store: backing.BackingStore | None = None
     try:
         creds = pki.ensure()
@@ -145,4 +191,26 @@ def export_for_run(spec: str, attach: str, *, run_uuid: str, work_dir: Path, siz
     store.baseline_labels = [BASELINE_LABEL]
     if dev is None:
         store.labels.append("no-host-metrics")
-    return VolumeExport(name, scheme, attach, store, exp, run_uuid)
+    return VolumeExport(name, scheme, attach, store, exp, run_uuid, path=vol.path, work_dir=work_dir)
+
+
+def _for_guest(scheme: str, name: str, path: str, vol_bytes: int, attach: str, run_uuid: str, work_dir: Path,
+               size_bytes: int) -> VolumeExport:
+    try:
+        store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
+    except BaseException:
+        with VolumeStore() as vs:
+            vs.detach(name, run_uuid)
+        raise
+    dev = backing.dev_name_for_path(path)
+    target = f"e{aoe.shelf_for(run_uuid)}.0"
+    store.path = f"aoe:{target}"
+    store.baseline_target = ""
+    store.host_device = dev
+    store.model = (f"AoE volume {name!r} ({backing.human_size(vol_bytes)}, no authentication) served by vblade as "
+                   f"{target} on the guest's bridge from {path} on {backing.device_model(dev)}")
+    if dev is None:
+        store.labels.append("no-host-metrics")
+    return VolumeExport(name, scheme, attach, store, None, run_uuid, path=path, work_dir=work_dir,
+                        tls="none: AoE is layer 2 without authentication; served on the guest's bridge only",
+                        no_baseline=no_aoe_baseline())

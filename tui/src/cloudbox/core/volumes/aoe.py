@@ -1,0 +1,177 @@
+"""One AoE export of a volume: vblade on one network interface, as a child of the run's process, killed with it.
+
+ATA over Ethernet is layer 2 and has no authentication: any host on the segment can read and write the volume. So
+cloudbox serves it only on the bridge the run's guest is plugged into (the run's own bridge, or a back-end's private
+bridge), never on a NIC with a route out. vblade opens the file with O_DIRECT (-d: the server's page cache is not
+part of the volume) and answers as shelf.slot; the initiator (the guest's `aoe` driver) finds it by broadcast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import procs
+from ..errors import CloudboxError
+
+START_TIMEOUT = 10.0
+MAX_SHELF = 65534  # 0xffff is the broadcast shelf
+MAX_SLOT = 254  # 0xff is the broadcast slot
+
+
+@dataclass
+class AoeExport:
+    """A running export: e<shelf>.<slot> on interface `iface`."""
+
+    name: str
+    path: str
+    iface: str
+    shelf: int
+    slot: int
+    server: str = "vblade"
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    log: Path | None = field(default=None, repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"e{self.shelf}.{self.slot}"
+
+    @property
+    def uri(self) -> str:
+        return f"aoe:{self.target}@{self.iface}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def io(self) -> dict[str, int]:
+        """What vblade read from and wrote to the volume so far (its /proc/PID/io read_bytes, write_bytes: the
+        bytes that reached the disk, which O_DIRECT makes all of them); empty once it has stopped."""
+        if self.proc is None:
+            return {}
+        try:
+            text = Path(f"/proc/{self.proc.pid}/io").read_text()
+        except OSError:
+            return {}
+        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+        return {k: int(fields[k]) for k in ("read_bytes", "write_bytes") if k in fields}
+
+    def stop(self) -> None:
+        """End the export (SIGTERM, SIGKILL after 5 s) and remove its log. Safe to call twice."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            procs.stop(proc, 5)
+        if self.log is not None:
+            self.log.unlink(missing_ok=True)
+
+
+def _packet_socket_open(pid: int) -> bool:
+    """True once process `pid` holds a packet socket (vblade has bound its interface)."""
+    try:
+        inodes = {f"socket:[{line.split()[-1]}]" for line in Path("/proc/net/packet").read_text().splitlines()[1:]}
+        return any(os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
+def _pin_bridge_address(iface: str) -> None:
+    """A bridge takes the lowest address of its ports unless one was set; vblade answers from the address the
+    interface had when it started, so a guest plugged in later would send its requests to an address that is
+    gone. Setting the bridge's own address again keeps it whatever joins."""
+    base = Path(f"/sys/class/net/{iface}")
+    if not (base / "bridge").is_dir():
+        return
+    addr = (base / "address").read_text().strip()
+    r = subprocess.run(["ip", "link", "set", "dev", iface, "address", addr], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CloudboxError(f"cannot fix bridge {iface}'s address {addr} for vblade: {r.stderr.strip()}")
+
+
+def shelf_for(run_uuid: str) -> int:
+    """A shelf number of the run's own, so two runs' exports on one segment never answer as the same target."""
+    return int.from_bytes(hashlib.sha256(run_uuid.encode()).digest()[:4], "big") % (MAX_SHELF + 1)
+
+
+def start(name: str, path: str, iface: str, *, shelf: int, slot: int = 0, log: Path) -> AoeExport:
+    """Export `path` as e<shelf>.<slot> on `iface`; returns once vblade has bound the interface. On failure
+    nothing runs and the error names what vblade said."""
+    if shutil.which("vblade") is None:
+        raise CloudboxError("vblade is not installed (Debian package vblade): run 'make deps' (scripts/install-deps)")
+    if not 0 <= shelf <= MAX_SHELF or not 0 <= slot <= MAX_SLOT:
+        raise CloudboxError(f"AoE target e{shelf}.{slot} is out of range; allowed: shelf 0..{MAX_SHELF}, slot "
+                            f"0..{MAX_SLOT}")
+    if not Path(f"/sys/class/net/{iface}").exists():
+        raise CloudboxError(f"cannot serve AoE volume {name!r}: no network interface {iface!r} on this host")
+    _pin_bridge_address(iface)
+    exp = AoeExport(name, path, iface, shelf, slot, log=log)
+    cmd = ["vblade", "-d", str(shelf), str(slot), iface, path]
+    with open(log, "wb") as out:
+        exp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    preexec_fn=procs.die_with_parent(signal.SIGTERM))  # noqa: PLW1509 - only prctl, before exec
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not _packet_socket_open(exp.proc.pid):
+            if exp.proc.poll() is not None:
+                raise CloudboxError(f"vblade exited {exp.proc.returncode} before serving volume {name} on {iface}: "
+                                    f"{log.read_text(errors='replace').strip()[-300:]}")
+            if time.monotonic() > deadline:
+                raise CloudboxError(f"vblade did not bind {iface} within {START_TIMEOUT:.0f} s")
+            time.sleep(0.05)
+    except BaseException:
+        exp.stop()
+        raise
+    return exp
+
+
+def running(path: str) -> list[int]:
+    """The pids of every vblade serving `path` (a test's check that nothing is left)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"vblade" and path.encode() in argv:
+            out.append(int(d.name))
+    return out
+
+
+def attach_in_guest(guest, target: str, *, timeout: float = 60.0) -> str:
+    """In the benchmark guest: its NIC up (no address: AoE is layer 2), the `aoe` driver loaded for that NIC only,
+    and the volume `target` (eS.N) found; returns its device, /dev/etherd/eS.N. Raises CloudboxError naming what
+    the guest lacks or did not see."""
+    r = guest.sh("for d in /sys/class/net/*; do n=${d##*/}; [ $n = lo ] || echo $n; done", timeout=30).check()
+    nics = r.stdout.split()
+    if len(nics) != 1:
+        raise CloudboxError(f"disk.attach = guest: the guest reaches its volume through one NIC on the volume's "
+                            f"bridge; it has {nics or 'none'}")
+    nic = nics[0]
+    p = guest.sh(f"ip link set dev {nic} up && modprobe aoe aoe_iflist={nic}", timeout=60)
+    if p.exitcode != 0:
+        raise CloudboxError(f"the guest could not load its aoe driver on {nic} (exit {p.exitcode}): "
+                            f"{(p.stdout + p.stderr).strip()[-300:]}; rebuild the guest image (make guest-image) "
+                            "if it has no aoe module")
+    dev = f"/dev/etherd/{target}"
+    deadline = time.monotonic() + timeout
+    while True:
+        # Ask again each round: the first query may have left before the link had its carrier.
+        p = guest.sh(f"[ -b {dev} ] && cat '/sys/block/etherd!{target}/size' || "
+                     "{ echo > /dev/etherd/discover; exit 1; } 2>/dev/null", timeout=30)
+        if p.exitcode == 0 and p.stdout.strip().isdigit() and int(p.stdout) > 0:
+            return dev
+        if time.monotonic() > deadline:
+            seen = guest.sh("ls /sys/block | grep etherd", timeout=30).stdout.split()
+            said = guest.sh(f"ls /sys/block /dev/etherd; dmesg | tail -n 8; cat /sys/class/net/{nic}/operstate "
+                            f"/sys/class/net/{nic}/statistics/rx_packets", timeout=30).stdout
+            raise CloudboxError(f"the guest's aoe driver did not find {target} on {nic} within {timeout:.0f} s "
+                                f"(it has: {', '.join(seen) or 'no AoE disk'}; the guest's kernel said: "
+                                f"{' | '.join(said.split(chr(10)))[-400:]}); is vblade serving on the guest's bridge?")
+        time.sleep(1)
