@@ -23,8 +23,9 @@ MIB = 1024 * 1024
 
 def test_guest_attach_is_checked_per_scheme_and_hypervisor():
     attach.check_attach("aoe", "guest", has_module=lambda m: False)  # the host needs no aoe driver for it
-    for scheme in ("nbd", "iscsi", "nvme-tcp"):
-        with pytest.raises(attach.AttachRefused, match=rf"guest \({scheme}\) is not implemented yet.*aoe:"):
+    attach.check_attach("nbd", "guest", has_module=lambda m: False)
+    for scheme in ("iscsi", "nvme-tcp"):
+        with pytest.raises(attach.AttachRefused, match=rf"guest \({scheme}\) is not implemented yet.*aoe: and nbd:"):
             attach.check_attach(scheme, "guest")
     with pytest.raises(attach.AttachRefused, match="KVM/QEMU only, not guest.hypervisor = xen"):
         attach.check_attach("aoe", "guest", hypervisor="xen")
@@ -39,10 +40,11 @@ def test_no_baseline_says_why():
     assert "another network namespace" in attach.no_aoe_baseline(lambda m: True)
 
 
-def test_the_guest_preset_is_valid_and_runnable_and_the_host_one_is_not():
-    guest = profiles.find_profile("kvm-ebs-aoe-guest")
-    assert (guest.disk.backing, guest.disk.attach, guest.disk.volume) == ("network-volume", "guest", "aoe:ebs")
-    assert studies.cannot_run(guest) is None
+def test_the_guest_presets_are_valid_and_runnable_and_the_host_one_is_not():
+    for name, volume in (("kvm-ebs-aoe-guest", "aoe:ebs"), ("kvm-ebs-nbd-guest", "nbd:ebs")):
+        guest = profiles.find_profile(name)
+        assert (guest.disk.backing, guest.disk.attach, guest.disk.volume) == ("network-volume", "guest", volume)
+        assert studies.cannot_run(guest) is None
     host = profiles.find_profile("kvm-ebs-aoe")
     assert "implemented yet" in (studies.cannot_run(host) or "")
 
@@ -114,6 +116,26 @@ def test_vblade_on_a_missing_interface_is_refused_and_leaves_nothing(state):
     with pytest.raises(CloudboxError, match="no network interface 'nope0'"):
         aoe.start("ebs", vol.path, "nope0", shelf=1, log=state / "vblade.log")
     assert aoe.running(vol.path) == []
+
+
+def test_an_nbd_guest_export_serves_loopback_then_the_bridge_and_hands_qemu_nothing(state, bridge):
+    """NBD with guest attach: qemu-nbd on loopback for the baseline, moved to the host's address on the guest's
+    bridge by serve(); the domain gets no network disk source; close() leaves no qemu-nbd."""
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 16 * MIB)
+    subprocess.run(["ip", "addr", "add", "169.254.199.1/24", "dev", bridge], check=True)
+    ve = attach.export_for_run("nbd:ebs", "guest", run_uuid="run-n", work_dir=state / "work" / "run-n",
+                               size_bytes=8 * MIB)
+    try:
+        assert ve.store.network is None and ve.no_baseline == "" and ve.uri.startswith("nbds://127.0.0.1:")
+        loop_pid = ve.export.pid if ve.export else None
+        exp = ve.serve(bridge, "169.254.199.1")
+        assert ve.uri == exp.uri and exp.uri.startswith("nbds://169.254.199.1:") and ve.store.path == exp.uri
+        assert loop_pid is not None and not os.path.exists(f"/proc/{loop_pid}")
+        assert ve.creds is not None and (ve.creds.client_dir / "client-key.pem").exists()
+    finally:
+        ve.close()
+    assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
 
 
 def test_a_guest_attach_export_is_marked_then_cleared(state):

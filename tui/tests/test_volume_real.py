@@ -145,3 +145,36 @@ def test_ctrl_c_with_the_guest_attached_over_aoe_leaves_nothing(state, libvirt_c
     with VolumeStore() as vs:
         assert vs.get("ebs").attached_run is None
     assert work_files(state) == []
+
+
+@pytest.mark.full  # 56 s under TCG here; the AoE run above is make test's guest-attach test
+def test_quick_storage_run_over_nbd_attached_by_the_guest(state, libvirt_conn):
+    """disk.attach = guest over NBD: the baseline from the host domain on loopback, then qemu-nbd on the guest's
+    bridge with TLS, the guest's nbd-client holding the client certificate the agent handed it."""
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 160 * 1024 * 1024)
+    before = hashlib.sha256(Path(vol.path).read_bytes()).hexdigest()
+    spec = RunSpec(profile="kvm-ebs-nbd-guest", suite="storage", size="quick", storage_tests="smoke", runtime=3)
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+    with ResultStore() as store:
+        run = store.get_run(rid)
+        evs = store.events_since(rid, 0)
+    assert run.state == "completed", run.reason
+    v = run.provenance.volume
+    assert v is not None and (v.scheme, v.attach) == ("nbd", "guest") and "x509" in v.tls
+    assert v.uri.startswith("nbds://169.254.") and v.server.startswith("qemu-nbd")
+    assert run.provenance.domain_xml and "<disk" not in run.provenance.domain_xml
+    assert hashlib.sha256(Path(vol.path).read_bytes()).hexdigest() != before
+    for side in ("guest", "baseline"):
+        for test in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32"):
+            m = run.measurement(side, test, "MB/s")
+            assert m is not None and m.value > 0, (side, test)
+            assert ("volume-from-host" in m.labels) == (side == "baseline")
+    assert compare.driver_label(run) == "virtio-net NIC, the guest's NBD initiator"
+    warn_run_trouble(evs)
+    assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
+    assert _aoe_left(vol.path) == []  # the bridge too
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
+    assert work_files(state) == []

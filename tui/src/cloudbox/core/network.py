@@ -336,7 +336,7 @@ def configure_guest(guest, mtu: int, *, host_ip: str = HOST_IP, dhcp: bool = Fal
                              f"(udhcpc on {nic} exited {p.exitcode}): {(p.stdout + p.stderr).strip()[-300:]}")
         address = m.group(1)
     else:
-        guest.sh(f"ip link set dev {nic} mtu {mtu} && ip addr add {GUEST_IP}/{PREFIX} dev {nic} && "
+        guest.sh(f"ip link set dev {nic} mtu {mtu} && ip addr replace {GUEST_IP}/{PREFIX} dev {nic} && "
                  f"ip link set dev {nic} up", timeout=30, check=True)
         address = GUEST_IP
     # The link may need a moment (carrier); retry the path check briefly.

@@ -655,9 +655,9 @@ def cannot_run(profile: profiles.Profile) -> str | None:
     """Why this cloudbox cannot measure `profile` yet on any boot (the executor refuses it at its start), or None."""
     d = profile.disk
     if d.backing == "network-volume" and not ((d.volume.startswith("nbd:") and d.attach == "qemu")
-                                              or (d.volume.startswith("aoe:") and d.attach == "guest")):
-        return ("network volumes: only NBD attached by QEMU (disk.attach = qemu) and AoE attached by the guest "
-                "(disk.attach = guest) are implemented yet")
+                                              or (d.volume[:4] in ("aoe:", "nbd:") and d.attach == "guest")):
+        return ("network volumes: only NBD attached by QEMU (disk.attach = qemu) and AoE or NBD attached by the "
+                "guest (disk.attach = guest) are implemented yet")
     return None
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ... import __version__
-from .. import accel, backing, daemons, paths, storage, xendom0
+from .. import accel, backing, daemons, network, paths, storage, xendom0
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
 from ..errors import CloudboxError
@@ -28,7 +28,7 @@ from ..guestimage import CMDLINE, GuestImage
 from ..profiles import Dom0
 from ..provenance import BackingInfo, Controller, Dom0Info, GuestImageInfo, Provenance, RaidInfo, Versions, VolumeInfo
 from ..runspec import BOOT
-from ..volumes import aoe
+from ..volumes import aoe, nbd
 from ..volumes.attach import VolumeExport, export_for_run, preflight
 from .context import RunContext
 from .launch import agent_socket, launch
@@ -219,13 +219,14 @@ def storage_baseline(ctx: RunContext) -> None:
 def serve_volume(ctx: RunContext) -> None:
     """disk.attach = guest: the volume served on the bridge the guest's NIC joins (plumb made it)."""
     v = ctx.volume
-    if v is None or v.export is not None:
+    if v is None or not guest_attaches(ctx):
         return
     assert ctx.hostnet is not None
-    ctx.sink.step(f"volume: serving {v.volume} over AoE on {ctx.hostnet.bridge} (layer 2, no authentication: the "
-                  "guest's bridge only)")
+    how = ("over AoE (layer 2, no authentication: the guest's bridge only)" if v.scheme == "aoe"
+           else f"over NBD with TLS on {ctx.hostnet.host_ip}")
+    ctx.sink.step(f"volume: serving {v.volume} {how} on {ctx.hostnet.bridge}")
     with ctx.control.atomic():
-        v.serve(ctx.hostnet.bridge)
+        v.serve(ctx.hostnet.bridge, ctx.hostnet.host_ip)
     ctx.sink.log(f"volume exported: {v.uri} ({v.server}, pid {v.export.pid if v.export else '?'})")
     ctx.provenance.volume = _volume_info(v)
     if ctx.provenance.backing is not None:
@@ -278,9 +279,17 @@ def guest_storage(ctx: RunContext) -> None:
     d = ctx.profile.disk
     if guest_attaches(ctx):
         v = ctx.volume
-        assert v is not None and isinstance(v.export, aoe.AoeExport)
-        sink.step(f"guest: attaching {v.export.target} with its aoe driver", side="guest")
-        dev = aoe.attach_in_guest(ctx.guest, v.export.target)
+        assert v is not None and v.export is not None
+        if isinstance(v.export, aoe.AoeExport):
+            sink.step(f"guest: attaching {v.export.target} with its aoe driver", side="guest")
+            dev = aoe.attach_in_guest(ctx.guest, v.export.target)
+        else:
+            assert v.creds is not None and ctx.hostnet is not None
+            sink.step(f"guest: attaching {v.uri} with nbd-client (TLS, the client's certificate handed over by "
+                      "the agent)", side="guest")
+            network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
+                                    dhcp=bool(ctx.private_bridge))
+            dev = nbd.attach_in_guest(ctx.guest, v.export, v.creds.client_dir)
         _guest_tests(ctx, gr, tests, dev)
         ctx.provenance.volume = pv = _volume_info(v)
         ctx.save_provenance()
@@ -314,7 +323,7 @@ def guest_attaches(ctx: RunContext) -> bool:
 
 def _guest_tests(ctx: RunContext, gr: storage.GuestRunner, tests: list[storage.StorageTest], disk: str) -> None:
     sink = ctx.sink
-    via = "its own aoe driver over its NIC" if guest_attaches(ctx) else f"bus {ctx.profile.disk.bus}"
+    via = "its own initiator over its NIC" if guest_attaches(ctx) else f"bus {ctx.profile.disk.bus}"
     sink.log(f"guest benchmark disk: {disk} ({via})")
     sink.step("guest: storage tests", side="guest")
     if storage.needs_fill(tests):

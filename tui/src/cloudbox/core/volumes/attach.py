@@ -25,7 +25,7 @@ from .store import VolumeBusy, VolumeStore, check_name
 # The host kernel's initiator of each scheme (disk.attach = host).
 HOST_MODULES = {"aoe": "aoe", "iscsi": "iscsi_tcp", "nbd": "nbd", "nvme-tcp": "nvme_tcp"}
 BASELINE_LABEL = "volume-from-host"  # the baseline is the volume from the host domain, not a local disk
-GUEST_SCHEMES = ("aoe",)  # what the benchmark guest attaches itself today (its image has the aoe module)
+GUEST_SCHEMES = ("aoe", "nbd")  # what the benchmark guest attaches itself (its image has aoe, nbd, nbd-client)
 
 
 class AttachRefused(CloudboxError):
@@ -87,6 +87,7 @@ class VolumeExport:
     work_dir: Path = Path(".")  # the run's work directory (vblade's log; removed with the store)
     tls: str = "x509 (this box's CA; client certificates required)"
     no_baseline: str = ""  # why the host domain did not measure the volume ("" = it did: BASELINE_LABEL)
+    creds: pki.Credentials | None = None  # NBD: the box's credentials (the server's, and the client's for the guest)
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -101,12 +102,24 @@ class VolumeExport:
     def uri(self) -> str:
         return self.export.uri if self.export is not None else ""
 
-    def serve(self, iface: str) -> aoe.AoeExport:
-        """Guest attach: serve the volume over AoE on `iface`, the bridge the guest's NIC is plugged into."""
-        if self.export is not None or self.scheme != "aoe":
-            raise CloudboxError(f"volume {self.volume!r} ({self.scheme}) is served already or not over AoE")
-        exp = self.export = aoe.start(self.volume, self.path, iface, shelf=aoe.shelf_for(self.run_uuid),
-                                      log=self.work_dir / "vblade.log")
+    def serve(self, iface: str, address: str) -> nbd.NbdExport | aoe.AoeExport:
+        """Guest attach: serve the volume on `iface`, the bridge the guest's NIC is plugged into (`address`, the
+        host's address there): AoE with vblade on the bridge; NBD with qemu-nbd moved from loopback (where the
+        baseline measured it) to that address, TLS as before."""
+        if self.attach != "guest" or isinstance(self.export, aoe.AoeExport):
+            raise CloudboxError(f"volume {self.volume!r} is not attached by the guest or is served already")
+        if self.scheme == "aoe":
+            exp: nbd.NbdExport | aoe.AoeExport = aoe.start(self.volume, self.path, iface,
+                                                           shelf=aoe.shelf_for(self.run_uuid),
+                                                           log=self.work_dir / "vblade.log")
+        else:
+            assert self.creds is not None
+            if self.export is not None:
+                self.export.stop()
+                self.export = None
+            exp = nbd.start(self.volume, self.path, self.creds.server_dir, log=self.work_dir / "qemu-nbd.log",
+                            host=address)
+        self.export = exp
         self.store.path = exp.uri
         return exp
 
@@ -187,11 +200,12 @@ def export_for_run(spec: str, attach: str, *, run_uuid: str, work_dir: Path, siz
     store.host_device = dev
     store.model = (f"NBD volume {name!r} ({backing.human_size(vol.size_bytes)}, TLS) served by {exp.server} from "
                    f"{vol.path} on {backing.device_model(dev)}")
-    store.network = backing.NetworkSource("nbd", name, exp.host, exp.port, tls=True)
+    if attach == "qemu":  # QEMU opens the export; a guest that attaches it itself has no disk
+        store.network = backing.NetworkSource("nbd", name, exp.host, exp.port, tls=True)
     store.baseline_labels = [BASELINE_LABEL]
     if dev is None:
         store.labels.append("no-host-metrics")
-    return VolumeExport(name, scheme, attach, store, exp, run_uuid, path=vol.path, work_dir=work_dir)
+    return VolumeExport(name, scheme, attach, store, exp, run_uuid, path=vol.path, work_dir=work_dir, creds=creds)
 
 
 def _for_guest(scheme: str, name: str, path: str, vol_bytes: int, attach: str, run_uuid: str, work_dir: Path,

@@ -8,6 +8,7 @@ in the ordinary case, Ctrl-C and failures included.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -121,3 +122,40 @@ def start(name: str, path: str, server_creds: Path, *, log: Path, host: str = "1
         exp.stop()
         raise
     return exp
+
+
+GUEST_CREDS = "/run/cloudbox-nbd"  # in the guest: the client's certificate, handed over by the agent (tmpfs)
+
+
+def _put_file(guest, path: str, data: bytes, mode: int) -> None:
+    """Write `path` in the guest through its agent (guest-file-open/write/close), then chmod it."""
+    handle = guest.agent("guest-file-open", {"path": path, "mode": "w"})
+    try:
+        guest.agent("guest-file-write", {"handle": handle, "buf-b64": base64.b64encode(data).decode()})
+    finally:
+        guest.agent("guest-file-close", {"handle": handle})
+    guest.run(["chmod", f"{mode:o}", path], timeout=30, check=True)
+
+
+def attach_in_guest(guest, exp: NbdExport, client_dir: Path, *, device: str = "/dev/nbd0") -> str:
+    """In the benchmark guest (its NIC already has its address): the client's certificate, key and this box's CA
+    written by the agent into GUEST_CREDS (0700, the key 0600), the `nbd` driver loaded and nbd-client connected to
+    the export with TLS; returns the device. The server's certificate names 127.0.0.1 and localhost, so the client
+    checks it against `localhost` (-tlshostname) while connecting to the bridge's address."""
+    if not guest.has("nbd-client"):
+        raise CloudboxError("the guest has no nbd-client: rebuild the benchmark guest image (make guest-image)")
+    guest.run(["mkdir", "-p", "-m", "0700", GUEST_CREDS], timeout=30, check=True)
+    for name, mode in (("ca-cert.pem", 0o644), ("client-cert.pem", 0o644), ("client-key.pem", 0o600)):
+        _put_file(guest, f"{GUEST_CREDS}/{name}", (client_dir / name).read_bytes(), mode)
+    script = (f"modprobe nbd nbds_max=1 && nbd-client {exp.host} {exp.port} {device} -name {exp.name} "
+              f"-cacertfile {GUEST_CREDS}/ca-cert.pem -certfile {GUEST_CREDS}/client-cert.pem "
+              f"-keyfile {GUEST_CREDS}/client-key.pem -tlshostname localhost -nonetlink -block-size 4096 "
+              f"</dev/null >{GUEST_CREDS}/nbd-client.log 2>&1; rc=$?; cat {GUEST_CREDS}/nbd-client.log; exit $rc")
+    p = guest.sh(script, timeout=120)
+    if p.exitcode != 0:
+        raise CloudboxError(f"nbd-client in the guest could not attach {exp.uri} (exit {p.exitcode}): "
+                            f"{(p.stdout + p.stderr).strip()[-300:]}")
+    size = guest.sh(f"cat /sys/block/{device.rsplit('/', 1)[1]}/size", timeout=30).stdout.strip()
+    if not size.isdigit() or int(size) == 0:
+        raise CloudboxError(f"nbd-client attached {exp.uri}, but {device} has no size in the guest ({size!r})")
+    return device
