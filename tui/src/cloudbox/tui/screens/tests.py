@@ -145,7 +145,7 @@ class TestsScreen(BaseScreen):
         if first or [n for n, _ in cl.items] != [n for n, _ in data.profiles] or cl.blocked != data.blocked:
             cl.set_items(data.profiles, set(cl.selected) or {data.active}, data.blocked)
         self.query_one("#profiles-label", Label).update(
-            f"Profiles (booted into {data.boot.label}): space ticks [x]; several = a sweep")
+            f"Profiles: space ticks [x]; several = a sweep (booted into {data.boot.label})")
         where = self.query_one("#where", Select)
         if first or self._targets != data.targets:
             keep = where.value if any(v == where.value for _, v in data.targets) else ""
