@@ -155,8 +155,8 @@ xen_start_ssh() {
     echo "# Xen entry to dom0 answering over SSH: $((SECONDS - start)) s (TCG, -cpu $IMAGE_XEN_GUEST_CPU)" >&3
 }
 
-# Stops the wait a minute after dom0's kernel oopsed under TCG without answering: such a dom0 has not come up
-# within the 900 s limit, which with the retry overran the suite's budget.
+# Ends the wait a minute after dom0's kernel oopsed under TCG without answering: such a dom0 does not come up, and
+# the one retry must fit the suite's budget.
 _dom0_answers_or_oopsed() {
     _machine_answers "$logdir" "$XEN_PORT" && return 0
     [ -n "$(image_tcg_oops "$logdir")" ] || return 1
