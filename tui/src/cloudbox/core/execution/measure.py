@@ -17,9 +17,10 @@ from .context import RunContext, host_labels
 T = TypeVar("T")
 
 
-def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callable[[], storage.FioResult],
-                 guest_drop: Callable[[], None] = lambda: None) -> None:
-    """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache)."""
+def _test_labels_after_drops(ctx: RunContext, side: str, t: storage.StorageTest,
+                             drops: Sequence[Callable[[], None]]) -> list[str]:
+    """A storage test's labels on `side`; before a read, the host's and the guests' (`drops`) page caches dropped,
+    the host's failing labelled warm-cache."""
     ctx.control.check()
     tl = list(dict.fromkeys([*ctx.labels, *t.labels]))
     if side == "baseline":
@@ -27,7 +28,15 @@ def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callab
     if "read" in t.rw:
         if not storage.drop_host_caches():
             tl.append("warm-cache")
-        guest_drop()
+        for drop in drops:
+            drop()
+    return tl
+
+
+def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callable[[], storage.FioResult],
+                 guest_drop: Callable[[], None] = lambda: None) -> None:
+    """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache)."""
+    tl = _test_labels_after_drops(ctx, side, t, (guest_drop,))
     ctx.current_test = f"{side}:{t.id}"
     ctx.sink.step(f"{side}: {t.id}", side=side, test=t.id)
     # The 1 s sampler feeds the live timeline; the measurement gets the counters at the test's start and end.
@@ -101,15 +110,7 @@ def storage_test_many(ctx: RunContext, side: str, t: storage.StorageTest,
     """`t` on `side` by N at once (runs[k](cancelled) measures instance k + 1 in a thread of its own): one row per
     instance, and the run's row: the sum of their MB/s and IOPS, their mean latency, the host disk's counters over
     the whole window. Any instance failing (or the run cancelled) stops the others and fails the test."""
-    ctx.control.check()
-    tl = list(dict.fromkeys([*ctx.labels, *t.labels]))
-    if side == "baseline":
-        tl = host_labels([*tl, *ctx.backing.baseline_labels], dom0=ctx.dom0)
-    if "read" in t.rw:
-        if not storage.drop_host_caches():
-            tl.append("warm-cache")
-        for drop in drops:
-            drop()
+    tl = _test_labels_after_drops(ctx, side, t, drops)
     ctx.current_test = f"{side}:{t.id}"
     ctx.sink.step(f"{side}: {t.id} ({len(runs)} at once)", side=side, test=t.id)
     device = ctx.sampler.device if ctx.sampler else None
