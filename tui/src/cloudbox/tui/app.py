@@ -103,8 +103,12 @@ class CloudboxApp(CloudboxAppBase):
             self._switch_hold.enter_context(self.batch_update())
 
     def _end_switch_hold(self, hold: ExitStack) -> None:
+        screen = self.screen
+        # A layout queued during the hold is drawn before the repaint, as a frame of its own regions over the
+        # old screen; with the whole screen dirty in the compositor that first frame is the whole new screen.
+        screen._compositor.update_widgets({screen})
         hold.close()  # the batch update and the fallback timer, once: a second call finds nothing to close
-        self.screen.refresh()
+        screen.refresh()
 
     # -- actions -----------------------------------------------------------------------------------
     def action_help(self) -> None:
