@@ -56,6 +56,7 @@ def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_
     assert code == 0, out
     assert "study t at quick size on this host: 1 run(s) to do" in out
     assert "virtio-disk: run dd-write-64k" in out
+    assert "\n== study t: run 1 of 1: virtio-disk (" in out, "the run's heading is on a line of its own"
     with ResultStore() as store:
         [run] = store.list_runs()
         run = store.get_run(run.id)

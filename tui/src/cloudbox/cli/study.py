@@ -254,7 +254,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "measures the repeats still missing")
                     return EXIT_INTERRUPTED
             what = f"image-propagation sweep, {len(spec.propagate)} samples" if spec.propagation else spec.suite
-            print(printable(f"\n== study {study.name}: run {i} of {len(specs)}: {spec.profile} ({what})"))
+            print()
+            print(printable(f"== study {study.name}: run {i} of {len(specs)}: {spec.profile} ({what})"))
             ex = runs.executor(spec, store, emit=printer)
             rid = ex.execute()
             state = store.get_run(rid, raw=False).state
