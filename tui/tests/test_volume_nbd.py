@@ -172,6 +172,30 @@ def test_foreign_credentials_are_never_overwritten(state, tmp_path):
     assert (ours / pki.MARKER).read_text().strip() == creds.fingerprint
 
 
+def test_the_server_certificate_names_the_bridge_and_an_older_one_is_issued_again(state, monkeypatch):
+    creds = pki.ensure()
+    cert = creds.server_dir / "server-cert.pem"
+    assert pki.server_names(cert) == {"IP:127.0.0.1", "DNS:localhost", "IP:169.254.100.1"}
+    names = pki.SERVER_NAMES
+    monkeypatch.setattr(pki, "SERVER_NAMES", ("IP:127.0.0.1", "DNS:localhost"))  # as a box made them before
+    (creds.server_dir / "server-cert.pem").unlink()
+    assert pki.ensure().fingerprint != creds.fingerprint  # an incomplete set is made again whole, a new CA
+    narrow = pki.ensure()
+    assert pki.server_names(cert) == {"IP:127.0.0.1", "DNS:localhost"}
+    client = (narrow.client_dir / "client-cert.pem").read_bytes()
+    monkeypatch.setattr(pki, "SERVER_NAMES", names)
+    again = pki.ensure()
+    assert pki.server_names(cert) == {"IP:127.0.0.1", "DNS:localhost", "IP:169.254.100.1"}
+    assert again.fingerprint == narrow.fingerprint, "the CA is kept, so installed client credentials stay valid"
+    assert (again.client_dir / "client-cert.pem").read_bytes() == client
+    for name in ("server-cert.pem", "client/client-cert.pem"):
+        path = again.server_dir / name if name == "server-cert.pem" else again.base / name
+        r = subprocess.run(["openssl", "verify", "-CAfile", str(again.base / "ca-cert.pem"), str(path)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    assert not list(again.base.glob(".server-*")), "no temporary directory is left"
+
+
 def test_a_host_attach_run_is_refused_before_anything_is_made(state):
     """kvm-ebs-aoe attaches on the host: refused at the run's first step, with the reason, nothing made."""
     from cloudbox.core import runs

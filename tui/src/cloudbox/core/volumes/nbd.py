@@ -140,8 +140,8 @@ def _put_file(guest, path: str, data: bytes, mode: int) -> None:
 def attach_in_guest(guest, exp: NbdExport, client_dir: Path, *, device: str = "/dev/nbd0") -> str:
     """In the benchmark guest (its NIC already has its address): the client's certificate, key and this box's CA
     written by the agent into GUEST_CREDS (0700, the key 0600), the `nbd` driver loaded and nbd-client connected to
-    the export with TLS; returns the device. The server's certificate names 127.0.0.1 and localhost, so the client
-    checks it against `localhost` (-tlshostname) while connecting to the bridge's address."""
+    the export with TLS, checking that the server's certificate names the address it connects to; returns the
+    device."""
     if not guest.has("nbd-client"):
         raise CloudboxError("the guest has no nbd-client: rebuild the benchmark guest image (make guest-image)")
     guest.run(["mkdir", "-p", "-m", "0700", GUEST_CREDS], timeout=30, check=True)
@@ -149,7 +149,7 @@ def attach_in_guest(guest, exp: NbdExport, client_dir: Path, *, device: str = "/
         _put_file(guest, f"{GUEST_CREDS}/{name}", (client_dir / name).read_bytes(), mode)
     script = (f"modprobe nbd nbds_max=1 && nbd-client {exp.host} {exp.port} {device} -name {exp.name} "
               f"-cacertfile {GUEST_CREDS}/ca-cert.pem -certfile {GUEST_CREDS}/client-cert.pem "
-              f"-keyfile {GUEST_CREDS}/client-key.pem -tlshostname localhost -nonetlink -block-size 4096 "
+              f"-keyfile {GUEST_CREDS}/client-key.pem -tlshostname {exp.host} -nonetlink -block-size 4096 "
               f"</dev/null >{GUEST_CREDS}/nbd-client.log 2>&1; rc=$?; cat {GUEST_CREDS}/nbd-client.log; exit $rc")
     p = guest.sh(script, timeout=120)
     if p.exitcode != 0:

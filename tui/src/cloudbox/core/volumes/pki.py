@@ -22,11 +22,13 @@ from pathlib import Path
 
 from .. import paths
 from ..errors import CloudboxError
+from ..network import HOST_IP
 
 MARKER = ".cloudbox-nbd"  # in an initiator's directory: cloudbox wrote it (holds the CA's fingerprint)
 QEMU_CONF = Path("/etc/libvirt/qemu.conf")
 LIBNBD_DIR = Path("/etc/pki/libnbd")
-SERVER_NAMES = ("IP:127.0.0.1", "DNS:localhost")
+# QEMU reaches the server on the host itself; a benchmark guest reaches it on the bridge, checking that address.
+SERVER_NAMES = ("IP:127.0.0.1", "DNS:localhost", f"IP:{HOST_IP}")
 _DAYS = "3650"
 
 
@@ -63,12 +65,35 @@ def _issue(base: Path, out: Path, role: str, extensions: str) -> None:
     shutil.copyfile(base / "ca-cert.pem", out / "ca-cert.pem")
 
 
+def server_names(cert: Path) -> set[str]:
+    """The subjectAltName entries of a certificate, as "IP:…" and "DNS:…"."""
+    out = _openssl("x509", "-in", str(cert), "-noout", "-ext", "subjectAltName", cwd=cert.parent)
+    return {n.strip().replace("IP Address:", "IP:") for line in out.splitlines()[1:] for n in line.split(",")
+            if n.strip()}
+
+
+def _server(base: Path, out: Path) -> None:
+    common = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+    _issue(base, out, "server", common + "extendedKeyUsage=serverAuth\nsubjectAltName=" + ",".join(SERVER_NAMES)
+           + "\n")
+
+
 def ensure() -> Credentials:
-    """The box's credentials, made now if they are not there yet (an incomplete set is made again whole)."""
+    """The box's credentials, made now if they are not there yet (an incomplete set is made again whole); a server
+    certificate that does not name every address in SERVER_NAMES is issued again by the same CA, so the clients'
+    credentials stay valid."""
     base = pki_dir()
     server, client = base / "server", base / "client"
     want = [base / "ca-cert.pem", base / "ca-key.pem", server / "server-cert.pem", server / "server-key.pem",
             client / "client-cert.pem", client / "client-key.pem"]
+    if all(p.exists() for p in want) and not set(SERVER_NAMES) <= server_names(server / "server-cert.pem"):
+        tmp = Path(tempfile.mkdtemp(prefix=".server-", dir=base))
+        try:
+            _server(base, tmp)
+            for name in ("server-cert.pem", "server-key.pem"):
+                (tmp / name).replace(server / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if not all(p.exists() for p in want):
         if shutil.which("openssl") is None:
             raise CloudboxError("openssl is not installed: run 'make deps' (scripts/install-deps)")
@@ -82,10 +107,9 @@ def ensure() -> Credentials:
                      "-subj", "/O=cloudbox/CN=cloudbox NBD CA", "-addext", "basicConstraints=critical,CA:TRUE",
                      "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=tmp)
             os.chmod(tmp / "ca-key.pem", 0o600)
-            common = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-            _issue(tmp, tmp / "server", "server",
-                   common + "extendedKeyUsage=serverAuth\nsubjectAltName=" + ",".join(SERVER_NAMES) + "\n")
-            _issue(tmp, tmp / "client", "client", common + "extendedKeyUsage=clientAuth\n")
+            _server(tmp, tmp / "server")
+            _issue(tmp, tmp / "client", "client",
+                   "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
             shutil.rmtree(base, ignore_errors=True)
             tmp.rename(base)
         except BaseException:
