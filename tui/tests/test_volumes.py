@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -117,3 +118,27 @@ def test_cli(state, capsys):
     assert main(["volume", "delete", "ebs"]) == 0
     assert main(["volume", "list"]) == 0
     assert "no volumes" in capsys.readouterr().out
+
+
+def test_a_form_names_its_own_field_in_size_errors():
+    with pytest.raises(UsageError) as e:
+        parse_size("1.5G", "size")
+    assert str(e.value).startswith("size '1.5G' not understood; allowed: a size like 512M")
+
+
+def test_exports_here_follow_check_attach_and_the_servers_on_path(tmp_path, monkeypatch):
+    from cloudbox.core.volumes import attach
+
+    real = {s: shutil.which(s) for s in ("qemu-nbd", "vblade")}
+    for server, found in real.items():
+        if found:
+            (tmp_path / server).symlink_to(found)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    got = {e.scheme: e for e in attach.exports_here(has_module=lambda _m: False)}
+    assert list(got) == ["nbd", "aoe"]
+    assert got["nbd"].attach == ("guest", "qemu") and got["aoe"].attach == ("guest",)
+    assert got["aoe"].usable == bool(real["vblade"]) and got["nbd"].usable == bool(real["qemu-nbd"])
+    (tmp_path / "vblade").unlink(missing_ok=True)
+    aoe = {e.scheme: e for e in attach.exports_here()}["aoe"]
+    assert not aoe.usable and aoe.problem == "vblade is not installed (Debian package vblade): run 'make deps'"
+    assert {e.scheme: e for e in attach.exports_here(hypervisor="xen")}["aoe"].attach == ()

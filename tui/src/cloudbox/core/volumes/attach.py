@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import backing
+from .. import backing, profiles
 from ..errors import CloudboxError, NoSpace
 from . import aoe, nbd, pki
 from .store import VolumeBusy, VolumeStore, check_name
@@ -26,6 +27,7 @@ from .store import VolumeBusy, VolumeStore, check_name
 HOST_MODULES = {"aoe": "aoe", "iscsi": "iscsi_tcp", "nbd": "nbd", "nvme-tcp": "nvme_tcp"}
 BASELINE_LABEL = "volume-from-host"  # the baseline is the volume from the host domain, not a local disk
 GUEST_SCHEMES = ("aoe", "nbd")  # what the benchmark guest attaches itself (its image has aoe, nbd, nbd-client)
+SERVERS = {"nbd": ("qemu-nbd", "qemu-utils"), "aoe": ("vblade", "vblade")}  # scheme -> (server, Debian package)
 
 
 class AttachRefused(CloudboxError):
@@ -71,6 +73,38 @@ def check_attach(scheme: str, attach: str, *, hypervisor: str = "kvm", has_modul
         return
     if scheme != "nbd":
         raise AttachRefused(f"disk.attach = qemu ({scheme}) is not implemented yet; nbd is")
+
+
+@dataclass(frozen=True)
+class Export:
+    """How this host can export a volume over one scheme: the server, and who can attach it (disk.attach)."""
+
+    scheme: str
+    server: str
+    attach: tuple[str, ...]  # the disk.attach modes check_attach lets through here
+    problem: str = ""  # why no run can use it here ('' when the server is installed)
+
+    @property
+    def usable(self) -> bool:
+        return not self.problem and bool(self.attach)
+
+
+def exports_here(*, hypervisor: str = "kvm", has_module=kernel_module_available) -> list[Export]:
+    """Every scheme cloudbox serves, with the attach modes check_attach accepts on this host and whether the server is
+    installed. Reads only PATH and the kernel's module lists; makes nothing."""
+    out = []
+    for scheme, (server, package) in SERVERS.items():
+        modes = []
+        for mode in typing.get_args(profiles.Attach):
+            try:
+                check_attach(scheme, mode, hypervisor=hypervisor, has_module=has_module)
+            except AttachRefused:
+                continue
+            modes.append(mode)
+        problem = "" if shutil.which(server) else (f"{server} is not installed (Debian package {package}): run "
+                                                   "'make deps'")
+        out.append(Export(scheme, server, tuple(modes), problem))
+    return out
 
 
 @dataclass

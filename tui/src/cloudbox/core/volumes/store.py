@@ -67,15 +67,16 @@ def check_name(name: str) -> str:
     return name
 
 
-def parse_size(text: str) -> int:
-    """'512M', '4G', '1GiB' or a number of bytes -> bytes (powers of 1024), 4 MiB .. 64 TiB, whole MiB."""
+def parse_size(text: str, field: str = "--size") -> int:
+    """'512M', '4G', '1GiB' or a number of bytes -> bytes (powers of 1024), 4 MiB .. 64 TiB, whole MiB. `field` is
+    what the error calls the value (the CLI's option, a form's field)."""
     m = _SIZE.fullmatch(str(text).strip())
     allowed = "a size like 512M, 4G or 1TiB (powers of 1024), from 4M to 64T, in whole MiB"
     if not m:
-        raise UsageError(f"--size {text!r} not understood; allowed: {allowed}")
+        raise UsageError(f"{field} {text!r} not understood; allowed: {allowed}")
     n = int(m[1]) * 1024 ** " KMGT".index((m[2] or " ").upper())
     if not MIN_BYTES <= n <= MAX_BYTES or n % (1024 * 1024):
-        raise UsageError(f"--size {text!r} ({human_size(n)}) is out of range; allowed: {allowed}")
+        raise UsageError(f"{field} {text!r} ({human_size(n)}) is out of range; allowed: {allowed}")
     return n
 
 
