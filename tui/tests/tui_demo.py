@@ -43,6 +43,8 @@ from cloudbox.core.nodes.registry import JoinCode
 from cloudbox.core.provenance import BackingInfo, Provenance, Versions
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import PlanStep
+from cloudbox.core.volumes.attach import Export
+from cloudbox.core.volumes.store import VolumeStore
 from cloudbox.tui.app import CloudboxApp, create_app
 from cloudbox.tui.backend import Backend
 
@@ -386,6 +388,28 @@ def build_cluster() -> None:
                 conn.execute("UPDATE nodes SET last_seen = ? WHERE name = ?", (last_seen, name))
 
 
+# -- volumes ---------------------------------------------------------------------------------------------------
+
+# The run exporting volume ebs while the volumes scene is shown (id 7 after RUNS), and how the demo box exports.
+EBS_RUN = DemoRun("kvm-ebs-nbd", "storage", "quick", "tcg", T0 + 1800, {}, {}, state="running",
+                  uuid="c0ffee0d1a2b4c3d8e9f00aa11bb22cc")
+DEMO_EXPORTS = [Export("nbd", "qemu-nbd", ("guest", "qemu")), Export("aoe", "vblade", ("guest",))]
+DEMO_VOLUMES = [("ebs", 64 * 2**20, T0 - 3 * DAY), ("scratch", 4 * 2**20, T0 - DAY + 600)]  # name, size, created
+
+
+def build_volumes(store: ResultStore) -> None:
+    """Real pre-allocated volumes (small files) in the demo state, made at fixed times, ebs attached by EBS_RUN
+    (kept live by this process's pid)."""
+    add_run(store, EBS_RUN)
+    with VolumeStore() as vs:
+        for name, size, _t in DEMO_VOLUMES:
+            vs.create(name, size)
+        with vs._write() as conn:
+            for name, _s, created in DEMO_VOLUMES:
+                conn.execute("UPDATE volumes SET created = ? WHERE name = ?", (created, name))
+        vs.attach("ebs", EBS_RUN.uuid or "", os.getpid())
+
+
 def demo_offer() -> CodeOffer:
     rec = JoinCode(id=4, key=b"", created_at=T0, expires_at=T0 + 900, used_at=None, used_by=None,
                    revoked_at=None, revoked_reason=None)
@@ -403,11 +427,14 @@ def demo_app(scene: str) -> CloudboxApp:
     try:
         if not store.run_ids():
             build_results(store, guest_session=s.guests)
+            if s.volumes:
+                build_volumes(store)
     finally:
         store.close()
     if s.role == "front-end":
         build_cluster()
-    backend = Backend(facts=host_facts(ACCELERATORS[s.accelerator], s.role), libvirt_uri=LIBVIRT_URI)
+    backend = Backend(facts=host_facts(ACCELERATORS[s.accelerator], s.role), libvirt_uri=LIBVIRT_URI,
+                      exports=DEMO_EXPORTS)
     return create_app(backend, mode=s.mode, poll_interval=3600.0)
 
 
@@ -582,6 +609,24 @@ async def studies(pilot: Pilot) -> None:
                  and "cells done" in _text(app, "#study-head"), "the studies and study A's cells")
 
 
+async def volumes(pilot: Pilot) -> None:
+    app = pilot.app
+    await settle(pilot, lambda: _rows(app, "#volumes") == len(DEMO_VOLUMES)
+                 and "run 7 kvm-ebs-nbd" in _text(app, "#volume-detail"), "the volumes, ebs attached by run 7")
+
+
+async def volume_form_errors(pilot: Pilot) -> None:
+    app = pilot.app
+    await volumes(pilot)
+    await pilot.press("n")
+    await settle(pilot, lambda: app.screen.query_one("#v-name", Input).has_focus, "the new-volume form")
+    app.screen.query_one("#v-name", Input).value = "EBS 2"
+    app.screen.query_one("#v-size", Input).value = "1.5G"
+    await pilot.press("enter")
+    await settle(pilot, lambda: "not understood" in str(app.screen.query_one("#e-size", Static).render()),
+                 "the field errors")
+
+
 @dataclass(frozen=True)
 class Scene:
     mode: str
@@ -589,6 +634,7 @@ class Scene:
     accelerator: str = "tcg"  # key of ACCELERATORS
     guests: bool = False  # the guest session run and libvirt test-driver guests
     role: str = "all-in-one"  # front-end: with the enrolled DEMO_NODES in the registry
+    volumes: bool = False  # DEMO_VOLUMES in the volume registry, ebs attached by the running EBS_RUN
 
 
 SCENES: dict[str, Scene] = {
@@ -609,4 +655,6 @@ SCENES: dict[str, Scene] = {
     "join-code": Scene("overview", join_code, accelerator="kvm", role="front-end"),
     "help": Scene("overview", help_screen),
     "studies": Scene("studies", studies),
+    "volumes": Scene("volumes", volumes, volumes=True),
+    "volume-form": Scene("volumes", volume_form_errors, volumes=True),
 }

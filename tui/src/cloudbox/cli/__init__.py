@@ -22,8 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_parser(subparsers)
     volume.add_parser(subparsers)
     t = subparsers.add_parser("tui", help="open the terminal UI (the default when no command is given)")
-    t.add_argument("--screen", choices=["overview", "profiles", "guests", "tests", "results"], default=None,
-                   help="the screen to open on")
+    t.add_argument("--screen", choices=["overview", "profiles", "guests", "tests", "results", "studies", "volumes"],
+                   default=None, help="the screen to open on")
     t.set_defaults(func=cmd_tui)
     return parser
 

@@ -26,6 +26,7 @@ from cloudbox.tui.screens.profiles import ProfilesScreen
 from cloudbox.tui.screens.results import ResultsScreen
 from cloudbox.tui.screens.studies import StudiesScreen
 from cloudbox.tui.screens.tests import TestsScreen
+from cloudbox.tui.screens.volumes import VolumesScreen
 from cloudbox.tui.widgets.navbar import SCREENS
 
 log = logging.getLogger("cloudbox.tui")
@@ -41,6 +42,7 @@ class CloudboxApp(CloudboxAppBase):
         "tests": TestsScreen,
         "results": ResultsScreen,
         "studies": StudiesScreen,
+        "volumes": VolumesScreen,
     }
     DEFAULT_MODE = "overview"
     BINDINGS = [

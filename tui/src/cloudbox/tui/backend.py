@@ -1,9 +1,9 @@
 """The TUI's one door to cloudbox.core: results store, host facts, the cluster (nodes, join codes), profiles,
-guests, runs and sweeps.
+guests, runs, sweeps and volumes.
 
 Every method may block (SQLite, libvirt, lsblk, an accelerator probe) and is called from worker
-threads, never from the UI thread. Tests and screenshots pass fixed host facts and a libvirt URI
-(e.g. libvirt's test:///default) so what the screens show is deterministic.
+threads, never from the UI thread. Tests and screenshots pass fixed host facts, a libvirt URI
+(e.g. libvirt's test:///default) and fixed volume exports so what the screens show is deterministic.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from cloudbox.core.profiles import Profile, ProfileEntry
 from cloudbox.core.results import Event, ResultStore, Run
 from cloudbox.core.runs import Sweep
 from cloudbox.core.runspec import RunSpec
+from cloudbox.core.volumes import attach as vattach
+from cloudbox.core.volumes.store import Volume, VolumeStore, volumes_db
 
 
 @dataclass
@@ -35,11 +37,22 @@ class Cluster:
     problem: str | None = None
 
 
+@dataclass
+class Volumes:
+    """The Volumes screen's data: the registry's volumes, the runs attached to them and how this host exports."""
+
+    volumes: list[Volume] = field(default_factory=list)
+    runs: dict[str, Run] = field(default_factory=dict)  # attached run uuid -> its run in the results store
+    exports: list[vattach.Export] = field(default_factory=list)
+
+
 class Backend:
     def __init__(self, *, db: Path | str | None = None, facts: host.HostFacts | None = None,
-                 libvirt_uri: str | None = None, enrol_bind: str | None = None, enrol_port: int = enrol.PORT):
+                 libvirt_uri: str | None = None, enrol_bind: str | None = None, enrol_port: int = enrol.PORT,
+                 exports: list[vattach.Export] | None = None):
         self._db = db
         self._fixed_facts = facts
+        self._fixed_exports = exports  # how volumes are exported, fixed for screenshots (None: this host's)
         self._uri = libvirt_uri
         self._enrol_bind = enrol_bind  # None: the private NIC's address (nodeconf.private_address)
         self._enrol_port = enrol_port
@@ -291,6 +304,31 @@ class Backend:
         if run.state == "running":
             raise CloudboxError(f"run {run_id} is still running; cancel it first")
         self.store.delete_run(run_id)
+
+    # -- volumes -------------------------------------------------------------------------------------
+    def volumes(self) -> Volumes:
+        """Every volume, the live run attached to each (from the results store, when it is there) and how this host
+        can export them. Creates no registry: without volumes.db there are no volumes."""
+        exports = self._fixed_exports
+        if exports is None:  # the modes the run's first step accepts on what this box is booted into
+            exports = vattach.exports_here(hypervisor="xen" if self.boot().xen else "kvm")
+        if not volumes_db().exists():
+            return Volumes(exports=exports)
+        with VolumeStore() as vs:
+            vols = vs.list()
+        attached = {v.attached_run for v in vols if v.attached_run}
+        runs = {r.uuid: r for r in self.active_runs() if r.uuid in attached} if attached else {}
+        return Volumes(vols, runs, exports)
+
+    def create_volume(self, name: str, size_bytes: int) -> Volume:
+        """A new pre-allocated volume, as `cloudbox volume create` makes it (name, size and free space checked)."""
+        with VolumeStore() as vs:
+            return vs.create(name, size_bytes)
+
+    def delete_volume(self, name: str) -> Volume:
+        """Remove a volume and its file; refused (VolumeBusy) while a live run has it attached."""
+        with VolumeStore() as vs:
+            return vs.delete(name)
 
     # -- studies -------------------------------------------------------------------------------------
     def study_summaries(self) -> list[studies.StudySummary]:

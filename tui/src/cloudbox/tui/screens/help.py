@@ -15,9 +15,10 @@ from cloudbox.tui.screens.base import BaseScreen
 
 def help_markdown(current: Screen, modes: Mapping[str, object]) -> str:
     """The help text for the app's `modes` (name: screen class), `current` marked."""
+    screens = sum(1 for cls in modes.values() if isinstance(cls, type) and issubclass(cls, BaseScreen))
     lines = ["# cloudbox", "",
-             "Keys: **1**–**6** switch screens, **?** this help, **Ctrl+P** the command palette (every action), "
-             "**q** quit. Runs keep going when you quit.", "",
+             f"Keys: **1**–**{screens}** switch screens, **?** this help, **Ctrl+P** the command palette (every "
+             "action), **q** quit. Runs keep going when you quit.", "",
              "Numbers measured under TCG emulation are marked **\\*** and are not virtualization-overhead "
              "figures; nested KVM is labelled *nested*. The Studies screen labels them as the study report does: "
              "(emulated) and (nested).", ""]

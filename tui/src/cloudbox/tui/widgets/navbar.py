@@ -6,7 +6,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 SCREENS = (("overview", "1", "Overview"), ("profiles", "2", "Profiles"), ("guests", "3", "Guests"),
-           ("tests", "4", "Tests"), ("results", "5", "Results"), ("studies", "6", "Studies"))
+           ("tests", "4", "Tests"), ("results", "5", "Results"), ("studies", "6", "Studies"),
+           ("volumes", "7", "Volumes"))
 
 
 class NavBar(Static):
@@ -25,12 +26,16 @@ class NavBar(Static):
         self.update(self.render_bar(self.size.width))
 
     def render_bar(self, width: int = 0) -> Text:
-        """The bar; in a terminal narrower than its full text (80 columns) the screens are one space apart, not two."""
-        t = self._bar(compact=False)
-        return self._bar(compact=True) if width and t.cell_len > width else t
+        """The bar as wide as fits: screens two spaces apart; else one; else (80 columns) without "? help", which
+        the key bar below shows on every screen."""
+        for compact, helps in ((False, True), (True, True), (True, False)):
+            t = self._bar(compact=compact, helps=helps)
+            if not width or t.cell_len <= width:
+                return t
+        return t
 
-    def _bar(self, *, compact: bool) -> Text:
-        t = Text(" cloudbox ", style="bold reverse")
+    def _bar(self, *, compact: bool, helps: bool = True) -> Text:
+        t = Text(" cloudbox " if helps else " cloudbox", style="bold reverse")
         for mode, key, title in SCREENS:
             if mode == self.current:
                 if compact:
@@ -38,5 +43,6 @@ class NavBar(Static):
                 t.append(f"[{key} {title}]", style="bold reverse")
             else:
                 t.append(f" {key} {title}" if compact else f" {key} {title} ")
-        t.append(" ? help")
+        if helps:
+            t.append(" ? help")
         return t
