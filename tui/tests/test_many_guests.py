@@ -4,6 +4,7 @@ barrier's shell; and real runs of two TCG guests (one in make test, the Ctrl-C c
 
 from __future__ import annotations
 
+import io
 import os
 import sqlite3
 import subprocess
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from cloudbox import cli
-from cloudbox.core import compare, results, storage
+from cloudbox.cli.run import Printer
+from cloudbox.core import compare, events, results, storage
 from cloudbox.core.errors import UsageError
+from cloudbox.core.events import InstanceFigures, MeasurementEvent, PlanProgress, ProgressEvent
 from cloudbox.core.execution.multi import QEMU_OVERHEAD_MIB, check_fits
 from cloudbox.core.fairness import jain_index, spread
 from cloudbox.core.profiles import resolve_profile
@@ -215,6 +218,68 @@ def test_a_schema_3_database_gains_the_instance_column(tmp_path):
                   "VALUES (4, 'guest', 't', 'MB/s', 1, 0)")
 
 
+# -- live events -------------------------------------------------------------------------------------------------
+def test_each_guests_events_carry_its_number_through_the_store(tmp_path):
+    recs = [ProgressEvent("guest", "seq-write-64k", 40.0, "00m:03s", 26.5, instance=2),
+            MeasurementEvent("baseline", "seq-write-64k", "MB/s", 101.0, ("quick-size",), 1616.0, instance=1)]
+    with ResultStore(tmp_path / "r.db") as store:
+        rid = store.create_run(profile_name="x")
+        for rec in recs:
+            store.add_event(rid, rec.kind, rec.to_payload())
+        assert [ev.record for ev in store.events_since(rid)] == recs
+    assert "instance" not in ProgressEvent("guest", "t", 1.0).to_payload()  # one guest's events read as before
+    assert events.parse("progress", {"side": "guest", "test": "t", "instance": 0}).instance is None  # type: ignore[union-attr]
+    assert events.parse("progress", {"side": "guest", "test": "t", "instance": True}).instance is None  # type: ignore[union-attr]
+    assert events.describe(recs[1]) == "  = baseline seq-write-64k p1: 101 MB/s [quick-size]"
+    assert events.progress_line(recs[0]) == "  [guest] seq-write-64k g2  40.0%      26.5 MB/s  eta 00m:03s"
+
+
+def test_each_guests_progress_is_thinned_on_its_own_and_the_cli_prints_the_first(tmp_path):
+    from cloudbox.core.execution.sink import EventSink
+
+    got: list[events.RunEvent] = []
+    sink = EventSink(ResultStore(tmp_path / "r.db"), None, got.append)
+    for k in (1, 2, 1, 2):  # within half a second: the second of each guest is dropped, not the other guest's
+        sink.progress("guest", "seq-write-64k", k)({"pct": 10.0, "mbps": 5.0 * k})
+    assert [(e.instance, e.mbps) for e in got if isinstance(e, ProgressEvent)] == [(1, 5.0), (2, 10.0)]
+    out = io.StringIO()
+    printer = Printer(out)
+    printer.last_plain = -1e9
+    printer(ProgressEvent("guest", "seq-write-64k", 10.0, None, 10.0, instance=2))
+    assert out.getvalue() == ""
+    printer(ProgressEvent("guest", "seq-write-64k", 10.0, None, 5.0, instance=1))
+    assert "seq-write-64k g1" in out.getvalue()
+
+
+def test_the_figures_of_n_guests_live_and_done():
+    fig = InstanceFigures()
+    plan = PlanProgress()
+    seq = [ProgressEvent("guest", "seq-write-64k", 50.0, None, 20.0, instance=1),
+           ProgressEvent("guest", "seq-write-64k", 30.0, None, 14.0, instance=2),
+           ProgressEvent("guest", "seq-write-64k", 90.0, None, 22.0, instance=1)]
+    for rec in seq:
+        assert fig.feed(rec)
+        plan.feed(rec)
+    assert fig.many and fig.total() == 36.0
+    assert plan.current_pct == 90.0  # the first guest's progress stands for the step
+    assert fig.line() == "guest seq-write-64k now: g1 22.0  g2 14.0  sum 36.0 MB/s"
+    for k, v in ((1, 30.0), (2, 10.0)):
+        assert fig.feed(MeasurementEvent("guest", "seq-write-64k", "MB/s", v, ("emulated",), instance=k))
+    assert fig.feed(MeasurementEvent("guest", "seq-write-64k", "MB/s", 40.0, ("emulated",)))
+    assert fig.line() == ("guest seq-write-64k done: sum 40.0 MB/s, per guest min 10.0 / median 20.0 / max "
+                          "30.0, Jain 0.800 [emulated]")  # the test is over: its spread, not its last figures
+    assert fig.total() is None
+    assert not fig.feed(ProgressEvent("guest", "boot", 0.0, "12 s"))
+    one = InstanceFigures()  # a run of one guest: nothing to show
+    assert not one.feed(ProgressEvent("guest", "seq-write-64k", 50.0, None, 20.0))
+    assert not one.feed(MeasurementEvent("guest", "seq-write-64k", "MB/s", 20.0))
+    assert not one.many and one.line() == ""
+    wide = InstanceFigures()
+    for k in range(1, 11):
+        wide.feed(ProgressEvent("guest", "t", 1.0, None, 1.0, instance=k))
+    assert wide.line(most=8).endswith("g8 1.0  (+2 more)  sum 10.0 MB/s")
+
+
 # -- real runs: two TCG guests -----------------------------------------------------------------------------------
 SKEW_BOUND_S = 0.5  # the barrier's start skew of two guests; measured 10-80 ms under TCG on 2 cores
 
@@ -256,6 +321,11 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(state, libvirt_conn):
     assert skew == pytest.approx(max(starts) - min(starts), abs=1e-3)
     assert 0 <= skew < SKEW_BOUND_S, skew
     assert run.provenance.spec is not None and run.provenance.spec.guests == 2
+    with ResultStore() as store:  # each guest's and process's figure went to watchers too, numbered
+        recs = [e.record for e in store.events_since(rid)]
+    for side in ("guest", "baseline"):
+        each = {r.instance: r.value for r in recs if isinstance(r, MeasurementEvent) and r.side == side}
+        assert each.keys() == {1, 2, None} and each[None] == pytest.approx(each[1] + each[2], abs=0.02), each
     assert _ours(libvirt_conn, run.uuid) == []
     assert _loops_under(state) == []
     work = state / "state" / "work"

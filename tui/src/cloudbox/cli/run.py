@@ -76,6 +76,8 @@ class Printer:
             self.sample = ev
             return
         if isinstance(ev, ProgressEvent):
+            if (ev.instance or 1) > 1:
+                return  # one status line: the first of N guests' (the TUI shows each guest's)
             line = progress_line(ev, self.sample)
             if self.tty:
                 self.out.write("\r\033[K" + line[:200])

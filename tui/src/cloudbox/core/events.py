@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .fairness import Spread, spread
 from .runspec import BOOT, PlanStep
 
 KINDS = ("state", "step", "progress", "log", "sample", "measurement")
@@ -30,6 +31,11 @@ def _float(v: Any) -> float | None:
         return float(v)
     except (TypeError, ValueError):
         return None
+
+
+def _instance(v: Any) -> int | None:
+    """One of N guests' (or bare-metal processes') number, 1..N; None for the run's own figure."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
 
 
 def _dropped_none(d: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +114,8 @@ class LogEvent:
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """How far the current test (or the guest's boot) is: percent, throughput so far, time left."""
+    """How far the current test (or the guest's boot) is: percent, throughput so far, time left; in a run of N guests
+    each guest's (and each bare-metal process's) own, numbered `instance` 1..N."""
 
     kind: ClassVar[str] = "progress"
     side: str
@@ -116,6 +123,7 @@ class ProgressEvent:
     pct: float = 0.0
     eta: str | None = None
     mbps: float | None = None
+    instance: int | None = None
 
     @property
     def step(self) -> PlanStep:
@@ -123,17 +131,18 @@ class ProgressEvent:
 
     def to_payload(self) -> dict[str, Any]:
         return _dropped_none({"side": self.side, "test": self.test, "pct": self.pct, "mbps": self.mbps,
-                              "eta": self.eta})
+                              "eta": self.eta, "instance": self.instance})
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> ProgressEvent:
         return cls(str(p.get("side", "")), str(p.get("test", "")), _float(p.get("pct")) or 0.0, _str(p.get("eta")),
-                   _float(p.get("mbps")))
+                   _float(p.get("mbps")), _instance(p.get("instance")))
 
 
 @dataclass(frozen=True)
 class MeasurementEvent:
-    """A number just stored (its measurement row holds the rest), with the host disk's metrics of a storage test."""
+    """A number just stored (its measurement row holds the rest), with the host disk's metrics of a storage test; in a
+    run of N guests one per guest (`instance` 1..N, without host metrics) before the run's own, their sum."""
 
     kind: ClassVar[str] = "measurement"
     side: str
@@ -146,6 +155,7 @@ class MeasurementEvent:
     host_avgrq_sectors: float | None = None
     host_avgqu: float | None = None
     host_util: float | None = None
+    instance: int | None = None
 
     @property
     def step(self) -> PlanStep:
@@ -155,7 +165,7 @@ class MeasurementEvent:
         out = {"side": self.side, "test": self.test, "metric": self.metric, "value": self.value}
         out.update(_dropped_none({"iops": self.iops, "host_mbps": self.host_mbps,
                                   "host_avgrq_sectors": self.host_avgrq_sectors, "host_avgqu": self.host_avgqu,
-                                  "host_util": self.host_util}))
+                                  "host_util": self.host_util, "instance": self.instance}))
         out["labels"] = list(self.labels)
         return out
 
@@ -165,7 +175,7 @@ class MeasurementEvent:
         return cls(str(p.get("side", "")), str(p.get("test", "")), str(p.get("metric", "")),
                    _float(p.get("value")) or 0.0, tuple(map(str, labels)) if isinstance(labels, list) else (),
                    _float(p.get("iops")), _float(p.get("host_mbps")), _float(p.get("host_avgrq_sectors")),
-                   _float(p.get("host_avgqu")), _float(p.get("host_util")))
+                   _float(p.get("host_avgqu")), _float(p.get("host_util")), _instance(p.get("instance")))
 
 
 SAMPLE_FIELDS = ("t", "device", "test", "read_mbps", "write_mbps", "avgrq_sectors", "avgrq_kb", "avgqu", "util")
@@ -223,10 +233,16 @@ def describe(ev: RunEvent) -> str | None:
         if ev.host_avgrq_sectors is not None:
             host = (f"  (host: {ev.host_mbps or 0:.1f} MB/s, avgrq {ev.host_avgrq_sectors:.0f} sectors, "
                     f"avgqu {ev.host_avgqu or 0:.2f}, util {ev.host_util or 0:.0f}%)")
-        return f"  = {ev.side} {ev.test}: {_number(ev.value)} {ev.metric}{labels}{host}"
+        who = f" {instance_name(ev.side, ev.instance)}" if ev.instance is not None else ""
+        return f"  = {ev.side} {ev.test}{who}: {_number(ev.value)} {ev.metric}{labels}{host}"
     if isinstance(ev, StateEvent) and ev.final:
         return f"==> run {ev.state}" + (f": {ev.reason}" if ev.reason else "")
     return None
+
+
+def instance_name(side: str, instance: int) -> str:
+    """g1, g2, ... for the guests of a run of N; p1, p2, ... for its bare-metal processes (as `results show`)."""
+    return f"{'g' if side == 'guest' else 'p'}{instance}"
 
 
 def stamped(t: float, line: str) -> str:
@@ -238,7 +254,8 @@ def progress_line(ev: ProgressEvent, sample: SampleEvent | None = None) -> str:
     """The live status line of the current test, with the host disk's last second when there is one."""
     if ev.test == BOOT:  # no percentage: the text says what the launch is doing and for how long
         return f"  [{ev.side}] {ev.test}: {ev.eta}" if ev.eta else f"  [{ev.side}] {ev.test}"
-    line = f"  [{ev.side}] {ev.test} {ev.pct:5.1f}%"
+    who = f" {instance_name(ev.side, ev.instance)}" if ev.instance is not None else ""
+    line = f"  [{ev.side}] {ev.test}{who} {ev.pct:5.1f}%"
     if ev.mbps is not None:
         line += f"  {ev.mbps:8.1f} MB/s"
     if ev.eta:
@@ -264,6 +281,8 @@ class PlanProgress:
         if isinstance(ev, StateEvent) and ev.plan:
             self.plan = ev.plan
         elif isinstance(ev, ProgressEvent):
+            if (ev.instance or 1) > 1:
+                return  # in a run of N at once the first guest's (or process's) progress stands for the step's
             self.current, self.current_pct = ev.step, ev.pct
             if ev.test == BOOT and ev.pct >= 100:
                 self.done.add(ev.step)
@@ -277,3 +296,63 @@ class PlanProgress:
         planned = set(self.plan)
         part = self.current_pct / 100 if self.current in planned and self.current not in self.done else 0
         return min(100.0, 100.0 * (len(self.done & planned) + part) / len(self.plan))
+
+
+class InstanceFigures:
+    """What each of N guests (or bare-metal processes) of a run at once is doing, from the run's events: the current
+    test's MB/s per instance so far (progress) and their sum; each finished test's per-instance figures and their
+    spread (core.fairness). A run of one guest has no instances and leaves it empty."""
+
+    def __init__(self) -> None:
+        self.count = 0  # the most instances seen in one test: N
+        self.step: PlanStep | None = None  # the test the live figures belong to
+        self.now: dict[int, float] = {}  # instance -> MB/s so far in `step`
+        self.finals: dict[PlanStep, dict[int, float]] = {}
+        self.done: list[tuple[PlanStep, Spread, tuple[str, ...]]] = []  # finished tests: spread, the run row's labels
+
+    @property
+    def many(self) -> bool:
+        return self.count > 1
+
+    def feed(self, ev: RunEvent) -> bool:
+        """Take one event; true if it changed the figures."""
+        if isinstance(ev, ProgressEvent) and ev.instance is not None and ev.test != BOOT:
+            if ev.step != self.step:
+                self.step, self.now = ev.step, {}
+            if ev.mbps is None:
+                return False
+            self.now[ev.instance] = ev.mbps
+            self.count = max(self.count, ev.instance)
+            return True
+        if isinstance(ev, MeasurementEvent) and ev.metric == "MB/s":
+            if ev.instance is not None:
+                self.finals.setdefault(ev.step, {})[ev.instance] = ev.value
+                self.count = max(self.count, ev.instance)
+                return True
+            each = self.finals.get(ev.step)
+            if each:
+                self.done.append((ev.step, spread([each[k] for k in sorted(each)]), ev.labels))
+                if ev.step == self.step:
+                    self.now = {}  # the test is over: its spread replaces the figures so far
+                return True
+        return False
+
+    def total(self) -> float | None:
+        """The sum of the instances' MB/s so far in the current test (each one's latest figure)."""
+        return sum(self.now.values()) if self.now else None
+
+    def line(self, most: int = 8) -> str:
+        """While a test runs, its figures so far per instance (at most `most` by name) and their sum; between tests,
+        the last finished test's sum and spread; "" before either."""
+        if self.step is not None and self.now:
+            ks = sorted(self.now)
+            each = "  ".join(f"{instance_name(self.step.side, k)} {self.now[k]:.1f}" for k in ks[:most])
+            more = f"  (+{len(ks) - most} more)" if len(ks) > most else ""
+            return f"{self.step.side} {self.step.test} now: {each}{more}  sum {sum(self.now.values()):.1f} MB/s"
+        if self.done:
+            step, g, labels = self.done[-1]
+            tag = f" [{', '.join(labels)}]" if labels else ""
+            who = "guest" if step.side == "guest" else "process"
+            return (f"{step.side} {step.test} done: sum {g.total:.1f} MB/s, per {who} min {g.min:.1f} / median "
+                    f"{g.median:.1f} / max {g.max:.1f}, Jain {g.jain:.3f}{tag}")
+        return ""

@@ -144,6 +144,9 @@ def storage_test_many(ctx: RunContext, side: str, t: storage.StorageTest,
     if t.timed:
         record("IOPS", sum(p.result.iops for p in parts), "", start, end, None, host)
         record("lat_us", sum(p.result.lat_us for p in parts) / len(parts), "", start, end, None, host)
+    for k, p in enumerate(parts, 1):
+        ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(p.result.mbps, 2), tuple(tl),
+                                       round(p.result.iops, 1), instance=k))
     hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
     ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(mbps, 2), tuple(tl),
                                    round(sum(p.result.iops for p in parts), 1), hr["host_mbps"],

@@ -156,7 +156,7 @@ def baseline_many(ctx: RunContext) -> None:
 
 def _host_part(ctx: RunContext, t: storage.StorageTest, store: backing.BackingStore, k: int,
                cancelled: Callable[[], bool]) -> Ran:
-    progress = ctx.sink.progress("baseline", t.id) if k == 1 else (lambda _p: None)
+    progress = ctx.sink.progress("baseline", t.id, k)
     start = time.time()
     res = storage.HostRunner(cancelled).run(t, store.baseline_target, ctx.size, ctx.runtime, progress)
     return Ran(res, start, time.time())
@@ -237,7 +237,7 @@ def guests_storage(ctx: RunContext) -> None:
 def _guest_part(ctx: RunContext, t: storage.StorageTest, gr: storage.GuestRunner, disk: str, at: float,
                 offset: float, k: int, cancelled: Callable[[], bool]) -> Ran:
     runner = storage.GuestRunner(gr.guest, cancelled)
-    progress = ctx.sink.progress("guest", t.id) if k == 1 else (lambda _p: None)
+    progress = ctx.sink.progress("guest", t.id, k)
     try:
         res = runner.run(t, disk, ctx.size, ctx.runtime, progress, timeout=storage.guest_timeout(t, ctx.size),
                          start_uptime=at - offset)

@@ -1,5 +1,6 @@
 """Where a run's events go: its event stream in the results store, and one optional extra consumer (the foreground
-CLI's printer, a test). Progress is thinned to two a second; a test's last progress always goes through."""
+CLI's printer, a test). Progress is thinned to two a second (each of N guests' on its own); a test's last progress
+always goes through."""
 
 from __future__ import annotations
 
@@ -19,14 +20,14 @@ class EventSink:
         self.store = store
         self.run_id = run_id  # None until the run is recorded: events before that go to `extra` alone
         self.extra = extra
-        self._last_progress = 0.0
+        self._last_progress: dict[int | None, float] = {}  # instance -> when its progress last went through
 
     def emit(self, ev: RunEvent) -> None:
         if isinstance(ev, ProgressEvent):
             now = time.monotonic()
-            if now - self._last_progress < PROGRESS_EVERY_S and ev.pct < 100:
+            if now - self._last_progress.get(ev.instance, 0.0) < PROGRESS_EVERY_S and ev.pct < 100:
                 return
-            self._last_progress = now
+            self._last_progress[ev.instance] = now
         if self.run_id is not None:
             self.store.add_event(self.run_id, ev.kind, ev.to_payload())
         if self.extra is not None:
@@ -38,9 +39,10 @@ class EventSink:
     def log(self, text: str) -> None:
         self.emit(LogEvent(text))
 
-    def progress(self, side: str, test: str) -> Callable[[dict[str, Any]], None]:
-        """The progress callback of a test's runner (core.storage, core.network: pct, mbps, eta)."""
-        return lambda p: self.emit(ProgressEvent.from_payload({**p, "side": side, "test": test}))
+    def progress(self, side: str, test: str, instance: int | None = None) -> Callable[[dict[str, Any]], None]:
+        """The progress callback of a test's runner (core.storage, core.network: pct, mbps, eta); `instance`: which
+        of N guests (or bare-metal processes) at once it is."""
+        return lambda p: self.emit(ProgressEvent.from_payload({**p, "side": side, "test": test, "instance": instance}))
 
     def sample(self, ev: SampleEvent) -> None:
         """A sampler row: kept in the run's timeline and its event stream in one transaction."""
