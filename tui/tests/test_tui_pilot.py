@@ -584,6 +584,129 @@ def test_tests_screen_needs_a_profile_ticked(backend):
     run(go())
 
 
+async def _guests_refused(pilot, app, value: str, *, start: bool = True) -> str:
+    """Type `value` as the guest count, start (or press Enter in the field); the note under the field."""
+    from textual.widgets import Input
+
+    field = app.screen.query_one("#guest-count", Input)
+    field.value = value
+    await pilot.pause()
+    if start:
+        app.screen.query_one("#start").focus()
+        await pilot.press("s")
+    else:
+        field.focus()
+        await pilot.press("enter")
+    note = app.screen.query_one("#guest-note")
+    await until(pilot, lambda: "not started" in text(note), what=f"the refusal of {value!r}")
+    assert field.has_class("-invalid")
+    return text(note)
+
+
+def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
+    from textual.widgets import Select
+
+    from cloudbox.core.runspec import MAX_GUESTS
+
+    async def go():
+        app = create_app(backend, mode="tests")
+        async with app.run_test(size=SIZE) as pilot:
+            cl = app.screen.query_one(CheckList)
+            await until(pilot, lambda: cl.selected == ["virtio-disk"])
+            assert text(app.screen.query_one("#guests-label")) == "Guests at once (on this host)"
+            assert text(app.screen.query_one("#guests-hint")) == "1 to 64; 1,2,4 = a sweep"
+            assert app.screen.query_one("#guest-count").value == "1"
+            # tests/tui.bats reaches the storage tests by three Shift+Tabs from the tab bar, then Size by one more
+            app.screen.query_one("#tests-tabs").query_one("Tabs").focus()
+            for want in ("start", "run-profiles", "test-set", "size"):
+                await pilot.press("shift+tab")
+                assert app.focused is not None and app.focused.id == want, (want, app.focused)
+            app.screen.query_one("#suite", Select).value = "storage"
+            for value, says in (("0", "--guests 0 is not allowed; allowed: 1 to 64 guests"),
+                                (str(MAX_GUESTS + 1), f"--guests {MAX_GUESTS + 1} is not allowed; allowed: 1 to 64"),
+                                ("x", "'x' is not understood; allowed: one value or a comma-separated list"),
+                                ("2,2", "2 is given twice; allowed: each value once"),
+                                ("", "'' is not understood")):
+                note = await _guests_refused(pilot, app, value)
+                assert note.startswith("not started: Guests at once: ") and says in note, note
+            # a count the core refuses with another setting: the network suite
+            app.screen.query_one("#suite", Select).value = "all"
+            note = await _guests_refused(pilot, app, "2", start=False)
+            assert "allowed with --guests > 1: --suite storage (got --suite all)" in note, note
+            # more guests than this host holds: the capacity check, with its arithmetic, before anything starts
+            app.screen.query_one("#suite", Select).value = "storage"
+            note = await _guests_refused(pilot, app, str(MAX_GUESTS))
+            assert f"--guests {MAX_GUESTS}: " in note and "allowed: --guests 1 to" in note, note
+            assert not ResultStore().list_runs()
+            # a list is a sweep: one spec per count, in order, through the same parser as `cloudbox run`
+            field = app.screen.query_one("#guest-count")
+            field.value = "1, 2,4"
+            await pilot.pause()
+            assert not field.has_class("-invalid") and not app.screen.query_one("#guest-note").display
+            assert [(sp.profile, sp.suite, sp.guests) for sp in app.screen.specs()] == [
+                ("virtio-disk", "storage", 1), ("virtio-disk", "storage", 2), ("virtio-disk", "storage", 4)]
+            field.focus()
+            await pilot.press("enter")
+            assert "1, 2, 4 on this host: a sweep of 3 runs" in text(app.screen.query_one("#guest-note"))
+            assert app.focused is app.screen.query_one("#start")
+    run(go())
+
+
+def test_live_view_shows_each_guest_and_their_sum(backend):
+    from cloudbox.core.events import MeasurementEvent, ProgressEvent, StateEvent
+    from cloudbox.core.provenance import Guests, GuestStart, Provenance
+    from cloudbox.core.runspec import RunSpec
+
+    spec = RunSpec(profile="virtio-disk", suite="storage", storage_tests="seq-write-64k", guests=2)
+    with ResultStore() as store:
+        rid = store.create_run(profile_name="virtio-disk", suite="storage", size_label="quick", accelerator="tcg",
+                               provenance=Provenance(guests=Guests(count=2, guests=[GuestStart(name="g1"),
+                                                                                    GuestStart(name="g2")])))
+        recs = [StateEvent("running", profile="virtio-disk", suite="storage", plan=tuple(spec.plan())),
+                ProgressEvent("baseline", "seq-write-64k", 50.0, None, 200.0, instance=1),
+                ProgressEvent("baseline", "seq-write-64k", 50.0, None, 180.0, instance=2),
+                MeasurementEvent("baseline", "seq-write-64k", "MB/s", 190.0, (), instance=1),
+                MeasurementEvent("baseline", "seq-write-64k", "MB/s", 170.0, (), instance=2),
+                MeasurementEvent("baseline", "seq-write-64k", "MB/s", 360.0, ()),
+                ProgressEvent("guest", "boot", 100.0),
+                ProgressEvent("guest", "seq-write-64k", 40.0, None, 31.0, instance=1),
+                ProgressEvent("guest", "seq-write-64k", 35.0, None, 24.0, instance=2)]
+        for i, rec in enumerate(recs):
+            store.add_event(rid, rec.kind, rec.to_payload(), t=1000.0 + i)
+
+    async def go():
+        app = create_app(backend, mode="tests")
+        async with app.run_test(size=SIZE) as pilot:
+            screen = app.screen
+            screen.action_attach(rid)
+            box = screen.query_one("#run-guests")
+            await until(pilot, lambda: "guest seq-write-64k now" in text(box), what="each guest's figures")
+            assert box.display
+            assert text(box) == "guest seq-write-64k now: g1 31.0  g2 24.0  sum 55.0 MB/s"
+            assert "· storage · 2 guests ·" in text(screen.query_one("#run-head"))
+            chart = screen.query_one("#chart-mbps")
+            assert [v for _, v in chart.data["g1"]] == [31.0] and [v for _, v in chart.data["g2"]] == [24.0]
+            assert [v for _, v in chart.data["guests' sum"]] == [31.0, 55.0]  # the sum as each guest's figure came
+            assert [v for _, v in chart.data["bare metal"]] == [200.0, 380.0, 360.0]
+            assert not chart.data["guest"]
+            with ResultStore() as store:
+                for k, v in ((1, 30.0), (2, 20.0)):
+                    ev = MeasurementEvent("guest", "seq-write-64k", "MB/s", v, ("emulated",), instance=k)
+                    store.add_event(rid, ev.kind, ev.to_payload())
+                ev = MeasurementEvent("guest", "seq-write-64k", "MB/s", 50.0, ("emulated",))
+                store.add_event(rid, ev.kind, ev.to_payload())
+            await until(pilot, lambda: "guest seq-write-64k done" in text(box), what="the test's spread")
+            assert text(box) == ("guest seq-write-64k done: sum 50.0 MB/s, per guest min 20.0 / median 25.0 / max "
+                                 "30.0, Jain 0.962 [emulated]")
+            assert [v for _, v in chart.data["g1"]] == [31.0, 30.0]
+            assert [v for _, v in chart.data["guests' sum"]][-1] == 50.0
+            log = "\n".join(screen.query_one("#run-log").lines)
+            assert "= guest seq-write-64k g2: 20 MB/s [emulated]" in log
+            screen.action_attach(rid - 1 if rid > 1 else rid + 1)  # another run: the figures go with the run
+            await until(pilot, lambda: not box.display, what="the figures cleared")
+    run(go())
+
+
 # -- real guests (full tier: tests/tui.bats drives the same through a real terminal in make test) ---------------
 @pytest.mark.slow
 @pytest.mark.root

@@ -1,6 +1,6 @@
 """Snapshot tests of every TUI screen and dialog (pytest-textual-snapshot), at 100x32 and, for the
-overview, results, a front-end's nodes, the join code dialog, the studies, the volumes and the new-volume
-form, at 80x24 to show they fit.
+overview, results, a front-end's nodes, the join code dialog, the studies, the volumes, the new-volume form, the
+tests' setup and the live view of two guests, at 80x24 to show they fit.
 
 The data is tui_demo's: fixed host facts, a results history with fixed timestamps shown in UTC,
 guests in libvirt's test:///default driver, state at a fixed path. Each scene's `drive` waits until
@@ -30,7 +30,8 @@ pytest_textual_snapshot.SVGImageExtension.file_extension = "svg"
 SNAPSHOTS = Path(__file__).parent / "__snapshots__" / Path(__file__).stem
 
 CASES = [(name, SIZE) for name in SCENES] + [(n, SMALL) for n in ("overview", "results", "nodes", "join-code",
-                                                                    "studies", "volumes", "volume-form")]
+                                                                    "studies", "volumes", "volume-form", "tests-setup",
+                                                                    "tests-live-guests")]
 
 
 @pytest.fixture

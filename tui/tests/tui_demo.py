@@ -40,7 +40,7 @@ from cloudbox.core.guestimage import CMDLINE
 from cloudbox.core.host import Disk, HostFacts, Nic, Node
 from cloudbox.core.nodes.frontend import CodeOffer
 from cloudbox.core.nodes.registry import JoinCode
-from cloudbox.core.provenance import BackingInfo, Provenance, Versions
+from cloudbox.core.provenance import BackingInfo, Guests, GuestStart, Provenance, Versions
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runspec import PlanStep
 from cloudbox.core.volumes.attach import Export
@@ -308,6 +308,62 @@ def add_run(store: ResultStore, d: DemoRun) -> int:
     return rid
 
 
+# A run of two TCG guests at once (the tests-live-guests scene): per test, bare metal's (p1, p2) and each guest's
+# MB/s (g1, g2); the run's figure is their sum.
+GUESTS_RUN = {"seq-write-64k": ((180.0, 171.0), (26.1, 29.5)), "seq-read-64k": ((560.0, 556.6), (80.4, 113.2))}
+
+
+def add_guests_run(store: ResultStore) -> int:
+    """Record a completed run of two guests with its event stream: each instance's progress and figure, their sum."""
+    prof = profiles.find_profile("virtio-disk")
+    run_uuid = f"{int(T0 + 7200):08x}" + prof.hash[:24]
+    tests = list(GUESTS_RUN)
+    prov = _provenance(DemoRun("virtio-disk", "storage", "quick", "tcg", T0 + 7200, {}, {}), prof, run_uuid)
+    prov.guests = Guests(count=2, guests=[GuestStart(name=f"cloudbox-virtio-disk-{run_uuid[:8]}-g{k}")
+                                          for k in (1, 2)], skew_s={"seq-write-64k": 0.002, "seq-read-64k": 0.012})
+    rid = store.create_run(profile_name=prof.name, profile_hash=prof.hash, profile_toml=prof.to_toml(),
+                           suite="storage", size_bytes=128 * 2**20, size_label="quick", accelerator="tcg", node=HOST,
+                           pid=4242, started_at=T0 + 7200, uuid=run_uuid, provenance=prov)
+    t = T0 + 7200.2
+    plan = ([PlanStep("baseline", x) for x in tests] + [PlanStep("guest", "boot")]
+            + [PlanStep("guest", x) for x in tests])
+    store.add_event(rid, "state", StateEvent("running", profile=prof.name, suite="storage",
+                                             plan=tuple(plan)).to_payload(), t=t)
+    store.add_event(rid, "step", {"text": "preparing 2 backing stores (block-device, 128 MiB each)"}, t=t + 1)
+    t += 2
+    for side in ("baseline", "guest"):
+        if side == "guest":
+            store.add_event(rid, "step", {"text": "launching 2 guests (TCG (emulated))"}, t=t)
+            store.add_event(rid, "progress", {"side": "guest", "test": "boot", "pct": 100}, t=t + 20)
+            t += 21
+        for test, figures in GUESTS_RUN.items():
+            each = figures[0] if side == "baseline" else figures[1]
+            labels = ["quick-size"] + (["emulated"] if side == "guest" else [])
+            store.add_event(rid, "step", {"text": f"{side}: {test} (2 at once)", "side": side, "test": test}, t=t)
+            for i, j in enumerate(_JITTER, start=1):
+                for k, v in enumerate(each, start=1):
+                    store.add_event(rid, "progress", {"side": side, "test": test, "pct": 20.0 * i,
+                                                      "mbps": round(v * j * (1.1 if k == 2 else 1.0), 2),
+                                                      "instance": k}, t=t + i + 0.1 * k)
+            end = t + len(_JITTER) + 0.5
+            for k, v in enumerate(each, start=1):
+                store.add_measurement(rid, side=side, test=test, metric="MB/s", value=v, labels=labels,
+                                      started_at=t, finished_at=end, instance=k)
+                store.add_event(rid, "measurement", {"side": side, "test": test, "metric": "MB/s", "value": v,
+                                                     "labels": labels, "instance": k}, t=end)
+            total = round(sum(each), 2)
+            store.add_measurement(rid, side=side, test=test, metric="MB/s", value=total, labels=labels,
+                                  started_at=t, finished_at=end, host_mbps=total, host_avgrq_sectors=256,
+                                  host_avgqu=0.9, host_util=70)
+            store.add_event(rid, "measurement", {"side": side, "test": test, "metric": "MB/s", "value": total,
+                                                 "labels": labels, "host_mbps": total, "host_avgrq_sectors": 256,
+                                                 "host_avgqu": 0.9, "host_util": 70}, t=end)
+            t = end + 0.5
+    store.add_event(rid, "step", {"text": "cleaning up"}, t=t)
+    store.finish_run(rid, "completed", None, finished_at=t + 1.5)
+    return rid
+
+
 def build_results(store: ResultStore, *, guest_session: bool = False) -> list[int]:
     """The results history (RUNS, ids 1..6 in that order); with guest_session also the running guest
     session SESSION (id 7) that the guests scene shows."""
@@ -549,6 +605,18 @@ async def tests_live(pilot: Pilot) -> None:
     await settle(pilot, lambda: True, "the charts")
 
 
+async def tests_live_guests(pilot: Pilot) -> None:
+    app = pilot.app
+    await tests_setup(pilot)
+    with ResultStore() as store:
+        rid = add_guests_run(store)
+    app.screen.action_attach(rid)  # type: ignore[attr-defined]
+    await settle(pilot, lambda: "COMPLETED" in _text(app, "#run-head") and "seq-read-64k done" in _text(
+        app, "#run-guests"), "the finished run of two guests", timeout=20)
+    app.clear_notifications()
+    await settle(pilot, lambda: True, "the charts")
+
+
 async def results(pilot: Pilot) -> None:
     app = pilot.app
     await settle(pilot, lambda: _rows(app, "#runs") == len(RUNS), "the runs")
@@ -648,6 +716,7 @@ SCENES: dict[str, Scene] = {
     "guest-stop": Scene("guests", guest_stop_confirm, guests=True),
     "tests-setup": Scene("tests", tests_setup),
     "tests-live": Scene("tests", tests_live),
+    "tests-live-guests": Scene("tests", tests_live_guests),
     "results": Scene("results", results_marked),
     "results-compare": Scene("results", results_compare),
     "results-export": Scene("results", results_export),

@@ -393,7 +393,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("guests", ("--guests",), int, 1,
               "benchmark guests of the profile to run at once on this host, each on a disk of its own, their tests "
               "started together; stores each guest's figures and their sum (storage suite only); a list such as "
-              "1,2,4 runs one run per count and prints them in one table", metavar="N[,N...]",
+              "1,2,4 runs one run per count and prints them in one table", title="Guests at once", metavar="N[,N...]",
               check=_check_guests, sweep=True),
 )
 OPTIONS_BY_FIELD = {o.field: o for o in RUN_OPTIONS}

@@ -241,7 +241,12 @@ class Backend:
         return out
 
     def start_runs(self, specs: list[RunSpec]) -> tuple[int | None, Sweep | None]:
-        """One spec: a detached run (its id). Several: a sweep that runs them one after another."""
+        """One spec: a detached run (its id). Several: a sweep that runs them one after another. Every spec is
+        checked first, a run of N guests also against this host's memory and CPUs (as `cloudbox run` does)."""
+        for spec in specs:
+            spec.validate()
+            if spec.guests > 1:
+                runs.check_guests_fit(spec)
         if len(specs) == 1:
             return runs.start_detached(specs[0], self.store), None
         return None, runs.start_sweep(specs, self.store)

@@ -1,6 +1,7 @@
-"""Tests: choose suite, size, test set and profile(s), start (several profiles = a sweep, run one after
-another); while a run goes: overall progress with ETA, live charts of guest throughput and of the host
-disk's request size, queue depth and utilisation (the studies' three host metrics), the step, the log."""
+"""Tests: choose suite, size, test set, guests at once and profile(s), start (several profiles or guest counts = a
+sweep, run one after another); while a run goes: overall progress with ETA, live charts of guest throughput (in a run
+of N guests each guest's and their sum) and of the host disk's request size, queue depth and utilisation (the studies'
+three host metrics), the step, each guest's figures, the log."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from dataclasses import dataclass
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Button, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane, Tabs
+from textual.widgets import Button, Input, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane, Tabs
 
 from cloudbox.core import accel
+from cloudbox.core.compare import guest_count
+from cloudbox.core.errors import UsageError
 from cloudbox.core.events import (
+    InstanceFigures,
     MeasurementEvent,
     PlanProgress,
     ProgressEvent,
@@ -21,18 +25,21 @@ from cloudbox.core.events import (
     StateEvent,
     StepEvent,
     describe,
+    instance_name,
     stamped,
 )
 from cloudbox.core.results import Run
 from cloudbox.core.runs import Sweep
-from cloudbox.core.runspec import RunSpec, option
+from cloudbox.core.runspec import MAX_GUESTS, RunSpec, option
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.charts import LiveChart
 from cloudbox.tui.widgets.checklist import CheckList
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 
 # The form's selects, from the run options' one declaration (core.runspec.RUN_OPTIONS).
-SUITE, SIZE, TESTS, WHERE = (option(f) for f in ("suite", "size", "storage_tests", "node"))
+SUITE, SIZE, TESTS, WHERE, GUESTS = (option(f) for f in ("suite", "size", "storage_tests", "node", "guests"))
+PLACEMENT = "this host"  # where a run's N guests go: spreading them over nodes is not implemented yet
+CHARTED_GUESTS = 4  # guests with a line of their own in the throughput chart; the figures line names them all
 
 
 @dataclass
@@ -50,7 +57,11 @@ class TestsScreen(BaseScreen):
     RELOAD_EVERY = 5.0
     HELP = ("Start storage (fio, dd) and network (netperf, iperf3) tests: each run measures bare metal first, "
             "then a guest under the profile, on the same hardware. Pick one profile for a run, several for a "
-            "sweep (run one after another). On a front-end with enrolled nodes, Where places the run on a "
+            "sweep (run one after another). Guests at once runs N guests of the profile together on this host "
+            "(storage suite), each on a disk of its own; a list such as 1,2,4 is a sweep, one run per count. "
+            "Live then charts each guest's MB/s and their sum and lists each guest's figures; Results compares "
+            "them (sum, each guest, min / median / max, Jain's index). "
+            "On a front-end with enrolled nodes, Where places the run on a "
             "back-end (its guest, disk and network; followed live here). Runs go on when the TUI closes; "
             "reopening shows them live. "
             "c cancels the run you are watching (after confirmation; cleans up like Ctrl-C in the CLI), "
@@ -73,6 +84,7 @@ class TestsScreen(BaseScreen):
         self.last_redraw = 0.0
         self.sweep: Sweep | None = None
         self._targets: list[tuple[str, str]] = []
+        self.figures = InstanceFigures()
 
     def body(self) -> ComposeResult:
         with TabbedContent(id="tests-tabs", initial="setup"):
@@ -82,6 +94,14 @@ class TestsScreen(BaseScreen):
                         with Vertical(classes="setup-col"):
                             yield Label(SUITE.title, classes="section")
                             yield Select(SUITE.offered(), value=SUITE.initial, allow_blank=False, id="suite")
+                            # Before Size: Shift+Tab from the tab bar reaches Start, Profiles, Storage tests, Size.
+                            yield Label(f"{GUESTS.title} (on {PLACEMENT})", classes="section", id="guests-label",
+                                        markup=False)
+                            with Horizontal(id="guests-row"):
+                                yield Input(str(GUESTS.initial), id="guest-count", compact=True,
+                                            tooltip=f"{GUESTS.help}. Placement: {PLACEMENT} only for now.")
+                                yield Static(f"1 to {MAX_GUESTS}; 1,2,4 = a sweep", id="guests-hint", markup=False)
+                            yield Static("", id="guest-note", markup=False)
                             yield Label(SIZE.title, classes="section")
                             yield Select(SIZE.offered(), value=SIZE.initial, allow_blank=False, id="size")
                             yield Label(TESTS.title, classes="section")
@@ -101,6 +121,7 @@ class TestsScreen(BaseScreen):
                                  markup=False)
                     yield ProgressBar(total=100, show_eta=True, id="run-progress")
                     yield Static("", id="run-step", markup=False)
+                    yield Static("", id="run-guests", markup=False)
                     with Horizontal(id="charts"):
                         yield LiveChart("Throughput MB/s", ["guest", "bare metal"], id="chart-mbps")
                         yield LiveChart("Host request size (sectors)", ["avgrq"], id="chart-rq")
@@ -173,6 +194,67 @@ class TestsScreen(BaseScreen):
         if event.button.id == "start":
             self.action_start()
 
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "guest-count":
+            event.input.remove_class("-invalid")
+            self.guest_note("")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in the guest count checks it (typed letters go to the field, so s cannot start from there)."""
+        if event.input.id != "guest-count":
+            return
+        try:
+            specs = self.specs()
+        except UsageError as e:
+            self.refuse(e, notify=False)
+            return
+        if not specs:
+            self.guest_note("tick at least one profile (space in the Profiles list)", error=True)
+            return
+        counts = sorted({s.guests for s in specs})
+        runs = f"a sweep of {len(specs)} runs" if len(specs) > 1 else "one run"
+        self.guest_note(f"{', '.join(map(str, counts))} on {PLACEMENT}: {runs}; Start (s) begins")
+        self.set_focus(self.query_one("#start", Button))
+
+    def guest_note(self, text: str, error: bool = False) -> None:
+        """The line under the guest count: what the count means, or why the form cannot start."""
+        note = self.query_one("#guest-note", Static)
+        note.update(text)
+        note.set_class(error, "field-error")
+        note.display = bool(text)
+
+    def specs(self) -> list[RunSpec]:
+        """The runs the form asks for: one per ticked profile and guest count (the count parsed and every spec
+        checked as `cloudbox run --guests` does); a UsageError naming the form's field otherwise."""
+        names, suite, size, tests, node = self.spec_choices()
+        text = self.query_one("#guest-count", Input).value
+        try:
+            counts = GUESTS.values(text.strip())
+        except UsageError as e:
+            raise UsageError(f"{GUESTS.title}: {e}") from None
+        specs = []
+        for n in names:
+            RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node).validate()
+            for count in counts:
+                spec = RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node, guests=count)
+                try:
+                    spec.validate()
+                except UsageError as e:
+                    raise UsageError(f"{GUESTS.title}: {e}") from None
+                specs.append(spec)
+        return specs
+
+    def refuse(self, err: BaseException, notify: bool = True) -> None:
+        """A run the form's settings cannot start: a guest count's refusal also under its field."""
+        if not (isinstance(err, UsageError) and (str(err).startswith(GUESTS.title) or "--guests" in str(err))):
+            self.app.report_error(err, "starting the run")
+            return
+        text = f"not started: {err}"
+        self.guest_note(text, error=True)
+        self.query_one("#guest-count", Input).add_class("-invalid")
+        if notify:
+            self.notify(text, title="tests", severity="error", markup=False)
+
     def action_start(self) -> None:
         names, suite, size, tests, node = self.spec_choices()
         if not names:
@@ -184,21 +266,30 @@ class TestsScreen(BaseScreen):
             self.notify("cannot run on this boot: " + "; ".join(f"{n} ({cl.blocked[n]})" for n in blocked),
                         severity="warning")
             return
-        specs = [RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node) for n in names]
+        try:
+            specs = self.specs()
+        except UsageError as e:
+            self.refuse(e)
+            return
         where = f" on node {node}" if node else ""
+        counts = sorted({s.guests for s in specs})
+        many = f", {'/'.join(map(str, counts))} guests at once" if counts != [1] else ""
 
         def started(result: tuple[int | None, Sweep | None]) -> None:
             run_id, sweep = result
             if sweep is not None:
-                self.notify(f"sweep of {len(names)} profiles started{where}: {', '.join(names)}", title="tests")
+                what = (f"{len(specs)} runs: {', '.join(names)} x {', '.join(map(str, counts))} guests"
+                        if len(counts) > 1 else f"{len(names)} profiles: {', '.join(names)}")
+                self.notify(f"sweep of {what} started{where}", title="tests")
                 self.pending_sweep = sweep.id
             else:
-                self.notify(f"run {run_id} started{where} ({names[0]}, {suite}, {size})", title="tests")
+                self.notify(f"run {run_id} started{where} ({names[0]}, {suite}, {size}{many})", title="tests")
                 assert run_id is not None
                 self.attach(run_id)
             self.show_live()
 
-        self.app.work_in_thread(self.app.backend.start_runs, specs, done=started, name="starting the run")
+        self.app.work_in_thread(self.app.backend.start_runs, specs, done=started, failed=self.refuse,
+                                name="starting the run")
 
     pending_sweep: str | None = None
 
@@ -208,6 +299,9 @@ class TestsScreen(BaseScreen):
             return
         self.run_id, self.run, self.seq = run_id, None, 0
         self.progress = PlanProgress()
+        self.figures = InstanceFigures()
+        self.query_one("#run-guests", Static).update("")
+        self.query_one("#run-guests", Static).display = False
         for c in self.query(LiveChart):
             c.clear()
         self.query_one("#run-log", Log).clear()
@@ -263,6 +357,7 @@ class TestsScreen(BaseScreen):
             return
         self.run, self.sweep = run, sweep
         log = self.query_one("#run-log", Log)
+        figures_changed = False
         for ev in events:
             self.seq = ev.seq
             rec = ev.record
@@ -272,7 +367,10 @@ class TestsScreen(BaseScreen):
             line = describe(rec)
             if line is not None:
                 log.write_line(stamped(ev.t, line))
-            if isinstance(rec, StepEvent):
+            if self.figures.feed(rec) and isinstance(rec, ProgressEvent | MeasurementEvent):
+                figures_changed = True
+                self.chart_instances(rec, ev.t)
+            elif isinstance(rec, StepEvent):
                 self.query_one("#run-step", Static).update(f"Step: {rec.text}")
             elif isinstance(rec, ProgressEvent) and rec.mbps is not None:
                 name = "guest" if rec.side == "guest" else "bare metal"
@@ -284,6 +382,10 @@ class TestsScreen(BaseScreen):
                 self.query_one("#chart-rq", LiveChart).add("avgrq", ev.t, rec.avgrq_sectors)
                 self.query_one("#chart-qu", LiveChart).add("avgqu", ev.t, rec.avgqu)
                 self.query_one("#chart-qu", LiveChart).add("util %", ev.t, rec.util)
+        if figures_changed:
+            box = self.query_one("#run-guests", Static)
+            box.update(self.figures.line())
+            box.display = self.figures.many
         self.show_head(run, sweep)
         pct = 100.0 if run.state == "completed" else self.progress.percent
         bar = self.query_one("#run-progress", ProgressBar)
@@ -303,12 +405,31 @@ class TestsScreen(BaseScreen):
         elif len(events) >= 1000:
             self.call_later(self.poll)  # catching up with a long run: fetch the next page at once
 
+    def chart_instances(self, rec: ProgressEvent | MeasurementEvent, t: float) -> None:
+        """A run of N at once: a guest's figure on its own line (the first CHARTED_GUESTS guests), and the sum so
+        far of the guests' (or the bare-metal processes') on the sum's."""
+        chart = self.query_one("#chart-mbps", LiveChart)
+        total = "guests' sum" if rec.side == "guest" else "bare metal"
+        chart.add_series(total)
+        if rec.instance is None:  # the run's own row of a finished test: the instances' sum
+            chart.add(total, t, rec.value if isinstance(rec, MeasurementEvent) else None)
+            return
+        value = rec.value if isinstance(rec, MeasurementEvent) else rec.mbps
+        if rec.side == "guest" and rec.instance <= CHARTED_GUESTS:
+            name = instance_name(rec.side, rec.instance)
+            chart.add_series(name)
+            chart.add(name, t, value)
+        if isinstance(rec, ProgressEvent):
+            chart.add(total, t, self.figures.total())
+
     def show_head(self, run: Run, sweep: Sweep | None) -> None:
         acc = run.accelerator or "accelerator not known yet"
         emu = " (EMULATED: not overhead figures)" if run.accelerator == "tcg" else (
             " (nested)" if run.accelerator == "nested-kvm" else "")
         state = run.state.upper() + (f": {run.reason}" if run.reason and run.finished else "")
-        text = (f"Run {run.id} · {run.profile_name} · {run.suite} · {run.size_label or '?'} · {acc}{emu} · "
+        n = guest_count(run)
+        guests = f" · {n} guests" if n > 1 else ""
+        text = (f"Run {run.id} · {run.profile_name} · {run.suite}{guests} · {run.size_label or '?'} · {acc}{emu} · "
                 f"{state} · {run.duration or 0:.0f} s")
         if sweep is not None:
             pos = sweep.runs.index(run.id) + 1

@@ -35,6 +35,12 @@ class LiveChart(PlotextPlot):
         self.t0 = None
         self.redraw()
 
+    def add_series(self, name: str) -> None:
+        """One more line, once (a run of N guests: each guest's and their sum)."""
+        if name not in self.data:
+            self.names.append(name)
+            self.data[name] = deque(maxlen=next(iter(self.data.values())).maxlen if self.data else 240)
+
     def add(self, name: str, t: float, value: float | None) -> None:
         if value is None or name not in self.data:
             return
