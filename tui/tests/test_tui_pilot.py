@@ -384,6 +384,34 @@ def test_results_compare_marked_runs_and_export(results_backend, tmp_path):
     run(go())
 
 
+def test_results_of_a_run_of_two_guests_show_each_guest_and_the_spread(backend):
+    from cloudbox.core.provenance import Guests, GuestStart, Provenance
+
+    with ResultStore() as store:
+        rid = store.create_run(profile_name="virtio-disk", suite="storage", accelerator="tcg",
+                               provenance=Provenance(guests=Guests(count=2, guests=[GuestStart(name="g1"),
+                                                                                    GuestStart(name="g2")])))
+        for k, v in ((1, 30.0), (2, 10.0)):
+            store.add_measurement(rid, side="guest", test="seq-write-64k", metric="MB/s", value=v, instance=k)
+        store.add_measurement(rid, side="guest", test="seq-write-64k", metric="MB/s", value=40.0)
+        store.add_measurement(rid, side="baseline", test="seq-write-64k", metric="MB/s", value=200.0)
+        store.finish_run(rid, "completed")
+
+    async def go():
+        app = create_app(backend, mode="results")
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.screen.query_one("#runs")
+            await until(pilot, lambda: table.row_count == 1)
+            assert rows(table)[0][6] == "storage, 2 guests" and rows(table)[0][3].startswith("W 40* MB/s (20%)")
+            await pilot.press("c")
+            compare = app.screen.query_one("#compare")
+            await until(pilot, lambda: "Jain" in text(compare), what="the comparison")
+            for words in ("#1 sum", "#1 g1", "#1 g2", "per guest min 10.0 / median 20.0 / max 30.0",
+                          "Jain's fairness index 0.800"):
+                assert words in " ".join(text(compare).split()), words  # the table wraps to the box
+    run(go())
+
+
 def test_results_delete_asks_and_refuses_nothing_silently(results_backend):
     async def go():
         app = create_app(results_backend, mode="results")

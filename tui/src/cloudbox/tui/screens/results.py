@@ -36,6 +36,12 @@ def headline(run: Run) -> str:
     return "  ".join(parts) or "-"
 
 
+def suite_words(run: Run) -> str:
+    """The run's suite, with its guest count when it ran several at once (its headline is then their sum)."""
+    n = compare.guest_count(run)
+    return (run.suite or "-") + (f", {n} guests" if n > 1 else "")
+
+
 ACCEL_WORDS = {"tcg": "TCG*", "nested-kvm": "nested KVM", "kvm": "KVM", "xen": "Xen", None: "-"}
 
 
@@ -44,7 +50,9 @@ class ResultsScreen(BaseScreen):
     RELOAD_EVERY = 3.0
     HELP = ("Every stored run, newest first, with its headline numbers: guest sequential write and read "
             "(MB/s) and TCP stream (Mbit/s), each with its % of the same run's bare-metal baseline. "
-            "* marks numbers measured under TCG emulation (not overhead figures). Space marks runs; "
+            "* marks numbers measured under TCG emulation (not overhead figures). A run of N guests at once "
+            "(Suite says how many) shows their sum; its comparison adds each guest, min / median / max and "
+            "Jain's fairness index. Space marks runs; "
             "c compares the marked runs (or the highlighted one) in the studies' table layout; e exports "
             "them (JSON, CSV, Markdown); D deletes a finished run.")
     BINDINGS = [
@@ -88,7 +96,7 @@ class ResultsScreen(BaseScreen):
             when = time.strftime("%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "-"
             return str(r.id), ("x" if r.id in self.marked else "", str(r.id), r.profile_name or "-",
                                Text(headline(r)), ACCEL_WORDS.get(r.accelerator, r.accelerator or "-"), r.state,
-                               r.suite or "-", when)
+                               suite_words(r), when)
 
         ids = [r.id for r in runs]
         if table.set_rows(row(r) for r in runs) and keep in ids:
