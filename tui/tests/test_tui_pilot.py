@@ -810,6 +810,57 @@ def test_quick_storage_test_through_the_ui(state, libvirt_conn):
     run(go())
 
 
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.full
+def test_two_guests_run_from_the_tests_screen(state, libvirt_conn):
+    """A guest count of 2 typed on the Tests screen: a run of two TCG guests, each guest's MB/s and their sum
+    charted live and stored, the spread shown, the comparison on Results with each guest and Jain's index."""
+    from textual.widgets import Select
+
+    from cloudbox.core.guest import list_guests
+
+    async def go():
+        app = create_app(Backend(facts=facts()), mode="tests", poll_interval=0.5)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.screen.query_one(CheckList).selected == ["virtio-disk"])
+            app.screen.query_one("#suite", Select).value = "storage"
+            app.screen.query_one("#size", Select).value = "quick"
+            app.screen.query_one("#test-set", Select).value = "smoke"
+            app.screen.query_one("#guest-count").value = "2"
+            app.screen.query_one("#start").focus()
+            await pilot.press("s")
+            head = app.screen.query_one("#run-head")
+            await until(pilot, lambda: "2 guests" in text(head), timeout=60, what="the run of two guests started")
+            await until(pilot, lambda: any(w in text(head) for w in ("COMPLETED", "ABORTED", "FAILED")),
+                        timeout=600, what="run finished")
+            assert "COMPLETED" in text(head), text(head)
+            box = app.screen.query_one("#run-guests")
+            assert box.display and " done: sum " in text(box) and "Jain" in text(box), text(box)
+            done = [(step.side, step.test, g.n) for step, g, _ in app.screen.figures.done]
+            assert ("guest", "seq-write-64k", 2) in done and ("baseline", "seq-write-64k", 2) in done, done
+            chart = app.screen.query_one("#chart-mbps")
+            assert chart.data["g1"] and chart.data["g2"] and chart.data["guests' sum"], "no per-guest figures charted"
+            log = "\n".join(app.screen.query_one("#run-log").lines)
+            assert "= guest seq-write-64k g1:" in log and "= guest seq-write-64k g2:" in log
+            await pilot.press("5")
+            table = app.screen.query_one("#runs")
+            await until(pilot, lambda: table.row_count == 1)
+            await pilot.press("c")
+            compare = app.screen.query_one("#compare")
+            await until(pilot, lambda: "Jain" in text(compare), what="the comparison")
+            assert " g1" in text(compare) and " g2" in text(compare) and "sum" in text(compare)
+        with ResultStore() as store:
+            (r,) = store.list_runs()
+            assert r.state == "completed" and r.provenance.guests is not None and r.provenance.guests.count == 2
+            each = r.instances("guest", "seq-write-64k", "MB/s")
+            assert [m.instance for m in each] == [1, 2] and all(m.value > 0 for m in each)
+            assert r.value("guest", "seq-write-64k", "MB/s") == pytest.approx(sum(m.value for m in each))
+        assert not [g for g in list_guests(libvirt_conn) if r.uuid[:8] in g.name]
+        assert not list((Path(os.environ["CLOUDBOX_STATE_DIR"]) / "work").glob("*"))
+    run(go())
+
+
 def test_a_series_waiting_between_runs_says_when_the_next_starts_and_c_cancels_it(backend, request):
     """The Tests screen on a finished run of a series sweep waiting for its next start (a real sweep process):
     its head says when the next run starts, and c (confirmed) cancels the sweep, not the finished run."""
