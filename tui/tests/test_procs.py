@@ -1,6 +1,7 @@
 """Children started with procs.die_with_parent: they die with the parent, and forking them from a threaded parent
 does not hang (the hook runs no loader code between fork and exec). procs.stop against real children: one that ends
-on SIGTERM, one that ignores it, one already gone."""
+on SIGTERM, one that ignores it, one already gone. procs.Child with real programs: one that becomes ready, one that
+exits first, one never ready, one not installed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from cloudbox.core import procs
+from cloudbox.core.errors import CloudboxError
 from cloudbox.core.procs import process_exists
 
 
@@ -99,3 +103,47 @@ def test_an_exited_child_is_only_reaped():
     p = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     p.wait()
     assert procs.stop(p, 0.1) == 3
+
+
+def test_a_child_server_is_returned_once_ready_and_stopped_with_its_log(tmp_path):
+    marker, log = tmp_path / "up", tmp_path / "srv.log"
+    seen: list[int] = []
+
+    def ready(pid: int) -> bool:
+        seen.append(pid)
+        return marker.exists()
+
+    child = procs.Child.start(["sh", "-c", f"sleep 0.3; touch {marker}; exec sleep 60"], log=log, ready=ready,
+                              serving="test", ready_is="touch its marker", timeout=10)
+    pid = child.pid
+    assert pid is not None and process_exists(pid) and log.exists()
+    assert len(seen) > 1 and set(seen) == {pid}  # asked again until ready, about its own pid
+    child.stop()
+    assert child.pid is None and not process_exists(pid) and not log.exists()
+    child.stop()  # twice is fine
+
+
+def test_a_child_server_that_exits_first_is_named_with_its_output(tmp_path):
+    log = tmp_path / "srv.log"
+    with pytest.raises(CloudboxError, match=r"^sh exited 3 before serving volume ebs: no such volume$"):
+        procs.Child.start(["sh", "-c", "echo no such volume >&2; exit 3"], log=log, ready=lambda pid: False,
+                          serving="volume ebs", ready_is="listen", timeout=10)
+    assert not log.exists()
+
+
+def test_a_child_server_never_ready_is_stopped_after_the_timeout(tmp_path):
+    log, pidfile = tmp_path / "srv.log", tmp_path / "pid"
+    t0 = time.monotonic()
+    with pytest.raises(CloudboxError, match=r"^sh did not listen on 127.0.0.1:9 within 1 s: starting$"):
+        procs.Child.start(["sh", "-c", f"echo $$ > {pidfile}; echo starting; exec sleep 60"], log=log,
+                          ready=lambda pid: False, serving="x", ready_is="listen on 127.0.0.1:9", timeout=1)
+    assert 1 <= time.monotonic() - t0 < 5
+    assert not process_exists(int(pidfile.read_text())) and not log.exists()
+
+
+def test_a_child_server_not_installed_leaves_no_log(tmp_path):
+    log = tmp_path / "srv.log"
+    with pytest.raises(FileNotFoundError):
+        procs.Child.start(["cloudbox-no-such-server"], log=log, ready=lambda pid: True, serving="x", ready_is="y",
+                          timeout=1)
+    assert not log.exists()

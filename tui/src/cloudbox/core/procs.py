@@ -1,5 +1,5 @@
-"""Processes, shared by the core: whether a pid names a live process, children that die with their parent, and
-stopping a child."""
+"""Processes, shared by the core: whether a pid names a live process, children that die with their parent,
+stopping a child, and a child server that is started, waited for until it serves, and stopped."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import CloudboxError
 
 # Loaded here, not in the forked child: dlopen after fork in a threaded parent can deadlock on the loader's lock.
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -49,3 +54,58 @@ def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: float) 
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.wait()
+
+
+@dataclass
+class Child:
+    """A server running as a child of this process, its output in `log`; it gets SIGTERM when the thread that
+    started it dies. `stop()` ends it and removes the log."""
+
+    program: str
+    log: Path
+    grace_s: float = 5.0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def tail(self, limit: int = 300) -> str:
+        """The end of what it printed (its stdout and stderr), for an error message."""
+        try:
+            return self.log.read_text(errors="replace").strip()[-limit:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """End it (SIGTERM, SIGKILL after grace_s) and remove its log. Safe to call twice."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            stop(proc, self.grace_s)
+        self.log.unlink(missing_ok=True)
+
+    @classmethod
+    def start(cls, argv: Sequence[str], *, log: Path, ready: Callable[[int], bool], serving: str, ready_is: str,
+              timeout: float, grace_s: float = 5.0) -> Child:
+        """Run `argv` and return once `ready(pid)` holds. When it exits first or is not ready within `timeout`
+        seconds, it is stopped, its log removed, and the CloudboxError names the program, `serving` (what it was
+        to serve) or `ready_is` (what ready means, e.g. "listen on host:port") and the end of its output."""
+        child = cls(os.path.basename(argv[0]), log, grace_s)
+        try:
+            with open(log, "wb") as out:
+                child.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                              preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509 - only prctl, before exec
+            deadline = time.monotonic() + timeout
+            while True:
+                if child.proc.poll() is not None:
+                    raise CloudboxError(f"{child.program} exited {child.proc.returncode} before serving {serving}: "
+                                        f"{child.tail()}")
+                if ready(child.proc.pid):
+                    return child
+                if time.monotonic() > deadline:
+                    raise CloudboxError(f"{child.program} did not {ready_is} within {timeout:.0f} s: "
+                                        f"{child.tail() or 'it printed nothing'}")
+                time.sleep(0.05)
+        except BaseException:
+            child.stop()
+            raise

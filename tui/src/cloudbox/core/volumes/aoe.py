@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -35,8 +34,7 @@ class AoeExport:
     shelf: int
     slot: int
     server: str = "vblade"
-    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    log: Path | None = field(default=None, repr=False)
+    child: procs.Child | None = field(default=None, repr=False)
 
     @property
     def target(self) -> str:
@@ -48,15 +46,15 @@ class AoeExport:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+        return self.child.pid if self.child else None
 
     def io(self) -> dict[str, int]:
         """What vblade read from and wrote to the volume so far (its /proc/PID/io read_bytes, write_bytes: the
         bytes that reached the disk, which O_DIRECT makes all of them); empty once it has stopped."""
-        if self.proc is None:
+        if self.pid is None:
             return {}
         try:
-            text = Path(f"/proc/{self.proc.pid}/io").read_text()
+            text = Path(f"/proc/{self.pid}/io").read_text()
         except OSError:
             return {}
         fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
@@ -64,11 +62,8 @@ class AoeExport:
 
     def stop(self) -> None:
         """End the export (SIGTERM, SIGKILL after 5 s) and remove its log. Safe to call twice."""
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            procs.stop(proc, 5)
-        if self.log is not None:
-            self.log.unlink(missing_ok=True)
+        if self.child is not None:
+            self.child.stop()
 
 
 def _packet_socket_open(pid: int) -> bool:
@@ -109,24 +104,10 @@ def start(name: str, path: str, iface: str, *, shelf: int, slot: int = 0, log: P
     if not Path(f"/sys/class/net/{iface}").exists():
         raise CloudboxError(f"cannot serve AoE volume {name!r}: no network interface {iface!r} on this host")
     _pin_bridge_address(iface)
-    exp = AoeExport(name, path, iface, shelf, slot, log=log)
-    cmd = ["vblade", "-d", str(shelf), str(slot), iface, path]
-    with open(log, "wb") as out:
-        exp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    preexec_fn=procs.die_with_parent(signal.SIGTERM))  # noqa: PLW1509 - only prctl, before exec
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _packet_socket_open(exp.proc.pid):
-            if exp.proc.poll() is not None:
-                raise CloudboxError(f"vblade exited {exp.proc.returncode} before serving volume {name} on {iface}: "
-                                    f"{log.read_text(errors='replace').strip()[-300:]}")
-            if time.monotonic() > deadline:
-                raise CloudboxError(f"vblade did not bind {iface} within {START_TIMEOUT:.0f} s")
-            time.sleep(0.05)
-    except BaseException:
-        exp.stop()
-        raise
-    return exp
+    child = procs.Child.start(["vblade", "-d", str(shelf), str(slot), iface, path], log=log,
+                              ready=_packet_socket_open, serving=f"volume {name} on {iface}",
+                              ready_is=f"bind {iface}", timeout=START_TIMEOUT)
+    return AoeExport(name, path, iface, shelf, slot, child=child)
 
 
 def running(path: str) -> list[int]:

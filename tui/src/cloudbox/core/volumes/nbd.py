@@ -11,16 +11,13 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import procs
 from ..errors import CloudboxError
-from ..procs import die_with_parent
 
 START_TIMEOUT = 10.0
 
@@ -72,8 +69,7 @@ class NbdExport:
     host: str
     port: int
     server: str  # "qemu-nbd 7.2.x ..." as it names itself
-    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    log: Path | None = field(default=None, repr=False)
+    child: procs.Child | None = field(default=None, repr=False)
 
     @property
     def uri(self) -> str:
@@ -81,15 +77,12 @@ class NbdExport:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+        return self.child.pid if self.child else None
 
     def stop(self) -> None:
         """End the export (SIGTERM, then SIGKILL after 5 s) and remove its log. Safe to call twice."""
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            procs.stop(proc, 5)
-        if self.log is not None:
-            self.log.unlink(missing_ok=True)
+        if self.child is not None:
+            self.child.stop()
 
 
 def start(name: str, path: str, server_creds: Path, *, log: Path, host: str = "127.0.0.1",
@@ -99,29 +92,14 @@ def start(name: str, path: str, server_creds: Path, *, log: Path, host: str = "1
     if shutil.which("qemu-nbd") is None:
         raise CloudboxError("qemu-nbd is not installed (package qemu-utils): run 'make deps' (scripts/install-deps)")
     port = port or free_port(host)
-    exp = NbdExport(name, path, host, port, _version(), log=log)
+    version = _version()
     cmd = ["qemu-nbd", "--format=raw", "--cache=none", "--aio=threads", "--persistent", "--shared=16",
            f"--export-name={name}", f"--bind={host}", f"--port={port}",
            "--object", f"tls-creds-x509,id=tls0,dir={server_creds},endpoint=server,verify-peer=on",
            "--tls-creds=tls0", path]
-    with open(log, "wb") as out:
-        exp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509 - only prctl, before exec
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if exp.proc.poll() is not None:
-                raise CloudboxError(f"qemu-nbd exited {exp.proc.returncode} before serving volume {name}: "
-                                    f"{log.read_text(errors='replace').strip()[-300:]}")
-            if _listens(exp.proc.pid, port):
-                break
-            if time.monotonic() > deadline:
-                raise CloudboxError(f"qemu-nbd did not listen on {host}:{port} within {START_TIMEOUT:.0f} s")
-            time.sleep(0.05)
-    except BaseException:
-        exp.stop()
-        raise
-    return exp
+    child = procs.Child.start(cmd, log=log, ready=lambda pid: _listens(pid, port), serving=f"volume {name}",
+                              ready_is=f"listen on {host}:{port}", timeout=START_TIMEOUT)
+    return NbdExport(name, path, host, port, version, child=child)
 
 
 GUEST_CREDS = "/run/cloudbox-nbd"  # in the guest: the client's certificate, handed over by the agent (tmpfs)
