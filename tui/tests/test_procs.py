@@ -1,7 +1,8 @@
 """Children started with procs.die_with_parent: they die with the parent, and forking them from a threaded parent
 does not hang (the hook runs no loader code between fork and exec). procs.stop against real children: one that ends
-on SIGTERM, one that ignores it, one already gone. procs.Child with real programs: one that becomes ready, one that
-exits first, one never ready, one not installed."""
+on SIGTERM, one that ignores it, one already gone. procs.wait_cancellable with real short programs: their output,
+their exit status, cancelled, given up by its every() hook. procs.Child with real programs: one that becomes
+ready, one that exits first, one never ready, one not installed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from cloudbox.core import procs
-from cloudbox.core.errors import CloudboxError
+from cloudbox.core.errors import Aborted, CloudboxError
 from cloudbox.core.procs import process_exists
 
 
@@ -147,3 +148,46 @@ def test_a_child_server_not_installed_leaves_no_log(tmp_path):
         procs.Child.start(["cloudbox-no-such-server"], log=log, ready=lambda pid: True, serving="x", ready_is="y",
                           timeout=1)
     assert not log.exists()
+
+
+def test_wait_cancellable_returns_the_output_and_leaves_the_status_to_the_caller():
+    never = lambda: False  # noqa: E731
+    p = subprocess.Popen(["sh", "-c", "echo out; echo err >&2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    assert procs.wait_cancellable(p, never, "x") == ("out\n", "err\n") and p.returncode == 0
+    p = subprocess.Popen(["true"])
+    assert procs.wait_cancellable(p, never, "x") == (None, None) and p.returncode == 0
+    p = subprocess.Popen(["false"])
+    assert procs.wait_cancellable(p, never, "x") == (None, None) and p.returncode == 1
+    # more output than a pipe holds: read while waiting, so the child never blocks on a full pipe
+    p = subprocess.Popen(["head", "-c", "1000000", "/dev/zero"], stdout=subprocess.PIPE)
+    out, _ = procs.wait_cancellable(p, never, "x", interval=0.05)
+    assert len(out) == 1_000_000 and p.returncode == 0
+
+
+def test_wait_cancellable_kills_the_child_when_cancelled():
+    p = subprocess.Popen(["sleep", "60"])
+    t0 = time.monotonic()
+    with pytest.raises(Aborted, match=r"^cancelled during a test sleep$"):
+        procs.wait_cancellable(p, lambda: time.monotonic() - t0 > 0.3, "a test sleep", interval=0.1)
+    assert time.monotonic() - t0 < 5
+    assert p.returncode == -signal.SIGKILL and not process_exists(p.pid)
+
+
+def test_wait_cancellable_calls_every_each_round_and_kills_the_child_when_it_raises():
+    calls: list[float] = []
+
+    def every() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 4:
+            raise TimeoutError("hung")
+
+    p = subprocess.Popen(["sleep", "60"])
+    with pytest.raises(TimeoutError, match="hung"):
+        procs.wait_cancellable(p, lambda: False, "x", every=every, interval=0.1)
+    assert len(calls) == 4 and calls[-1] - calls[0] >= 0.25  # once an interval
+    assert p.returncode == -signal.SIGKILL and not process_exists(p.pid)
+    p = subprocess.Popen(["sleep", "0.3"])  # ends while every() lets it run: its status is its own
+    calls.clear()
+    assert procs.wait_cancellable(p, lambda: False, "x", every=lambda: calls.append(0), interval=0.1) == (None, None)
+    assert len(calls) >= 2 and p.returncode == 0

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import procs
 from .errors import Aborted, CloudboxError, GuestError, GuestTimeout, NicStalled, PermissionProblem
 
 BRIDGE = "cbbr0"
@@ -543,22 +544,16 @@ def run_baseline(t: NetTest, port: int, seconds: int, progress: Callable[[dict],
     def once() -> str:
         proc = subprocess.Popen([*prefix, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         start = time.monotonic()
-        try:
-            while proc.poll() is None:
-                if cancelled():
-                    raise Aborted("cancelled during a bare-metal network test")
-                if time.monotonic() - start > limit:
-                    ss = subprocess.run([*prefix, "ss", "-tn", "dst", target], capture_output=True, text=True)
-                    seen = " | ".join(" ".join(ln.split()) for ln in ss.stdout.strip().splitlines()[1:]) or "none"
-                    raise _Hung(f"on {'namespace ' + netns if netns else 'this host'}: {seen}",
-                                f"no end after {limit:.0f} s")
-                report(start)
-                time.sleep(0.5)
-            out, err = proc.communicate()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+
+        def hang_or_report() -> None:
+            if time.monotonic() - start > limit:
+                ss = subprocess.run([*prefix, "ss", "-tn", "dst", target], capture_output=True, text=True)
+                seen = " | ".join(" ".join(ln.split()) for ln in ss.stdout.strip().splitlines()[1:]) or "none"
+                raise _Hung(f"on {'namespace ' + netns if netns else 'this host'}: {seen}",
+                            f"no end after {limit:.0f} s")
+            report(start)
+
+        out, err = procs.wait_cancellable(proc, cancelled, "a bare-metal network test", every=hang_or_report)
         if proc.returncode != 0:
             raise CloudboxError(f"bare-metal {t.tool} ({t.id}) exited {proc.returncode}: {(err or out)[-300:]}")
         return out

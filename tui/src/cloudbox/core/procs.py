@@ -1,5 +1,6 @@
 """Processes, shared by the core: whether a pid names a live process, children that die with their parent,
-stopping a child, and a child server that is started, waited for until it serves, and stopped."""
+stopping a child, waiting for a child while a run may be cancelled, and a child server that is started, waited
+for until it serves, and stopped."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .errors import CloudboxError
+from .errors import Aborted, CloudboxError
 
 # Loaded here, not in the forked child: dlopen after fork in a threaded parent can deadlock on the loader's lock.
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -54,6 +56,27 @@ def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: float) 
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.wait()
+
+
+def wait_cancellable(proc: subprocess.Popen[Any], cancelled: Callable[[], bool], during: str, *,
+                     every: Callable[[], None] | None = None, interval: float = 0.5) -> tuple[Any, Any]:
+    """Wait for child `proc` and return what communicate() read, its output (None for a stream not piped).
+    Every `interval` s until it ends: Aborted("cancelled during <during>") once `cancelled()` says so, then
+    `every()` (which may raise, e.g. on a hang). Whatever ends the wait early, the child is killed and reaped."""
+    try:
+        while True:
+            if cancelled():
+                raise Aborted(f"cancelled during {during}")
+            if every is not None:
+                every()
+            try:
+                return proc.communicate(timeout=interval)
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 @dataclass

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import procs
 from .errors import Aborted, CloudboxError, GuestError
 
 MB = 1_000_000
@@ -354,18 +355,7 @@ class HostRunner:
             raise CloudboxError(f"{t.id}: IOzone cannot open a volume served over NBD ({target}); the fio tests can")
         proc = subprocess.Popen(iozone_args(t, target, size), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
-        try:
-            while True:
-                try:
-                    out, _ = proc.communicate(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    if self.cancelled():
-                        raise Aborted("cancelled during a bare-metal iozone run") from None
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        out, _ = procs.wait_cancellable(proc, self.cancelled, "a bare-metal iozone run")
         if proc.returncode != 0:
             raise CloudboxError(f"bare-metal iozone ({t.id}) exited {proc.returncode}: {out.strip()[-400:]}")
         return parse_iozone(t.id, out, "write" if t.writes else "read")
