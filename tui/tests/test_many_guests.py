@@ -9,6 +9,7 @@ import os
 import sqlite3
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from cloudbox.core.execution.multi import QEMU_OVERHEAD_MIB, check_fits
 from cloudbox.core.fairness import jain_index, spread
 from cloudbox.core.profiles import resolve_profile
 from cloudbox.core.provenance import Guests, GuestStart, Provenance
-from cloudbox.core.results import ResultStore
+from cloudbox.core.results import ResultStore, Run
 from cloudbox.core.runspec import MAX_GUESTS, RunSpec
 
 
@@ -296,9 +297,22 @@ def _loops_under(state: Path) -> list[str]:
     return [ln for ln in out.splitlines() if str(state) in ln]
 
 
+@pytest.fixture
+def nothing_left(state, libvirt_conn) -> Callable[[Run], None]:
+    """The check every real run of two guests ends with: neither guest, no loop device over this test's files, no
+    work files."""
+    def check(run: Run) -> None:
+        assert _ours(libvirt_conn, run.uuid) == []
+        assert _loops_under(state) == []
+        work = state / "state" / "work"
+        assert not work.exists() or list(work.iterdir()) == []
+
+    return check
+
+
 @pytest.mark.slow
 @pytest.mark.root
-def test_two_guests_write_at_once_and_their_sum_is_stored(state, libvirt_conn):
+def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left):
     from cloudbox.core import runs
 
     spec = RunSpec(profile="virtio-disk", suite="storage", size="quick", storage_tests="seq-write-64k", guests=2)
@@ -326,16 +340,13 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(state, libvirt_conn):
     for side in ("guest", "baseline"):
         each = {r.instance: r.value for r in recs if isinstance(r, MeasurementEvent) and r.side == side}
         assert each.keys() == {1, 2, None} and each[None] == pytest.approx(each[1] + each[2], abs=0.02), each
-    assert _ours(libvirt_conn, run.uuid) == []
-    assert _loops_under(state) == []
-    work = state / "state" / "work"
-    assert not work.exists() or list(work.iterdir()) == []
+    nothing_left(run)
 
 
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.full
-def test_ctrl_c_while_two_guests_write_leaves_nothing(state, libvirt_conn):
+def test_ctrl_c_while_two_guests_write_leaves_nothing(nothing_left):
     from real_runs import interrupt_cli_run
 
     def into_the_test() -> None:
@@ -347,16 +358,13 @@ def test_ctrl_c_while_two_guests_write_leaves_nothing(state, libvirt_conn):
     assert "guest: seq-write-64k (2 at once)" in got.output, got.output
     run = got.run
     assert run.state == "aborted" and "SIGINT" in (run.reason or ""), run.reason
-    assert _ours(libvirt_conn, run.uuid) == []
-    assert _loops_under(state) == []
-    work = state / "state" / "work"
-    assert not work.exists() or list(work.iterdir()) == []
+    nothing_left(run)
 
 
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.full
-def test_a_guest_dying_mid_test_fails_the_run_naming_it_and_leaves_nothing(state, libvirt_conn):
+def test_a_guest_dying_mid_test_fails_the_run_naming_it_and_leaves_nothing(libvirt_conn, nothing_left):
     """Guest 2 destroyed under libvirt while both write: guest 1's test is stopped, the run is aborted naming guest
     2, and both guests, their loop devices and files are gone."""
     import threading
@@ -385,7 +393,4 @@ def test_a_guest_dying_mid_test_fails_the_run_naming_it_and_leaves_nothing(state
     assert run.state == "aborted", run.reason
     assert killed[0] in (run.reason or ""), run.reason
     assert run.instances("guest", "seq-write-64k", "MB/s") == []  # no half-measured test stored
-    assert _ours(libvirt_conn, run.uuid) == []
-    assert _loops_under(state) == []
-    work = state / "state" / "work"
-    assert not work.exists() or list(work.iterdir()) == []
+    nothing_left(run)

@@ -8,6 +8,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from run_trouble import warn_run_trouble
 
 from cloudbox.core import compare, runs
 from cloudbox.core.compare import compare_table, to_text
-from cloudbox.core.results import ResultStore
+from cloudbox.core.results import ResultStore, Run
 from cloudbox.core.runspec import RunSpec
 from cloudbox.core.volumes import attach
 from cloudbox.core.volumes.store import VolumeStore
@@ -85,28 +86,47 @@ def _aoe_left(path: str) -> list[str]:
             + ([f"bridge {BRIDGE}"] if os.path.exists(f"/sys/class/net/{BRIDGE}") else []))
 
 
-def test_quick_storage_run_over_aoe_attached_by_the_guest(state, libvirt_conn):
+@pytest.fixture
+def guest_attach_run(state, libvirt_conn) -> Callable[[str], Run]:
+    """A quick storage run of a guest-attach profile on a fresh volume "ebs", checked for what every such run
+    shows: completed, the guest's writes in the volume's file, no disk in the domain, and nothing left after it (no
+    vblade or qemu-nbd on the volume, no bridge, the volume free, no work files)."""
+    def run_on_volume(profile: str) -> Run:
+        with VolumeStore() as vs:
+            vol = vs.create("ebs", 160 * 1024 * 1024)
+        before = hashlib.sha256(Path(vol.path).read_bytes()).hexdigest()
+        spec = RunSpec(profile=profile, suite="storage", size="quick", storage_tests="smoke", runtime=3)
+        with ResultStore() as store:
+            rid = runs.executor(spec, store).execute()
+        with ResultStore() as store:
+            run = store.get_run(rid)
+            evs = store.events_since(rid, 0)
+        assert run.state == "completed", run.reason
+        assert run.provenance.volume is not None and run.provenance.volume.attach == "guest", run.provenance.volume
+        assert run.provenance.domain_xml and "<disk" not in run.provenance.domain_xml
+        assert hashlib.sha256(Path(vol.path).read_bytes()).hexdigest() != before  # the guest's writes reached it
+        warn_run_trouble(evs)
+        assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
+        assert _aoe_left(vol.path) == []  # vblade, and the bridge of either scheme
+        with VolumeStore() as vs:
+            assert vs.get("ebs").attached_run is None
+        assert work_files(state) == []
+        return run
+
+    return run_on_volume
+
+
+def test_quick_storage_run_over_aoe_attached_by_the_guest(guest_attach_run):
     """disk.attach = guest: vblade serves the volume on the guest's bridge, the guest's aoe driver reads and writes
     it over its NIC; the host domain cannot attach AoE here, so there is no baseline and the run says why."""
     if shutil.which("vblade") is None:
         pytest.skip("vblade is not installed (make deps)")
-    with VolumeStore() as vs:
-        vol = vs.create("ebs", 160 * 1024 * 1024)
-    before = hashlib.sha256(Path(vol.path).read_bytes()).hexdigest()
-    spec = RunSpec(profile="kvm-ebs-aoe-guest", suite="storage", size="quick", storage_tests="smoke", runtime=3)
-    with ResultStore() as store:
-        rid = runs.executor(spec, store).execute()
-    with ResultStore() as store:
-        run = store.get_run(rid)
-        evs = store.events_since(rid, 0)
-    assert run.state == "completed", run.reason
+    run = guest_attach_run("kvm-ebs-aoe-guest")
     v = run.provenance.volume
     assert v is not None and (v.scheme, v.attach, v.name) == ("aoe", "guest", "ebs")
     assert v.server.startswith("vblade on ") and v.target.startswith("e") and v.tls.startswith("none")
     # the guest's writes went through vblade to the volume's file
     assert (v.server_bytes_written or 0) >= 16 * 1024 * 1024, v
-    assert hashlib.sha256(Path(vol.path).read_bytes()).hexdigest() != before
-    assert run.provenance.domain_xml and "<disk" not in run.provenance.domain_xml
     for test in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32"):
         m = run.measurement("guest", test, "MB/s")
         assert m is not None and m.value > 0, test
@@ -115,11 +135,6 @@ def test_quick_storage_run_over_aoe_attached_by_the_guest(state, libvirt_conn):
         assert "has none" in v.baseline and "a local disk is not the same volume" in v.baseline
     assert compare.target_label(run) == "EBS (AoE)"
     assert compare.driver_label(run) == "e1000 NIC, the guest's AoE initiator"
-    warn_run_trouble(evs)
-    assert _aoe_left(vol.path) == []
-    with VolumeStore() as vs:
-        assert vs.get("ebs").attached_run is None
-    assert work_files(state) == []
 
 
 @pytest.mark.full
@@ -148,33 +163,16 @@ def test_ctrl_c_with_the_guest_attached_over_aoe_leaves_nothing(state, libvirt_c
 
 
 @pytest.mark.full  # 56 s under TCG here; the AoE run above is make test's guest-attach test
-def test_quick_storage_run_over_nbd_attached_by_the_guest(state, libvirt_conn):
+def test_quick_storage_run_over_nbd_attached_by_the_guest(guest_attach_run):
     """disk.attach = guest over NBD: the baseline from the host domain on loopback, then qemu-nbd on the guest's
     bridge with TLS, the guest's nbd-client holding the client certificate the agent handed it."""
-    with VolumeStore() as vs:
-        vol = vs.create("ebs", 160 * 1024 * 1024)
-    before = hashlib.sha256(Path(vol.path).read_bytes()).hexdigest()
-    spec = RunSpec(profile="kvm-ebs-nbd-guest", suite="storage", size="quick", storage_tests="smoke", runtime=3)
-    with ResultStore() as store:
-        rid = runs.executor(spec, store).execute()
-    with ResultStore() as store:
-        run = store.get_run(rid)
-        evs = store.events_since(rid, 0)
-    assert run.state == "completed", run.reason
+    run = guest_attach_run("kvm-ebs-nbd-guest")
     v = run.provenance.volume
     assert v is not None and (v.scheme, v.attach) == ("nbd", "guest") and "x509" in v.tls
     assert v.uri.startswith("nbds://169.254.") and v.server.startswith("qemu-nbd")
-    assert run.provenance.domain_xml and "<disk" not in run.provenance.domain_xml
-    assert hashlib.sha256(Path(vol.path).read_bytes()).hexdigest() != before
     for side in ("guest", "baseline"):
         for test in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32"):
             m = run.measurement(side, test, "MB/s")
             assert m is not None and m.value > 0, (side, test)
             assert ("volume-from-host" in m.labels) == (side == "baseline")
     assert compare.driver_label(run) == "virtio-net NIC, the guest's NBD initiator"
-    warn_run_trouble(evs)
-    assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
-    assert _aoe_left(vol.path) == []  # the bridge too
-    with VolumeStore() as vs:
-        assert vs.get("ebs").attached_run is None
-    assert work_files(state) == []
