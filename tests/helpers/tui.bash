@@ -139,16 +139,17 @@ tui_quit() {
 # tui_pick_select SESSION BTABS SEARCH OPTION_ERE: from the Tests screen's first focus (its tab bar),
 # Shift+Tab BTABS times to reach a drop-down (counting back from the Start button: 3 = storage tests,
 # 4 = size), open it, type SEARCH (Textual's type-to-search moves to the first option containing it and
-# scrolls it into view), check that the open menu shows OPTION_ERE, and choose it with Enter.
+# scrolls it into view), check that the open menu shows OPTION_ERE, and choose it with Enter. An open drop-down
+# shows ▲ where a closed one shows ▼ (its menu may cover the key bar, so the bar's "Dismiss menu" is no sign).
 tui_pick_select() {
     local s=$1 n=$2 search=$3 re=$4 i
     for ((i = 0; i < n; i++)); do tui_keys "$s" BTab; done
     tui_keys "$s" Down
-    tui_wait "$s" 10 'Dismiss menu' "menu-open" > /dev/null || return 1
+    tui_wait "$s" 10 '▲' "menu-open" > /dev/null || return 1
     tui_type "$s" "$search"
     tui_wait "$s" 10 "$re" "menu-shows" > /dev/null || return 1
     tui_keys "$s" Enter
-    tui_wait_gone "$s" 10 'Dismiss menu' "menu-closed"
+    tui_wait_gone "$s" 10 '▲' "menu-closed"
 }
 
 # Leftovers of cloudbox runs on this host: guests (any cloudbox-* domain), loop devices backed by files
