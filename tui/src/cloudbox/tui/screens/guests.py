@@ -92,10 +92,7 @@ class GuestsScreen(BaseScreen):
     def current(self) -> GuestInfo | None:
         if self.data is None:
             return None
-        table = self.query_one("#guests", DataTable)
-        if table.row_count == 0:
-            return None
-        name = str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        name = self.query_one("#guests", PlainTable).highlighted_key()
         return next((g for g in self.data.guests if g.name == name), None)
 
     def action_reload(self) -> None:

@@ -185,10 +185,7 @@ class OverviewScreen(BaseScreen):
         self._show_node_detail()
 
     def _highlighted_key(self) -> str | None:
-        table = self.query_one("#nodes", DataTable)
-        if table.row_count == 0:
-            return None
-        return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        return self.query_one("#nodes", PlainTable).highlighted_key()
 
     def _show_node_detail(self) -> None:
         """The highlighted enrolled node's reason in full (the table cuts long ones off at the screen's edge)."""
@@ -276,12 +273,11 @@ class OverviewScreen(BaseScreen):
             "it with a new code.", yes="Remove"), answer)
 
     def action_watch(self) -> None:
-        table = self.query_one("#active-runs", DataTable)
-        if table.row_count == 0:
+        run = self.query_one("#active-runs", PlainTable).highlighted_key()
+        if run is None:
             self.notify("no run in progress; start one on the Tests screen (4)")
             return
-        row = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
         self.app.switch_mode("tests")
         tests = self.app.screen
         if isinstance(tests, TestsScreen):
-            tests.call_after_refresh(tests.action_attach, int(str(row.value)))
+            tests.call_after_refresh(tests.action_attach, int(run))

@@ -167,13 +167,7 @@ class ProfilesScreen(BaseScreen):
         self.show_detail()
 
     def current_name(self) -> str | None:
-        table = self.query_one("#profiles", DataTable)
-        if table.row_count == 0:
-            return None
-        try:
-            return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
-        except Exception:  # noqa: BLE001 - no row under the cursor
-            return None
+        return self.query_one("#profiles", PlainTable).highlighted_key()
 
     def entry(self, name: str | None) -> profiles.ProfileEntry | None:
         return next((e for e in self.entries if e.name == name), None)

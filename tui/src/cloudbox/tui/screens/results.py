@@ -105,10 +105,8 @@ class ResultsScreen(BaseScreen):
             self.query_one("#compare", Static).update("No runs stored yet: start one on the Tests screen (4).")
 
     def current_id(self) -> int | None:
-        table = self.query_one("#runs", DataTable)
-        if table.row_count == 0:
-            return None
-        return int(str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value))
+        key = self.query_one("#runs", PlainTable).highlighted_key()
+        return None if key is None else int(key)
 
     def selection(self) -> list[int]:
         if self.marked:

@@ -204,10 +204,7 @@ class VolumesScreen(BaseScreen):
         self._show_detail()
 
     def current_name(self) -> str | None:
-        table = self.query_one("#volumes", DataTable)
-        if table.row_count == 0:
-            return None
-        return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        return self.query_one("#volumes", PlainTable).highlighted_key()
 
     def _show_detail(self) -> None:
         detail = self.query_one("#volume-detail", Static)

@@ -21,7 +21,7 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import DataTable
-from textual.widgets.data_table import CellType, ColumnKey, RowKey
+from textual.widgets.data_table import CellDoesNotExist, CellType, ColumnKey, RowKey
 
 
 def plain(value: Any) -> Any:
@@ -52,6 +52,16 @@ class PlainTable(DataTable[Any]):
             self.add_row(*cells, key=key)
         self._shown = new
         return True
+
+    def highlighted_key(self) -> str | None:
+        """The key of the row under the cursor; None when the table has no rows."""
+        if self.row_count == 0:
+            return None
+        try:
+            key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except CellDoesNotExist:
+            return None
+        return None if key is None else str(key)
 
     def clear(self, columns: bool = False) -> Self:
         self._shown = None
