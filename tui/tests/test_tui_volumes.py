@@ -195,6 +195,20 @@ def test_the_backend_asks_core_how_this_host_exports(state):
     assert not vstore.volumes_db().exists()
 
 
+def test_the_exports_are_looked_at_again_only_on_refresh(state, tmp_path, monkeypatch):
+    b = Backend(facts=facts(), libvirt_uri="test:///default")
+    try:
+        first = {e.scheme: e.problem for e in b.volumes().exports}
+        monkeypatch.setenv("PATH", str(tmp_path))  # no qemu-nbd, no vblade from here on
+        assert {e.scheme: e.problem for e in b.volumes().exports} == first
+        b.forget_exports()
+        again = {e.scheme: e.problem for e in b.volumes().exports}
+    finally:
+        b.close()
+    assert "qemu-nbd is not installed" in again["nbd"] and "vblade is not installed" in again["aoe"]
+    assert again != first
+
+
 def test_cloudbox_tui_screen_opens_every_screen_of_the_bar():
     import argparse
 

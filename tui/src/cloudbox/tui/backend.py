@@ -53,6 +53,7 @@ class Backend:
         self._db = db
         self._fixed_facts = facts
         self._fixed_exports = exports  # how volumes are exported, fixed for screenshots (None: this host's)
+        self._exports: dict[str, list[vattach.Export]] = {}  # this host's, per hypervisor, until forget_exports()
         self._uri = libvirt_uri
         self._enrol_bind = enrol_bind  # None: the private NIC's address (nodeconf.private_address)
         self._enrol_port = enrol_port
@@ -316,7 +317,13 @@ class Backend:
         can export them. Creates no registry: without volumes.db there are no volumes."""
         exports = self._fixed_exports
         if exports is None:  # the modes the run's first step accepts on what this box is booted into
-            exports = vattach.exports_here(hypervisor="xen" if self.boot().xen else "kvm")
+            hypervisor = "xen" if self.boot().xen else "kvm"
+            with self._lock:
+                exports = self._exports.get(hypervisor)
+            if exports is None:
+                exports = vattach.exports_here(hypervisor=hypervisor)
+                with self._lock:
+                    self._exports[hypervisor] = exports
         if not volumes_db().exists():
             return Volumes(exports=exports)
         with VolumeStore() as vs:
@@ -324,6 +331,12 @@ class Backend:
         attached = {v.attached_run for v in vols if v.attached_run}
         runs = {r.uuid: r for r in self.active_runs() if r.uuid in attached} if attached else {}
         return Volumes(vols, runs, exports)
+
+    def forget_exports(self) -> None:
+        """Look again at the installed servers and the kernel's modules on the next volumes() (they change only when
+        packages or the kernel do, so the screen's periodic reload does not ask)."""
+        with self._lock:
+            self._exports.clear()
 
     def create_volume(self, name: str, size_bytes: int) -> Volume:
         """A new pre-allocated volume, as `cloudbox volume create` makes it (name, size and free space checked)."""

@@ -221,6 +221,7 @@ class VolumesScreen(BaseScreen):
             self._show_detail()
 
     def action_reload(self) -> None:
+        self.app.backend.forget_exports()
         self.reload()
 
     def action_new(self) -> None:
