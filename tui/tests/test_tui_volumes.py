@@ -109,7 +109,7 @@ def test_bad_name_and_size_are_shown_under_their_fields_and_nothing_is_made(back
             # larger than the free space: refused by the registry before a file or a record exists
             await fill(app, pilot, "huge", "64T")
             await until(pilot, lambda: "does not fit" in label(app, "#volume-form-error"), what="no space")
-            assert label(app, "#volume-form-error").startswith("--size 64.0 TiB does not fit in ")
+            assert label(app, "#volume-form-error").startswith("size 64.0 TiB does not fit in ")
             assert not (vstore.volumes_dir() / "huge.img").exists()
 
             # core's own refusal (the name is taken) shows in the form, which stays open

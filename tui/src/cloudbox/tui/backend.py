@@ -341,7 +341,7 @@ class Backend:
     def create_volume(self, name: str, size_bytes: int) -> Volume:
         """A new pre-allocated volume, as `cloudbox volume create` makes it (name, size and free space checked)."""
         with VolumeStore() as vs:
-            return vs.create(name, size_bytes)
+            return vs.create(name, size_bytes, field="size")
 
     def delete_volume(self, name: str) -> Volume:
         """Remove a volume and its file; refused (VolumeBusy) while a live run has it attached."""

@@ -109,18 +109,18 @@ class VolumeStore(db.Database):
         return self._volume(row)
 
     # -- changes ----------------------------------------------------------------------------------------------------
-    def create(self, name: str, size_bytes: int) -> Volume:
+    def create(self, name: str, size_bytes: int, field: str = "--size") -> Volume:
         """A new volume of `size_bytes` (checked: name, size, free space), its file pre-allocated; on any failure
-        nothing is left."""
+        nothing is left. `field` is what the errors call the size (the CLI's option, a form's field)."""
         check_name(name)
         if not MIN_BYTES <= size_bytes <= MAX_BYTES:
-            raise UsageError(f"--size {size_bytes} is out of range; allowed: 4M to 64T")
+            raise UsageError(f"{field} {size_bytes} is out of range; allowed: 4M to 64T")
         d = volumes_dir()
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)  # only the volume server (root) opens the files; guests reach them through an export
         free = os.statvfs(d).f_bavail * os.statvfs(d).f_frsize
         if free < size_bytes + MARGIN:
-            raise NoSpace(f"--size {human_size(size_bytes)} does not fit in {d}: {human_size(free)} free, "
+            raise NoSpace(f"{field} {human_size(size_bytes)} does not fit in {d}: {human_size(free)} free, "
                           f"{human_size(MARGIN)} kept free; allowed: at most {human_size(max(0, free - MARGIN))}")
         path = d / f"{name}.img"
         with self._write() as c:
