@@ -25,16 +25,8 @@ from cloudbox.core.volumes.store import VolumeStore
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
-def test_quick_storage_run_over_nbd_attached_by_qemu(state, libvirt_conn):
-    with VolumeStore() as vs:
-        vol = vs.create("ebs", 160 * 1024 * 1024)
-    spec = RunSpec(profile="kvm-ebs-nbd", suite="storage", size="quick", storage_tests="smoke", runtime=3)
-    with ResultStore() as store:
-        rid = runs.executor(spec, store).execute()
-    with ResultStore() as store:
-        run = store.get_run(rid)
-        evs = store.events_since(rid, 0)
-    assert run.state == "completed", run.reason
+def test_quick_storage_run_over_nbd_attached_by_qemu(volume_run):
+    run = volume_run("kvm-ebs-nbd", "qemu")
     prov = run.provenance
     assert prov.volume is not None
     assert (prov.volume.scheme, prov.volume.attach, prov.volume.name) == ("nbd", "qemu", "ebs")
@@ -47,12 +39,6 @@ def test_quick_storage_run_over_nbd_attached_by_qemu(state, libvirt_conn):
             assert ("volume-from-host" in m.labels) == (side == "baseline")
     text = to_text(compare_table([run]))
     assert "EBS (NBD)" in text and "host domain" in text and "QEMU's NBD" in text
-    warn_run_trouble(evs)
-    # the export went with the run: no qemu-nbd on the volume, the volume free again, no work files
-    assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
-    with VolumeStore() as vs:
-        assert vs.get("ebs").attached_run is None
-    assert work_files(state) == []
 
 
 @pytest.mark.full  # 46 s under TCG here: over the slow tier's 45 s, so make test-full
@@ -87,11 +73,12 @@ def _aoe_left(path: str) -> list[str]:
 
 
 @pytest.fixture
-def guest_attach_run(state, libvirt_conn) -> Callable[[str], Run]:
-    """A quick storage run of a guest-attach profile on a fresh volume "ebs", checked for what every such run
-    shows: completed, the guest's writes in the volume's file, no disk in the domain, and nothing left after it (no
-    vblade or qemu-nbd on the volume, no bridge, the volume free, no work files)."""
-    def run_on_volume(profile: str) -> Run:
+def volume_run(state, libvirt_conn) -> Callable[[str, str], Run]:
+    """A quick storage run of a volume profile on a fresh volume "ebs", checked for what every such run shows:
+    completed, attached as the profile says, the guest's writes in the volume's file, a disk in the domain only when
+    the guest does not attach the volume itself, and nothing left after it (no vblade or qemu-nbd on the volume, no
+    bridge, the volume free, no work files)."""
+    def run_on_volume(profile: str, attach_mode: str) -> Run:
         with VolumeStore() as vs:
             vol = vs.create("ebs", 160 * 1024 * 1024)
         before = hashlib.sha256(Path(vol.path).read_bytes()).hexdigest()
@@ -102,8 +89,8 @@ def guest_attach_run(state, libvirt_conn) -> Callable[[str], Run]:
             run = store.get_run(rid)
             evs = store.events_since(rid, 0)
         assert run.state == "completed", run.reason
-        assert run.provenance.volume is not None and run.provenance.volume.attach == "guest", run.provenance.volume
-        assert run.provenance.domain_xml and "<disk" not in run.provenance.domain_xml
+        assert run.provenance.volume is not None and run.provenance.volume.attach == attach_mode, run.provenance.volume
+        assert run.provenance.domain_xml and ("<disk" in run.provenance.domain_xml) == (attach_mode != "guest")
         assert hashlib.sha256(Path(vol.path).read_bytes()).hexdigest() != before  # the guest's writes reached it
         warn_run_trouble(evs)
         assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
@@ -116,12 +103,12 @@ def guest_attach_run(state, libvirt_conn) -> Callable[[str], Run]:
     return run_on_volume
 
 
-def test_quick_storage_run_over_aoe_attached_by_the_guest(guest_attach_run):
+def test_quick_storage_run_over_aoe_attached_by_the_guest(volume_run):
     """disk.attach = guest: vblade serves the volume on the guest's bridge, the guest's aoe driver reads and writes
     it over its NIC; the host domain cannot attach AoE here, so there is no baseline and the run says why."""
     if shutil.which("vblade") is None:
         pytest.skip("vblade is not installed (make deps)")
-    run = guest_attach_run("kvm-ebs-aoe-guest")
+    run = volume_run("kvm-ebs-aoe-guest", "guest")
     v = run.provenance.volume
     assert v is not None and (v.scheme, v.attach, v.name) == ("aoe", "guest", "ebs")
     assert v.server.startswith("vblade on ") and v.target.startswith("e") and v.tls.startswith("none")
@@ -163,10 +150,10 @@ def test_ctrl_c_with_the_guest_attached_over_aoe_leaves_nothing(state, libvirt_c
 
 
 @pytest.mark.full  # 56 s under TCG here; the AoE run above is make test's guest-attach test
-def test_quick_storage_run_over_nbd_attached_by_the_guest(guest_attach_run):
+def test_quick_storage_run_over_nbd_attached_by_the_guest(volume_run):
     """disk.attach = guest over NBD: the baseline from the host domain on loopback, then qemu-nbd on the guest's
     bridge with TLS, the guest's nbd-client holding the client certificate the agent handed it."""
-    run = guest_attach_run("kvm-ebs-nbd-guest")
+    run = volume_run("kvm-ebs-nbd-guest", "guest")
     v = run.provenance.volume
     assert v is not None and (v.scheme, v.attach) == ("nbd", "guest") and "x509" in v.tls
     assert v.uri.startswith("nbds://169.254.") and v.server.startswith("qemu-nbd")
