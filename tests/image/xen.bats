@@ -185,6 +185,11 @@ xen_run() {
     xen_dom0_up pv-storage
     run -0 dom0 cloudbox host
     assert_output --regexp 'Xen'
+    # Root's ext4 fills its partition, which repart grew to the disk: this entry names root by PARTUUID.
+    run -0 dom0 'findmnt -bno SIZE /; lsblk -bndo SIZE "$(findmnt -no SOURCE /)"'
+    echo "# dom0's root: ext4 of ${lines[0]:-?} bytes on a partition of ${lines[1]:-?}" >&3
+    [ "${#lines[@]}" -eq 2 ]
+    [ $((lines[0] * 10)) -ge $((lines[1] * 9)) ]
     # A KVM profile on the Xen boot is refused before anything is made, naming the entry that runs it.
     run dom0 cloudbox run --profile virtio-disk --suite storage --size quick
     assert_failure
