@@ -187,6 +187,8 @@ def test_labels_from_the_profile_and_the_backing_store_used():
         "Xen (PV)", "local file", "xvd, pre-allocated file")
     r = run(accelerator="xen", emulated=True, profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "scsi-lsi"\n')
     assert compare.vmm_label(r) == "Xen (HVM, emulated)"
+    r = run(accelerator="xen", profile_toml='[guest]\nhypervisor = "xen"\nxen_type = "pvh"\n[disk]\nbus = "xen-vbd"\n')
+    assert compare.vmm_label(r) == "Xen (PVH)"  # the stated guest type, not the one the bus implies
     assert compare.driver_label(run()) == "?, ?"
     assert compare.driver_label(run(profile_toml="not [toml")) == "?, ?"
 

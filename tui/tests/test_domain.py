@@ -340,6 +340,43 @@ def test_xen_pv_and_hvm():
     assert hvm.find("devices/disk/target").attrib == {"dev": "sda", "bus": "scsi"}
 
 
+def test_xen_pvh():
+    """PVH: libvirt's libxl os type xenpvh, and otherwise the PV guest's devices, console, channel and drivers."""
+    pvh_prof = load_profile(Path(PRESETS[0]).with_name("xen-pvh-phy.toml"))
+    pvh, pv = _tree(pvh_prof), _tree(load_profile(Path(PRESETS[0]).with_name("xen-xvd-phy.toml")))
+    assert pvh.get("type") == "xen"
+    assert pvh.find("os/type").attrib == {"arch": "x86_64", "machine": "xenpvh"} and pvh.findtext("os/type") == "xenpvh"
+    assert pvh.find("features") is None  # libxl gives a PVH guest its ACPI tables itself
+    assert pvh.find("devices/disk/driver").attrib == {"name": "phy", "type": "raw"}
+    assert pvh.find("devices/disk/target").attrib == {"dev": "xvda", "bus": "xen"}
+    assert pvh.find("devices/interface/model").get("type") == "netfront"
+    assert pvh.find("devices/console/target").get("type") == "xen" and pvh.find("devices/serial") is None
+    assert pvh.find("devices/channel/target").attrib == {"type": "xen", "name": "org.qemu.guest_agent.0"}
+    # everything but the guest type (and the profile's name and hash) is the PV guest's
+    for tree in (pvh, pv):
+        tree.remove(tree.find("metadata"))
+        tree.find("os").remove(tree.find("os/type"))
+    assert ET.tostring(pvh) == ET.tostring(pv)
+
+
+@pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
+def test_xen_type_stated_renders_as_implied(preset):
+    """Every preset renders the same XML with its guest type stated as with the type its bus implies (auto): old
+    profiles, which have no guest.xen_type, keep their domains byte for byte."""
+    from cloudbox.core.profiles import xen_guest_type
+
+    prof = load_profile(Path(PRESETS[0]).with_name(f"{preset}.toml"))
+    auto = prof.model_copy(update={"guest": prof.guest.model_copy(update={"xen_type": "auto"})})
+    if prof.guest.hypervisor != "xen":
+        assert prof.guest.xen_type == "auto"
+        return
+    stated = prof.model_copy(update={"guest": prof.guest.model_copy(update={"xen_type": xen_guest_type(prof)})})
+    assert render(stated) == render(prof)
+    if prof.guest.xen_type == "auto":
+        machine = _tree(auto).find("os/type").get("machine")
+        assert machine == ("xenpv" if prof.disk.bus == "xen-vbd" else "xenfv")
+
+
 @pytest.mark.parametrize(("preset", "driver", "source"), [
     ("xen-xvd-phy", "phy", {"dev": "/dev/sdz"}),  # blkback on the block device
     ("xen-xvd-file", "qemu", {"file": "/var/tmp/cloudbox/disk.img"}),  # qdisk, QEMU in dom0, on the file

@@ -329,7 +329,7 @@ INVALID = [
         None,
         "guest",
         5,
-        "a [guest] table with keys: hypervisor, vcpus, memory_mib",
+        "a [guest] table with keys: hypervisor, xen_type, vcpus, memory_mib",
     ),
     ("toml-syntax-error", variant().replace("vcpus = 1", "vcpus 1"), None, "line 6", "vcpus 1", "TOML"),
     (
@@ -703,3 +703,58 @@ def test_preset_dir_from_the_environment_replaces_the_defaults(tmp_path, monkeyp
     assert entries["lab"].kind == "preset" and entries["lab"].path == shipped / "lab.toml"
     monkeypatch.setenv("CLOUDBOX_PRESET_DIR", str(tmp_path / "missing"))
     assert paths.preset_dirs() == []
+
+
+# -- Xen's guest type (guest.xen_type) ------------------------------------------------------------
+
+def _xen_typed(xen_type: str, bus: str = "xen-vbd", model: str = "xen-netfront", hypervisor: str = "xen") -> str:
+    cache = "writeback"
+    text = XEN_PV_FILE.replace('hypervisor = "xen"', f'hypervisor = "{hypervisor}"\nxen_type = "{xen_type}"')
+    return text.replace('"xen-vbd"', f'"{bus}"').replace('"xen-netfront"', f'"{model}"').replace(
+        'cache = "writeback"', f'cache = "{cache}"')
+
+
+@pytest.mark.parametrize(("xen_type", "bus", "model", "key", "allowed"), [
+    ("pvh", "xen-vbd", "xen-netfront", "guest.xen_type", "auto (with guest.hypervisor = kvm)"),  # on KVM below
+    ("pvh", "ide", "e1000", "disk.bus", "xen-vbd (with guest.xen_type = pvh)"),
+    ("pv", "scsi-lsi", "e1000", "disk.bus", "xen-vbd (with guest.xen_type = pv)"),
+    ("pvh", "xen-vbd", "e1000", "network.model", "xen-netfront (with guest.xen_type = pvh)"),
+    ("pvh", "xen-vbd", "rtl8139", "network.model", "xen-netfront (with guest.xen_type = pvh)"),
+    ("hvm", "xen-vbd", "xen-netfront", "guest.xen_type", "auto, pv, pvh (with disk.bus = xen-vbd)"),
+    ("pvhh", "xen-vbd", "xen-netfront", "guest.xen_type", "auto, pv, pvh, hvm"),
+])
+def test_xen_type_refusals_name_the_key_and_allowed_values(xen_type, bus, model, key, allowed):
+    text = _xen_typed(xen_type, bus, model)
+    if allowed.endswith("guest.hypervisor = kvm)"):
+        text = _xen_typed(xen_type, "virtio-blk", "virtio", hypervisor="kvm").replace(
+            'cache = "writeback"', 'cache = "none"')
+    with pytest.raises(ProfileError) as exc_info:
+        parse_profile(text, "bad/t.toml")
+    by_key = {p.key: p for p in exc_info.value.problems}
+    assert key in by_key, str(exc_info.value)
+    assert allowed in (by_key[key].allowed or ""), str(exc_info.value)
+
+
+def test_xen_type_auto_follows_the_bus_and_keeps_hashes():
+    pvh = profiles.find_profile("xen-pvh-phy")
+    assert profiles.xen_guest_type(pvh) == "pvh" and pvh.describe().startswith("XEN PVH, ")
+    # the PVH preset is xen-xvd-phy with only the guest type changed
+    assert diff_profiles(profiles.find_profile("xen-xvd-phy"), pvh) == [("guest.xen_type", "auto", "pvh")]
+    assert [profiles.xen_guest_type(profiles.find_profile(n)) for n in ("xen-xvd-phy", "xen-xvd-file",
+                                                                         "xen-default", "virtio-disk")] == [
+        "pv", "pv", "hvm", ""]
+    for name in profiles.preset_names():
+        p = profiles.find_profile(name)
+        assert "xen_type" not in p.canonical_json() or p.guest.xen_type == "pvh"  # auto is not hashed
+        if p.guest.hypervisor == "xen":
+            stated = p.model_copy(update={"guest": p.guest.model_copy(update={"xen_type":
+                                                                                profiles.xen_guest_type(p)})})
+            assert stated.hash == p.hash  # the type the bus implies, stated, is the same guest
+            assert 'xen_type = "' in p.to_toml() and parse_profile(p.to_toml()) == p
+        else:
+            assert "xen_type" not in p.to_toml() and "guest.xen_type" not in p.knobs()
+    pv_stated = parse_profile(_xen_typed("pv"))
+    assert pv_stated.hash == parse_profile(XEN_PV_FILE).hash and pv_stated.describe().startswith("XEN PV, ")
+    entries = {e.name: e for e in profiles.list_profiles()}
+    assert (entries["xen-pvh-phy"].xen_type, entries["xen-default"].xen_type, entries["virtio-disk"].xen_type) == (
+        "pvh", "hvm", "")

@@ -257,6 +257,7 @@ class Knobs:
     raid: str = "none"
     chunk_kib: int | None = None
     attach: str = "host"  # who attached a network volume
+    xen_type: str = ""  # guest.xen_type: pv, pvh, hvm; "" or auto where the bus decides
 
 
 def knobs(run: Run) -> Knobs:
@@ -281,17 +282,19 @@ def _knobs(profile_toml: str) -> Knobs:
                  get("disk", "backing", str) or "", get("disk", "volume", str) or "",
                  get("network", "model", str) or "", bool(get("network", "vhost", bool)), get("network", "mtu", int),
                  get("guest", "memory_mib", int), get("disk", "count", int) or 1, get("disk", "raid", str) or "none",
-                 get("disk", "chunk_kib", int), get("disk", "attach", str) or "host")
+                 get("disk", "chunk_kib", int), get("disk", "attach", str) or "host",
+                 get("guest", "xen_type", str) or "")
 
 
 def vmm_label(run: Run) -> str:
-    """'KVM', 'Xen (PV)', 'KVM (TCG, emulated)', 'KVM (nested, emulated)', 'Xen (HVM, emulated)'..."""
+    """'KVM', 'Xen (PV)', 'Xen (PVH)', 'KVM (TCG, emulated)', 'KVM (nested, emulated)', 'Xen (HVM, emulated)'..."""
     k = knobs(run)
     hyp = k.hypervisor or ("xen" if run.accelerator == "xen" else "kvm")
     base = {"kvm": "KVM", "xen": "Xen", "qemu": "QEMU"}.get(hyp.lower(), hyp)
     quals = []
     if hyp.lower() == "xen":
-        quals.append("PV" if k.bus == "xen-vbd" else "HVM")
+        quals.append(k.xen_type.upper() if k.xen_type in ("pv", "pvh", "hvm") else
+                     "PV" if k.bus == "xen-vbd" else "HVM")
     if run.accelerator == "tcg":
         quals.append("TCG")
     elif run.accelerator == "nested-kvm":

@@ -18,14 +18,15 @@ Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does 
   sata         target sda bus sata (libvirt adds an ich9-ahci controller)
   ide          target hda bus ide
   NIC          <model type=e1000|rtl8139|virtio>; virtio gets <driver name=vhost|qemu queues=N>
-Xen (libxl):
-  xen-vbd      PV guest (os type xen, direct kernel boot), target xvda bus xen, NIC netfront
-  ide/scsi-lsi HVM guest (machine xenfv), target hda bus ide / sda bus scsi (libxl has
-               Xen's QEMU emulate them), NIC e1000|rtl8139|netfront
+Xen (libxl), the guest type from guest.xen_type (auto: PV on xen-vbd, HVM on ide/scsi-lsi):
+  PV           os type xen (machine xenpv), direct kernel boot, target xvda bus xen, NIC netfront
+  PVH          os type xenpvh (machine xenpvh), otherwise as PV: the same disks, NIC, console and channel
+  HVM          machine xenfv, target hda bus ide / sda bus scsi (libxl has Xen's QEMU emulate them),
+               NIC e1000|rtl8139|netfront
   Disk driver "phy" (blkback) or "qemu" (qdisk) as disk.xen_backend says (auto: phy for
   block devices, qdisk for files; phy on a file is refused); no cache/io attributes
   (libxl ignores them; profiles state the mode libxl uses). Console on the Xen PV
-  console (PV) or the first serial port (HVM); the agent channel is a Xen PV channel;
+  console (PV, PVH) or the first serial port (HVM); the agent channel is a Xen PV channel;
   memballoon model xen (libxl rejects model none).
 """
 
@@ -36,7 +37,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from cloudbox.core.backing import NetworkSource
-from cloudbox.core.profiles import Profile, xen_backend
+from cloudbox.core.profiles import Profile, xen_backend, xen_guest_type
 
 CLOUDBOX_XMLNS = "https://cloudbox.invalid/xmlns/1"
 AGENT_CHANNEL = "org.qemu.guest_agent.0"
@@ -140,7 +141,8 @@ def render_domain(
                          "its NIC, so it needs a bridge")
     if network_source is not None and (xen or profile.disk.attach != "qemu"):
         raise ValueError("a network disk source is QEMU's own initiator: it needs disk.attach = qemu under KVM/QEMU")
-    pv = xen and profile.disk.bus == "xen-vbd"
+    xen_type = xen_guest_type(profile) if xen else ""
+    pv = xen_type in ("pv", "pvh")  # PV devices, PV console and agent channel alike
     drivers = None if (xen and not pv) or "cloudbox.drivers=" in cmdline else guest_drivers(
         profile, nic=bridge is not None, disk=not guest_attach)
     if drivers:
@@ -154,7 +156,7 @@ def render_domain(
         _sub(root, "uuid", uuid)
     _metadata(root, profile, run_uuid)
     _resources(root, profile, xen)
-    _boot(root, profile, xen=xen, pv=pv, kernel=kernel, initrd=initrd, cmdline=cmdline)
+    _boot(root, profile, xen=xen, xen_type=xen_type, kernel=kernel, initrd=initrd, cmdline=cmdline)
 
     devices = _sub(root, "devices")
     if emulator is not None:
@@ -241,12 +243,16 @@ def _resources(root: ET.Element, profile: Profile, xen: bool) -> None:
         _sub(root, "iothreads", str(d.iothreads))
 
 
-def _boot(root: ET.Element, profile: Profile, *, xen: bool, pv: bool, kernel: str, initrd: str,
+def _boot(root: ET.Element, profile: Profile, *, xen: bool, xen_type: str, kernel: str, initrd: str,
           cmdline: str) -> None:
     """Direct kernel boot, the machine's features, and a guest that is destroyed whenever it stops."""
     os_el = _sub(root, "os")
-    if pv:
+    pv = xen_type in ("pv", "pvh")
+    if xen_type == "pv":
         _sub(os_el, "type", "xen", arch="x86_64", machine="xenpv")
+    elif xen_type == "pvh":
+        # libxl gives a PVH guest its ACPI tables itself; libvirt passes no <features> for it
+        _sub(os_el, "type", "xenpvh", arch="x86_64", machine="xenpvh")
     else:
         _sub(os_el, "type", "hvm", arch="x86_64", machine="xenfv" if xen else "pc")
     _sub(os_el, "kernel", kernel)

@@ -24,6 +24,9 @@ Decisions worth knowing (see also the presets' comments):
   for files uses QEMU's default (writeback). A Xen profile must state the mode libxl
   will really use, and io must be "threads", so results never claim a mode that was not
   in effect.
+- guest.xen_type says how Xen runs the guest: pv, pvh (PV devices only, in a hardware-virtualized container: it
+  needs VT-x/AMD-V, like hvm) or hvm; left at "auto" it follows the bus (xen-vbd: pv, ide/scsi-lsi: hvm), which
+  is what every profile without the key meant. pv and pvh take bus xen-vbd and NIC xen-netfront only.
 - Xen PV guests have no emulated NIC; libvirt's libxl driver accepts only the model
   netfront there. The schema therefore has one more NIC model than the studies'
   three: "xen-netfront" (Xen only; required with bus xen-vbd). virtio-net is refused
@@ -51,6 +54,10 @@ from cloudbox.core import inputs, paths
 from cloudbox.core.errors import PYDANTIC_MESSAGES, NotFound, ProfileError, ProfileProblem, plain_value, problem_from
 
 Hypervisor = Literal["kvm", "xen"]
+# How Xen runs the guest: "pv" (paravirtualized, no hardware virtualization), "pvh" (PV devices in a hardware-
+# virtualized container, no emulated devices), "hvm" (emulated PC by Xen's QEMU); "auto" is what the disk bus
+# implies (xen-vbd: pv, else hvm), the only value KVM takes.
+XenType = Literal["auto", "pv", "pvh", "hvm"]
 Bus = Literal["virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "xen-vbd"]
 CacheMode = Literal["none", "writethrough", "writeback", "directsync", "unsafe"]
 IoMode = Literal["native", "threads", "io_uring"]
@@ -65,6 +72,7 @@ XenBackend = Literal["auto", "phy", "qdisk"]
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
+XEN_HVM_BUSES: tuple[str, ...] = ("ide", "scsi-lsi")  # emulated by Xen's QEMU: HVM guests only
 XEN_BUSES: tuple[str, ...] = ("xen-vbd", "ide", "scsi-lsi")
 KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide")
 QCOW2_BACKINGS: tuple[str, ...] = ("qcow2", "qcow2-prealloc")
@@ -78,7 +86,8 @@ MAX_DISKS = 8
 BUS_MAX_DISKS: dict[str, int] = {"ide": 4, "sata": 6, "scsi-lsi": 7}
 RAID_CHUNK_DEFAULT_KIB = 512  # mdadm's own default
 # Knobs added after profiles were first hashed, with the value that leaves a profile's hash as it was.
-_HASH_NEUTRAL: dict[str, dict[str, object]] = {"disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host",
+_HASH_NEUTRAL: dict[str, dict[str, object]] = {"guest": {"xen_type": "auto"},
+                                                "disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host",
                                                          "xen_backend": "auto"},
                                                 "dom0": {"vcpu_pin": "", "memory_mib": 0}}
 SECTIONS: tuple[str, ...] = ("guest", "disk", "network", "dom0")
@@ -163,6 +172,7 @@ class Guest(_Strict):
     """The guest machine: which hypervisor runs it and how big it is."""
 
     hypervisor: Hypervisor
+    xen_type: XenType = "auto"  # Xen only: pv, pvh or hvm; auto follows disk.bus
     vcpus: int = Field(1, ge=1, le=64)
     memory_mib: int = Field(1024, ge=256, le=262144)
 
@@ -249,6 +259,8 @@ class Profile(_Strict):
             for key, value in neutral.items():
                 if data[section].get(key) == value:
                     del data[section][key]
+        if data["guest"].get("xen_type") == _implied_xen_type(self.disk.bus):
+            del data["guest"]["xen_type"]  # the type the bus implies: the same guest as "auto"
         if not data["dom0"]:
             del data["dom0"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -263,13 +275,20 @@ class Profile(_Strict):
         xen = self.guest.hypervisor == "xen" or self.dom0 != Dom0()
         return SECTIONS if xen else SECTIONS[:3]
 
+    def _fields(self, section: str, every: bool = False) -> list[str]:
+        """The keys of a table shown for this profile: Xen's guest type only for Xen (or when set), unless `every`."""
+        fields = list(_SECTIONS[section].model_fields)
+        if not every and section == "guest" and self.guest.hypervisor != "xen" and self.guest.xen_type == "auto":
+            fields.remove("xen_type")
+        return fields
+
     def knobs(self, every: bool = False) -> dict[str, object]:
-        """The tuning knobs as a flat, ordered dict: "guest.hypervisor" ... "network.mtu" (and "dom0.*" for Xen, or
-        with `every`)."""
+        """The tuning knobs as a flat, ordered dict: "guest.hypervisor" ... "network.mtu" (and "guest.xen_type",
+        "dom0.*" for Xen, or with `every`)."""
         out: dict[str, object] = {}
         for section in SECTIONS if every else self.sections():
             sub: BaseModel = getattr(self, section)
-            for field in type(sub).model_fields:
+            for field in self._fields(section, every):
                 out[f"{section}.{field}"] = getattr(sub, field)
         return out
 
@@ -281,7 +300,7 @@ class Profile(_Strict):
         for section in self.sections():
             sub: BaseModel = getattr(self, section)
             lines += ["", f"[{section}]"]
-            for field in type(sub).model_fields:
+            for field in self._fields(section):
                 lines.append(f"{field} = {_toml_value(getattr(sub, field))}")
         return "\n".join(lines) + "\n"
 
@@ -312,7 +331,8 @@ class Profile(_Strict):
         dom0 = [f"vCPUs pinned to {self.dom0.vcpu_pin}"] if self.dom0.vcpu_pin else []
         dom0 += [f"{self.dom0.memory_mib} MiB"] if self.dom0.memory_mib else []
         more = f"; dom0: {', '.join(dom0)}" if dom0 else ""
-        return f"{g.hypervisor.upper()}, {vcpu}, {g.memory_mib} MiB; disk: {disk}; net: {net}{more}"
+        hv = g.hypervisor.upper() + (f" {g.xen_type.upper()}" if g.xen_type != "auto" else "")
+        return f"{hv}, {vcpu}, {g.memory_mib} MiB; disk: {disk}; net: {net}{more}"
 
 
 _BUS_WORDS = {
@@ -334,6 +354,19 @@ _BACKING_WORDS = {
 _ATTACH_WORDS = {"host": "the host's kernel", "guest": "the guest's kernel", "qemu": "QEMU's own initiator"}
 _XEN_BACKEND_WORDS = {"phy": "blkback (phy)", "qdisk": "qdisk (QEMU in dom0)"}
 _NIC_WORDS = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio-net", "xen-netfront": "Xen netfront"}
+
+
+def _implied_xen_type(bus: str) -> str:
+    return "pv" if bus == "xen-vbd" else "hvm"
+
+
+def xen_guest_type(profile: Profile) -> str:
+    """How Xen runs the profile's guest: "pv", "pvh" or "hvm" (guest.xen_type, "auto" resolved from the bus);
+    "" for a KVM profile."""
+    if profile.guest.hypervisor != "xen":
+        return ""
+    t = profile.guest.xen_type
+    return _implied_xen_type(profile.disk.bus) if t == "auto" else t
 
 
 def xen_backend(disk: Disk) -> str:
@@ -375,6 +408,19 @@ def cross_field_problems(p: Profile) -> list[ProfileProblem]:
             "libxl (Xen) does not offer this disk bus",
             f"{', '.join(XEN_BUSES)} (with guest.hypervisor = xen)",
         )
+
+    # Xen's guest type
+    xen_type = xen_guest_type(p)
+    if g.hypervisor != "xen" and g.xen_type != "auto":
+        bad("guest.xen_type", g.xen_type, "the guest type (PV, PVH, HVM) is Xen's; a KVM guest is always QEMU's "
+            "hardware-virtualized PC", "auto (with guest.hypervisor = kvm)")
+    elif xen_type in ("pv", "pvh") and d.bus in XEN_HVM_BUSES:
+        bad("disk.bus", d.bus, f"a Xen {xen_type.upper()} guest has no emulated devices; {d.bus} is emulated by "
+            "Xen's QEMU for HVM guests only", f"xen-vbd (with guest.xen_type = {g.xen_type}); {d.bus} needs "
+            "guest.xen_type = hvm or auto")
+    elif g.xen_type == "hvm" and d.bus == "xen-vbd":
+        bad("guest.xen_type", g.xen_type, "an HVM guest's disk is emulated (PV drivers on HVM are not offered)",
+            "auto, pv, pvh (with disk.bus = xen-vbd); hvm needs disk.bus ide or scsi-lsi")
 
     # Xen's disk backend
     if g.hypervisor != "xen" and d.xen_backend != "auto":
@@ -515,13 +561,16 @@ def cross_field_problems(p: Profile) -> list[ProfileProblem]:
             "netfront is Xen's PV NIC; KVM cannot provide it",
             "e1000, rtl8139, virtio (with guest.hypervisor = kvm)",
         )
-    if g.hypervisor == "xen" and d.bus == "xen-vbd" and n.model != "xen-netfront":
+    if g.hypervisor == "xen" and g.xen_type == "auto" and d.bus == "xen-vbd" and n.model != "xen-netfront":
         bad(
             "network.model",
             n.model,
             "bus xen-vbd makes this a Xen PV guest, which has no emulated NIC",
             "xen-netfront (with disk.bus = xen-vbd)",
         )
+    elif xen_type in ("pv", "pvh") and g.xen_type != "auto" and n.model != "xen-netfront":
+        bad("network.model", n.model, f"a Xen {xen_type.upper()} guest has no emulated NIC",
+            f"xen-netfront (with guest.xen_type = {xen_type})")
     elif g.hypervisor == "xen" and n.model == "virtio":
         bad(
             "network.model",
@@ -740,6 +789,7 @@ class ProfileEntry:
     description: str
     problem: str | None = None
     hypervisor: str = ""  # guest.hypervisor of a valid profile: which boot of the box runs it
+    xen_type: str = ""  # a valid Xen profile's guest type (pv, pvh, hvm): whether that Xen must have VT-x/AMD-V
 
 
 def _kind(directory: Path) -> Literal["preset", "user"]:
@@ -766,7 +816,8 @@ def list_profiles() -> list[ProfileEntry]:
     for name, f in _candidates():
         try:
             prof = load_profile(f)
-            out.append(ProfileEntry(name, f, _kind(f.parent), prof.description, hypervisor=prof.guest.hypervisor))
+            out.append(ProfileEntry(name, f, _kind(f.parent), prof.description, hypervisor=prof.guest.hypervisor,
+                                    xen_type=xen_guest_type(prof)))
         except (ProfileError, NotFound) as exc:
             out.append(ProfileEntry(name, f, _kind(f.parent), "", str(exc)))
     return sorted(out, key=lambda e: e.name)
