@@ -134,3 +134,25 @@ def test_a_xen_profile_is_refused_before_the_accelerator_probe(state, guest_imag
     assert "needs the Xen hypervisor" in run.reason and '"cloudbox on Xen" entry' in run.reason, run.reason
     steps = [e.text for e in events if isinstance(e, StepEvent)]
     assert "probing the accelerator" not in steps and steps[-1] == "cleaning up", steps
+
+
+def test_a_pvh_profile_is_refused_on_a_xen_without_hvm_before_anything_is_made(state, guest_image, monkeypatch,
+                                                                                 tmp_path):
+    """On a Xen boot whose Xen offers PV only (as nested under QEMU TCG: Xen's capabilities list no hvm-*), a PVH
+    run stops at its first steps, saying why and where it runs, before the probe, libvirt or a backing store."""
+    from cloudbox.core import accel, runs
+
+    caps = tmp_path / "capabilities"
+    caps.write_text("xen-3.0-x86_64 xen-3.0-x86_32p\n")
+    monkeypatch.setattr(accel, "booted_into_xen", lambda *a: True)
+    monkeypatch.setattr(accel, "XEN_CAPS_SYSFS", caps)
+    monkeypatch.setattr(accel.xen_hvm, "__defaults__", (caps,))
+    with ResultStore() as store:
+        rid = runs.executor(RunSpec(profile="xen-pvh-phy", suite="storage"), store).execute()
+        run, events = store.get_run(rid), [e.record for e in store.events_since(rid)]
+    assert run.state == "aborted"
+    assert "runs a PVH guest, which needs hardware virtualization" in run.reason, run.reason
+    assert "real hardware with VT-x/AMD-V" in run.reason, run.reason
+    steps = [e.text for e in events if isinstance(e, StepEvent)]
+    made = [s for s in steps if s.startswith(("probing", "connecting", "preparing"))]
+    assert steps[-1] == "cleaning up" and not made, steps

@@ -113,3 +113,50 @@ def test_only_a_socket_is_removed(tmp_path):
     launch.remove_socket(plain)
     assert plain.read_text() == "not a socket"
     launch.remove_socket(tmp_path / "absent.agent")  # the guest never bound it: nothing to do
+
+
+# `xl info` on the appliance's Xen entry under QEMU TCG (Intel-branded qemu64: no VMX, so no HVM) and on hardware.
+XL_INFO_TCG = """nr_cpus                : 2
+virt_caps              : pv pv_directio shadow gnttab-v1 gnttab-v2
+xen_caps               : xen-3.0-x86_64 xen-3.0-x86_32p
+xen_version            : 4.20.2-pre
+"""
+XL_INFO_HW = """virt_caps              : pv hvm hvm_directio pv_directio hap shadow iommu_hap_pt_share gnttab-v1
+xen_caps               : xen-3.0-x86_64 hvm-3.0-x86_32 hvm-3.0-x86_32p hvm-3.0-x86_64
+"""
+
+
+def test_hvm_class_guests_are_refused_where_xen_has_no_hardware_virtualization(tmp_path):
+    tcg, hw = accel.parse_xl_info(XL_INFO_TCG), accel.parse_xl_info(XL_INFO_HW)
+    assert tcg["xen_virt_caps"] == "pv pv_directio shadow gnttab-v1 gnttab-v2"
+    # the hvm word itself: hvm_directio is not it
+    assert accel.xen_hvm_from(virt_caps=tcg["xen_virt_caps"]) is False
+    assert accel.xen_hvm_from(virt_caps="pv hvm_directio") is False
+    assert accel.xen_hvm_from(virt_caps=hw["xen_virt_caps"]) is True
+    assert accel.xen_hvm_from(xen_caps="xen-3.0-x86_64") is False
+    assert accel.xen_hvm_from(xen_caps="xen-3.0-x86_64 hvm-3.0-x86_32 hvm-3.0-x86_64") is True
+    assert accel.xen_hvm_from() is None
+    # Xen's capabilities in sysfs, readable without root, are read first
+    assert accel.xen_hvm(_file(tmp_path / "caps", "xen-3.0-x86_64 xen-3.0-x86_32p\n")) is False
+    assert accel.xen_hvm(_file(tmp_path / "caps", "xen-3.0-x86_64 hvm-3.0-x86_64\n")) is True
+    for xen_type in ("pvh", "hvm"):
+        why = accel.xen_type_refusal("xen-pvh-phy", xen_type, hvm=False)
+        assert why is not None and "hardware virtualization (Intel VT-x or AMD-V)" in why, why
+        assert "virt_caps without hvm" in why and "real hardware with VT-x/AMD-V" in why and "xen-xvd-phy" in why
+        assert accel.xen_type_refusal("xen-pvh-phy", xen_type, hvm=True) is None
+        assert accel.xen_type_refusal("xen-pvh-phy", xen_type, hvm=None) is None  # not known: libxl has its say
+    assert accel.xen_type_refusal("xen-xvd-phy", "pv", hvm=False) is None  # PV needs no VT-x/AMD-V
+    assert "a PVH guest" in (accel.xen_type_refusal("p", "pvh", False) or "")
+    assert "an HVM guest" in (accel.xen_type_refusal("p", "hvm", False) or "")
+
+
+def test_the_tui_greys_hvm_class_profiles_where_the_run_refuses_them():
+    no_hvm = accel.Boot(True, "xen dom0 (in a VM, emulated)", xen_hvm=False)
+    assert no_hvm.refusal("xen", "pv") is None
+    assert no_hvm.refusal("xen", "pvh") == "Xen PVH: needs VT-x/AMD-V, which this Xen lacks"
+    assert no_hvm.refusal("xen", "hvm") == "Xen HVM: needs VT-x/AMD-V, which this Xen lacks"
+    assert no_hvm.refusal("kvm", "") == "KVM profile: boot the appliance's default Linux entry"
+    hw = accel.Boot(True, "xen dom0", xen_hvm=True)
+    assert hw.refusal("xen", "pvh") is hw.refusal("xen", "hvm") is None
+    assert accel.Boot(True, "xen dom0").refusal("xen", "pvh") is None  # not known: not greyed
+    assert accel.Boot(False, "kvm").refusal("xen", "pvh") == "Xen profile: boot the appliance's Xen entry"

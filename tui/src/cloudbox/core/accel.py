@@ -157,11 +157,50 @@ def parse_xl_info(text: str) -> dict[str, str]:
         facts["xen_memory"] = f"{got['total_memory']} MiB, {got.get('free_memory', '?')} MiB free for guests"
     if "nr_cpus" in got:
         facts["xen_cpus"] = got["nr_cpus"]
+    if "virt_caps" in got:
+        facts["xen_virt_caps"] = got["virt_caps"]
     if "xen_commandline" in got:
         dom0 = [w for w in got["xen_commandline"].split() if w.startswith(("dom0_mem=", "dom0_max_vcpus="))]
         if dom0:
             facts["dom0_boot"] = " ".join(dom0)
     return facts
+
+
+XEN_CAPS_SYSFS = Path("/sys/hypervisor/properties/capabilities")
+# Xen guest types that run in a hardware-virtualized container (VT-x/AMD-V): PV alone needs none.
+HVM_CLASS = ("pvh", "hvm")
+
+
+def xen_hvm_from(virt_caps: str | None = None, xen_caps: str | None = None) -> bool | None:
+    """Whether Xen can run HVM-class guests, from `xl info`'s virt_caps ("pv hvm hap ...": the hvm word) or else
+    Xen's capabilities ("xen-3.0-x86_64 hvm-3.0-x86_64 ...": an hvm- entry); None when neither is known."""
+    if virt_caps is not None:
+        return "hvm" in virt_caps.split()
+    if xen_caps is not None:
+        return any(c.startswith("hvm-") for c in xen_caps.split())
+    return None
+
+
+def xen_hvm(sysfs: Path = XEN_CAPS_SYSFS) -> bool | None:
+    """Whether this Xen runs HVM-class guests (PVH, HVM): Xen's capabilities as dom0's kernel shows them to anyone
+    (no root, no xl), else `xl info`'s virt_caps; None off Xen or when neither answers."""
+    try:
+        return xen_hvm_from(xen_caps=sysfs.read_text())
+    except OSError:
+        pass
+    return xen_hvm_from(virt_caps=dom0_facts().get("xen_virt_caps"))
+
+
+def xen_type_refusal(profile_name: str, xen_type: str, hvm: bool | None) -> str | None:
+    """Why a Xen profile whose guest type is `xen_type` (pv, pvh, hvm) cannot run on a Xen without hardware
+    virtualization (`hvm` False), naming where it can; None when it can or when that is not known."""
+    if xen_type not in HVM_CLASS or hvm is not False:
+        return None
+    kind = {"pvh": "a PVH", "hvm": "an HVM"}[xen_type]
+    return (f"profile {profile_name} runs {kind} guest, which needs hardware virtualization (Intel VT-x or AMD-V) "
+            "under Xen, and this Xen has none (xl info: virt_caps without hvm; Xen's capabilities list no hvm-*): "
+            "Xen nested in an emulated CPU (QEMU TCG) or with VT-x/AMD-V off in the firmware offers PV only. Run it "
+            "on real hardware with VT-x/AMD-V enabled, or choose a PV profile (xen-xvd-phy, xen-xvd-file)")
 
 
 @dataclass(frozen=True)
@@ -170,14 +209,18 @@ class Boot:
 
     xen: bool
     label: str  # "kvm", "kvm (nested)", "tcg (emulated)", "xen dom0", "xen dom0 (in a VM, emulated)", ...
+    xen_hvm: bool | None = None  # on Xen: whether it runs HVM-class guests (PVH, HVM); None when not known
 
-    def refusal(self, hypervisor: str) -> str | None:
-        """Why a profile for `hypervisor` cannot run on this boot, in a few words (the run's own refusal,
-        hypervisor_mismatch, says it at length); None when it can."""
+    def refusal(self, hypervisor: str, xen_type: str = "") -> str | None:
+        """Why a profile for `hypervisor` (and, for Xen, guest type `xen_type`: pv, pvh, hvm) cannot run on this
+        boot, in a few words (the run's own refusals, hypervisor_mismatch and xen_type_refusal, say it at length);
+        None when it can."""
         if hypervisor == "xen" and not self.xen:
             return "Xen profile: boot the appliance's Xen entry"
         if hypervisor != "xen" and self.xen:
             return f"{hypervisor.upper()} profile: boot the appliance's default Linux entry"
+        if self.xen and xen_type in HVM_CLASS and self.xen_hvm is False:
+            return f"Xen {xen_type.upper()}: needs VT-x/AMD-V, which this Xen lacks"
         return None
 
 
@@ -189,7 +232,7 @@ def boot_of(acc: Accelerator | None, xen: bool | None = None) -> Boot:
     if xen:
         if acc is None or acc.name != "xen":
             acc = xen_accelerator()
-        return Boot(True, "xen dom0 (in a VM, emulated)" if acc.emulated else "xen dom0")
+        return Boot(True, "xen dom0 (in a VM, emulated)" if acc.emulated else "xen dom0", xen_hvm())
     if acc is None:
         return Boot(False, "linux (kvm or tcg: not probed yet)")
     return Boot(False, {"kvm": "kvm", "nested-kvm": "kvm (nested)", "tcg": "tcg (emulated)"}.get(acc.name, acc.name))

@@ -1132,7 +1132,8 @@ def profile_facts(study: Study, *, here: bool = True) -> tuple[dict[str, str], d
     for name in study.profile_names:
         prof = profiles.find_profile(name)
         hashes[name] = prof.hash
-        why = cannot_run(prof) or (boot.refusal(prof.guest.hypervisor) if boot else None)
+        why = cannot_run(prof) or (boot.refusal(prof.guest.hypervisor, profiles.xen_guest_type(prof))
+                                   if boot else None)
         if why:
             unavailable[name] = why
     return hashes, unavailable

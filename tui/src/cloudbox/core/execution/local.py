@@ -25,7 +25,7 @@ from ..errors import CloudboxError
 from ..events import ProgressEvent, SampleEvent
 from ..guest import reap_orphans
 from ..guestimage import CMDLINE, GuestImage
-from ..profiles import Dom0
+from ..profiles import Dom0, xen_guest_type
 from ..provenance import BackingInfo, Controller, Dom0Info, GuestImageInfo, Provenance, RaidInfo, Versions, VolumeInfo
 from ..runspec import BOOT
 from ..volumes import aoe, nbd
@@ -66,7 +66,10 @@ def find_image(ctx: RunContext) -> None:
 
 def probe_accelerator(ctx: RunContext) -> None:
     # before the probe, which boots a KVM test guest
-    why = accel.hypervisor_mismatch(ctx.profile.name, ctx.profile.guest.hypervisor, accel.booted_into_xen())
+    on_xen = accel.booted_into_xen()
+    why = accel.hypervisor_mismatch(ctx.profile.name, ctx.profile.guest.hypervisor, on_xen)
+    if not why and on_xen and xen_guest_type(ctx.profile) in accel.HVM_CLASS:
+        why = accel.xen_type_refusal(ctx.profile.name, xen_guest_type(ctx.profile), accel.xen_hvm())
     if why:
         raise CloudboxError(why)
     ctx.sink.step("probing the accelerator")
