@@ -129,6 +129,9 @@ xen_caps               : xen-3.0-x86_64 hvm-3.0-x86_32 hvm-3.0-x86_32p hvm-3.0-x
 def test_hvm_class_guests_are_refused_where_xen_has_no_hardware_virtualization(tmp_path):
     tcg, hw = accel.parse_xl_info(XL_INFO_TCG), accel.parse_xl_info(XL_INFO_HW)
     assert tcg["xen_virt_caps"] == "pv pv_directio shadow gnttab-v1 gnttab-v2"
+    # what `cloudbox host` shows
+    assert tcg["xen_guests"] == "pv only (no VT-x/AMD-V: pvh and hvm profiles are refused)"
+    assert hw["xen_guests"] == "pv, pvh, hvm"
     # the hvm word itself: hvm_directio is not it
     assert accel.xen_hvm_from(virt_caps=tcg["xen_virt_caps"]) is False
     assert accel.xen_hvm_from(virt_caps="pv hvm_directio") is False

@@ -159,6 +159,8 @@ def parse_xl_info(text: str) -> dict[str, str]:
         facts["xen_cpus"] = got["nr_cpus"]
     if "virt_caps" in got:
         facts["xen_virt_caps"] = got["virt_caps"]
+        facts["xen_guests"] = ("pv, pvh, hvm" if xen_hvm_from(virt_caps=got["virt_caps"]) else
+                               "pv only (no VT-x/AMD-V: pvh and hvm profiles are refused)")
     if "xen_commandline" in got:
         dom0 = [w for w in got["xen_commandline"].split() if w.startswith(("dom0_mem=", "dom0_max_vcpus="))]
         if dom0:
