@@ -449,7 +449,8 @@ def build_cluster() -> None:
 # The run exporting volume ebs while the volumes scene is shown (id 7 after RUNS), and how the demo box exports.
 EBS_RUN = DemoRun("kvm-ebs-nbd", "storage", "quick", "tcg", T0 + 1800, {}, {}, state="running",
                   uuid="c0ffee0d1a2b4c3d8e9f00aa11bb22cc")
-DEMO_EXPORTS = [Export("nbd", "qemu-nbd", ("guest", "qemu")), Export("aoe", "vblade", ("guest",))]
+DEMO_EXPORTS = [Export("nbd", "qemu-nbd", ("guest", "qemu")), Export("aoe", "vblade", ("guest",)),
+                Export("iscsi", "tgtd", ("qemu",))]
 DEMO_VOLUMES = [("ebs", 64 * 2**20, T0 - 3 * DAY), ("scratch", 4 * 2**20, T0 - DAY + 600)]  # name, size, created
 
 

@@ -14,6 +14,7 @@ from cloudbox.cli.common import guard, usage
 from cloudbox.core.backing import human_size
 from cloudbox.core.errors import UsageError
 from cloudbox.core.inputs import printable
+from cloudbox.core.volumes.attach import exports_here
 from cloudbox.core.volumes.store import VolumeStore, parse_size
 
 
@@ -21,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register `volume` and its subcommands on an argparse subparsers object."""
     p = subparsers.add_parser("volume", help="list, create and delete the network block volumes this box serves",
                               description="Network block volumes: pre-allocated files this box exports to runs "
-                                          "(a profile names one as disk.volume = \"nbd:NAME\").")
+                                          "(a profile names one as disk.volume = \"nbd:NAME\", \"aoe:NAME\" or "
+                                          "\"iscsi:NAME\").")
     sub = p.add_subparsers(dest="volume_command", metavar="SUBCOMMAND")
     p.set_defaults(func=usage(p))
 
@@ -48,6 +50,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
     if not vols:
         print("no volumes; make one with: cloudbox volume create NAME --size 1G")
+        print(_exports())
         return 0
     rows = [(v.name, human_size(v.size_bytes), v.attached_run or "-",
              time.strftime("%Y-%m-%d %H:%M", time.localtime(v.created)), v.path) for v in vols]
@@ -55,7 +58,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
     for r in [head, *rows]:
         print(printable("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]))
+    print(_exports())
     return 0
+
+
+def _exports() -> str:
+    """The schemes this host can export a volume over, each with its server and the disk.attach modes it allows."""
+    parts = [f"{e.scheme} ({e.server}; disk.attach = {' or '.join(e.attach)})" if e.usable
+             else f"{e.scheme} (not here: {e.problem or 'no attach mode works on this host'})" for e in exports_here()]
+    return "exports here: " + "; ".join(parts)
 
 
 def cmd_create(args: argparse.Namespace) -> int:

@@ -29,11 +29,14 @@ MARGIN = 64 * 1024 * 1024  # space kept free beyond the store itself
 class NetworkSource:
     """A guest disk that QEMU opens over the network itself (libvirt <disk type='network'>)."""
 
-    protocol: str  # nbd
-    name: str  # the export's name
+    protocol: str  # nbd | iscsi
+    name: str  # the export's name (iSCSI: <target IQN>/<LUN>)
     host: str
     port: int
     tls: bool = True
+    initiator: str = ""  # iSCSI: the initiator name QEMU logs in as
+    auth_user: str = ""  # iSCSI: the CHAP user, its secret in the libvirt secret of type iscsi named auth_usage
+    auth_usage: str = ""
 
 
 @dataclass

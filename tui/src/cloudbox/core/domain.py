@@ -314,6 +314,11 @@ def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, d
         if network.tls:
             src.set("tls", "yes")
         _sub(src, "host", name=network.host, port=str(network.port))
+        if network.initiator:
+            _sub(_sub(src, "initiator"), "iqn", name=network.initiator)
+        if network.auth_user:
+            _sub(_sub(src, "auth", username=network.auth_user), "secret", type=network.protocol,
+                 usage=network.auth_usage)
     elif disk_is_block:
         _sub(disk, "source", dev=disk_path)
     else:

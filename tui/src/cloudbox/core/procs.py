@@ -109,15 +109,16 @@ class Child:
 
     @classmethod
     def start(cls, argv: Sequence[str], *, log: Path, ready: Callable[[int], bool], serving: str, ready_is: str,
-              timeout: float, grace_s: float = 5.0) -> Child:
+              timeout: float, grace_s: float = 5.0, death_signal: signal.Signals = signal.SIGTERM) -> Child:
         """Run `argv` and return once `ready(pid)` holds. When it exits first or is not ready within `timeout`
         seconds, it is stopped, its log removed, and the CloudboxError names the program, `serving` (what it was
-        to serve) or `ready_is` (what ready means, e.g. "listen on host:port") and the end of its output."""
+        to serve) or `ready_is` (what ready means, e.g. "listen on host:port") and the end of its output. It gets
+        `death_signal` when this thread dies (SIGKILL for a server that ignores SIGTERM)."""
         child = cls(os.path.basename(argv[0]), log, grace_s)
         try:
             with open(log, "wb") as out:
                 child.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                              preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509 - only prctl, before exec
+                                              preexec_fn=die_with_parent(death_signal))  # noqa: PLW1509 - only prctl, before exec
             deadline = time.monotonic() + timeout
             while True:
                 if child.proc.poll() is not None:

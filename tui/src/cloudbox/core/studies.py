@@ -654,10 +654,11 @@ def find_study(name: str) -> Study:
 def cannot_run(profile: profiles.Profile) -> str | None:
     """Why this cloudbox cannot measure `profile` yet on any boot (the executor refuses it at its start), or None."""
     d = profile.disk
-    if d.backing == "network-volume" and not ((d.volume.startswith("nbd:") and d.attach == "qemu")
-                                              or (d.volume[:4] in ("aoe:", "nbd:") and d.attach == "guest")):
-        return ("network volumes: only NBD attached by QEMU (disk.attach = qemu) and AoE or NBD attached by the "
-                "guest (disk.attach = guest) are implemented yet")
+    scheme = d.volume.partition(":")[0]
+    if d.backing == "network-volume" and not ((scheme in ("nbd", "iscsi") and d.attach == "qemu")
+                                              or (scheme in ("aoe", "nbd") and d.attach == "guest")):
+        return ("network volumes: only NBD and iSCSI attached by QEMU (disk.attach = qemu) and AoE or NBD attached "
+                "by the guest (disk.attach = guest) are implemented yet")
     return None
 
 

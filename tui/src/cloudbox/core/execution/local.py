@@ -28,7 +28,7 @@ from ..guestimage import CMDLINE, GuestImage
 from ..profiles import Dom0, xen_guest_type
 from ..provenance import BackingInfo, Controller, Dom0Info, GuestImageInfo, Provenance, RaidInfo, Versions, VolumeInfo
 from ..runspec import BOOT
-from ..volumes import aoe, nbd
+from ..volumes import aoe, iscsi, nbd
 from ..volumes.attach import VolumeExport, export_for_run, preflight
 from .context import RunContext
 from .launch import agent_socket, launch
@@ -103,7 +103,8 @@ def prepare_backing(ctx: RunContext) -> None:
         ctx.sink.log(f"volume {disk.volume}, attached by {disk.attach}: exporting it for this run")
         with ctx.control.atomic():
             ctx.volume = export_for_run(disk.volume, disk.attach, run_uuid=ctx.run_uuid, work_dir=ctx.work_dir,
-                                        size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor)
+                                        size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor,
+                                        conn=ctx.conn)
             ctx.stack.callback(ctx.volume.close)
         ctx.backing = ctx.volume.store
         if ctx.volume.export is not None:
@@ -174,11 +175,11 @@ def tune_dom0(ctx: RunContext, xl: str = "xl") -> None:
 def _volume_info(v: VolumeExport | None) -> VolumeInfo | None:
     if v is None:
         return None
-    io = v.export.io() if isinstance(v.export, aoe.AoeExport) else {}
+    io = v.export.io() if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport) else {}
     return VolumeInfo(name=v.volume, scheme=v.scheme, attach=v.attach, server=v.server, uri=v.uri, tls=v.tls,
                       baseline=v.no_baseline or "the same export from the host domain: fio's nbd engine (libnbd, "
                                                 "user space)",
-                      target=v.export.target if isinstance(v.export, aoe.AoeExport) else "",
+                      target=v.export.target if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport) else "",
                       server_bytes_read=io.get("read_bytes"), server_bytes_written=io.get("write_bytes"))
 
 
@@ -287,7 +288,7 @@ def guest_storage(ctx: RunContext) -> None:
             sink.step(f"guest: attaching {v.export.target} with its aoe driver", side="guest")
             dev = aoe.attach_in_guest(ctx.guest, v.export.target)
         else:
-            assert v.creds is not None and ctx.hostnet is not None
+            assert v.creds is not None and ctx.hostnet is not None and isinstance(v.export, nbd.NbdExport)
             sink.step(f"guest: attaching {v.uri} with nbd-client (TLS, the client's certificate handed over by "
                       "the agent)", side="guest")
             network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
@@ -301,6 +302,11 @@ def guest_storage(ctx: RunContext) -> None:
         return
     if d.raid == "none":
         _guest_tests(ctx, gr, tests, gr.disk())
+        if ctx.volume is not None and isinstance(ctx.volume.export, iscsi.IscsiExport):
+            ctx.provenance.volume = pv = _volume_info(ctx.volume)
+            ctx.save_provenance()
+            assert pv is not None
+            sink.log(f"tgtd read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the volume")
         return
     sink.step(f"guest: RAID {d.raid} over {d.count} disks ({d.chunk_kib} KiB chunks)", side="guest")
     array = gr.assemble_raid(d.count, d.chunk_kib)

@@ -7,6 +7,8 @@ works today: NBD with TLS (qemu-nbd, this box's x509 credentials) attached by QE
 qemu); the baseline is the same export from the host domain through fio's nbd engine (libnbd, user space). AoE
 attached by the guest itself (disk.attach = guest): vblade serves the volume on the bridge of the guest's NIC once
 that exists (`VolumeExport.serve()`), the guest's `aoe` driver reads it; no baseline, `no_baseline` says why.
+iSCSI with CHAP (tgtd, this box's CHAP secret and initiator name) attached by QEMU's libiscsi driver (disk.attach =
+qemu), which logs in with a libvirt secret made for the run; no baseline (`no_iscsi_baseline()` says why).
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from pathlib import Path
 
 from .. import backing, profiles
 from ..errors import CloudboxError, NoSpace
-from . import aoe, nbd, pki
+from . import aoe, iscsi, nbd, pki
 from .store import VolumeBusy, VolumeStore, check_name
 
 # The host kernel's initiator of each scheme (disk.attach = host).
 HOST_MODULES = {"aoe": "aoe", "iscsi": "iscsi_tcp", "nbd": "nbd", "nvme-tcp": "nvme_tcp"}
 BASELINE_LABEL = "volume-from-host"  # the baseline is the volume from the host domain, not a local disk
 GUEST_SCHEMES = ("aoe", "nbd")  # what the benchmark guest attaches itself (its image has aoe, nbd, nbd-client)
-SERVERS = {"nbd": ("qemu-nbd", "qemu-utils"), "aoe": ("vblade", "vblade")}  # scheme -> (server, Debian package)
+# scheme -> (server, Debian package)
+SERVERS = {"nbd": ("qemu-nbd", "qemu-utils"), "aoe": ("vblade", "vblade"), "iscsi": ("tgtd", "tgt")}
+QEMU_ATTACH = ("nbd", "iscsi")  # the schemes disk.attach = qemu serves here
 
 
 class AttachRefused(CloudboxError):
@@ -71,8 +75,9 @@ def check_attach(scheme: str, attach: str, *, hypervisor: str = "kvm", has_modul
             raise AttachRefused(f"disk.attach = guest is implemented under KVM/QEMU only, not guest.hypervisor = "
                                 f"{hypervisor}")
         return
-    if scheme != "nbd":
-        raise AttachRefused(f"disk.attach = qemu ({scheme}) is not implemented yet; nbd is")
+    if scheme not in QEMU_ATTACH:
+        raise AttachRefused(f"disk.attach = qemu ({scheme}) is not implemented yet; "
+                            + " and ".join(f"{s}:" for s in QEMU_ATTACH) + " volumes are")
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,8 @@ def exports_here(*, hypervisor: str = "kvm", has_module=kernel_module_available)
             modes.append(mode)
         problem = "" if shutil.which(server) else (f"{server} is not installed (Debian package {package}): run "
                                                    "'make deps'")
+        if scheme == "iscsi" and not problem and iscsi.qemu_driver() is None:
+            problem = ("QEMU's iSCSI driver is not installed (Debian package qemu-block-extra): run 'make deps'")
         out.append(Export(scheme, server, tuple(modes), problem))
     return out
 
@@ -115,13 +122,15 @@ class VolumeExport:
     scheme: str
     attach: str
     store: backing.BackingStore
-    export: nbd.NbdExport | aoe.AoeExport | None  # None until served (guest attach: once the guest's bridge exists)
+    export: nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport | None  # None until served (guest attach: bridge)
     run_uuid: str
     path: str = ""  # the volume's file
     work_dir: Path = Path(".")  # the run's work directory (vblade's log; removed with the store)
     tls: str = "x509 (this box's CA; client certificates required)"
     no_baseline: str = ""  # why the host domain did not measure the volume ("" = it did: BASELINE_LABEL)
     creds: pki.Credentials | None = None  # NBD: the box's credentials (the server's, and the client's for the guest)
+    secret_uuid: str = ""  # iSCSI: the libvirt secret QEMU logs in with (removed by close())
+    conn: typing.Any = field(default=None, repr=False)  # the libvirt connection holding that secret
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -130,6 +139,8 @@ class VolumeExport:
             return f"{self.export.server} on {self.export.host}:{self.export.port}"
         if isinstance(self.export, aoe.AoeExport):
             return f"{self.export.server} on {self.export.iface} as {self.export.target}"
+        if isinstance(self.export, iscsi.IscsiExport):
+            return f"{self.export.server} on {self.export.host}:{self.export.port} as {self.export.target}"
         return "not served yet"
 
     @property
@@ -140,7 +151,7 @@ class VolumeExport:
         """Guest attach: serve the volume on `iface`, the bridge the guest's NIC is plugged into (`address`, the
         host's address there): AoE with vblade on the bridge; NBD with qemu-nbd moved from loopback (where the
         baseline measured it) to that address, TLS as before."""
-        if self.attach != "guest" or isinstance(self.export, aoe.AoeExport):
+        if self.attach != "guest" or not isinstance(self.export, nbd.NbdExport | None):
             raise CloudboxError(f"volume {self.volume!r} is not attached by the guest or is served already")
         if self.scheme == "aoe":
             exp: nbd.NbdExport | aoe.AoeExport = aoe.start(self.volume, self.path, iface,
@@ -163,8 +174,12 @@ class VolumeExport:
             return
         self._closed = True
         try:
-            if self.export is not None:
-                self.export.stop()
+            try:
+                if self.secret_uuid:
+                    iscsi.undefine_secret(self.conn, self.secret_uuid)
+            finally:
+                if self.export is not None:
+                    self.export.stop()
         finally:
             try:
                 with VolumeStore() as vs:
@@ -186,6 +201,13 @@ def preflight(spec: str, attach: str, size_bytes: int, *, hypervisor: str = "kvm
     if spec.startswith("aoe:") and shutil.which("vblade") is None:
         raise AttachRefused("AoE volumes are served by vblade, which is not installed (Debian package vblade): run "
                             "'make deps' (scripts/install-deps)")
+    if spec.startswith("iscsi:"):
+        if shutil.which("tgtd") is None or shutil.which("tgtadm") is None:
+            raise AttachRefused("iSCSI volumes are served by tgtd, which is not installed (Debian package tgt): run "
+                                "'make deps' (scripts/install-deps)")
+        if iscsi.qemu_driver() is None:
+            raise AttachRefused("disk.attach = qemu: QEMU's iSCSI driver (block-iscsi.so) is not installed (Debian "
+                                "package qemu-block-extra): run 'make deps' (scripts/install-deps)")
     scheme, name = parse_volume(spec)
     with VolumeStore() as vs:
         vol = vs.get(name)
@@ -207,15 +229,26 @@ def no_aoe_baseline(has_module=kernel_module_available) -> str:
             "come back to it); the host-domain row needs the target in another network namespace, not built yet")
 
 
+def no_iscsi_baseline(has_module=kernel_module_available) -> str:
+    """Why a run with an iSCSI volume has no baseline: nothing in the host domain measures it here."""
+    kernel = ("the host's iscsi_tcp initiator (host attach) is not built yet" if has_module("iscsi_tcp") else
+              f"this kernel ({platform.release()}) has no iscsi_tcp initiator")
+    return (f"no baseline: fio here has no libiscsi engine (Debian builds it without) and {kernel}; a local disk is "
+            "not the same volume, so nothing is measured in its place")
+
+
 def export_for_run(spec: str, attach: str, *, run_uuid: str, work_dir: Path, size_bytes: int,
-                   hypervisor: str = "kvm") -> VolumeExport:
+                   hypervisor: str = "kvm", conn: typing.Any = None) -> VolumeExport:
     """Check, attach and export the profile's volume `spec` for run `run_uuid`; on any failure nothing is left.
-    An AoE volume the guest attaches is only checked and marked here: `VolumeExport.serve()` exports it."""
+    An AoE volume the guest attaches is only checked and marked here: `VolumeExport.serve()` exports it. An iSCSI
+    volume gets a libvirt secret on `conn` for QEMU's login."""
     scheme, name = preflight(spec, attach, size_bytes, hypervisor=hypervisor)
     with VolumeStore() as vs:
         vol = vs.attach(name, run_uuid)
     if scheme == "aoe":
         return _for_guest(scheme, name, vol.path, vol.size_bytes, attach, run_uuid, work_dir, size_bytes)
+    if scheme == "iscsi":
+        return _for_iscsi(name, vol.path, vol.size_bytes, attach, run_uuid, work_dir, size_bytes, conn)
     store: backing.BackingStore | None = None
     try:
         creds = pki.ensure()
@@ -262,3 +295,39 @@ def _for_guest(scheme: str, name: str, path: str, vol_bytes: int, attach: str, r
     return VolumeExport(name, scheme, attach, store, None, run_uuid, path=path, work_dir=work_dir,
                         tls="none: AoE is layer 2 without authentication; served on the guest's bridge only",
                         no_baseline=no_aoe_baseline())
+
+
+def _for_iscsi(name: str, path: str, vol_bytes: int, attach: str, run_uuid: str, work_dir: Path, size_bytes: int,
+               conn: typing.Any) -> VolumeExport:
+    """tgtd serves the volume on 127.0.0.1 with CHAP; QEMU logs in with a libvirt secret of the run's own."""
+    store: backing.BackingStore | None = None
+    exp: iscsi.IscsiExport | None = None
+    try:
+        if conn is None:
+            raise CloudboxError("an iSCSI volume needs the run's libvirt connection for QEMU's CHAP secret")
+        creds = iscsi.chap()
+        store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
+        exp = iscsi.start(name, path, creds, log=work_dir / "tgtd.log")
+        usage = iscsi.secret_usage(run_uuid)
+        secret = iscsi.define_secret(conn, usage, creds.secret)
+    except BaseException:
+        if exp is not None:
+            exp.stop()
+        if store is not None:
+            store.remove()
+        with VolumeStore() as vs:
+            vs.detach(name, run_uuid)
+        raise
+    dev = backing.dev_name_for_path(path)
+    store.path = exp.uri
+    store.baseline_target = ""
+    store.host_device = dev
+    store.model = (f"iSCSI volume {name!r} ({backing.human_size(vol_bytes)}, CHAP) served by {exp.server} from "
+                   f"{path} on {backing.device_model(dev)}")
+    store.network = backing.NetworkSource("iscsi", exp.target, exp.host, exp.port, tls=False,
+                                          initiator=creds.initiator, auth_user=creds.user, auth_usage=usage)
+    if dev is None:
+        store.labels.append("no-host-metrics")
+    return VolumeExport(name, "iscsi", attach, store, exp, run_uuid, path=path, work_dir=work_dir,
+                        tls="CHAP (this box's secret) and its initiator name; not encrypted: 127.0.0.1 only",
+                        no_baseline=no_iscsi_baseline(), secret_uuid=secret, conn=conn)

@@ -24,7 +24,7 @@ from cloudbox.tui.screens.overview import seen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog
 from cloudbox.tui.widgets.table import PlainTable
 
-SCHEME_WORDS = {"nbd": "NBD", "aoe": "AoE"}
+SCHEME_WORDS = {"nbd": "NBD", "aoe": "AoE", "iscsi": "iSCSI"}
 EMPTY = ("No volumes yet: n makes one (a name such as ebs and a size such as 1G), as `cloudbox volume create ebs "
          "--size 1G` does. A profile then names it as disk.volume = \"nbd:ebs\" (docs/volumes.md).")
 
@@ -39,7 +39,8 @@ def exports_line(exports: list[Export]) -> str:
         elif not e.attach:
             parts.append(f"{word}: no attach mode works on this host")
         else:
-            tls = " with TLS" if e.scheme == "nbd" else ", no authentication (the guest's bridge only)"
+            tls = {"nbd": " with TLS", "iscsi": " with CHAP"}.get(
+                e.scheme, ", no authentication (the guest's bridge only)")
             parts.append(f"{word} by {e.server}{tls}, disk.attach = {' or '.join(e.attach)}")
     return "Exports here: " + "; ".join(parts) + "." if parts else "Exports here: none."
 

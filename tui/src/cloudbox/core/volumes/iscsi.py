@@ -1,0 +1,250 @@
+"""One iSCSI export of a volume with CHAP: tgtd (the user-space target of the tgt package) as a child of the run's
+process, killed with it.
+
+The kernel's LIO target needs configfs and target modules, which the build and CI machines' kernel lacks; tgtd speaks
+the same protocol from user space. Each export runs its own tgtd: its own management socket (`-C`, a number whose
+socket file is not there yet), its own portal on one private address (loopback, or the guest's
+bridge), one target holding the volume's file as LUN 1 (direct I/O: the server's page cache is not part of the
+volume). A login needs this box's initiator name (the target's allow-list) and its CHAP secret (made once per box,
+`<state dir>/pki/iscsi/chap.json`, 0600; never printed). tgtd ignores SIGTERM while it serves a target, so it gets
+SIGKILL when the run's process dies, and `stop()` takes the target down through tgtadm first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import paths, procs
+from ..errors import CloudboxError
+from .nbd import _listens, free_port
+
+START_TIMEOUT = 10.0
+IQN_PREFIX = "iqn.2026-11.org.cloudbox"
+LUN = 1  # LUN 0 is tgtd's own controller
+SOCKET_DIR = Path("/var/run/tgtd")  # where tgtd puts socket.N (fixed in tgtd)
+QEMU_ISCSI = [Path("/usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so"), Path("/usr/lib/qemu/block-iscsi.so")]
+TID = 1
+MAX_CONTROL = 32767  # tgtd's -C takes 0..32767
+
+
+@dataclass(frozen=True)
+class Chap:
+    """This box's iSCSI identity: the initiator name the targets allow, and the CHAP user and secret."""
+
+    initiator: str
+    user: str
+    secret: str = field(repr=False)
+
+
+def chap_file() -> Path:
+    return paths.state_dir() / "pki" / "iscsi" / "chap.json"
+
+
+def chap() -> Chap:
+    """The box's CHAP credentials, made on first use (secrets module; the file 0600 in a 0700 directory)."""
+    f = chap_file()
+    if not f.exists():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(f.parent, 0o700)
+        box = secrets.token_hex(4)
+        data = {"initiator": f"{IQN_PREFIX}:box-{box}", "user": f"cloudbox-{box}", "secret": secrets.token_hex(16)}
+        fd, tmp = tempfile.mkstemp(prefix=".chap-", dir=f.parent)
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump(data, out)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, f)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    try:
+        data = json.loads(f.read_text())
+        return Chap(str(data["initiator"]), str(data["user"]), str(data["secret"]))
+    except (OSError, ValueError, KeyError) as e:
+        raise CloudboxError(f"{f}: this box's iSCSI CHAP credentials cannot be read ({e}); remove the file to make "
+                            "new ones") from None
+
+
+def target_iqn(volume: str) -> str:
+    return f"{IQN_PREFIX}:vol.{volume}"
+
+
+def qemu_driver() -> Path | None:
+    """QEMU's libiscsi block driver (Debian package qemu-block-extra), None when not installed."""
+    return next((p for p in QEMU_ISCSI if p.exists()), None)
+
+
+def _version() -> str:
+    r = subprocess.run(["tgtd", "--version"], capture_output=True, text=True)
+    out = (r.stdout or r.stderr).strip().splitlines()
+    return f"tgtd {out[0].strip()}" if out else "tgtd"
+
+
+@dataclass
+class IscsiExport:
+    """A running export: iscsi://host:port/<iqn>/1 (the URI names no secret)."""
+
+    name: str
+    path: str
+    host: str
+    port: int
+    iqn: str
+    control_port: int  # tgtd's management socket, /var/run/tgtd/socket.N
+    server: str = "tgtd"
+    child: procs.Child | None = field(default=None, repr=False)
+
+    @property
+    def uri(self) -> str:
+        return f"iscsi://{self.host}:{self.port}/{self.iqn}/{LUN}"
+
+    @property
+    def target(self) -> str:
+        return f"{self.iqn}/{LUN}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid if self.child else None
+
+    def io(self) -> dict[str, int]:
+        """What tgtd read from and wrote to the volume so far (/proc/PID/io read_bytes, write_bytes, all its
+        threads: with direct I/O, every byte the initiators moved); empty once it has stopped."""
+        if self.pid is None:
+            return {}
+        try:
+            text = Path(f"/proc/{self.pid}/io").read_text()
+        except OSError:
+            return {}
+        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+        return {k: int(fields[k]) for k in ("read_bytes", "write_bytes") if k in fields}
+
+    def stop(self) -> None:
+        """Take the target down (sessions closed), end tgtd, remove its socket and log. Safe to call twice."""
+        if self.child is None:
+            return
+        if self.child.proc is not None and self.child.proc.poll() is None:
+            with contextlib.suppress(CloudboxError):
+                tgtadm(self.control_port, "--mode", "target", "--op", "delete", "--tid", str(TID), "--force")
+            with contextlib.suppress(CloudboxError):
+                tgtadm(self.control_port, "--mode", "system", "--op", "delete", lld=False)
+        self.child.stop()
+        for leftover in (f"socket.{self.control_port}", f"socket.{self.control_port}.lock"):
+            (SOCKET_DIR / leftover).unlink(missing_ok=True)
+
+
+def tgtadm(control_port: int, *args: str, lld: bool = True, secret: str = "") -> str:
+    """Run tgtadm against the tgtd of `control_port`; CloudboxError with what it said (the secret masked)."""
+    cmd = ["tgtadm", "-C", str(control_port), *(["--lld", "iscsi"] if lld else []), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        shown, said = " ".join(cmd), (r.stderr or r.stdout).strip()
+        if secret:
+            shown, said = shown.replace(secret, "********"), said.replace(secret, "********")
+        raise CloudboxError(f"{shown} failed (exit {r.returncode}): {said}")
+    return r.stdout
+
+
+def control_port(port: int) -> int:
+    """A management socket number for the tgtd of portal `port` (tgtd allows 1..32767; 0 is a system tgtd's),
+    the first from the port's own whose socket file is not there: another tgtd's never is taken."""
+    for i in range(MAX_CONTROL):
+        n = 1 + (port + i) % MAX_CONTROL
+        if not (SOCKET_DIR / f"socket.{n}").exists() and not (SOCKET_DIR / f"socket.{n}.lock").exists():
+            return n
+    raise CloudboxError(f"no free tgtd management socket in {SOCKET_DIR} (all of 1..{MAX_CONTROL} exist)")
+
+
+def start(name: str, path: str, creds: Chap, *, log: Path, host: str = "127.0.0.1",
+          port: int | None = None) -> IscsiExport:
+    """Export `path` as LUN 1 of target iqn...:vol.<name> on host:port (a free port when None), CHAP and the
+    box's initiator name required; returns once a login can succeed. On failure nothing runs."""
+    if shutil.which("tgtd") is None or shutil.which("tgtadm") is None:
+        raise CloudboxError("tgtd is not installed (Debian package tgt): run 'make deps' (scripts/install-deps)")
+    port = port or free_port(host)
+    control = control_port(port)
+    version = _version()
+    child = procs.Child.start(["tgtd", "-f", "-C", str(control), "--iscsi", f"portal={host}:{port}"], log=log,
+                              ready=lambda pid: _listens(pid, port), serving=f"volume {name}",
+                              ready_is=f"listen on {host}:{port}", timeout=START_TIMEOUT,
+                              death_signal=signal.SIGKILL)
+    exp = IscsiExport(name, path, host, port, target_iqn(name), control, version, child=child)
+    try:
+        tgtadm(control, "--mode", "target", "--op", "new", "--tid", str(TID), "--targetname", exp.iqn)
+        tgtadm(control, "--mode", "logicalunit", "--op", "new", "--tid", str(TID), "--lun", str(LUN),
+               "--backing-store", path, "--bsoflags", "direct")
+        # tgtadm takes the secret on its command line only (no stdin, no file): visible to local root for its
+        # few milliseconds; the export is on a private address and the box is single-purpose
+        tgtadm(control, "--mode", "account", "--op", "new", "--user", creds.user, "--password", creds.secret,
+               secret=creds.secret)
+        tgtadm(control, "--mode", "account", "--op", "bind", "--tid", str(TID), "--user", creds.user)
+        tgtadm(control, "--mode", "target", "--op", "bind", "--tid", str(TID), "--initiator-name", creds.initiator)
+    except BaseException:
+        exp.stop()
+        raise
+    return exp
+
+
+def running(path: str) -> list[int]:
+    """The pids of every tgtd holding `path` open (a test's check that nothing is left)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if os.path.basename((d / "cmdline").read_bytes().split(b"\0")[0]) != b"tgtd":
+                continue
+            if any(os.readlink(fd) == path for fd in (d / "fd").iterdir()):
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+# -- the libvirt secret QEMU logs in with ---------------------------------------------------------------------------
+def secret_usage(run_uuid: str) -> str:
+    return f"cloudbox-iscsi-{run_uuid[:12]}"
+
+
+def define_secret(conn, usage: str, value: str) -> str:
+    """An ephemeral, private libvirt secret (never written to disk by libvirt, never read back) of type iscsi named
+    `usage`, holding `value`; returns its UUID."""
+    u = str(uuid.uuid4())
+    xml = (f"<secret ephemeral='yes' private='yes'><uuid>{u}</uuid><description>cloudbox iSCSI CHAP for one run"
+           f"</description><usage type='iscsi'><target>{usage}</target></usage></secret>")
+    sec = conn.secretDefineXML(xml, 0)
+    try:
+        sec.setValue(value.encode(), 0)
+    except BaseException:
+        sec.undefine()
+        raise
+    return u
+
+
+def undefine_secret(conn, u: str) -> None:
+    """Remove secret `u` (gone already is fine)."""
+    import libvirt
+
+    try:
+        conn.secretLookupByUUIDString(u).undefine()
+    except libvirt.libvirtError as e:
+        if e.get_error_code() != libvirt.VIR_ERR_NO_SECRET:
+            raise
+
+
+def secrets_named(conn, usage: str) -> list[str]:
+    """UUIDs of the libvirt secrets of type iscsi named `usage` (a test's check that none is left)."""
+    import libvirt
+
+    try:
+        return [conn.secretLookupByUsage(libvirt.VIR_SECRET_USAGE_TYPE_ISCSI, usage).UUIDString()]
+    except libvirt.libvirtError:
+        return []

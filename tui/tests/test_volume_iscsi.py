@@ -1,0 +1,163 @@
+"""iSCSI volumes attached by QEMU (disk.attach = qemu): the box's CHAP credentials, the domain's network disk with its
+auth, the checks before a run, and a real tgtd (started, refusing a wrong CHAP secret and a stranger's initiator
+name, serving this box's, stopped with nothing left: no tgtd, no libvirt secret, no socket, no work directory)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core import profiles, studies
+from cloudbox.core.backing import NetworkSource
+from cloudbox.core.domain import render_domain
+from cloudbox.core.errors import CloudboxError
+from cloudbox.core.volumes import attach, iscsi
+from cloudbox.core.volumes.store import VolumeStore
+
+MIB = 1024 * 1024
+
+
+def test_chap_credentials_are_made_once_per_box_and_private(state):
+    c = iscsi.chap()
+    f = iscsi.chap_file()
+    assert f.stat().st_mode & 0o777 == 0o600 and f.parent.stat().st_mode & 0o777 == 0o700
+    assert iscsi.chap() == c  # made once, then read
+    assert len(c.secret) == 32 and c.initiator.startswith(iscsi.IQN_PREFIX + ":box-")
+    assert c.secret not in repr(c)
+    f.unlink()
+    assert iscsi.chap().secret != c.secret  # a new box gets a new secret, never a fixed one
+    f.write_text("{not json")
+    with pytest.raises(CloudboxError, match="chap.json: this box's iSCSI CHAP credentials cannot be read"):
+        iscsi.chap()
+
+
+def test_control_ports_are_in_tgtds_range_and_skip_taken_sockets(tmp_path, monkeypatch):
+    monkeypatch.setattr(iscsi, "SOCKET_DIR", tmp_path)
+    assert all(1 <= iscsi.control_port(p) <= iscsi.MAX_CONTROL for p in (0, 1, 32767, 32768, 65535))
+    n = iscsi.control_port(40000)
+    (tmp_path / f"socket.{n}.lock").touch()
+    assert iscsi.control_port(40000) == n + 1
+
+
+def test_the_domain_logs_in_with_chap_from_a_libvirt_secret():
+    prof = profiles.find_profile("kvm-ebs-iscsi")
+    net = NetworkSource("iscsi", "iqn.2026-11.org.cloudbox:vol.ebs/1", "127.0.0.1", 3261, tls=False,
+                        initiator="iqn.2026-11.org.cloudbox:box-1", auth_user="cloudbox-1",
+                        auth_usage="cloudbox-iscsi-run")
+    xml = render_domain(prof, name="g", domain_type="qemu", kernel="/k", initrd="/i", cmdline="c", disk_path="x",
+                        disk_is_block=False, bridge=None, mac=None, network_source=net)
+    disk = ET.fromstring(xml).find("devices/disk")
+    assert disk.get("type") == "network"
+    src = disk.find("source")
+    assert (src.get("protocol"), src.get("name"), src.get("tls")) == ("iscsi", "iqn.2026-11.org.cloudbox:vol.ebs/1",
+                                                                     None)
+    assert src.find("host").attrib == {"name": "127.0.0.1", "port": "3261"}
+    assert src.find("initiator/iqn").get("name") == "iqn.2026-11.org.cloudbox:box-1"
+    auth = src.find("auth")
+    assert auth.get("username") == "cloudbox-1"
+    assert auth.find("secret").attrib == {"type": "iscsi", "usage": "cloudbox-iscsi-run"}
+    assert "password" not in xml.lower()  # the secret itself is in libvirt, never in the domain
+
+
+def test_the_preset_is_valid_and_qemu_attach_is_accepted():
+    prof = profiles.find_profile("kvm-ebs-iscsi")
+    assert (prof.disk.backing, prof.disk.attach, prof.disk.volume) == ("network-volume", "qemu", "iscsi:ebs")
+    attach.check_attach("iscsi", "qemu", has_module=lambda m: False)
+    assert studies.cannot_run(prof) is None
+    with pytest.raises(attach.AttachRefused, match="iscsi_tcp driver"):
+        attach.check_attach("iscsi", "host", has_module=lambda m: False)
+    with pytest.raises(attach.AttachRefused, match=r"guest \(iscsi\) is not implemented yet"):
+        attach.check_attach("iscsi", "guest")
+
+
+def test_no_baseline_says_why():
+    assert "no libiscsi engine" in attach.no_iscsi_baseline(lambda m: False)
+    assert "no iscsi_tcp initiator" in attach.no_iscsi_baseline(lambda m: False)
+    assert "not built yet" in attach.no_iscsi_baseline(lambda m: True)
+
+
+def test_exports_here_name_iscsi_and_what_it_lacks(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    got = {e.scheme: e for e in attach.exports_here(has_module=lambda _m: False)}
+    assert got["iscsi"].attach == ("qemu",) and got["iscsi"].server == "tgtd"
+    assert got["iscsi"].problem == "tgtd is not installed (Debian package tgt): run 'make deps'"
+    if shutil.which("tgtd", path="/usr/sbin"):
+        (tmp_path / "tgtd").symlink_to("/usr/sbin/tgtd")
+        monkeypatch.setattr(iscsi, "QEMU_ISCSI", [tmp_path / "none.so"])
+        e = {e.scheme: e for e in attach.exports_here()}["iscsi"]
+        assert "qemu-block-extra" in e.problem and not e.usable
+
+
+def test_preflight_refuses_a_missing_target_server(state, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(attach.AttachRefused, match="Debian package tgt"):
+        attach.preflight("iscsi:ebs", "qemu", 8 * MIB)
+
+
+# -- a real tgtd -----------------------------------------------------------------------------------------------------
+def _login(exp: iscsi.IscsiExport, user: str, secret: str, initiator: str) -> subprocess.CompletedProcess[str]:
+    url = f"iscsi://{user}%{secret}@{exp.host}:{exp.port}/{exp.iqn}/{iscsi.LUN}"
+    return subprocess.run(["iscsi-readcapacity16", "-i", initiator, url], capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="tgtd's management socket is under /var/run/tgtd (root)")
+@pytest.mark.skipif(not (shutil.which("tgtd") and shutil.which("iscsi-readcapacity16")),
+                    reason="needs tgtd (tgt) and iscsi-readcapacity16 (libiscsi-bin): make deps-test")
+def test_tgtd_refuses_a_wrong_secret_and_a_stranger_and_leaves_nothing(state, libvirt_conn):
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 16 * MIB)
+    work = state / "work" / "run-i"
+    ve = attach.export_for_run("iscsi:ebs", "qemu", run_uuid="run-iscsi-1", work_dir=work, size_bytes=8 * MIB,
+                               conn=libvirt_conn)
+    exp = ve.export
+    assert isinstance(exp, iscsi.IscsiExport)
+    control = exp.control_port
+    usage = iscsi.secret_usage("run-iscsi-1")
+    try:
+        c = iscsi.chap()
+        assert iscsi.running(vol.path) == [exp.pid] and exp.host == "127.0.0.1"
+        assert iscsi.secrets_named(libvirt_conn, usage) == [ve.secret_uuid]
+        ok = _login(exp, c.user, c.secret, c.initiator)
+        assert ok.returncode == 0 and f"Total size:{16 * MIB}" in ok.stdout, ok.stdout + ok.stderr
+        wrong = _login(exp, c.user, "0" * 32, c.initiator)
+        assert wrong.returncode != 0 and "Authentication failure" in wrong.stderr, wrong.stdout + wrong.stderr
+        stranger = _login(exp, c.user, c.secret, "iqn.2026-11.org.example:someone")
+        assert stranger.returncode != 0 and "Login Failed" in stranger.stderr
+        assert c.secret not in (work / "tgtd.log").read_text()
+        with pytest.raises(CloudboxError, match="attached by run run-iscsi-1"):
+            attach.export_for_run("iscsi:ebs", "qemu", run_uuid="run-j", work_dir=state / "work" / "run-j",
+                                  size_bytes=8 * MIB, conn=libvirt_conn)
+    finally:
+        ve.close()
+    assert iscsi.running(vol.path) == [] and iscsi.secrets_named(libvirt_conn, usage) == []
+    assert not (iscsi.SOCKET_DIR / f"socket.{control}").exists() and not work.exists()
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
+    ve.close()  # twice is harmless
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tgtd"), reason="needs root and tgtd (make deps)")
+def test_a_failure_while_exporting_leaves_nothing(state, libvirt_conn, monkeypatch):
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 16 * MIB)
+    work = state / "work" / "run-f"
+
+    def refuse(*a, **kw):
+        raise CloudboxError("libvirt refused the secret")
+
+    monkeypatch.setattr(iscsi, "define_secret", refuse)
+    sockets = set(Path(iscsi.SOCKET_DIR).glob("socket.*"))
+    with pytest.raises(CloudboxError, match="refused the secret"):
+        attach.export_for_run("iscsi:ebs", "qemu", run_uuid="run-f", work_dir=work, size_bytes=8 * MIB,
+                              conn=libvirt_conn)
+    assert iscsi.running(vol.path) == [] and not work.exists()
+    assert set(Path(iscsi.SOCKET_DIR).glob("socket.*")) <= sockets  # tgtd's socket went with it
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
