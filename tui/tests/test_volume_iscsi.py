@@ -161,3 +161,19 @@ def test_a_failure_while_exporting_leaves_nothing(state, libvirt_conn, monkeypat
     assert set(Path(iscsi.SOCKET_DIR).glob("socket.*")) <= sockets  # tgtd's socket went with it
     with VolumeStore() as vs:
         assert vs.get("ebs").attached_run is None
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="the system libvirtd's secrets need root")
+def test_a_dead_runs_secret_is_reaped_and_anothers_is_left(libvirt_conn):
+    dead, live = iscsi.secret_usage("deadbeef0001-run"), iscsi.secret_usage("feedface0002-run")
+    made = [iscsi.define_secret(libvirt_conn, u, "x" * 32) for u in (dead, live)]
+    try:
+        # a store that does not know either run leaves both (another session's runs share this libvirtd)
+        assert iscsi.reap_secrets(libvirt_conn, set(), {"0123"}) == []
+        assert iscsi.reap_secrets(libvirt_conn, {"feedface0002-run"}, {"deadbeef0001-run", "feedface0002-run"}) \
+            == [dead]
+        assert iscsi.secrets_named(libvirt_conn, dead) == [] and iscsi.secrets_named(libvirt_conn, live) == [made[1]]
+    finally:
+        for u in made:
+            iscsi.undefine_secret(libvirt_conn, u)

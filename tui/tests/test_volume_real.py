@@ -83,6 +83,34 @@ def test_quick_storage_run_over_iscsi_attached_by_qemu(state, libvirt_conn):
     assert work_files(state) == []
 
 
+@pytest.mark.full
+def test_ctrl_c_with_the_guest_on_an_iscsi_volume_leaves_nothing(state, libvirt_conn):
+    """SIGINT while QEMU is logged in to tgtd: the run is aborted, and the guest, tgtd, its management socket, the
+    libvirt secret and the attachment are gone."""
+    from cloudbox.core.guest import list_guests
+    from cloudbox.core.volumes import iscsi
+
+    if not (shutil.which("tgtd") and iscsi.qemu_driver()):
+        pytest.skip("needs tgtd (tgt) and QEMU's iSCSI driver (qemu-block-extra): make deps")
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 160 * 1024 * 1024)
+    sockets = set(iscsi.SOCKET_DIR.glob("socket.*"))
+
+    def exported() -> None:
+        assert iscsi.running(vol.path) != []
+
+    got = interrupt_cli_run(["--profile", "kvm-ebs-iscsi", "--suite", "storage", "--size", "64M",
+                             "--tests", "standard", "--runtime", "30"], while_running=exported)
+    assert got.returncode == 1, got.output
+    assert got.run.state == "aborted" and "SIGINT" in (got.run.reason or ""), got.run.reason
+    assert [g.name for g in list_guests(libvirt_conn) if "kvm-ebs-iscsi" in g.name] == []
+    assert iscsi.running(vol.path) == [] and set(iscsi.SOCKET_DIR.glob("socket.*")) <= sockets
+    assert iscsi.secrets_named(libvirt_conn, iscsi.secret_usage(got.run.uuid)) == []
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
+    assert work_files(state) == []
+
+
 @pytest.mark.full  # 46 s under TCG here: over the slow tier's 45 s, so make test-full
 def test_ctrl_c_with_the_guest_on_the_volume_leaves_no_export(state, libvirt_conn):
     """SIGINT while the guest's QEMU holds the export: the run is aborted, the guest, the export and the attachment

@@ -92,6 +92,8 @@ def connect_libvirt(ctx: RunContext) -> None:
     live = {r.uuid for r in ctx.store.active_runs()}
     for name in reap_orphans(ctx.conn, live | {ctx.run_uuid}, ctx.store.run_uuids()):
         ctx.sink.log(f"destroyed orphan guest {name} left by a dead run")
+    for usage in iscsi.reap_secrets(ctx.conn, live | {ctx.run_uuid}, set(ctx.store.run_uuids())):
+        ctx.sink.log(f"removed libvirt secret {usage} left by a dead run")
 
 
 def prepare_backing(ctx: RunContext) -> None:

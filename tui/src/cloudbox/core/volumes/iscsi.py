@@ -248,3 +248,25 @@ def secrets_named(conn, usage: str) -> list[str]:
         return [conn.secretLookupByUsage(libvirt.VIR_SECRET_USAGE_TYPE_ISCSI, usage).UUIDString()]
     except libvirt.libvirtError:
         return []
+
+
+def reap_secrets(conn, live_runs: set[str], known_runs: set[str]) -> list[str]:
+    """Undefine the iSCSI secrets of runs of this results store (`known_runs`) that are not live (a run killed
+    outright leaves its secret in libvirtd until it restarts); another store's runs are left alone. Returns their
+    usage names."""
+    import libvirt
+
+    gone: list[str] = []
+    try:
+        found = [s for s in conn.listAllSecrets(0) if s.usageType() == libvirt.VIR_SECRET_USAGE_TYPE_ISCSI]
+    except libvirt.libvirtError:  # a driver without secrets (libvirt's test driver) has none to leave
+        return gone
+    for sec in found:
+        usage = sec.usageID()
+        run = usage.removeprefix("cloudbox-iscsi-")
+        if (usage.startswith("cloudbox-iscsi-") and any(u.startswith(run) for u in known_runs)
+                and not any(u.startswith(run) for u in live_runs)):
+            with contextlib.suppress(libvirt.libvirtError):
+                sec.undefine()
+                gone.append(usage)
+    return gone
