@@ -3,11 +3,11 @@ process, killed with it.
 
 The kernel's LIO target needs configfs and target modules, which the build and CI machines' kernel lacks; tgtd speaks
 the same protocol from user space. Each export runs its own tgtd: its own management socket (`-C`, a number whose
-socket file is not there yet), its own portal on one private address (loopback, or the guest's
-bridge), one target holding the volume's file as LUN 1 (direct I/O: the server's page cache is not part of the
-volume). A login needs this box's initiator name (the target's allow-list) and its CHAP secret (made once per box,
-`<state dir>/pki/iscsi/chap.json`, 0600; never printed). tgtd ignores SIGTERM while it serves a target, so it gets
-SIGKILL when the run's process dies, and `stop()` takes the target down through tgtadm first.
+socket file is not there yet), its own portal on one private address (127.0.0.1 for QEMU's initiator), one target
+holding the volume's file as LUN 1 (direct I/O: the server's page cache is not part of the volume). A login needs
+this box's initiator name (the target's allow-list) and its CHAP secret (made once per box,
+`<state dir>/pki/iscsi/chap.json`, 0600; never printed). tgtd does not exit on SIGTERM, so it gets SIGKILL when the
+run's process dies, and `stop()` takes the target down and tells tgtd to exit through tgtadm.
 """
 
 from __future__ import annotations
