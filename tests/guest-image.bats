@@ -64,7 +64,8 @@ import hashlib, json, sys
 d = sys.argv[1]
 m = json.load(open(f"{d}/manifest.json"))
 pk = m["packages"]
-for p in ("fio", "netperf", "iperf3", "qemu-guest-agent", "busybox-static", "iputils-ping", "mdadm", "libc6"):
+for p in ("fio", "netperf", "iperf3", "qemu-guest-agent", "busybox-static", "iputils-ping", "mdadm", "libc6",
+          "bonnie++", "e2fsprogs"):
     assert p in pk and pk[p], p
 assert m["kernel_package"] in pk and m["kernel_package"] == "linux-image-" + m["kernel_version"]
 for f in ("vmlinuz", "vmlinux", "initrd.img", "initrd.cpio"):
@@ -72,7 +73,8 @@ for f in ("vmlinuz", "vmlinux", "initrd.img", "initrd.cpio"):
 assert isinstance(m["source_date_epoch"], int) and m["source_date_epoch"] > 1600000000
 assert len(m["builder_hash"]) == 64
 for mod in ("virtio_blk", "virtio_net", "virtio_console", "virtio_scsi", "sd_mod", "sym53c8xx",
-            "ahci", "ata_piix", "e1000", "8139cp", "8139too", "xen_blkfront", "xen_netfront", "md_mod", "raid0"):
+            "ahci", "ata_piix", "e1000", "8139cp", "8139too", "xen_blkfront", "xen_netfront", "md_mod", "raid0",
+            "ext4", "jbd2", "crc32c_generic"):
     assert mod in m["modules"], mod
 # fio is built from Debian's source of the same version, without the engines that pull ~60 MB of libraries
 fb = m["built_from_source"]["fio"]
