@@ -187,6 +187,9 @@ def test_title(test: str) -> str:
     """A readable title for a test name, e.g. 'Write: sequential write, 64 kB requests (fio), O_DIRECT'."""
     if test in _NETWORK_TITLES:
         return f"Network: {_NETWORK_TITLES[test]}"
+    if test == "bonnie":
+        return ("Bonnie++: sequential block write (MB/s; rewrite, read, %CPU and file creations and deletions per "
+                "second stored beside it), on ext4 through the page cache [bonnie]")
     tpl = _storage_template(test)
     d = _direction(test)
     buffered = test.endswith("-buffered")

@@ -285,6 +285,10 @@ def _check_records_fit(tests: str, size: str) -> None:
     if n < storage.block_bytes(big.bs):
         raise UsageError(f"--size {size!r} is smaller than one {big.bs} record of {big.id}; allowed: a size of at "
                          f"least {big.bs.upper()}, or --tests without {big.id}")
+    if n < storage.BONNIE_MIN_SIZE and any(t.tool == "bonnie" for t in storage.resolve_tests(tests)):
+        raise UsageError(f"--size {size!r} is too small for bonnie (an ext4 file system and Bonnie++'s file on "
+                         f"it); allowed: a size of at least {storage.BONNIE_MIN_SIZE // 1024**2}M, or --tests without "
+                         "bonnie")
 
 
 def _check_propagation(spec: RunSpec) -> None:
@@ -328,6 +332,11 @@ def _check_many_guests(spec: RunSpec) -> None:
     if spec.device:
         raise UsageError(f"--guests {n} with --device {spec.device!r}: one device cannot be the whole disk of "
                          f"{n} guests; allowed: no --device (each guest gets a store of its own in --work-dir)")
+    bonnie = [t.id for t in storage.resolve_tests(spec.storage_tests) if t.tool == "bonnie"]
+    if bonnie:
+        raise UsageError(f"--guests {n} with --tests {spec.storage_tests!r}: {', '.join(bonnie)} runs in one guest "
+                         "at a time (its figures are per file system, not summed over N); allowed with --guests > 1: "
+                         "--tests without bonnie")
 
 
 def _check_net_tests(value: str) -> None:

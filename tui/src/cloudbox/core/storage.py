@@ -1,4 +1,4 @@
-"""Storage tests: fio jobs (and literal dd and IOzone modes) run identically in the guest and on bare metal.
+"""Storage tests: fio jobs (and literal dd, IOzone and Bonnie++ modes) run identically in the guest and on bare metal.
 
 The same job runs twice: on the host against the backing device/file system (the baseline) and in the
 guest against its benchmark disk. Writes come before reads so reads never hit sparse holes; page
@@ -8,6 +8,8 @@ caches are dropped (host and guest) before every read so numbers are cold-cache 
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 import shlex
 import subprocess
@@ -31,7 +33,7 @@ class StorageTest:
     bs: str
     iodepth: int = 1
     direct: bool = True
-    tool: str = "fio"  # fio, or the studies' own tools: a literal dd, IOzone
+    tool: str = "fio"  # fio, or the studies' own tools: a literal dd, IOzone, Bonnie++ (on a file system it makes)
     timed: bool = False  # random tests are capped by runtime
     sync: bool = False  # one read()/write() call at a time, as IOzone issues them, instead of libaio
 
@@ -42,7 +44,7 @@ class StorageTest:
     @property
     def program(self) -> str:
         """The program the test runs (what the guest must have)."""
-        return {"dd": "dd", "iozone": "iozone"}.get(self.tool, "fio")
+        return {"dd": "dd", "iozone": "iozone", "bonnie": "bonnie++"}.get(self.tool, "fio")
 
     @property
     def engine(self) -> str:
@@ -79,6 +81,8 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
     *(StorageTest(f"rec-{rw}-{bs}", rw, bs, sync=True) for bs in RECORD_SIZES for rw in ("write", "read")),
     *(StorageTest(f"iozone-{rw}-{bs}", rw, bs, sync=True, tool="iozone")
       for bs in RECORD_SIZES for rw in ("write", "read")),
+    # Bonnie++ (study B): its own write, rewrite and read of one file, then its file creations and deletions.
+    StorageTest("bonnie", "write", "8k", tool="bonnie"),
 ]}
 
 TEST_SETS: dict[str, list[str]] = {
@@ -88,11 +92,13 @@ TEST_SETS: dict[str, list[str]] = {
                  "seq-read-1m", "randwrite-4k-qd1", "randread-4k-qd1", "randwrite-4k-qd32",
                  "randread-4k-qd32"],
     # Not the record sweep: 14 more whole-file passes, down to 4 kB at a time, would more than double a full run.
-    "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS],
+    # Nor Bonnie++, which makes a file system on the disk and writes, rewrites and reads most of it once more.
+    "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS and t != "bonnie"],
     "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
     "records": list(RECORD_TESTS),
     # Study B's record sizes (64 kB, 1 MB and its 16 MB) with IOzone itself; the whole sweep is `iozone-*` by name.
     "iozone": [f"iozone-{rw}-{bs}" for bs in ("64k", "1m", "16m") for rw in ("write", "read")],
+    "bonnie": ["bonnie"],
 }
 
 
@@ -291,6 +297,95 @@ def iozone_version(text: str) -> str:
     return m[1] if m else ""
 
 
+# Bonnie++ (study B) runs on a file system it is given: ext4 made with e2fsprogs' mke2fs on the benchmark disk, the same
+# command in the guest and on bare metal. The inode tables and journal are written at once (no lazy init), so no
+# kernel thread writes them behind the measurement; no blocks are reserved for root.
+MKFS_EXT4 = ("mke2fs", "-t", "ext4", "-F", "-q", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0")
+# The guest's shell runs its busybox applets before $PATH, and busybox has an ext2-only mke2fs of its own.
+GUEST_MKE2FS = "/usr/sbin/mke2fs"
+GUEST_BONNIE_DIR = "/mnt/cloudbox-bonnie"
+MIB = 1024**2
+BONNIE_MIN_SIZE = 64 * MIB  # ext4's journal and inode tables leave Bonnie++ too little below that
+
+
+def bonnie_file_mib(size: int) -> int:
+    """Bonnie++'s file for a disk of `size` bytes: three quarters of it (the rest holds ext4's inode tables and
+    journal), in whole MiB."""
+    return max(8, size * 3 // 4 // MIB)
+
+
+def bonnie_files(size: int) -> int:
+    """Bonnie++'s -n (files to create and delete, in 1024s): one per 32 MiB of disk, at most its default 16."""
+    return min(16, max(1, size // (32 * MIB)))
+
+
+def bonnie_args(directory: str, size: int) -> list[str]:
+    """Bonnie++ in `directory`: -f skips the per-character passes (block I/O only), -r half the file, as Bonnie++
+    requires a file twice the RAM it is told, -q prints the CSV line alone on stdout."""
+    mib = bonnie_file_mib(size)
+    return ["bonnie++", "-d", directory, "-s", f"{mib}m", "-r", str(mib // 2), "-n", str(bonnie_files(size)), "-f",
+            "-u", "root", "-q"]
+
+
+def bonnie_guest_script(device: str, size: int) -> str:
+    """The guest's run: ext4 (its driver and crc32c loaded on demand) on `device`, mounted, Bonnie++, unmounted."""
+    q = shlex.quote
+    mkfs = " ".join(q(a) for a in (GUEST_MKE2FS, *MKFS_EXT4[1:], device))
+    return (f"modprobe crc32c_generic 2>/dev/null; modprobe ext4 || exit 3; {mkfs} || exit 4; "
+            f"mkdir -p {GUEST_BONNIE_DIR} && mount -t ext4 {q(device)} {GUEST_BONNIE_DIR} || exit 5; "
+            f"s=$(cat /proc/uptime); {' '.join(q(a) for a in bonnie_args(GUEST_BONNIE_DIR, size))}; rc=$?; "
+            'e=$(cat /proc/uptime); echo "cloudbox-elapsed ${s%% *} ${e%% *}" >&2; '
+            f"umount {GUEST_BONNIE_DIR} || rc=6; exit $rc")
+
+
+# Bonnie++ 2.00a's CSV line (format 1.98): the field of each figure kept, and of its %CPU. Throughput is in KiB/s.
+BONNIE_CSV_VERSION = "1.98"
+_BONNIE_THROUGHPUT = {"MB/s": (11, 12), "rewrite MB/s": (13, 14), "read MB/s": (17, 18)}
+_BONNIE_CPU = {"MB/s": "write %CPU", "rewrite MB/s": "rewrite %CPU", "read MB/s": "read %CPU"}
+_BONNIE_RATES = {"creates/s": 26, "deletes/s": 30, "random creates/s": 32, "random deletes/s": 36}
+BONNIE_METRICS = ("MB/s", "seconds", "write %CPU", "rewrite MB/s", "rewrite %CPU", "read MB/s", "read %CPU",
+                  *_BONNIE_RATES)
+
+
+def parse_bonnie(test_id: str, text: str, seconds: float | None = None) -> FioResult:
+    """Bonnie++'s CSV line: block write MB/s as the result; in `extra` the seconds its whole run took (`seconds`, else
+    the guest script's elapsed line), rewrite and read MB/s, each pass's %CPU and the file creations and deletions per
+    second (sequential and random). A figure Bonnie++ could not time (it prints "+++++" for a pass shorter than half a
+    second) is None in `extra`, NaN as the result: not measured."""
+    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith(BONNIE_CSV_VERSION + ",")), None)
+    if line is None:
+        raise CloudboxError(f"bonnie++ ({test_id}) printed no CSV line of format {BONNIE_CSV_VERSION}: "
+                            f"{text.strip()[-300:]}")
+    f = line.split(",")
+    if len(f) < 38:
+        raise CloudboxError(f"bonnie++ ({test_id}) printed a CSV line of {len(f)} fields, not 38 or more: {line}")
+
+    def num(i: int) -> float | None:
+        try:
+            return float(f[i])
+        except ValueError:  # "+++++": too quick to time; "": pass skipped
+            return None
+
+    if seconds is None:
+        el = _ELAPSED.search(text)
+        seconds = float(el[2]) - float(el[1]) if el else None
+    extra: dict[str, float | None] = {"seconds": seconds}
+    for metric, (bw, cpu) in _BONNIE_THROUGHPUT.items():
+        kib = num(bw)
+        extra[metric] = None if kib is None else kib * 1024 / MB
+        extra[_BONNIE_CPU[metric]] = num(cpu)
+    for metric, i in _BONNIE_RATES.items():
+        extra[metric] = num(i)
+    mbps = extra.pop("MB/s")
+    return FioResult(test_id, math.nan if mbps is None else mbps, 0.0, 0.0, seconds or 0.0, text, extra)
+
+
+def bonnie_version(text: str) -> str:
+    """"2.00a" from Bonnie++'s CSV line (its second field), "" when there is none."""
+    m = re.search(rf"^{re.escape(BONNIE_CSV_VERSION)},([^,]+),", text, re.M)
+    return m[1] if m else ""
+
+
 _DD = re.compile(r"(\d+) bytes.*copied,\s*([\d.]+)\s*s")
 _RECORDS_OUT = re.compile(r"(\d+)\+(\d+) records out")
 _ELAPSED = re.compile(r"cloudbox-elapsed ([\d.]+) ([\d.]+)")
@@ -348,7 +443,56 @@ class HostRunner:
             return self._dd(t, target, size)
         if t.tool == "iozone":
             return self._iozone(t, target, size)
+        if t.tool == "bonnie":
+            return self._bonnie(t, target, size)
         return self._fio(t, fio_args(t, target, size, runtime), progress)
+
+    def _bonnie(self, t: StorageTest, target: str, size: int) -> FioResult:
+        """ext4 made on `target` (the baseline's device, or its file through a loop device), mounted on a directory
+        of its own under the run directory, Bonnie++ there, then unmounted and the directory removed."""
+        import tempfile
+
+        from . import paths
+
+        if is_nbd_uri(target):
+            raise CloudboxError(f"{t.id}: Bonnie++ needs a file system on a local disk, not a volume served over NBD "
+                                f"({target}); the fio tests can measure it")
+        import shutil
+
+        missing = [p for p in ("bonnie++", "mke2fs") if shutil.which(p) is None]
+        if missing:
+            raise CloudboxError(f"{t.id}: this host has no {' or '.join(missing)}; install Debian's bonnie++ and "
+                                "e2fsprogs (scripts/install-deps core)")
+        block = Path(target).is_block_device()
+        if not block:  # the baseline's file, pre-allocated like the guest's backing file
+            with open(target, "ab") as fh:
+                os.posix_fallocate(fh.fileno(), 0, size)
+        r = subprocess.run([*MKFS_EXT4, target], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CloudboxError(f"bare-metal mke2fs for {t.id} on {target} exited {r.returncode}: "
+                                f"{(r.stderr or r.stdout).strip()[-300:]}")
+        base = paths.run_dir()
+        base.mkdir(parents=True, exist_ok=True)
+        mnt = tempfile.mkdtemp(prefix="cloudbox-bonnie-", dir=base)
+        try:
+            r = subprocess.run(["mount", "-t", "ext4", *([] if block else ["-o", "loop"]), target, mnt],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise CloudboxError(f"bare-metal mount of {target} for {t.id} exited {r.returncode}: "
+                                    f"{r.stderr.strip()[-300:]}")
+            try:
+                t0 = time.monotonic()
+                proc = subprocess.Popen(bonnie_args(mnt, size), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+                out, err = procs.wait_cancellable(proc, self.cancelled, "a bare-metal bonnie++ run")
+                secs = time.monotonic() - t0
+            finally:
+                _umount(mnt)
+        finally:
+            os.rmdir(mnt)
+        if proc.returncode != 0:
+            raise CloudboxError(f"bare-metal bonnie++ ({t.id}) exited {proc.returncode}: {err.strip()[-400:]}")
+        return parse_bonnie(t.id, out + "\n" + err, secs)
 
     def _iozone(self, t: StorageTest, target: str, size: int) -> FioResult:
         if is_nbd_uri(target):
@@ -392,6 +536,14 @@ class HostRunner:
         if r.returncode != 0:
             raise CloudboxError(f"bare-metal dd ({t.id}) failed: {r.stderr.strip()[-300:]}")
         return parse_dd(t.id, r.stderr)
+
+
+def _umount(mnt: str) -> None:
+    """Unmount `mnt` (a loop device mount detaches its loop device); lazily if something still holds it."""
+    if subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
+        r = subprocess.run(["umount", "-l", mnt], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CloudboxError(f"cannot unmount {mnt}: {r.stderr.strip()[-200:]}")
 
 
 RAID_DEVICE = "/dev/md0"
@@ -508,6 +660,12 @@ class GuestRunner:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
             res = parse_iozone(t.id, r.stdout, "write" if t.writes else "read")
+        elif t.tool == "bonnie":
+            r = self.guest.sh(hold + bonnie_guest_script(target, size), timeout=timeout, poll=self._check_cancel)
+            if r.exitcode != 0:
+                raise GuestError(f"bonnie++ ({t.id}) in the guest exited {r.exitcode} (3: no ext4 module, 4: mke2fs, "
+                                 f"5: mount, 6: umount): {(r.stdout + r.stderr).strip()[-400:]}")
+            res = parse_bonnie(t.id, r.stdout + "\n" + r.stderr)
         else:
             res = self._fio(t, fio_args(t, target, size, runtime), progress, timeout=timeout, hold=hold)
         if start_uptime is not None:

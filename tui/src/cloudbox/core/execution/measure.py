@@ -3,6 +3,7 @@ storage test also with the host disk's counters over exactly the test's window (
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -58,15 +59,24 @@ def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callab
                                   host_avgrq_sectors=host["host_avgrq_sectors"], host_avgqu=host["host_avgqu"],
                                   host_util=host["host_util"])
 
-    record("MB/s", res.mbps, res.raw)
-    for metric, value in res.extra.items():  # IOzone's second pass: re-write, re-read
-        record(metric, value, "")
+    raw = res.raw
+    for metric, value in measured(res):
+        record(metric, value, raw)
+        raw = ""
     if t.timed:
         record("IOPS", res.iops, "")
         record("lat_us", res.lat_us, "")
     hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
-    ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(res.mbps, 2), tuple(tl), round(res.iops, 1),
-                                   hr["host_mbps"], hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+    if not math.isnan(res.mbps):
+        ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(res.mbps, 2), tuple(tl), round(res.iops, 1),
+                                       hr["host_mbps"], hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+
+
+def measured(res: storage.FioResult) -> list[tuple[str, float]]:
+    """The figures a test stores: MB/s, then `extra` (IOzone's second pass; Bonnie++'s other figures), leaving out
+    what the tool could not time (NaN, None: Bonnie++'s "+++++")."""
+    rows = [("MB/s", res.mbps), *res.extra.items()]
+    return [(m, v) for m, v in rows if v is not None and not math.isnan(v)]
 
 
 def net_test(ctx: RunContext, side: str, t: network.NetTest, run: Callable[[], network.NetResult],

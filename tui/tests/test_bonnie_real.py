@@ -1,0 +1,49 @@
+"""Bonnie++ in a real run (TCG guest, quick size): ext4 made on the benchmark disk, Bonnie++ in the guest and on
+bare metal on the same backing, its figures stored, and nothing left mounted, attached or written behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from real_runs import leftovers, work_files
+
+from cloudbox.core import paths, runs, storage
+from cloudbox.core.execution.measure import measured
+from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import RunSpec
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+
+def test_bonnie_in_the_guest_and_on_bare_metal(state, libvirt_conn):
+    spec = RunSpec(profile="virtio-disk", suite="storage", size="quick", storage_tests="bonnie")
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+        run = store.get_run(rid)
+    assert run.state == "completed", run.reason
+    prov = run.provenance.to_stored()
+    assert {"bonnie++", "e2fsprogs"} <= set(prov["versions"]["guest_packages"]), prov["versions"]["guest_packages"]
+    guest = run.measurement("guest", "bonnie", "MB/s")
+    assert guest is not None and guest.value > 0  # block write: seconds under TCG, never too quick to time
+    assert guest.raw.startswith("1.98,2.00a,cloudbox-guest,") and "cloudbox-elapsed" in guest.raw
+    parsed = storage.parse_bonnie("bonnie", guest.raw)
+    assert guest.value == pytest.approx(parsed.mbps)
+    assert ",96M," in guest.raw.splitlines()[0]  # the quick size's 128 MiB disk: a 96 MiB file
+    for metric in ("seconds", "rewrite MB/s", "write %CPU", "rewrite %CPU"):
+        m = run.measurement("guest", "bonnie", metric)
+        assert m is not None and m.value > 0 and m.value == pytest.approx(parsed.extra[metric]), metric
+    if run.emulated:
+        assert "emulated" in guest.labels
+    # bare metal: the same Bonnie++ on the same backing; what it timed is stored, its run's seconds always
+    base = run.measurement("baseline", "bonnie", "seconds")
+    assert base is not None and base.value > 0
+    rows = [m for m in run.measurements if m.side == "baseline" and m.test == "bonnie"]
+    raw = next(m.raw for m in rows if m.raw)
+    assert raw.startswith("1.98,2.00a,") and ",96M," in raw
+    assert {m.metric for m in rows} == {name for name, _ in measured(storage.parse_bonnie("bonnie", raw, base.value))}
+    # nothing left behind: no mount, no mount point, no loop device, no guest, no file
+    assert [ln for ln in Path("/proc/mounts").read_text().splitlines() if "cloudbox-bonnie" in ln] == []
+    assert list(paths.run_dir().glob("cloudbox-bonnie-*")) == []
+    assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
+    assert work_files(state) == []
