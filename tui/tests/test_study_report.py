@@ -185,6 +185,33 @@ def test_report_of_a_study_without_runs(capsys):
     assert by_id["B3.kvm"][2] == "-"  # no published figure: the study's two ratios are not combined here
 
 
+def test_study_b_reports_every_bonnie_figure_of_both_sides(capsys):
+    """Bonnie++'s table: the figures a TCG guest's run stored (those of tests/data/bonnie-guest-tcg-96m.txt) and its
+    bare metal's, which timed nothing but its whole run; a figure not stored shows as "-"."""
+    with ResultStore() as store:
+        rid = store.create_run(profile_name="kvm-cache-none", profile_hash=profiles.find_profile("kvm-cache-none").hash,
+                               suite="storage", size_label="quick", accelerator="tcg", started_at=T0,
+                               node=platform.node())
+        store.add_measurement(rid, side="baseline", test="bonnie", metric="seconds", value=3.43)
+        for metric, value in (("MB/s", 53.41), ("seconds", 7.75), ("write %CPU", 81.0), ("rewrite MB/s", 120.57),
+                              ("rewrite %CPU", 87.0), ("creates/s", 2400.0)):
+            store.add_measurement(rid, side="guest", test="bonnie", metric=metric, value=value)
+        store.finish_run(rid, "completed")
+    code, report, _ = run_cli(["study", "report", "b"], capsys)
+    assert code == 0
+    heading = ("Bonnie++ on ext4 in the guest: sequential block write (MB/s; rewrite, read, %CPU, creations and "
+               "deletions per second below)")
+    rows = table_rows(report, heading)
+    assert rows[0][:4] == ["none, bare metal", "-", "-", "-"]  # it timed no block write
+    assert rows[2][:4] == ["KVM, emulated IDE, raw file, host cache off", "`kvm-cache-none`", "-",
+                           "53.4 (emulated, quick)"]
+    assert "| configuration | run | write MB/s | seconds | write %CPU | rewrite MB/s | rewrite %CPU | read MB/s | " \
+           "read %CPU | creates/s | deletes/s | random creates/s | random deletes/s |" in report
+    assert rows[-2] == ["bare metal", f"#{rid}", "-", "3.4", *["-"] * 9]
+    assert rows[-1] == ["KVM, emulated IDE, raw file, host cache off", f"#{rid}", "53.4", "7.8", "81.0", "120.6",
+                        "87.0", "-", "-", "2400", "-", "-", "-"]
+
+
 def test_report_refuses_unknown_studies_and_formats(capsys):
     code, _, err = run_cli(["study", "report", "zz"], capsys)
     assert code == 1 and "no study named 'zz'; known studies: a, b" in err

@@ -672,6 +672,7 @@ class Measured:
     avgqu: float | None = None
     util: float | None = None
     labels: tuple[str, ...] = ()
+    others: tuple[tuple[str, float], ...] = ()  # the test's other figures on this side (Bonnie++'s), by metric
 
     def metric(self, name: str) -> float | None:
         return self.value if name == "value" else getattr(self, name)
@@ -695,6 +696,8 @@ class Cell:
     profile_changed: bool = False  # the run's profile hash is not the profile's hash today
     host_cores: int | None = None  # physical cores of the host that ran it, as the run recorded them
     guest_memory_mib: int | None = None  # the guest's RAM, from the profile stored with the run
+    # every figure the run's bare metal stored for the test (by metric), the cell's own metric or not (Bonnie++'s)
+    baseline_figures: tuple[tuple[str, float], ...] = ()
 
     def per_host_core(self, value: float | None) -> float | None:
         """`value` (this cell's guest or bare-metal number) per physical core of the host; None when the run
@@ -733,7 +736,9 @@ def _measured(run: Run, side: str, test: str, metric: str) -> Measured | None:
     m = run.measurement(side, test, metric)
     if m is None:
         return None
-    return Measured(m.value, m.host_avgrq_sectors, m.host_avgqu, m.host_util, tuple(m.labels))
+    others = tuple((o.metric, o.value) for o in run.measurements
+                   if o.side == side and o.test == test and o.metric != metric and o.instance is None)
+    return Measured(m.value, m.host_avgrq_sectors, m.host_avgqu, m.host_util, tuple(m.labels), others)
 
 
 def select_cells(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, size: str | None = None,
@@ -763,7 +768,10 @@ def select_cells(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *
                                     metric=metric, size_label=run.size_label, accelerator=run.accelerator,
                                     emulated=run.emulated, node=run.node, started_at=run.started_at,
                                     profile_changed=changed, host_cores=run.provenance.host_cores,
-                                    guest_memory_mib=knobs(run).memory_mib))
+                                    guest_memory_mib=knobs(run).memory_mib,
+                                    baseline_figures=tuple((m.metric, m.value) for m in run.measurements
+                                                           if m.side == "baseline" and m.test == test
+                                                           and m.instance is None)))
     return {k: v[1] for k, v in best.items()}
 
 

@@ -19,7 +19,7 @@ from html import escape
 
 from markdown_it import MarkdownIt
 
-from . import propagation
+from . import propagation, storage
 from .compare import test_title
 from .inputs import printable
 from .propagation import Fit, NoFit
@@ -196,6 +196,31 @@ def table(ev: Evidence, test: str) -> list[str]:
                            f"{host_text(key, getattr(cell.guest, key) if cell else None)}")
         row.append(f"#{cell.run_id}" if cell else _missing_note(ev, profile, test))
         out.append("| " + " | ".join(_md(x) for x in row) + " |")
+    out.append("")
+    if test == "bonnie":
+        out += bonnie_table(ev, cells)
+    return out
+
+
+def _figures(m: Measured) -> dict[str, float]:
+    return {**dict(m.others), "MB/s": m.value}
+
+
+def bonnie_table(ev: Evidence, cells: Sequence[Cell]) -> list[str]:
+    """Every figure Bonnie++ gave, per side of each cell's run: block write, rewrite and read MB/s with their %CPU,
+    file creations and deletions per second, and the seconds its whole run took."""
+    names = {"MB/s": "write MB/s", "creates/s": "creates/s", "deletes/s": "deletes/s",
+             "random creates/s": "random creates/s", "random deletes/s": "random deletes/s"}
+    cols = list(storage.BONNIE_METRICS)
+    out = ["Bonnie++'s figures, each side of the cell's run (\"-\": a pass Bonnie++ could not time, which it "
+           "prints as \"+++++\" when it takes under half a second, as small files through a page cache can):", "",
+           "| configuration | run | " + " | ".join(names.get(c, c) for c in cols) + " |",
+           "|---|---|" + "---:|" * len(cols)]
+    for cell in cells:
+        for side, figs in (("bare metal", dict(cell.baseline_figures)),
+                           (ev.study.row(cell.profile), _figures(cell.guest))):
+            vals = [value_text(figs.get(c), "IOPS" if "/s" in c and "MB" not in c else c) for c in cols]
+            out.append("| " + " | ".join(_md(x) for x in [side, f"#{cell.run_id}", *vals]) + " |")
     out.append("")
     return out
 
