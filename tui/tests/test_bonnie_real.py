@@ -1,5 +1,6 @@
-"""Bonnie++ in a real run (TCG guest, quick size): ext4 made on the benchmark disk, Bonnie++ in the guest and on
-bare metal on the same backing, its figures stored, and nothing left mounted, attached or written behind."""
+"""Study B's two sweeps-in-one-test in a real run (TCG guest, quick size): Bonnie++ on an ext4 made on the benchmark
+disk, in the guest and on bare metal on the same backing, then IOzone's file-size sweep on the raw disk; their
+figures stored, and nothing left mounted, attached or written behind."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from cloudbox.core.runspec import RunSpec
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
-def test_bonnie_in_the_guest_and_on_bare_metal(state, libvirt_conn):
-    spec = RunSpec(profile="virtio-disk", suite="storage", size="quick", storage_tests="bonnie")
+def test_bonnie_and_iozones_file_sweep_in_the_guest_and_on_bare_metal(state, libvirt_conn):
+    spec = RunSpec(profile="virtio-disk", suite="storage", size="quick", storage_tests="bonnie,iozone-files-16m")
     with ResultStore() as store:
         rid = runs.executor(spec, store).execute()
         run = store.get_run(rid)
@@ -42,6 +43,12 @@ def test_bonnie_in_the_guest_and_on_bare_metal(state, libvirt_conn):
     raw = next(m.raw for m in rows if m.raw)
     assert raw.startswith("1.98,2.00a,") and ",96M," in raw
     assert {m.metric for m in rows} == {name for name, _ in measured(storage.parse_bonnie("bonnie", raw, base.value))}
+    # IOzone's sweep: 16 MiB records over files of 16, 32, 64 and 128 MiB (the quick size), each pass on each side
+    for side in ("guest", "baseline"):
+        rows = {m.metric: m.value for m in run.measurements if m.side == side and m.test == "iozone-files-16m"}
+        assert storage.iozone_file_sizes(rows) == [16384, 32768, 65536, 131072], (side, sorted(rows))
+        assert len(rows) == 1 + 4 * 4 and all(v > 0 for v in rows.values()), (side, rows)
+        assert rows["MB/s"] == rows["write MB/s, 128 MiB file"]
     # nothing left behind: no mount, no mount point, no loop device, no guest, no file
     assert [ln for ln in Path("/proc/mounts").read_text().splitlines() if "cloudbox-bonnie" in ln] == []
     assert list(paths.run_dir().glob("cloudbox-bonnie-*")) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +56,8 @@ def test_the_records_set_and_full():
     assert not storage.needs_fill(storage.resolve_tests("records"))  # each size writes before it reads
     assert storage.needs_fill(storage.resolve_tests("rec-read-64k"))
     assert not set(SWEEP) & set(storage.TEST_SETS["full"])  # full leaves the sweep out
-    assert set(storage.TEST_SETS["full"]) | set(SWEEP) | set(storage.IOZONE_TESTS) | {"bonnie"} == set(storage.TESTS)
+    assert (set(storage.TEST_SETS["full"]) | set(SWEEP) | set(storage.IOZONE_TESTS) | set(storage.IOZONE_FILE_TESTS)
+            | {"bonnie"}) == set(storage.TESTS)
     # the run option's choices and help come from the same table
     assert [v for _, v in option("storage_tests").offered()] == list(storage.TEST_SETS)
     assert "records" in option("storage_tests").help
@@ -198,3 +200,40 @@ def test_a_cancelled_bare_metal_iozone_is_killed(tmp_path):
         # 4 kB records over 1 GiB, synchronous: far longer than the half second before the cancel is seen
         host.run(storage.TESTS["iozone-write-4k"], str(tmp_path / "big.img"), 1 << 30, 0, lambda _p: None)
     assert subprocess.run(["pgrep", "-f", f"iozone .*{tmp_path}"], capture_output=True).returncode == 1
+
+
+def test_iozones_file_size_sweep_runs_automatic_mode_from_one_record_up_to_the_runs_size():
+    t = storage.TESTS["iozone-files-16m"]
+    assert storage.TEST_SETS["iozone-files"] == ["iozone-files-16m"]
+    assert list(storage.IOZONE_FILE_TESTS) == [f"iozone-files-{bs}" for bs in SIZES]
+    assert not set(storage.IOZONE_FILE_TESTS) & set(storage.TEST_SETS["full"])
+    assert (t.program, t.writes) == ("iozone", True)
+    assert storage.iozone_files_args(t, "/dev/vda", 128 << 20) == [
+        "iozone", "-a", "-i", "0", "-i", "1", "-r", "16m", "-n", "16384k", "-g", "131072k", "-I", "-e", "-w",
+        "-f", "/dev/vda"]
+    # files of twice the run's size in all, each written twice: four times a one-file pass's requests
+    assert storage.guest_timeout(storage.TESTS["iozone-files-4k"], 2 << 30) == pytest.approx(4 * 524_288 * 0.02)
+    assert compare.test_title("iozone-files-1m").startswith("IOzone's file-size sweep, 1 MB records")
+    assert results.is_storage_test("iozone-files-16m")
+
+
+def test_the_sweeps_rows_are_read_per_file_size():
+    """A real `iozone -a -i 0 -i 1 -r 16m -n 16m -g 64m -I -e -w` on this host (tests/data)."""
+    text = (Path(__file__).parent / "data" / "iozone-auto-host-16m.txt").read_text()
+    r = storage.parse_iozone_files("iozone-files-16m", text)
+    assert r.mbps == pytest.approx(1446034 * 1024 / 1e6)  # the largest file's write
+    assert storage.iozone_file_sizes(r.extra) == [16384, 32768, 65536]
+    assert r.extra["re-read MB/s, 16 MiB file"] == pytest.approx(1190879 * 1024 / 1e6)
+    assert r.extra["re-write MB/s, 64 MiB file"] == pytest.approx(2140230 * 1024 / 1e6)
+    assert len(r.extra) == 12 and storage.iozone_file_metric("read", 512) == "read MB/s, 512 KiB file"
+    with pytest.raises(CloudboxError, match=r"iozone \(iozone-files-16m\) printed no automatic-mode rows"):
+        storage.parse_iozone_files("iozone-files-16m", "Error writing block 0\n")
+
+
+@needs_iozone
+def test_the_sweep_on_bare_metal(tmp_path):
+    target = tmp_path / "disk.img"
+    r = storage.HostRunner(cancelled=lambda: False).run(storage.TESTS["iozone-files-16m"], str(target), 64 << 20, 0,
+                                                        lambda _p: None)
+    assert storage.iozone_file_sizes(r.extra) == [16384, 32768, 65536] and r.mbps > 0
+    assert all(v > 0 for v in r.extra.values()) and "Auto Mode" in r.raw

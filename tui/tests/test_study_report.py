@@ -212,6 +212,31 @@ def test_study_b_reports_every_bonnie_figure_of_both_sides(capsys):
                         "87.0", "-", "-", "2400", "-", "-", "-"]
 
 
+def test_study_b_reports_iozones_file_size_sweep_per_file_size(capsys):
+    with ResultStore() as store:
+        rid = store.create_run(profile_name="kvm-cache-writethrough",
+                               profile_hash=profiles.find_profile("kvm-cache-writethrough").hash, suite="storage",
+                               size_label="study", accelerator="kvm", started_at=T0, node=platform.node())
+        for side, scale in (("baseline", 10.0), ("guest", 1.0)):
+            store.add_measurement(rid, side=side, test="iozone-files-16m", metric="MB/s", value=32.0 * scale)
+            for mib in (16, 32):
+                for k, p in enumerate(("write", "re-write", "read", "re-read")):
+                    store.add_measurement(rid, side=side, test="iozone-files-16m",
+                                          metric=f"{p} MB/s, {mib} MiB file", value=(mib + k) * scale)
+        store.finish_run(rid, "completed")
+    code, report, _ = run_cli(["study", "report", "b"], capsys)
+    assert code == 0
+    rows = table_rows(report, "IOzone's file-size sweep (automatic mode), 16 MB records, O_DIRECT: write MB/s of the "
+                              "largest file (every file size below)")
+    assert rows[1][:4] == ["KVM, emulated IDE, raw file, write-through host cache (the default of the time)",
+                           "`kvm-cache-writethrough`", "-", "32.0"]
+    wt = "KVM, emulated IDE, raw file, write-through host cache (the default of the time)"
+    assert rows[-4:] == [["bare metal", f"#{rid}", "16 MiB", "160.0", "170.0", "180.0", "190.0"],
+                         ["bare metal", f"#{rid}", "32 MiB", "320.0", "330.0", "340.0", "350.0"],
+                         [wt, f"#{rid}", "16 MiB", "16.0", "17.0", "18.0", "19.0"],
+                         [wt, f"#{rid}", "32 MiB", "32.0", "33.0", "34.0", "35.0"]]
+
+
 def test_report_refuses_unknown_studies_and_formats(capsys):
     code, _, err = run_cli(["study", "report", "zz"], capsys)
     assert code == 1 and "no study named 'zz'; known studies: a, b" in err

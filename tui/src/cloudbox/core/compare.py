@@ -187,6 +187,10 @@ def test_title(test: str) -> str:
     """A readable title for a test name, e.g. 'Write: sequential write, 64 kB requests (fio), O_DIRECT'."""
     if test in _NETWORK_TITLES:
         return f"Network: {_NETWORK_TITLES[test]}"
+    if test.startswith("iozone-files-"):
+        bs = test.removeprefix("iozone-files-")
+        return (f"IOzone's file-size sweep, {_size_words(bs)} records: write MB/s of the largest file (re-write, read "
+                f"and re-read of every file size stored beside it), O_DIRECT [{test}]")
     if test == "bonnie":
         return ("Bonnie++: sequential block write (MB/s; rewrite, read, %CPU and file creations and deletions per "
                 "second stored beside it), on ext4 through the page cache [bonnie]")

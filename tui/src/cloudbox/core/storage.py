@@ -44,7 +44,7 @@ class StorageTest:
     @property
     def program(self) -> str:
         """The program the test runs (what the guest must have)."""
-        return {"dd": "dd", "iozone": "iozone", "bonnie": "bonnie++"}.get(self.tool, "fio")
+        return {"dd": "dd", "iozone": "iozone", "iozone-files": "iozone", "bonnie": "bonnie++"}.get(self.tool, "fio")
 
     @property
     def engine(self) -> str:
@@ -64,6 +64,7 @@ RECORD_SIZES = ("4k", "16k", "64k", "256k", "1m", "4m", "16m")
 RECORD_TESTS = tuple(f"rec-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write", "read"))
 # IOzone itself (study B's tool): write reports re-write beside it, read reports re-read; O_DIRECT, fsync timed.
 IOZONE_TESTS = tuple(f"iozone-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write", "read"))
+IOZONE_FILE_TESTS = tuple(f"iozone-files-{bs}" for bs in RECORD_SIZES)
 
 TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("seq-write-64k", "write", "64k"),
@@ -81,6 +82,8 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
     *(StorageTest(f"rec-{rw}-{bs}", rw, bs, sync=True) for bs in RECORD_SIZES for rw in ("write", "read")),
     *(StorageTest(f"iozone-{rw}-{bs}", rw, bs, sync=True, tool="iozone")
       for bs in RECORD_SIZES for rw in ("write", "read")),
+    # IOzone's automatic mode over file sizes (study B's sweep): each record size, files doubling up to the run's size.
+    *(StorageTest(f"iozone-files-{bs}", "write", bs, sync=True, tool="iozone-files") for bs in RECORD_SIZES),
     # Bonnie++ (study B): its own write, rewrite and read of one file, then its file creations and deletions.
     StorageTest("bonnie", "write", "8k", tool="bonnie"),
 ]}
@@ -93,12 +96,15 @@ TEST_SETS: dict[str, list[str]] = {
                  "randread-4k-qd32"],
     # Not the record sweep: 14 more whole-file passes, down to 4 kB at a time, would more than double a full run.
     # Nor Bonnie++, which makes a file system on the disk and writes, rewrites and reads most of it once more.
-    "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS and t != "bonnie"],
+    "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS and t not in IOZONE_FILE_TESTS
+             and t != "bonnie"],
     "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
     "records": list(RECORD_TESTS),
     # Study B's record sizes (64 kB, 1 MB and its 16 MB) with IOzone itself; the whole sweep is `iozone-*` by name.
     "iozone": [f"iozone-{rw}-{bs}" for bs in ("64k", "1m", "16m") for rw in ("write", "read")],
     "bonnie": ["bonnie"],
+    # IOzone's file-size sweep with the study's 16 MB records; other record sizes by name (iozone-files-SIZE).
+    "iozone-files": ["iozone-files-16m"],
 }
 
 
@@ -122,7 +128,9 @@ def guest_timeout(t: StorageTest, size: int) -> float:
     """How long the guest's run of `t` over `size` bytes may take: an hour, or for a test issuing one request at a time
     over the whole file (the record sweep) as long as its requests take at the slowest (SLOW_REQUEST_S each)."""
     if t.sync:
-        return max(GUEST_TIMEOUT, size / block_bytes(t.bs) * SLOW_REQUEST_S)
+        # IOzone's file sweep writes files of twice `size` in all, each twice
+        passes = 4 if t.tool == "iozone-files" else 1
+        return max(GUEST_TIMEOUT, passes * size / block_bytes(t.bs) * SLOW_REQUEST_S)
     return GUEST_TIMEOUT
 
 
@@ -271,6 +279,47 @@ def iozone_args(t: StorageTest, target: str, size: int) -> list[str]:
     -e counts the closing fsync in the write's time."""
     return ["iozone", "-i", "0" if t.writes else "1", "-r", t.bs, "-s", f"{max(1, size // 1024)}k", "-I", "-e", "-w",
             "-f", target]
+
+
+def iozone_files_args(t: StorageTest, target: str, size: int) -> list[str]:
+    """IOzone's automatic mode (-a) over `target`: write, re-write, read and re-read (-i 0 -i 1) with `t`'s records,
+    for files from one record (-n) doubling up to `size` (-g); O_DIRECT, the closing fsync timed, as iozone_args."""
+    return ["iozone", "-a", "-i", "0", "-i", "1", "-r", t.bs, "-n", f"{block_bytes(t.bs) // 1024}k",
+            "-g", f"{max(1, size // 1024)}k", "-I", "-e", "-w", "-f", target]
+
+
+_IOZONE_AUTO_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.M)
+IOZONE_FILE_PASSES = ("write", "re-write", "read", "re-read")
+
+
+def iozone_file_metric(passname: str, kib: int) -> str:
+    """The stored metric of one pass over one file size: "write MB/s, 16 MiB file"."""
+    return f"{passname} MB/s, {kib // 1024} MiB file" if kib >= 1024 else f"{passname} MB/s, {kib} KiB file"
+
+
+def parse_iozone_files(test_id: str, text: str) -> FioResult:
+    """IOzone's automatic-mode rows "kB reclen write rewrite read reread" (kB/s), one per file size: the largest
+    file's write MB/s as the result, every pass of every file size in `extra` (iozone_file_metric)."""
+    rows = [tuple(int(x) for x in m.groups()) for m in _IOZONE_AUTO_ROW.finditer(text)]
+    if not rows:
+        raise CloudboxError(f"iozone ({test_id}) printed no automatic-mode rows: {text.strip()[-300:]}")
+    extra: dict[str, float | None] = {}
+    for kib, _rec, *passes in rows:
+        for name, kbs in zip(IOZONE_FILE_PASSES, passes, strict=True):
+            extra[iozone_file_metric(name, kib)] = kbs * 1024 / MB
+    big = max(rows)
+    mbps = big[2] * 1024 / MB
+    return FioResult(test_id, mbps, 0.0, 0.0, big[0] * 1024 / MB / mbps if mbps else 0.0, text, extra)
+
+
+def iozone_file_sizes(extra: dict) -> list[int]:
+    """The file sizes (KiB) a sweep's stored metrics cover, smallest first."""
+    out = set()
+    for k in extra:
+        m = re.fullmatch(r"write MB/s, (\d+) (MiB|KiB) file", k)
+        if m:
+            out.add(int(m[1]) * (1024 if m[2] == "MiB" else 1))
+    return sorted(out)
 
 
 def _iozone_writer(t: StorageTest) -> StorageTest:
@@ -447,6 +496,8 @@ class HostRunner:
             return self._iozone(t, target, size)
         if t.tool == "bonnie":
             return self._bonnie(t, target, size)
+        if t.tool == "iozone-files":
+            return self._iozone(t, target, size)
         return self._fio(t, fio_args(t, target, size, runtime), progress)
 
     def _bonnie(self, t: StorageTest, target: str, size: int) -> FioResult:
@@ -499,11 +550,14 @@ class HostRunner:
     def _iozone(self, t: StorageTest, target: str, size: int) -> FioResult:
         if is_nbd_uri(target):
             raise CloudboxError(f"{t.id}: IOzone cannot open a volume served over NBD ({target}); the fio tests can")
-        proc = subprocess.Popen(iozone_args(t, target, size), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        sweep = t.tool == "iozone-files"
+        proc = subprocess.Popen((iozone_files_args if sweep else iozone_args)(t, target, size),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         out, _ = procs.wait_cancellable(proc, self.cancelled, "a bare-metal iozone run")
         if proc.returncode != 0:
             raise CloudboxError(f"bare-metal iozone ({t.id}) exited {proc.returncode}: {out.strip()[-400:]}")
+        if sweep:
+            return parse_iozone_files(t.id, out)
         return parse_iozone(t.id, out, "write" if t.writes else "read")
 
     def _fio(self, t: StorageTest, args: list[str], progress: ProgressFn) -> FioResult:
@@ -662,6 +716,13 @@ class GuestRunner:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
             res = parse_iozone(t.id, r.stdout, "write" if t.writes else "read")
+        elif t.tool == "iozone-files":
+            r = self.guest.sh(hold + " ".join(shlex.quote(a) for a in iozone_files_args(t, target, size)),
+                              timeout=timeout, poll=self._check_cancel)
+            if r.exitcode != 0:
+                raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
+                                 f"{(r.stdout + r.stderr).strip()[-400:]}")
+            res = parse_iozone_files(t.id, r.stdout)
         elif t.tool == "bonnie":
             r = self.guest.sh(hold + bonnie_guest_script(target, size), timeout=timeout, poll=self._check_cancel)
             if r.exitcode != 0:

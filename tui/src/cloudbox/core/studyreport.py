@@ -199,6 +199,25 @@ def table(ev: Evidence, test: str) -> list[str]:
     out.append("")
     if test == "bonnie":
         out += bonnie_table(ev, cells)
+    if test.startswith("iozone-files-"):
+        out += file_sweep_table(ev, cells)
+    return out
+
+
+def file_sweep_table(ev: Evidence, cells: Sequence[Cell]) -> list[str]:
+    """IOzone's file-size sweep: per file size, each pass's MB/s on both sides of each cell's run."""
+    out = ["Each file size of the sweep, each side of the cell's run (MB/s; \"-\": not stored):", "",
+           "| configuration | run | file | " + " | ".join(storage.IOZONE_FILE_PASSES) + " |",
+           "|---|---|---:|" + "---:|" * len(storage.IOZONE_FILE_PASSES)]
+    for cell in cells:
+        for side, figs in (("bare metal", dict(cell.baseline_figures)),
+                           (ev.study.row(cell.profile), _figures(cell.guest))):
+            for kib in storage.iozone_file_sizes(figs):
+                file = f"{kib // 1024} MiB" if kib >= 1024 else f"{kib} KiB"
+                vals = [value_text(figs.get(storage.iozone_file_metric(p, kib)), "MB/s")
+                        for p in storage.IOZONE_FILE_PASSES]
+                out.append("| " + " | ".join(_md(x) for x in [side, f"#{cell.run_id}", file, *vals]) + " |")
+    out.append("")
     return out
 
 
