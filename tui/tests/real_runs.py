@@ -43,9 +43,11 @@ class Interrupted:
     run: Run
 
 
-def interrupt_cli_run(args: list[str], while_running: Callable[[], None] | None = None) -> Interrupted:
-    """Run `cloudbox run ARGS` in the foreground, send SIGINT once the guest runs its tests (after calling
-    `while_running`, to check what the run holds at that moment), and return its exit code, output and stored run."""
+def interrupt_cli_run(args: list[str], while_running: Callable[[], None] | None = None,
+                      phase: tuple[str, ...] = GUEST_PHASE) -> Interrupted:
+    """Run `cloudbox run ARGS` in the foreground, send SIGINT once the guest runs its tests (a line with one of
+    `phase`; after calling `while_running`, to check what the run holds at that moment), and return its exit code,
+    output and stored run."""
     proc = subprocess.Popen([sys.executable, "-m", "cloudbox.cli", "run", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -53,7 +55,7 @@ def interrupt_cli_run(args: list[str], while_running: Callable[[], None] | None 
     try:
         for line in proc.stdout:
             seen.append(line)
-            if any(mark in line for mark in GUEST_PHASE):
+            if any(mark in line for mark in phase):
                 break
         else:
             pytest.fail("run ended before the guest phase:\n" + "".join(seen))

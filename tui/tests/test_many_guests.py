@@ -19,7 +19,7 @@ from cloudbox.cli.run import Printer
 from cloudbox.core import compare, events, results, storage
 from cloudbox.core.errors import UsageError
 from cloudbox.core.events import InstanceFigures, MeasurementEvent, PlanProgress, ProgressEvent
-from cloudbox.core.execution.multi import QEMU_OVERHEAD_MIB, check_fits
+from cloudbox.core.execution.multi import QEMU_OVERHEAD_MIB, check_fits, serve_many
 from cloudbox.core.fairness import jain_index, spread
 from cloudbox.core.profiles import resolve_profile
 from cloudbox.core.provenance import Guests, GuestStart, Provenance
@@ -52,10 +52,9 @@ def test_spread_sums_and_takes_min_median_max():
     ({"guests": 0}, rf"--guests 0 is not allowed; allowed: 1 to {MAX_GUESTS} guests"),
     ({"guests": -2}, r"--guests -2 is not allowed"),
     ({"guests": MAX_GUESTS + 1}, rf"--guests {MAX_GUESTS + 1} is not allowed"),
-    ({"guests": 2, "suite": "all"}, r"--guests 2 runs storage tests only.*allowed with --guests > 1: --suite "
-                                    r"storage \(got --suite all\)"),
-    ({"guests": 2, "suite": "network"}, r"--guests 2 runs storage tests only.*\(got --suite network\)"),
-    ({"guests": 3, "suite": "guest"}, r"\(got --suite guest\)"),
+    ({"guests": 3, "suite": "guest"}, r"--guests 3 runs the storage and network tests of N guests at once; --suite "
+                                      r"guest runs one guest; allowed with --guests > 1: --suite storage, network or "
+                                      r"all"),
     ({"guests": 2, "suite": "storage", "node": "be1"}, r"--guests 2 with --node 'be1': N guests run on this host"),
     ({"guests": 2, "suite": "storage", "device": "/dev/sdb"}, r"--guests 2 with --device '/dev/sdb': one device"),
 ])
@@ -72,8 +71,10 @@ def test_guests_is_a_run_flag_and_only_in_the_stored_spec_when_more_than_one(tmp
     monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
     assert cli.main(["run", "--profile", "virtio-disk", "--guests", "0"]) == 2
     assert "--guests 0 is not allowed" in capsys.readouterr().err
-    assert cli.main(["run", "--profile", "virtio-disk", "--guests", "2"]) == 2  # default suite: all
-    assert "--guests 2 runs storage tests only" in capsys.readouterr().err
+    assert cli.main(["run", "--profile", "virtio-disk", "--guests", "2", "--suite", "guest"]) == 2
+    assert "--suite guest runs one guest" in capsys.readouterr().err
+    for suite in ("network", "all"):  # both suites run with N guests
+        RunSpec(profile="virtio-disk", suite=suite, guests=2).validate()
     assert not (tmp_path / "state").exists()
 
 
@@ -281,6 +282,160 @@ def test_the_figures_of_n_guests_live_and_done():
     assert wide.line(most=8).endswith("g8 1.0  (+2 more)  sum 10.0 MB/s")
 
 
+# -- the network tests of N guests -------------------------------------------------------------------------------
+def test_each_guest_has_its_own_address_on_the_runs_bridge():
+    from cloudbox.core import network
+
+    assert network.guest_ip(1) == network.GUEST_IP
+    assert [network.guest_ip(k) for k in (2, MAX_GUESTS)] == ["169.254.100.3", f"169.254.100.{MAX_GUESTS + 1}"]
+    assert network.HOST_IP not in {network.guest_ip(k) for k in range(1, MAX_GUESTS + 1)}
+    with pytest.raises(ValueError, match="guest number 0 has no address"):
+        network.guest_ip(0)
+
+
+def _listening(port: int) -> bool:
+    return f":{port} " in subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+
+
+def test_one_netserver_serves_every_client_and_each_iperf3_client_gets_a_server():
+    """netserver forks a child per client: one for N; iperf3 serves one client at a time: N servers. All go with
+    the run's network."""
+    import shutil
+
+    from cloudbox.core.network import HostNetwork
+
+    if not (shutil.which("netserver") and shutil.which("iperf3")):
+        pytest.skip("netserver or iperf3 is not installed on this host")
+    hn = HostNetwork(1500)
+    try:
+        nports = serve_many(hn, "netperf", "127.0.0.1", 3)
+        iports = serve_many(hn, "iperf3", "127.0.0.1", 3)
+        assert len(set(nports)) == 1 and len(nports) == 3
+        assert len(set(iports)) == 3 and not set(iports) & set(nports)
+        assert all(_listening(p) for p in {*nports, *iports})
+        assert len(hn.procs) == 4
+    finally:
+        hn.teardown()
+    assert not any(_listening(p) for p in {*nports, *iports})
+
+
+class _LocalGuest:
+    """A guest whose agent runs programs on this host (busybox sh, as in the guest image): the barrier's shell and
+    the real netperf, without booting anything."""
+
+    name = "local"
+
+    def run(self, argv, *, timeout=120.0, **_kw):
+        from cloudbox.core.guest import ExecResult
+
+        if argv[:2] == ["/bin/sh", "-c"]:
+            argv = ["busybox", "sh", "-c", argv[2]]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return ExecResult(argv, p.returncode, p.stdout, p.stderr)
+
+    def sh(self, script, **kw):
+        return self.run(["/bin/sh", "-c", script], **kw)
+
+
+def test_a_guest_network_test_waits_for_the_barrier_and_says_when_it_left(tmp_path, monkeypatch):
+    import shutil
+
+    from cloudbox.core import network
+
+    if not (shutil.which("netserver") and shutil.which("netperf") and shutil.which("busybox")):
+        pytest.skip("netserver, netperf or busybox is not installed on this host")
+    monkeypatch.setattr(storage, "START_STAMP", str(tmp_path / "start"))
+    hn = network.HostNetwork(1500)
+    try:
+        port = hn.start_netserver("127.0.0.1")
+        up = float(Path("/proc/uptime").read_text().split()[0]) + 0.8
+        t0 = time.monotonic()
+        res = network.run_in_guest(_LocalGuest(), network.NET_TESTS["tcp-rr"], port, 1, lambda _p: None,
+                                   lambda: False, target="127.0.0.1", start_uptime=up)
+        took = time.monotonic() - t0
+    finally:
+        hn.teardown()
+    assert res.value > 0 and res.metric == "trans/s" and res.lat_us is not None
+    assert res.started_uptime is not None and up - 0.01 <= res.started_uptime < up + 0.2, (up, res.started_uptime)
+    assert took >= 0.7 + 1.0, took  # held at the barrier, then the 1 s test
+
+
+def _net_ctx(store: ResultStore, spec: RunSpec):
+    import contextlib
+
+    from cloudbox.core.execution.context import RunContext, RunControl
+    from cloudbox.core.execution.sink import EventSink
+    from cloudbox.core.runspec import QUICK_SIZE
+
+    rid = store.create_run(uuid="0" * 32, profile_name=spec.profile, suite=spec.suite, state="running")
+    return RunContext(spec, resolve_profile(spec.profile), QUICK_SIZE, "quick", "0" * 32, rid, store,
+                      EventSink(store, rid), RunControl(), contextlib.ExitStack(), Provenance())
+
+
+def test_a_network_test_of_n_is_stored_per_instance_with_the_sum_and_the_mean_latency(tmp_path):
+    from cloudbox.core import network
+    from cloudbox.core.execution.measure import NetRan, net_test_many
+
+    rr = network.NET_TESTS["tcp-rr"]
+    spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-rr", guests=3)
+    figures = [(900.0, 1100.0), (1000.0, 1000.0), (800.0, 1300.0)]
+
+    def part(k: int, cancelled) -> NetRan:
+        v, lat = figures[k - 1]
+        res = network.NetResult("tcp-rr", v, "trans/s", lat, f"{v},Trans/s,{lat}\n", hung=1 if k == 2 else 0)
+        return NetRan(res, 100.0 + k / 100, 104.0 + k)
+
+    import functools
+
+    with ResultStore(tmp_path / "r.db") as store:
+        ctx = _net_ctx(store, spec)
+        net_test_many(ctx, "guest", rr, [functools.partial(part, k) for k in (1, 2, 3)], ["emulated"])
+        run = store.get_run(ctx.run_id)
+        recs = [e.record for e in store.events_since(ctx.run_id)]
+    assert [m.value for m in run.instances("guest", "tcp-rr", "trans/s")] == [900.0, 1000.0, 800.0]
+    assert [m.value for m in run.instances("guest", "tcp-rr", "lat_us")] == [1100.0, 1000.0, 1300.0]
+    total = run.measurement("guest", "tcp-rr", "trans/s")
+    assert total is not None and total.value == 2700.0 and total.instance is None
+    assert (total.started_at, total.finished_at) == (100.01, 107.0)  # the first start to the last finish
+    assert run.value("guest", "tcp-rr", "lat_us") == pytest.approx(1133.333, abs=1e-3)
+    assert "measured on attempt 2" in run.instances("guest", "tcp-rr", "trans/s")[1].raw
+    meas = [(r.instance, r.metric, r.value) for r in recs if isinstance(r, MeasurementEvent)]
+    assert meas == [(1, "trans/s", 900.0), (2, "trans/s", 1000.0), (3, "trans/s", 800.0), (None, "trans/s", 2700.0)]
+    fig = InstanceFigures()
+    for r in recs:
+        fig.feed(r)
+    assert fig.line() == ("guest tcp-rr done: sum 2700.0 trans/s, per guest min 800.0 / median 900.0 / max "
+                          "1000.0, Jain 0.992 [emulated]")
+    text = compare.to_text(compare.compare_table([run]), width=200)
+    assert "#1 tcp-rr: 3 guests, sum 2700.0 trans/s; per guest min 800.0 / median 900.0 / max 1000.0" in text
+
+
+def test_one_instance_failing_fails_the_network_test_and_stores_nothing(tmp_path):
+    from cloudbox.core import network
+    from cloudbox.core.errors import CloudboxError
+    from cloudbox.core.execution.measure import NetRan, net_test_many
+
+    t = network.NET_TESTS["iperf3-tx"]
+    spec = RunSpec(profile="virtio-disk", suite="network", net_tests="iperf3-tx", guests=2)
+    stopped: list[bool] = []
+
+    def slow(cancelled) -> NetRan:
+        while not cancelled():
+            time.sleep(0.01)
+        stopped.append(True)
+        raise network.Aborted("stopped")
+
+    def broken(cancelled) -> NetRan:
+        raise CloudboxError("iperf3 (iperf3-tx) in the guest exited 1: unable to connect")
+
+    with ResultStore(tmp_path / "r.db") as store:
+        ctx = _net_ctx(store, spec)
+        with pytest.raises(CloudboxError, match="unable to connect"):
+            net_test_many(ctx, "guest", t, [slow, broken], [])
+        run = store.get_run(ctx.run_id)
+    assert stopped == [True] and run.measurements == []
+
+
 # -- real runs: two TCG guests -----------------------------------------------------------------------------------
 SKEW_BOUND_S = 0.5  # the barrier's start skew of two guests; measured 10-80 ms under TCG on 2 cores
 
@@ -297,15 +452,26 @@ def _loops_under(state: Path) -> list[str]:
     return [ln for ln in out.splitlines() if str(state) in ln]
 
 
+def _servers() -> list[str]:
+    """netserver and iperf3 servers on the run's link-local addresses (cloudbox's: 169.254.100.1, 169.254.101.1)."""
+    out = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if ln.split()[:1] in (["netserver"], ["iperf3"]) and " 169.254.10" in ln]
+
+
 @pytest.fixture
 def nothing_left(state, libvirt_conn) -> Callable[[Run], None]:
     """The check every real run of two guests ends with: neither guest, no loop device over this test's files, no
-    work files."""
+    work files, no bridge, namespace or network test server."""
+    from real_runs import leftovers
+
     def check(run: Run) -> None:
         assert _ours(libvirt_conn, run.uuid) == []
         assert _loops_under(state) == []
         work = state / "state" / "work"
         assert not work.exists() or list(work.iterdir()) == []
+        left = leftovers(libvirt_conn, state)
+        assert not left["bridge"] and not left["netns"], left
+        assert _servers() == []
 
     return check
 
@@ -393,4 +559,86 @@ def test_a_guest_dying_mid_test_fails_the_run_naming_it_and_leaves_nothing(libvi
     assert run.state == "aborted", run.reason
     assert killed[0] in (run.reason or ""), run.reason
     assert run.instances("guest", "seq-write-64k", "MB/s") == []  # no half-measured test stored
+    nothing_left(run)
+
+
+def _check_sums(run: Run, test: str, metric: str) -> None:
+    """Each guest's and each bare-metal process's figure stored as instances 1 and 2, the run's row their sum."""
+    for side in ("guest", "baseline"):
+        each = run.instances(side, test, metric)
+        assert [m.instance for m in each] == [1, 2], side
+        assert all(m.value > 0 and m.started_at and m.finished_at for m in each), side
+        total = run.measurement(side, test, metric)
+        assert total is not None and total.value == pytest.approx(sum(m.value for m in each), rel=1e-9)
+    info = run.provenance.guests
+    assert info is not None and info.count == 2 and info.baseline_processes == 2
+    skew = info.skew_s[test]
+    starts = [m.started_at for m in run.instances("guest", test, metric)]
+    assert skew == pytest.approx(max(starts) - min(starts), abs=1e-3)
+    assert 0 <= skew < SKEW_BOUND_S, skew
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_two_guests_stream_to_the_host_at_once_and_their_sum_is_stored(nothing_left):
+    from cloudbox.core import runs
+
+    spec = RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="tcp-stream", net_seconds=3,
+                   guests=2)
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+        run = store.get_run(rid)
+        recs = [e.record for e in store.events_since(rid)]
+    assert run.state == "completed", run.reason
+    _check_sums(run, "tcp-stream", "Mbit/s")
+    assert all("emulated" in m.labels for m in run.instances("guest", "tcp-stream", "Mbit/s"))
+    assert all("veth-netns" in m.labels for m in run.instances("baseline", "tcp-stream", "Mbit/s"))
+    for side in ("guest", "baseline"):  # each guest's and process's figure went to watchers, numbered
+        each = {r.instance: r.value for r in recs if isinstance(r, MeasurementEvent) and r.side == side}
+        assert each.keys() == {1, 2, None} and each[None] == pytest.approx(each[1] + each[2], abs=0.02), each
+    fig = InstanceFigures()
+    for r in recs:
+        fig.feed(r)
+    assert fig.line().startswith("baseline tcp-stream done: sum ") and " Mbit/s, per process min " in fig.line()
+    nothing_left(run)
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.full
+def test_two_guests_run_every_network_test_at_once(nothing_left):
+    """netperf's three tests and iperf3's two, each by two guests at once against the host's servers (one iperf3
+    server per guest and per bare-metal process), the request/response latency averaged."""
+    from cloudbox.core import runs
+
+    spec = RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="both", net_seconds=3, guests=2)
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+        run = store.get_run(rid)
+    assert run.state == "completed", run.reason
+    for test, metric in (("tcp-stream", "Mbit/s"), ("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s"),
+                         ("iperf3-tx", "Mbit/s"), ("iperf3-rx", "Mbit/s")):
+        _check_sums(run, test, metric)
+    lat = [m.value for m in run.instances("guest", "tcp-rr", "lat_us")]
+    total = run.measurement("guest", "tcp-rr", "lat_us")
+    assert len(lat) == 2 and total is not None and total.value == pytest.approx(sum(lat) / 2)
+    nothing_left(run)
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.full
+def test_ctrl_c_while_two_guests_stream_leaves_nothing(nothing_left):
+    from real_runs import interrupt_cli_run
+
+    def into_the_test() -> None:
+        time.sleep(4)  # past the clocks' reading and the barrier: both guests send
+
+    got = interrupt_cli_run(["--profile", "virtio-disk", "--guests", "2", "--suite", "network", "--size", "quick",
+                             "--net-tests", "iperf3-tx", "--net-seconds", "30"], into_the_test,
+                            phase=("guest: iperf3-tx",))
+    assert got.returncode == 1, got.output
+    run = got.run
+    assert run.state == "aborted" and "SIGINT" in (run.reason or ""), run.reason
+    assert run.instances("guest", "iperf3-tx", "Mbit/s") == []
     nothing_left(run)

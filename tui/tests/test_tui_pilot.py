@@ -657,10 +657,16 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
                                 ("", "'' is not understood")):
                 note = await _guests_refused(pilot, app, value)
                 assert note.startswith("not started: Guests at once: ") and says in note, note
-            # a count the core refuses with another setting: the network suite
-            app.screen.query_one("#suite", Select).value = "all"
-            note = await _guests_refused(pilot, app, "2", start=False)
-            assert "allowed with --guests > 1: --suite storage (got --suite all)" in note, note
+            # N guests with the network suite (and both suites): one run, checked as the CLI checks it
+            field = app.screen.query_one("#guest-count")
+            for suite in ("network", "all"):
+                app.screen.query_one("#suite", Select).value = suite
+                field.value = "2"
+                await pilot.pause()
+                field.focus()
+                await pilot.press("enter")
+                assert "2 on this host: one run" in text(app.screen.query_one("#guest-note")), suite
+                assert [(sp.suite, sp.guests) for sp in app.screen.specs()] == [(suite, 2)]
             # more guests than this host holds: the capacity check, with its arithmetic, before anything starts
             app.screen.query_one("#suite", Select).value = "storage"
             note = await _guests_refused(pilot, app, str(MAX_GUESTS))

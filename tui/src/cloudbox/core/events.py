@@ -298,17 +298,22 @@ class PlanProgress:
         return min(100.0, 100.0 * (len(self.done & planned) + part) / len(self.plan))
 
 
+FIGURE_METRICS = ("MB/s", "Mbit/s", "trans/s")  # a test's own figure: storage, network throughput, request/response
+
+
 class InstanceFigures:
     """What each of N guests (or bare-metal processes) of a run at once is doing, from the run's events: the current
-    test's MB/s per instance so far (progress) and their sum; each finished test's per-instance figures and their
-    spread (core.fairness). A run of one guest has no instances and leaves it empty."""
+    test's MB/s per instance so far (progress) and their sum; each finished test's per-instance figures (MB/s, or a
+    network test's Mbit/s or trans/s) and their spread (core.fairness). A run of one guest has no instances and
+    leaves it empty."""
 
     def __init__(self) -> None:
         self.count = 0  # the most instances seen in one test: N
         self.step: PlanStep | None = None  # the test the live figures belong to
         self.now: dict[int, float] = {}  # instance -> MB/s so far in `step`
         self.finals: dict[PlanStep, dict[int, float]] = {}
-        self.done: list[tuple[PlanStep, Spread, tuple[str, ...]]] = []  # finished tests: spread, the run row's labels
+        # finished tests: spread, the run row's labels, the figures' unit
+        self.done: list[tuple[PlanStep, Spread, tuple[str, ...], str]] = []
 
     @property
     def many(self) -> bool:
@@ -324,14 +329,14 @@ class InstanceFigures:
             self.now[ev.instance] = ev.mbps
             self.count = max(self.count, ev.instance)
             return True
-        if isinstance(ev, MeasurementEvent) and ev.metric == "MB/s":
+        if isinstance(ev, MeasurementEvent) and ev.metric in FIGURE_METRICS:
             if ev.instance is not None:
                 self.finals.setdefault(ev.step, {})[ev.instance] = ev.value
                 self.count = max(self.count, ev.instance)
                 return True
             each = self.finals.get(ev.step)
             if each:
-                self.done.append((ev.step, spread([each[k] for k in sorted(each)]), ev.labels))
+                self.done.append((ev.step, spread([each[k] for k in sorted(each)]), ev.labels, ev.metric))
                 if ev.step == self.step:
                     self.now = {}  # the test is over: its spread replaces the figures so far
                 return True
@@ -350,9 +355,9 @@ class InstanceFigures:
             more = f"  (+{len(ks) - most} more)" if len(ks) > most else ""
             return f"{self.step.side} {self.step.test} now: {each}{more}  sum {sum(self.now.values()):.1f} MB/s"
         if self.done:
-            step, g, labels = self.done[-1]
+            step, g, labels, unit = self.done[-1]
             tag = f" [{', '.join(labels)}]" if labels else ""
             who = "guest" if step.side == "guest" else "process"
-            return (f"{step.side} {step.test} done: sum {g.total:.1f} MB/s, per {who} min {g.min:.1f} / median "
+            return (f"{step.side} {step.test} done: sum {g.total:.1f} {unit}, per {who} min {g.min:.1f} / median "
                     f"{g.median:.1f} / max {g.max:.1f}, Jain {g.jain:.3f}{tag}")
         return ""

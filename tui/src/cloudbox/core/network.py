@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import procs
+from . import procs, storage
 from .errors import Aborted, CloudboxError, GuestError, GuestTimeout, NicStalled, PermissionProblem
 
 BRIDGE = "cbbr0"
@@ -37,6 +38,13 @@ NS = "cbns0"
 VETH_HOST, VETH_NS = "cbveth0", "cbveth1"
 NS_HOST_IP, NS_IP = "169.254.101.1", "169.254.101.2"
 PREFIX = 24
+
+
+def guest_ip(k: int) -> str:
+    """Guest k's address on the run's bridge (k from 1; guest 1's is GUEST_IP): N guests of one run side by side."""
+    if not 1 <= k <= 250:
+        raise ValueError(f"guest number {k} has no address on the run's bridge; allowed: 1 to 250")
+    return f"169.254.100.{1 + k}"
 
 if TYPE_CHECKING:
     from .guest import Guest
@@ -81,6 +89,7 @@ class NetResult:
     raw: str
     hung: int = 0  # attempts before this one that hung and were killed (see _retrying)
     notes: list[str] = field(default_factory=list)  # what was seen and done between attempts, for the raw output
+    started_uptime: float | None = None  # a guest test held at a barrier: the guest's uptime when it was let go
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -318,8 +327,9 @@ _UDHCPC = ('#!/bin/sh\n[ "$1" = bound ] || exit 0\n'
            'ip addr add "$ip/$mask" dev "$interface" && echo "cloudbox-lease $ip/$mask from $serverid"\n')
 
 
-def configure_guest(guest, mtu: int, *, host_ip: str = HOST_IP, dhcp: bool = False) -> tuple[str, str]:
-    """Give the guest's NIC its MTU and address (a fixed link-local one on the run's bridge, or, on a back-end's
+def configure_guest(guest, mtu: int, *, host_ip: str = HOST_IP, dhcp: bool = False,
+                    address: str = GUEST_IP) -> tuple[str, str]:
+    """Give the guest's NIC its MTU and address (`address`, link-local on the run's bridge, or, on a back-end's
     private bridge, a lease from the front-end's DHCP server, busybox udhcpc); verify the path to the host with a
     don't-fragment ping. Returns the NIC's name and its address."""
     r = guest.sh("for d in /sys/class/net/*; do n=${d##*/}; [ $n = lo ] || echo $n; done", timeout=30).check()
@@ -337,9 +347,8 @@ def configure_guest(guest, mtu: int, *, host_ip: str = HOST_IP, dhcp: bool = Fal
                              f"(udhcpc on {nic} exited {p.exitcode}): {(p.stdout + p.stderr).strip()[-300:]}")
         address = m.group(1)
     else:
-        guest.sh(f"ip link set dev {nic} mtu {mtu} && ip addr replace {GUEST_IP}/{PREFIX} dev {nic} && "
+        guest.sh(f"ip link set dev {nic} mtu {mtu} && ip addr replace {address}/{PREFIX} dev {nic} && "
                  f"ip link set dev {nic} up", timeout=30, check=True)
-        address = GUEST_IP
     # The link may need a moment (carrier); retry the path check briefly.
     guest_path(guest, host_ip, mtu, tries=10)
     return nic, address
@@ -480,14 +489,18 @@ def _progress_of(seconds: int, progress: Callable[[dict], None]) -> Callable[[fl
 def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[[dict], None],
                  cancelled: Callable[[], bool], target: str = HOST_IP, *, hang_s: float | None = None,
                  attempts: int = ATTEMPTS, log: Callable[[str], None] = lambda _: None,
-                 link: GuestLink | None = None, quiet_s: float = QUIET_S) -> NetResult:
+                 link: GuestLink | None = None, quiet_s: float = QUIET_S,
+                 start_uptime: float | None = None) -> NetResult:
     """The test from the guest to `target`, through the guest agent; a hang (no end after `hang_s`, by default
     hang_limit(seconds)) is killed in the guest, and the test runs again. With `link` (the guest's NIC and its
     path), a test during which nothing reaches the guest's NIC for `quiet_s` counts as hung at once, and a hang
     first has the path probed hop by hop; a dead path is brought back (GuestLink.replug) before the
     next attempt, or the test fails at once with NicStalled naming the hop where frames stop: repeating the tool
-    on a dead path cannot help."""
+    on a dead path cannot help. With `start_uptime`, the tool waits until the guest's uptime reaches it
+    (storage.barrier_script: N guests' tests started at one instant) and the result says when it was let go."""
     args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, target, port, seconds)
+    if start_uptime is not None:
+        args = ["/bin/sh", "-c", storage.barrier_script(start_uptime) + "exec " + shlex.join(args)]
     limit = hang_s if hang_s is not None else hang_limit(seconds)
     report = _progress_of(seconds, progress)
 
@@ -527,7 +540,11 @@ def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[
             return ""
         return link.after_hang(f"{t.tool} ({t.id}) to {target} port {port}", log)
 
-    return _retrying("guest", t, target, port, limit, attempts, log, once, after_hang)
+    res = _retrying("guest", t, target, port, limit, attempts, log, once, after_hang)
+    if start_uptime is not None:
+        stamp = guest.sh(f"cat {storage.START_STAMP}", timeout=30).check().stdout
+        res.started_uptime = storage.parse_start_stamp(stamp)
+    return res
 
 
 def run_baseline(t: NetTest, port: int, seconds: int, progress: Callable[[dict], None],

@@ -320,12 +320,11 @@ def _check_guests(value: int) -> None:
 
 
 def _check_many_guests(spec: RunSpec) -> None:
-    """N guests at once: storage tests on this host, each guest on a store of its own."""
+    """N guests at once: storage and network tests on this host, each guest on a store and a NIC of its own."""
     n = spec.guests
-    if spec.suite != "storage":
-        raise UsageError(f"--guests {n} runs storage tests only: the network tests of N guests at once (one "
-                         f"netserver and one baseline namespace per guest) are not implemented yet; allowed with "
-                         f"--guests > 1: --suite storage (got --suite {spec.suite})")
+    if not (spec.wants_storage or spec.wants_network):
+        raise UsageError(f"--guests {n} runs the storage and network tests of N guests at once; --suite "
+                         f"{spec.suite} runs one guest; allowed with --guests > 1: --suite storage, network or all")
     if spec.node:
         raise UsageError(f"--guests {n} with --node {spec.node!r}: N guests run on this host only for now; allowed: "
                          "--guests 1 with --node, or no --node")
@@ -400,8 +399,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               "nested KVM a guest that misses it is launched once more)", metavar="SECONDS",
               check=_check_agent_timeout),
     RunOption("guests", ("--guests",), int, 1,
-              "benchmark guests of the profile to run at once on this host, each on a disk of its own, their tests "
-              "started together; stores each guest's figures and their sum (storage suite only); a list such as "
+              "benchmark guests of the profile to run at once on this host, each with a disk and a NIC of its own, "
+              "their tests started together; stores each guest's figures and their sum; a list such as "
               "1,2,4 runs one run per count and prints them in one table", title="Guests at once", metavar="N[,N...]",
               check=_check_guests, sweep=True),
 )

@@ -164,6 +164,53 @@ def storage_test_many(ctx: RunContext, side: str, t: storage.StorageTest,
     return parts
 
 
+@dataclass
+class NetRan:
+    """One guest's (or bare-metal process's) part of a network test run by N at once, as Ran is for storage."""
+
+    result: network.NetResult
+    started_at: float
+    finished_at: float
+
+
+def net_test_many(ctx: RunContext, side: str, t: network.NetTest,
+                  runs: Sequence[Callable[[Callable[[], bool]], NetRan]], labels: list[str]) -> list[NetRan]:
+    """`t` on `side` by N at once (runs[k](cancelled) measures instance k + 1 in a thread of its own): one row per
+    instance, and the run's row: the sum of their throughput (Mbit/s, trans/s), their mean latency. Any instance
+    failing (or the run cancelled) stops the others and fails the test."""
+    ctx.control.check()
+    ctx.current_test = f"{side}:{t.id}"
+    ctx.sink.step(f"{side}: {t.id} ({t.direction}, {len(runs)} at once)", side=side, test=t.id)
+    parts = together(ctx, runs)
+    ctx.current_test = "idle"
+    tl = list(dict.fromkeys(labels))
+
+    def record(metric: str, value: float, raw: str, start: float, end: float, instance: int | None) -> None:
+        ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
+                                  started_at=start, finished_at=end, instance=instance)
+
+    rr = t.kind == "TCP_RR"
+    for k, p in enumerate(parts, 1):
+        res, raw = p.result, p.result.raw
+        if res.hung:
+            raw += f"\n# cloudbox: measured on attempt {res.hung + 1}; {res.hung} before it hung and was killed\n"
+        for n in res.notes:
+            raw += f"# cloudbox: {n}\n"
+        record(res.metric, res.value, raw, p.started_at, p.finished_at, k)
+        if rr and res.lat_us is not None:
+            record("lat_us", res.lat_us, "", p.started_at, p.finished_at, k)
+    start, end = min(p.started_at for p in parts), max(p.finished_at for p in parts)
+    metric, total = parts[0].result.metric, sum(p.result.value for p in parts)
+    record(metric, total, "", start, end, None)
+    lats = [p.result.lat_us for p in parts if p.result.lat_us is not None]
+    if rr and lats:
+        record("lat_us", sum(lats) / len(lats), "", start, end, None)
+    for k, p in enumerate(parts, 1):
+        ctx.sink.emit(MeasurementEvent(side, t.id, p.result.metric, round(p.result.value, 2), tuple(tl), instance=k))
+    ctx.sink.emit(MeasurementEvent(side, t.id, metric, round(total, 2), tuple(tl)))
+    return parts
+
+
 JOIN_EVERY_S = 0.2  # the run's thread looks for a cancellation this often while the instances run
 STOP_GRACE_S = 60.0  # how long stopped instances get to notice and return before the run goes on without them
 

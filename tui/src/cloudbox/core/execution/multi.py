@@ -1,12 +1,15 @@
-"""A run of N guests of one profile on this host at once (--guests N, storage suite): each guest on a backing store of
-its own, all launched side by side, and every storage test started in all of them at one instant.
+"""A run of N guests of one profile on this host at once (--guests N): each guest on a backing store of its own and
+with a NIC of its own on the run's bridge, all launched side by side, and every storage and network test started in
+all of them at one instant.
 
 The barrier: the host reads each guest's /proc/uptime through the agent's file calls (one round trip each, the
 quickest of five kept) to know the guest's clock against its own, picks a start two seconds ahead, and hands every
 guest that instant on its own clock; each guest's shell waits for it (10 ms steps) and notes when it left. Those
 notes, on the host's clock, are the start skew stored per test (uncertain by half the measuring round trip). The
-bare-metal baseline runs the same N at once: N fio (or dd) processes on the host, one file or loop device each.
-Each guest's figures are stored as instances 1..N beside the run's row, their sum (core.fairness for the spread).
+bare-metal baseline runs the same N at once: N fio (or dd) processes on the host, one file or loop device each; N
+netperf or iperf3 clients in the baseline namespace, each against its own server (iperf3 serves one client at a time;
+netserver forks one child per client). Each guest's figures are stored as instances 1..N beside the run's row,
+their sum (core.fairness for the spread).
 """
 
 from __future__ import annotations
@@ -16,23 +19,25 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import backing, paths, storage
+from .. import backing, network, paths, storage
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
-from ..errors import CloudboxError, GuestUnreachable, UsageError
+from ..errors import CloudboxError, GuestUnreachable, NicStalled, UsageError
 from ..events import ProgressEvent, SampleEvent
 from ..guestimage import CMDLINE
 from ..profiles import Profile
 from ..provenance import Guests, GuestStart
-from ..runspec import BOOT, RunSpec
-from .context import RunContext
+from ..runspec import BOOT, RunSpec, resolve_net_tests
+from .context import RunContext, host_labels
 from .launch import launch_all
 from .local import connect_libvirt, cpu_counts, find_image, probe_accelerator, record_facts
-from .measure import Ran, storage_test_many
+from .measure import NetRan, Ran, net_test_many, storage_test_many
+from .network_steps import plumb
 
 QEMU_OVERHEAD_MIB = 256  # each guest's QEMU beside its RAM (TCG's translation cache, device emulation)
 HOST_RESERVE_MIB = 512  # left to the host itself: libvirt, the bare-metal fio processes, cloudbox
 BARRIER_LEAD_S = 2.0  # from picking the start instant to it: every guest's agent must have started its shell
+HOST_LEAD_S = 0.3  # the same for the bare-metal clients: every thread must be waiting for the instant
 MEMINFO = Path("/proc/meminfo")
 
 
@@ -81,7 +86,7 @@ def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = N
 def run_many(ctx: RunContext) -> None:
     """The body of a run of N guests (core.execution.lifecycle.Execution runs it)."""
     for step in (find_image, probe_accelerator, connect_libvirt, prepare_stores, record_facts, record_guests,
-                 start_sampler, baseline_many, launch_many, guests_storage):
+                 start_sampler, baseline_many, plumb, launch_many, guests_storage, guests_network):
         step(ctx)
 
 
@@ -113,7 +118,7 @@ def prepare_stores(ctx: RunContext) -> None:
 
 def record_guests(ctx: RunContext) -> None:
     ctx.provenance.guests = Guests(
-        count=ctx.spec.guests, baseline_processes=ctx.spec.guests if ctx.spec.wants_storage else None,
+        count=ctx.spec.guests, baseline_processes=ctx.spec.guests,
         barrier="each guest waits on its own uptime clock for one instant the host picked; a start is when the "
                 "guest's shell left the wait (10 ms steps), uncertain by half the agent round trip of clock_rtt_s")
     ctx.save_provenance()
@@ -121,6 +126,8 @@ def record_guests(ctx: RunContext) -> None:
 
 def start_sampler(ctx: RunContext) -> None:
     """The host disk every store is on (a loop device's file included), once a second."""
+    if not ctx.spec.wants_storage:
+        return
     device = backing.dev_name_for_path(ctx.work_dir)
 
     def on_sample(s: Sample) -> None:
@@ -135,6 +142,8 @@ def start_sampler(ctx: RunContext) -> None:
 
 def baseline_many(ctx: RunContext) -> None:
     """The storage tests on bare metal, N processes at once, each on its own guest's store's baseline target."""
+    if not ctx.spec.wants_storage:
+        return
     tests = storage.resolve_tests(ctx.spec.storage_tests)
     sink = ctx.sink
     sink.step(f"bare metal: storage tests, {ctx.spec.guests} processes at once", side="baseline")
@@ -173,7 +182,8 @@ def launch_many(ctx: RunContext) -> None:
         xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
                             kernel=str(image.boot_kernel(acc.domain_type)),
                             initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
-                            cmdline=CMDLINE, disk_path=store.path, disk_is_block=store.is_block, bridge=None,
+                            cmdline=CMDLINE, disk_path=store.path, disk_is_block=store.is_block,
+                            bridge=ctx.hostnet.bridge if ctx.hostnet else None,
                             mac=None, run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths)
         domains.append((xml, log))
     ctx.domain_xml, ctx.console_log = domains[0]
@@ -198,6 +208,8 @@ def launch_many(ctx: RunContext) -> None:
 
 def guests_storage(ctx: RunContext) -> None:
     """Every storage test in all guests at once, through the barrier; each guest's start skew kept per test."""
+    if not ctx.spec.wants_storage:
+        return
     tests = storage.resolve_tests(ctx.spec.storage_tests)
     runners = [storage.GuestRunner(g, ctx.control.cancelled) for g in ctx.many]
     disks = []
@@ -213,25 +225,37 @@ def guests_storage(ctx: RunContext) -> None:
         ctx.sink.step("guest: laying down data for read tests, in every guest", side="guest")
         for gr, disk in zip(runners, disks, strict=True):
             gr.fill(disk, ctx.size)
-    info = ctx.provenance.guests
-    assert info is not None
     for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
         if lay:
             ctx.sink.step(f"guest: laying down IOzone's data for {t.id}, in every guest", side="guest")
             for gr, disk in zip(runners, disks, strict=True):
                 gr.fill_iozone(t, disk, ctx.size, timeout=storage.guest_timeout(t, ctx.size))
-        clocks = [gr.uptime_offset() for gr in runners]
-        for rec, (offset, rtt) in zip(info.guests, clocks, strict=True):
-            rec.clock_offset_s, rec.clock_rtt_s = round(offset, 4), round(rtt, 4)
+        offsets = _read_clocks(ctx, runners)
         at = time.time() + BARRIER_LEAD_S
         jobs = [functools.partial(_guest_part, ctx, t, gr, disk, at, offset, k)
-                for k, (gr, disk, (offset, _)) in enumerate(zip(runners, disks, clocks, strict=True), 1)]
+                for k, (gr, disk, offset) in enumerate(zip(runners, disks, offsets, strict=True), 1)]
         parts = storage_test_many(ctx, "guest", t, jobs, tuple(gr.drop_caches for gr in runners))
-        first = min(p.started_at for p in parts)
-        info.start_offsets_s[t.id] = [round(p.started_at - first, 4) for p in parts]
-        info.skew_s[t.id] = round(max(p.started_at for p in parts) - first, 4)
-        ctx.save_provenance()
-        ctx.sink.log(f"{t.id}: start skew {info.skew_s[t.id] * 1000:.0f} ms over {len(parts)} guests")
+        _record_skew(ctx, t.id, [p.started_at for p in parts])
+
+
+def _read_clocks(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[float]:
+    """Each guest's uptime clock against the host's, kept in the provenance; the offsets, in the guests' order."""
+    info = ctx.provenance.guests
+    assert info is not None
+    clocks = [gr.uptime_offset() for gr in runners]
+    for rec, (offset, rtt) in zip(info.guests, clocks, strict=True):
+        rec.clock_offset_s, rec.clock_rtt_s = round(offset, 4), round(rtt, 4)
+    return [offset for offset, _ in clocks]
+
+
+def _record_skew(ctx: RunContext, test: str, starts: list[float]) -> None:
+    info = ctx.provenance.guests
+    assert info is not None
+    first = min(starts)
+    info.start_offsets_s[test] = [round(s - first, 4) for s in starts]
+    info.skew_s[test] = round(max(starts) - first, 4)
+    ctx.save_provenance()
+    ctx.sink.log(f"{test}: start skew {info.skew_s[test] * 1000:.0f} ms over {len(starts)} guests")
 
 
 def _guest_part(ctx: RunContext, t: storage.StorageTest, gr: storage.GuestRunner, disk: str, at: float,
@@ -246,3 +270,75 @@ def _guest_part(ctx: RunContext, t: storage.StorageTest, gr: storage.GuestRunner
         raise
     assert res.started_uptime is not None
     return Ran(res, res.started_uptime + offset, time.time())
+
+
+def serve_many(hostnet: network.HostNetwork, tool: str, addr: str, n: int) -> list[int]:
+    """The port each of n clients of `tool` uses on `addr`: one netserver for all (it forks a child per client), an
+    iperf3 server each (it serves one client at a time)."""
+    if tool == "netperf":
+        return [hostnet.start_netserver(addr)] * n
+    return [hostnet.start_iperf3(addr) for _ in range(n)]
+
+
+def guests_network(ctx: RunContext) -> None:
+    """Every network test in all guests at once through the barrier, each guest against a server of its own on the
+    run's bridge (start skew kept per test); then on bare metal, N clients at once in the baseline namespace."""
+    if not ctx.spec.wants_network:
+        return
+    hostnet, control, sink, n = ctx.hostnet, ctx.control, ctx.sink, len(ctx.many)
+    assert hostnet is not None
+    mtu = ctx.profile.network.mtu
+    sink.step(f"guest: configuring {n} NICs and checking the MTU end to end")
+    links = []
+    for k, g in enumerate(ctx.many, 1):
+        nic, ip = network.configure_guest(g, mtu, host_ip=hostnet.host_ip, address=network.guest_ip(k))
+        sink.log(f"MTU {mtu} verified end to end (guest {g.name} {nic} {ip} -> bridge {hostnet.bridge} "
+                 f"{hostnet.host_ip})")
+        links.append(network.GuestLink(g, nic, hostnet.host_ip, hostnet.bridge, mtu))
+    runners = [storage.GuestRunner(g, control.cancelled) for g in ctx.many]
+    bare_labels = [*host_labels(ctx.labels, dom0=ctx.dom0), "veth-netns"]
+    ports: dict[str, tuple[list[int], list[int]]] = {}
+    for nt in resolve_net_tests(ctx.spec.net_tests):
+        for g in ctx.many:
+            if not g.has(nt.tool):
+                raise CloudboxError(f"{nt.tool} is not installed in the guest {g.name}; rebuild it with "
+                                    "'make guest-image'")
+        if nt.tool not in ports:
+            ports[nt.tool] = (serve_many(hostnet, nt.tool, hostnet.host_ip, n),
+                              serve_many(hostnet, nt.tool, network.NS_HOST_IP, n))
+        gports, bports = ports[nt.tool]
+        offsets = _read_clocks(ctx, runners)
+        at = time.time() + BARRIER_LEAD_S
+        jobs = [functools.partial(_guest_net_part, ctx, nt, link, port, at, offset, k)
+                for k, (link, port, offset) in enumerate(zip(links, gports, offsets, strict=True), 1)]
+        parts = net_test_many(ctx, "guest", nt, jobs, ctx.labels)
+        _record_skew(ctx, nt.id, [p.started_at for p in parts])
+        at = time.time() + HOST_LEAD_S
+        bjobs = [functools.partial(_host_net_part, ctx, nt, port, at, k) for k, port in enumerate(bports, 1)]
+        bparts = net_test_many(ctx, "baseline", nt, bjobs, bare_labels)
+        first = min(p.started_at for p in bparts)
+        sink.log(f"bare metal {nt.id}: start skew {(max(p.started_at for p in bparts) - first) * 1000:.0f} ms over "
+                 f"{n} processes")
+
+
+def _guest_net_part(ctx: RunContext, t: network.NetTest, link: network.GuestLink, port: int, at: float,
+                    offset: float, k: int, cancelled: Callable[[], bool]) -> NetRan:
+    try:
+        res = network.run_in_guest(link.guest, t, port, ctx.net_seconds, ctx.sink.progress("guest", t.id, k),
+                                   cancelled, target=link.target, log=ctx.sink.log, link=link,
+                                   start_uptime=at - offset)
+    except (GuestUnreachable, NicStalled):
+        ctx.guest = link.guest  # the run's reason quotes this guest's console
+        raise
+    assert res.started_uptime is not None
+    return NetRan(res, res.started_uptime + offset, time.time())
+
+
+def _host_net_part(ctx: RunContext, t: network.NetTest, port: int, at: float, k: int,
+                   cancelled: Callable[[], bool]) -> NetRan:
+    while (wait := at - time.time()) > 0 and not cancelled():
+        time.sleep(min(wait, 0.05))
+    start = time.time()
+    res = network.run_baseline(t, port, ctx.net_seconds, ctx.sink.progress("baseline", t.id, k), cancelled,
+                               log=ctx.sink.log)
+    return NetRan(res, start, time.time())

@@ -407,7 +407,9 @@ class TestsScreen(BaseScreen):
 
     def chart_instances(self, rec: ProgressEvent | MeasurementEvent, t: float) -> None:
         """A run of N at once: a guest's figure on its own line (the first CHARTED_GUESTS guests), and the sum so
-        far of the guests' (or the bare-metal processes') on the sum's."""
+        far of the guests' (or the bare-metal processes') on the sum's; a network test's figures only in the line."""
+        if isinstance(rec, MeasurementEvent) and rec.metric != "MB/s":
+            return
         chart = self.query_one("#chart-mbps", LiveChart)
         total = "guests' sum" if rec.side == "guest" else "bare metal"
         chart.add_series(total)
