@@ -600,6 +600,8 @@ def test_two_guests_stream_to_the_host_at_once_and_their_sum_is_stored(nothing_l
     for r in recs:
         fig.feed(r)
     assert fig.line().startswith("baseline tcp-stream done: sum ") and " Mbit/s, per process min " in fig.line()
+    summary = compare.run_summary(run)  # the Results screen's headline: the guests' sum
+    assert summary["tcp_stream_mbits"] == run.value("guest", "tcp-stream", "Mbit/s") and summary["tcp_stream_pct"]
     nothing_left(run)
 
 
