@@ -436,6 +436,30 @@ def test_one_instance_failing_fails_the_network_test_and_stores_nothing(tmp_path
     assert stopped == [True] and run.measurements == []
 
 
+def test_the_runs_reason_quotes_the_console_of_the_first_guest_to_fail(tmp_path):
+    """A guest lost mid-test names the run's console; another guest failing after the others were told to stop
+    (its agent gone with the same libvirtd, say) does not replace it."""
+    from cloudbox.core import network
+    from cloudbox.core.errors import GuestUnreachable
+    from cloudbox.core.execution.multi import _guest_net_part
+
+    class Lost(_LocalGuest):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def run(self, argv, **_kw):
+            raise GuestUnreachable(f"guest agent in {self.name} stopped answering")
+
+    spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-stream", guests=2)
+    with ResultStore(tmp_path / "r.db") as store:
+        ctx = _net_ctx(store, spec)
+        for name, stopping in (("g2", False), ("g1", True)):
+            link = network.GuestLink(Lost(name), "eth0", network.HOST_IP, "cbbr0", 1500, _tap="none")  # type: ignore[arg-type]
+            with pytest.raises(GuestUnreachable, match=name):
+                _guest_net_part(ctx, network.NET_TESTS["tcp-stream"], link, 1, 0.0, 0.0, 1, lambda s=stopping: s)
+        assert ctx.guest is not None and ctx.guest.name == "g2"
+
+
 # -- real runs: two TCG guests -----------------------------------------------------------------------------------
 SKEW_BOUND_S = 0.5  # the barrier's start skew of two guests; measured 10-80 ms under TCG on 2 cores
 

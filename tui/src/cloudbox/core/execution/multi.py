@@ -266,7 +266,8 @@ def _guest_part(ctx: RunContext, t: storage.StorageTest, gr: storage.GuestRunner
         res = runner.run(t, disk, ctx.size, ctx.runtime, progress, timeout=storage.guest_timeout(t, ctx.size),
                          start_uptime=at - offset)
     except GuestUnreachable:
-        ctx.guest = gr.guest  # the run's reason quotes this guest's console
+        if not cancelled():  # the first guest to fail: the run's reason quotes its console
+            ctx.guest = gr.guest
         raise
     assert res.started_uptime is not None
     return Ran(res, res.started_uptime + offset, time.time())
@@ -328,7 +329,8 @@ def _guest_net_part(ctx: RunContext, t: network.NetTest, link: network.GuestLink
                                    cancelled, target=link.target, log=ctx.sink.log, link=link,
                                    start_uptime=at - offset)
     except (GuestUnreachable, NicStalled):
-        ctx.guest = link.guest  # the run's reason quotes this guest's console
+        if not cancelled():  # the first guest to fail: the run's reason quotes its console
+            ctx.guest = link.guest
         raise
     assert res.started_uptime is not None
     return NetRan(res, res.started_uptime + offset, time.time())
