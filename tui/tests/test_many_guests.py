@@ -127,6 +127,8 @@ def test_more_guests_than_memory_or_cpus_hold_is_refused_with_the_arithmetic():
                                          r"allowed: --guests 1 to 2"):
         check_fits(spec, p, available_mib=64000, host_cpus=2)
     check_fits(spec, p, available_mib=64000, host_cpus=4)
+    with pytest.raises(UsageError, match=r"--guests 4: 4 x \(1024 MiB guest.memory_mib"):  # every suite alike
+        check_fits(RunSpec(profile="virtio-disk", suite="network", guests=4), p, available_mib=4000, host_cpus=8)
     check_fits(RunSpec(profile="virtio-disk", guests=1), p, available_mib=1, host_cpus=1)  # one guest: not checked
 
 
