@@ -191,3 +191,16 @@ def test_wait_cancellable_calls_every_each_round_and_kills_the_child_when_it_rai
     calls.clear()
     assert procs.wait_cancellable(p, lambda: False, "x", every=lambda: calls.append(0), interval=0.1) == (None, None)
     assert len(calls) >= 2 and p.returncode == 0
+
+
+def test_a_child_servers_io_counts_what_it_wrote_and_nothing_once_stopped(tmp_path):
+    out, done = tmp_path / "data", tmp_path / "done"
+    writer = (f"import os; fd = os.open({str(out)!r}, os.O_WRONLY | os.O_CREAT); os.write(fd, b'x' * (4 << 20)); "
+              f"os.fsync(fd); open({str(done)!r}, 'w').close(); import time; time.sleep(60)")
+    child = procs.Child.start([sys.executable, "-c", writer], log=tmp_path / "log", ready=lambda pid: done.exists(),
+                              serving="a file", ready_is="written", timeout=10)
+    try:
+        assert child.io()["write_bytes"] >= 4 << 20, child.io()
+    finally:
+        child.stop()
+    assert child.io() == {}

@@ -18,7 +18,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from . import procs, storage
 from .errors import Aborted, CloudboxError, GuestError, GuestTimeout, NicStalled, PermissionProblem
+from .procs import free_port
 
 BRIDGE = "cbbr0"
 HOST_IP = "169.254.100.1"
@@ -106,12 +106,6 @@ def link_exists(name: str) -> bool:
 def link_mtu(name: str) -> int:
     with open(f"/sys/class/net/{name}/mtu") as f:
         return int(f.read())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

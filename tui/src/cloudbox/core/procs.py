@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +80,39 @@ def wait_cancellable(proc: subprocess.Popen[Any], cancelled: Callable[[], bool],
             proc.communicate()
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def listens(pid: int, port: int) -> bool:
+    """True once process `pid` itself holds a listening TCP socket on `port` (not merely: something answers there)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return False
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd) in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 @dataclass
 class Child:
     """A server running as a child of this process, its output in `log`; it gets SIGTERM when the thread that
@@ -92,6 +126,18 @@ class Child:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    def io(self) -> dict[str, int]:
+        """What it read from and wrote to storage so far (/proc/PID/io read_bytes, write_bytes, all its threads);
+        empty once it has stopped."""
+        if self.pid is None:
+            return {}
+        try:
+            text = Path(f"/proc/{self.pid}/io").read_text()
+        except OSError:
+            return {}
+        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+        return {k: int(fields[k]) for k in ("read_bytes", "write_bytes") if k in fields}
 
     def tail(self, limit: int = 300) -> str:
         """The end of what it printed (its stdout and stderr), for an error message."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .. import paths, procs
 from ..errors import CloudboxError
-from .nbd import _listens, free_port
+from ..procs import free_port, listens
 
 START_TIMEOUT = 10.0
 IQN_PREFIX = "iqn.2026-11.org.cloudbox"
@@ -116,16 +116,9 @@ class IscsiExport:
         return self.child.pid if self.child else None
 
     def io(self) -> dict[str, int]:
-        """What tgtd read from and wrote to the volume so far (/proc/PID/io read_bytes, write_bytes, all its
-        threads: with direct I/O, every byte the initiators moved); empty once it has stopped."""
-        if self.pid is None:
-            return {}
-        try:
-            text = Path(f"/proc/{self.pid}/io").read_text()
-        except OSError:
-            return {}
-        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
-        return {k: int(fields[k]) for k in ("read_bytes", "write_bytes") if k in fields}
+        """What tgtd read from and wrote to the volume so far (direct I/O: every byte the initiators moved);
+        empty once it has stopped."""
+        return self.child.io() if self.child else {}
 
     def stop(self) -> None:
         """Take the target down (sessions closed), end tgtd, remove its socket and log. Safe to call twice."""
@@ -173,7 +166,7 @@ def start(name: str, path: str, creds: Chap, *, log: Path, host: str = "127.0.0.
     control = control_port(port)
     version = _version()
     child = procs.Child.start(["tgtd", "-f", "-C", str(control), "--iscsi", f"portal={host}:{port}"], log=log,
-                              ready=lambda pid: _listens(pid, port), serving=f"volume {name}",
+                              ready=lambda pid: listens(pid, port), serving=f"volume {name}",
                               ready_is=f"listen on {host}:{port}", timeout=START_TIMEOUT,
                               death_signal=signal.SIGKILL)
     exp = IscsiExport(name, path, host, port, target_iqn(name), control, version, child=child)

@@ -9,50 +9,16 @@ in the ordinary case, Ctrl-C and failures included.
 from __future__ import annotations
 
 import base64
-import os
 import shutil
-import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import procs
 from ..errors import CloudboxError
+from ..procs import free_port, listens
 
 START_TIMEOUT = 10.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _listens(pid: int, port: int) -> bool:
-    """True once process `pid` itself holds a listening TCP socket on `port` (not merely: something answers there)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{f[9]}]")
-    if not inodes:
-        return False
-    try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(fd) in inodes:
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def _version() -> str:
@@ -97,7 +63,7 @@ def start(name: str, path: str, server_creds: Path, *, log: Path, host: str = "1
            f"--export-name={name}", f"--bind={host}", f"--port={port}",
            "--object", f"tls-creds-x509,id=tls0,dir={server_creds},endpoint=server,verify-peer=on",
            "--tls-creds=tls0", path]
-    child = procs.Child.start(cmd, log=log, ready=lambda pid: _listens(pid, port), serving=f"volume {name}",
+    child = procs.Child.start(cmd, log=log, ready=lambda pid: listens(pid, port), serving=f"volume {name}",
                               ready_is=f"listen on {host}:{port}", timeout=START_TIMEOUT)
     return NbdExport(name, path, host, port, version, child=child)
 
