@@ -207,6 +207,48 @@ def test_a_switch_hold_ends_once(state, monkeypatch):
     asyncio.run(drive())
 
 
+def test_a_screen_shown_again_is_restyled_only_when_the_apps_classes_changed_while_it_was_hidden(state):
+    """A screen key skips Textual's restyle of every node (most of a key's answer on the Tests screen) unless
+    the app's own classes changed while the screen was hidden: those restyle only the screen on show, so the
+    hidden one would keep the old look."""
+    app = create_app(Backend(facts=_facts(), libvirt_uri="test:///default"), mode="tests", poll_interval=3600)
+    restyled: list[int] = []
+    update_styles = app.update_styles
+
+    def counted(node, animate=True):
+        restyled.append(len(list(node.walk_children(with_self=True))))
+        update_styles(node, animate)
+
+    app.update_styles = counted  # type: ignore[method-assign]
+
+    async def drive() -> None:
+        async with app.run_test(size=(100, 32)) as pilot:
+            app.stylesheet.add_source(".-probe #run-head { color: red; }", read_from=("test", "probe"))
+            app.refresh_css()
+            await pilot.pause(0.2)
+            head = app.screen.query_one("#run-head", Static)
+            red = head.styles.color
+            assert red.rgb != (255, 0, 0)
+            for key, mode in (("5", "results"), ("4", "tests"), ("5", "results")):
+                await pilot.press(key)
+                await pilot.pause(0.2)
+                assert app.current_mode == mode
+            restyled.clear()
+            await pilot.press("4")  # nothing changed: the screen is not walked
+            await pilot.pause(0.2)
+            assert app.current_mode == "tests" and max(restyled, default=0) < 20, restyled
+            await pilot.press("5")
+            await pilot.pause(0.2)
+            app.add_class("-probe")  # restyles the Results screen on show, not the hidden Tests screen
+            await pilot.pause(0.1)
+            assert head.styles.color.rgb != (255, 0, 0)
+            await pilot.press("4")
+            await pilot.pause(0.2)
+            assert app.current_mode == "tests" and head.styles.color.rgb == (255, 0, 0)
+
+    asyncio.run(drive())
+
+
 def test_the_app_sets_its_collector_thresholds_and_restores_them(state):
     """While the app runs, the collector uses the app's thresholds (a large gen 0, so drawing's short-lived cycles
     die young instead of feeding full collections); when it exits, the process gets its own back."""

@@ -11,7 +11,9 @@ import logging
 from collections.abc import Iterable
 from contextlib import ExitStack
 from functools import partial
+from weakref import WeakKeyDictionary
 
+from textual import events
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -58,6 +60,7 @@ class CloudboxApp(CloudboxAppBase):
         super().__init__(backend, poll_interval=poll_interval)
         self.start_mode = mode or self.DEFAULT_MODE
         self._switch_hold: ExitStack | None = None  # set while switch_mode runs for a screen shown before
+        self._styled_for: WeakKeyDictionary[Screen, tuple[frozenset[str], frozenset[str]]] = WeakKeyDictionary()
 
     # Drawing allocates fast: at CPython's (700, 10, 10) frames' short-lived cycles outlive gen 0 and the full
     # collections that follow took 130 ms of a key's answer; gen 0 of 20k, emptied into gen 1 every second
@@ -81,15 +84,30 @@ class CloudboxApp(CloudboxAppBase):
     # batch update that a callback queued on it behind the resume ends (SWITCH_HOLD_MAX_S at the latest).
     SWITCH_HOLD_MAX_S = 0.5
 
+    # Textual restyles every node of a screen it switches back to (most of the Tests screen's answer), in case
+    # the app's classes (focus, dark, ...) changed while it was hidden: those restyle only the screen on show.
+    # A widget's own class changes restyle it at once and a new stylesheet is applied by switch_mode, so a
+    # screen is restyled on resume only when the app's classes differ from those it was last shown with.
+    def _app_style_state(self) -> tuple[frozenset[str], frozenset[str]]:
+        return self.pseudo_classes, frozenset(self.classes)
+
     def switch_mode(self, mode: str) -> AwaitMount:
         try:
             held = mode != self.current_mode and bool(self.get_screen_stack(mode))
         except KeyError:  # never shown: Textual's own hold covers its first build
             held = False
+        if mode != self.current_mode and self.is_running:
+            self._styled_for[self.screen] = self._app_style_state()
         hold = ExitStack()
         self._switch_hold = hold if held else None
         try:
-            switched = super().switch_mode(mode)
+            if held:
+                with self.prevent(events.ScreenResume):
+                    switched = super().switch_mode(mode)
+                self.screen.post_message(events.ScreenResume(
+                    refresh_styles=self._styled_for.get(self.screen) != self._app_style_state()))
+            else:
+                switched = super().switch_mode(mode)
         finally:
             self._switch_hold = None
         if held:

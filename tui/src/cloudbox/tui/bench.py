@@ -122,6 +122,7 @@ async def measure(app: App[Any], presses: int, ready: Callable[[Pilot[Any]], Awa
     frames: dict[str, list[float]] = {"switch": [], "cursor": [], "detail": []}
     idle: dict[str, list[float]] = {"switch": [], "cursor": []}
     slow: list[str] = []  # keys answered in 100 ms or more: which key, which screen
+    by_screen: dict[str, list[float]] = {}  # screen switches' frames by the screen switched to
     gc_pauses: list[tuple[int, float]] = []  # the collector's pauses: (generation, ms)
     gc_start = [0.0]
 
@@ -145,6 +146,8 @@ async def measure(app: App[Any], presses: int, ready: Callable[[Pilot[Any]], Awa
             for name in shows:
                 frames[name].append(t[name])
             idle[kind].append(t["idle"])
+            if kind == "switch":
+                by_screen.setdefault(what, []).append(t[kind])
             if t[kind] >= 100:
                 slow.append(f"{key}->{what} {t[kind]:.0f} ms")
             await pilot.pause(0.05)
@@ -169,7 +172,8 @@ async def measure(app: App[Any], presses: int, ready: Callable[[Pilot[Any]], Awa
         finally:
             gc.callbacks.remove(gc_timer)
     full = [ms for gen, ms in gc_pauses if gen == 2]
-    return {"frames": frames, "idle": idle, "slow": slow, "max_gc_ms": max((ms for _, ms in gc_pauses), default=0.0),
+    return {"frames": frames, "idle": idle, "slow": slow, "by_screen": by_screen,
+            "max_gc_ms": max((ms for _, ms in gc_pauses), default=0.0),
             "gc_pauses": len(gc_pauses), "gc_full": len(full), "gc_full_median_ms": statistics.median(full or [0.0]),
             "max_stall_ms": max(stalls) * 1000 if stalls else 0.0}
 
@@ -178,6 +182,12 @@ def stats(t: list[float]) -> dict[str, float]:
     s = sorted(t)
     return {"n": len(s), "median": statistics.median(s), "p95": s[int(0.95 * (len(s) - 1))], "max": s[-1],
             "over": sum(1 for x in s if x >= 100)}
+
+
+def by_screen(res: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
+    """Screen switches' frame statistics per screen switched to, slowest median first."""
+    out = [(mode, stats(t)) for mode, t in res["by_screen"].items()]
+    return sorted(out, key=lambda x: -x[1]["median"])
 
 
 def summary(res: dict[str, Any]) -> list[str]:
@@ -191,6 +201,8 @@ def summary(res: dict[str, Any]) -> list[str]:
                      f"{st['over']:.0f} of {st['n']:.0f} >= 100 ms")
     lines.append(f"longest stall {res['max_stall_ms']:.0f} ms, longest gc pause {res['max_gc_ms']:.0f} ms "
                  f"({res['gc_pauses']} collections, {res['gc_full']} full: median {res['gc_full_median_ms']:.0f} ms)")
+    lines.append("screen switch, frame, by screen: " + "; ".join(
+        f"{mode} median {st['median']:.0f} max {st['max']:.0f} ms" for mode, st in by_screen(res)))
     if res["slow"]:
         lines.append(f"slow keys: {', '.join(res['slow'])}")
     return lines
@@ -271,6 +283,9 @@ def main() -> int:
         f"| longest UI event-loop stall (10 ms timer) | {res['max_stall_ms']:.0f} ms | - |",
         f"| longest garbage-collector pause | {res['max_gc_ms']:.0f} ms ({res['gc_pauses']} collections during "
         f"the keys, {res['gc_full']} of them full, median {res['gc_full_median_ms']:.0f} ms) | - |",
+        "",
+        "Screen switch answered (frame), by the screen switched to: " + "; ".join(
+            f"{mode} median {st['median']:.0f} ms, max {st['max']:.0f} ms" for mode, st in by_screen(res)) + ".",
         "",
         "Target met: every key answered in under 100 ms." if met else
         "Target not met: some keys took 100 ms or more to answer (counts above).",
