@@ -249,6 +249,36 @@ def test_a_screen_shown_again_is_restyled_only_when_the_apps_classes_changed_whi
     asyncio.run(drive())
 
 
+def test_a_screen_shown_again_does_not_reparse_the_stylesheet(state):
+    """Textual counts a new screen's stylesheet applied only once it is mounted, after its switch applied it, so
+    the key that showed a screen the second time reparsed every stylesheet; the app settles that after the
+    screen's first frame."""
+    app = create_app(Backend(facts=_facts(), libvirt_uri="test:///default"), mode="overview", poll_interval=3600)
+    reparsed: list[str] = []
+    refresh_css = app.refresh_css
+
+    def counted(animate: bool = True) -> None:
+        reparsed.append(app.current_mode)
+        refresh_css(animate)
+
+    app.refresh_css = counted  # type: ignore[method-assign]
+
+    async def drive() -> None:
+        async with app.run_test(size=(100, 32)) as pilot:
+            for key, mode in (("5", "results"), ("1", "overview"), ("6", "studies"), ("3", "guests")):
+                await pilot.press(key)
+                await pilot.pause(0.3)
+                assert app.current_mode == mode
+            reparsed.clear()
+            for key, mode in (("5", "results"), ("6", "studies"), ("1", "overview"), ("3", "guests")):
+                await pilot.press(key)
+                await pilot.pause(0.2)
+                assert app.current_mode == mode
+            assert reparsed == []
+
+    asyncio.run(drive())
+
+
 def test_the_app_sets_its_collector_thresholds_and_restores_them(state):
     """While the app runs, the collector uses the app's thresholds (a large gen 0, so drawing's short-lived cycles
     die young instead of feeding full collections); when it exits, the process gets its own back."""

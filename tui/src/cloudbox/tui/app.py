@@ -94,8 +94,9 @@ class CloudboxApp(CloudboxAppBase):
     def switch_mode(self, mode: str) -> AwaitMount:
         try:
             held = mode != self.current_mode and bool(self.get_screen_stack(mode))
+            first = False
         except KeyError:  # never shown: Textual's own hold covers its first build
-            held = False
+            held, first = False, True
         if mode != self.current_mode and self.is_running:
             self._styled_for[self.screen] = self._app_style_state()
         hold = ExitStack()
@@ -114,7 +115,16 @@ class CloudboxApp(CloudboxAppBase):
             end = partial(self._end_switch_hold, hold)
             hold.callback(self.set_timer(self.SWITCH_HOLD_MAX_S, end, name="switch hold").stop)
             self.screen.call_later(end)
+        elif first and self.is_running:
+            # Textual applies the stylesheet to a new screen before it is mounted and counts it applied only
+            # once mounted, so the key that showed it again reparsed every stylesheet (60-130 ms): done here,
+            # after the first build's frame, instead.
+            self.screen.call_after_refresh(self._restyle_new_screen, self.screen)
         return switched
+
+    def _restyle_new_screen(self, screen: Screen) -> None:
+        if self.screen is screen:
+            self.refresh_css(animate=False)
 
     def delay_update(self, delay: float = 0.05) -> None:
         if self._switch_hold is None:
