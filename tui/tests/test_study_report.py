@@ -113,8 +113,7 @@ def test_report_tables_against_hand_computed_values(study_a_runs, capsys):
         # the EBS row is set against the volume used from the host: 18.7 / 65.2 = 28.7 %
         ["KVM, EBS volume, emulated SCSI, whole device (default)", "`kvm-ebs-aoe`", "18.7", "-", "28.7 (of 65.2)",
          "-", "- / -", "- / -", "- / -",
-         "not run: network volumes: only NBD and iSCSI attached by QEMU (disk.attach = qemu) and AoE or NBD "
-         "attached by the guest (disk.attach = guest) are implemented yet"],
+         "not run: network volumes: disk.attach = host (aoe) is not implemented yet"],
     ]
     net = table_rows(report, "Network: the guest transmits to its own host (netperf TCP_STREAM)")
     assert net[0] == ["none, bare metal", "-", "-", "20000", "-", "100", v]

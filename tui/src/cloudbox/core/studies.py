@@ -53,6 +53,7 @@ from .results import Run, is_network_test, is_storage_test
 from .results import Sample as HostSample
 from .runspec import MIB, PROPAGATION, RunSpec, parse_size
 from .storage import TESTS as STORAGE_TESTS
+from .volumes import attach
 
 NATIVE = "native"  # the bare-metal row of a paper table, and a rule's "% of native"
 SIZES = ("study", "quick")
@@ -654,11 +655,13 @@ def find_study(name: str) -> Study:
 def cannot_run(profile: profiles.Profile) -> str | None:
     """Why this cloudbox cannot measure `profile` yet on any boot (the executor refuses it at its start), or None."""
     d = profile.disk
-    scheme = d.volume.partition(":")[0]
-    if d.backing == "network-volume" and not ((scheme in ("nbd", "iscsi") and d.attach == "qemu")
-                                              or (scheme in ("aoe", "nbd") and d.attach == "guest")):
-        return ("network volumes: only NBD and iSCSI attached by QEMU (disk.attach = qemu) and AoE or NBD attached "
-                "by the guest (disk.attach = guest) are implemented yet")
+    if d.backing != "network-volume":
+        return None
+    try:
+        attach.check_attach(d.volume.partition(":")[0], d.attach, hypervisor=profile.guest.hypervisor,
+                            has_module=lambda _m: True)
+    except attach.AttachRefused as e:
+        return f"network volumes: {e.summary}"
     return None
 
 

@@ -35,7 +35,12 @@ QEMU_ATTACH = ("nbd", "iscsi")  # the schemes disk.attach = qemu serves here
 
 
 class AttachRefused(CloudboxError):
-    """This attach mode or scheme cannot run here (or not yet): the message says why and where it does."""
+    """This attach mode or scheme cannot run here (or not yet): the message says why and where it does; `summary`
+    is its first sentence, for a table cell."""
+
+    def __init__(self, message: str, summary: str = ""):
+        super().__init__(message)
+        self.summary = summary or message
 
 
 def kernel_module_available(module: str, release: str | None = None) -> bool:
@@ -60,13 +65,14 @@ def check_attach(scheme: str, attach: str, *, hypervisor: str = "kvm", has_modul
     """Refuse (AttachRefused) what this host or this cloudbox cannot do, saying why and where it works."""
     if attach == "host":
         module = HOST_MODULES[scheme]
-        if not has_module(module):
-            raise AttachRefused(
-                f"disk.attach = host: the host's kernel attaches {scheme} volumes with its {module} driver, and this "
-                f"kernel ({platform.release()}) has none (not built in, no loadable module in /lib/modules). Host "
-                f"attach works on the appliance image and on a stock Debian kernel; here use an nbd: volume with "
-                f"disk.attach = qemu (preset kvm-ebs-nbd)")
-        raise AttachRefused(f"disk.attach = host ({scheme}) is not implemented yet; use disk.attach = qemu for nbd")
+        lacks = "" if has_module(module) else (f", which this kernel ({platform.release()}) lacks as well (not built "
+                                               "in, no loadable module in /lib/modules)")
+        summary = f"disk.attach = host ({scheme}) is not implemented yet"
+        raise AttachRefused(
+            f"{summary}: the host's kernel would attach the volume with its {module} driver{lacks}. Use "
+            "disk.attach = qemu (" + ", ".join(f"{s}:" for s in QEMU_ATTACH) + " volumes; presets kvm-ebs-nbd, "
+            "kvm-ebs-iscsi) or disk.attach = guest (" + ", ".join(f"{s}:" for s in GUEST_SCHEMES)
+            + " volumes; preset kvm-ebs-aoe-guest)", summary)
     if attach == "guest":
         if scheme not in GUEST_SCHEMES:
             raise AttachRefused(f"disk.attach = guest ({scheme}) is not implemented yet; the guest attaches "
