@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import profiles, studies
+from cloudbox.core import profiles, storage, studies
 from cloudbox.core.backing import NetworkSource
 from cloudbox.core.domain import render_domain
-from cloudbox.core.errors import CloudboxError
+from cloudbox.core.errors import Aborted, CloudboxError
 from cloudbox.core.volumes import attach, iscsi
 from cloudbox.core.volumes.store import VolumeStore
 
@@ -75,10 +75,34 @@ def test_the_preset_is_valid_and_qemu_attach_is_accepted():
         attach.check_attach("iscsi", "guest")
 
 
-def test_no_baseline_says_why():
-    assert "no libiscsi engine" in attach.no_iscsi_baseline(lambda m: False)
-    assert "no iscsi_tcp initiator" in attach.no_iscsi_baseline(lambda m: False)
-    assert "not built yet" in attach.no_iscsi_baseline(lambda m: True)
+PERF_OUT = """iscsi-perf version 0.1 - (c) 2014-2015 by Peter Lieven <pl@kamp.de>
+
+connected to iscsi://cloudbox-3de4094f@127.0.0.1:36301/iqn.2026-11.org.cloudbox:vol.ebs/1
+capacity is 131072 blocks or 67108864 byte (64 MB)
+performing RANDOM READ with 32 parallel requests
+FIXED transfer size of 8 blocks (4096 byte)
+infinite runtime - press CTRL-C to abort.
+
+00:00:01 - lba 113828, iops current 80907 (316 MB/s), iops average 80907 (316 MB/s), in_flight 32, busy 0
+00:00:02 - lba 66399, iops current 76629 (299 MB/s), iops average 78768 (307 MB/s), in_flight 32, busy 0
+
+finished.
+"""
+
+
+def test_iscsi_perf_reads_as_the_test_does_and_its_average_is_the_result():
+    t = storage.TESTS["randread-4k-qd32"]
+    assert iscsi.perf_measures(t) and iscsi.perf_measures(storage.TESTS["seq-read-64k"])
+    for other in ("seq-write-64k", "dd-read-64k", "iozone-read-16m", "bonnie"):
+        assert not iscsi.perf_measures(storage.TESTS[other]), other
+    url = "iscsi://u@127.0.0.1:3260/iqn.x/1"
+    assert iscsi.perf_args(t, url, "iqn.i") == ["iscsi-perf", "-i", "iqn.i", "-r", "-b", "8", "-m", "32", url]
+    seq = iscsi.perf_args(storage.TESTS["seq-read-64k"], url, "iqn.i")
+    assert seq == ["iscsi-perf", "-i", "iqn.i", "-b", "128", "-m", "1", url]
+    r = iscsi.parse_perf(t, PERF_OUT, 2.1)
+    assert r.iops == 78768 and r.mbps == pytest.approx(78768 * 4096 / 1e6) and r.seconds == 2.1
+    with pytest.raises(CloudboxError, match="printed no average"):
+        iscsi.parse_perf(t, "iscsi-perf version 0.1\nLogin Failed\n", 0.5)
 
 
 def test_exports_here_name_iscsi_and_what_it_lacks(tmp_path, monkeypatch):
@@ -130,6 +154,12 @@ def test_tgtd_refuses_a_wrong_secret_and_a_stranger_and_leaves_nothing(state, li
         stranger = _login(exp, c.user, c.secret, "iqn.2026-11.org.example:someone")
         assert stranger.returncode != 0 and "Login Failed" in stranger.stderr
         assert c.secret not in (work / "tgtd.log").read_text()
+        if shutil.which("iscsi-perf"):  # the baseline's reader: logged in as this box, the secret in its env only
+            r = iscsi.perf(storage.TESTS["seq-read-64k"], exp, c, 1.5, lambda: False)
+            assert r.mbps > 0 and r.iops > 0 and 1.5 <= r.seconds < 1.5 + iscsi.PERF_STOP_S and c.secret not in r.raw
+            with pytest.raises(Aborted, match="iscsi-perf"):
+                iscsi.perf(storage.TESTS["randread-4k-qd32"], exp, c, 30, lambda: True)
+            assert subprocess.run(["pgrep", "-f", f"iscsi-perf .*:{exp.port}/"], capture_output=True).returncode == 1
         with pytest.raises(CloudboxError, match="attached by run run-iscsi-1"):
             attach.export_for_run("iscsi:ebs", "qemu", run_uuid="run-j", work_dir=state / "work" / "run-j",
                                   size_bytes=8 * MIB, conn=libvirt_conn)

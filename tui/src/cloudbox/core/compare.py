@@ -356,6 +356,8 @@ def _volume_baseline_driver(run: Run) -> str:
     scheme = knobs(run).volume.split(":", 1)[0]
     if scheme == "nbd":
         return "NBD, fio nbd engine (user space)"
+    if scheme == "iscsi":
+        return "iSCSI, libiscsi's iscsi-perf (user space)"
     return f"{_VOLUME_SCHEMES.get(scheme, scheme or '?')}, host initiator"
 
 

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import platform
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -179,10 +180,15 @@ def _volume_info(v: VolumeExport | None) -> VolumeInfo | None:
         return None
     io = v.export.io() if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport) else {}
     return VolumeInfo(name=v.volume, scheme=v.scheme, attach=v.attach, server=v.server, uri=v.uri, tls=v.tls,
-                      baseline=v.no_baseline or "the same export from the host domain: fio's nbd engine (libnbd, "
-                                                "user space)",
+                      baseline=v.no_baseline or BASELINES[v.scheme],
                       target=v.export.target if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport) else "",
                       server_bytes_read=io.get("read_bytes"), server_bytes_written=io.get("write_bytes"))
+
+
+# How the host domain measures a volume a run's baseline measured.
+BASELINES = {"nbd": "the same export from the host domain: fio's nbd engine (libnbd, user space)",
+             "iscsi": ("the same target from the host domain: libiscsi's iscsi-perf (user space, the library of "
+                       "QEMU's initiator), read tests only, after data was laid over the whole volume")}
 
 
 def start_sampler(ctx: RunContext) -> None:
@@ -206,6 +212,9 @@ def storage_baseline(ctx: RunContext) -> None:
         ctx.sink.step(f"bare metal: {ctx.volume.no_baseline}", side="baseline")
         return
     tests = storage.resolve_tests(ctx.spec.storage_tests)
+    if ctx.volume is not None and isinstance(ctx.volume.export, iscsi.IscsiExport):
+        iscsi_baseline(ctx, ctx.volume, ctx.volume.export, tests)
+        return
     store, sink = ctx.backing, ctx.sink
     runner = storage.HostRunner(ctx.control.cancelled)
     sink.step("bare metal: storage tests", side="baseline")
@@ -220,6 +229,38 @@ def storage_baseline(ctx: RunContext) -> None:
                                                            ctx.runtime, sink.progress("baseline", t.id)))
     if not store.is_block and not storage.is_nbd_uri(store.baseline_target):
         Path(store.baseline_target).unlink(missing_ok=True)
+
+
+def iscsi_baseline(ctx: RunContext, v: VolumeExport, exp: iscsi.IscsiExport, tests: list[storage.StorageTest]) -> None:
+    """The iSCSI target read from the host domain by libiscsi's iscsi-perf (the library QEMU's initiator is built
+    on), after data was laid down over the whole volume: it reads across the whole LUN. Other tests: not measured."""
+    sink = ctx.sink
+    vol_bytes = os.path.getsize(v.path)
+    why = iscsi_unmeasured(vol_bytes, ctx.size)
+    reads = [t for t in tests if iscsi.perf_measures(t)] if not why else []
+    sink.step(f"bare metal: the volume's target read through libiscsi (iscsi-perf) from the host domain: "
+              f"{', '.join(t.id for t in reads) or 'no test'}", side="baseline")
+    if reads:
+        sink.step(f"bare metal: laying down data over the whole volume ({backing.human_size(vol_bytes)})",
+                  side="baseline")
+        storage.HostRunner(ctx.control.cancelled).fill(v.path, vol_bytes)
+        creds = iscsi.chap()
+    for t in tests:
+        if t in reads:
+            storage_test(ctx, "baseline", t, functools.partial(iscsi.perf, t, exp, creds, ctx.runtime,
+                                                               ctx.control.cancelled))
+        else:
+            sink.step(f"bare metal: {t.id}: not measured: {why or iscsi.PERF_LIMITS}", side="baseline", test=t.id)
+
+
+def iscsi_unmeasured(vol_bytes: int, size: int) -> str:
+    """Why no read of an iSCSI volume is measured from the host domain ('' when they are)."""
+    if not shutil.which("iscsi-perf"):
+        return "this host has no iscsi-perf (Debian package libiscsi-bin)"
+    if vol_bytes > iscsi.PERF_MAX_FILL * size:
+        return (f"iscsi-perf reads across the whole LUN, and laying data over this volume "
+                f"({backing.human_size(vol_bytes)}) is more than {iscsi.PERF_MAX_FILL} times the test size")
+    return ""
 
 
 def serve_volume(ctx: RunContext) -> None:

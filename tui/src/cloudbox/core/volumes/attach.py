@@ -8,7 +8,8 @@ qemu); the baseline is the same export from the host domain through fio's nbd en
 attached by the guest itself (disk.attach = guest): vblade serves the volume on the bridge of the guest's NIC once
 that exists (`VolumeExport.serve()`), the guest's `aoe` driver reads it; no baseline, `no_baseline` says why.
 iSCSI with CHAP (tgtd, this box's CHAP secret and initiator name) attached by QEMU's libiscsi driver (disk.attach =
-qemu), which logs in with a libvirt secret made for the run; no baseline (`no_iscsi_baseline()` says why).
+qemu), which logs in with a libvirt secret made for the run; its baseline is the target read from the host domain by
+libiscsi's iscsi-perf (reads only).
 """
 
 from __future__ import annotations
@@ -235,14 +236,6 @@ def no_aoe_baseline(has_module=kernel_module_available) -> str:
             "come back to it); the host-domain row needs the target in another network namespace, not built yet")
 
 
-def no_iscsi_baseline(has_module=kernel_module_available) -> str:
-    """Why a run with an iSCSI volume has no baseline: nothing in the host domain measures it here."""
-    kernel = ("the host's iscsi_tcp initiator (host attach) is not built yet" if has_module("iscsi_tcp") else
-              f"this kernel ({platform.release()}) has no iscsi_tcp initiator")
-    return (f"no baseline: fio here has no libiscsi engine (Debian builds it without) and {kernel}; a local disk is "
-            "not the same volume, so nothing is measured in its place")
-
-
 def export_for_run(spec: str, attach: str, *, run_uuid: str, work_dir: Path, size_bytes: int,
                    hypervisor: str = "kvm", conn: typing.Any = None) -> VolumeExport:
     """Check, attach and export the profile's volume `spec` for run `run_uuid`; on any failure nothing is left.
@@ -332,8 +325,9 @@ def _for_iscsi(name: str, path: str, vol_bytes: int, attach: str, run_uuid: str,
                    f"{path} on {backing.device_model(dev)}")
     store.network = backing.NetworkSource("iscsi", exp.target, exp.host, exp.port, tls=False,
                                           initiator=creds.initiator, auth_user=creds.user, auth_usage=usage)
+    store.baseline_labels = [BASELINE_LABEL, "iscsi-perf"]
     if dev is None:
         store.labels.append("no-host-metrics")
     return VolumeExport(name, "iscsi", attach, store, exp, run_uuid, path=path, work_dir=work_dir,
                         tls="CHAP (this box's secret) and its initiator name; not encrypted: 127.0.0.1 only",
-                        no_baseline=no_iscsi_baseline(), secret_uuid=secret, conn=conn)
+                        secret_uuid=secret, conn=conn)
