@@ -91,7 +91,7 @@ def test_ctrl_c_with_the_guest_on_an_iscsi_volume_leaves_nothing(state, libvirt_
         assert iscsi.running(vol.path) != []
 
     got = interrupt_cli_run(["--profile", "kvm-ebs-iscsi", "--suite", "storage", "--size", "64M",
-                             "--tests", "standard", "--runtime", "30"], while_running=exported)
+                             "--tests", "standard", "--runtime", "5"], while_running=exported)  # reads: baseline
     assert got.returncode == 1, got.output
     assert got.run.state == "aborted" and "SIGINT" in (got.run.reason or ""), got.run.reason
     assert [g.name for g in list_guests(libvirt_conn) if "kvm-ebs-iscsi" in g.name] == []
