@@ -57,7 +57,7 @@ def test_the_records_set_and_full():
     assert storage.needs_fill(storage.resolve_tests("rec-read-64k"))
     assert not set(SWEEP) & set(storage.TEST_SETS["full"])  # full leaves the sweep out
     assert (set(storage.TEST_SETS["full"]) | set(SWEEP) | set(storage.IOZONE_TESTS) | set(storage.IOZONE_FILE_TESTS)
-            | {"bonnie"}) == set(storage.TESTS)
+            | {"bonnie", "iozone-grid"}) == set(storage.TESTS)
     # the run option's choices and help come from the same table
     assert [v for _, v in option("storage_tests").offered()] == list(storage.TEST_SETS)
     assert "records" in option("storage_tests").help
@@ -237,3 +237,63 @@ def test_the_sweep_on_bare_metal(tmp_path):
                                                         lambda _p: None)
     assert storage.iozone_file_sizes(r.extra) == [16384, 32768, 65536] and r.mbps > 0
     assert all(v > 0 for v in r.extra.values()) and "Auto Mode" in r.raw
+
+
+GRID_RECORDS_KIB = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+
+
+def test_the_grid_runs_automatic_mode_over_every_record_and_every_file_size():
+    t = storage.TESTS["iozone-grid"]
+    assert (t.program, t.writes, t.bs) == ("iozone", True, "16m")  # the run's size must hold its largest record
+    assert "iozone-grid" not in storage.TEST_SETS["full"] and results.is_storage_test("iozone-grid")
+    assert not storage.needs_fill([t]) and storage.iozone_fills([t, storage.TESTS["iozone-read-16m"]]) == [False, True]
+    assert [r >> 10 for r in storage.iozone_grid_records(t)] == GRID_RECORDS_KIB
+    assert storage.iozone_files_args(t, "/dev/sda", 128 << 20) == [
+        "iozone", "-a", "-i", "0", "-i", "1", "-y", "64k", "-q", "16m", "-n", "64k", "-g", "131072k", "-I", "-e", "-w",
+        "-f", "/dev/sda"]
+    assert compare.test_title("iozone-grid").startswith("IOzone's automatic mode over record and file sizes")
+    # quick size: the hour (23 s measured in a TCG guest); study size: each record's file sweep, its writes' 4 x 2 GiB
+    # in requests of a flush each (5,233 s over the nine records) and at 10 MB/s (859 s each)
+    assert storage.guest_timeout(t, 128 << 20) == storage.GUEST_TIMEOUT
+    assert storage.guest_timeout(t, 2 << 30) == pytest.approx(2621.44 * (2 - 2**-8) + 9 * 4 * 2**31 / 10e6)
+    with pytest.raises(UsageError, match=r"smaller than one 16m record of iozone-grid"):
+        RunSpec(profile="virtio-disk", suite="storage", size="8M", storage_tests="iozone-grid").validate()
+
+
+def test_the_grids_metrics_name_file_and_record_size():
+    assert storage.iozone_file_metric("write", 131072, 16384) == "write MB/s, 128 MiB file, 16 MiB records"
+    assert storage.iozone_file_metric("re-read", 512, 64) == "re-read MB/s, 512 KiB file, 64 KiB records"
+    assert storage.iozone_file_metric("read", 16384) == "read MB/s, 16 MiB file"  # a file sweep's, as before
+    mixed = {"MB/s": 1.0, "write MB/s, 16 MiB file": 1.0, "read MB/s, 32 MiB file": 1.0,
+             "write MB/s, 64 KiB file, 64 KiB records": 1.0, "write MB/s, 1 MiB file, 512 KiB records": 1.0,
+             "write MB/s, 1 MiB file, 64 KiB records": 1.0, "write MB/s, 1 MiB filez": 1.0}
+    assert storage.iozone_sweep_cells(mixed) == [(64, 64), (1024, 64), (1024, 512), (16384, None)]
+    assert storage.iozone_file_sizes(mixed) == [64, 1024, 16384]
+
+
+def test_the_grids_rows_are_read_per_file_and_record_size():
+    """A real `iozone -a -i 0 -i 1 -y 64k -q 16m -n 64k -g 131072k -I -e -w` on this host (tests/data)."""
+    text = (Path(__file__).parent / "data" / "iozone-grid-host-128m.txt").read_text()
+    r = storage.parse_iozone_files("iozone-grid", text, grid=True)
+    cells = storage.iozone_sweep_cells(r.extra)
+    # files of 64 KiB to 128 MiB; IOzone takes each record up to the file's size: 1 + 2 + ... + 8, then 9 per file
+    assert storage.iozone_file_sizes(r.extra) == [64 << i for i in range(12)]
+    assert len(cells) == 36 + 4 * 9 and len(r.extra) == 4 * len(cells) and all(rec <= kib for kib, rec in cells)
+    assert sorted({rec for _, rec in cells}) == GRID_RECORDS_KIB
+    assert r.mbps == pytest.approx(1252157 * 1024 / 1e6)  # the largest file's write with the largest records
+    assert r.extra["write MB/s, 128 MiB file, 16 MiB records"] == pytest.approx(r.mbps)
+    assert r.extra["write MB/s, 64 KiB file, 64 KiB records"] == pytest.approx(320021 * 1024 / 1e6)
+    assert r.extra["re-read MB/s, 16 MiB file, 64 KiB records"] == pytest.approx(923775 * 1024 / 1e6)
+    assert r.extra["re-write MB/s, 128 MiB file, 1 MiB records"] == pytest.approx(2719506 * 1024 / 1e6)
+    assert r.seconds == pytest.approx(128 * 2**20 / (r.mbps * 1e6))
+
+
+@needs_iozone
+def test_the_grid_on_bare_metal(tmp_path):
+    target = tmp_path / "disk.img"
+    r = storage.HostRunner(cancelled=lambda: False).run(storage.TESTS["iozone-grid"], str(target), 16 << 20, 0,
+                                                        lambda _p: None)
+    cells = storage.iozone_sweep_cells(r.extra)
+    assert len(cells) == sum(range(1, 10)) and cells[-1] == (16384, 16384)  # files 64 KiB to 16 MiB
+    assert r.mbps == r.extra["write MB/s, 16 MiB file, 16 MiB records"] and all(v > 0 for v in r.extra.values())
+    assert "-y 64k -q 16m -n 64k -g 16384k" in r.raw

@@ -191,6 +191,10 @@ def test_title(test: str) -> str:
         bs = test.removeprefix("iozone-files-")
         return (f"IOzone's file-size sweep, {_size_words(bs)} records: write MB/s of the largest file (re-write, read "
                 f"and re-read of every file size stored beside it), O_DIRECT [{test}]")
+    if test == "iozone-grid":
+        return ("IOzone's automatic mode over record and file sizes, 64 kB to 16 MB records: write MB/s of the largest "
+                "file with the largest records (every pass of every file and record size stored beside it), O_DIRECT "
+                "[iozone-grid]")
     if test == "bonnie":
         return ("Bonnie++: sequential block write (MB/s; rewrite, read, %CPU and file creations and deletions per "
                 "second stored beside it), on ext4 through the page cache [bonnie]")

@@ -24,6 +24,7 @@ from .errors import Aborted, CloudboxError, GuestError
 MB = 1_000_000
 GUEST_TIMEOUT = 3600.0  # seconds a guest's test may run before it counts as hung
 SLOW_REQUEST_S = 0.02  # one request waiting for a hard disk's flush: the slowest a one-at-a-time pass may go
+SLOW_STREAM = 10 * 1_000_000  # bytes/s: under a sixth of a hard disk's ~100 MB/s, study B's write-through KVM
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class StorageTest:
     @property
     def program(self) -> str:
         """The program the test runs (what the guest must have)."""
-        return {"dd": "dd", "iozone": "iozone", "iozone-files": "iozone", "bonnie": "bonnie++"}.get(self.tool, "fio")
+        return "iozone" if self.tool in IOZONE_TOOLS else {"dd": "dd", "bonnie": "bonnie++"}.get(self.tool, "fio")
 
     @property
     def engine(self) -> str:
@@ -65,6 +66,11 @@ RECORD_TESTS = tuple(f"rec-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write",
 # IOzone itself (study B's tool): write reports re-write beside it, read reports re-read; O_DIRECT, fsync timed.
 IOZONE_TESTS = tuple(f"iozone-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write", "read"))
 IOZONE_FILE_TESTS = tuple(f"iozone-files-{bs}" for bs in RECORD_SIZES)
+# IOzone's automatic mode over record sizes as well (its own -a grid): every record from 64 kB doubling to 16 MB.
+IOZONE_GRID = "iozone-grid"
+IOZONE_GRID_MIN_RECORD = "64k"
+IOZONE_SWEEPS = ("iozone-files", IOZONE_GRID)  # tools whose run is IOzone's automatic mode
+IOZONE_TOOLS = ("iozone", *IOZONE_SWEEPS)
 
 TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("seq-write-64k", "write", "64k"),
@@ -84,6 +90,8 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
       for bs in RECORD_SIZES for rw in ("write", "read")),
     # IOzone's automatic mode over file sizes (study B's sweep): each record size, files doubling up to the run's size.
     *(StorageTest(f"iozone-files-{bs}", "write", bs, sync=True, tool="iozone-files") for bs in RECORD_SIZES),
+    # Both sweeps at once; its bs is the largest record, which the run's size must hold.
+    StorageTest(IOZONE_GRID, "write", "16m", sync=True, tool=IOZONE_GRID),
     # Bonnie++ (study B): its own write, rewrite and read of one file, then its file creations and deletions.
     StorageTest("bonnie", "write", "8k", tool="bonnie"),
 ]}
@@ -95,9 +103,10 @@ TEST_SETS: dict[str, list[str]] = {
                  "seq-read-1m", "randwrite-4k-qd1", "randread-4k-qd1", "randwrite-4k-qd32",
                  "randread-4k-qd32"],
     # Not the record sweep: 14 more whole-file passes, down to 4 kB at a time, would more than double a full run.
-    # Nor Bonnie++, which makes a file system on the disk and writes, rewrites and reads most of it once more.
+    # Nor Bonnie++, which makes a file system on the disk and writes, rewrites and reads most of it once more,
+    # nor IOzone's grid, which passes over twice the disk 36 times.
     "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS and t not in IOZONE_FILE_TESTS
-             and t != "bonnie"],
+             and t not in ("bonnie", IOZONE_GRID)],
     "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
     "records": list(RECORD_TESTS),
     # Study B's record sizes (64 kB, 1 MB and its 16 MB) with IOzone itself; the whole sweep is `iozone-*` by name.
@@ -127,6 +136,10 @@ def block_bytes(bs: str) -> int:
 def guest_timeout(t: StorageTest, size: int) -> float:
     """How long the guest's run of `t` over `size` bytes may take: an hour, or for a test issuing one request at a time
     over the whole file (the record sweep) as long as its requests take at the slowest (SLOW_REQUEST_S each)."""
+    if t.tool == IOZONE_GRID:
+        # a file sweep per record size, one after the other: their writes' requests, and their bytes at SLOW_STREAM
+        return max(GUEST_TIMEOUT, sum(4 * size / r * SLOW_REQUEST_S + 4 * size / SLOW_STREAM
+                                      for r in iozone_grid_records(t)))
     if t.sync:
         # IOzone's file sweep writes files of twice `size` in all, each twice
         passes = 4 if t.tool == "iozone-files" else 1
@@ -281,45 +294,70 @@ def iozone_args(t: StorageTest, target: str, size: int) -> list[str]:
             "-f", target]
 
 
+def iozone_grid_records(t: StorageTest) -> list[int]:
+    """The grid's record sizes in bytes: IOZONE_GRID_MIN_RECORD doubling up to `t`'s, as IOzone's -a steps them."""
+    lo = block_bytes(IOZONE_GRID_MIN_RECORD)
+    return [lo << i for i in range((block_bytes(t.bs) // lo).bit_length())]
+
+
 def iozone_files_args(t: StorageTest, target: str, size: int) -> list[str]:
-    """IOzone's automatic mode (-a) over `target`: write, re-write, read and re-read (-i 0 -i 1) with `t`'s records,
-    for files from one record (-n) doubling up to `size` (-g); O_DIRECT, the closing fsync timed, as iozone_args."""
-    return ["iozone", "-a", "-i", "0", "-i", "1", "-r", t.bs, "-n", f"{block_bytes(t.bs) // 1024}k",
-            "-g", f"{max(1, size // 1024)}k", "-I", "-e", "-w", "-f", target]
+    """IOzone's automatic mode (-a) over `target`: write, re-write, read and re-read (-i 0 -i 1) with `t`'s records
+    (the grid: every record from IOZONE_GRID_MIN_RECORD up to `t`'s, -y/-q), for files from the smallest record (-n)
+    doubling up to `size` (-g); O_DIRECT, the closing fsync timed, as iozone_args."""
+    grid = t.tool == IOZONE_GRID
+    smallest = IOZONE_GRID_MIN_RECORD if grid else t.bs
+    return ["iozone", "-a", "-i", "0", "-i", "1", *(["-y", smallest, "-q", t.bs] if grid else ["-r", t.bs]),
+            "-n", f"{block_bytes(smallest) // 1024}k", "-g", f"{max(1, size // 1024)}k", "-I", "-e", "-w", "-f", target]
 
 
 _IOZONE_AUTO_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.M)
 IOZONE_FILE_PASSES = ("write", "re-write", "read", "re-read")
 
 
-def iozone_file_metric(passname: str, kib: int) -> str:
-    """The stored metric of one pass over one file size: "write MB/s, 16 MiB file"."""
-    return f"{passname} MB/s, {kib // 1024} MiB file" if kib >= 1024 else f"{passname} MB/s, {kib} KiB file"
+def kib_text(kib: int) -> str:
+    """A power-of-two size in KiB as IOzone's sweeps are labelled: "512 KiB", "16 MiB"."""
+    return f"{kib // 1024} MiB" if kib >= 1024 else f"{kib} KiB"
 
 
-def parse_iozone_files(test_id: str, text: str) -> FioResult:
-    """IOzone's automatic-mode rows "kB reclen write rewrite read reread" (kB/s), one per file size: the largest
-    file's write MB/s as the result, every pass of every file size in `extra` (iozone_file_metric)."""
+def iozone_file_metric(passname: str, kib: int, record_kib: int | None = None) -> str:
+    """The stored metric of one pass over one file size: "write MB/s, 16 MiB file"; a grid's names its records too:
+    "write MB/s, 128 MiB file, 64 KiB records"."""
+    return f"{passname} MB/s, {kib_text(kib)} file" + (f", {kib_text(record_kib)} records" if record_kib else "")
+
+
+def parse_iozone_files(test_id: str, text: str, *, grid: bool = False) -> FioResult:
+    """IOzone's automatic-mode rows "kB reclen write rewrite read reread" (kB/s), one per file size and record size:
+    the write MB/s of the largest file (a grid's: with its largest records) as the result, every pass of every row in
+    `extra` (iozone_file_metric, naming the records when `grid`)."""
     rows = [tuple(int(x) for x in m.groups()) for m in _IOZONE_AUTO_ROW.finditer(text)]
     if not rows:
         raise CloudboxError(f"iozone ({test_id}) printed no automatic-mode rows: {text.strip()[-300:]}")
     extra: dict[str, float | None] = {}
-    for kib, _rec, *passes in rows:
+    for kib, rec, *passes in rows:
         for name, kbs in zip(IOZONE_FILE_PASSES, passes, strict=True):
-            extra[iozone_file_metric(name, kib)] = kbs * 1024 / MB
+            extra[iozone_file_metric(name, kib, rec if grid else None)] = kbs * 1024 / MB
     big = max(rows)
     mbps = big[2] * 1024 / MB
     return FioResult(test_id, mbps, 0.0, 0.0, big[0] * 1024 / MB / mbps if mbps else 0.0, text, extra)
 
 
-def iozone_file_sizes(extra: dict) -> list[int]:
-    """The file sizes (KiB) a sweep's stored metrics cover, smallest first."""
+_SWEEP_METRIC = re.compile(r"write MB/s, (\d+) (MiB|KiB) file(?:, (\d+) (MiB|KiB) records)?")
+
+
+def iozone_sweep_cells(extra: dict) -> list[tuple[int, int | None]]:
+    """The (file KiB, record KiB) a sweep's stored metrics cover, in order: a file sweep's records are None."""
     out = set()
     for k in extra:
-        m = re.fullmatch(r"write MB/s, (\d+) (MiB|KiB) file", k)
+        m = _SWEEP_METRIC.fullmatch(k)
         if m:
-            out.add(int(m[1]) * (1024 if m[2] == "MiB" else 1))
-    return sorted(out)
+            out.add((int(m[1]) * (1024 if m[2] == "MiB" else 1),
+                     int(m[3]) * (1024 if m[4] == "MiB" else 1) if m[3] else None))
+    return sorted(out, key=lambda c: (c[0], c[1] or 0))
+
+
+def iozone_file_sizes(extra: dict) -> list[int]:
+    """The file sizes (KiB) a sweep's stored metrics cover, smallest first."""
+    return sorted({kib for kib, _ in iozone_sweep_cells(extra)})
 
 
 def _iozone_writer(t: StorageTest) -> StorageTest:
@@ -492,12 +530,10 @@ class HostRunner:
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn) -> FioResult:
         if t.dd and not is_nbd_uri(target):  # dd cannot open a volume over NBD: fio's nbd engine does its pattern
             return self._dd(t, target, size)
-        if t.tool == "iozone":
+        if t.tool in IOZONE_TOOLS:
             return self._iozone(t, target, size)
         if t.tool == "bonnie":
             return self._bonnie(t, target, size)
-        if t.tool == "iozone-files":
-            return self._iozone(t, target, size)
         return self._fio(t, fio_args(t, target, size, runtime), progress)
 
     def _bonnie(self, t: StorageTest, target: str, size: int) -> FioResult:
@@ -550,14 +586,14 @@ class HostRunner:
     def _iozone(self, t: StorageTest, target: str, size: int) -> FioResult:
         if is_nbd_uri(target):
             raise CloudboxError(f"{t.id}: IOzone cannot open a volume served over NBD ({target}); the fio tests can")
-        sweep = t.tool == "iozone-files"
+        sweep = t.tool in IOZONE_SWEEPS
         proc = subprocess.Popen((iozone_files_args if sweep else iozone_args)(t, target, size),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         out, _ = procs.wait_cancellable(proc, self.cancelled, "a bare-metal iozone run")
         if proc.returncode != 0:
             raise CloudboxError(f"bare-metal iozone ({t.id}) exited {proc.returncode}: {out.strip()[-400:]}")
         if sweep:
-            return parse_iozone_files(t.id, out)
+            return parse_iozone_files(t.id, out, grid=t.tool == IOZONE_GRID)
         return parse_iozone(t.id, out, "write" if t.writes else "read")
 
     def _fio(self, t: StorageTest, args: list[str], progress: ProgressFn) -> FioResult:
@@ -716,13 +752,13 @@ class GuestRunner:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
             res = parse_iozone(t.id, r.stdout, "write" if t.writes else "read")
-        elif t.tool == "iozone-files":
+        elif t.tool in IOZONE_SWEEPS:
             r = self.guest.sh(hold + " ".join(shlex.quote(a) for a in iozone_files_args(t, target, size)),
                               timeout=timeout, poll=self._check_cancel)
             if r.exitcode != 0:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
-            res = parse_iozone_files(t.id, r.stdout)
+            res = parse_iozone_files(t.id, r.stdout, grid=t.tool == IOZONE_GRID)
         elif t.tool == "bonnie":
             r = self.guest.sh(hold + bonnie_guest_script(target, size), timeout=timeout, poll=self._check_cancel)
             if r.exitcode != 0:
