@@ -149,6 +149,7 @@ def test_shipped_studies_load_and_name_their_files():
     assert a.paper_percent("eucalyptus-default", "tcp-stream-fe") == (71.0, False)
     b = studies.find_study("b")
     assert b.suite == "storage" and [r.id for r in b.rules] == ["B3.wt", "B3.none", "B3.kvm"]
+    assert "iozone-grid" in b.test_ids and not any("iozone-grid" in r.cell for r in b.rules)  # a cell, no rule
 
 
 def test_study_c_is_the_iozone_record_sweep_with_cost_columns_and_no_invented_figures():
@@ -232,6 +233,8 @@ INVALID = [
      "profiles[2].name", "native", "a profile name"),
     ("unknown-test", replace(GOOD, 'id = "dd-write-64k"', 'id = "dd-write-2m"'),
      "tests[1].id", "dd-write-2m", "dd-write-64k"),
+    ("unknown-grid", replace(GOOD, 'id = "dd-write-64k"', 'id = "iozone-grid-16m"'),
+     "tests[1].id", "iozone-grid-16m", "iozone-files-16m, iozone-grid, bonnie"),
     ("unknown-size", replace(GOOD, 'sizes = ["study", "quick"]', 'sizes = ["study", "huge"]'),
      "sizes[2]", "huge", "study, quick"),
     ("size-twice", replace(GOOD, 'sizes = ["study", "quick"]', 'sizes = ["quick", "quick"]'),
