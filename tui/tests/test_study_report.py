@@ -12,7 +12,8 @@ from xml.etree import ElementTree
 import pytest
 
 from cloudbox import cli
-from cloudbox.core import paths, profiles
+from cloudbox.core import paths, profiles, storage
+from cloudbox.core.execution.measure import measured
 from cloudbox.core.provenance import Provenance
 from cloudbox.core.results import ResultStore
 
@@ -234,6 +235,99 @@ def test_study_b_reports_iozones_file_size_sweep_per_file_size(capsys):
                          ["bare metal", f"#{rid}", "32 MiB", "320.0", "330.0", "340.0", "350.0"],
                          [wt, f"#{rid}", "16 MiB", "16.0", "17.0", "18.0", "19.0"],
                          [wt, f"#{rid}", "32 MiB", "32.0", "33.0", "34.0", "35.0"]]
+
+
+GRID_TABLE = ("IOzone's automatic mode over record sizes (64 kB to 16 MB) and file sizes, O_DIRECT: write MB/s of the "
+              "largest file with 16 MB records (every record and file size below)")
+NONE_ROW = "KVM, emulated IDE, raw file, host cache off"
+
+
+def add_grid_run(store: ResultStore, guest_scale: float) -> int:
+    """A TCG run of kvm-cache-none at quick size storing iozone-grid: bare metal's figures those of the real output in
+    tests/data, the guest's the same times `guest_scale`."""
+    text = (Path(__file__).parent / "data" / "iozone-grid-host-128m.txt").read_text()
+    res = storage.parse_iozone_files("iozone-grid", text, grid=True)
+    rid = store.create_run(profile_name="kvm-cache-none", profile_hash=profiles.find_profile("kvm-cache-none").hash,
+                           suite="storage", size_label="quick", accelerator="tcg", emulated=True, started_at=T0,
+                           node=platform.node())
+    for side, scale in (("baseline", 1.0), ("guest", guest_scale)):
+        for metric, value in measured(res):
+            store.add_measurement(rid, side=side, test="iozone-grid", metric=metric, value=value * scale)
+    store.finish_run(rid, "completed")
+    return rid
+
+
+def mbs(kbs: int, scale: float = 1.0) -> str:
+    """IOzone's kB/s as the report writes MB/s."""
+    return f"{kbs * 1024 / 1e6 * scale:.1f}"
+
+
+def test_study_b_reports_iozones_grid_per_file_and_record_size(capsys):
+    with ResultStore() as store:
+        rid = add_grid_run(store, 0.25)
+    code, report, _ = run_cli(["study", "report", "b"], capsys)
+    assert code == 0
+    assert "| configuration | run | file | records | write | re-write | read | re-read |" in report
+    rows = table_rows(report, GRID_TABLE)
+    assert rows[0][:4] == ["none, bare metal", "-", "-", mbs(1252157)]
+    assert rows[2][:6] == [NONE_ROW, "`kvm-cache-none`", "-", f"{mbs(1252157, 0.25)} (emulated, quick)", "-",
+                           "25.0 (emulated, quick)"]
+    sweep = [r for r in rows if r[1] == f"#{rid}"]
+    assert len(sweep) == 2 * 72  # each side: every file size with every record up to it
+    assert sweep[0] == ["bare metal", f"#{rid}", "64 KiB", "64 KiB", mbs(320021), mbs(831569), mbs(821391),
+                        mbs(877797)]
+    assert sweep[71] == ["bare metal", f"#{rid}", "128 MiB", "16 MiB", mbs(1252157), mbs(1734788), mbs(982196),
+                         mbs(996252)]
+    assert sweep[72 + 36] == [NONE_ROW, f"#{rid}", "16 MiB", "64 KiB", *(mbs(k, 0.25) for k in
+                                                                         (868758, 1255842, 1028953, 923775))]
+
+
+def test_html_report_plots_iozones_sweeps_against_file_size(capsys):
+    """The file sweep: a line per pass; the grid: a line per record size (its write pass); bare metal and the guest
+    each a plot of its own, headed by the qualifiers the tables give them; the file sizes on a log2 axis."""
+    with ResultStore() as store:
+        grid = add_grid_run(store, 0.25)
+        files = add_run(store, "kvm-cache-writethrough", {"iozone-files-16m": (32.0, 320.0)}, started_at=T0 + 10)
+        for side, scale in (("baseline", 10.0), ("guest", 1.0)):
+            for mib in (16, 32, 64):
+                for k, p in enumerate(storage.IOZONE_FILE_PASSES):
+                    store.add_measurement(files, side=side, test="iozone-files-16m",
+                                          metric=f"{p} MB/s, {mib} MiB file", value=(mib + k) * scale)
+    code, page, _ = run_cli(["study", "report", "b", "--format", "html"], capsys)
+    assert code == 0
+    figures = [f.split("</figure>")[0] for f in page.split("<figure>")[1:] if "against file size" in f]
+    assert [f"(run #{files})" in figures[0], f"(run #{grid})" in figures[1], len(figures)] == [True, True, 2]
+    ns = "{http://www.w3.org/2000/svg}"
+
+    def plots(fig: str) -> list[tuple[str, dict[str, list[tuple[float, float]]], ElementTree.Element]]:
+        out = []
+        for chunk in fig.split("<svg")[1:]:
+            svg = ElementTree.fromstring("<svg" + chunk.split("</svg>")[0] + "</svg>")
+            heading = next(t.text for t in svg.iter(f"{ns}text"))
+            lines = {"".join(p.itertext()): [tuple(map(float, xy.split(","))) for xy in p.get("points").split()]
+                     for p in svg.iter(f"{ns}polyline")}
+            out.append((heading, lines, svg))
+        return out
+
+    (bh, base, _), (gh, guest, gsvg) = plots(figures[0])
+    assert (bh, gh) == ("kvm-cache-writethrough, bare metal", "kvm-cache-writethrough, guest")  # KVM, study size
+    assert list(base) == list(guest) == ["write", "re-write", "read", "re-read"]
+    xs = [x for x, _ in guest["write"]]
+    assert len(xs) == 3 and xs[1] - xs[0] == pytest.approx(xs[2] - xs[1])  # 16, 32, 64 MiB: equal steps, log2
+    (bh, base, _), (gh, guest, gsvg) = plots(figures[1])
+    assert (bh, gh) == ("kvm-cache-none, bare metal (quick)", "kvm-cache-none, guest (emulated, quick)")
+    assert list(guest) == [f"{storage.kib_text(k)} records" for k in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
+    assert [len(pts) for pts in guest.values()] == [12, 11, 10, 9, 8, 7, 6, 5, 4]  # files from the record to 128 MiB
+    assert list(base) == list(guest)
+    # MB/s on a linear axis from 0 (the x axis) to the top label (the y axis's top); files from the y axis to the right
+    xaxis, yaxis = list(gsvg.iter(f"{ns}line"))[:2]
+    top = float([t.text for t in gsvg.iter(f"{ns}text") if t.get("text-anchor") == "end"][-1])
+    bottom, ceiling = float(xaxis.get("y1")), float(yaxis.get("y1"))
+    x, y = guest["16 MiB records"][-1]  # its write at 128 MiB, the grid's result
+    assert (bottom - y) / (bottom - ceiling) == pytest.approx(1252157 * 1.024e-3 * 0.25 / top, rel=1e-3)
+    assert (guest["64 KiB records"][0][0], x) == (float(yaxis.get("x1")), float(xaxis.get("x2")))
+    code, md, _ = run_cli(["study", "report", "b"], capsys)
+    assert "<svg" not in md and "against file size" not in md  # the Markdown report keeps its tables only
 
 
 def test_report_refuses_unknown_studies_and_formats(capsys):

@@ -199,30 +199,44 @@ def table(ev: Evidence, test: str) -> list[str]:
     out.append("")
     if test == "bonnie":
         out += bonnie_table(ev, cells)
-    if test.startswith("iozone-files-"):
+    if is_iozone_sweep(test):
         out += file_sweep_table(ev, cells)
     return out
 
 
+def is_iozone_sweep(test: str) -> bool:
+    """A test whose run is IOzone's automatic mode: a file sweep (one record size) or the grid (every record size)."""
+    return test.startswith("iozone-files-") or test == storage.IOZONE_GRID
+
+
 def file_sweep_table(ev: Evidence, cells: Sequence[Cell]) -> list[str]:
-    """IOzone's file-size sweep: per file size, each pass's MB/s on both sides of each cell's run."""
-    out = ["Each file size of the sweep, each side of the cell's run (MB/s; \"-\": not stored):", "",
-           "| configuration | run | file | " + " | ".join(storage.IOZONE_FILE_PASSES) + " |",
-           "|---|---|---:|" + "---:|" * len(storage.IOZONE_FILE_PASSES)]
+    """IOzone's sweeps: per file size (and, in the grid, per record size), each pass's MB/s on both sides of each
+    cell's run."""
+    grid = any(c.test == storage.IOZONE_GRID for c in cells)
+    what = "file and record size" if grid else "file size"
+    out = [f"Each {what} of the sweep, each side of the cell's run (MB/s; \"-\": not stored):", "",
+           "| configuration | run | file | " + ("records | " if grid else "")
+           + " | ".join(storage.IOZONE_FILE_PASSES) + " |",
+           "|---|---|---:|" + "---:|" * (len(storage.IOZONE_FILE_PASSES) + grid)]
     for cell in cells:
-        for side, figs in (("bare metal", dict(cell.baseline_figures)),
-                           (ev.study.row(cell.profile), _figures(cell.guest))):
-            for kib in storage.iozone_file_sizes(figs):
-                file = f"{kib // 1024} MiB" if kib >= 1024 else f"{kib} KiB"
-                vals = [value_text(figs.get(storage.iozone_file_metric(p, kib)), "MB/s")
+        for side, figs in _sides(ev, cell):
+            for kib, rec in storage.iozone_sweep_cells(figs):
+                vals = [value_text(figs.get(storage.iozone_file_metric(p, kib, rec)), "MB/s")
                         for p in storage.IOZONE_FILE_PASSES]
-                out.append("| " + " | ".join(_md(x) for x in [side, f"#{cell.run_id}", file, *vals]) + " |")
+                records = [storage.kib_text(rec) if rec else "-"] if grid else []
+                out.append("| " + " | ".join(_md(x) for x in [side, f"#{cell.run_id}", storage.kib_text(kib),
+                                                               *records, *vals]) + " |")
     out.append("")
     return out
 
 
 def _figures(m: Measured) -> dict[str, float]:
     return {**dict(m.others), "MB/s": m.value}
+
+
+def _sides(ev: Evidence, cell: Cell) -> list[tuple[str, dict[str, float]]]:
+    """A cell's run's figures of the test by metric: bare metal's, then the guest's under the profile's row."""
+    return [("bare metal", dict(cell.baseline_figures)), (ev.study.row(cell.profile), _figures(cell.guest))]
 
 
 def bonnie_table(ev: Evidence, cells: Sequence[Cell]) -> list[str]:
@@ -236,8 +250,7 @@ def bonnie_table(ev: Evidence, cells: Sequence[Cell]) -> list[str]:
            "| configuration | run | " + " | ".join(names.get(c, c) for c in cols) + " |",
            "|---|---|" + "---:|" * len(cols)]
     for cell in cells:
-        for side, figs in (("bare metal", dict(cell.baseline_figures)),
-                           (ev.study.row(cell.profile), _figures(cell.guest))):
+        for side, figs in _sides(ev, cell):
             vals = [value_text(figs.get(c), "IOPS" if "/s" in c and "MB" not in c else c) for c in cols]
             out.append("| " + " | ".join(_md(x) for x in [side, f"#{cell.run_id}", *vals]) + " |")
     out.append("")
@@ -596,6 +609,8 @@ def to_html(ev: Evidence) -> str:
                             + f"<figcaption>{escape(printable(profile))}, {escape(test)}: the host disk each second "
                             "while the guest's test ran (blue) and while the same test ran on bare metal (grey), "
                             f"from run #{ev.cells[(profile, test)].run_id}'s sampler.</figcaption></figure>")
+        if is_iozone_sweep(test):
+            body += [iozone_figure(ev, ev.cells[(p, test)]) for p in ev.study.profile_names if (p, test) in ev.cells]
     section = sweep_section(ev)
     if section:
         body.append(md.render("\n".join(section)))
@@ -789,3 +804,101 @@ def sweep_svg(sweep: SweepEvidence) -> str:
 
 
 FORMATS = {"md": to_markdown, "html": to_html}
+
+
+# ------------------------------------------------------------------------------------------ IOzone's sweeps
+IOZ_W, IOZ_H, IOZ_PAD, IOZ_LEGEND = 470, 260, 48, 112
+PASS_COLOURS = {"write": "#1f5fa8", "re-write": "#79a6dc", "read": "#b03a2e", "re-read": "#e3968a"}
+Line = tuple[str, str, list[tuple[int, float]]]  # label, colour, (file KiB, MB/s) by file size
+
+
+# viridis from dark purple to green (its yellow end is unreadable on white): small records dark, large ones light
+RAMP = ((0x44, 0x01, 0x54), (0x3b, 0x52, 0x8b), (0x21, 0x91, 0x8c), (0x5e, 0xc9, 0x62))
+
+
+def _ramp(i: int, n: int) -> str:
+    """The i-th of n colours along RAMP, evenly spaced."""
+    f = i / max(1, n - 1) * (len(RAMP) - 1)
+    k = min(int(f), len(RAMP) - 2)
+    a, b = RAMP[k], RAMP[k + 1]
+    return "#" + "".join(f"{round(x + (y - x) * (f - k)):02x}" for x, y in zip(a, b, strict=True))
+
+
+def iozone_lines(test: str, figs: dict[str, float]) -> list[Line]:
+    """One side's lines of an IOzone sweep's plot: a file sweep's four passes, or the grid's write pass per record
+    size, each as MB/s by file size (the points the side stored)."""
+    cells = storage.iozone_sweep_cells(figs)
+
+    def points(passname: str, record: int | None) -> list[tuple[int, float]]:
+        return [(kib, figs[m]) for kib, rec in cells if rec == record
+                and (m := storage.iozone_file_metric(passname, kib, rec)) in figs]
+
+    if test == storage.IOZONE_GRID:
+        records = sorted({rec for _, rec in cells if rec})
+        return [(f"{storage.kib_text(rec)} records", _ramp(i, len(records)), points("write", rec))
+                for i, rec in enumerate(records)]
+    return [(p, PASS_COLOURS[p], pts) for p in storage.IOZONE_FILE_PASSES if (pts := points(p, None))]
+
+
+def iozone_svg(heading: str, lines: Sequence[Line]) -> str:
+    """An inline SVG line chart of MB/s against file size, the file sizes on a log2 axis (IOzone doubles them): a
+    polyline per line with its label as title and a dot per point, the legend on the right."""
+    files = sorted({kib for _, _, pts in lines for kib, _ in pts})
+    top = max([v for _, _, pts in lines for _, v in pts] + [1.0]) * 1.1
+    top = float(f"{top:.2g}")  # the axis says the scale it uses
+    plot_w, plot_h = IOZ_W - IOZ_PAD - IOZ_LEGEND - 10, IOZ_H - 2 * IOZ_PAD
+    lo, hi = (math.log2(files[0]), math.log2(files[-1])) if files else (0.0, 0.0)
+
+    def xy(kib: int, v: float) -> tuple[float, float]:
+        f = (math.log2(kib) - lo) / (hi - lo) if hi > lo else 0.5
+        return IOZ_PAD + plot_w * f, IOZ_PAD + plot_h - plot_h * v / top
+
+    y0 = IOZ_PAD + plot_h
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{IOZ_W}" height="{IOZ_H}" '
+             f'viewBox="0 0 {IOZ_W} {IOZ_H}" role="img" font-family="sans-serif" font-size="10">',
+             f"<title>{escape(printable(heading))}: MB/s by file size</title>",
+             f'<text x="{IOZ_PAD}" y="16">{escape(printable(heading))}</text>',
+             f'<line x1="{IOZ_PAD}" y1="{y0}" x2="{IOZ_PAD + plot_w}" y2="{y0}" stroke="#333"/>',
+             f'<line x1="{IOZ_PAD}" y1="{IOZ_PAD}" x2="{IOZ_PAD}" y2="{y0}" stroke="#333"/>']
+    for frac in (0.0, 0.5, 1.0):
+        parts.append(f'<text x="{IOZ_PAD - 4}" y="{y0 - plot_h * frac + 4:.1f}" text-anchor="end">'
+                     f"{top * frac:g}</text>")
+    step = max(1, math.ceil(len(files) / 6))  # at most six labels under the axis
+    for kib in files[::step]:
+        x, _ = xy(kib, 0.0)
+        parts.append(f'<text x="{x:.1f}" y="{y0 + 14}" text-anchor="middle">{storage.kib_text(kib)}</text>')
+    for i, (label, colour, pts) in enumerate(lines):
+        where = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(k, v) for k, v in pts))
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{where}">'
+                     f"<title>{escape(label)}</title></polyline>")
+        for k, v in pts:
+            x, y = xy(k, v)
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{colour}"><title>{escape(label)}, '
+                         f"{storage.kib_text(k)} file: {value_text(v, 'MB/s')} MB/s</title></circle>")
+        ly = IOZ_PAD + 14 * i
+        parts.append(f'<line x1="{IOZ_W - IOZ_LEGEND}" y1="{ly - 3}" x2="{IOZ_W - IOZ_LEGEND + 14}" y2="{ly - 3}" '
+                     f'stroke="{colour}" stroke-width="2"/><text x="{IOZ_W - IOZ_LEGEND + 18}" y="{ly}">'
+                     f"{escape(label)}</text>")
+    if not lines:
+        parts.append(f'<text x="{IOZ_PAD + plot_w / 2:.0f}" y="{IOZ_PAD + plot_h / 2:.0f}" text-anchor="middle" '
+                     'fill="#777">nothing stored</text>')
+    mid = IOZ_PAD + plot_h / 2
+    parts.append(f'<text x="{IOZ_PAD + plot_w / 2:.0f}" y="{IOZ_H - 10}" text-anchor="middle">file size (log2 scale)'
+                 f'</text><text x="12" y="{mid:.0f}" text-anchor="middle" transform="rotate(-90 12 {mid:.0f})">MB/s'
+                 "</text></svg>")
+    return "\n".join(parts)
+
+
+def iozone_figure(ev: Evidence, cell: Cell) -> str:
+    """An IOzone sweep's cell as two plots, bare metal's and the guest's (each on its own scale), their qualifiers in
+    their headings as the tables write them, and a caption."""
+    base_q = ["virtualized host"] if cell.baseline and "virtualized-host" in cell.baseline.labels else []
+    base_q += [q for q in cell.qualifiers if q == "quick"]  # the bare-metal side ran without the guest's accelerator
+    what = ("the write pass, a line per record size" if cell.test == storage.IOZONE_GRID
+            else "a line per pass")
+    base = dict(cell.baseline_figures)
+    svgs = [iozone_svg(_with(f"{cell.profile}, bare metal", base_q), iozone_lines(cell.test, base)),
+            iozone_svg(_with(f"{cell.profile}, guest", cell.qualifiers), iozone_lines(cell.test, _figures(cell.guest)))]
+    return (f"<figure>{''.join(svgs)}<figcaption>{escape(printable(cell.profile))}, {escape(cell.test)} (run "
+            f"#{cell.run_id}): IOzone's MB/s against file size, {what}; bare metal (left) and the guest (right) each "
+            "on its own scale.</figcaption></figure>")
