@@ -144,6 +144,17 @@ class RunBusy(CloudboxError):
     """Another cloudbox run is active on this host."""
 
 
+class DiskStalled(GuestError):
+    """The guest's benchmark disk stopped completing requests (storage.DiskWatch) and its test was killed. `disks`
+    names those with requests in flight; `seen` (also in the message) is the counters and QEMU's view of the
+    queues that show it."""
+
+    def __init__(self, message: str, disks: list[str], seen: str):
+        super().__init__(message)
+        self.disks = disks
+        self.seen = seen  # the counters and queues, without the test's name
+
+
 class Aborted(CloudboxError):
     """A run was cancelled (Ctrl-C, SIGTERM, or an explicit cancel)."""
 

@@ -240,16 +240,28 @@ class Guest:
     def virtio_net_queues(self) -> dict[str, dict[str, int]] | None:
         """QEMU's own view of the first virtio-net NIC's queues ({"rx": ..., "tx": ...}: used_idx,
         signalled_used, last_avail_idx, shadow_avail_idx); None for another NIC model or an older QEMU."""
+        found = self.virtio_queues("virtio-net", {"rx": 0, "tx": 1})
+        return found[0][1] if found else None
+
+    def virtio_blk_queues(self) -> list[tuple[str, dict[str, int]]]:
+        """QEMU's own view of each virtio-blk disk's first request queue, by device path: empty for another bus,
+        another hypervisor or an older QEMU."""
+        return [(path, q["requests"]) for path, q in self.virtio_queues("virtio-blk", {"requests": 0})]
+
+    def virtio_queues(self, kind: str, queues: dict[str, int]) -> list[tuple[str, dict[str, dict[str, int]]]]:
+        """For each virtio device of `kind` ("virtio-net", "virtio-blk") QEMU lists: its path and the counters of
+        its `queues` (name -> index); a device whose queues QEMU does not report is left out."""
         listing = self.monitor("info virtio") or ""
-        path = next((ln.split()[0] for ln in listing.splitlines() if "[virtio-net]" in ln), None)
-        if path is None:
-            return None
-        out = {}
-        for name, index in (("rx", 0), ("tx", 1)):
-            q = parse_virtqueue_status(self.monitor(f"info virtio-queue-status {path} {index}") or "")
-            if q is None:
-                return None
-            out[name] = q
+        out = []
+        for path in (ln.split()[0] for ln in listing.splitlines() if f"[{kind}]" in ln):
+            found = {}
+            for name, index in queues.items():
+                q = parse_virtqueue_status(self.monitor(f"info virtio-queue-status {path} {index}") or "")
+                if q is None:
+                    break
+                found[name] = q
+            else:
+                out.append((path, found))
         return out
 
     def sh(self, script: str, **kw) -> ExecResult:

@@ -19,12 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import procs
-from .errors import Aborted, CloudboxError, GuestError
+from .errors import Aborted, CloudboxError, DiskStalled, GuestError, GuestTimeout
 
 MB = 1_000_000
 GUEST_TIMEOUT = 3600.0  # seconds a guest's test may run before it counts as hung
 SLOW_REQUEST_S = 0.02  # one request waiting for a hard disk's flush: the slowest a one-at-a-time pass may go
 SLOW_STREAM = 10 * 1_000_000  # bytes/s: under a sixth of a hard disk's ~100 MB/s, study B's write-through KVM
+# Requests in flight on a guest's disk and none completed for this long: the disk has stopped (the kernel's own
+# hung-task warning waits as long), not a slow one; the test is killed instead of waiting out guest_timeout.
+DISK_STALL_S = 120.0
+DISK_WATCH_EVERY_S = 5.0  # how often the guest's disk counters are read while a test runs
 
 
 @dataclass(frozen=True)
@@ -665,12 +669,84 @@ def mdstat_array(text: str, device: str = RAID_DEVICE) -> tuple[str, list[str]] 
     return m[1], [n for _, n in members]
 
 
+def parse_disk_stat(text: str) -> tuple[int, int]:
+    """A /sys/block/<disk>/stat line -> (requests completed: reads, writes, discards and flushes; requests in
+    flight). ValueError on anything else."""
+    f = [int(x) for x in text.split()]
+    if len(f) < 11:
+        raise ValueError(f"not a block device's stat line: {text!r}")
+    return f[0] + f[4] + sum(f[i] for i in (11, 15) if i < len(f)), f[8]
+
+
+class DiskWatch:
+    """Whether a guest's benchmark disks have stopped: requests in flight and not one completed for `stall_s`,
+    read from /sys/block/<disk>/stat through the agent every `every` seconds. Called while a guest test runs
+    (Guest.run's give_up): returns why it gave up, else None. A read that fails says nothing either way."""
+
+    def __init__(self, guest, disks: list[str], stall_s: float | None = None, every: float = DISK_WATCH_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.guest = guest
+        self.disks = disks
+        self.stall_s = DISK_STALL_S if stall_s is None else stall_s
+        self.every = every
+        self.clock = clock
+        self.since = clock()
+        self.checked = -math.inf
+        self.completed: int | None = None
+        self.seen: dict[str, tuple[int, int]] = {}
+        self.reason: str | None = None  # why it gave up, once it has
+        self.counts = ""  # what showed it
+
+    def read(self) -> dict[str, tuple[int, int]] | None:
+        script = "; ".join(f"echo {shlex.quote(d)} $(cat /sys/block/{shlex.quote(d)}/stat)" for d in self.disks)
+        try:
+            out = self.guest.sh(script, timeout=20).stdout
+            found = {name: parse_disk_stat(rest) for name, _, rest in
+                     (line.partition(" ") for line in out.splitlines() if line.strip())}
+        except (GuestError, ValueError):
+            return None
+        return found if set(found) == set(self.disks) else None
+
+    def __call__(self) -> str | None:
+        now = self.clock()
+        if not self.disks or now - self.checked < self.every:
+            return None
+        self.checked = now
+        found = self.read()
+        if found is None:
+            return None
+        self.seen = found
+        completed = sum(c for c, _ in found.values())
+        if completed != self.completed or not any(n for _, n in found.values()):
+            self.completed, self.since = completed, now
+            return None
+        if now - self.since < self.stall_s:
+            return None
+        busy = ", ".join(f"{n} on {d}" for d, (_, n) in found.items() if n)
+        self.counts = f"in flight {busy}, none completed for {now - self.since:.0f} s"
+        self.reason = f"its disk stopped completing requests: {self.counts}"
+        return self.reason
+
+    def queues(self) -> str:
+        """QEMU's view of the virtio-blk queues (where the requests wait: not taken from the guest's ring, or
+        answered and never noticed by it), for the error; "" where QEMU cannot tell."""
+        try:
+            qs = self.guest.virtio_blk_queues()
+        except (GuestError, AttributeError):
+            return ""
+        return "; ".join(f"QEMU's {path.split('/')[3] if path.count('/') > 3 else path} queue: took "
+                         f"{q['last_avail_idx']} of the {q['shadow_avail_idx']} requests the guest queued, answered "
+                         f"{q['used_idx']}, last interrupt at {q['signalled_used']}" for path, q in qs)
+
+
 class GuestRunner:
     """Runs storage tests inside the guest through the guest agent."""
 
-    def __init__(self, guest, cancelled: Callable[[], bool]):
+    def __init__(self, guest, cancelled: Callable[[], bool], stall_s: float | None = None):
         self.guest = guest
         self.cancelled = cancelled
+        self.stall_s = stall_s  # None: DISK_STALL_S
+        self._watched_disks: list[str] | None = None
 
     def check_tools(self, tests: list[StorageTest]) -> None:
         need = {t.program for t in tests}
@@ -740,27 +816,27 @@ class GuestRunner:
         """`t` against `target`; with `start_uptime`, held until the guest's uptime reaches it (barrier_script)."""
         hold = "" if start_uptime is None else barrier_script(start_uptime)
         if t.dd:
-            r = self.guest.sh(hold + timed_dd_script(dd_args(t, target, size)), timeout=timeout,
+            r = self._test_sh(t, hold + timed_dd_script(dd_args(t, target, size)), timeout=timeout,
                               poll=self._check_cancel)
             if r.exitcode != 0:
                 raise GuestError(f"dd ({t.id}) in the guest exited {r.exitcode}: {r.stderr.strip()[-300:]}")
             res = parse_dd(t.id, r.stderr)
         elif t.tool == "iozone":
-            r = self.guest.sh(hold + " ".join(shlex.quote(a) for a in iozone_args(t, target, size)), timeout=timeout,
+            r = self._test_sh(t, hold + " ".join(shlex.quote(a) for a in iozone_args(t, target, size)), timeout=timeout,
                               poll=self._check_cancel)
             if r.exitcode != 0:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
             res = parse_iozone(t.id, r.stdout, "write" if t.writes else "read")
         elif t.tool in IOZONE_SWEEPS:
-            r = self.guest.sh(hold + " ".join(shlex.quote(a) for a in iozone_files_args(t, target, size)),
+            r = self._test_sh(t, hold + " ".join(shlex.quote(a) for a in iozone_files_args(t, target, size)),
                               timeout=timeout, poll=self._check_cancel)
             if r.exitcode != 0:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
             res = parse_iozone_files(t.id, r.stdout, grid=t.tool == IOZONE_GRID)
         elif t.tool == "bonnie":
-            r = self.guest.sh(hold + bonnie_guest_script(target, size), timeout=timeout, poll=self._check_cancel)
+            r = self._test_sh(t, hold + bonnie_guest_script(target, size), timeout=timeout, poll=self._check_cancel)
             if r.exitcode != 0:
                 raise GuestError(f"bonnie++ ({t.id}) in the guest exited {r.exitcode} (3: no ext4 module, 4: mke2fs, "
                                  f"5: mount, 6: umount): {(r.stdout + r.stderr).strip()[-400:]}")
@@ -795,6 +871,22 @@ class GuestRunner:
         assert best is not None
         return best
 
+    def _test_sh(self, t: StorageTest, script: str, **kw):
+        """`script` (test `t`) in the guest, watched by a DiskWatch over the benchmark disks: one that stops
+        completing requests has the script killed and DiskStalled raised, with the counters and QEMU's queues."""
+        if self._watched_disks is None:
+            self._watched_disks = self.disks()
+        watch = DiskWatch(self.guest, self._watched_disks, self.stall_s)
+        try:
+            return self.guest.sh(script, give_up=watch, **kw)
+        except GuestTimeout as e:
+            if e.why is None or e.why != watch.reason:
+                raise
+            queues = watch.queues()
+            seen = watch.counts + (f"; {queues}" if queues else "")
+            raise DiskStalled(f"{t.program} ({t.id}) was killed: its disk stopped completing requests ({seen})",
+                              sorted(d for d, (_, n) in watch.seen.items() if n), seen) from e
+
     def _check_cancel(self) -> None:
         if self.cancelled():
             raise Aborted("cancelled during a guest test")
@@ -816,7 +908,7 @@ class GuestRunner:
                     progress(eta)
                     break
 
-        r = self.guest.sh(cmd, timeout=timeout, poll=poll, interval=0.25)
+        r = self._test_sh(t, cmd, timeout=timeout, poll=poll, interval=0.25)
         if r.exitcode != 0:
             log = self.guest.sh("tail -c 600 /tmp/fio.eta", timeout=10).stdout
             raise GuestError(f"fio ({t.id}) in the guest exited {r.exitcode}: {log.strip()[-400:]}")
