@@ -15,7 +15,7 @@ from conftest_results import study_a_store
 
 from cloudbox.cli import results as cli_results
 from cloudbox.core import compare
-from cloudbox.core.provenance import NicStall
+from cloudbox.core.provenance import DiskStall, NicStall
 from cloudbox.core.results import ResultStore
 
 
@@ -90,23 +90,28 @@ def test_show_text_json_raw(db, capsys):
     # the guest's launch-to-agent time, and a lost first boot said in words
     with ResultStore(path) as store:
         stall = NicStall(test="tcp-maerts", hop="the host's tap vnet3: it is down", remedy="relaunch")
+        disk = DiskStall(test="randread-4k-qd32", disks=["vda"], seen="in flight 32 on vda, none completed for 120 s")
         with_packages = store.get_run(default).provenance.versions.model_copy(  # type: ignore[union-attr]
             update={"guest_packages": {"fio": "3.33-3", "netperf": "2.7.0-0.1"}})
         for rid, extra in ((default, {"launch_to_agent_s": 1.4, "versions": with_packages}),
-                           (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2, "nic_stalls": [stall]})):
+                           (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2, "nic_stalls": [stall],
+                                     "disk_stalls": [disk]})):
             store.set_provenance(rid, store.get_run(rid).provenance.model_copy(update=extra))
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(virtio)], capsys)
     assert "guest boot   95 s to its agent (launch 2: the guest's first boot was lost and it was launched again)" \
         in out, out
     assert ("network      the guest's network stopped during tcp-maerts (frames stopped at the host's tap vnet3: it "
             "is down); re-plugging its NIC did not help, the guest was launched afresh") in out, out
+    assert ("disk         the guest's disk stopped completing requests during randread-4k-qd32 (in flight 32 on "
+            "vda, none completed for 120 s); the guest was launched afresh and randread-4k-qd32 and the tests after "
+            "it ran on the new guest") in out, out
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(default)], capsys)
     assert "guest boot   1 s to its agent\n" in out, out
     # The tools' versions in one line; the guest image's packages stay in the JSON (a run lists dozens).
     (versions,) = [line for line in out.splitlines() if line.startswith("  versions")]
     assert versions == ("  versions     cloudbox 0.1.0, fio 3.33, iperf3 3.12, libvirt 9.0.0, netperf 2.7.0, "
                         "qemu 7.2.15"), versions
-    assert "network      the guest's network stopped" not in out
+    assert "network      the guest's network stopped" not in out and "disk         the guest's disk" not in out
 
     code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--raw"], capsys)
     assert "--- raw: guest seq-write-64k MB/s" in out and "fio-3.33" in out

@@ -20,6 +20,7 @@ from cloudbox.core.accel import Accelerator
 from cloudbox.core.provenance import (
     BackingInfo,
     Controller,
+    DiskStall,
     NicStall,
     Nodes,
     PeerServers,
@@ -103,6 +104,8 @@ def test_a_record_is_written_whole_and_read_back(tmp_path: Path):
                       spec=RunSpec(profile="p"), nodes=Nodes(front_end="fe1", back_end="be1"),
                       propagation=Propagation("be1", "0123456789abcdef", 1, 0.5, 0.1, 2.0, False, "/x", at=1.0))
     prov.add_nic_stall(NicStall(test="tcp-rr", hop="the bridge"))
+    prov.add_disk_stall(DiskStall(test="seq-read-64k", disks=["vda"], seen="in flight 1 on vda"))
+    prov.add_disk_stall(DiskStall(test="seq-read-1m", disks=["vda", "vdb"], seen="in flight 8 on vda, 8 on vdb"))
     with ResultStore(tmp_path / "r.db") as store:
         rid = store.create_run(profile_name="p", provenance=prov)
         assert store.get_run(rid).provenance == prov

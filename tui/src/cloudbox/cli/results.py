@@ -215,6 +215,9 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
         lines.append(f"  network      the guest's network stopped during {stall.test} (frames stopped at "
                      f"{stall.hop}); re-plugging its NIC did not help, the guest was launched afresh and "
                      "the tests from there on ran on the new guest")
+    for ds in p.disk_stalls or []:
+        lines.append(f"  disk         the guest's disk stopped completing requests during {ds.test} ({ds.seen}); "
+                     f"the guest was launched afresh and {ds.test} and the tests after it ran on the new guest")
     if p.versions is not None:  # the tools' versions; the guest's packages are in --json (dozens of them)
         versions = p.versions.model_dump(exclude={"guest_packages"})
         lines.append("  versions     " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))

@@ -147,6 +147,16 @@ class NicStall(_Record):
     remedy: str = "relaunch"
 
 
+class DiskStall(_Record):
+    """A guest storage test whose disk stopped completing requests: the test, the disks with requests in flight,
+    what was seen (the counters, QEMU's view of the queues), what was done."""
+
+    test: str
+    disks: list[str]
+    seen: str
+    remedy: str = "relaunch"
+
+
 class Nodes(_Record):
     """A run on a back-end: the front-end that ran it and the back-end it ran on."""
 
@@ -226,6 +236,7 @@ class Provenance(_Record):
     launch_to_agent_s: float | None = None
     boot_attempts: int | None = None
     nic_stalls: list[NicStall] | None = None
+    disk_stalls: list[DiskStall] | None = None
     nodes: Nodes | None = None
     node: NodeInfo | None = None
     propagation: Propagation | None = None
@@ -261,6 +272,9 @@ class Provenance(_Record):
 
     def add_nic_stall(self, stall: NicStall) -> None:
         self.nic_stalls = [*(self.nic_stalls or []), stall]
+
+    def add_disk_stall(self, stall: DiskStall) -> None:
+        self.disk_stalls = [*(self.disk_stalls or []), stall]
 
     def under(self, front_end: Provenance) -> Provenance:
         """This (a node's run's) provenance with the front-end's facts over it: what the front-end stores."""

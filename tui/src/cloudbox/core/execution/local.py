@@ -22,17 +22,27 @@ from ... import __version__
 from .. import accel, backing, daemons, network, paths, storage, xendom0
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
-from ..errors import CloudboxError
+from ..errors import CloudboxError, DiskStalled
 from ..events import ProgressEvent, SampleEvent
 from ..guest import reap_orphans
 from ..guestimage import CMDLINE, GuestImage
 from ..profiles import Dom0, xen_guest_type
-from ..provenance import BackingInfo, Controller, Dom0Info, GuestImageInfo, Provenance, RaidInfo, Versions, VolumeInfo
+from ..provenance import (
+    BackingInfo,
+    Controller,
+    DiskStall,
+    Dom0Info,
+    GuestImageInfo,
+    Provenance,
+    RaidInfo,
+    Versions,
+    VolumeInfo,
+)
 from ..runspec import BOOT
 from ..volumes import aoe, iscsi, nbd
 from ..volumes.attach import VolumeExport, export_for_run, preflight
 from .context import RunContext
-from .launch import agent_socket, launch
+from .launch import agent_socket, launch, remove_socket
 from .measure import storage_test
 from .network_steps import hold, network_tests, plumb
 
@@ -315,15 +325,55 @@ def launch_guest(ctx: RunContext) -> None:
 
 
 def guest_storage(ctx: RunContext) -> None:
-    """The same storage tests inside the guest, against its benchmark disk."""
+    """The same storage tests inside the guest, against its benchmark disk. A guest whose disk stops completing
+    requests (storage.DiskStalled) is destroyed and launched again, once, and the tests go on from the one it
+    stopped in, that test's measurement noting why; a second stall fails the run."""
     if not ctx.spec.wants_storage:
         return
     assert ctx.guest is not None
     tests = storage.resolve_tests(ctx.spec.storage_tests)
+    done: list[str] = []
+    try:
+        _guest_storage(ctx, tests, done)
+    except DiskStalled as e:
+        if ctx.control.cancelled():
+            raise
+        stalled = next(t for t in tests if t.id not in done)
+        ctx.provenance.add_disk_stall(DiskStall(test=stalled.id, disks=e.disks, seen=e.seen))
+        ctx.save_provenance()
+        relaunch_guest(ctx, f"{e}; under {ctx.accelerator.label}", "console-stall1.log")
+        _guest_storage(ctx, [t for t in tests if t.id not in done], done,
+                       notes={stalled.id: f"measured in a second guest: in the first, {e}"})
+
+
+def relaunch_guest(ctx: RunContext, why: str, old_console: str) -> None:
+    """Destroy the run's guest and launch it again from the same domain XML (its disk and NIC as they were); the
+    first guest's console is kept beside the new one's as `old_console`."""
+    old = ctx.guest
+    assert old is not None
+    ctx.sink.step(f"guest {old.name}: {why}: destroying it and launching it again")
+    with ctx.control.atomic():
+        old.destroy()
+        ctx.guest = None
+    if old.console_log is not None:
+        with contextlib.suppress(OSError):
+            old.console_log.replace(old.console_log.with_name(old_console))
+    if ctx.dom0:  # libxl's QEMU leaves the agent's socket behind, and binds it again
+        remove_socket(paths.run_dir() / f"{old.name}.agent")
+    up = launch(ctx)
+    ctx.sink.log(f"guest agent ready again after {up.waited_s:.1f} s")
+
+
+def _guest_storage(ctx: RunContext, tests: list[storage.StorageTest], done: list[str],
+                   notes: dict[str, str] | None = None) -> None:
+    """`tests` in the run's guest (each one's id appended to `done` once stored), on its disk, its RAID 0 array,
+    or the network volume it attaches itself."""
+    assert ctx.guest is not None
     sink = ctx.sink
     gr = storage.GuestRunner(ctx.guest, ctx.control.cancelled)
     gr.check_tools(tests)
     d = ctx.profile.disk
+    run = functools.partial(_guest_tests, ctx, gr, tests, done=done, notes=notes or {})
     if guest_attaches(ctx):
         v = ctx.volume
         assert v is not None and v.export is not None
@@ -337,14 +387,14 @@ def guest_storage(ctx: RunContext) -> None:
             network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
                                     dhcp=bool(ctx.private_bridge))
             dev = nbd.attach_in_guest(ctx.guest, v.export, v.creds.client_dir)
-        _guest_tests(ctx, gr, tests, dev)
+        run(dev)
         ctx.provenance.volume = pv = _volume_info(v)
         ctx.save_provenance()
         assert pv is not None
         sink.log(f"vblade read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the volume")
         return
     if d.raid == "none":
-        _guest_tests(ctx, gr, tests, gr.disk())
+        run(gr.disk())
         if ctx.volume is not None and isinstance(ctx.volume.export, iscsi.IscsiExport):
             ctx.provenance.volume = pv = _volume_info(ctx.volume)
             ctx.save_provenance()
@@ -359,7 +409,7 @@ def guest_storage(ctx: RunContext) -> None:
     ctx.save_provenance()
     sink.log(f"guest md array: {array.device}, RAID {array.level} over {', '.join(array.members)}")
     # A failure leaves the array to the guest's destruction: built without superblocks, nothing outlives it.
-    _guest_tests(ctx, gr, tests, array.device)
+    run(array.device)
     raid.sectors_written = gr.sectors_written(array.members)
     gr.stop_raid()
     ctx.save_provenance()
@@ -373,7 +423,8 @@ def guest_attaches(ctx: RunContext) -> bool:
     return d.backing == "network-volume" and d.attach == "guest"
 
 
-def _guest_tests(ctx: RunContext, gr: storage.GuestRunner, tests: list[storage.StorageTest], disk: str) -> None:
+def _guest_tests(ctx: RunContext, gr: storage.GuestRunner, tests: list[storage.StorageTest], disk: str, *,
+                 done: list[str], notes: dict[str, str]) -> None:
     sink = ctx.sink
     via = "its own initiator over its NIC" if guest_attaches(ctx) else f"bus {ctx.profile.disk.bus}"
     sink.log(f"guest benchmark disk: {disk} ({via})")
@@ -387,7 +438,9 @@ def _guest_tests(ctx: RunContext, gr: storage.GuestRunner, tests: list[storage.S
             gr.fill_iozone(t, disk, ctx.size, timeout=storage.guest_timeout(t, ctx.size))
         storage_test(ctx, "guest", t, functools.partial(gr.run, t, disk, ctx.size, ctx.runtime,
                                                         sink.progress("guest", t.id),
-                                                        timeout=storage.guest_timeout(t, ctx.size)), gr.drop_caches)
+                                                        timeout=storage.guest_timeout(t, ctx.size)), gr.drop_caches,
+                     note=notes.get(t.id, ""))
+        done.append(t.id)
 
 
 def _version(cmd: list[str]) -> str:

@@ -35,8 +35,9 @@ def _test_labels_after_drops(ctx: RunContext, side: str, t: storage.StorageTest,
 
 
 def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callable[[], storage.FioResult],
-                 guest_drop: Callable[[], None] = lambda: None) -> None:
-    """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache)."""
+                 guest_drop: Callable[[], None] = lambda: None, note: str = "") -> None:
+    """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache).
+    `note` (why it was measured again) goes into the raw output."""
     tl = _test_labels_after_drops(ctx, side, t, (guest_drop,))
     ctx.current_test = f"{side}:{t.id}"
     ctx.sink.step(f"{side}: {t.id}", side=side, test=t.id)
@@ -59,7 +60,7 @@ def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callab
                                   host_avgrq_sectors=host["host_avgrq_sectors"], host_avgqu=host["host_avgqu"],
                                   host_util=host["host_util"])
 
-    raw = res.raw
+    raw = res.raw + (f"\n# cloudbox: {note}\n" if note else "")
     for metric, value in measured(res):
         record(metric, value, raw)
         raw = ""

@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import backing, network, paths, storage
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
-from ..errors import CloudboxError, GuestUnreachable, NicStalled, UsageError
+from ..errors import CloudboxError, DiskStalled, GuestUnreachable, NicStalled, UsageError
 from ..events import ProgressEvent, SampleEvent
 from ..guestimage import CMDLINE
 from ..profiles import Profile
@@ -269,6 +269,8 @@ def _guest_part(ctx: RunContext, t: storage.StorageTest, gr: storage.GuestRunner
         if not cancelled():  # the first guest to fail: the run's reason quotes its console
             ctx.guest = gr.guest
         raise
+    except DiskStalled as e:  # not relaunched: a new guest would no longer start with the others
+        raise DiskStalled(f"guest {k} of {len(ctx.many)} ({gr.guest.name}): {e}", e.disks, e.seen) from e
     assert res.started_uptime is not None
     return Ran(res, res.started_uptime + offset, time.time())
 
