@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import pytest
 from conftest_results import add_study_a_default, add_virtio_tcg
@@ -207,19 +208,24 @@ def test_a_switch_hold_ends_once(state, monkeypatch):
     asyncio.run(drive())
 
 
+def spy(obj: object, name: str, record: Callable[..., object]) -> None:
+    """Have every call of obj.name passed to `record` first, then made as before."""
+    original = getattr(obj, name)
+
+    def wrapped(*args, **kwargs):
+        record(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    setattr(obj, name, wrapped)
+
+
 def test_a_screen_shown_again_is_restyled_only_when_the_apps_classes_changed_while_it_was_hidden(state):
     """A screen key skips Textual's restyle of every node (most of a key's answer on the Tests screen) unless
     the app's own classes changed while the screen was hidden: those restyle only the screen on show, so the
     hidden one would keep the old look."""
     app = create_app(Backend(facts=_facts(), libvirt_uri="test:///default"), mode="tests", poll_interval=3600)
     restyled: list[int] = []
-    update_styles = app.update_styles
-
-    def counted(node, animate=True):
-        restyled.append(len(list(node.walk_children(with_self=True))))
-        update_styles(node, animate)
-
-    app.update_styles = counted  # type: ignore[method-assign]
+    spy(app, "update_styles", lambda node, animate=True: restyled.append(len(list(node.walk_children(with_self=True)))))
 
     async def drive() -> None:
         async with app.run_test(size=(100, 32)) as pilot:
@@ -255,13 +261,7 @@ def test_a_screen_shown_again_does_not_reparse_the_stylesheet(state):
     screen's first frame."""
     app = create_app(Backend(facts=_facts(), libvirt_uri="test:///default"), mode="overview", poll_interval=3600)
     reparsed: list[str] = []
-    refresh_css = app.refresh_css
-
-    def counted(animate: bool = True) -> None:
-        reparsed.append(app.current_mode)
-        refresh_css(animate)
-
-    app.refresh_css = counted  # type: ignore[method-assign]
+    spy(app, "refresh_css", lambda animate=True: reparsed.append(app.current_mode))
 
     async def drive() -> None:
         async with app.run_test(size=(100, 32)) as pilot:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from html import escape
 
 from markdown_it import MarkdownIt
@@ -160,7 +160,7 @@ def table(ev: Evidence, test: str) -> list[str]:
 
     paper_native = study.paper_cell(NATIVE, test)
     native, native_runs = native_row(cells)
-    native_q = ["virtualized host"] if native and "virtualized-host" in native.labels else []
+    native_q = host_qualifiers([native.labels] if native else [])
     row = ["none, bare metal", "-", _g(paper_native.value if paper_native else None),
            _with(value_text(native.value if native else None, metric), native_q), "100" if paper_native else "-",
            "100" if native else "-"]
@@ -404,9 +404,7 @@ def variability(ev: Evidence) -> list[str]:
         want = f" of {plan.repeats}" if plan else ""
         base = series_stats([x.baseline for x in samples if x.baseline is not None])
         quals = sample_qualifiers(samples)
-        # the bare-metal side ran without the guest's accelerator: only the size, and a virtual machine under it
-        base_quals = (["virtualized host"] if any("virtualized-host" in x.baseline_labels for x in samples) else []) \
-            + [q for q in quals if q == "quick"]
+        base_quals = host_qualifiers([x.baseline_labels for x in samples], quals)
         cv = "-" if st.cv is None else f"{st.cv:.1f}%"
         span = " - ".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
                           for t in dict.fromkeys((samples[0].started_at, samples[-1].started_at)))
@@ -429,6 +427,13 @@ def variability(ev: Evidence) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the sweep
+def host_qualifiers(labels: Iterable[Sequence[str]], guest_qualifiers: Sequence[str] = ()) -> list[str]:
+    """The bare-metal side's qualifiers: "virtualized host" when any of its figures (`labels`) ran on a virtual
+    machine, and of the guest side's only the size: it ran without the guest's accelerator."""
+    return ((["virtualized host"] if any("virtualized-host" in ls for ls in labels) else [])
+            + [q for q in guest_qualifiers if q == "quick"])
+
+
 QUALIFIER_ORDER = ("nested", "emulated", "quick", "warm cache", "profile changed")
 
 
@@ -892,8 +897,7 @@ def iozone_svg(heading: str, lines: Sequence[Line]) -> str:
 def iozone_figure(ev: Evidence, cell: Cell) -> str:
     """An IOzone sweep's cell as two plots, bare metal's and the guest's (each on its own scale), their qualifiers in
     their headings as the tables write them, and a caption."""
-    base_q = ["virtualized host"] if cell.baseline and "virtualized-host" in cell.baseline.labels else []
-    base_q += [q for q in cell.qualifiers if q == "quick"]  # the bare-metal side ran without the guest's accelerator
+    base_q = host_qualifiers([cell.baseline.labels] if cell.baseline else [], cell.qualifiers)
     what = ("the write pass, a line per record size" if cell.test == storage.IOZONE_GRID
             else "a line per pass")
     base = dict(cell.baseline_figures)
