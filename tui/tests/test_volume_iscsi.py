@@ -71,8 +71,12 @@ def test_the_preset_is_valid_and_qemu_attach_is_accepted():
     assert studies.cannot_run(prof) is None
     with pytest.raises(attach.AttachRefused, match="iscsi_tcp driver"):
         attach.check_attach("iscsi", "host", has_module=lambda m: False)
-    with pytest.raises(attach.AttachRefused, match=r"guest \(iscsi\) is not implemented yet"):
-        attach.check_attach("iscsi", "guest")
+    guest = profiles.find_profile("kvm-ebs-iscsi-guest")
+    assert (guest.disk.backing, guest.disk.attach, guest.disk.volume) == ("network-volume", "guest", "iscsi:ebs")
+    attach.check_attach("iscsi", "guest", has_module=lambda m: False)  # the host needs no iscsi_tcp for it
+    assert studies.cannot_run(guest) is None
+    with pytest.raises(attach.AttachRefused, match="KVM/QEMU only, not guest.hypervisor = xen"):
+        attach.check_attach("iscsi", "guest", hypervisor="xen")
 
 
 PERF_OUT = """iscsi-perf version 0.1 - (c) 2014-2015 by Peter Lieven <pl@kamp.de>
@@ -108,13 +112,15 @@ def test_iscsi_perf_reads_as_the_test_does_and_its_average_is_the_result():
 def test_exports_here_name_iscsi_and_what_it_lacks(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     got = {e.scheme: e for e in attach.exports_here(has_module=lambda _m: False)}
-    assert got["iscsi"].attach == ("qemu",) and got["iscsi"].server == "tgtd"
+    want = ("guest", "qemu") if iscsi.qemu_driver() else ("guest",)
+    assert got["iscsi"].attach == want and got["iscsi"].server == "tgtd"
     assert got["iscsi"].problem == "tgtd is not installed (Debian package tgt): run 'make deps'"
     if shutil.which("tgtd", path="/usr/sbin"):
         (tmp_path / "tgtd").symlink_to("/usr/sbin/tgtd")
         monkeypatch.setattr(iscsi, "QEMU_ISCSI", [tmp_path / "none.so"])
         e = {e.scheme: e for e in attach.exports_here()}["iscsi"]
-        assert "qemu-block-extra" in e.problem and not e.usable
+        # without QEMU's libiscsi driver only the guest's own initiator attaches
+        assert e.attach == ("guest",) and e.usable and e.problem == ""
 
 
 def test_preflight_refuses_a_missing_target_server(state, monkeypatch, tmp_path):

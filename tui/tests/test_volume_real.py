@@ -225,3 +225,26 @@ def test_quick_storage_run_over_nbd_attached_by_the_guest(volume_run):
             assert m is not None and m.value > 0, (side, test)
             assert ("volume-from-host" in m.labels) == (side == "baseline")
     assert compare.driver_label(run) == "virtio-net NIC, the guest's NBD initiator"
+
+
+def test_quick_storage_run_over_iscsi_attached_by_the_guest(volume_run):
+    """disk.attach = guest over iSCSI: the baseline read by iscsi-perf from the host domain on loopback, then tgtd on
+    the guest's bridge, the guest's iscsi_tcp logged in by iscsistart with this box's initiator name and CHAP
+    secret; the domain has no disk of the volume and the guest's writes went through tgtd."""
+    run = volume_run("kvm-ebs-iscsi-guest", "guest")
+    v = run.provenance.volume
+    assert v is not None and (v.scheme, v.attach, v.name) == ("iscsi", "guest", "ebs")
+    assert v.uri.startswith("iscsi://169.254.") and v.server.startswith("tgtd") and "CHAP" in v.tls
+    assert "guest's bridge" in v.tls
+    assert (v.server_bytes_written or 0) >= 16 * 1024 * 1024, v
+    for test in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32"):
+        m = run.measurement("guest", test, "MB/s")
+        assert m is not None and m.value > 0, test
+    base = run.measurement("baseline", "seq-read-64k", "MB/s")
+    assert base is not None and base.value > 0 and "iscsi-perf" in base.labels
+    assert run.measurement("baseline", "seq-write-64k", "MB/s") is None  # iscsi-perf reads only
+    assert compare.driver_label(run) == "virtio-net NIC, the guest's iSCSI initiator"
+    secret = iscsi.chap().secret  # on iscsistart's command line in the guest, and nowhere in the run's record
+    with ResultStore() as store:
+        assert not any(secret in str(e.payload) for e in store.events_since(run.id, 0, limit=10000))
+    assert secret not in str(run.provenance.to_stored())

@@ -279,8 +279,9 @@ def serve_volume(ctx: RunContext) -> None:
     if v is None or not guest_attaches(ctx):
         return
     assert ctx.hostnet is not None
-    how = ("over AoE (layer 2, no authentication: the guest's bridge only)" if v.scheme == "aoe"
-           else f"over NBD with TLS on {ctx.hostnet.host_ip}")
+    how = {"aoe": "over AoE (layer 2, no authentication: the guest's bridge only)",
+           "iscsi": f"over iSCSI with CHAP on {ctx.hostnet.host_ip}"}.get(v.scheme, f"over NBD with TLS on "
+                                                                            f"{ctx.hostnet.host_ip}")
     ctx.sink.step(f"volume: serving {v.volume} {how} on {ctx.hostnet.bridge}")
     with ctx.control.atomic():
         v.serve(ctx.hostnet.bridge, ctx.hostnet.host_ip)
@@ -380,6 +381,12 @@ def _guest_storage(ctx: RunContext, tests: list[storage.StorageTest], done: list
         if isinstance(v.export, aoe.AoeExport):
             sink.step(f"guest: attaching {v.export.target} with its aoe driver", side="guest")
             dev = aoe.attach_in_guest(ctx.guest, v.export.target)
+        elif isinstance(v.export, iscsi.IscsiExport):
+            assert ctx.hostnet is not None
+            sink.step(f"guest: logging in to {v.uri} with iscsistart (CHAP) and its iscsi_tcp driver", side="guest")
+            network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
+                                    dhcp=bool(ctx.private_bridge))
+            dev = iscsi.attach_in_guest(ctx.guest, v.export, iscsi.chap())
         else:
             assert v.creds is not None and ctx.hostnet is not None and isinstance(v.export, nbd.NbdExport)
             sink.step(f"guest: attaching {v.uri} with nbd-client (TLS, the client's certificate handed over by "
@@ -391,7 +398,8 @@ def _guest_storage(ctx: RunContext, tests: list[storage.StorageTest], done: list
         ctx.provenance.volume = pv = _volume_info(v)
         ctx.save_provenance()
         assert pv is not None
-        sink.log(f"vblade read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the volume")
+        sink.log(f"{v.export.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
+                 "volume")
         return
     if d.raid == "none":
         run(gr.disk())

@@ -8,8 +8,9 @@ qemu); the baseline is the same export from the host domain through fio's nbd en
 attached by the guest itself (disk.attach = guest): vblade serves the volume on the bridge of the guest's NIC once
 that exists (`VolumeExport.serve()`), the guest's `aoe` driver reads it; no baseline, `no_baseline` says why.
 iSCSI with CHAP (tgtd, this box's CHAP secret and initiator name) attached by QEMU's libiscsi driver (disk.attach =
-qemu), which logs in with a libvirt secret made for the run; its baseline is the target read from the host domain by
-libiscsi's iscsi-perf (reads only).
+qemu), which logs in with a libvirt secret made for the run, or by the guest's own initiator (disk.attach = guest:
+the kernel's iscsi_tcp and open-iscsi's iscsistart, logging in with the same CHAP secret over its NIC); its baseline
+is the target read from the host domain by libiscsi's iscsi-perf (reads only).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .store import VolumeBusy, VolumeStore, check_name
 # The host kernel's initiator of each scheme (disk.attach = host).
 HOST_MODULES = {"aoe": "aoe", "iscsi": "iscsi_tcp", "nbd": "nbd", "nvme-tcp": "nvme_tcp"}
 BASELINE_LABEL = "volume-from-host"  # the baseline is the volume from the host domain, not a local disk
-GUEST_SCHEMES = ("aoe", "nbd")  # what the benchmark guest attaches itself (its image has aoe, nbd, nbd-client)
+# what the benchmark guest attaches itself (its image has aoe, nbd, nbd-client, iscsi_tcp and iscsistart)
+GUEST_SCHEMES = ("aoe", "nbd", "iscsi")
 # scheme -> (server, Debian package)
 SERVERS = {"nbd": ("qemu-nbd", "qemu-utils"), "aoe": ("vblade", "vblade"), "iscsi": ("tgtd", "tgt")}
 QEMU_ATTACH = ("nbd", "iscsi")  # the schemes disk.attach = qemu serves here
@@ -73,11 +75,12 @@ def check_attach(scheme: str, attach: str, *, hypervisor: str = "kvm", has_modul
             f"{summary}: the host's kernel would attach the volume with its {module} driver{lacks}. Use "
             "disk.attach = qemu (" + ", ".join(f"{s}:" for s in QEMU_ATTACH) + " volumes; presets kvm-ebs-nbd, "
             "kvm-ebs-iscsi) or disk.attach = guest (" + ", ".join(f"{s}:" for s in GUEST_SCHEMES)
-            + " volumes; preset kvm-ebs-aoe-guest)", summary)
+            + " volumes; presets kvm-ebs-aoe-guest, kvm-ebs-nbd-guest, kvm-ebs-iscsi-guest)", summary)
     if attach == "guest":
         if scheme not in GUEST_SCHEMES:
             raise AttachRefused(f"disk.attach = guest ({scheme}) is not implemented yet; the guest attaches "
-                                + " and ".join(f"{s}:" for s in GUEST_SCHEMES) + " volumes (preset kvm-ebs-aoe-guest)")
+                                + ", ".join(f"{s}:" for s in GUEST_SCHEMES) + " volumes (presets kvm-ebs-aoe-guest, "
+                                "kvm-ebs-nbd-guest, kvm-ebs-iscsi-guest)")
         if hypervisor != "kvm":
             raise AttachRefused(f"disk.attach = guest is implemented under KVM/QEMU only, not guest.hypervisor = "
                                 f"{hypervisor}")
@@ -113,10 +116,10 @@ def exports_here(*, hypervisor: str = "kvm", has_module=kernel_module_available)
             except AttachRefused:
                 continue
             modes.append(mode)
+        if scheme == "iscsi" and iscsi.qemu_driver() is None and "qemu" in modes:
+            modes.remove("qemu")  # QEMU's libiscsi driver (qemu-block-extra) is missing; the guest's initiator is not
         problem = "" if shutil.which(server) else (f"{server} is not installed (Debian package {package}): run "
                                                    "'make deps'")
-        if scheme == "iscsi" and not problem and iscsi.qemu_driver() is None:
-            problem = ("QEMU's iSCSI driver is not installed (Debian package qemu-block-extra): run 'make deps'")
         out.append(Export(scheme, server, tuple(modes), problem))
     return out
 
@@ -154,16 +157,22 @@ class VolumeExport:
     def uri(self) -> str:
         return self.export.uri if self.export is not None else ""
 
-    def serve(self, iface: str, address: str) -> nbd.NbdExport | aoe.AoeExport:
+    def serve(self, iface: str, address: str) -> nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport:
         """Guest attach: serve the volume on `iface`, the bridge the guest's NIC is plugged into (`address`, the
-        host's address there): AoE with vblade on the bridge; NBD with qemu-nbd moved from loopback (where the
-        baseline measured it) to that address, TLS as before."""
-        if self.attach != "guest" or not isinstance(self.export, nbd.NbdExport | None):
+        host's address there): AoE with vblade on the bridge; NBD with qemu-nbd, and iSCSI with tgtd, moved from
+        loopback (where the baseline measured it) to that address, TLS or CHAP as before."""
+        served = isinstance(self.export, aoe.AoeExport) or (self.export is not None and self.export.host == address)
+        if self.attach != "guest" or served:
             raise CloudboxError(f"volume {self.volume!r} is not attached by the guest or is served already")
+        exp: nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport
         if self.scheme == "aoe":
-            exp: nbd.NbdExport | aoe.AoeExport = aoe.start(self.volume, self.path, iface,
-                                                           shelf=aoe.shelf_for(self.run_uuid),
-                                                           log=self.work_dir / "vblade.log")
+            exp = aoe.start(self.volume, self.path, iface, shelf=aoe.shelf_for(self.run_uuid),
+                            log=self.work_dir / "vblade.log")
+        elif self.scheme == "iscsi":
+            if self.export is not None:
+                self.export.stop()
+                self.export = None
+            exp = iscsi.start(self.volume, self.path, iscsi.chap(), log=self.work_dir / "tgtd.log", host=address)
         else:
             assert self.creds is not None
             if self.export is not None:
@@ -212,7 +221,7 @@ def preflight(spec: str, attach: str, size_bytes: int, *, hypervisor: str = "kvm
         if shutil.which("tgtd") is None or shutil.which("tgtadm") is None:
             raise AttachRefused("iSCSI volumes are served by tgtd, which is not installed (Debian package tgt): run "
                                 "'make deps' (scripts/install-deps)")
-        if iscsi.qemu_driver() is None:
+        if attach == "qemu" and iscsi.qemu_driver() is None:
             raise AttachRefused("disk.attach = qemu: QEMU's iSCSI driver (block-iscsi.so) is not installed (Debian "
                                 "package qemu-block-extra): run 'make deps' (scripts/install-deps)")
     scheme, name = parse_volume(spec)
@@ -298,17 +307,20 @@ def _for_guest(scheme: str, name: str, path: str, vol_bytes: int, attach: str, r
 
 def _for_iscsi(name: str, path: str, vol_bytes: int, attach: str, run_uuid: str, work_dir: Path, size_bytes: int,
                conn: typing.Any) -> VolumeExport:
-    """tgtd serves the volume on 127.0.0.1 with CHAP; QEMU logs in with a libvirt secret of the run's own."""
+    """tgtd serves the volume on 127.0.0.1 with CHAP; QEMU logs in with a libvirt secret of the run's own, or the
+    guest logs in itself once `serve()` has moved the target to its bridge."""
     store: backing.BackingStore | None = None
     exp: iscsi.IscsiExport | None = None
+    usage = secret = ""
     try:
-        if conn is None:
+        if conn is None and attach == "qemu":
             raise CloudboxError("an iSCSI volume needs the run's libvirt connection for QEMU's CHAP secret")
         creds = iscsi.chap()
         store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
         exp = iscsi.start(name, path, creds, log=work_dir / "tgtd.log")
-        usage = iscsi.secret_usage(run_uuid)
-        secret = iscsi.define_secret(conn, usage, creds.secret)
+        if attach == "qemu":
+            usage = iscsi.secret_usage(run_uuid)
+            secret = iscsi.define_secret(conn, usage, creds.secret)
     except BaseException:
         if exp is not None:
             exp.stop()
@@ -323,11 +335,13 @@ def _for_iscsi(name: str, path: str, vol_bytes: int, attach: str, run_uuid: str,
     store.host_device = dev
     store.model = (f"iSCSI volume {name!r} ({backing.human_size(vol_bytes)}, CHAP) served by {exp.server} from "
                    f"{path} on {backing.device_model(dev)}")
-    store.network = backing.NetworkSource("iscsi", exp.target, exp.host, exp.port, tls=False,
-                                          initiator=creds.initiator, auth_user=creds.user, auth_usage=usage)
+    if attach == "qemu":
+        store.network = backing.NetworkSource("iscsi", exp.target, exp.host, exp.port, tls=False,
+                                              initiator=creds.initiator, auth_user=creds.user, auth_usage=usage)
     store.baseline_labels = [BASELINE_LABEL, "iscsi-perf"]
     if dev is None:
         store.labels.append("no-host-metrics")
+    where = "127.0.0.1 only" if attach == "qemu" else "served on the guest's bridge only"
     return VolumeExport(name, "iscsi", attach, store, exp, run_uuid, path=path, work_dir=work_dir,
-                        tls="CHAP (this box's secret) and its initiator name; not encrypted: 127.0.0.1 only",
+                        tls=f"CHAP (this box's secret) and its initiator name; not encrypted: {where}",
                         secret_uuid=secret, conn=conn)

@@ -3,11 +3,12 @@ process, killed with it.
 
 The kernel's LIO target needs configfs and target modules, which the build and CI machines' kernel lacks; tgtd speaks
 the same protocol from user space. Each export runs its own tgtd: its own management socket (`-C`, a number whose
-socket file is not there yet), its own portal on one private address (127.0.0.1 for QEMU's initiator), one target
-holding the volume's file as LUN 1 (direct I/O: the server's page cache is not part of the volume). A login needs
-this box's initiator name (the target's allow-list) and its CHAP secret (made once per box,
-`<state dir>/pki/iscsi/chap.json`, 0600; never printed). tgtd does not exit on SIGTERM, so it gets SIGKILL when the
-run's process dies, and `stop()` takes the target down and tells tgtd to exit through tgtadm.
+socket file is not there yet), its own portal on one private address (127.0.0.1 for QEMU's initiator, the host's
+address on the guest's bridge for the guest's own, `attach_in_guest`), one target holding the volume's file as LUN 1
+(direct I/O: the server's page cache is not part of the volume). A login needs this box's initiator name (the
+target's allow-list) and its CHAP secret (made once per box, `<state dir>/pki/iscsi/chap.json`, 0600; never
+printed). tgtd does not exit on SIGTERM, so it gets SIGKILL when the run's process dies, and `stop()` takes the
+target down and tells tgtd to exit through tgtadm.
 """
 
 from __future__ import annotations
@@ -187,6 +188,40 @@ def start(name: str, path: str, creds: Chap, *, log: Path, host: str = "127.0.0.
         exp.stop()
         raise
     return exp
+
+
+GUEST_LOGIN_TIMEOUT = 60.0  # iscsistart's login, then the LUN's disk appearing in the guest
+
+
+def attach_in_guest(guest, exp: IscsiExport, creds: Chap) -> str:
+    """In the benchmark guest (its NIC already has its address): the kernel's iscsi_tcp and sd_mod (a virtio
+    profile's guest boots without the SCSI disk driver) loaded, and open-iscsi's iscsistart logged in to `exp` with
+    this box's initiator name and CHAP secret (on its command line inside the guest: the guest is this run's own);
+    returns the disk of LUN 1 once it appears (/dev/sdX)."""
+    if not guest.has("iscsistart"):
+        raise CloudboxError("the guest has no iscsistart: rebuild the benchmark guest image (make guest-image)")
+    login = (f"modprobe -a iscsi_tcp sd_mod && iscsistart -i {creds.initiator} -t {exp.iqn} -g 1 -a {exp.host} "
+             f"-p {exp.port} -u {creds.user} -w {creds.secret}")
+    p = guest.sh(f"{login} </dev/null 2>&1", timeout=GUEST_LOGIN_TIMEOUT)
+    if p.exitcode != 0:
+        out = (p.stdout + p.stderr).replace(creds.secret, "<secret>").strip()
+        raise CloudboxError(f"iscsistart in the guest could not log in to {exp.uri} (exit {p.exitcode}): "
+                            f"{out[-300:]}")
+    # iscsistart logs in but scans nothing (iscsid would): the session's SCSI host is scanned here, then the LUN's
+    # disk (host:channel:target:LUN 1) is waited for under the session
+    find = ("for h in /sys/class/iscsi_host/*; do echo '- - -' > /sys/class/scsi_host/${h##*/}/scan; done; "
+            f"for i in $(seq {int(GUEST_LOGIN_TIMEOUT * 5)}); do for b in /sys/class/iscsi_session/session*/device/"
+            f"target*/*:*:*:{LUN}/block/*; do [ -e \"$b\" ] && {{ echo \"${{b##*/}}\"; exit 0; }}; done; "
+            "sleep 0.2; done; exit 1")
+    r = guest.sh(find, timeout=GUEST_LOGIN_TIMEOUT + 10)
+    dev = r.stdout.strip()
+    if r.exitcode != 0 or not dev:
+        seen = guest.sh("ls /sys/class/iscsi_session/*/device/ /sys/class/scsi_device/ 2>&1; dmesg | tail -n 8",
+                        timeout=30).stdout.strip()
+        raise CloudboxError(f"iscsistart logged in to {exp.uri}, but no disk of LUN {LUN} appeared in the guest "
+                            f"within {GUEST_LOGIN_TIMEOUT:.0f} s; its sessions, SCSI devices and kernel messages: "
+                            f"{seen[-1200:]}")
+    return f"/dev/{dev}"
 
 
 def running(path: str) -> list[int]:
