@@ -31,21 +31,30 @@ def _server_pids(path: str) -> list[int]:
     return [int(p) for p in r.stdout.split()]
 
 
-def test_a_guest_disk_that_stops_is_noticed_and_the_test_measured_in_a_second_guest(state, libvirt_conn,
-                                                                                      monkeypatch):
-    monkeypatch.setattr(storage, "DISK_STALL_S", STALL_S)
-    with VolumeStore() as vs:
-        vol = vs.create("ebs", 160 * 1024 * 1024)
-    seen: dict[str, float] = {}
-    stopped: list[int] = []
-    done = threading.Event()
+class Saboteur(threading.Thread):
+    """Stops the volume's qemu-nbd (SIGSTOP) each time the guest's read starts, up to `stops` times, and lets it go
+    (SIGCONT) when the run relaunches the guest, when the test is over, and STOPPED_AT_MOST_S after a stop."""
 
-    def saboteur() -> None:
-        """Stop the server when the guest's read starts; let it go when the run relaunches the guest."""
+    def __init__(self, path: str, stops: int):
+        super().__init__(daemon=True)
+        self.path, self.stops = path, stops
+        self.stopped_at: list[float] = []
+        self.relaunched_at: list[float] = []
+        self.pids: list[int] = []
+        self.done = threading.Event()
+
+    def _signal(self, sig: int) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def run(self) -> None:
         try:
             with ResultStore() as store:
                 rid, seq = None, 0
-                while not done.is_set():
+                while not self.done.is_set():
                     time.sleep(0.2)
                     if rid is None:
                         listed = store.list_runs()
@@ -54,41 +63,53 @@ def test_a_guest_disk_that_stops_is_noticed_and_the_test_measured_in_a_second_gu
                     for ev in store.events_since(rid, seq):
                         seq = ev.seq
                         text = str(ev.payload.get("text", "")) if ev.kind == "step" else ""
-                        if text == "guest: seq-read-64k" and not stopped:
-                            stopped.extend(_server_pids(vol.path))
-                            for pid in stopped:
-                                os.kill(pid, signal.SIGSTOP)
-                            seen["stopped"] = time.monotonic()
-                        elif "launching it again" in text and stopped and "relaunch" not in seen:
-                            seen["relaunch"] = time.monotonic()
-                            for pid in stopped:
-                                os.kill(pid, signal.SIGCONT)
-                    if "stopped" in seen and time.monotonic() - seen["stopped"] > STOPPED_AT_MOST_S:
+                        if text == "guest: seq-read-64k" and len(self.stopped_at) < self.stops:
+                            self.pids = _server_pids(self.path)
+                            self._signal(signal.SIGSTOP)
+                            self.stopped_at.append(time.monotonic())
+                        elif "launching it again" in text:
+                            self.relaunched_at.append(time.monotonic())
+                            self._signal(signal.SIGCONT)
+                    if self.stopped_at and time.monotonic() - self.stopped_at[-1] > STOPPED_AT_MOST_S:
                         break
         finally:
-            for pid in stopped:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            self._signal(signal.SIGCONT)
 
-    th = threading.Thread(target=saboteur, daemon=True)
-    th.start()
-    spec = RunSpec(profile="kvm-ebs-nbd", suite="storage", size="quick", storage_tests="seq-write-64k,seq-read-64k",
-                   runtime=3)
-    try:
-        with ResultStore() as store:
-            rid = runs.executor(spec, store).execute()
-    finally:
-        done.set()
-        th.join(timeout=30)
+    def __enter__(self) -> Saboteur:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.join(timeout=30)
+
+
+SPEC = RunSpec(profile="kvm-ebs-nbd", suite="storage", size="quick", storage_tests="seq-write-64k,seq-read-64k",
+               runtime=3)
+
+
+def _leaves_nothing(state, libvirt_conn, path: str) -> None:
+    assert _server_pids(path) == []
+    with VolumeStore() as vs:
+        assert vs.get("ebs").attached_run is None
+    assert work_files(state) == []
+    assert [d.name() for d in libvirt_conn.listAllDomains() if d.name().startswith("cloudbox-kvm-ebs-nbd")] == []
+
+
+def test_a_guest_disk_that_stops_is_noticed_and_the_test_measured_in_a_second_guest(state, libvirt_conn,
+                                                                                      monkeypatch):
+    monkeypatch.setattr(storage, "DISK_STALL_S", STALL_S)
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 160 * 1024 * 1024)
+    with Saboteur(vol.path, stops=1) as sab, ResultStore() as store:
+        rid = runs.executor(SPEC, store).execute()
     with ResultStore() as store:
         run = store.get_run(rid)
         evs = store.events_since(rid, 0, limit=10000)
-    assert stopped, "the guest's read never started, so the server was never stopped"
+    assert sab.stopped_at, "the guest's read never started, so the server was never stopped"
     assert run.state == "completed", run.reason
     # noticed within the limit plus the watch's step and a guest agent call or two under TCG, not guest_timeout
-    assert "relaunch" in seen and seen["relaunch"] - seen["stopped"] < STALL_S + 60, seen
+    assert sab.relaunched_at and sab.relaunched_at[0] - sab.stopped_at[0] < STALL_S + 60
     steps = [str(e.payload.get("text", "")) for e in evs if e.kind == "step"]
     why = next(s for s in steps if "launching it again" in s)
     assert "stopped completing requests" in why and re.search(r"in flight \d+ on vda", why), why
@@ -104,8 +125,24 @@ def test_a_guest_disk_that_stops_is_noticed_and_the_test_measured_in_a_second_gu
     # the second guest laid down the read's data again before reading it
     assert steps.count("guest: laying down data for read tests") == 1
     assert steps.index("guest: laying down data for read tests") > steps.index(why)
-    assert _server_pids(vol.path) == []
+    _leaves_nothing(state, libvirt_conn, vol.path)
+
+
+@pytest.mark.full
+def test_a_disk_that_stops_again_in_the_second_guest_fails_the_run_and_leaves_nothing(state, libvirt_conn,
+                                                                                       monkeypatch):
+    monkeypatch.setattr(storage, "DISK_STALL_S", STALL_S)
     with VolumeStore() as vs:
-        assert vs.get("ebs").attached_run is None
-    assert work_files(state) == []
-    assert [d.name() for d in libvirt_conn.listAllDomains() if d.name().startswith("cloudbox-kvm-ebs-nbd")] == []
+        vol = vs.create("ebs", 160 * 1024 * 1024)
+    with Saboteur(vol.path, stops=2) as sab, ResultStore() as store:
+        rid = runs.executor(SPEC, store).execute()
+    with ResultStore() as store:
+        run = store.get_run(rid)
+    assert len(sab.stopped_at) == 2 and len(sab.relaunched_at) == 1
+    assert run.state == "aborted", run.state
+    assert "fio (seq-read-64k) was killed: its disk stopped completing requests" in (run.reason or ""), run.reason
+    assert run.measurement("guest", "seq-write-64k", "MB/s") is not None  # measured before the first stall
+    assert run.measurement("guest", "seq-read-64k", "MB/s") is None
+    (stall,) = run.provenance.disk_stalls or []  # the first; the second ended the run
+    assert stall.test == "seq-read-64k"
+    _leaves_nothing(state, libvirt_conn, vol.path)
