@@ -279,9 +279,9 @@ def serve_volume(ctx: RunContext) -> None:
     if v is None or not guest_attaches(ctx):
         return
     assert ctx.hostnet is not None
+    ip = ctx.hostnet.host_ip
     how = {"aoe": "over AoE (layer 2, no authentication: the guest's bridge only)",
-           "iscsi": f"over iSCSI with CHAP on {ctx.hostnet.host_ip}"}.get(v.scheme, f"over NBD with TLS on "
-                                                                            f"{ctx.hostnet.host_ip}")
+           "iscsi": f"over iSCSI with CHAP on {ip}", "nbd": f"over NBD with TLS on {ip}"}[v.scheme]
     ctx.sink.step(f"volume: serving {v.volume} {how} on {ctx.hostnet.bridge}")
     with ctx.control.atomic():
         v.serve(ctx.hostnet.bridge, ctx.hostnet.host_ip)

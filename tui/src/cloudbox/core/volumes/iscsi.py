@@ -18,6 +18,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -200,8 +201,9 @@ def attach_in_guest(guest, exp: IscsiExport, creds: Chap) -> str:
     returns the disk of LUN 1 once it appears (/dev/sdX)."""
     if not guest.has("iscsistart"):
         raise CloudboxError("the guest has no iscsistart: rebuild the benchmark guest image (make guest-image)")
-    login = (f"modprobe -a iscsi_tcp sd_mod && iscsistart -i {creds.initiator} -t {exp.iqn} -g 1 -a {exp.host} "
-             f"-p {exp.port} -u {creds.user} -w {creds.secret}")
+    q = shlex.quote
+    login = (f"modprobe -a iscsi_tcp sd_mod && iscsistart -i {q(creds.initiator)} -t {q(exp.iqn)} -g 1 "
+             f"-a {q(exp.host)} -p {int(exp.port)} -u {q(creds.user)} -w {q(creds.secret)}")
     p = guest.sh(f"{login} </dev/null 2>&1", timeout=GUEST_LOGIN_TIMEOUT)
     if p.exitcode != 0:
         out = (p.stdout + p.stderr).replace(creds.secret, "<secret>").strip()
