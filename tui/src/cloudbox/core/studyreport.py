@@ -679,9 +679,9 @@ def host_svg(profile: str, test: str, sides: dict[str, list[HostSample]], key: s
     return "\n".join(parts)
 
 
-def _svg_open(title: str) -> list[str]:
-    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{SERIES_W}" height="{SERIES_H}" '
-            f'viewBox="0 0 {SERIES_W} {SERIES_H}" role="img" font-family="sans-serif" font-size="10">',
+def _svg_open(title: str, width: int = SERIES_W, height: int = SERIES_H) -> list[str]:
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" font-family="sans-serif" font-size="10">',
             f"<title>{escape(printable(title))}</title>"]
 
 
@@ -859,9 +859,7 @@ def iozone_svg(heading: str, lines: Sequence[Line]) -> str:
         return IOZ_PAD + plot_w * f, IOZ_PAD + plot_h - plot_h * v / top
 
     y0 = IOZ_PAD + plot_h
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{IOZ_W}" height="{IOZ_H}" '
-             f'viewBox="0 0 {IOZ_W} {IOZ_H}" role="img" font-family="sans-serif" font-size="10">',
-             f"<title>{escape(printable(heading))}: MB/s by file size</title>",
+    parts = [*_svg_open(f"{heading}: MB/s by file size", IOZ_W, IOZ_H),
              f'<text x="{IOZ_PAD}" y="16">{escape(printable(heading))}</text>',
              f'<line x1="{IOZ_PAD}" y1="{y0}" x2="{IOZ_PAD + plot_w}" y2="{y0}" stroke="#333"/>',
              f'<line x1="{IOZ_PAD}" y1="{IOZ_PAD}" x2="{IOZ_PAD}" y2="{y0}" stroke="#333"/>']
