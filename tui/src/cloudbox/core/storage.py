@@ -732,7 +732,7 @@ class DiskWatch:
         answered and never noticed by it), for the error; "" where QEMU cannot tell."""
         try:
             qs = self.guest.virtio_blk_queues()
-        except (GuestError, AttributeError):
+        except GuestError:
             return ""
         return "; ".join(f"QEMU's {path.split('/')[3] if path.count('/') > 3 else path} queue: took "
                          f"{q['last_avail_idx']} of the {q['shadow_avail_idx']} requests the guest queued, answered "
@@ -742,10 +742,9 @@ class DiskWatch:
 class GuestRunner:
     """Runs storage tests inside the guest through the guest agent."""
 
-    def __init__(self, guest, cancelled: Callable[[], bool], stall_s: float | None = None):
+    def __init__(self, guest, cancelled: Callable[[], bool]):
         self.guest = guest
         self.cancelled = cancelled
-        self.stall_s = stall_s  # None: DISK_STALL_S
         self._watched_disks: list[str] | None = None
 
     def check_tools(self, tests: list[StorageTest]) -> None:
@@ -876,7 +875,7 @@ class GuestRunner:
         completing requests has the script killed and DiskStalled raised, with the counters and QEMU's queues."""
         if self._watched_disks is None:
             self._watched_disks = self.disks()
-        watch = DiskWatch(self.guest, self._watched_disks, self.stall_s)
+        watch = DiskWatch(self.guest, self._watched_disks)
         try:
             return self.guest.sh(script, give_up=watch, **kw)
         except GuestTimeout as e:
