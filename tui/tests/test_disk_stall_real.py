@@ -96,16 +96,21 @@ def _leaves_nothing(state, libvirt_conn, path: str) -> None:
     assert [d.name() for d in libvirt_conn.listAllDomains() if d.name().startswith("cloudbox-kvm-ebs-nbd")] == []
 
 
-def test_a_guest_disk_that_stops_is_noticed_and_the_test_measured_in_a_second_guest(state, libvirt_conn,
-                                                                                      monkeypatch):
+def _stalled_run(monkeypatch, stops: int):
+    """SPEC's run on a fresh volume "ebs" at an 8 s stall limit, its server stopped `stops` times: the volume, the
+    saboteur, the stored run and its events."""
     monkeypatch.setattr(storage, "DISK_STALL_S", STALL_S)
     with VolumeStore() as vs:
         vol = vs.create("ebs", 160 * 1024 * 1024)
-    with Saboteur(vol.path, stops=1) as sab, ResultStore() as store:
+    with Saboteur(vol.path, stops=stops) as sab, ResultStore() as store:
         rid = runs.executor(SPEC, store).execute()
     with ResultStore() as store:
-        run = store.get_run(rid)
-        evs = store.events_since(rid, 0, limit=10000)
+        return vol, sab, store.get_run(rid), store.events_since(rid, 0, limit=10000)
+
+
+def test_a_guest_disk_that_stops_is_noticed_and_the_test_measured_in_a_second_guest(state, libvirt_conn,
+                                                                                      monkeypatch):
+    vol, sab, run, evs = _stalled_run(monkeypatch, stops=1)
     assert sab.stopped_at, "the guest's read never started, so the server was never stopped"
     assert run.state == "completed", run.reason
     # noticed within the limit plus the watch's step and a guest agent call or two under TCG, not guest_timeout
@@ -131,13 +136,7 @@ def test_a_guest_disk_that_stops_is_noticed_and_the_test_measured_in_a_second_gu
 @pytest.mark.full
 def test_a_disk_that_stops_again_in_the_second_guest_fails_the_run_and_leaves_nothing(state, libvirt_conn,
                                                                                        monkeypatch):
-    monkeypatch.setattr(storage, "DISK_STALL_S", STALL_S)
-    with VolumeStore() as vs:
-        vol = vs.create("ebs", 160 * 1024 * 1024)
-    with Saboteur(vol.path, stops=2) as sab, ResultStore() as store:
-        rid = runs.executor(SPEC, store).execute()
-    with ResultStore() as store:
-        run = store.get_run(rid)
+    vol, sab, run, _ = _stalled_run(monkeypatch, stops=2)
     assert len(sab.stopped_at) == 2 and len(sab.relaunched_at) == 1
     assert run.state == "aborted", run.state
     assert "fio (seq-read-64k) was killed: its disk stopped completing requests" in (run.reason or ""), run.reason
