@@ -5,6 +5,7 @@
 # are opt-in: --filter-tags xen-full.
 # Then a Xen PV benchmark guest (xen-xvd-phy) runs one quick storage and one network test (one guest) in dom0 of the
 # UEFI Xen boot, reached over SSH (docs/xen.md); the same on a file through qdisk (xen-xvd-file) is opt-in (xen-full).
+# The bench test (tag bench: make image-bench) runs both whole quick suites for docs/xen.md's figures.
 
 load ../helpers/load
 
@@ -203,6 +204,48 @@ xen_run() {
     # The agent's unix socket that libxl's QEMU bound goes with the guest.
     run -0 dom0 find /run/cloudbox -name '*.agent'
     assert_output ''
+}
+
+# The figures of docs/xen.md (its section "xen"): written to $XEN_LOGS/bench-out/section.md, which
+# scripts/xen-bench-doc (run by scripts/image-bench) puts into docs/xen.md.
+# bats test_tags=slow,xen,bench
+@test "bench: xen-xvd-phy's whole quick storage and network suites in a PV guest beside dom0" {
+    xen_dom0_up bench
+    local start=$SECONDS
+    xen_run xen-xvd-phy all
+    local run_s=$((SECONDS - start))
+    run -0 python3 "$REPO/tests/helpers/xen_checks.py" run "$logdir/run-xen-xvd-phy-all.json" xen-xvd-phy xen phy
+    run -0 python3 "$REPO/tests/helpers/xen_checks.py" table "$logdir/run-xen-xvd-phy-all.json"
+    local figures=$output
+    local dom0_line xen_v free_mib cpu
+    dom0_line=$(dom0 xl list Domain-0 | awk '$1 == "Domain-0" {print $4 " vCPUs, " $3 " MiB"}')
+    xen_v=$(dom0 xl info | awk -F': *' '/^xen_version/ {print $2}')
+    free_mib=$(dom0 xl info | awk -F': *' '/^free_memory/ {print $2}')
+    cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+    mkdir -p "$XEN_LOGS/bench-out"
+    {
+        echo "## Figures (QEMU TCG, not overhead figures)"
+        echo
+        echo "Written by \`make image-bench\` (alone: \`bats --filter-tags bench --filter 'bench: xen' tests/image/xen.bats\`,"
+        echo "then \`scripts/xen-bench-doc\`). Measured $(date +%F) on $(nproc) cores of $cpu, load average"
+        echo "$(cut -d' ' -f1 /proc/loadavg) at the end: the appliance booted through its Xen entry under QEMU TCG"
+        echo "(\`-cpu $IMAGE_XEN_GUEST_CPU -smp ${IMAGE_QEMU_SMP:-2} -m 4096\`, UEFI), then in dom0:"
+        echo
+        echo '```sh'
+        echo "cloudbox run --profile xen-xvd-phy --suite all --size quick     # $run_s s"
+        echo '```'
+        echo
+        echo "Xen $xen_v; dom0: $dom0_line ($free_mib MiB free for guests after the run). The guest: 1 vCPU, 1024"
+        echo "MiB. Disk: a 128 MiB loop device over a file on the appliance's virtio disk (quick size)."
+        echo
+        echo "$figures"
+        echo
+        echo "Each test's headline figure: operations per second for the random tests and TCP_RR, else throughput."
+        echo "dom0's network figures come from a network namespace of its own over a veth pair (label veth-netns)."
+        echo "Every guest number is labelled emulated and quick-size: these are TCG's costs, not Xen's, and they move a"
+        echo "lot from one run to the next on this shared host."
+    } > "$XEN_LOGS/bench-out/section.md"
+    echo "# figures for docs/xen.md in $XEN_LOGS/bench-out/section.md" >&3
 }
 
 # bats test_tags=slow,xen,xen-full
