@@ -193,8 +193,9 @@ def launch_section(a: argparse.Namespace, launch: dict) -> str:
                  "device behind each: a profile whose PCI devices all take MSI (virtio disks and NICs) boots with "
                  "pci=noacpi; the LSI, IDE and AHCI disks, e1000 and RTL8139 take their interrupts through those "
                  "links and keep them. The root (37.6 MB, uncompressed) is one archive: a core of 12.5 MB (busybox, "
-                 "fio, the agent, virtio modules) launched no faster within the noise (4.9 s against 5.4 s for the "
-                 "whole root, 5 launches each, 2026-11-27), as the kernel unpacks it while its initcalls run. What "
+                 "fio, the agent, virtio modules) launched no faster within the noise (2.81 s against 2.95 s for the "
+                 "whole root, 9 launches each alternated, 2026-11-27), as the kernel unpacks it while its initcalls "
+                 "run; nor did qboot in SeaBIOS's place (2.96 s against 2.94 s). What "
                  "remains is Debian's generic kernel's own: patching its alternatives at boot (about 0.5 s under TCG, "
                  "where rewritten code must be translated again) and its ACPI and PCI set-up.")
     lines.append("")
