@@ -52,15 +52,15 @@ def bench_launch(reps: int, work: Path, profile: str = "virtio-disk", old: Path 
     for i in range(reps):
         order = list(images.items())
         for label, img in order[::-1] if i % 2 else order:  # neither image always goes first
-            own = label == "old" and old_cmdline is not None
+            own = old_cmdline if label == "old" else None  # the old guest's own command line, as it stands
             st = backing.prepare("sparse-file", work_dir=work / f"launch-{label}-{i}", size_bytes=64 * 1024**2,
                                  fmt="raw")
             log = work / f"launch-{label}-{i}" / "console.log"
             xml = render_domain(prof, name=f"cloudbox-bench-{i}", domain_type=acc.domain_type,
                                 kernel=str(img.boot_kernel(acc.domain_type)),
                                 initrd=str(img.boot_initrd(acc.domain_type, prof.guest.memory_mib)),
-                                cmdline=old_cmdline if own and old_cmdline is not None else CMDLINE,
-                                disk_path=st.path, boot_args=not own,
+                                cmdline=CMDLINE if own is None else own, boot_args=own is None,
+                                disk_path=st.path,
                                 disk_is_block=False, bridge=None, mac=None, run_uuid=f"bench-{i}",
                                 console_log=str(log))
             # Without cloudbox's metadata: another session's orphan reaping on this host would destroy it.
