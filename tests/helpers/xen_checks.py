@@ -6,9 +6,6 @@ Standard library only: it runs with the test host's python3.
                                                libxl driver DRIVER: phy for blkback, qemu for qdisk), the same
                                                storage and network tests on both sides, the baseline dom0's, the
                                                guest emulated
-    xen_checks.py table RUN_JSON               the last run's figures as a Markdown table: each test, dom0's
-                                               number, the guest's, the guest's % of dom0's; then one line on the
-                                               run (its wall time, the guest's kernel, launch to agent)
 """
 
 from __future__ import annotations
@@ -69,39 +66,11 @@ def check_run(run_json: Path, profile: str, bus: str, driver: str | None = None)
             f"launch to agent {prov.get('launch_to_agent_s')} s")
 
 
-_HEADLINE = ("IOPS", "trans/s", "MB/s", "Mbit/s")
-
-
-def table(run_json: Path) -> str:
-    run = json.loads(run_json.read_text())["runs"][-1]
-    prov = run["provenance"]
-    by = {(m["test"], m["side"], m["metric"]): m for m in run["measurements"]}
-    metrics: dict[str, set[str]] = {}
-    for m in run["measurements"]:
-        metrics.setdefault(m["test"], set()).add(m["metric"])
-    rows = ["| test | dom0 (baseline) | Xen PV guest | % of dom0 |", "|---|---|---|---|"]
-    for t, have in metrics.items():
-        # a test's headline figure: operations for the random and request/response tests, else throughput
-        unit = min(have, key=lambda u: _HEADLINE.index(u) if u in _HEADLINE else len(_HEADLINE))
-        base, guest = by.get((t, "baseline", unit)), by.get((t, "guest", unit))
-        pct = f"{100 * guest['value'] / base['value']:.0f} %" if base and guest and base["value"] else "-"
-        cells = [f"{m['value']:.1f} {unit}" if m else "-" for m in (base, guest)]
-        rows.append(f"| {t} | {cells[0]} | {cells[1]} | {pct} |")
-    wall = run["finished_at"] - run["started_at"] if run.get("finished_at") else None
-    rows += ["", f"Run #{run['id']}: {run['state']}, {len(run['measurements'])} measurements"
-             + (f" in {wall:.0f} s" if wall is not None else "")
-             + f"; guest kernel {prov.get('guest_kernel')}; launch to agent {prov.get('launch_to_agent_s')} s "
-             "(from before the domain start)."]
-    return "\n".join(rows)
-
-
 def main(argv: list[str]) -> int:
     try:
         match argv:
             case ["run", run_json, profile, bus, *driver] if len(driver) <= 1:
                 print(check_run(Path(run_json), profile, bus, *driver))
-            case ["table", run_json]:
-                print(table(Path(run_json)))
             case _:
                 print(__doc__, file=sys.stderr)
                 return 2

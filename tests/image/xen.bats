@@ -215,12 +215,19 @@ xen_run() {
     xen_run xen-xvd-phy all
     local run_s=$((SECONDS - start))
     run -0 python3 "$REPO/tests/helpers/xen_checks.py" run "$logdir/run-xen-xvd-phy-all.json" xen-xvd-phy xen phy
-    run -0 python3 "$REPO/tests/helpers/xen_checks.py" table "$logdir/run-xen-xvd-phy-all.json"
-    local figures=$output
-    local dom0_line xen_v free_mib cpu
+    local checked=$output
+    # the figures as cloudbox itself lays them out (labels, % of dom0, host disk columns), headings a level down
+    local id figures
+    id=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' \
+         "$logdir/run-xen-xvd-phy-all.json")
+    run -0 dom0 cloudbox results compare "$id" --format md
+    figures=$(sed -E 's/^(#{2,}) /#\1 /' <<<"$output")
+    [ -n "$figures" ]
+    local dom0_line xen_v free_mib cpu info
     dom0_line=$(dom0 xl list Domain-0 | awk '$1 == "Domain-0" {print $4 " vCPUs, " $3 " MiB"}')
-    xen_v=$(dom0 xl info | awk -F': *' '/^xen_version/ {print $2}')
-    free_mib=$(dom0 xl info | awk -F': *' '/^free_memory/ {print $2}')
+    info=$(dom0 xl info)
+    xen_v=$(awk -F': *' '/^xen_version/ {print $2}' <<<"$info")
+    free_mib=$(awk -F': *' '/^free_memory/ {print $2}' <<<"$info")
     cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
     mkdir -p "$XEN_LOGS/bench-out"
     {
@@ -238,9 +245,10 @@ xen_run() {
         echo "Xen $xen_v; dom0: $dom0_line ($free_mib MiB free for guests after the run). The guest: 1 vCPU, 1024"
         echo "MiB. Disk: a 128 MiB loop device over a file on the appliance's virtio disk (quick size)."
         echo
+        echo "\`cloudbox results compare $id --format md\` in dom0 (checked: $checked):"
+        echo
         echo "$figures"
         echo
-        echo "Each test's headline figure: operations per second for the random tests and TCP_RR, else throughput."
         echo "dom0's network figures come from a network namespace of its own over a veth pair (label veth-netns)."
         echo "Every guest number is labelled emulated and quick-size: these are TCG's costs, not Xen's, and they move a"
         echo "lot from one run to the next on this shared host."
