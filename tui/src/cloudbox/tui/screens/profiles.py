@@ -64,7 +64,8 @@ def knob_table(p: profiles.Profile) -> Table:
 def diff_table(a: profiles.Profile, b: profiles.Profile, width: int | None = None) -> Table:
     """Every knob side by side; differing rows are marked with '≠' (not only by colour). When `width` is too
     narrow for three columns (the detail pane at 80 columns), each differing knob gets two lines: A's value,
-    then B's."""
+    then B's; narrower still (a long profile list beside it), the values go under the knob names, so no value is
+    ever cut or folded."""
     every = "dom0" in a.sections() or "dom0" in b.sections()  # a Xen profile's [dom0] beside a KVM one's defaults
     ka, kb = a.knobs(every), b.knobs(every)
     va = {k: knob_text(v).plain for k, v in ka.items()}
@@ -82,6 +83,13 @@ def diff_table(a: profiles.Profile, b: profiles.Profile, width: int | None = Non
         for k in ka:
             differs = ka[k] != kb[k]
             t.add_row("≠" if differs else "", k, Text(va[k]), Text(vb[k]), style="bold" if differs else "dim")
+    elif width < 2 + knob_w + 1 + max(*map(len, va.values()), *map(len, vb.values())):
+        t.title = f"A: {a.name}\nB: {b.name}"
+        for k in ka:
+            if ka[k] != kb[k]:
+                t.add_row("≠", Text(f"{k}\n A {va[k]}\n B {vb[k]}"), style="bold")
+            else:
+                t.add_row("", Text(f"{k}\n   {va[k]}"), style="dim")
     else:
         t.title = f"A: {a.name}\nB: {b.name}"
         t.add_column("A / B", overflow="fold")
