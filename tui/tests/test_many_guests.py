@@ -138,6 +138,7 @@ def test_a_profile_that_cannot_run_n_guests_is_refused():
     spec = RunSpec(profile="virtio-disk", suite="storage", guests=2)
     with pytest.raises(UsageError, match="disk.backing = network-volume exports one volume for one guest"):
         check_fits(spec, vol, available_mib=64000, host_cpus=8)
+    check_fits(spec, resolve_profile("nfs-async-tcp"), available_mib=64000, host_cpus=8)  # one export, all mount it
     xen = p.model_copy(update={"guest": p.guest.model_copy(update={"hypervisor": "xen"})})
     with pytest.raises(UsageError, match="guest.hypervisor = xen: --guests 2 runs KVM/QEMU guests only"):
         check_fits(spec, xen, available_mib=64000, host_cpus=8)

@@ -338,7 +338,7 @@ INVALID = [
         None,
         "disk.volume",
         "e0.1",
-        "aoe:<target>, iscsi:<target>, nbd:<target>, nvme-tcp:<target>",
+        "aoe:<target>, iscsi:<target>, nbd:<target>, nfs:<target>, nvme-tcp:<target>",
     ),
     (
         "network-volume-unknown-scheme",

@@ -140,7 +140,7 @@ def test_host_attach_is_refused_with_why_and_where(volume, state):
     msg = str(e.value)
     assert "host (nbd) is not implemented yet" in msg and "its nbd driver, which this kernel" in msg
     assert "disk.attach = qemu (nbd:, iscsi: volumes" in msg
-    assert "disk.attach = guest (aoe:, nbd:, iscsi: volumes" in msg
+    assert "disk.attach = guest (aoe:, nbd:, iscsi:, nfs: volumes" in msg
     with pytest.raises(attach.AttachRefused, match=r"aoe driver\. Use"):  # a kernel with the driver: not built yet
         attach.check_attach("aoe", "host", has_module=lambda m: True)
     with pytest.raises(attach.AttachRefused, match="not implemented yet"):  # before anything is made

@@ -165,6 +165,7 @@ def volume_run(state, libvirt_conn) -> Callable[[str, str], Run]:
     return run_on_volume
 
 
+@pytest.mark.full  # 32 s under TCG here; the iSCSI run below is make test's guest-attach volume test
 def test_quick_storage_run_over_aoe_attached_by_the_guest(volume_run):
     """disk.attach = guest: vblade serves the volume on the guest's bridge, the guest's aoe driver reads and writes
     it over its NIC; the host domain cannot attach AoE here, so there is no baseline and the run says why."""
@@ -211,7 +212,7 @@ def test_ctrl_c_with_the_guest_attached_over_aoe_leaves_nothing(state, libvirt_c
     assert work_files(state) == []
 
 
-@pytest.mark.full  # 56 s under TCG here; the AoE run above is make test's guest-attach test
+@pytest.mark.full  # 56 s under TCG here; the iSCSI run below is make test's guest-attach test
 def test_quick_storage_run_over_nbd_attached_by_the_guest(volume_run):
     """disk.attach = guest over NBD: the baseline from the host domain on loopback, then qemu-nbd on the guest's
     bridge with TLS, the guest's nbd-client holding the client certificate the agent handed it."""

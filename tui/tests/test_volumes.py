@@ -135,7 +135,7 @@ def test_exports_here_follow_check_attach_and_the_servers_on_path(tmp_path, monk
             (tmp_path / server).symlink_to(found)
     monkeypatch.setenv("PATH", str(tmp_path))
     got = {e.scheme: e for e in attach.exports_here(has_module=lambda _m: False)}
-    assert list(got) == ["nbd", "aoe", "iscsi"]
+    assert list(got) == ["nbd", "aoe", "iscsi"]  # an NFS export is no stored volume: not listed
     assert got["nbd"].attach == ("guest", "qemu") and got["aoe"].attach == ("guest",)
     assert got["aoe"].usable == bool(real["vblade"]) and got["nbd"].usable == bool(real["qemu-nbd"])
     (tmp_path / "vblade").unlink(missing_ok=True)

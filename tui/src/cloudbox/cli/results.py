@@ -189,6 +189,8 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
               if v.server_bytes_written is not None else "")
         lines.append(f"  volume       {v.scheme}:{v.name} attached by {v.attach}, {v.server}; authentication: "
                      f"{v.tls or 'none'}{io}")
+        if v.mount:
+            lines.append(f"  guest mount  {v.mount}")
         lines.append(f"  baseline     {v.baseline or '-'}")
     if p.raid is not None:
         r = p.raid

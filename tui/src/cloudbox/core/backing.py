@@ -246,7 +246,7 @@ def free_bytes_at(d: Path) -> tuple[Path, int]:
     return d, _free_bytes(d)
 
 
-def _need_space(d: Path, size: int, what: str) -> None:
+def need_space(d: Path, size: int, what: str) -> None:
     free = _free_bytes(d)
     if free < size + MARGIN:
         raise NoSpace(
@@ -324,7 +324,7 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
     dev_name = store.host_device
     try:
         if kind in FILE_KINDS:
-            _need_space(work_dir, *space_needed(kind, size_bytes))
+            need_space(work_dir, *space_needed(kind, size_bytes))
             path = work_dir / ("disk.qcow2" if kind.startswith("qcow2") else "disk.raw")
             _make_file(store, kind, path, size_bytes)
             store.path = str(path)
@@ -344,7 +344,7 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
                                   f"{human_size(size_bytes)}")
             else:
                 # Test host without a spare disk: a loop device over a pre-allocated file, labelled.
-                _need_space(work_dir, *space_needed(kind, size_bytes))
+                need_space(work_dir, *space_needed(kind, size_bytes))
                 loop = _make_loop(store, work_dir / "loopdisk.raw", size_bytes)
                 store.path = store.baseline_target = loop
                 store.is_block = True
@@ -394,7 +394,7 @@ def _prepare_several(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, co
     store = new_work_dir(kind, work_dir, each, fmt)
     dev_name = store.host_device
     try:
-        _need_space(work_dir, *space_needed(kind, size_bytes, count=count))
+        need_space(work_dir, *space_needed(kind, size_bytes, count=count))
         paths: list[str] = []
         for i in range(1, count + 1):
             if kind in FILE_KINDS:

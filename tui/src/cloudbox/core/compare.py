@@ -52,6 +52,8 @@ CAVEAT_LABELS = {
 }
 # A baseline measured on a network volume from the host domain (Study A's "EBS from dom0" row), not on a local disk.
 VOLUME_BASELINE_LABEL = "volume-from-host"
+# A baseline measured on an NFS export's own directory on the server's disk, without NFS (core.volumes.attach).
+NFS_BASELINE_LABEL = "nfs-export-dir"
 
 JSON_FORMAT = "cloudbox-results"
 JSON_VERSION = 1
@@ -269,6 +271,8 @@ class Knobs:
     chunk_kib: int | None = None
     attach: str = "host"  # who attached a network volume
     xen_type: str = ""  # guest.xen_type: pv, pvh, hvm; "" or auto where the bus decides
+    nfs_vers: str = ""  # an NFS export's [nfs] mount: version and writes (async | sync)
+    nfs_writes: str = ""
 
 
 def knobs(run: Run) -> Knobs:
@@ -294,7 +298,8 @@ def _knobs(profile_toml: str) -> Knobs:
                  get("network", "model", str) or "", bool(get("network", "vhost", bool)), get("network", "mtu", int),
                  get("guest", "memory_mib", int), get("disk", "count", int) or 1, get("disk", "raid", str) or "none",
                  get("disk", "chunk_kib", int), get("disk", "attach", str) or "host",
-                 get("guest", "xen_type", str) or "")
+                 get("guest", "xen_type", str) or "", get("nfs", "vers", str) or "4.2",
+                 get("nfs", "writes", str) or "async")
 
 
 def vmm_label(run: Run) -> str:
@@ -322,11 +327,13 @@ def backing_kind(run: Run) -> str:
 
 
 def target_label(run: Run) -> str:
-    """'local file', 'local disk', 'EBS (AoE)'..."""
+    """'local file', 'local disk', 'EBS (AoE)', 'NFS'..."""
     kind = backing_kind(run)
     if kind == "network-volume":
         volume = knobs(run).volume
         scheme = volume.split(":", 1)[0] if ":" in volume else ""
+        if scheme == "nfs":  # a shared file system, not an EBS-like block volume
+            return "NFS"
         if scheme in _VOLUME_SCHEMES:
             return f"EBS ({_VOLUME_SCHEMES[scheme]})"
     return _TARGETS.get(kind, kind.replace("-", " ") if kind else "?")
@@ -347,6 +354,8 @@ def driver_label(run: Run) -> str:
         scheme = _VOLUME_SCHEMES.get(k.volume.split(":", 1)[0], "volume")
         if k.attach == "guest":  # no disk on a bus: the guest reaches the volume through its NIC
             nic = {"virtio": "virtio-net", "xen-netfront": "netfront"}.get(k.nic, k.nic) or "?"
+            if k.volume.startswith("nfs:"):
+                return f"{nic} NIC, the guest's NFSv{k.nfs_vers} client ({k.nfs_writes})"
             return f"{nic} NIC, the guest's {scheme} initiator"
         backing = f"QEMU's {scheme} client"
     if k.raid != "none":
@@ -524,7 +533,9 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
                         "run": ",".join(f"#{r.id}" for r, _ in bases) + (" sum" if n > 1 else ""),
                         "vmm": host if host != "none" else ("host domain" if from_host else "none"),
                         "target": target,
-                        "driver": _volume_baseline_driver(bases[0][0]) if from_host else "-",
+                        "driver": _volume_baseline_driver(bases[0][0]) if from_host else
+                        ("the export's directory, no NFS" if storage and any(NFS_BASELINE_LABEL in m.labels
+                                                                              for m in ms_b) else "-"),
                         "value": _mean(m.value for m in ms_b),
                         "pct": None,
                     },

@@ -69,6 +69,12 @@ Attach = Literal["host", "guest", "qemu"]
 # Xen's backend for a guest's disk in dom0: blkback ("phy", the kernel's, on a block device) or qdisk (QEMU's, on a
 # file or a device); "auto" picks phy for a block device and qdisk for a file, and is the only value KVM takes.
 XenBackend = Literal["auto", "phy", "qdisk"]
+# How the guest mounts an NFS export (disk.volume = nfs:<name>): the protocol version, the transport and whether the
+# client writes through (mount -o sync: every WRITE stable on the server's disk before it returns) or not (async:
+# unstable WRITEs, then COMMIT).
+NfsVersion = Literal["4.0", "4.1", "4.2"]
+NfsProto = Literal["tcp", "udp"]
+NfsWrites = Literal["async", "sync"]
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
@@ -76,7 +82,7 @@ XEN_HVM_BUSES: tuple[str, ...] = ("ide", "scsi-lsi")  # emulated by Xen's QEMU: 
 XEN_BUSES: tuple[str, ...] = ("xen-vbd", "ide", "scsi-lsi")
 KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide")
 QCOW2_BACKINGS: tuple[str, ...] = ("qcow2", "qcow2-prealloc")
-VOLUME_SCHEMES: tuple[str, ...] = ("aoe", "iscsi", "nbd", "nvme-tcp")
+VOLUME_SCHEMES: tuple[str, ...] = ("aoe", "iscsi", "nbd", "nfs", "nvme-tcp")
 # Schemes QEMU itself can be the initiator of (its nbd and libiscsi block drivers); it has none for AoE or NVMe/TCP.
 QEMU_SCHEMES: tuple[str, ...] = ("nbd", "iscsi")
 PAGE_CACHE_FREE: tuple[str, ...] = ("none", "directsync")
@@ -90,7 +96,7 @@ _HASH_NEUTRAL: dict[str, dict[str, object]] = {"guest": {"xen_type": "auto"},
                                                 "disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host",
                                                          "xen_backend": "auto"},
                                                 "dom0": {"vcpu_pin": "", "memory_mib": 0}}
-SECTIONS: tuple[str, ...] = ("guest", "disk", "network", "dom0")
+SECTIONS: tuple[str, ...] = ("guest", "disk", "network", "dom0", "nfs")
 DOM0_MIN_MIB = 512  # below this a Debian dom0 with libvirtd, QEMU and the tests risks the OOM killer
 BLOCK_BACKINGS: tuple[str, ...] = ("block-device", "network-volume")  # the host hands the guest a block device
 
@@ -110,6 +116,8 @@ _TEXT_RULES: dict[str, str] = {
         "0 (no RAID) or, with disk.raid = 0, a power of two 4..1024 (KiB; left out or 0: mdadm's "
         f"{RAID_CHUNK_DEFAULT_KIB})"
     ),
+    "nfs.rsize_kib": "0 (what client and server agree) or a power of two 4..1024 (KiB)",
+    "nfs.wsize_kib": "0 (what client and server agree) or a power of two 4..1024 (KiB)",
 }
 
 
@@ -223,6 +231,17 @@ class Dom0(_Strict):
     memory_mib: Annotated[int, AfterValidator(_dom0_memory)] = 0  # xl mem-set Domain-0
 
 
+class Nfs(_Strict):
+    """How the guest mounts the run's NFS export (disk.volume = nfs:<name>): its kernel client's mount options."""
+
+    vers: NfsVersion = "4.2"
+    proto: NfsProto = "tcp"
+    writes: NfsWrites = "async"  # mount -o async|sync
+    nconnect: Annotated[int, Field(ge=1, le=16)] = 1  # TCP connections to the server
+    rsize_kib: Annotated[int, AfterValidator(_chunk)] = 0  # 0: what client and server agree on
+    wsize_kib: Annotated[int, AfterValidator(_chunk)] = 0
+
+
 class _CrossFieldProblems(ValueError):
     """Carries the cross-field problems out of pydantic's validator machinery."""
 
@@ -241,6 +260,7 @@ class Profile(_Strict):
     disk: Disk
     network: Network
     dom0: Dom0 = Dom0()
+    nfs: Nfs = Nfs()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:
@@ -263,6 +283,8 @@ class Profile(_Strict):
             del data["guest"]["xen_type"]  # the type the bus implies: the same guest as "auto"
         if not data["dom0"]:
             del data["dom0"]
+        if not is_nfs(self.disk):
+            del data["nfs"]  # a profile without an NFS export keeps the hash it had before [nfs] existed
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -271,9 +293,14 @@ class Profile(_Strict):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def sections(self) -> tuple[str, ...]:
-        """The profile's tables: [dom0] only for Xen (or when set, which validation then refuses)."""
-        xen = self.guest.hypervisor == "xen" or self.dom0 != Dom0()
-        return SECTIONS if xen else SECTIONS[:3]
+        """The profile's tables: [dom0] only for Xen, [nfs] only with an NFS export (or when set, which validation
+        then refuses)."""
+        out = list(SECTIONS[:3])
+        if self.guest.hypervisor == "xen" or self.dom0 != Dom0():
+            out.append("dom0")
+        if is_nfs(self.disk) or self.nfs != Nfs():
+            out.append("nfs")
+        return tuple(out)
 
     def _fields(self, section: str, every: bool = False) -> list[str]:
         """The keys of a table shown for this profile: Xen's guest type only for Xen (or when set), unless `every`."""
@@ -321,6 +348,11 @@ class Profile(_Strict):
             disk += f", {d.queues} queues"
         if d.raid == "0":
             disk = f"RAID 0 ({d.chunk_kib} KiB chunks) over {d.count} disks, each {disk}"
+        if is_nfs(d):  # a file system the guest mounts: no disk bus, cache or AIO mode of QEMU's
+            f = self.nfs
+            sizes = "".join(f", {k} {v} KiB" for k, v in (("rsize", f.rsize_kib), ("wsize", f.wsize_kib)) if v)
+            disk = (f"NFSv{f.vers} export {d.volume.partition(':')[2]} mounted by {_ATTACH_WORDS[d.attach]} over "
+                    f"{f.proto} ({f.writes}, nconnect {f.nconnect}{sizes})")
         net = _NIC_WORDS[n.model]
         if n.model == "virtio":
             net += " (vhost)" if n.vhost else " (userspace)"
@@ -358,6 +390,11 @@ _NIC_WORDS = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio-net", "x
 
 def _implied_xen_type(bus: str) -> str:
     return "pv" if bus == "xen-vbd" else "hvm"
+
+
+def is_nfs(disk: Disk) -> bool:
+    """The disk is an NFS export the guest mounts (disk.volume = nfs:<name>), not a block device."""
+    return disk.backing == "network-volume" and disk.volume.startswith("nfs:")
 
 
 def xen_guest_type(profile: Profile) -> str:
@@ -545,6 +582,24 @@ def cross_field_problems(p: Profile) -> list[ProfileProblem]:
         bad("disk.count", d.count, f"disk.volume names one volume; {d.count} disks would need {d.count}",
             f"1 (with disk.volume = {d.volume!r}); several disks need backing files or loop devices")
 
+    # NFS export
+    if is_nfs(d):
+        if d.attach != "guest":
+            bad("disk.attach", d.attach, "an NFS export is a file system, not a block device: the guest's kernel "
+                "mounts it and the tests run on a file in it", "guest (with disk.volume = nfs:<name>)")
+        if p.nfs.proto == "udp":
+            bad("nfs.proto", p.nfs.proto, "NFSv4 runs over TCP only (RFC 7530: a transport with congestion "
+                "control); UDP was NFSv3's, and the benchmark guest's kernel (Debian's 6.1, built with "
+                "CONFIG_NFS_DISABLE_UDP_SUPPORT) no longer offers it", "tcp")
+        if p.nfs.nconnect > 1 and p.nfs.vers == "4.0":
+            bad("nfs.nconnect", p.nfs.nconnect, "the Linux client opens several connections from NFSv4.1 on "
+                "(4.0 has no sessions to share them)", "1 (with nfs.vers = 4.0); 2..16 needs nfs.vers 4.1 or 4.2")
+    elif p.nfs != Nfs():
+        changed = [k for k in Nfs.model_fields if getattr(p.nfs, k) != getattr(Nfs(), k)]
+        bad(f"nfs.{changed[0]}", getattr(p.nfs, changed[0]), "the [nfs] table sets how the guest mounts an NFS "
+            "export; this profile has none", f"{getattr(Nfs(), changed[0])} (leave [nfs] out); an export needs "
+            "disk.backing = network-volume, disk.volume = nfs:<name>, disk.attach = guest")
+
     # dom0
     if g.hypervisor != "xen":
         for key, value, neutral in (("vcpu_pin", p.dom0.vcpu_pin, ""), ("memory_mib", p.dom0.memory_mib, 0)):
@@ -623,7 +678,8 @@ def _toml_value(v: object) -> str:
 
 # -- pydantic errors -> ProfileProblem -------------------------------------------------
 
-_SECTIONS: dict[str, type[BaseModel]] = {"guest": Guest, "disk": Disk, "network": Network, "dom0": Dom0}
+_SECTIONS: dict[str, type[BaseModel]] = {"guest": Guest, "disk": Disk, "network": Network, "dom0": Dom0,
+                                         "nfs": Nfs}
 
 
 def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:

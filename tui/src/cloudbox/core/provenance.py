@@ -85,6 +85,7 @@ class VolumeInfo(_Record):
     target: str = ""  # the AoE shelf.slot the guest read (disk.attach = guest)
     server_bytes_read: int | None = None  # what the export read from / wrote to the volume's disk during the run
     server_bytes_written: int | None = None
+    mount: str = ""  # NFS: the guest's /proc/mounts line (the options its kernel and the server settled on)
 
 
 class RaidInfo(_Record):

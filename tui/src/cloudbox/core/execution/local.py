@@ -26,7 +26,7 @@ from ..errors import CloudboxError, DiskStalled
 from ..events import ProgressEvent, SampleEvent
 from ..guest import reap_orphans
 from ..guestimage import CMDLINE, GuestImage
-from ..profiles import Dom0, xen_guest_type
+from ..profiles import Dom0, is_nfs, xen_guest_type
 from ..provenance import (
     BackingInfo,
     Controller,
@@ -39,7 +39,7 @@ from ..provenance import (
     VolumeInfo,
 )
 from ..runspec import BOOT
-from ..volumes import aoe, iscsi, nbd
+from ..volumes import aoe, iscsi, nbd, nfs
 from ..volumes.attach import VolumeExport, export_for_run, preflight
 from .context import RunContext
 from .launch import agent_socket, launch, remove_socket
@@ -68,6 +68,12 @@ def check_volume(ctx: RunContext) -> None:
     d = ctx.profile.disk
     if d.backing == "network-volume":
         preflight(d.volume, d.attach, ctx.size, hypervisor=ctx.profile.guest.hypervisor)
+    if is_nfs(d) and ctx.spec.wants_storage:
+        on_device = [t.id for t in storage.resolve_tests(ctx.spec.storage_tests) if t.tool == "bonnie"]
+        if on_device:
+            raise CloudboxError(f"profile {ctx.profile.name}: {', '.join(on_device)} makes a file system on a block "
+                                f"device, and {d.volume} is an NFS export (a file system already); allowed here: "
+                                "every other storage test (fio, dd, IOzone)")
 
 
 def find_image(ctx: RunContext) -> None:
@@ -152,7 +158,7 @@ def record_facts(ctx: RunContext) -> None:
                             size_bytes=store.size_bytes, format=store.format, is_block=store.is_block,
                             count=1 + len(store.more_paths) if store.more_paths else None,
                             more_paths=store.more_paths or None),
-        volume=_volume_info(ctx.volume),
+        volume=volume_info(ctx.volume),
         spec=ctx.spec)
     ctx.store.update_run(ctx.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))
     ctx.save_provenance()
@@ -185,20 +191,24 @@ def tune_dom0(ctx: RunContext, xl: str = "xl") -> None:
     ctx.sink.log(f"dom0: {pin}; {mem} (restored after the run)")
 
 
-def _volume_info(v: VolumeExport | None) -> VolumeInfo | None:
+def volume_info(v: VolumeExport | None, mount: str = "") -> VolumeInfo | None:
     if v is None:
         return None
-    io = v.export.io() if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport) else {}
+    io = v.export.io() if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport | nfs.NfsExport) else {}
     return VolumeInfo(name=v.volume, scheme=v.scheme, attach=v.attach, server=v.server, uri=v.uri, tls=v.tls,
                       baseline=v.no_baseline or BASELINES[v.scheme],
-                      target=v.export.target if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport) else "",
-                      server_bytes_read=io.get("read_bytes"), server_bytes_written=io.get("write_bytes"))
+                      target=v.export.target if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport |
+                                                           nfs.NfsExport) else "",
+                      server_bytes_read=io.get("read_bytes"), server_bytes_written=io.get("write_bytes"),
+                      mount=mount)
 
 
 # How the host domain measures a volume a run's baseline measured.
 BASELINES = {"nbd": "the same export from the host domain: fio's nbd engine (libnbd, user space)",
              "iscsi": ("the same target from the host domain: libiscsi's iscsi-perf (user space, the library of "
-                       "QEMU's initiator), read tests only, after data was laid over the whole volume")}
+                       "QEMU's initiator), read tests only, after data was laid over the whole volume"),
+             "nfs": ("the export's directory on the server's disk from the host domain, without NFS: this kernel has "
+                     "no NFS client (the guest's over the server's own disk is NFS's cost)")}
 
 
 def start_sampler(ctx: RunContext) -> None:
@@ -281,12 +291,13 @@ def serve_volume(ctx: RunContext) -> None:
     assert ctx.hostnet is not None
     ip = ctx.hostnet.host_ip
     how = {"aoe": "over AoE (layer 2, no authentication: the guest's bridge only)",
-           "iscsi": f"over iSCSI with CHAP on {ip}", "nbd": f"over NBD with TLS on {ip}"}[v.scheme]
+           "iscsi": f"over iSCSI with CHAP on {ip}", "nbd": f"over NBD with TLS on {ip}",
+           "nfs": f"over NFSv4 (nfs-ganesha) on {ip}, to the bridge's subnet only"}[v.scheme]
     ctx.sink.step(f"volume: serving {v.volume} {how} on {ctx.hostnet.bridge}")
     with ctx.control.atomic():
         v.serve(ctx.hostnet.bridge, ctx.hostnet.host_ip)
     ctx.sink.log(f"volume exported: {v.uri} ({v.server}, pid {v.export.pid if v.export else '?'})")
-    ctx.provenance.volume = _volume_info(v)
+    ctx.provenance.volume = volume_info(v)
     if ctx.provenance.backing is not None:
         ctx.provenance.backing.path = ctx.backing.path
     ctx.save_provenance()
@@ -378,6 +389,9 @@ def _guest_storage(ctx: RunContext, tests: list[storage.StorageTest], done: list
     if guest_attaches(ctx):
         v = ctx.volume
         assert v is not None and v.export is not None
+        if isinstance(v.export, nfs.NfsExport):
+            _guest_nfs(ctx, v, v.export, run)
+            return
         if isinstance(v.export, aoe.AoeExport):
             sink.step(f"guest: attaching {v.export.target} with its aoe driver", side="guest")
             dev = aoe.attach_in_guest(ctx.guest, v.export.target)
@@ -395,7 +409,7 @@ def _guest_storage(ctx: RunContext, tests: list[storage.StorageTest], done: list
                                     dhcp=bool(ctx.private_bridge))
             dev = nbd.attach_in_guest(ctx.guest, v.export, v.creds.client_dir)
         run(dev)
-        ctx.provenance.volume = pv = _volume_info(v)
+        ctx.provenance.volume = pv = volume_info(v)
         ctx.save_provenance()
         assert pv is not None
         sink.log(f"{v.export.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
@@ -404,7 +418,7 @@ def _guest_storage(ctx: RunContext, tests: list[storage.StorageTest], done: list
     if d.raid == "none":
         run(gr.disk())
         if ctx.volume is not None and isinstance(ctx.volume.export, iscsi.IscsiExport):
-            ctx.provenance.volume = pv = _volume_info(ctx.volume)
+            ctx.provenance.volume = pv = volume_info(ctx.volume)
             ctx.save_provenance()
             assert pv is not None
             sink.log(f"tgtd read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the volume")
@@ -423,6 +437,28 @@ def _guest_storage(ctx: RunContext, tests: list[storage.StorageTest], done: list
     ctx.save_provenance()
     sink.log("guest md array stopped; sectors written per member: "
              + ", ".join(f"{k} {v}" for k, v in raid.sectors_written.items()))
+
+
+def _guest_nfs(ctx: RunContext, v: VolumeExport, exp: nfs.NfsExport, run: Callable[[str], None]) -> None:
+    """The guest mounts the export with the profile's [nfs] options and runs the tests on a file in it; the mount's
+    options as its kernel settled them are recorded, and what the server wrote."""
+    assert ctx.guest is not None and ctx.hostnet is not None
+    sink = ctx.sink
+    options = nfs.mount_options(exp, ctx.profile.nfs)
+    network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
+                            dhcp=bool(ctx.private_bridge))
+    sink.step(f"guest: mounting {exp.uri} ({options})", side="guest")
+    line = nfs.mount_in_guest(ctx.guest, exp, options)
+    ctx.provenance.volume = volume_info(v, mount=line)
+    ctx.save_provenance()
+    sink.log(f"guest mount: {line}")
+    run(nfs.test_file())
+    nfs.unmount_in_guest(ctx.guest)
+    ctx.provenance.volume = pv = volume_info(v, mount=line)
+    assert pv is not None
+    ctx.save_provenance()
+    sink.log(f"{exp.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the export's "
+             "disk")
 
 
 def guest_attaches(ctx: RunContext) -> bool:

@@ -9,7 +9,9 @@ notes, on the host's clock, are the start skew stored per test (uncertain by hal
 bare-metal baseline runs the same N at once: N fio (or dd) processes on the host, one file or loop device each; N
 netperf or iperf3 clients in the baseline namespace, each against its own server (iperf3 serves one client at a time;
 netserver forks one child per client). Each guest's figures are stored as instances 1..N beside the run's row,
-their sum (core.fairness for the spread).
+their sum (core.fairness for the spread). An NFS export (disk.volume = nfs:<name>) is the one store every guest
+shares: each mounts it and runs its tests on a file of its own there, the baseline's N processes on N files in the
+export's directory.
 """
 
 from __future__ import annotations
@@ -25,12 +27,23 @@ from ..domain import render_domain
 from ..errors import CloudboxError, DiskStalled, GuestUnreachable, NicStalled, UsageError
 from ..events import ProgressEvent, SampleEvent
 from ..guestimage import CMDLINE
-from ..profiles import Profile
+from ..profiles import Profile, is_nfs
 from ..provenance import Guests, GuestStart
 from ..runspec import BOOT, RunSpec, resolve_net_tests
+from ..volumes import nfs
+from ..volumes.attach import export_for_run
 from .context import RunContext, host_labels
 from .launch import launch_all
-from .local import connect_libvirt, cpu_counts, find_image, probe_accelerator, record_facts
+from .local import (
+    check_volume,
+    connect_libvirt,
+    cpu_counts,
+    find_image,
+    probe_accelerator,
+    record_facts,
+    serve_volume,
+    volume_info,
+)
 from .measure import NetRan, Ran, net_test_many, storage_test_many
 from .network_steps import plumb
 
@@ -60,9 +73,10 @@ def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = N
     if n <= 1:
         return
     d = profile.disk
-    if d.backing == "network-volume":
+    if d.backing == "network-volume" and not is_nfs(d):
         raise UsageError(f"profile {profile.name}: disk.backing = network-volume exports one volume for one guest; "
-                         f"--guests {n} needs a store per guest: a profile with a file or block-device backing")
+                         f"--guests {n} needs a store per guest: a profile with a file or block-device backing, or "
+                         "an NFS export (disk.volume = nfs:<name>), which every guest mounts")
     if profile.guest.hypervisor != "kvm":
         raise UsageError(f"profile {profile.name}: guest.hypervisor = {profile.guest.hypervisor}: --guests {n} runs "
                          "KVM/QEMU guests only for now; allowed: a profile with guest.hypervisor = kvm")
@@ -85,8 +99,9 @@ def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = N
 
 def run_many(ctx: RunContext) -> None:
     """The body of a run of N guests (core.execution.lifecycle.Execution runs it)."""
-    for step in (find_image, probe_accelerator, connect_libvirt, prepare_stores, record_facts, record_guests,
-                 start_sampler, baseline_many, plumb, launch_many, guests_storage, guests_network):
+    for step in (check_volume, find_image, probe_accelerator, connect_libvirt, prepare_stores, record_facts,
+                 record_guests, start_sampler, baseline_many, plumb, serve_volume, launch_many, guests_storage,
+                 guests_network):
         step(ctx)
 
 
@@ -95,6 +110,9 @@ def prepare_stores(ctx: RunContext) -> None:
     spec, disk, n = ctx.spec, ctx.profile.disk, ctx.spec.guests
     base = paths.work_base(spec.work_dir)
     ctx.work_dir = base / f"run-{ctx.run_uuid[:12]}"
+    if is_nfs(disk):
+        _prepare_export(ctx)
+        return
     ctx.sink.step(f"preparing {n} backing stores ({disk.backing}, {backing.human_size(ctx.size)} each)")
     need, what = backing.space_needed(disk.backing, ctx.size, count=disk.count)
     _, free = backing.free_bytes_at(base)
@@ -112,6 +130,25 @@ def prepare_stores(ctx: RunContext) -> None:
                                     fmt=disk.format, volume=disk.volume, count=disk.count)
             ctx.stack.callback(store.remove)
         ctx.backings.append(store)
+    ctx.backing = ctx.backings[0]
+    ctx.labels += ctx.backing.labels
+
+
+def _prepare_export(ctx: RunContext) -> None:
+    """The run's NFS export, one directory every guest mounts (served once the bridge exists: serve_volume); the
+    baseline's N files in it, one per process."""
+    disk, n = ctx.profile.disk, ctx.spec.guests
+    ctx.sink.step(f"preparing the NFS export {disk.volume} for {n} guests ({backing.human_size(ctx.size)} each)")
+    with ctx.control.atomic():
+        ctx.volume = v = export_for_run(disk.volume, disk.attach, run_uuid=ctx.run_uuid, work_dir=ctx.work_dir,
+                                        size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor, guests=n)
+        ctx.stack.callback(v.close)
+    first = v.store
+    for k in range(1, n + 1):  # removed with the export's directory by v.close()
+        ctx.backings.append(backing.BackingStore(
+            first.kind, first.path, False, first.format, ctx.size, first.host_device, first.model,
+            labels=list(first.labels), baseline_target=str(Path(v.path) / f"baseline-g{k}.dat"),
+            baseline_labels=list(first.baseline_labels)))
     ctx.backing = ctx.backings[0]
     ctx.labels += ctx.backing.labels
 
@@ -178,11 +215,12 @@ def launch_many(ctx: RunContext) -> None:
     domains = []
     for k, store in enumerate(ctx.backings, 1):
         name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}-g{k}"
-        log = ctx.work_dir / f"g{k}" / "console.log"  # removed with the store's directory
+        # removed with the store's directory (an NFS export's guests have none: the run's)
+        log = ctx.work_dir / (f"console-g{k}.log" if ctx.volume else f"g{k}/console.log")
         xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
                             kernel=str(image.boot_kernel(acc.domain_type)),
                             initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
-                            cmdline=CMDLINE, disk_path=store.path, disk_is_block=store.is_block,
+                            cmdline=CMDLINE, disk_path="" if ctx.volume else store.path, disk_is_block=store.is_block,
                             bridge=ctx.hostnet.bridge if ctx.hostnet else None,
                             mac=None, run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths)
         domains.append((xml, log))
@@ -193,7 +231,7 @@ def launch_many(ctx: RunContext) -> None:
     assert prov.guests is not None
     for up, store in zip(ups, ctx.backings, strict=True):
         ctx.sink.log(f"guest {up.guest.name}: agent ready {up.boot_s:.1f} s after its launch")
-        prov.guests.guests.append(GuestStart(name=up.guest.name, disk=store.path,
+        prov.guests.guests.append(GuestStart(name=up.guest.name, disk=ctx.volume.uri if ctx.volume else store.path,
                                              launch_to_agent_s=round(up.boot_s, 2)))
     ctx.many = [up.guest for up in ups]
     ctx.guest = ctx.many[0]
@@ -212,13 +250,18 @@ def guests_storage(ctx: RunContext) -> None:
         return
     tests = storage.resolve_tests(ctx.spec.storage_tests)
     runners = [storage.GuestRunner(g, ctx.control.cancelled) for g in ctx.many]
-    disks = []
     for gr in runners:
         gr.check_tools(tests)
-        if ctx.profile.disk.raid != "none":
-            raise CloudboxError(f"profile {ctx.profile.name}: disk.raid = {ctx.profile.disk.raid} with --guests "
-                                f"{ctx.spec.guests} is not implemented yet; allowed: a profile with disk.raid = none")
-        disks.append(gr.disk())
+    if ctx.volume is not None:  # every guest on the shared export
+        disks = _mount_export(ctx, runners)
+    else:
+        disks = []
+        for gr in runners:
+            if ctx.profile.disk.raid != "none":
+                raise CloudboxError(f"profile {ctx.profile.name}: disk.raid = {ctx.profile.disk.raid} with --guests "
+                                    f"{ctx.spec.guests} is not implemented yet; allowed: a profile with disk.raid = "
+                                    "none")
+            disks.append(gr.disk())
     ctx.sink.log("guest benchmark disks: " + ", ".join(f"{g.name} {d}" for g, d in zip(ctx.many, disks, strict=True)))
     ctx.sink.step(f"guest: storage tests, {len(runners)} guests at once", side="guest")
     if storage.needs_fill(tests):
@@ -236,6 +279,33 @@ def guests_storage(ctx: RunContext) -> None:
                 for k, (gr, disk, offset) in enumerate(zip(runners, disks, offsets, strict=True), 1)]
         parts = storage_test_many(ctx, "guest", t, jobs, tuple(gr.drop_caches for gr in runners))
         _record_skew(ctx, t.id, [p.started_at for p in parts])
+    if ctx.volume is not None:
+        for k, g in enumerate(ctx.many, 1):
+            nfs.unmount_in_guest(g, k)
+        ctx.provenance.volume = pv = volume_info(ctx.volume, mount=ctx.provenance.volume.mount
+                                                  if ctx.provenance.volume else "")
+        ctx.save_provenance()
+        assert pv is not None
+        ctx.sink.log(f"{pv.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
+                     "export's disk")
+
+
+def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[str]:
+    """Every guest's NIC configured and the export mounted in it; each guest's own test file there."""
+    v, hostnet, mtu = ctx.volume, ctx.hostnet, ctx.profile.network.mtu
+    assert v is not None and isinstance(v.export, nfs.NfsExport) and hostnet is not None
+    options = nfs.mount_options(v.export, ctx.profile.nfs)
+    ctx.sink.step(f"guest: mounting {v.export.uri} in {len(runners)} guests ({options})", side="guest")
+    files, line = [], ""
+    for k, gr in enumerate(runners, 1):
+        network.configure_guest(gr.guest, mtu, host_ip=hostnet.host_ip, address=network.guest_ip(k))
+        got = nfs.mount_in_guest(gr.guest, v.export, options)
+        line = line or got
+        files.append(nfs.test_file(k))
+    ctx.provenance.volume = volume_info(v, mount=line)
+    ctx.save_provenance()
+    ctx.sink.log(f"guest mount: {line}")
+    return files
 
 
 def _read_clocks(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[float]:

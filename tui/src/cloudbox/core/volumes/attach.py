@@ -10,7 +10,10 @@ that exists (`VolumeExport.serve()`), the guest's `aoe` driver reads it; no base
 iSCSI with CHAP (tgtd, this box's CHAP secret and initiator name) attached by QEMU's libiscsi driver (disk.attach =
 qemu), which logs in with a libvirt secret made for the run, or by the guest's own initiator (disk.attach = guest:
 the kernel's iscsi_tcp and open-iscsi's iscsistart, logging in with the same CHAP secret over its NIC); its baseline
-is the target read from the host domain by libiscsi's iscsi-perf (reads only).
+is the target read from the host domain by libiscsi's iscsi-perf (reads only). NFS (nfs:<name>, disk.attach = guest):
+not a stored volume but a fresh directory in the run's work directory, exported by nfs-ganesha on the guest's bridge
+and mounted by the guest's NFSv4 client; the baseline runs on a file in that directory from the host domain, without
+NFS (this kernel has no NFS client).
 """
 
 from __future__ import annotations
@@ -24,16 +27,18 @@ from pathlib import Path
 
 from .. import backing, profiles
 from ..errors import CloudboxError, NoSpace
-from . import aoe, iscsi, nbd, pki
+from . import aoe, iscsi, nbd, nfs, pki
 from .store import VolumeBusy, VolumeStore, check_name
 
 # The host kernel's initiator of each scheme (disk.attach = host).
-HOST_MODULES = {"aoe": "aoe", "iscsi": "iscsi_tcp", "nbd": "nbd", "nvme-tcp": "nvme_tcp"}
+HOST_MODULES = {"aoe": "aoe", "iscsi": "iscsi_tcp", "nbd": "nbd", "nfs": "nfsv4", "nvme-tcp": "nvme_tcp"}
 BASELINE_LABEL = "volume-from-host"  # the baseline is the volume from the host domain, not a local disk
-# what the benchmark guest attaches itself (its image has aoe, nbd, nbd-client, iscsi_tcp and iscsistart)
-GUEST_SCHEMES = ("aoe", "nbd", "iscsi")
+# what the benchmark guest attaches itself (its image has aoe, nbd, nbd-client, iscsi_tcp, iscsistart and nfsv4)
+GUEST_SCHEMES = ("aoe", "nbd", "iscsi", "nfs")
 # scheme -> (server, Debian package)
-SERVERS = {"nbd": ("qemu-nbd", "qemu-utils"), "aoe": ("vblade", "vblade"), "iscsi": ("tgtd", "tgt")}
+SERVERS = {"nbd": ("qemu-nbd", "qemu-utils"), "aoe": ("vblade", "vblade"), "iscsi": ("tgtd", "tgt"),
+           "nfs": ("ganesha.nfsd", "nfs-ganesha")}
+NFS_BASELINE_LABEL = "nfs-export-dir"  # the baseline ran on the export's directory on the server's disk, not over NFS
 QEMU_ATTACH = ("nbd", "iscsi")  # the schemes disk.attach = qemu serves here
 
 
@@ -75,12 +80,12 @@ def check_attach(scheme: str, attach: str, *, hypervisor: str = "kvm", has_modul
             f"{summary}: the host's kernel would attach the volume with its {module} driver{lacks}. Use "
             "disk.attach = qemu (" + ", ".join(f"{s}:" for s in QEMU_ATTACH) + " volumes; presets kvm-ebs-nbd, "
             "kvm-ebs-iscsi) or disk.attach = guest (" + ", ".join(f"{s}:" for s in GUEST_SCHEMES)
-            + " volumes; presets kvm-ebs-aoe-guest, kvm-ebs-nbd-guest, kvm-ebs-iscsi-guest)", summary)
+            + " volumes; presets kvm-ebs-aoe-guest, kvm-ebs-nbd-guest, kvm-ebs-iscsi-guest, nfs-async-tcp)", summary)
     if attach == "guest":
         if scheme not in GUEST_SCHEMES:
             raise AttachRefused(f"disk.attach = guest ({scheme}) is not implemented yet; the guest attaches "
                                 + ", ".join(f"{s}:" for s in GUEST_SCHEMES) + " volumes (presets kvm-ebs-aoe-guest, "
-                                "kvm-ebs-nbd-guest, kvm-ebs-iscsi-guest)")
+                                "kvm-ebs-nbd-guest, kvm-ebs-iscsi-guest, nfs-async-tcp)")
         if hypervisor != "kvm":
             raise AttachRefused(f"disk.attach = guest is implemented under KVM/QEMU only, not guest.hypervisor = "
                                 f"{hypervisor}")
@@ -105,10 +110,12 @@ class Export:
 
 
 def exports_here(*, hypervisor: str = "kvm", has_module=kernel_module_available) -> list[Export]:
-    """Every scheme cloudbox serves, with the attach modes check_attach accepts on this host and whether the server is
-    installed. Reads only PATH and the kernel's module lists; makes nothing."""
+    """Every scheme cloudbox serves a stored volume over (not nfs:), with the attach modes check_attach accepts on
+    this host and whether the server is installed. Reads only PATH and the kernel's module lists; makes nothing."""
     out = []
     for scheme, (server, package) in SERVERS.items():
+        if scheme == "nfs":  # an NFS export is a run's own directory, never a stored volume
+            continue
         modes = []
         for mode in typing.get_args(profiles.Attach):
             try:
@@ -132,7 +139,7 @@ class VolumeExport:
     scheme: str
     attach: str
     store: backing.BackingStore
-    export: nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport | None  # None until served (guest attach: bridge)
+    export: nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport | nfs.NfsExport | None  # None until served
     run_uuid: str
     path: str = ""  # the volume's file
     work_dir: Path = Path(".")  # the run's work directory (vblade's log; removed with the store)
@@ -149,7 +156,7 @@ class VolumeExport:
             return f"{self.export.server} on {self.export.host}:{self.export.port}"
         if isinstance(self.export, aoe.AoeExport):
             return f"{self.export.server} on {self.export.iface} as {self.export.target}"
-        if isinstance(self.export, iscsi.IscsiExport):
+        if isinstance(self.export, iscsi.IscsiExport | nfs.NfsExport):
             return f"{self.export.server} on {self.export.host}:{self.export.port} as {self.export.target}"
         return "not served yet"
 
@@ -157,15 +164,18 @@ class VolumeExport:
     def uri(self) -> str:
         return self.export.uri if self.export is not None else ""
 
-    def serve(self, iface: str, address: str) -> nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport:
+    def serve(self, iface: str, address: str) -> nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport | nfs.NfsExport:
         """Guest attach: serve the volume on `iface`, the bridge the guest's NIC is plugged into (`address`, the
         host's address there): AoE with vblade on the bridge; NBD with qemu-nbd, and iSCSI with tgtd, moved from
-        loopback (where the baseline measured it) to that address, TLS or CHAP as before."""
+        loopback (where the baseline measured it) to that address, TLS or CHAP as before; NFS with ganesha, for
+        that bridge's subnet."""
         served = isinstance(self.export, aoe.AoeExport) or (self.export is not None and self.export.host == address)
         if self.attach != "guest" or served:
             raise CloudboxError(f"volume {self.volume!r} is not attached by the guest or is served already")
-        exp: nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport
-        if self.scheme == "aoe":
+        exp: nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport | nfs.NfsExport
+        if self.scheme == "nfs":
+            exp = nfs.start(self.volume, self.path, iface=iface, host=address, work_dir=self.work_dir / "ganesha")
+        elif self.scheme == "aoe":
             exp = aoe.start(self.volume, self.path, iface, shelf=aoe.shelf_for(self.run_uuid),
                             log=self.work_dir / "vblade.log")
         elif self.scheme == "iscsi":
@@ -198,8 +208,9 @@ class VolumeExport:
                     self.export.stop()
         finally:
             try:
-                with VolumeStore() as vs:
-                    vs.detach(self.volume, self.run_uuid)
+                if self.scheme != "nfs":  # an NFS export is the run's own directory, not a stored volume
+                    with VolumeStore() as vs:
+                        vs.detach(self.volume, self.run_uuid)
             finally:
                 self.store.remove()
 
@@ -214,6 +225,10 @@ def preflight(spec: str, attach: str, size_bytes: int, *, hypervisor: str = "kvm
     """(scheme, volume name) once the attach mode can run here, the volume exists, is free and holds `size_bytes`;
     else the error that says why. Nothing is made."""
     check_attach(spec.partition(":")[0], attach, hypervisor=hypervisor)
+    if spec.startswith("nfs:"):  # a fresh directory of the run's: nothing stored to look up
+        if nfs.server_problem():
+            raise AttachRefused(nfs.server_problem())
+        return parse_volume(spec)
     if spec.startswith("aoe:") and shutil.which("vblade") is None:
         raise AttachRefused("AoE volumes are served by vblade, which is not installed (Debian package vblade): run "
                             "'make deps' (scripts/install-deps)")
@@ -246,10 +261,12 @@ def no_aoe_baseline(has_module=kernel_module_available) -> str:
 
 
 def export_for_run(spec: str, attach: str, *, run_uuid: str, work_dir: Path, size_bytes: int,
-                   hypervisor: str = "kvm", conn: typing.Any = None) -> VolumeExport:
+                   hypervisor: str = "kvm", conn: typing.Any = None, guests: int = 1) -> VolumeExport:
     """Check, attach and export the profile's volume `spec` for run `run_uuid`; on any failure nothing is left.
     An AoE volume the guest attaches is only checked and marked here: `VolumeExport.serve()` exports it. An iSCSI
-    volume gets a libvirt secret on `conn` for QEMU's login."""
+    volume gets a libvirt secret on `conn` for QEMU's login. An NFS export is shared by the run's `guests`."""
+    if spec.startswith("nfs:"):
+        return _for_nfs(spec, attach, run_uuid, work_dir, size_bytes, hypervisor, guests)
     scheme, name = preflight(spec, attach, size_bytes, hypervisor=hypervisor)
     with VolumeStore() as vs:
         vol = vs.attach(name, run_uuid)
@@ -345,3 +362,31 @@ def _for_iscsi(name: str, path: str, vol_bytes: int, attach: str, run_uuid: str,
     return VolumeExport(name, "iscsi", attach, store, exp, run_uuid, path=path, work_dir=work_dir,
                         tls=f"CHAP (this box's secret) and its initiator name; not encrypted: {where}",
                         secret_uuid=secret, conn=conn)
+
+
+def _for_nfs(spec: str, attach: str, run_uuid: str, work_dir: Path, size_bytes: int, hypervisor: str,
+             guests: int) -> VolumeExport:
+    """A fresh directory in the run's work directory, to be exported by ganesha once the guest's bridge exists
+    (`VolumeExport.serve()`); the host-domain baseline runs on a file in it, without NFS (one per guest)."""
+    scheme, name = preflight(spec, attach, size_bytes, hypervisor=hypervisor)
+    store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
+    try:
+        export_dir = work_dir / "export"
+        export_dir.mkdir(mode=0o755)
+        # each guest's test file, and the baseline's beside it
+        backing.need_space(work_dir, 2 * guests * size_bytes,
+                           f"the NFS export's test file{'s' if guests > 1 else ''} and the baseline's "
+                           f"({2 * guests} x {backing.human_size(size_bytes)})")
+    except BaseException:
+        store.remove()
+        raise
+    dev = store.host_device
+    store.path = f"nfs:{name}"
+    store.baseline_target = str(export_dir / "baseline.dat")
+    store.baseline_labels = [NFS_BASELINE_LABEL]
+    store.model = (f"NFSv4 export {name!r} of {export_dir} on {backing.device_model(dev)}, served by nfs-ganesha on "
+                   "the guest's bridge")
+    if dev is None:
+        store.labels.append("no-host-metrics")
+    return VolumeExport(name, scheme, attach, store, None, run_uuid, path=str(export_dir), work_dir=work_dir,
+                        tls="none: AUTH_SYS (uids), no encryption; served on the guest's bridge's subnet only")

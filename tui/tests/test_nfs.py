@@ -1,0 +1,175 @@
+"""NFS exports (disk.volume = nfs:<name>): the [nfs] table's validation, the server's configuration and the guest's
+mount options, the tables' words, and nfs-ganesha itself serving a directory on loopback, read by libnfs's nfs-ls
+(user space: this kernel has no NFS client). The guest's run is in test_nfs_real.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core import compare, profiles, runs
+from cloudbox.core.errors import CloudboxError, ProfileError
+from cloudbox.core.provenance import BackingInfo, Provenance
+from cloudbox.core.results import ResultStore, Run
+from cloudbox.core.runspec import RunSpec
+from cloudbox.core.volumes import attach, nfs
+
+
+def _profile(nfs_table: str = "", **disk: str) -> str:
+    d = {"bus": '"virtio-blk"', "cache": '"none"', "backing": '"network-volume"', "volume": '"nfs:share"',
+         "attach": '"guest"', **{k: f'"{v}"' for k, v in disk.items()}}
+    return ('name = "t"\ndescription = "t"\n[guest]\nhypervisor = "kvm"\n[disk]\n'
+            + "".join(f"{k} = {v}\n" for k, v in d.items())
+            + '[network]\nmodel = "virtio"\n' + (f"[nfs]\n{nfs_table}" if nfs_table else ""))
+
+
+def _problems(text: str) -> dict[str, profiles.ProfileProblem]:
+    with pytest.raises(ProfileError) as e:
+        profiles.parse_profile(text, "t.toml")
+    return {p.key: p for p in e.value.problems}
+
+
+def test_the_preset_mounts_nfsv4_2_async_over_tcp_and_says_so():
+    p = profiles.find_profile("nfs-async-tcp")
+    assert profiles.is_nfs(p.disk) and p.nfs == profiles.Nfs()
+    assert p.sections() == ("guest", "disk", "network", "nfs")
+    assert "disk: NFSv4.2 export share mounted by the guest's kernel over tcp (async, nconnect 1); net:" in p.describe()
+    assert profiles.parse_profile(p.to_toml(), "again.toml") == p
+    assert '"nfs":' in p.canonical_json()
+
+
+def test_a_profile_without_an_export_has_no_nfs_table_and_keeps_its_hash():
+    p = profiles.find_profile("virtio-disk")
+    assert "nfs" not in p.sections() and "[nfs]" not in p.to_toml() and '"nfs"' not in p.canonical_json()
+    assert not any(k.startswith("nfs.") for k in p.knobs())
+
+
+def test_nfs_knobs_are_checked_against_each_other_naming_key_and_allowed_values():
+    udp = _problems(_profile('proto = "udp"\n'))["nfs.proto"]
+    assert "NFSv4 runs over TCP only" in udp.message and "CONFIG_NFS_DISABLE_UDP_SUPPORT" in udp.message
+    assert udp.allowed == "tcp"
+    four0 = _problems(_profile('vers = "4.0"\nnconnect = 4\n'))["nfs.nconnect"]
+    assert four0.value == 4 and "2..16 needs nfs.vers 4.1 or 4.2" in (four0.allowed or "")
+    host = _problems(_profile(attach="host"))["disk.attach"]
+    assert "an NFS export is a file system" in host.message and host.allowed == "guest (with disk.volume = nfs:<name>)"
+    stray = _problems(_profile('writes = "sync"\n', volume="nbd:ebs"))["nfs.writes"]
+    assert "this profile has none" in stray.message and "disk.volume = nfs:<name>" in (stray.allowed or "")
+    sizes = _problems(_profile("rsize_kib = 48\n"))["nfs.rsize_kib"]
+    assert sizes.allowed == "0 (what client and server agree) or a power of two 4..1024 (KiB)"
+    assert _problems(_profile('vers = "3"\n'))["nfs.vers"].allowed == "4.0, 4.1, 4.2"
+    assert _problems(_profile("nconnect = 17\n"))["nfs.nconnect"].allowed == "1..16"
+    unknown = _problems(_profile("wat = 1\n"))["nfs.wat"]
+    assert unknown.allowed == "known keys: vers, proto, writes, nconnect, rsize_kib, wsize_kib"
+
+
+def test_the_guests_mount_options_follow_the_nfs_table():
+    exp = nfs.NfsExport("share", "/d", "169.254.100.1", 40123, "169.254.100.0/24")
+    assert nfs.mount_options(exp, profiles.Nfs()) == ("vers=4.2,proto=tcp,port=40123,addr=169.254.100.1,async,"
+                                                           "hard,nconnect=1")
+    tuned = profiles.Nfs(vers="4.1", writes="sync", nconnect=4, rsize_kib=64, wsize_kib=1024)
+    assert nfs.mount_options(exp, tuned).endswith(",sync,hard,nconnect=4,rsize=65536,wsize=1048576")
+    assert exp.uri == "nfs://169.254.100.1:40123/cloudbox/share" and exp.target == "169.254.100.1:/cloudbox/share"
+
+
+def test_the_server_serves_one_directory_over_nfsv4_tcp_to_one_subnet():
+    conf = nfs.ganesha_conf('/w/ex "a"', "/cloudbox/share", "169.254.100.1", 40123, "169.254.100.0/24", "/w/rec")
+    assert "Protocols = 4;" in conf and "Enable_UDP = false;" in conf and "Transports = TCP;" in conf
+    assert "Bind_addr = 169.254.100.1;" in conf and "NFS_Port = 40123;" in conf
+    assert 'Path = "/w/ex \\"a\\"";' in conf  # quoted for ganesha's parser
+    assert "EXPORT_DEFAULTS { Access_Type = None; }" in conf  # nobody but the subnet below
+    assert "CLIENT { Clients = 169.254.100.0/24; Access_Type = RW; }" in conf
+    assert nfs.subnet("lo", "127.0.0.1") == "127.0.0.0/8"
+    with pytest.raises(CloudboxError, match="192.0.2.7 is not an address of lo"):
+        nfs.subnet("lo", "192.0.2.7")
+
+
+def _run(provenance: Provenance, toml: str, labels: tuple[str, ...] = ()) -> Run:
+    return Run(id=1, uuid="u", profile_name="t", profile_hash=None, profile_toml=toml, suite="storage",
+               size_bytes=None, size_label=None, state="completed", reason=None, accelerator="kvm", emulated=False,
+               node="n", pid=None, started_at=None, finished_at=None, provenance=provenance)
+
+
+def test_the_tables_call_an_export_nfs_with_the_clients_version_and_writes():
+    r = _run(Provenance(backing=BackingInfo(kind="network-volume", path="nfs://x")),
+             _profile('vers = "4.1"\nwrites = "sync"\n'))
+    assert compare.target_label(r) == "NFS"
+    assert compare.driver_label(r) == "virtio-net NIC, the guest's NFSv4.1 client (sync)"
+
+
+needs_ganesha = pytest.mark.skipif(bool(nfs.server_problem()) or shutil.which("nfs-ls") is None,
+                                   reason="needs nfs-ganesha, nfs-ganesha-vfs and libnfs-utils (make deps-test)")
+
+
+@needs_ganesha
+@pytest.mark.root
+def test_ganesha_exports_a_directory_on_loopback_and_stop_leaves_nothing(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("ganesha's VFS back-end opens files by handle: root only")
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "hello.txt").write_text("from the server's disk\n")
+    exp = nfs.start("share", str(export), iface="lo", host="127.0.0.1", work_dir=tmp_path / "ganesha")
+    try:
+        assert exp.clients == "127.0.0.0/8" and exp.server.startswith("nfs-ganesha")
+        assert nfs.running(str(export)) == [exp.pid]
+        url = f"nfs://127.0.0.1{exp.pseudo}/?version=4&nfsport={exp.port}"
+        listing = subprocess.run(["nfs-ls", url], capture_output=True, text=True, timeout=30)
+        assert listing.returncode == 0, listing.stderr
+        assert "hello.txt" in listing.stdout
+        wrong = subprocess.run(["nfs-ls", f"nfs://127.0.0.1/cloudbox/other/?version=4&nfsport={exp.port}"],
+                               capture_output=True, text=True, timeout=30)
+        assert wrong.returncode != 0  # only the run's export is served
+    finally:
+        exp.stop()
+    deadline = time.monotonic() + 10
+    while nfs.running(str(export)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert nfs.running(str(export)) == [] and not (tmp_path / "ganesha").exists()
+    assert (export / "hello.txt").read_text() == "from the server's disk\n"
+    exp.stop()  # twice is fine
+
+
+def test_a_server_that_cannot_start_says_why_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(nfs, "server_problem", lambda: "")
+    monkeypatch.setattr(nfs, "_version", lambda: "nfs-ganesha")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "ganesha.nfsd"
+    fake.write_text("#!/bin/sh\necho 'config: no such export' >&2\nexit 2\n")
+    fake.chmod(0o755)
+    with pytest.raises(CloudboxError, match=r"ganesha.nfsd exited 2 before serving NFS export share: config: no such"):
+        nfs.start("share", str(tmp_path), iface="lo", host="127.0.0.1", work_dir=tmp_path / "ganesha")
+    assert not (tmp_path / "ganesha").exists()
+
+
+def test_a_run_with_a_test_that_needs_a_block_device_is_refused_before_anything_starts(state):
+    spec = RunSpec(profile="nfs-async-tcp", suite="storage", size="quick", storage_tests="seq-write-64k,bonnie")
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+        run = store.get_run(rid)
+    assert run.state == "aborted", run.reason
+    assert "bonnie makes a file system on a block device, and nfs:share is an NFS export" in (run.reason or "")
+    assert "every other storage test (fio, dd, IOzone)" in (run.reason or "")
+    assert not (Path(os.environ["CLOUDBOX_STATE_DIR"]) / "work").exists() or not any(
+        (Path(os.environ["CLOUDBOX_STATE_DIR"]) / "work").iterdir())
+
+
+def test_without_ganesha_a_run_on_an_export_is_refused_naming_the_packages(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert nfs.server_problem() == ("nfs-ganesha is not installed (Debian packages nfs-ganesha, nfs-ganesha-vfs): "
+                                    "run 'make deps'")
+    with pytest.raises(attach.AttachRefused, match="nfs-ganesha is not installed"):
+        attach.preflight("nfs:share", "guest", 1 << 20)
+
+
+def test_host_attach_of_an_export_is_refused_with_why():
+    with pytest.raises(attach.AttachRefused, match=r"disk.attach = host \(nfs\) is not implemented yet: the host's "
+                                                   r"kernel would attach the volume with its nfsv4 driver"):
+        attach.check_attach("nfs", "host", has_module=lambda m: False)
+    with pytest.raises(attach.AttachRefused, match="implemented under KVM/QEMU only"):
+        attach.check_attach("nfs", "guest", hypervisor="xen")
