@@ -12,6 +12,23 @@ import pytest
 
 from cloudbox.core.results import ResultStore, Run
 
+
+def completed_run(spec) -> Run:
+    """`spec` run by the executor in this process; asserted completed, its warnings shown (run_trouble)."""
+    from run_trouble import warn_run_trouble
+
+    from cloudbox.core import runs
+
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+    with ResultStore() as store:
+        run = store.get_run(rid)
+        evs = store.events_since(rid, 0)
+    assert run.state == "completed", run.reason
+    warn_run_trouble(evs)
+    return run
+
+
 # The CLI's progress lines that mean the guest is up and running its tests.
 GUEST_PHASE = ("guest: storage tests", "guest: laying down")
 

@@ -8,13 +8,12 @@ import os
 import subprocess
 
 import pytest
-from real_runs import interrupt_cli_run, work_files
-from run_trouble import warn_run_trouble
+from real_runs import completed_run, interrupt_cli_run, work_files
 
-from cloudbox.core import compare, runs
+from cloudbox.core import compare
 from cloudbox.core.compare import compare_table, to_text
 from cloudbox.core.network import BRIDGE
-from cloudbox.core.results import ResultStore, Run
+from cloudbox.core.results import Run
 from cloudbox.core.runspec import RunSpec
 from cloudbox.core.volumes import nfs
 
@@ -31,14 +30,8 @@ def _ganeshas() -> list[str]:
 
 def _nfs_run(profile: str, state, guests: int = 1, tests: str = "smoke") -> Run:
     before = _ganeshas()
-    spec = RunSpec(profile=profile, suite="storage", size="quick", storage_tests=tests, runtime=3, guests=guests)
-    with ResultStore() as store:
-        rid = runs.executor(spec, store).execute()
-    with ResultStore() as store:
-        run = store.get_run(rid)
-        evs = store.events_since(rid, 0)
-    assert run.state == "completed", run.reason
-    warn_run_trouble(evs)
+    run = completed_run(RunSpec(profile=profile, suite="storage", size="quick", storage_tests=tests, runtime=3,
+                                guests=guests))
     assert _ganeshas() == before  # the run's server is gone
     assert not os.path.exists(f"/sys/class/net/{BRIDGE}")
     assert work_files(state) == []  # the export's directory with it

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from real_runs import interrupt_cli_run, work_files
-from run_trouble import warn_run_trouble
+from real_runs import completed_run, interrupt_cli_run, work_files
 
-from cloudbox.core import compare, runs
+from cloudbox.core import compare
 from cloudbox.core.compare import compare_table, to_text
 from cloudbox.core.results import ResultStore, Run
 from cloudbox.core.runspec import RunSpec
@@ -143,17 +142,10 @@ def volume_run(state, libvirt_conn) -> Callable[[str, str], Run]:
         with VolumeStore() as vs:
             vol = vs.create("ebs", 160 * 1024 * 1024)
         before = hashlib.sha256(Path(vol.path).read_bytes()).hexdigest()
-        spec = RunSpec(profile=profile, suite="storage", size="quick", storage_tests="smoke", runtime=3)
-        with ResultStore() as store:
-            rid = runs.executor(spec, store).execute()
-        with ResultStore() as store:
-            run = store.get_run(rid)
-            evs = store.events_since(rid, 0)
-        assert run.state == "completed", run.reason
+        run = completed_run(RunSpec(profile=profile, suite="storage", size="quick", storage_tests="smoke", runtime=3))
         assert run.provenance.volume is not None and run.provenance.volume.attach == attach_mode, run.provenance.volume
         assert run.provenance.domain_xml and ("<disk" in run.provenance.domain_xml) == (attach_mode != "guest")
         assert hashlib.sha256(Path(vol.path).read_bytes()).hexdigest() != before  # the guest's writes reached it
-        warn_run_trouble(evs)
         assert subprocess.run(["pgrep", "-f", f"qemu-nbd .*{vol.path}"], capture_output=True).returncode == 1
         assert _aoe_left(vol.path) == []  # vblade, and the bridge of either scheme
         assert iscsi.running(vol.path) == []  # no tgtd holds the volume

@@ -113,6 +113,20 @@ def listens(pid: int, port: int) -> bool:
     return False
 
 
+class ServedByChild:
+    """An export whose server runs as a Child (`child`, None once stopped): its pid and what it read and wrote."""
+
+    child: Child | None
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid if self.child else None
+
+    def io(self) -> dict[str, int]:
+        """What the server read from and wrote to storage so far (Child.io); empty once it has stopped."""
+        return self.child.io() if self.child else {}
+
+
 @dataclass
 class Child:
     """A server running as a child of this process, its output in `log`; it gets SIGTERM when the thread that

@@ -25,7 +25,7 @@ MAX_SLOT = 254  # 0xff is the broadcast slot
 
 
 @dataclass
-class AoeExport:
+class AoeExport(procs.ServedByChild):
     """A running export: e<shelf>.<slot> on interface `iface`."""
 
     name: str
@@ -43,15 +43,6 @@ class AoeExport:
     @property
     def uri(self) -> str:
         return f"aoe:{self.target}@{self.iface}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid if self.child else None
-
-    def io(self) -> dict[str, int]:
-        """What vblade read from and wrote to the volume so far (direct I/O: every byte the initiators moved);
-        empty once it has stopped."""
-        return self.child.io() if self.child else {}
 
     def stop(self) -> None:
         """End the export (SIGTERM, SIGKILL after 5 s) and remove its log. Safe to call twice."""

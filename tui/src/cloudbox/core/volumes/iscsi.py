@@ -96,7 +96,7 @@ def _version() -> str:
 
 
 @dataclass
-class IscsiExport:
+class IscsiExport(procs.ServedByChild):
     """A running export: iscsi://host:port/<iqn>/1 (the URI names no secret)."""
 
     name: str
@@ -115,15 +115,6 @@ class IscsiExport:
     @property
     def target(self) -> str:
         return f"{self.iqn}/{LUN}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid if self.child else None
-
-    def io(self) -> dict[str, int]:
-        """What tgtd read from and wrote to the volume so far (direct I/O: every byte the initiators moved);
-        empty once it has stopped."""
-        return self.child.io() if self.child else {}
 
     def stop(self) -> None:
         """Take the target down (sessions closed), end tgtd, remove its socket and log. Safe to call twice."""

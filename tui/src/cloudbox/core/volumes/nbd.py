@@ -27,7 +27,7 @@ def _version() -> str:
 
 
 @dataclass
-class NbdExport:
+class NbdExport(procs.ServedByChild):
     """A running export: nbds://host:port/name."""
 
     name: str
@@ -40,10 +40,6 @@ class NbdExport:
     @property
     def uri(self) -> str:
         return f"nbds://{self.host}:{self.port}/{self.name}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid if self.child else None
 
     def stop(self) -> None:
         """End the export (SIGTERM, then SIGKILL after 5 s) and remove its log. Safe to call twice."""

@@ -102,7 +102,7 @@ def subnet(iface: str, address: str) -> str:
 
 
 @dataclass
-class NfsExport:
+class NfsExport(procs.ServedByChild):
     """A running export: nfs://host:port/cloudbox/<name> (NFSv4)."""
 
     name: str
@@ -125,14 +125,6 @@ class NfsExport:
     @property
     def target(self) -> str:
         return f"{self.host}:{self.pseudo}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid if self.child else None
-
-    def io(self) -> dict[str, int]:
-        """What ganesha read from and wrote to the export's disk so far; empty once it has stopped."""
-        return self.child.io() if self.child else {}
 
     def stop(self) -> None:
         """End ganesha (SIGTERM: it closes its clients' state and exits), remove its configuration and log. Safe to
