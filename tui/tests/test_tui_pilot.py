@@ -600,8 +600,11 @@ def test_tests_screen_needs_a_profile_ticked(backend):
             cl = app.screen.query_one(CheckList)
             await until(pilot, lambda: cl.items)
             assert cl.selected == ["virtio-disk"]  # the active profile is ticked by default
+            # ... and the cursor is on it, the list scrolled to it (below the first screenful of presets)
+            assert cl.highlighted == [n for n, _ in cl.items].index("virtio-disk") > 0
+            await pilot.pause()
+            assert cl.scroll_offset.y > 0
             cl.focus()
-            cl.highlighted = [n for n, _ in cl.items].index("virtio-disk")
             await pilot.press("space")
             assert cl.selected == []
             assert "[ ] virtio-disk" in str(cl.get_option("virtio-disk").prompt)

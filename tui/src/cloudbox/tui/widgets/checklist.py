@@ -26,7 +26,10 @@ class CheckList(OptionList):
         self.checked = {c for c in checked if c in {n for n, _ in items}}
         self.clear_options()
         self.add_options([Option(self._prompt(n), id=n) for n, _ in self.items])
-        if self.items:
+        if self.items and keep is None:  # first fill: the cursor on (and the list scrolled to) the first ticked name
+            self.highlighted = next((i for i, (n, _) in enumerate(self.items) if n in self.checked), 0)
+            self.call_after_refresh(self.scroll_to_highlight)  # once laid out: before, it has no height to scroll
+        elif self.items:
             self.highlighted = min(keep or 0, len(self.items) - 1)
 
     def _prompt(self, name: str) -> Text:
