@@ -490,7 +490,7 @@ def test_a_study_without_cost_has_no_cost_columns(study_a_runs, capsys):
 def test_list_and_show(capsys):
     code, out, _ = run_cli(["study", "list"], capsys)
     assert code == 0
-    assert out.splitlines()[0].startswith("a  Study A: ") and "[8 profiles x 6 tests, 12 rules]" in out
+    assert out.splitlines()[0].startswith("a      Study A: ") and "[8 profiles x 6 tests, 12 rules]" in out
     code, out, _ = run_cli(["study", "show", "B"], capsys)
     assert code == 0
     assert "  xen-default             Xen, raw file on the host" in out

@@ -465,9 +465,9 @@ def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend
         async with app.run_test(size=SIZE) as pilot:
             studies_table = app.screen.query_one("#studies")
             cells = app.screen.query_one("#cells")
-            await until(pilot, lambda: studies_table.row_count == 4 and cells.row_count > 0, what="the studies")
+            await until(pilot, lambda: studies_table.row_count == 5 and cells.row_count > 0, what="the studies")
             listed = {r[0]: r for r in rows(studies_table)}
-            assert set(listed) == {"a", "b", "c", "d"}
+            assert set(listed) == {"a", "b", "c", "c-nfs", "d"}
             name, total, with_results, findings, title = listed["a"]
             assert (total, with_results) == ("48", "2") and title.startswith("Study A")
             assert findings.startswith("0/") and findings.endswith("checked, 0 reproduced")
@@ -498,6 +498,10 @@ def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend
                         what="study C's cells")
             assert cell_state(cells, "virtio-file/iozone-read-16m")[2] == "not run"
             assert cell_state(cells, "virtio-raid0/iozone-write-4k")[2] == "not run"
+            await pilot.press("down")  # study C's NFS part: three mounts of one export, three tests
+            await until(pilot, lambda: cells.row_count == 9 and "nfs-async-tcp" in str(cells.get_row_at(0)[0]),
+                        what="study c-nfs's cells")
+            assert cell_state(cells, "nfs-async-tcp-9000/iozone-read-1m")[2] == "not run"
             await pilot.press("down")  # study D, a series: each cell counts its repeats
             await until(pilot, lambda: cells.row_count == 2 and "virtio-file" in str(cells.get_row_at(0)[0]),
                         what="study D's cells")
@@ -516,7 +520,7 @@ def test_studies_report_view_shows_the_cli_report(studies_backend):
         app = create_app(studies_backend, mode="studies")
         async with app.run_test(size=SIZE) as pilot:
             table = app.screen.query_one("#studies")
-            await until(pilot, lambda: table.row_count == 4, what="the studies")
+            await until(pilot, lambda: table.row_count == 5, what="the studies")
             for key in ("r", "enter"):
                 await pilot.press(key)
                 await until(pilot, lambda: app.screen.__class__.__name__ == "ReportScreen", what="the report")
@@ -550,7 +554,7 @@ def test_studies_start_plans_a_quick_run_like_the_cli(studies_backend, monkeypat
         app = create_app(studies_backend, mode="studies")
         async with app.run_test(size=SIZE) as pilot:
             table = app.screen.query_one("#studies")
-            await until(pilot, lambda: table.row_count == 4, what="the studies")
+            await until(pilot, lambda: table.row_count == 5, what="the studies")
             await pilot.press("s")
             await until(pilot, lambda: launched, what="the sweep")
             specs = launched[0]
