@@ -297,3 +297,15 @@ def test_the_app_sets_its_collector_thresholds_and_restores_them(state):
     asyncio.run(drive())
     assert seen == [CloudboxApp.GC_THRESHOLD]
     assert gc.get_threshold() == before
+
+
+def test_a_diff_of_an_nfs_profile_and_a_disk_one_shows_the_nfs_table_beside_its_defaults():
+    from cloudbox.core import profiles
+    from cloudbox.tui.screens.profiles import diff_table
+
+    a, b = profiles.find_profile("nfs-sync-tcp"), profiles.find_profile("virtio-disk")
+    console = Console(width=100, record=True, color_system=None)
+    console.print(diff_table(a, b, 100))
+    out = console.export_text()
+    assert "≠ nfs.writes" in out and "sync" in out and "async" in out
+    assert "dom0." not in out  # neither is a Xen profile

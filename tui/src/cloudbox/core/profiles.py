@@ -309,11 +309,11 @@ class Profile(_Strict):
             fields.remove("xen_type")
         return fields
 
-    def knobs(self, every: bool = False) -> dict[str, object]:
+    def knobs(self, every: bool = False, sections: tuple[str, ...] | None = None) -> dict[str, object]:
         """The tuning knobs as a flat, ordered dict: "guest.hypervisor" ... "network.mtu" (and "guest.xen_type",
-        "dom0.*" for Xen, or with `every`)."""
+        "dom0.*" for Xen, "nfs.*" with an NFS export, or with `every`); `sections` names the tables instead."""
         out: dict[str, object] = {}
-        for section in SECTIONS if every else self.sections():
+        for section in sections or (SECTIONS if every else self.sections()):
             sub: BaseModel = getattr(self, section)
             for field in self._fields(section, every):
                 out[f"{section}.{field}"] = getattr(sub, field)

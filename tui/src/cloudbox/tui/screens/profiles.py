@@ -66,8 +66,10 @@ def diff_table(a: profiles.Profile, b: profiles.Profile, width: int | None = Non
     narrow for three columns (the detail pane at 80 columns), each differing knob gets two lines: A's value,
     then B's; narrower still (a long profile list beside it), the values go under the knob names, so no value is
     ever cut or folded."""
-    every = "dom0" in a.sections() or "dom0" in b.sections()  # a Xen profile's [dom0] beside a KVM one's defaults
-    ka, kb = a.knobs(every), b.knobs(every)
+    # a table only one has (a Xen profile's [dom0], an NFS one's [nfs]) beside the other's defaults
+    tables = tuple(t for t in profiles.SECTIONS if t in a.sections() or t in b.sections())
+    every = "dom0" in tables  # Xen's guest type too
+    ka, kb = a.knobs(every, tables), b.knobs(every, tables)
     va = {k: knob_text(v).plain for k, v in ka.items()}
     vb = {k: knob_text(v).plain for k, v in kb.items()}
     knob_w = max(map(len, ka))
