@@ -226,8 +226,9 @@ def preflight(spec: str, attach: str, size_bytes: int, *, hypervisor: str = "kvm
     else the error that says why. Nothing is made."""
     check_attach(spec.partition(":")[0], attach, hypervisor=hypervisor)
     if spec.startswith("nfs:"):  # a fresh directory of the run's: nothing stored to look up
-        if nfs.server_problem():
-            raise AttachRefused(nfs.server_problem())
+        problem = nfs.server_problem()
+        if problem:
+            raise AttachRefused(problem)
         return parse_volume(spec)
     if spec.startswith("aoe:") and shutil.which("vblade") is None:
         raise AttachRefused("AoE volumes are served by vblade, which is not installed (Debian package vblade): run "
