@@ -55,7 +55,6 @@ def test_spread_sums_and_takes_min_median_max():
     ({"guests": 3, "suite": "guest"}, r"--guests 3 runs the storage and network tests of N guests at once; --suite "
                                       r"guest runs one guest; allowed with --guests > 1: --suite storage, network or "
                                       r"all"),
-    ({"guests": 2, "suite": "storage", "node": "be1"}, r"--guests 2 with --node 'be1': N guests run on this host"),
     ({"guests": 2, "suite": "storage", "device": "/dev/sdb"}, r"--guests 2 with --device '/dev/sdb': one device"),
 ])
 def test_bad_guest_counts_and_combinations_name_the_flag(kw, message):
@@ -130,6 +129,13 @@ def test_more_guests_than_memory_or_cpus_hold_is_refused_with_the_arithmetic():
     with pytest.raises(UsageError, match=r"--guests 4: 4 x \(1024 MiB guest.memory_mib"):  # every suite alike
         check_fits(RunSpec(profile="virtio-disk", suite="network", guests=4), p, available_mib=4000, host_cpus=8)
     check_fits(RunSpec(profile="virtio-disk", guests=1), p, available_mib=1, host_cpus=1)  # one guest: not checked
+    # on a node, the node's memory and CPUs count: its own start checks them (agent.local_start_run)
+    on_node = RunSpec(profile="virtio-disk", suite="storage", guests=4, node="be1")
+    on_node.validate()
+    check_fits(on_node, p, available_mib=1, host_cpus=1)
+    with pytest.raises(UsageError, match="disk.backing = network-volume exports one volume"):  # the profile still is
+        check_fits(on_node, p.model_copy(update={"disk": p.disk.model_copy(
+            update={"backing": "network-volume", "volume": "v1"})}), available_mib=1, host_cpus=1)
 
 
 def test_a_profile_that_cannot_run_n_guests_is_refused():

@@ -690,6 +690,18 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
             await pilot.press("enter")
             assert "1, 2, 4 on this host: a sweep of 3 runs" in text(app.screen.query_one("#guest-note"))
             assert app.focused is app.screen.query_one("#start")
+            # a node under Where: its guests all go there (the node checks its own memory when its run starts)
+            where = app.screen.query_one("#where", Select)
+            where.set_options([("this host", ""), ("be1", "be1")])
+            where.value = "be1"
+            await pilot.pause()
+            assert text(app.screen.query_one("#guests-label")) == "Guests at once (on be1)"
+            field.value = str(MAX_GUESTS)
+            await pilot.pause()
+            field.focus()
+            await pilot.press("enter")
+            assert f"{MAX_GUESTS} on be1: one run" in text(app.screen.query_one("#guest-note"))
+            assert [(sp.node, sp.guests) for sp in app.screen.specs()] == [("be1", MAX_GUESTS)]
     run(go())
 
 

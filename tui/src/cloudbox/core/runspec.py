@@ -131,7 +131,7 @@ class RunSpec:
         if self.wants_network:
             for nt in resolve_net_tests(self.net_tests):
                 out += [PlanStep("guest", nt.id), PlanStep("baseline", nt.id)]
-                if self.peer:
+                if self.peer and self.guests == 1:  # N guests test to their own host only
                     fe = nt.id + network.FRONTEND_SUFFIX
                     out += [PlanStep("guest", fe), PlanStep("baseline", fe)]
         return out
@@ -325,9 +325,6 @@ def _check_many_guests(spec: RunSpec) -> None:
     if not (spec.wants_storage or spec.wants_network):
         raise UsageError(f"--guests {n} runs the storage and network tests of N guests at once; --suite "
                          f"{spec.suite} runs one guest; allowed with --guests > 1: --suite storage, network or all")
-    if spec.node:
-        raise UsageError(f"--guests {n} with --node {spec.node!r}: N guests run on this host only for now; allowed: "
-                         "--guests 1 with --node, or no --node")
     if spec.device:
         raise UsageError(f"--guests {n} with --device {spec.device!r}: one device cannot be the whole disk of "
                          f"{n} guests; allowed: no --device (each guest gets a store of its own in --work-dir)")

@@ -109,7 +109,8 @@ def start(ctx: RunContext, there: NodeRun) -> None:
     there when this run ends before it did."""
     spec, sink, node = ctx.spec, ctx.sink, there.node
     remote_spec = {k: v for k, v in spec.as_dict().items() if k != "node"}
-    if spec.wants_network and (peer := serve_peer(ctx)) is not None:
+    # N guests test the network to their own host only (runspec.plan)
+    if spec.wants_network and spec.guests == 1 and (peer := serve_peer(ctx)) is not None:
         remote_spec.update(peer.model_dump())
         ctx.provenance.peer = peer
     sink.step(f"starting the run on {node.name}")

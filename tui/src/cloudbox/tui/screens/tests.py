@@ -38,7 +38,7 @@ from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 
 # The form's selects, from the run options' one declaration (core.runspec.RUN_OPTIONS).
 SUITE, SIZE, TESTS, WHERE, GUESTS = (option(f) for f in ("suite", "size", "storage_tests", "node", "guests"))
-PLACEMENT = "this host"  # where a run's N guests go: spreading them over nodes is not implemented yet
+PLACEMENT = "this host"  # where a run's N guests go when Where is blank: all on one host, not spread over nodes
 CHARTED_GUESTS = 4  # guests with a line of their own in the throughput chart; the figures line names them all
 
 
@@ -100,7 +100,8 @@ class TestsScreen(BaseScreen):
                                         markup=False)
                             with Horizontal(id="guests-row"):
                                 yield Input(str(GUESTS.initial), id="guest-count", compact=True,
-                                            tooltip=f"{GUESTS.help}. Placement: {PLACEMENT} only for now.")
+                                            tooltip=f"{GUESTS.help}. Placement: every guest on the host under "
+                                                    f"{WHERE.title} ({PLACEMENT} or one node).")
                                 yield Static(f"1 to {MAX_GUESTS}; 1,2,4 = a sweep", id="guests-hint", markup=False)
                             yield Static("", id="guest-note", markup=False)
                             yield Label(SIZE.title, classes="section")
@@ -195,6 +196,10 @@ class TestsScreen(BaseScreen):
         if event.button.id == "start":
             self.action_start()
 
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.select.id == "where":  # N guests go where the run goes
+            self.query_one("#guests-label", Label).update(f"{GUESTS.title} (on {event.value or PLACEMENT})")
+
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "guest-count":
             event.input.remove_class("-invalid")
@@ -214,7 +219,7 @@ class TestsScreen(BaseScreen):
             return
         counts = sorted({s.guests for s in specs})
         runs = f"a sweep of {len(specs)} runs" if len(specs) > 1 else "one run"
-        self.guest_note(f"{', '.join(map(str, counts))} on {PLACEMENT}: {runs}; Start (s) begins")
+        self.guest_note(f"{', '.join(map(str, counts))} on {specs[0].node or PLACEMENT}: {runs}; Start (s) begins")
         self.set_focus(self.query_one("#start", Button))
 
     def guest_note(self, text: str, error: bool = False) -> None:
