@@ -4,6 +4,7 @@ image copies. Standard library only: it runs with Debian's python3 on the test h
     cluster_checks.py run RUN_JSON PROPAGATIONS_JSON [FE_TEST...]
                                                        the last run of `results export --format json`, with
                                                        FE_TEST (default tcp-stream-fe) on both sides
+    cluster_checks.py nfs-run RUN_JSON                 the last run: be1's guest and host on fe1's NFS export
     cluster_checks.py node-state NAME < NODES_JSON     the state `node list --json` shows for node NAME
     cluster_checks.py wrong-code CODE                  a well-formed join code other than CODE
     cluster_checks.py propagation PROPAGATIONS_JSON    the first real image copy, in words
@@ -152,11 +153,43 @@ def listeners(allow_md: Path, node: str, ss: str) -> str:
     return f"{node}: {seen} listening sockets, all on the allow-list"
 
 
+def check_nfs_run(run_json: Path) -> str:
+    """The front-end's NFS run on be1: fe1 served the export on its private address, be1's guest and be1's host
+    mounted it over the 9000-byte link (both mount lines recorded), the baseline is be1's host on the same export,
+    and fe1's server wrote what both sides wrote."""
+    run = json.loads(run_json.read_text())["runs"][-1]
+    prov = run["provenance"]
+    check(run["state"] == "completed", "the NFS run completed", (run["state"], run["reason"]))
+    check(run["node"] == "be1" and run["profile_name"] == "nfs-async-tcp-9000", "nfs-async-tcp-9000 ran on be1",
+          (run["node"], run["profile_name"]))
+    vol = prov["volume"]
+    check(vol["scheme"] == "nfs" and "10.73.0.1" in vol["server"], "fe1 (10.73.0.1) served the export", vol)
+    for key, who in (("mount", "be1's guest"), ("host_mount", "be1's host")):
+        line = vol.get(key) or ""
+        check(" nfs4 " in line and "addr=10.73.0.1" in line and "vers=4.2" in line,
+              f"{who} mounted fe1's export with NFSv4.2", line)
+    check("same export mounted by this back-end's host" in vol["baseline"], "the baseline is be1's own mount",
+          vol["baseline"])
+    net = prov["private_network"]
+    check(net["mtu"] == 9000 and net["bridge"] == "cbpriv0", "the guest on cbpriv0 at MTU 9000", net)
+    by_side = {m["side"]: m for m in run["measurements"] if m["test"] == "seq-write-64k"}
+    check(set(by_side) == {"guest", "baseline"}, "seq-write-64k on both sides", sorted(by_side))
+    check("volume-from-host" in by_side["baseline"]["labels"], "the baseline is labelled volume-from-host",
+          by_side["baseline"]["labels"])
+    written = vol.get("server_bytes_written") or 0
+    check(written >= 2 * 16 * 1024 * 1024, "fe1's ganesha wrote both sides' 16 MiB", written)
+    g, b = by_side["guest"]["value"], by_side["baseline"]["value"]
+    return (f"NFS from fe1: be1's guest {g:.1f} MB/s, be1's host {b:.1f} MB/s ({100 * g / b:.0f}%); ganesha wrote "
+            f"{written / 2**20:.0f} MiB")
+
+
 def main(argv: list[str]) -> int:
     try:
         match argv:
             case ["run", run_json, props_json, *fe_tests]:
                 print(check_run(Path(run_json), Path(props_json), fe_tests or ["tcp-stream-fe"]))
+            case ["nfs-run", run_json]:
+                print(check_nfs_run(Path(run_json)))
             case ["node-state", name]:
                 print(node_state(json.load(sys.stdin), name))
             case ["wrong-code", code]:

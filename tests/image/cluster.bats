@@ -352,6 +352,26 @@ cluster_run() {
     cluster_run run-full "tcp-stream-fe tcp-maerts-fe tcp-rr-fe" 32M --suite all --tests smoke --net-tests netperf
 }
 
+# bats test_tags=slow,image,cluster,cluster-full
+@test "guests on the back-end write to the front-end's NFS export over the 9000-byte link, beside be1's own mount" {
+    enrolled || skip "needs be1 enrolled (the enrolment test)"
+    export MACHINE_SSH_TIMEOUT_S=${IMAGE_CLUSTER_RUN_TIMEOUT_S:-1500}
+    run fe cloudbox run --node be1 --profile nfs-async-tcp-9000 --suite storage --tests seq-write-64k --size 16M
+    echo "$output" > "$LOGS/run-nfs.txt"
+    [ "$status" -eq 0 ] || fail "the NFS run failed (exit $status); $LOGS/run-nfs.txt says: $(tail -25 "$LOGS/run-nfs.txt")"
+    assert_output --partial 'volume: serving nfs:'
+    MACHINE_SSH_TIMEOUT_S=120 fe cloudbox results export --format json > "$LOGS/run-nfs.json"
+    run -0 checks nfs-run "$LOGS/run-nfs.json"
+    echo "# $output" >&3
+    # Nothing left on either side: fe1's ganesha and export directory, be1's mounts.
+    run -0 fe sh -c 'pgrep -a -x ganesha.nfsd; ls /var/lib/cloudbox/work 2>/dev/null; :'
+    refute_output --partial 'ganesha'
+    refute_output --partial 'run-'
+    run -0 be sh -c "grep ' nfs4 ' /proc/mounts; ls /var/lib/cloudbox/work 2>/dev/null; :"
+    refute_output --partial 'nfs4'
+    refute_output --partial 'run-'
+}
+
 # watch_latest_up / down_after T0: the last line of the front-end's state watch says up / a line after T0 says down.
 watch_latest_up() { tail -n1 "$LOGS/down-watch.txt" | grep -q ' up$'; }
 down_after() { awk -v t0="$1" '$1 > t0 && $2 == "down" { print $1; found = 1; exit } END { exit !found }' \

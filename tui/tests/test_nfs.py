@@ -8,15 +8,17 @@ import os
 import shutil
 import subprocess
 import time
+import types
 from pathlib import Path
 
 import pytest
 
 from cloudbox.core import compare, profiles, runs
-from cloudbox.core.errors import CloudboxError, ProfileError
+from cloudbox.core.errors import CloudboxError, ProfileError, UsageError
+from cloudbox.core.profiles import resolve_profile
 from cloudbox.core.provenance import BackingInfo, Provenance
 from cloudbox.core.results import ResultStore, Run
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.runspec import MIB, RunSpec
 from cloudbox.core.volumes import attach, nfs
 
 
@@ -99,6 +101,8 @@ def test_the_tables_call_an_export_nfs_with_the_clients_version_and_writes():
              _profile('vers = "4.1"\nwrites = "sync"\n'))
     assert compare.target_label(r) == "NFS"
     assert compare.driver_label(r) == "virtio-net NIC, the guest's NFSv4.1 client (sync)"
+    # a back-end's host on the front-end's export (labelled volume-from-host)
+    assert compare._volume_baseline_driver(r) == "NFSv4.1, the host's kernel client (sync)"
 
 
 needs_ganesha = pytest.mark.skipif(bool(nfs.server_problem()) or shutil.which("nfs-ls") is None,
@@ -173,3 +177,58 @@ def test_host_attach_of_an_export_is_refused_with_why():
         attach.check_attach("nfs", "host", has_module=lambda m: False)
     with pytest.raises(attach.AttachRefused, match="implemented under KVM/QEMU only"):
         attach.check_attach("nfs", "guest", hypervisor="xen")
+
+
+# -- the front-end's export on a back-end ------------------------------------------------------------------------
+def test_a_back_ends_run_names_the_front_ends_server_and_keeps_older_requests_as_they_were():
+    spec = RunSpec(profile="nfs-async-tcp-9000", suite="storage", peer="10.73.0.1", nfs_host="10.73.0.1",
+                   nfs_port=40123)
+    spec.validate()
+    assert RunSpec.from_dict(spec.as_dict()) == spec
+    assert "nfs_host" not in RunSpec(profile="nfs-async-tcp").as_dict()  # an older node reads other requests
+    for host, port in (("fe1", 2049), ("10.73.0.1", 0), ("10.73.0.1", 70000), ("", 2049), ("::1", 2049)):
+        with pytest.raises(UsageError, match=rf"NFS server {host!r} port {port!r} is not allowed; allowed: the "
+                                             r"front-end's private IPv4 address and a port from 1 to 65535"):
+            RunSpec(profile="nfs-async-tcp", nfs_host=host, nfs_port=port).validate()
+    # N guests on a node test the network to their own host: no guest -> front-end steps in the plan
+    many = RunSpec(profile="nfs-async-tcp", suite="all", guests=2, node="be1", peer="10.73.0.1",
+                   net_tests="tcp-stream")
+    many.validate()
+    assert not [s for s in many.plan() if s.test.endswith("-fe")]
+    one = RunSpec(profile="virtio-disk", suite="network", peer="10.73.0.1", net_tests="tcp-stream")
+    assert [s.test for s in one.plan() if s.test.endswith("-fe")] == ["tcp-stream-fe", "tcp-stream-fe"]
+
+
+def test_the_front_ends_export_is_mounted_here_never_served_and_its_baseline_needs_an_nfs_client(state):
+    tmp_path = state
+    v = attach.export_for_run("nfs:shared", "guest", run_uuid="c" * 32, work_dir=tmp_path / "run", size_bytes=MIB,
+                              nfs_server=("10.73.0.1", 40123))
+    try:
+        assert isinstance(v.export, nfs.NfsExport) and v.export.child is None and not v.path
+        assert v.uri == "nfs://10.73.0.1:40123/cloudbox/shared" and v.export.target == "10.73.0.1:/cloudbox/shared"
+        assert v.server == "nfs-ganesha on the front-end 10.73.0.1 on 10.73.0.1:40123 as 10.73.0.1:/cloudbox/shared"
+        assert v.store.baseline_target == str(tmp_path / "run" / attach.NFS_HOST_MOUNT / "baseline.dat")
+        assert v.store.baseline_labels == [attach.BASELINE_LABEL]
+        if nfs.host_client_problem(attach.kernel_module_available):
+            assert v.no_baseline.startswith("no baseline: this host's kernel (") and "nfsv4" in v.no_baseline
+        with pytest.raises(CloudboxError, match="served already"):  # never served from here
+            v.serve("lo", "10.73.0.1")
+    finally:
+        v.close()
+    assert not (tmp_path / "run").exists()
+    assert nfs.host_client_problem(lambda m: m == "nfsv4") == ""
+
+
+def test_a_front_end_without_a_private_network_refuses_an_nfs_run_on_a_node(state, monkeypatch):
+    from cloudbox.core.nodes import mirror
+
+    monkeypatch.setattr(mirror.nodeconf, "private_address", lambda: "0.0.0.0")
+    ctx = types.SimpleNamespace(profile=resolve_profile("nfs-async-tcp"), spec=RunSpec(profile="nfs-async-tcp",
+                                                                                      suite="storage", node="be1"))
+    there = types.SimpleNamespace(node=types.SimpleNamespace(name="be1"))
+    with pytest.raises(CloudboxError, match=r"profile nfs-async-tcp: disk.volume = nfs:.* on node be1: the front-end "
+                                            r"serves the export on its private network, .*allowed here: the profile "
+                                            r"without --node"):
+        mirror.serve_nfs(ctx, there)
+    ctx.spec = RunSpec(profile="nfs-async-tcp", suite="network", node="be1")
+    mirror.serve_nfs(ctx, there)  # no storage tests: nothing to export

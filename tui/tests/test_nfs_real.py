@@ -12,10 +12,10 @@ from real_runs import completed_run, interrupt_cli_run, work_files
 
 from cloudbox.core import compare
 from cloudbox.core.compare import compare_table, to_text
-from cloudbox.core.network import BRIDGE
+from cloudbox.core.network import BRIDGE, GUEST_IP, HOST_IP, PREFIX
 from cloudbox.core.results import Run
 from cloudbox.core.runspec import RunSpec
-from cloudbox.core.volumes import nfs
+from cloudbox.core.volumes import attach, nfs
 
 pytestmark = [pytest.mark.slow, pytest.mark.root,
               pytest.mark.skipif(bool(nfs.server_problem()), reason="needs nfs-ganesha, nfs-ganesha-vfs (make deps)")]
@@ -113,3 +113,35 @@ def test_ctrl_c_while_the_guest_writes_to_the_export_leaves_nothing(state, libvi
     assert _ganeshas() == before
     assert not os.path.exists(f"/sys/class/net/{BRIDGE}")
     assert work_files(state) == []
+
+
+@pytest.mark.full
+def test_a_back_ends_run_mounts_the_front_ends_export_and_leaves_its_server_alone(state, libvirt_conn, tmp_path):
+    """The back-end's side of `--node` with an NFS profile, on one host: a server the run did not start (here the
+    test's ganesha, on every address, as the front-end's is on its private one) is mounted by the guest from
+    nfs_host:nfs_port; the run starts no server, stops none, and its baseline is this host's own mount of the same
+    export, or none, saying why, on a kernel without an NFS client (this one)."""
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    tmp_path.chmod(0o755)
+    exp = nfs.start("share", str(export_dir), iface="", host="0.0.0.0", work_dir=tmp_path / "ganesha",
+                    clients=f"{GUEST_IP}/{PREFIX}")
+    try:
+        before = _ganeshas()
+        run = completed_run(RunSpec(profile="nfs-async-tcp", suite="storage", size="quick",
+                                    storage_tests="seq-write-64k", runtime=3, nfs_host=HOST_IP, nfs_port=exp.port))
+        assert _ganeshas() == before and exp.child is not None and exp.child.proc.poll() is None
+        v = run.provenance.volume
+        assert v is not None and v.uri == f"nfs://{HOST_IP}:{exp.port}/cloudbox/share", v
+        assert v.server.startswith(f"nfs-ganesha on the front-end {HOST_IP}") and f"addr={HOST_IP}" in v.mount
+        assert exp.io()["write_bytes"] >= 16 * 1024 * 1024  # the guest's writes reached the test's server
+        assert run.measurement("guest", "seq-write-64k", "MB/s").value > 0
+        problem = nfs.host_client_problem(attach.kernel_module_available)
+        base = run.measurement("baseline", "seq-write-64k", "MB/s")
+        if problem:
+            assert base is None and v.baseline.startswith("no baseline: this host's kernel"), v.baseline
+        else:
+            assert base is not None and "volume-from-host" in base.labels and " nfs4 " in v.host_mount
+        assert work_files(state) == [] and os.listdir(export_dir) == []  # its files, mount and directory gone
+    finally:
+        exp.stop()

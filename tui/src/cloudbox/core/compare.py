@@ -371,6 +371,8 @@ def _volume_baseline_driver(run: Run) -> str:
         return "NBD, fio nbd engine (user space)"
     if scheme == "iscsi":
         return "iSCSI, libiscsi's iscsi-perf (user space)"
+    if scheme == "nfs":  # a back-end's host on the front-end's export
+        return f"NFSv{knobs(run).nfs_vers}, the host's kernel client ({knobs(run).nfs_writes})"
     return f"{_VOLUME_SCHEMES.get(scheme, scheme or '?')}, host initiator"
 
 

@@ -86,6 +86,7 @@ class VolumeInfo(_Record):
     server_bytes_read: int | None = None  # what the export read from / wrote to the volume's disk during the run
     server_bytes_written: int | None = None
     mount: str = ""  # NFS: the guest's /proc/mounts line (the options its kernel and the server settled on)
+    host_mount: str = ""  # NFS on a back-end: its host's /proc/mounts line for the baseline's mount
 
 
 class RaidInfo(_Record):

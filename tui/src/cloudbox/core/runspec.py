@@ -12,6 +12,7 @@ offer the suite.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -69,6 +70,10 @@ class RunSpec:
     peer: str = ""
     peer_netperf_port: int = 0
     peer_iperf3_port: int = 0
+    # Set by the front-end for an NFS profile's run on a back-end: where it serves the run's export (its private
+    # address and ganesha's port). The node's guests and its host mount it from there.
+    nfs_host: str = ""
+    nfs_port: int = 0
     # Suite propagation only (set by `cloudbox study run`, no option): image sizes in bytes, one per sample, in order.
     propagate: list[int] = field(default_factory=list)
     guests: int = 1  # benchmark guests of the profile run at once on this host, their tests started together
@@ -90,6 +95,7 @@ class RunSpec:
             raise UsageError(f"image sizes to propagate belong to a propagation run, not to --suite {self.suite}")
         if self.guests > 1:
             _check_many_guests(self)
+        _check_nfs_server(self.nfs_host, self.nfs_port)
 
     @property
     def wants_storage(self) -> bool:
@@ -137,13 +143,16 @@ class RunSpec:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """The spec's settings; `propagate` only in a propagation run and `guests` only when more than one, so every
-        other run's stored record and request to a node read as before they existed."""
+        """The spec's settings; `propagate` only in a propagation run, `guests` only when more than one and the NFS
+        server only when there is one, so every other run's stored record and request to a node read as before
+        they existed."""
         d = asdict(self)
         if not d["propagate"]:
             del d["propagate"]
         if d["guests"] == 1:
             del d["guests"]
+        if not d["nfs_host"]:
+            del d["nfs_host"], d["nfs_port"]
         return d
 
     @classmethod
@@ -333,6 +342,19 @@ def _check_many_guests(spec: RunSpec) -> None:
         raise UsageError(f"--guests {n} with --tests {spec.storage_tests!r}: {', '.join(bonnie)} runs in one guest "
                          "at a time (its figures are per file system, not summed over N); allowed with --guests > 1: "
                          "--tests without bonnie")
+
+
+def _check_nfs_server(host: str, port: int) -> None:
+    """The front-end's NFS server for a back-end's run: an IPv4 address and a port, or neither."""
+    if not host and not port:
+        return
+    try:
+        ok = isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
+    except ValueError:
+        ok = False
+    if not ok or isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise UsageError(f"NFS server {host!r} port {port!r} is not allowed; allowed: the front-end's private IPv4 "
+                         "address and a port from 1 to 65535 (the front-end sets both)")
 
 
 def _check_net_tests(value: str) -> None:

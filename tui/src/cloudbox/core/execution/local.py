@@ -38,9 +38,9 @@ from ..provenance import (
     Versions,
     VolumeInfo,
 )
-from ..runspec import BOOT
+from ..runspec import BOOT, RunSpec
 from ..volumes import aoe, iscsi, nbd, nfs
-from ..volumes.attach import VolumeExport, export_for_run, preflight
+from ..volumes.attach import NFS_HOST_MOUNT, VolumeExport, export_for_run, preflight
 from .context import RunContext
 from .launch import agent_socket, launch, remove_socket
 from .measure import storage_test
@@ -66,7 +66,7 @@ def run_local(ctx: RunContext) -> None:
 def check_volume(ctx: RunContext) -> None:
     """A network volume's attach mode, existence and size, before anything is made (the export comes later)."""
     d = ctx.profile.disk
-    if d.backing == "network-volume":
+    if d.backing == "network-volume" and not nfs_server(ctx.spec):  # else the front-end serves it and checked it
         preflight(d.volume, d.attach, ctx.size, hypervisor=ctx.profile.guest.hypervisor)
     if is_nfs(d) and ctx.spec.wants_storage:
         on_device = [t.id for t in storage.resolve_tests(ctx.spec.storage_tests) if t.tool == "bonnie"]
@@ -123,7 +123,7 @@ def prepare_backing(ctx: RunContext) -> None:
         with ctx.control.atomic():
             ctx.volume = export_for_run(disk.volume, disk.attach, run_uuid=ctx.run_uuid, work_dir=ctx.work_dir,
                                         size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor,
-                                        conn=ctx.conn)
+                                        conn=ctx.conn, nfs_server=nfs_server(spec))
             ctx.stack.callback(ctx.volume.close)
         ctx.backing = ctx.volume.store
         if ctx.volume.export is not None:
@@ -196,11 +196,12 @@ def volume_info(v: VolumeExport | None, mount: str = "") -> VolumeInfo | None:
         return None
     io = v.export.io() if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport | nfs.NfsExport) else {}
     return VolumeInfo(name=v.volume, scheme=v.scheme, attach=v.attach, server=v.server, uri=v.uri, tls=v.tls,
-                      baseline=v.no_baseline or BASELINES[v.scheme],
+                      baseline=v.no_baseline or BASELINES["nfs-host" if v.scheme == "nfs" and not v.path
+                                                           else v.scheme],
                       target=v.export.target if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport |
                                                            nfs.NfsExport) else "",
                       server_bytes_read=io.get("read_bytes"), server_bytes_written=io.get("write_bytes"),
-                      mount=mount)
+                      mount=mount, host_mount=v.host_mount)
 
 
 # How the host domain measures a volume a run's baseline measured.
@@ -208,7 +209,9 @@ BASELINES = {"nbd": "the same export from the host domain: fio's nbd engine (lib
              "iscsi": ("the same target from the host domain: libiscsi's iscsi-perf (user space, the library of "
                        "QEMU's initiator), read tests only, after data was laid over the whole volume"),
              "nfs": ("the export's directory on the server's disk from the host domain, without NFS: this kernel has "
-                     "no NFS client (the guest's over the server's own disk is NFS's cost)")}
+                     "no NFS client (the guest's over the server's own disk is NFS's cost)"),
+             "nfs-host": ("the same export mounted by this back-end's host (its kernel's NFSv4 client, the guest's "
+                          "mount options): the guest's figure against it is the virtualization's cost")}
 
 
 def start_sampler(ctx: RunContext) -> None:
@@ -237,6 +240,7 @@ def storage_baseline(ctx: RunContext) -> None:
         return
     store, sink = ctx.backing, ctx.sink
     runner = storage.HostRunner(ctx.control.cancelled)
+    mount_export_on_host(ctx)
     sink.step("bare metal: storage tests", side="baseline")
     if storage.needs_fill(tests):
         sink.step("bare metal: laying down data for read tests", side="baseline")
@@ -249,6 +253,43 @@ def storage_baseline(ctx: RunContext) -> None:
                                                            ctx.runtime, sink.progress("baseline", t.id)))
     if not store.is_block and not storage.is_nbd_uri(store.baseline_target):
         Path(store.baseline_target).unlink(missing_ok=True)
+    unmount_export_on_host(ctx)
+
+
+def nfs_server(spec: RunSpec) -> tuple[str, int] | None:
+    """Where the front-end serves this back-end run's NFS export (host, port), else None."""
+    return (spec.nfs_host, spec.nfs_port) if spec.nfs_host else None
+
+
+def _host_mount(ctx: RunContext) -> Path | None:
+    v = ctx.volume
+    if v is None or not isinstance(v.export, nfs.NfsExport) or v.path:  # v.path: this host serves it
+        return None
+    return ctx.work_dir / NFS_HOST_MOUNT
+
+
+def mount_export_on_host(ctx: RunContext) -> None:
+    """A back-end's baseline on the front-end's NFS export: this host's kernel client mounts it with the guest's
+    options (the mount's line recorded), its files go in there. Nothing for any other run."""
+    where = _host_mount(ctx)
+    if where is None:
+        return
+    assert ctx.volume is not None and isinstance(ctx.volume.export, nfs.NfsExport)
+    exp = ctx.volume.export
+    options = nfs.mount_options(exp, ctx.profile.nfs)
+    ctx.sink.step(f"bare metal: mounting {exp.uri} on this host ({options})", side="baseline")
+    with ctx.control.atomic():
+        ctx.stack.callback(nfs.unmount_on_host, where)
+        line = nfs.mount_on_host(exp, options, where)
+    ctx.sink.log(f"host mount: {line}")
+    ctx.volume.host_mount = line
+    ctx.provenance.volume = volume_info(ctx.volume)
+    ctx.save_provenance()
+
+
+def unmount_export_on_host(ctx: RunContext) -> None:
+    if (where := _host_mount(ctx)) is not None:
+        nfs.unmount_on_host(where)
 
 
 def iscsi_baseline(ctx: RunContext, v: VolumeExport, exp: iscsi.IscsiExport, tests: list[storage.StorageTest]) -> None:
@@ -287,6 +328,9 @@ def serve_volume(ctx: RunContext) -> None:
     """disk.attach = guest: the volume served on the bridge the guest's NIC joins (plumb made it)."""
     v = ctx.volume
     if v is None or not guest_attaches(ctx):
+        return
+    if nfs_server(ctx.spec):
+        ctx.sink.log(f"volume: {v.volume} is served by the front-end: {v.uri}")
         return
     assert ctx.hostnet is not None
     ip = ctx.hostnet.host_ip

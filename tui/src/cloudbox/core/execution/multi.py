@@ -39,9 +39,12 @@ from .local import (
     connect_libvirt,
     cpu_counts,
     find_image,
+    mount_export_on_host,
+    nfs_server,
     probe_accelerator,
     record_facts,
     serve_volume,
+    unmount_export_on_host,
     volume_info,
 )
 from .measure import NetRan, Ran, net_test_many, storage_test_many
@@ -143,13 +146,15 @@ def _prepare_export(ctx: RunContext) -> None:
     ctx.sink.step(f"preparing the NFS export {disk.volume} for {n} guests ({backing.human_size(ctx.size)} each)")
     with ctx.control.atomic():
         ctx.volume = v = export_for_run(disk.volume, disk.attach, run_uuid=ctx.run_uuid, work_dir=ctx.work_dir,
-                                        size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor, guests=n)
+                                        size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor, guests=n,
+                                        nfs_server=nfs_server(ctx.spec))
         ctx.stack.callback(v.close)
     first = v.store
+    base = Path(first.baseline_target).parent
     for k in range(1, n + 1):  # removed with the export's directory by v.close()
         ctx.backings.append(backing.BackingStore(
             first.kind, first.path, False, first.format, ctx.size, first.host_device, first.model,
-            labels=list(first.labels), baseline_target=str(Path(v.path) / f"baseline-g{k}.dat"),
+            labels=list(first.labels), baseline_target=str(base / f"baseline-g{k}.dat"),
             baseline_labels=list(first.baseline_labels)))
     ctx.backing = ctx.backings[0]
     ctx.labels += ctx.backing.labels
@@ -180,11 +185,16 @@ def start_sampler(ctx: RunContext) -> None:
 
 
 def baseline_many(ctx: RunContext) -> None:
-    """The storage tests on bare metal, N processes at once, each on its own guest's store's baseline target."""
+    """The storage tests on bare metal, N processes at once, each on its own guest's store's baseline target (on
+    a back-end's run with the front-end's NFS export: N files in this host's mount of it)."""
     if not ctx.spec.wants_storage:
+        return
+    if ctx.volume is not None and ctx.volume.no_baseline:
+        ctx.sink.step(f"bare metal: {ctx.volume.no_baseline}", side="baseline")
         return
     tests = storage.resolve_tests(ctx.spec.storage_tests)
     sink = ctx.sink
+    mount_export_on_host(ctx)
     sink.step(f"bare metal: storage tests, {ctx.spec.guests} processes at once", side="baseline")
     if storage.needs_fill(tests):
         sink.step("bare metal: laying down data for read tests", side="baseline")
@@ -200,6 +210,7 @@ def baseline_many(ctx: RunContext) -> None:
     for store in ctx.backings:
         if not store.is_block:
             Path(store.baseline_target).unlink(missing_ok=True)
+    unmount_export_on_host(ctx)
 
 
 def _host_part(ctx: RunContext, t: storage.StorageTest, store: backing.BackingStore, k: int,
@@ -294,13 +305,13 @@ def guests_storage(ctx: RunContext) -> None:
 
 def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[str]:
     """Every guest's NIC configured and the export mounted in it; each guest's own test file there."""
-    v, hostnet, mtu = ctx.volume, ctx.hostnet, ctx.profile.network.mtu
-    assert v is not None and isinstance(v.export, nfs.NfsExport) and hostnet is not None
+    v = ctx.volume
+    assert v is not None and isinstance(v.export, nfs.NfsExport) and ctx.hostnet is not None
     options = nfs.mount_options(v.export, ctx.profile.nfs)
     ctx.sink.step(f"guest: mounting {v.export.uri} in {len(runners)} guests ({options})", side="guest")
     files, line = [], ""
     for k, gr in enumerate(runners, 1):
-        network.configure_guest(gr.guest, mtu, host_ip=hostnet.host_ip, address=network.guest_ip(k))
+        _configure(ctx, gr.guest, k)
         got = nfs.mount_in_guest(gr.guest, v.export, options)
         line = line or got
         files.append(nfs.test_file(k))
@@ -308,6 +319,14 @@ def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[s
     ctx.save_provenance()
     ctx.sink.log(f"guest mount: {line}")
     return files
+
+
+def _configure(ctx: RunContext, guest, k: int) -> tuple[str, str]:
+    """Guest k's NIC: the k-th address on the run's bridge, or a lease from the front-end's DHCP on a back-end's
+    private bridge (where the guests reach the front-end's NFS export)."""
+    assert ctx.hostnet is not None
+    return network.configure_guest(guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
+                                   dhcp=bool(ctx.private_bridge), address=network.guest_ip(k))
 
 
 def _read_clocks(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[float]:
@@ -366,7 +385,7 @@ def guests_network(ctx: RunContext) -> None:
     sink.step(f"guest: configuring {n} NICs and checking the MTU end to end")
     links = []
     for k, g in enumerate(ctx.many, 1):
-        nic, ip = network.configure_guest(g, mtu, host_ip=hostnet.host_ip, address=network.guest_ip(k))
+        nic, ip = _configure(ctx, g, k)
         sink.log(f"MTU {mtu} verified end to end (guest {g.name} {nic} {ip} -> bridge {hostnet.bridge} "
                  f"{hostnet.host_ip})")
         links.append(network.GuestLink(g, nic, hostnet.host_ip, hostnet.bridge, mtu))

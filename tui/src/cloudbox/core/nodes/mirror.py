@@ -12,14 +12,17 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import network, nodeconf
+from .. import network, nodeconf, paths
 from ..errors import CloudboxError
 from ..events import ProgressEvent, SampleEvent, StateEvent, StepEvent, parse
 from ..execution.context import RunContext
 from ..guestimage import GuestImage
+from ..profiles import is_nfs
 from ..provenance import Controller, NodeInfo, Nodes, PeerServers, Provenance, RemoteRun
 from ..results import MEASUREMENT_COLUMNS
 from ..runspec import BOOT, resolve_net_tests
+from ..volumes.attach import export_for_run
+from ..volumes.nfs import NfsExport
 from . import client, health, registry
 from .registry import NodeRecord
 
@@ -41,9 +44,11 @@ def run_on_node(ctx: RunContext) -> None:
     """The run's body on spec.node (core.execution.lifecycle.Execution runs it)."""
     there = find_node(ctx)
     propagate(ctx, there)
+    serve_nfs(ctx, there)
     start(ctx, there)
     follow(ctx, there)
     fetch(ctx, there)
+    record_nfs(ctx)
 
 
 def find_node(ctx: RunContext) -> NodeRun:
@@ -104,6 +109,46 @@ def serve_peer(ctx: RunContext) -> PeerServers | None:
     return peer
 
 
+def serve_nfs(ctx: RunContext, there: NodeRun) -> None:
+    """An NFS profile's export (disk.volume = nfs:<name>), served by this front-end on its private address for the
+    length of the run: the node's guests and, for the baseline, its host mount it over the private network. Its
+    directory is a fresh one of this run's, on this host's disk (stopped and removed with the run)."""
+    d, spec = ctx.profile.disk, ctx.spec
+    if not (is_nfs(d) and spec.wants_storage):
+        return
+    addr, link = nodeconf.private_address(), nodeconf.private_link(nodeconf.settings())
+    if addr == "0.0.0.0" or not link:
+        raise CloudboxError(f"profile {ctx.profile.name}: disk.volume = {d.volume} on node {there.node.name}: the "
+                            "front-end serves the export on its private network, and this host's node settings "
+                            f"({nodeconf.node_settings_file()}) name no private NIC with an address (it is not an "
+                            "installed front-end); allowed here: the profile without --node (this host serves and "
+                            "its guest mounts)")
+    ctx.work_dir = paths.work_base("") / f"run-{ctx.run_uuid[:12]}"
+    ctx.sink.step(f"volume: serving {d.volume} to {there.node.name} over NFSv4 (nfs-ganesha) on {addr}, to the "
+                  f"private network's subnet only")
+    with ctx.control.atomic():
+        ctx.volume = v = export_for_run(d.volume, d.attach, run_uuid=ctx.run_uuid, work_dir=ctx.work_dir,
+                                        size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor,
+                                        guests=spec.guests)
+        ctx.stack.callback(v.close)
+        v.serve(link, addr)
+    ctx.sink.log(f"volume exported: {v.uri} ({v.server}) from {v.path}")
+
+
+def record_nfs(ctx: RunContext) -> None:
+    """What this front-end's NFS server read and wrote of the export's disk over the node's run, into the volume
+    record the node made (the node cannot see it)."""
+    v, pv = ctx.volume, ctx.provenance.volume
+    if v is None or pv is None or not isinstance(v.export, NfsExport):
+        return
+    io = v.export.io()
+    pv.server = v.server
+    pv.server_bytes_read, pv.server_bytes_written = io.get("read_bytes"), io.get("write_bytes")
+    ctx.save_provenance()
+    ctx.sink.log(f"{v.export.server} on this front-end read {pv.server_bytes_read} and wrote "
+                 f"{pv.server_bytes_written} bytes of the export's disk")
+
+
 def start(ctx: RunContext, there: NodeRun) -> None:
     """The node's executor, detached there, with this spec and the front-end's resolved profile; cancelled
     there when this run ends before it did."""
@@ -113,6 +158,8 @@ def start(ctx: RunContext, there: NodeRun) -> None:
     if spec.wants_network and spec.guests == 1 and (peer := serve_peer(ctx)) is not None:
         remote_spec.update(peer.model_dump())
         ctx.provenance.peer = peer
+    if ctx.volume is not None and isinstance(exp := ctx.volume.export, NfsExport):
+        remote_spec.update(peer=exp.host, nfs_host=exp.host, nfs_port=exp.port)
     sink.step(f"starting the run on {node.name}")
     assert ctx.provenance.propagation is not None
     with ctx.control.atomic():

@@ -39,6 +39,7 @@ GUEST_SCHEMES = ("aoe", "nbd", "iscsi", "nfs")
 SERVERS = {"nbd": ("qemu-nbd", "qemu-utils"), "aoe": ("vblade", "vblade"), "iscsi": ("tgtd", "tgt"),
            "nfs": ("ganesha.nfsd", "nfs-ganesha")}
 NFS_BASELINE_LABEL = "nfs-export-dir"  # the baseline ran on the export's directory on the server's disk, not over NFS
+NFS_HOST_MOUNT = "nfs-host"  # in a back-end's run work directory: where its host mounts the front-end's export
 QEMU_ATTACH = ("nbd", "iscsi")  # the schemes disk.attach = qemu serves here
 
 
@@ -148,6 +149,7 @@ class VolumeExport:
     creds: pki.Credentials | None = None  # NBD: the box's credentials (the server's, and the client's for the guest)
     secret_uuid: str = ""  # iSCSI: the libvirt secret QEMU logs in with (removed by close())
     conn: typing.Any = field(default=None, repr=False)  # the libvirt connection holding that secret
+    host_mount: str = ""  # NFS on a back-end: its host's /proc/mounts line for the baseline's mount
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -211,6 +213,8 @@ class VolumeExport:
                 if self.scheme != "nfs":  # an NFS export is the run's own directory, not a stored volume
                     with VolumeStore() as vs:
                         vs.detach(self.volume, self.run_uuid)
+                elif not self.path:  # the front-end's export: this host's mount of it goes before its directory
+                    nfs.unmount_on_host(self.work_dir / NFS_HOST_MOUNT)
             finally:
                 self.store.remove()
 
@@ -262,10 +266,14 @@ def no_aoe_baseline(has_module=kernel_module_available) -> str:
 
 
 def export_for_run(spec: str, attach: str, *, run_uuid: str, work_dir: Path, size_bytes: int,
-                   hypervisor: str = "kvm", conn: typing.Any = None, guests: int = 1) -> VolumeExport:
+                   hypervisor: str = "kvm", conn: typing.Any = None, guests: int = 1,
+                   nfs_server: tuple[str, int] | None = None) -> VolumeExport:
     """Check, attach and export the profile's volume `spec` for run `run_uuid`; on any failure nothing is left.
     An AoE volume the guest attaches is only checked and marked here: `VolumeExport.serve()` exports it. An iSCSI
-    volume gets a libvirt secret on `conn` for QEMU's login. An NFS export is shared by the run's `guests`."""
+    volume gets a libvirt secret on `conn` for QEMU's login. An NFS export is shared by the run's `guests`; with
+    `nfs_server` (host, port) the front-end serves it and this host only mounts it."""
+    if spec.startswith("nfs:") and nfs_server is not None:
+        return _for_remote_nfs(spec, attach, run_uuid, work_dir, size_bytes, hypervisor, nfs_server)
     if spec.startswith("nfs:"):
         return _for_nfs(spec, attach, run_uuid, work_dir, size_bytes, hypervisor, guests)
     scheme, name = preflight(spec, attach, size_bytes, hypervisor=hypervisor)
@@ -391,3 +399,26 @@ def _for_nfs(spec: str, attach: str, run_uuid: str, work_dir: Path, size_bytes: 
         store.labels.append("no-host-metrics")
     return VolumeExport(name, scheme, attach, store, None, run_uuid, path=str(export_dir), work_dir=work_dir,
                         tls="none: AUTH_SYS (uids), no encryption; served on the guest's bridge's subnet only")
+
+
+def _for_remote_nfs(spec: str, attach: str, run_uuid: str, work_dir: Path, size_bytes: int, hypervisor: str,
+                    server: tuple[str, int]) -> VolumeExport:
+    """The export the front-end serves for this run (a back-end's side): nothing is served or stored here. The
+    baseline is this host's kernel client on the same export (a file per process in its mount under the run's
+    work directory); a host without an NFSv4 client has none, and `no_baseline` says why."""
+    check_attach("nfs", attach, hypervisor=hypervisor)
+    scheme, name = parse_volume(spec)
+    host, port = server
+    store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
+    exp = nfs.served_elsewhere(name, host, port, f"nfs-ganesha on the front-end {host}")
+    store.path = f"nfs:{name}"
+    store.host_device = None  # the disk under the export is the front-end's
+    store.baseline_target = str(work_dir / NFS_HOST_MOUNT / "baseline.dat")
+    store.baseline_labels = [BASELINE_LABEL]
+    store.model = f"NFSv4 export {name!r} served by nfs-ganesha on the front-end {host}:{port}"
+    store.labels.append("no-host-metrics")
+    problem = nfs.host_client_problem(kernel_module_available)
+    return VolumeExport(name, scheme, attach, store, exp, run_uuid, path="", work_dir=work_dir,
+                        tls="none: AUTH_SYS (uids), no encryption; served to the private network's subnet only",
+                        no_baseline=f"no baseline: {problem}; the export's disk is the front-end's" if problem
+                        else "")

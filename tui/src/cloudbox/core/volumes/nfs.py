@@ -12,13 +12,16 @@ the client sends as it asks: a stable WRITE (mount -o sync) reaches the disk bef
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import platform
 import re
 import shlex
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,14 +140,68 @@ class NfsExport(procs.ServedByChild):
             self.work_dir = None
 
 
-def start(name: str, directory: str, *, iface: str, host: str, work_dir: Path, port: int | None = None) -> NfsExport:
-    """Export `directory` as /cloudbox/<name> on host:port (a free port when None) to `iface`'s subnet; returns once
-    ganesha listens. Its configuration, log and recovery state go under `work_dir` (made here, removed by
-    `stop()`). On failure nothing runs."""
+def served_elsewhere(name: str, host: str, port: int, server: str) -> NfsExport:
+    """The export `name` that another host (`server`, a front-end) serves on host:port for this run: this side
+    mounts it and never starts or stops its server."""
+    return NfsExport(name, "", host, port, "", server)
+
+
+def host_client_problem(has_module: Callable[[str], bool]) -> str:
+    """Why this host's kernel cannot mount an NFSv4 export itself ('' when it can); `has_module(name)` says whether
+    it can load a module."""
+    try:
+        if "nfs4" in Path("/proc/filesystems").read_text().split():
+            return ""
+    except OSError:
+        pass
+    if has_module("nfsv4"):
+        return ""
+    return f"this host's kernel ({platform.release()}) has no NFSv4 client (the nfsv4 module)"
+
+
+def mount_on_host(exp: NfsExport, options: str, mount_point: Path) -> str:
+    """This host's kernel client mounting `exp` on `mount_point` (made here) with `options` (the guest's): the
+    baseline of an export another host serves. Returns the mount's /proc/mounts line."""
+    mount_point.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["modprobe", "nfsv4"], capture_output=True, timeout=30)  # built in or loaded already: no harm
+    try:
+        r = subprocess.run(["mount", "-t", "nfs4", "-o", options, exp.target, str(mount_point)],
+                           capture_output=True, text=True, timeout=GUEST_MOUNT_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        unmount_on_host(mount_point)
+        raise CloudboxError(f"this host's mount of {exp.uri} ({options}) did not return within "
+                            f"{GUEST_MOUNT_TIMEOUT:.0f} s") from None
+    if r.returncode != 0:
+        raise CloudboxError(f"this host could not mount {exp.uri} with options {options} (exit {r.returncode}): "
+                            f"{(r.stdout + r.stderr).strip()[-300:]}")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        if line.split()[1:2] == [str(mount_point)]:
+            return line
+    raise CloudboxError(f"mount of {exp.uri} returned 0, but {mount_point} is not in /proc/mounts")
+
+
+def unmount_on_host(mount_point: Path) -> None:
+    """The host's mount of an export gone (lazily when busy: a cancelled test's fio may still hold it), and its
+    mount point. Safe when nothing is mounted there."""
+    mounted = any(line.split()[1:2] == [str(mount_point)]
+                  for line in Path("/proc/mounts").read_text().splitlines())
+    if mounted:
+        r = subprocess.run(["umount", str(mount_point)], capture_output=True, text=True, timeout=GUEST_MOUNT_TIMEOUT)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
+    with contextlib.suppress(OSError):
+        mount_point.rmdir()
+
+
+def start(name: str, directory: str, *, iface: str, host: str, work_dir: Path, port: int | None = None,
+          clients: str | None = None) -> NfsExport:
+    """Export `directory` as /cloudbox/<name> on host:port (a free port when None) to `iface`'s subnet (or to
+    `clients`, a subnet); returns once ganesha listens. Its configuration, log and recovery state go under
+    `work_dir` (made here, removed by `stop()`). On failure nothing runs."""
     problem = server_problem()
     if problem:
         raise CloudboxError(problem)
-    clients = subnet(iface, host)
+    clients = clients or subnet(iface, host)
     port = port or free_port(host)
     version = _version()
     work_dir.mkdir(mode=0o700)
