@@ -116,11 +116,13 @@ def test_ctrl_c_while_the_guest_writes_to_the_export_leaves_nothing(state, libvi
 
 
 @pytest.mark.full
-def test_a_back_ends_run_mounts_the_front_ends_export_and_leaves_its_server_alone(state, libvirt_conn, tmp_path):
+@pytest.mark.parametrize("guests", [1, 2])
+def test_a_back_ends_run_mounts_the_front_ends_export_and_leaves_its_server_alone(state, libvirt_conn, tmp_path,
+                                                                                  guests):
     """The back-end's side of `--node` with an NFS profile, on one host: a server the run did not start (here the
-    test's ganesha, on every address, as the front-end's is on its private one) is mounted by the guest from
-    nfs_host:nfs_port; the run starts no server, stops none, and its baseline is this host's own mount of the same
-    export, or none, saying why, on a kernel without an NFS client (this one)."""
+    test's ganesha, on every address, as the front-end's is on its private one) is mounted by the guest (or each of
+    two) from nfs_host:nfs_port; the run starts no server, stops none, and its baseline is this host's own mount of
+    the same export, or none, saying why, on a kernel without an NFS client (this one)."""
     export_dir = tmp_path / "export"
     export_dir.mkdir()
     tmp_path.chmod(0o755)
@@ -129,12 +131,13 @@ def test_a_back_ends_run_mounts_the_front_ends_export_and_leaves_its_server_alon
     try:
         before = _ganeshas()
         run = completed_run(RunSpec(profile="nfs-async-tcp", suite="storage", size="quick",
-                                    storage_tests="seq-write-64k", runtime=3, nfs_host=HOST_IP, nfs_port=exp.port))
+                                    storage_tests="seq-write-64k", runtime=3, nfs_host=HOST_IP, nfs_port=exp.port,
+                                    guests=guests))
         assert _ganeshas() == before and exp.child is not None and exp.child.proc.poll() is None
         v = run.provenance.volume
         assert v is not None and v.uri == f"nfs://{HOST_IP}:{exp.port}/cloudbox/share", v
         assert v.server.startswith(f"nfs-ganesha on the front-end {HOST_IP}") and f"addr={HOST_IP}" in v.mount
-        assert exp.io()["write_bytes"] >= 16 * 1024 * 1024  # the guest's writes reached the test's server
+        assert exp.io()["write_bytes"] >= guests * 16 * 1024 * 1024  # the guests' writes reached the test's server
         assert run.measurement("guest", "seq-write-64k", "MB/s").value > 0
         problem = nfs.host_client_problem(attach.kernel_module_available)
         base = run.measurement("baseline", "seq-write-64k", "MB/s")

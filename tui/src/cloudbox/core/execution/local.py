@@ -44,7 +44,7 @@ from ..volumes.attach import NFS_HOST_MOUNT, VolumeExport, export_for_run, prefl
 from .context import RunContext
 from .launch import agent_socket, launch, remove_socket
 from .measure import storage_test
-from .network_steps import hold, network_tests, plumb
+from .network_steps import configure_nic, hold, network_tests, plumb
 
 Step = Callable[[RunContext], None]
 
@@ -489,8 +489,7 @@ def _guest_nfs(ctx: RunContext, v: VolumeExport, exp: nfs.NfsExport, run: Callab
     assert ctx.guest is not None and ctx.hostnet is not None
     sink = ctx.sink
     options = nfs.mount_options(exp, ctx.profile.nfs)
-    network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
-                            dhcp=bool(ctx.private_bridge))
+    configure_nic(ctx, ctx.guest)
     sink.step(f"guest: mounting {exp.uri} ({options})", side="guest")
     line = nfs.mount_in_guest(ctx.guest, exp, options)
     ctx.provenance.volume = volume_info(v, mount=line)
@@ -501,8 +500,9 @@ def _guest_nfs(ctx: RunContext, v: VolumeExport, exp: nfs.NfsExport, run: Callab
     ctx.provenance.volume = pv = volume_info(v, mount=line)
     assert pv is not None
     ctx.save_provenance()
-    sink.log(f"{exp.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the export's "
-             "disk")
+    if exp.child is not None:  # a front-end's server: it says what it wrote once the run has ended
+        sink.log(f"{exp.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
+                 "export's disk")
 
 
 def guest_attaches(ctx: RunContext) -> bool:

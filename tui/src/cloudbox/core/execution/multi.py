@@ -48,7 +48,7 @@ from .local import (
     volume_info,
 )
 from .measure import NetRan, Ran, net_test_many, storage_test_many
-from .network_steps import plumb
+from .network_steps import configure_nic, plumb
 
 QEMU_OVERHEAD_MIB = 256  # each guest's QEMU beside its RAM (TCG's translation cache, device emulation)
 HOST_RESERVE_MIB = 512  # left to the host itself: libvirt, the bare-metal fio processes, cloudbox
@@ -299,8 +299,9 @@ def guests_storage(ctx: RunContext) -> None:
                                                   if ctx.provenance.volume else "")
         ctx.save_provenance()
         assert pv is not None
-        ctx.sink.log(f"{pv.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
-                     "export's disk")
+        if pv.server_bytes_written is not None:  # unknown here when the front-end serves it
+            ctx.sink.log(f"{pv.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
+                         "export's disk")
 
 
 def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[str]:
@@ -311,7 +312,7 @@ def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[s
     ctx.sink.step(f"guest: mounting {v.export.uri} in {len(runners)} guests ({options})", side="guest")
     files, line = [], ""
     for k, gr in enumerate(runners, 1):
-        _configure(ctx, gr.guest, k)
+        configure_nic(ctx, gr.guest, network.guest_ip(k))
         got = nfs.mount_in_guest(gr.guest, v.export, options)
         line = line or got
         files.append(nfs.test_file(k))
@@ -319,14 +320,6 @@ def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[s
     ctx.save_provenance()
     ctx.sink.log(f"guest mount: {line}")
     return files
-
-
-def _configure(ctx: RunContext, guest, k: int) -> tuple[str, str]:
-    """Guest k's NIC: the k-th address on the run's bridge, or a lease from the front-end's DHCP on a back-end's
-    private bridge (where the guests reach the front-end's NFS export)."""
-    assert ctx.hostnet is not None
-    return network.configure_guest(guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
-                                   dhcp=bool(ctx.private_bridge), address=network.guest_ip(k))
 
 
 def _read_clocks(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[float]:
@@ -385,7 +378,7 @@ def guests_network(ctx: RunContext) -> None:
     sink.step(f"guest: configuring {n} NICs and checking the MTU end to end")
     links = []
     for k, g in enumerate(ctx.many, 1):
-        nic, ip = _configure(ctx, g, k)
+        nic, ip = configure_nic(ctx, g, network.guest_ip(k))
         sink.log(f"MTU {mtu} verified end to end (guest {g.name} {nic} {ip} -> bridge {hostnet.bridge} "
                  f"{hostnet.host_ip})")
         links.append(network.GuestLink(g, nic, hostnet.host_ip, hostnet.bridge, mtu))

@@ -52,17 +52,34 @@ def plumb(ctx: RunContext) -> None:
     hostnet = ctx.hostnet = network.HostNetwork(mtu)
     ctx.stack.callback(hostnet.teardown)
     with ctx.control.atomic():
+        ns = " and the baseline namespace" if spec.wants_network else ""
         if peer:
             hostnet.use_bridge(ctx.private_bridge)
-            ctx.sink.step(f"network: the private bridge {ctx.private_bridge} ({hostnet.host_ip}) and the baseline "
-                          f"namespace, MTU {mtu}")
+            ctx.sink.step(f"network: the private bridge {ctx.private_bridge} ({hostnet.host_ip}){ns}, MTU {mtu}")
         else:
-            ctx.sink.step(f"network: bridge {network.BRIDGE} and baseline namespace, MTU {mtu}")
+            ctx.sink.step(f"network: bridge {network.BRIDGE}{ns}, MTU {mtu}")
             hostnet.setup_bridge()
         if spec.wants_network:
             hostnet.setup_netns()
     for what in hostnet.reaped:
         ctx.sink.log(f"removed {what}, left by a run that is gone")
+
+
+def configure_nic(ctx: RunContext, guest: Guest, address: str = network.GUEST_IP) -> tuple[str, str]:
+    """The guest's NIC: `address` on the run's bridge, or on a back-end's private bridge a lease from the
+    front-end's DHCP and the full-size path to the front-end checked (the first guest's recorded). -> (NIC, IP)"""
+    hostnet, mtu, peer = ctx.hostnet, ctx.profile.network.mtu, ctx.spec.peer
+    assert hostnet is not None
+    nic, ip = network.configure_guest(guest, mtu, host_ip=hostnet.host_ip, dhcp=bool(ctx.private_bridge),
+                                      address=address)
+    pn = ctx.provenance.private_network
+    if ctx.private_bridge and peer and pn is not None:
+        network.guest_path(guest, peer, mtu)
+        ctx.sink.log(f"MTU {mtu} verified end to end (guest {ip} -> the front-end {peer})")
+        if not pn.guest_ip:
+            pn.host_ip, pn.guest_ip, pn.mtu = hostnet.host_ip, ip, mtu
+            ctx.save_provenance()
+    return nic, ip
 
 
 def network_tests(ctx: RunContext, guest: Guest) -> None:
