@@ -109,6 +109,23 @@ def test_iscsi_perf_reads_as_the_test_does_and_its_average_is_the_result():
         iscsi.parse_perf(t, "iscsi-perf version 0.1\nLogin Failed\n", 0.5)
 
 
+def test_the_host_domains_relay_logs_in_with_the_secret_from_a_file_and_measures_what_fio_can(tmp_path):
+    exp = iscsi.IscsiExport("ebs", "/v", "127.0.0.1", 3260, "iqn.x:vol.ebs", 7)
+    c = iscsi.Chap("iqn.x:box", "cloudbox-u", "s3cret")
+    argv = iscsi.relay_args(exp, c, tmp_path / "chap.secret", tmp_path / "nbd.sock")
+    assert argv[:3] == ["qemu-nbd", "--object", f"secret,id=chap0,file={tmp_path / 'chap.secret'}"]
+    assert ("driver=raw,file.driver=iscsi,file.transport=tcp,file.portal=127.0.0.1:3260,file.target=iqn.x:vol.ebs,"
+            f"file.lun={iscsi.LUN},file.user=cloudbox-u,file.password-secret=chap0,file.initiator-name=iqn.x:box"
+            ) in argv
+    assert "s3cret" not in " ".join(argv)
+    relay = iscsi.HostRelay(tmp_path / "nbd.sock", tmp_path)
+    assert storage.is_nbd_uri(relay.uri) and relay.uri == f"nbd+unix:///lun?socket={tmp_path / 'nbd.sock'}"
+    for measured in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32", "dd-write-64k"):
+        assert storage.nbd_measures(storage.TESTS[measured]) == "", measured
+    for other in ("iozone-read-16m", "bonnie"):
+        assert "needs a file or a file system on a local disk" in storage.nbd_measures(storage.TESTS[other])
+
+
 def test_exports_here_name_iscsi_and_what_it_lacks(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     got = {e.scheme: e for e in attach.exports_here(has_module=lambda _m: False)}
@@ -166,6 +183,22 @@ def test_tgtd_refuses_a_wrong_secret_and_a_stranger_and_leaves_nothing(state, li
             with pytest.raises(Aborted, match="iscsi-perf"):
                 iscsi.perf(storage.TESTS["randread-4k-qd32"], exp, c, 30, lambda: True)
             assert subprocess.run(["pgrep", "-f", f"iscsi-perf .*:{exp.port}/"], capture_output=True).returncode == 1
+        if not iscsi.relay_problem():  # the baseline's way in: QEMU's libiscsi in qemu-nbd, logged in as this box
+            relay = iscsi.host_relay(exp, c, work / "iscsi-host")
+            try:
+                assert (work / "iscsi-host").stat().st_mode & 0o777 == 0o700
+                assert ((work / "iscsi-host" / "chap.secret").stat().st_mode & 0o777) == 0o600
+                w = storage.HostRunner(lambda: False).run(storage.TESTS["seq-write-64k"], relay.uri, 4 * MIB, 1,
+                                                          lambda _p: None)
+                assert w.mbps > 0 and c.secret not in w.raw
+                assert c.secret not in " ".join(Path(f"/proc/{relay.pid}/cmdline").read_text().split("\0"))
+            finally:
+                relay.stop()
+            assert not (work / "iscsi-host").exists()
+            with pytest.raises(CloudboxError, match=r"qemu-nbd exited 1 before serving the target .*"
+                                                    r"(?i:authentication|login)"):  # a wrong secret is refused
+                iscsi.host_relay(exp, iscsi.Chap(c.initiator, c.user, "0" * 32), work / "iscsi-bad")
+            assert not (work / "iscsi-bad").exists()
         with pytest.raises(CloudboxError, match="attached by run run-iscsi-1"):
             attach.export_for_run("iscsi:ebs", "qemu", run_uuid="run-j", work_dir=state / "work" / "run-j",
                                   size_bytes=8 * MIB, conn=libvirt_conn)

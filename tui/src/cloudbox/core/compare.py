@@ -364,13 +364,14 @@ def driver_label(run: Run) -> str:
     return f"{bus_label(run)}, {backing}"
 
 
-def _volume_baseline_driver(run: Run) -> str:
+def _volume_baseline_driver(run: Run, labels: Iterable[str] = ()) -> str:
     """How the host domain reached a network volume for the baseline: 'NBD, fio nbd engine (user space)'."""
     scheme = knobs(run).volume.split(":", 1)[0]
     if scheme == "nbd":
         return "NBD, fio nbd engine (user space)"
-    if scheme == "iscsi":
-        return "iSCSI, libiscsi's iscsi-perf (user space)"
+    if scheme == "iscsi":  # a test's rows say which reader measured it
+        return ("iSCSI, libiscsi's iscsi-perf (user space)" if "iscsi-perf" in labels else
+                "iSCSI, QEMU's libiscsi via qemu-nbd, fio nbd engine (user space)")
     if scheme == "nfs":  # a back-end's host on the front-end's export
         return f"NFSv{knobs(run).nfs_vers}, the host's kernel client ({knobs(run).nfs_writes})"
     return f"{_VOLUME_SCHEMES.get(scheme, scheme or '?')}, host initiator"
@@ -535,7 +536,8 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
                         "run": ",".join(f"#{r.id}" for r, _ in bases) + (" sum" if n > 1 else ""),
                         "vmm": host if host != "none" else ("host domain" if from_host else "none"),
                         "target": target,
-                        "driver": _volume_baseline_driver(bases[0][0]) if from_host else
+                        "driver": _volume_baseline_driver(bases[0][0], {lab for m in ms_b for lab in m.labels})
+                        if from_host else
                         ("the export's directory, no NFS" if storage and any(NFS_BASELINE_LABEL in m.labels
                                                                               for m in ms_b) else "-"),
                         "value": _mean(m.value for m in ms_b),

@@ -215,7 +215,15 @@ def parse_start_stamp(text: str) -> float:
 
 def is_nbd_uri(target: str) -> bool:
     """A volume reached through fio's nbd engine (libnbd, user space) rather than a file or device."""
-    return target.startswith(("nbd://", "nbds://"))
+    return target.startswith(("nbd://", "nbds://", "nbd+unix://"))
+
+
+def nbd_measures(t: StorageTest) -> str:
+    """Why fio's nbd engine cannot run `t` on a volume ('' when it can: fio's tests, and dd's pattern)."""
+    if t.tool in IOZONE_TOOLS or t.tool == "bonnie":
+        return (f"{'IOzone' if t.tool in IOZONE_TOOLS else 'Bonnie++'} needs a file or a file system on a local disk, "
+                "and the host domain reaches this volume through fio's nbd engine")
+    return ""
 
 
 def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool = False) -> list[str]:

@@ -35,10 +35,11 @@ def _test_labels_after_drops(ctx: RunContext, side: str, t: storage.StorageTest,
 
 
 def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callable[[], storage.FioResult],
-                 guest_drop: Callable[[], None] = lambda: None, note: str = "") -> None:
+                 guest_drop: Callable[[], None] = lambda: None, note: str = "", labels: Sequence[str] = ()) -> None:
     """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache).
-    `note` (why it was measured again) goes into the raw output."""
-    tl = _test_labels_after_drops(ctx, side, t, (guest_drop,))
+    `note` (why it was measured again) goes into the raw output; `labels` (how this test was measured) join the
+    run's."""
+    tl = [*_test_labels_after_drops(ctx, side, t, (guest_drop,)), *labels]
     ctx.current_test = f"{side}:{t.id}"
     ctx.sink.step(f"{side}: {t.id}", side=side, test=t.id)
     # The 1 s sampler feeds the live timeline; the measurement gets the counters at the test's start and end.

@@ -10,10 +10,11 @@ that exists (`VolumeExport.serve()`), the guest's `aoe` driver reads it; no base
 iSCSI with CHAP (tgtd, this box's CHAP secret and initiator name) attached by QEMU's libiscsi driver (disk.attach =
 qemu), which logs in with a libvirt secret made for the run, or by the guest's own initiator (disk.attach = guest:
 the kernel's iscsi_tcp and open-iscsi's iscsistart, logging in with the same CHAP secret over its NIC); its baseline
-is the target read from the host domain by libiscsi's iscsi-perf (reads only). NFS (nfs:<name>, disk.attach = guest):
-not a stored volume but a fresh directory in the run's work directory, exported by nfs-ganesha on the guest's bridge
-and mounted by the guest's NFSv4 client; the baseline runs on a file in that directory from the host domain, without
-NFS (this kernel has no NFS client).
+is the target from the host domain through libiscsi: iscsi-perf's direct reads, the rest through QEMU's libiscsi in
+qemu-nbd, measured by fio's nbd engine. NFS (nfs:<name>, disk.attach = guest): not a stored volume but a fresh
+directory in the run's work directory, exported by nfs-ganesha on the guest's bridge and mounted by the guest's NFSv4
+client; the baseline runs on a file in that directory from the host domain, without NFS (this kernel has no NFS
+client); on a back-end, the front-end serves it and the back-end's host mounts it for the baseline.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ GUEST_SCHEMES = ("aoe", "nbd", "iscsi", "nfs")
 # scheme -> (server, Debian package)
 SERVERS = {"nbd": ("qemu-nbd", "qemu-utils"), "aoe": ("vblade", "vblade"), "iscsi": ("tgtd", "tgt"),
            "nfs": ("ganesha.nfsd", "nfs-ganesha")}
+# how an iSCSI baseline test reached the target: libiscsi's iscsi-perf itself, or QEMU's libiscsi in qemu-nbd
+ISCSI_READER_LABELS = {"direct": "iscsi-perf", "relay": "libiscsi-relay"}
 NFS_BASELINE_LABEL = "nfs-export-dir"  # the baseline ran on the export's directory on the server's disk, not over NFS
 NFS_HOST_MOUNT = "nfs-host"  # in a back-end's run work directory: where its host mounts the front-end's export
 QEMU_ATTACH = ("nbd", "iscsi")  # the schemes disk.attach = qemu serves here
@@ -364,7 +367,7 @@ def _for_iscsi(name: str, path: str, vol_bytes: int, attach: str, run_uuid: str,
     if attach == "qemu":
         store.network = backing.NetworkSource("iscsi", exp.target, exp.host, exp.port, tls=False,
                                               initiator=creds.initiator, auth_user=creds.user, auth_usage=usage)
-    store.baseline_labels = [BASELINE_LABEL, "iscsi-perf"]
+    store.baseline_labels = [BASELINE_LABEL]  # and per test how the host domain reached it: ISCSI_READER_LABELS
     if dev is None:
         store.labels.append("no-host-metrics")
     where = "127.0.0.1 only" if attach == "qemu" else "served on the guest's bridge only"

@@ -296,12 +296,81 @@ def reap_secrets(conn, live_runs: set[str], known_runs: set[str]) -> list[str]:
     return gone
 
 
-# -- the baseline: the same target read from the host domain ------------------------------------------------------
+# -- the baseline: the same target from the host domain -----------------------------------------------------------
+RELAY_EXPORT = "lun"  # the relay's NBD export name
+
+
+@dataclass
+class HostRelay(procs.ServedByChild):
+    """The target as the host domain's benchmark reaches it: QEMU's own libiscsi initiator (the one disk.attach =
+    qemu uses), logged in with CHAP inside qemu-nbd, which serves the LUN to fio's nbd engine on a unix socket in a
+    0700 directory. No kernel initiator is needed (the build machines have none), and every fio test runs."""
+
+    socket: Path
+    work_dir: Path = field(repr=False)
+    child: procs.Child | None = field(default=None, repr=False)
+
+    @property
+    def uri(self) -> str:
+        return f"nbd+unix:///{RELAY_EXPORT}?socket={self.socket}"
+
+    def stop(self) -> None:
+        """Log out (qemu-nbd ends its session as it exits) and remove the socket, the secret and the log. Safe to
+        call twice."""
+        if self.child is not None:
+            self.child.stop()
+            self.child = None
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def relay_problem() -> str:
+    """Why the host domain cannot reach an iSCSI target here ('' when it can)."""
+    if shutil.which("qemu-nbd") is None:
+        return "this host has no qemu-nbd (Debian package qemu-utils)"
+    if qemu_driver() is None:
+        return "this host has no QEMU iSCSI driver (block-iscsi.so, Debian package qemu-block-extra)"
+    return ""
+
+
+def relay_args(exp: IscsiExport, creds: Chap, secret_file: Path, socket: Path) -> list[str]:
+    """qemu-nbd serving `exp`'s LUN, reached through libiscsi with this box's CHAP identity; the secret is read from
+    `secret_file`, never given on the command line."""
+    lun = ",".join(f"file.{k}={v}" for k, v in (
+        ("driver", "iscsi"), ("transport", "tcp"), ("portal", f"{exp.host}:{exp.port}"), ("target", exp.iqn),
+        ("lun", LUN), ("user", creds.user), ("password-secret", "chap0"), ("initiator-name", creds.initiator)))
+    return ["qemu-nbd", "--object", f"secret,id=chap0,file={secret_file}", "--image-opts", f"driver=raw,{lun}",
+            f"--socket={socket}", f"--export-name={RELAY_EXPORT}", "--persistent", "--shared=16", "--cache=none",
+            "--aio=threads"]
+
+
+def host_relay(exp: IscsiExport, creds: Chap, work_dir: Path) -> HostRelay:
+    """The relay for `exp`, once qemu-nbd has logged in and serves (`work_dir` made here, 0700, removed by
+    `stop()`); a refused login names what libiscsi said, and nothing is left."""
+    problem = relay_problem()
+    if problem:
+        raise CloudboxError(problem)
+    work_dir.mkdir(mode=0o700)
+    relay = HostRelay(work_dir / "nbd.sock", work_dir)
+    try:
+        secret = work_dir / "chap.secret"
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(creds.secret)
+        # qemu-nbd logs in before it makes the socket: the socket is the login's success
+        relay.child = procs.Child.start(relay_args(exp, creds, secret, relay.socket), log=work_dir / "qemu-nbd.log",
+                                        ready=lambda _pid: relay.socket.exists(), serving=f"the target {exp.iqn}",
+                                        ready_is=f"log in to {exp.host}:{exp.port} and serve {relay.socket}",
+                                        timeout=START_TIMEOUT)
+    except BaseException:
+        relay.stop()
+        raise
+    return relay
+
+
+# iscsi-perf: libiscsi's own reader, straight to the target (no relay between): the reads it can do
 PERF_BLOCK = 512  # the LUN's block size (tgtd's default); iscsi-perf counts transfers in blocks
 PERF_STOP_S = 10.0  # how long iscsi-perf may take to print its average after SIGINT
 PERF_MAX_FILL = 4  # the largest volume, in test sizes, laid with data for the baseline's reads
-PERF_LIMITS = ("libiscsi's iscsi-perf, the host domain's only reader of the target here, reads only (direct, whole "
-               "blocks), and fio here has no libiscsi engine")
 _PERF_AVG = re.compile(r"iops average (\d+)")
 
 
