@@ -232,3 +232,22 @@ def test_a_front_end_without_a_private_network_refuses_an_nfs_run_on_a_node(stat
         mirror.serve_nfs(ctx, there)
     ctx.spec = RunSpec(profile="nfs-async-tcp", suite="network", node="be1")
     mirror.serve_nfs(ctx, there)  # no storage tests: nothing to export
+
+
+def test_results_show_names_both_mounts_of_a_back_ends_run(state, capsys):
+    from cloudbox import cli
+    from cloudbox.core.provenance import VolumeInfo
+
+    guest = "10.73.0.1:/cloudbox/share /mnt/nfs nfs4 rw,vers=4.2,addr=10.73.0.1 0 0"
+    host = "10.73.0.1:/cloudbox/share /var/lib/cloudbox/work/run-x/nfs-host nfs4 rw,vers=4.2,addr=10.73.0.1 0 0"
+    with ResultStore() as store:
+        one = store.create_run(profile_name="nfs-async-tcp-9000", node="be1", provenance=Provenance(
+            volume=VolumeInfo(name="share", scheme="nfs", attach="guest", mount=guest, host_mount=host,
+                              baseline="the same export mounted by this back-end's host")))
+        other = store.create_run(profile_name="nfs-async-tcp", provenance=Provenance(
+            volume=VolumeInfo(name="share", scheme="nfs", attach="guest", mount=guest)))
+    assert cli.main(["results", "show", str(one)]) == 0
+    out = capsys.readouterr().out
+    assert f"  guest mount  {guest}\n  host mount   {host}\n" in out, out
+    assert cli.main(["results", "show", str(other)]) == 0
+    assert "host mount" not in capsys.readouterr().out  # one box: its host serves and does not mount

@@ -191,6 +191,8 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
                      f"{v.tls or 'none'}{io}")
         if v.mount:
             lines.append(f"  guest mount  {v.mount}")
+        if v.host_mount:  # a back-end's host on the front-end's export, for the baseline
+            lines.append(f"  host mount   {v.host_mount}")
         lines.append(f"  baseline     {v.baseline or '-'}")
     if p.raid is not None:
         r = p.raid
