@@ -588,7 +588,7 @@ class HostRunner:
                 out, err = procs.wait_cancellable(proc, self.cancelled, "a bare-metal bonnie++ run")
                 secs = time.monotonic() - t0
             finally:
-                _umount(mnt)
+                umount(mnt)
         finally:
             os.rmdir(mnt)
         if proc.returncode != 0:
@@ -642,10 +642,15 @@ class HostRunner:
         return parse_dd(t.id, r.stderr)
 
 
-def _umount(mnt: str) -> None:
-    """Unmount `mnt` (a loop device mount detaches its loop device); lazily if something still holds it."""
-    if subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
-        r = subprocess.run(["umount", "-l", mnt], capture_output=True, text=True)
+def umount(mnt: str, timeout: float | None = None) -> None:
+    """Unmount `mnt` (a loop device mount detaches its loop device); lazily if something still holds it, or if the
+    plain unmount takes over `timeout` seconds (an NFS server that stopped answering)."""
+    try:
+        done = subprocess.run(["umount", mnt], capture_output=True, timeout=timeout).returncode == 0
+    except subprocess.TimeoutExpired:
+        done = False
+    if not done:
+        r = subprocess.run(["umount", "-l", mnt], capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise CloudboxError(f"cannot unmount {mnt}: {r.stderr.strip()[-200:]}")
 

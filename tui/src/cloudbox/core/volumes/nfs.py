@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import procs
+from .. import procs, storage
 from ..errors import CloudboxError, GuestError, GuestTimeout
 from ..procs import free_port, listens
 from ..profiles import Nfs
@@ -174,21 +174,23 @@ def mount_on_host(exp: NfsExport, options: str, mount_point: Path) -> str:
     if r.returncode != 0:
         raise CloudboxError(f"this host could not mount {exp.uri} with options {options} (exit {r.returncode}): "
                             f"{(r.stdout + r.stderr).strip()[-300:]}")
-    for line in Path("/proc/mounts").read_text().splitlines():
-        if line.split()[1:2] == [str(mount_point)]:
-            return line
-    raise CloudboxError(f"mount of {exp.uri} returned 0, but {mount_point} is not in /proc/mounts")
+    line = _host_mount_line(mount_point)
+    if not line:
+        raise CloudboxError(f"mount of {exp.uri} returned 0, but {mount_point} is not in /proc/mounts")
+    return line
+
+
+def _host_mount_line(mount_point: Path) -> str:
+    """This host's /proc/mounts line for `mount_point`, '' when nothing is mounted there."""
+    return next((ln for ln in Path("/proc/mounts").read_text().splitlines()
+                 if ln.split()[1:2] == [str(mount_point)]), "")
 
 
 def unmount_on_host(mount_point: Path) -> None:
     """The host's mount of an export gone (lazily when busy: a cancelled test's fio may still hold it), and its
     mount point. Safe when nothing is mounted there."""
-    mounted = any(line.split()[1:2] == [str(mount_point)]
-                  for line in Path("/proc/mounts").read_text().splitlines())
-    if mounted:
-        r = subprocess.run(["umount", str(mount_point)], capture_output=True, text=True, timeout=GUEST_MOUNT_TIMEOUT)
-        if r.returncode != 0:
-            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
+    if _host_mount_line(mount_point):
+        storage.umount(str(mount_point), timeout=GUEST_MOUNT_TIMEOUT)
     with contextlib.suppress(OSError):
         mount_point.rmdir()
 
