@@ -255,13 +255,20 @@ def mount_options(exp: NfsExport, opts: Nfs) -> str:
     return ",".join(out)
 
 
+# Every guest boots the same image under the same host name, and NFSv4 tells clients apart by their owner string
+# ("Linux NFSv4.2 <host name>"): without an id of its own, the server takes two guests for one client and their
+# state collides (fsync then fails with EIO). A random id per boot, set before the client's first mount.
+UNIQUE_CLIENT = ("p=/sys/module/nfs/parameters/nfs4_unique_id; { [ ! -w $p ] || [ -n \"$(cat $p)\" ] || "
+                 "cat /proc/sys/kernel/random/uuid > $p; }")
+
+
 def mount_in_guest(guest, exp: NfsExport, options: str) -> str:
     """In the benchmark guest (its NIC already has its address): the nfsv4 client loaded and `exp` mounted on
     MOUNT_POINT with `options`; returns the mount's line in /proc/mounts (the options the kernel settled on)."""
     q = shlex.quote
     try:
-        p = guest.sh(f"modprobe nfsv4 && mkdir -p {MOUNT_POINT} && mount -t nfs4 -o {q(options)} {q(exp.target)} "
-                     f"{MOUNT_POINT} </dev/null 2>&1", timeout=GUEST_MOUNT_TIMEOUT)
+        p = guest.sh(f"modprobe nfsv4 && {UNIQUE_CLIENT} && mkdir -p {MOUNT_POINT} && mount -t nfs4 -o {q(options)} "
+                     f"{q(exp.target)} {MOUNT_POINT} </dev/null 2>&1", timeout=GUEST_MOUNT_TIMEOUT)
     except GuestTimeout as e:
         raise CloudboxError(f"the guest's mount of {exp.uri} ({options}) did not return within "
                             f"{GUEST_MOUNT_TIMEOUT:.0f} s{_why(guest, exp)}") from e
