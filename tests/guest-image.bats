@@ -48,10 +48,10 @@ guest_exec() {
     local b=$BATS_FILE_TMPDIR/b
     run "$BUILDER" --output "$b" --quiet
     assert_success
-    for f in vmlinuz vmlinux initrd.img initrd.cpio manifest.json; do
+    for f in vmlinuz vmlinux initrd.img initrd.cpio mpi.cpio mpi.img manifest.json; do
         assert_file_exists "$b/$f"
     done
-    for f in vmlinuz vmlinux initrd.img initrd.cpio; do
+    for f in vmlinuz vmlinux initrd.img initrd.cpio mpi.cpio; do
         [ "$(sha256sum < "$GUEST_DIR/$f")" = "$(sha256sum < "$b/$f")" ]
     done
     # QEMU boots the uncompressed pair: the same root, the same kernel
@@ -68,8 +68,10 @@ for p in ("fio", "netperf", "iperf3", "qemu-guest-agent", "busybox-static", "ipu
           "bonnie++", "e2fsprogs"):
     assert p in pk and pk[p], p
 assert m["kernel_package"] in pk and m["kernel_package"] == "linux-image-" + m["kernel_version"]
-for f in ("vmlinuz", "vmlinux", "initrd.img", "initrd.cpio"):
+for f in ("vmlinuz", "vmlinux", "initrd.img", "initrd.cpio", "mpi.cpio", "mpi.img"):
     assert m["sha256"][f] == hashlib.sha256(open(f"{d}/{f}", "rb").read()).hexdigest(), f
+for p in ("openmpi-bin", "libopenmpi3", "dropbear-bin", "libopenmpi-dev"):  # the last: cloudbox-mpiio's headers
+    assert m["mpi_packages"].get(p), p
 assert isinstance(m["source_date_epoch"], int) and m["source_date_epoch"] > 1600000000
 assert len(m["builder_hash"]) == 64
 for mod in ("virtio_blk", "virtio_net", "virtio_console", "virtio_scsi", "sd_mod", "sym53c8xx",
@@ -81,20 +83,27 @@ fb = m["built_from_source"]["fio"]
 assert fb["version"] == pk["fio"], fb
 assert {"--disable-rbd", "--disable-rados", "--disable-gfapi", "--disable-rdma", "--disable-pmem"} <= set(fb["configure"])
 assert "--enable-libnbd" not in fb["configure"]
-data, names, i = open(f"{d}/initrd.cpio", "rb").read(), set(), 0
-while True:
-    h = data[i:i + 110]
-    nsz, fsz = int(h[94:102], 16), int(h[54:62], 16)
-    name = data[i + 110:i + 110 + nsz - 1].decode()
-    if name == "TRAILER!!!":
-        break
-    names.add(name.rsplit("/", 1)[-1])
-    i = (i + 110 + nsz + 3) & ~3
-    i = (i + fsz + 3) & ~3
+def cpio_names(path):
+    data, names, i = open(path, "rb").read(), set(), 0
+    while True:
+        h = data[i:i + 110]
+        nsz, fsz = int(h[94:102], 16), int(h[54:62], 16)
+        name = data[i + 110:i + 110 + nsz - 1].decode()
+        if name == "TRAILER!!!":
+            return names
+        names.add(name.rsplit("/", 1)[-1])
+        i = (i + 110 + nsz + 3) & ~3
+        i = (i + fsz + 3) & ~3
+names = cpio_names(f"{d}/initrd.cpio")
 assert "fio" in names and "libaio.so.1" in names
 bad = [n for n in names if n.startswith(("libicudata", "librbd", "librados", "libgfapi", "libnbd", "libpmem",
                                          "libibverbs", "librdmacm"))]
 assert not bad, bad
+mpi = cpio_names(f"{d}/mpi.cpio")  # the MPI layer: TCP between guests, no fabric libraries, nothing of the image's
+assert {"orterun", "orted", "cloudbox-mpiio", "dbclient", "dropbear", "libmpi.so.40", "mca_btl_tcp.so"} <= mpi, mpi
+bad = [n for n in mpi if n.startswith(("libucp", "libfabric", "libibverbs", "libpsm", "mca_pml_ucx", "mca_btl_openib"))]
+assert not bad, bad
+assert not {"fio", "libc.so.6", "busybox"} & mpi
 print(m["kernel_version"], m["bytes"]["initrd.img"])
 PY
     assert_success
