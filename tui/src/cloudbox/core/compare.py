@@ -33,7 +33,7 @@ from .fairness import spread
 from .network import FRONTEND_SUFFIX
 from .results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
 from .runspec import PROPAGATE_PREFIX
-from .storage import RECORD_SIZES
+from .storage import MPI_TESTS, RECORD_SIZES
 
 EMULATED_MARK = "*"
 MEAN_BASELINE_MARK = "^"
@@ -197,6 +197,12 @@ def test_title(test: str) -> str:
         return ("IOzone's automatic mode over record and file sizes, 64 kB to 16 MB records: write MB/s of the largest "
                 "file with the largest records (every pass of every file and record size stored beside it), O_DIRECT "
                 "[iozone-grid]")
+    if base_test(test) in MPI_TESTS:
+        api, layout = test.split("-")[:2]
+        return (f"{'MPI-IO' if api == 'mpiio' else 'POSIX'} across guests, one MPI job, "
+                f"{'one shared file' if layout == 'shared' else 'a file per process'}, 1 MiB transfers: written "
+                "(fsync before close), then, caches dropped, read back (on a shared export by the next rank) "
+                f"(cloudbox-mpiio: IOR's parameters, not IOR) [{test}]")
     if test == "bonnie":
         return ("Bonnie++: sequential block write (MB/s; rewrite, read, %CPU and file creations and deletions per "
                 "second stored beside it), on ext4 through the page cache [bonnie]")
@@ -475,16 +481,28 @@ def spread_note(r: Run, test: str, metric: str) -> str | None:
     if not guests:
         return None
     g = spread([m.value for m in guests])
-    note = (f"#{r.id} {test}: {g.n} guests, sum {g.total:.1f} {metric}; per guest min {g.min:.1f} / median "
-            f"{g.median:.1f} / max {g.max:.1f}; Jain's fairness index {g.jain:.3f}")
+    if base_test(test) in MPI_TESTS:  # one job: its own aggregate, each rank timed over its own share
+        job = r.measurement("guest", test, metric)
+        note = (f"#{r.id} {test}: one MPI job, a rank in each of {g.n} guests, "
+                f"{'-' if job is None else f'{job.value:.1f}'} {metric} (all bytes over the job's time); per rank "
+                f"(over its own time) min {g.min:.1f} / median {g.median:.1f} / max {g.max:.1f}; Jain's fairness "
+                f"index {g.jain:.3f}")
+    else:
+        note = (f"#{r.id} {test}: {g.n} guests, sum {g.total:.1f} {metric}; per guest min {g.min:.1f} / median "
+                f"{g.median:.1f} / max {g.max:.1f}; Jain's fairness index {g.jain:.3f}")
     info = r.provenance.guests
     if info is not None and test in info.skew_s:
         note += f"; start skew {info.skew_s[test] * 1000:.0f} ms"
     base = r.instances("baseline", test, metric)
     if base:
         b = spread([m.value for m in base])
-        note += (f". Bare metal, {b.n} processes: sum {b.total:.1f}, min {b.min:.1f} / median {b.median:.1f} / max "
-                 f"{b.max:.1f}, Jain {b.jain:.3f}")
+        if base_test(test) in MPI_TESTS:
+            job = r.measurement("baseline", test, metric)
+            note += (f". Bare metal, one job of {b.n} ranks: {'-' if job is None else f'{job.value:.1f}'}, per rank "
+                     f"min {b.min:.1f} / median {b.median:.1f} / max {b.max:.1f}, Jain {b.jain:.3f}")
+        else:
+            note += (f". Bare metal, {b.n} processes: sum {b.total:.1f}, min {b.min:.1f} / median {b.median:.1f} / "
+                     f"max {b.max:.1f}, Jain {b.jain:.3f}")
     return note
 
 
@@ -508,96 +526,99 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
 
     for test in sorted(tests, key=test_sort_key):
         metrics = [m.metric for r in runs for m in r.measurements if m.test == test]
-        metric = primary_metric(test, metrics)
-        section = Section(test, test_title(test), metric, _columns(test, metric))
-        storage = is_storage_test(test)
-        groups: dict[tuple[str, str, str, int], list[Run]] = {}
-        for r in runs:
-            if r.measurement("guest", test, metric) or r.measurement("baseline", test, metric):
-                ms = [m for m in r.measurements if m.test == test]
-                target = target_label(r) if storage else _net_target(r, ms)
-                bm = r.measurement("baseline", test, metric)
-                host = "dom0" if bm is not None and "dom0" in bm.labels else "none"
-                # a baseline of N processes is never averaged with one of another N
-                groups.setdefault((r.node or "", target, host, guest_count(r)), []).append(r)
-        for (_node, target, host, n), members in groups.items():
-            bases: list[tuple[Run, Measurement]] = []
-            for r in members:
-                bm = r.measurement("baseline", test, metric)
-                if bm is not None:
-                    bases.append((r, bm))
-            if bases:
-                ms_b = [m for _, m in bases]
-                from_host = storage and any(VOLUME_BASELINE_LABEL in m.labels for m in ms_b)
-                row = Row(
-                    kind="baseline",
-                    run_ids=[r.id for r, _ in bases],
-                    cells={
-                        "run": ",".join(f"#{r.id}" for r, _ in bases) + (" sum" if n > 1 else ""),
-                        "vmm": host if host != "none" else ("host domain" if from_host else "none"),
-                        "target": target,
-                        "driver": _volume_baseline_driver(bases[0][0], {lab for m in ms_b for lab in m.labels})
-                        if from_host else
-                        ("the export's directory, no NFS" if storage and any(NFS_BASELINE_LABEL in m.labels
-                                                                              for m in ms_b) else "-"),
-                        "value": _mean(m.value for m in ms_b),
-                        "pct": None,
-                    },
-                    labels=sorted({lab for m in ms_b for lab in m.labels if lab != "emulated"}),
-                )
-                if storage:
-                    row.cells.update(
-                        avgrq=_mean(m.host_avgrq_sectors for m in ms_b),
-                        avgqu=_mean(m.host_avgqu for m in ms_b),
-                        util=_mean(m.host_util for m in ms_b),
+        # an MPI job's read phase is a figure of its own (its write is the primary)
+        for metric in [primary_metric(test, metrics), *(["read MB/s"] if base_test(test) in MPI_TESTS else [])]:
+            section = Section(test, test_title(test) + (" - the read job" if metric == "read MB/s" else ""), metric,
+                              _columns(test, metric))
+            storage = is_storage_test(test)
+            groups: dict[tuple[str, str, str, int], list[Run]] = {}
+            for r in runs:
+                if r.measurement("guest", test, metric) or r.measurement("baseline", test, metric):
+                    ms = [m for m in r.measurements if m.test == test]
+                    target = target_label(r) if storage else _net_target(r, ms)
+                    bm = r.measurement("baseline", test, metric)
+                    host = "dom0" if bm is not None and "dom0" in bm.labels else "none"
+                    # a baseline of N processes is never averaged with one of another N
+                    groups.setdefault((r.node or "", target, host, guest_count(r)), []).append(r)
+            for (_node, target, host, n), members in groups.items():
+                bases: list[tuple[Run, Measurement]] = []
+                for r in members:
+                    bm = r.measurement("baseline", test, metric)
+                    if bm is not None:
+                        bases.append((r, bm))
+                if bases:
+                    agg = "job" if base_test(test) in MPI_TESTS else "sum"
+                    ms_b = [m for _, m in bases]
+                    from_host = storage and any(VOLUME_BASELINE_LABEL in m.labels for m in ms_b)
+                    row = Row(
+                        kind="baseline",
+                        run_ids=[r.id for r, _ in bases],
+                        cells={
+                            "run": ",".join(f"#{r.id}" for r, _ in bases) + (f" {agg}" if n > 1 else ""),
+                            "vmm": host if host != "none" else ("host domain" if from_host else "none"),
+                            "target": target,
+                            "driver": _volume_baseline_driver(bases[0][0], {lab for m in ms_b for lab in m.labels})
+                            if from_host else
+                            ("the export's directory, no NFS" if storage and any(NFS_BASELINE_LABEL in m.labels
+                                                                                  for m in ms_b) else "-"),
+                            "value": _mean(m.value for m in ms_b),
+                            "pct": None,
+                        },
+                        labels=sorted({lab for m in ms_b for lab in m.labels if lab != "emulated"}),
                     )
-                if len(bases) > 1:
-                    row.markers.append(MEAN_BASELINE_MARK)
-                    note = (
-                        f"{MEAN_BASELINE_MARK} bare-metal row of {', '.join(f'#{r.id}' for r, _ in bases)}: "
-                        "mean of those runs' own baselines; each run's % uses its own baseline"
+                    if storage:
+                        row.cells.update(
+                            avgrq=_mean(m.host_avgrq_sectors for m in ms_b),
+                            avgqu=_mean(m.host_avgqu for m in ms_b),
+                            util=_mean(m.host_util for m in ms_b),
+                        )
+                    if len(bases) > 1:
+                        row.markers.append(MEAN_BASELINE_MARK)
+                        note = (
+                            f"{MEAN_BASELINE_MARK} bare-metal row of {', '.join(f'#{r.id}' for r, _ in bases)}: "
+                            "mean of those runs' own baselines; each run's % uses its own baseline"
+                        )
+                        if note not in mean_baselines:
+                            mean_baselines.append(note)
+                    section.rows.append(row)
+                    for r, _ in bases:
+                        section.rows += instance_rows(r, "baseline", test, metric, storage)
+                for r in members:
+                    m = r.measurement("guest", test, metric)
+                    if m is None:
+                        continue
+                    row = Row(
+                        kind="guest",
+                        run_ids=[r.id],
+                        cells={
+                            "run": f"#{r.id}",
+                            "vmm": vmm_label(r),
+                            "target": target,
+                            "driver": driver_label(r) if storage else _nic(r),
+                            "value": m.value,
+                            "pct": percent_of_baseline(r, test, metric),
+                        },
+                        emulated=r.emulated,
+                        labels=[lab for lab in m.labels if lab != "emulated"],
                     )
-                    if note not in mean_baselines:
-                        mean_baselines.append(note)
-                section.rows.append(row)
-                for r, _ in bases:
-                    section.rows += instance_rows(r, "baseline", test, metric, storage)
-            for r in members:
-                m = r.measurement("guest", test, metric)
-                if m is None:
-                    continue
-                row = Row(
-                    kind="guest",
-                    run_ids=[r.id],
-                    cells={
-                        "run": f"#{r.id}",
-                        "vmm": vmm_label(r),
-                        "target": target,
-                        "driver": driver_label(r) if storage else _nic(r),
-                        "value": m.value,
-                        "pct": percent_of_baseline(r, test, metric),
-                    },
-                    emulated=r.emulated,
-                    labels=[lab for lab in m.labels if lab != "emulated"],
-                )
-                if storage:
-                    row.cells.update(_host_cells(m))
-                if r.emulated:
-                    row.markers.append(EMULATED_MARK)
-                    any_emulated = True
-                    any_nested = any_nested or r.accelerator == "nested-kvm"
-                cav = [lab for lab in m.labels if lab in CAVEAT_LABELS]
-                if cav:
-                    row.markers.append(CAVEAT_MARK)
-                    caveats.setdefault(r.id, set()).update(cav)
-                if guest_count(r) > 1:
-                    row.cells["run"] = f"#{r.id} sum"
-                section.rows.append(row)
-                section.rows += instance_rows(r, "guest", test, metric, storage)
-                if (spread_line := spread_note(r, test, metric)) is not None:
-                    spreads.append(spread_line)
-        if section.rows:
-            table.sections.append(section)
+                    if storage:
+                        row.cells.update(_host_cells(m))
+                    if r.emulated:
+                        row.markers.append(EMULATED_MARK)
+                        any_emulated = True
+                        any_nested = any_nested or r.accelerator == "nested-kvm"
+                    cav = [lab for lab in m.labels if lab in CAVEAT_LABELS]
+                    if cav:
+                        row.markers.append(CAVEAT_MARK)
+                        caveats.setdefault(r.id, set()).update(cav)
+                    if guest_count(r) > 1:
+                        row.cells["run"] = f"#{r.id} {'job' if base_test(test) in MPI_TESTS else 'sum'}"
+                    section.rows.append(row)
+                    section.rows += instance_rows(r, "guest", test, metric, storage)
+                    if (spread_line := spread_note(r, test, metric)) is not None:
+                        spreads.append(spread_line)
+            if section.rows:
+                table.sections.append(section)
 
     if any_emulated:
         table.footnotes.append(NESTED_NOTE if any_nested else EMULATED_NOTE)
@@ -628,8 +649,9 @@ def guest_sweep_table(runs: Sequence[Run]) -> Table:
     any_emulated = False
     for test in sorted(tests, key=test_sort_key):
         metric = primary_metric(test, [m.metric for r in runs for m in r.measurements if m.test == test])
+        agg = "job" if base_test(test) in MPI_TESTS else "sum"  # an MPI job's own aggregate, not its ranks' sum
         columns = [Column("run", "run", "run"), Column("guests", "guests", "N", True),
-                   Column("value", f"sum {metric}", f"sum {metric}", True), Column("min", "min", "min", True),
+                   Column("value", f"{agg} {metric}", f"{agg} {metric}", True), Column("min", "min", "min", True),
                    Column("median", "median", "median", True), Column("max", "max", "max", True),
                    Column("jain", "Jain's index", "Jain", True), Column("skew", "start skew ms", "skew ms", True),
                    Column("base", f"bare metal {metric}", "bare", True),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,29 @@ class GuestImage:
             if memory_mib * MIB >= 2 * cpio.stat().st_size + CPIO_HEADROOM_MIB * MIB:
                 return cpio
         return self.initrd
+
+    @property
+    def mpi_layer(self) -> Path:
+        """The MPI layer (Open MPI, dropbear, cloudbox-mpiio), appended to the initramfs for runs with MPI tests."""
+        layer = self.directory / "mpi.cpio"
+        if not layer.exists():
+            raise GuestError(f"the benchmark guest image in {self.directory} has no MPI layer (mpi.cpio): it is "
+                             "older than the MPI tests; rebuild it with 'make guest-image' "
+                             "(appliance/guest/build-guest-image)")
+        return layer
+
+    def write_mpi_initrd(self, domain_type: str, memory_mib: int, dest: Path) -> Path:
+        """`dest`: the initramfs boot_initrd picks with the MPI layer appended (the kernel unpacks both)."""
+        layer = self.mpi_layer
+        base = self.boot_initrd(domain_type, memory_mib)
+        with dest.open("wb") as out:
+            with base.open("rb") as f:
+                shutil.copyfileobj(f, out, 1 << 20)
+            out.write(b"\0" * (-out.tell() % 4))  # the kernel takes an uncompressed archive at a 4-byte boundary
+            with layer.open("rb") as f:
+                shutil.copyfileobj(f, out, 1 << 20)
+        dest.chmod(0o644)  # QEMU runs as libvirt-qemu
+        return dest
 
     @property
     def kernel_version(self) -> str:

@@ -86,6 +86,10 @@ class RunSpec:
             opt.validate(getattr(self, opt.field))
         if self.wants_storage:
             _check_records_fit(self.storage_tests, self.size)
+            mpi = [t.id for t in storage.resolve_tests(self.storage_tests) if t.tool == storage.MPI_TOOL]
+            if mpi and self.guests < 2:
+                raise UsageError(f"storage test(s) {', '.join(mpi)} run one MPI job across guests; allowed: --guests 2 "
+                                 "or more, or --tests without them")
         if not isinstance(self.propagate, list):
             raise UsageError(f"image sizes to propagate {self.propagate!r} are not allowed; allowed: a list of sizes "
                              "in bytes")
@@ -100,6 +104,11 @@ class RunSpec:
     @property
     def wants_storage(self) -> bool:
         return self.suite in ("storage", "all")
+
+    @property
+    def wants_mpi(self) -> bool:
+        """An MPI job among the storage tests: the guests boot with the MPI layer and talk on the run's bridge."""
+        return self.wants_storage and any(t.tool == storage.MPI_TOOL for t in storage.resolve_tests(self.storage_tests))
 
     @property
     def wants_network(self) -> bool:

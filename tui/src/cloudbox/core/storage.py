@@ -49,7 +49,9 @@ class StorageTest:
     @property
     def program(self) -> str:
         """The program the test runs (what the guest must have)."""
-        return "iozone" if self.tool in IOZONE_TOOLS else {"dd": "dd", "bonnie": "bonnie++"}.get(self.tool, "fio")
+        if self.tool in IOZONE_TOOLS:
+            return "iozone"
+        return {"dd": "dd", "bonnie": "bonnie++", MPI_TOOL: "cloudbox-mpiio"}.get(self.tool, "fio")
 
     @property
     def engine(self) -> str:
@@ -75,6 +77,9 @@ IOZONE_GRID = "iozone-grid"
 IOZONE_GRID_MIN_RECORD = "64k"
 IOZONE_SWEEPS = ("iozone-files", IOZONE_GRID)  # tools whose run is IOzone's automatic mode
 IOZONE_TOOLS = ("iozone", *IOZONE_SWEEPS)
+# One MPI job across the run's guests (core.mpiio): write then read back with 1 MiB transfers, IOR's way.
+MPI_TOOL = "mpiio"
+MPI_TESTS = ("mpiio-shared-1m", "mpiio-fpp-1m", "posix-shared-1m")
 
 TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("seq-write-64k", "write", "64k"),
@@ -98,6 +103,8 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest(IOZONE_GRID, "write", "16m", sync=True, tool=IOZONE_GRID),
     # Bonnie++ (study B): its own write, rewrite and read of one file, then its file creations and deletions.
     StorageTest("bonnie", "write", "8k", tool="bonnie"),
+    # a write job, then (caches dropped) a read job: both phases' caches and labels as a read test's
+    *(StorageTest(tid, "write,read", "1m", tool=MPI_TOOL) for tid in MPI_TESTS),
 ]}
 
 TEST_SETS: dict[str, list[str]] = {
@@ -110,7 +117,7 @@ TEST_SETS: dict[str, list[str]] = {
     # Nor Bonnie++, which makes a file system on the disk and writes, rewrites and reads most of it once more,
     # nor IOzone's grid, which passes over twice the disk 36 times.
     "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS and t not in IOZONE_FILE_TESTS
-             and t not in ("bonnie", IOZONE_GRID)],
+             and t not in ("bonnie", IOZONE_GRID) and t not in MPI_TESTS],
     "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
     "records": list(RECORD_TESTS),
     # Study B's record sizes (64 kB, 1 MB and its 16 MB) with IOzone itself; the whole sweep is `iozone-*` by name.
@@ -118,6 +125,8 @@ TEST_SETS: dict[str, list[str]] = {
     "bonnie": ["bonnie"],
     # IOzone's file-size sweep with the study's 16 MB records; other record sizes by name (iozone-files-SIZE).
     "iozone-files": ["iozone-files-16m"],
+    # across guests only (--guests 2 or more); the shared-file ones on an NFS export
+    "mpi": list(MPI_TESTS),
 }
 
 
@@ -155,7 +164,7 @@ def needs_fill(tests: list[StorageTest]) -> bool:
     """True when a read test comes before any full sequential write has laid down data (an IOzone read lays its own,
     see iozone_fills)."""
     for t in tests:
-        if t.tool == "bonnie":  # writes a file system and three quarters of the disk, not all of it
+        if t.tool in ("bonnie", MPI_TOOL):  # Bonnie++ writes three quarters of the disk; MPI jobs files of their own
             continue
         if t.rw == "write" or t.tool == "iozone":
             return False

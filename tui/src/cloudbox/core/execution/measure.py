@@ -166,6 +166,45 @@ def storage_test_many(ctx: RunContext, side: str, t: storage.StorageTest,
     return parts
 
 
+def storage_job(ctx: RunContext, side: str, t: storage.StorageTest,
+                run: Callable[[], tuple[storage.FioResult, list[storage.FioResult]]],
+                drops: tuple[Callable[[], None], ...] = ()) -> storage.FioResult:
+    """`t` on `side` as one job of N processes (an MPI job: `run` returns its aggregate and each rank's figures):
+    one row per rank, and the run's row with the job's own aggregate (not their sum: the job's bytes over its whole
+    window), with the host disk's counters over that window."""
+    tl = _test_labels_after_drops(ctx, side, t, drops)
+    ctx.current_test = f"{side}:{t.id}"
+    ranks_note = f"{ctx.spec.guests} ranks" if side == "baseline" else f"{ctx.spec.guests} guests"
+    ctx.sink.step(f"{side}: {t.id} (one MPI job, {ranks_note})", side=side, test=t.id)
+    device = ctx.sampler.device if ctx.sampler else None
+    c0 = read_counters(device) if device else None
+    start = time.time()
+    total, ranks = run()
+    end = time.time()
+    ctx.current_test = "idle"
+    host: dict[str, float | None] = dict.fromkeys(("host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util"))
+    if device and c0 is not None:
+        d = delta(c0, read_counters(device), device)
+        host = {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors,
+                "host_avgqu": d.avgqu, "host_util": d.util}
+    none = dict.fromkeys(host)
+    for k, r in enumerate(ranks, 1):
+        for metric, value in measured(r):
+            ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw="", labels=tl,
+                                      started_at=start, finished_at=end, instance=k, **none)
+    raw = total.raw
+    for metric, value in measured(total):
+        ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
+                                  started_at=start, finished_at=end, instance=None, **host)
+        raw = ""
+    for k, r in enumerate(ranks, 1):
+        ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(r.mbps, 2), tuple(tl), instance=k))
+    hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
+    ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(total.mbps, 2), tuple(tl), None, hr["host_mbps"],
+                                   hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+    return total
+
+
 @dataclass
 class NetRan:
     """One guest's (or bare-metal process's) part of a network test run by N at once, as Ran is for storage."""

@@ -17,14 +17,15 @@ export's directory.
 from __future__ import annotations
 
 import functools
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import backing, network, paths, storage
+from .. import backing, mpiio, network, paths, storage
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
-from ..errors import CloudboxError, DiskStalled, GuestUnreachable, NicStalled, UsageError
+from ..errors import CloudboxError, DiskStalled, GuestError, GuestUnreachable, NicStalled, UsageError
 from ..events import ProgressEvent, SampleEvent
 from ..guestimage import CMDLINE
 from ..profiles import Profile, is_nfs
@@ -47,7 +48,7 @@ from .local import (
     unmount_export_on_host,
     volume_info,
 )
-from .measure import NetRan, Ran, net_test_many, storage_test_many
+from .measure import NetRan, Ran, net_test_many, storage_job, storage_test_many
 from .network_steps import configure_nic, plumb
 
 QEMU_OVERHEAD_MIB = 256  # each guest's QEMU beside its RAM (TCG's translation cache, device emulation)
@@ -83,6 +84,12 @@ def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = N
     if profile.guest.hypervisor != "kvm":
         raise UsageError(f"profile {profile.name}: guest.hypervisor = {profile.guest.hypervisor}: --guests {n} runs "
                          "KVM/QEMU guests only for now; allowed: a profile with guest.hypervisor = kvm")
+    shared = [t.id for t in storage.resolve_tests(spec.storage_tests) if t.tool == storage.MPI_TOOL
+              and mpiio.shared(t)] if spec.wants_storage else []
+    if shared and not is_nfs(d):
+        raise UsageError(f"profile {profile.name}: storage test(s) {', '.join(shared)} write one file every guest "
+                         "sees, which a disk of each guest's own is not; allowed: a profile whose disk is an NFS "
+                         "export (disk.volume = nfs:<name>), or mpiio-fpp-1m (a file per process)")
     if spec.node:  # the node checks its own memory and CPUs when its run starts
         return
     g = profile.guest
@@ -201,6 +208,9 @@ def baseline_many(ctx: RunContext) -> None:
         for store in ctx.backings:
             storage.HostRunner(ctx.control.cancelled).fill(store.baseline_target, ctx.size)
     for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+        if t.tool == storage.MPI_TOOL:
+            _host_mpi(ctx, t)
+            continue
         if lay:
             sink.step(f"bare metal: laying down IOzone's data for {t.id}", side="baseline")
             for store in ctx.backings:
@@ -211,6 +221,79 @@ def baseline_many(ctx: RunContext) -> None:
         if not store.is_block:
             Path(store.baseline_target).unlink(missing_ok=True)
     unmount_export_on_host(ctx)
+
+
+def _host_mpi(ctx: RunContext, t: storage.StorageTest) -> None:
+    """`t` on bare metal: one mpirun of N ranks from the image's MPI layer, unpacked into the run's directory once;
+    on a shared export N ranks on one file (or a file each) in its directory, else each rank on its own store's
+    baseline target."""
+    root = ctx.work_dir / "mpi-root"
+    if not root.exists():
+        with ctx.control.atomic():
+            ctx.stack.callback(shutil.rmtree, root, ignore_errors=True)
+            mpiio.host_layer(ctx.image.mpi_layer, ctx.work_dir)
+    n = ctx.spec.guests
+    if ctx.volume is not None:
+        path = str(Path(ctx.backings[0].baseline_target).parent / "cloudbox-mpiio-baseline.dat")
+        parts = {ph: [mpiio.argv(t, path, ctx.size, n, ph)] * n for ph in ("write", "read")}
+    else:
+        path = ""
+        parts = {ph: [mpiio.argv(t, s.baseline_target, ctx.size, n, ph, local=True) for s in ctx.backings]
+                 for ph in ("write", "read")}
+
+    def run() -> tuple[storage.FioResult, list[storage.FioResult]]:
+        try:
+            out = mpiio.run_on_host(root, parts["write"], ctx.control.cancelled, ctx.work_dir)
+            storage.drop_host_caches()
+            out += mpiio.run_on_host(root, parts["read"], ctx.control.cancelled, ctx.work_dir)
+        finally:
+            if path:
+                for f in Path(path).parent.glob(Path(path).name + "*"):
+                    f.unlink(missing_ok=True)
+        res = mpiio.parse(t.id, out)
+        return res.total, res.ranks
+
+    storage_job(ctx, "baseline", t, run)
+
+
+def _guests_mpi(ctx: RunContext, t: storage.StorageTest, runners: list[storage.GuestRunner], disks: list[str],
+                interface: str) -> None:
+    """`t` as MPI jobs across the guests, mpirun in the first: a write job, every cache dropped, a read job. On the
+    shared export one file (or a file each) there; else each rank on its own guest's disk. The ranks must have run
+    one in each guest, in order."""
+    g1, n = runners[0].guest, len(runners)
+    hosts = [mpiio.host_name(k) for k in range(1, n + 1)]
+    local = ctx.volume is None
+    if local and len(set(disks)) != 1:
+        raise CloudboxError(f"{t.id}: the guests' benchmark disks have different names ({', '.join(disks)}); one "
+                            "mpirun command line names one path for every rank")
+    path = disks[0] if local else f"{nfs.MOUNT_POINT}/cloudbox-mpiio.dat"
+    drops = tuple(gr.drop_caches for gr in runners)
+
+    def job(phase: str) -> str:
+        argv = mpiio.mpirun_argv(hosts, mpiio.argv(t, path, ctx.size, n, phase, local=local), interface)
+        r = g1.run(argv, timeout=storage.guest_timeout(t, ctx.size), poll=ctx.control.check)
+        if r.exitcode != 0:
+            raise GuestError(f"mpirun ({t.id}, {phase}) in {g1.name} exited {r.exitcode}: "
+                             f"{(r.stdout + r.stderr).strip()[-600:]}")
+        return r.stdout
+
+    def run() -> tuple[storage.FioResult, list[storage.FioResult]]:
+        out = job("write")
+        storage.drop_host_caches()
+        for drop in drops:
+            drop()
+        out += job("read")
+        if not local:
+            g1.sh(f"rm -f {path} {path}.*", timeout=60)
+        res = mpiio.parse(t.id, out)
+        if res.hosts != hosts:
+            raise GuestError(f"{t.id}: the MPI job's ranks ran on {', '.join(res.hosts)}; expected one in each guest: "
+                             f"{', '.join(hosts)}")
+        ctx.sink.log(f"{t.id}: {res.library.split(',')[0]}, ranks on {', '.join(res.hosts)}")
+        return res.total, res.ranks
+
+    storage_job(ctx, "guest", t, run, drops)
 
 
 def _host_part(ctx: RunContext, t: storage.StorageTest, store: backing.BackingStore, k: int,
@@ -225,6 +308,12 @@ def launch_many(ctx: RunContext) -> None:
     """Every guest under the profile on its own store, launched side by side; names carry the run and the guest's
     number, so no two runs' or guests' names meet."""
     acc, image = ctx.accelerator, ctx.image
+    initrd = image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)
+    if ctx.spec.wants_mpi:  # the image's MPI layer appended, in the run's directory
+        with ctx.control.atomic():
+            initrd = image.write_mpi_initrd(acc.domain_type, ctx.profile.guest.memory_mib,
+                                            ctx.work_dir / "initrd-mpi.cpio")
+            ctx.stack.callback(initrd.unlink, missing_ok=True)
     domains = []
     for k, store in enumerate(ctx.backings, 1):
         name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}-g{k}"
@@ -232,7 +321,7 @@ def launch_many(ctx: RunContext) -> None:
         log = ctx.work_dir / (f"console-g{k}.log" if ctx.volume else f"g{k}/console.log")
         xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
                             kernel=str(image.boot_kernel(acc.domain_type)),
-                            initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
+                            initrd=str(initrd),
                             cmdline=CMDLINE, disk_path="" if ctx.volume else store.path, disk_is_block=store.is_block,
                             bridge=ctx.hostnet.bridge if ctx.hostnet else None,
                             mac=None, run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths)
@@ -265,8 +354,9 @@ def guests_storage(ctx: RunContext) -> None:
     runners = [storage.GuestRunner(g, ctx.control.cancelled) for g in ctx.many]
     for gr in runners:
         gr.check_tools(tests)
+    links: list[tuple[str, str]] = []  # each guest's (NIC, address) on the bridge
     if ctx.volume is not None:  # every guest on the shared export
-        disks = _mount_export(ctx, runners)
+        disks, links = _mount_export(ctx, runners)
     else:
         disks = []
         for gr in runners:
@@ -275,6 +365,13 @@ def guests_storage(ctx: RunContext) -> None:
                                     f"{ctx.spec.guests} is not implemented yet; allowed: a profile with disk.raid = "
                                     "none")
             disks.append(gr.disk())
+        if ctx.spec.wants_mpi:
+            ctx.sink.step(f"guest: configuring {len(runners)} NICs for the MPI jobs", side="guest")
+            links = [configure_nic(ctx, gr.guest, network.guest_ip(k)) for k, gr in enumerate(runners, 1)]
+    if ctx.spec.wants_mpi:
+        ctx.sink.step(f"guest: dropbear in {len(runners)} guests for mpirun", side="guest")
+        mpiio.prepare_guests(ctx.many, [ip for _, ip in links],
+                             lambda g, script: g.sh(script, timeout=60).check().stdout)
     ctx.sink.log("guest benchmark disks: " + ", ".join(f"{g.name} {d}" for g, d in zip(ctx.many, disks, strict=True)))
     ctx.sink.step(f"guest: storage tests, {len(runners)} guests at once", side="guest")
     if storage.needs_fill(tests):
@@ -282,6 +379,9 @@ def guests_storage(ctx: RunContext) -> None:
         for gr, disk in zip(runners, disks, strict=True):
             gr.fill(disk, ctx.size)
     for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+        if t.tool == storage.MPI_TOOL:
+            _guests_mpi(ctx, t, runners, disks, links[0][0])
+            continue
         if lay:
             ctx.sink.step(f"guest: laying down IOzone's data for {t.id}, in every guest", side="guest")
             for gr, disk in zip(runners, disks, strict=True):
@@ -304,22 +404,23 @@ def guests_storage(ctx: RunContext) -> None:
                          "export's disk")
 
 
-def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[str]:
-    """Every guest's NIC configured and the export mounted in it; each guest's own test file there."""
+def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Every guest's NIC configured and the export mounted in it; each guest's own test file there, and its NIC and
+    address."""
     v = ctx.volume
     assert v is not None and isinstance(v.export, nfs.NfsExport) and ctx.hostnet is not None
     options = nfs.mount_options(v.export, ctx.profile.nfs)
     ctx.sink.step(f"guest: mounting {v.export.uri} in {len(runners)} guests ({options})", side="guest")
-    files, line = [], ""
+    files, links, line = [], [], ""
     for k, gr in enumerate(runners, 1):
-        configure_nic(ctx, gr.guest, network.guest_ip(k))
+        links.append(configure_nic(ctx, gr.guest, network.guest_ip(k)))
         got = nfs.mount_in_guest(gr.guest, v.export, options)
         line = line or got
         files.append(nfs.test_file(k))
     ctx.provenance.volume = volume_info(v, mount=line)
     ctx.save_provenance()
     ctx.sink.log(f"guest mount: {line}")
-    return files
+    return files, links
 
 
 def _read_clocks(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[float]:

@@ -36,7 +36,7 @@ from ..guestimage import GuestImage
 from ..provenance import Propagation, RemoteRun
 from .registry import NodeRecord, Registry
 
-IMAGE_FILES = ("vmlinuz", "initrd.img", "manifest.json")
+IMAGE_FILES = ("vmlinuz", "initrd.img", "mpi.cpio", "manifest.json")  # mpi.cpio: a node's MPI jobs
 SUMS = "SHA256SUMS"
 CHUNK = 1024 * 1024
 PATIENT_CONNECT_S = 30  # ssh ConnectTimeout for a run's own traffic
@@ -179,6 +179,11 @@ def sha256_file(path: Path) -> str:
 
 
 def file_sums(image: GuestImage) -> dict[str, str]:
+    missing = [n for n in IMAGE_FILES if not (image.directory / n).is_file()]
+    if missing:
+        raise CloudboxError(f"the benchmark guest image in {image.directory} has no {', '.join(missing)}: it is older "
+                            "than this cloudbox; rebuild it with 'make guest-image' "
+                            "(appliance/guest/build-guest-image)")
     return {name: sha256_file(image.directory / name) for name in IMAGE_FILES}
 
 
