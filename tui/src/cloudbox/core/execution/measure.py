@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .. import network, storage
-from ..diskstats import delta, read_counters
+from ..diskstats import Counters, delta, read_counters
 from ..events import MeasurementEvent
 from .context import RunContext, host_labels
 
@@ -34,6 +34,25 @@ def _test_labels_after_drops(ctx: RunContext, side: str, t: storage.StorageTest,
     return tl
 
 
+HOST_METRICS = ("host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util")
+
+
+def _disk_counters(ctx: RunContext) -> tuple[str | None, Counters | None]:
+    """The host disk's counters at a test's start (the 1 s sampler feeds the live timeline; a measurement gets the
+    counters over exactly its window)."""
+    device = ctx.sampler.device if ctx.sampler else None
+    return device, read_counters(device) if device else None
+
+
+def _host_metrics(device: str | None, c0: Counters | None) -> dict[str, float | None]:
+    """The host disk's MB/s, request size, queue depth and utilisation since `c0` (all None without a device)."""
+    if not device or c0 is None:
+        return dict.fromkeys(HOST_METRICS)
+    d = delta(c0, read_counters(device), device)
+    return {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors, "host_avgqu": d.avgqu,
+            "host_util": d.util}
+
+
 def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callable[[], storage.FioResult],
                  guest_drop: Callable[[], None] = lambda: None, note: str = "", labels: Sequence[str] = ()) -> None:
     """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache).
@@ -42,18 +61,12 @@ def storage_test(ctx: RunContext, side: str, t: storage.StorageTest, run: Callab
     tl = [*_test_labels_after_drops(ctx, side, t, (guest_drop,)), *labels]
     ctx.current_test = f"{side}:{t.id}"
     ctx.sink.step(f"{side}: {t.id}", side=side, test=t.id)
-    # The 1 s sampler feeds the live timeline; the measurement gets the counters at the test's start and end.
-    device = ctx.sampler.device if ctx.sampler else None
-    c0 = read_counters(device) if device else None
+    device, c0 = _disk_counters(ctx)
     start = time.time()
     res = run()
     end = time.time()
     ctx.current_test = "idle"
-    host: dict[str, float | None] = dict.fromkeys(("host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util"))
-    if device and c0 is not None:
-        d = delta(c0, read_counters(device), device)
-        host = {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors,
-                "host_avgqu": d.avgqu, "host_util": d.util}
+    host = _host_metrics(device, c0)
 
     def record(metric: str, value: float, raw: str) -> None:
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
@@ -125,15 +138,10 @@ def storage_test_many(ctx: RunContext, side: str, t: storage.StorageTest,
     tl = _test_labels_after_drops(ctx, side, t, drops)
     ctx.current_test = f"{side}:{t.id}"
     ctx.sink.step(f"{side}: {t.id} ({len(runs)} at once)", side=side, test=t.id)
-    device = ctx.sampler.device if ctx.sampler else None
-    c0 = read_counters(device) if device else None
+    device, c0 = _disk_counters(ctx)
     parts = together(ctx, runs)
     ctx.current_test = "idle"
-    host: dict[str, float | None] = dict.fromkeys(("host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util"))
-    if device and c0 is not None:
-        d = delta(c0, read_counters(device), device)
-        host = {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors,
-                "host_avgqu": d.avgqu, "host_util": d.util}
+    host = _host_metrics(device, c0)
 
     def record(metric: str, value: float, raw: str, start: float, end: float, instance: int | None,
                metrics: dict[str, float | None]) -> None:
@@ -176,17 +184,12 @@ def storage_job(ctx: RunContext, side: str, t: storage.StorageTest,
     ctx.current_test = f"{side}:{t.id}"
     ranks_note = f"{ctx.spec.guests} ranks" if side == "baseline" else f"{ctx.spec.guests} guests"
     ctx.sink.step(f"{side}: {t.id} (one MPI job, {ranks_note})", side=side, test=t.id)
-    device = ctx.sampler.device if ctx.sampler else None
-    c0 = read_counters(device) if device else None
+    device, c0 = _disk_counters(ctx)
     start = time.time()
     total, ranks = run()
     end = time.time()
     ctx.current_test = "idle"
-    host: dict[str, float | None] = dict.fromkeys(("host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util"))
-    if device and c0 is not None:
-        d = delta(c0, read_counters(device), device)
-        host = {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors,
-                "host_avgqu": d.avgqu, "host_util": d.util}
+    host = _host_metrics(device, c0)
     none = dict.fromkeys(host)
     for k, r in enumerate(ranks, 1):
         for metric, value in measured(r):
