@@ -70,7 +70,8 @@ for p in ("fio", "netperf", "iperf3", "qemu-guest-agent", "busybox-static", "ipu
 assert m["kernel_package"] in pk and m["kernel_package"] == "linux-image-" + m["kernel_version"]
 for f in ("vmlinuz", "vmlinux", "initrd.img", "initrd.cpio", "mpi.cpio", "mpi.img"):
     assert m["sha256"][f] == hashlib.sha256(open(f"{d}/{f}", "rb").read()).hexdigest(), f
-for p in ("openmpi-bin", "libopenmpi3", "dropbear-bin", "libopenmpi-dev"):  # the last: cloudbox-mpiio's headers
+for p in ("openmpi-bin", "libopenmpi3", "dropbear-bin", "libhdf5-openmpi-103-1", "libopenmpi-dev",
+          "libhdf5-openmpi-dev"):  # the -dev ones: cloudbox-mpiio's headers
     assert m["mpi_packages"].get(p), p
 assert isinstance(m["source_date_epoch"], int) and m["source_date_epoch"] > 1600000000
 assert len(m["builder_hash"]) == 64
@@ -100,7 +101,8 @@ bad = [n for n in names if n.startswith(("libicudata", "librbd", "librados", "li
                                          "libibverbs", "librdmacm"))]
 assert not bad, bad
 mpi = cpio_names(f"{d}/mpi.cpio")  # the MPI layer: TCP between guests, no fabric libraries, nothing of the image's
-assert {"orterun", "orted", "cloudbox-mpiio", "dbclient", "dropbear", "libmpi.so.40", "mca_btl_tcp.so"} <= mpi, mpi
+assert {"orterun", "orted", "cloudbox-mpiio", "dbclient", "dropbear", "libmpi.so.40", "mca_btl_tcp.so",
+        "libhdf5_openmpi.so.103"} <= mpi, mpi
 bad = [n for n in mpi if n.startswith(("libucp", "libfabric", "libibverbs", "libpsm", "mca_pml_ucx", "mca_btl_openib"))]
 assert not bad, bad
 assert not {"fio", "libc.so.6", "busybox"} & mpi

@@ -1,4 +1,4 @@
-/* cloudbox-mpiio: a parallel I/O workload with IOR's parameters and output fields (not IOR), over MPI-IO or POSIX. */
+/* cloudbox-mpiio: a parallel I/O workload with IOR's parameters and output fields (not IOR): MPI-IO, POSIX, HDF5. */
 /*
  * Every rank writes (then reads) `segments` x `block` bytes in `xfer`-byte transfers, to one shared file
  * (IOR's segmented layout: segment s, rank r at s*N*block + r*block) or to a file of its own (-F). Phases are
@@ -7,15 +7,17 @@
  * Reads (-C) take the data of the next rank, so no rank reads back its own page cache.
  * Each transfer starts with its file offset and writer's rank, which reads check. Rank 0 prints one JSON document.
  *
- * Usage: cloudbox-mpiio -o PATH -t XFER -b BLOCK [-s SEGMENTS] [-a mpiio|posix] [-F] [-L] [-c] [-e] [-C] [-w] [-r]
+ * Usage: cloudbox-mpiio -o PATH -t XFER -b BLOCK [-s SEGMENTS] [-a mpiio|posix|hdf5] [-F] [-L] [-c] [-e] [-C] [-w] [-r]
  *   -F  file per process: PATH.<rank> (-L: PATH itself, each rank on its own host's PATH, e.g. a disk)
- *   -c  collective transfers (MPI_File_write_at_all / read_at_all); -e fsync before close
+ *   -c  collective transfers (MPI_File_write_at_all / read_at_all, HDF5's collective transfer mode);
+ *   -e  fsync before close (HDF5: H5Fflush)
  *   sizes take k, m, g suffixes (powers of 1024); -w and -r select the phases (default both)
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <hdf5.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +102,56 @@ static int check(const char *buf, long long off, int owner) {
     return v[0] != off || v[1] != owner;
 }
 
+/* One dataset of bytes in the file, laid out as the MPI-IO file is: transfer i of segment s of rank r at the same
+ * offset in the dataset. Its creation and the file's open and close are collective, as in IOR's HDF5 interface. */
+static void hdf5_phase(const struct opts *o, int writing, int owner, const char *name, char *buf, struct times *t) {
+    MPI_Comm comm = o->fpp ? MPI_COMM_SELF : MPI_COMM_WORLD;
+    int ranks_in_file = o->fpp ? 1 : nranks;
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), dxpl = H5Pcreate(H5P_DATASET_XFER), file, dset;
+    H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
+    H5Pset_dxpl_mpio(dxpl, o->collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
+    hsize_t size = (hsize_t)(o->segments * o->block * ranks_in_file), count = (hsize_t)o->xfer;
+    if (writing) {
+        file = H5Fcreate(name, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+        if (file < 0) die("H5Fcreate of %s failed", name);
+        hid_t space = H5Screate_simple(1, &size, NULL);
+        dset = H5Dcreate2(file, "cloudbox", H5T_NATIVE_UCHAR, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        H5Sclose(space);
+    } else {
+        file = H5Fopen(name, H5F_ACC_RDONLY, fapl);
+        if (file < 0) die("H5Fopen of %s failed", name);
+        dset = H5Dopen2(file, "cloudbox", H5P_DEFAULT);
+    }
+    if (dset < 0) die("the dataset 'cloudbox' in %s cannot be made or opened", name);
+    t->open1 = now() - t->t0;
+    hid_t fspace = H5Dget_space(dset), mspace = H5Screate_simple(1, &count, NULL);
+    long long per = o->block / o->xfer;
+    for (long long s = 0; s < o->segments; s++)
+        for (long long i = 0; i < per; i++) {
+            long long off = offset_of(o, owner, s, i);
+            hsize_t start = (hsize_t)off;
+            H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, NULL, &count, NULL);
+            herr_t rc;
+            if (writing) {
+                stamp(buf, off, owner);
+                rc = H5Dwrite(dset, H5T_NATIVE_UCHAR, mspace, fspace, dxpl, buf);
+            } else {
+                rc = H5Dread(dset, H5T_NATIVE_UCHAR, mspace, fspace, dxpl, buf);
+                if (rc >= 0) t->errors += check(buf, off, owner);
+            }
+            if (rc < 0) die(writing ? "H5Dwrite to %s failed" : "H5Dread from %s failed", name);
+            t->bytes += o->xfer;
+        }
+    if (writing && o->fsync_ && H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) die("H5Fflush of %s failed", name);
+    t->io1 = now() - t->t0;
+    H5Sclose(mspace);
+    H5Sclose(fspace);
+    H5Dclose(dset);
+    H5Pclose(dxpl);
+    H5Pclose(fapl);
+    if (H5Fclose(file) < 0) die("H5Fclose of %s failed", name);
+}
+
 static void phase(const struct opts *o, int writing, char *buf, struct times *t) {
     int owner = writing ? rank : (rank + o->shift) % nranks;
     char name[4096];
@@ -132,6 +184,8 @@ static void phase(const struct opts *o, int writing, char *buf, struct times *t)
         if (writing && o->fsync_ && fsync(fd) != 0) die_mpi("fsync", name, MPI_SUCCESS);
         t->io1 = now() - t->t0;
         if (close(fd) != 0) die_mpi("close", name, MPI_SUCCESS);
+    } else if (strcmp(o->api, "hdf5") == 0) {
+        hdf5_phase(o, writing, owner, name, buf, t);
     } else {
         MPI_File fh;
         MPI_Comm comm = o->fpp ? MPI_COMM_SELF : MPI_COMM_WORLD;
@@ -232,10 +286,11 @@ int main(int argc, char **argv) {
     if (!o.xfer || !o.block) die("%s: -t XFER and -b BLOCK are required", "cloudbox-mpiio");
     if (o.block % o.xfer) die("%s: -b must be a multiple of -t", "cloudbox-mpiio");
     if (o.xfer > 1 << 30) die("%s: -t is at most 1g", "cloudbox-mpiio");
-    if (strcmp(o.api, "mpiio") && strcmp(o.api, "posix")) die("-a %s: allowed: mpiio, posix", o.api);
+    if (strcmp(o.api, "mpiio") && strcmp(o.api, "posix") && strcmp(o.api, "hdf5"))
+        die("-a %s: allowed: mpiio, posix, hdf5", o.api);
     if (o.local && !o.fpp) die("%s: -L needs -F (a file per process)", "cloudbox-mpiio");
     if (o.local) o.shift = 0; /* another host's disk is not reachable from here */
-    if (strcmp(o.api, "posix") == 0 && o.collective) die("%s: -c needs -a mpiio", "cloudbox-mpiio");
+    if (strcmp(o.api, "posix") == 0 && o.collective) die("%s: -c needs -a mpiio or hdf5", "cloudbox-mpiio");
 
     char me[MPI_MAX_PROCESSOR_NAME] = {0};
     int len;
@@ -255,10 +310,13 @@ int main(int argc, char **argv) {
         if (nl) *nl = 0;
         for (char *p = lib; *p; p++)
             if (*p == '"' || *p == '\\') *p = ' ';
-        printf("{\"tool\": \"cloudbox-mpiio\", \"api\": \"%s\", \"mpi\": \"%s\", \"ranks\": %d, \"path\": \"%s\", "
+        unsigned h5maj, h5min, h5rel;
+        H5get_libversion(&h5maj, &h5min, &h5rel);
+        printf("{\"tool\": \"cloudbox-mpiio\", \"api\": \"%s\", \"mpi\": \"%s\", \"hdf5\": \"%u.%u.%u\", "
+               "\"ranks\": %d, \"path\": \"%s\", "
                "\"file_per_proc\": %d, \"collective\": %d, \"fsync\": %d, \"reorder\": %d, \"xfer\": %lld, "
                "\"block\": %lld, \"segments\": %lld, \"ops\": [",
-               o.api, lib, nranks, o.path, o.fpp, o.collective, o.fsync_, o.shift, o.xfer, o.block, o.segments);
+               o.api, lib, h5maj, h5min, h5rel, nranks, o.path, o.fpp, o.collective, o.fsync_, o.shift, o.xfer, o.block, o.segments);
     }
     struct times t;
     int first = 1;

@@ -199,7 +199,7 @@ def test_title(test: str) -> str:
                 "[iozone-grid]")
     if base_test(test) in MPI_TESTS:
         api, layout = test.split("-")[:2]
-        return (f"{'MPI-IO' if api == 'mpiio' else 'POSIX'} across guests, one MPI job, "
+        return (f"{ {'mpiio': 'MPI-IO', 'posix': 'POSIX', 'hdf5': 'parallel HDF5'}[api]} across guests, one MPI job, "
                 f"{'one shared file' if layout == 'shared' else 'a file per process'}, 1 MiB transfers: written "
                 "(fsync before close), then, caches dropped, read back (on a shared export by the next rank) "
                 f"(cloudbox-mpiio: IOR's parameters, not IOR) [{test}]")

@@ -48,20 +48,23 @@ class GuestImage:
                 return cpio
         return self.initrd
 
-    @property
-    def mpi_layer(self) -> Path:
-        """The MPI layer (Open MPI, dropbear, cloudbox-mpiio), appended to the initramfs for runs with MPI tests."""
-        layer = self.directory / "mpi.cpio"
-        if not layer.exists():
-            raise GuestError(f"the benchmark guest image in {self.directory} has no MPI layer (mpi.cpio): it is "
-                             "older than the MPI tests; rebuild it with 'make guest-image' "
-                             "(appliance/guest/build-guest-image)")
-        return layer
+    def mpi_layer(self, compressed: bool = False) -> Path:
+        """The MPI layer (Open MPI, dropbear, cloudbox-mpiio), appended to the initramfs for runs with MPI tests:
+        mpi.cpio, or its zstd-compressed mpi.img (`compressed`, or the only one there: the appliance and the nodes
+        carry that one)."""
+        cpio, img = self.directory / "mpi.cpio", self.directory / "mpi.img"
+        for layer in ((img, cpio) if compressed else (cpio, img)):
+            if layer.exists():
+                return layer
+        raise GuestError(f"the benchmark guest image in {self.directory} has no MPI layer (mpi.cpio or mpi.img): it "
+                         "is older than the MPI tests; rebuild it with 'make guest-image' "
+                         "(appliance/guest/build-guest-image)")
 
     def write_mpi_initrd(self, domain_type: str, memory_mib: int, dest: Path) -> Path:
-        """`dest`: the initramfs boot_initrd picks with the MPI layer appended (the kernel unpacks both)."""
-        layer = self.mpi_layer
+        """`dest`: the initramfs boot_initrd picks with the MPI layer appended (the kernel unpacks both), compressed
+        after a compressed initramfs."""
         base = self.boot_initrd(domain_type, memory_mib)
+        layer = self.mpi_layer(compressed=base.name != "initrd.cpio")
         with dest.open("wb") as out:
             with base.open("rb") as f:
                 shutil.copyfileobj(f, out, 1 << 20)

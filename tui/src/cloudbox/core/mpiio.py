@@ -1,8 +1,8 @@
 """Parallel I/O across guests with the field's own parts: Open MPI's mpirun, started in the first guest, reaches the
 others over dropbear (the guest image's MPI layer) and runs cloudbox-mpiio there, a workload with IOR's parameters
-(transfer size, block size, segments, shared file or file per process) and its output fields. It is not IOR: IOR is
-not packaged for Debian. One run gives the aggregate bandwidth, as IOR computes it (every rank's bytes over the time
-from the first open to the last close), and each rank's own share.
+(transfer size, block size, segments, shared file or file per process; MPI-IO, POSIX or parallel HDF5) and its output
+fields. It is not IOR: IOR is not packaged for Debian. One job gives the aggregate bandwidth, as IOR computes it (every
+rank's bytes over the time from the barrier that starts the phase to the last close), and each rank's own share.
 
 The bare-metal side runs the same build with as many processes on this host, from the layer unpacked into the run's
 directory (Open MPI is relocatable: OPAL_PREFIX)."""
@@ -28,7 +28,7 @@ PROGRAM = "cloudbox-mpiio"
 TOOL = MPI_TOOL
 # test id (storage.MPI_TESTS) -> (API, file per process)
 APIS: dict[str, tuple[str, bool]] = {"mpiio-shared-1m": ("mpiio", False), "mpiio-fpp-1m": ("mpiio", True),
-                                     "posix-shared-1m": ("posix", False)}
+                                     "posix-shared-1m": ("posix", False), "hdf5-shared-1m": ("hdf5", False)}
 KEY = "/root/.ssh/id_dropbear"
 RSH_AGENT = f"dbclient -y -y -i {KEY}"  # host keys are made at each guest's boot: nothing to pin across runs
 MB = 1_000_000
@@ -141,10 +141,21 @@ def prepare_guests(guests: list[Guest], addresses: list[str], run: Callable[[Gue
 
 
 def host_layer(layer: Path, dest: Path) -> Path:
-    """The MPI layer (mpi.cpio, newc) unpacked under `dest` for the bare-metal side; returns its root."""
+    """The MPI layer (mpi.cpio, newc; or mpi.img, the same compressed with zstd) unpacked under `dest` for the
+    bare-metal side; returns its root."""
     root = dest / "mpi-root"
     root.mkdir(parents=True, exist_ok=True)
-    data = layer.read_bytes()
+    if layer.suffix == ".img":
+        try:
+            data = subprocess.run(["zstd", "-q", "-d", "-c", str(layer)], capture_output=True, check=True).stdout
+        except FileNotFoundError as e:
+            raise CloudboxError(f"zstd is not installed: it unpacks the MPI layer {layer} for the bare-metal side "
+                                "(make deps installs it)") from e
+        except subprocess.CalledProcessError as e:
+            raise CloudboxError(f"zstd could not unpack {layer}: {e.stderr.decode(errors='replace').strip()[-300:]}; "
+                                "rebuild it with 'make guest-image'") from e
+    else:
+        data = layer.read_bytes()
     pos = 0
     while True:
         head = data[pos:pos + 110]
@@ -176,7 +187,8 @@ def host_layer(layer: Path, dest: Path) -> Path:
 def host_env(root: Path) -> dict[str, str]:
     """The environment that runs the unpacked layer's Open MPI from `root`."""
     lib = root / "usr/lib/x86_64-linux-gnu"
-    return {**os.environ, "OPAL_PREFIX": str(root / "usr"), "PMIX_INSTALL_PREFIX": str(lib / "pmix2"),
+    return {**os.environ, "OPAL_PREFIX": str(root / "usr"),
+            "PMIX_MCA_mca_base_component_path": str(lib / "pmix2/lib/pmix"),  # PMIx's own, not relocated by OPAL
             "LD_LIBRARY_PATH": f"{lib}:{lib / 'openmpi/lib'}:{lib / 'pmix2/lib'}",
             "OMPI_MCA_mca_base_param_files": str(root / "etc/openmpi/openmpi-mca-params.conf"),
             "PATH": f"{root / 'usr/bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}

@@ -79,7 +79,7 @@ IOZONE_SWEEPS = ("iozone-files", IOZONE_GRID)  # tools whose run is IOzone's aut
 IOZONE_TOOLS = ("iozone", *IOZONE_SWEEPS)
 # One MPI job across the run's guests (core.mpiio): write then read back with 1 MiB transfers, IOR's way.
 MPI_TOOL = "mpiio"
-MPI_TESTS = ("mpiio-shared-1m", "mpiio-fpp-1m", "posix-shared-1m")
+MPI_TESTS = ("mpiio-shared-1m", "mpiio-fpp-1m", "posix-shared-1m", "hdf5-shared-1m")
 
 TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("seq-write-64k", "write", "64k"),

@@ -231,7 +231,7 @@ def _host_mpi(ctx: RunContext, t: storage.StorageTest) -> None:
     if not root.exists():
         with ctx.control.atomic():
             ctx.stack.callback(shutil.rmtree, root, ignore_errors=True)
-            mpiio.host_layer(ctx.image.mpi_layer, ctx.work_dir)
+            mpiio.host_layer(ctx.image.mpi_layer(), ctx.work_dir)
     n = ctx.spec.guests
     if ctx.volume is not None:
         path = str(Path(ctx.backings[0].baseline_target).parent / "cloudbox-mpiio-baseline.dat")

@@ -36,7 +36,7 @@ from ..guestimage import GuestImage
 from ..provenance import Propagation, RemoteRun
 from .registry import NodeRecord, Registry
 
-IMAGE_FILES = ("vmlinuz", "initrd.img", "mpi.cpio", "manifest.json")  # mpi.cpio: a node's MPI jobs
+IMAGE_FILES = ("vmlinuz", "initrd.img", "mpi.img", "manifest.json")  # mpi.img: a node's MPI jobs
 SUMS = "SHA256SUMS"
 CHUNK = 1024 * 1024
 PATIENT_CONNECT_S = 30  # ssh ConnectTimeout for a run's own traffic
