@@ -22,15 +22,14 @@ from pathlib import Path
 from . import procs
 from .errors import CloudboxError, GuestError, UsageError
 from .guest import Guest
-from .storage import MPI_TOOL, FioResult, StorageTest, block_bytes
+from .storage import FioResult, StorageTest, block_bytes
 
 PROGRAM = "cloudbox-mpiio"
-TOOL = MPI_TOOL
 # test id (storage.MPI_TESTS) -> (API, file per process)
 APIS: dict[str, tuple[str, bool]] = {"mpiio-shared-1m": ("mpiio", False), "mpiio-fpp-1m": ("mpiio", True),
                                      "posix-shared-1m": ("posix", False), "hdf5-shared-1m": ("hdf5", False)}
 KEY = "/root/.ssh/id_dropbear"
-RSH_AGENT = f"dbclient -y -y -i {KEY}"  # host keys are made at each guest's boot: nothing to pin across runs
+RSH_AGENT = f"dbclient -y -y -i {KEY}"  # each guest's dropbear makes its host key afresh (-R): nothing to pin
 MB = 1_000_000
 READ_METRIC = "read MB/s"
 
