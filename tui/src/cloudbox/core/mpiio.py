@@ -140,47 +140,23 @@ def prepare_guests(guests: list[Guest], addresses: list[str], run: Callable[[Gue
 
 
 def host_layer(layer: Path, dest: Path) -> Path:
-    """The MPI layer (mpi.cpio, newc; or mpi.img, the same compressed with zstd) unpacked under `dest` for the
+    """The MPI layer (mpi.cpio; or mpi.img, the same compressed with zstd) unpacked under `dest` by cpio for the
     bare-metal side; returns its root."""
     root = dest / "mpi-root"
     root.mkdir(parents=True, exist_ok=True)
-    if layer.suffix == ".img":
-        try:
-            data = subprocess.run(["zstd", "-q", "-d", "-c", str(layer)], capture_output=True, check=True).stdout
-        except FileNotFoundError as e:
-            raise CloudboxError(f"zstd is not installed: it unpacks the MPI layer {layer} for the bare-metal side "
-                                "(make deps installs it)") from e
-        except subprocess.CalledProcessError as e:
-            raise CloudboxError(f"zstd could not unpack {layer}: {e.stderr.decode(errors='replace').strip()[-300:]}; "
-                                "rebuild it with 'make guest-image'") from e
-    else:
-        data = layer.read_bytes()
-    pos = 0
-    while True:
-        head = data[pos:pos + 110]
-        if len(head) < 110 or head[:6] != b"070701":
-            raise CloudboxError(f"{layer}: not a newc cpio archive at byte {pos}; rebuild it with 'make guest-image'")
-        mode, size, namesize = (int(head[o:o + 8], 16) for o in (14, 54, 94))
-        name = data[pos + 110:pos + 110 + namesize - 1].decode()
-        pos = (pos + 110 + namesize + 3) & ~3
-        body = data[pos:pos + size]
-        pos = (pos + size + 3) & ~3
-        if name == "TRAILER!!!":
-            return root
-        target = (root / name).resolve()
-        if root.resolve() not in target.parents and target != root.resolve():
-            raise CloudboxError(f"{layer}: entry {name!r} points outside the layer")
-        kind = mode & 0o170000
-        if kind == 0o040000:
-            target.mkdir(parents=True, exist_ok=True)
-        elif kind == 0o120000:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.unlink(missing_ok=True)
-            target.symlink_to(body.decode())
-        elif kind == 0o100000:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(body)
-            target.chmod(mode & 0o7777)
+    data = layer.read_bytes()
+    try:
+        if layer.suffix == ".img":
+            data = subprocess.run(["zstd", "-q", "-d", "-c"], input=data, capture_output=True, check=True).stdout
+        subprocess.run(["cpio", "-idm", "--quiet", "--no-absolute-filenames"], input=data, cwd=root,
+                       capture_output=True, check=True)
+    except FileNotFoundError as e:
+        raise CloudboxError(f"{e.filename} is not installed: it unpacks the MPI layer {layer} for the bare-metal side "
+                            "(make deps installs it)") from e
+    except subprocess.CalledProcessError as e:
+        why = e.stderr.decode(errors="replace").strip()[-300:]
+        raise CloudboxError(f"{e.cmd[0]} could not unpack {layer}: {why}; rebuild it with 'make guest-image'") from e
+    return root
 
 
 def host_env(root: Path) -> dict[str, str]:
