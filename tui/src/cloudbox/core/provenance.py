@@ -180,6 +180,7 @@ class PeerServers(_Record):
     peer: str
     peer_netperf_port: int = 0
     peer_iperf3_port: int = 0
+    peer_iperf3_ports: list[int] | None = None  # N guests: an iperf3 server each (it serves one client at a time)
 
 
 @dataclass

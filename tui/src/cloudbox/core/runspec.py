@@ -70,6 +70,7 @@ class RunSpec:
     peer: str = ""
     peer_netperf_port: int = 0
     peer_iperf3_port: int = 0
+    peer_iperf3_ports: list[int] = field(default_factory=list)  # --guests N: an iperf3 server per guest
     # Set by the front-end for an NFS profile's run on a back-end: where it serves the run's export (its private
     # address and ganesha's port). The node's guests and its host mount it from there.
     nfs_host: str = ""
@@ -100,6 +101,7 @@ class RunSpec:
         if self.guests > 1:
             _check_many_guests(self)
         _check_nfs_server(self.nfs_host, self.nfs_port)
+        _check_peer_ports(self)
 
     @property
     def wants_storage(self) -> bool:
@@ -146,7 +148,7 @@ class RunSpec:
         if self.wants_network:
             for nt in resolve_net_tests(self.net_tests):
                 out += [PlanStep("guest", nt.id), PlanStep("baseline", nt.id)]
-                if self.peer and self.guests == 1:  # N guests test to their own host only
+                if self.peer:
                     fe = nt.id + network.FRONTEND_SUFFIX
                     out += [PlanStep("guest", fe), PlanStep("baseline", fe)]
         return out
@@ -160,6 +162,8 @@ class RunSpec:
             del d["propagate"]
         if d["guests"] == 1:
             del d["guests"]
+        if not d["peer_iperf3_ports"]:
+            del d["peer_iperf3_ports"]
         if not d["nfs_host"]:
             del d["nfs_host"], d["nfs_port"]
         return d
@@ -364,6 +368,17 @@ def _check_nfs_server(host: str, port: int) -> None:
     if not ok or isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise UsageError(f"NFS server {host!r} port {port!r} is not allowed; allowed: the front-end's private IPv4 "
                          "address and a port from 1 to 65535 (the front-end sets both)")
+
+
+def _check_peer_ports(spec: RunSpec) -> None:
+    """The front-end's iperf3 ports for N guests: none, or one per guest, each a port."""
+    ports = spec.peer_iperf3_ports
+    if not ports:
+        return
+    if (not isinstance(ports, list) or len(ports) != spec.guests
+            or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports)):
+        raise UsageError(f"the front-end's iperf3 ports {ports!r} are not allowed; allowed: one port from 1 to 65535 "
+                         f"for each of the run's {spec.guests} guests (the front-end sets them)")
 
 
 def _check_net_tests(value: str) -> None:

@@ -501,12 +501,44 @@ def guests_network(ctx: RunContext) -> None:
                 for k, (link, port, offset) in enumerate(zip(links, gports, offsets, strict=True), 1)]
         parts = net_test_many(ctx, "guest", nt, jobs, ctx.labels)
         _record_skew(ctx, nt.id, [p.started_at for p in parts])
-        at = time.time() + HOST_LEAD_S
-        bjobs = [functools.partial(_host_net_part, ctx, nt, port, at, k) for k, port in enumerate(bports, 1)]
-        bparts = net_test_many(ctx, "baseline", nt, bjobs, bare_labels)
-        first = min(p.started_at for p in bparts)
-        sink.log(f"bare metal {nt.id}: start skew {(max(p.started_at for p in bparts) - first) * 1000:.0f} ms over "
-                 f"{n} processes")
+        _host_net_many(ctx, nt, bports, bare_labels)
+        if ctx.spec.peer:
+            _to_front_end(ctx, nt, links, runners)
+
+
+def _host_net_many(ctx: RunContext, nt: network.NetTest, ports: list[int], labels: list[str],
+                   target: str = network.NS_HOST_IP, netns: str | None = network.NS) -> None:
+    """`nt` on bare metal: N clients at once (from the baseline namespace, or with netns None from this host to
+    `target`), each against its own port."""
+    at = time.time() + HOST_LEAD_S
+    jobs = [functools.partial(_host_net_part, ctx, nt, port, at, k, target=target, netns=netns)
+            for k, port in enumerate(ports, 1)]
+    parts = net_test_many(ctx, "baseline", nt, jobs, labels)
+    first = min(p.started_at for p in parts)
+    ctx.sink.log(f"bare metal {nt.id}: start skew {(max(p.started_at for p in parts) - first) * 1000:.0f} ms over "
+                 f"{len(parts)} processes")
+
+
+def _to_front_end(ctx: RunContext, nt: network.NetTest, links: list[network.GuestLink],
+                  runners: list[storage.GuestRunner]) -> None:
+    """A back-end's run for the front-end: `nt` from every guest to the front-end's servers at once, through the
+    barrier, then from this host's N clients at once (the private network's own baseline)."""
+    spec, n = ctx.spec, len(links)
+    ports = ([spec.peer_netperf_port] * n if nt.tool == "netperf"
+             else list(spec.peer_iperf3_ports) or [spec.peer_iperf3_port] * n)
+    if not all(ports) or len(ports) != n:
+        raise CloudboxError(f"the front-end {spec.peer} opened no {nt.tool} server for each of the run's {n} guests "
+                            f"(peer_netperf_port / peer_iperf3_ports: {ports})")
+    fe = network.frontend_test(nt)
+    far = [network.GuestLink(ln.guest, ln.nic, spec.peer, ln.bridge, ln.mtu, local=False) for ln in links]
+    offsets = _read_clocks(ctx, runners)
+    at = time.time() + BARRIER_LEAD_S
+    jobs = [functools.partial(_guest_net_part, ctx, fe, link, port, at, offset, k)
+            for k, (link, port, offset) in enumerate(zip(far, ports, offsets, strict=True), 1)]
+    parts = net_test_many(ctx, "guest", fe, jobs, ctx.labels)
+    _record_skew(ctx, fe.id, [p.started_at for p in parts])
+    _host_net_many(ctx, fe, ports, [*host_labels(ctx.labels, dom0=ctx.dom0), "private-network"], target=spec.peer,
+                   netns=None)
 
 
 def _guest_net_part(ctx: RunContext, t: network.NetTest, link: network.GuestLink, port: int, at: float,
@@ -524,10 +556,10 @@ def _guest_net_part(ctx: RunContext, t: network.NetTest, link: network.GuestLink
 
 
 def _host_net_part(ctx: RunContext, t: network.NetTest, port: int, at: float, k: int,
-                   cancelled: Callable[[], bool]) -> NetRan:
+                   cancelled: Callable[[], bool], *, target: str, netns: str | None) -> NetRan:
     while (wait := at - time.time()) > 0 and not cancelled():
         time.sleep(min(wait, 0.05))
     start = time.time()
     res = network.run_baseline(t, port, ctx.net_seconds, ctx.sink.progress("baseline", t.id, k), cancelled,
-                               log=ctx.sink.log)
+                               target=target, netns=netns, log=ctx.sink.log)
     return NetRan(res, start, time.time())

@@ -99,13 +99,16 @@ def serve_peer(ctx: RunContext) -> PeerServers | None:
                      "guest -> front-end network tests are left out of this run")
         return None
     tools = {nt.tool for nt in resolve_net_tests(ctx.spec.net_tests)}
+    n = ctx.spec.guests
     servers = network.HostNetwork(ctx.profile.network.mtu)
     ctx.stack.callback(servers.teardown)
+    # netserver forks a child per client; iperf3 serves one client at a time, so N guests need N of it
+    iperf3 = [servers.start_iperf3(addr) for _ in range(n)] if "iperf3" in tools else []
     peer = PeerServers(peer=addr, peer_netperf_port=servers.start_netserver(addr) if "netperf" in tools else 0,
-                       peer_iperf3_port=servers.start_iperf3(addr) if "iperf3" in tools else 0)
-    ports = {"netperf": peer.peer_netperf_port, "iperf3": peer.peer_iperf3_port}
+                       peer_iperf3_port=iperf3[0] if iperf3 else 0, peer_iperf3_ports=iperf3 if n > 1 else None)
+    ports = {"netperf": str(peer.peer_netperf_port), "iperf3": ", ".join(map(str, iperf3))}
     ctx.sink.log(f"serving the cross-node network tests on {addr}: "
-                 + ", ".join(f"{t} port {ports[t]}" for t in sorted(tools)))
+                 + ", ".join(f"{t} port{'s' if t == 'iperf3' and n > 1 else ''} {ports[t]}" for t in sorted(tools)))
     return peer
 
 
@@ -154,9 +157,8 @@ def start(ctx: RunContext, there: NodeRun) -> None:
     there when this run ends before it did."""
     spec, sink, node = ctx.spec, ctx.sink, there.node
     remote_spec = {k: v for k, v in spec.as_dict().items() if k != "node"}
-    # N guests test the network to their own host only (runspec.plan)
-    if spec.wants_network and spec.guests == 1 and (peer := serve_peer(ctx)) is not None:
-        remote_spec.update(peer.model_dump())
+    if spec.wants_network and (peer := serve_peer(ctx)) is not None:
+        remote_spec.update(peer.model_dump(exclude_none=True))
         ctx.provenance.peer = peer
     if ctx.volume is not None and isinstance(exp := ctx.volume.export, NfsExport):
         remote_spec.update(peer=exp.host, nfs_host=exp.host, nfs_port=exp.port)
