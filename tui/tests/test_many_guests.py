@@ -209,7 +209,7 @@ def test_the_tables_show_the_sum_each_guest_and_the_spread(tmp_path):
     text = compare.to_text(table, width=200)
     assert ("#2 seq-write-64k: 2 guests, sum 40.0 MB/s; per guest min 10.0 / median 20.0 / max 30.0; Jain's "
             "fairness index 0.800; start skew 12 ms. Bare metal, 2 processes: sum 203.0") in text
-    assert "2 guests at once" in table.legend[1] and "guests" not in table.legend[0]
+    assert "2 guests at once (rows: their sum, then each guest;" in table.legend[1] and "guests" not in table.legend[0]
 
 
 def test_a_schema_3_database_gains_the_instance_column(tmp_path):

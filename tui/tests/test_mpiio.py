@@ -200,6 +200,11 @@ def test_the_tables_show_the_jobs_own_figure_each_rank_and_the_read_job(tmp_path
     assert ("#1 mpiio-shared-1m: one MPI job, a rank in each of 2 guests, 30.0 MB/s (all bytes over the job's time); "
             "per rank (over its own time) min 16.0 / median 18.0 / max 20.0") in text
     assert "Bare metal, one job of 2 ranks: 500.0" in text and "not IOR" in text
+    assert "(rows: the MPI job's aggregate, then each rank; bare metal: 2 processes)" in table.legend[0]
+    with ResultStore(tmp_path / "r.db") as store:  # beside a summed test, the legend names both
+        store.add_measurement(rid, side="guest", test="seq-write-64k", metric="MB/s", value=9.0)
+        mixed = compare.compare_table([store.get_run(rid)])
+    assert "(rows: their sum (an MPI job: its aggregate), then each guest or rank;" in mixed.legend[0]
     sweep = compare.guest_sweep_table([run])
     assert [c.title for c in sweep.sections[0].columns][2] == "job MB/s"
 

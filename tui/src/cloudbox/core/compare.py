@@ -449,9 +449,19 @@ def _legend(r: Run) -> str:
     acc = {"tcg": "TCG (emulated)", "nested-kvm": "nested KVM"}.get(r.accelerator or "", r.accelerator or "?")
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "?"
     n = guest_count(r)
-    many = f", {n} guests at once (rows: their sum, then each guest; bare metal: {n} processes)" if n > 1 else ""
+    many = f", {n} guests at once ({_rows_note(r)}; bare metal: {n} processes)" if n > 1 else ""
     return (f"run #{r.id}: profile {r.profile_name or '?'}, suite {r.suite or '?'}, {r.size_label or '?'} size, "
             f"{acc}{many}, {when}, {r.state}")
+
+
+def _rows_note(r: Run) -> str:
+    """What the first row of a run of N guests holds: the guests' sum, or an MPI job's own aggregate (IOR's)."""
+    mpi = {base_test(m.test) in MPI_TESTS for m in r.measurements}
+    if mpi == {True}:
+        return "rows: the MPI job's aggregate, then each rank"
+    if True in mpi:
+        return "rows: their sum (an MPI job: its aggregate), then each guest or rank"
+    return "rows: their sum, then each guest"
 
 
 def guest_count(r: Run) -> int:
