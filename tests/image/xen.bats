@@ -1,10 +1,10 @@
 #!/usr/bin/env bats
 # The Xen boot entry: present in both loaders' menus on the ESP, and under QEMU TCG it starts Xen and a dom0 that
 # mounts the appliance's root, from systemd-boot (UEFI, Xen's EFI loader) and from grub (BIOS, multiboot2).
-# make test boots the UEFI entry; the BIOS entry and the full dom0 boot to the self-test verdict (~10 min under TCG)
-# are opt-in: --filter-tags xen-full.
-# Then a Xen PV benchmark guest (xen-xvd-phy) runs one quick storage and one network test (one guest) in dom0 of the
-# UEFI Xen boot, reached over SSH (docs/xen.md); the same on a file through qdisk (xen-xvd-file) is opt-in (xen-full).
+# make test boots the UEFI entry once, to dom0 reached over SSH: its serial log shows Xen's EFI loader and the PV dom0,
+# then a Xen PV benchmark guest (xen-xvd-phy) runs one quick storage and one network test there (docs/xen.md). Opt-in
+# (--filter-tags xen-full): each loader's boot to the root's mount alone, the full dom0 boot to the self-test verdict
+# (~10 min under TCG), and a PV guest on a file through qdisk (xen-xvd-file).
 # The bench test (tag bench: make image-bench) runs both whole quick suites for docs/xen.md's figures.
 
 load ../helpers/load
@@ -95,6 +95,12 @@ xen_starts() {
             fail "dom0 did not mount the root within ${IMAGE_XEN_TIMEOUT_S:-600} s (attempt 2): $(tail -n 1 "$logdir/qemu.log")"
     fi
     echo "# $firmware: Xen entry to dom0 mounting the root: $(cat "$logdir/boot-seconds") s (TCG, -cpu $IMAGE_XEN_CPU)" >&3
+    xen_started_dom0 "$loader"
+}
+
+# xen_started_dom0 LOADER: $logdir/serial.log shows Xen started by LOADER building a PV dom0 on the appliance's root.
+xen_started_dom0() {
+    local loader=$1
     run -0 grep -a -m1 '(XEN) Xen version 4\.' "$logdir/serial.log"
     run -0 grep -a -m1 "(XEN) Bootloader: $loader" "$logdir/serial.log"
     run -0 grep -a -m1 '(XEN) Command line: .*dom0_mem=50%,max:4096M' "$logdir/serial.log"
@@ -108,7 +114,8 @@ xen_boot() {
         image_boot_until "$firmware" "$1" "$DOM0_ROOT_MOUNTED" "${IMAGE_XEN_TIMEOUT_S:-600}"
 }
 
-# bats test_tags=slow,image,xen
+# make test checks the UEFI entry's boot in the PV guest test's own boot (its serial log), one boot fewer.
+# bats test_tags=slow,image,xen,xen-full
 @test "UEFI: systemd-boot's Xen entry starts Xen (EFI loader) and a dom0 that mounts the appliance's root" {
     xen_starts uefi EFI
 }
@@ -182,8 +189,9 @@ xen_run() {
 }
 
 # bats test_tags=slow,image,xen
-@test "UEFI Xen: a PV guest (xen-xvd-phy) runs a quick storage and a network test beside dom0; KVM refused" {
+@test "UEFI Xen: Xen's EFI loader starts dom0; a PV guest (xen-xvd-phy) runs a quick storage and a network test; KVM refused" {
     xen_dom0_up pv-storage
+    xen_started_dom0 EFI
     run -0 dom0 cloudbox host
     assert_output --regexp 'Xen'
     # Root's ext4 fills its partition, which repart grew to the disk: this entry names root by PARTUUID.

@@ -41,6 +41,7 @@ def test_quick_storage_run_over_nbd_attached_by_qemu(volume_run):
     assert "EBS (NBD)" in text and "host domain" in text and "QEMU's NBD" in text
 
 
+@pytest.mark.full  # make test keeps iSCSI through the guest's initiator and QEMU's NBD client
 def test_quick_storage_run_over_iscsi_attached_by_qemu(volume_run, libvirt_conn):
     """disk.attach = qemu over iSCSI: tgtd serves the volume with CHAP on loopback, QEMU's libiscsi driver logs in
     with the run's libvirt secret; the guest's writes pass through tgtd to the volume's file, and after the run no
