@@ -95,9 +95,9 @@ def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_
     assert ("(emulated" in ours[0]) == (run.accelerator == "tcg")  # labelled on the plot as in the table
 
 
-# The same cell measured as a series: two repeats back to back, no rule.
+# The same cell measured as a series: two repeats back to back of two guests at once (study D's instances), no rule.
 SERIES = (ONE_CELL.split("[[rules]]")[0].replace('name = "t"', 'name = "s"', 1)
-          + "[series.quick]\nevery_minutes = 0\nrepeats = 2\n")
+          + "[series.quick]\nevery_minutes = 0\nrepeats = 2\nguests = 2\n")
 
 
 def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp_path, monkeypatch, capsys):
@@ -110,21 +110,26 @@ def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp
 
     code, out = run_cli(["study", "run", "s", "--size", "quick", "--detach"], capsys)
     assert code == 0, out
-    assert "a series of 2 repeats back to back" in out and "cloudbox cancel sweep-" in out
+    assert "a series of 2 repeats back to back, 2 guests at once" in out and "cloudbox cancel sweep-" in out
     sweep_id = out.split("cloudbox cancel ", 1)[1].split("`", 1)[0]
     assert not runs.wait_until(time.time() + 600, lambda: any(
         s.id == sweep_id and s.state != "running" for s in runs.list_sweeps())), "the series did not end in 600 s"
     with ResultStore() as store:
         done = [store.get_run(r.id) for r in store.list_runs()]
     assert [r.state for r in done] == ["completed", "completed"], [r.reason for r in done]
-    values = sorted(r.measurement("guest", "dd-write-64k", "MB/s").value for r in done)
+    # every guest's own figure is a sample: 2 repeats x 2 guests
+    each = [[m.value for m in r.instances("guest", "dd-write-64k", "MB/s")] for r in done]
+    assert [len(v) for v in each] == [2, 2] and all(x > 0 for v in each for x in v), each
+    values = sorted(x for v in each for x in v)
 
     code, out = run_cli(["study", "report", "s"], capsys)
     assert code == 0, out
-    row = next(line for line in out.splitlines() if line.startswith("| virtio-disk | dd-write-64k | 2 of 2 (quick)"))
-    median = f"{(values[0] + values[1]) / 2:.1f}"
+    row = next(line for line in out.splitlines()
+               if line.startswith("| virtio-disk | dd-write-64k | 2 of 2 (quick, 2 guests each)"))
+    median = f"{(values[1] + values[2]) / 2:.1f}"
     emulated = done[0].accelerator == "tcg"
     assert f"| {median} (emulated, quick) MB/s |" in row if emulated else f"| {median} (quick) MB/s |" in row
-    assert f"{values[0]:.1f} - {values[1]:.1f}" in row
+    assert f"{values[0]:.1f} - {values[-1]:.1f}" in row
+    assert "virtio-disk dd-write-64k by guest over time (MB/s): g1 median " in out and "Jain's fairness index" in out
     code, out = run_cli(["study", "run", "s", "--size", "quick"], capsys)  # the series is whole: nothing to do
     assert code == 0 and "2 of 2 repeats stored" in out and "0 run(s) to do" in out

@@ -54,18 +54,22 @@ def test_the_shipped_study_d_is_a_series_per_size():
     assert d.rules == [] and d.paper == []
     quick, full = d.series_plan("quick"), d.series_plan("study")
     assert quick is not None and full is not None
-    assert (quick.repeats, quick.every_s) == (5, 60.0)
-    assert full.words() == "17 repeats every 15 min (over 4 h)"
+    assert (quick.repeats, quick.every_s, quick.guests) == (5, 60.0, 2)
+    assert full.words() == "17 repeats every 15 min (over 4 h), 4 guests at once"
+    assert (d.guests("study"), studies.find_study("a").guests("study")) == (4, 1)
     assert studies.find_study("a").series_plan("quick") is None
 
 
 def test_a_bad_series_plan_names_the_key_and_what_is_allowed():
-    no_quick = D_TEXT.replace("[series.quick]\nevery_minutes = 1\nrepeats = 5\n", "")
+    no_quick = D_TEXT.replace("[series.quick]\nevery_minutes = 1\nrepeats = 5\nguests = 2\n", "")
     assert "a plan for each of its sizes" in problems_of(no_quick)["series.quick"]
     one = D_TEXT.replace("repeats = 5", "repeats = 1")
     assert "2..1000" in problems_of(one)["series.quick.repeats"]
     hours = D_TEXT.replace("every_minutes = 1\n", "every_minutes = 1\nhours = 2\n")
-    assert "known keys: every_minutes, repeats" in problems_of(hours)["series.quick.hours"]
+    assert "known keys: every_minutes, repeats, guests" in problems_of(hours)["series.quick.hours"]
+    for bad in ("0", "65", "1.5", '"2"'):
+        many = D_TEXT.replace("guests = 2\n", f"guests = {bad}\n")
+        assert "guests of each run at once (instances), 1..64" in problems_of(many)["series.quick.guests"], bad
     negative = D_TEXT.replace("every_minutes = 1\n", "every_minutes = -1\n")
     assert "0..1440" in problems_of(negative)["series.quick.every_minutes"]
     study_only = D_TEXT.replace('sizes = ["study", "quick"]', 'sizes = ["study"]')
@@ -81,11 +85,16 @@ def test_a_series_run_plans_the_repeats_still_missing_spaced_by_the_plan():
         done = store.list_runs(state="completed")
         todo = studies.prepare_run(d, done, size="quick")
         again = studies.prepare_run(d, done, size="quick", again=True)
-    assert len(todo.specs) == 4 and todo.offsets == [0.0, 60.0, 120.0, 180.0]
-    assert all(s.size == "quick" and s.storage_tests == "seq-write-64k,seq-write-64k-buffered" for s in todo.specs)
-    assert todo.plan[0].have == 1 and todo.plan[0].repeats == 4
-    assert todo.lines() == ["  virtio-file: 1 of 5 repeats stored; run seq-write-64k, seq-write-64k-buffered x4"]
-    assert todo.headline().endswith("4 run(s) to do, a series of 5 repeats every 1 min (over 4 min)")
+    # the one-guest repeat is not one of this plan's (two guests at once): five to do
+    assert len(todo.specs) == 5 and todo.offsets == [0.0, 60.0, 120.0, 180.0, 240.0]
+    assert all(s.size == "quick" and s.storage_tests == "seq-write-64k,seq-write-64k-buffered" and s.guests == 2
+               for s in todo.specs)
+    assert todo.plan[0].have == 0 and todo.plan[0].repeats == 5
+    one = studies.prepare_run(studies.with_series_plan(d, "quick", guests=1), done, size="quick")
+    assert one.plan[0].have == 1 and one.plan[0].repeats == 4 and all(s.guests == 1 for s in one.specs)
+    assert one.lines() == ["  virtio-file: 1 of 5 repeats stored; run seq-write-64k, seq-write-64k-buffered x4"]
+    assert one.headline().endswith("4 run(s) to do, a series of 5 repeats every 1 min (over 4 min)")
+    assert todo.headline().endswith("a series of 5 repeats every 1 min (over 4 min), 2 guests at once")
     assert len(again.specs) == 5
     assert [r.id for r in studies.series_runs(done, "virtio-file", profiles.find_profile("virtio-file").hash,
                                               ["seq-write-64k", "seq-write-64k-buffered"], "quick", None)] == [first]
@@ -113,7 +122,7 @@ def test_histogram_bins_cover_every_value_once():
 
 
 def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
-    d = studies.find_study("d")
+    d = studies.find_study("d")  # its plan has two guests; repeats of one (`--guests 1`) are what is stored
     ids = []
     with ResultStore() as store:
         for i, v in enumerate([10.0, 12.0, 11.0]):
@@ -184,18 +193,103 @@ def test_repeats_and_every_change_the_plan_of_a_series_study_only(capsys):
 
     d = studies.find_study("d")
     short = studies.with_series_plan(d, "quick", repeats=3, every_minutes=0)
-    assert short.series_plan("quick").words() == "3 repeats back to back"
+    assert short.series_plan("quick").words() == "3 repeats back to back, 2 guests at once"
     assert short.series_plan("study") == d.series_plan("study")  # the other size keeps the file's plan
     assert studies.with_series_plan(d, "study", every_minutes=30).series_plan("study").repeats == 17
     with pytest.raises(UsageError, match=r"--repeats 1 is out of range; allowed: .*2\.\.1000"):
         studies.with_series_plan(d, "quick", repeats=1)
     with pytest.raises(UsageError, match=r"--every 2000 is out of range; allowed: .*0\.\.1440"):
         studies.with_series_plan(d, "quick", every_minutes=2000)
-    with pytest.raises(UsageError, match="study a is measured once per cell .series studies: d"):
+    with pytest.raises(UsageError, match="study a is measured once per cell, by one guest .series studies: d"):
         studies.with_series_plan(studies.find_study("a"), "quick", repeats=3)
+    with pytest.raises(UsageError, match=r"--guests 0 is out of range; allowed: guests of each run at once "
+                                         r"\(instances\), 1\.\.64"):
+        studies.with_series_plan(d, "quick", guests=0)
+    assert studies.with_series_plan(d, "quick", guests=3).series_plan("quick").guests == 3
 
     assert cli.main(["study", "run", "d", "--size", "quick", "--repeats", "3", "--every", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "3 run(s) to do, a series of 3 repeats every 2 min (over 4 min)" in out
     assert cli.main(["study", "run", "a", "--size", "quick", "--every", "5", "--dry-run"]) == 2
     assert "series studies: d" in capsys.readouterr().err
+    # more guests than this host holds: refused before anything is recorded, with the arithmetic
+    assert cli.main(["study", "run", "d", "--size", "quick", "--guests", "64", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--guests 64: " in err and "allowed: --guests 1 to " in err
+    with ResultStore() as store:
+        assert store.list_runs() == []
+
+
+def record_guests(store: ResultStore, values: dict[str, list[float]], *, started_at: float,
+                  profile: str = "virtio-file") -> int:
+    """A completed run of N guests as the executor stores it: each guest's and bare-metal process's figure as
+    instances 1..N, the run's rows their sums."""
+    from cloudbox.core.provenance import Guests, GuestStart, Provenance
+
+    prof = profiles.find_profile(profile)
+    n = len(next(iter(values.values())))
+    rid = store.create_run(profile_name=profile, profile_hash=prof.hash, suite="storage", size_label="quick",
+                           accelerator="tcg", started_at=started_at, node=platform.node(), emulated=True,
+                           provenance=Provenance(guests=Guests(count=n, guests=[GuestStart(name=f"g{k}")
+                                                                                for k in range(1, n + 1)])))
+    for test, each in values.items():
+        for k, v in enumerate(each, 1):
+            store.add_measurement(rid, side="baseline", test=test, metric="MB/s", value=100.0 + k, instance=k,
+                                  started_at=started_at + k / 100)
+            store.add_measurement(rid, side="guest", test=test, metric="MB/s", value=v, instance=k,
+                                  started_at=started_at + k / 100)
+        store.add_measurement(rid, side="baseline", test=test, metric="MB/s", value=sum(100.0 + k for k in
+                                                                                      range(1, n + 1)))
+        store.add_measurement(rid, side="guest", test=test, metric="MB/s", value=sum(each))
+    store.finish_run(rid, "completed")
+    return rid
+
+
+def test_a_series_of_two_guests_spreads_over_time_and_over_instances():
+    """Study D's quick plan runs two guests at once: each guest's number is a sample beside its own bare-metal
+    process's, the table counts repeats (not samples), and the report adds each guest over time and the spread
+    between the guests within a repeat. A run of one guest is not one of this series' repeats."""
+    d = studies.find_study("d")
+    tests = ("seq-write-64k", "seq-write-64k-buffered")
+    with ResultStore() as store:
+        lone = record(store, dict.fromkeys(tests, 99.0), started_at=T0 - 60)
+        a = record_guests(store, dict.fromkeys(tests, [10.0, 14.0]), started_at=T0)
+        b = record_guests(store, dict.fromkeys(tests, [12.0, 12.0]), started_at=T0 + 60)
+        done = store.list_runs(state="completed")
+    ev = studies.gather(d, done)
+    samples = ev.series[("virtio-file", "seq-write-64k")]
+    assert [(x.run_id, x.instance, x.value, x.baseline) for x in samples] == [
+        (a, 1, 10.0, 101.0), (a, 2, 14.0, 102.0), (b, 1, 12.0, 101.0), (b, 2, 12.0, 102.0)]
+    assert lone not in {x.run_id for x in samples}
+    # the test's table takes the latest repeat of the series' guest count, labelled as the two guests' sum
+    cell = ev.cells[("virtio-file", "seq-write-64k")]
+    assert cell.run_id == b and cell.guest.value == 24.0 and "sum of 2 guests" in cell.qualifiers
+    with ResultStore() as store:
+        states = {(c.profile, c.test): c for c in studies.cell_states(d, store.list_runs(), ev.cells,
+                                                                      series=ev.series)}
+    assert states[("virtio-file", "seq-write-64k")].series_text == "2 of 5 repeats"  # repeats, not samples
+    md = studyreport.to_markdown(ev)
+    row = next(line for line in md.splitlines() if line.startswith("| virtio-file | seq-write-64k |"))
+    # 2 of 5 repeats of 2 guests: 4 samples, median 12.0, range 10 - 14; bare metal's median of 101, 102, 101, 102
+    assert row.startswith("| virtio-file | seq-write-64k | 2 of 5 (quick, 2 guests each) | 12.0 (emulated, quick) "
+                          "MB/s |"), row
+    assert "| 10.0 - 14.0 | 101.5 (quick) |" in row
+    assert "over those instances: each guest's number is one sample" in md
+    # g1: 10, 12 (median 11, CV 1.414/11 = 12.9 %); g2: 14, 12 (13, 10.9 %); within repeat a: 4 / 12 = 33.3 %,
+    # b: 0 %: median 16.7 %; Jain's index a: 24^2 / (2 * 296) = 0.973, b: 1: median 0.986
+    assert ("virtio-file seq-write-64k by guest over time (MB/s): g1 median 11.0, CV 12.9%; g2 median 13.0, CV "
+            "10.9%. Within a repeat, (max - min) / mean of the guests: median 16.7% (largest 33.3%); Jain's "
+            "fairness index median 0.986.") in md
+    assert f"runs #{a}, #{b}, 2 guests each" in md
+    assert "| 24.0 (emulated, quick, sum of 2 guests) |" in md and "203.0 (quick, sum of 2 processes)" not in md
+    assert "| 203.0 (sum of 2 processes) |" in md and "(sum of 2 guests): the run had 2 guests at once" in md
+    html = studyreport.to_html(ev)
+    assert "2 repeats over time" in html and f"run #{a}, guest 2: 14.0" in html
+    assert "histogram of 4 samples (2 repeats x 2 guests)" in html
+    # a matrix study's cells never take a run of N guests: its rows are sums, the papers' one instance's
+    a_study = studies.find_study("a")
+    with ResultStore() as store:
+        record_guests(store, {"dd-write-64k": [5.0, 6.0]}, started_at=T0, profile="eucalyptus-default")
+        assert ("eucalyptus-default", "dd-write-64k") not in studies.gather(a_study, store.list_runs()).cells
+        one = record(store, {"dd-write-64k": 2.0}, started_at=T0 + 1, profile="eucalyptus-default")
+        assert studies.gather(a_study, store.list_runs()).cells[("eucalyptus-default", "dd-write-64k")].run_id == one

@@ -33,7 +33,7 @@ from cloudbox.core.errors import CloudboxError, StudyError, UsageError
 from cloudbox.core.inputs import printable
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runlock import check_not_busy
-from cloudbox.core.runspec import option
+from cloudbox.core.runspec import MAX_GUESTS, option
 
 # The `cloudbox run` options a study run passes on to each of its runs, declared once in runspec.RUN_OPTIONS.
 PASSED_ON = ("work_dir", "device", "destroy", "agent_timeout")
@@ -87,6 +87,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--every", type=float, default=None, metavar="MINUTES",
                      help="a series study (D): minutes between the starts of two repeats instead of the file's "
                           "plan, 0..1440 (0: back to back)")
+    run.add_argument("--guests", type=int, default=None, metavar="N",
+                     help="a series study (D): guests of each run at once (instances) instead of the file's plan, "
+                          f"1..{MAX_GUESTS}; the report's spread is then over time and over instances")
     run.add_argument("--again", action="store_true", help="measure every cell, also those already stored")
     run.add_argument("--dry-run", action="store_true", help="say what would run and what is skipped, run nothing")
     run.add_argument("--detach", "-d", action="store_true",
@@ -219,12 +222,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in PASSED_ON}
     # A bad option stops here, before the results database is opened or any run recorded.
     size = studies.check_run(study, args.size, args.node, **options)
-    if args.repeats is not None or args.every is not None:
-        study = studies.with_series_plan(study, size, repeats=args.repeats, every_minutes=args.every)
+    if args.repeats is not None or args.every is not None or args.guests is not None:
+        study = studies.with_series_plan(study, size, repeats=args.repeats, every_minutes=args.every,
+                                         guests=args.guests)
     with ResultStore() as store:
         todo = studies.prepare_run(study, store.list_runs(), size=args.size, node=args.node, again=args.again,
                                    **options)
         specs = todo.specs
+        for spec in specs:  # the series' guests on this host, before the first run starts
+            runs.check_guests_fit(spec)
         print(printable(todo.headline()))
         print("\n".join(printable(line) for line in todo.lines()))
         if args.dry_run:

@@ -191,7 +191,7 @@ def start_sweep(specs: list[RunSpec], store: ResultStore, *, offsets: list[float
         raise CloudboxError(f"a sweep's start offsets must be one per run ({len(specs)}), in order")
     for spec in specs:
         spec.validate()
-        resolve_profile(spec.profile)
+        check_fits(spec, resolve_profile(spec.profile))  # a series of N guests the host cannot hold: refused now
     for node in dict.fromkeys(spec.node for spec in specs):
         check_not_busy(node)
     sweep = Sweep(id=time.strftime("sweep-%Y%m%d-%H%M%S-") + uuidlib.uuid4().hex[:6], specs=specs,

@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from . import accel, backing, inputs, paths, profiles, propagation
-from .compare import knobs, primary_metric
+from .compare import guest_count, knobs, primary_metric
 from .errors import (
     PYDANTIC_MESSAGES,
     NoSpace,
@@ -49,9 +49,9 @@ from .errors import (
     problem_from,
 )
 from .network import FRONTEND_SUFFIX, NET_TESTS
-from .results import Run, is_network_test, is_storage_test
+from .results import Measurement, Run, is_network_test, is_storage_test
 from .results import Sample as HostSample
-from .runspec import MIB, PROPAGATION, RunSpec, parse_size
+from .runspec import MAX_GUESTS, MIB, PROPAGATION, RunSpec, parse_size
 from .storage import TESTS as STORAGE_TESTS
 from .volumes import attach
 
@@ -176,10 +176,11 @@ class Rule(_Strict):
 
 class SeriesPlan(_Strict):
     """How a variability series is measured at one size: `repeats` runs of each profile, one started every
-    `every_minutes` (at once when the previous run took longer)."""
+    `every_minutes` (at once when the previous run took longer), each of `guests` guests at once (instances)."""
 
     every_minutes: float = Field(ge=0, le=24 * 60, allow_inf_nan=False)
     repeats: int = Field(ge=2, le=MAX_REPEATS)
+    guests: int = Field(default=1, ge=1, le=MAX_GUESTS)
 
     @property
     def every_s(self) -> float:
@@ -188,8 +189,9 @@ class SeriesPlan(_Strict):
     def words(self) -> str:
         span = self.every_minutes * (self.repeats - 1)
         every = f"every {self.every_minutes:g} min" if self.every_minutes else "back to back"
-        return f"{self.repeats} repeats {every}" + (f" (over {span / 60:.3g} h)" if span >= 60 else
-                                                   (f" (over {span:g} min)" if span else ""))
+        return (f"{self.repeats} repeats {every}" + (f" (over {span / 60:.3g} h)" if span >= 60 else
+                                                    (f" (over {span:g} min)" if span else ""))
+                + (f", {self.guests} guests at once" if self.guests > 1 else ""))
 
 
 class Series(_Strict):
@@ -242,6 +244,12 @@ class Study(_Strict):
     def series_plan(self, size: str) -> SeriesPlan | None:
         """How many repeats at `size`, how far apart; None for a study measured once per cell."""
         return None if self.series is None else getattr(self.series, size, None)
+
+    def guests(self, size: str) -> int:
+        """The guests each of its runs at `size` has at once: a series plan's, else one (the papers' cells are one
+        instance's figures)."""
+        plan = self.series_plan(size)
+        return plan.guests if plan else 1
 
     def sweep_plan(self, size: str) -> PropagationPlan | None:
         """The image-propagation sweep at `size`; None for a study without one."""
@@ -312,12 +320,14 @@ _RULES = {
     "rules.op": ", ".join(OPS),
     "series": "a table with a plan per size: [series.study] and/or [series.quick]",
     "cost": "true or false: whether the report adds cost columns (per host core, per GiB of guest RAM)",
-    "series.study": "a table with keys every_minutes, repeats",
-    "series.quick": "a table with keys every_minutes, repeats",
+    "series.study": "a table with keys every_minutes, repeats and optionally guests",
+    "series.quick": "a table with keys every_minutes, repeats and optionally guests",
     "series.study.every_minutes": "minutes between the starts of two repeats, 0..1440 (0: back to back)",
     "series.quick.every_minutes": "minutes between the starts of two repeats, 0..1440 (0: back to back)",
     "series.study.repeats": f"a whole number of runs per profile, 2..{MAX_REPEATS}",
     "series.quick.repeats": f"a whole number of runs per profile, 2..{MAX_REPEATS}",
+    "series.study.guests": f"guests of each run at once (instances), 1..{MAX_GUESTS} (default 1)",
+    "series.quick.guests": f"guests of each run at once (instances), 1..{MAX_GUESTS} (default 1)",
     "propagation": "a table with key profile and a plan per size: [propagation.study] and/or [propagation.quick]",
     "propagation.profile": "a profile of this study's [[profiles]] whose guest cloudbox launches (KVM) on a raw disk",
     "propagation.study": "a table with keys sizes_mib, repeats",
@@ -701,6 +711,7 @@ class Cell:
     guest_memory_mib: int | None = None  # the guest's RAM, from the profile stored with the run
     # every figure the run's bare metal stored for the test (by metric), the cell's own metric or not (Bonnie++'s)
     baseline_figures: tuple[tuple[str, float], ...] = ()
+    guests: int = 1  # a series' run of N guests: its numbers are their sum (and N bare-metal processes')
 
     def per_host_core(self, value: float | None) -> float | None:
         """`value` (this cell's guest or bare-metal number) per physical core of the host; None when the run
@@ -729,6 +740,8 @@ class Cell:
             out.append("loop device")
         if self.profile_changed:
             out.append("profile changed")
+        if self.guests > 1:
+            out.append(f"sum of {self.guests} guests")
         return out
 
 
@@ -748,9 +761,20 @@ def select_cells(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *
                  node: str | None = None) -> dict[CellKey, Cell]:
     """For each (profile, test) of the study, the cell of the best completed run measuring it: a run of the profile
     as it is today (`hashes`: name -> hash) before one of an older version of it, the study size before quick
-    (only `size` when given), then the latest; only runs on `node` when given."""
+    (only `size` when given), then the latest; only runs on `node` when given. Only runs of one guest (a run of N
+    stores their sum, which no paper's one-instance figure compares with), but in a series those of the guest
+    count its variability section shows."""
     sizes: list[str] = [size] if size else list(study.sizes)
     best: dict[CellKey, tuple[tuple[Any, ...], Cell]] = {}
+    wanted: dict[tuple[str, str, str], int] = {}
+
+    def guests_for(profile: str, test: str, sz: str) -> int:
+        if study.series is None:
+            return 1
+        if (profile, test, sz) not in wanted:
+            wanted[(profile, test, sz)] = _series_guests(study, runs, profile, hashes.get(profile), test, sz, node)
+        return wanted[(profile, test, sz)]
+
     for run in runs:
         if run.state != "completed" or run.profile_name not in study.profile_names or run.size_label not in sizes:
             continue
@@ -758,7 +782,10 @@ def select_cells(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *
             continue
         current = hashes.get(run.profile_name)
         changed = bool(current and run.profile_hash and run.profile_hash != current)
+        n = guest_count(run)
         for test in study.test_ids:
+            if n != guests_for(run.profile_name, test, run.size_label or ""):
+                continue
             metric = primary_metric(test, [m.metric for m in run.measurements if m.test == test])
             guest = _measured(run, "guest", test, metric)
             if guest is None:
@@ -774,7 +801,7 @@ def select_cells(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *
                                     guest_memory_mib=knobs(run).memory_mib,
                                     baseline_figures=tuple((m.metric, m.value) for m in run.measurements
                                                            if m.side == "baseline" and m.test == test
-                                                           and m.instance is None)))
+                                                           and m.instance is None), guests=n))
     return {k: v[1] for k, v in best.items()}
 
 
@@ -953,6 +980,8 @@ class PlannedProfile:
             extra["storage_tests"] = ",".join(storage)
         if network:
             extra["net_tests"] = ",".join(network)
+        if self.series is not None and self.series.guests > 1:
+            extra["guests"] = self.series.guests
         return RunSpec(profile=self.profile, suite=suite, size=size, node=node, **extra, **options)
 
 
@@ -974,7 +1003,8 @@ def plan_run(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, si
         if series is not None:
             item.elsewhere = [t for t in study.test_ids if needs_node(t) and not backend]
             tests = [t for t in study.test_ids if t not in item.elsewhere]
-            item.have = 0 if again else len(series_runs(runs, name, hashes.get(name), tests, size, node))
+            item.have = 0 if again else len(series_runs(runs, name, hashes.get(name), tests, size, node,
+                                                        series.guests))
             item.repeats = max(0, series.repeats - item.have)
             item.run = tests if item.repeats else []
             out.append(item)
@@ -993,11 +1023,12 @@ def plan_run(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, si
 
 
 def series_runs(runs: Sequence[Run], profile: str, profile_hash: str | None, tests: Sequence[str], size: str,
-                node: str | None) -> list[Run]:
-    """The completed runs of this profile (same hash), size and node (any when None) holding both sides of every one
-    of `tests`: the repeats of a series, oldest first."""
+                node: str | None, guests: int | None = 1) -> list[Run]:
+    """The completed runs of this profile (same hash), size, node (any when None) and guest count (any when None)
+    holding both sides of every one of `tests`: the repeats of a series, oldest first."""
     out = [r for r in runs if r.state == "completed" and r.profile_name == profile and r.profile_hash == profile_hash
            and r.size_label == size and (node is None or r.node == node)
+           and (guests is None or guest_count(r) == guests)
            and all(r.measurement("guest", t) is not None and r.measurement("baseline", t) is not None
                    for t in tests)]
     return sorted(out, key=lambda r: (r.started_at or 0.0, r.id))
@@ -1005,10 +1036,11 @@ def series_runs(runs: Sequence[Run], profile: str, profile_hash: str | None, tes
 
 def _stored(runs: Sequence[Run], profile: str, profile_hash: str | None, test: str, size: str,
             node: str) -> int | None:
-    """The newest completed run of this profile (same hash), size and node with both sides of `test`, or None."""
+    """The newest completed run of one guest of this profile (same hash), size and node with both sides of `test`,
+    or None."""
     for run in sorted(runs, key=lambda r: (r.started_at or 0.0, r.id), reverse=True):
         if (run.state == "completed" and run.profile_name == profile and run.profile_hash == profile_hash
-                and run.size_label == size and run.node == node
+                and run.size_label == size and run.node == node and guest_count(run) == 1
                 and run.measurement("guest", test) is not None and run.measurement("baseline", test) is not None):
             return run.id
     return None
@@ -1217,6 +1249,7 @@ class Sample:
     emulated: bool = False
     accelerator: str | None = None
     baseline_labels: tuple[str, ...] = ()  # e.g. virtualized-host: the bare-metal side ran on a virtual machine
+    instance: int | None = None  # a run of N guests: the guest (its bare-metal process: the same number)
 
 
 @dataclass(frozen=True)
@@ -1252,24 +1285,53 @@ def series_stats(values: Sequence[float]) -> SeriesStats | None:
 def gather_series(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, size: str | None = None,
                   node: str | None = None) -> dict[CellKey, list[Sample]]:
     """Per cell, every stored repeat (oldest first) at one size: `size`, else the first of the study's sizes holding
-    any; each repeat is a completed run of the profile as it is today, on `node` when given."""
+    any; each repeat is a completed run of the profile as it is today, on `node` when given, of the plan's guest
+    count. A run of N guests gives N samples, one per guest beside its own bare-metal process (instances 1..N):
+    the distribution is over time and over instances."""
     out: dict[CellKey, list[Sample]] = {}
     for profile in study.profile_names:
         for test in study.test_ids:
             for sz in [size] if size else study.sizes:
-                found = series_runs(runs, profile, hashes.get(profile), [test], sz, node)
+                guests = _series_guests(study, runs, profile, hashes.get(profile), test, sz, node)
+                found = series_runs(runs, profile, hashes.get(profile), [test], sz, node, guests)
                 if not found:
                     continue
                 samples = []
                 for r in found:
-                    metric = primary_metric(test, [m.metric for m in r.measurements if m.test == test])
-                    guest, base = _measured(r, "guest", test, metric), _measured(r, "baseline", test, metric)
-                    if guest is not None:
-                        samples.append(Sample(r.id, r.started_at or 0.0, guest.value, base.value if base else None,
-                                              metric, sz, r.emulated, r.accelerator, base.labels if base else ()))
+                    samples += _samples(r, test, sz, guests)
                 out[(profile, test)] = samples
                 break
     return out
+
+
+def _series_guests(study: Study, runs: Sequence[Run], profile: str, profile_hash: str | None, test: str, size: str,
+                   node: str | None) -> int:
+    """The guest count whose repeats a cell's series shows: the plan's when it has any, else the count with the most
+    repeats (a series run with `--guests`)."""
+    counts: dict[int, int] = {}
+    for r in series_runs(runs, profile, profile_hash, [test], size, node, guests=None):
+        counts[guest_count(r)] = counts.get(guest_count(r), 0) + 1
+    planned = study.guests(size)
+    if planned in counts or not counts:
+        return planned
+    return max(counts, key=lambda n: (counts[n], n))
+
+
+def _samples(r: Run, test: str, size: str, guests: int) -> list[Sample]:
+    """A repeat's samples of `test`: the guest's number, or with N guests each guest's (instance k beside bare
+    metal's process k)."""
+    metric = primary_metric(test, [m.metric for m in r.measurements if m.test == test])
+
+    def sample(value: float, base: Measured | Measurement | None, at: float | None, k: int | None) -> Sample:
+        return Sample(r.id, at or r.started_at or 0.0, value, base.value if base else None, metric, size, r.emulated,
+                      r.accelerator, tuple(base.labels) if base else (), k)
+
+    if guests == 1:
+        guest = _measured(r, "guest", test, metric)
+        return [] if guest is None else [sample(guest.value, _measured(r, "baseline", test, metric), None, None)]
+    bases = {m.instance: m for m in r.instances("baseline", test, metric)}
+    return [sample(m.value, bases.get(m.instance), m.started_at, m.instance)
+            for m in r.instances("guest", test, metric)]
 
 
 # ------------------------------------------------------------------------------------------ the matrix's state
@@ -1331,7 +1393,8 @@ def _cell_states(study: Study, runs: Sequence[Run], cells: Mapping[CellKey, Cell
                  sizes: Sequence[str]) -> list[CellState]:
     latest: dict[str, list[Run]] = {}
     for run in sorted(runs, key=lambda r: (r.started_at or 0.0, r.id), reverse=True):
-        if run.profile_name in study.profile_names and run.size_label in sizes and run.state != "completed":
+        if (run.profile_name in study.profile_names and run.size_label in sizes and run.state != "completed"
+                and guest_count(run) == study.guests(run.size_label or "")):
             latest.setdefault(run.profile_name, []).append(run)
     out = []
     for profile in study.profile_names:
@@ -1358,7 +1421,7 @@ def _cell_states(study: Study, runs: Sequence[Run], cells: Mapping[CellKey, Cell
 def _with_repeats(study: Study, c: CellState, samples: Sequence[Sample], sizes: Sequence[str]) -> CellState:
     size = samples[0].size_label if samples else sizes[0]
     plan = study.series_plan(size)
-    return dataclasses.replace(c, repeats=(len(samples), plan.repeats if plan else 0))
+    return dataclasses.replace(c, repeats=(len({x.run_id for x in samples}), plan.repeats if plan else 0))
 
 
 @dataclass(frozen=True)
@@ -1446,23 +1509,25 @@ def plan_lines(plan: Sequence[PlannedProfile]) -> list[str]:
 
 
 def with_series_plan(study: Study, size: str, *, repeats: int | None = None,
-                     every_minutes: float | None = None) -> Study:
-    """The study with its series plan at `size` changed (`study run --repeats/--every`), or UsageError naming the
-    option and what is allowed: a study measured once per cell has no series to change."""
+                     every_minutes: float | None = None, guests: int | None = None) -> Study:
+    """The study with its series plan at `size` changed (`study run --repeats/--every/--guests`), or UsageError
+    naming the option and what is allowed: a study measured once per cell has no series to change."""
     plan = study.series_plan(size)
     if plan is None:
         series = ", ".join(e.name for e in list_studies()
                            if e.problem is None and load_study(e.path).series is not None) or "(none)"
-        raise UsageError(f"--repeats and --every change a series study's plan; study {study.name} is measured once "
-                         f"per cell (series studies: {series})")
+        raise UsageError(f"--repeats, --every and --guests change a series study's plan; study {study.name} is "
+                         f"measured once per cell, by one guest (series studies: {series})")
     try:
         new = SeriesPlan(every_minutes=plan.every_minutes if every_minutes is None else float(every_minutes),
-                         repeats=plan.repeats if repeats is None else repeats)
+                         repeats=plan.repeats if repeats is None else repeats,
+                         guests=plan.guests if guests is None else guests)
     except ValidationError as exc:
         field_ = str(exc.errors()[0]["loc"][0])
         flag, allowed = {"repeats": ("--repeats", _RULES["series.study.repeats"]),
-                         "every_minutes": ("--every", _RULES["series.study.every_minutes"])}[field_]
-        given = repeats if field_ == "repeats" else every_minutes
+                         "every_minutes": ("--every", _RULES["series.study.every_minutes"]),
+                         "guests": ("--guests", _RULES["series.study.guests"])}[field_]
+        given = {"repeats": repeats, "every_minutes": every_minutes, "guests": guests}[field_]
         raise UsageError(f"{flag} {given!r} is out of range; allowed: {allowed}") from None
     assert study.series is not None
     return study.model_copy(update={"series": study.series.model_copy(update={size: new})})

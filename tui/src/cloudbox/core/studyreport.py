@@ -21,6 +21,7 @@ from markdown_it import MarkdownIt
 
 from . import propagation, storage
 from .compare import test_title
+from .fairness import jain_index
 from .inputs import printable
 from .propagation import Fit, NoFit
 from .results import Sample as HostSample
@@ -161,6 +162,8 @@ def table(ev: Evidence, test: str) -> list[str]:
     paper_native = study.paper_cell(NATIVE, test)
     native, native_runs = native_row(cells)
     native_q = host_qualifiers([native.labels] if native else [])
+    many = {c.guests for c in cells if c.baseline is not None and c.guests > 1}
+    native_q += [f"sum of {n} processes" for n in sorted(many)]  # a series' runs of N guests: N at once
     row = ["none, bare metal", "-", _g(paper_native.value if paper_native else None),
            _with(value_text(native.value if native else None, metric), native_q), "100" if paper_native else "-",
            "100" if native else "-"]
@@ -338,6 +341,10 @@ def _notes(ev: Evidence) -> list[str]:
     for q, note in QUALIFIER_NOTES.items():
         if q in present:
             out += [f"({q}): {note}", ""]
+    for n in sorted({c.guests for c in ev.cells.values() if c.guests > 1}):
+        out += [f"(sum of {n} guests): the run had {n} guests at once (the series' instances): its figure is their "
+                f"sum, beside {n} bare-metal processes at once (sum of {n} processes); each guest's own figures are in "
+                "the variability section", ""]
     return out
 
 
@@ -388,11 +395,13 @@ def variability(ev: Evidence) -> list[str]:
         return []
     plans = "; ".join(f"{size} size: {plan.words()}" for size in study.sizes
                       if (plan := study.series_plan(size)) is not None)
+    over = ("its stored repeats (completed runs of the profile as it is today) and, where a run had several guests "
+            "at once, over those instances: each guest's number is one sample") if _instances(ev) else \
+        "its stored repeats (completed runs of the profile as it is today)"
     out = ["## Variability over time", "",
-           f"The same tests repeated as a series ({_md(plans)}). Each row is one cell's distribution over its stored "
-           "repeats (completed runs of the profile as it is today): p5 and p95 are the 5th and 95th percentiles, CV "
-           "the coefficient of variation (standard deviation / mean). One short run describes one moment; the spread "
-           "is the finding.", ""]
+           f"The same tests repeated as a series ({_md(plans)}). Each row is one cell's distribution over {over}: p5 "
+           "and p95 are the 5th and 95th percentiles, CV the coefficient of variation (standard deviation / mean). "
+           "One short run describes one moment; the spread is the finding.", ""]
     rows = _series_rows(ev)
     if not rows:
         return out + [f"No repeats stored yet (`cloudbox study run {study.name}`).", ""]
@@ -402,27 +411,64 @@ def variability(ev: Evidence) -> list[str]:
         metric = samples[0].metric
         plan = study.series_plan(samples[0].size_label)
         want = f" of {plan.repeats}" if plan else ""
+        repeats = len({x.run_id for x in samples})
+        guests = len({x.instance for x in samples})
         base = series_stats([x.baseline for x in samples if x.baseline is not None])
         quals = sample_qualifiers(samples)
         base_quals = host_qualifiers([x.baseline_labels for x in samples], quals)
         cv = "-" if st.cv is None else f"{st.cv:.1f}%"
         span = " - ".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
                           for t in dict.fromkeys((samples[0].started_at, samples[-1].started_at)))
-        out.append(f"| {_md(profile)} | {_md(test)} | {st.n}{want} ({_md(samples[0].size_label)}) | "
+        each = f", {guests} guests each" if guests > 1 else ""
+        out.append(f"| {_md(profile)} | {_md(test)} | {repeats}{want} ({_md(samples[0].size_label)}{each}) | "
                    f"{_md(_with(value_text(st.median, metric), quals))} {_md(metric)} | "
                    f"{value_text(st.p5, metric)} | {value_text(st.p95, metric)} | {cv} | "
                    f"{value_text(st.low, metric)} - {value_text(st.high, metric)} | "
                    f"{_md(_with(value_text(base.median if base else None, metric), base_quals))} | {span} |")
     out.append("")
+    out += _between_guests(rows)
     for profile, test, samples, _st in rows:
         metric = samples[0].metric
         hist = bins([x.value for x in samples])
         top = max(n for _, _, n in hist)
+        ids = list(dict.fromkeys(x.run_id for x in samples))
+        per = f", {len(samples) // len(ids)} guests each" if len(samples) > len(ids) else ""
         out += [f"Histogram of {_md(profile)} {_md(test)} ({_md(metric)}, runs "
-                f"{', '.join(f'#{x.run_id}' for x in samples)}):", "", "```"]
+                f"{', '.join(f'#{i}' for i in ids)}{per}):", "", "```"]
         out += [f"{value_text(a, metric):>8} - {value_text(b, metric):<8} {'#' * round(20 * n / top):<20} {n}"
                 for a, b, n in hist]
         out += ["```", ""]
+    return out
+
+
+def _instances(ev: Evidence) -> bool:
+    return any(x.instance is not None for samples in ev.series.values() for x in samples)
+
+
+def _between_guests(rows: Sequence[tuple[str, str, list[Sample], SeriesStats]]) -> list[str]:
+    """For cells measured by several guests at once: each guest over time, and the guests within one repeat (the
+    spread between instances, which one guest's series cannot show)."""
+    out = []
+    for profile, test, samples, _st in rows:
+        by_guest: dict[int, list[float]] = {}
+        by_run: dict[int, list[float]] = {}
+        for x in samples:
+            if x.instance is not None:
+                by_guest.setdefault(x.instance, []).append(x.value)
+                by_run.setdefault(x.run_id, []).append(x.value)
+        if len(by_guest) < 2:
+            continue
+        metric = samples[0].metric
+        guests = "; ".join(f"g{k} median {value_text(statistics.median(v), metric)}"
+                           + (f", CV {st.cv:.1f}%" if (st := series_stats(v)) and st.cv is not None else "")
+                           for k, v in sorted(by_guest.items()))
+        within = [(max(v) - min(v)) / statistics.fmean(v) * 100.0 for v in by_run.values()
+                  if len(v) > 1 and statistics.fmean(v) > 0]
+        jain = [jain_index(v) for v in by_run.values() if len(v) > 1]
+        inside = (f" Within a repeat, (max - min) / mean of the guests: median {statistics.median(within):.1f}% "
+                  f"(largest {max(within):.1f}%); Jain's fairness index median {statistics.median(jain):.3f}."
+                  if within and jain else "")
+        out += [f"{_md(profile)} {_md(test)} by guest over time ({_md(metric)}): {guests}.{inside}", ""]
     return out
 
 
@@ -693,7 +739,10 @@ def histogram_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
     plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
     bw = plot_w / len(hist)
     quals = sample_qualifiers(samples)
-    parts = _svg_open(f"{profile} {test}: histogram of {len(samples)} repeats ({metric})")
+    repeats = len({x.run_id for x in samples})
+    what = f"{len(samples)} samples ({repeats} repeats x {len(samples) // repeats} guests)" \
+        if len(samples) > repeats else f"{repeats} repeats"
+    parts = _svg_open(f"{profile} {test}: histogram of {what} ({metric})")
     parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}'
                  + (f" ({escape(', '.join(quals))})" if quals else "") + "</text>")
     for i, (a, _b, n) in enumerate(hist):
@@ -714,14 +763,14 @@ def timeline_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
     metric = samples[0].metric
     values = [x.value for x in samples] + [x.baseline for x in samples if x.baseline is not None]
     top = max(values) * 1.1 or 1.0
-    t0, t1 = samples[0].started_at, samples[-1].started_at
+    t0, t1 = min(x.started_at for x in samples), max(x.started_at for x in samples)
     plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
 
     def xy(t: float, v: float) -> tuple[float, float]:
         x = SERIES_PAD + (plot_w * (t - t0) / (t1 - t0) if t1 > t0 else plot_w / 2)
         return x, SERIES_PAD + plot_h - plot_h * v / top
 
-    parts = _svg_open(f"{profile} {test}: {len(samples)} repeats over time ({metric})")
+    parts = _svg_open(f"{profile} {test}: {len({x.run_id for x in samples})} repeats over time ({metric})")
     parts.append(f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
                  f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>'
                  f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + 4}" text-anchor="end">{escape(value_text(top, metric))}'
@@ -731,7 +780,8 @@ def timeline_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
             bx, by = xy(x_.started_at, x_.baseline)
             parts.append(f'<circle cx="{bx:.1f}" cy="{by:.1f}" r="3" fill="{PAPER_FILL}"/>')
         gx, gy = xy(x_.started_at, x_.value)
-        parts.append(f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="3.5" fill="{OURS_FILL}"><title>run #{x_.run_id}: '
+        who = f", guest {x_.instance}" if x_.instance is not None else ""
+        parts.append(f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="3.5" fill="{OURS_FILL}"><title>run #{x_.run_id}{who}: '
                      f"{escape(value_text(x_.value, metric))} {escape(printable(metric))}</title></circle>")
     minutes = (t1 - t0) / 60.0
     parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
