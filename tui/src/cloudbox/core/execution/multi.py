@@ -495,15 +495,21 @@ def guests_network(ctx: RunContext) -> None:
             ports[nt.tool] = (serve_many(hostnet, nt.tool, hostnet.host_ip, n),
                               serve_many(hostnet, nt.tool, network.NS_HOST_IP, n))
         gports, bports = ports[nt.tool]
-        offsets = _read_clocks(ctx, runners)
-        at = time.time() + BARRIER_LEAD_S
-        jobs = [functools.partial(_guest_net_part, ctx, nt, link, port, at, offset, k)
-                for k, (link, port, offset) in enumerate(zip(links, gports, offsets, strict=True), 1)]
-        parts = net_test_many(ctx, "guest", nt, jobs, ctx.labels)
-        _record_skew(ctx, nt.id, [p.started_at for p in parts])
+        _guests_net_many(ctx, nt, links, gports, runners)
         _host_net_many(ctx, nt, bports, bare_labels)
         if ctx.spec.peer:
             _to_front_end(ctx, nt, links, runners)
+
+
+def _guests_net_many(ctx: RunContext, nt: network.NetTest, links: list[network.GuestLink], ports: list[int],
+                     runners: list[storage.GuestRunner]) -> None:
+    """`nt` in every guest at once through the barrier, guest k against ports[k - 1]; the start skew kept."""
+    offsets = _read_clocks(ctx, runners)
+    at = time.time() + BARRIER_LEAD_S
+    jobs = [functools.partial(_guest_net_part, ctx, nt, link, port, at, offset, k)
+            for k, (link, port, offset) in enumerate(zip(links, ports, offsets, strict=True), 1)]
+    parts = net_test_many(ctx, "guest", nt, jobs, ctx.labels)
+    _record_skew(ctx, nt.id, [p.started_at for p in parts])
 
 
 def _host_net_many(ctx: RunContext, nt: network.NetTest, ports: list[int], labels: list[str],
@@ -524,19 +530,14 @@ def _to_front_end(ctx: RunContext, nt: network.NetTest, links: list[network.Gues
     """A back-end's run for the front-end: `nt` from every guest to the front-end's servers at once, through the
     barrier, then from this host's N clients at once (the private network's own baseline)."""
     spec, n = ctx.spec, len(links)
-    ports = ([spec.peer_netperf_port] * n if nt.tool == "netperf"
-             else list(spec.peer_iperf3_ports) or [spec.peer_iperf3_port] * n)
+    # netserver forks a child per client; an iperf3 server serves one client at a time
+    ports = [spec.peer_netperf_port] * n if nt.tool == "netperf" else list(spec.peer_iperf3_ports)
     if not all(ports) or len(ports) != n:
         raise CloudboxError(f"the front-end {spec.peer} opened no {nt.tool} server for each of the run's {n} guests "
                             f"(peer_netperf_port / peer_iperf3_ports: {ports})")
     fe = network.frontend_test(nt)
     far = [network.GuestLink(ln.guest, ln.nic, spec.peer, ln.bridge, ln.mtu, local=False) for ln in links]
-    offsets = _read_clocks(ctx, runners)
-    at = time.time() + BARRIER_LEAD_S
-    jobs = [functools.partial(_guest_net_part, ctx, fe, link, port, at, offset, k)
-            for k, (link, port, offset) in enumerate(zip(far, ports, offsets, strict=True), 1)]
-    parts = net_test_many(ctx, "guest", fe, jobs, ctx.labels)
-    _record_skew(ctx, fe.id, [p.started_at for p in parts])
+    _guests_net_many(ctx, fe, far, ports, runners)
     _host_net_many(ctx, fe, ports, [*host_labels(ctx.labels, dom0=ctx.dom0), "private-network"], target=spec.peer,
                    netns=None)
 
