@@ -4,7 +4,8 @@
 # make test boots the UEFI entry once, to dom0 reached over SSH: its serial log shows Xen's EFI loader and the PV dom0,
 # then a Xen PV benchmark guest (xen-xvd-phy) runs one quick storage and one network test there (docs/xen.md). Opt-in
 # (--filter-tags xen-full): each loader's boot to the root's mount alone, the full dom0 boot to the self-test verdict
-# (~10 min under TCG), and a PV guest on a file through qdisk (xen-xvd-file).
+# (~10 min under TCG), a PV guest on a file through qdisk (xen-xvd-file), and one disk booted into Xen then Linux,
+# a run under each, compared side by side.
 # The bench test (tag bench: make image-bench) runs both whole quick suites for docs/xen.md's figures.
 
 load ../helpers/load
@@ -293,4 +294,52 @@ xen_run() {
     done
     echo "# dom0 memory: $before_mem MiB before, $mem MiB after the run" >&3
     assert [ $((mem - before_mem)) -ge -8 ]
+}
+
+# xen_boot_linux NAME: the same disk as the Xen boot in $logdir (its overlay kept), booted again through its
+# default Linux entry (-cpu max: the appliance's KVM nested in TCG), until it answers over SSH on XEN_PORT.
+xen_boot_linux() {
+    local start=$SECONDS
+    qemu_new "$logdir/$1.serial.log" --cpu "${IMAGE_QEMU_CPU:-max}" --smp "${IMAGE_QEMU_SMP:-2}" --no-reboot
+    qemu_firmware uefi "$logdir/ovmf-vars.fd" || return 1
+    qemu_disk disk qcow2 "$logdir/disk.qcow2" --boot --discard
+    qemu_credential passwd.hashed-password.root "$(openssl passwd -6 -stdin < "$logdir/root-password")"
+    qemu_credential ssh.authorized_keys.root "$(cat "$logdir/id_ed25519.pub")"
+    qemu_nic --ssh "$XEN_PORT"
+    qemu_start "$logdir/$1.qemu.log"
+    machine_wait_ssh "$logdir" "$XEN_PORT" "$QEMU_PID" "${IMAGE_XEN_TIMEOUT_S:-900}" || return 1
+    echo "# the same disk's Linux entry answering over SSH: $((SECONDS - start)) s (TCG, -cpu ${IMAGE_QEMU_CPU:-max})" >&3
+}
+
+# bats test_tags=slow,xen,xen-full
+@test "one box, both hypervisors: a Xen PV run in dom0, then the Linux boot's KVM run, compared side by side" {
+    xen_dom0_up same-box
+    xen_run xen-xvd-phy all --tests seq-write-64k --net-tests tcp-stream --size 64M
+    # The next boot takes the menu's default, Linux: the line making Xen the default goes from the ESP's loader.conf.
+    run -0 dom0 'esp=$(lsblk -nrpo PATH,PARTTYPE | awk "tolower(\$2) == \"c12a7328-f81f-11d2-ba4b-00a0c93ec93b\" {print \$1; exit}")
+        [ -n "$esp" ] && mkdir -p /run/cbesp && mount -t vfat "$esp" /run/cbesp &&
+        sed -i "/^default cloudbox-xen.conf$/d" /run/cbesp/loader/loader.conf && cat /run/cbesp/loader/loader.conf;
+        rc=$?; umount /run/cbesp; exit $rc'
+    refute_line 'default cloudbox-xen.conf'
+    assert_line 'default cloudbox-[0-9]*'
+    machine_stop "$logdir" "$XEN_PORT" "$QEMU_PID" "$logdir/journal-xen.txt"
+    xen_boot_linux linux || fail "the Linux entry of the same disk did not answer over SSH: $(tail -n 3 "$logdir/linux.serial.log")"
+    run -0 dom0 cloudbox host
+    refute_output --regexp 'Xen'
+    run -0 dom0 cloudbox run --profile virtio-disk --suite all --size 64M --tests seq-write-64k --net-tests tcp-stream
+    echo "$output" > "$logdir/run-virtio-disk-all.txt"
+    MACHINE_SSH_TIMEOUT_S=120 dom0 cloudbox results export --format json > "$logdir/runs.json"
+    run -0 python3 -c 'import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+assert [r["state"] for r in runs] == ["completed", "completed"], [(r["state"], r.get("reason")) for r in runs]
+print(" ".join(str(r["id"]) for r in runs))' "$logdir/runs.json"
+    ids=$output
+    # shellcheck disable=SC2086 # two run ids
+    run -0 dom0 cloudbox results compare $ids
+    echo "$output" > "$logdir/compare.txt"
+    # The storage table: dom0 and the Xen guest, then bare metal and the KVM guest, each against its own baseline.
+    assert_output --regexp 'Xen \(PV'
+    assert_output --regexp 'KVM|QEMU'
+    assert_output --partial 'dom0'
+    grep -E '^#[12] ' "$logdir/compare.txt" | head -8 | sed 's/^/# /' >&3
 }
