@@ -338,8 +338,8 @@ print(" ".join(str(r["id"]) for r in runs))' "$logdir/runs.json"
     run -0 dom0 cloudbox results compare $ids
     echo "$output" > "$logdir/compare.txt"
     # The storage table: dom0 and the Xen guest, then bare metal and the KVM guest, each against its own baseline.
-    assert_output --regexp 'Xen \(PV'
-    assert_output --regexp 'KVM|QEMU'
-    assert_output --partial 'dom0'
+    assert_output --regexp $'(^|\n)#1 +dom0 '
+    assert_output --regexp $'(^|\n)#1 +Xen \\(PV'
+    assert_output --regexp $'(^|\n)#2 +(KVM|QEMU) '
     grep -E '^#[12] ' "$logdir/compare.txt" | head -8 | sed 's/^/# /' >&3
 }
