@@ -21,7 +21,7 @@ from markdown_it import MarkdownIt
 
 from . import propagation, storage
 from .compare import test_title
-from .fairness import jain_index
+from .fairness import spread
 from .inputs import printable
 from .propagation import Fit, NoFit
 from .results import Sample as HostSample
@@ -462,9 +462,9 @@ def _between_guests(rows: Sequence[tuple[str, str, list[Sample], SeriesStats]]) 
         guests = "; ".join(f"g{k} median {value_text(statistics.median(v), metric)}"
                            + (f", CV {st.cv:.1f}%" if (st := series_stats(v)) and st.cv is not None else "")
                            for k, v in sorted(by_guest.items()))
-        within = [(max(v) - min(v)) / statistics.fmean(v) * 100.0 for v in by_run.values()
-                  if len(v) > 1 and statistics.fmean(v) > 0]
-        jain = [jain_index(v) for v in by_run.values() if len(v) > 1]
+        spreads = [spread(v) for v in by_run.values() if len(v) > 1]
+        within = [(sp.max - sp.min) / (sp.total / sp.n) * 100.0 for sp in spreads if sp.total > 0]
+        jain = [sp.jain for sp in spreads]
         inside = (f" Within a repeat, (max - min) / mean of the guests: median {statistics.median(within):.1f}% "
                   f"(largest {max(within):.1f}%); Jain's fairness index median {statistics.median(jain):.3f}."
                   if within and jain else "")
