@@ -5,6 +5,9 @@ image copies. Standard library only: it runs with Debian's python3 on the test h
                                                        the last run of `results export --format json`, with
                                                        FE_TEST (default tcp-stream-fe) on both sides
     cluster_checks.py nfs-run RUN_JSON                 the last run: be1's guest and host on fe1's NFS export
+    cluster_checks.py volume-run RUN_JSON SCHEME ATTACH [NODE]
+                                                       the last run: a SCHEME volume attached by ATTACH, the guest
+                                                       beside the host domain on it (on NODE, served by the front-end)
     cluster_checks.py node-state NAME < NODES_JSON     the state `node list --json` shows for node NAME
     cluster_checks.py wrong-code CODE                  a well-formed join code other than CODE
     cluster_checks.py propagation PROPAGATIONS_JSON    the first real image copy, in words
@@ -183,6 +186,39 @@ def check_nfs_run(run_json: Path) -> str:
             f"{written / 2**20:.0f} MiB")
 
 
+def check_volume_run(run_json: Path, scheme: str, attach: str, node: str = "") -> str:
+    """The last run measured a network volume over `scheme`, attached by `attach`: completed, the guest's rows beside
+    the host domain's on the same volume (labelled volume-from-host; through the host's own initiator when it
+    attached it), the server wrote what both sides wrote. With `node`, the run ran there and the front-end served."""
+    run = json.loads(run_json.read_text())["runs"][-1]
+    prov = run["provenance"]
+    check(run["state"] == "completed", "the run completed", (run["state"], run["reason"]))
+    vol = prov.get("volume") or {}
+    check((vol.get("scheme"), vol.get("attach")) == (scheme, attach), f"a {scheme} volume attached by {attach}", vol)
+    rows = {(m["side"], m["test"]): m for m in run["measurements"] if m["metric"] in ("MB/s", "IOPS")}
+    guest = [m for (side, _), m in rows.items() if side == "guest"]
+    base = [m for (side, _), m in rows.items() if side == "baseline"]
+    check(guest and all(m["value"] > 0 for m in guest), "the guest measured the volume", guest)
+    check(base and all("volume-from-host" in m["labels"] for m in base), "the host domain measured the same volume",
+          base)
+    if attach == "host" or vol.get("host_device"):
+        check(all("host-initiator" in m["labels"] for m in base), "the baseline ran on the host's attachment", base)
+        check(vol.get("host_device", "").startswith("/dev/") and vol.get("initiator"), "the attached device named",
+              vol)
+    written = vol.get("server_bytes_written")
+    check(written is None or written > 0, "the server wrote the tests' data", vol)
+    if node:
+        check(run["node"] == node and prov["nodes"]["back-end"] == node, f"the run ran on {node}",
+              (run["node"], prov.get("nodes")))
+        check("front-end" in vol.get("server", "") or "this front-end" in vol.get("server", ""),
+              "the front-end served it", vol)
+    g = next(iter(guest))
+    b = next((m for m in base if m["test"] == g["test"]), base[0])
+    return (f"{scheme} attached by {attach}: {g['test']} guest {g['value']:.1f} {g['metric']}, host domain "
+            f"{b['value']:.1f}; {vol.get('initiator') or 'the guest initiator'}"
+            + (f"; server wrote {written / 1e6:.1f} MB" if written else ""))
+
+
 def main(argv: list[str]) -> int:
     try:
         match argv:
@@ -190,6 +226,8 @@ def main(argv: list[str]) -> int:
                 print(check_run(Path(run_json), Path(props_json), fe_tests or ["tcp-stream-fe"]))
             case ["nfs-run", run_json]:
                 print(check_nfs_run(Path(run_json)))
+            case ["volume-run", run_json, scheme, attach, *node]:
+                print(check_volume_run(Path(run_json), scheme, attach, *node[:1]))
             case ["node-state", name]:
                 print(node_state(json.load(sys.stdin), name))
             case ["wrong-code", code]:
@@ -211,3 +249,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+

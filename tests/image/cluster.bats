@@ -308,18 +308,18 @@ serial_lockup() {
     tail -c +$(($2 + 1)) "$1" | grep -a -m1 -E 'soft lockup|hard LOCKUP|rcu_[a-z]+ detected stalls' | sed 's/^[^]]*] //' || :
 }
 
-# cluster_run NAME FE_TESTS SIZE RUN_ARGS...: `run` the front-end's `cloudbox run --node be1 --size SIZE RUN_ARGS...`
-# (a few MiB: the nested guest writes under 1 MB/s under TCG, so quick's 128 MiB took minutes per test; output in
-# $LOGS/NAME.txt, one announced re-run when the nested guest died booting), then checks it completed with the
-# guest -> fe1 tests FE_TESTS (space-separated) on both sides; results in $LOGS/NAME.json.
+# cluster_run NAME FE_TESTS SIZE PROFILE RUN_ARGS...: `run` the front-end's `cloudbox run --node be1 --size SIZE
+# --profile PROFILE RUN_ARGS...` (a few MiB: the nested guest writes under 1 MB/s under TCG, so quick's 128 MiB took
+# minutes per test; output in $LOGS/NAME.txt, one announced re-run when the nested guest died booting), then checks it
+# completed with the guest -> fe1 tests FE_TESTS (space-separated) on both sides; results in $LOGS/NAME.json.
 cluster_run() {
-    local name=$1 fe_tests=$2 size=$3 lock from
-    shift 3
+    local name=$1 fe_tests=$2 size=$3 profile=$4 lock from
+    shift 4
     export MACHINE_SSH_TIMEOUT_S=${IMAGE_CLUSTER_RUN_TIMEOUT_S:-1500}
     from=$(stat -c %s "$LOGS/be1.serial.log")  # what be1's kernel says from here on is said during the run
-    run fe cloudbox run --node be1 --profile virtio-disk --size "$size" "$@"
+    run fe cloudbox run --node be1 --profile "$profile" --size "$size" "$@"
     echo "$output" > "$LOGS/$name.txt"
-    run_again_if_guest_died_booting "$LOGS/$name.txt" fe cloudbox run --node be1 --profile virtio-disk --size "$size" \
+    run_again_if_guest_died_booting "$LOGS/$name.txt" fe cloudbox run --node be1 --profile "$profile" --size "$size" \
         "$@" || :
     lock=$(serial_lockup "$LOGS/be1.serial.log" "$from")
     # A stall the run came through (the emulated CPU starved by a loaded host) is reported; one it died of, failed on.
@@ -339,17 +339,44 @@ cluster_run() {
 }
 
 # bats test_tags=slow,image,cluster
-@test "the front-end runs the storage and network suites on a guest on the back-end (nested KVM)" {
+@test "on a nested guest on the back-end the front-end runs the storage suite on its own NVMe/TCP volume and the network suite" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
-    # One scheme of each suite (Study A's 64 kB write, TCP_STREAM to be1's host and to fe1), 16 MiB; the next
-    # test, tagged cluster-full, runs the smoke storage set and every netperf test with 32 MiB.
-    cluster_run run tcp-stream-fe 16M --suite all --tests seq-write-64k --net-tests tcp-stream
+    # Enrolment installed be1's own credentials for fe1's volumes (in the background, right after it joined).
+    ids() { be cat /var/lib/cloudbox/pki/front-end/ids.json > "$LOGS/be1-volume-ids.json"; }
+    wait_for 60 5 ids || fail "be1 has no volume credentials from fe1 (fe1's enrolment server log: $(fe tail -5 /var/lib/cloudbox/logs/enrol-server.log 2>&1))"
+    run -0 python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["nvme"]["nqn"], d["chap"]["initiator"], d["front_end"])' "$LOGS/be1-volume-ids.json"
+    assert_output --regexp '^nqn\.2026-11\.org\.cloudbox:host\.node-be1-[0-9a-f]+ iqn\.2026-11\.org\.cloudbox:node-be1-[0-9a-f]+ fe1$'
+    run -0 be stat -c %a /var/lib/cloudbox/pki/front-end /var/lib/cloudbox/pki/front-end/ids.json
+    assert_output $'700\n600'
+    run -0 fe sh -c 'cloudbox volume list | grep -q "^ebs " || cloudbox volume create ebs --size 48M'
+    # One scheme of each suite: Study A's 64 kB write on fe1's volume, attached by be1's kernel over NVMe/TCP and
+    # handed to its guest on virtio-blk (be1's host domain measuring the same device first); TCP_STREAM to be1's host
+    # and to fe1; 16 MiB. The next test, tagged cluster-full, runs the smoke storage set on be1's local disk and every
+    # netperf test with 32 MiB.
+    cluster_run run tcp-stream-fe 16M kvm-ebs-nvme --suite all --tests seq-write-64k --net-tests tcp-stream
+    run -0 grep -E 'volume exported: nvme\+tcp://10\.73\.0\.1:[0-9]+/nqn\.2026-11\.org\.cloudbox:vol\.ebs' "$LOGS/run.txt"
+    run -0 checks volume-run "$LOGS/run.json" nvme-tcp host be1
+    echo "# $output" >&3
+    # Both ends on one timeline: be1's view of the attached device (mirrored) and fe1's of the disk under the volume.
+    rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$LOGS/run.json")
+    run -0 fe cloudbox results show "$rid"
+    assert_output --regexp 'sampled +.*nvme[0-9]+n1 [0-9]+ s'
+    assert_output --regexp 'sampled +.*fe1:[a-z0-9]+ [0-9]+ s'
+    # Nothing left on either side: fe1's nvmet subsystem and port, its work directory and the volume's mark; be1's
+    # NVMe controller and work directory.
+    run -0 fe sh -c 'ls /sys/kernel/config/nvmet/subsystems /sys/kernel/config/nvmet/ports; ls /var/lib/cloudbox/work 2>/dev/null; cloudbox volume list'
+    refute_output --partial 'nqn.2026-11'
+    refute_output --partial 'run-'
+    run -0 be sh -c 'ls /sys/class/nvme; ls /var/lib/cloudbox/work 2>/dev/null; :'
+    refute_output --partial 'nvme'
+    refute_output --partial 'run-'
 }
 
 # bats test_tags=slow,image,cluster,cluster-full
-@test "the same with the smoke storage set and every netperf test, to be1's host and to fe1" {
+@test "the same with the smoke storage set on be1's own disk and every netperf test, to be1's host and to fe1" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
-    cluster_run run-full "tcp-stream-fe tcp-maerts-fe tcp-rr-fe" 32M --suite all --tests smoke --net-tests netperf
+    cluster_run run-full "tcp-stream-fe tcp-maerts-fe tcp-rr-fe" 32M virtio-disk --suite all --tests smoke \
+        --net-tests netperf
 }
 
 # bats test_tags=slow,image,cluster,cluster-full
@@ -370,6 +397,34 @@ cluster_run() {
     run -0 be sh -c "grep ' nfs4 ' /proc/mounts; ls /var/lib/cloudbox/work 2>/dev/null; :"
     refute_output --partial 'nfs4'
     refute_output --partial 'run-'
+}
+
+# bats test_tags=slow,image,cluster,cluster-full
+@test "fe1's volume servers refuse be1 with a wrong CHAP secret, without its certificate, off the allow-list" {
+    enrolled || skip "needs be1 enrolled (the enrolment test)"
+    export MACHINE_SSH_TIMEOUT_S=300
+    for node in fe be; do
+        "$node" 'cat > /root/volume_refusals.py' < "$REPO/tests/helpers/volume_refusals.py"
+    done
+    # fe1 serves with be1's credentials while the serving side's standard input stays open (a fifo held by a sleep).
+    fe 'rm -f /root/refusals.in; mkfifo /root/refusals.in; (sleep 600 > /root/refusals.in &)
+        nohup /usr/lib/cloudbox/venv/bin/python /root/volume_refusals.py serve be1 10.73.0.1 < /root/refusals.in \
+            > /root/refusals.json 2> /root/refusals.err &'
+    served() { fe test -s /root/refusals.json; }
+    wait_for 60 1 served || fail "fe1's servers did not start: $(fe cat /root/refusals.err)"
+    data=$(fe cat /root/refusals.json)
+    run be "/usr/lib/cloudbox/venv/bin/python /root/volume_refusals.py try '$data'"
+    echo "$output" > "$LOGS/refusals.txt"
+    fe 'pkill -f "sleep 600"; sleep 3; :'
+    echo "$output" | sed 's/^/# /' >&3
+    assert_success
+    assert_line --partial 'iSCSI with a wrong CHAP secret: refused'
+    assert_line --partial 'NBD without a client certificate: refused'
+    assert_line --partial 'NBD with a certificate of another CA: refused'
+    assert_line --partial 'NVMe/TCP from a host NQN not on the allow-list: refused'
+    assert_line --partial "NBD with this node's own certificate: let in"
+    run -0 fe sh -c 'pgrep -a -x "tgtd|qemu-nbd"; ls /sys/kernel/config/nvmet/subsystems; :'
+    assert_output ''
 }
 
 # watch_latest_up / down_after T0: the last line of the front-end's state watch says up / a line after T0 says down.

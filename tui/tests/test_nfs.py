@@ -172,9 +172,10 @@ def test_without_ganesha_a_run_on_an_export_is_refused_naming_the_packages(monke
 
 
 def test_host_attach_of_an_export_is_refused_with_why():
-    with pytest.raises(attach.AttachRefused, match=r"disk.attach = host \(nfs\) is not implemented yet: the host's "
-                                                   r"kernel would attach the volume with its nfsv4 driver"):
-        attach.check_attach("nfs", "host", has_module=lambda m: False)
+    for has in (False, True):  # whatever the kernel has: an export is a file system, not a block device
+        with pytest.raises(attach.AttachRefused, match=r"disk.attach = host \(nfs\): the host hands the guest a "
+                                                       r"block device, and a nfs: volume is a file system"):
+            attach.check_attach("nfs", "host", has_module=lambda m, has=has: has)
     with pytest.raises(attach.AttachRefused, match="implemented under KVM/QEMU only"):
         attach.check_attach("nfs", "guest", hypervisor="xen")
 

@@ -42,10 +42,10 @@ class Front:
         self.server: enrol.EnrolServer | None = None
         self.thread: threading.Thread | None = None
 
-    def serve(self) -> int:
+    def serve(self, on_enrolled=None) -> int:
         """Start the enrolment server on 127.0.0.1 (an ephemeral port) in a thread; returns the port."""
         self.server = enrol.EnrolServer(self.reg, self.ident, host="127.0.0.1", port=0, log=self.log.append,
-                                        io_timeout=5)
+                                        io_timeout=5, on_enrolled=on_enrolled)
         _, port = self.server.open()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.server.serve, kwargs={"poll": 0.1, "stop": self.stop},
@@ -848,3 +848,33 @@ def test_the_private_nic_is_found_by_its_mac_when_its_name_changed(tmp_path: Pat
     assert nodeconf.private_nic(settings, sys_net) == "enp0s3"
     assert nodeconf.private_nic({"network": {"private_nic": "enp0s4"}}, sys_net) == "enp0s4"
     assert nodeconf.private_nic({}, sys_net) is None
+
+
+def test_the_front_end_hears_of_each_node_once_it_has_installed_the_key(front: Front, back: Back):
+    """The hook that installs a node's volume credentials runs once the node confirmed the front-end's key (so the
+    front-end's SSH can reach it), not for a refused join."""
+    seen: list[str] = []
+    code, _ = front.reg.make_code()
+    port = front.serve(on_enrolled=seen.append)
+    _expect_refused("wrong-code", back.join, f"127.0.0.1:{port}", "0000-0000-0000-0000")
+    back.join(f"127.0.0.1:{port}", code)
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert seen == ["node2"]
+
+
+def test_volume_credentials_go_on_in_a_thread_that_the_server_waits_for(state):
+    """Started from the server's connection thread (a daemon), the installer's thread is not one: the server's
+    process waits for it before it exits. A node it cannot reach is logged, not raised."""
+    from cloudbox.core.nodes import volumecreds
+
+    said: list[str] = []
+    box: list[threading.Thread] = []
+    caller = threading.Thread(target=lambda: box.append(volumecreds.install_in_background("ghost", said.append)),
+                              daemon=True)
+    caller.start()
+    caller.join(5)
+    assert box and box[0].daemon is False
+    box[0].join(30)
+    assert len(said) == 1 and said[0].startswith("node ghost: volume credentials not installed yet (")

@@ -135,8 +135,12 @@ def test_exports_here_follow_check_attach_and_the_servers_on_path(tmp_path, monk
             (tmp_path / server).symlink_to(found)
     monkeypatch.setenv("PATH", str(tmp_path))
     got = {e.scheme: e for e in attach.exports_here(has_module=lambda _m: False)}
-    assert list(got) == ["nbd", "aoe", "iscsi"]  # an NFS export is no stored volume: not listed
+    assert list(got) == ["nbd", "aoe", "iscsi", "nvme-tcp"]  # an NFS export is no stored volume: not listed
     assert got["nbd"].attach == ("guest", "qemu") and got["aoe"].attach == ("guest",)
+    # NVMe/TCP is the kernel's own target: without nvmet it cannot be served, whatever the modes
+    assert got["nvme-tcp"].attach == ("guest",) and "nvmet" in got["nvme-tcp"].problem
+    withmods = {e.scheme: e for e in attach.exports_here(has_module=lambda _m: True)}
+    assert withmods["aoe"].attach[0] == "host" and withmods["nvme-tcp"].problem == ""
     assert got["aoe"].usable == bool(real["vblade"]) and got["nbd"].usable == bool(real["qemu-nbd"])
     (tmp_path / "vblade").unlink(missing_ok=True)
     aoe = {e.scheme: e for e in attach.exports_here()}["aoe"]

@@ -16,7 +16,7 @@ On a back-end:
     cloudbox node join --front-end ADDR[:PORT]|discover [--code CODE|- | --code-file FILE] [--name NAME]
                        [--ssh-port N]         (no --code on a terminal: the code is asked for, not echoed)
 On a node, run by the front-end over SSH (core/nodes/client.py; the node's side is core/agent.py):
-    cloudbox node local has-image ID | receive-image ID | images [--clear --keep N] | start-run |
+    cloudbox node local has-image ID | receive-image ID | images [--clear --keep N] | start-run | volume-creds |
                         follow RUN [--after SEQ]
 
 Exit codes: 0 ok, 1 on a CloudboxError (message on stderr), 2 on usage errors and malformed `local` requests.
@@ -146,6 +146,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     x = lsub.add_parser("images")
     x.add_argument("--clear", action="store_true")
     x.add_argument("--keep", type=int, default=0)
+    lsub.add_parser("volume-creds")
     x = lsub.add_parser("follow")
     x.add_argument("run")
     x.add_argument("--after", type=int, default=0)
@@ -457,6 +458,12 @@ def cmd_local(args: argparse.Namespace) -> int:
         print(json.dumps(agent.local_start_run(read_request(sys.stdin.buffer))))
     elif op == "follow":
         return agent.local_follow(args.run, args.after, sys.stdout)
+    elif op == "volume-creds":
+        try:
+            data = inputs.load_json(inputs.stdin_limit_read(sys.stdin.buffer, MAX_REQUEST_BYTES))
+        except inputs.InputProblem as e:
+            raise BadRequest(f"volume-creds: the request on stdin: {e}") from None
+        print(json.dumps(agent.local_volume_creds(data)))
     return 0
 
 

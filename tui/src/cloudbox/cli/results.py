@@ -157,6 +157,19 @@ def cmd_list(args: argparse.Namespace) -> int:
 # -- show -------------------------------------------------------------------------------------------
 
 
+def _sampled_devices(store: ResultStore, run: Run) -> list[str]:
+    """Each device the host sampler watched during the run: seconds sampled, mean MB/s and utilisation."""
+    by: dict[str, list] = {}
+    for smp in store.samples(run.id):
+        by.setdefault(smp.device or "?", []).append(smp)
+    out = []
+    for dev, ss in by.items():
+        mbps = sum((x.read_mbps or 0) + (x.write_mbps or 0) for x in ss) / len(ss)
+        util = sum(x.util or 0 for x in ss) / len(ss)
+        out.append(f"{dev} {len(ss)} s, mean {mbps:.1f} MB/s, util {util:.0f}%")
+    return out
+
+
 def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
     p = run.provenance
     state = run.state + (f" ({run.reason})" if run.reason else "")
@@ -189,11 +202,19 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
               if v.server_bytes_written is not None else "")
         lines.append(f"  volume       {v.scheme}:{v.name} attached by {v.attach}, {v.server}; authentication: "
                      f"{v.tls or 'none'}{io}")
+        if v.host_device:
+            lines.append(f"  attached     {v.host_device} by {v.initiator}"
+                         + (" for the baseline (the guest attached the volume itself)" if v.attach == "guest" else "")
+                         + (f"; the disk under the volume ({v.server_device}) sampled beside it" if v.server_device
+                            else ""))
         if v.mount:
             lines.append(f"  guest mount  {v.mount}")
         if v.host_mount:  # a back-end's host on the front-end's export, for the baseline
             lines.append(f"  host mount   {v.host_mount}")
         lines.append(f"  baseline     {v.baseline or '-'}")
+    per_device = _sampled_devices(store, run)
+    if len(per_device) > 1:  # a volume's two ends (the attached device, the disk under it) on one timeline
+        lines.append("  sampled      " + "; ".join(per_device))
     if p.raid is not None:
         r = p.raid
         lines.append(f"  guest RAID   {r.device}: RAID {r.level}, {r.chunk_kib} KiB chunks, over "

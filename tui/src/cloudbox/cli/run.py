@@ -73,7 +73,9 @@ class Printer:
 
     def __call__(self, ev: RunEvent) -> None:
         if isinstance(ev, SampleEvent):
-            self.sample = ev
+            # the run's own disk; a second device's samples (a volume's server disk) are stored, not shown here
+            if self.sample is None or ev.device == self.sample.device:
+                self.sample = ev
             return
         if isinstance(ev, ProgressEvent):
             if (ev.instance or 1) > 1:

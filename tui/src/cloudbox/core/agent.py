@@ -1,7 +1,7 @@
 """The node's own side of a front-end's work on it: `cloudbox node local OP` (cli/node.py), run by the front-end over
-the pinned SSH (core.nodes.client): the guest image cache (has-image, receive-image, images) and runs (start-run,
-follow). A run starts as any detached run here (core.runs), with the front-end's resolved profile and the
-propagated image."""
+the pinned SSH (core.nodes.client): the guest image cache (has-image, receive-image, images), runs (start-run,
+follow) and the credentials for the front-end's volumes (volume-creds). A run starts as any detached run here
+(core.runs), with the front-end's resolved profile and the propagated image."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from .results import ResultStore
 from .runlock import check_not_busy
 from .runs import start_detached
 from .runspec import RunSpec
+from .volumes import nodecreds
 
 KEEP_IMAGES = 3  # image ids a node keeps in its cache (the newest)
 
@@ -169,3 +170,13 @@ def local_follow(run_ref: str, after_seq: int, out: IO[str], poll: float = 0.3) 
             out.write(json.dumps({"seq": ev.seq, "t": ev.t, "kind": ev.kind, "payload": ev.payload}) + "\n")
             out.flush()
         return 0 if store.get_run(rid, raw=False).state == "completed" else 1
+
+
+def local_volume_creds(data: Any) -> dict[str, Any]:
+    """The front-end's volume credentials for this node (a JSON object read from standard input), installed; None
+    (the request `null`) only reports the fingerprint of the set installed ('' for none)."""
+    if data is None:
+        return {"fingerprint": nodecreds.installed_fingerprint()}
+    if not isinstance(data, dict):
+        raise CloudboxError("volume-creds: the request is not a JSON object")
+    return {"fingerprint": nodecreds.install(data).fingerprint}

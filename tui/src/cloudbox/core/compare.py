@@ -52,6 +52,8 @@ CAVEAT_LABELS = {
 }
 # A baseline measured on a network volume from the host domain (Study A's "EBS from dom0" row), not on a local disk.
 VOLUME_BASELINE_LABEL = "volume-from-host"
+# ... through this host's kernel initiator (open-iscsi, nbd-client, aoe, nvme_tcp), on the device it attached
+HOST_INITIATOR_LABEL = "host-initiator"
 # A baseline measured on an NFS export's own directory on the server's disk, without NFS (core.volumes.attach).
 NFS_BASELINE_LABEL = "nfs-export-dir"
 
@@ -373,6 +375,8 @@ def driver_label(run: Run) -> str:
 def _volume_baseline_driver(run: Run, labels: Iterable[str] = ()) -> str:
     """How the host domain reached a network volume for the baseline: 'NBD, fio nbd engine (user space)'."""
     scheme = knobs(run).volume.split(":", 1)[0]
+    if HOST_INITIATOR_LABEL in labels:  # the same device the guest was handed (Study A's "EBS from dom0")
+        return f"{_VOLUME_SCHEMES.get(scheme, scheme or '?')}, the host's kernel initiator"
     if scheme == "nbd":
         return "NBD, fio nbd engine (user space)"
     if scheme == "iscsi":  # a test's rows say which reader measured it

@@ -87,6 +87,9 @@ class VolumeInfo(_Record):
     server_bytes_written: int | None = None
     mount: str = ""  # NFS: the guest's /proc/mounts line (the options its kernel and the server settled on)
     host_mount: str = ""  # NFS on a back-end: its host's /proc/mounts line for the baseline's mount
+    host_device: str = ""  # the device this host's kernel attached (disk.attach = host, or for the baseline)
+    initiator: str = ""  # which initiator attached it: "open-iscsi (iscsiadm, the kernel's iscsi_tcp)", ...
+    server_device: str = ""  # the disk under the volume's file, sampled beside the attached device
 
 
 class RaidInfo(_Record):

@@ -21,6 +21,7 @@ from typing import Any
 from . import network, storage
 from .errors import CloudboxError, UsageError
 from .nodeconf import NODE_NAME_ALLOWED, is_node_name
+from .volumes import remote
 
 QUICK_SIZE = 128 * 1024**2
 MIN_SIZE = 4 * 1024**2
@@ -75,6 +76,9 @@ class RunSpec:
     # address and ganesha's port). The node's guests and its host mount it from there.
     nfs_host: str = ""
     nfs_port: int = 0
+    # Set by the front-end for a block-volume profile's run on a back-end: where it serves the volume
+    # (core.volumes.remote: iscsi://, nbds://, nvme+tcp://, aoe:); the node's host or guest attaches it from there.
+    volume_uri: str = ""
     # Suite propagation only (set by `cloudbox study run`, no option): image sizes in bytes, one per sample, in order.
     propagate: list[int] = field(default_factory=list)
     guests: int = 1  # benchmark guests of the profile run at once on this host, their tests started together
@@ -101,6 +105,8 @@ class RunSpec:
         if self.guests > 1:
             _check_many_guests(self)
         _check_nfs_server(self.nfs_host, self.nfs_port)
+        if self.volume_uri:
+            remote.parse(self.volume_uri)
         _check_peer_ports(self)
 
     @property
@@ -166,6 +172,8 @@ class RunSpec:
             del d["peer_iperf3_ports"]
         if not d["nfs_host"]:
             del d["nfs_host"], d["nfs_port"]
+        if not d["volume_uri"]:
+            del d["volume_uri"]
         return d
 
     @classmethod

@@ -669,9 +669,22 @@ def cannot_run(profile: profiles.Profile) -> str | None:
         return None
     try:
         attach.check_attach(d.volume.partition(":")[0], d.attach, hypervisor=profile.guest.hypervisor,
-                            has_module=lambda _m: True)
+                            has_module=lambda _m: True, tool_problem=lambda _s: "")
     except attach.AttachRefused as e:
         return f"network volumes: {e.summary}"
+    return None
+
+
+def cannot_run_here(profile: profiles.Profile) -> str | None:
+    """Why `profile` cannot run on this host (its kernel lacks the initiator a network volume's attach mode needs,
+    e.g. aoe for disk.attach = host), or None; the same check a run makes at its first step."""
+    d = profile.disk
+    if d.backing != "network-volume":
+        return None
+    try:
+        attach.check_attach(d.volume.partition(":")[0], d.attach, hypervisor=profile.guest.hypervisor)
+    except attach.AttachRefused as e:
+        return e.summary
     return None
 
 
@@ -1177,7 +1190,7 @@ def profile_facts(study: Study, *, here: bool = True) -> tuple[dict[str, str], d
         prof = profiles.find_profile(name)
         hashes[name] = prof.hash
         why = cannot_run(prof) or (boot.refusal(prof.guest.hypervisor, profiles.xen_guest_type(prof))
-                                   if boot else None)
+                                   if boot else None) or (cannot_run_here(prof) if here else None)
         if why:
             unavailable[name] = why
     return hashes, unavailable

@@ -39,8 +39,15 @@ from ..provenance import (
     VolumeInfo,
 )
 from ..runspec import BOOT, RunSpec
-from ..volumes import aoe, iscsi, nbd, nfs
-from ..volumes.attach import ISCSI_READER_LABELS, NFS_HOST_MOUNT, VolumeExport, export_for_run, preflight
+from ..volumes import aoe, hostattach, iscsi, nbd, nfs, nvmet
+from ..volumes.attach import (
+    ISCSI_READER_LABELS,
+    NFS_HOST_MOUNT,
+    VolumeExport,
+    check_attach,
+    export_for_run,
+    preflight,
+)
 from .context import RunContext
 from .launch import agent_socket, launch, remove_socket
 from .measure import storage_test
@@ -66,7 +73,9 @@ def run_local(ctx: RunContext) -> None:
 def check_volume(ctx: RunContext) -> None:
     """A network volume's attach mode, existence and size, before anything is made (the export comes later)."""
     d = ctx.profile.disk
-    if d.backing == "network-volume" and not nfs_server(ctx.spec):  # else the front-end serves it and checked it
+    if d.backing == "network-volume" and ctx.spec.volume_uri:  # the front-end serves it and checked it
+        check_attach(d.volume.partition(":")[0], d.attach, hypervisor=ctx.profile.guest.hypervisor)
+    elif d.backing == "network-volume" and not nfs_server(ctx.spec):
         preflight(d.volume, d.attach, ctx.size, hypervisor=ctx.profile.guest.hypervisor)
     if is_nfs(d) and ctx.spec.wants_storage:
         on_device = [t.id for t in storage.resolve_tests(ctx.spec.storage_tests) if t.tool == "bonnie"]
@@ -111,6 +120,25 @@ def connect_libvirt(ctx: RunContext) -> None:
         ctx.sink.log(f"destroyed orphan guest {name} left by a dead run")
     for usage in iscsi.reap_secrets(ctx.conn, live | {ctx.run_uuid}, set(ctx.store.run_uuids())):
         ctx.sink.log(f"removed libvirt secret {usage} left by a dead run")
+    reap_volume_leftovers(ctx, live)
+
+
+def reap_volume_leftovers(ctx: RunContext, live: set[str]) -> None:
+    """What runs killed outright left in this host's kernel: NVMe/TCP exports (named by their run), AoE veth pairs,
+    and, with no other run of this host live (its run lock is ours), every session to cloudbox's targets."""
+    for nqn in nvmet.reap(live | {ctx.run_uuid}):
+        ctx.sink.log(f"removed NVMe/TCP export {nqn} left by a dead run")
+    for name in aoe.reap_veths(live | {ctx.run_uuid}):
+        ctx.sink.log(f"removed AoE veth pair {name} left by a dead run")
+    if not {r.uuid for r in ctx.store.active_runs() if not r.node} - {ctx.run_uuid}:
+        for what in hostattach.reap():
+            ctx.sink.log(f"detached {what}, left by a dead run")
+    base = paths.work_base(ctx.spec.work_dir)
+    for u in ctx.store.run_uuids():  # a run killed outright leaves its work directory (its stores, logs)
+        d = base / f"run-{u[:12]}"
+        if u not in live and u != ctx.run_uuid and d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+            ctx.sink.log(f"removed {d}, left by a dead run")
 
 
 def prepare_backing(ctx: RunContext) -> None:
@@ -123,11 +151,12 @@ def prepare_backing(ctx: RunContext) -> None:
         with ctx.control.atomic():
             ctx.volume = export_for_run(disk.volume, disk.attach, run_uuid=ctx.run_uuid, work_dir=ctx.work_dir,
                                         size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor,
-                                        conn=ctx.conn, nfs_server=nfs_server(spec))
+                                        conn=ctx.conn, nfs_server=nfs_server(spec), remote_uri=spec.volume_uri)
             ctx.stack.callback(ctx.volume.close)
         ctx.backing = ctx.volume.store
         if ctx.volume.export is not None:
-            ctx.sink.log(f"volume exported: {ctx.volume.uri} ({ctx.volume.server}, TLS {ctx.volume.tls})")
+            ctx.sink.log(f"volume exported: {ctx.volume.uri} ({ctx.volume.server}; authentication: "
+                         f"{ctx.volume.tls})")
         else:
             ctx.sink.log(f"volume {disk.volume} marked attached; served on the guest's bridge once that exists")
         ctx.labels += ctx.backing.labels
@@ -195,13 +224,16 @@ def volume_info(v: VolumeExport | None, mount: str = "") -> VolumeInfo | None:
     if v is None:
         return None
     io = v.export.io() if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport | nfs.NfsExport) else {}
+    device, initiator = v.attached
+    how = ("host-attached" if v.attach == "host" else "host-baseline") if device else v.scheme
     return VolumeInfo(name=v.volume, scheme=v.scheme, attach=v.attach, server=v.server, uri=v.uri, tls=v.tls,
-                      baseline=v.no_baseline or BASELINES["nfs-host" if v.scheme == "nfs" and not v.path
-                                                           else v.scheme],
+                      baseline=v.no_baseline or BASELINES["nfs-host" if v.scheme == "nfs" and not v.path else how]
+                      + (f" ({initiator}, {device})" if device else ""),
                       target=v.export.target if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport |
-                                                           nfs.NfsExport) else "",
+                                                           nvmet.NvmetExport | nfs.NfsExport) else "",
                       server_bytes_read=io.get("read_bytes"), server_bytes_written=io.get("write_bytes"),
-                      mount=mount, host_mount=v.host_mount)
+                      mount=mount, host_mount=v.host_mount, host_device=device, initiator=initiator,
+                      server_device=v.server_device or "")
 
 
 # How the host domain measures a volume a run's baseline measured.
@@ -212,6 +244,10 @@ BASELINES = {"nbd": "the same export from the host domain: fio's nbd engine (lib
                        "Bonnie++ not measured"),
              "nfs": ("the export's directory on the server's disk from the host domain, without NFS: this kernel has "
                      "no NFS client (the guest's over the server's own disk is NFS's cost)"),
+             "host-attached": ("the same device from the host domain, attached by this host's kernel initiator "
+                               "before the guest was handed it (Study A's \"EBS from the host domain\" row)"),
+             "host-baseline": ("the same volume attached by this host's kernel initiator for the baseline, then "
+                               "detached before the guest attached it itself"),
              "nfs-host": ("the same export mounted by this back-end's host (its kernel's NFSv4 client, the guest's "
                           "mount options): the guest's figure against it is the virtualization's cost")}
 
@@ -227,6 +263,11 @@ def start_sampler(ctx: RunContext) -> None:
 
     with ctx.control.atomic():
         ctx.sampler = ctx.stack.enter_context(Sampler(device, on_sample))
+    server = ctx.volume.server_device if ctx.volume is not None else None
+    if server and server != device:  # a volume this host attached: the server's disk under it, on the same timeline
+        with ctx.control.atomic():
+            ctx.stack.enter_context(Sampler(server, on_sample))
+        ctx.sink.log(f"sampling {device} (the attached volume) and {server} (the disk under the volume's file)")
 
 
 def storage_baseline(ctx: RunContext) -> None:
@@ -238,8 +279,9 @@ def storage_baseline(ctx: RunContext) -> None:
         ctx.sink.step(f"bare metal: {ctx.volume.no_baseline}", side="baseline")
         return
     tests = storage.resolve_tests(ctx.spec.storage_tests)
-    if ctx.volume is not None and isinstance(ctx.volume.export, iscsi.IscsiExport):
-        iscsi_baseline(ctx, ctx.volume, ctx.volume.export, tests)
+    v = ctx.volume
+    if v is not None and v.attachment is None and isinstance(v.export, iscsi.IscsiExport):
+        iscsi_baseline(ctx, v, v.export, tests)
         return
     store, sink = ctx.backing, ctx.sink
     runner = storage.HostRunner(ctx.control.cancelled)
@@ -357,18 +399,25 @@ def serve_volume(ctx: RunContext) -> None:
     v = ctx.volume
     if v is None or not guest_attaches(ctx):
         return
-    if nfs_server(ctx.spec):
+    if nfs_server(ctx.spec) or v.served_by_front_end:
+        if v.attachment is not None:
+            ctx.sink.step(f"volume: ending this host's attachment of {v.volume} ({v.attachment.device}): the guest "
+                          "attaches it itself")
+            with ctx.control.atomic():
+                v.end_baseline_attachment()
         ctx.sink.log(f"volume: {v.volume} is served by the front-end: {v.uri}")
         return
     assert ctx.hostnet is not None
     ip = ctx.hostnet.host_ip
     how = {"aoe": "over AoE (layer 2, no authentication: the guest's bridge only)",
            "iscsi": f"over iSCSI with CHAP on {ip}", "nbd": f"over NBD with TLS on {ip}",
+           "nvme-tcp": f"over NVMe/TCP (the kernel's nvmet, this box's host NQN only) on {ip}",
            "nfs": f"over NFSv4 (nfs-ganesha) on {ip}, to the bridge's subnet only"}[v.scheme]
     ctx.sink.step(f"volume: serving {v.volume} {how} on {ctx.hostnet.bridge}")
     with ctx.control.atomic():
         v.serve(ctx.hostnet.bridge, ctx.hostnet.host_ip)
-    ctx.sink.log(f"volume exported: {v.uri} ({v.server}, pid {v.export.pid if v.export else '?'})")
+    pid = v.export.pid if v.export is not None else None
+    ctx.sink.log(f"volume exported: {v.uri} ({v.server}" + (f", pid {pid})" if pid else ")"))
     ctx.provenance.volume = volume_info(v)
     if ctx.provenance.backing is not None:
         ctx.provenance.backing.path = ctx.backing.path
@@ -467,33 +516,44 @@ def _guest_storage(ctx: RunContext, tests: list[storage.StorageTest], done: list
         if isinstance(v.export, aoe.AoeExport):
             sink.step(f"guest: attaching {v.export.target} with its aoe driver", side="guest")
             dev = aoe.attach_in_guest(ctx.guest, v.export.target)
+        elif isinstance(v.export, nvmet.NvmetExport):
+            assert ctx.hostnet is not None and v.nvme_host is not None
+            sink.step(f"guest: connecting to {v.uri} with its nvme_tcp driver (host NQN {v.nvme_host.nqn})",
+                      side="guest")
+            network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
+                                    dhcp=bool(ctx.private_bridge))
+            dev = nvmet.attach_in_guest(ctx.guest, v.export, v.nvme_host.nqn, v.nvme_host.hostid)
         elif isinstance(v.export, iscsi.IscsiExport):
             assert ctx.hostnet is not None
             sink.step(f"guest: logging in to {v.uri} with iscsistart (CHAP) and its iscsi_tcp driver", side="guest")
             network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
                                     dhcp=bool(ctx.private_bridge))
-            dev = iscsi.attach_in_guest(ctx.guest, v.export, iscsi.chap())
+            dev = iscsi.attach_in_guest(ctx.guest, v.export, v.chap or iscsi.chap())
         else:
-            assert v.creds is not None and ctx.hostnet is not None and isinstance(v.export, nbd.NbdExport)
+            client_dir = v.client_dir or (v.creds.client_dir if v.creds is not None else None)
+            assert client_dir is not None and ctx.hostnet is not None and isinstance(v.export, nbd.NbdExport)
             sink.step(f"guest: attaching {v.uri} with nbd-client (TLS, the client's certificate handed over by "
                       "the agent)", side="guest")
             network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
                                     dhcp=bool(ctx.private_bridge))
-            dev = nbd.attach_in_guest(ctx.guest, v.export, v.creds.client_dir)
+            dev = nbd.attach_in_guest(ctx.guest, v.export, client_dir)
         run(dev)
         ctx.provenance.volume = pv = volume_info(v)
         ctx.save_provenance()
         assert pv is not None
-        sink.log(f"{v.export.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
-                 "volume")
+        if pv.server_bytes_read is not None:  # a server of this host's (the front-end's says so after the run)
+            sink.log(f"{v.export.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
+                     "volume")
         return
     if d.raid == "none":
         run(gr.disk())
-        if ctx.volume is not None and isinstance(ctx.volume.export, iscsi.IscsiExport):
+        if ctx.volume is not None:
             ctx.provenance.volume = pv = volume_info(ctx.volume)
             ctx.save_provenance()
             assert pv is not None
-            sink.log(f"tgtd read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the volume")
+            if pv.server_bytes_read is not None:
+                sink.log(f"{ctx.volume.export.server if ctx.volume.export else '?'} read {pv.server_bytes_read} and "
+                         f"wrote {pv.server_bytes_written} bytes of the volume")
         return
     sink.step(f"guest: RAID {d.raid} over {d.count} disks ({d.chunk_kib} KiB chunks)", side="guest")
     array = gr.assemble_raid(d.count, d.chunk_kib)

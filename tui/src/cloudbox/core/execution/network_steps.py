@@ -37,11 +37,11 @@ def check_private_network(sink: EventSink, peer: str) -> str:
 
 
 def plumb(ctx: RunContext) -> None:
-    """The bridge the guest's NIC joins (the node's private bridge for tests to the front-end or its NFS export, else
+    """The bridge the guest's NIC joins (the node's private bridge for tests to the front-end or its volume, else
     the run's own) and the baseline's namespace; before the guest, whose NIC attaches to the bridge."""
     spec, mtu = ctx.spec, ctx.profile.network.mtu
     # the front-end is reached over the private bridge: its network tests' servers, or its NFS export
-    peer = spec.peer if spec.wants_network or spec.nfs_host else ""
+    peer = spec.peer if spec.wants_network or spec.nfs_host or spec.volume_uri else ""
     if peer:
         ctx.private_bridge = check_private_network(ctx.sink, peer)
         ctx.provenance.private_network = PrivateNetwork(bridge=ctx.private_bridge, peer=peer)

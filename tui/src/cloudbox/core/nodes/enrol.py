@@ -254,8 +254,10 @@ class EnrolServer:
     def __init__(self, registry: Registry, identity: Identity, *, host: str, port: int = PORT,
                  log: Callable[[str], None] = print, io_timeout: float = IO_TIMEOUT_S,
                  deadline: float = CONNECTION_DEADLINE_S, max_connections: int = MAX_CONNECTIONS,
-                 max_per_peer: int = MAX_PER_PEER, peer_failure_limit: int = PEER_FAILURE_LIMIT):
+                 max_per_peer: int = MAX_PER_PEER, peer_failure_limit: int = PEER_FAILURE_LIMIT,
+                 on_enrolled: Callable[[str], object] | None = None):
         self.registry = registry
+        self.on_enrolled = on_enrolled  # called with the node's name once it has installed the front-end's key
         self.identity = identity
         self.host, self.port = host, port
         self.log = log
@@ -498,6 +500,8 @@ class EnrolServer:
                 self.log(f"{peer}: node {name} could not install the front-end's key: {msg}")
             else:
                 self.registry.set_reason(name, "enrolled; not checked yet")
+                if self.on_enrolled is not None:
+                    self.on_enrolled(name)
         except EnrolRefused as e:
             self._refuse(ch, peer, name, e.reason, str(e))
         finally:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from .. import nodeconf, paths
 from ..errors import CloudboxError
-from . import enrol, keys
+from ..volumes import nodecreds
+from . import enrol, keys, volumecreds
 from .client import NodeShell
 from .registry import DEFAULT_CODE_MINUTES, JoinCode, NodeRecord, Registry
 
@@ -110,7 +111,8 @@ def serve(reg: Registry, bind: str, port: int, log: Callable[[str], None]) -> No
                 lock.close()  # closing the file drops the flock
 
         try:
-            server = enrol.EnrolServer(reg, ident, host=bind, port=port, log=log)
+            server = enrol.EnrolServer(reg, ident, host=bind, port=port, log=log,
+                                       on_enrolled=lambda name: volumecreds.install_in_background(name, log))
             try:
                 server.open()
             except enrol.NoOpenCode:
@@ -329,4 +331,5 @@ def remove_node(reg: Registry, name: str, *, authorized_keys: str = NODE_AUTHORI
     except CloudboxError as e:
         removal = Removal(node, authorized_keys, None, str(e))
     reg.remove(name)
+    nodecreds.forget(name)  # a node enrolled again under this name gets new volume credentials
     return removal

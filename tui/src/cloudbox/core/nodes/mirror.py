@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import network, nodeconf, paths
+from ..diskstats import Counters, Sample, Sampler, read_counters
 from ..errors import CloudboxError
 from ..events import ProgressEvent, SampleEvent, StateEvent, StepEvent, parse
 from ..execution.context import RunContext
@@ -21,9 +22,10 @@ from ..profiles import is_nfs
 from ..provenance import Controller, NodeInfo, Nodes, PeerServers, Provenance, RemoteRun
 from ..results import MEASUREMENT_COLUMNS
 from ..runspec import BOOT, resolve_net_tests
-from ..volumes.attach import export_for_run
+from ..volumes.attach import SCHEME_NAMES, AttachRefused, export_for_node, export_for_run, parse_volume
 from ..volumes.nfs import NfsExport
-from . import client, health, registry
+from ..volumes.store import VolumeBusy, VolumeStore
+from . import client, health, registry, volumecreds
 from .registry import NodeRecord
 
 REATTACH_PAUSE_S = 10.0
@@ -38,17 +40,21 @@ class NodeRun:
     run: RemoteRun | None = None
     finished: bool = False  # the node's run has ended: nothing to cancel there any more
     reason: str | None = None  # its final state event's
+    server_counters: Counters | None = None  # the disk under a served volume's file, as the node's run started
 
 
 def run_on_node(ctx: RunContext) -> None:
     """The run's body on spec.node (core.execution.lifecycle.Execution runs it)."""
     there = find_node(ctx)
+    check_block_volume(ctx, there)
     propagate(ctx, there)
     serve_nfs(ctx, there)
+    serve_block_volume(ctx, there)
     start(ctx, there)
     follow(ctx, there)
     fetch(ctx, there)
     record_nfs(ctx)
+    record_block_volume(ctx, there)
 
 
 def find_node(ctx: RunContext) -> NodeRun:
@@ -152,6 +158,88 @@ def record_nfs(ctx: RunContext) -> None:
                  f"{pv.server_bytes_written} bytes of the export's disk")
 
 
+def _block_volume(ctx: RunContext) -> bool:
+    d = ctx.profile.disk
+    return d.backing == "network-volume" and not is_nfs(d) and ctx.spec.wants_storage
+
+
+def _private(ctx: RunContext, there: NodeRun) -> tuple[str, str]:
+    d = ctx.profile.disk
+    addr, link = nodeconf.private_address(), nodeconf.private_link(nodeconf.settings())
+    if addr == "0.0.0.0" or not link:
+        raise CloudboxError(f"profile {ctx.profile.name}: disk.volume = {d.volume} on node {there.node.name}: the "
+                            "front-end serves the volume on its private network, and this host's node settings "
+                            f"({nodeconf.node_settings_file()}) name no private NIC with an address (it is not an "
+                            "installed front-end); allowed here: the profile without --node (this host serves and "
+                            "attaches it)")
+    return addr, link
+
+
+def check_block_volume(ctx: RunContext, there: NodeRun) -> None:
+    """A block volume's checks on this front-end before anything is copied or started: this host serves it on its
+    private network, the volume exists, is free and holds the test size, the attach mode works across nodes."""
+    if not _block_volume(ctx):
+        return
+    d = ctx.profile.disk
+    _private(ctx, there)
+    if d.attach == "qemu":
+        raise AttachRefused("disk.attach = qemu on a back-end is not supported: QEMU there would need the front-end's "
+                            "credentials in libvirt; allowed on a back-end: disk.attach = host or guest")
+    with VolumeStore() as vs:
+        vol = vs.get(parse_volume(d.volume)[1])
+    if vol.attached_run:
+        raise VolumeBusy(f"volume {vol.name!r} is attached by run {vol.attached_run}; a volume serves one run at a "
+                         "time")
+
+
+def serve_block_volume(ctx: RunContext, there: NodeRun) -> None:
+    """A stored volume (iscsi:, nbd:, nvme-tcp:, aoe:) served by this front-end on its private network to the node
+    only (its own credentials, installed on it first), for the length of the run; the disk under the volume's file
+    sampled here on the run's timeline (the front-end's view beside the node's)."""
+    if not _block_volume(ctx):
+        return
+    d, node = ctx.profile.disk, there.node
+    addr, link = _private(ctx, there)
+    ctx.sink.step(f"volume: installing {node.name}'s credentials for this front-end's volumes (if it lacks them)")
+    creds = volumecreds.ensure(there.shell)
+    ctx.work_dir = paths.work_base("") / f"run-{ctx.run_uuid[:12]}"
+    scheme = d.volume.partition(":")[0]
+    ctx.sink.step(f"volume: serving {d.volume} to {node.name} over {SCHEME_NAMES[scheme]} on "
+                  f"{addr if scheme != 'aoe' else link}")
+    with ctx.control.atomic():
+        ctx.volume = v = export_for_node(d.volume, d.attach, node=node.name, creds=creds, run_uuid=ctx.run_uuid,
+                                         work_dir=ctx.work_dir, size_bytes=ctx.size, address=addr, link=link)
+        ctx.stack.callback(v.close)
+    ctx.sink.log(f"volume exported: {v.store.path} ({v.server}; {v.tls})")
+    if v.server_device:
+        host = platform.node()
+
+        def on_sample(smp: Sample) -> None:  # named as the front-end's: the node's samples are its own devices
+            ctx.sink.sample(SampleEvent.from_payload({**smp.as_dict(), "device": f"{host}:{smp.device}"}))
+        with ctx.control.atomic():
+            ctx.stack.enter_context(Sampler(v.server_device, on_sample))
+        there.server_counters = read_counters(v.server_device)
+
+
+def record_block_volume(ctx: RunContext, there: NodeRun) -> None:
+    """What this front-end's server read and wrote of the volume's disk over the node's run, into the volume record
+    the node made (the node cannot see it): the server's own I/O counters, or for the kernel's NVMe target the
+    disk's."""
+    v, pv = ctx.volume, ctx.provenance.volume
+    if v is None or pv is None or isinstance(v.export, NfsExport) or v.export is None:
+        return
+    io = v.export.io()
+    if not io and v.server_device and there.server_counters is not None:
+        now, then = read_counters(v.server_device), there.server_counters
+        io = {"read_bytes": (now.rsect - then.rsect) * 512, "write_bytes": (now.wsect - then.wsect) * 512}
+    pv.server = f"{v.server} (this front-end, {platform.node()})"
+    pv.server_device = f"{platform.node()}:{v.server_device}" if v.server_device else ""
+    pv.server_bytes_read, pv.server_bytes_written = io.get("read_bytes"), io.get("write_bytes")
+    ctx.save_provenance()
+    ctx.sink.log(f"{v.export.server} on this front-end read {pv.server_bytes_read} and wrote "
+                 f"{pv.server_bytes_written} bytes of the volume's disk")
+
+
 def start(ctx: RunContext, there: NodeRun) -> None:
     """The node's executor, detached there, with this spec and the front-end's resolved profile; cancelled
     there when this run ends before it did."""
@@ -162,6 +250,8 @@ def start(ctx: RunContext, there: NodeRun) -> None:
         ctx.provenance.peer = peer
     if ctx.volume is not None and isinstance(exp := ctx.volume.export, NfsExport):
         remote_spec.update(peer=exp.host, nfs_host=exp.host, nfs_port=exp.port)
+    elif ctx.volume is not None:
+        remote_spec.update(peer=nodeconf.private_address(), volume_uri=ctx.volume.store.path)
     sink.step(f"starting the run on {node.name}")
     assert ctx.provenance.propagation is not None
     with ctx.control.atomic():

@@ -140,3 +140,45 @@ def attach_in_guest(guest, target: str, *, timeout: float = 60.0) -> str:
                                 f"(it has: {', '.join(seen) or 'no AoE disk'}; the guest's kernel said: "
                                 f"{' | '.join(said.split(chr(10)))[-400:]}); is vblade serving on the guest's bridge?")
         time.sleep(1)
+
+
+VETH_PREFIX = "cbv"
+
+
+def _veth_names(run_uuid: str) -> tuple[str, str]:
+    tag = run_uuid.replace("-", "")[:8]
+    return f"{VETH_PREFIX}{tag}s", f"{VETH_PREFIX}{tag}h"
+
+
+def veth_pair(run_uuid: str) -> tuple[str, str]:
+    """A veth pair of the run's own, both ends up, no addresses: (vblade's end, this host's aoe driver's end). The
+    aoe driver never sees frames sent from its own interface, so a target on the same host needs a link of its own;
+    nothing else is on it."""
+    server, host = _veth_names(run_uuid)
+    r = subprocess.run(["ip", "link", "add", server, "type", "veth", "peer", "name", host], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise CloudboxError(f"cannot make the veth pair {server}/{host} for an AoE target on this host: "
+                            f"{r.stderr.strip()}")
+    for name in (server, host):
+        r = subprocess.run(["ip", "link", "set", "dev", name, "up"], capture_output=True, text=True)
+        if r.returncode != 0:
+            remove_veth(server)
+            raise CloudboxError(f"cannot bring up {name}: {r.stderr.strip()}")
+    return server, host
+
+
+def remove_veth(name: str) -> None:
+    """Delete a veth pair by either end (gone already is fine)."""
+    subprocess.run(["ip", "link", "del", "dev", name], capture_output=True)
+
+
+def reap_veths(live_runs: set[str]) -> list[str]:
+    """Delete the veth pairs of runs that are not live (a run killed outright leaves its pair); returns them."""
+    live = {_veth_names(u)[0] for u in live_runs}
+    gone = []
+    for d in Path("/sys/class/net").glob(f"{VETH_PREFIX}*s"):
+        if len(d.name) == len(VETH_PREFIX) + 9 and d.name not in live:
+            remove_veth(d.name)
+            gone.append(d.name)
+    return gone

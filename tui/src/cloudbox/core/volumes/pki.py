@@ -52,10 +52,13 @@ def _openssl(*args: str, cwd: Path) -> str:
     return r.stdout
 
 
-def _issue(base: Path, out: Path, role: str, extensions: str) -> None:
+CLIENT_EXTENSIONS = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n"
+
+
+def _issue(base: Path, out: Path, role: str, extensions: str, cn: str = "") -> None:
     key, csr, cert, ext = out / f"{role}-key.pem", base / f"{role}.csr", out / f"{role}-cert.pem", base / f"{role}.ext"
     _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
-             "-out", str(csr), "-subj", f"/O=cloudbox/CN=cloudbox NBD {role}", cwd=base)
+             "-out", str(csr), "-subj", f"/O=cloudbox/CN={cn or f'cloudbox NBD {role}'}", cwd=base)
     ext.write_text(extensions)
     _openssl("x509", "-req", "-in", str(csr), "-CA", "ca-cert.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
              "-days", _DAYS, "-sha256", "-out", str(cert), "-extfile", str(ext), cwd=base)
@@ -72,24 +75,24 @@ def server_names(cert: Path) -> set[str]:
             if n.strip()}
 
 
-def _server(base: Path, out: Path) -> None:
+def _server(base: Path, out: Path, names: tuple[str, ...] = SERVER_NAMES) -> None:
     common = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-    _issue(base, out, "server", common + "extendedKeyUsage=serverAuth\nsubjectAltName=" + ",".join(SERVER_NAMES)
-           + "\n")
+    _issue(base, out, "server", common + "extendedKeyUsage=serverAuth\nsubjectAltName=" + ",".join(names) + "\n")
 
 
-def ensure() -> Credentials:
+def ensure(also: tuple[str, ...] = ()) -> Credentials:
     """The box's credentials, made now if they are not there yet (an incomplete set is made again whole); a server
-    certificate that does not name every address in SERVER_NAMES is issued again by the same CA, so the clients'
-    credentials stay valid."""
+    certificate that does not name every address in SERVER_NAMES and `also` (a front-end's private address, "IP:...")
+    is issued again by the same CA, so the clients' credentials stay valid."""
     base = pki_dir()
     server, client = base / "server", base / "client"
     want = [base / "ca-cert.pem", base / "ca-key.pem", server / "server-cert.pem", server / "server-key.pem",
             client / "client-cert.pem", client / "client-key.pem"]
-    if all(p.exists() for p in want) and not set(SERVER_NAMES) <= server_names(server / "server-cert.pem"):
+    names = tuple(dict.fromkeys((*SERVER_NAMES, *also)))
+    if all(p.exists() for p in want) and not set(names) <= server_names(server / "server-cert.pem"):
         tmp = Path(tempfile.mkdtemp(prefix=".server-", dir=base))
         try:
-            _server(base, tmp)
+            _server(base, tmp, tuple(sorted(set(names) | server_names(server / "server-cert.pem"))))
             for name in ("server-cert.pem", "server-key.pem"):
                 (tmp / name).replace(server / name)
         finally:
@@ -107,9 +110,8 @@ def ensure() -> Credentials:
                      "-subj", "/O=cloudbox/CN=cloudbox NBD CA", "-addext", "basicConstraints=critical,CA:TRUE",
                      "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=tmp)
             os.chmod(tmp / "ca-key.pem", 0o600)
-            _server(tmp, tmp / "server")
-            _issue(tmp, tmp / "client", "client",
-                   "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+            _server(tmp, tmp / "server", names)
+            _issue(tmp, tmp / "client", "client", CLIENT_EXTENSIONS)
             shutil.rmtree(base, ignore_errors=True)
             tmp.rename(base)
         except BaseException:
@@ -117,6 +119,13 @@ def ensure() -> Credentials:
             raise
     fp = _openssl("x509", "-in", "ca-cert.pem", "-noout", "-fingerprint", "-sha256", cwd=base)
     return Credentials(base, server, client, fp.strip().split("=", 1)[-1])
+
+
+def issue_client(creds: Credentials, out: Path, cn: str) -> None:
+    """A client certificate of this box's CA named `cn` (a back-end's), with its key and the CA, into `out` (made
+    0700; the key 0600)."""
+    out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _issue(creds.base, out, "client", CLIENT_EXTENSIONS, cn)
 
 
 def _conf_value(text: str, key: str) -> str | None:

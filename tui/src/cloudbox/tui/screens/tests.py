@@ -86,6 +86,7 @@ class TestsScreen(BaseScreen):
         self.sweep: Sweep | None = None
         self._targets: list[tuple[str, str]] = []
         self.figures = InstanceFigures()
+        self.first_device: str | None = None  # the run's own disk; another (a volume's server disk) is named
 
     def body(self) -> ComposeResult:
         with TabbedContent(id="tests-tabs", initial="setup"):
@@ -306,6 +307,7 @@ class TestsScreen(BaseScreen):
         self.run_id, self.run, self.seq = run_id, None, 0
         self.progress = PlanProgress()
         self.figures = InstanceFigures()
+        self.first_device = None
         self.query_one("#run-guests", Static).update("")
         self.query_one("#run-guests", Static).display = False
         for c in self.query(LiveChart):
@@ -385,9 +387,11 @@ class TestsScreen(BaseScreen):
                 name = "guest" if rec.side == "guest" else "bare metal"
                 self.query_one("#chart-mbps", LiveChart).add(name, ev.t, rec.value)
             elif isinstance(rec, SampleEvent):
-                self.query_one("#chart-rq", LiveChart).add("avgrq", ev.t, rec.avgrq_sectors)
-                self.query_one("#chart-qu", LiveChart).add("avgqu", ev.t, rec.avgqu)
-                self.query_one("#chart-qu", LiveChart).add("util %", ev.t, rec.util)
+                self.first_device = self.first_device or rec.device
+                on = "" if rec.device == self.first_device else f" {rec.device}"  # both ends of a volume
+                self.query_one("#chart-rq", LiveChart).add("avgrq" + on, ev.t, rec.avgrq_sectors)
+                self.query_one("#chart-qu", LiveChart).add("avgqu" + on, ev.t, rec.avgqu)
+                self.query_one("#chart-qu", LiveChart).add("util %" + on, ev.t, rec.util)
         if figures_changed:
             box = self.query_one("#run-guests", Static)
             box.update(self.figures.line())

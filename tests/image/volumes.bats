@@ -1,0 +1,159 @@
+#!/usr/bin/env bats
+# Network block volumes on one box, with the appliance's own kernel (this build host's kernel has no initiators and
+# no nvmet): the live appliance under QEMU TCG serves a volume over AoE, iSCSI, NBD and NVMe/TCP and attaches it with
+# its own kernel (disk.attach = host: aoe, open-iscsi, nbd-client, nvme_tcp), handing the device to a guest under
+# nested KVM; NVMe/TCP and AoE attached by the guest itself, with the host domain's row first; a run cancelled while
+# its guest writes to a host-attached volume leaves no target, session, device, nvmet port or veth. Slow: each run
+# boots a nested guest. Opt-in (tag volumes-full, make test-full); the cluster suite's make-test run covers one scheme
+# across two nodes. Logs: $IMAGE_DIR/test-logs/volumes (serial.log, journal.txt, NAME.txt, NAME.json).
+
+load ../helpers/load
+
+setup_file() {
+    export VOL_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/volumes
+    export VOL_PORT=${IMAGE_VOLUMES_SSH_PORT:-$(free_port)}
+    # One vCPU: a nested KVM guest on one of two TCG vCPUs can leave the other waiting on an IPI (docs/image.md).
+    export IMAGE_QEMU_SMP=${IMAGE_QEMU_SMP:-1}
+    mkdir -p "$VOL_LOGS"
+    rm -f "$VOL_LOGS"/*.txt "$VOL_LOGS"/*.json
+    image_ensure >&3 2>&1
+    image_start uefi "$VOL_LOGS" "$VOL_PORT"
+    machine_wait_ssh "$VOL_LOGS" "$VOL_PORT" "$QEMU_PID" "${IMAGE_BOOT_TIMEOUT_S:-600}"
+    echo "# appliance reachable over SSH after $WAITED_S s" >&3
+    machine_ssh_share "$VOL_LOGS" "$VOL_PORT"
+    appliance cloudbox volume create ebs --size 48M >&3
+}
+
+teardown_file() {
+    machine_stop "$VOL_LOGS" "$VOL_PORT" "${QEMU_PID:-}" "$VOL_LOGS/journal.txt"
+    rm -f "$VOL_LOGS/disk.qcow2"
+}
+
+teardown() {
+    if [ "${BATS_TEST_COMPLETED:-}" != 1 ]; then
+        echo "# logs kept in $VOL_LOGS (serial.log, journal.txt, the run's NAME.txt)" >&3
+    fi
+}
+
+appliance() { machine_ssh "$VOL_LOGS" "$VOL_PORT" "$@"; }
+checks() { python3 "$REPO/tests/helpers/cluster_checks.py" "$@"; }
+
+# leftovers: what a volume run could leave in the appliance, one line per kind; empty lines when nothing is left.
+leftovers() {
+    appliance 'echo "sessions: $(iscsiadm -m session 2>/dev/null)"
+        echo "nvmet: $(ls /sys/kernel/config/nvmet/ports /sys/kernel/config/nvmet/subsystems 2>/dev/null | grep -v : )"
+        echo "nvme: $(ls /sys/class/nvme 2>/dev/null)"
+        echo "nbd: $(ls /sys/block/nbd*/pid 2>/dev/null)"
+        echo "aoe: $(ls /sys/block | grep etherd)"
+        echo "servers: $(pgrep -a -x "tgtd|vblade|qemu-nbd|nbd-client")"
+        echo "veth: $(ip -o link | grep -o "cbv[0-9a-f]*[sh]")"
+        echo "work: $(ls /var/lib/cloudbox/work 2>/dev/null)"
+        echo "attached: $(cloudbox volume list | grep -c " run ")"'
+}
+
+assert_nothing_left() {
+    run -0 leftovers
+    echo "$output" > "$VOL_LOGS/leftovers-$1.txt"
+    local line
+    while IFS= read -r line; do
+        case "$line" in
+            "attached: 0" | *": ") ;;
+            *) fail "left after $1: $line (all: $output)" ;;
+        esac
+    done <<<"$output"
+}
+
+# volume_run NAME PROFILE SCHEME ATTACH: `cloudbox run` of PROFILE (a preset or a file in the appliance) on volume ebs,
+# one storage test at 16 MiB; checks its three rows (guest, host domain on the same volume, the attachment named)
+# and that nothing is left.
+volume_run() {
+    local name=$1 profile=$2 scheme=$3 attach=$4
+    export MACHINE_SSH_TIMEOUT_S=${IMAGE_VOLUMES_RUN_TIMEOUT_S:-900}
+    run appliance cloudbox run --profile "$profile" --suite storage --size 16M --tests seq-write-64k
+    echo "$output" > "$VOL_LOGS/$name.txt"
+    if run_again_if_guest_died_booting "$VOL_LOGS/$name.txt" appliance cloudbox run --profile "$profile" \
+        --suite storage --size 16M --tests seq-write-64k; then :; fi
+    [ "$status" -eq 0 ] || fail "the $profile run failed (exit $status); $VOL_LOGS/$name.txt: $(tail -20 "$VOL_LOGS/$name.txt")"
+    assert_output --partial "accelerator: KVM (nested)"
+    MACHINE_SSH_TIMEOUT_S=120 appliance cloudbox results export --format json > "$VOL_LOGS/$name.json"
+    run -0 checks volume-run "$VOL_LOGS/$name.json" "$scheme" "$attach"
+    echo "# $output" >&3
+    assert_nothing_left "$name"
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
+@test "the appliance's kernel attaches AoE (over a veth pair) and hands the device to the guest on emulated SCSI" {
+    volume_run aoe-host kvm-ebs-aoe aoe host
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
+@test "open-iscsi logs the host in to the box's tgtd with CHAP; the disk goes to the guest on emulated SCSI" {
+    volume_run iscsi-host kvm-ebs-iscsi-host iscsi host
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
+@test "nbd-client attaches the box's TLS export on the host; the device goes to the guest on virtio-blk" {
+    appliance "sed -e 's/^name = .*/name = \"kvm-ebs-nbd-host\"/' -e 's/^attach = .*/attach = \"host\"/' \
+        /usr/share/cloudbox/profiles/kvm-ebs-nbd.toml > /root/kvm-ebs-nbd-host.toml"
+    volume_run nbd-host /root/kvm-ebs-nbd-host.toml nbd host
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
+@test "the kernel's NVMe/TCP target and host: DH-HMAC-CHAP where the kernel has it, virtio-blk, cache none, io_uring" {
+    volume_run nvme-host kvm-ebs-nvme nvme-tcp host
+    run -0 grep -E 'volume exported: nvme\+tcp://127\.0\.0\.1:[0-9]+/nqn\.2026-11\.org\.cloudbox:vol\.ebs' \
+        "$VOL_LOGS/nvme-host.txt"
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
+@test "the guest's own nvme_tcp attaches the volume over its NIC, after the host domain's row" {
+    volume_run nvme-guest kvm-ebs-nvme-guest nvme-tcp guest
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
+@test "the guest's own aoe driver reads the volume; the host domain's row first, over a veth pair" {
+    volume_run aoe-guest kvm-ebs-aoe-guest aoe guest
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
+@test "a host-attached iSCSI run cancelled while its guest writes leaves no session, target, device or export" {
+    export MACHINE_SSH_TIMEOUT_S=300
+    run -0 appliance cloudbox run --profile kvm-ebs-iscsi-host --suite storage --size 16M --tests smoke --detach
+    rid=$(grep -oE 'run [0-9]+ started' <<<"$output" | grep -oE '[0-9]+')
+    [ -n "$rid" ] || fail "no run id in: $output"
+    guest_up() { appliance virsh -c qemu:///system list --name 2>/dev/null | grep -q '^cloudbox-kvm-ebs-iscsi-host-'; }
+    wait_for 600 3 guest_up || fail "run $rid never launched its guest: $(appliance cloudbox results show "$rid" | tail -20)"
+    sleep 10  # into the guest's tests
+    run -0 appliance iscsiadm -m session  # attached while it runs: the check below could find something
+    assert_output --partial 'iqn.2026-11.org.cloudbox:vol.ebs'
+    run -0 appliance cloudbox cancel "$rid"
+    stopped() { ! appliance cloudbox results show "$rid" | grep -qE '^  state +running'; }
+    wait_for 180 3 stopped || fail "run $rid still running 180 s after cancel"
+    run -0 appliance cloudbox results show "$rid"
+    assert_output --regexp '  state +aborted'
+    run -0 appliance virsh -c qemu:///system list --name
+    refute_output --partial 'cloudbox-'
+    assert_nothing_left cancel
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
+@test "the box's servers refuse a wrong CHAP secret, an NBD client without its certificate, an NQN off the allow-list and a wrong key" {
+    export MACHINE_SSH_TIMEOUT_S=300
+    appliance 'cat > /root/volume_refusals.py' < "$REPO/tests/helpers/volume_refusals.py"
+    # The servers run while the serving side's standard input stays open: a fifo held by a sleep here.
+    appliance 'rm -f /root/refusals.in; mkfifo /root/refusals.in; (sleep 600 > /root/refusals.in &)
+        nohup /usr/lib/cloudbox/venv/bin/python /root/volume_refusals.py serve - 127.0.0.1 < /root/refusals.in \
+            > /root/refusals.json 2> /root/refusals.err &'
+    served() { appliance test -s /root/refusals.json; }
+    wait_for 60 1 served || fail "the servers did not start: $(appliance cat /root/refusals.err)"
+    run appliance '/usr/lib/cloudbox/venv/bin/python /root/volume_refusals.py try "$(cat /root/refusals.json)"'
+    echo "$output" > "$VOL_LOGS/refusals.txt"
+    appliance 'pkill -f "sleep 600"; sleep 3; :'
+    echo "$output" | sed 's/^/# /' >&3
+    assert_success
+    assert_line --partial 'iSCSI with a wrong CHAP secret: refused'
+    assert_line --partial 'NBD without a client certificate: refused'
+    assert_line --partial 'NVMe/TCP from a host NQN not on the allow-list: refused'
+    assert_line --partial "iSCSI with this node's own CHAP secret: let in"
+    assert_nothing_left refusals
+}
