@@ -407,7 +407,7 @@ cluster_run() {
         "$node" 'cat > /root/volume_refusals.py' < "$REPO/tests/helpers/volume_refusals.py"
     done
     # fe1 serves with be1's credentials while the serving side's standard input stays open (a fifo held by a sleep).
-    fe 'rm -f /root/refusals.in; mkfifo /root/refusals.in; (sleep 600 > /root/refusals.in &)
+    fe 'rm -f /root/refusals.in; mkfifo /root/refusals.in; (sleep 600 > /root/refusals.in 2>/dev/null &)
         nohup /usr/lib/cloudbox/venv/bin/python /root/volume_refusals.py serve be1 10.73.0.1 < /root/refusals.in \
             > /root/refusals.json 2> /root/refusals.err &'
     served() { fe test -s /root/refusals.json; }

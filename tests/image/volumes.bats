@@ -141,7 +141,7 @@ volume_run() {
     export MACHINE_SSH_TIMEOUT_S=300
     appliance 'cat > /root/volume_refusals.py' < "$REPO/tests/helpers/volume_refusals.py"
     # The servers run while the serving side's standard input stays open: a fifo held by a sleep here.
-    appliance 'rm -f /root/refusals.in; mkfifo /root/refusals.in; (sleep 600 > /root/refusals.in &)
+    appliance 'rm -f /root/refusals.in; mkfifo /root/refusals.in; (sleep 600 > /root/refusals.in 2>/dev/null &)
         nohup /usr/lib/cloudbox/venv/bin/python /root/volume_refusals.py serve - 127.0.0.1 < /root/refusals.in \
             > /root/refusals.json 2> /root/refusals.err &'
     served() { appliance test -s /root/refusals.json; }

@@ -73,8 +73,10 @@ class Printer:
 
     def __call__(self, ev: RunEvent) -> None:
         if isinstance(ev, SampleEvent):
-            # the run's own disk; a second device's samples (a volume's server disk) are stored, not shown here
-            if self.sample is None or ev.device == self.sample.device:
+            # one device on the status line: the run's own disk, not the front-end's under a volume ("fe1:vda")
+            # nor a second one this host samples beside it
+            own = ":" not in (ev.device or "")
+            if self.sample is None or ev.device == self.sample.device or (own and ":" in (self.sample.device or "")):
                 self.sample = ev
             return
         if isinstance(ev, ProgressEvent):

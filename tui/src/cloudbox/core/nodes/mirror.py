@@ -233,6 +233,7 @@ def record_block_volume(ctx: RunContext, there: NodeRun) -> None:
         now, then = read_counters(v.server_device), there.server_counters
         io = {"read_bytes": (now.rsect - then.rsect) * 512, "write_bytes": (now.wsect - then.wsect) * 512}
     pv.server = f"{v.server} (this front-end, {platform.node()})"
+    pv.tls = v.tls  # what the server checked, as the server knows it
     pv.server_device = f"{platform.node()}:{v.server_device}" if v.server_device else ""
     pv.server_bytes_read, pv.server_bytes_written = io.get("read_bytes"), io.get("write_bytes")
     ctx.save_provenance()

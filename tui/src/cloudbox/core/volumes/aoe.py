@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import procs
 from ..errors import CloudboxError
 
-START_TIMEOUT = 10.0
+START_TIMEOUT = 30.0  # a server on an emulated, busy host can take its time to start
 MAX_SHELF = 65534  # 0xffff is the broadcast shelf
 MAX_SLOT = 254  # 0xff is the broadcast slot
 

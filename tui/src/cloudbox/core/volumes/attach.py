@@ -443,26 +443,29 @@ def _for_host(scheme: str, name: str, path: str, vol_bytes: int, attach: str, ru
         v = VolumeExport(name, scheme, attach, store, exp, run_uuid, path=path, work_dir=work_dir,
                          tls=_security(scheme, exp, attach), attachment=att, attached=(att.device, att.how),
                          server_device=server_dev, nvme_host=ident, after_stop=after)
+        store.is_block = True  # the baseline's target is a device: never unlinked
+        store.baseline_target = att.device
+        store.baseline_labels = [BASELINE_LABEL, HOST_INITIATOR_LABEL]
+        if attach == "host":
+            store.path = att.device
+            store.host_device = att.diskstats_name  # the back-end's view; the server's disk is sampled beside it
+        else:
+            store.path = f"{scheme}:{name}"
+            store.host_device = server_dev
+        if store.host_device is None:
+            store.labels.append("no-host-metrics")
+        store.model = (f"{SCHEME_NAMES[scheme]} volume {name!r} ({backing.human_size(vol_bytes)}) served by "
+                       f"{HOST_HOW[scheme]} from {path} on {backing.device_model(server_dev)}, attached by {att.how} "
+                       f"as {att.device}")
     except BaseException:
-        if store is not None:
-            store.remove()
-        with VolumeStore() as vs:
-            vs.detach(name, run_uuid)
+        if v is not None:
+            v.close()  # detaches, stops the export, clears the mark, removes the store
+        else:
+            if store is not None:
+                store.remove()
+            with VolumeStore() as vs:
+                vs.detach(name, run_uuid)
         raise
-    store.is_block = True  # the baseline's target is a device: never unlinked
-    store.baseline_target = att.device
-    store.baseline_labels = [BASELINE_LABEL, HOST_INITIATOR_LABEL]
-    if attach == "host":
-        store.path = att.device
-        store.host_device = att.diskstats_name  # the back-end's view; the server's disk is sampled beside it
-    else:
-        store.path = f"{scheme}:{name}"
-        store.host_device = server_dev
-    if store.host_device is None:
-        store.labels.append("no-host-metrics")
-    store.model = (f"{SCHEME_NAMES[scheme]} volume {name!r} ({backing.human_size(vol_bytes)}) served by "
-                   f"{HOST_HOW[scheme]} from {path} on {backing.device_model(server_dev)}, attached by {att.how} as "
-                   f"{att.device}")
     return v
 
 
@@ -614,18 +617,17 @@ def _for_remote_block(spec: str, attach: str, rv: remote.RemoteVolume, run_uuid:
     check_attach(scheme, attach, hypervisor=hypervisor)
     creds = nodecreds.on_node()
     store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
-    front = f"the front-end {rv.host}"
-    exp: Served
+    exp: Served  # described as the front-end serves it (`server` names it "... on HOST:PORT as TARGET")
     if scheme == "iscsi":
-        exp = iscsi.IscsiExport(name, "", rv.host, rv.port, rv.target, 0, f"tgtd on {front}")
+        exp = iscsi.IscsiExport(name, "", rv.host, rv.port, rv.target, 0, "tgtd (the front-end)")
     elif scheme == "nbd":
-        exp = nbd.NbdExport(name, "", rv.host, rv.port, f"qemu-nbd on {front}")
+        exp = nbd.NbdExport(name, "", rv.host, rv.port, "qemu-nbd (the front-end)")
     elif scheme == "nvme-tcp":
         exp = nvmet.NvmetExport(name, "", rv.host, rv.port, rv.target, 0, (creds.nvme.nqn,), "",
-                                server=f"nvmet on {front}")
+                                server="nvmet (the front-end)")
     else:
         shelf, slot = rv.shelf_slot
-        exp = aoe.AoeExport(name, "", "", shelf, slot, server=f"vblade on {front}")
+        exp = aoe.AoeExport(name, "", rv.host, shelf, slot, server="vblade (the front-end)")
     v = VolumeExport(name, scheme, attach, store, exp, run_uuid, path="", work_dir=work_dir,
                      tls=_remote_security(scheme, attach), chap=creds.chap, client_dir=creds.nbd_dir,
                      nvme_host=creds.nvme, served_by_front_end=True)
@@ -639,19 +641,19 @@ def _for_remote_block(spec: str, attach: str, rv: remote.RemoteVolume, run_uuid:
         return v
     try:
         att = _attach_remote(v, rv, creds, work_dir)
+        v.attachment, v.attached = att, (att.device, att.how)
+        store.is_block = True  # the baseline's target is a device: never unlinked
+        store.baseline_target = att.device
+        store.baseline_labels = [BASELINE_LABEL, HOST_INITIATOR_LABEL]
+        if attach == "host":
+            store.path = att.device
+            store.host_device = att.diskstats_name  # the back-end's view of the volume
+            store.labels.remove("no-host-metrics")
+        store.model = (f"{SCHEME_NAMES[scheme]} volume {name!r} served by {exp.server}, attached by {att.how} as "
+                       f"{att.device}")
     except BaseException:
-        store.remove()
+        v.close()  # logs out or disconnects what was attached, removes the store
         raise
-    v.attachment, v.attached = att, (att.device, att.how)
-    store.is_block = True  # the baseline's target is a device: never unlinked
-    store.baseline_target = att.device
-    store.baseline_labels = [BASELINE_LABEL, HOST_INITIATOR_LABEL]
-    if attach == "host":
-        store.path = att.device
-        store.host_device = att.diskstats_name  # the back-end's view of the volume
-        store.labels.remove("no-host-metrics")
-    store.model = (f"{SCHEME_NAMES[scheme]} volume {name!r} served by {exp.server}, attached by {att.how} as "
-                   f"{att.device}")
     return v
 
 
@@ -674,13 +676,18 @@ def _attach_remote(v: VolumeExport, rv: remote.RemoteVolume, creds: nodecreds.No
 
 
 def _remote_security(scheme: str, attach: str) -> str:
-    who = "this node's" if attach == "host" else "this node's, handed to the guest"
-    return {"iscsi": f"CHAP ({who} secret, made by the front-end) and its initiator name; not encrypted: the "
-                     "private network",
-            "nbd": f"x509 ({who} client certificate of the front-end's CA, which this node pins)",
-            "nvme-tcp": f"{who} host NQN (and DH-HMAC-CHAP key where both kernels have it); not encrypted: the "
-                        "private network",
-            "aoe": "none: AoE is layer 2 without authentication; the private network only"}[scheme]
+    guest = attach == "guest"
+    if scheme == "iscsi":
+        return (f"CHAP (this node's secret, made by the front-end{', handed to its guest' if guest else ''}) and its "
+                "initiator name; not encrypted: the private network")
+    if scheme == "nbd":
+        return ("x509 (this node's client certificate of the front-end's CA, which it pins"
+                + ("; handed to its guest" if guest else "") + ")")
+    if scheme == "nvme-tcp":
+        return ("this node's host NQN only (its guest's kernel has no NVMe authentication)" if guest else
+                "this node's host NQN and DH-HMAC-CHAP key (checked where the front-end's kernel can)"
+                ) + "; not encrypted: the private network"
+    return "none: AoE is layer 2 without authentication; the private network only"
 
 
 def export_for_node(spec: str, attach: str, *, node: str, creds: nodecreds.NodeCreds, run_uuid: str,
@@ -726,8 +733,12 @@ def export_for_node(spec: str, attach: str, *, node: str, creds: nodecreds.NodeC
     store.path = f"aoe:{exp.target}@{address}" if isinstance(exp, aoe.AoeExport) else exp.uri
     store.host_device = server_dev
     store.model = f"{SCHEME_NAMES[scheme]} volume {name!r} ({backing.human_size(vol.size_bytes)}) served to {node}"
-    return VolumeExport(name, scheme, attach, store, exp, run_uuid, path=vol.path, work_dir=work_dir,
-                        tls=_remote_security(scheme, attach).replace("this node's", f"{node}'s"),
+    tls = _remote_security(scheme, attach).replace("this node's", f"{node}'s")
+    if isinstance(exp, nvmet.NvmetExport):  # what this target checks, exactly
+        tls = (f"{node}'s host NQN and its DH-HMAC-CHAP key" if exp.authenticated else f"{node}'s host NQN only"
+               + (" (its guest's kernel has no NVMe authentication)" if attach == "guest" else "")
+               ) + "; not encrypted: the private network"
+    return VolumeExport(name, scheme, attach, store, exp, run_uuid, path=vol.path, work_dir=work_dir, tls=tls,
                         server_device=server_dev)
 
 

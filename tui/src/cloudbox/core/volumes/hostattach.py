@@ -99,7 +99,11 @@ def _wait(what: str, found: Callable[[], str], timeout: float) -> str:
 # -- iSCSI: open-iscsi --------------------------------------------------------------------------------------------
 def _iscsiadm(*args: str, secret: str = "", ok: tuple[int, ...] = (0,)) -> str:
     cmd = ["iscsiadm", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=ATTACH_TIMEOUT)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=ATTACH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise CloudboxError(f"iscsiadm {' '.join(args[:2])} ... did not answer within {ATTACH_TIMEOUT:.0f} s (is "
+                            "iscsid running? `iscsiadm -m session` asks it)") from None
     if r.returncode not in ok:
         shown, said = " ".join(cmd), (r.stderr or r.stdout).strip()
         if secret:
@@ -130,7 +134,8 @@ def _session_disk(iqn: str, portal: str, lun: int) -> str:
         except OSError:
             continue
         for b in (s / "device").glob(f"target*/*:*:*:{lun}/block/*"):
-            return f"/dev/{b.name}"
+            if Path(f"/dev/{b.name}").exists():  # udev makes the node a moment after the kernel's disk
+                return f"/dev/{b.name}"
     return ""
 
 
@@ -150,7 +155,9 @@ def attach_iscsi(host: str, port: int, iqn: str, creds: iscsi.Chap, *, lun: int 
                   "-v", creds.initiator)
         _iscsiadm(*node, "-o", "new")
         att._undo.append(lambda: _iscsiadm(*node, "-o", "delete", ok=(0, 21)))
-        for key, value in (("node.startup", "manual"), ("node.session.auth.authmethod", "CHAP"),
+        # a refused login fails at once; a target that does not answer is tried 2 times of 15 s, not 8
+        for key, value in (("node.startup", "manual"), ("node.session.initial_login_retry_max", "2"),
+                           ("node.session.auth.authmethod", "CHAP"),
                            ("node.session.auth.username", creds.user),
                            # iscsiadm takes it on its command line only: local root sees it for a moment in ps
                            ("node.session.auth.password", creds.secret)):

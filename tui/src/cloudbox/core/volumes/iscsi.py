@@ -33,7 +33,7 @@ from .. import paths, procs, storage
 from ..errors import Aborted, CloudboxError
 from ..procs import free_port, listens
 
-START_TIMEOUT = 10.0
+START_TIMEOUT = 30.0  # a server on an emulated, busy host can take its time to start
 IQN_PREFIX = "iqn.2026-11.org.cloudbox"
 LUN = 1  # LUN 0 is tgtd's own controller
 SOCKET_DIR = Path("/var/run/tgtd")  # where tgtd puts socket.N (fixed in tgtd)

@@ -18,7 +18,7 @@ from .. import procs
 from ..errors import CloudboxError
 from ..procs import free_port, listens
 
-START_TIMEOUT = 10.0
+START_TIMEOUT = 30.0  # a server on an emulated, busy host can take its time to start
 
 
 def _version() -> str:
