@@ -23,6 +23,7 @@ import io
 import os
 import shutil
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -498,23 +499,36 @@ def demo_app(scene: str) -> CloudboxApp:
 async def settle(pilot: Pilot, ready: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
     """Let the app work (background loads, their callbacks, refreshes) until `ready()`; fail after
     `timeout` seconds saying `what` never appeared."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline, reloaded = start + timeout, False
     while True:
         await pilot.pause(0.05)
-        busy = any(w.state.name in ("PENDING", "RUNNING") and w.group.startswith("load-")
-                   for w in pilot.app.workers)
+        busy = [w.name for w in pilot.app.workers
+                if w.state.name in ("PENDING", "RUNNING") and w.group.startswith("load-")]
+        problem = ""
         try:
             ok = ready()
-        except Exception:  # noqa: BLE001 - the widget is not there yet
-            ok = False
+        except Exception as e:  # noqa: BLE001 - the widget is not there yet
+            ok, problem = False, f"{type(e).__name__}: {e}"
         if ok and not busy:
             for field in pilot.app.screen.query(Input):
                 field.cursor_blink = False  # a blinking cursor is on or off depending on the moment of the shot
             await pilot.pause()
             await pilot.wait_for_scheduled_animations()
             return
+        if not ok and not busy and not reloaded and time.monotonic() > start + timeout / 3:
+            # The app shows new data on its next periodic reload, which the demo puts an hour away (its data
+            # does not change); one reload stands for it when a first load came back without the data.
+            reloaded = True
+            print(f"settle: no {what} after {timeout / 3:.0f} s ({problem or 'not ready'}); reloading "
+                  f"{pilot.app.screen!r} once", file=sys.stderr)
+            reload = getattr(pilot.app.screen, "reload", None)
+            if reload is not None:
+                reload()
         if time.monotonic() > deadline:
-            raise AssertionError(f"the TUI did not show {what} within {timeout:.0f} s")
+            raise AssertionError(f"the TUI did not show {what} within {timeout:.0f} s (ready: {ok} {problem}; "
+                                 f"loads still running: {busy or 'none'}; reloaded once: {reloaded}; errors "
+                                 f"shown: {pilot.app.errors or 'none'}; screen {pilot.app.screen!r})")
 
 
 def _rows(app: CloudboxApp, selector: str) -> int:
