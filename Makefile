@@ -11,14 +11,14 @@ SYSPY := /usr/bin/python3
 run: need-root-run deps venv guest-image
 	@scripts/cloudbox-run
 
-# The appliance image (mk/image.mk: installs the image toolchain, builds build/image) is built before the suites
-# that boot it; an incremental build when it exists.
-test: need-root-test deps-test venv guest-image image
+# The appliance image (mk/image.mk: installs the image toolchain, builds build/image; incremental when it exists) is
+# built by scripts/run-tests in the background while lint and the tests without guests run.
+test: need-root-test deps-test venv guest-image
 	@scripts/run-tests
 
 # Everything in `make test` plus the opt-in tiers: pytest -m full (each feature's full matrix) and the bats tags
 # xen-full, install-full, boot-full, cluster-full, volumes-full and bench (docs/benchmarks.md: what each holds, costs).
-test-full: need-root-test deps-test venv guest-image image
+test-full: need-root-test deps-test venv guest-image
 	@CLOUDBOX_TEST_FULL=1 scripts/run-tests
 
 # Quick iteration: everything except the suites that boot real guests or images.
