@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,13 +29,30 @@ def connect(path: Path | str) -> sqlite3.Connection:
     try:
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            # Opening a WAL database another process is writing or checkpointing has answered "database is
+            # locked" here without waiting (CI: a thread opening results.db beside a run's writer): wait as
+            # busy_timeout would.
+            try:
+                mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+                if mode != "wal":
+                    mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+                break
+            except sqlite3.OperationalError as e:
+                if not _busy(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         if mode != "wal":
             raise sqlite3.DatabaseError(f"cannot switch to WAL mode (got {mode})")
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _busy(e: sqlite3.OperationalError) -> bool:
+    return "locked" in str(e) or "busy" in str(e)
 
 
 @contextmanager
