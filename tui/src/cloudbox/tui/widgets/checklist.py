@@ -17,6 +17,7 @@ class CheckList(OptionList):
         self.items: list[tuple[str, str]] = []  # (name, description)
         self.checked: set[str] = set()
         self.blocked: dict[str, str] = {}  # name -> why it cannot be used here
+        self._follow = 0  # tries left to scroll the first fill's cursor into view once the list is laid out
 
     def set_items(self, items: list[tuple[str, str]], checked: set[str],
                   blocked: dict[str, str] | None = None) -> None:
@@ -28,9 +29,27 @@ class CheckList(OptionList):
         self.add_options([Option(self._prompt(n), id=n) for n, _ in self.items])
         if self.items and keep is None:  # first fill: the cursor on (and the list scrolled to) the first ticked name
             self.highlighted = next((i for i, (n, _) in enumerate(self.items) if n in self.checked), 0)
-            self.call_after_refresh(self.scroll_to_highlight)  # once laid out: before, it has no height to scroll
+            self._follow = 50
+            self.call_after_refresh(self._follow_cursor)  # once laid out: before, it has no height to scroll
         elif self.items:
             self.highlighted = min(keep or 0, len(self.items) - 1)
+
+    def _follow_cursor(self) -> None:
+        """Scroll the cursor into view, again after each refresh (and resize) until the list has a size and the
+        cursor shows: on a loaded machine the first refresh can come before the list's layout."""
+        if not self._follow or not self.is_mounted:
+            return
+        self._follow -= 1
+        self.scroll_to_highlight()
+        # laid out: a height of its own and every option's line in its virtual size (scrolling then lands)
+        if self.scrollable_content_region.height and self.virtual_size.height >= self.option_count:
+            self._follow = 0
+        else:
+            self.call_after_refresh(self._follow_cursor)
+
+    def on_resize(self) -> None:
+        if self._follow:
+            self.call_after_refresh(self._follow_cursor)
 
     def _prompt(self, name: str) -> Text:
         text = Text(f"[{'x' if name in self.checked else ' '}] {name}")
