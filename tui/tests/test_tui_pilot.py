@@ -862,7 +862,7 @@ def test_two_guests_run_from_the_tests_screen(state, libvirt_conn):
             assert "COMPLETED" in text(head), text(head)
             box = app.screen.query_one("#run-guests")
             assert box.display and " done: sum " in text(box) and "Jain" in text(box), text(box)
-            done = [(step.side, step.test, g.n) for step, g, _ in app.screen.figures.done]
+            done = [(step.side, step.test, g.n) for step, g, *_ in app.screen.figures.done]
             assert ("guest", "seq-write-64k", 2) in done and ("baseline", "seq-write-64k", 2) in done, done
             chart = app.screen.query_one("#chart-mbps")
             assert chart.data["g1"] and chart.data["g2"] and chart.data["guests' sum"], "no per-guest figures charted"
