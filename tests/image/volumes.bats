@@ -111,6 +111,39 @@ volume_run() {
 }
 
 # bats test_tags=slow,image,volumes,volumes-full
+@test "a volume in a volume group: an LV made and removed by cloudbox, served over NVMe/TCP, its dm device sampled" {
+    # The user's group, made by hand on a disk they chose (here a loop file); cloudbox only adds and removes its LV.
+    appliance 'truncate -s 128M /var/tmp/cbvg.img && losetup -f --show /var/tmp/cbvg.img > /var/tmp/cbvg.loop &&
+        pvcreate -q "$(cat /var/tmp/cbvg.loop)" && vgcreate -q cbtest "$(cat /var/tmp/cbvg.loop)"' 2>&1 | grep -v leaked >&3 || true
+    # The image's lvmlocal.conf: no group is activated by itself (a lab's disks stay as they were).
+    run -0 appliance lvmconfig activation/auto_activation_volume_list
+    assert_output --regexp 'auto_activation_volume_list *= *\[ *\]'
+    run -1 appliance cloudbox volume create lvebs --size 1G --vg cbtest
+    assert_output --partial "--vg 'cbtest' has"
+    assert_output --partial "allowed: at most"
+    run -2 appliance cloudbox volume create lvebs --size 48M --vg nosuch
+    assert_output --partial "no such volume group on this box; allowed: cbtest"
+    run -0 appliance cloudbox volume create lvebs --size 48M --vg cbtest
+    assert_output --partial "48.0 MiB a logical volume in cbtest at /dev/cbtest/cloudbox-lvebs"
+    run -0 appliance cloudbox volume list
+    assert_output --regexp 'lvebs +48\.0 MiB +LV in cbtest'
+    appliance "sed -e 's/^name = .*/name = \"kvm-ebs-nvme-lv\"/' -e 's/nvme-tcp:ebs/nvme-tcp:lvebs/' \
+        /usr/share/cloudbox/profiles/kvm-ebs-nvme.toml > /var/tmp/kvm-ebs-nvme-lv.toml"
+    volume_run nvme-lv /var/tmp/kvm-ebs-nvme-lv.toml nvme-tcp host
+    # The server's side sampled on the LV itself (device-mapper), beside the attached NVMe device.
+    rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$VOL_LOGS/nvme-lv.json")
+    run -0 appliance cloudbox results show "$rid"
+    assert_output --regexp 'sampled +.*dm-[0-9]+ [0-9]+ s'
+    run -0 appliance cloudbox volume delete lvebs
+    assert_output --partial "/dev/cbtest/cloudbox-lvebs removed"
+    run -0 appliance 'lvs --noheadings -o lv_name cbtest 2>/dev/null; vgs --noheadings -o vg_name 2>/dev/null'
+    refute_output --partial cloudbox-lvebs
+    assert_output --partial cbtest  # the user's group stays
+    appliance 'vgremove -q -f cbtest && pvremove -q "$(cat /var/tmp/cbvg.loop)"; losetup -d "$(cat /var/tmp/cbvg.loop)";
+        rm -f /var/tmp/cbvg.img /var/tmp/cbvg.loop /var/tmp/kvm-ebs-nvme-lv.toml' 2>&1 | grep -v leaked >&3 || true
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
 @test "the guest's own aoe driver reads the volume; the host domain's row first, over a veth pair" {
     volume_run aoe-guest kvm-ebs-aoe-guest aoe guest
 }

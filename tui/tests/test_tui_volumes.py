@@ -67,8 +67,8 @@ def test_list_create_and_delete_a_volume(backend):
             await fill(app, pilot, "ebs", "4M")
             await until(pilot, lambda: app.current_mode == "volumes" and not isinstance(app.screen, VolumeDialog)
                         and rows(app.screen.query_one("#volumes")) != [], what="the new volume's row")
-            assert rows(app.screen.query_one("#volumes")) == [["ebs", "4.0 MiB", "none", "NBD", rows(
-                app.screen.query_one("#volumes"))[0][4]]]
+            assert rows(app.screen.query_one("#volumes")) == [["ebs", "4.0 MiB", "file", "none", "NBD", rows(
+                app.screen.query_one("#volumes"))[0][5]]]
             path = Path(vstore.volumes_dir() / "ebs.img")
             assert path.stat().st_size == 4 * MIB and path.stat().st_blocks * 512 >= 4 * MIB  # pre-allocated
             assert f"ebs: 4.0 MiB pre-allocated at {path}" in label(app, "#volume-detail")
@@ -112,6 +112,16 @@ def test_bad_name_and_size_are_shown_under_their_fields_and_nothing_is_made(back
             assert label(app, "#volume-form-error").startswith("size 64.0 TiB does not fit in ")
             assert not (vstore.volumes_dir() / "huge.img").exists()
 
+            # a volume group this box lacks: named by the form's field, with the groups it has (none here)
+            app.screen.query_one("#v-vg").value = "cb-no-such-vg"
+            await fill(app, pilot, "lv", "8M")
+            await until(pilot, lambda: "no such volume group" in label(app, "#volume-form-error"), what="no VG")
+            assert label(app, "#volume-form-error").startswith("volume group 'cb-no-such-vg': no such volume group "
+                                                               "on this box; allowed: ")
+            with VolumeStore() as vs:
+                assert vs.list() == []
+            app.screen.query_one("#v-vg").value = ""
+
             # core's own refusal (the name is taken) shows in the form, which stays open
             with VolumeStore() as vs:
                 vs.create("ebs", 4 * MIB)
@@ -143,7 +153,7 @@ def test_a_volume_attached_to_a_live_run_is_not_deleted(backend):
         app = create_app(backend, mode="volumes")
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: rows(app.screen.query_one("#volumes")) != [], what="the volume")
-            assert rows(app.screen.query_one("#volumes"))[0][2] == f"run {rid} kvm-ebs-nbd"
+            assert rows(app.screen.query_one("#volumes"))[0][3] == f"run {rid} kvm-ebs-nbd"
             assert "deleting it is refused until that run ends" in label(app, "#volume-detail")
             await pilot.press("D")
             await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the confirmation")
@@ -156,7 +166,7 @@ def test_a_volume_attached_to_a_live_run_is_not_deleted(backend):
             with VolumeStore() as vs:  # the run ends: its mark is cleared, as the run's cleanup does
                 vs.detach("ebs", uuid)
             await pilot.press("r")
-            await until(pilot, lambda: rows(app.screen.query_one("#volumes"))[0][2] == "none", what="free")
+            await until(pilot, lambda: rows(app.screen.query_one("#volumes"))[0][3] == "none", what="free")
             await pilot.press("D")
             await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the confirmation")
             await pilot.press("y")

@@ -21,22 +21,25 @@ from cloudbox.core.volumes.store import VolumeStore, parse_size
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `volume` and its subcommands on an argparse subparsers object."""
     p = subparsers.add_parser("volume", help="list, create and delete the network block volumes this box serves",
-                              description="Network block volumes: pre-allocated files this box exports to runs "
+                              description="Network block volumes: pre-allocated files (or logical volumes in a "
+                                          "volume group you name) this box exports to runs "
                                           "(a profile names one as disk.volume = \"nbd:NAME\", \"aoe:NAME\" or "
                                           "\"iscsi:NAME\").")
     sub = p.add_subparsers(dest="volume_command", metavar="SUBCOMMAND")
     p.set_defaults(func=usage(p))
 
-    ls = sub.add_parser("list", help="every volume: name, size, file, the run it is attached to")
+    ls = sub.add_parser("list", help="every volume: name, size, backing, file or LV, the run it is attached to")
     ls.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     ls.set_defaults(func=guard(cmd_list))
 
-    cr = sub.add_parser("create", help="a new volume of --size, its file pre-allocated")
+    cr = sub.add_parser("create", help="a new volume of --size, its file pre-allocated (or an LV with --vg)")
     cr.add_argument("name", metavar="NAME", help="lowercase letters, digits and '-', at most 63 characters")
     cr.add_argument("--size", required=True, help="e.g. 512M, 4G (powers of 1024), 4M..64T")
+    cr.add_argument("--vg", metavar="VG", help="make it a logical volume cloudbox-NAME in this existing volume group "
+                                               "(lvm2) instead of a file under the state directory")
     cr.set_defaults(func=guard(cmd_create, invalid=(UsageError,)))
 
-    rm = sub.add_parser("delete", help="remove a volume and its file (refused while a run has it attached)")
+    rm = sub.add_parser("delete", help="remove a volume and its file or LV (refused while a run has it attached)")
     rm.add_argument("name", metavar="NAME")
     rm.set_defaults(func=guard(cmd_delete, invalid=(UsageError,)))
     return p
@@ -52,9 +55,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no volumes; make one with: cloudbox volume create NAME --size 1G")
         print(_exports())
         return 0
-    rows = [(v.name, human_size(v.size_bytes), v.attached_run or "-",
+    rows = [(v.name, human_size(v.size_bytes), v.backing, v.attached_run or "-",
              time.strftime("%Y-%m-%d %H:%M", time.localtime(v.created)), v.path) for v in vols]
-    head = ("NAME", "SIZE", "ATTACHED TO RUN", "CREATED", "FILE")
+    head = ("NAME", "SIZE", "BACKING", "ATTACHED TO RUN", "CREATED", "PATH")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
     for r in [head, *rows]:
         print(printable("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]))
@@ -72,8 +75,9 @@ def _exports() -> str:
 def cmd_create(args: argparse.Namespace) -> int:
     size = parse_size(args.size)
     with VolumeStore() as vs:
-        v = vs.create(args.name, size)
-    print(f"volume {v.name}: {human_size(v.size_bytes)} pre-allocated at {printable(v.path)}")
+        v = vs.create(args.name, size, vg=args.vg)
+    what = f"a logical volume in {v.vg}" if v.vg else "pre-allocated"
+    print(f"volume {v.name}: {human_size(v.size_bytes)} {what} at {printable(v.path)}")
     return 0
 
 

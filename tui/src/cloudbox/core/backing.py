@@ -72,10 +72,17 @@ class BackingStore:
 
 # ---------------------------------------------------------------------------- device facts
 def dev_name_for_path(path: str | Path) -> str | None:
-    """The /proc/diskstats name of the block device holding `path` (None for tmpfs/overlay)."""
+    """The /proc/diskstats name of the block device holding `path`, or of `path` itself when it is one (an LV:
+    dm-N); None for tmpfs/overlay."""
     st = os.stat(path)
-    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
-    return _name_from_devnum(major, minor)
+    dev = st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev
+    return _name_from_devnum(os.major(dev), os.minor(dev))
+
+
+def byte_size(path: str | Path) -> int:
+    """The size of a file or a block device (whose st_size is 0)."""
+    with open(path, "rb") as f:
+        return f.seek(0, os.SEEK_END)
 
 
 def _name_from_devnum(major: int, minor: int) -> str | None:

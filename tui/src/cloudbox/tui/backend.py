@@ -338,10 +338,11 @@ class Backend:
         with self._lock:
             self._exports.clear()
 
-    def create_volume(self, name: str, size_bytes: int) -> Volume:
-        """A new pre-allocated volume, as `cloudbox volume create` makes it (name, size and free space checked)."""
+    def create_volume(self, name: str, size_bytes: int, vg: str | None = None) -> Volume:
+        """A new volume, a pre-allocated file or an LV in `vg`, as `cloudbox volume create` makes it (name, size,
+        group and free space checked)."""
         with VolumeStore() as vs:
-            return vs.create(name, size_bytes, field="size")
+            return vs.create(name, size_bytes, field="size", vg=vg, vg_field="volume group")
 
     def delete_volume(self, name: str) -> Volume:
         """Remove a volume and its file; refused (VolumeBusy) while a live run has it attached."""

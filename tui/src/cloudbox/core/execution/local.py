@@ -314,7 +314,7 @@ def iscsi_baseline(ctx: RunContext, v: VolumeExport, exp: iscsi.IscsiExport, tes
     costs reads a fifth to a third here, so the reads iscsi-perf can do stay its). IOzone and Bonnie++: not
     measured."""
     sink, cancelled = ctx.sink, ctx.control.cancelled
-    vol_bytes = os.path.getsize(v.path)
+    vol_bytes = backing.byte_size(v.path)
     direct = [t for t in tests if iscsi.perf_measures(t)] if not iscsi_unmeasured(vol_bytes, ctx.size) else []
     relay_why = iscsi.relay_problem()
     relayed = [t for t in tests if t not in direct and not storage.nbd_measures(t)] if not relay_why else []

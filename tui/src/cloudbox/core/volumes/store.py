@@ -1,8 +1,9 @@
-"""The volume registry: block volumes this box serves, each a pre-allocated file, recorded in `volumes.db` (SQLite,
-core.db) beside results.db.
+"""The volume registry: block volumes this box serves, each a pre-allocated file or a logical volume in a volume group
+the user names (core.volumes.lvm), recorded in `volumes.db` (SQLite, core.db) beside results.db.
 
-A volume is created whole (fallocate: real blocks, as the studies' volume servers had) after its size was checked
-against the free space of the volumes directory, and deleted only when no live run has it attached. A run marks the
+A volume is created whole (fallocate: real blocks, as the studies' volume servers had; an LV is thick) after its size
+was checked against the free space of the volumes directory or the group, and deleted only when no live run has it
+attached. A run marks the
 volume attached (its id and its process) for as long as it exports it; a mark whose process is gone counts as free.
 """
 
@@ -20,6 +21,7 @@ from .. import db, paths
 from ..backing import MARGIN, human_size
 from ..errors import CloudboxError, NoSpace, NotFound, UsageError
 from ..procs import process_exists
+from . import lvm
 
 NAME_PATTERN = r"[a-z0-9][a-z0-9-]{0,62}"
 MIN_BYTES = 4 * 1024 * 1024
@@ -34,6 +36,10 @@ def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
     conn.execute(_SCHEMA)  # IF NOT EXISTS: a file made before user_version was kept has the table already
 
 
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE volumes ADD COLUMN vg TEXT")  # NULL: a file
+
+
 class VolumeBusy(CloudboxError):
     """The volume is attached by a live run."""
 
@@ -45,10 +51,15 @@ class Volume:
     path: str
     created: float
     attached_run: str | None = None  # the run exporting it now (None when free)
+    vg: str | None = None  # the volume group of an LV-backed volume (None: a file)
+
+    @property
+    def backing(self) -> str:
+        return f"LV in {self.vg}" if self.vg else "file"
 
     def as_dict(self) -> dict[str, object]:
         return {"name": self.name, "size_bytes": self.size_bytes, "path": self.path, "created": self.created,
-                "attached_run": self.attached_run}
+                "attached_run": self.attached_run, "backing": "lv" if self.vg else "file", "vg": self.vg}
 
 
 def volumes_db() -> Path:
@@ -84,8 +95,8 @@ class VolumeStore(db.Database):
     """The registry. One connection per instance (threads share it under a lock); use as a context manager."""
 
     WHAT = "volume registry"
-    SCHEMA_VERSION = 1
-    MIGRATIONS: db.Migrations = {0: _migrate_0_to_1}
+    SCHEMA_VERSION = 2
+    MIGRATIONS: db.Migrations = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 
     def __init__(self, path: Path | str | None = None):
         super().__init__(path or volumes_db())
@@ -94,7 +105,7 @@ class VolumeStore(db.Database):
     def _volume(self, row: sqlite3.Row) -> Volume:
         run, pid = row["attached_run"], row["attached_pid"]
         live = run is not None and pid is not None and process_exists(int(pid))
-        return Volume(row["name"], row["size_bytes"], row["path"], row["created"], run if live else None)
+        return Volume(row["name"], row["size_bytes"], row["path"], row["created"], run if live else None, row["vg"])
 
     def list(self) -> list[Volume]:
         with self._lock, db.read(self._conn) as c:
@@ -109,33 +120,47 @@ class VolumeStore(db.Database):
         return self._volume(row)
 
     # -- changes ----------------------------------------------------------------------------------------------------
-    def create(self, name: str, size_bytes: int, field: str = "--size") -> Volume:
-        """A new volume of `size_bytes` (checked: name, size, free space), its file pre-allocated; on any failure
-        nothing is left. `field` is what the errors call the size (the CLI's option, a form's field)."""
+    def create(self, name: str, size_bytes: int, field: str = "--size", vg: str | None = None,
+               vg_field: str = "--vg") -> Volume:
+        """A new volume of `size_bytes` (checked: name, size, free space): a pre-allocated file, or an LV in the
+        volume group `vg`; on any failure nothing is left. `field` and `vg_field` are what the errors call the size
+        and the group (the CLI's options, a form's fields)."""
         check_name(name)
         if not MIN_BYTES <= size_bytes <= MAX_BYTES:
             raise UsageError(f"{field} {size_bytes} is out of range; allowed: 4M to 64T")
-        d = volumes_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o700)  # only the volume server (root) opens the files; guests reach them through an export
-        free = os.statvfs(d).f_bavail * os.statvfs(d).f_frsize
-        if free < size_bytes + MARGIN:
-            raise NoSpace(f"{field} {human_size(size_bytes)} does not fit in {d}: {human_size(free)} free, "
-                          f"{human_size(MARGIN)} kept free; allowed: at most {human_size(max(0, free - MARGIN))}")
-        path = d / f"{name}.img"
+        if vg is not None:
+            lvm.check_group(vg, size_bytes, vg_field)
+            path = Path(lvm.lv_path(vg, name))
+        else:
+            d = volumes_dir()
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o700)  # only the volume server (root) opens the files; guests reach them through an export
+            free = os.statvfs(d).f_bavail * os.statvfs(d).f_frsize
+            if free < size_bytes + MARGIN:
+                raise NoSpace(f"{field} {human_size(size_bytes)} does not fit in {d}: {human_size(free)} free, "
+                              f"{human_size(MARGIN)} kept free; allowed: at most {human_size(max(0, free - MARGIN))}")
+            path = d / f"{name}.img"
         with self._write() as c:
             if c.execute("SELECT 1 FROM volumes WHERE name = ?", (name,)).fetchone():
                 raise UsageError(f"volume {name!r} exists already; allowed: a new name (cloudbox volume list)")
-            c.execute("INSERT INTO volumes (name, size_bytes, path, created) VALUES (?, ?, ?, ?)",
-                      (name, size_bytes, str(path), time.time()))
+            c.execute("INSERT INTO volumes (name, size_bytes, path, created, vg) VALUES (?, ?, ?, ?, ?)",
+                      (name, size_bytes, str(path), time.time(), vg))
         try:
-            with open(path, "xb"):
-                pass
-            r = subprocess.run(["fallocate", "-l", str(size_bytes), str(path)], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise NoSpace(f"{path}: cannot pre-allocate {human_size(size_bytes)}: {r.stderr.strip()}")
+            if vg is not None:
+                _, made = lvm.create(vg, name, size_bytes)
+                with self._write() as c:
+                    c.execute("UPDATE volumes SET size_bytes = ? WHERE name = ?", (made, name))
+            else:
+                with open(path, "xb"):
+                    pass
+                r = subprocess.run(["fallocate", "-l", str(size_bytes), str(path)], capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise NoSpace(f"{path}: cannot pre-allocate {human_size(size_bytes)}: {r.stderr.strip()}")
         except BaseException:
-            path.unlink(missing_ok=True)
+            if vg is not None:
+                lvm.remove(vg, name)
+            else:
+                path.unlink(missing_ok=True)
             with self._write() as c:
                 c.execute("DELETE FROM volumes WHERE name = ?", (name,))
             raise
@@ -146,9 +171,12 @@ class VolumeStore(db.Database):
         if vol.attached_run:
             raise VolumeBusy(f"volume {name!r} is attached by run {vol.attached_run}; cancel that run first "
                              "(cloudbox cancel) or wait for it to end")
+        if vol.vg:
+            lvm.remove(vol.vg, vol.name)  # first: an LV that cannot be removed keeps its entry
         with self._write() as c:
             c.execute("DELETE FROM volumes WHERE name = ?", (name,))
-        Path(vol.path).unlink(missing_ok=True)
+        if not vol.vg:
+            Path(vol.path).unlink(missing_ok=True)
         return vol
 
     def attach(self, name: str, run_uuid: str, pid: int | None = None) -> Volume:
@@ -164,6 +192,12 @@ class VolumeStore(db.Database):
                 raise VolumeBusy(f"volume {name!r} is attached by run {vol.attached_run}; a volume serves one run "
                                  "at a time")
             c.execute("UPDATE volumes SET attached_run = ?, attached_pid = ? WHERE name = ?", (run_uuid, pid, name))
+        if vol.vg:
+            try:
+                lvm.activate(vol.vg, vol.name)
+            except BaseException:
+                self.detach(name, run_uuid)
+                raise
         return self.get(name)
 
     def detach(self, name: str, run_uuid: str) -> None:

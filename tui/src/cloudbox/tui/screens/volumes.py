@@ -57,7 +57,8 @@ def attached_to(v: Volume, data: Volumes) -> str:
 def volume_detail(v: Volume, data: Volumes) -> str:
     usable = [e.scheme for e in data.exports if e.usable]
     names = " or ".join(f'"{s}:{v.name}"' for s in usable) or "none here"
-    text = (f"{v.name}: {human_size(v.size_bytes)} pre-allocated at {v.path}; a profile names it as disk.volume = "
+    made = f"a logical volume in {v.vg}" if v.vg else "pre-allocated"
+    text = (f"{v.name}: {human_size(v.size_bytes)} {made} at {v.path}; a profile names it as disk.volume = "
             f"{names} with disk.backing = \"network-volume\".")
     if v.attached_run:
         text += f" Attached by {attached_to(v, data)}: deleting it is refused until that run ends."
@@ -65,14 +66,15 @@ def volume_detail(v: Volume, data: Volumes) -> str:
 
 
 class VolumeDialog(ModalScreen[Volume | None]):
-    """A new volume: name and size, checked by core's check_name and parse_size before `create(name, bytes)` runs
-    in a worker thread; core's refusal (a name taken, no space) shows in the form, which stays open."""
+    """A new volume: name, size and an optional volume group, name and size checked by core's check_name and
+    parse_size before `create(name, bytes, vg)` runs in a worker thread; core's refusal (a name taken, no space, no
+    such group) shows in the form, which stays open."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="volume-form.cancel")]
 
     app = getters.app(BackgroundApp)
 
-    def __init__(self, create: Callable[[str, int], Volume]):
+    def __init__(self, create: Callable[[str, int, str | None], Volume]):
         super().__init__()
         self.create = create
         self.busy = False
@@ -87,11 +89,14 @@ class VolumeDialog(ModalScreen[Volume | None]):
             yield Label("Size: 4M to 64T in whole MiB, powers of 1024 (512M, 4G, 1TiB)", classes="field-label")
             yield Input("1G", id="v-size", compact=True)
             yield Label("", id="e-size", classes="field-error", markup=False)
+            # no label line of its own: the form still fits 80x24 with both errors and its hint
+            yield Input("", placeholder="Volume group: empty for a file, else an LV cloudbox-NAME in it", id="v-vg",
+                        compact=True, tooltip="an existing LVM volume group (vgs lists them); empty: a file")
             yield Label("", id="volume-form-error", classes="field-error", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Create", id="ok", variant="primary", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
-            yield Label("Enter: create   Esc: cancel   (the file is pre-allocated whole)", classes="dialog-hint")
+            yield Label("Enter: create   Esc: cancel   (a file is pre-allocated whole)", classes="dialog-hint")
 
     def on_mount(self) -> None:
         for field in ("e-name", "e-size", "volume-form-error"):
@@ -117,6 +122,7 @@ class VolumeDialog(ModalScreen[Volume | None]):
             return
         name = self.query_one("#v-name", Input).value.strip()
         size = self.query_one("#v-size", Input).value.strip()
+        vg = self.query_one("#v-vg", Input).value.strip() or None
         for field in ("e-name", "e-size", "volume-form-error"):
             self._error(field, "")
         ok = True
@@ -133,8 +139,8 @@ class VolumeDialog(ModalScreen[Volume | None]):
         if not ok:
             return
         self.busy = True
-        self._error("volume-form-error", f"creating {name} ({human_size(size_bytes)})…")
-        self.app.work_in_thread(self.create, name, size_bytes, done=self._created, failed=self._failed,
+        self._error("volume-form-error", f"creating {name} ({human_size(size_bytes)}{f' in {vg}' if vg else ''})…")
+        self.app.work_in_thread(self.create, name, size_bytes, vg, done=self._created, failed=self._failed,
                                 name=f"creating volume {name}")
 
     def _created(self, vol: Volume) -> None:
@@ -184,7 +190,8 @@ class VolumesScreen(BaseScreen):
             yield Static("", id="volume-detail", markup=False)
 
     def on_mount(self) -> None:
-        self.query_one("#volumes", DataTable).add_columns("Volume", "Size", "Attached to", "Exports", "Created")
+        self.query_one("#volumes", DataTable).add_columns("Volume", "Size", "Backing", "Attached to", "Exports",
+                                                          "Created")
         super().on_mount()
         self.query_one("#volumes", DataTable).focus()
 
@@ -199,7 +206,8 @@ class VolumesScreen(BaseScreen):
         keep = self.current_name()
         self.volumes = {v.name: v for v in data.volumes}
         names = list(self.volumes)
-        if table.set_rows((v.name, (v.name, human_size(v.size_bytes), attached_to(v, data), usable, seen(v.created)))
+        if table.set_rows((v.name, (v.name, human_size(v.size_bytes), v.backing, attached_to(v, data), usable,
+                                            seen(v.created)))
                           for v in data.volumes) and keep in names:
             table.move_cursor(row=names.index(keep))
         self._show_detail()
@@ -228,7 +236,8 @@ class VolumesScreen(BaseScreen):
     def action_new(self) -> None:
         def made(vol: Volume | None) -> None:
             if vol is not None:
-                self.notify(f"volume {vol.name}: {human_size(vol.size_bytes)} pre-allocated at {vol.path}",
+                made_as = f"a logical volume in {vol.vg}" if vol.vg else "pre-allocated"
+                self.notify(f"volume {vol.name}: {human_size(vol.size_bytes)} {made_as} at {vol.path}",
                             title="volumes", markup=False)
             self.reload()
 
