@@ -415,7 +415,7 @@ cluster_run() {
     data=$(fe cat /root/refusals.json)
     run be "/usr/lib/cloudbox/venv/bin/python /root/volume_refusals.py try '$data'"
     echo "$output" > "$LOGS/refusals.txt"
-    fe 'pkill -f "sleep 600"; sleep 3; :'
+    fe 'pkill -f "sleep 60[0]"; sleep 3; :'  # [0]: the pattern does not match this command line itself
     echo "$output" | sed 's/^/# /' >&3
     assert_success
     assert_line --partial 'iSCSI with a wrong CHAP secret: refused'
