@@ -675,18 +675,24 @@ def _attach_remote(v: VolumeExport, rv: remote.RemoteVolume, creds: nodecreds.No
     return hostattach.attach_aoe(rv.target, link)
 
 
-def _remote_security(scheme: str, attach: str) -> str:
+def _remote_security(scheme: str, attach: str, who: str = "this node's", nvme_auth: bool | None = None) -> str:
+    """What guards a volume the front-end serves to one node (`who`); `nvme_auth`: whether its nvmet target checks
+    the DH-HMAC-CHAP key (None on the node, which does not know whether the front-end's kernel can)."""
     guest = attach == "guest"
     if scheme == "iscsi":
-        return (f"CHAP (this node's secret, made by the front-end{', handed to its guest' if guest else ''}) and its "
+        return (f"CHAP ({who} secret, made by the front-end{', handed to its guest' if guest else ''}) and its "
                 "initiator name; not encrypted: the private network")
     if scheme == "nbd":
-        return ("x509 (this node's client certificate of the front-end's CA, which it pins"
+        return (f"x509 ({who} client certificate of the front-end's CA, which it pins"
                 + ("; handed to its guest" if guest else "") + ")")
     if scheme == "nvme-tcp":
-        return ("this node's host NQN only (its guest's kernel has no NVMe authentication)" if guest else
-                "this node's host NQN and DH-HMAC-CHAP key (checked where the front-end's kernel can)"
-                ) + "; not encrypted: the private network"
+        if nvme_auth:
+            how = f"{who} host NQN and its DH-HMAC-CHAP key"
+        elif guest or nvme_auth is False:
+            how = f"{who} host NQN only" + (" (its guest's kernel has no NVMe authentication)" if guest else "")
+        else:
+            how = f"{who} host NQN and DH-HMAC-CHAP key (checked where the front-end's kernel can)"
+        return how + "; not encrypted: the private network"
     return "none: AoE is layer 2 without authentication; the private network only"
 
 
@@ -733,11 +739,8 @@ def export_for_node(spec: str, attach: str, *, node: str, creds: nodecreds.NodeC
     store.path = f"aoe:{exp.target}@{address}" if isinstance(exp, aoe.AoeExport) else exp.uri
     store.host_device = server_dev
     store.model = f"{SCHEME_NAMES[scheme]} volume {name!r} ({backing.human_size(vol.size_bytes)}) served to {node}"
-    tls = _remote_security(scheme, attach).replace("this node's", f"{node}'s")
-    if isinstance(exp, nvmet.NvmetExport):  # what this target checks, exactly
-        tls = (f"{node}'s host NQN and its DH-HMAC-CHAP key" if exp.authenticated else f"{node}'s host NQN only"
-               + (" (its guest's kernel has no NVMe authentication)" if attach == "guest" else "")
-               ) + "; not encrypted: the private network"
+    tls = _remote_security(scheme, attach, f"{node}'s",  # what this target checks, exactly
+                           exp.authenticated if isinstance(exp, nvmet.NvmetExport) else None)
     return VolumeExport(name, scheme, attach, store, exp, run_uuid, path=vol.path, work_dir=work_dir, tls=tls,
                         server_device=server_dev)
 
