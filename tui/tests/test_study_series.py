@@ -5,6 +5,7 @@ store through its own API."""
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 import xml.etree.ElementTree as ET
@@ -121,6 +122,31 @@ def test_histogram_bins_cover_every_value_once():
     assert studyreport.bins([5.0, 5.0]) == [(5.0, 5.0, 2)]
 
 
+def test_density_matches_hand_computed_values_and_finds_two_groups():
+    values = [10.0, 12.0, 11.0, 13.0, 14.0]
+    d = studyreport.density(values)
+    assert d is not None
+    # Silverman: s = 1.5811, IQR = 13 - 11 = 2 -> 2 / 1.34 = 1.4925 (the smaller); 0.9 * 1.4925 * 5^-0.2 = 0.97357
+    assert d.bandwidth == pytest.approx(0.97357, abs=1e-4)
+    h = d.bandwidth
+    # at 12 (the grid's middle point) the estimate is the mean of the five samples' normal pdfs of width h
+    phi = [math.exp(-((12.0 - v) / h) ** 2 / 2) / (h * math.sqrt(2 * math.pi)) for v in values]
+    at12 = next(y for x, y in d.curve if x == pytest.approx(12.0))
+    assert at12 == pytest.approx(sum(phi) / 5)
+    assert d.curve[0][0] == pytest.approx(10.0 - 3 * h) and d.curve[-1][0] == pytest.approx(14.0 + 3 * h)
+    step = d.curve[1][0] - d.curve[0][0]
+    area = sum((a[1] + b[1]) / 2 * step for a, b in zip(d.curve, d.curve[1:], strict=False))
+    assert area == pytest.approx(1.0, abs=0.01)  # a density: it integrates to one over +-3h
+    assert d.peaks == [pytest.approx(12.0)]
+    two = studyreport.density([1.0, 1.1, 0.9, 10.0, 10.1, 9.9])
+    assert two is not None and len(two.peaks) == 2
+    assert two.peaks[0] == pytest.approx(1.0, abs=0.5) and two.peaks[1] == pytest.approx(10.0, abs=0.5)
+    assert "2 peaks, at 1.0 and 10.0 MB/s" in studyreport.density_words(two, "MB/s")
+    three = studyreport.Density(1.0, [], [1.0, 10.0, 20.0])
+    assert "3 peaks, at 1.0, 10.0 and 20.0 MB/s." in studyreport.density_words(three, "MB/s")
+    assert studyreport.density([5.0, 5.0, 5.0]) is None and studyreport.density([1.0, 2.0]) is None
+
+
 def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
     d = studies.find_study("d")  # its plan has two guests; repeats of one (`--guests 1`) are what is stored
     ids = []
@@ -147,6 +173,12 @@ def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
     # beside each table's % of native bars, a histogram and a timeline per cell of the series
     assert sum("histogram of 3 repeats" in svg for svg in svgs) == len(d.tests)
     assert sum("3 repeats over time" in svg for svg in svgs) == len(d.tests)
+    dens = [ET.fromstring("<svg" + svg) for svg in svgs if "density of 3 samples" in svg]
+    assert len(dens) == len(d.tests)
+    ns = "{http://www.w3.org/2000/svg}"
+    assert all(len(x.findall(f"{ns}polygon")) == 1 for x in dens)  # the curve
+    assert all(len(x.findall(f"{ns}line")) >= 1 + 3 for x in dens)  # its axis and a tick per sample
+    assert "Density (Gaussian kernel, bandwidth" in md
     assert "(emulated, quick)" in html
     cells = {(c.profile, c.test): c for c in studies.cell_states(d, stored, ev.cells, series=ev.series)}
     assert cells[("virtio-file", "seq-write-64k-buffered")].series_text == "3 of 5 repeats"

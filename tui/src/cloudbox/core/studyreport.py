@@ -15,6 +15,7 @@ import math
 import statistics
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from html import escape
 
 from markdown_it import MarkdownIt
@@ -377,6 +378,43 @@ def bins(values: Sequence[float], count: int | None = None) -> list[tuple[float,
     return [(lo + i * width, lo + (i + 1) * width, n) for i, n in enumerate(counts)]
 
 
+@dataclass(frozen=True)
+class Density:
+    """A Gaussian kernel density estimate of a series: its bandwidth, the curve over a grid (value, density per unit
+    of the value) and the curve's peaks (more than one: the runs fell into groups, which a median hides)."""
+    bandwidth: float
+    curve: list[tuple[float, float]]
+    peaks: list[float]
+
+
+def density(values: Sequence[float], points: int = 81) -> Density | None:
+    """The Gaussian kernel density of values, bandwidth by Silverman's rule of thumb (0.9 min(s, IQR / 1.34)
+    n^-1/5), over min - 3h to max + 3h; None under three values or when they are all the same."""
+    if len(values) < 3 or max(values) == min(values):
+        return None
+    n = len(values)
+    s = statistics.stdev(values)
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    spread_ = min(s, (q3 - q1) / 1.34) if q3 > q1 else s
+    h = 0.9 * spread_ * n ** -0.2
+    kernel = statistics.NormalDist(0.0, h)
+    lo, hi = min(values) - 3 * h, max(values) + 3 * h
+    xs = [lo + (hi - lo) * i / (points - 1) for i in range(points)]
+    curve = [(x, sum(kernel.pdf(x - v) for v in values) / n) for x in xs]
+    peaks = [curve[i][0] for i in range(1, points - 1)
+             if curve[i][1] >= curve[i - 1][1] and curve[i][1] > curve[i + 1][1]]
+    return Density(h, curve, peaks)
+
+
+def density_words(d: Density, metric: str) -> str:
+    """One line for the Markdown report: the bandwidth and where the curve peaks."""
+    texts = [value_text(p, metric) for p in d.peaks]
+    where = " and ".join([", ".join(texts[:-1]), texts[-1]] if len(texts) > 1 else texts)
+    peaks = f"one peak, at {where}" if len(d.peaks) == 1 else f"{len(d.peaks)} peaks, at {where}"
+    return (f"Density (Gaussian kernel, bandwidth {value_text(d.bandwidth, metric)} {metric} by Silverman's rule): "
+            f"{peaks} {metric}.")
+
+
 def _series_rows(ev: Evidence) -> list[tuple[str, str, list[Sample], SeriesStats]]:
     out = []
     for (profile, test), samples in ev.series.items():
@@ -438,6 +476,8 @@ def variability(ev: Evidence) -> list[str]:
         out += [f"{value_text(a, metric):>8} - {value_text(b, metric):<8} {'#' * round(20 * n / top):<20} {n}"
                 for a, b, n in hist]
         out += ["```", ""]
+        if (d := density([x.value for x in samples])) is not None:
+            out += [_md(density_words(d, metric)), ""]
     return out
 
 
@@ -674,10 +714,12 @@ def to_html(ev: Evidence) -> str:
     if section:
         body.append(md.render("\n".join(section)))
         for profile, test, samples, _st in _series_rows(ev):
-            body.append(f"<figure>{histogram_svg(profile, test, samples)}{timeline_svg(profile, test, samples)}"
-                        "<figcaption>Left: how often each range of the guest's number came up over the repeats. "
-                        "Right: each repeat at its start time, with the same run's bare-metal number (grey)."
-                        "</figcaption></figure>")
+            body.append(f"<figure>{histogram_svg(profile, test, samples)}{density_svg(profile, test, samples)}"
+                        f"{timeline_svg(profile, test, samples)}"
+                        "<figcaption>First: how often each range of the guest's number came up over the repeats. "
+                        "Second: the same samples as a density (Gaussian kernel, Silverman's bandwidth), a tick per "
+                        "sample under the curve. Third: each repeat at its start time, with the same run's "
+                        "bare-metal number (grey).</figcaption></figure>")
     body.append(md.render("\n".join(findings(ev) + _notes(ev))))
     title = escape(printable(ev.study.title))
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -753,6 +795,52 @@ def histogram_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
                      f'text-anchor="middle">{n}</text>')
         if i == 0 or i == len(hist) - 1 or len(hist) <= 6:
             parts.append(f'<text x="{x:.1f}" y="{SERIES_PAD + plot_h + 14}">{escape(value_text(a, metric))}</text>')
+    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
+                 f"{escape(printable(metric))} (guest)</text></svg>")
+    return "\n".join(parts)
+
+
+def density_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
+    """An inline SVG of a series' density: the kernel estimate's curve (filled), a tick per sample under it and a
+    dashed line at each peak; a note in place of the curve under three samples or when they are all equal."""
+    metric = samples[0].metric
+    values = [x.value for x in samples]
+    d = density(values)
+    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
+    quals = sample_qualifiers(samples)
+    parts = _svg_open(f"{profile} {test}: density of {len(values)} samples ({metric})")
+    parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}: density'
+                 + (f" ({escape(', '.join(quals))})" if quals else "") + "</text>"
+                 f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
+                 f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>')
+    if d is None:
+        parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H / 2:.0f}" text-anchor="middle" fill="#777">'
+                     "too few distinct samples for a density</text></svg>")
+        return "\n".join(parts)
+    lo, hi = d.curve[0][0], d.curve[-1][0]
+    top = max(y for _, y in d.curve) * 1.1
+
+    def xy(v: float, y: float) -> tuple[float, float]:
+        return SERIES_PAD + plot_w * (v - lo) / (hi - lo), SERIES_PAD + plot_h - plot_h * y / top
+
+    pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(v, y) for v, y in d.curve))
+    x0, base = xy(lo, 0.0)
+    x1, _ = xy(hi, 0.0)
+    parts.append(f'<polygon fill="{OURS_FILL}" fill-opacity="0.35" stroke="{OURS_FILL}" stroke-width="1.5" '
+                 f'points="{x0:.1f},{base:.1f} {pts} {x1:.1f},{base:.1f}"><title>density, bandwidth '
+                 f"{escape(value_text(d.bandwidth, metric))} {escape(printable(metric))}</title></polygon>")
+    for v in values:
+        tx, _ = xy(v, 0.0)
+        parts.append(f'<line x1="{tx:.1f}" y1="{base:.1f}" x2="{tx:.1f}" y2="{base + 6:.1f}" stroke="#333"/>')
+    for p in d.peaks:
+        px, _ = xy(p, 0.0)
+        parts.append(f'<line x1="{px:.1f}" y1="{SERIES_PAD:.1f}" x2="{px:.1f}" y2="{base:.1f}" stroke="{LINE_STROKE}" '
+                     f'stroke-dasharray="3,2"><title>peak at {escape(value_text(p, metric))} '
+                     f"{escape(printable(metric))}</title></line>")
+    for v in (lo, hi):
+        tx, _ = xy(v, 0.0)
+        parts.append(f'<text x="{tx:.1f}" y="{base + 18:.1f}" text-anchor="{"start" if v == lo else "end"}">'
+                     f"{escape(value_text(v, metric))}</text>")
     parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
                  f"{escape(printable(metric))} (guest)</text></svg>")
     return "\n".join(parts)
