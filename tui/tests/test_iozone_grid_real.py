@@ -1,6 +1,7 @@
-"""IOzone's grid in a real `cloudbox study run` (real libvirtd and QEMU, TCG here) at quick size: iozone -a over every
-record from 64 kB to 16 MB and every file from 64 KiB to 128 MiB, in the guest and on bare metal, each row stored,
-then the study's HTML report plotting the write pass per record size; nothing left behind."""
+"""IOzone's grids in a real `cloudbox study run` (real libvirtd and QEMU, TCG here) at quick size: iozone -a over every
+record from 64 kB (iozone-grid) or 4 kB (iozone-grid-4k) to 16 MB and every file from the smallest record to 128 MiB,
+in the guest and on bare metal, each row stored, then the study's HTML report plotting the write pass per record
+size; nothing left behind."""
 
 from __future__ import annotations
 
@@ -26,14 +27,17 @@ name = "kvm-cache-none"
 row = "KVM, emulated IDE, raw file, host cache off"
 
 [[tests]]
-id = "iozone-grid"
+id = "TEST"
 table = "IOzone's automatic mode"
 """
-RECORDS_KIB = [64 << i for i in range(9)]  # 64 KiB .. 16 MiB
 
 
-def test_the_grid_in_the_guest_and_on_bare_metal_then_plotted(state, libvirt_conn, tmp_path, monkeypatch, capsys):
-    (tmp_path / "g.toml").write_text(GRID)
+@pytest.mark.parametrize("test,smallest", [("iozone-grid", 64), ("iozone-grid-4k", 4)])
+def test_the_grid_in_the_guest_and_on_bare_metal_then_plotted(test, smallest, state, libvirt_conn, tmp_path,
+                                                              monkeypatch, capsys):
+    records_kib = [smallest << i for i in range((16384 // smallest).bit_length())]  # the smallest .. 16 MiB
+    n = len(records_kib)
+    (tmp_path / "g.toml").write_text(GRID.replace("TEST", test))
     monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(tmp_path))
     code = cli.main(["study", "run", "g", "--size", "quick"])
     out = capsys.readouterr()
@@ -43,13 +47,14 @@ def test_the_grid_in_the_guest_and_on_bare_metal_then_plotted(state, libvirt_con
         run = store.get_run(run.id)
     assert run.state == "completed", run.reason
     for side in ("guest", "baseline"):
-        rows = {m.metric: m for m in run.measurements if m.side == side and m.test == "iozone-grid"}
+        rows = {m.metric: m for m in run.measurements if m.side == side and m.test == test}
         cells = storage.iozone_sweep_cells(rows)
-        # files of 64 KiB..128 MiB, each with every record up to its size: 1 + 2 + ... + 8, then 9 for each of four
-        assert len(cells) == 36 + 4 * 9 and sorted({r for _, r in cells}) == RECORDS_KIB, (side, cells)
+        # files from the smallest record to 128 MiB, each with every record up to its size: 1 + 2 + ... + n (up to
+        # the 16 MiB file), then n for each larger file (32 to 128 MiB)
+        assert len(cells) == n * (n + 1) // 2 + 3 * n and sorted({r for _, r in cells}) == records_kib, (side, cells)
         assert len(rows) == 1 + 4 * len(cells) and all(m.value > 0 for m in rows.values()), side
         assert rows["MB/s"].value == rows["write MB/s, 128 MiB file, 16 MiB records"].value
-        assert "-y 64k -q 16m -n 64k -g 131072k -I -e -w" in rows["MB/s"].raw
+        assert f"-y {smallest}k -q 16m -n {smallest}k -g 131072k -I -e -w" in rows["MB/s"].raw
         if run.emulated and side == "guest":
             assert "emulated" in rows["MB/s"].labels
     code = cli.main(["study", "report", "g", "--format", "html"])
@@ -61,7 +66,8 @@ def test_the_grid_in_the_guest_and_on_bare_metal_then_plotted(state, libvirt_con
     assert len(svgs) == 2  # bare metal, the guest
     for svg in svgs:
         lines = {"".join(p.itertext()): p.get("points").split() for p in svg.iter(f"{ns}polyline")}
-        assert [len(pts) for pts in lines.values()] == [12, 11, 10, 9, 8, 7, 6, 5, 4], lines.keys()
+        # a line per record size, over the files from that record's size up to 128 MiB
+        assert [len(pts) for pts in lines.values()] == list(range(n + 3, 3, -1)), lines.keys()
     heading = next(t.text for t in svgs[1].iter(f"{ns}text"))
     assert heading == "kvm-cache-none, guest (" + ("emulated, " if run.emulated else "") + "quick)"
     assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}

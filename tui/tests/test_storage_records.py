@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import compare, results, storage
+from cloudbox.core import compare, results, storage, studyreport
 from cloudbox.core.errors import Aborted, CloudboxError, UsageError
 from cloudbox.core.runspec import RunSpec, option
 
@@ -57,7 +57,7 @@ def test_the_records_set_and_full():
     assert storage.needs_fill(storage.resolve_tests("rec-read-64k"))
     assert not set(SWEEP) & set(storage.TEST_SETS["full"])  # full leaves the sweep out
     assert (set(storage.TEST_SETS["full"]) | set(SWEEP) | set(storage.IOZONE_TESTS) | set(storage.IOZONE_FILE_TESTS)
-            | {"bonnie", "iozone-grid"} | set(storage.MPI_TESTS)) == set(storage.TESTS)
+            | {"bonnie", *storage.IOZONE_GRIDS} | set(storage.MPI_TESTS)) == set(storage.TESTS)
     # the run option's choices and help come from the same table
     assert [v for _, v in option("storage_tests").offered()] == list(storage.TEST_SETS)
     assert "records" in option("storage_tests").help
@@ -258,6 +258,21 @@ def test_the_grid_runs_automatic_mode_over_every_record_and_every_file_size():
     assert storage.guest_timeout(t, 2 << 30) == pytest.approx(2621.44 * (2 - 2**-8) + 9 * 4 * 2**31 / 10e6)
     with pytest.raises(UsageError, match=r"smaller than one 16m record of iozone-grid"):
         RunSpec(profile="virtio-disk", suite="storage", size="8M", storage_tests="iozone-grid").validate()
+
+
+def test_the_4k_grid_starts_at_iozones_own_smallest_record_and_waits_for_it():
+    t = storage.TESTS["iozone-grid-4k"]
+    assert (t.program, t.bs, t.min_bs) == ("iozone", "16m", "4k")
+    assert [r >> 10 for r in storage.iozone_grid_records(t)] == [4, 8, 16, 32, *GRID_RECORDS_KIB]
+    assert storage.iozone_files_args(t, "/dev/vdb", 128 << 20)[6:12] == ["-y", "4k", "-q", "16m", "-n", "4k"]
+    assert all("iozone-grid-4k" not in v for v in storage.TEST_SETS.values())  # by name only
+    assert compare.test_title("iozone-grid-4k").startswith(
+        "IOzone's automatic mode over record and file sizes, 4 kB to 16 MB records")
+    assert "64 kB to 16 MB records" in compare.test_title("iozone-grid")
+    # quick size: 4 x 128 MiB in 4 kB requests of 20 ms each, halving per record, and each record's bytes at 10 MB/s
+    want = 0.02 * 4 * (128 << 20) / 4096 * (2 - 2**-12) + 13 * 4 * (128 << 20) / 10e6
+    assert storage.guest_timeout(t, 128 << 20) == pytest.approx(want) and want > storage.GUEST_TIMEOUT
+    assert results.is_storage_test("iozone-grid-4k") and studyreport.is_iozone_sweep("iozone-grid-4k")
 
 
 def test_the_grids_metrics_name_file_and_record_size():

@@ -234,7 +234,7 @@ INVALID = [
     ("unknown-test", replace(GOOD, 'id = "dd-write-64k"', 'id = "dd-write-2m"'),
      "tests[1].id", "dd-write-2m", "dd-write-64k"),
     ("unknown-grid", replace(GOOD, 'id = "dd-write-64k"', 'id = "iozone-grid-16m"'),
-     "tests[1].id", "iozone-grid-16m", "iozone-files-16m, iozone-grid, bonnie"),
+     "tests[1].id", "iozone-grid-16m", "iozone-files-16m, iozone-grid, iozone-grid-4k, bonnie"),
     ("unknown-size", replace(GOOD, 'sizes = ["study", "quick"]', 'sizes = ["study", "huge"]'),
      "sizes[2]", "huge", "study, quick"),
     ("size-twice", replace(GOOD, 'sizes = ["study", "quick"]', 'sizes = ["quick", "quick"]'),

@@ -33,7 +33,7 @@ from .fairness import spread
 from .network import FRONTEND_SUFFIX
 from .results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
 from .runspec import PROPAGATE_PREFIX
-from .storage import MPI_TESTS, RECORD_SIZES
+from .storage import IOZONE_GRIDS, MPI_TESTS, RECORD_SIZES, TESTS
 
 EMULATED_MARK = "*"
 MEAN_BASELINE_MARK = "^"
@@ -195,10 +195,11 @@ def test_title(test: str) -> str:
         bs = test.removeprefix("iozone-files-")
         return (f"IOzone's file-size sweep, {_size_words(bs)} records: write MB/s of the largest file (re-write, read "
                 f"and re-read of every file size stored beside it), O_DIRECT [{test}]")
-    if test == "iozone-grid":
-        return ("IOzone's automatic mode over record and file sizes, 64 kB to 16 MB records: write MB/s of the largest "
-                "file with the largest records (every pass of every file and record size stored beside it), O_DIRECT "
-                "[iozone-grid]")
+    if test in IOZONE_GRIDS:
+        smallest = TESTS[test].min_bs or TESTS[test].bs
+        return (f"IOzone's automatic mode over record and file sizes, {_size_words(smallest)} to 16 MB records: write "
+                "MB/s of the largest file with the largest records (every pass of every file and record size stored "
+                f"beside it), O_DIRECT [{test}]")
     if base_test(test) in MPI_TESTS:
         api, layout = test.split("-")[:2]
         return (f"{ {'mpiio': 'MPI-IO', 'posix': 'POSIX', 'hdf5': 'parallel HDF5'}[api]} across guests, one MPI job, "

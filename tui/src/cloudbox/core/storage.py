@@ -41,6 +41,7 @@ class StorageTest:
     tool: str = "fio"  # fio, or the studies' own tools: a literal dd, IOzone, Bonnie++ (on a file system it makes)
     timed: bool = False  # random tests are capped by runtime
     sync: bool = False  # one read()/write() call at a time, as IOzone issues them, instead of libaio
+    min_bs: str | None = None  # IOzone's grid: its smallest record size (bs is its largest)
 
     @property
     def dd(self) -> bool:
@@ -72,9 +73,10 @@ RECORD_TESTS = tuple(f"rec-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write",
 # IOzone itself (study B's tool): write reports re-write beside it, read reports re-read; O_DIRECT, fsync timed.
 IOZONE_TESTS = tuple(f"iozone-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write", "read"))
 IOZONE_FILE_TESTS = tuple(f"iozone-files-{bs}" for bs in RECORD_SIZES)
-# IOzone's automatic mode over record sizes as well (its own -a grid): every record from 64 kB doubling to 16 MB.
+# IOzone's automatic mode over record sizes as well (its own -a grid): every record from 64 kB doubling to 16 MB;
+# iozone-grid-4k from IOzone's own smallest, 4 kB (by name only: one request at a time, it is the slow one).
 IOZONE_GRID = "iozone-grid"
-IOZONE_GRID_MIN_RECORD = "64k"
+IOZONE_GRIDS = (IOZONE_GRID, "iozone-grid-4k")
 IOZONE_SWEEPS = ("iozone-files", IOZONE_GRID)  # tools whose run is IOzone's automatic mode
 IOZONE_TOOLS = ("iozone", *IOZONE_SWEEPS)
 # One MPI job across the run's guests (core.mpiio): write then read back with 1 MiB transfers, IOR's way.
@@ -100,7 +102,8 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
     # IOzone's automatic mode over file sizes (study B's sweep): each record size, files doubling up to the run's size.
     *(StorageTest(f"iozone-files-{bs}", "write", bs, sync=True, tool="iozone-files") for bs in RECORD_SIZES),
     # Both sweeps at once; its bs is the largest record, which the run's size must hold.
-    StorageTest(IOZONE_GRID, "write", "16m", sync=True, tool=IOZONE_GRID),
+    StorageTest(IOZONE_GRID, "write", "16m", sync=True, tool=IOZONE_GRID, min_bs="64k"),
+    StorageTest("iozone-grid-4k", "write", "16m", sync=True, tool=IOZONE_GRID, min_bs="4k"),
     # Bonnie++ (study B): its own write, rewrite and read of one file, then its file creations and deletions.
     StorageTest("bonnie", "write", "8k", tool="bonnie"),
     # a write job, then (caches dropped) a read job: both phases' caches and labels as a read test's
@@ -117,7 +120,7 @@ TEST_SETS: dict[str, list[str]] = {
     # Nor Bonnie++, which makes a file system on the disk and writes, rewrites and reads most of it once more,
     # nor IOzone's grid, which passes over twice the disk 36 times.
     "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS and t not in IOZONE_FILE_TESTS
-             and t not in ("bonnie", IOZONE_GRID) and t not in MPI_TESTS],
+             and t not in ("bonnie", *IOZONE_GRIDS) and t not in MPI_TESTS],
     "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
     "records": list(RECORD_TESTS),
     # Study B's record sizes (64 kB, 1 MB and its 16 MB) with IOzone itself; the whole sweep is `iozone-*` by name.
@@ -316,17 +319,17 @@ def iozone_args(t: StorageTest, target: str, size: int) -> list[str]:
 
 
 def iozone_grid_records(t: StorageTest) -> list[int]:
-    """The grid's record sizes in bytes: IOZONE_GRID_MIN_RECORD doubling up to `t`'s, as IOzone's -a steps them."""
-    lo = block_bytes(IOZONE_GRID_MIN_RECORD)
+    """The grid's record sizes in bytes: its smallest (min_bs) doubling up to `t`'s, as IOzone's -a steps them."""
+    lo = block_bytes(t.min_bs or t.bs)
     return [lo << i for i in range((block_bytes(t.bs) // lo).bit_length())]
 
 
 def iozone_files_args(t: StorageTest, target: str, size: int) -> list[str]:
     """IOzone's automatic mode (-a) over `target`: write, re-write, read and re-read (-i 0 -i 1) with `t`'s records
-    (the grid: every record from IOZONE_GRID_MIN_RECORD up to `t`'s, -y/-q), for files from the smallest record (-n)
+    (the grid: every record from its min_bs up to `t`'s, -y/-q), for files from the smallest record (-n)
     doubling up to `size` (-g); O_DIRECT, the closing fsync timed, as iozone_args."""
     grid = t.tool == IOZONE_GRID
-    smallest = IOZONE_GRID_MIN_RECORD if grid else t.bs
+    smallest = (t.min_bs or t.bs) if grid else t.bs
     return ["iozone", "-a", "-i", "0", "-i", "1", *(["-y", smallest, "-q", t.bs] if grid else ["-r", t.bs]),
             "-n", f"{block_bytes(smallest) // 1024}k", "-g", f"{max(1, size // 1024)}k", "-I", "-e", "-w", "-f", target]
 

@@ -210,13 +210,13 @@ def table(ev: Evidence, test: str) -> list[str]:
 
 def is_iozone_sweep(test: str) -> bool:
     """A test whose run is IOzone's automatic mode: a file sweep (one record size) or the grid (every record size)."""
-    return test.startswith("iozone-files-") or test == storage.IOZONE_GRID
+    return test.startswith("iozone-files-") or test in storage.IOZONE_GRIDS
 
 
 def file_sweep_table(ev: Evidence, cells: Sequence[Cell]) -> list[str]:
     """IOzone's sweeps: per file size (and, in the grid, per record size), each pass's MB/s on both sides of each
     cell's run."""
-    grid = any(c.test == storage.IOZONE_GRID for c in cells)
+    grid = any(c.test in storage.IOZONE_GRIDS for c in cells)
     what = "file and record size" if grid else "file size"
     out = [f"Each {what} of the sweep, each side of the cell's run (MB/s; \"-\": not stored):", "",
            "| configuration | run | file | " + ("records | " if grid else "")
@@ -976,7 +976,7 @@ def iozone_lines(test: str, figs: dict[str, float]) -> list[Line]:
         return [(kib, figs[m]) for kib, rec in cells if rec == record
                 and (m := storage.iozone_file_metric(passname, kib, rec)) in figs]
 
-    if test == storage.IOZONE_GRID:
+    if test in storage.IOZONE_GRIDS:
         records = sorted({rec for _, rec in cells if rec})
         return [(f"{storage.kib_text(rec)} records", _ramp(i, len(records)), points("write", rec))
                 for i, rec in enumerate(records)]
@@ -1034,7 +1034,7 @@ def iozone_figure(ev: Evidence, cell: Cell) -> str:
     """An IOzone sweep's cell as two plots, bare metal's and the guest's (each on its own scale), their qualifiers in
     their headings as the tables write them, and a caption."""
     base_q = host_qualifiers([cell.baseline.labels] if cell.baseline else [], cell.qualifiers)
-    what = ("the write pass, a line per record size" if cell.test == storage.IOZONE_GRID
+    what = ("the write pass, a line per record size" if cell.test in storage.IOZONE_GRIDS
             else "a line per pass")
     base = dict(cell.baseline_figures)
     svgs = [iozone_svg(_with(f"{cell.profile}, bare metal", base_q), iozone_lines(cell.test, base)),
