@@ -181,6 +181,8 @@ def check_nfs_run(run_json: Path) -> str:
           by_side["baseline"]["labels"])
     written = vol.get("server_bytes_written") or 0
     check(written >= 2 * 16 * 1024 * 1024, "fe1's ganesha wrote both sides' 16 MiB", written)
+    check((vol.get("server_device") or "").startswith("fe1:"), "fe1's disk under the export was sampled",
+          vol.get("server_device"))
     g, b = by_side["guest"]["value"], by_side["baseline"]["value"]
     return (f"NFS from fe1: be1's guest {g:.1f} MB/s, be1's host {b:.1f} MB/s ({100 * g / b:.0f}%); ganesha wrote "
             f"{written / 2**20:.0f} MiB")

@@ -390,6 +390,10 @@ cluster_run() {
     MACHINE_SSH_TIMEOUT_S=120 fe cloudbox results export --format json > "$LOGS/run-nfs.json"
     run -0 checks nfs-run "$LOGS/run-nfs.json"
     echo "# $output" >&3
+    # fe1's disk under the export, sampled on the run's timeline (be1 has no disk of its own in this run).
+    rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$LOGS/run-nfs.json")
+    run -0 fe cloudbox results show "$rid"
+    assert_output --regexp 'sampled +fe1:[a-z0-9]+ [0-9]+ s, mean [0-9.]+ MB/s'
     # Nothing left on either side: fe1's ganesha and export directory, be1's mounts.
     run -0 fe sh -c 'pgrep -a -x ganesha.nfsd; ls /var/lib/cloudbox/work 2>/dev/null; :'
     refute_output --partial 'ganesha'

@@ -252,3 +252,23 @@ def test_results_show_names_both_mounts_of_a_back_ends_run(state, capsys):
     assert f"  guest mount  {guest}\n  host mount   {host}\n" in out, out
     assert cli.main(["results", "show", str(other)]) == 0
     assert "host mount" not in capsys.readouterr().out  # one box: its host serves and does not mount
+
+
+def test_results_show_names_the_front_ends_disk_under_a_back_ends_export(state, capsys):
+    """A back-end's NFS run has no disk of its own to sample; the front-end's disk under the export, sampled there,
+    is shown even though it is the only device."""
+    from cloudbox import cli
+    from cloudbox.core.provenance import VolumeInfo
+
+    with ResultStore() as store:
+        rid = store.create_run(profile_name="nfs-async-tcp-9000", node="be1", provenance=Provenance(
+            volume=VolumeInfo(name="share", scheme="nfs", attach="guest", server_device="fe1:vda")))
+        store.add_samples(rid, [{"t": 1.0 + k, "device": "fe1:vda", "write_mbps": 40.0, "util": 50.0}
+                                for k in range(3)])
+        bare = store.create_run(profile_name="nfs-async-tcp", provenance=Provenance(
+            volume=VolumeInfo(name="share", scheme="nfs", attach="guest")))
+        store.add_samples(bare, [{"t": 1.0, "device": "vda", "write_mbps": 40.0, "util": 50.0}])
+    assert cli.main(["results", "show", str(rid)]) == 0
+    assert "  sampled      fe1:vda 3 s, mean 40.0 MB/s, util 50%\n" in capsys.readouterr().out
+    assert cli.main(["results", "show", str(bare)]) == 0
+    assert "sampled " not in capsys.readouterr().out  # one device of this host's: the table's columns say it

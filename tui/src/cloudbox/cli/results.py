@@ -213,7 +213,8 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
             lines.append(f"  host mount   {v.host_mount}")
         lines.append(f"  baseline     {v.baseline or '-'}")
     per_device = _sampled_devices(store, run)
-    if len(per_device) > 1:  # a volume's two ends (the attached device, the disk under it) on one timeline
+    # a volume's two ends (the attached device, the disk under it) on one timeline, or a front-end's disk alone
+    if len(per_device) > 1 or (p.volume is not None and p.volume.server_device):
         lines.append("  sampled      " + "; ".join(per_device))
     if p.raid is not None:
         r = p.raid

@@ -142,6 +142,10 @@ def serve_nfs(ctx: RunContext, there: NodeRun) -> None:
         ctx.stack.callback(v.close)
         v.serve(link, addr)
     ctx.sink.log(f"volume exported: {v.uri} ({v.server}) from {v.path}")
+    if v.store.host_device:
+        _sample_here(ctx, there, v.store.host_device)
+    else:
+        ctx.sink.log(f"the disk under {v.path} is not one /proc/diskstats names: the export's disk is not sampled")
 
 
 def record_nfs(ctx: RunContext) -> None:
@@ -153,6 +157,7 @@ def record_nfs(ctx: RunContext) -> None:
     io = v.export.io()
     pv.server = v.server
     pv.server_bytes_read, pv.server_bytes_written = io.get("read_bytes"), io.get("write_bytes")
+    pv.server_device = f"{platform.node()}:{v.store.host_device}" if v.store.host_device else ""
     ctx.save_provenance()
     ctx.sink.log(f"{v.export.server} on this front-end read {pv.server_bytes_read} and wrote "
                  f"{pv.server_bytes_written} bytes of the export's disk")
@@ -212,13 +217,19 @@ def serve_block_volume(ctx: RunContext, there: NodeRun) -> None:
         ctx.stack.callback(v.close)
     ctx.sink.log(f"volume exported: {v.store.path} ({v.server}; {v.tls})")
     if v.server_device:
-        host = platform.node()
+        _sample_here(ctx, there, v.server_device)
 
-        def on_sample(smp: Sample) -> None:  # named as the front-end's: the node's samples are its own devices
-            ctx.sink.sample(SampleEvent.from_payload({**smp.as_dict(), "device": f"{host}:{smp.device}"}))
-        with ctx.control.atomic():
-            ctx.stack.enter_context(Sampler(v.server_device, on_sample))
-        there.server_counters = read_counters(v.server_device)
+
+def _sample_here(ctx: RunContext, there: NodeRun, device: str) -> None:
+    """The disk under what this front-end serves, sampled once a second on the run's timeline beside the node's
+    own devices, and its counters as the node's run starts."""
+    host = platform.node()
+
+    def on_sample(smp: Sample) -> None:  # named as the front-end's: the node's samples are its own devices
+        ctx.sink.sample(SampleEvent.from_payload({**smp.as_dict(), "device": f"{host}:{smp.device}"}))
+    with ctx.control.atomic():
+        ctx.stack.enter_context(Sampler(device, on_sample))
+    there.server_counters = read_counters(device)
 
 
 def record_block_volume(ctx: RunContext, there: NodeRun) -> None:
