@@ -5,6 +5,7 @@ barrier's shell; and real runs of two TCG guests (one in make test, the Ctrl-C c
 from __future__ import annotations
 
 import io
+import json
 import os
 import sqlite3
 import subprocess
@@ -539,6 +540,45 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left):
     for side in ("guest", "baseline"):
         each = {r.instance: r.value for r in recs if isinstance(r, MeasurementEvent) and r.side == side}
         assert each.keys() == {1, 2, None} and each[None] == pytest.approx(each[1] + each[2], abs=0.02), each
+    nothing_left(run)
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.full
+def test_two_guests_each_stripe_their_own_three_disks(nothing_left, capsys):
+    """virtio-raid0 with --guests 2: each guest builds its own md0 over its three disks, both write there through
+    the barrier, each array's members take their share of the chunks, and everything is gone after."""
+    from cloudbox.core import runs
+
+    size, chunk = 16 << 20, 64 << 10
+    spec = RunSpec(profile="virtio-raid0", suite="storage", size="16M", storage_tests="seq-write-64k", guests=2)
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+        run = store.get_run(rid)
+    assert run.state == "completed", run.reason
+    info = run.provenance.guests
+    assert info is not None and len(info.guests) == 2
+    share = size // chunk // 3 * chunk // 512  # 86, 85, 85 chunks of 64 KiB
+    for g in info.guests:
+        raid = g.raid
+        assert raid is not None and (raid.device, raid.level, raid.chunk_kib) == ("/dev/md0", "0", 64), g.name
+        assert storage.mdstat_array(raid.mdstat) == ("raid0", ["vda", "vdb", "vdc"]), raid.mdstat
+        assert set(raid.sectors_written) == {"vda", "vdb", "vdc"}
+        assert all(v >= share for v in raid.sectors_written.values()), (g.name, raid.sectors_written)
+    assert run.provenance.raid == info.guests[0].raid
+    assert len({g.disk for g in info.guests}) == 2  # a store of its own each
+    each = run.instances("guest", "seq-write-64k", "MB/s")
+    assert [m.instance for m in each] == [1, 2] and all(m.value > 0 for m in each)
+    for m in each:
+        job = json.loads(m.raw)["jobs"][0]
+        assert job["job options"]["filename"] == "/dev/md0" and job["write"]["io_bytes"] == size
+    total = run.measurement("guest", "seq-write-64k", "MB/s")
+    assert total is not None and total.value == pytest.approx(sum(m.value for m in each), rel=1e-9)
+    assert len(run.instances("baseline", "seq-write-64k", "MB/s")) == 2
+    assert cli.main(["results", "show", str(rid)]) == 0
+    shown = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  guest RAID")]
+    assert [ln.split(":")[0].split()[-1] for ln in shown] == [g.name for g in info.guests], shown
     nothing_left(run)
 
 

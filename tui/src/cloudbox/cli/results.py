@@ -216,9 +216,9 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
     # a volume's two ends (the attached device, the disk under it) on one timeline, or a front-end's disk alone
     if len(per_device) > 1 or (p.volume is not None and p.volume.server_device):
         lines.append("  sampled      " + "; ".join(per_device))
-    if p.raid is not None:
-        r = p.raid
-        lines.append(f"  guest RAID   {r.device}: RAID {r.level}, {r.chunk_kib} KiB chunks, over "
+    arrays = [(f" of {x.name}", x.raid) for x in p.guests.guests if x.raid] if p.guests else []
+    for whose, r in arrays or ([("", p.raid)] if p.raid is not None else []):
+        lines.append(f"  guest RAID   {r.device}{whose}: RAID {r.level}, {r.chunk_kib} KiB chunks, over "
                      + ", ".join(r.members)
                      + ("; sectors written " + ", ".join(f"{k} {v}" for k, v in r.sectors_written.items())
                         if r.sectors_written else ""))

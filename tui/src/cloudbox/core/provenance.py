@@ -120,6 +120,7 @@ class GuestStart(_Record):
     clock_offset_s: float | None = None  # host time minus the guest's uptime clock, as last measured
     clock_rtt_s: float | None = None  # the agent round trip that measurement took (its uncertainty is half of it)
     launch_to_agent_s: float | None = None
+    raid: RaidInfo | None = None  # its own md array over its disks (disk.raid)
 
 
 class Guests(_Record):

@@ -29,7 +29,7 @@ from ..errors import CloudboxError, DiskStalled, GuestError, GuestUnreachable, N
 from ..events import ProgressEvent, SampleEvent
 from ..guestimage import CMDLINE
 from ..profiles import Profile, is_nfs
-from ..provenance import Guests, GuestStart
+from ..provenance import Guests, GuestStart, RaidInfo
 from ..runspec import BOOT, RunSpec, resolve_net_tests
 from ..volumes import nfs
 from ..volumes.attach import export_for_run
@@ -358,13 +358,7 @@ def guests_storage(ctx: RunContext) -> None:
     if ctx.volume is not None:  # every guest on the shared export
         disks, links = _mount_export(ctx, runners)
     else:
-        disks = []
-        for gr in runners:
-            if ctx.profile.disk.raid != "none":
-                raise CloudboxError(f"profile {ctx.profile.name}: disk.raid = {ctx.profile.disk.raid} with --guests "
-                                    f"{ctx.spec.guests} is not implemented yet; allowed: a profile with disk.raid = "
-                                    "none")
-            disks.append(gr.disk())
+        disks = _assemble_raids(ctx, runners) if ctx.profile.disk.raid != "none" else [gr.disk() for gr in runners]
         if ctx.spec.wants_mpi:
             ctx.sink.step(f"guest: configuring {len(runners)} NICs for the MPI jobs", side="guest")
             links = [configure_nic(ctx, gr.guest, network.guest_ip(k)) for k, gr in enumerate(runners, 1)]
@@ -392,6 +386,8 @@ def guests_storage(ctx: RunContext) -> None:
                 for k, (gr, disk, offset) in enumerate(zip(runners, disks, offsets, strict=True), 1)]
         parts = storage_test_many(ctx, "guest", t, jobs, tuple(gr.drop_caches for gr in runners))
         _record_skew(ctx, t.id, [p.started_at for p in parts])
+    if ctx.profile.disk.raid != "none":
+        _stop_raids(ctx, runners)
     if ctx.volume is not None:
         for k, g in enumerate(ctx.many, 1):
             nfs.unmount_in_guest(g, k)
@@ -402,6 +398,40 @@ def guests_storage(ctx: RunContext) -> None:
         if pv.server_bytes_written is not None:  # unknown here when the front-end serves it
             ctx.sink.log(f"{pv.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
                          "export's disk")
+
+
+def _assemble_raids(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[str]:
+    """Each guest stripes its own disk.count disks (RAID 0, mdadm --build); the arrays, each kept in its guest's
+    record (the first also as the run's, as a single guest's is)."""
+    d, info = ctx.profile.disk, ctx.provenance.guests
+    assert info is not None
+    ctx.sink.step(f"guest: RAID {d.raid} over {d.count} disks ({d.chunk_kib} KiB chunks), in each of {len(runners)} "
+                  "guests", side="guest")
+    devices = []
+    for gr, rec in zip(runners, info.guests, strict=True):
+        array = gr.assemble_raid(d.count, d.chunk_kib)
+        rec.raid = RaidInfo(device=array.device, level=array.level, chunk_kib=array.chunk_kib, members=array.members,
+                            mdstat=array.mdstat)
+        devices.append(array.device)
+        ctx.sink.log(f"guest {gr.guest.name} md array: {array.device}, RAID {array.level} over "
+                     f"{', '.join(array.members)}")
+    # A failure leaves the arrays to the guests' destruction: built without superblocks, nothing outlives them.
+    ctx.provenance.raid = info.guests[0].raid
+    ctx.save_provenance()
+    return devices
+
+
+def _stop_raids(ctx: RunContext, runners: list[storage.GuestRunner]) -> None:
+    """What each guest's members had written after the tests, kept; every array stopped."""
+    info = ctx.provenance.guests
+    assert info is not None
+    for gr, rec in zip(runners, info.guests, strict=True):
+        assert rec.raid is not None
+        rec.raid.sectors_written = gr.sectors_written(rec.raid.members)
+        gr.stop_raid()
+        ctx.sink.log(f"guest {gr.guest.name} md array stopped; sectors written per member: "
+                     + ", ".join(f"{k} {v}" for k, v in rec.raid.sectors_written.items()))
+    ctx.save_provenance()
 
 
 def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> tuple[list[str], list[tuple[str, str]]]:
