@@ -5,6 +5,7 @@ image copies. Standard library only: it runs with Debian's python3 on the test h
                                                        the last run of `results export --format json`, with
                                                        FE_TEST (default tcp-stream-fe) on both sides
     cluster_checks.py nfs-run RUN_JSON                 the last run: be1's guest and host on fe1's NFS export
+    cluster_checks.py host-raid RUN_JSON               the last run: the guest's one disk on the host's RAID 0
     cluster_checks.py volume-run RUN_JSON SCHEME ATTACH [NODE]
                                                        the last run: a SCHEME volume attached by ATTACH, the guest
                                                        beside the host domain on it (on NODE, served by the front-end)
@@ -188,6 +189,34 @@ def check_nfs_run(run_json: Path) -> str:
             f"{written / 2**20:.0f} MiB")
 
 
+def check_host_raid(run_json: Path) -> str:
+    """The last run was virtio-raid0-host: the host built a RAID 0 (64 KiB chunks) over three loop devices, the
+    guest had that array as its one disk, both sides wrote through it and every member took its share."""
+    run = json.loads(run_json.read_text())["runs"][-1]
+    prov = run["provenance"]
+    check(run["state"] == "completed", "the host RAID run completed", (run["state"], run["reason"]))
+    raid = prov.get("raid") or {}
+    check((raid.get("where"), raid.get("level"), raid.get("chunk_kib")) == ("host", "0", 64),
+          "the host built a RAID 0 with 64 KiB chunks", raid)
+    members = raid.get("members") or []
+    check(len(members) == 3 and all(re.fullmatch(r"loop\d+", m) for m in members), "three loop devices", members)
+    check(re.search(rf"^{raid['device'].rsplit('/', 1)[-1]} : active raid0 ", raid.get("mdstat", ""), re.M),
+          "/proc/mdstat showed the array active", raid.get("mdstat"))
+    check(prov["backing"]["device"] == raid["device"].rsplit("/", 1)[-1], "the store (and the sampler) is the array",
+          prov["backing"])
+    check(prov["domain_xml"].count("<disk ") == 1, "the guest had one disk", prov["domain_xml"].count("<disk "))
+    by_side = {m["side"]: m for m in run["measurements"] if m["test"] == "seq-write-64k" and m["metric"] == "MB/s"}
+    check(set(by_side) == {"guest", "baseline"}, "seq-write-64k on both sides", sorted(by_side))
+    # both sides wrote 16 MiB through the array: each member at least a third of it, in 64 KiB chunks
+    share = 2 * (16 * 1024 // 64 // 3) * 128
+    written = raid.get("sectors_written") or {}
+    check(set(written) == set(members) and all(v >= share for v in written.values()),
+          f"every member took at least {share} sectors", written)
+    g, b = by_side["guest"]["value"], by_side["baseline"]["value"]
+    return (f"host RAID 0 over {', '.join(members)}: guest {g:.1f} MB/s, host {b:.1f} MB/s ({100 * g / b:.0f}%); "
+            f"sectors per member {', '.join(str(written[m]) for m in members)}")
+
+
 def check_volume_run(run_json: Path, scheme: str, attach: str, node: str = "") -> str:
     """The last run measured a network volume over `scheme`, attached by `attach`: completed, the guest's rows beside
     the host domain's on the same volume (labelled volume-from-host; through the host's own initiator when it
@@ -228,6 +257,8 @@ def main(argv: list[str]) -> int:
                 print(check_run(Path(run_json), Path(props_json), fe_tests or ["tcp-stream-fe"]))
             case ["nfs-run", run_json]:
                 print(check_nfs_run(Path(run_json)))
+            case ["host-raid", run_json]:
+                print(check_host_raid(Path(run_json)))
             case ["volume-run", run_json, scheme, attach, *node]:
                 print(check_volume_run(Path(run_json), scheme, attach, *node[:1]))
             case ["node-state", name]:

@@ -144,6 +144,26 @@ volume_run() {
 }
 
 # bats test_tags=slow,image,volumes,volumes-full
+@test "the host's own RAID 0: mdadm stripes three loop devices; the guest's one disk and the baseline on the array" {
+    # The image assembles no array by itself and runs no md monitor or check (a lab's RAID disks stay as they are).
+    run -0 appliance 'grep -x "AUTO -all" /etc/mdadm/mdadm.conf; systemctl is-enabled mdmonitor.service mdcheck_start.timer; :'
+    assert_output $'AUTO -all\nmasked\nmasked'
+    export MACHINE_SSH_TIMEOUT_S=${IMAGE_VOLUMES_RUN_TIMEOUT_S:-900}
+    run appliance cloudbox run --profile virtio-raid0-host --suite storage --size 16M --tests seq-write-64k
+    echo "$output" > "$VOL_LOGS/raid-host.txt"
+    if run_again_if_guest_died_booting "$VOL_LOGS/raid-host.txt" appliance cloudbox run --profile virtio-raid0-host \
+        --suite storage --size 16M --tests seq-write-64k; then :; fi
+    [ "$status" -eq 0 ] || fail "the virtio-raid0-host run failed (exit $status); $VOL_LOGS/raid-host.txt: $(tail -20 "$VOL_LOGS/raid-host.txt")"
+    assert_output --regexp 'host md array: /dev/md1[0-9][0-9], RAID 0 over loop[0-9]+, loop[0-9]+, loop[0-9]+ \(64 KiB chunks\)'
+    MACHINE_SSH_TIMEOUT_S=120 appliance cloudbox results export --format json > "$VOL_LOGS/raid-host.json"
+    run -0 checks host-raid "$VOL_LOGS/raid-host.json"
+    echo "# $output" >&3
+    # The array stopped and its loops detached before the run's files went.
+    run -0 appliance 'ls /sys/block | grep "^md"; losetup -a | grep /var/lib/cloudbox/work; ls /var/lib/cloudbox/work; :'
+    assert_output ''
+}
+
+# bats test_tags=slow,image,volumes,volumes-full
 @test "the guest's own aoe driver reads the volume; the host domain's row first, over a veth pair" {
     volume_run aoe-guest kvm-ebs-aoe-guest aoe guest
 }

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cloudbox.core.domain import CLOUDBOX_XMLNS, cloudbox_metadata, render_domain
-from cloudbox.core.profiles import Profile, load_profile, parse_profile
+from cloudbox.core.profiles import Profile, guest_disks, load_profile, parse_profile
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "profiles").glob("*.toml"))
 
@@ -101,9 +101,9 @@ def render(
     if domain_type == "xen":
         kw.setdefault("agent_socket", f"/run/cloudbox/{name}.agent")
     block = prof.disk.backing in ("block-device", "network-volume")
-    if prof.disk.count > 1 and "more_disk_paths" not in kw:
+    if guest_disks(prof.disk) > 1 and "more_disk_paths" not in kw:
         kw["more_disk_paths"] = [f"/dev/sdz{i}" if block else f"/var/tmp/cloudbox/disk{i}.img"
-                                 for i in range(2, prof.disk.count + 1)]
+                                 for i in range(2, guest_disks(prof.disk) + 1)]
     return render_domain(
         prof,
         name=name,
@@ -177,8 +177,8 @@ def test_test_driver_accepts(prof: Profile, domain_type: str, test_conn):
     assert drv is not None and drv.get("cache") == prof.disk.cache and drv.get("io") == prof.disk.io
     assert root.find("devices/disk/target").get("bus") == LIBVIRT_BUS[prof.disk.bus]
     disks = root.findall("devices/disk")
-    assert len(disks) == prof.disk.count
-    assert len({d.find("target").get("dev") for d in disks}) == prof.disk.count
+    assert len(disks) == guest_disks(prof.disk)  # the host's RAID is one disk
+    assert len({d.find("target").get("dev") for d in disks}) == len(disks)
     assert all(d.find("driver").get("cache") == prof.disk.cache for d in disks)
     assert root.find(f"metadata/{{{CLOUDBOX_XMLNS}}}profile").get("hash") == prof.hash
 
@@ -502,8 +502,8 @@ def test_xen_pv_several_disks():
 @pytest.mark.parametrize(
     ("count", "more", "message"),
     [
-        (3, ["/var/tmp/b.raw"], "disk.count = 3; got 2 disk path"),
-        (1, ["/var/tmp/b.raw"], "disk.count = 1; got 2 disk path"),
+        (3, ["/var/tmp/b.raw"], "gives the guest 3 disk\\(s\\); got 2 disk path"),
+        (1, ["/var/tmp/b.raw"], "gives the guest 1 disk\\(s\\); got 2 disk path"),
         (2, ["/var/tmp/cloudbox/disk.img"], "two disk paths are the same"),
         (2, [""], "more_disk_paths must not be empty"),
     ],

@@ -595,6 +595,7 @@ def test_knobs_are_flat_and_ordered():
         "disk.volume",
         "disk.count",
         "disk.raid",
+        "disk.raid_on",
         "disk.chunk_kib",
         "disk.attach",
         "disk.xen_backend",

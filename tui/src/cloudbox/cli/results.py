@@ -218,7 +218,7 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
         lines.append("  sampled      " + "; ".join(per_device))
     arrays = [(f" of {x.name}", x.raid) for x in p.guests.guests if x.raid] if p.guests else []
     for whose, r in arrays or ([("", p.raid)] if p.raid is not None else []):
-        lines.append(f"  guest RAID   {r.device}{whose}: RAID {r.level}, {r.chunk_kib} KiB chunks, over "
+        lines.append(f"  {r.where + ' RAID':<13}{r.device}{whose}: RAID {r.level}, {r.chunk_kib} KiB chunks, over "
                      + ", ".join(r.members)
                      + ("; sectors written " + ", ".join(f"{k} {v}" for k, v in r.sectors_written.items())
                         if r.sectors_written else ""))

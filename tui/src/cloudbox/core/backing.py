@@ -17,6 +17,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,8 +67,20 @@ class BackingStore:
                     shutil.rmtree(arg, ignore_errors=True)
                 elif what == "loop":
                     subprocess.run(["losetup", "-d", arg], check=False, capture_output=True)
+                elif what == "md":  # the host's RAID over this store's loops (core.hostraid)
+                    _stop_md(arg)
             except OSError:
                 pass
+
+
+def _stop_md(device: str, tries: int = 10) -> None:
+    """Stop the md array `device`, again for a few seconds while something (udev's probe, a QEMU going away) still
+    holds it open; its loops cannot be detached before."""
+    for _ in range(tries):
+        r = subprocess.run(["mdadm", "--stop", device], check=False, capture_output=True)
+        if r.returncode == 0 or not Path("/sys/block", Path(device).name).exists():
+            return
+        time.sleep(0.5)
 
 
 # ---------------------------------------------------------------------------- device facts

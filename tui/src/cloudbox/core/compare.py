@@ -282,6 +282,7 @@ class Knobs:
     xen_type: str = ""  # guest.xen_type: pv, pvh, hvm; "" or auto where the bus decides
     nfs_vers: str = ""  # an NFS export's [nfs] mount: version and writes (async | sync)
     nfs_writes: str = ""
+    raid_on: str = "guest"  # who built the RAID: the guest or the host
 
 
 def knobs(run: Run) -> Knobs:
@@ -308,7 +309,7 @@ def _knobs(profile_toml: str) -> Knobs:
                  get("guest", "memory_mib", int), get("disk", "count", int) or 1, get("disk", "raid", str) or "none",
                  get("disk", "chunk_kib", int), get("disk", "attach", str) or "host",
                  get("guest", "xen_type", str) or "", get("nfs", "vers", str) or "4.2",
-                 get("nfs", "writes", str) or "async")
+                 get("nfs", "writes", str) or "async", get("disk", "raid_on", str) or "guest")
 
 
 def vmm_label(run: Run) -> str:
@@ -369,6 +370,8 @@ def driver_label(run: Run) -> str:
         backing = f"QEMU's {scheme} client"
     if k.raid != "none":
         chunk = f" ({k.chunk_kib} KiB)" if k.chunk_kib else ""
+        if k.raid_on == "host":
+            return f"{bus_label(run)}, the host's RAID {k.raid}{chunk} over {k.disks} loop devices"
         return f"RAID {k.raid}{chunk} over {k.disks} x {bus_label(run)}, {backing}"
     return f"{bus_label(run)}, {backing}"
 

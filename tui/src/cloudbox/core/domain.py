@@ -37,7 +37,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from cloudbox.core.backing import NetworkSource
-from cloudbox.core.profiles import Profile, xen_backend, xen_guest_type
+from cloudbox.core.profiles import Profile, guest_disks, xen_backend, xen_guest_type
 
 CLOUDBOX_XMLNS = "https://cloudbox.invalid/xmlns/1"
 AGENT_CHANNEL = "org.qemu.guest_agent.0"
@@ -85,7 +85,8 @@ def guest_drivers(profile: Profile, *, nic: bool, disk: bool = True) -> list[str
     d, n = profile.disk.bus, profile.network.model
     if d not in _DISK_DRIVERS or (nic and n not in _NIC_DRIVERS):
         return None
-    return [*(_DISK_DRIVERS[d] if disk else ()), *_RAID_DRIVERS[profile.disk.raid],
+    raid = profile.disk.raid if profile.disk.raid_on == "guest" else "none"  # the host's array is one plain disk
+    return [*(_DISK_DRIVERS[d] if disk else ()), *_RAID_DRIVERS[raid],
             *(_NIC_DRIVERS[n] if nic else ()), *_ALWAYS_DRIVERS]
 
 
@@ -231,8 +232,8 @@ def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str 
                         *(("more_disk_paths", p) for p in more_disk_paths)):
         if not value:
             raise ValueError(f"{what} must not be empty")
-    if 1 + len(more_disk_paths) != profile.disk.count:
-        raise ValueError(f"profile {profile.name!r} has disk.count = {profile.disk.count}; got "
+    if 1 + len(more_disk_paths) != guest_disks(profile.disk):
+        raise ValueError(f"profile {profile.name!r} gives the guest {guest_disks(profile.disk)} disk(s); got "
                          f"{1 + len(more_disk_paths)} disk path(s)")
     if len({disk_path, *more_disk_paths}) != 1 + len(more_disk_paths):
         raise ValueError("each disk needs its own backing store; two disk paths are the same")

@@ -65,6 +65,7 @@ Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "bl
 DiskFormat = Literal["raw", "qcow2"]
 NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
 RaidLevel = Literal["none", "0"]
+RaidOn = Literal["guest", "host"]
 Attach = Literal["host", "guest", "qemu"]
 # Xen's backend for a guest's disk in dom0: blkback ("phy", the kernel's, on a block device) or qdisk (QEMU's, on a
 # file or a device); "auto" picks phy for a block device and qdisk for a file, and is the only value KVM takes.
@@ -94,7 +95,7 @@ RAID_CHUNK_DEFAULT_KIB = 512  # mdadm's own default
 # Knobs added after profiles were first hashed, with the value that leaves a profile's hash as it was.
 _HASH_NEUTRAL: dict[str, dict[str, object]] = {"guest": {"xen_type": "auto"},
                                                 "disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host",
-                                                         "xen_backend": "auto"},
+                                                         "xen_backend": "auto", "raid_on": "guest"},
                                                 "dom0": {"vcpu_pin": "", "memory_mib": 0}}
 SECTIONS: tuple[str, ...] = ("guest", "disk", "network", "dom0", "nfs")
 DOM0_MIN_MIB = 512  # below this a Debian dom0 with libvirtd, QEMU and the tests risks the OOM killer
@@ -197,7 +198,8 @@ class Disk(_Strict):
     format: DiskFormat = "raw"
     volume: Annotated[str, Field(max_length=4096, pattern=r"^[^\n\r]*$"), AfterValidator(_volume)] = ""
     count: int = Field(1, ge=1, le=MAX_DISKS)  # benchmark disks, each on its own backing store
-    raid: RaidLevel = "none"  # "0": the guest stripes the disks with mdadm and the tests run on /dev/md0
+    raid: RaidLevel = "none"  # "0": the disks striped with mdadm, the tests run on the array
+    raid_on: RaidOn = "guest"  # who builds the RAID: the guest over its disks, or the host over its loop devices
     chunk_kib: Annotated[int, AfterValidator(_chunk)] = 0
     attach: Attach = "host"  # who attaches a network volume: the host's kernel, the guest's, or QEMU itself
     xen_backend: XenBackend = "auto"  # Xen only: blkback (phy) or QEMU's qdisk in dom0
@@ -346,7 +348,9 @@ class Profile(_Strict):
             disk += f", {d.iothreads} iothread{'s' if d.iothreads > 1 else ''}"
         if d.queues > 1:
             disk += f", {d.queues} queues"
-        if d.raid == "0":
+        if d.raid == "0" and d.raid_on == "host":
+            disk = f"{disk}, on the host's RAID 0 ({d.chunk_kib} KiB chunks) over {d.count} loop devices"
+        elif d.raid == "0":
             disk = f"RAID 0 ({d.chunk_kib} KiB chunks) over {d.count} disks, each {disk}"
         if is_nfs(d):  # a file system the guest mounts: no disk bus, cache or AIO mode of QEMU's
             f = self.nfs
@@ -390,6 +394,11 @@ _NIC_WORDS = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio-net", "x
 
 def _implied_xen_type(bus: str) -> str:
     return "pv" if bus == "xen-vbd" else "hvm"
+
+
+def guest_disks(disk: Disk) -> int:
+    """The benchmark disks the guest sees: disk.count, or one (the host's md array) with disk.raid_on = host."""
+    return 1 if disk.raid_on == "host" else disk.count
 
 
 def is_nfs(disk: Disk) -> bool:
@@ -565,7 +574,14 @@ def cross_field_problems(p: Profile) -> list[ProfileProblem]:
     if d.raid == "none" and d.chunk_kib != 0:
         bad("disk.chunk_kib", d.chunk_kib, "a chunk size is a RAID's; this profile has none",
             "0 (with disk.raid = none); a power of two 4..1024 needs disk.raid = 0")
-    if d.count > BUS_MAX_DISKS.get(d.bus, MAX_DISKS):
+    if d.raid_on == "host" and d.raid == "none":
+        bad("disk.raid_on", d.raid_on, "there is no RAID to build", "guest (with disk.raid = none); host needs "
+            "disk.raid = 0")
+    elif d.raid_on == "host" and d.backing != "block-device":
+        bad("disk.raid_on", d.raid_on, f"the host builds its md array over block devices, and backing {d.backing} "
+            "gives the guest files", f"guest (with disk.backing = {d.backing}); host needs disk.backing = "
+            "block-device (a loop device per disk)")
+    if d.raid_on == "guest" and d.count > BUS_MAX_DISKS.get(d.bus, MAX_DISKS):
         bad("disk.count", d.count, f"bus {d.bus} takes at most {BUS_MAX_DISKS[d.bus]} disks on its controller",
             f"1..{BUS_MAX_DISKS[d.bus]} (with disk.bus = {d.bus})")
     if d.attach != "host" and d.backing != "network-volume":

@@ -101,6 +101,8 @@ class RaidInfo(_Record):
     members: list[str] = []
     mdstat: str = ""  # /proc/mdstat once assembled
     sectors_written: dict[str, int] = {}  # per member, after the guest's tests (512-byte sectors since boot)
+    where: str = "guest"  # who built it (disk.raid_on): the guest over its disks, or the host over its loops (whose
+    # sectors_written count from the array's building, the baseline's and the guest's writes both)
 
 
 class Dom0Info(_Record):

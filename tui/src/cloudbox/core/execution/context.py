@@ -18,6 +18,7 @@ from ..diskstats import Sampler
 from ..errors import Aborted
 from ..guest import Guest
 from ..guestimage import GuestImage
+from ..hostraid import HostArray
 from ..network import HostNetwork
 from ..profiles import Profile
 from ..provenance import Provenance
@@ -106,6 +107,7 @@ class RunContext:
     domain_xml: str = field(init=False, repr=False)  # rendered: what each launch of the guest starts
     console_log: Path = field(init=False, repr=False)
     sampler: Sampler | None = None
+    host_raid: HostArray | None = None  # the host's md array the guest's disk is (disk.raid_on = host)
     hostnet: HostNetwork | None = None
     private_bridge: str = ""  # a back-end's private bridge, for the network tests to the front-end
     guest: Guest | None = None  # the running guest, for its console on failure

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ... import __version__
-from .. import accel, backing, daemons, network, paths, storage, xendom0
+from .. import accel, backing, daemons, hostraid, network, paths, storage, xendom0
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
 from ..errors import CloudboxError, DiskStalled
@@ -134,6 +134,8 @@ def reap_volume_leftovers(ctx: RunContext, live: set[str]) -> None:
         for what in hostattach.reap():
             ctx.sink.log(f"detached {what}, left by a dead run")
     base = paths.work_base(ctx.spec.work_dir)
+    for what in hostraid.reap(base, live | {ctx.run_uuid}):  # before its loops' files go with the directory
+        ctx.sink.log(f"stopped {what}, left by a dead run")
     for u in ctx.store.run_uuids():  # a run killed outright leaves its work directory (its stores, logs)
         d = base / f"run-{u[:12]}"
         if u not in live and u != ctx.run_uuid and d.is_dir():
@@ -166,7 +168,19 @@ def prepare_backing(ctx: RunContext) -> None:
                                       device=spec.device or None, confirm=spec.destroy or None, volume=disk.volume,
                                       count=disk.count)
         ctx.stack.callback(ctx.backing.remove)
+        if disk.raid_on == "host":
+            ctx.host_raid = hostraid.build(ctx.backing, disk.chunk_kib)
+    if ctx.host_raid is not None:
+        ctx.sink.log(f"host md array: {ctx.host_raid.device}, RAID 0 over {', '.join(ctx.host_raid.members)} "
+                     f"({ctx.host_raid.chunk_kib} KiB chunks): the guest's one disk and the baseline's target")
     ctx.labels += ctx.backing.labels
+
+
+def _host_raid_info(array: hostraid.HostArray | None) -> RaidInfo | None:
+    if array is None:
+        return None
+    return RaidInfo(where="host", device=array.device, level="0", chunk_kib=array.chunk_kib, members=array.members,
+                    mdstat=array.mdstat)
 
 
 def record_facts(ctx: RunContext) -> None:
@@ -188,6 +202,7 @@ def record_facts(ctx: RunContext) -> None:
                             count=1 + len(store.more_paths) if store.more_paths else None,
                             more_paths=store.more_paths or None),
         volume=volume_info(ctx.volume),
+        raid=_host_raid_info(ctx.host_raid),
         spec=ctx.spec)
     ctx.store.update_run(ctx.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))
     ctx.save_provenance()
@@ -545,8 +560,13 @@ def _guest_storage(ctx: RunContext, tests: list[storage.StorageTest], done: list
             sink.log(f"{v.export.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
                      "volume")
         return
-    if d.raid == "none":
+    if d.raid == "none" or d.raid_on == "host":  # the host's md array is the guest's one disk
         run(gr.disk())
+        if ctx.host_raid is not None and ctx.provenance.raid is not None:
+            ctx.provenance.raid.sectors_written = ctx.host_raid.sectors_written()
+            ctx.save_provenance()
+            sink.log("host md array: sectors written per member since it was built (baseline and guest): "
+                     + ", ".join(f"{k} {v}" for k, v in ctx.provenance.raid.sectors_written.items()))
         if ctx.volume is not None:
             ctx.provenance.volume = pv = volume_info(ctx.volume)
             ctx.save_provenance()

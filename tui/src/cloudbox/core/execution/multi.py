@@ -28,6 +28,7 @@ from ..domain import render_domain
 from ..errors import CloudboxError, DiskStalled, GuestError, GuestUnreachable, NicStalled, UsageError
 from ..events import ProgressEvent, SampleEvent
 from ..guestimage import CMDLINE
+from ..hostraid import problem as raid_problem
 from ..profiles import Profile, is_nfs
 from ..provenance import Guests, GuestStart, RaidInfo
 from ..runspec import BOOT, RunSpec, resolve_net_tests
@@ -72,15 +73,22 @@ def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = N
                host_cpus: int | None = None) -> None:
     """Refuse N guests the profile cannot run or this host cannot hold, with the arithmetic, before anything starts:
     every guest's RAM and its QEMU's overhead within the host's available memory less a reserve; a host CPU for
-    every guest vCPU (else the guests' figures would measure the CPU scheduler)."""
-    n = spec.guests
+    every guest vCPU (else the guests' figures would measure the CPU scheduler). A host RAID (any count) needs
+    this host's md and mdadm (a node checks its own)."""
+    n, d = spec.guests, profile.disk
+    if d.raid_on == "host" and not spec.node and (why := raid_problem()):
+        raise UsageError(f"profile {profile.name}: disk.raid_on = host: {why}; allowed on this host: disk.raid_on = "
+                         "guest (the guest's own md array over its disks, e.g. profile virtio-raid0)")
     if n <= 1:
         return
-    d = profile.disk
     if d.backing == "network-volume" and not is_nfs(d):
         raise UsageError(f"profile {profile.name}: disk.backing = network-volume exports one volume for one guest; "
                          f"--guests {n} needs a store per guest: a profile with a file or block-device backing, or "
                          "an NFS export (disk.volume = nfs:<name>), which every guest mounts")
+    if d.raid_on == "host":
+        raise UsageError(f"profile {profile.name}: disk.raid_on = host builds one md array on the host for one "
+                         f"guest; --guests {n} needs a disk each: allowed: a profile with disk.raid_on = guest (each "
+                         "guest stripes its own disks)")
     if profile.guest.hypervisor != "kvm":
         raise UsageError(f"profile {profile.name}: guest.hypervisor = {profile.guest.hypervisor}: --guests {n} runs "
                          "KVM/QEMU guests only for now; allowed: a profile with guest.hypervisor = kvm")
