@@ -250,6 +250,35 @@ def test_profiles_of_the_other_hypervisor_are_greyed_with_the_reason(state, acc,
         b.close()
 
 
+def test_a_host_raid_profile_is_greyed_where_the_host_has_no_md(state, monkeypatch):
+    """Without md or mdadm on this host, virtio-raid0-host is greyed with the reason in Profiles and Tests, and Start
+    refuses it; the guest's own RAID (virtio-raid0) stays runnable."""
+    missing = "mdadm is not installed (Debian package mdadm; the cloudbox appliance has it)"
+    monkeypatch.setattr(Backend, "boot", lambda self: accel.Boot(False, "tcg (emulated)", host_raid=missing))
+    b = Backend(facts=facts(), libvirt_uri="test:///default")
+    why = "host RAID: mdadm is not installed"
+
+    async def go():
+        app = create_app(b, mode="profiles")
+        async with app.run_test(size=SIZE) as pilot:
+            table = await _profiles(app, pilot)
+            assert why in " ".join(text(app.screen.query_one("#boot-line")).split())
+            assert _dim(table, "virtio-raid0-host") and not _dim(table, "virtio-raid0")
+            await pilot.press("4")
+            cl = app.screen.query_one(CheckList)
+            await until(pilot, lambda: cl.items and cl.blocked, what="the profiles to tick")
+            assert cl.blocked.get("virtio-raid0-host") == why and "virtio-raid0" not in cl.blocked
+            cl.checked = {"virtio-raid0-host"}
+            await pilot.press("s")
+            await until(pilot, lambda: any("cannot run on this boot" in n.message for n in app._notifications))
+            assert not ResultStore().list_runs()
+    try:
+        run(go())
+    finally:
+        b.close()
+    assert accel.Boot(False, "kvm").refusal("kvm", "", "host") is None  # a host with md and mdadm runs it
+
+
 def _render(app, widget) -> str:
     """A widget's content rendered to plain text at its width (for rich renderables like tables)."""
     from rich.console import Console

@@ -212,17 +212,20 @@ class Boot:
     xen: bool
     label: str  # "kvm", "kvm (nested)", "tcg (emulated)", "xen dom0", "xen dom0 (in a VM, emulated)", ...
     xen_hvm: bool | None = None  # on Xen: whether it runs HVM-class guests (PVH, HVM); None when not known
+    host_raid: str = ""  # why this host cannot build a RAID of its own (core.hostraid.problem); "" when it can
 
-    def refusal(self, hypervisor: str, xen_type: str = "") -> str | None:
-        """Why a profile for `hypervisor` (and, for Xen, guest type `xen_type`: pv, pvh, hvm) cannot run on this
-        boot, in a few words (the run's own refusals, hypervisor_mismatch and xen_type_refusal, say it at length);
-        None when it can."""
+    def refusal(self, hypervisor: str, xen_type: str = "", raid_on: str = "guest") -> str | None:
+        """Why a profile for `hypervisor` (and, for Xen, guest type `xen_type`: pv, pvh, hvm; a RAID built where
+        `raid_on` says) cannot run on this boot, in a few words (the run's own refusals, hypervisor_mismatch,
+        xen_type_refusal and check_fits, say it at length); None when it can."""
         if hypervisor == "xen" and not self.xen:
             return "Xen profile: boot the appliance's Xen entry"
         if hypervisor != "xen" and self.xen:
             return f"{hypervisor.upper()} profile: boot the appliance's default Linux entry"
         if self.xen and xen_type in HVM_CLASS and self.xen_hvm is False:
             return f"Xen {xen_type.upper()}: needs VT-x/AMD-V, which this Xen lacks"
+        if raid_on == "host" and self.host_raid:
+            return f"host RAID: {self.host_raid.split(' (')[0]}"
         return None
 
 

@@ -862,6 +862,7 @@ class ProfileEntry:
     problem: str | None = None
     hypervisor: str = ""  # guest.hypervisor of a valid profile: which boot of the box runs it
     xen_type: str = ""  # a valid Xen profile's guest type (pv, pvh, hvm): whether that Xen must have VT-x/AMD-V
+    raid_on: str = "guest"  # a valid profile's disk.raid_on: a host RAID needs the host's md and mdadm
 
 
 def _kind(directory: Path) -> Literal["preset", "user"]:
@@ -889,7 +890,7 @@ def list_profiles() -> list[ProfileEntry]:
         try:
             prof = load_profile(f)
             out.append(ProfileEntry(name, f, _kind(f.parent), prof.description, hypervisor=prof.guest.hypervisor,
-                                    xen_type=xen_guest_type(prof)))
+                                    xen_type=xen_guest_type(prof), raid_on=prof.disk.raid_on))
         except (ProfileError, NotFound) as exc:
             out.append(ProfileEntry(name, f, _kind(f.parent), "", str(exc)))
     return sorted(out, key=lambda e: e.name)

@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from . import accel, backing, inputs, paths, profiles, propagation
+from . import accel, backing, hostraid, inputs, paths, profiles, propagation
 from .compare import guest_count, knobs, primary_metric
 from .errors import (
     PYDANTIC_MESSAGES,
@@ -677,8 +677,11 @@ def cannot_run(profile: profiles.Profile) -> str | None:
 
 def cannot_run_here(profile: profiles.Profile) -> str | None:
     """Why `profile` cannot run on this host (its kernel lacks the initiator a network volume's attach mode needs,
-    e.g. aoe for disk.attach = host), or None; the same check a run makes at its first step."""
+    e.g. aoe for disk.attach = host; md for a RAID on the host), or None; the same check a run makes at its first
+    step."""
     d = profile.disk
+    if d.raid_on == "host":
+        return hostraid.problem() or None
     if d.backing != "network-volume":
         return None
     try:
@@ -1189,8 +1192,8 @@ def profile_facts(study: Study, *, here: bool = True) -> tuple[dict[str, str], d
     for name in study.profile_names:
         prof = profiles.find_profile(name)
         hashes[name] = prof.hash
-        why = cannot_run(prof) or (boot.refusal(prof.guest.hypervisor, profiles.xen_guest_type(prof))
-                                   if boot else None) or (cannot_run_here(prof) if here else None)
+        booted = boot.refusal(prof.guest.hypervisor, profiles.xen_guest_type(prof), prof.disk.raid_on) if boot else None
+        why = cannot_run(prof) or booted or (cannot_run_here(prof) if here else None)
         if why:
             unavailable[name] = why
     return hashes, unavailable

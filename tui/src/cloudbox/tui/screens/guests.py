@@ -106,7 +106,7 @@ class GuestsScreen(BaseScreen):
         def got(found) -> None:
             entries, boot = found
             valid = [e for e in entries if e.problem is None]
-            blocked.update({e.name: why for e in valid if (why := boot.refusal(e.hypervisor, e.xen_type))})
+            blocked.update({e.name: why for e in valid if (why := boot.refusal(e.hypervisor, e.xen_type, e.raid_on))})
             options = [(e.name, f"cannot run on this boot ({boot.label}): {blocked[e.name]}" if e.name in blocked
                         else e.description) for e in valid]
             self.app.push_screen(PickDialog("Launch a guest with profile", options, b.active_profile(),

@@ -34,7 +34,7 @@ class ProfilesData:
 
 def boot_line(boot: accel.Boot, entries: list[profiles.ProfileEntry]) -> Text:
     """The line above the list: the hypervisor the box is booted into, and why greyed profiles cannot run."""
-    why = sorted({r for e in entries if e.problem is None and (r := boot.refusal(e.hypervisor, e.xen_type))})
+    why = sorted({r for e in entries if e.problem is None and (r := boot.refusal(e.hypervisor, e.xen_type, e.raid_on))})
     line = Text("Booted into: ")
     line.append(boot.label, style="bold")
     if why:
@@ -165,7 +165,7 @@ class ProfilesScreen(BaseScreen):
         current = self.current_name()
 
         def cells(e: profiles.ProfileEntry) -> tuple[Text, ...]:
-            style = "dim" if e.problem is None and data.boot.refusal(e.hypervisor, e.xen_type) else ""
+            style = "dim" if e.problem is None and data.boot.refusal(e.hypervisor, e.xen_type, e.raid_on) else ""
             return tuple(Text(c, style=style, end="") for c in (
                 "active" if e.name == self.active else "", "x" if e.name in self.marked else "", e.name,
                 e.kind if e.problem is None else f"{e.kind} INVALID"))
@@ -203,7 +203,7 @@ class ProfilesScreen(BaseScreen):
         if p.reproduces:
             head.append(f"Reproduces: {p.reproduces}\n", style="italic")
         head.append(f"{e.path}\n", style="dim")
-        why = self.boot.refusal(p.guest.hypervisor, profiles.xen_guest_type(p)) if self.boot else None
+        why = self.boot.refusal(p.guest.hypervisor, profiles.xen_guest_type(p), p.disk.raid_on) if self.boot else None
         if why:
             head.append(f"Cannot run on this boot ({self.boot.label if self.boot else '?'}): {why}\n",
                         style="bold yellow")
@@ -233,7 +233,8 @@ class ProfilesScreen(BaseScreen):
             self.marked = [*self.marked[-1:], name]  # at most two
         table = self.query_one("#profiles", DataTable)
         for e in self.entries:
-            grey = e.problem is None and self.boot is not None and self.boot.refusal(e.hypervisor, e.xen_type)
+            grey = e.problem is None and self.boot is not None and self.boot.refusal(e.hypervisor, e.xen_type,
+                                                                                      e.raid_on)
             table.update_cell(e.name, table.ordered_columns[1].key,
                               Text("x" if e.name in self.marked else "", style="dim" if grey else "", end=""))
 

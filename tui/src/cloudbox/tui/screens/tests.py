@@ -158,7 +158,7 @@ class TestsScreen(BaseScreen):
         b = self.app.backend
         valid = [e for e in b.profiles() if e.problem is None]
         boot = b.boot()
-        blocked = {e.name: why for e in valid if (why := boot.refusal(e.hypervisor, e.xen_type))}
+        blocked = {e.name: why for e in valid if (why := boot.refusal(e.hypervisor, e.xen_type, e.raid_on))}
         return SetupData([(e.name, e.description) for e in valid], b.active_profile(), boot, blocked,
                          b.active_runs(), b.run_targets())
 
