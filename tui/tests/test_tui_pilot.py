@@ -207,6 +207,14 @@ def _dim(table, name: str) -> bool:
     return all("dim" in str(c.style) for c in table.get_row_at(names.index(name)))
 
 
+async def _start_is_refused(app, pilot, cl, name: str) -> None:
+    """Ticking the greyed profile `name` and pressing s starts nothing and says why."""
+    cl.checked = {name}
+    await pilot.press("s")
+    await until(pilot, lambda: any("cannot run on this boot" in n.message for n in app._notifications))
+    assert not ResultStore().list_runs()
+
+
 @pytest.mark.parametrize(("acc", "label", "greyed", "runs", "why"), [
     (accel.Accelerator("tcg", "qemu", True, True, "test facts"), "tcg (emulated)", "xen-xvd-phy", "virtio-disk",
      XEN_ENTRY),
@@ -240,10 +248,7 @@ def test_profiles_of_the_other_hypervisor_are_greyed_with_the_reason(state, acc,
             assert cl.blocked == {n: why for n, _ in cl.items if (n.startswith("xen") == greyed.startswith("xen"))}
             prompt = cl.get_option(greyed).prompt
             assert f"{greyed}  ({why})" in str(prompt) and "dim" in str(prompt.spans[0].style)
-            cl.checked = {greyed}
-            await pilot.press("s")
-            await until(pilot, lambda: any("cannot run on this boot" in n.message for n in app._notifications))
-            assert not ResultStore().list_runs()
+            await _start_is_refused(app, pilot, cl, greyed)
     try:
         run(go())
     finally:
@@ -268,10 +273,7 @@ def test_a_host_raid_profile_is_greyed_where_the_host_has_no_md(state, monkeypat
             cl = app.screen.query_one(CheckList)
             await until(pilot, lambda: cl.items and cl.blocked, what="the profiles to tick")
             assert cl.blocked.get("virtio-raid0-host") == why and "virtio-raid0" not in cl.blocked
-            cl.checked = {"virtio-raid0-host"}
-            await pilot.press("s")
-            await until(pilot, lambda: any("cannot run on this boot" in n.message for n in app._notifications))
-            assert not ResultStore().list_runs()
+            await _start_is_refused(app, pilot, cl, "virtio-raid0-host")
     try:
         run(go())
     finally:

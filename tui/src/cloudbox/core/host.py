@@ -8,7 +8,6 @@ instead of failing, because an overview that crashes on a missing tool helps nob
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import socket
@@ -16,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import accel, hostraid, paths
+from . import accel, paths
 from .errors import CloudboxError
 from .nodeconf import role
 from .nodes import health, registry
@@ -143,7 +142,7 @@ def boot() -> accel.Boot:
     if accel.booted_into_xen() or (paths.run_dir() / "accel.json").exists() or os.environ.get("CLOUDBOX_ACCEL"):
         with contextlib.suppress(CloudboxError):
             acc = accel.detect()
-    return dataclasses.replace(accel.boot_of(acc), host_raid=hostraid.problem())
+    return accel.boot_of(acc)
 
 
 def gather(*, probe: bool = True) -> HostFacts:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backing import BackingStore
+from .diskstats import read_counters
 from .errors import CloudboxError
 from .storage import mdstat_array
 from .volumes.attach import kernel_module_available
@@ -22,6 +23,7 @@ MODULES = ("md_mod", "raid0")
 FIRST_MINOR = 100  # cloudbox's arrays from md100 up: clear of the md0.. and md127.. that distributions assemble
 MDSTAT = Path("/proc/mdstat")
 SYS_BLOCK = Path("/sys/block")
+DISKSTATS = "/proc/diskstats"
 
 
 @dataclass
@@ -35,10 +37,9 @@ class HostArray:
     mdstat: str
     sectors_at_build: dict[str, int]
 
-    def sectors_written(self, sys_block: Path = SYS_BLOCK) -> dict[str, int]:
-        """Sectors written to each member since the array was built (/sys/block/<loop>/stat, field 7)."""
-        now = _sectors(self.members, sys_block)
-        return {m: now[m] - self.sectors_at_build.get(m, 0) for m in now}
+    def sectors_written(self, diskstats: str = DISKSTATS) -> dict[str, int]:
+        """Sectors written to each member since the array was built."""
+        return {m: read_counters(m, diskstats).wsect - self.sectors_at_build.get(m, 0) for m in self.members}
 
 
 def problem(has_module: Callable[[str], bool] | None = None) -> str:
@@ -85,17 +86,7 @@ def build(store: BackingStore, chunk_kib: int) -> HostArray:
     store.host_device = name
     store.model = f"{device}: the host's md RAID 0 ({chunk_kib} KiB chunks) over {store.model}"
     store.labels.append("host-raid0")
-    return HostArray(device, chunk_kib, loops, mdstat, _sectors(loops, SYS_BLOCK))
-
-
-def _sectors(members: list[str], sys_block: Path) -> dict[str, int]:
-    out = {}
-    for m in members:
-        try:
-            out[m] = int((sys_block / m / "stat").read_text().split()[6])
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
+    return HostArray(device, chunk_kib, loops, mdstat, {m: read_counters(m).wsect for m in loops})
 
 
 def _quiet(argv: list[str]) -> None:

@@ -9,6 +9,7 @@ threads, never from the UI thread. Tests and screenshots pass fixed host facts, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import threading
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloudbox.core import accel, compare, daemons, guest, host, paths, profiles, runs, studies, studyreport
+from cloudbox.core import accel, compare, daemons, guest, host, hostraid, paths, profiles, runs, studies, studyreport
 from cloudbox.core.errors import CloudboxError, LibvirtUnavailable, NotFound
 from cloudbox.core.nodes import enrol, frontend, registry
 from cloudbox.core.profiles import Profile, ProfileEntry
@@ -92,8 +93,13 @@ class Backend:
         """What this box is booted into (Xen's dom0, KVM or TCG), without probing; fixed facts stand for the host."""
         f = self._fixed_facts
         if f is None:
-            return host.boot()
+            return dataclasses.replace(host.boot(), host_raid=self._host_raid)
         return accel.boot_of(f.accelerator, xen=f.accelerator is not None and f.accelerator.name == "xen")
+
+    @functools.cached_property
+    def _host_raid(self) -> str:
+        """Why this host cannot build a RAID of its own (its md and mdadm do not change while the TUI runs)."""
+        return hostraid.problem()
 
     def cluster(self, role: str) -> Cluster:
         """Open join codes and the enrolment server (front-end, all-in-one), or the pinned front-end (back-end).
