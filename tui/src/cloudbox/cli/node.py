@@ -17,7 +17,7 @@ On a back-end:
                        [--ssh-port N]         (no --code on a terminal: the code is asked for, not echoed)
 On a node, run by the front-end over SSH (core/nodes/client.py; the node's side is core/agent.py):
     cloudbox node local has-image ID | receive-image ID | images [--clear --keep N] | start-run | volume-creds |
-                        follow RUN [--after SEQ]
+                        follow RUN [--after SEQ] | coord
 
 Exit codes: 0 ok, 1 on a CloudboxError (message on stderr), 2 on usage errors and malformed `local` requests.
 Everything printed that came from a node, a peer or the registry goes through inputs.printable().
@@ -150,6 +150,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     x = lsub.add_parser("follow")
     x.add_argument("run")
     x.add_argument("--after", type=int, default=0)
+    lsub.add_parser("coord")
     lo.set_defaults(func=guard(cmd_local, invalid=(BadRequest,)))
     return p
 
@@ -458,6 +459,8 @@ def cmd_local(args: argparse.Namespace) -> int:
         print(json.dumps(agent.local_start_run(read_request(sys.stdin.buffer))))
     elif op == "follow":
         return agent.local_follow(args.run, args.after, sys.stdout)
+    elif op == "coord":
+        return agent.local_coord(sys.stdin, sys.stdout)
     elif op == "volume-creds":
         try:
             data = inputs.load_json(inputs.stdin_limit_read(sys.stdin.buffer, MAX_REQUEST_BYTES))

@@ -225,7 +225,14 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
     if p.guests is not None:
         g = p.guests
         lines.append(f"  guests       {g.count} at once, each on a store of its own: "
-                     + ", ".join(f"{x.name} ({x.disk})" if x.disk else x.name for x in g.guests))
+                     + ", ".join(f"{x.name} ({x.disk}{' on ' + x.place if x.place else ''})"
+                                 if x.disk else x.name for x in g.guests))
+        for pl in g.places:  # a run spread over several places
+            first, last = pl.first, pl.first + pl.guests - 1
+            clock = (f"; its clock {pl.clock_offset_s * 1000:+.1f} ms from the front-end's (round trip "
+                     f"{(pl.clock_rtt_s or 0) * 1000:.1f} ms)" if pl.clock_offset_s is not None else "")
+            lines.append(f"  place        {pl.name}: g{first}" + (f"-g{last}" if last > first else "")
+                         + f" on {pl.host or '?'} ({pl.accelerator or '?'}), its run {pl.run_id}{clock}")
         if g.skew_s:
             lines.append("  start skew   " + ", ".join(f"{t} {s * 1000:.0f} ms" for t, s in g.skew_s.items())
                          + " (the latest guest's start after the earliest's)")

@@ -1,6 +1,6 @@
 """The node's own side of a front-end's work on it: `cloudbox node local OP` (cli/node.py), run by the front-end over
 the pinned SSH (core.nodes.client): the guest image cache (has-image, receive-image, images), runs (start-run,
-follow) and the credentials for the front-end's volumes (volume-creds). A run starts as any detached run here
+follow, coord) and the credentials for the front-end's volumes (volume-creds). A run starts as any detached run here
 (core.runs), with the front-end's resolved profile and the propagated image."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tarfile
+import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import fields
@@ -18,6 +19,7 @@ from typing import IO, Any
 
 from . import paths
 from .errors import CloudboxError
+from .execution import hold
 from .guestimage import GuestImage
 from .nodes.client import IMAGE_FILES, SUMS, sha256_file
 from .results import ResultStore
@@ -27,6 +29,7 @@ from .runspec import RunSpec
 from .volumes import nodecreds
 
 KEEP_IMAGES = 3  # image ids a node keeps in its cache (the newest)
+COORD_LINE_LIMIT = 256  # a coordination line ("go RUN TEST AT") is under 100 characters
 
 
 def images_dir() -> Path:
@@ -170,6 +173,28 @@ def local_follow(run_ref: str, after_seq: int, out: IO[str], poll: float = 0.3) 
             out.write(json.dumps({"seq": ev.seq, "t": ev.t, "kind": ev.kind, "payload": ev.payload}) + "\n")
             out.flush()
         return 0 if store.get_run(rid, raw=False).state == "completed" else 1
+
+
+def local_coord(inp: IO[str], out: IO[str]) -> int:
+    """A spread run's front-end talking to this place's part for the length of the run, one line each way:
+    `clock` -> this host's time (epoch seconds); `go RUN TEST AT` -> that test of run RUN starts at AT (this host's
+    clock) -> `ok`, or `error: ...`."""
+    while line := inp.readline(COORD_LINE_LIMIT):
+        words = line.split() if line.endswith("\n") or len(line) < COORD_LINE_LIMIT else ["too-long"]
+        while len(line) == COORD_LINE_LIMIT and not line.endswith("\n"):  # the rest of an overlong line, dropped
+            line = inp.readline(COORD_LINE_LIMIT)
+        try:
+            if words == ["clock"]:
+                out.write(f"{time.time():.6f}\n")
+            elif len(words) == 4 and words[0] == "go":
+                hold.release(int(words[1]), words[2], float(words[3]))
+                out.write("ok\n")
+            else:
+                out.write("error: allowed: clock | go RUN TEST AT\n")
+        except (CloudboxError, ValueError, OSError) as e:
+            out.write(f"error: {e}\n".replace("\n", " ").rstrip() + "\n")
+        out.flush()
+    return 0
 
 
 def local_volume_creds(data: Any) -> dict[str, Any]:

@@ -88,13 +88,16 @@ class StepEvent:
     text: str
     side: str | None = None
     test: str | None = None
+    # a part of a spread run at this test's start barrier with this many guests ready: the front-end gives the
+    # instant once every place is (core.execution.hold)
+    held: int | None = None
 
     def to_payload(self) -> dict[str, Any]:
-        return _dropped_none({"text": self.text, "side": self.side, "test": self.test})
+        return _dropped_none({"text": self.text, "side": self.side, "test": self.test, "held": self.held})
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> StepEvent:
-        return cls(str(p.get("text", "")), _str(p.get("side")), _str(p.get("test")))
+        return cls(str(p.get("text", "")), _str(p.get("side")), _str(p.get("test")), _instance(p.get("held")))
 
 
 @dataclass(frozen=True)

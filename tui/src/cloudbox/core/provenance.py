@@ -118,11 +118,28 @@ class GuestStart(_Record):
     """One guest of a run of N: its name, and how well the host knows its clock (for the start barrier)."""
 
     name: str
+    place: str = ""  # a spread run's: the node (or this host) it ran on
     disk: str = ""  # its backing store on the host (file or device)
     clock_offset_s: float | None = None  # host time minus the guest's uptime clock, as last measured
     clock_rtt_s: float | None = None  # the agent round trip that measurement took (its uncertainty is half of it)
     launch_to_agent_s: float | None = None
     raid: RaidInfo | None = None  # its own md array over its disks (disk.raid)
+
+
+class Place(_Record):
+    """One place's part of a spread run: its guests (instances first..first+guests-1), its own run there, and its
+    clock against the front-end's, measured at each test's release through the coordination channel (the quickest
+    of five round trips)."""
+
+    name: str
+    guests: int
+    first: int  # its first guest's instance number in the whole run
+    run_id: int | None = None  # the part's own run, on that node (this host's parts store for `local`)
+    clock_offset_s: float | None = None  # the place's clock minus the front-end's, as last measured
+    clock_rtt_s: float | None = None
+    host: str | None = None
+    accelerator: str | None = None
+    host_metrics: dict[str, dict[str, float | None]] = {}  # per test: its own disk's host_mbps, avgqu, util
 
 
 class Guests(_Record):
@@ -133,8 +150,10 @@ class Guests(_Record):
     # per test: each guest's start after the earliest one's, in seconds (guest 1 first), and the largest of them
     start_offsets_s: dict[str, list[float]] = {}
     skew_s: dict[str, float] = {}
+    started_at: dict[str, float] = {}  # per test: the earliest guest's start, epoch seconds on the host's clock
     baseline_processes: int | None = None  # bare-metal fio processes run at once, one file each
     barrier: str = ""
+    places: list[Place] = []  # a run spread over several places (--node local,be1): each one's part
 
 
 class PrivateNetwork(_Record):

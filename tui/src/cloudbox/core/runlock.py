@@ -60,8 +60,35 @@ class RunLock:
             self.fd = None
 
 
+LOCAL_PLACE = "local"  # runspec.LOCAL_PLACE: this host among a spread run's places
+
+
+def place_locks(node: str = "", *, coordinator: bool = False) -> list[RunLock]:
+    """The locks of a run's places (--node: "", a node, or a comma list of them and `local`). The coordinator of a
+    spread run holds its nodes' locks only: its part on this host is a run of its own, which takes this host's."""
+    places = node.split(",") if node else [""]
+    names = ["" if p == LOCAL_PLACE else p for p in places]
+    if coordinator and len(places) > 1:
+        names = [n for n in names if n]
+    return [RunLock(n) for n in names]
+
+
+def acquire_all(locks: list[RunLock], info: dict[str, Any]) -> None:
+    """Every lock, or none (a busy one releases those already taken)."""
+    taken: list[RunLock] = []
+    try:
+        for lock in locks:
+            lock.acquire(info)
+            taken.append(lock)
+    except BaseException:
+        for lock in taken:
+            lock.release()
+        raise
+
+
 def check_not_busy(node: str = "") -> None:
-    """Raise RunBusy now (cheaply) if a run holds the lock (of this host, or of `node`)."""
-    lock = RunLock(node)
-    lock.acquire({"probe": True, "pid": os.getpid()})
-    lock.release()
+    """Raise RunBusy now (cheaply) if a run holds the lock of this host, of `node`, or of any of its places."""
+    locks = place_locks(node)
+    acquire_all(locks, {"probe": True, "pid": os.getpid()})
+    for lock in locks:
+        lock.release()

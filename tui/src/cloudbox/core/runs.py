@@ -29,6 +29,7 @@ from .execution.multi import check_fits, run_many
 from .execution.propagate import run_propagation
 from .execution.sink import Consumer
 from .nodes.mirror import run_on_node
+from .nodes.spread import run_spread
 from .profiles import resolve_profile
 from .provenance import Controller, Provenance
 from .results import ResultStore, pid_alive
@@ -43,8 +44,8 @@ def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
              run_id: int | None = None) -> Execution:
     """The executor of `spec`: this host's steps (a test run's, or the image-propagation sweep's), or the mirroring
     of a run on the enrolled node spec.node."""
-    body = run_on_node if spec.node else (run_propagation if spec.propagation
-                                          else run_many if spec.guests > 1 else run_local)
+    body = run_spread if spec.spread else run_on_node if spec.node else (
+        run_propagation if spec.propagation else run_many if spec.guests > 1 or spec.hold else run_local)
     return Execution(spec, store, body, emit=emit, run_id=run_id)
 
 

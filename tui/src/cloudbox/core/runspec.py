@@ -64,7 +64,8 @@ class RunSpec:
     device: str = ""  # explicit whole device for block-device backings
     destroy: str = ""  # confirmation: the device's kernel name, required when it holds data
     agent_timeout: float = DEFAULT_AGENT_TIMEOUT  # seconds to wait for the guest agent after launch
-    node: str = ""  # an enrolled back-end to run on (the front-end mirrors the node's run); "" = this host
+    node: str = ""  # an enrolled back-end to run on (the front-end mirrors the node's run); "" = this host;
+    # with --guests N, a comma list of places (enrolled back-ends, `local` for this host) the N guests spread over
     # Set by the front-end for a run on a back-end (no option: never typed by a person): its private address and
     # the netserver/iperf3 ports it opened there. The guest then joins the node's private bridge and the network
     # tests also go to the front-end.
@@ -82,6 +83,9 @@ class RunSpec:
     # Suite propagation only (set by `cloudbox study run`, no option): image sizes in bytes, one per sample, in order.
     propagate: list[int] = field(default_factory=list)
     guests: int = 1  # benchmark guests of the profile run at once on this host, their tests started together
+    # Set by the front-end for one node's part of a spread run (no option): each test waits for the front-end's
+    # start instant (core.execution.hold); what it says names the coordinating run ("fe1 run 12, part 2 of 2").
+    hold: str = ""
 
     def validate(self) -> None:
         """Every option's value against its declaration; a UsageError for the first that is not allowed."""
@@ -104,10 +108,22 @@ class RunSpec:
             raise UsageError(f"image sizes to propagate belong to a propagation run, not to --suite {self.suite}")
         if self.guests > 1:
             _check_many_guests(self)
+        if self.spread:
+            _check_spread(self)
         _check_nfs_server(self.nfs_host, self.nfs_port)
         if self.volume_uri:
             remote.parse(self.volume_uri)
         _check_peer_ports(self)
+
+    @property
+    def places(self) -> list[str]:
+        """Where the run's guests go: [] for this host, one enrolled node, or several places (a spread run)."""
+        return self.node.split(",") if self.node else []
+
+    @property
+    def spread(self) -> bool:
+        """The guests spread over several places, coordinated by this host (core.nodes.spread)."""
+        return len(self.places) > 1
 
     @property
     def wants_storage(self) -> bool:
@@ -174,6 +190,8 @@ class RunSpec:
             del d["nfs_host"], d["nfs_port"]
         if not d["volume_uri"]:
             del d["volume_uri"]
+        if not d["hold"]:
+            del d["hold"]
         return d
 
     @classmethod
@@ -410,10 +428,54 @@ def _check_agent_timeout(value: float) -> None:
                          f"(default {DEFAULT_AGENT_TIMEOUT:g})")
 
 
+LOCAL_PLACE = "local"  # this host, as a place of a spread run's guests (--node local,be1)
+MAX_PLACES = 8
+
+
 def _check_node(value: str) -> None:
-    if value and not is_node_name(value):
+    places = value.split(",") if value else []
+    if len(places) > MAX_PLACES:
+        raise UsageError(f"--node {value!r} names {len(places)} places; allowed: 1 to {MAX_PLACES}")
+    if len(places) == 1 and not is_node_name(value):
         raise UsageError(f"--node {value!r} is not a node name; allowed: {NODE_NAME_ALLOWED} "
                          "(`cloudbox node list` names the enrolled ones)")
+    for p in places:
+        if not is_node_name(p):
+            raise UsageError(f"--node {value!r}: {p!r} is not a node name; allowed: {NODE_NAME_ALLOWED}, in a comma "
+                             f"list of places with `{LOCAL_PLACE}` for this host (`cloudbox node list` names the "
+                             "enrolled ones)")
+    if len(set(places)) < len(places):
+        twice = sorted({p for p in places if places.count(p) > 1})
+        raise UsageError(f"--node {value!r} names {', '.join(twice)} twice; allowed: each place once (--guests "
+                         "says how many guests in all)")
+    if places == [LOCAL_PLACE]:
+        raise UsageError(f"--node {LOCAL_PLACE} alone is this host; allowed: no --node for a run here, or "
+                         f"{LOCAL_PLACE} with enrolled nodes (--node {LOCAL_PLACE},be1) to spread the guests")
+
+
+def _check_spread(spec: RunSpec) -> None:
+    """Guests spread over several places: at least one each; storage tests on each guest's own disk (the
+    coordinated start is for the storage tests; the network tests and shared exports are not spread yet)."""
+    places, n = spec.places, spec.guests
+    where = f"--node {spec.node}"
+    if n < len(places):
+        raise UsageError(f"{where} spreads the guests over {len(places)} places; --guests {n} leaves one empty; "
+                         f"allowed: --guests {len(places)} or more")
+    if spec.suite != "storage":
+        raise UsageError(f"{where} with --suite {spec.suite}: a run spread over several places runs the storage "
+                         "tests only for now; allowed: --suite storage (for the network tests, one node's guests: "
+                         "--node NAME --guests N)")
+    mpi = [t.id for t in storage.resolve_tests(spec.storage_tests) if t.tool == storage.MPI_TOOL]
+    if mpi:
+        raise UsageError(f"{where} with --tests {', '.join(mpi)}: an MPI job across places is not supported yet; "
+                         "allowed: the fio and dd tests, or the MPI tests with every guest on one place")
+    if spec.hold:
+        raise UsageError(f"{where}: a part of a spread run runs on one place; allowed: one node")
+
+
+def split_guests(n: int, places: int) -> list[int]:
+    """N guests over the places, as evenly as they go, the first places taking one more: 5 over 2 -> [3, 2]."""
+    return [n // places + (1 if i < n % places else 0) for i in range(places)]
 
 
 RUN_OPTIONS: tuple[RunOption, ...] = (
@@ -443,8 +505,9 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("destroy", ("--destroy",), str, "", "confirm destroying --device's data by naming it (e.g. sdb)",
               metavar="NAME"),
     RunOption("node", ("--node",), str, "",
-              "run on this enrolled back-end (front-end only; `cloudbox node list`); default: this host",
-              title="Where", metavar="NAME", check=_check_node),
+              "run on this enrolled back-end (front-end only; `cloudbox node list`); with --guests N, a comma list "
+              f"to spread them over (`{LOCAL_PLACE}` is this host: --node {LOCAL_PLACE},be1); default: this host",
+              title="Where", metavar="NAME[,NAME...]", check=_check_node),
     RunOption("agent_timeout", ("--agent-timeout",), float, DEFAULT_AGENT_TIMEOUT,
               f"seconds to wait for the guest to boot to its agent (default {DEFAULT_AGENT_TIMEOUT:g}; under TCG or "
               "nested KVM a guest that misses it is launched once more)", metavar="SECONDS",

@@ -21,7 +21,7 @@ from ..events import StateEvent
 from ..profiles import resolve_profile
 from ..provenance import Controller, Provenance
 from ..results import ResultStore
-from ..runlock import RunLock
+from ..runlock import acquire_all, place_locks
 from ..runspec import RunSpec, parse_size
 from .context import RunContext, RunControl
 from .launch import console_note
@@ -54,8 +54,8 @@ class Execution:
         check_fits(spec, profile)
         size, size_label = parse_size(spec.size, profile.guest.memory_mib)
         run_uuid = uuidlib.uuid4().hex
-        lock = RunLock(spec.node)
-        lock.acquire({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
+        locks = place_locks(spec.node, coordinator=True)
+        acquire_all(locks, {"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
         control.install()
         stack = contextlib.ExitStack()
         ctx: RunContext | None = None
@@ -73,7 +73,8 @@ class Execution:
                 store.update_run(self.run_id, **fields)
                 store.set_provenance(self.run_id, provenance)
             sink.run_id = self.run_id
-            lock.update({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
+            for lock in locks:
+                lock.update({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
             ctx = RunContext(spec, profile, size, size_label, run_uuid, self.run_id, store, sink, control, stack,
                              provenance)
             sink.emit(StateEvent("running", profile=profile.name, suite=spec.suite, plan=tuple(spec.plan())))
@@ -102,6 +103,7 @@ class Execution:
                 store.finish_run(self.run_id, state, reason)
                 sink.finished(state, reason)
             control.restore()
-            lock.release()
+            for lock in locks:
+                lock.release()
         assert self.run_id is not None
         return self.run_id

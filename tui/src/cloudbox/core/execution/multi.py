@@ -31,9 +31,10 @@ from ..guestimage import CMDLINE
 from ..hostraid import problem as raid_problem
 from ..profiles import Profile, is_nfs
 from ..provenance import Guests, GuestStart, RaidInfo
-from ..runspec import BOOT, RunSpec, resolve_net_tests
+from ..runspec import BOOT, LOCAL_PLACE, RunSpec, resolve_net_tests, split_guests
 from ..volumes import nfs
 from ..volumes.attach import export_for_run
+from . import hold
 from .context import RunContext, host_labels
 from .launch import launch_all
 from .local import (
@@ -98,8 +99,19 @@ def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = N
         raise UsageError(f"profile {profile.name}: storage test(s) {', '.join(shared)} write one file every guest "
                          "sees, which a disk of each guest's own is not; allowed: a profile whose disk is an NFS "
                          "export (disk.volume = nfs:<name>), or mpiio-fpp-1m (a file per process)")
-    if spec.node:  # the node checks its own memory and CPUs when its run starts
+    if spec.spread:
+        if is_nfs(d):
+            raise UsageError(f"profile {profile.name}: one NFS export shared by guests on several places (--node "
+                             f"{spec.node}) is not supported yet; allowed: a profile with a disk of each guest's own, "
+                             "or the NFS profile with every guest on one place (--node NAME --guests N)")
+        if LOCAL_PLACE not in spec.places:
+            return
+        n = split_guests(n, len(spec.places))[spec.places.index(LOCAL_PLACE)]  # this host's share
+        what, allowed = f"--guests {spec.guests} --node {spec.node} puts {n} on this host", "at most {} here"
+    elif spec.node:  # the node checks its own memory and CPUs when its run starts
         return
+    else:
+        what, allowed = f"--guests {n}", "--guests 1 to {}"
     g = profile.guest
     avail = mem_available_mib() if available_mib is None else available_mib
     if avail is not None:
@@ -107,13 +119,13 @@ def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = N
         if need > avail:
             most = max(0, (avail - HOST_RESERVE_MIB) // (g.memory_mib + QEMU_OVERHEAD_MIB))
             raise UsageError(
-                f"--guests {n}: {n} x ({g.memory_mib} MiB guest.memory_mib + {QEMU_OVERHEAD_MIB} MiB QEMU) + "
+                f"{what}: {n} x ({g.memory_mib} MiB guest.memory_mib + {QEMU_OVERHEAD_MIB} MiB QEMU) + "
                 f"{HOST_RESERVE_MIB} MiB for the host = {need} MiB, but this host has {avail} MiB available; "
-                f"allowed: --guests 1 to {most} with profile {profile.name}")
+                f"allowed: {allowed.format(most)} with profile {profile.name}")
     cpus = cpu_counts()[0] if host_cpus is None else host_cpus
     if cpus is not None and n * g.vcpus > cpus:
-        raise UsageError(f"--guests {n}: {n} x {g.vcpus} guest.vcpus = {n * g.vcpus} vCPUs, but this host has {cpus} "
-                         f"CPUs; allowed: --guests 1 to {max(1, cpus // g.vcpus)} with profile {profile.name} "
+        raise UsageError(f"{what}: {n} x {g.vcpus} guest.vcpus = {n * g.vcpus} vCPUs, but this host has {cpus} "
+                         f"CPUs; allowed: {allowed.format(max(1, cpus // g.vcpus))} with profile {profile.name} "
                          "(each vCPU gets a host CPU, else the figures measure the scheduler)")
 
 
@@ -389,7 +401,7 @@ def guests_storage(ctx: RunContext) -> None:
             for gr, disk in zip(runners, disks, strict=True):
                 gr.fill_iozone(t, disk, ctx.size, timeout=storage.guest_timeout(t, ctx.size))
         offsets = _read_clocks(ctx, runners)
-        at = time.time() + BARRIER_LEAD_S
+        at = hold.wait(ctx, t.id, len(runners)) if ctx.spec.hold else time.time() + BARRIER_LEAD_S
         jobs = [functools.partial(_guest_part, ctx, t, gr, disk, at, offset, k)
                 for k, (gr, disk, offset) in enumerate(zip(runners, disks, offsets, strict=True), 1)]
         parts = storage_test_many(ctx, "guest", t, jobs, tuple(gr.drop_caches for gr in runners))
@@ -476,6 +488,7 @@ def _record_skew(ctx: RunContext, test: str, starts: list[float]) -> None:
     assert info is not None
     first = min(starts)
     info.start_offsets_s[test] = [round(s - first, 4) for s in starts]
+    info.started_at[test] = round(first, 4)
     info.skew_s[test] = round(max(starts) - first, 4)
     ctx.save_provenance()
     ctx.sink.log(f"{test}: start skew {info.skew_s[test] * 1000:.0f} ms over {len(starts)} guests")
