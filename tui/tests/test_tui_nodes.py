@@ -245,7 +245,8 @@ def test_tests_setup_places_a_run_on_an_enrolled_node(front_end: Node):
             assert where.display is expect_nodes and app.screen.query_one("#where-label", Label).display is expect_nodes
             if expect_nodes:
                 assert [label for label, _ in app.screen.setup.targets] == \
-                    ["this host", "node be1 (up)"]  # type: ignore[attr-defined]
+                    ["this host", "node be1 (up)", "spread: this host, be1"]  # type: ignore[attr-defined]
+                assert app.screen.setup.targets[2][1] == "local,be1"  # type: ignore[attr-defined]
                 where.value = "be1"
             await pilot.press("s")
             await until(pilot, lambda: len(started) == (2 if expect_nodes else 1), what="the run started")

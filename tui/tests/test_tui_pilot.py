@@ -733,6 +733,19 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
             await pilot.press("enter")
             assert f"{MAX_GUESTS} on be1: one run" in text(app.screen.query_one("#guest-note"))
             assert [(sp.node, sp.guests) for sp in app.screen.specs()] == [("be1", MAX_GUESTS)]
+            # a spread entry: the guests split over this host and the node, each count checked as the CLI does
+            where.set_options([("this host", ""), ("be1", "be1"), ("spread: this host, be1", "local,be1")])
+            where.value = "local,be1"
+            await pilot.pause()
+            assert text(app.screen.query_one("#guests-label")) == "Guests at once (spread over local, be1)"
+            field.value = "2"
+            await pilot.pause()
+            field.focus()
+            await pilot.press("enter")
+            assert "2 spread over local, be1: one run" in text(app.screen.query_one("#guest-note"))
+            assert [(sp.node, sp.guests) for sp in app.screen.specs()] == [("local,be1", 2)]
+            note = await _guests_refused(pilot, app, "1")
+            assert "--guests 1 leaves one empty; allowed: --guests 2 or more" in note, note
     run(go())
 
 

@@ -234,17 +234,26 @@ class Backend:
 
     # -- runs ----------------------------------------------------------------------------------------
     def run_targets(self) -> list[tuple[str, str]]:
-        """Where a run can go, as (label, node name): this host (""), then every enrolled node with the state
-        the overview shows. Only this host when there is no node registry."""
+        """Where a run can go, as (label, --node value): this host (""), then every enrolled node with the state
+        the overview shows, then a run's guests spread over this host and every node (and over the nodes alone,
+        with two or more). Only this host when there is no node registry."""
         from cloudbox.core.nodes import health
+        from cloudbox.core.runspec import LOCAL_PLACE, MAX_PLACES
 
         out = [("this host", "")]
         if not registry.nodes_db().exists():
             return out
         with registry.Registry() as reg:
+            names = []
             for n in reg.nodes():
                 state, _ = health.shown_state(n)
                 out.append((f"node {n.name} ({state})", n.name))
+                names.append(n.name)
+        names = names[:MAX_PLACES - 1]
+        if names:
+            out.append((f"spread: this host, {', '.join(names)}", ",".join([LOCAL_PLACE, *names])))
+        if len(names) > 1:
+            out.append((f"spread: {', '.join(names)}", ",".join(names)))
         return out
 
     def start_runs(self, specs: list[RunSpec]) -> tuple[int | None, Sweep | None]:

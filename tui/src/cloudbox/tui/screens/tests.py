@@ -38,7 +38,7 @@ from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 
 # The form's selects, from the run options' one declaration (core.runspec.RUN_OPTIONS).
 SUITE, SIZE, TESTS, WHERE, GUESTS = (option(f) for f in ("suite", "size", "storage_tests", "node", "guests"))
-PLACEMENT = "this host"  # where a run's N guests go when Where is blank: all on one host, not spread over nodes
+PLACEMENT = "this host"  # where a run's N guests go when Where is blank: all on one host
 CHARTED_GUESTS = 4  # guests with a line of their own in the throughput chart; the figures line names them all
 
 
@@ -63,8 +63,9 @@ class TestsScreen(BaseScreen):
             "Results compares "
             "them (sum, each guest, min / median / max, Jain's index). "
             "On a front-end with enrolled nodes, Where places the run on a "
-            "back-end (its guest, disk and network; followed live here). Runs go on when the TUI closes; "
-            "reopening shows them live. "
+            "back-end (its guest, disk and network; followed live here), or spreads its guests over this host and "
+            "the nodes (storage tests, each test started on every place at one instant). Runs go on when the TUI "
+            "closes; reopening shows them live. "
             "c cancels the run you are watching (after confirmation; cleans up like Ctrl-C in the CLI), "
             "a attaches to another run in progress, l shows the run's full log.")
     BINDINGS = [
@@ -102,7 +103,8 @@ class TestsScreen(BaseScreen):
                             with Horizontal(id="guests-row"):
                                 yield Input(str(GUESTS.initial), id="guest-count", compact=True,
                                             tooltip=f"{GUESTS.help}. Placement: every guest on the host under "
-                                                    f"{WHERE.title} ({PLACEMENT} or one node).")
+                                                    f"{WHERE.title} ({PLACEMENT} or one node), or spread "
+                                                    "over its places (a spread entry).")
                                 yield Static(f"1 to {MAX_GUESTS}; 1,2,4 = a sweep", id="guests-hint", markup=False)
                             yield Static("", id="guest-note", markup=False)
                             yield Label(SIZE.title, classes="section")
@@ -198,8 +200,10 @@ class TestsScreen(BaseScreen):
             self.action_start()
 
     def on_select_changed(self, event: Select.Changed) -> None:
-        if event.select.id == "where":  # N guests go where the run goes
-            self.query_one("#guests-label", Label).update(f"{GUESTS.title} (on {event.value or PLACEMENT})")
+        if event.select.id == "where":  # N guests go where the run goes, or spread over its places
+            value = str(event.value or "")
+            on = f"spread over {value.replace(',', ', ')}" if "," in value else f"on {value or PLACEMENT}"
+            self.query_one("#guests-label", Label).update(f"{GUESTS.title} ({on})")
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "guest-count":
@@ -220,7 +224,9 @@ class TestsScreen(BaseScreen):
             return
         counts = sorted({s.guests for s in specs})
         runs = f"a sweep of {len(specs)} runs" if len(specs) > 1 else "one run"
-        self.guest_note(f"{', '.join(map(str, counts))} on {specs[0].node or PLACEMENT}: {runs}; Start (s) begins")
+        node = specs[0].node
+        on = f"spread over {node.replace(',', ', ')}" if specs[0].spread else f"on {node or PLACEMENT}"
+        self.guest_note(f"{', '.join(map(str, counts))} {on}: {runs}; Start (s) begins")
         self.set_focus(self.query_one("#start", Button))
 
     def guest_note(self, text: str, error: bool = False) -> None:
@@ -241,7 +247,8 @@ class TestsScreen(BaseScreen):
             raise UsageError(f"{GUESTS.title}: {e}") from None
         specs = []
         for n in names:
-            RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node).validate()
+            # the form's other fields first (a spread's places need a count: checked with it below)
+            RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node="" if "," in node else node).validate()
             for count in counts:
                 spec = RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node, guests=count)
                 try:
