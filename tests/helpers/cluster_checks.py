@@ -6,6 +6,8 @@ image copies. Standard library only: it runs with Debian's python3 on the test h
                                                        FE_TEST (default tcp-stream-fe) on both sides
     cluster_checks.py nfs-run RUN_JSON                 the last run: be1's guest and host on fe1's NFS export
     cluster_checks.py host-raid RUN_JSON               the last run: the guest's one disk on the host's RAID 0
+    cluster_checks.py spread-run RUN_JSON              the last run: one guest on fe1 and one on be1, started
+                                                       together, each one's figure and their sum
     cluster_checks.py volume-run RUN_JSON SCHEME ATTACH [NODE]
                                                        the last run: a SCHEME volume attached by ATTACH, the guest
                                                        beside the host domain on it (on NODE, served by the front-end)
@@ -189,6 +191,43 @@ def check_nfs_run(run_json: Path) -> str:
             f"{written / 2**20:.0f} MiB")
 
 
+SPREAD_SKEW_BOUND_S = 1.0  # two nested TCG guests on two TCG nodes, released through fe1's coordination channels
+
+
+def check_spread_run(run_json: Path) -> str:
+    """The front-end's run of two guests spread over itself and be1: each place ran its own part (its run there,
+    its host, its clock measured), the guests numbered g1 on fe1 and g2 on be1, each one's figure and the sum as the
+    run's row on both sides, the start skew across the two nodes recorded and under SPREAD_SKEW_BOUND_S."""
+    run = json.loads(run_json.read_text())["runs"][-1]
+    prov = run["provenance"]
+    check(run["state"] == "completed", "the spread run completed", (run["state"], run["reason"]))
+    check(run["node"] == "local,be1", "the run's places are local and be1", run["node"])
+    g = prov["guests"]
+    places = {p["name"]: p for p in g["places"]}
+    check(list(places) == ["local", "be1"] and all(p["guests"] == 1 for p in places.values()),
+          "one guest on each place", g["places"])
+    check(places["local"]["host"] == "fe1" and places["be1"]["host"] == "be1", "each part ran on its own host",
+          {k: p.get("host") for k, p in places.items()})
+    rtt = places["be1"].get("clock_rtt_s")
+    check(rtt is not None and rtt < 1.0, "be1's clock measured over its channel in under 1 s", rtt)
+    check([x.get("place") for x in g["guests"]] == ["local", "be1"], "g1 on fe1 and g2 on be1", g["guests"])
+    out = []
+    for side in ("guest", "baseline"):
+        rows = [m for m in run["measurements"] if m["test"] == "seq-write-64k" and m["side"] == side
+                and m["metric"] == "MB/s"]
+        each = sorted((m["instance"], m["value"]) for m in rows if m.get("instance") is not None)
+        total = [m["value"] for m in rows if m.get("instance") is None]
+        check([k for k, _ in each] == [1, 2] and all(v > 0 for _, v in each), f"{side}: a figure per place", each)
+        check(len(total) == 1 and abs(total[0] - sum(v for _, v in each)) < 1e-6, f"{side}: the run's row is the sum",
+              (total, each))
+        out.append(f"{side} {' + '.join(f'{v:.1f}' for _, v in each)} = {total[0]:.1f} MB/s")
+    skew = g["skew_s"].get("seq-write-64k")
+    check(skew is not None and 0 <= skew < SPREAD_SKEW_BOUND_S, f"a start skew under {SPREAD_SKEW_BOUND_S} s",
+          skew)
+    return (f"spread over fe1 and be1: {'; '.join(out)}; start skew {skew * 1000:.0f} ms; be1's clock "
+            f"{places['be1']['clock_offset_s'] * 1000:+.1f} ms (round trip {rtt * 1000:.1f} ms)")
+
+
 def check_host_raid(run_json: Path) -> str:
     """The last run was virtio-raid0-host: the host built a RAID 0 (64 KiB chunks) over three loop devices, the
     guest had that array as its one disk, both sides wrote through it and every member took its share."""
@@ -257,6 +296,8 @@ def main(argv: list[str]) -> int:
                 print(check_run(Path(run_json), Path(props_json), fe_tests or ["tcp-stream-fe"]))
             case ["nfs-run", run_json]:
                 print(check_nfs_run(Path(run_json)))
+            case ["spread-run", run_json]:
+                print(check_spread_run(Path(run_json)))
             case ["host-raid", run_json]:
                 print(check_host_raid(Path(run_json)))
             case ["volume-run", run_json, scheme, attach, *node]:

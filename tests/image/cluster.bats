@@ -404,6 +404,30 @@ cluster_run() {
 }
 
 # bats test_tags=slow,image,cluster,cluster-full
+@test "one run's two guests spread over fe1 and be1 start each test together; each figure and their sum stored" {
+    enrolled || skip "needs be1 enrolled (the enrolment test)"
+    export MACHINE_SSH_TIMEOUT_S=${IMAGE_CLUSTER_RUN_TIMEOUT_S:-1500}
+    run fe cloudbox run --node local,be1 --guests 2 --profile virtio-disk --suite storage --tests seq-write-64k \
+        --size 16M
+    echo "$output" > "$LOGS/run-spread.txt"
+    [ "$status" -eq 0 ] || fail "the spread run failed (exit $status); $LOGS/run-spread.txt says: $(tail -25 "$LOGS/run-spread.txt")"
+    assert_output --regexp 'seq-write-64k: every place ready; released'
+    MACHINE_SSH_TIMEOUT_S=120 fe cloudbox results export --format json > "$LOGS/run-spread.json"
+    run -0 checks spread-run "$LOGS/run-spread.json"
+    echo "# $output" >&3
+    rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$LOGS/run-spread.json")
+    run -0 fe cloudbox results show "$rid"
+    assert_output --regexp 'place +local: g1 on fe1'
+    assert_output --regexp 'place +be1: g2 on be1 .*round trip'
+    # Nothing left on either side: no guest, no work directory, no held test.
+    for side in fe be; do
+        run -0 "$side" sh -c 'virsh -c qemu:///system list --name; ls /var/lib/cloudbox/work /var/lib/cloudbox/parts/work /run/cloudbox/holds 2>/dev/null; :'
+        refute_output --partial 'cloudbox-'
+        refute_output --partial 'run-'
+    done
+}
+
+# bats test_tags=slow,image,cluster,cluster-full
 @test "fe1's volume servers refuse be1 with a wrong CHAP secret, without its certificate, off the allow-list" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
     export MACHINE_SSH_TIMEOUT_S=300
