@@ -338,6 +338,21 @@ cluster_run() {
     echo "# $output" >&3
 }
 
+# fe_run NAME CHECK RUN-OPTION...: `cloudbox run` on fe1 with those options (its output in $LOGS/NAME.txt; the test
+# fails with its tail), the run exported to $LOGS/NAME.json and checked by `checks CHECK`; sets rid to its id.
+fe_run() {
+    local name=$1 check=$2
+    shift 2
+    export MACHINE_SSH_TIMEOUT_S=${IMAGE_CLUSTER_RUN_TIMEOUT_S:-1500}
+    run fe cloudbox run "$@"
+    echo "$output" > "$LOGS/$name.txt"
+    [ "$status" -eq 0 ] || fail "the run failed (exit $status); $LOGS/$name.txt says: $(tail -25 "$LOGS/$name.txt")"
+    MACHINE_SSH_TIMEOUT_S=120 fe cloudbox results export --format json > "$LOGS/$name.json"
+    run -0 checks "$check" "$LOGS/$name.json"
+    echo "# $output" >&3
+    rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$LOGS/$name.json")
+}
+
 # bats test_tags=slow,image,cluster
 @test "on a nested guest on the back-end the front-end runs the storage suite on its own NVMe/TCP volume and the network suite" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
@@ -382,16 +397,9 @@ cluster_run() {
 # bats test_tags=slow,image,cluster,cluster-full
 @test "guests on the back-end write to the front-end's NFS export over the 9000-byte link, beside be1's own mount" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
-    export MACHINE_SSH_TIMEOUT_S=${IMAGE_CLUSTER_RUN_TIMEOUT_S:-1500}
-    run fe cloudbox run --node be1 --profile nfs-async-tcp-9000 --suite storage --tests seq-write-64k --size 16M
-    echo "$output" > "$LOGS/run-nfs.txt"
-    [ "$status" -eq 0 ] || fail "the NFS run failed (exit $status); $LOGS/run-nfs.txt says: $(tail -25 "$LOGS/run-nfs.txt")"
-    assert_output --partial 'volume: serving nfs:'
-    MACHINE_SSH_TIMEOUT_S=120 fe cloudbox results export --format json > "$LOGS/run-nfs.json"
-    run -0 checks nfs-run "$LOGS/run-nfs.json"
-    echo "# $output" >&3
+    fe_run run-nfs nfs-run --node be1 --profile nfs-async-tcp-9000 --suite storage --tests seq-write-64k --size 16M
+    run -0 grep -F 'volume: serving nfs:' "$LOGS/run-nfs.txt"
     # fe1's disk under the export, sampled on the run's timeline (be1 has no disk of its own in this run).
-    rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$LOGS/run-nfs.json")
     run -0 fe cloudbox results show "$rid"
     assert_output --regexp 'sampled +fe1:[a-z0-9]+ [0-9]+ s, mean [0-9.]+ MB/s'
     # Nothing left on either side: fe1's ganesha and export directory, be1's mounts.
@@ -406,16 +414,9 @@ cluster_run() {
 # bats test_tags=slow,image,cluster,cluster-full
 @test "one run's two guests spread over fe1 and be1 start each test together; each figure and their sum stored" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
-    export MACHINE_SSH_TIMEOUT_S=${IMAGE_CLUSTER_RUN_TIMEOUT_S:-1500}
-    run fe cloudbox run --node local,be1 --guests 2 --profile virtio-disk --suite storage --tests seq-write-64k \
-        --size 16M
-    echo "$output" > "$LOGS/run-spread.txt"
-    [ "$status" -eq 0 ] || fail "the spread run failed (exit $status); $LOGS/run-spread.txt says: $(tail -25 "$LOGS/run-spread.txt")"
-    assert_output --regexp 'seq-write-64k: every place ready; released'
-    MACHINE_SSH_TIMEOUT_S=120 fe cloudbox results export --format json > "$LOGS/run-spread.json"
-    run -0 checks spread-run "$LOGS/run-spread.json"
-    echo "# $output" >&3
-    rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$LOGS/run-spread.json")
+    fe_run run-spread spread-run --node local,be1 --guests 2 --profile virtio-disk --suite storage \
+        --tests seq-write-64k --size 16M
+    run -0 grep -F 'seq-write-64k: every place ready; released' "$LOGS/run-spread.txt"
     run -0 fe cloudbox results show "$rid"
     assert_output --regexp 'place +local: g1 on fe1'
     assert_output --regexp 'place +be1: g2 on be1 .*round trip'

@@ -55,6 +55,26 @@ def test_a_stream_that_ends_before_the_run_did_is_a_dropped_one():
         list(client.follow(cut, RUN))
 
 
+def test_a_dropped_stream_is_re_attached_where_it_stopped_until_the_node_counts_as_lost(monkeypatch):
+    monkeypatch.setattr(client, "REATTACH_PAUSE_S", 0.0)
+    first = {"seq": 1, "kind": "step", "payload": {"text": "a"}}
+    rest = [{"seq": 2, "kind": "step", "payload": {"text": "b"}},
+            {"seq": 3, "kind": "state", "payload": {"state": "completed", "reason": None}}]
+    # the "node" sends event 1 and drops; asked again after it (--after 1), it sends the rest
+    flaky = shell("case \"$*\" in *'--after 1'*) " + "; ".join(f"printf '%s\\n' '{json.dumps(x)}'" for x in rest)
+                  + ";; *) " + f"printf '%s\\n' '{json.dumps(first)}'; exit 255;; esac")
+    said: list[str] = []
+    got = list(client.follow_through_drops(flaky, RUN, cancelled=lambda: False, say=said.append,
+                                           lost=lambda s, e: CloudboxError("lost")))
+    assert [s for s, _, _ in got] == [1, 2, 3]
+    assert len(said) == 1 and said[0].startswith("re-attaching to run 7 on be1 in 0 s (")
+    monkeypatch.setattr(client, "REATTACH_WITHIN_S", 0.0)
+    gone = shell("exit 255")
+    with pytest.raises(CloudboxError, match=r"^lost after 0 s: node be1"):
+        list(client.follow_through_drops(gone, RUN, cancelled=lambda: False, say=said.append,
+                                         lost=lambda s, e: CloudboxError(f"lost after {s:.0f} s: {e}")))
+
+
 def test_a_failed_or_slow_command_says_why():
     with pytest.raises(client.NodeError, match=r"node be1 \(10\.73\.0\.17\): cancelling run 7 failed: exit "
                                                r"status 3: no such run"):

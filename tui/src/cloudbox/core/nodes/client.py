@@ -41,6 +41,7 @@ SUMS = "SHA256SUMS"
 CHUNK = 1024 * 1024
 PATIENT_CONNECT_S = 30  # ssh ConnectTimeout for a run's own traffic
 PATIENT_KEEPALIVE_COUNT = 24  # x the registry's 5 s ServerAliveInterval: 2 min of silence before the stream drops
+REATTACH_PAUSE_S = 10.0  # between attempts to re-attach a dropped event stream
 REATTACH_WITHIN_S = 300.0  # a run's dropped event stream is re-attached for this long before the node counts as lost
 OUTPUT_LIMIT = 1024 * 1024  # what a node's command may print (its answers are one JSON line)
 RUN_EXPORT_LIMIT = 64 * 1024 * 1024  # a run's export with its raw tool output (a full study run: about 1 MB)
@@ -335,6 +336,32 @@ def follow(shell: NodeShell, rr: RemoteRun, *, cancelled: Callable[[], bool] = l
     if not ended and not cancelled():
         raise NodeError(f"{shell.where}: lost the run's event stream before it ended "
                         f"({explain(rc, proc.stderr.read(STDERR_TAIL))}); run {rr.run_id} there may still be going")
+
+
+Event = tuple[int, str, dict[str, Any]]  # a node's run's event as follow() yields it: (seq, kind, payload)
+
+
+def follow_through_drops(shell: NodeShell, rr: RemoteRun, *, cancelled: Callable[[], bool],
+                         say: Callable[[str], None],
+                         lost: Callable[[float, NodeError], CloudboxError]) -> Iterator[Event]:
+    """follow(), the stream re-attached where it stopped when it drops (said through `say`) for REATTACH_WITHIN_S;
+    then `lost(seconds without a stream, the last error)` is raised. Ends quietly once `cancelled()`."""
+    seq, dropped_at = 0, None
+    while True:
+        try:
+            for ev in follow(shell, rr, cancelled=cancelled, after_seq=seq):
+                seq, dropped_at = ev[0], None  # where a re-attached stream picks up
+                yield ev
+            return
+        except NodeError as e:
+            if cancelled():
+                return
+            now = time.monotonic()
+            dropped_at = dropped_at or now
+            if now - dropped_at > REATTACH_WITHIN_S:
+                raise lost(now - dropped_at, e) from None
+            say(f"re-attaching to run {rr.run_id} on {shell.node.name} in {REATTACH_PAUSE_S:.0f} s ({e})")
+            time.sleep(REATTACH_PAUSE_S)
 
 
 def fetch_run(shell: NodeShell, rr: RemoteRun, limit: int = RUN_EXPORT_LIMIT) -> dict[str, Any]:

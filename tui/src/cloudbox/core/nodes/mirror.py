@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import platform
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,8 +26,6 @@ from ..volumes.nfs import NfsExport
 from ..volumes.store import VolumeBusy, VolumeStore
 from . import client, health, registry, volumecreds
 from .registry import NodeRecord
-
-REATTACH_PAUSE_S = 10.0
 
 
 @dataclass
@@ -286,31 +283,19 @@ def start(ctx: RunContext, there: NodeRun) -> None:
 def follow(ctx: RunContext, there: NodeRun) -> None:
     """The node's events, mirrored here until its run ends; a dropped stream is re-attached where it stopped for
     REATTACH_WITHIN_S before the node counts as lost."""
-    control, sink, node, rr = ctx.control, ctx.sink, there.node, there.run
+    control, node, rr = ctx.control, there.node, there.run
     assert rr is not None
-    seq = 0
     control.holding = ctx.spec.session  # stopping a guest session is its normal end, as on this host
-    dropped_at: float | None = None  # when the stream first dropped without the run having ended
-    while True:
-        try:
-            for ev_seq, kind, payload in client.follow(there.shell, rr, cancelled=control.cancelled, after_seq=seq):
-                seq = ev_seq  # where a re-attached stream picks up
-                dropped_at = None
-                mirror(ctx, there, kind, payload)
-            break
-        except client.NodeError as e:
-            if control.cancelled():
-                break
-            now = time.monotonic()
-            dropped_at = dropped_at or now
-            if now - dropped_at > client.REATTACH_WITHIN_S:
-                h = health.check_node(node)
-                raise CloudboxError(f"lost node {node.name} during the run: no event stream for "
-                                    f"{now - dropped_at:.0f} s ({e}); its health check: {h.state}, {h.reason}; "
-                                    f"run {rr.run_id} there is left to finish or be cleaned up by the node") \
-                    from None
-            sink.log(f"re-attaching to run {rr.run_id} on {node.name} in {REATTACH_PAUSE_S:.0f} s ({e})")
-            time.sleep(REATTACH_PAUSE_S)
+
+    def lost(seconds: float, e: client.NodeError) -> CloudboxError:
+        h = health.check_node(node)
+        return CloudboxError(f"lost node {node.name} during the run: no event stream for {seconds:.0f} s ({e}); its "
+                             f"health check: {h.state}, {h.reason}; run {rr.run_id} there is left to finish or be "
+                             "cleaned up by the node")
+
+    for _, kind, payload in client.follow_through_drops(there.shell, rr, cancelled=control.cancelled,
+                                                        say=ctx.sink.log, lost=lost):
+        mirror(ctx, there, kind, payload)
     if control.cancelled():
         raise control.aborted()
     control.holding = False

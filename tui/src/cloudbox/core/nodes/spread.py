@@ -41,7 +41,6 @@ from .registry import NodeRecord
 SPREAD_LEAD_S = 5.0  # from the release to the instant: a channel round trip per place, then each guest's shell (2 s)
 CLOCK_TRIES = 5
 CHANNEL_TIMEOUT_S = 30.0
-REATTACH_PAUSE_S = 10.0
 SUMMED = ("MB/s", "IOPS")  # with IOzone's extra passes: the figures added over the instances; latency is averaged
 
 
@@ -250,24 +249,15 @@ def _follow(p: Part, out: queue.Queue[tuple[Part, str, Any]], stop: threading.Ev
     """The place's events into `out` until its run ends; a dropped stream re-attached where it stopped."""
     rr = p.run
     assert rr is not None
-    seq, dropped_at = 0, None
+
+    def lost(seconds: float, e: client.NodeError) -> CloudboxError:
+        return CloudboxError(f"lost {p.name} during the run: no event stream for {seconds:.0f} s ({e}); run "
+                             f"{rr.run_id} there is left to finish or be cleaned up")
+
     try:
-        while True:
-            try:
-                for ev_seq, kind, payload in client.follow(p.shell, rr, cancelled=stop.is_set, after_seq=seq):
-                    seq, dropped_at = ev_seq, None
-                    out.put((p, kind, payload))
-                break
-            except client.NodeError as e:
-                if stop.is_set():
-                    break
-                now = time.monotonic()
-                dropped_at = dropped_at or now
-                if now - dropped_at > client.REATTACH_WITHIN_S:
-                    raise CloudboxError(f"lost {p.name} during the run: no event stream for {now - dropped_at:.0f} s "
-                                        f"({e}); run {rr.run_id} there is left to finish or be cleaned up") from None
-                out.put((p, "log", {"text": f"re-attaching to run {rr.run_id} on {p.name} ({e})"}))
-                time.sleep(REATTACH_PAUSE_S)
+        for _, kind, payload in client.follow_through_drops(
+                p.shell, rr, cancelled=stop.is_set, say=lambda text: out.put((p, "log", {"text": text})), lost=lost):
+            out.put((p, kind, payload))
         out.put((p, _END, None))
     except BaseException as e:  # noqa: BLE001 - handed to the run's thread
         out.put((p, _END, e))
