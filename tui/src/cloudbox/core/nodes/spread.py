@@ -34,7 +34,7 @@ from ..execution.measure import HOST_METRICS
 from ..guestimage import GuestImage
 from ..provenance import Controller, Guests, GuestStart, Nodes, Place, Provenance, RemoteRun
 from ..results import MEASUREMENT_COLUMNS
-from ..runspec import LOCAL_PLACE, split_guests
+from ..runspec import BOOT, LOCAL_PLACE, split_guests
 from . import client, health, registry
 from .registry import NodeRecord
 
@@ -186,7 +186,10 @@ def propagate(ctx: RunContext, p: Part) -> None:
         p.image_dir = str(image.directory)
         return
     ctx.sink.step(f"propagating the guest image to {p.name}", side="guest")
-    prop = client.propagate_image(p.shell, image, cancelled=ctx.control.cancelled)
+    prop = client.propagate_image(
+        p.shell, image, cancelled=ctx.control.cancelled,
+        progress=lambda done, total: ctx.sink.emit(
+            ProgressEvent("guest", BOOT, 0, f"copying the image to {p.name}, {done * 100 // total}%")))
     ctx.sink.log(prop.describe())
     with registry.Registry() as reg:
         reg.add_propagation(asdict(prop))
