@@ -84,7 +84,7 @@ class RunSpec:
     propagate: list[int] = field(default_factory=list)
     guests: int = 1  # benchmark guests of the profile run at once on this host, their tests started together
     # Set by the front-end for one node's part of a spread run (no option): each test waits for the front-end's
-    # start instant (core.execution.hold); what it says names the coordinating run ("fe1 run 12, part 2 of 2").
+    # start instant (core.execution.hold); it names the coordinating run ("fe1 run 12, be1 g2 of 2 guests").
     hold: str = ""
 
     def validate(self) -> None:
