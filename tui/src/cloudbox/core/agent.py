@@ -180,9 +180,9 @@ def local_coord(inp: IO[str], out: IO[str]) -> int:
     `clock` -> this host's time (epoch seconds); `go RUN TEST AT` -> that test of run RUN starts at AT (this host's
     clock) -> `ok`, or `error: ...`."""
     while line := inp.readline(COORD_LINE_LIMIT):
-        words = line.split() if line.endswith("\n") or len(line) < COORD_LINE_LIMIT else ["too-long"]
-        while len(line) == COORD_LINE_LIMIT and not line.endswith("\n"):  # the rest of an overlong line, dropped
-            line = inp.readline(COORD_LINE_LIMIT)
+        words = line.split()
+        while len(line) == COORD_LINE_LIMIT and not line.endswith("\n"):  # an overlong line: dropped, unknown
+            words, line = ["too-long"], inp.readline(COORD_LINE_LIMIT)
         try:
             if words == ["clock"]:
                 out.write(f"{time.time():.6f}\n")

@@ -30,7 +30,6 @@ from .. import paths
 from ..errors import CloudboxError
 from ..events import LogEvent, MeasurementEvent, ProgressEvent, SampleEvent, StateEvent, StepEvent, parse
 from ..execution.context import RunContext
-from ..execution.measure import HOST_METRICS
 from ..guestimage import GuestImage
 from ..provenance import Controller, Guests, GuestStart, Nodes, Place, Provenance, RemoteRun
 from ..results import MEASUREMENT_COLUMNS
@@ -124,8 +123,9 @@ def run_spread(ctx: RunContext) -> None:
     """The run's body for a spread spec (core.execution.lifecycle.Execution runs it)."""
     parts = find_places(ctx)
     record_places(ctx, parts)
+    image = GuestImage.locate()
     for p in parts:
-        propagate(ctx, p)
+        propagate(ctx, p, image)
     for p in parts:
         start(ctx, p)
     coordinate(ctx, parts)
@@ -179,9 +179,8 @@ def _barrier_note() -> str:
             f"quickest of {CLOCK_TRIES} round trips); each place's guests start at it through their own barrier")
 
 
-def propagate(ctx: RunContext, p: Part) -> None:
+def propagate(ctx: RunContext, p: Part, image: GuestImage) -> None:
     """The guest image into a node's cache (timed, in the log); this host's part uses the image here."""
-    image = GuestImage.locate()
     if p.local:
         p.image_dir = str(image.directory)
         return
@@ -205,7 +204,6 @@ def start(ctx: RunContext, p: Part) -> None:
     ctx.sink.step(f"starting the part on {p.name} ({_numbers(p)})")
     with ctx.control.atomic():
         rr = p.run = client.start_run(p.shell, part_spec, ctx.profile.to_toml(), p.image_dir)
-        rr.node = p.name
 
         def stop_part() -> None:
             if not p.ended:
@@ -410,8 +408,6 @@ def merged_rows(parts: list[Part], per_part: list[list[dict[str, Any]]]) -> list
                 sums[key].append(row)
             else:
                 row["instance"] = int(m["instance"]) + p.first - 1
-                for h in HOST_METRICS:
-                    row[h] = None
                 inst[key].append(row)
     out: list[dict[str, Any]] = []
     for key in order:
@@ -471,6 +467,5 @@ def merged_provenance(front: Provenance, parts: list[Part], provs: list[Provenan
         info.skew_s[test] = round(max(starts) - t0, 4)
         info.started_at[test] = round(t0, 4)
     merged.guests = info
-    merged.remote_run = None
     return merged
 
