@@ -243,6 +243,11 @@ def describe(ev: RunEvent) -> str | None:
     return None
 
 
+def counted(n: int, noun: str, nouns: str = "") -> str:
+    """"1 guest", "2 guests": a count in words a person reads (a spread run's part may hold one guest)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def instance_name(side: str, instance: int) -> str:
     """g1, g2, ... for the guests of a run of N; p1, p2, ... for its bare-metal processes (as `results show`)."""
     return f"{'g' if side == 'guest' else 'p'}{instance}"

@@ -26,7 +26,7 @@ from .. import backing, mpiio, network, paths, storage
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
 from ..errors import CloudboxError, DiskStalled, GuestError, GuestUnreachable, NicStalled, UsageError
-from ..events import ProgressEvent, SampleEvent
+from ..events import ProgressEvent, SampleEvent, counted
 from ..guestimage import CMDLINE
 from ..hostraid import problem as raid_problem
 from ..profiles import Profile, is_nfs
@@ -222,7 +222,7 @@ def baseline_many(ctx: RunContext) -> None:
     tests = storage.resolve_tests(ctx.spec.storage_tests)
     sink = ctx.sink
     mount_export_on_host(ctx)
-    sink.step(f"bare metal: storage tests, {ctx.spec.guests} processes at once", side="baseline")
+    sink.step(f"bare metal: storage tests, {counted(ctx.spec.guests, 'process', 'processes')} at once", side="baseline")
     if storage.needs_fill(tests):
         sink.step("bare metal: laying down data for read tests", side="baseline")
         for store in ctx.backings:
@@ -347,7 +347,7 @@ def launch_many(ctx: RunContext) -> None:
                             mac=None, run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths)
         domains.append((xml, log))
     ctx.domain_xml, ctx.console_log = domains[0]
-    ctx.sink.step(f"launching {len(domains)} guests ({acc.label})")
+    ctx.sink.step(f"launching {counted(len(domains), 'guest')} ({acc.label})")
     ups = launch_all(ctx, domains)
     prov = ctx.provenance
     assert prov.guests is not None
@@ -387,7 +387,7 @@ def guests_storage(ctx: RunContext) -> None:
         mpiio.prepare_guests(ctx.many, [ip for _, ip in links],
                              lambda g, script: g.sh(script, timeout=60).check().stdout)
     ctx.sink.log("guest benchmark disks: " + ", ".join(f"{g.name} {d}" for g, d in zip(ctx.many, disks, strict=True)))
-    ctx.sink.step(f"guest: storage tests, {len(runners)} guests at once", side="guest")
+    ctx.sink.step(f"guest: storage tests, {counted(len(runners), 'guest')} at once", side="guest")
     if storage.needs_fill(tests):
         ctx.sink.step("guest: laying down data for read tests, in every guest", side="guest")
         for gr, disk in zip(runners, disks, strict=True):
@@ -460,7 +460,7 @@ def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> tuple[
     v = ctx.volume
     assert v is not None and isinstance(v.export, nfs.NfsExport) and ctx.hostnet is not None
     options = nfs.mount_options(v.export, ctx.profile.nfs)
-    ctx.sink.step(f"guest: mounting {v.export.uri} in {len(runners)} guests ({options})", side="guest")
+    ctx.sink.step(f"guest: mounting {v.export.uri} in {counted(len(runners), 'guest')} ({options})", side="guest")
     files, links, line = [], [], ""
     for k, gr in enumerate(runners, 1):
         links.append(configure_nic(ctx, gr.guest, network.guest_ip(k)))
@@ -491,7 +491,7 @@ def _record_skew(ctx: RunContext, test: str, starts: list[float]) -> None:
     info.started_at[test] = round(first, 4)
     info.skew_s[test] = round(max(starts) - first, 4)
     ctx.save_provenance()
-    ctx.sink.log(f"{test}: start skew {info.skew_s[test] * 1000:.0f} ms over {len(starts)} guests")
+    ctx.sink.log(f"{test}: start skew {info.skew_s[test] * 1000:.0f} ms over {counted(len(starts), 'guest')}")
 
 
 def _guest_part(ctx: RunContext, t: storage.StorageTest, gr: storage.GuestRunner, disk: str, at: float,
@@ -573,7 +573,7 @@ def _host_net_many(ctx: RunContext, nt: network.NetTest, ports: list[int], label
     parts = net_test_many(ctx, "baseline", nt, jobs, labels)
     first = min(p.started_at for p in parts)
     ctx.sink.log(f"bare metal {nt.id}: start skew {(max(p.started_at for p in parts) - first) * 1000:.0f} ms over "
-                 f"{len(parts)} processes")
+                 f"{counted(len(parts), 'process', 'processes')}")
 
 
 def _to_front_end(ctx: RunContext, nt: network.NetTest, links: list[network.GuestLink],

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import paths
 from ..errors import CloudboxError
-from ..events import LogEvent, MeasurementEvent, ProgressEvent, SampleEvent, StateEvent, StepEvent, parse
+from ..events import LogEvent, MeasurementEvent, ProgressEvent, SampleEvent, StateEvent, StepEvent, counted, parse
 from ..execution.context import RunContext
 from ..guestimage import GuestImage
 from ..provenance import Controller, Guests, GuestStart, Nodes, Place, Provenance, RemoteRun
@@ -306,7 +306,7 @@ def coordinate(ctx: RunContext, parts: list[Part]) -> None:
         ev = parse(kind, payload)
         if isinstance(ev, StepEvent) and ev.held and ev.test:
             p.ready.add(ev.test)
-            ctx.sink.log(f"{p.name}: {ev.test}: {ev.held} guests ready")
+            ctx.sink.log(f"{p.name}: {ev.test}: {counted(ev.held, 'guest')} ready")
             if all(ev.test in q.ready for q in parts):
                 release(ctx, parts, ev.test)
         elif isinstance(ev, StateEvent):
