@@ -22,7 +22,7 @@ from cloudbox.core.errors import UsageError
 from cloudbox.core.events import InstanceFigures, MeasurementEvent, PlanProgress, ProgressEvent
 from cloudbox.core.execution.multi import QEMU_OVERHEAD_MIB, check_fits, serve_many
 from cloudbox.core.fairness import jain_index, spread
-from cloudbox.core.profiles import resolve_profile
+from cloudbox.core.profiles import mix_hash, resolve_profile
 from cloudbox.core.provenance import Guests, GuestStart, Provenance
 from cloudbox.core.results import ResultStore, Run
 from cloudbox.core.runspec import MAX_GUESTS, RunSpec
@@ -512,14 +512,28 @@ def nothing_left(state, libvirt_conn) -> Callable[[Run], None]:
 
 @pytest.mark.slow
 @pytest.mark.root
-def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left):
+def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path):
+    """Also a mixed run (test_mixed): the second guest under a profile of its own, an emulated LSI SCSI disk with
+    the host cache off, beside the first's virtio-blk."""
     from cloudbox.core import runs
 
-    spec = RunSpec(profile="virtio-disk", suite="storage", size="quick", storage_tests="seq-write-64k", guests=2)
+    p = resolve_profile("virtio-disk")
+    lsi = p.model_copy(update={"name": "lsi-disk", "disk": p.disk.model_copy(update={"bus": "scsi-lsi",
+                                                                                     "cache": "none"})})
+    (tmp_path / "lsi-disk.toml").write_text(lsi.to_toml())
+    spec = RunSpec(profile=f"virtio-disk+{tmp_path / 'lsi-disk.toml'}", suite="storage", size="quick",
+                   storage_tests="seq-write-64k", guests=2)
     with ResultStore() as store:
         rid = runs.executor(spec, store).execute()
         run = store.get_run(rid)
     assert run.state == "completed", run.reason
+    assert run.profile_name == "virtio-disk+lsi-disk" and run.profile_hash == mix_hash([p, lsi])
+    assert [g.profile for g in run.provenance.guests.guests] == ["virtio-disk", "lsi-disk"]
+    assert compare.bus_label(run) == "virtio-blk / scsi-lsi"
+    xmls = run.provenance.guests.domain_xml  # each profile's guest as libvirt ran it
+    assert "bus='virtio'" in xmls["virtio-disk"] and "bus='scsi'" not in xmls["virtio-disk"]
+    assert "bus='scsi'" in xmls["lsi-disk"] and "model='lsilogic'" in xmls["lsi-disk"]
+    assert "cache='none'" in xmls["lsi-disk"] and "cache='none'" not in xmls["virtio-disk"]
     for side in ("guest", "baseline"):
         each = run.instances(side, "seq-write-64k", "MB/s")
         assert [m.instance for m in each] == [1, 2], side

@@ -225,8 +225,9 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
     if p.guests is not None:
         g = p.guests
         lines.append(f"  guests       {g.count} at once, each on a store of its own: "
-                     + ", ".join(f"{x.name} ({x.disk}{' on ' + x.place if x.place else ''})"
-                                 if x.disk else x.name for x in g.guests))
+                     + ", ".join(f"{x.name} ({', '.join(filter(None, (x.profile, x.disk)))}"
+                                 f"{' on ' + x.place if x.place else ''})" if x.disk or x.profile else x.name
+                                 for x in g.guests))
         for pl in g.places:  # a run spread over several places
             first, last = pl.first, pl.first + pl.guests - 1
             clock = (f"; its clock {pl.clock_offset_s * 1000:+.1f} ms from the front-end's (round trip "

@@ -22,6 +22,7 @@ import functools
 import io
 import json
 import re
+import statistics
 import textwrap
 import time
 import tomllib
@@ -349,9 +350,23 @@ def target_label(run: Run) -> str:
     return _TARGETS.get(kind, kind.replace("-", " ") if kind else "?")
 
 
+def mix_of(run: Run) -> list[tuple[str, Knobs]]:
+    """A mixed run's profiles (name, knobs), in the order its guests took them; [] for a run of one profile."""
+    g = run.provenance.guests
+    if g is None or not g.profiles:
+        return []
+    order = dict.fromkeys([x.profile for x in g.guests if x.profile in g.profiles] + sorted(g.profiles))
+    return [(name, _knobs(g.profiles[name])) for name in order]
+
+
+def _bus(k: Knobs) -> str:
+    return _BUSES.get(k.bus.lower(), k.bus.lower()) or "?"
+
+
 def bus_label(run: Run) -> str:
-    bus = knobs(run).bus.lower()
-    return _BUSES.get(bus, bus) or "?"
+    """The guest's disk bus; a mixed run's buses, each once ('virtio-blk / IDE')."""
+    mix = mix_of(run)
+    return " / ".join(dict.fromkeys(_bus(k) for _, k in mix)) if mix else _bus(knobs(run))
 
 
 def driver_label(run: Run) -> str:
@@ -391,10 +406,15 @@ def _volume_baseline_driver(run: Run, labels: Iterable[str] = ()) -> str:
     return f"{_VOLUME_SCHEMES.get(scheme, scheme or '?')}, host initiator"
 
 
-def _nic(run: Run) -> str:
-    k = knobs(run)
+def _nic_model(k: Knobs) -> str:
     model = {"virtio": "virtio-net", "xen-netfront": "netfront"}.get(k.nic, k.nic)
-    parts = [(model or "?") + (" (vhost)" if k.vhost else "")]
+    return (model or "?") + (" (vhost)" if k.vhost else "")
+
+
+def _nic(run: Run) -> str:
+    """The guest's NIC model and MTU; a mixed run's models, each once."""
+    k, mix = knobs(run), mix_of(run)
+    parts = [" / ".join(dict.fromkeys(_nic_model(x) for _, x in mix)) if mix else _nic_model(k)]
     if k.mtu:
         parts.append(f"MTU {k.mtu}")
     return ", ".join(parts)
@@ -478,14 +498,24 @@ def guest_count(r: Run) -> int:
     return g.count if g is not None else 1
 
 
+def guest_profiles(r: Run) -> dict[int, str]:
+    """A mixed run's guests' profiles by instance number (1-based); {} for a run of one profile."""
+    g = r.provenance.guests
+    if g is None or not g.profiles:
+        return {}
+    return {k: x.profile for k, x in enumerate(g.guests, 1) if x.profile}
+
+
 def instance_rows(r: Run, side: str, test: str, metric: str, storage: bool) -> list[Row]:
-    """A run of N guests: one row per guest (side guest) or bare-metal process (side baseline), under its sum."""
+    """A run of N guests: one row per guest (side guest) or bare-metal process (side baseline), under its sum; a
+    mixed run's guest rows name each guest's profile."""
     out = []
+    mixed = guest_profiles(r) if side == "guest" else {}
     for m in r.instances(side, test, metric):
         row = Row(kind=side, run_ids=[r.id],
                   cells={"run": f"#{r.id} {'g' if side == 'guest' else 'p'}{m.instance}",
                          "vmm": "",
-                         "target": "", "driver": "", "value": m.value, "pct": None},
+                         "target": "", "driver": mixed.get(m.instance or 0, ""), "value": m.value, "pct": None},
                   emulated=r.emulated and side == "guest")
         if storage:
             row.cells.update(avgrq=None, avgqu=None, util=None)
@@ -508,6 +538,14 @@ def spread_note(r: Run, test: str, metric: str) -> str | None:
     else:
         note = (f"#{r.id} {test}: {g.n} guests, sum {g.total:.1f} {metric}; per guest min {g.min:.1f} / median "
                 f"{g.median:.1f} / max {g.max:.1f}; Jain's fairness index {g.jain:.3f}")
+    mixed = guest_profiles(r)
+    if mixed and base_test(test) not in MPI_TESTS:
+        by: dict[str, list[float]] = {}
+        for m in guests:
+            by.setdefault(mixed.get(m.instance or 0, "?"), []).append(m.value)
+        note += "; by profile: " + ", ".join(f"{name} {statistics.median(v):.1f}"
+                                             + (f" (median of {len(v)})" if len(v) > 1 else "")
+                                             for name, v in by.items())
     info = r.provenance.guests
     if info is not None and test in info.skew_s:
         note += f"; start skew {info.skew_s[test] * 1000:.0f} ms"

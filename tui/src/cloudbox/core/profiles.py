@@ -10,8 +10,8 @@ model, vhost, queues and MTU. This module provides:
 - `parse_profile` / `load_profile`, which turn any problem (TOML syntax, a wrong type, a
   value out of range, an impossible combination of knobs) into a `ProfileError` with one
   `ProfileProblem` per problem, each naming the dotted key, the value and what is allowed;
-- lookup (`find_profile`, `resolve_profile`, `list_profiles`), comparison
-  (`diff_profiles`), persistence (`save_user_profile`) and canonical forms
+- lookup (`find_profile`, `resolve_profile`, `resolve_mix`, `list_profiles`), comparison
+  (`diff_profiles`, `mix_problem`), persistence (`save_user_profile`) and canonical forms
   (`Profile.hash`, `Profile.to_toml()`, `Profile.knobs()`, `Profile.describe()`).
 
 Decisions worth knowing (see also the presets' comments):
@@ -51,7 +51,15 @@ import annotated_types
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cloudbox.core import inputs, paths
-from cloudbox.core.errors import PYDANTIC_MESSAGES, NotFound, ProfileError, ProfileProblem, plain_value, problem_from
+from cloudbox.core.errors import (
+    PYDANTIC_MESSAGES,
+    NotFound,
+    ProfileError,
+    ProfileProblem,
+    UsageError,
+    plain_value,
+    problem_from,
+)
 
 Hypervisor = Literal["kvm", "xen"]
 # How Xen runs the guest: "pv" (paravirtualized, no hardware virtualization), "pvh" (PV devices in a hardware-
@@ -917,6 +925,48 @@ def resolve_profile(ref: str) -> Profile:
     if "/" in ref or ref.endswith(".toml"):
         return load_profile(ref)
     return find_profile(ref)
+
+
+MIX = "+"  # joins the profiles of a mixed run, one per guest in turn: "virtio-file+kvm-cache-none"
+# What a mixed run's profiles may differ in: each guest's own hardware. The rest (the backing store, the host's
+# bridge and MTU, the hypervisor, an export's mount) is the run's, set up once for every guest.
+GUEST_SIDE_KNOBS = ("guest.vcpus", "guest.memory_mib", "disk.bus", "disk.cache", "disk.io", "disk.iothreads",
+                    "disk.queues", "network.model", "network.vhost", "network.queues")
+
+
+def split_mix(ref: str) -> list[str]:
+    """The profile references in `ref`: several joined by MIX, or one (a name, or a file even with MIX in its path)."""
+    if MIX not in ref or Path(ref).is_file():
+        return [ref]
+    return [p.strip() for p in ref.split(MIX)]
+
+
+def resolve_mix(ref: str) -> list[Profile]:
+    """The profiles of `ref`: one (a name or a file), or several joined by MIX for a mixed run of N guests."""
+    parts = split_mix(ref)
+    if not all(parts):
+        raise UsageError(f"--profile {inputs.shown(ref)}: an empty name in the list; allowed: NAME or "
+                         f"NAME{MIX}NAME[{MIX}...] (one profile per guest in turn)")
+    return [resolve_profile(p) for p in parts]
+
+
+def mix_problem(profiles: list[Profile]) -> str | None:
+    """Why these profiles cannot share one run (a knob outside GUEST_SIDE_KNOBS that differs, named with both
+    values), else None."""
+    first = profiles[0]
+    for other in profiles[1:]:
+        for key, a, b in diff_profiles(first, other):
+            if key not in GUEST_SIDE_KNOBS:
+                return (f"profiles {first.name} and {other.name} differ in {key} ({a!r} / {b!r}), which the run sets "
+                        f"up once for every guest; allowed to differ: {', '.join(GUEST_SIDE_KNOBS)}")
+    return None
+
+
+def mix_hash(profiles: list[Profile]) -> str:
+    """One profile's hash, or for a mixed run the hash of its profiles' hashes in guest order."""
+    if len(profiles) == 1:
+        return profiles[0].hash
+    return hashlib.sha256(MIX.join(p.hash for p in profiles).encode()).hexdigest()
 
 
 def diff_profiles(a: Profile, b: Profile) -> list[tuple[str, object, object]]:

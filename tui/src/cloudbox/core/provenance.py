@@ -119,6 +119,7 @@ class GuestStart(_Record):
 
     name: str
     place: str = ""  # a spread run's: the node (or this host) it ran on
+    profile: str = ""  # a mixed run's: the profile this guest ran (Guests.profiles holds its TOML)
     disk: str = ""  # its backing store on the host (file or device)
     clock_offset_s: float | None = None  # host time minus the guest's uptime clock, as last measured
     clock_rtt_s: float | None = None  # the agent round trip that measurement took (its uncertainty is half of it)
@@ -143,7 +144,8 @@ class Place(_Record):
 
 
 class Guests(_Record):
-    """A run of N guests of one profile on one host, started test by test at one instant (the barrier)."""
+    """A run of N guests of one profile (or a mixed run's several, in turn) on one host, started test by test at
+    one instant (the barrier)."""
 
     count: int
     guests: list[GuestStart] = []
@@ -154,6 +156,8 @@ class Guests(_Record):
     baseline_processes: int | None = None  # bare-metal fio processes run at once, one file each
     barrier: str = ""
     places: list[Place] = []  # a run spread over several places (--node local,be1): each one's part
+    profiles: dict[str, str] = {}  # a mixed run's (--profile a+b): each profile's canonical TOML, by name
+    domain_xml: dict[str, str] = {}  # and the live domain XML of each profile's first guest, by profile name
 
 
 class PrivateNetwork(_Record):

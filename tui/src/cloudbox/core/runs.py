@@ -25,12 +25,11 @@ from . import paths
 from .errors import CloudboxError, NotFound, RunBusy
 from .execution.lifecycle import Execution
 from .execution.local import run_local
-from .execution.multi import check_fits, run_many
+from .execution.multi import check_fits, run_many, run_profiles
 from .execution.propagate import run_propagation
 from .execution.sink import Consumer
 from .nodes.mirror import run_on_node
 from .nodes.spread import run_spread
-from .profiles import resolve_profile
 from .provenance import Controller, Provenance
 from .results import ResultStore, pid_alive
 from .runlock import check_not_busy
@@ -50,8 +49,10 @@ def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
 
 
 def check_guests_fit(spec: RunSpec) -> None:
-    """A run of N guests that the profile cannot run or this host cannot hold: a UsageError with the arithmetic."""
-    check_fits(spec, resolve_profile(spec.profile))
+    """A run of N guests that the profile cannot run or this host cannot hold, or a mixed run whose profiles
+    cannot share it: a UsageError with the arithmetic or the knob."""
+    mix = run_profiles(spec)
+    check_fits(spec, mix[0], mix=mix if len(mix) > 1 else None)
 
 
 # ------------------------------------------------------------------------------------- detached
@@ -59,7 +60,7 @@ def start_detached(spec: RunSpec, store: ResultStore) -> int:
     """Start the executor in its own session (it outlives the caller); returns the run id at once. What the
     executor would refuse before recording anything (bad settings, no such profile, a busy host) is raised here."""
     spec.validate()
-    check_fits(spec, resolve_profile(spec.profile))
+    check_guests_fit(spec)
     check_not_busy(spec.node)
     run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
                               state="running", node=spec.node or platform.node(), started_at=time.time(),
@@ -192,7 +193,7 @@ def start_sweep(specs: list[RunSpec], store: ResultStore, *, offsets: list[float
         raise CloudboxError(f"a sweep's start offsets must be one per run ({len(specs)}), in order")
     for spec in specs:
         spec.validate()
-        check_fits(spec, resolve_profile(spec.profile))  # a series of N guests the host cannot hold: refused now
+        check_guests_fit(spec)  # a series of N guests the host cannot hold: refused now
     for node in dict.fromkeys(spec.node for spec in specs):
         check_not_busy(node)
     sweep = Sweep(id=time.strftime("sweep-%Y%m%d-%H%M%S-") + uuidlib.uuid4().hex[:6], specs=specs,

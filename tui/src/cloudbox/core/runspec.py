@@ -21,6 +21,7 @@ from typing import Any
 from . import network, storage
 from .errors import CloudboxError, UsageError
 from .nodeconf import NODE_NAME_ALLOWED, is_node_name
+from .profiles import MIX, split_mix
 from .volumes import remote
 
 QUICK_SIZE = 128 * 1024**2
@@ -53,7 +54,7 @@ def propagation_size(test: str) -> int | None:
 
 @dataclass
 class RunSpec:
-    profile: str  # preset/user profile name or a path to a .toml
+    profile: str  # preset/user profile name or a path to a .toml; a mixed run's joined by "+", one per guest in turn
     suite: str = "all"
     size: str = "quick"  # quick | study | <number>[K|M|G]
     storage_tests: str = "standard"  # a set name (smoke, study, standard, full) or comma-separated ids
@@ -110,10 +111,17 @@ class RunSpec:
             _check_many_guests(self)
         if self.spread:
             _check_spread(self)
+        if len(self.profiles) > 1:
+            _check_mix(self)
         _check_nfs_server(self.nfs_host, self.nfs_port)
         if self.volume_uri:
             remote.parse(self.volume_uri)
         _check_peer_ports(self)
+
+    @property
+    def profiles(self) -> list[str]:
+        """The profile references given: one, or a mixed run's several (guest k runs the ((k-1) mod m)-th)."""
+        return split_mix(self.profile)
 
     @property
     def places(self) -> list[str]:
@@ -473,14 +481,32 @@ def _check_spread(spec: RunSpec) -> None:
         raise UsageError(f"{where}: a part of a spread run runs on one place; allowed: one node")
 
 
+def _check_mix(spec: RunSpec) -> None:
+    """A mixed run: N guests of several profiles on one host (the profiles' own agreement is checked once they are
+    loaded: core.profiles.mix_problem)."""
+    m, given = len(spec.profiles), f"--profile {spec.profile}"
+    if spec.guests < m:
+        raise UsageError(f"{given} names {m} profiles, one per guest in turn; --guests {spec.guests} leaves "
+                         f"{'one' if m - spec.guests == 1 else m - spec.guests} unused; allowed: --guests {m} or more")
+    if spec.node:
+        raise UsageError(f"{given} with --node {spec.node}: a mixed run runs on this host only for now; allowed: "
+                         "no --node, or one profile")
+
+
+def guest_profile_index(k: int, m: int) -> int:
+    """Which of a mixed run's m profiles guest k (1-based) runs: they take turns."""
+    return (k - 1) % m
+
+
 def split_guests(n: int, places: int) -> list[int]:
     """N guests over the places, as evenly as they go, the first places taking one more: 5 over 2 -> [3, 2]."""
     return [n // places + (1 if i < n % places else 0) for i in range(places)]
 
 
 RUN_OPTIONS: tuple[RunOption, ...] = (
-    RunOption("profile", ("--profile", "-p"), str, None, "preset or user profile name, or a .toml file",
-              required=True),
+    RunOption("profile", ("--profile", "-p"), str, None,
+              f"preset or user profile name, or a .toml file; with --guests N, several joined by {MIX} for a mixed "
+              f"run, the guests taking them in turn (virtio-file{MIX}kvm-cache-none)", required=True),
     RunOption("suite", ("--suite", "-s"), str, "all",
               "what to measure: storage, network, all, or guest (launch the profile's guest and keep it until "
               "cancelled)", title="Suite", closed=True, form_default="storage",

@@ -23,7 +23,7 @@ from ..network import HostNetwork
 from ..profiles import Profile
 from ..provenance import Provenance
 from ..results import ResultStore
-from ..runspec import RunSpec
+from ..runspec import RunSpec, guest_profile_index
 from ..volumes.attach import VolumeExport
 from .sink import EventSink
 
@@ -114,11 +114,17 @@ class RunContext:
     backings: list[BackingStore] = field(default_factory=list)  # a run of N guests: each one's store, in order
     many: list[Guest] = field(default_factory=list)  # and its guests, in order
     boot_s: float = 0.0  # the guest's launch to its agent
+    mix: list[Profile] = field(default_factory=list)  # a mixed run's profiles (guest k runs guest_profile(k))
+
+    def guest_profile(self, k: int) -> Profile:
+        """The profile guest k (1-based) of the run runs: the run's, or in a mixed run the list's in turn."""
+        return self.mix[guest_profile_index(k, len(self.mix))] if self.mix else self.profile
 
     @property
     def quick(self) -> bool:
-        """Test data smaller than twice the guest's RAM: the page cache weighs more (labelled quick-size)."""
-        return self.size_label == "quick" or self.size < 2 * self.profile.guest.memory_mib * 1024**2
+        """Test data smaller than twice a guest's RAM: the page cache weighs more (labelled quick-size)."""
+        memory = max(p.guest.memory_mib for p in self.mix or [self.profile])
+        return self.size_label == "quick" or self.size < 2 * memory * 1024**2
 
     @property
     def runtime(self) -> int:

@@ -18,14 +18,14 @@ from typing import Any
 
 from ..errors import Aborted, CloudboxError
 from ..events import StateEvent
-from ..profiles import resolve_profile
+from ..profiles import MIX, mix_hash
 from ..provenance import Controller, Provenance
 from ..results import ResultStore
 from ..runlock import acquire_all, place_locks
 from ..runspec import RunSpec, parse_size
 from .context import RunContext, RunControl
 from .launch import console_note
-from .multi import check_fits
+from .multi import check_fits, run_profiles
 from .sink import Consumer, EventSink
 
 Body = Callable[[RunContext], None]
@@ -50,19 +50,21 @@ class Execution:
         """The run, start to end; its id. Bad settings and a busy host raise before anything is recorded."""
         spec, store, control, sink = self.spec, self.store, self.control, self.sink
         spec.validate()
-        profile = resolve_profile(spec.profile)
-        check_fits(spec, profile)
-        size, size_label = parse_size(spec.size, profile.guest.memory_mib)
+        mix = run_profiles(spec)
+        profile = mix[0]  # a mixed run's first: the run-wide knobs are the same in all (core.profiles.mix_problem)
+        check_fits(spec, profile, mix=mix if len(mix) > 1 else None)
+        size, size_label = parse_size(spec.size, max(p.guest.memory_mib for p in mix))
+        name = MIX.join(p.name for p in mix)
         run_uuid = uuidlib.uuid4().hex
         locks = place_locks(spec.node, coordinator=True)
-        acquire_all(locks, {"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
+        acquire_all(locks, {"pid": os.getpid(), "profile": name, "run_id": self.run_id})
         control.install()
         stack = contextlib.ExitStack()
         ctx: RunContext | None = None
         state: str = "aborted"
         reason: str | None = "unknown"
         try:
-            fields: dict[str, Any] = dict(uuid=run_uuid, profile_name=profile.name, profile_hash=profile.hash,
+            fields: dict[str, Any] = dict(uuid=run_uuid, profile_name=name, profile_hash=mix_hash(mix),
                                           profile_toml=profile.to_toml(), suite=spec.suite, size_bytes=size,
                                           size_label=size_label, state="running", node=spec.node or platform.node(),
                                           pid=os.getpid(), started_at=time.time())
@@ -74,10 +76,10 @@ class Execution:
                 store.set_provenance(self.run_id, provenance)
             sink.run_id = self.run_id
             for lock in locks:
-                lock.update({"pid": os.getpid(), "profile": profile.name, "run_id": self.run_id})
+                lock.update({"pid": os.getpid(), "profile": name, "run_id": self.run_id})
             ctx = RunContext(spec, profile, size, size_label, run_uuid, self.run_id, store, sink, control, stack,
-                             provenance)
-            sink.emit(StateEvent("running", profile=profile.name, suite=spec.suite, plan=tuple(spec.plan())))
+                             provenance, mix=mix if len(mix) > 1 else [])
+            sink.emit(StateEvent("running", profile=name, suite=spec.suite, plan=tuple(spec.plan())))
             self.body(ctx)
             state, reason = "completed", None
             if spec.session:

@@ -29,9 +29,9 @@ from ..errors import CloudboxError, DiskStalled, GuestError, GuestUnreachable, N
 from ..events import ProgressEvent, SampleEvent, counted
 from ..guestimage import CMDLINE
 from ..hostraid import problem as raid_problem
-from ..profiles import Profile, is_nfs
+from ..profiles import MIX, Profile, is_nfs, mix_problem, resolve_mix
 from ..provenance import Guests, GuestStart, RaidInfo
-from ..runspec import BOOT, LOCAL_PLACE, RunSpec, resolve_net_tests, split_guests
+from ..runspec import BOOT, LOCAL_PLACE, RunSpec, guest_profile_index, resolve_net_tests, split_guests
 from ..volumes import nfs
 from ..volumes.attach import export_for_run
 from . import hold
@@ -70,12 +70,12 @@ def mem_available_mib(meminfo: Path = MEMINFO) -> int | None:
     return None
 
 
-def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = None,
-               host_cpus: int | None = None) -> None:
+def check_fits(spec: RunSpec, profile: Profile, *, mix: list[Profile] | None = None,
+               available_mib: int | None = None, host_cpus: int | None = None) -> None:
     """Refuse N guests the profile cannot run or this host cannot hold, with the arithmetic, before anything starts:
     every guest's RAM and its QEMU's overhead within the host's available memory less a reserve; a host CPU for
     every guest vCPU (else the guests' figures would measure the CPU scheduler). A host RAID (any count) needs
-    this host's md and mdadm (a node checks its own)."""
+    this host's md and mdadm (a node checks its own). `mix`: a mixed run's profiles, the guests' in turn."""
     n, d = spec.guests, profile.disk
     if d.raid_on == "host" and not spec.node and (why := raid_problem()):
         raise UsageError(f"profile {profile.name}: disk.raid_on = host: {why}; allowed on this host: disk.raid_on = "
@@ -112,21 +112,43 @@ def check_fits(spec: RunSpec, profile: Profile, *, available_mib: int | None = N
         return
     else:
         what, allowed = f"--guests {n}", "--guests 1 to {}"
-    g = profile.guest
+    per_guest = [mix[guest_profile_index(k, len(mix))] for k in range(1, n + 1)] if mix else [profile] * n
+    named = f"profile {MIX.join(p.name for p in mix or [profile])}"
+    mems = [p.guest.memory_mib for p in per_guest]
     avail = mem_available_mib() if available_mib is None else available_mib
     if avail is not None:
-        need = n * (g.memory_mib + QEMU_OVERHEAD_MIB) + HOST_RESERVE_MIB
+        need = sum(mems) + n * QEMU_OVERHEAD_MIB + HOST_RESERVE_MIB
         if need > avail:
-            most = max(0, (avail - HOST_RESERVE_MIB) // (g.memory_mib + QEMU_OVERHEAD_MIB))
-            raise UsageError(
-                f"{what}: {n} x ({g.memory_mib} MiB guest.memory_mib + {QEMU_OVERHEAD_MIB} MiB QEMU) + "
-                f"{HOST_RESERVE_MIB} MiB for the host = {need} MiB, but this host has {avail} MiB available; "
-                f"allowed: {allowed.format(most)} with profile {profile.name}")
+            terms = (f"{n} x ({mems[0]} MiB guest.memory_mib + {QEMU_OVERHEAD_MIB} MiB QEMU)" if len(set(mems)) == 1
+                     else f"({' + '.join(map(str, mems))} MiB guest.memory_mib + {n} x {QEMU_OVERHEAD_MIB} MiB QEMU)")
+            most = _most(avail - HOST_RESERVE_MIB, [m + QEMU_OVERHEAD_MIB for m in mems])
+            raise UsageError(f"{what}: {terms} + {HOST_RESERVE_MIB} MiB for the host = {need} MiB, but this host has "
+                             f"{avail} MiB available; allowed: {allowed.format(most)} with {named}")
     cpus = cpu_counts()[0] if host_cpus is None else host_cpus
-    if cpus is not None and n * g.vcpus > cpus:
-        raise UsageError(f"{what}: {n} x {g.vcpus} guest.vcpus = {n * g.vcpus} vCPUs, but this host has {cpus} "
-                         f"CPUs; allowed: {allowed.format(max(1, cpus // g.vcpus))} with profile {profile.name} "
-                         "(each vCPU gets a host CPU, else the figures measure the scheduler)")
+    vcpus = [p.guest.vcpus for p in per_guest]
+    if cpus is not None and sum(vcpus) > cpus:
+        terms = (f"{n} x {vcpus[0]} guest.vcpus" if len(set(vcpus)) == 1 else
+                 f"{' + '.join(map(str, vcpus))} guest.vcpus")
+        raise UsageError(f"{what}: {terms} = {sum(vcpus)} vCPUs, but this host has {cpus} CPUs; allowed: "
+                         f"{allowed.format(max(1, _most(cpus, vcpus)))} with {named} (each vCPU gets a host CPU, "
+                         "else the figures measure the scheduler)")
+
+
+def _most(budget: int, costs: list[int]) -> int:
+    """How many of the guests, taken in order, fit in `budget` (costs repeat past the list's end)."""
+    k = 0
+    while budget >= costs[k % len(costs)]:
+        budget -= costs[k % len(costs)]
+        k += 1
+    return k
+
+
+def run_profiles(spec: RunSpec) -> list[Profile]:
+    """The run's profiles: one, or a mixed run's (--profile a+b), which must differ in guest-side knobs only."""
+    mix = resolve_mix(spec.profile)
+    if len(mix) > 1 and (why := mix_problem(mix)):
+        raise UsageError(f"--profile {spec.profile}: {why}")
+    return mix
 
 
 def run_many(ctx: RunContext) -> None:
@@ -191,7 +213,8 @@ def record_guests(ctx: RunContext) -> None:
     ctx.provenance.guests = Guests(
         count=ctx.spec.guests, baseline_processes=ctx.spec.guests,
         barrier="each guest waits on its own uptime clock for one instant the host picked; a start is when the "
-                "guest's shell left the wait (10 ms steps), uncertain by half the agent round trip of clock_rtt_s")
+                "guest's shell left the wait (10 ms steps), uncertain by half the agent round trip of clock_rtt_s",
+        profiles={p.name: p.to_toml() for p in ctx.mix})
     ctx.save_provenance()
 
 
@@ -325,40 +348,53 @@ def _host_part(ctx: RunContext, t: storage.StorageTest, store: backing.BackingSt
 
 
 def launch_many(ctx: RunContext) -> None:
-    """Every guest under the profile on its own store, launched side by side; names carry the run and the guest's
-    number, so no two runs' or guests' names meet."""
+    """Every guest under its profile (the run's, or a mixed run's in turn) on its own store, launched side by side;
+    names carry the profile, the run and the guest's number, so no two runs' or guests' names meet."""
     acc, image = ctx.accelerator, ctx.image
-    initrd = image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)
-    if ctx.spec.wants_mpi:  # the image's MPI layer appended, in the run's directory
-        with ctx.control.atomic():
-            initrd = image.write_mpi_initrd(acc.domain_type, ctx.profile.guest.memory_mib,
-                                            ctx.work_dir / "initrd-mpi.cpio")
-            ctx.stack.callback(initrd.unlink, missing_ok=True)
+    initrds: dict[int, Path] = {}  # the boot initrd fits the guest's RAM: one per size among the profiles
+
+    def initrd_for(memory_mib: int) -> Path:
+        if memory_mib not in initrds:
+            if ctx.spec.wants_mpi:  # the image's MPI layer appended, in the run's directory
+                with ctx.control.atomic():
+                    initrds[memory_mib] = image.write_mpi_initrd(acc.domain_type, memory_mib,
+                                                                 ctx.work_dir / f"initrd-mpi-{memory_mib}.cpio")
+                    ctx.stack.callback(initrds[memory_mib].unlink, missing_ok=True)
+            else:
+                initrds[memory_mib] = image.boot_initrd(acc.domain_type, memory_mib)
+        return initrds[memory_mib]
+
     domains = []
     for k, store in enumerate(ctx.backings, 1):
-        name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}-g{k}"
+        profile = ctx.guest_profile(k)
+        name = f"cloudbox-{profile.name}-{ctx.run_uuid[:8]}-g{k}"
         # removed with the store's directory (an NFS export's guests have none: the run's)
         log = ctx.work_dir / (f"console-g{k}.log" if ctx.volume else f"g{k}/console.log")
-        xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
+        xml = render_domain(profile, name=name, domain_type=acc.domain_type,
                             kernel=str(image.boot_kernel(acc.domain_type)),
-                            initrd=str(initrd),
+                            initrd=str(initrd_for(profile.guest.memory_mib)),
                             cmdline=CMDLINE, disk_path="" if ctx.volume else store.path, disk_is_block=store.is_block,
                             bridge=ctx.hostnet.bridge if ctx.hostnet else None,
                             mac=None, run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths)
         domains.append((xml, log))
     ctx.domain_xml, ctx.console_log = domains[0]
-    ctx.sink.step(f"launching {counted(len(domains), 'guest')} ({acc.label})")
+    mixed = f" of profiles {MIX.join(p.name for p in ctx.mix)} in turn" if ctx.mix else ""
+    ctx.sink.step(f"launching {counted(len(domains), 'guest')}{mixed} ({acc.label})")
     ups = launch_all(ctx, domains)
     prov = ctx.provenance
     assert prov.guests is not None
-    for up, store in zip(ups, ctx.backings, strict=True):
+    for k, (up, store) in enumerate(zip(ups, ctx.backings, strict=True), 1):
         ctx.sink.log(f"guest {up.guest.name}: agent ready {up.boot_s:.1f} s after its launch")
         prov.guests.guests.append(GuestStart(name=up.guest.name, disk=ctx.volume.uri if ctx.volume else store.path,
-                                             launch_to_agent_s=round(up.boot_s, 2)))
+                                             launch_to_agent_s=round(up.boot_s, 2),
+                                             profile=ctx.guest_profile(k).name if ctx.mix else ""))
     ctx.many = [up.guest for up in ups]
     ctx.guest = ctx.many[0]
     prov.guest_kernel = ctx.guest.sh("uname -r", timeout=30).stdout.strip()
     prov.domain_xml = ctx.guest.xml()
+    if ctx.mix:  # what each profile's guest really ran, beside the first guest's
+        for k, g in reversed(list(enumerate(ctx.many, 1))):
+            prov.guests.domain_xml[ctx.guest_profile(k).name] = g.xml()
     prov.launch_to_agent_s = round(max(up.boot_s for up in ups), 2)
     prov.boot_attempts = max(up.attempts for up in ups)
     ctx.boot_s = max(up.boot_s for up in ups)

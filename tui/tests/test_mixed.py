@@ -1,0 +1,130 @@
+"""A mixed run (--profile a+b --guests N): the guests take the profiles in turn, which may differ only in each
+guest's own hardware; the checks, the memory arithmetic over unequal guests, the stored record and the tables.
+The real run of a mixed pair is test_many_guests' two-guest run in make test."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloudbox import cli
+from cloudbox.core import compare
+from cloudbox.core.errors import NotFound, UsageError
+from cloudbox.core.execution.multi import QEMU_OVERHEAD_MIB, check_fits, run_profiles
+from cloudbox.core.profiles import (
+    GUEST_SIDE_KNOBS,
+    MIX,
+    diff_profiles,
+    mix_hash,
+    mix_problem,
+    resolve_mix,
+    resolve_profile,
+)
+from cloudbox.core.provenance import Guests, GuestStart, Provenance
+from cloudbox.core.results import ResultStore
+from cloudbox.core.runspec import RunSpec, guest_profile_index
+
+
+def test_the_guests_take_the_profiles_in_turn():
+    assert [guest_profile_index(k, 2) for k in range(1, 6)] == [0, 1, 0, 1, 0]
+    assert [guest_profile_index(k, 3) for k in range(1, 4)] == [0, 1, 2]
+    spec = RunSpec(profile="virtio-file + kvm-cache-none", suite="storage", guests=3)
+    assert spec.profiles == ["virtio-file", "kvm-cache-none"]
+    spec.validate()
+    assert RunSpec(profile="virtio-file").profiles == ["virtio-file"]
+
+
+def test_a_profile_file_with_a_plus_in_its_path_is_one_profile(tmp_path):
+    f = tmp_path / "c++" / "mine.toml"
+    f.parent.mkdir()
+    f.write_text(resolve_profile("virtio-file").to_toml().replace('"virtio-file"', '"mine"', 1))
+    assert RunSpec(profile=str(f)).profiles == [str(f)]
+    assert [p.name for p in resolve_mix(str(f))] == ["mine"]
+    with pytest.raises(UsageError, match="an empty name in the list"):  # in a mix, + always joins
+        resolve_mix(f"kvm-cache-none+{f}")
+
+
+def test_profiles_that_differ_in_the_guests_own_hardware_mix():
+    mix = resolve_mix(f"virtio-file{MIX}kvm-cache-none")  # virtio-blk/writethrough/e1000 and ide/none/rtl8139
+    assert [p.name for p in mix] == ["virtio-file", "kvm-cache-none"]
+    assert mix_problem(mix) is None
+    assert {k for k, _, _ in diff_profiles(*mix)} <= set(GUEST_SIDE_KNOBS)
+    assert mix_hash(mix) != mix_hash(mix[::-1]) and mix_hash(mix[:1]) == mix[0].hash
+
+
+def test_profiles_that_differ_in_what_the_run_sets_up_once_are_refused_naming_the_knob():
+    why = mix_problem(resolve_mix("virtio-file+virtio-disk"))  # a pre-allocated file and a block device
+    assert why is not None
+    assert why.startswith("profiles virtio-file and virtio-disk differ in disk.backing ('prealloc-file' / "
+                          "'block-device'), which the run sets up once for every guest; allowed to differ: "
+                          "guest.vcpus, guest.memory_mib, disk.bus")
+    with pytest.raises(UsageError, match=r"^--profile virtio-file\+virtio-disk: profiles virtio-file and "):
+        run_profiles(RunSpec(profile="virtio-file+virtio-disk", suite="storage", guests=2))
+    with pytest.raises(UsageError, match="an empty name in the list; allowed: NAME or NAME"):
+        resolve_mix("virtio-file+")
+    with pytest.raises(NotFound, match="no profile named 'nosuch'"):
+        resolve_mix("virtio-file+nosuch")
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    (dict(guests=1), r"names 2 profiles, one per guest in turn; --guests 1 leaves one unused; allowed: --guests 2"),
+    (dict(guests=2, node="be1"), r"with --node be1: a mixed run runs on this host only for now"),
+    (dict(guests=4, node="local,be1"), r"with --node local,be1: a mixed run runs on this host only"),
+])
+def test_a_mixed_run_the_option_cannot_make_is_refused(kw, message):
+    with pytest.raises(UsageError, match=message):
+        RunSpec(profile="virtio-file+kvm-cache-none", suite="storage", **kw).validate()
+
+
+def test_unequal_guests_memory_is_summed_guest_by_guest(tmp_path):
+    small = resolve_profile("virtio-file")
+    big = small.model_copy(update={"name": "virtio-file-2g",
+                                   "guest": small.guest.model_copy(update={"memory_mib": 2048, "vcpus": 2})})
+    spec = RunSpec(profile="virtio-file+virtio-file-2g", suite="storage", guests=3)
+    q = QEMU_OVERHEAD_MIB
+    with pytest.raises(UsageError) as e:  # 1024 + 2048 + 1024 + 3 x 256 + 512 = 5376
+        check_fits(spec, small, mix=[small, big], available_mib=5000, host_cpus=8)
+    assert str(e.value) == (f"--guests 3: (1024 + 2048 + 1024 MiB guest.memory_mib + 3 x {q} MiB QEMU) + 512 MiB for "
+                            "the host = 5376 MiB, but this host has 5000 MiB available; allowed: --guests 1 to 2 with "
+                            "profile virtio-file+virtio-file-2g")
+    with pytest.raises(UsageError, match=r"--guests 3: 1 \+ 2 \+ 1 guest.vcpus = 4 vCPUs, but this host has 3 CPUs; "
+                                         r"allowed: --guests 1 to 2 with profile virtio-file\+virtio-file-2g"):
+        check_fits(spec, small, mix=[small, big], available_mib=64000, host_cpus=3)
+    check_fits(spec, small, mix=[small, big], available_mib=5376, host_cpus=4)
+
+
+def test_the_cli_refuses_a_mix_naming_the_knob(capsys):
+    assert cli.main(["run", "--profile", "virtio-file+virtio-disk", "--guests", "2", "--suite", "storage"]) == 2
+    err = capsys.readouterr().err
+    assert "profiles virtio-file and virtio-disk differ in disk.backing" in err
+
+
+def _mixed_run(store: ResultStore) -> int:
+    a, b = resolve_profile("virtio-file"), resolve_profile("kvm-cache-none")
+    rid = store.create_run(profile_name="virtio-file+kvm-cache-none", suite="storage", accelerator="tcg",
+                           profile_toml=a.to_toml(),
+                           provenance=Provenance(guests=Guests(
+                               count=3, profiles={p.name: p.to_toml() for p in (a, b)},
+                               guests=[GuestStart(name="g1", profile=a.name), GuestStart(name="g2", profile=b.name),
+                                       GuestStart(name="g3", profile=a.name)])))
+    for k, v in ((1, 30.0), (2, 10.0), (3, 20.0)):
+        store.add_measurement(rid, side="guest", test="seq-write-64k", metric="MB/s", value=v, instance=k)
+        store.add_measurement(rid, side="baseline", test="seq-write-64k", metric="MB/s", value=100.0, instance=k)
+    store.add_measurement(rid, side="guest", test="seq-write-64k", metric="MB/s", value=60.0)
+    store.add_measurement(rid, side="baseline", test="seq-write-64k", metric="MB/s", value=300.0)
+    return rid
+
+
+def test_the_tables_name_each_guests_profile_and_the_mix(tmp_path, capsys):
+    with ResultStore(tmp_path / "r.db") as store:
+        run = store.get_run(_mixed_run(store))
+    assert compare.bus_label(run) == "virtio-blk / ide"  # not the first profile's alone
+    assert compare.driver_label(run) == "virtio-blk / ide, pre-allocated file"
+    table = compare.compare_table([run])
+    rows = {r.cells["run"]: r.cells["driver"] for r in table.sections[0].rows if r.kind == "guest"}
+    assert rows == {"#1 sum": "virtio-blk / ide, pre-allocated file", "#1 g1": "virtio-file",
+                    "#1 g2": "kvm-cache-none", "#1 g3": "virtio-file"}
+    text = compare.to_text(table, width=240)
+    assert "by profile: virtio-file 25.0 (median of 2), kvm-cache-none 10.0. Bare metal" in text
+    assert cli.main(["results", "--db", str(tmp_path / "r.db"), "show", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "g2 (kvm-cache-none)" in out and "profile      virtio-file+kvm-cache-none" in out
