@@ -1,4 +1,5 @@
-"""Shared pieces of the real-run tests: what a run may leave behind, and a `cloudbox run` interrupted by Ctrl-C."""
+"""Shared pieces of the real-run tests: what a run may leave behind, a `cloudbox run` interrupted by Ctrl-C, and
+a second profile for a mixed run."""
 
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ def completed_run(spec) -> Run:
 
 # The CLI's progress lines that mean the guest is up and running its tests.
 GUEST_PHASE = ("guest: storage tests", "guest: laying down")
+
+
+def lsi_disk_profile(directory):
+    """virtio-disk as a guest of its own would differ in a mixed run (an emulated LSI SCSI disk with the host cache
+    off): written as lsi-disk.toml in `directory`; (its path, the profile)."""
+    from cloudbox.core.profiles import resolve_profile
+
+    p = resolve_profile("virtio-disk")
+    lsi = p.model_copy(update={"name": "lsi-disk", "disk": p.disk.model_copy(update={"bus": "scsi-lsi",
+                                                                                     "cache": "none"})})
+    path = directory / "lsi-disk.toml"
+    path.write_text(lsi.to_toml())
+    return path, lsi
 
 
 def leftovers(conn, state) -> dict:

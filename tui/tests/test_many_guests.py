@@ -515,19 +515,19 @@ def nothing_left(state, libvirt_conn) -> Callable[[Run], None]:
 def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path):
     """Also a mixed run (test_mixed): the second guest under a profile of its own, an emulated LSI SCSI disk with
     the host cache off, beside the first's virtio-blk."""
+    from real_runs import lsi_disk_profile
+
     from cloudbox.core import runs
 
-    p = resolve_profile("virtio-disk")
-    lsi = p.model_copy(update={"name": "lsi-disk", "disk": p.disk.model_copy(update={"bus": "scsi-lsi",
-                                                                                     "cache": "none"})})
-    (tmp_path / "lsi-disk.toml").write_text(lsi.to_toml())
-    spec = RunSpec(profile=f"virtio-disk+{tmp_path / 'lsi-disk.toml'}", suite="storage", size="quick",
-                   storage_tests="seq-write-64k", guests=2)
+    path, lsi = lsi_disk_profile(tmp_path)
+    spec = RunSpec(profile=f"virtio-disk+{path}", suite="storage", size="quick", storage_tests="seq-write-64k",
+                   guests=2)
     with ResultStore() as store:
         rid = runs.executor(spec, store).execute()
         run = store.get_run(rid)
     assert run.state == "completed", run.reason
-    assert run.profile_name == "virtio-disk+lsi-disk" and run.profile_hash == mix_hash([p, lsi])
+    assert run.profile_name == "virtio-disk+lsi-disk"
+    assert run.profile_hash == mix_hash([resolve_profile("virtio-disk"), lsi])
     assert [g.profile for g in run.provenance.guests.guests] == ["virtio-disk", "lsi-disk"]
     assert compare.bus_label(run) == "virtio-blk / scsi-lsi"
     xmls = run.provenance.guests.domain_xml  # each profile's guest as libvirt ran it

@@ -65,14 +65,46 @@ def test_profiles_that_differ_in_what_the_run_sets_up_once_are_refused_naming_th
         resolve_mix("virtio-file+nosuch")
 
 
-@pytest.mark.parametrize(("kw", "message"), [
-    (dict(guests=1), r"names 2 profiles, one per guest in turn; --guests 1 leaves one unused; allowed: --guests 2"),
-    (dict(guests=2, node="be1"), r"with --node be1: a mixed run runs on this host only for now"),
-    (dict(guests=4, node="local,be1"), r"with --node local,be1: a mixed run runs on this host only"),
-])
-def test_a_mixed_run_the_option_cannot_make_is_refused(kw, message):
-    with pytest.raises(UsageError, match=message):
-        RunSpec(profile="virtio-file+kvm-cache-none", suite="storage", **kw).validate()
+def test_a_mix_needs_a_guest_per_profile_and_goes_wherever_the_guests_go():
+    with pytest.raises(UsageError, match=r"names 2 profiles, one per guest in turn; --guests 1 leaves one unused; "
+                                         r"allowed: --guests 2 or more"):
+        RunSpec(profile="virtio-file+kvm-cache-none", suite="storage").validate()
+    with pytest.raises(UsageError, match=r"--guests 2 leaves 2 unused; allowed: --guests 4"):
+        RunSpec(profile="virtio-file+kvm-cache-none+virtio-file+kvm-cache-none", suite="storage", guests=2).validate()
+    RunSpec(profile="virtio-file+kvm-cache-none", suite="storage", guests=2, node="be1").validate()
+    RunSpec(profile="virtio-file+kvm-cache-none", suite="storage", guests=3, node="local,be1").validate()
+
+
+def test_this_hosts_share_of_a_spread_mix_is_counted_with_its_own_guests_profiles():
+    small = resolve_profile("virtio-file")
+    big = small.model_copy(update={"name": "big", "guest": small.guest.model_copy(update={"memory_mib": 4096})})
+    first = RunSpec(profile="virtio-file+big", suite="storage", guests=3, node="local,be1")  # here g1 and g2
+    with pytest.raises(UsageError, match=r"puts 2 on this host: \(1024 \+ 4096 MiB guest.memory_mib"):
+        check_fits(first, small, mix=[small, big], available_mib=5000, host_cpus=8)
+    last = RunSpec(profile="virtio-file+big", suite="storage", guests=3, node="be1,local")  # here g3 alone: small
+    check_fits(last, small, mix=[small, big], available_mib=1024 + QEMU_OVERHEAD_MIB + 512, host_cpus=8)
+
+
+def test_a_nodes_start_request_carries_each_profile_of_the_mix():
+    import io
+    import json
+
+    from cloudbox.cli import node as cli_node
+
+    a, b = resolve_profile("virtio-file").to_toml(), resolve_profile("kvm-cache-none").to_toml()
+    spec = {"profile": "x", "suite": "storage", "guests": 2}
+
+    class Stream(io.BytesIO):
+        pass
+
+    def read(**req):
+        return cli_node.read_request(Stream(json.dumps(req).encode()))
+
+    assert read(spec=spec, profile_toml=a, mix_tomls=[a, b])["mix_tomls"] == [a, b]
+    for bad, message in (([a], "field mix_tomls: .*allowed: a list of 2 to 64"), ([a, 3], "field mix_tomls"),
+                         ([a, "name = 1"], "start-run: field mix_tomls, profile 2")):
+        with pytest.raises(cli_node.BadRequest, match=message):
+            read(spec=spec, profile_toml=a, mix_tomls=bad)
 
 
 def test_unequal_guests_memory_is_summed_guest_by_guest(tmp_path):

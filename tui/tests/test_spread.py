@@ -251,11 +251,12 @@ def test_results_show_names_each_place_its_guests_and_its_clock(state, capsys):
 # -- a real coordinated run --------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.root
-def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows(state, libvirt_conn, monkeypatch):
+def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows(state, libvirt_conn, monkeypatch,
+                                                                                 tmp_path):
     """The coordinator, the hold, the channel and this host's part are real (two TCG guests, a detached run in the
     parts store); only the place list is one place (this host, with both guests): a second place needs a second
-    host, which the cluster suite has."""
-    from real_runs import leftovers
+    host, which the cluster suite has. A mixed run: the part gets its guests' two profiles through the agent."""
+    from real_runs import leftovers, lsi_disk_profile
 
     from cloudbox.core.execution.lifecycle import Execution
 
@@ -263,8 +264,9 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
         return [spread.Part("local", ctx.spec.guests, 1, spread.LocalShell(spread.local_record(), []))]
 
     monkeypatch.setattr(spread, "find_places", this_host_only)
-    spec = RunSpec(profile="virtio-disk", suite="storage", size="quick", storage_tests="seq-write-64k", guests=2,
-                   node="local,be1")
+    lsi, _ = lsi_disk_profile(tmp_path)
+    spec = RunSpec(profile=f"virtio-disk+{lsi}", suite="storage", size="quick", storage_tests="seq-write-64k",
+                   guests=2, node="local,be1")
     lines: list[str] = []
     with ResultStore() as store:
         rid = Execution(spec, store, spread.run_spread, emit=lambda ev: lines.append(describe(ev) or "")).execute()
@@ -279,12 +281,16 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
         assert total is not None and total.value == pytest.approx(sum(m.value for m in each), rel=1e-9)
     info = run.provenance.guests
     assert info is not None and [g.place for g in info.guests] == ["local", "local"]
+    assert [g.profile for g in info.guests] == ["virtio-disk", "lsi-disk"]
+    assert run.profile_name == "virtio-disk+lsi-disk"
+    assert "bus='scsi'" in info.domain_xml["lsi-disk"] and "bus='virtio'" in info.domain_xml["virtio-disk"]
     place = info.places[0]
     assert place.run_id is not None and place.clock_rtt_s is not None and abs(place.clock_offset_s or 0) < 0.05
     assert "guest:seq-write-64k" in place.host_metrics
     assert 0 <= info.skew_s["seq-write-64k"] < 0.5
     with ResultStore(spread.parts_state_dir() / "results.db") as parts:  # the part's own record, completed
-        assert parts.get_run(place.run_id).state == "completed"
+        part = parts.get_run(place.run_id)
+        assert part.state == "completed" and part.profile_name == "virtio-disk+lsi-disk"  # its profiles, as sent
     left = leftovers(libvirt_conn, state)
     assert not any(left.values()), left
     assert not (hold.hold_dir(place.run_id)).exists()

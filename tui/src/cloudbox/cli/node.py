@@ -40,6 +40,7 @@ from cloudbox.core import agent, inputs, nodeconf, profiles
 from cloudbox.core.agent import KEEP_IMAGES
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.nodes import client, enrol, frontend, health, registry
+from cloudbox.core.runspec import MAX_GUESTS
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a start-run request: the spec and a profile's TOML (a few KiB)
 MAX_CODE_FILE_BYTES = 1024
@@ -473,8 +474,9 @@ def cmd_local(args: argparse.Namespace) -> int:
 def read_request(stream: Any) -> dict[str, Any]:
     """A start-run request from the front-end, through the input layer: at most MAX_REQUEST_BYTES, JSON nested at
     most inputs.MAX_NESTING deep, an object with spec (an object), profile_toml (a string) and image_dir (a string,
-    optional). Anything else is a BadRequest naming what is wrong."""
-    allowed = "a JSON object {spec: {...}, profile_toml: \"...\", image_dir: \"...\"}"
+    optional) and, for a mixed run, mix_tomls (2 to MAX_GUESTS profiles' TOML, the guests' in turn). Anything else
+    is a BadRequest naming what is wrong."""
+    allowed = "a JSON object {spec: {...}, profile_toml: \"...\", image_dir: \"...\", mix_tomls: [\"...\", ...]}"
     try:
         req = inputs.load_json(inputs.stdin_limit_read(stream, MAX_REQUEST_BYTES))
     except inputs.InputProblem as e:
@@ -488,12 +490,19 @@ def read_request(stream: Any) -> dict[str, Any]:
     if isinstance(req.get("image_dir"), str) and inputs.path_problem(req["image_dir"]):
         raise BadRequest(f"start-run: field image_dir: {inputs.shown(req['image_dir'])} "
                          f"{inputs.path_problem(req['image_dir'])}; allowed: an absolute path")
-    unknown = sorted(set(req) - {"spec", "profile_toml", "image_dir"})
+    unknown = sorted(set(req) - {"spec", "profile_toml", "image_dir", "mix_tomls"})
     if unknown:
         raise BadRequest(f"start-run: unknown field(s) {', '.join(map(inputs.printable, unknown))}; allowed: {allowed}")
+    mix = req.get("mix_tomls")
+    if mix is not None and not (isinstance(mix, list) and 2 <= len(mix) <= MAX_GUESTS
+                                and all(isinstance(t, str) for t in mix)):
+        raise BadRequest(f"start-run: field mix_tomls: {inputs.shown(mix)}; allowed: a list of 2 to {MAX_GUESTS} "
+                         "profiles' TOML texts")
     _check_spec(req["spec"])
     try:
         profiles.parse_profile(req["profile_toml"], "start-run: field profile_toml")
+        for k, text in enumerate(mix or [], 1):
+            profiles.parse_profile(text, f"start-run: field mix_tomls, profile {k}")
     except CloudboxError as e:
         raise BadRequest(str(e)) from None
     return req

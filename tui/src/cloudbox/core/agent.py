@@ -22,6 +22,7 @@ from .errors import CloudboxError
 from .execution import hold
 from .guestimage import GuestImage
 from .nodes.client import IMAGE_FILES, SUMS, sha256_file
+from .profiles import MIX
 from .results import ResultStore
 from .runlock import check_not_busy
 from .runs import start_detached
@@ -133,13 +134,24 @@ def _prune(keep: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _profile_file(profile_toml: str) -> Path:
+    """A front-end's resolved profile written here (by its digest) for the run to load; ValueError if unreadable."""
+    name = str(tomllib.loads(profile_toml)["name"])
+    pdir = paths.state_dir() / "remote-profiles" / hashlib.sha256(profile_toml.encode()).hexdigest()[:12]
+    pdir.mkdir(parents=True, exist_ok=True)
+    pfile = pdir / f"{Path(name).name}.toml"
+    pfile.write_text(profile_toml)
+    return pfile
+
+
 def local_start_run(req: dict[str, Any]) -> dict[str, Any]:
     """Start a detached run here from a front-end's request: {"spec": RunSpec fields, "profile_toml": the
-    resolved profile, "image_dir": where propagation put the guest image}."""
+    resolved profile, "image_dir": where propagation put the guest image, and for a mixed run "mix_tomls": its
+    profiles in the order this node's guests take them}."""
     try:
         spec_in = dict(req["spec"])
-        profile_toml = str(req["profile_toml"])
-        name = str(tomllib.loads(profile_toml)["name"])
+        texts = [str(t) for t in req.get("mix_tomls") or [req["profile_toml"]]]
+        files = [_profile_file(text) for text in texts]
     except (KeyError, TypeError, ValueError) as e:
         raise CloudboxError(f"start-run: the request is not what this cloudbox understands ({e}); allowed: JSON "
                             "with spec, profile_toml, image_dir (is the front-end's cloudbox the same version?)") \
@@ -149,12 +161,7 @@ def local_start_run(req: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise CloudboxError(f"start-run: unknown run setting(s) {', '.join(unknown)} from the front-end; allowed: "
                             f"{', '.join(sorted(known))} (update this node's cloudbox)")
-    digest = hashlib.sha256(profile_toml.encode()).hexdigest()[:12]
-    pdir = paths.state_dir() / "remote-profiles" / digest
-    pdir.mkdir(parents=True, exist_ok=True)
-    pfile = pdir / f"{Path(name).name}.toml"
-    pfile.write_text(profile_toml)
-    spec_in.update(profile=str(pfile), node="")
+    spec_in.update(profile=MIX.join(map(str, files)), node="")
     image_dir = req.get("image_dir")
     if image_dir:
         GuestImage.locate(Path(image_dir))  # a clear error now rather than in the detached executor

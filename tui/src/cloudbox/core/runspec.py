@@ -482,15 +482,12 @@ def _check_spread(spec: RunSpec) -> None:
 
 
 def _check_mix(spec: RunSpec) -> None:
-    """A mixed run: N guests of several profiles on one host (the profiles' own agreement is checked once they are
-    loaded: core.profiles.mix_problem)."""
+    """A mixed run: N guests of several profiles, taken in turn wherever the guests go (the profiles' own agreement
+    is checked once they are loaded: core.profiles.mix_problem)."""
     m, given = len(spec.profiles), f"--profile {spec.profile}"
     if spec.guests < m:
         raise UsageError(f"{given} names {m} profiles, one per guest in turn; --guests {spec.guests} leaves "
                          f"{'one' if m - spec.guests == 1 else m - spec.guests} unused; allowed: --guests {m} or more")
-    if spec.node:
-        raise UsageError(f"{given} with --node {spec.node}: a mixed run runs on this host only for now; allowed: "
-                         "no --node, or one profile")
 
 
 def guest_profile_index(k: int, m: int) -> int:

@@ -106,13 +106,15 @@ def check_fits(spec: RunSpec, profile: Profile, *, mix: list[Profile] | None = N
                              "or the NFS profile with every guest on one place (--node NAME --guests N)")
         if LOCAL_PLACE not in spec.places:
             return
-        n = split_guests(n, len(spec.places))[spec.places.index(LOCAL_PLACE)]  # this host's share
+        shares, here = split_guests(n, len(spec.places)), spec.places.index(LOCAL_PLACE)
+        n, first = shares[here], sum(shares[:here]) + 1  # this host's share, and its first guest's number
         what, allowed = f"--guests {spec.guests} --node {spec.node} puts {n} on this host", "at most {} here"
     elif spec.node:  # the node checks its own memory and CPUs when its run starts
         return
     else:
-        what, allowed = f"--guests {n}", "--guests 1 to {}"
-    per_guest = [mix[guest_profile_index(k, len(mix))] for k in range(1, n + 1)] if mix else [profile] * n
+        what, allowed, first = f"--guests {n}", "--guests 1 to {}", 1
+    per_guest = ([mix[guest_profile_index(k, len(mix))] for k in range(first, first + n)] if mix
+                 else [profile] * n)
     named = f"profile {MIX.join(p.name for p in mix or [profile])}"
     mems = [p.guest.memory_mib for p in per_guest]
     avail = mem_available_mib() if available_mib is None else available_mib

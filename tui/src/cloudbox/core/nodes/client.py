@@ -26,7 +26,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -294,10 +294,15 @@ def node_images(shell: NodeShell, *, clear: bool = False, keep: int = 0) -> dict
 
 
 # ------------------------------------------------------------------------------------------------- runs
-def start_run(shell: NodeShell, spec: dict[str, Any], profile_toml: str, image_dir: str) -> RemoteRun:
+def start_run(shell: NodeShell, spec: dict[str, Any], profile_toml: str, image_dir: str,
+              mix_tomls: Sequence[str] = ()) -> RemoteRun:
     """Start a detached run on the node with this spec (its `profile` replaced by the front-end's resolved
-    profile, sent along, so both ends run the same profile with the same hash) and the propagated image."""
-    req = json.dumps({"spec": spec, "profile_toml": profile_toml, "image_dir": image_dir}).encode()
+    profile, sent along, so both ends run the same profile with the same hash) and the propagated image; a mixed
+    run's profiles, in the order the node's guests take them, go as `mix_tomls`."""
+    body: dict[str, Any] = {"spec": spec, "profile_toml": profile_toml, "image_dir": image_dir}
+    if len(mix_tomls) > 1:  # an older node refuses the field it does not know: only a mixed run sends it
+        body["mix_tomls"] = list(mix_tomls)
+    req = json.dumps(body).encode()
     out = shell.run("cloudbox", "node", "local", "start-run", input=req, timeout=120, what="starting the run")
     try:
         data = json.loads(out.strip().splitlines()[-1])

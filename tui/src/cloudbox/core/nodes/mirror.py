@@ -265,7 +265,8 @@ def start(ctx: RunContext, there: NodeRun) -> None:
     assert ctx.provenance.propagation is not None
     with ctx.control.atomic():
         rr = there.run = client.start_run(there.shell, remote_spec, ctx.profile.to_toml(),
-                                          ctx.provenance.propagation.remote_dir)
+                                          ctx.provenance.propagation.remote_dir,
+                                          mix_tomls=[p.to_toml() for p in ctx.mix])
 
         def stop_remote() -> None:
             if not there.finished:

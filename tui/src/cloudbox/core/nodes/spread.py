@@ -203,7 +203,10 @@ def start(ctx: RunContext, p: Part) -> None:
                                               f"{spec.guests} guests")
     ctx.sink.step(f"starting the part on {p.name} ({_numbers(p)})")
     with ctx.control.atomic():
-        rr = p.run = client.start_run(p.shell, part_spec, ctx.profile.to_toml(), p.image_dir)
+        # a mixed run's part gets its own guests' profiles, in their order (its guests then take them in turn)
+        mine = [ctx.guest_profile(k) for k in range(p.first, p.first + p.guests)]
+        rr = p.run = client.start_run(p.shell, part_spec, mine[0].to_toml(), p.image_dir,
+                                      mix_tomls=[x.to_toml() for x in mine] if ctx.mix else ())
 
         def stop_part() -> None:
             if not p.ended:
@@ -373,11 +376,26 @@ def gather(ctx: RunContext, parts: list[Part]) -> None:
                          size_bytes=datas[0].get("size_bytes"), size_label=datas[0].get("size_label"))
     provs = [Provenance.from_stored(d.get("provenance")) for d in datas]
     ctx.provenance = merged_provenance(ctx.provenance, parts, provs, datas)
-    ctx.save_provenance()
     info = ctx.provenance.guests
     assert info is not None
+    if ctx.mix:
+        record_mix(ctx, info, parts, provs)
+    ctx.save_provenance()
     for test, skew in info.skew_s.items():
         ctx.sink.log(f"{test}: start skew {skew * 1000:.0f} ms over {info.count} guests on {len(parts)} places")
+
+
+def record_mix(ctx: RunContext, info: Guests, parts: list[Part], provs: list[Provenance]) -> None:
+    """A mixed run's profiles, each guest's, and each profile's first guest's domain XML as its place ran it."""
+    info.profiles = {x.name: x.to_toml() for x in ctx.mix}
+    for k, rec in enumerate(info.guests, 1):
+        rec.profile = ctx.guest_profile(k).name
+    for p, pv in zip(parts, provs, strict=True):
+        xmls = dict(pv.guests.domain_xml) if pv.guests else {}
+        if pv.domain_xml:  # the part's first guest's (a part of one guest records no mix of its own)
+            xmls.setdefault(ctx.guest_profile(p.first).name, pv.domain_xml)
+        for name, xml in xmls.items():
+            info.domain_xml.setdefault(name, xml)
 
 
 ACCEL_ORDER = ("tcg", "nested-kvm", "xen", "kvm")  # the run is labelled by its least native place's accelerator
