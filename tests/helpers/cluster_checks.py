@@ -211,6 +211,15 @@ def check_spread_run(run_json: Path) -> str:
     rtt = places["be1"].get("clock_rtt_s")
     check(rtt is not None and rtt < 1.0, "be1's clock measured over its channel in under 1 s", rtt)
     check([x.get("place") for x in g["guests"]] == ["local", "be1"], "g1 on fe1 and g2 on be1", g["guests"])
+    mix = run["profile_name"].split("+")
+    if len(mix) > 1:  # a mixed run: guest k ran the k-th profile wherever it landed, as libvirt there says
+        check([x.get("profile") for x in g["guests"]] == mix, "each guest ran its profile of the mix", g["guests"])
+        xml = g.get("domain_xml") or {}
+        check(sorted(xml) == sorted(mix), "each profile's domain XML recorded", sorted(xml))
+        for name in mix:
+            bus = re.search(r"bus = \"([^\"]+)\"", g["profiles"][name])
+            want = {"virtio-blk": "virtio", "scsi-lsi": "scsi", "ide": "ide"}.get(bus.group(1) if bus else "", "?")
+            check(f"bus='{want}'" in xml[name], f"{name}'s guest on bus {want}", name)
     out = []
     for side in ("guest", "baseline"):
         rows = [m for m in run["measurements"] if m["test"] == "seq-write-64k" and m["side"] == side
@@ -224,8 +233,8 @@ def check_spread_run(run_json: Path) -> str:
     skew = g["skew_s"].get("seq-write-64k")
     check(skew is not None and 0 <= skew < SPREAD_SKEW_BOUND_S, f"a start skew under {SPREAD_SKEW_BOUND_S} s",
           skew)
-    return (f"spread over fe1 and be1: {'; '.join(out)}; start skew {skew * 1000:.0f} ms; be1's clock "
-            f"{places['be1']['clock_offset_s'] * 1000:+.1f} ms (round trip {rtt * 1000:.1f} ms)")
+    return (f"spread over fe1 and be1 ({run['profile_name']}): {'; '.join(out)}; start skew {skew * 1000:.0f} ms; "
+            f"be1's clock {places['be1']['clock_offset_s'] * 1000:+.1f} ms (round trip {rtt * 1000:.1f} ms)")
 
 
 def check_host_raid(run_json: Path) -> str:

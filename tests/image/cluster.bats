@@ -414,7 +414,8 @@ fe_run() {
 # bats test_tags=slow,image,cluster,cluster-full
 @test "one run's two guests spread over fe1 and be1 start each test together; each figure and their sum stored" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
-    fe_run run-spread spread-run --node local,be1 --guests 2 --profile virtio-disk --suite storage \
+    # A mixed run too (Study A's pair on a whole device): g1 on fe1 runs virtio-blk, g2 on be1 emulated LSI SCSI.
+    fe_run run-spread spread-run --node local,be1 --guests 2 --profile virtio-disk+kvm-scsi-phy --suite storage \
         --tests seq-write-64k --size 16M
     run -0 grep -F 'seq-write-64k: every place ready; released' "$LOGS/run-spread.txt"
     run -0 fe cloudbox results show "$rid"

@@ -65,6 +65,18 @@ def test_profiles_that_differ_in_what_the_run_sets_up_once_are_refused_naming_th
         resolve_mix("virtio-file+nosuch")
 
 
+def test_the_mtu_may_differ_only_when_nothing_goes_over_the_guests_link():
+    # Study A's pair on a whole device: virtio/phy (MTU 9000) and SCSI/phy (MTU 1500)
+    storage = RunSpec(profile="virtio-disk+kvm-scsi-phy", suite="storage", guests=2, storage_tests="seq-write-64k")
+    assert [p.name for p in run_profiles(storage)] == ["virtio-disk", "kvm-scsi-phy"]
+    for spec in (RunSpec(profile="virtio-disk+kvm-scsi-phy", suite="all", guests=2),
+                 RunSpec(profile="virtio-disk+kvm-scsi-phy", suite="storage", guests=2, storage_tests="mpi")):
+        with pytest.raises(UsageError, match=r"differ in network.mtu \(9000 / 1500\), which the run sets up once for "
+                                             r"every guest \(the run's network tests, NFS mount or MPI job use the "
+                                             r"guests' link\)"):
+            run_profiles(spec)
+
+
 def test_a_mix_needs_a_guest_per_profile_and_goes_wherever_the_guests_go():
     with pytest.raises(UsageError, match=r"names 2 profiles, one per guest in turn; --guests 1 leaves one unused; "
                                          r"allowed: --guests 2 or more"):

@@ -950,15 +950,19 @@ def resolve_mix(ref: str) -> list[Profile]:
     return [resolve_profile(p) for p in parts]
 
 
-def mix_problem(profiles: list[Profile]) -> str | None:
+def mix_problem(profiles: list[Profile], *, link_unused: bool = False) -> str | None:
     """Why these profiles cannot share one run (a knob outside GUEST_SIDE_KNOBS that differs, named with both
-    values), else None."""
+    values), else None. `link_unused`: the run sends nothing over the guests' NICs (storage tests on their own
+    disks), so network.mtu may differ too."""
+    free = (*GUEST_SIDE_KNOBS, "network.mtu") if link_unused else GUEST_SIDE_KNOBS
     first = profiles[0]
     for other in profiles[1:]:
         for key, a, b in diff_profiles(first, other):
-            if key not in GUEST_SIDE_KNOBS:
+            if key not in free:
+                why = (" (the run's network tests, NFS mount or MPI job use the guests' link)"
+                       if key == "network.mtu" else "")
                 return (f"profiles {first.name} and {other.name} differ in {key} ({a!r} / {b!r}), which the run sets "
-                        f"up once for every guest; allowed to differ: {', '.join(GUEST_SIDE_KNOBS)}")
+                        f"up once for every guest{why}; allowed to differ: {', '.join(free)}")
     return None
 
 

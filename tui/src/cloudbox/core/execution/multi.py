@@ -148,7 +148,8 @@ def _most(budget: int, costs: list[int]) -> int:
 def run_profiles(spec: RunSpec) -> list[Profile]:
     """The run's profiles: one, or a mixed run's (--profile a+b), which must differ in guest-side knobs only."""
     mix = resolve_mix(spec.profile)
-    if len(mix) > 1 and (why := mix_problem(mix)):
+    link_unused = not (spec.wants_network or spec.wants_mpi or is_nfs(mix[0].disk))
+    if len(mix) > 1 and (why := mix_problem(mix, link_unused=link_unused)):
         raise UsageError(f"--profile {spec.profile}: {why}")
     return mix
 
