@@ -749,6 +749,45 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
     run(go())
 
 
+def test_tests_screen_mixes_the_ticked_profiles_in_one_run(backend):
+    """'mix them' turns the ticked profiles into one run per count whose guests take them in turn (--profile a+b),
+    refused as the CLI refuses it: fewer guests than profiles under the count, a host-side difference by name."""
+    from textual.widgets import Checkbox, Select
+
+    async def go():
+        app = create_app(backend, mode="tests")
+        async with app.run_test(size=SIZE) as pilot:
+            cl = app.screen.query_one(CheckList)
+            await until(pilot, lambda: cl.selected == ["virtio-disk"])
+            app.screen.query_one("#suite", Select).value = "storage"
+            cl.set_items(cl.items, {"kvm-cache-none", "virtio-file"}, cl.blocked)
+            app.screen.query_one("#guest-count").value = "2"
+            await pilot.pause()
+            assert [sp.profile for sp in app.screen.specs()] == ["kvm-cache-none", "virtio-file"]  # a sweep
+            mix = app.screen.query_one("#mix", Checkbox)
+            app.screen.query_one("#run-profiles").focus()
+            await pilot.press("m")  # off the Tab order; its key ticks it
+            await pilot.pause()
+            assert mix.value
+            assert [(sp.profile, sp.guests) for sp in app.screen.specs()] == [("kvm-cache-none+virtio-file", 2)]
+            app.screen.query_one("#guest-count").value = "2,4"
+            await pilot.pause()
+            assert [sp.guests for sp in app.screen.specs()] == [2, 4]  # a sweep of mixes
+            note = await _guests_refused(pilot, app, "1")
+            assert "--profile kvm-cache-none+virtio-file names 2 profiles, one per guest in turn; --guests 1 " \
+                   "leaves one unused; allowed: --guests 2 or more" in note, note
+            # a difference the run sets up once: refused by name before anything starts
+            cl.set_items(cl.items, {"virtio-disk", "virtio-file"}, cl.blocked)
+            app.screen.query_one("#guest-count").value = "2"
+            await pilot.pause()
+            app.screen.query_one("#start").focus()
+            await pilot.press("s")
+            await until(pilot, lambda: any("differ in disk.backing" in n.message for n in app._notifications),
+                        what="the mix's refusal")
+            assert not ResultStore().list_runs()
+    run(go())
+
+
 def test_live_view_shows_each_guest_and_their_sum(backend):
     from cloudbox.core.events import MeasurementEvent, ProgressEvent, StateEvent
     from cloudbox.core.provenance import Guests, GuestStart, Provenance

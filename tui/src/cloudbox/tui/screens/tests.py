@@ -1,5 +1,6 @@
 """Tests: choose suite, size, test set, guests at once and profile(s), start (several profiles or guest counts = a
-sweep, run one after another); while a run goes: overall progress with ETA, live charts of guest throughput (in a run
+sweep, run one after another; several profiles mixed = one run whose guests take them in turn); while a run goes:
+overall progress with ETA, live charts of guest throughput (in a run
 of N guests each guest's and their sum) and of the host disk's request size, queue depth and utilisation (the studies'
 three host metrics), the step, each guest's figures, the log."""
 
@@ -11,7 +12,19 @@ from dataclasses import dataclass
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Button, Input, Label, Log, ProgressBar, Select, Static, TabbedContent, TabPane, Tabs
+from textual.widgets import (
+    Button,
+    Checkbox,
+    Input,
+    Label,
+    Log,
+    ProgressBar,
+    Select,
+    Static,
+    TabbedContent,
+    TabPane,
+    Tabs,
+)
 
 from cloudbox.core import accel
 from cloudbox.core.compare import guest_count
@@ -28,6 +41,7 @@ from cloudbox.core.events import (
     instance_name,
     stamped,
 )
+from cloudbox.core.profiles import MIX
 from cloudbox.core.results import Run
 from cloudbox.core.runs import Sweep
 from cloudbox.core.runspec import MAX_GUESTS, RunSpec, option
@@ -57,8 +71,10 @@ class TestsScreen(BaseScreen):
     RELOAD_EVERY = 5.0
     HELP = ("Start storage (fio, dd) and network (netperf, iperf3) tests: each run measures bare metal first, "
             "then a guest under the profile, on the same hardware. Pick one profile for a run, several for a "
-            "sweep (run one after another). Guests at once runs N guests of the profile together on this host "
-            "(storage, network or both), each with a disk and a NIC of its own; a list such as 1,2,4 is a sweep, one "
+            "sweep (run one after another), or several with 'mix' ticked (m) for one run whose guests take the "
+            "profiles in turn (at least one guest each). Guests at once runs N guests of the profile together on "
+            "this host (storage, network or both), each with a disk and a NIC of its own; a list such as 1,2,4 is a "
+            "sweep, one "
             "run per count. Live then charts each guest's MB/s and their sum and lists each guest's figures; "
             "Results compares "
             "them (sum, each guest, min / median / max, Jain's index). "
@@ -73,6 +89,9 @@ class TestsScreen(BaseScreen):
         Binding("c", "cancel_run", "Cancel run", id="tests.cancel"),
         Binding("a", "attach_pick", "Attach", id="tests.attach", tooltip="watch another run in progress"),
         Binding("l", "show_log", "Full log", id="tests.log"),
+        # off the footer and the Tab order (scripts count Shift+Tabs to the fields): its label names the key
+        Binding("m", "toggle_mix", "Mix profiles", id="tests.mix", show=False,
+                tooltip="run the ticked profiles mixed in one run instead of a sweep"),
     ]
 
     def __init__(self) -> None:
@@ -115,9 +134,17 @@ class TestsScreen(BaseScreen):
                             yield Label(WHERE.title, classes="section", id="where-label")
                             yield Select([("this host", "")], value="", allow_blank=False, id="where")
                         with Vertical(classes="setup-col"):
-                            yield Label("Profiles: space ticks [x]; several = a sweep", classes="section", markup=False,
-                                        id="profiles-label")
+                            yield Label("Profiles: space ticks [x]; several = a sweep or a mix", classes="section",
+                                        markup=False, id="profiles-label")
                             yield CheckList(id="run-profiles")
+                            mix = Checkbox("mix (m): one run, guests in turn", id="mix",
+                                           compact=True,
+                                           tooltip="With several profiles ticked and Guests at once N: one run "
+                                                   f"whose guests take the ticked profiles in turn (--profile "
+                                                   f"a{MIX}b), instead of a sweep of one run per profile. The "
+                                                   "profiles may differ only in each guest's own hardware.")
+                            mix.can_focus = False
+                            yield mix
                     yield Button("Start (s)", id="start", variant="primary")
                     yield Static("", id="setup-note", markup=False)
             with TabPane("Live", id="live"):
@@ -171,7 +198,7 @@ class TestsScreen(BaseScreen):
         if first or [n for n, _ in cl.items] != [n for n, _ in data.profiles] or cl.blocked != data.blocked:
             cl.set_items(data.profiles, set(cl.selected) or {data.active}, data.blocked)
         self.query_one("#profiles-label", Label).update(
-            f"Profiles: space ticks [x]; several = a sweep (booted into {data.boot.label})")
+            f"Profiles: space ticks [x]; several = a sweep or a mix (booted into {data.boot.label})")
         where = self.query_one("#where", Select)
         if first or self._targets != data.targets:
             keep = where.value if any(v == where.value for _, v in data.targets) else ""
@@ -194,6 +221,10 @@ class TestsScreen(BaseScreen):
         names = self.query_one("#run-profiles", CheckList).selected
         where = self.query_one("#where", Select).value
         return names, suite, size, tests, where if isinstance(where, str) else ""
+
+    def action_toggle_mix(self) -> None:
+        mix = self.query_one("#mix", Checkbox)
+        mix.value = not mix.value
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "start":
@@ -245,10 +276,13 @@ class TestsScreen(BaseScreen):
             counts = GUESTS.values(text.strip())
         except UsageError as e:
             raise UsageError(f"{GUESTS.title}: {e}") from None
+        if len(names) > 1 and self.query_one("#mix", Checkbox).value:
+            names = [MIX.join(names)]  # one run per count, its guests taking the ticked profiles in turn
         specs = []
         for n in names:
             # the form's other fields first (a spread's places need a count: checked with it below)
-            RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node="" if "," in node else node).validate()
+            RunSpec(profile=n.split(MIX)[0], suite=suite, size=size, storage_tests=tests,
+                    node="" if "," in node else node).validate()
             for count in counts:
                 spec = RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node, guests=count)
                 try:
@@ -291,13 +325,14 @@ class TestsScreen(BaseScreen):
 
         def started(result: tuple[int | None, Sweep | None]) -> None:
             run_id, sweep = result
+            profiles = list(dict.fromkeys(s.profile for s in specs))  # a mix is one entry: "a+b"
             if sweep is not None:
-                what = (f"{len(specs)} runs: {', '.join(names)} x {', '.join(map(str, counts))} guests"
-                        if len(counts) > 1 else f"{len(names)} profiles: {', '.join(names)}")
+                what = (f"{len(specs)} runs: {', '.join(profiles)} x {', '.join(map(str, counts))} guests"
+                        if len(counts) > 1 else f"{len(profiles)} profiles: {', '.join(profiles)}")
                 self.notify(f"sweep of {what} started{where}", title="tests")
                 self.pending_sweep = sweep.id
             else:
-                self.notify(f"run {run_id} started{where} ({names[0]}, {suite}, {size}{many})", title="tests")
+                self.notify(f"run {run_id} started{where} ({profiles[0]}, {suite}, {size}{many})", title="tests")
                 assert run_id is not None
                 self.attach(run_id)
             self.show_live()
