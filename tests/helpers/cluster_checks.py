@@ -27,6 +27,7 @@ import re
 import sqlite3
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -217,8 +218,8 @@ def check_spread_run(run_json: Path) -> str:
         xml = g.get("domain_xml") or {}
         check(sorted(xml) == sorted(mix), "each profile's domain XML recorded", sorted(xml))
         for name in mix:
-            bus = re.search(r"bus = \"([^\"]+)\"", g["profiles"][name])
-            want = {"virtio-blk": "virtio", "scsi-lsi": "scsi", "ide": "ide"}.get(bus.group(1) if bus else "", "?")
+            bus = tomllib.loads(g["profiles"][name])["disk"]["bus"]
+            want = {"virtio-blk": "virtio", "scsi-lsi": "scsi", "ide": "ide"}.get(bus, "?")
             check(f"bus='{want}'" in xml[name], f"{name}'s guest on bus {want}", name)
     out = []
     for side in ("guest", "baseline"):

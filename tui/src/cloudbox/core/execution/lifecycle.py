@@ -25,7 +25,7 @@ from ..runlock import acquire_all, place_locks
 from ..runspec import RunSpec, parse_size
 from .context import RunContext, RunControl
 from .launch import console_note
-from .multi import check_fits, run_profiles
+from .multi import run_profiles
 from .sink import Consumer, EventSink
 
 Body = Callable[[RunContext], None]
@@ -50,9 +50,8 @@ class Execution:
         """The run, start to end; its id. Bad settings and a busy host raise before anything is recorded."""
         spec, store, control, sink = self.spec, self.store, self.control, self.sink
         spec.validate()
-        mix = run_profiles(spec)
+        mix = run_profiles(spec)  # checked, the guests' fit too
         profile = mix[0]  # a mixed run's first: the run-wide knobs are the same in all (core.profiles.mix_problem)
-        check_fits(spec, profile, mix=mix if len(mix) > 1 else None)
         size, size_label = parse_size(spec.size, max(p.guest.memory_mib for p in mix))
         name = MIX.join(p.name for p in mix)
         run_uuid = uuidlib.uuid4().hex

@@ -75,7 +75,7 @@ def check_fits(spec: RunSpec, profile: Profile, *, mix: list[Profile] | None = N
     """Refuse N guests the profile cannot run or this host cannot hold, with the arithmetic, before anything starts:
     every guest's RAM and its QEMU's overhead within the host's available memory less a reserve; a host CPU for
     every guest vCPU (else the guests' figures would measure the CPU scheduler). A host RAID (any count) needs
-    this host's md and mdadm (a node checks its own). `mix`: a mixed run's profiles, the guests' in turn."""
+    this host's md and mdadm (a node checks its own). `mix`: the run's profiles (run_profiles), the guests' in turn."""
     n, d = spec.guests, profile.disk
     if d.raid_on == "host" and not spec.node and (why := raid_problem()):
         raise UsageError(f"profile {profile.name}: disk.raid_on = host: {why}; allowed on this host: disk.raid_on = "
@@ -146,11 +146,13 @@ def _most(budget: int, costs: list[int]) -> int:
 
 
 def run_profiles(spec: RunSpec) -> list[Profile]:
-    """The run's profiles: one, or a mixed run's (--profile a+b), which must differ in guest-side knobs only."""
+    """The run's profiles, checked before anything starts: one, or a mixed run's (--profile a+b), which must differ
+    in guest-side knobs only; and the guests they make must fit (check_fits)."""
     mix = resolve_mix(spec.profile)
     link_unused = not (spec.wants_network or spec.wants_mpi or is_nfs(mix[0].disk))
     if len(mix) > 1 and (why := mix_problem(mix, link_unused=link_unused)):
         raise UsageError(f"--profile {spec.profile}: {why}")
+    check_fits(spec, mix[0], mix=mix)
     return mix
 
 
@@ -395,9 +397,10 @@ def launch_many(ctx: RunContext) -> None:
     ctx.guest = ctx.many[0]
     prov.guest_kernel = ctx.guest.sh("uname -r", timeout=30).stdout.strip()
     prov.domain_xml = ctx.guest.xml()
-    if ctx.mix:  # what each profile's guest really ran, beside the first guest's
-        for k, g in reversed(list(enumerate(ctx.many, 1))):
-            prov.guests.domain_xml[ctx.guest_profile(k).name] = g.xml()
+    xmls = prov.guests.domain_xml  # a mixed run's: what each profile's first guest really ran (guest k <= len(mix)
+    for k, p in enumerate(ctx.mix, 1):  # runs the k-th profile; a profile named twice is read once)
+        if p.name not in xmls:
+            xmls[p.name] = prov.domain_xml if k == 1 else ctx.many[k - 1].xml()
     prov.launch_to_agent_s = round(max(up.boot_s for up in ups), 2)
     prov.boot_attempts = max(up.attempts for up in ups)
     ctx.boot_s = max(up.boot_s for up in ups)

@@ -223,9 +223,8 @@ def start(ctx: RunContext, p: Part) -> None:
     p.measure_clock()
     place.clock_offset_s, place.clock_rtt_s = round(p.offset_s, 4), round(p.rtt_s, 4)
     ctx.save_provenance()
-    guests = f"{p.guests} guest{'s' if p.guests > 1 else ''}"
-    ctx.sink.log(f"run {rr.run_id} on {p.name} started ({guests}); its clock {p.offset_s * 1000:+.1f} ms "
-                 f"from this host's (round trip {p.rtt_s * 1000:.1f} ms)")
+    ctx.sink.log(f"run {rr.run_id} on {p.name} started ({counted(p.guests, 'guest')}); its clock "
+                 f"{p.offset_s * 1000:+.1f} ms from this host's (round trip {p.rtt_s * 1000:.1f} ms)")
 
 
 def _close(ch: subprocess.Popen[bytes]) -> None:
