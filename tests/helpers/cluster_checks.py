@@ -4,7 +4,7 @@ image copies. Standard library only: it runs with Debian's python3 on the test h
     cluster_checks.py run RUN_JSON PROPAGATIONS_JSON [FE_TEST...]
                                                        the last run of `results export --format json`, with
                                                        FE_TEST (default tcp-stream-fe) on both sides
-    cluster_checks.py nfs-run RUN_JSON                 the last run: be1's guest and host on fe1's NFS export
+    cluster_checks.py nfs-run RUN_JSON                 the last run: be1's guests and host on fe1's NFS export
     cluster_checks.py host-raid RUN_JSON               the last run: the guest's one disk on the host's RAID 0
     cluster_checks.py spread-run RUN_JSON              the last run: one guest on fe1 and one on be1, started
                                                        together, each one's figure and their sum
@@ -161,9 +161,11 @@ def listeners(allow_md: Path, node: str, ss: str) -> str:
 
 
 def check_nfs_run(run_json: Path) -> str:
-    """The front-end's NFS run on be1: fe1 served the export on its private address, be1's guest and be1's host
-    mounted it over the 9000-byte link (both mount lines recorded), the baseline is be1's host on the same export,
-    and fe1's server wrote what both sides wrote."""
+    """The front-end's NFS run of two guests on be1: fe1 served the export on its private address, be1's guests and
+    be1's host mounted it over the 9000-byte link (the mount lines recorded), the baseline is be1's host on the
+    same export with a process per guest, each guest's figure and their sum stored, and fe1's server wrote what
+    both sides wrote. be1 has one vCPU: the guests' two vCPUs share it (--cpu-overcommit 2), and their figures say
+    so; the baseline's do not."""
     run = json.loads(run_json.read_text())["runs"][-1]
     prov = run["provenance"]
     check(run["state"] == "completed", "the NFS run completed", (run["state"], run["reason"]))
@@ -178,18 +180,30 @@ def check_nfs_run(run_json: Path) -> str:
     check("same export mounted by this back-end's host" in vol["baseline"], "the baseline is be1's own mount",
           vol["baseline"])
     net = prov["private_network"]
-    check(net["mtu"] == 9000 and net["bridge"] == "cbpriv0", "the guest on cbpriv0 at MTU 9000", net)
-    by_side = {m["side"]: m for m in run["measurements"] if m["test"] == "seq-write-64k"}
-    check(set(by_side) == {"guest", "baseline"}, "seq-write-64k on both sides", sorted(by_side))
-    check("volume-from-host" in by_side["baseline"]["labels"], "the baseline is labelled volume-from-host",
-          by_side["baseline"]["labels"])
+    check(net["mtu"] == 9000 and net["bridge"] == "cbpriv0", "the guests on cbpriv0 at MTU 9000", net)
+    g = prov["guests"]
+    check(g["count"] == 2 and (g.get("vcpus"), g.get("host_cpus")) == (2, 1), "two 1-vCPU guests on be1's one CPU",
+          (g["count"], g.get("vcpus"), g.get("host_cpus")))
+    rows = [m for m in run["measurements"] if m["test"] == "seq-write-64k" and m["metric"] == "MB/s"]
+    total = {m["side"]: m for m in rows if m.get("instance") is None}
+    check(set(total) == {"guest", "baseline"}, "seq-write-64k on both sides", sorted(total))
+    out = []
+    for side in ("guest", "baseline"):
+        each = sorted((m["instance"], m["value"]) for m in rows if m["side"] == side and m.get("instance") is not None)
+        check([k for k, _ in each] == [1, 2] and all(v > 0 for _, v in each), f"{side}: a figure per guest", each)
+        check(abs(total[side]["value"] - sum(v for _, v in each)) < 1e-6, f"{side}: the run's row is the sum",
+              (total[side]["value"], each))
+        out.append(f"{side} {' + '.join(f'{v:.1f}' for _, v in each)} = {total[side]['value']:.1f} MB/s")
+    check("volume-from-host" in total["baseline"]["labels"], "the baseline is labelled volume-from-host",
+          total["baseline"]["labels"])
+    check("vcpu-overcommit" in total["guest"]["labels"] and "vcpu-overcommit" not in total["baseline"]["labels"],
+          "the guests' figures, not the baseline's, carry vcpu-overcommit",
+          (total["guest"]["labels"], total["baseline"]["labels"]))
     written = vol.get("server_bytes_written") or 0
-    check(written >= 2 * 16 * 1024 * 1024, "fe1's ganesha wrote both sides' 16 MiB", written)
+    check(written >= 4 * 16 * 1024 * 1024, "fe1's ganesha wrote both sides' 2 x 16 MiB", written)
     check((vol.get("server_device") or "").startswith("fe1:"), "fe1's disk under the export was sampled",
           vol.get("server_device"))
-    g, b = by_side["guest"]["value"], by_side["baseline"]["value"]
-    return (f"NFS from fe1: be1's guest {g:.1f} MB/s, be1's host {b:.1f} MB/s ({100 * g / b:.0f}%); ganesha wrote "
-            f"{written / 2**20:.0f} MiB")
+    return f"NFS from fe1, 2 guests on be1: {'; '.join(out)}; ganesha wrote {written / 2**20:.0f} MiB"
 
 
 SPREAD_SKEW_BOUND_S = 1.0  # two nested TCG guests on two TCG nodes, released through fe1's coordination channels

@@ -34,14 +34,15 @@ def completed_run(spec) -> Run:
 GUEST_PHASE = ("guest: storage tests", "guest: laying down")
 
 
-def lsi_disk_profile(directory):
+def lsi_disk_profile(directory, vcpus=1):
     """virtio-disk as a guest of its own would differ in a mixed run (an emulated LSI SCSI disk with the host cache
-    off): written as lsi-disk.toml in `directory`; (its path, the profile)."""
+    off, `vcpus` vCPUs): written as lsi-disk.toml in `directory`; (its path, the profile)."""
     from cloudbox.core.profiles import resolve_profile
 
     p = resolve_profile("virtio-disk")
     lsi = p.model_copy(update={"name": "lsi-disk", "disk": p.disk.model_copy(update={"bus": "scsi-lsi",
-                                                                                     "cache": "none"})})
+                                                                                     "cache": "none"}),
+                               "guest": p.guest.model_copy(update={"vcpus": vcpus})})
     path = directory / "lsi-disk.toml"
     path.write_text(lsi.to_toml())
     return path, lsi

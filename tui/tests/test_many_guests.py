@@ -139,6 +139,31 @@ def test_more_guests_than_memory_or_cpus_hold_is_refused_with_the_arithmetic():
             update={"backing": "network-volume", "volume": "v1"})}), available_mib=1, host_cpus=1)
 
 
+def test_cpu_overcommit_lets_guests_share_host_cpus_up_to_the_ratio_and_no_further():
+    p = resolve_profile("virtio-disk")  # 1 vCPU
+    with pytest.raises(UsageError) as e:
+        check_fits(RunSpec(profile="virtio-disk", suite="storage", guests=2), p, available_mib=64000, host_cpus=1)
+    assert str(e.value) == ("--guests 2: 2 x 1 guest.vcpus = 2 vCPUs, but this host has 1 CPU; allowed: --guests 1 "
+                            "to 1 with profile virtio-disk (each vCPU gets a host CPU, else the figures measure the "
+                            "scheduler), or --cpu-overcommit 2 to share the host's CPUs (the figures then carry the "
+                            "vcpu-overcommit caveat)")
+    check_fits(RunSpec(profile="virtio-disk", suite="storage", guests=2, cpu_overcommit=2), p, available_mib=64000,
+               host_cpus=1)
+    with pytest.raises(UsageError) as e:  # 1.5 x 2 CPUs = 3 vCPUs: the fourth guest is one too many
+        check_fits(RunSpec(profile="virtio-disk", suite="storage", guests=4, cpu_overcommit=1.5), p,
+                   available_mib=64000, host_cpus=2)
+    assert str(e.value).startswith("--guests 4: 4 x 1 guest.vcpus = 4 vCPUs, but this host has 2 CPUs x "
+                                   "--cpu-overcommit 1.5 = 3 vCPUs; allowed: --guests 1 to 3 with profile virtio-disk, "
+                                   "or --cpu-overcommit 2 ")
+    with pytest.raises(UsageError) as e:  # 64 vCPUs on 2 CPUs is beyond the largest ratio: no ratio offered
+        check_fits(RunSpec(profile="virtio-disk", suite="storage", guests=64), p, available_mib=10**7, host_cpus=2)
+    assert "--cpu-overcommit" not in str(e.value)
+    for bad in (0.5, 17, 0):
+        with pytest.raises(UsageError, match=rf"--cpu-overcommit {bad!r} is not allowed; allowed: 1 .* to 16 guest "
+                                             "vCPUs per host CPU"):
+            RunSpec(profile="virtio-disk", suite="storage", guests=2, cpu_overcommit=bad).validate()
+
+
 def test_a_profile_that_cannot_run_n_guests_is_refused():
     p = resolve_profile("virtio-disk")
     vol = p.model_copy(update={"disk": p.disk.model_copy(update={"backing": "network-volume", "volume": "v1"})})
@@ -512,16 +537,18 @@ def nothing_left(state, libvirt_conn) -> Callable[[Run], None]:
 
 @pytest.mark.slow
 @pytest.mark.root
-def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path):
+def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path, capsys):
     """Also a mixed run (test_mixed): the second guest under a profile of its own, an emulated LSI SCSI disk with
-    the host cache off, beside the first's virtio-blk."""
+    the host cache off and two vCPUs, beside the first's virtio-blk; 3 vCPUs, which on a 2-CPU host is an
+    overcommitted run (--cpu-overcommit 2), its guest figures labelled so."""
     from real_runs import lsi_disk_profile
 
     from cloudbox.core import runs
+    from cloudbox.core.execution.local import cpu_counts
 
-    path, lsi = lsi_disk_profile(tmp_path)
+    path, lsi = lsi_disk_profile(tmp_path, vcpus=2)
     spec = RunSpec(profile=f"virtio-disk+{path}", suite="storage", size="quick", storage_tests="seq-write-64k",
-                   guests=2)
+                   guests=2, cpu_overcommit=2)
     with ResultStore() as store:
         rid = runs.executor(spec, store).execute()
         run = store.get_run(rid)
@@ -534,6 +561,21 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path
     assert "bus='virtio'" in xmls["virtio-disk"] and "bus='scsi'" not in xmls["virtio-disk"]
     assert "bus='scsi'" in xmls["lsi-disk"] and "model='lsilogic'" in xmls["lsi-disk"]
     assert "cache='none'" in xmls["lsi-disk"] and "cache='none'" not in xmls["virtio-disk"]
+    assert ">2</vcpu>" in xmls["lsi-disk"] and ">1</vcpu>" in xmls["virtio-disk"]
+    cpus = cpu_counts()[0]
+    over = 3 > cpus
+    info = run.provenance.guests
+    assert (info.vcpus, info.host_cpus) == (3, cpus)
+    for side in ("guest", "baseline"):
+        labelled = {"vcpu-overcommit" in m.labels for m in run.measurements if m.side == side}
+        assert labelled == {over and side == "guest"}, (side, cpus)
+    assert cli.main(["results", "show", str(rid)]) == 0
+    shown = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  vCPUs")]
+    assert shown == [f"  vCPUs        3 on {cpus} host CPUs" + (": overcommitted, the guests shared CPUs "
+                                                                 "(vcpu-overcommit)" if over else "")]
+    for table in (compare.compare_table([run]), compare.guest_sweep_table([run])):
+        text = compare.to_text(table, width=160)
+        assert ("vcpu-overcommit: the" in text) == over, text
     for side in ("guest", "baseline"):
         each = run.instances(side, "seq-write-64k", "MB/s")
         assert [m.instance for m in each] == [1, 2], side

@@ -24,8 +24,10 @@ from typing import Any, TextIO
 from cloudbox.cli.common import guard, usage
 from cloudbox.core import compare
 from cloudbox.core.errors import CloudboxError
+from cloudbox.core.events import counted
 from cloudbox.core.inputs import printable
 from cloudbox.core.results import STATES, ResultStore, Run
+from cloudbox.core.runspec import OVERCOMMIT_LABEL
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -234,6 +236,10 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
                      f"{(pl.clock_rtt_s or 0) * 1000:.1f} ms)" if pl.clock_offset_s is not None else "")
             lines.append(f"  place        {pl.name}: g{first}" + (f"-g{last}" if last > first else "")
                          + f" on {pl.host or '?'} ({pl.accelerator or '?'}), its run {pl.run_id}{clock}")
+        if g.vcpus and g.host_cpus:
+            lines.append(f"  vCPUs        {g.vcpus} on {counted(g.host_cpus, 'host CPU')}"
+                         + (f": overcommitted, the guests shared CPUs ({OVERCOMMIT_LABEL})" if g.vcpus > g.host_cpus
+                            else ""))
         if g.skew_s:
             lines.append("  start skew   " + ", ".join(f"{t} {s * 1000:.0f} ms" for t, s in g.skew_s.items())
                          + " (the latest guest's start after the earliest's)")

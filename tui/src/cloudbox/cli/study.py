@@ -36,7 +36,7 @@ from cloudbox.core.runlock import check_not_busy
 from cloudbox.core.runspec import MAX_GUESTS, option
 
 # The `cloudbox run` options a study run passes on to each of its runs, declared once in runspec.RUN_OPTIONS.
-PASSED_ON = ("work_dir", "device", "destroy", "agent_timeout")
+PASSED_ON = ("work_dir", "device", "destroy", "agent_timeout", "cpu_overcommit")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

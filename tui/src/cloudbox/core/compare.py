@@ -33,7 +33,7 @@ from typing import Any
 from .fairness import spread
 from .network import FRONTEND_SUFFIX
 from .results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
-from .runspec import PROPAGATE_PREFIX
+from .runspec import OVERCOMMIT_LABEL, PROPAGATE_PREFIX
 from .storage import IOZONE_GRIDS, MPI_TESTS, RECORD_SIZES, TESTS
 
 EMULATED_MARK = "*"
@@ -50,6 +50,7 @@ CAVEAT_LABELS = {
     "warm-cache": "page cache not dropped before the test",
     "loopback": "no physical network between the ends",
     "virtualized-host": "the bare-metal side ran on a virtual machine, not on bare metal",
+    OVERCOMMIT_LABEL: "the guests had more vCPUs than the host had CPUs (--cpu-overcommit): CPU scheduling weighs in",
 }
 # A baseline measured on a network volume from the host domain (Study A's "EBS from dom0" row), not on a local disk.
 VOLUME_BASELINE_LABEL = "volume-from-host"
@@ -681,15 +682,16 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
     table.footnotes.extend(mean_baselines)
     table.footnotes.extend(spreads)
     if caveats:
-        present = set().union(*caveats.values())
-        table.footnotes.append(
-            f"{CAVEAT_MARK} caveats: "
-            + "; ".join(f"#{rid}: {', '.join(sorted(labs))}" for rid, labs in sorted(caveats.items()))
-            + " ("
-            + "; ".join(f"{lab}: {CAVEAT_LABELS[lab]}" for lab in CAVEAT_LABELS if lab in present)
-            + ")"
-        )
+        table.footnotes.append(_caveat_note(caveats))
     return table
+
+
+def _caveat_note(caveats: dict[int, set[str]]) -> str:
+    """The footnote naming each run's caveats and what each means."""
+    present = set().union(*caveats.values())
+    return (f"{CAVEAT_MARK} caveats: "
+            + "; ".join(f"#{rid}: {', '.join(sorted(labs))}" for rid, labs in sorted(caveats.items()))
+            + " (" + "; ".join(f"{lab}: {CAVEAT_LABELS[lab]}" for lab in CAVEAT_LABELS if lab in present) + ")")
 
 
 def guest_sweep_table(runs: Sequence[Run]) -> Table:
@@ -703,6 +705,7 @@ def guest_sweep_table(runs: Sequence[Run]) -> Table:
         for t in r.tests("guest"):
             tests.setdefault(t, None)
     any_emulated = False
+    caveats: dict[int, set[str]] = {}
     for test in sorted(tests, key=test_sort_key):
         metric = primary_metric(test, [m.metric for r in runs for m in r.measurements if m.test == test])
         agg = "job" if base_test(test) in MPI_TESTS else "sum"  # an MPI job's own aggregate, not its ranks' sum
@@ -732,11 +735,16 @@ def guest_sweep_table(runs: Sequence[Run]) -> Table:
             if r.emulated:
                 row.cells["run"] += f" {EMULATED_MARK}"
                 any_emulated = True
+            if cav := [lab for lab in total.labels if lab in CAVEAT_LABELS]:
+                row.cells["run"] += f" {CAVEAT_MARK}"
+                caveats.setdefault(r.id, set()).update(cav)
             section.rows.append(row)
         if section.rows:
             table.sections.append(section)
     if any_emulated:
         table.footnotes.append(EMULATED_NOTE)
+    if caveats:
+        table.footnotes.append(_caveat_note(caveats))
     return table
 
 

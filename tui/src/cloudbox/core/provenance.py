@@ -158,6 +158,8 @@ class Guests(_Record):
     places: list[Place] = []  # a run spread over several places (--node local,be1): each one's part
     profiles: dict[str, str] = {}  # a mixed run's (--profile a+b): each profile's canonical TOML, by name
     domain_xml: dict[str, str] = {}  # and the live domain XML of each profile's first guest, by profile name
+    vcpus: int | None = None  # the guests' vCPUs on this host, all together
+    host_cpus: int | None = None  # and this host's CPUs: more vCPUs than CPUs is an overcommitted run
 
 
 class PrivateNetwork(_Record):

@@ -84,6 +84,7 @@ class RunSpec:
     # Suite propagation only (set by `cloudbox study run`, no option): image sizes in bytes, one per sample, in order.
     propagate: list[int] = field(default_factory=list)
     guests: int = 1  # benchmark guests of the profile run at once on this host, their tests started together
+    cpu_overcommit: float = 1.0  # guest vCPUs allowed per host CPU (above 1 the figures carry vcpu-overcommit)
     # Set by the front-end for one node's part of a spread run (no option): each test waits for the front-end's
     # start instant (core.execution.hold); it names the coordinating run ("fe1 run 12, be1 g2 of 2 guests").
     hold: str = ""
@@ -436,6 +437,17 @@ def _check_agent_timeout(value: float) -> None:
                          f"(default {DEFAULT_AGENT_TIMEOUT:g})")
 
 
+CPU_OVERCOMMIT_RANGE = (1.0, 16.0)
+OVERCOMMIT_LABEL = "vcpu-overcommit"  # a guest figure measured with more guest vCPUs than host CPUs
+
+
+def _check_cpu_overcommit(value: float) -> None:
+    low, high = CPU_OVERCOMMIT_RANGE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise UsageError(f"--cpu-overcommit {value!r} is not allowed; allowed: {low:g} (default: a host CPU for "
+                         f"every guest vCPU) to {high:g} guest vCPUs per host CPU")
+
+
 LOCAL_PLACE = "local"  # this host, as a place of a spread run's guests (--node local,be1)
 MAX_PLACES = 8
 
@@ -540,6 +552,10 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               "their tests started together; stores each guest's figures and their sum; a list such as "
               "1,2,4 runs one run per count and prints them in one table", title="Guests at once", metavar="N[,N...]",
               check=_check_guests, sweep=True),
+    RunOption("cpu_overcommit", ("--cpu-overcommit",), float, 1.0,
+              "with --guests N, guest vCPUs allowed per host CPU (default 1: each vCPU gets a host CPU); above 1 "
+              "the guests share CPUs and their figures carry the vcpu-overcommit caveat", metavar="RATIO",
+              check=_check_cpu_overcommit),
 )
 OPTIONS_BY_FIELD = {o.field: o for o in RUN_OPTIONS}
 

@@ -23,7 +23,7 @@ from ..network import HostNetwork
 from ..profiles import Profile
 from ..provenance import Provenance
 from ..results import ResultStore
-from ..runspec import RunSpec, guest_profile_index
+from ..runspec import OVERCOMMIT_LABEL, RunSpec, guest_profile_index
 from ..volumes.attach import VolumeExport
 from .sink import EventSink
 
@@ -146,9 +146,10 @@ class RunContext:
 def host_labels(labels: list[str], *, dom0: bool = False) -> list[str]:
     """A run's labels as the host side (the baseline) carries them: never "emulated" (no guest there); and
     "nested" (this host is itself a virtual machine) becomes "virtualized-host": the "bare metal" side ran on a
-    VM, and says so wherever it is shown. `dom0`: the host is Xen's control domain, itself a PV guest of Xen (the
+    VM, and says so wherever it is shown; nor "vcpu-overcommit" (the bare-metal processes share no CPU with
+    guests). `dom0`: the host is Xen's control domain, itself a PV guest of Xen (the
     baseline Study A measured under Xen), labelled "dom0"."""
-    out = [x for x in labels if x not in ("emulated", "nested")]
+    out = [x for x in labels if x not in ("emulated", "nested", OVERCOMMIT_LABEL)]
     if dom0:
         out.append("dom0")
     return [*out, "virtualized-host"] if "nested" in labels else out

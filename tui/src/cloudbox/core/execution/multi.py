@@ -31,7 +31,16 @@ from ..guestimage import CMDLINE
 from ..hostraid import problem as raid_problem
 from ..profiles import MIX, Profile, is_nfs, mix_problem, resolve_mix
 from ..provenance import Guests, GuestStart, RaidInfo
-from ..runspec import BOOT, LOCAL_PLACE, RunSpec, guest_profile_index, resolve_net_tests, split_guests
+from ..runspec import (
+    BOOT,
+    CPU_OVERCOMMIT_RANGE,
+    LOCAL_PLACE,
+    OVERCOMMIT_LABEL,
+    RunSpec,
+    guest_profile_index,
+    resolve_net_tests,
+    split_guests,
+)
 from ..volumes import nfs
 from ..volumes.attach import export_for_run
 from . import hold
@@ -128,12 +137,18 @@ def check_fits(spec: RunSpec, profile: Profile, *, mix: list[Profile] | None = N
                              f"{avail} MiB available; allowed: {allowed.format(most)} with {named}")
     cpus = cpu_counts()[0] if host_cpus is None else host_cpus
     vcpus = [p.guest.vcpus for p in per_guest]
-    if cpus is not None and sum(vcpus) > cpus:
+    ratio = spec.cpu_overcommit
+    if cpus is not None and sum(vcpus) > cpus * ratio:
         terms = (f"{n} x {vcpus[0]} guest.vcpus" if len(set(vcpus)) == 1 else
                  f"{' + '.join(map(str, vcpus))} guest.vcpus")
-        raise UsageError(f"{what}: {terms} = {sum(vcpus)} vCPUs, but this host has {cpus} CPUs; allowed: "
-                         f"{allowed.format(max(1, _most(cpus, vcpus)))} with {named} (each vCPU gets a host CPU, "
-                         "else the figures measure the scheduler)")
+        budget, need = int(cpus * ratio), -(-sum(vcpus) // cpus)  # the ratio these guests would need
+        times = f" x --cpu-overcommit {ratio:g} = {budget} vCPUs" if ratio != 1 else ""
+        why = " (each vCPU gets a host CPU, else the figures measure the scheduler)" if ratio == 1 else ""
+        more = (f", or --cpu-overcommit {need} to share the host's CPUs (the figures then carry the "
+                f"{OVERCOMMIT_LABEL} caveat)" if need <= CPU_OVERCOMMIT_RANGE[1] else "")
+        raise UsageError(f"{what}: {terms} = {sum(vcpus)} vCPUs, but this host has {counted(cpus, 'CPU')}{times}; "
+                         "allowed: "
+                         f"{allowed.format(max(1, _most(budget, vcpus)))} with {named}{why}{more}")
 
 
 def _most(budget: int, costs: list[int]) -> int:
@@ -215,8 +230,16 @@ def _prepare_export(ctx: RunContext) -> None:
 
 
 def record_guests(ctx: RunContext) -> None:
+    """The run's guests in the provenance; more guest vCPUs than host CPUs (--cpu-overcommit) labels every guest
+    figure vcpu-overcommit."""
+    vcpus = sum(ctx.guest_profile(k).guest.vcpus for k in range(1, ctx.spec.guests + 1))
+    cpus = cpu_counts()[0]
+    if cpus is not None and vcpus > cpus:
+        ctx.labels.append(OVERCOMMIT_LABEL)
+        ctx.sink.log(f"vCPUs overcommitted: {vcpus} guest vCPUs on {counted(cpus, 'host CPU')} (--cpu-overcommit "
+                     f"{ctx.spec.cpu_overcommit:g}); the guests' figures carry the {OVERCOMMIT_LABEL} caveat")
     ctx.provenance.guests = Guests(
-        count=ctx.spec.guests, baseline_processes=ctx.spec.guests,
+        count=ctx.spec.guests, baseline_processes=ctx.spec.guests, vcpus=vcpus, host_cpus=cpus,
         barrier="each guest waits on its own uptime clock for one instant the host picked; a start is when the "
                 "guest's shell left the wait (10 ms steps), uncertain by half the agent round trip of clock_rtt_s",
         profiles={p.name: p.to_toml() for p in ctx.mix})
