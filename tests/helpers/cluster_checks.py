@@ -236,19 +236,24 @@ def check_spread_run(run_json: Path) -> str:
             want = {"virtio-blk": "virtio", "scsi-lsi": "scsi", "ide": "ide"}.get(bus, "?")
             check(f"bus='{want}'" in xml[name], f"{name}'s guest on bus {want}", name)
     out = []
-    for side in ("guest", "baseline"):
-        rows = [m for m in run["measurements"] if m["test"] == "seq-write-64k" and m["side"] == side
-                and m["metric"] == "MB/s"]
-        each = sorted((m["instance"], m["value"]) for m in rows if m.get("instance") is not None)
-        total = [m["value"] for m in rows if m.get("instance") is None]
-        check([k for k, _ in each] == [1, 2] and all(v > 0 for _, v in each), f"{side}: a figure per place", each)
-        check(len(total) == 1 and abs(total[0] - sum(v for _, v in each)) < 1e-6, f"{side}: the run's row is the sum",
-              (total, each))
-        out.append(f"{side} {' + '.join(f'{v:.1f}' for _, v in each)} = {total[0]:.1f} MB/s")
-    skew = g["skew_s"].get("seq-write-64k")
-    check(skew is not None and 0 <= skew < SPREAD_SKEW_BOUND_S, f"a start skew under {SPREAD_SKEW_BOUND_S} s",
-          skew)
-    return (f"spread over fe1 and be1 ({run['profile_name']}): {'; '.join(out)}; start skew {skew * 1000:.0f} ms; "
+    tests = [(t, u) for t, u in (("seq-write-64k", "MB/s"), ("tcp-stream", "Mbit/s"))
+             if any(m["test"] == t for m in run["measurements"])]
+    check(tests[:1] == [("seq-write-64k", "MB/s")], "the storage test ran", tests)
+    for test, unit in tests:
+        for side in ("guest", "baseline"):
+            rows = [m for m in run["measurements"] if m["test"] == test and m["side"] == side and m["metric"] == unit]
+            each = sorted((m["instance"], m["value"]) for m in rows if m.get("instance") is not None)
+            total = [m["value"] for m in rows if m.get("instance") is None]
+            check([k for k, _ in each] == [1, 2] and all(v > 0 for _, v in each), f"{test} {side}: a figure per place",
+                  each)
+            check(len(total) == 1 and abs(total[0] - sum(v for _, v in each)) < 1e-6,
+                  f"{test} {side}: the run's row is the sum", (total, each))
+            out.append(f"{test} {side} {' + '.join(f'{v:.1f}' for _, v in each)} = {total[0]:.1f} {unit}")
+        skew = g["skew_s"].get(test)
+        check(skew is not None and 0 <= skew < SPREAD_SKEW_BOUND_S,
+              f"{test}: a start skew under {SPREAD_SKEW_BOUND_S} s", skew)
+        out.append(f"{test} start skew {skew * 1000:.0f} ms")
+    return (f"spread over fe1 and be1 ({run['profile_name']}): {'; '.join(out)}; "
             f"be1's clock {places['be1']['clock_offset_s'] * 1000:+.1f} ms (round trip {rtt * 1000:.1f} ms)")
 
 

@@ -417,12 +417,14 @@ fe_run() {
 }
 
 # bats test_tags=slow,image,cluster,cluster-full
-@test "one run's two guests spread over fe1 and be1 start each test together; each figure and their sum stored" {
+@test "one run's two guests spread over fe1 and be1 start each storage and network test together; sums stored" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
     # A mixed run too (Study A's pair on a whole device): g1 on fe1 runs virtio-blk, g2 on be1 emulated LSI SCSI.
-    fe_run run-spread spread-run --node local,be1 --guests 2 --profile virtio-disk+kvm-scsi-phy --suite storage \
-        --tests seq-write-64k --size 16M
+    # One network test too: each guest to its own node's host, released on both at one instant.
+    fe_run run-spread spread-run --node local,be1 --guests 2 --profile virtio-disk+kvm-scsi-phy --suite all \
+        --tests seq-write-64k --net-tests tcp-stream --size 16M
     run -0 grep -F 'seq-write-64k: every place ready; released' "$LOGS/run-spread.txt"
+    run -0 grep -F 'tcp-stream: every place ready; released' "$LOGS/run-spread.txt"
     run -0 fe cloudbox results show "$rid"
     assert_output --regexp 'place +local: g1 on fe1'
     assert_output --regexp 'place +be1: g2 on be1 .*round trip'

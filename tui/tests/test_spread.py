@@ -37,8 +37,6 @@ from cloudbox.core.runspec import RunSpec, split_guests
                                    r"with enrolled nodes"),
     (dict(node="local,Be1", guests=2), r"--node 'local,Be1': 'Be1' is not a node name; allowed: lowercase"),
     (dict(node="local, be1", guests=2), r"' be1' is not a node name; allowed: lowercase .* in a comma list of places"),
-    (dict(node="local,be1", guests=2, suite="network"), r"--node local,be1 with --suite network: a run spread over "
-                                                        r"several places runs the storage tests only for now"),
     (dict(node="local,be1", guests=2, storage_tests="mpiio-fpp-1m"), r"an MPI job across places is not supported"),
     (dict(node=",".join(f"be{i}" for i in range(9)), guests=9), r"names 9 places; allowed: 1 to 8"),
 ])
@@ -57,6 +55,10 @@ def test_the_guests_split_evenly_the_first_places_taking_one_more():
     assert spec.places == ["local", "be1"] and spec.spread
     assert not RunSpec(profile="virtio-disk", node="be1").spread
     assert "hold" not in RunSpec(profile="virtio-disk").as_dict()  # every other run's record reads as before
+    assert "cpu_overcommit" not in RunSpec(profile="virtio-disk").as_dict()
+    assert RunSpec(profile="virtio-disk", cpu_overcommit=2).as_dict()["cpu_overcommit"] == 2
+    for suite in ("network", "all"):  # each guest's network tests go to its own place's host
+        RunSpec(profile="virtio-disk", suite=suite, guests=2, node="local,be1").validate()
 
 
 def test_this_hosts_share_is_checked_against_its_memory_and_cpus_and_an_nfs_export_is_refused():
@@ -255,7 +257,8 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
                                                                                  tmp_path):
     """The coordinator, the hold, the channel and this host's part are real (two TCG guests, a detached run in the
     parts store); only the place list is one place (this host, with both guests): a second place needs a second
-    host, which the cluster suite has. A mixed run: the part gets its guests' two profiles through the agent."""
+    host, which the cluster suite has. A mixed run: the part gets its guests' two profiles through the agent. One
+    storage and one network test, each held and released."""
     from real_runs import leftovers, lsi_disk_profile
 
     from cloudbox.core.execution.lifecycle import Execution
@@ -265,20 +268,21 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
 
     monkeypatch.setattr(spread, "find_places", this_host_only)
     lsi, _ = lsi_disk_profile(tmp_path)
-    spec = RunSpec(profile=f"virtio-disk+{lsi}", suite="storage", size="quick", storage_tests="seq-write-64k",
-                   guests=2, node="local,be1")
+    spec = RunSpec(profile=f"virtio-disk+{lsi}", suite="all", size="quick", storage_tests="seq-write-64k",
+                   net_tests="tcp-stream", guests=2, node="local,be1")
     lines: list[str] = []
     with ResultStore() as store:
         rid = Execution(spec, store, spread.run_spread, emit=lambda ev: lines.append(describe(ev) or "")).execute()
         run = store.get_run(rid)
     assert run.state == "completed", run.reason
-    assert any("seq-write-64k: every place ready; released" in ln for ln in lines)
-    assert any("local: seq-write-64k: the front-end's start instant is" in ln for ln in lines)
-    for side in ("guest", "baseline"):
-        each = run.instances(side, "seq-write-64k", "MB/s")
-        assert [m.instance for m in each] == [1, 2] and all(m.value > 0 for m in each), side
-        total = run.measurement(side, "seq-write-64k", "MB/s")
-        assert total is not None and total.value == pytest.approx(sum(m.value for m in each), rel=1e-9)
+    for test, metric in (("seq-write-64k", "MB/s"), ("tcp-stream", "Mbit/s")):  # a network test is held too
+        assert any(f"{test}: every place ready; released" in ln for ln in lines), test
+        assert any(f"local: {test}: the front-end's start instant is" in ln for ln in lines), test
+        for side in ("guest", "baseline"):
+            each = run.instances(side, test, metric)
+            assert [m.instance for m in each] == [1, 2] and all(m.value > 0 for m in each), (side, test)
+            total = run.measurement(side, test, metric)
+            assert total is not None and total.value == pytest.approx(sum(m.value for m in each), rel=1e-9)
     info = run.provenance.guests
     assert info is not None and [g.place for g in info.guests] == ["local", "local"]
     assert [g.profile for g in info.guests] == ["virtio-disk", "lsi-disk"]
@@ -287,7 +291,8 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
     place = info.places[0]
     assert place.run_id is not None and place.clock_rtt_s is not None and abs(place.clock_offset_s or 0) < 0.05
     assert "guest:seq-write-64k" in place.host_metrics
-    assert 0 <= info.skew_s["seq-write-64k"] < 0.5
+    assert 0 <= info.skew_s["seq-write-64k"] < 0.5 and 0 <= info.skew_s["tcp-stream"] < 0.5
+    assert "guest:tcp-stream" in place.host_metrics
     with ResultStore(spread.parts_state_dir() / "results.db") as parts:  # the part's own record, completed
         part = parts.get_run(place.run_id)
         assert part.state == "completed" and part.profile_name == "virtio-disk+lsi-disk"  # its profiles, as sent

@@ -185,9 +185,9 @@ class RunSpec:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """The spec's settings; `propagate` only in a propagation run, `guests` only when more than one and the NFS
-        server only when there is one, so every other run's stored record and request to a node read as before
-        they existed."""
+        """The spec's settings; `propagate` only in a propagation run, `guests` only when more than one,
+        `cpu_overcommit` only above 1 and the NFS server only when there is one, so every other run's stored record
+        and request to a node read as before they existed."""
         d = asdict(self)
         if not d["propagate"]:
             del d["propagate"]
@@ -201,6 +201,8 @@ class RunSpec:
             del d["volume_uri"]
         if not d["hold"]:
             del d["hold"]
+        if d["cpu_overcommit"] == 1:
+            del d["cpu_overcommit"]
         return d
 
     @classmethod
@@ -474,17 +476,13 @@ def _check_node(value: str) -> None:
 
 
 def _check_spread(spec: RunSpec) -> None:
-    """Guests spread over several places: at least one each; storage tests on each guest's own disk (the
-    coordinated start is for the storage tests; the network tests and shared exports are not spread yet)."""
+    """Guests spread over several places: at least one each; storage tests on each guest's own disk, network tests
+    from each guest to its own place's host (shared exports and MPI jobs across places are not spread yet)."""
     places, n = spec.places, spec.guests
     where = f"--node {spec.node}"
     if n < len(places):
         raise UsageError(f"{where} spreads the guests over {len(places)} places; --guests {n} leaves one empty; "
                          f"allowed: --guests {len(places)} or more")
-    if spec.suite != "storage":
-        raise UsageError(f"{where} with --suite {spec.suite}: a run spread over several places runs the storage "
-                         "tests only for now; allowed: --suite storage (for the network tests, one node's guests: "
-                         "--node NAME --guests N)")
     mpi = [t.id for t in storage.resolve_tests(spec.storage_tests) if t.tool == storage.MPI_TOOL]
     if mpi:
         raise UsageError(f"{where} with --tests {', '.join(mpi)}: an MPI job across places is not supported yet; "

@@ -619,9 +619,10 @@ def guests_network(ctx: RunContext) -> None:
 
 def _guests_net_many(ctx: RunContext, nt: network.NetTest, links: list[network.GuestLink], ports: list[int],
                      runners: list[storage.GuestRunner]) -> None:
-    """`nt` in every guest at once through the barrier, guest k against ports[k - 1]; the start skew kept."""
+    """`nt` in every guest at once through the barrier (a spread run's part: at the front-end's instant), guest k
+    against ports[k - 1]; the start skew kept."""
     offsets = _read_clocks(ctx, runners)
-    at = time.time() + BARRIER_LEAD_S
+    at = hold.wait(ctx, nt.id, len(runners)) if ctx.spec.hold else time.time() + BARRIER_LEAD_S
     jobs = [functools.partial(_guest_net_part, ctx, nt, link, port, at, offset, k)
             for k, (link, port, offset) in enumerate(zip(links, ports, offsets, strict=True), 1)]
     parts = net_test_many(ctx, "guest", nt, jobs, ctx.labels)
