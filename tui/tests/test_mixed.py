@@ -33,14 +33,18 @@ def test_the_guests_take_the_profiles_in_turn():
     assert RunSpec(profile="virtio-file").profiles == ["virtio-file"]
 
 
-def test_a_profile_file_with_a_plus_in_its_path_is_one_profile(tmp_path):
+def test_a_profile_file_with_a_plus_in_its_path_is_one_profile_alone_or_in_a_mix(tmp_path):
     f = tmp_path / "c++" / "mine.toml"
     f.parent.mkdir()
     f.write_text(resolve_profile("virtio-file").to_toml().replace('"virtio-file"', '"mine"', 1))
     assert RunSpec(profile=str(f)).profiles == [str(f)]
     assert [p.name for p in resolve_mix(str(f))] == ["mine"]
-    with pytest.raises(UsageError, match="an empty name in the list"):  # in a mix, + always joins
-        resolve_mix(f"kvm-cache-none+{f}")
+    # in a mix too: the longest run of pieces naming a file is one profile
+    assert [p.name for p in resolve_mix(f"kvm-cache-none+{f}+virtio-file")] == ["kvm-cache-none", "mine",
+                                                                                 "virtio-file"]
+    assert RunSpec(profile=f"{f}+{f}").profiles == [str(f), str(f)]
+    with pytest.raises(UsageError, match="an empty name in the list"):
+        resolve_mix("kvm-cache-none++virtio-file")
 
 
 def test_profiles_that_differ_in_the_guests_own_hardware_mix():

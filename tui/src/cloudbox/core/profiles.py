@@ -935,10 +935,17 @@ GUEST_SIDE_KNOBS = ("guest.vcpus", "guest.memory_mib", "disk.bus", "disk.cache",
 
 
 def split_mix(ref: str) -> list[str]:
-    """The profile references in `ref`: several joined by MIX, or one (a name, or a file even with MIX in its path)."""
+    """The profile references in `ref`: several joined by MIX, or one (a name, or a file even with MIX in its path).
+    A file whose path holds MIX stays whole inside a list too: at each place the longest run of pieces that names
+    an existing file is one reference."""
     if MIX not in ref or Path(ref).is_file():
         return [ref]
-    return [p.strip() for p in ref.split(MIX)]
+    pieces, out, i = ref.split(MIX), [], 0
+    while i < len(pieces):
+        j = next((j for j in range(len(pieces), i + 1, -1) if Path(MIX.join(pieces[i:j]).strip()).is_file()), i + 1)
+        out.append(MIX.join(pieces[i:j]).strip())
+        i = j
+    return out
 
 
 def resolve_mix(ref: str) -> list[Profile]:
