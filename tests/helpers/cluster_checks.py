@@ -5,9 +5,11 @@ image copies. Standard library only: it runs with Debian's python3 on the test h
                                                        the last run of `results export --format json`, with
                                                        FE_TEST (default tcp-stream-fe) on both sides
     cluster_checks.py nfs-run RUN_JSON                 the last run: be1's guests and host on fe1's NFS export
+    cluster_checks.py mpi-run RUN_JSON                 the last run: an MPI-IO job across be1's two guests
     cluster_checks.py host-raid RUN_JSON               the last run: the guest's one disk on the host's RAID 0
     cluster_checks.py spread-run RUN_JSON              the last run: one guest on fe1 and one on be1, started
-                                                       together, each one's figure and their sum
+                                                       together, each one's figure and their sum (on one NFS
+                                                       export fe1 serves, for an NFS profile)
     cluster_checks.py volume-run RUN_JSON SCHEME ATTACH [NODE]
                                                        the last run: a SCHEME volume attached by ATTACH, the guest
                                                        beside the host domain on it (on NODE, served by the front-end)
@@ -238,7 +240,17 @@ def check_spread_run(run_json: Path) -> str:
     out = []
     tests = [(t, u) for t, u in (("seq-write-64k", "MB/s"), ("tcp-stream", "Mbit/s"))
              if any(m["test"] == t for m in run["measurements"])]
-    check(tests[:1] == [("seq-write-64k", "MB/s")], "the storage test ran", tests)
+    check(tests, "seq-write-64k or tcp-stream ran", sorted({m["test"] for m in run["measurements"]}))
+    vol = prov.get("volume") or {}
+    if vol.get("scheme") == "nfs":  # one export fe1 served, every guest's own file in it, both hosts' mounts too
+        check("10.73.0.1" in vol.get("server", ""), "fe1 (10.73.0.1) served the export", vol.get("server"))
+        files = [json.loads(m["raw"])["jobs"][0]["job options"]["filename"] for m in run["measurements"]
+                 if m["side"] == "guest" and m.get("instance") is not None]
+        check(sorted(files) == ["/mnt/nfs/cloudbox-g1.dat", "/mnt/nfs/cloudbox-g2.dat"],
+              "g1 and g2 on files of their own in the one export", files)
+        written = vol.get("server_bytes_written") or 0
+        check(written >= 4 * 16 * 1024 * 1024, "fe1's ganesha wrote both guests' and both hosts' 16 MiB", written)
+        out.append(f"ganesha wrote {written / 2**20:.0f} MiB")
     for test, unit in tests:
         for side in ("guest", "baseline"):
             rows = [m for m in run["measurements"] if m["test"] == test and m["side"] == side and m["metric"] == unit]
@@ -255,6 +267,41 @@ def check_spread_run(run_json: Path) -> str:
         out.append(f"{test} start skew {skew * 1000:.0f} ms")
     return (f"spread over fe1 and be1 ({run['profile_name']}): {'; '.join(out)}; "
             f"be1's clock {places['be1']['clock_offset_s'] * 1000:+.1f} ms (round trip {rtt * 1000:.1f} ms)")
+
+
+def check_mpi_run(run_json: Path) -> str:
+    """The front-end's MPI run on be1: one Open MPI job with a rank in each of be1's two guests (mpirun in the
+    first, over dropbear on be1's bridge), a file per process on each guest's own disk, its write and read phases
+    stored as the job's figure (at most its ranks' sum) beside each rank's, and bare metal's two processes on be1's
+    disk. be1's one CPU runs both guests (--cpu-overcommit 2): the guests' figures say so."""
+    run = json.loads(run_json.read_text())["runs"][-1]
+    prov = run["provenance"]
+    check(run["state"] == "completed", "the MPI run completed", (run["state"], run["reason"]))
+    check(run["node"] == "be1" and prov["nodes"]["back-end"] == "be1", "the run ran on be1",
+          (run["node"], prov.get("nodes")))
+    g = prov["guests"]
+    check(g["count"] == 2 and (g.get("vcpus"), g.get("host_cpus")) == (2, 1), "two 1-vCPU guests on be1's one CPU",
+          (g["count"], g.get("vcpus"), g.get("host_cpus")))
+    out = []
+    for side in ("guest", "baseline"):
+        for metric in ("MB/s", "read MB/s"):
+            rows = [m for m in run["measurements"] if m["test"] == "mpiio-fpp-1m" and m["side"] == side
+                    and m["metric"] == metric]
+            each = sorted((m["instance"], m["value"]) for m in rows if m.get("instance") is not None)
+            job = [m for m in rows if m.get("instance") is None]
+            check([k for k, _ in each] == [1, 2] and all(v > 0 for _, v in each), f"{side} {metric}: a figure per rank",
+                  each)
+            check(len(job) == 1 and 0 < job[0]["value"] <= sum(v for _, v in each) * 1.0001,
+                  f"{side} {metric}: the job's figure, at most its ranks' sum", (job, each))
+            if side == "guest" and metric == "MB/s":
+                check("vcpu-overcommit" in job[0]["labels"], "the guests' job carries vcpu-overcommit",
+                      job[0]["labels"])
+                docs = [json.loads(line) for line in job[0]["raw"].splitlines() if line.startswith("{")]
+                hosts = [rk["host"] for rk in docs[0]["ops"][0]["ranks"]] if docs else []
+                check(hosts == ["cloudbox-g1", "cloudbox-g2"], "a rank in each guest, in order", hosts)
+                check(docs[0]["mpi"].startswith("Open MPI"), "Open MPI ran the job", docs[0].get("mpi"))
+            out.append(f"{side} {metric} {job[0]['value']:.1f} ({' + '.join(f'{v:.1f}' for _, v in each)})")
+    return "MPI-IO across be1's two guests, a file per process: " + "; ".join(out)
 
 
 def check_host_raid(run_json: Path) -> str:
@@ -327,6 +374,8 @@ def main(argv: list[str]) -> int:
                 print(check_nfs_run(Path(run_json)))
             case ["spread-run", run_json]:
                 print(check_spread_run(Path(run_json)))
+            case ["mpi-run", run_json]:
+                print(check_mpi_run(Path(run_json)))
             case ["host-raid", run_json]:
                 print(check_host_raid(Path(run_json)))
             case ["volume-run", run_json, scheme, attach, *node]:

@@ -417,14 +417,25 @@ fe_run() {
 }
 
 # bats test_tags=slow,image,cluster,cluster-full
-@test "one run's two guests spread over fe1 and be1 start each storage and network test together; sums stored" {
+@test "an MPI-IO job across two guests on the back-end, a file per process on each guest's own disk" {
+    enrolled || skip "needs be1 enrolled (the enrolment test)"
+    # The MPI layer goes to be1 with the guest image; the ranks talk over be1's run bridge. One vCPU: shared.
+    fe_run run-mpi mpi-run --node be1 --guests 2 --cpu-overcommit 2 --profile virtio-disk --suite storage \
+        --tests mpiio-fpp-1m --size 16M
+    run -0 grep -F 'be1: guest: dropbear in 2 guests for mpirun' "$LOGS/run-mpi.txt"
+    run -0 be sh -c 'virsh -c qemu:///system list --name; ls /var/lib/cloudbox/work 2>/dev/null; :'
+    refute_output --partial 'cloudbox-'
+    refute_output --partial 'run-'
+}
+
+# bats test_tags=slow,image,cluster,cluster-full
+@test "one run's two guests spread over fe1 and be1 start each test together; each figure and their sum stored" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
     # A mixed run too (Study A's pair on a whole device): g1 on fe1 runs virtio-blk, g2 on be1 emulated LSI SCSI.
-    # One network test too: each guest to its own node's host, released on both at one instant.
-    fe_run run-spread spread-run --node local,be1 --guests 2 --profile virtio-disk+kvm-scsi-phy --suite all \
-        --tests seq-write-64k --net-tests tcp-stream --size 16M
+    fe_run run-spread spread-run --node local,be1 --guests 2 --profile virtio-disk+kvm-scsi-phy --suite storage \
+        --tests seq-write-64k --size 16M
     run -0 grep -F 'seq-write-64k: every place ready; released' "$LOGS/run-spread.txt"
-    run -0 grep -F 'tcp-stream: every place ready; released' "$LOGS/run-spread.txt"
+    run -0 grep -F 'baseline.seq-write-64k: every place ready; released' "$LOGS/run-spread.txt"
     run -0 fe cloudbox results show "$rid"
     assert_output --regexp 'place +local: g1 on fe1'
     assert_output --regexp 'place +be1: g2 on be1 .*round trip'
@@ -434,6 +445,33 @@ fe_run() {
         refute_output --partial 'cloudbox-'
         refute_output --partial 'run-'
     done
+}
+
+# bats test_tags=slow,image,cluster,cluster-full
+@test "a spread run's guests on fe1 and be1 write to one NFS export fe1 serves, as do both hosts, held together" {
+    enrolled || skip "needs be1 enrolled (the enrolment test)"
+    # Study C's shared server with clients on two hosts: be1's guest over the 9000-byte link, fe1's through its bridge.
+    fe_run run-spread-nfs spread-run --node local,be1 --guests 2 --profile nfs-async-tcp-9000 --suite storage \
+        --tests seq-write-64k --size 16M
+    run -0 grep -F 'baseline.seq-write-64k: every place ready; released' "$LOGS/run-spread-nfs.txt"
+    run -0 grep -E 'volume: serving nfs:share to the guests of local, be1 over NFSv4 .* on 10\.73\.0\.1' \
+        "$LOGS/run-spread-nfs.txt"
+    for side in fe be; do
+        run -0 "$side" sh -c "pgrep -a -x ganesha.nfsd; grep ' nfs4 ' /proc/mounts; virsh -c qemu:///system list --name; ls /var/lib/cloudbox/work /var/lib/cloudbox/parts/work 2>/dev/null; :"
+        refute_output --partial 'ganesha'
+        refute_output --partial 'nfs4'
+        refute_output --partial 'cloudbox-'
+        refute_output --partial 'run-'
+    done
+}
+
+# bats test_tags=slow,image,cluster,cluster-full
+@test "a spread run's network test starts on fe1's and be1's guests at one instant, each to its own host" {
+    enrolled || skip "needs be1 enrolled (the enrolment test)"
+    fe_run run-spread-net spread-run --node local,be1 --guests 2 --profile virtio-disk --suite network \
+        --net-tests tcp-stream --size 16M
+    run -0 grep -F 'tcp-stream: every place ready; released' "$LOGS/run-spread-net.txt"
+    run -0 grep -F 'baseline.tcp-stream: every place ready; released' "$LOGS/run-spread-net.txt"
 }
 
 # bats test_tags=slow,image,cluster,cluster-full

@@ -7,6 +7,7 @@ cluster.bats, "spread over fe1 and be1")."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from cloudbox.core.provenance import Guests, GuestStart, Place, Provenance
 from cloudbox.core.results import ResultStore
 from cloudbox.core.runlock import RunLock, check_not_busy, place_locks
 from cloudbox.core.runspec import RunSpec, split_guests
+from cloudbox.core.volumes import nfs
 
 
 # -- the option --------------------------------------------------------------------------------------------------
@@ -61,7 +63,29 @@ def test_the_guests_split_evenly_the_first_places_taking_one_more():
         RunSpec(profile="virtio-disk", suite=suite, guests=2, node="local,be1").validate()
 
 
-def test_this_hosts_share_is_checked_against_its_memory_and_cpus_and_an_nfs_export_is_refused():
+def test_a_parts_first_guest_number_is_checked_and_left_out_when_it_is_one():
+    assert "first_guest" not in RunSpec(profile="virtio-disk").as_dict()
+    RunSpec(profile="virtio-disk", suite="storage", guests=2, first_guest=63).validate()  # g63 and g64
+    for bad in (0, 64, True, "2"):
+        with pytest.raises(UsageError, match=r"first guest .* is not allowed; allowed: 1 to 63"):
+            RunSpec(profile="virtio-disk", suite="storage", guests=2, first_guest=bad).validate()
+
+
+def test_an_nfs_spread_runs_the_storage_tests_only():
+    p = resolve_profile("nfs-async-tcp")
+    for suite in ("network", "all"):
+        with pytest.raises(UsageError, match=rf"one NFS export runs the storage tests; --suite {suite} would also"):
+            check_fits(RunSpec(profile="nfs-async-tcp", suite=suite, guests=2, node="be1,be2"), p,
+                       available_mib=64000, host_cpus=8)
+
+
+def test_a_held_key_names_bare_metals_tests_apart_from_the_guests():
+    assert hold.key("guest", "seq-write-64k") == "seq-write-64k"
+    assert hold.key("baseline", "seq-write-64k") == "baseline.seq-write-64k"
+    assert hold.TEST_KEY.fullmatch(hold.key("baseline", "iozone-grid-4k"))
+
+
+def test_this_hosts_share_is_checked_against_its_memory_and_cpus_and_an_nfs_export_is_shared():
     p = resolve_profile("virtio-disk")  # 1024 MiB, 1 vCPU
     spec = RunSpec(profile="virtio-disk", suite="storage", guests=5, node="local,be1")
     with pytest.raises(UsageError) as e:
@@ -71,8 +95,7 @@ def test_this_hosts_share_is_checked_against_its_memory_and_cpus_and_an_nfs_expo
     check_fits(spec, p, available_mib=64000, host_cpus=8)
     check_fits(RunSpec(profile="virtio-disk", suite="storage", guests=5, node="be2,be1"), p, available_mib=1,
                host_cpus=1)  # no share here: each node checks its own
-    with pytest.raises(UsageError, match="one NFS export shared by guests on several places"):
-        check_fits(spec, resolve_profile("nfs-async-tcp"), available_mib=64000, host_cpus=8)
+    check_fits(spec, resolve_profile("nfs-async-tcp"), available_mib=64000, host_cpus=8)  # one export for all
 
 
 def test_the_coordinator_locks_its_nodes_and_leaves_this_hosts_lock_to_its_part(state, monkeypatch):
@@ -277,6 +300,7 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
     assert run.state == "completed", run.reason
     for test, metric in (("seq-write-64k", "MB/s"), ("tcp-stream", "Mbit/s")):  # a network test is held too
         assert any(f"{test}: every place ready; released" in ln for ln in lines), test
+        assert any(f"baseline.{test}: every place ready; released" in ln for ln in lines), test  # bare metal too
         assert any(f"local: {test}: the front-end's start instant is" in ln for ln in lines), test
         for side in ("guest", "baseline"):
             each = run.instances(side, test, metric)
@@ -301,3 +325,52 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
     assert not (hold.hold_dir(place.run_id)).exists()
     work = spread.parts_state_dir() / "work"
     assert not work.exists() or list(work.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(bool(nfs.server_problem()), reason="needs nfs-ganesha, nfs-ganesha-vfs (make deps)")
+def test_a_spread_runs_places_share_one_nfs_export_that_the_front_end_serves(state, libvirt_conn, monkeypatch):
+    """nfs-async-tcp spread over places: the coordinator serves one export on its private address (here one end
+    of a veth pair: this machine has no private network) to the private subnet and the run bridge's, and this
+    host's part mounts it in its guests through their bridge, each guest's file named by its number in the whole
+    run (the part here stands as a second place: g2 and g3). This host has no NFSv4 client, so its part has no
+    baseline and passes bare metal's holds with nothing to run."""
+    from real_runs import leftovers
+
+    from cloudbox.core import network, nodeconf
+    from cloudbox.core.execution.lifecycle import Execution
+
+    link, addr = "cbtst0", "10.99.77.1"
+    monkeypatch.setattr(nodeconf, "private_address", lambda: addr)
+    monkeypatch.setattr(nodeconf, "private_link", lambda settings: link)
+    monkeypatch.setattr(spread, "find_places", lambda ctx: [
+        spread.Part("local", ctx.spec.guests, 2, spread.LocalShell(spread.local_record(), []))])
+    spec = RunSpec(profile="nfs-async-tcp", suite="storage", size="16M", storage_tests="seq-write-64k", guests=2,
+                   node="local,be1")
+    lines: list[str] = []
+    subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", f"{link}p"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", f"{addr}/24", "dev", link], check=True)
+        for dev in (link, f"{link}p"):
+            subprocess.run(["ip", "link", "set", dev, "up"], check=True)
+        with ResultStore() as store:
+            rid = Execution(spec, store, spread.run_spread, emit=lambda ev: lines.append(describe(ev) or "")).execute()
+            run = store.get_run(rid)
+    finally:
+        subprocess.run(["ip", "link", "del", link], check=False)
+    assert run.state == "completed", run.reason
+    assert any(f"serving nfs:share to the guests of local over NFSv4 (nfs-ganesha) on {addr}, to the private "
+               f"network's subnet and {network.bridge_subnet()} only" in ln for ln in lines), lines
+    assert any("baseline.seq-write-64k: every place ready; released" in ln for ln in lines)
+    each = run.instances("guest", "seq-write-64k", "MB/s")
+    assert [m.instance for m in each] == [2, 3] and all(m.value > 0 for m in each)
+    files = [json.loads(m.raw)["jobs"][0]["job options"]["filename"] for m in each]
+    assert files == [nfs.test_file(2), nfs.test_file(3)]  # no two places' guests on one file
+    v = run.provenance.volume
+    assert v is not None and addr in v.mount and " nfs4 " in v.mount, v  # the guest mounted the private address
+    assert (v.server_bytes_written or 0) >= 2 * 16 * 2**20, v  # both guests' files reached the served disk
+    assert run.value("baseline", "seq-write-64k", "MB/s") is None  # no NFSv4 client on this host
+    assert subprocess.run(["pgrep", "-f", f"ganesha.nfsd .*{state}"], capture_output=True).returncode == 1  # stopped
+    left = leftovers(libvirt_conn, state)
+    assert not any(left.values()), left

@@ -12,6 +12,7 @@ Control of the guest goes through the guest agent, never this network.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -346,6 +347,17 @@ def configure_guest(guest, mtu: int, *, host_ip: str = HOST_IP, dhcp: bool = Fal
     # The link may need a moment (carrier); retry the path check briefly.
     guest_path(guest, host_ip, mtu, tries=10)
     return nic, address
+
+
+def bridge_subnet() -> str:
+    """The run bridge's subnet, where every guest of a run on this host has its address (169.254.100.0/24)."""
+    return str(ipaddress.ip_interface(f"{HOST_IP}/{PREFIX}").network)
+
+
+def guest_route(guest, target: str, via: str) -> None:
+    """A route in the guest to `target`, another address of its host (off the bridge's subnet), through the host's
+    bridge address `via`: the host takes it as its own."""
+    guest.sh(f"ip route replace {target}/32 via {via}", timeout=30, check=True)
 
 
 def guest_path(guest, target: str, mtu: int, *, tries: int = 2) -> None:

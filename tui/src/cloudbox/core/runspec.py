@@ -88,6 +88,8 @@ class RunSpec:
     # Set by the front-end for one node's part of a spread run (no option): each test waits for the front-end's
     # start instant (core.execution.hold); it names the coordinating run ("fe1 run 12, be1 g2 of 2 guests").
     hold: str = ""
+    # ... and the number its first guest has in the whole run (its files on a shared NFS export are named by it).
+    first_guest: int = 1
 
     def validate(self) -> None:
         """Every option's value against its declaration; a UsageError for the first that is not allowed."""
@@ -118,6 +120,10 @@ class RunSpec:
         if self.volume_uri:
             remote.parse(self.volume_uri)
         _check_peer_ports(self)
+        if isinstance(self.first_guest, bool) or not isinstance(self.first_guest, int) or \
+                not 1 <= self.first_guest <= MAX_GUESTS - self.guests + 1:
+            raise UsageError(f"first guest {self.first_guest!r} is not allowed; allowed: 1 to "
+                             f"{MAX_GUESTS - self.guests + 1} (the front-end numbers a spread run's guests)")
 
     @property
     def profiles(self) -> list[str]:
@@ -203,6 +209,8 @@ class RunSpec:
             del d["hold"]
         if d["cpu_overcommit"] == 1:
             del d["cpu_overcommit"]
+        if d["first_guest"] == 1:
+            del d["first_guest"]
         return d
 
     @classmethod
@@ -476,8 +484,9 @@ def _check_node(value: str) -> None:
 
 
 def _check_spread(spec: RunSpec) -> None:
-    """Guests spread over several places: at least one each; storage tests on each guest's own disk, network tests
-    from each guest to its own place's host (shared exports and MPI jobs across places are not spread yet)."""
+    """Guests spread over several places: at least one each; storage tests on each guest's own disk or on the
+    front-end's one NFS export, network tests from each guest to its own place's host (MPI jobs across places are
+    not spread yet)."""
     places, n = spec.places, spec.guests
     where = f"--node {spec.node}"
     if n < len(places):

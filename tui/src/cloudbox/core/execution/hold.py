@@ -1,6 +1,7 @@
-"""One place's side of a spread run's start barrier (spec.hold): before each test, with its guests' clocks read,
-the place tells the front-end (a step event with `held`, in its event stream) and waits for the start instant the
-front-end writes here through `cloudbox node local coord`, already on this host's clock (core.nodes.spread)."""
+"""One place's side of a spread run's start barrier (spec.hold): before each test, with its guests' clocks read
+(and before each of bare metal's), the place tells the front-end (a step event with `held`, in its event stream)
+and waits for the start instant the front-end writes here through `cloudbox node local coord`, already on this
+host's clock (core.nodes.spread)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from .. import paths
 from ..errors import CloudboxError
-from ..events import StepEvent
+from ..events import StepEvent, counted
 from .context import RunContext
 
 HOLD_WAIT_S = 1800.0  # the slowest place may still be booting its guests or laying down data for a read test
@@ -25,29 +26,39 @@ def hold_dir(run_id: int) -> Path:
     return paths.run_dir() / "holds" / str(run_id)
 
 
-def wait(ctx: RunContext, test: str, guests: int, wait_s: float = HOLD_WAIT_S) -> float:
-    """The start instant of `test` (epoch seconds, this host's clock), once the front-end has given it."""
+def key(side: str, test: str) -> str:
+    """What a held test is called between a place and the front-end: the guests' `test`, or bare metal's
+    `baseline.<test>`."""
+    return f"baseline.{test}" if side == "baseline" else test
+
+
+def wait(ctx: RunContext, test: str, count: int, wait_s: float = HOLD_WAIT_S, side: str = "guest") -> float:
+    """The start instant of `test` on `side` (its `count` guests, or bare metal's processes; epoch seconds, this
+    host's clock), once the front-end has given it."""
     d = hold_dir(ctx.run_id)
     if not d.is_dir():
         d.mkdir(parents=True)
         ctx.stack.callback(shutil.rmtree, d, True)
-    f = d / test
-    ctx.sink.emit(StepEvent(f"guest: {test}: {guests} guests ready, waiting for the front-end's start instant",
-                            "guest", test, held=guests))
+    f = d / key(side, test)
+    who = counted(count, "process", "processes") if side == "baseline" else counted(count, "guest")
+    ready = f"{who} ready" if count else "nothing to run here"  # a place without a baseline still keeps the step
+    ctx.sink.emit(StepEvent(f"{'bare metal' if side == 'baseline' else 'guest'}: {test}: {ready}, waiting for "
+                            "the front-end's start instant", side, test, held=max(count, 1)))
     deadline = time.monotonic() + wait_s
     while not f.exists():
         ctx.control.check()
         if time.monotonic() > deadline:
-            raise CloudboxError(f"{test}: no start instant from the front-end ({ctx.spec.hold}) within {wait_s:.0f} s "
-                                "of this place's guests being ready; another place's part may have stopped")
+            raise CloudboxError(f"{key(side, test)}: no start instant from the front-end ({ctx.spec.hold}) within "
+                                f"{wait_s:.0f} s of this place's {who} being ready; another place's part may have "
+                                "stopped")
         time.sleep(POLL_S)
     at = float(f.read_text())
     lead = at - time.time()
     if lead < MIN_LEAD_S:
-        ctx.sink.log(f"{test}: the front-end's start instant came {lead:.2f} s ahead (under {MIN_LEAD_S:g} s); the "
-                     "guests start as soon as they can and the start skew shows it")
+        ctx.sink.log(f"{key(side, test)}: the front-end's start instant came {lead:.2f} s ahead (under "
+                     f"{MIN_LEAD_S:g} s); the {side} side starts as soon as it can and the start skew shows it")
     else:
-        ctx.sink.log(f"{test}: the front-end's start instant is {lead:.2f} s ahead")
+        ctx.sink.log(f"{key(side, test)}: the front-end's start instant is {lead:.2f} s ahead")
     return at
 
 

@@ -17,6 +17,7 @@ export's directory.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import shutil
 import time
 from collections.abc import Callable
@@ -109,10 +110,10 @@ def check_fits(spec: RunSpec, profile: Profile, *, mix: list[Profile] | None = N
                          "sees, which a disk of each guest's own is not; allowed: a profile whose disk is an NFS "
                          "export (disk.volume = nfs:<name>), or mpiio-fpp-1m (a file per process)")
     if spec.spread:
-        if is_nfs(d):
-            raise UsageError(f"profile {profile.name}: one NFS export shared by guests on several places (--node "
-                             f"{spec.node}) is not supported yet; allowed: a profile with a disk of each guest's own, "
-                             "or the NFS profile with every guest on one place (--node NAME --guests N)")
+        if is_nfs(d) and spec.wants_network:
+            raise UsageError(f"profile {profile.name}: a run spread over places (--node {spec.node}) on one NFS "
+                             f"export runs the storage tests; --suite {spec.suite} would also send each back-end's "
+                             "guests' network tests over the export's private link; allowed: --suite storage")
         if LOCAL_PLACE not in spec.places:
             return
         shares, here = split_guests(n, len(spec.places)), spec.places.index(LOCAL_PLACE)
@@ -220,8 +221,8 @@ def _prepare_export(ctx: RunContext) -> None:
         ctx.stack.callback(v.close)
     first = v.store
     base = Path(first.baseline_target).parent
-    for k in range(1, n + 1):  # removed with the export's directory by v.close()
-        ctx.backings.append(backing.BackingStore(
+    for k in range(ctx.spec.first_guest, ctx.spec.first_guest + n):  # removed with the export by v.close(); named
+        ctx.backings.append(backing.BackingStore(                      # by the whole run's numbers (a spread run)
             first.kind, first.path, False, first.format, ctx.size, first.host_device, first.model,
             labels=list(first.labels), baseline_target=str(base / f"baseline-g{k}.dat"),
             baseline_labels=list(first.baseline_labels)))
@@ -267,10 +268,12 @@ def baseline_many(ctx: RunContext) -> None:
     a back-end's run with the front-end's NFS export: N files in this host's mount of it)."""
     if not ctx.spec.wants_storage:
         return
+    tests = storage.resolve_tests(ctx.spec.storage_tests)
     if ctx.volume is not None and ctx.volume.no_baseline:
         ctx.sink.step(f"bare metal: {ctx.volume.no_baseline}", side="baseline")
+        for t in tests if ctx.spec.hold else ():  # a spread run's other places still wait for every place here
+            hold.wait(ctx, t.id, 0, side="baseline")
         return
-    tests = storage.resolve_tests(ctx.spec.storage_tests)
     sink = ctx.sink
     mount_export_on_host(ctx)
     sink.step(f"bare metal: storage tests, {counted(ctx.spec.guests, 'process', 'processes')} at once", side="baseline")
@@ -286,7 +289,9 @@ def baseline_many(ctx: RunContext) -> None:
             sink.step(f"bare metal: laying down IOzone's data for {t.id}", side="baseline")
             for store in ctx.backings:
                 storage.HostRunner(ctx.control.cancelled).fill_iozone(t, store.baseline_target, ctx.size)
-        jobs = [functools.partial(_host_part, ctx, t, store, k) for k, store in enumerate(ctx.backings, 1)]
+        # a spread run's places start bare metal at one instant too (a shared export sees them all at once)
+        at = hold.wait(ctx, t.id, len(ctx.backings), side="baseline") if ctx.spec.hold else None
+        jobs = [functools.partial(_host_part, ctx, t, store, k, at) for k, store in enumerate(ctx.backings, 1)]
         storage_test_many(ctx, "baseline", t, jobs)
     for store in ctx.backings:
         if not store.is_block:
@@ -367,9 +372,11 @@ def _guests_mpi(ctx: RunContext, t: storage.StorageTest, runners: list[storage.G
     storage_job(ctx, "guest", t, run, drops)
 
 
-def _host_part(ctx: RunContext, t: storage.StorageTest, store: backing.BackingStore, k: int,
+def _host_part(ctx: RunContext, t: storage.StorageTest, store: backing.BackingStore, k: int, at: float | None,
                cancelled: Callable[[], bool]) -> Ran:
     progress = ctx.sink.progress("baseline", t.id, k)
+    if at is not None:
+        time.sleep(max(0.0, at - time.time()))
     start = time.time()
     res = storage.HostRunner(cancelled).run(t, store.baseline_target, ctx.size, ctx.runtime, progress)
     return Ran(res, start, time.time())
@@ -527,11 +534,18 @@ def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> tuple[
     options = nfs.mount_options(v.export, ctx.profile.nfs)
     ctx.sink.step(f"guest: mounting {v.export.uri} in {counted(len(runners), 'guest')} ({options})", side="guest")
     files, links, line = [], [], ""
+    hostnet = ctx.hostnet
+    # a spread run's part on the front-end: its guests reach the export on the front-end's private address
+    # through their bridge
+    routed = not ctx.private_bridge and ipaddress.ip_address(v.export.host) not in \
+        ipaddress.ip_network(network.bridge_subnet())
     for k, gr in enumerate(runners, 1):
         links.append(configure_nic(ctx, gr.guest, network.guest_ip(k)))
+        if routed:
+            network.guest_route(gr.guest, v.export.host, hostnet.host_ip)
         got = nfs.mount_in_guest(gr.guest, v.export, options)
         line = line or got
-        files.append(nfs.test_file(k))
+        files.append(nfs.test_file(k + ctx.spec.first_guest - 1))  # the whole run's number: no two places meet
     ctx.provenance.volume = volume_info(v, mount=line)
     ctx.save_provenance()
     ctx.sink.log(f"guest mount: {line}")
@@ -633,7 +647,7 @@ def _host_net_many(ctx: RunContext, nt: network.NetTest, ports: list[int], label
                    target: str = network.NS_HOST_IP, netns: str | None = network.NS) -> None:
     """`nt` on bare metal: N clients at once (from the baseline namespace, or with netns None from this host to
     `target`), each against its own port."""
-    at = time.time() + HOST_LEAD_S
+    at = hold.wait(ctx, nt.id, len(ports), side="baseline") if ctx.spec.hold else time.time() + HOST_LEAD_S
     jobs = [functools.partial(_host_net_part, ctx, nt, port, at, k, target=target, netns=netns)
             for k, port in enumerate(ports, 1)]
     parts = net_test_many(ctx, "baseline", nt, jobs, labels)

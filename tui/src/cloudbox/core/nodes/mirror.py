@@ -21,8 +21,16 @@ from ..profiles import is_nfs
 from ..provenance import Controller, NodeInfo, Nodes, PeerServers, Provenance, RemoteRun
 from ..results import MEASUREMENT_COLUMNS
 from ..runspec import BOOT, resolve_net_tests
-from ..volumes.attach import SCHEME_NAMES, AttachRefused, export_for_node, export_for_run, parse_volume
+from ..volumes.attach import (
+    SCHEME_NAMES,
+    AttachRefused,
+    VolumeExport,
+    export_for_node,
+    export_for_run,
+    parse_volume,
+)
 from ..volumes.nfs import NfsExport
+from ..volumes.nfs import subnet as nfs_subnet
 from ..volumes.store import VolumeBusy, VolumeStore
 from . import client, health, registry, volumecreds
 from .registry import NodeRecord
@@ -117,32 +125,40 @@ def serve_peer(ctx: RunContext) -> PeerServers | None:
 
 def serve_nfs(ctx: RunContext, there: NodeRun) -> None:
     """An NFS profile's export (disk.volume = nfs:<name>), served by this front-end on its private address for the
-    length of the run: the node's guests and, for the baseline, its host mount it over the private network. Its
-    directory is a fresh one of this run's, on this host's disk (stopped and removed with the run)."""
+    length of the run: the node's guests and, for the baseline, its host mount it over the private network."""
+    serve_export(ctx, f"node {there.node.name}", there.node.name)
+
+
+def serve_export(ctx: RunContext, where: str, to: str, also: str = "") -> VolumeExport | None:
+    """The NFS profile's export served by this front-end on its private address (to the private network's subnet,
+    and `also`, another subnet, when given) for the length of the run, or None for a run without one; its
+    directory a fresh one of this run's, on this host's disk (stopped and removed with the run), that disk sampled
+    on the run's timeline. `where`: the run's places as the refusal names them; `to`: who mounts it."""
     d, spec = ctx.profile.disk, ctx.spec
     if not (is_nfs(d) and spec.wants_storage):
-        return
+        return None
     addr, link = nodeconf.private_address(), nodeconf.private_link(nodeconf.settings())
     if addr == "0.0.0.0" or not link:
-        raise CloudboxError(f"profile {ctx.profile.name}: disk.volume = {d.volume} on node {there.node.name}: the "
+        raise CloudboxError(f"profile {ctx.profile.name}: disk.volume = {d.volume} on {where}: the "
                             "front-end serves the export on its private network, and this host's node settings "
                             f"({nodeconf.node_settings_file()}) name no private NIC with an address (it is not an "
                             "installed front-end); allowed here: the profile without --node (this host serves and "
                             "its guest mounts)")
     ctx.work_dir = paths.work_base("") / f"run-{ctx.run_uuid[:12]}"
-    ctx.sink.step(f"volume: serving {d.volume} to {there.node.name} over NFSv4 (nfs-ganesha) on {addr}, to the "
-                  f"private network's subnet only")
+    ctx.sink.step(f"volume: serving {d.volume} to {to} over NFSv4 (nfs-ganesha) on {addr}, to the private "
+                  f"network's subnet{' and ' + also if also else ''} only")
     with ctx.control.atomic():
         ctx.volume = v = export_for_run(d.volume, d.attach, run_uuid=ctx.run_uuid, work_dir=ctx.work_dir,
                                         size_bytes=ctx.size, hypervisor=ctx.profile.guest.hypervisor,
                                         guests=spec.guests)
         ctx.stack.callback(v.close)
-        v.serve(link, addr)
+        v.serve(link, addr, clients=f"{nfs_subnet(link, addr)}, {also}" if also else None)
     ctx.sink.log(f"volume exported: {v.uri} ({v.server}) from {v.path}")
     if v.store.host_device:
-        _sample_here(ctx, there, v.store.host_device)
+        _sample_disk(ctx, v.store.host_device)
     else:
         ctx.sink.log(f"the disk under {v.path} is not one /proc/diskstats names: the export's disk is not sampled")
+    return v
 
 
 def record_nfs(ctx: RunContext) -> None:
@@ -218,15 +234,21 @@ def serve_block_volume(ctx: RunContext, there: NodeRun) -> None:
 
 
 def _sample_here(ctx: RunContext, there: NodeRun, device: str) -> None:
+    """The disk under what this front-end serves, sampled (_sample_disk), and its counters as the node's run
+    starts."""
+    _sample_disk(ctx, device)
+    there.server_counters = read_counters(device)
+
+
+def _sample_disk(ctx: RunContext, device: str) -> None:
     """The disk under what this front-end serves, sampled once a second on the run's timeline beside the node's
-    own devices, and its counters as the node's run starts."""
+    own devices."""
     host = platform.node()
 
     def on_sample(smp: Sample) -> None:  # named as the front-end's: the node's samples are its own devices
         ctx.sink.sample(SampleEvent.from_payload({**smp.as_dict(), "device": f"{host}:{smp.device}"}))
     with ctx.control.atomic():
         ctx.stack.enter_context(Sampler(device, on_sample))
-    there.server_counters = read_counters(device)
 
 
 def record_block_volume(ctx: RunContext, there: NodeRun) -> None:

@@ -26,15 +26,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import paths
+from .. import network, paths
 from ..errors import CloudboxError
 from ..events import LogEvent, MeasurementEvent, ProgressEvent, SampleEvent, StateEvent, StepEvent, counted, parse
+from ..execution import hold
 from ..execution.context import RunContext
 from ..guestimage import GuestImage
 from ..provenance import Controller, Guests, GuestStart, Nodes, Place, Provenance, RemoteRun
 from ..results import MEASUREMENT_COLUMNS
 from ..runspec import BOOT, LOCAL_PLACE, split_guests
-from . import client, health, registry
+from ..volumes.nfs import NfsExport
+from . import client, health, mirror, registry
 from .registry import NodeRecord
 
 SPREAD_LEAD_S = 5.0  # from the release to the instant: a channel round trip per place, then each guest's shell (2 s)
@@ -126,6 +128,9 @@ def run_spread(ctx: RunContext) -> None:
     image = GuestImage.locate()
     for p in parts:
         propagate(ctx, p, image)
+    # an NFS profile: one export on this front-end that every place's guests mount (this host's through its bridge)
+    mirror.serve_export(ctx, f"--node {ctx.spec.node}", "the guests of " + ", ".join(p.name for p in parts),
+                        also=network.bridge_subnet() if any(p.local for p in parts) else "")
     for p in parts:
         start(ctx, p)
     coordinate(ctx, parts)
@@ -201,6 +206,11 @@ def start(ctx: RunContext, p: Part) -> None:
     part_spec = {k: v for k, v in spec.as_dict().items() if k != "node"}
     part_spec.update(guests=p.guests, hold=f"{platform.node()} run {ctx.run_id}, {p.name} {_numbers(p)} of "
                                               f"{spec.guests} guests")
+    if p.first > 1:
+        part_spec.update(first_guest=p.first)
+    if ctx.volume is not None and isinstance(exp := ctx.volume.export, NfsExport):
+        # a node reaches it over its private bridge; this host's part through its own bridge (the address is ours)
+        part_spec.update(nfs_host=exp.host, nfs_port=exp.port, **({} if p.local else {"peer": exp.host}))
     ctx.sink.step(f"starting the part on {p.name} ({_numbers(p)})")
     with ctx.control.atomic():
         # a mixed run's part gets its own guests' profiles, in their order (its guests then take them in turn)
@@ -307,10 +317,11 @@ def coordinate(ctx: RunContext, parts: list[Part]) -> None:
             continue
         ev = parse(kind, payload)
         if isinstance(ev, StepEvent) and ev.held and ev.test:
-            p.ready.add(ev.test)
-            ctx.sink.log(f"{p.name}: {ev.test}: {counted(ev.held, 'guest')} ready")
-            if all(ev.test in q.ready for q in parts):
-                release(ctx, parts, ev.test)
+            held = hold.key(ev.side or "guest", ev.test)
+            p.ready.add(held)
+            ctx.sink.log(f"{p.name}: {ev.text.split(', waiting')[0]}")
+            if all(held in q.ready for q in parts):
+                release(ctx, parts, held)
         elif isinstance(ev, StateEvent):
             if ev.final:
                 p.ended = True
@@ -380,6 +391,7 @@ def gather(ctx: RunContext, parts: list[Part]) -> None:
     if ctx.mix:
         record_mix(ctx, info, parts, provs)
     ctx.save_provenance()
+    mirror.record_nfs(ctx)  # what this front-end's server wrote for every place
     for test, skew in info.skew_s.items():
         ctx.sink.log(f"{test}: start skew {skew * 1000:.0f} ms over {info.count} guests on {len(parts)} places")
 

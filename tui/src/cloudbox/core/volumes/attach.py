@@ -196,12 +196,13 @@ class VolumeExport:
     def uri(self) -> str:
         return self.export.uri if self.export is not None else ""
 
-    def serve(self, iface: str, address: str) -> Served:
+    def serve(self, iface: str, address: str, clients: str | None = None) -> Served:
         """Guest attach: serve the volume on `iface`, the bridge the guest's NIC is plugged into (`address`, the
         host's address there): AoE with vblade on the bridge; NBD with qemu-nbd, and iSCSI with tgtd, moved from
         loopback (where the baseline measured it) to that address, TLS or CHAP as before; NFS with ganesha, for
-        that bridge's subnet; NVMe/TCP with the kernel's target on that address, for this box's host NQN only. The
-        host domain's attachment for the baseline, if there was one, ends first."""
+        that bridge's subnet (or `clients`, subnets in a comma list); NVMe/TCP with the kernel's target on that
+        address, for this box's host NQN only. The host domain's attachment for the baseline, if there was one, ends
+        first."""
         if self.attachment is not None and self.attach == "guest":
             self.attachment.detach()
             self.attachment = None
@@ -226,7 +227,8 @@ class VolumeExport:
             exp = nvmet.start(self.volume, self.path, allowed={self.nvme_host.nqn: ""}, run_uuid=self.run_uuid,
                               host=address)
         elif self.scheme == "nfs":
-            exp = nfs.start(self.volume, self.path, iface=iface, host=address, work_dir=self.work_dir / "ganesha")
+            exp = nfs.start(self.volume, self.path, iface=iface, host=address, work_dir=self.work_dir / "ganesha",
+                            clients=clients)
         elif self.scheme == "aoe":
             exp = aoe.start(self.volume, self.path, iface, shelf=aoe.shelf_for(self.run_uuid),
                             log=self.work_dir / "vblade.log")
