@@ -71,6 +71,17 @@ def test_a_parts_first_guest_number_is_checked_and_left_out_when_it_is_one():
             RunSpec(profile="virtio-disk", suite="storage", guests=2, first_guest=bad).validate()
 
 
+def test_ended_parts_of_earlier_spread_runs_are_pruned_from_the_parts_store(state):
+    assert spread.prune_parts() == 0  # no parts store yet: none made
+    assert not (spread.parts_state_dir() / "results.db").exists()
+    with ResultStore(spread.parts_state_dir() / "results.db") as parts:
+        ids = {st: parts.create_run(uuid=f"{i}" * 32, profile_name="virtio-disk", suite="storage", state=st)
+               for i, st in enumerate(("completed", "failed", "aborted", "running"), 1)}
+    assert spread.prune_parts() == 3
+    with ResultStore(spread.parts_state_dir() / "results.db") as parts:
+        assert [r.id for r in parts.list_runs()] == [ids["running"]]  # a part still going is left alone
+
+
 def test_an_nfs_spread_runs_the_storage_tests_only():
     p = resolve_profile("nfs-async-tcp")
     for suite in ("network", "all"):

@@ -33,7 +33,7 @@ from ..execution import hold
 from ..execution.context import RunContext
 from ..guestimage import GuestImage
 from ..provenance import Controller, Guests, GuestStart, Nodes, Place, Provenance, RemoteRun
-from ..results import MEASUREMENT_COLUMNS
+from ..results import MEASUREMENT_COLUMNS, ResultStore
 from ..runspec import BOOT, LOCAL_PLACE, split_guests
 from ..volumes.nfs import NfsExport
 from . import client, health, mirror, registry
@@ -62,6 +62,21 @@ class LocalShell(client.NodeShell):
         if args[:1] == ["cloudbox"]:
             args[:1] = [sys.executable, "-m", "cloudbox.cli"]
         return ["env", f"CLOUDBOX_STATE_DIR={parts_state_dir()}", *args]
+
+
+def prune_parts(keep: int = 0) -> int:
+    """This host's parts of earlier spread runs that have ended, deleted from the parts store (their rows, events and
+    provenance were merged into the coordinating run's record); how many. `keep`: a part run id left alone."""
+    db = parts_state_dir() / "results.db"
+    if not db.exists():
+        return 0
+    gone = 0
+    with ResultStore(db) as store:
+        for r in store.list_runs():
+            if r.id != keep and r.state != "running":
+                store.delete_run(r.id)
+                gone += 1
+    return gone
 
 
 def local_record() -> NodeRecord:
@@ -212,6 +227,9 @@ def start(ctx: RunContext, p: Part) -> None:
         # a node reaches it over its private bridge; this host's part through its own bridge (the address is ours)
         part_spec.update(nfs_host=exp.host, nfs_port=exp.port, **({} if p.local else {"peer": exp.host}))
     ctx.sink.step(f"starting the part on {p.name} ({_numbers(p)})")
+    if p.local and (gone := prune_parts()):
+        ctx.sink.log(f"removed {counted(gone, 'part')} of earlier spread runs from {parts_state_dir()} (their "
+                     "coordinating runs keep their records)")
     with ctx.control.atomic():
         # a mixed run's part gets its own guests' profiles, in their order (its guests then take them in turn)
         mine = [ctx.guest_profile(k) for k in range(p.first, p.first + p.guests)]
