@@ -788,6 +788,38 @@ def test_tests_screen_mixes_the_ticked_profiles_in_one_run(backend):
     run(go())
 
 
+def test_tests_screen_lets_guests_share_cpus_with_vcpus_per_cpu(backend):
+    """'vCPUs per CPU' beside the guest count is --cpu-overcommit: 1 by default, carried into every spec, a value
+    outside 1-16 or not a number refused under the count with the field marked (not the count)."""
+    from textual.widgets import Input, Select
+
+    async def go():
+        app = create_app(backend, mode="tests")
+        async with app.run_test(size=SIZE) as pilot:
+            cl = app.screen.query_one(CheckList)
+            await until(pilot, lambda: cl.selected == ["virtio-disk"])
+            app.screen.query_one("#suite", Select).value = "storage"
+            app.screen.query_one("#guest-count", Input).value = "2,4"
+            await pilot.pause()
+            assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.specs()] == [(2, 1.0), (4, 1.0)]
+            field = app.screen.query_one("#cpu-overcommit", Input)
+            field.value = "2"
+            await pilot.pause()
+            assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.specs()] == [(2, 2.0), (4, 2.0)]
+            note = app.screen.query_one("#guest-note")
+            for bad, says in (("0.5", "--cpu-overcommit 0.5 is not allowed; allowed: 1 "),
+                              ("two", "vCPUs per CPU 'two' is not a number; allowed: 1 to 16")):
+                field.value = bad
+                await pilot.pause()
+                field.focus()
+                await pilot.press("enter")
+                await until(pilot, lambda: "not started" in text(note), what=f"the refusal of {bad!r}")
+                assert says in text(note), text(note)
+                assert field.has_class("-invalid")
+                assert not app.screen.query_one("#guest-count", Input).has_class("-invalid")
+    run(go())
+
+
 def test_live_view_shows_each_guest_and_their_sum(backend):
     from cloudbox.core.events import MeasurementEvent, ProgressEvent, StateEvent
     from cloudbox.core.provenance import Guests, GuestStart, Provenance

@@ -51,7 +51,9 @@ from cloudbox.tui.widgets.checklist import CheckList
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 
 # The form's selects, from the run options' one declaration (core.runspec.RUN_OPTIONS).
-SUITE, SIZE, TESTS, WHERE, GUESTS = (option(f) for f in ("suite", "size", "storage_tests", "node", "guests"))
+SUITE, SIZE, TESTS, WHERE, GUESTS, CPUS = (option(f) for f in ("suite", "size", "storage_tests", "node", "guests",
+                                                                "cpu_overcommit"))
+CPUS_TITLE = "vCPUs per CPU"  # --cpu-overcommit beside the guest count
 PLACEMENT = "this host"  # where a run's N guests go when Where is blank: all on one host
 CHARTED_GUESTS = 4  # guests with a line of their own in the throughput chart; the figures line names them all
 
@@ -74,13 +76,14 @@ class TestsScreen(BaseScreen):
             "sweep (run one after another), or several with 'mix' ticked (m) for one run whose guests take the "
             "profiles in turn (at least one guest each). Guests at once runs N guests of the profile together on "
             "this host (storage, network or both), each with a disk and a NIC of its own; a list such as 1,2,4 is a "
-            "sweep, one "
-            "run per count. Live then charts each guest's MB/s and their sum and lists each guest's figures; "
-            "Results compares "
+            "sweep, one run per count; vCPUs per host CPU above 1 lets their vCPUs outnumber the host's CPUs "
+            "(--cpu-overcommit; their figures are marked vcpu-overcommit). Live then charts each guest's MB/s and "
+            "their sum and lists each guest's figures; Results compares "
             "them (sum, each guest, min / median / max, Jain's index). "
             "On a front-end with enrolled nodes, Where places the run on a "
             "back-end (its guest, disk and network; followed live here), or spreads its guests over this host and "
-            "the nodes (storage tests, each test started on every place at one instant). Runs go on when the TUI "
+            "the nodes (each storage and network test started on every place at one instant; an NFS profile's "
+            "one export served by this front-end to every place). Runs go on when the TUI "
             "closes; reopening shows them live. "
             "c cancels the run you are watching (after confirmation; cleans up like Ctrl-C in the CLI), "
             "a attaches to another run in progress, l shows the run's full log.")
@@ -125,6 +128,11 @@ class TestsScreen(BaseScreen):
                                                     f"{WHERE.title} ({PLACEMENT} or one node), or spread "
                                                     "over its places (a spread entry).")
                                 yield Static(f"1 to {MAX_GUESTS}; 1,2,4 = a sweep", id="guests-hint", markup=False)
+                            with Horizontal(id="cpus-row"):
+                                yield Input(f"{CPUS.default:g}", id="cpu-overcommit", compact=True,
+                                            tooltip=f"{CPUS_TITLE} ({CPUS.flag}): {CPUS.help}.")
+                                yield Static("vCPUs per host CPU", id="cpus-label",
+                                             markup=False)
                             yield Static("", id="guest-note", markup=False)
                             yield Label(SIZE.title, classes="section")
                             yield Select(SIZE.offered(), value=SIZE.initial, allow_blank=False, id="size")
@@ -237,13 +245,14 @@ class TestsScreen(BaseScreen):
             self.query_one("#guests-label", Label).update(f"{GUESTS.title} ({on})")
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id == "guest-count":
+        if event.input.id in ("guest-count", "cpu-overcommit"):
             event.input.remove_class("-invalid")
             self.guest_note("")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        """Enter in the guest count checks it (typed letters go to the field, so s cannot start from there)."""
-        if event.input.id != "guest-count":
+        """Enter in the guest count (or vCPUs per CPU) checks it (typed letters go to the field, so s cannot start
+        from there)."""
+        if event.input.id not in ("guest-count", "cpu-overcommit"):
             return
         try:
             specs = self.specs()
@@ -276,6 +285,12 @@ class TestsScreen(BaseScreen):
             counts = GUESTS.values(text.strip())
         except UsageError as e:
             raise UsageError(f"{GUESTS.title}: {e}") from None
+        ratio_text = self.query_one("#cpu-overcommit", Input).value.strip()
+        try:
+            ratio = float(ratio_text)
+        except ValueError:
+            raise UsageError(f"{GUESTS.title}: {CPUS_TITLE} {ratio_text!r} is not a number; allowed: "
+                             f"{CPUS.default:g} to 16 guest vCPUs per host CPU ({CPUS.flag})") from None
         if len(names) > 1 and self.query_one("#mix", Checkbox).value:
             names = [MIX.join(names)]  # one run per count, its guests taking the ticked profiles in turn
         specs = []
@@ -284,7 +299,8 @@ class TestsScreen(BaseScreen):
             RunSpec(profile=n.split(MIX)[0], suite=suite, size=size, storage_tests=tests,
                     node="" if "," in node else node).validate()
             for count in counts:
-                spec = RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node, guests=count)
+                spec = RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node, guests=count,
+                               cpu_overcommit=ratio)
                 try:
                     spec.validate()
                 except UsageError as e:
@@ -299,7 +315,9 @@ class TestsScreen(BaseScreen):
             return
         text = f"not started: {err}"
         self.guest_note(text, error=True)
-        self.query_one("#guest-count", Input).add_class("-invalid")
+        field = "#cpu-overcommit" if CPUS_TITLE in str(err) or f"{CPUS.flag} " in str(err).split(";")[0] \
+            else "#guest-count"
+        self.query_one(field, Input).add_class("-invalid")
         if notify:
             self.notify(text, title="tests", severity="error", markup=False)
 
