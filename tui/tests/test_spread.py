@@ -248,7 +248,8 @@ def test_the_start_skew_spans_the_places_on_this_hosts_clock():
                                               start_offsets_s={"seq-write-64k": [0.0, 0.01]}, baseline_processes=2))
     pb = Provenance(host="be1", guests=Guests(count=1, guests=[GuestStart(name="g1")],
                                               started_at={"seq-write-64k": 100.48},
-                                              start_offsets_s={"seq-write-64k": [0.0]}, baseline_processes=1))
+                                              start_offsets_s={"seq-write-64k": [0.0]}, baseline_processes=1,
+                                              vcpus=2, host_cpus=1))
     datas = [{"accelerator": "kvm", "measurements": []}, {"accelerator": "tcg", "measurements": [
         {"side": "guest", "test": "seq-write-64k", "metric": "MB/s", "instance": None, "host_mbps": 6.0,
          "host_avgqu": 0.5, "host_util": 20.0}]}]
@@ -258,6 +259,7 @@ def test_the_start_skew_spans_the_places_on_this_hosts_clock():
     assert g.start_offsets_s["seq-write-64k"] == [0.0, 0.01, 0.03] and g.skew_s["seq-write-64k"] == 0.03
     assert [x.place for x in g.guests] == ["local", "local", "be1"] and g.baseline_processes == 3
     assert merged.host == "fe1, be1"
+    assert [(pl.vcpus, pl.host_cpus) for pl in g.places] == [(None, None), (2, 1)]  # each place's own CPUs
     assert g.places[1].host_metrics == {"guest:seq-write-64k": {"host_mbps": 6.0, "host_avgqu": 0.5,
                                                                 "host_util": 20.0}}
     assert spread.least_native(["kvm", "tcg"]) == "tcg" and spread.least_native(["kvm", "kvm"]) == "kvm"
@@ -272,7 +274,8 @@ def test_results_show_names_each_place_its_guests_and_its_clock(state, capsys):
                                     places=[Place(name="local", guests=1, first=1, run_id=4, host="fe1",
                                                   accelerator="tcg", clock_offset_s=0.0, clock_rtt_s=0.0001),
                                             Place(name="be1", guests=1, first=2, run_id=9, host="be1",
-                                                  accelerator="tcg", clock_offset_s=-0.0123, clock_rtt_s=0.0451)]))
+                                                  accelerator="tcg", clock_offset_s=-0.0123, clock_rtt_s=0.0451,
+                                                  vcpus=2, host_cpus=1)]))
     with ResultStore() as store:
         rid = store.create_run(uuid="1" * 32, profile_name="virtio-disk", suite="storage", state="completed",
                                node="local,be1", provenance=prov)
@@ -281,7 +284,7 @@ def test_results_show_names_each_place_its_guests_and_its_clock(state, capsys):
     assert "g1 (/dev/loop1 on local), g2 (/dev/loop0 on be1)" in out
     assert "place        local: g1 on fe1 (tcg), its run 4; its clock +0.0 ms" in out
     assert "place        be1: g2 on be1 (tcg), its run 9; its clock -12.3 ms from the front-end's (round trip " \
-           "45.1 ms)" in out
+           "45.1 ms); 2 vCPUs on 1 host CPU (overcommitted)" in out
 
 
 # -- a real coordinated run --------------------------------------------------------------------------------------

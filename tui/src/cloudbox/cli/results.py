@@ -234,8 +234,10 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
             first, last = pl.first, pl.first + pl.guests - 1
             clock = (f"; its clock {pl.clock_offset_s * 1000:+.1f} ms from the front-end's (round trip "
                      f"{(pl.clock_rtt_s or 0) * 1000:.1f} ms)" if pl.clock_offset_s is not None else "")
+            cpus = (f"; {pl.vcpus} vCPUs on {counted(pl.host_cpus, 'host CPU')}"
+                    + (" (overcommitted)" if pl.vcpus > pl.host_cpus else "") if pl.vcpus and pl.host_cpus else "")
             lines.append(f"  place        {pl.name}: g{first}" + (f"-g{last}" if last > first else "")
-                         + f" on {pl.host or '?'} ({pl.accelerator or '?'}), its run {pl.run_id}{clock}")
+                         + f" on {pl.host or '?'} ({pl.accelerator or '?'}), its run {pl.run_id}{clock}{cpus}")
         if g.vcpus and g.host_cpus:
             lines.append(f"  vCPUs        {g.vcpus} on {counted(g.host_cpus, 'host CPU')}"
                          + (f": overcommitted, the guests shared CPUs ({OVERCOMMIT_LABEL})" if g.vcpus > g.host_cpus

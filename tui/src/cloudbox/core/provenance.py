@@ -141,6 +141,8 @@ class Place(_Record):
     host: str | None = None
     accelerator: str | None = None
     host_metrics: dict[str, dict[str, float | None]] = {}  # per test: its own disk's host_mbps, avgqu, util
+    vcpus: int | None = None  # its guests' vCPUs, and its host's CPUs (more vCPUs: --cpu-overcommit)
+    host_cpus: int | None = None
 
 
 class Guests(_Record):

@@ -8,8 +8,9 @@ announced a test's barrier, the front-end measures each place's clock through a 
 it (`cloudbox node local coord`: the quickest of five round trips), picks one instant SPREAD_LEAD_S ahead and hands
 each place that instant on its own clock. At the end every place's measurements come here: each guest's and each
 bare-metal process's rows renumbered, and the run's row the sum over all places; the start skew across places is
-computed from each place's stamps converted to this host's clock. The baselines of the places are not held: each
-place's bare-metal processes run on its own disk when its part starts.
+computed from each place's stamps converted to this host's clock. Bare metal's tests are held the same way (key
+`baseline.<test>`), each place's processes on its own disk or its mount of the run's one NFS export, which this
+front-end serves for every place when the profile's disk is one.
 """
 
 from __future__ import annotations
@@ -64,16 +65,16 @@ class LocalShell(client.NodeShell):
         return ["env", f"CLOUDBOX_STATE_DIR={parts_state_dir()}", *args]
 
 
-def prune_parts(keep: int = 0) -> int:
+def prune_parts() -> int:
     """This host's parts of earlier spread runs that have ended, deleted from the parts store (their rows, events and
-    provenance were merged into the coordinating run's record); how many. `keep`: a part run id left alone."""
+    provenance were merged into the coordinating run's record); how many."""
     db = parts_state_dir() / "results.db"
     if not db.exists():
         return 0
     gone = 0
     with ResultStore(db) as store:
         for r in store.list_runs():
-            if r.id != keep and r.state != "running":
+            if r.state != "running":
                 store.delete_run(r.id)
                 gone += 1
     return gone
@@ -499,6 +500,7 @@ def merged_provenance(front: Provenance, parts: list[Part], provs: list[Provenan
             guests.append(GuestStart(name=f"{p.name} guest", place=p.name))
             continue
         guests += [rec.model_copy(update={"place": p.name}) for rec in g.guests]
+        place.vcpus, place.host_cpus = g.vcpus, g.host_cpus
         if g.baseline_processes:
             info.baseline_processes = (info.baseline_processes or 0) + g.baseline_processes
     info.guests = guests
