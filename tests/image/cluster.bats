@@ -340,7 +340,8 @@ cluster_run() {
 }
 
 # fe_run NAME CHECK RUN-OPTION...: `cloudbox run` on fe1 with those options (its output in $LOGS/NAME.txt; the test
-# fails with its tail), the run exported to $LOGS/NAME.json and checked by `checks CHECK`; sets rid to its id.
+# fails with its tail), the runs exported with their raw output to $LOGS/NAME.json and checked by `checks CHECK`;
+# sets rid to its id.
 fe_run() {
     local name=$1 check=$2
     shift 2
@@ -348,7 +349,8 @@ fe_run() {
     run fe cloudbox run "$@"
     echo "$output" > "$LOGS/$name.txt"
     [ "$status" -eq 0 ] || fail "the run failed (exit $status); $LOGS/$name.txt says: $(tail -25 "$LOGS/$name.txt")"
-    MACHINE_SSH_TIMEOUT_S=120 fe cloudbox results export --format json > "$LOGS/$name.json"
+    # --raw: the checks read the tools' own output (fio's file names, the MPI job's ranks)
+    MACHINE_SSH_TIMEOUT_S=120 fe cloudbox results export --format json --raw > "$LOGS/$name.json"
     run -0 checks "$check" "$LOGS/$name.json"
     echo "# $output" >&3
     rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$LOGS/$name.json")

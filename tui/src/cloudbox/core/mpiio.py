@@ -164,7 +164,8 @@ def host_env(root: Path) -> dict[str, str]:
     lib = root / "usr/lib/x86_64-linux-gnu"
     return {**os.environ, "OPAL_PREFIX": str(root / "usr"),
             "PMIX_MCA_mca_base_component_path": str(lib / "pmix2/lib/pmix"),  # PMIx's own, not relocated by OPAL
-            "LD_LIBRARY_PATH": f"{lib}:{lib / 'openmpi/lib'}:{lib / 'pmix2/lib'}",
+            # cloudbox-host/: the image's libraries the layer loads, for a host whose Debian lacks one
+            "LD_LIBRARY_PATH": f"{lib}:{lib / 'openmpi/lib'}:{lib / 'pmix2/lib'}:{lib / 'cloudbox-host'}",
             "OMPI_MCA_mca_base_param_files": str(root / "etc/openmpi/openmpi-mca-params.conf"),
             "PATH": f"{root / 'usr/bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
