@@ -749,17 +749,26 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
     run(go())
 
 
+async def _storage_form(app, pilot):
+    """The Tests screen once its profile list is loaded (virtio-disk ticked), with the storage suite chosen; the
+    profile list."""
+    from textual.widgets import Select
+
+    cl = app.screen.query_one(CheckList)
+    await until(pilot, lambda: cl.selected == ["virtio-disk"])
+    app.screen.query_one("#suite", Select).value = "storage"
+    return cl
+
+
 def test_tests_screen_mixes_the_ticked_profiles_in_one_run(backend):
     """'mix them' turns the ticked profiles into one run per count whose guests take them in turn (--profile a+b),
     refused as the CLI refuses it: fewer guests than profiles under the count, a host-side difference by name."""
-    from textual.widgets import Checkbox, Select
+    from textual.widgets import Checkbox
 
     async def go():
         app = create_app(backend, mode="tests")
         async with app.run_test(size=SIZE) as pilot:
-            cl = app.screen.query_one(CheckList)
-            await until(pilot, lambda: cl.selected == ["virtio-disk"])
-            app.screen.query_one("#suite", Select).value = "storage"
+            cl = await _storage_form(app, pilot)
             cl.set_items(cl.items, {"kvm-cache-none", "virtio-file"}, cl.blocked)
             app.screen.query_one("#guest-count").value = "2"
             await pilot.pause()
@@ -789,16 +798,14 @@ def test_tests_screen_mixes_the_ticked_profiles_in_one_run(backend):
 
 
 def test_tests_screen_lets_guests_share_cpus_with_vcpus_per_cpu(backend):
-    """'vCPUs per CPU' beside the guest count is --cpu-overcommit: 1 by default, carried into every spec, a value
+    """'vCPUs per host CPU' under the guest count is --cpu-overcommit: 1 by default, carried into every spec, a value
     outside 1-16 or not a number refused under the count with the field marked (not the count)."""
-    from textual.widgets import Input, Select
+    from textual.widgets import Input
 
     async def go():
         app = create_app(backend, mode="tests")
         async with app.run_test(size=SIZE) as pilot:
-            cl = app.screen.query_one(CheckList)
-            await until(pilot, lambda: cl.selected == ["virtio-disk"])
-            app.screen.query_one("#suite", Select).value = "storage"
+            await _storage_form(app, pilot)
             app.screen.query_one("#guest-count", Input).value = "2,4"
             await pilot.pause()
             assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.specs()] == [(2, 1.0), (4, 1.0)]
@@ -808,7 +815,7 @@ def test_tests_screen_lets_guests_share_cpus_with_vcpus_per_cpu(backend):
             assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.specs()] == [(2, 2.0), (4, 2.0)]
             note = app.screen.query_one("#guest-note")
             for bad, says in (("0.5", "--cpu-overcommit 0.5 is not allowed; allowed: 1 "),
-                              ("two", "vCPUs per CPU 'two' is not a number; allowed: 1 to 16")):
+                              ("two", "vCPUs per host CPU 'two' is not a number; allowed: 1 to 16")):
                 field.value = bad
                 await pilot.pause()
                 field.focus()

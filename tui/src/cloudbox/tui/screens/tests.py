@@ -53,7 +53,7 @@ from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 # The form's selects, from the run options' one declaration (core.runspec.RUN_OPTIONS).
 SUITE, SIZE, TESTS, WHERE, GUESTS, CPUS = (option(f) for f in ("suite", "size", "storage_tests", "node", "guests",
                                                                 "cpu_overcommit"))
-CPUS_TITLE = "vCPUs per CPU"  # --cpu-overcommit beside the guest count
+CPUS_TITLE = "vCPUs per host CPU"  # --cpu-overcommit under the guest count
 PLACEMENT = "this host"  # where a run's N guests go when Where is blank: all on one host
 CHARTED_GUESTS = 4  # guests with a line of their own in the throughput chart; the figures line names them all
 
@@ -131,7 +131,7 @@ class TestsScreen(BaseScreen):
                             with Horizontal(id="cpus-row"):
                                 yield Input(f"{CPUS.default:g}", id="cpu-overcommit", compact=True,
                                             tooltip=f"{CPUS_TITLE} ({CPUS.flag}): {CPUS.help}.")
-                                yield Static("vCPUs per host CPU", id="cpus-label",
+                                yield Static(CPUS_TITLE, id="cpus-label",
                                              markup=False)
                             yield Static("", id="guest-note", markup=False)
                             yield Label(SIZE.title, classes="section")
