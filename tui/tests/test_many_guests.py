@@ -601,6 +601,38 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.root
+def test_fios_own_client_server_mode_drives_a_server_in_every_guest(nothing_left):
+    """fiocs-seq-write-64k with --guests 2: a fio --server in each guest on its bridge address, the first guest's
+    fio --client sending both their jobs; each server's figure stored as its guest's, fio's own aggregate as the
+    run's row (at most their sum: all bytes over the longest job); bare metal, two plain fio processes."""
+    from cloudbox.core import network, runs
+
+    size = 16 << 20
+    spec = RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="fiocs-seq-write-64k", guests=2)
+    with ResultStore() as store:
+        rid = runs.executor(spec, store).execute()
+        run = store.get_run(rid)
+    assert run.state == "completed", run.reason
+    each = run.instances("guest", "fiocs-seq-write-64k", "MB/s")
+    assert [m.instance for m in each] == [1, 2] and all(m.value > 0 for m in each)
+    job = run.measurement("guest", "fiocs-seq-write-64k", "MB/s")
+    assert job is not None and 0 < job.value <= sum(m.value for m in each) * 1.0001
+    stats = json.loads(job.raw)["client_stats"]
+    servers = {c["hostname"]: c for c in stats if c["jobname"] != "All clients"}
+    assert sorted(servers) == [network.guest_ip(1), network.guest_ip(2)]  # a server in each guest
+    assert all(c["write"]["io_bytes"] == size and c["job options"]["filename"] == "/dev/vda"
+               for c in servers.values())
+    bytes_, secs = (sum(c["write"]["io_bytes"] for c in servers.values()),
+                    max(c["write"]["runtime"] for c in servers.values()) / 1000)
+    assert job.value == pytest.approx(bytes_ / 1e6 / secs, rel=0.01)  # fio's "All clients", or the same sum
+    base = run.instances("baseline", "fiocs-seq-write-64k", "MB/s")
+    assert [m.instance for m in base] == [1, 2] and all(m.value > 0 for m in base)
+    assert compare.compare_table([run]).sections[0].rows[3].cells["run"] == f"#{rid} job"
+    nothing_left(run)
+
+
+@pytest.mark.slow
+@pytest.mark.root
 @pytest.mark.full
 def test_two_guests_each_stripe_their_own_three_disks(nothing_left, capsys):
     """virtio-raid0 with --guests 2: each guest builds its own md0 over its three disks, both write there through

@@ -131,7 +131,8 @@ def test_the_arguments_of_each_phase():
 
 # -- checks before anything starts -------------------------------------------------------------------------------
 def test_mpi_tests_need_two_guests_and_a_shared_file_an_nfs_export():
-    with pytest.raises(UsageError, match=r"run one MPI job across guests; allowed: --guests 2 or more"):
+    with pytest.raises(UsageError, match=r"run one job \(MPI, or fio.s client/server\) across guests; allowed: "
+                                         r"--guests 2 or more"):
         RunSpec(profile="nfs-async-tcp", suite="storage", storage_tests="mpi").validate()
     RunSpec(profile="nfs-async-tcp", suite="storage", storage_tests="mpi", guests=2).validate()
     RunSpec(profile="virtio-disk", suite="network", storage_tests="mpi").validate()  # no storage tests run

@@ -31,6 +31,38 @@ def test_fio_json_captured():
     assert r.mbps == pytest.approx(bw / 1e6) and r.mbps > 0 and r.iops > 0 and r.lat_us > 0
 
 
+def test_fio_client_json_gives_each_server_and_fios_own_aggregate():
+    """fio 3.33 --client against two fio --server on this host (captured): the servers' status lines first, then
+    client_stats with a job per server and fio's "All clients" (all bytes over the longest job, not the sum)."""
+    text = (DATA / "fio-clients-2-servers.txt").read_text()
+    assert text.startswith("<")  # each server's own lines, named by its host, before the JSON
+    total, each = storage.parse_fio_clients("fiocs-seq-write-64k", text, ["127.0.0.1", "127.0.0.2"])
+    stats = json.loads(text[text.index("\n{") + 1:])["client_stats"]
+    by_host = {c["hostname"]: c["write"]["bw_bytes"] / 1e6 for c in stats if c["jobname"] != "All clients"}
+    assert [r.mbps for r in each] == [pytest.approx(by_host["127.0.0.1"]), pytest.approx(by_host["127.0.0.2"])]
+    assert 0 < total.mbps < sum(r.mbps for r in each)  # fio's aggregate: the bytes over the longest runtime
+    assert total.raw.startswith("{") and each[0].raw == ""
+    _, swapped = storage.parse_fio_clients("fiocs-seq-write-64k", text, ["127.0.0.2", "127.0.0.1"])  # given order
+    assert [r.mbps for r in swapped] == [r.mbps for r in reversed(each)]
+    # without fio's aggregate (it leaves it out when the servers' reports arrive apart) the same sum is made here
+    doc = json.loads(text[text.index("\n{") + 1:])
+    doc["client_stats"] = [c for c in doc["client_stats"] if c["jobname"] != "All clients"]
+    made, _ = storage.parse_fio_clients("fiocs-seq-write-64k", json.dumps(doc), ["127.0.0.1", "127.0.0.2"])
+    assert made.mbps == pytest.approx(total.mbps, rel=0.001)
+    with pytest.raises(CloudboxError, match=r"reported servers 127.0.0.1, 127.0.0.2; expected 127.0.0.1, 10.0.0.9"):
+        storage.parse_fio_clients("fiocs-seq-write-64k", text, ["127.0.0.1", "10.0.0.9"])
+    with pytest.raises(CloudboxError, match="printed no client_stats"):
+        storage.parse_fio_clients("fiocs-seq-write-64k", "fio: connect: Connection refused", ["127.0.0.1"])
+
+
+def test_a_fio_job_file_holds_the_tests_options_and_no_output_settings():
+    job = storage.fio_job_file(storage.TESTS["fiocs-seq-write-64k"], "/dev/vda", 16 << 20, 5)
+    lines = job.splitlines()
+    assert lines[0] == "[fiocs-seq-write-64k]" and "filename=/dev/vda" in lines and "rw=write" in lines
+    assert "bs=64k" in lines and "direct=1" in lines and f"size={16 << 20}" in lines
+    assert not any(x.startswith(("output-format", "eta", "name=")) for x in lines)
+
+
 def test_fio_errors_are_clear():
     with pytest.raises(CloudboxError, match="printed no JSON"):
         storage.parse_fio("seq-read-64k", "fio: pid=0, err=2/file:filesetup.c")

@@ -39,7 +39,9 @@ from cloudbox.core.volumes import nfs
                                    r"with enrolled nodes"),
     (dict(node="local,Be1", guests=2), r"--node 'local,Be1': 'Be1' is not a node name; allowed: lowercase"),
     (dict(node="local, be1", guests=2), r"' be1' is not a node name; allowed: lowercase .* in a comma list of places"),
-    (dict(node="local,be1", guests=2, storage_tests="mpiio-fpp-1m"), r"an MPI job across places is not supported"),
+    (dict(node="local,be1", guests=2, storage_tests="mpiio-fpp-1m"),
+     r"a job across places \(MPI, fio.s client/server\) is not supported"),
+    (dict(node="local,be1", guests=2, storage_tests="fiocs-seq-write-64k"), r"a job across places .* is not supported"),
     (dict(node=",".join(f"be{i}" for i in range(9)), guests=9), r"names 9 places; allowed: 1 to 8"),
 ])
 def test_bad_places_name_the_option_and_what_is_allowed(kw, message):

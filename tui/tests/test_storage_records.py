@@ -57,7 +57,7 @@ def test_the_records_set_and_full():
     assert storage.needs_fill(storage.resolve_tests("rec-read-64k"))
     assert not set(SWEEP) & set(storage.TEST_SETS["full"])  # full leaves the sweep out
     assert (set(storage.TEST_SETS["full"]) | set(SWEEP) | set(storage.IOZONE_TESTS) | set(storage.IOZONE_FILE_TESTS)
-            | {"bonnie", *storage.IOZONE_GRIDS} | set(storage.MPI_TESTS)) == set(storage.TESTS)
+            | {"bonnie", *storage.IOZONE_GRIDS} | set(storage.JOB_TESTS)) == set(storage.TESTS)
     # the run option's choices and help come from the same table
     assert [v for _, v in option("storage_tests").offered()] == list(storage.TEST_SETS)
     assert "records" in option("storage_tests").help

@@ -34,7 +34,7 @@ from .fairness import spread
 from .network import FRONTEND_SUFFIX
 from .results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
 from .runspec import OVERCOMMIT_LABEL, PROPAGATE_PREFIX
-from .storage import IOZONE_GRIDS, MPI_TESTS, RECORD_SIZES, TESTS
+from .storage import FIO_CS_TESTS, IOZONE_GRIDS, JOB_TESTS, MPI_TESTS, RECORD_SIZES, TESTS
 
 EMULATED_MARK = "*"
 MEAN_BASELINE_MARK = "^"
@@ -202,6 +202,10 @@ def test_title(test: str) -> str:
         return (f"IOzone's automatic mode over record and file sizes, {_size_words(smallest)} to 16 MB records: write "
                 "MB/s of the largest file with the largest records (every pass of every file and record size stored "
                 f"beside it), O_DIRECT [{test}]")
+    if base_test(test) in FIO_CS_TESTS:
+        return ("Write: sequential write, 64 kB requests, fio's client/server mode: the first guest's fio --client "
+                "sends a fio --server in every guest its job, each on its own disk, and sums them up ('All clients': "
+                f"all bytes over the longest job), O_DIRECT [{test}]")
     if base_test(test) in MPI_TESTS:
         api, layout = test.split("-")[:2]
         return (f"{ {'mpiio': 'MPI-IO', 'posix': 'POSIX', 'hdf5': 'parallel HDF5'}[api]} across guests, one MPI job, "
@@ -486,10 +490,13 @@ def _legend(r: Run) -> str:
 def _rows_note(r: Run) -> str:
     """What the first row of a run of N guests holds: the guests' sum, or an MPI job's own aggregate (IOR's)."""
     mpi = {base_test(m.test) in MPI_TESTS for m in r.measurements}
+    fio = any(base_test(m.test) in FIO_CS_TESTS for m in r.measurements)
     if mpi == {True}:
         return "rows: the MPI job's aggregate, then each rank"
     if True in mpi:
         return "rows: their sum (an MPI job: its aggregate), then each guest or rank"
+    if fio:
+        return "rows: their sum (fio --client: its aggregate over the servers), then each guest"
     return "rows: their sum, then each guest"
 
 
@@ -530,17 +537,20 @@ def spread_note(r: Run, test: str, metric: str) -> str | None:
     if not guests:
         return None
     g = spread([m.value for m in guests])
-    if base_test(test) in MPI_TESTS:  # one job: its own aggregate, each rank timed over its own share
+    if base_test(test) in JOB_TESTS:  # one job: its own aggregate, each rank timed over its own share
         job = r.measurement("guest", test, metric)
-        note = (f"#{r.id} {test}: one MPI job, a rank in each of {g.n} guests, "
-                f"{'-' if job is None else f'{job.value:.1f}'} {metric} (all bytes over the job's time); per rank "
+        mpi = base_test(test) in MPI_TESTS
+        one = "one MPI job, a rank" if mpi else "one fio --client job, a fio --server"
+        note = (f"#{r.id} {test}: {one} in each of {g.n} guests, "
+                f"{'-' if job is None else f'{job.value:.1f}'} {metric} (all bytes over the job's time); per "
+                f"{'rank' if mpi else 'server'} "
                 f"(over its own time) min {g.min:.1f} / median {g.median:.1f} / max {g.max:.1f}; Jain's fairness "
                 f"index {g.jain:.3f}")
     else:
         note = (f"#{r.id} {test}: {g.n} guests, sum {g.total:.1f} {metric}; per guest min {g.min:.1f} / median "
                 f"{g.median:.1f} / max {g.max:.1f}; Jain's fairness index {g.jain:.3f}")
     mixed = guest_profiles(r)
-    if mixed and base_test(test) not in MPI_TESTS:
+    if mixed and base_test(test) not in JOB_TESTS:
         by: dict[str, list[float]] = {}
         for m in guests:
             by.setdefault(mixed.get(m.instance or 0, "?"), []).append(m.value)
@@ -604,7 +614,7 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
                     if bm is not None:
                         bases.append((r, bm))
                 if bases:
-                    agg = "job" if base_test(test) in MPI_TESTS else "sum"
+                    agg = "job" if base_test(test) in MPI_TESTS else "sum"  # fio --client's bare metal: N processes
                     ms_b = [m for _, m in bases]
                     from_host = storage and any(VOLUME_BASELINE_LABEL in m.labels for m in ms_b)
                     row = Row(
@@ -669,7 +679,7 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
                         row.markers.append(CAVEAT_MARK)
                         caveats.setdefault(r.id, set()).update(cav)
                     if guest_count(r) > 1:
-                        row.cells["run"] = f"#{r.id} {'job' if base_test(test) in MPI_TESTS else 'sum'}"
+                        row.cells["run"] = f"#{r.id} {'job' if base_test(test) in JOB_TESTS else 'sum'}"
                     section.rows.append(row)
                     section.rows += instance_rows(r, "guest", test, metric, storage)
                     if (spread_line := spread_note(r, test, metric)) is not None:
@@ -708,7 +718,7 @@ def guest_sweep_table(runs: Sequence[Run]) -> Table:
     caveats: dict[int, set[str]] = {}
     for test in sorted(tests, key=test_sort_key):
         metric = primary_metric(test, [m.metric for r in runs for m in r.measurements if m.test == test])
-        agg = "job" if base_test(test) in MPI_TESTS else "sum"  # an MPI job's own aggregate, not its ranks' sum
+        agg = "job" if base_test(test) in JOB_TESTS else "sum"  # a job's own aggregate, not its ranks' sum
         columns = [Column("run", "run", "run"), Column("guests", "guests", "N", True),
                    Column("value", f"{agg} {metric}", f"{agg} {metric}", True), Column("min", "min", "min", True),
                    Column("median", "median", "median", True), Column("max", "max", "max", True),

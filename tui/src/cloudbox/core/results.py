@@ -38,7 +38,7 @@ from .events import FINAL_STATES, SAMPLE_FIELDS
 from .network import FRONTEND_SUFFIX, NET_SETS
 from .procs import process_exists
 from .provenance import Provenance
-from .storage import IOZONE_FILE_TESTS, IOZONE_GRIDS, IOZONE_TESTS, MPI_TESTS, RECORD_TESTS
+from .storage import FIO_CS_TESTS, IOZONE_FILE_TESTS, IOZONE_GRIDS, IOZONE_TESTS, MPI_TESTS, RECORD_TESTS
 
 SCHEMA_VERSION = 4
 
@@ -55,7 +55,7 @@ METRICS = ("MB/s", "IOPS", "lat_us", "Mbit/s", "trans/s")  # the views know thes
 STORAGE_TESTS = (
     "seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m", "seq-read-1m",
     "randread-4k-qd1", "randwrite-4k-qd1", "randread-4k-qd32", "randwrite-4k-qd32", *RECORD_TESTS,
-    *IOZONE_TESTS, *IOZONE_FILE_TESTS, *IOZONE_GRIDS, "bonnie", *MPI_TESTS,
+    *IOZONE_TESTS, *IOZONE_FILE_TESTS, *IOZONE_GRIDS, "bonnie", *MPI_TESTS, *FIO_CS_TESTS,
 )
 # The guest's own host first, then (runs on a back-end) the same tests to the front-end ("-fe").
 NETWORK_TESTS = (*NET_SETS["both"], *(t + FRONTEND_SUFFIX for t in NET_SETS["both"]))

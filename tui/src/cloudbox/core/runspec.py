@@ -99,10 +99,10 @@ class RunSpec:
             opt.validate(getattr(self, opt.field))
         if self.wants_storage:
             _check_records_fit(self.storage_tests, self.size)
-            mpi = [t.id for t in storage.resolve_tests(self.storage_tests) if t.tool == storage.MPI_TOOL]
-            if mpi and self.guests < 2:
-                raise UsageError(f"storage test(s) {', '.join(mpi)} run one MPI job across guests; allowed: --guests 2 "
-                                 "or more, or --tests without them")
+            jobs = [t.id for t in storage.resolve_tests(self.storage_tests) if t.tool in storage.JOB_TOOLS]
+            if jobs and self.guests < 2:
+                raise UsageError(f"storage test(s) {', '.join(jobs)} run one job (MPI, or fio's client/server) across "
+                                 "guests; allowed: --guests 2 or more, or --tests without them")
         if not isinstance(self.propagate, list):
             raise UsageError(f"image sizes to propagate {self.propagate!r} are not allowed; allowed: a list of sizes "
                              "in bytes")
@@ -148,6 +148,13 @@ class RunSpec:
     def wants_mpi(self) -> bool:
         """An MPI job among the storage tests: the guests boot with the MPI layer and talk on the run's bridge."""
         return self.wants_storage and any(t.tool == storage.MPI_TOOL for t in storage.resolve_tests(self.storage_tests))
+
+    @property
+    def wants_links(self) -> bool:
+        """A job across the guests among the storage tests (MPI, fio's client/server): the guests talk on the run's
+        bridge."""
+        tests = storage.resolve_tests(self.storage_tests) if self.wants_storage else []
+        return any(t.tool in storage.JOB_TOOLS for t in tests)
 
     @property
     def wants_network(self) -> bool:
@@ -492,10 +499,10 @@ def _check_spread(spec: RunSpec) -> None:
     if n < len(places):
         raise UsageError(f"{where} spreads the guests over {len(places)} places; --guests {n} leaves one empty; "
                          f"allowed: --guests {len(places)} or more")
-    mpi = [t.id for t in storage.resolve_tests(spec.storage_tests) if t.tool == storage.MPI_TOOL]
-    if mpi:
-        raise UsageError(f"{where} with --tests {', '.join(mpi)}: an MPI job across places is not supported yet; "
-                         "allowed: the fio and dd tests, or the MPI tests with every guest on one place")
+    jobs = [t.id for t in storage.resolve_tests(spec.storage_tests) if t.tool in storage.JOB_TOOLS]
+    if jobs:
+        raise UsageError(f"{where} with --tests {', '.join(jobs)}: a job across places (MPI, fio's client/server) is "
+                         "not supported yet; allowed: the fio and dd tests, or these with every guest on one place")
     if spec.hold:
         raise UsageError(f"{where}: a part of a spread run runs on one place; allowed: one node")
 

@@ -82,6 +82,12 @@ IOZONE_TOOLS = ("iozone", *IOZONE_SWEEPS)
 # One MPI job across the run's guests (core.mpiio): write then read back with 1 MiB transfers, IOR's way.
 MPI_TOOL = "mpiio"
 MPI_TESTS = ("mpiio-shared-1m", "mpiio-fpp-1m", "posix-shared-1m", "hdf5-shared-1m")
+# fio's own client/server mode across the run's guests: the first guest's `fio --client` sends every guest's
+# `fio --server` its job (each on its own disk or file), fio starts them and sums them up ("All clients").
+FIO_CS_TOOL = "fio-cs"
+FIO_CS_TESTS = ("fiocs-seq-write-64k",)
+JOB_TESTS = (*MPI_TESTS, *FIO_CS_TESTS)  # one job across the guests: its own aggregate is the run's row
+JOB_TOOLS = (MPI_TOOL, FIO_CS_TOOL)
 
 TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("seq-write-64k", "write", "64k"),
@@ -108,6 +114,7 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("bonnie", "write", "8k", tool="bonnie"),
     # a write job, then (caches dropped) a read job: both phases' caches and labels as a read test's
     *(StorageTest(tid, "write,read", "1m", tool=MPI_TOOL) for tid in MPI_TESTS),
+    StorageTest("fiocs-seq-write-64k", "write", "64k", tool=FIO_CS_TOOL),
 ]}
 
 TEST_SETS: dict[str, list[str]] = {
@@ -120,7 +127,7 @@ TEST_SETS: dict[str, list[str]] = {
     # Nor Bonnie++, which makes a file system on the disk and writes, rewrites and reads most of it once more,
     # nor IOzone's grid, which passes over twice the disk 36 times.
     "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS and t not in IOZONE_FILE_TESTS
-             and t not in ("bonnie", *IOZONE_GRIDS) and t not in MPI_TESTS],
+             and t not in ("bonnie", *IOZONE_GRIDS) and t not in JOB_TESTS],
     "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
     "records": list(RECORD_TESTS),
     # Study B's record sizes (64 kB, 1 MB and its 16 MB) with IOzone itself; the whole sweep is `iozone-*` by name.
@@ -130,6 +137,7 @@ TEST_SETS: dict[str, list[str]] = {
     "iozone-files": ["iozone-files-16m"],
     # across guests only (--guests 2 or more); the shared-file ones on an NFS export
     "mpi": list(MPI_TESTS),
+    "fio-cs": list(FIO_CS_TESTS),  # across guests only, like mpi
 }
 
 
@@ -296,9 +304,13 @@ def parse_fio(test_id: str, text: str) -> FioResult:
         data = json.loads(text[start:])
     except ValueError as e:
         raise CloudboxError(f"fio ({test_id}) printed invalid JSON: {e}") from e
-    job = data["jobs"][0]
+    return _job_result(test_id, data["jobs"][0], text[start:])
+
+
+def _job_result(test_id: str, job: dict, raw: str, who: str = "") -> FioResult:
+    """One job's (or one fio server's) figures from fio's JSON."""
     if job.get("error"):
-        raise CloudboxError(f"fio ({test_id}) failed with error {job['error']}")
+        raise CloudboxError(f"fio ({test_id}{who}) failed with error {job['error']}")
     mbps = iops = lat = 0.0
     secs = 0.0
     for d in ("read", "write"):
@@ -308,7 +320,47 @@ def parse_fio(test_id: str, text: str) -> FioResult:
             iops += side["iops"]
             lat = max(lat, side.get("clat_ns", {}).get("mean", 0.0) / 1000)
             secs = max(secs, side.get("runtime", 0) / 1000)
-    return FioResult(test_id, mbps, iops, lat, secs, text[start:])
+    return FioResult(test_id, mbps, iops, lat, secs, raw)
+
+
+FIO_CLIENT_TOTAL = "All clients"  # fio --client's own aggregate over its servers, in client_stats
+
+
+def fio_job_file(t: StorageTest, target: str, size: int, runtime: int) -> str:
+    """`t` as a fio job file (what fio --client sends a server): fio_args's job options, one per line."""
+    skip = ("--name=", "--output-format=", "--eta")
+    lines = [f"[{t.id}]"] + [a[2:] for a in fio_args(t, target, size, runtime)[1:] if not a.startswith(skip)]
+    return "\n".join(lines) + "\n"
+
+
+def parse_fio_clients(test_id: str, text: str, servers: list[str]) -> tuple[FioResult, list[FioResult]]:
+    """fio --client's JSON over `servers` (their addresses, in order): fio's aggregate ("All clients"), and each
+    server's own figures in the servers' order. Each server must have reported once."""
+    start = text.find("\n{") + 1 if not text.startswith("{") else 0
+    try:
+        data = json.loads(text[start:]) if start >= 0 and text[start:start + 1] == "{" else None
+    except ValueError as e:
+        raise CloudboxError(f"fio --client ({test_id}) printed invalid JSON: {e}") from e
+    if not isinstance(data, dict) or not isinstance(data.get("client_stats"), list):
+        raise CloudboxError(f"fio --client ({test_id}) printed no client_stats: {text.strip()[-300:]}")
+    stats = data["client_stats"]
+    raw = text[start:]
+    each = {str(c.get("hostname")): c for c in stats if c.get("jobname") != FIO_CLIENT_TOTAL}
+    if sorted(each) != sorted(servers):
+        raise CloudboxError(f"fio --client ({test_id}) reported servers {', '.join(sorted(each)) or 'none'}; "
+                            f"expected {', '.join(servers)}")
+    results = [_job_result(test_id, each[ip], "", f" on {ip}") for ip in servers]
+    total = next((c for c in stats if c.get("jobname") == FIO_CLIENT_TOTAL), None)
+    if total is not None:
+        return _job_result(test_id, total, raw), results
+    # fio left its aggregate out (it does when the servers' last reports arrive apart): the same sum, all bytes over
+    # the longest job
+    sides = [c.get(d, {}) for c in each.values() for d in ("read", "write")]
+    secs = max(x.get("runtime", 0) for x in sides) / 1000
+    done = sum(x.get("io_bytes", 0) for x in sides)
+    ios = sum(x.get("total_ios", 0) for x in sides)
+    return (FioResult(test_id, done / MB / secs if secs else 0.0, ios / secs if secs else 0.0,
+                      max(r.lat_us for r in results), secs, raw), results)
 
 
 def iozone_args(t: StorageTest, target: str, size: int) -> list[str]:

@@ -176,14 +176,14 @@ def storage_test_many(ctx: RunContext, side: str, t: storage.StorageTest,
 
 def storage_job(ctx: RunContext, side: str, t: storage.StorageTest,
                 run: Callable[[], tuple[storage.FioResult, list[storage.FioResult]]],
-                drops: tuple[Callable[[], None], ...] = ()) -> storage.FioResult:
+                drops: tuple[Callable[[], None], ...] = (), what: str = "") -> storage.FioResult:
     """`t` on `side` as one job of N processes (an MPI job: `run` returns its aggregate and each rank's figures):
     one row per rank, and the run's row with the job's own aggregate (not their sum: the job's bytes over its whole
     window), with the host disk's counters over that window."""
     tl = _test_labels_after_drops(ctx, side, t, drops)
     ctx.current_test = f"{side}:{t.id}"
     ranks_note = f"{ctx.spec.guests} ranks" if side == "baseline" else f"{ctx.spec.guests} guests"
-    ctx.sink.step(f"{side}: {t.id} (one MPI job, {ranks_note})", side=side, test=t.id)
+    ctx.sink.step(f"{side}: {t.id} ({what or f'one MPI job, {ranks_note}'})", side=side, test=t.id)
     device, c0 = _disk_counters(ctx)
     start = time.time()
     total, ranks = run()

@@ -165,7 +165,7 @@ def run_profiles(spec: RunSpec) -> list[Profile]:
     """The run's profiles, checked before anything starts: one, or a mixed run's (--profile a+b), which must differ
     in guest-side knobs only; and the guests they make must fit (check_fits)."""
     mix = resolve_mix(spec.profile)
-    link_unused = not (spec.wants_network or spec.wants_mpi or is_nfs(mix[0].disk))
+    link_unused = not (spec.wants_network or spec.wants_links or is_nfs(mix[0].disk))
     if len(mix) > 1 and (why := mix_problem(mix, link_unused=link_unused)):
         raise UsageError(f"--profile {spec.profile}: {why}")
     check_fits(spec, mix[0], mix=mix)
@@ -451,8 +451,8 @@ def guests_storage(ctx: RunContext) -> None:
         disks, links = _mount_export(ctx, runners)
     else:
         disks = _assemble_raids(ctx, runners) if ctx.profile.disk.raid != "none" else [gr.disk() for gr in runners]
-        if ctx.spec.wants_mpi:
-            ctx.sink.step(f"guest: configuring {len(runners)} NICs for the MPI jobs", side="guest")
+        if ctx.spec.wants_links:
+            ctx.sink.step(f"guest: configuring {len(runners)} NICs for the jobs across guests", side="guest")
             links = [configure_nic(ctx, gr.guest, network.guest_ip(k)) for k, gr in enumerate(runners, 1)]
     if ctx.spec.wants_mpi:
         ctx.sink.step(f"guest: dropbear in {len(runners)} guests for mpirun", side="guest")
@@ -467,6 +467,9 @@ def guests_storage(ctx: RunContext) -> None:
     for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
         if t.tool == storage.MPI_TOOL:
             _guests_mpi(ctx, t, runners, disks, links[0][0])
+            continue
+        if t.tool == storage.FIO_CS_TOOL:
+            _guests_fio_cs(ctx, t, runners, disks, [ip for _, ip in links])
             continue
         if lay:
             ctx.sink.step(f"guest: laying down IOzone's data for {t.id}, in every guest", side="guest")
@@ -490,6 +493,46 @@ def guests_storage(ctx: RunContext) -> None:
         if pv.server_bytes_written is not None:  # unknown here when the front-end serves it
             ctx.sink.log(f"{pv.server} read {pv.server_bytes_read} and wrote {pv.server_bytes_written} bytes of the "
                          "export's disk")
+
+
+FIO_SERVER_PORT = 8765  # fio's own default, on each guest's bridge address only
+FIO_SERVER_PID = "/run/cloudbox-fio-server.pid"
+
+
+def _guests_fio_cs(ctx: RunContext, t: storage.StorageTest, runners: list[storage.GuestRunner], disks: list[str],
+                   ips: list[str]) -> None:
+    """`t` through fio's own client/server mode: a `fio --server` in every guest on its bridge address, and in the
+    first guest one `fio --client` that sends each server its job (on that guest's own disk, or its own file on the
+    shared export). fio starts them all and reports each server's figures and their aggregate ("All clients": all
+    bytes over the longest job), which is the run's row; the servers are stopped after."""
+    g1, n = runners[0].guest, len(runners)
+    files = [f"/tmp/cloudbox-fiocs-g{k}.fio" for k in range(1, n + 1)]
+
+    def stop() -> None:
+        for gr in runners:
+            gr.guest.sh(f"[ -f {FIO_SERVER_PID} ] && kill $(cat {FIO_SERVER_PID}); rm -f {FIO_SERVER_PID}", timeout=30)
+
+    with ctx.control.atomic():
+        ctx.stack.callback(stop)  # also when the job fails or the run is cancelled
+    for gr, ip in zip(runners, ips, strict=True):
+        gr.guest.run(["fio", f"--server=ip:{ip},{FIO_SERVER_PORT}", f"--daemonize={FIO_SERVER_PID}"], timeout=30,
+                     check=True)
+    argv = ["fio", "--output-format=json"]
+    for path, disk, ip in zip(files, disks, ips, strict=True):
+        g1.run(["/bin/sh", "-c", 'printf "%s" "$1" > "$2"', "sh",
+                storage.fio_job_file(t, disk, ctx.size, ctx.runtime), path], timeout=30, check=True)
+        argv += [f"--client=ip:{ip},{FIO_SERVER_PORT}", path]
+
+    def run() -> tuple[storage.FioResult, list[storage.FioResult]]:
+        r = g1.run(argv, timeout=storage.guest_timeout(t, ctx.size), poll=ctx.control.check)
+        if r.exitcode != 0:
+            raise GuestError(f"fio --client ({t.id}) in {g1.name} exited {r.exitcode}: "
+                             f"{(r.stdout + r.stderr).strip()[-600:]}")
+        return storage.parse_fio_clients(t.id, r.stdout, ips)
+
+    storage_job(ctx, "guest", t, run, tuple(gr.drop_caches for gr in runners),
+                what=f"fio --client in {g1.name}, a fio --server in each of {n} guests")
+    stop()
 
 
 def _assemble_raids(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[str]:

@@ -47,7 +47,7 @@ def plumb(ctx: RunContext) -> None:
         ctx.provenance.private_network = PrivateNetwork(bridge=ctx.private_bridge, peer=peer)
     d = ctx.profile.disk
     guest_attach = d.backing == "network-volume" and d.attach == "guest"  # the volume reaches it over its NIC
-    if not (spec.wants_network or spec.session or guest_attach or spec.wants_mpi):  # MPI ranks talk over it
+    if not (spec.wants_network or spec.session or guest_attach or spec.wants_links):  # MPI ranks, fio's clients
         return
     hostnet = ctx.hostnet = network.HostNetwork(mtu)
     ctx.stack.callback(hostnet.teardown)
