@@ -21,14 +21,7 @@ from ..profiles import is_nfs
 from ..provenance import Controller, NodeInfo, Nodes, PeerServers, Provenance, RemoteRun
 from ..results import MEASUREMENT_COLUMNS
 from ..runspec import BOOT, resolve_net_tests
-from ..volumes.attach import (
-    SCHEME_NAMES,
-    AttachRefused,
-    VolumeExport,
-    export_for_node,
-    export_for_run,
-    parse_volume,
-)
+from ..volumes.attach import SCHEME_NAMES, AttachRefused, export_for_node, export_for_run, parse_volume
 from ..volumes.nfs import NfsExport
 from ..volumes.nfs import subnet as nfs_subnet
 from ..volumes.store import VolumeBusy, VolumeStore
@@ -129,14 +122,14 @@ def serve_nfs(ctx: RunContext, there: NodeRun) -> None:
     serve_export(ctx, f"node {there.node.name}", there.node.name)
 
 
-def serve_export(ctx: RunContext, where: str, to: str, also: str = "") -> VolumeExport | None:
+def serve_export(ctx: RunContext, where: str, to: str, also: str = "") -> None:
     """The NFS profile's export served by this front-end on its private address (to the private network's subnet,
-    and `also`, another subnet, when given) for the length of the run, or None for a run without one; its
+    and `also`, another subnet, when given) for the length of the run, as ctx.volume (nothing without one); its
     directory a fresh one of this run's, on this host's disk (stopped and removed with the run), that disk sampled
     on the run's timeline. `where`: the run's places as the refusal names them; `to`: who mounts it."""
     d, spec = ctx.profile.disk, ctx.spec
     if not (is_nfs(d) and spec.wants_storage):
-        return None
+        return
     addr, link = nodeconf.private_address(), nodeconf.private_link(nodeconf.settings())
     if addr == "0.0.0.0" or not link:
         raise CloudboxError(f"profile {ctx.profile.name}: disk.volume = {d.volume} on {where}: the "
@@ -158,7 +151,6 @@ def serve_export(ctx: RunContext, where: str, to: str, also: str = "") -> Volume
         _sample_disk(ctx, v.store.host_device)
     else:
         ctx.sink.log(f"the disk under {v.path} is not one /proc/diskstats names: the export's disk is not sampled")
-    return v
 
 
 def record_nfs(ctx: RunContext) -> None:
