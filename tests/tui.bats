@@ -236,8 +236,8 @@ extended_colours() { grep -E '(^|;)(38|48|58)[;:](5|2)([;:]|$)' || true; }
     tui_keys tests 4
     run -0 tui_wait tests 20 'Storage tests' setup
     assert_output --partial "[x] $PROFILE_A"
-    # From the tab bar, Shift+Tab goes back through Start, the profile list, storage tests, size.
-    tui_pick_select tests 3 smoke 'smoke: seq-write-64k'
+    # From the tab bar, Shift+Tab goes back through Start, the profile list, vCPUs per host CPU, storage tests, size.
+    tui_pick_select tests 4 smoke 'smoke: seq-write-64k'
     tui_pick_select tests 1 quick 'study-sized \(2x guest RAM'
     run -0 tui_capture tests chosen
     assert_output --partial 'smoke: seq-write-64k'
@@ -273,7 +273,7 @@ extended_colours() { grep -E '(^|;)(38|48|58)[;:](5|2)([;:]|$)' || true; }
     tui_start t1 -- tui --screen tests
     run -0 tui_wait t1 30 'Storage tests' setup
     assert_output --partial "[x] $PROFILE_B"
-    tui_pick_select t1 3 smoke 'smoke: seq-write-64k'
+    tui_pick_select t1 4 smoke 'smoke: seq-write-64k'
     run -0 tui_capture t1 chosen
     assert_output --partial 'quick (128 MiB, 5 s tests)'
     tui_keys t1 s

@@ -137,8 +137,8 @@ tui_quit() {
 }
 
 # tui_pick_select SESSION BTABS SEARCH OPTION_ERE: from the Tests screen's first focus (its tab bar),
-# Shift+Tab BTABS times to reach a drop-down (counting back from the Start button: 3 = storage tests,
-# 4 = size), open it, type SEARCH (Textual's type-to-search moves to the first option containing it and
+# Shift+Tab BTABS times to reach a drop-down (counting back from the Start button: 4 = storage tests,
+# 5 = size), open it, type SEARCH (Textual's type-to-search moves to the first option containing it and
 # scrolls it into view), check that the open menu shows OPTION_ERE, and choose it with Enter. An open drop-down
 # shows ▲ where a closed one shows ▼ (its menu may cover the key bar, so the bar's "Dismiss menu" is no sign).
 tui_pick_select() {

@@ -682,9 +682,9 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
             assert text(app.screen.query_one("#guests-label")) == "Guests at once (on this host)"
             assert text(app.screen.query_one("#guests-hint")) == "1 to 64; 1,2,4 = a sweep"
             assert app.screen.query_one("#guest-count").value == "1"
-            # tests/tui.bats reaches the storage tests by three Shift+Tabs from the tab bar, then Size by one more
+            # tests/tui.bats reaches the storage tests by four Shift+Tabs from the tab bar, then Size by one more
             app.screen.query_one("#tests-tabs").query_one("Tabs").focus()
-            for want in ("start", "run-profiles", "test-set", "size"):
+            for want in ("start", "run-profiles", "cpu-overcommit", "test-set", "size"):
                 await pilot.press("shift+tab")
                 assert app.focused is not None and app.focused.id == want, (want, app.focused)
             app.screen.query_one("#suite", Select).value = "storage"

@@ -128,11 +128,6 @@ class TestsScreen(BaseScreen):
                                                     f"{WHERE.title} ({PLACEMENT} or one node), or spread "
                                                     "over its places (a spread entry).")
                                 yield Static(f"1 to {MAX_GUESTS}; 1,2,4 = a sweep", id="guests-hint", markup=False)
-                            with Horizontal(id="cpus-row"):
-                                yield Input(f"{CPUS.default:g}", id="cpu-overcommit", compact=True,
-                                            tooltip=f"{CPUS_TITLE} ({CPUS.flag}): {CPUS.help}.")
-                                yield Static(CPUS_TITLE, id="cpus-label",
-                                             markup=False)
                             yield Static("", id="guest-note", markup=False)
                             yield Label(SIZE.title, classes="section")
                             yield Select(SIZE.offered(), value=SIZE.initial, allow_blank=False, id="size")
@@ -141,6 +136,11 @@ class TestsScreen(BaseScreen):
                             # Shown once nodes are enrolled (a front-end); an all-in-one box runs here.
                             yield Label(WHERE.title, classes="section", id="where-label")
                             yield Select([("this host", "")], value="", allow_blank=False, id="where")
+                            # Last in the column: the selects above keep their places (their menus open below them).
+                            with Horizontal(id="cpus-row"):
+                                yield Input(f"{CPUS.default:g}", id="cpu-overcommit", compact=True,
+                                            tooltip=f"{CPUS_TITLE} ({CPUS.flag}): {CPUS.help}.")
+                                yield Static(f"{CPUS_TITLE} (guests at once)", id="cpus-label", markup=False)
                         with Vertical(classes="setup-col"):
                             yield Label("Profiles: space ticks [x]; several = a sweep or a mix", classes="section",
                                         markup=False, id="profiles-label")
