@@ -361,6 +361,11 @@ class EnrolServer:
         t.start()
         self._threads.append(t)
 
+    def serving(self, peer: str) -> int:
+        """How many connections from `peer` are being served now (a handler ends a moment after its last reply)."""
+        with self._active_lock:
+            return self._active.get(peer, 0)
+
     def _turn_away(self, conn: socket.socket, peer: str, reason: str, message: str) -> None:
         try:
             conn.settimeout(0.5)
