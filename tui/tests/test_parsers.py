@@ -44,7 +44,7 @@ def test_fio_client_json_gives_each_server_and_fios_own_aggregate():
     assert total.raw.startswith("{") and each[0].raw == ""
     _, swapped = storage.parse_fio_clients("fiocs-seq-write-64k", text, ["127.0.0.2", "127.0.0.1"])  # given order
     assert [r.mbps for r in swapped] == [r.mbps for r in reversed(each)]
-    # without fio's aggregate (it leaves it out when the servers' reports arrive apart) the same sum is made here
+    # without fio's aggregate (left out in one run in three here) the same sum is made here
     doc = json.loads(text[text.index("\n{") + 1:])
     doc["client_stats"] = [c for c in doc["client_stats"] if c["jobname"] != "All clients"]
     made, _ = storage.parse_fio_clients("fiocs-seq-write-64k", json.dumps(doc), ["127.0.0.1", "127.0.0.2"])

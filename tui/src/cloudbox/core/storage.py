@@ -353,8 +353,7 @@ def parse_fio_clients(test_id: str, text: str, servers: list[str]) -> tuple[FioR
     total = next((c for c in stats if c.get("jobname") == FIO_CLIENT_TOTAL), None)
     if total is not None:
         return _job_result(test_id, total, raw), results
-    # fio left its aggregate out (it does when the servers' last reports arrive apart): the same sum, all bytes over
-    # the longest job
+    # fio left its aggregate out (one run in three here, two TCG guests): the same sum, all bytes over the longest job
     sides = [c.get(d, {}) for c in each.values() for d in ("read", "write")]
     secs = max(x.get("runtime", 0) for x in sides) / 1000
     done = sum(x.get("io_bytes", 0) for x in sides)
