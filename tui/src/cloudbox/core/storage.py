@@ -336,9 +336,9 @@ def fio_job_file(t: StorageTest, target: str, size: int, runtime: int) -> str:
 def parse_fio_clients(test_id: str, text: str, servers: list[str]) -> tuple[FioResult, list[FioResult]]:
     """fio --client's JSON over `servers` (their addresses, in order): fio's aggregate ("All clients"), and each
     server's own figures in the servers' order. Each server must have reported once."""
-    start = text.find("\n{") + 1 if not text.startswith("{") else 0
+    start = 0 if text.startswith("{") else text.find("\n{") + 1  # after the servers' own lines; 0 when none
     try:
-        data = json.loads(text[start:]) if start >= 0 and text[start:start + 1] == "{" else None
+        data = json.loads(text[start:]) if text[start:start + 1] == "{" else None
     except ValueError as e:
         raise CloudboxError(f"fio --client ({test_id}) printed invalid JSON: {e}") from e
     if not isinstance(data, dict) or not isinstance(data.get("client_stats"), list):
