@@ -286,7 +286,7 @@ def test_results_show_names_each_place_its_guests_and_its_clock(state, capsys):
     assert "g1 (/dev/loop1 on local), g2 (/dev/loop0 on be1)" in out
     assert "place        local: g1 on fe1 (tcg), its run 4; its clock +0.0 ms" in out
     assert "place        be1: g2 on be1 (tcg), its run 9; its clock -12.3 ms from the front-end's (round trip " \
-           "45.1 ms); 2 vCPUs on 1 host CPU (overcommitted)" in out
+           "45.1 ms); vCPUs 2 on 1 host CPU: overcommitted, the guests shared CPUs (vcpu-overcommit)" in out
 
 
 # -- a real coordinated run --------------------------------------------------------------------------------------

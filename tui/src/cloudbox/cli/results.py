@@ -172,6 +172,12 @@ def _sampled_devices(store: ResultStore, run: Run) -> list[str]:
     return out
 
 
+def _vcpus(vcpus: int, cpus: int) -> str:
+    """'3 on 2 host CPUs' (guest vCPUs on host CPUs), saying when the guests had to share them (--cpu-overcommit)."""
+    return (f"{vcpus} on {counted(cpus, 'host CPU')}"
+            + (f": overcommitted, the guests shared CPUs ({OVERCOMMIT_LABEL})" if vcpus > cpus else ""))
+
+
 def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
     p = run.provenance
     state = run.state + (f" ({run.reason})" if run.reason else "")
@@ -234,14 +240,11 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
             first, last = pl.first, pl.first + pl.guests - 1
             clock = (f"; its clock {pl.clock_offset_s * 1000:+.1f} ms from the front-end's (round trip "
                      f"{(pl.clock_rtt_s or 0) * 1000:.1f} ms)" if pl.clock_offset_s is not None else "")
-            cpus = (f"; {pl.vcpus} vCPUs on {counted(pl.host_cpus, 'host CPU')}"
-                    + (" (overcommitted)" if pl.vcpus > pl.host_cpus else "") if pl.vcpus and pl.host_cpus else "")
+            cpus = f"; vCPUs {_vcpus(pl.vcpus, pl.host_cpus)}" if pl.vcpus and pl.host_cpus else ""
             lines.append(f"  place        {pl.name}: g{first}" + (f"-g{last}" if last > first else "")
                          + f" on {pl.host or '?'} ({pl.accelerator or '?'}), its run {pl.run_id}{clock}{cpus}")
         if g.vcpus and g.host_cpus:
-            lines.append(f"  vCPUs        {g.vcpus} on {counted(g.host_cpus, 'host CPU')}"
-                         + (f": overcommitted, the guests shared CPUs ({OVERCOMMIT_LABEL})" if g.vcpus > g.host_cpus
-                            else ""))
+            lines.append(f"  vCPUs        {_vcpus(g.vcpus, g.host_cpus)}")
         if g.skew_s:
             lines.append("  start skew   " + ", ".join(f"{t} {s * 1000:.0f} ms" for t, s in g.skew_s.items())
                          + " (the latest guest's start after the earliest's)")
