@@ -5,6 +5,7 @@ image copies. Standard library only: it runs with Debian's python3 on the test h
                                                        the last run of `results export --format json`, with
                                                        FE_TEST (default tcp-stream-fe) on both sides
     cluster_checks.py nfs-run RUN_JSON                 the last run: be1's guests and host on fe1's NFS export
+    cluster_checks.py iperf3-run RUN_JSON              the last run: be1's two guests' iperf3 to its host and fe1
     cluster_checks.py mpi-run RUN_JSON                 the last run: an MPI-IO job across be1's two guests
     cluster_checks.py host-raid RUN_JSON               the last run: the guest's one disk on the host's RAID 0
     cluster_checks.py spread-run RUN_JSON              the last run: one guest on fe1 and one on be1, started
@@ -208,6 +209,23 @@ def check_nfs_run(run_json: Path) -> str:
     return f"NFS from fe1, 2 guests on be1: {'; '.join(out)}; ganesha wrote {written / 2**20:.0f} MiB"
 
 
+def check_iperf3_run(run_json: Path) -> str:
+    """Two guests on be1 with iperf3: each guest's figure to be1's host and to fe1 (an iperf3 server per guest on
+    fe1's private address), stored per guest with the run's sum."""
+    run = json.loads(run_json.read_text())["runs"][-1]
+    check(run["state"] == "completed", "the iperf3 run completed", (run["state"], run["reason"]))
+    peer = run["provenance"].get("peer") or {}
+    check(len(peer.get("peer_iperf3_ports") or []) == 2, "fe1 served an iperf3 port per guest", peer)
+    out = []
+    for test in ("iperf3-tx", "iperf3-tx-fe"):
+        rows = [m for m in run["measurements"] if m["test"] == test and m["side"] == "guest"
+                and m["metric"] == "Mbit/s"]
+        each = sorted((m["instance"], m["value"]) for m in rows if m.get("instance") is not None)
+        check([k for k, _ in each] == [1, 2] and all(v > 0 for _, v in each), f"{test}: a figure per guest", each)
+        out.append(f"{test} {' + '.join(f'{v:.0f}' for _, v in each)} Mbit/s")
+    return f"iperf3 from 2 guests on be1: {'; '.join(out)}"
+
+
 SPREAD_SKEW_BOUND_S = 1.0  # two nested TCG guests on two TCG nodes, released through fe1's coordination channels
 
 
@@ -372,6 +390,8 @@ def main(argv: list[str]) -> int:
                 print(check_run(Path(run_json), Path(props_json), fe_tests or ["tcp-stream-fe"]))
             case ["nfs-run", run_json]:
                 print(check_nfs_run(Path(run_json)))
+            case ["iperf3-run", run_json]:
+                print(check_iperf3_run(Path(run_json)))
             case ["spread-run", run_json]:
                 print(check_spread_run(Path(run_json)))
             case ["mpi-run", run_json]:

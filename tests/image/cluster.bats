@@ -419,6 +419,16 @@ fe_run() {
 }
 
 # bats test_tags=slow,image,cluster,cluster-full
+@test "two guests on the back-end run iperf3 to be1's host and to fe1, an iperf3 server each; both figures stored" {
+    enrolled || skip "needs be1 enrolled (the enrolment test)"
+    # The start-run request carries a list of ports (peer_iperf3_ports): a node once refused it as a number.
+    fe_run run-iperf3 iperf3-run --node be1 --guests 2 --cpu-overcommit 2 --profile virtio-disk --suite network \
+        --net-tests iperf3-tx --size 16M
+    run -0 grep -E 'serving the cross-node network tests on 10\.73\.0\.1: iperf3 ports [0-9]+, [0-9]+' \
+        "$LOGS/run-iperf3.txt"
+}
+
+# bats test_tags=slow,image,cluster,cluster-full
 @test "an MPI-IO job across two guests on the back-end, a file per process on each guest's own disk" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
     # The MPI layer goes to be1 with the guest image; the ranks talk over be1's run bridge. One vCPU: shared.

@@ -26,14 +26,19 @@ Everything printed that came from a node, a peer or the registry goes through in
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import getpass
 import json
 import sys
 import threading
 import time
+import typing
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+import pydantic
 
 from cloudbox.cli.common import guard, usage
 from cloudbox.core import agent, inputs, nodeconf, profiles
@@ -508,24 +513,51 @@ def read_request(stream: Any) -> dict[str, Any]:
     return req
 
 
-def _check_spec(spec: dict[str, Any]) -> None:
-    """The run settings in a start-run request: known names, each of its field's type, then RunSpec's own checks."""
-    import dataclasses
-
+@functools.cache
+def _spec_field_types() -> dict[str, tuple[pydantic.TypeAdapter[Any], str]]:
+    """Each RunSpec field's strict validator and its type as a refusal names it ("int", "list[int]"), read from
+    the dataclass's own annotations."""
     from cloudbox.core.runspec import RunSpec
 
-    fields = {f.name: f for f in dataclasses.fields(RunSpec)}
+    hints = typing.get_type_hints(RunSpec)
+    strict = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
+    return {f.name: (pydantic.TypeAdapter(hints[f.name], config=strict), _type_name(hints[f.name]))
+            for f in dataclasses.fields(RunSpec)}
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is list:
+        return f"a list of {' or '.join(_type_name(a) for a in typing.get_args(hint))}"
+    return "int or float" if hint is float else getattr(hint, "__name__", str(hint))
+
+
+def _control_chars_in(value: object) -> bool:
+    if isinstance(value, str):
+        return bool(inputs.control_chars(value))
+    return isinstance(value, list) and any(_control_chars_in(v) for v in value)
+
+
+def _check_spec(spec: dict[str, Any]) -> None:
+    """The run settings in a start-run request: known names, each against its RunSpec field's declared type
+    (strict: no bool for a number, no text for a list, no NaN), strings without control characters, then RunSpec's
+    own checks."""
+    from cloudbox.core.runspec import RunSpec
+
+    types = _spec_field_types()
     for key, value in spec.items():
-        f = fields.get(key)
-        if f is None:
-            raise BadRequest(f"start-run: unknown run setting {inputs.shown(key)}; allowed: {', '.join(fields)} "
+        if key not in types:
+            raise BadRequest(f"start-run: unknown run setting {inputs.shown(key)}; allowed: {', '.join(types)} "
                              "(update this node's cloudbox)")
-        want = (str,) if isinstance(f.default, str) or f.name == "profile" else \
-            (int,) if isinstance(f.default, int) else (int, float)
-        if isinstance(value, bool) or not isinstance(value, want) or (isinstance(value, str) and
-                                                                        inputs.control_chars(value)):
-            raise BadRequest(f"start-run: run setting {key}: {inputs.shown(value)}; allowed: "
-                             f"{' or '.join(t.__name__ for t in want)} without control characters")
+        adapter, allowed = types[key]
+        try:
+            adapter.validate_python(value)
+        except pydantic.ValidationError:
+            ok = False
+        else:
+            ok = not _control_chars_in(value)
+        if not ok:
+            raise BadRequest(f"start-run: run setting {key}: {inputs.shown(value)}; allowed: {allowed} without "
+                             "control characters")
     try:
         RunSpec(**{"profile": "x", **{k: v for k, v in spec.items() if k != "profile"}}).validate()
     except CloudboxError as e:

@@ -294,15 +294,21 @@ def node_images(shell: NodeShell, *, clear: bool = False, keep: int = 0) -> dict
 
 
 # ------------------------------------------------------------------------------------------------- runs
+def start_run_request(spec: dict[str, Any], profile_toml: str, image_dir: str,
+                      mix_tomls: Sequence[str] = ()) -> bytes:
+    """The start-run request's bytes, as the node's `cloudbox node local start-run` reads them on stdin."""
+    body: dict[str, Any] = {"spec": spec, "profile_toml": profile_toml, "image_dir": image_dir}
+    if len(mix_tomls) > 1:  # an older node refuses the field it does not know: only a mixed run sends it
+        body["mix_tomls"] = list(mix_tomls)
+    return json.dumps(body).encode()
+
+
 def start_run(shell: NodeShell, spec: dict[str, Any], profile_toml: str, image_dir: str,
               mix_tomls: Sequence[str] = ()) -> RemoteRun:
     """Start a detached run on the node with this spec (its `profile` replaced by the front-end's resolved
     profile, sent along, so both ends run the same profile with the same hash) and the propagated image; a mixed
     run's profiles, in the order the node's guests take them, go as `mix_tomls`."""
-    body: dict[str, Any] = {"spec": spec, "profile_toml": profile_toml, "image_dir": image_dir}
-    if len(mix_tomls) > 1:  # an older node refuses the field it does not know: only a mixed run sends it
-        body["mix_tomls"] = list(mix_tomls)
-    req = json.dumps(body).encode()
+    req = start_run_request(spec, profile_toml, image_dir, mix_tomls)
     out = shell.run("cloudbox", "node", "local", "start-run", input=req, timeout=120, what="starting the run")
     try:
         data = json.loads(out.strip().splitlines()[-1])

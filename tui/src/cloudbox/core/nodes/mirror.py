@@ -20,7 +20,7 @@ from ..guestimage import GuestImage
 from ..profiles import is_nfs
 from ..provenance import Controller, NodeInfo, Nodes, PeerServers, Provenance, RemoteRun
 from ..results import MEASUREMENT_COLUMNS
-from ..runspec import BOOT, resolve_net_tests
+from ..runspec import BOOT, RunSpec, resolve_net_tests
 from ..volumes.attach import SCHEME_NAMES, AttachRefused, export_for_node, export_for_run, parse_volume
 from ..volumes.nfs import NfsExport
 from ..volumes.nfs import subnet as nfs_subnet
@@ -263,18 +263,30 @@ def record_block_volume(ctx: RunContext, there: NodeRun) -> None:
                  f"{pv.server_bytes_written} bytes of the volume's disk")
 
 
+def node_spec(spec: RunSpec, *, peer: PeerServers | None = None, nfs_export: NfsExport | None = None,
+              volume_uri: str = "") -> dict[str, Any]:
+    """The run settings the node is sent for `spec`: the front-end's servers for the cross-node network tests
+    (`peer`), the NFS export it serves, or the block volume's URI it serves (`volume_uri`)."""
+    remote_spec = {k: v for k, v in spec.as_dict().items() if k != "node"}
+    if peer is not None:
+        remote_spec.update(peer.model_dump(exclude_none=True))
+    if nfs_export is not None:
+        remote_spec.update(peer=nfs_export.host, nfs_host=nfs_export.host, nfs_port=nfs_export.port)
+    elif volume_uri:
+        remote_spec.update(peer=nodeconf.private_address(), volume_uri=volume_uri)
+    return remote_spec
+
+
 def start(ctx: RunContext, there: NodeRun) -> None:
     """The node's executor, detached there, with this spec and the front-end's resolved profile; cancelled
     there when this run ends before it did."""
     spec, sink, node = ctx.spec, ctx.sink, there.node
-    remote_spec = {k: v for k, v in spec.as_dict().items() if k != "node"}
-    if spec.wants_network and (peer := serve_peer(ctx)) is not None:
-        remote_spec.update(peer.model_dump(exclude_none=True))
+    peer = serve_peer(ctx) if spec.wants_network else None
+    if peer is not None:
         ctx.provenance.peer = peer
-    if ctx.volume is not None and isinstance(exp := ctx.volume.export, NfsExport):
-        remote_spec.update(peer=exp.host, nfs_host=exp.host, nfs_port=exp.port)
-    elif ctx.volume is not None:
-        remote_spec.update(peer=nodeconf.private_address(), volume_uri=ctx.volume.store.path)
+    nfs_export = ctx.volume.export if ctx.volume is not None and isinstance(ctx.volume.export, NfsExport) else None
+    volume_uri = ctx.volume.store.path if ctx.volume is not None and nfs_export is None else ""
+    remote_spec = node_spec(spec, peer=peer, nfs_export=nfs_export, volume_uri=volume_uri)
     sink.step(f"starting the run on {node.name}")
     assert ctx.provenance.propagation is not None
     with ctx.control.atomic():

@@ -35,7 +35,7 @@ from ..execution.context import RunContext
 from ..guestimage import GuestImage
 from ..provenance import Controller, Guests, GuestStart, Nodes, Place, Provenance, RemoteRun
 from ..results import MEASUREMENT_COLUMNS, ResultStore
-from ..runspec import BOOT, LOCAL_PLACE, split_guests
+from ..runspec import BOOT, LOCAL_PLACE, RunSpec, split_guests
 from ..volumes.nfs import NfsExport
 from . import client, health, mirror, registry
 from .registry import NodeRecord
@@ -216,17 +216,25 @@ def propagate(ctx: RunContext, p: Part, image: GuestImage) -> None:
     p.image_dir = prop.remote_dir
 
 
-def start(ctx: RunContext, p: Part) -> None:
-    """The place's part (held at every test), cancelled when this run ends before it did; its channel opened."""
-    spec = ctx.spec
+def part_request_spec(spec: RunSpec, p: Part, coordinator: str, *, nfs_export: NfsExport | None = None
+                      ) -> dict[str, Any]:
+    """The run settings a place's part is sent: its guests, held at every test by `coordinator` ("fe1 run 12"),
+    numbered from its first guest in the whole run, and the front-end's NFS export when there is one."""
     part_spec = {k: v for k, v in spec.as_dict().items() if k != "node"}
-    part_spec.update(guests=p.guests, hold=f"{platform.node()} run {ctx.run_id}, {p.name} {_numbers(p)} of "
-                                              f"{spec.guests} guests")
+    part_spec.update(guests=p.guests, hold=f"{coordinator}, {p.name} {_numbers(p)} of {spec.guests} guests")
     if p.first > 1:
         part_spec.update(first_guest=p.first)
-    if ctx.volume is not None and isinstance(exp := ctx.volume.export, NfsExport):
+    if nfs_export is not None:
         # a node reaches it over its private bridge; this host's part through its own bridge (the address is ours)
-        part_spec.update(nfs_host=exp.host, nfs_port=exp.port, **({} if p.local else {"peer": exp.host}))
+        part_spec.update(nfs_host=nfs_export.host, nfs_port=nfs_export.port,
+                         **({} if p.local else {"peer": nfs_export.host}))
+    return part_spec
+
+
+def start(ctx: RunContext, p: Part) -> None:
+    """The place's part (held at every test), cancelled when this run ends before it did; its channel opened."""
+    exp = ctx.volume.export if ctx.volume is not None and isinstance(ctx.volume.export, NfsExport) else None
+    part_spec = part_request_spec(ctx.spec, p, f"{platform.node()} run {ctx.run_id}", nfs_export=exp)
     ctx.sink.step(f"starting the part on {p.name} ({_numbers(p)})")
     if p.local and (gone := prune_parts()):
         ctx.sink.log(f"removed {counted(gone, 'part')} of earlier spread runs from {parts_state_dir()} (their "
