@@ -362,6 +362,17 @@ def test_study_run_plans_the_sweep_after_the_cells_and_skips_it_when_stored(caps
     assert code == 0 and "propagation sweep (kvm-cache-writethrough): skipped, the sweep runs on this host only" in out
 
 
+def test_study_a_dry_run_names_the_whole_disk_cells_a_loop_device_stands_in_for(capsys):
+    code, out, _ = run_cli(["study", "run", "a", "--size", "quick", "--dry-run"], capsys)
+    assert code == 0
+    loop = {ln.split(":")[0].strip(): ln for ln in out.splitlines() if "a whole-disk profile with no --device" in ln}
+    assert set(loop) == {"virtio-disk", "kvm-scsi-phy"}, out
+    assert "rule(s) A2.disk, A2.native, A3 will be inconclusive" in loop["virtio-disk"]
+    assert "give --device /dev/DISK (and --destroy DISK when it holds data)" in loop["kvm-scsi-phy"]
+    code, out, _ = run_cli(["study", "run", "a", "--size", "quick", "--dry-run", "--device", "/dev/null"], capsys)
+    assert "a whole-disk profile with no --device" not in out
+
+
 # ---------------------------------------------------------------------------------------------- free space
 def _free(monkeypatch, tmp_path: Path, free: int) -> None:
     """Every file system cloudbox asks about is `tmp_path`'s, with `free` bytes free."""

@@ -450,6 +450,8 @@ def test_quick_size_warm_cache_changed_profile_and_virtualized_host_are_inconclu
         (dict(labels=["warm-cache"]), "the page cache was not dropped"),
         (dict(profile_changed=True), "the profile eucalyptus-default changed since this run"),
         (dict(base_labels=["virtualized-host"]), "its bare-metal side ran on a virtual machine"),
+        (dict(labels=["loop-device"]), "ran on a loop device over a file, not a whole disk"),
+        (dict(base_labels=["loop-device"]), "ran on a loop device over a file, not a whole disk"),
     ]
     for extra, words in cases:
         v = verdict("R1", [cell("eucalyptus-default", **base, **extra)])

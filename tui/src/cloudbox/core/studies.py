@@ -879,6 +879,9 @@ def _cell_reasons(cell: Cell, metric: str, *, native: bool) -> list[str]:
         out.append(f"{name} was measured at {cell.size_label or 'an unknown'} size, not the study's")
     if "warm-cache" in cell.guest.labels or (native and cell.baseline and "warm-cache" in cell.baseline.labels):
         out.append(f"{name}: the page cache was not dropped before the test")
+    if is_storage_test(cell.test) and ("loop-device" in cell.guest.labels
+                                        or (native and cell.baseline and "loop-device" in cell.baseline.labels)):
+        out.append(f"{name} ran on a loop device over a file, not a whole disk (study run --device names one)")
     if cell.profile_changed:
         out.append(f"{name}: the profile {cell.profile} changed since this run")
     if cell.guest.metric(metric) is None:
@@ -1500,8 +1503,26 @@ class StudyRun:
         return text
 
     def lines(self) -> list[str]:
-        """The plan in words, one line per profile, then the sweep's."""
-        return plan_lines(self.plan) + ([self.sweep.line()] if self.sweep is not None else [])
+        """The plan in words, one line per profile, then the sweep's, then what a loop device will stand in for."""
+        return plan_lines(self.plan) + ([self.sweep.line()] if self.sweep is not None else []) + self.loop_lines()
+
+    def loop_lines(self) -> list[str]:
+        """The whole-disk profiles this run will measure on a loop device over a file (no --device on this host),
+        with the rules that will then be inconclusive and how to give a disk."""
+        out = []
+        for spec in self.specs:
+            if spec.node or spec.device or spec.propagation:
+                continue
+            disk = profiles.find_profile(spec.profile).disk
+            if disk.backing != "block-device":
+                continue
+            rules = [r.id for r in self.study.rules
+                     if spec.profile in (r.profile, r.against) and is_storage_test(r.test)]
+            out.append(f"  {spec.profile}: a whole-disk profile with no --device: it runs on a loop device over a "
+                       f"file, not a whole disk, so " + (f"rule(s) {', '.join(rules)} will be inconclusive"
+                                                        if rules else "its figures are labelled loop device")
+                       + "; give --device /dev/DISK (and --destroy DISK when it holds data) to measure one")
+        return list(dict.fromkeys(out))
 
 
 def plan_lines(plan: Sequence[PlannedProfile]) -> list[str]:
