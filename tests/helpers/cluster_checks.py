@@ -180,6 +180,9 @@ def check_nfs_run(run_json: Path) -> str:
         line = vol.get(key) or ""
         check(" nfs4 " in line and "addr=10.73.0.1" in line and "vers=4.2" in line,
               f"{who} mounted fe1's export with NFSv4.2", line)
+    flags = set(((vol.get("host_mount") or "").split() + ["", "", "", ""])[3].split(","))
+    check({"nosuid", "nodev", "noexec"} <= flags, "be1's host mounted the export nosuid,nodev,noexec",
+          vol.get("host_mount"))
     check("same export mounted by this back-end's host" in vol["baseline"], "the baseline is be1's own mount",
           vol["baseline"])
     net = prov["private_network"]

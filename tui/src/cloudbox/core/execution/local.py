@@ -17,9 +17,10 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ... import __version__
-from .. import accel, backing, daemons, hostraid, network, paths, storage, xendom0
+from .. import accel, backing, claims, daemons, hostraid, network, paths, storage, xendom0
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
 from ..errors import CloudboxError, DiskStalled
@@ -52,6 +53,8 @@ from .context import RunContext
 from .launch import agent_socket, launch, remove_socket
 from .measure import storage_test
 from .network_steps import configure_nic, hold, network_tests, plumb
+
+T = TypeVar("T")
 
 Step = Callable[[RunContext], None]
 
@@ -300,26 +303,50 @@ def storage_baseline(ctx: RunContext) -> None:
         return
     store, sink = ctx.backing, ctx.sink
     runner = storage.HostRunner(ctx.control.cancelled)
-    target = store.baseline_target
     mount_export_on_host(ctx)
+    claim = claim_baseline_file(ctx, store)
+    target = claim.tool_path if claim is not None else store.baseline_target
     sink.step("bare metal: storage tests", side="baseline")
     unmeasured = {t.id: storage.nbd_measures(t) for t in tests} if storage.is_nbd_uri(target) else {}
     measured = [t for t in tests if not unmeasured.get(t.id)]
     if storage.needs_fill(measured):
         sink.step("bare metal: laying down data for read tests", side="baseline")
-        runner.fill(target, ctx.size)
+        on_claimed(claim, ctx.size, runner.fill, target, ctx.size)
     for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
         if unmeasured.get(t.id):
             sink.step(f"bare metal: {t.id}: not measured: {unmeasured[t.id]}", side="baseline", test=t.id)
             continue
         if lay:
             sink.step(f"bare metal: laying down IOzone's data for {t.id}", side="baseline")
-            runner.fill_iozone(t, target, ctx.size)
-        storage_test(ctx, "baseline", t, functools.partial(runner.run, t, target, ctx.size, ctx.runtime,
-                                                           sink.progress("baseline", t.id)))
-    if not store.is_block and not storage.is_nbd_uri(target):
-        Path(target).unlink(missing_ok=True)
+            on_claimed(claim, ctx.size, runner.fill_iozone, t, target, ctx.size)
+        storage_test(ctx, "baseline", t, functools.partial(on_claimed, claim, ctx.size, runner.run, t, target,
+                                                           ctx.size, ctx.runtime, sink.progress("baseline", t.id)))
+    if claim is not None:
+        claim.release()
     unmount_export_on_host(ctx)
+
+
+def claim_baseline_file(ctx: RunContext, store: backing.BackingStore) -> claims.ClaimedFile | None:
+    """The bare-metal tests' file made by this process (core.claims), released with the run: None for a device or
+    a volume over NBD, which the tools open themselves."""
+    target = store.baseline_target
+    if store.is_block or storage.is_nbd_uri(target):
+        return None
+    shared = ctx.volume is not None and isinstance(ctx.volume.export, nfs.NfsExport)
+    with ctx.control.atomic():
+        claim = claims.ClaimedFile.create(target, where="on the run's NFS export" if shared else "")
+        ctx.stack.callback(claim.release)
+    return claim
+
+
+def on_claimed(claim: claims.ClaimedFile | None, size: int, tool: Callable[..., T], *args: Any) -> T:
+    """`tool(*args)` on the claimed file: allocated to `size` and checked before, checked again after."""
+    if claim is not None:
+        claim.ready(size)
+    out = tool(*args)
+    if claim is not None:
+        claim.check()
+    return out
 
 
 def iscsi_baseline(ctx: RunContext, v: VolumeExport, exp: iscsi.IscsiExport, tests: list[storage.StorageTest]) -> None:
@@ -427,10 +454,12 @@ def serve_volume(ctx: RunContext) -> None:
     how = {"aoe": "over AoE (layer 2, no authentication: the guest's bridge only)",
            "iscsi": f"over iSCSI with CHAP on {ip}", "nbd": f"over NBD with TLS on {ip}",
            "nvme-tcp": f"over NVMe/TCP (the kernel's nvmet, this box's host NQN only) on {ip}",
-           "nfs": f"over NFSv4 (nfs-ganesha) on {ip}, to the bridge's subnet only"}[v.scheme]
+           "nfs": f"over NFSv4 (nfs-ganesha) on {ip}, to this run's guests' addresses only"}[v.scheme]
     ctx.sink.step(f"volume: serving {v.volume} {how} on {ctx.hostnet.bridge}")
+    # an NFS export admits the run's guests by address (each has a fixed one on the bridge), nobody else on it
+    guests = ", ".join(network.guest_ip(k) for k in range(1, ctx.spec.guests + 1)) if v.scheme == "nfs" else None
     with ctx.control.atomic():
-        v.serve(ctx.hostnet.bridge, ctx.hostnet.host_ip)
+        v.serve(ctx.hostnet.bridge, ctx.hostnet.host_ip, clients=guests)
     pid = v.export.pid if v.export is not None else None
     ctx.sink.log(f"volume exported: {v.uri} ({v.server}" + (f", pid {pid})" if pid else ")"))
     ctx.provenance.volume = volume_info(v)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import backing, mpiio, network, paths, storage
+from .. import backing, claims, mpiio, network, paths, storage
 from ..diskstats import Sample, Sampler
 from ..domain import render_domain
 from ..errors import CloudboxError, DiskStalled, GuestError, GuestUnreachable, NicStalled, UsageError
@@ -49,11 +49,13 @@ from .context import RunContext, host_labels
 from .launch import launch_all
 from .local import (
     check_volume,
+    claim_baseline_file,
     connect_libvirt,
     cpu_counts,
     find_image,
     mount_export_on_host,
     nfs_server,
+    on_claimed,
     probe_accelerator,
     record_facts,
     serve_volume,
@@ -276,30 +278,40 @@ def baseline_many(ctx: RunContext) -> None:
         return
     sink = ctx.sink
     mount_export_on_host(ctx)
+    # each process's file made by this process (core.claims): a shared export's names can be replaced by its clients
+    files = [claim_baseline_file(ctx, store) for store in ctx.backings]
+    targets = [c.tool_path if c is not None else s.baseline_target for c, s in zip(files, ctx.backings, strict=True)]
     sink.step(f"bare metal: storage tests, {counted(ctx.spec.guests, 'process', 'processes')} at once", side="baseline")
     if storage.needs_fill(tests):
         sink.step("bare metal: laying down data for read tests", side="baseline")
-        for store in ctx.backings:
-            storage.HostRunner(ctx.control.cancelled).fill(store.baseline_target, ctx.size)
+        for claim, target in zip(files, targets, strict=True):
+            on_claimed(claim, ctx.size, storage.HostRunner(ctx.control.cancelled).fill, target, ctx.size)
     for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
         if t.tool == storage.MPI_TOOL:
-            _host_mpi(ctx, t)
+            _host_mpi(ctx, t, targets)
             continue
         if lay:
             sink.step(f"bare metal: laying down IOzone's data for {t.id}", side="baseline")
-            for store in ctx.backings:
-                storage.HostRunner(ctx.control.cancelled).fill_iozone(t, store.baseline_target, ctx.size)
+            for claim, target in zip(files, targets, strict=True):
+                on_claimed(claim, ctx.size, storage.HostRunner(ctx.control.cancelled).fill_iozone, t, target,
+                           ctx.size)
         # a spread run's places start bare metal at one instant too (a shared export sees them all at once)
         at = hold.wait(ctx, t.id, len(ctx.backings), side="baseline") if ctx.spec.hold else None
-        jobs = [functools.partial(_host_part, ctx, t, store, k, at) for k, store in enumerate(ctx.backings, 1)]
+        for claim in files:
+            if claim is not None:
+                claim.ready(ctx.size)
+        jobs = [functools.partial(_host_part, ctx, t, target, k, at) for k, target in enumerate(targets, 1)]
         storage_test_many(ctx, "baseline", t, jobs)
-    for store in ctx.backings:
-        if not store.is_block:
-            Path(store.baseline_target).unlink(missing_ok=True)
+        for claim in files:
+            if claim is not None:
+                claim.check()
+    for claim in files:
+        if claim is not None:
+            claim.release()
     unmount_export_on_host(ctx)
 
 
-def _host_mpi(ctx: RunContext, t: storage.StorageTest) -> None:
+def _host_mpi(ctx: RunContext, t: storage.StorageTest, targets: list[str]) -> None:
     """`t` on bare metal: one mpirun of N ranks from the image's MPI layer, unpacked into the run's directory once;
     on a shared export N ranks on one file (or a file each) in its directory, else each rank on its own store's
     baseline target."""
@@ -309,12 +321,18 @@ def _host_mpi(ctx: RunContext, t: storage.StorageTest) -> None:
             ctx.stack.callback(shutil.rmtree, root, ignore_errors=True)
             mpiio.host_layer(ctx.image.mpi_layer(), ctx.work_dir)
     n = ctx.spec.guests
+    shared: claims.ClaimedDir | None = None
     if ctx.volume is not None:
-        path = str(Path(ctx.backings[0].baseline_target).parent / "cloudbox-mpiio-baseline.dat")
+        # the job's file (or a file per rank) in a directory this process made on the export, reached through it
+        with ctx.control.atomic():
+            shared = claims.ClaimedDir.create(str(Path(ctx.backings[0].baseline_target).parent
+                                                  / f"cloudbox-mpiio-{ctx.run_uuid[:12]}"),
+                                              where="on the run's NFS export")
+            ctx.stack.callback(shared.release)
+        path = f"{shared.tool_path}/cloudbox-mpiio-baseline.dat"
         parts = {ph: [mpiio.argv(t, path, ctx.size, n, ph)] * n for ph in ("write", "read")}
     else:
-        path = ""
-        parts = {ph: [mpiio.argv(t, s.baseline_target, ctx.size, n, ph, local=True) for s in ctx.backings]
+        parts = {ph: [mpiio.argv(t, target, ctx.size, n, ph, local=True) for target in targets]
                  for ph in ("write", "read")}
 
     def run() -> tuple[storage.FioResult, list[storage.FioResult]]:
@@ -323,9 +341,8 @@ def _host_mpi(ctx: RunContext, t: storage.StorageTest) -> None:
             storage.drop_host_caches()
             out += mpiio.run_on_host(root, parts["read"], ctx.control.cancelled, ctx.work_dir)
         finally:
-            if path:
-                for f in Path(path).parent.glob(Path(path).name + "*"):
-                    f.unlink(missing_ok=True)
+            if shared is not None:
+                shared.release()
         res = mpiio.parse(t.id, out)
         return res.total, res.ranks
 
@@ -372,13 +389,13 @@ def _guests_mpi(ctx: RunContext, t: storage.StorageTest, runners: list[storage.G
     storage_job(ctx, "guest", t, run, drops)
 
 
-def _host_part(ctx: RunContext, t: storage.StorageTest, store: backing.BackingStore, k: int, at: float | None,
+def _host_part(ctx: RunContext, t: storage.StorageTest, target: str, k: int, at: float | None,
                cancelled: Callable[[], bool]) -> Ran:
     progress = ctx.sink.progress("baseline", t.id, k)
     if at is not None:
         time.sleep(max(0.0, at - time.time()))
     start = time.time()
-    res = storage.HostRunner(cancelled).run(t, store.baseline_target, ctx.size, ctx.runtime, progress)
+    res = storage.HostRunner(cancelled).run(t, target, ctx.size, ctx.runtime, progress)
     return Ran(res, start, time.time())
 
 

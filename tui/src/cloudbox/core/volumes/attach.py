@@ -200,9 +200,9 @@ class VolumeExport:
         """Guest attach: serve the volume on `iface`, the bridge the guest's NIC is plugged into (`address`, the
         host's address there): AoE with vblade on the bridge; NBD with qemu-nbd, and iSCSI with tgtd, moved from
         loopback (where the baseline measured it) to that address, TLS or CHAP as before; NFS with ganesha, for
-        that bridge's subnet (or `clients`, subnets in a comma list); NVMe/TCP with the kernel's target on that
-        address, for this box's host NQN only. The host domain's attachment for the baseline, if there was one, ends
-        first."""
+        that bridge's subnet (or `clients`, addresses or subnets in a comma list); NVMe/TCP with the kernel's target
+        on that address, for this box's host NQN only. The host domain's attachment for the baseline, if there was
+        one, ends first."""
         if self.attachment is not None and self.attach == "guest":
             self.attachment.detach()
             self.attachment = None
@@ -577,7 +577,7 @@ def _for_nfs(spec: str, attach: str, run_uuid: str, work_dir: Path, size_bytes: 
     if dev is None:
         store.labels.append("no-host-metrics")
     return VolumeExport(name, scheme, attach, store, None, run_uuid, path=str(export_dir), work_dir=work_dir,
-                        tls="none: AUTH_SYS (uids), no encryption; served on the guest's bridge's subnet only")
+                        tls="none: AUTH_SYS (uids), no encryption; served to the run's guests' addresses only")
 
 
 def _for_remote_nfs(spec: str, attach: str, run_uuid: str, work_dir: Path, size_bytes: int, hypervisor: str,

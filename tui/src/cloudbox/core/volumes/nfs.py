@@ -3,10 +3,12 @@ process, and the guest's kernel client mounting it with the profile's [nfs] opti
 
 The kernels here have no nfsd, and a lab's box need not load one: ganesha serves NFSv4.0-4.2 over TCP from user
 space. Each export runs its own ganesha: one address (the host's on the guest's bridge) and a free port, read and
-write for that bridge's subnet only (every other client is refused), the guest's root not squashed (it writes the
-test files as root). No rpcbind, mountd, NLM or UDP: NFSv4 needs none of them. Ganesha's VFS back-end writes what
-the client sends as it asks: a stable WRITE (mount -o sync) reaches the disk before the reply, an unstable one
-(async) waits in the server's page cache for the client's COMMIT. Linux's nfsd can also lie about stability (its
+write for the run's guests' addresses only (every other client is refused), the guest's root not squashed (it
+writes the test files as root). Another host's baseline mounts it nosuid, nodev, noexec, and every file the host's
+tools write on it is made and held open by cloudbox (core.claims), so a client cannot swap it for a link or a
+device. No rpcbind, mountd, NLM or UDP: NFSv4 needs none of them. Ganesha's VFS back-end writes what the client
+sends as it asks: a stable WRITE (mount -o sync) reaches the disk before the reply, an unstable one (async) waits
+in the server's page cache for the client's COMMIT. Linux's nfsd can also lie about stability (its
 `async` export option); ganesha cannot, so a profile's nfs.writes is the client's choice.
 """
 
@@ -56,8 +58,8 @@ def _version() -> str:
 
 
 def ganesha_conf(directory: str, pseudo: str, host: str, port: int, clients: str, recovery: str) -> str:
-    """ganesha.conf for one export of `directory` as `pseudo` on host:port, read-write for `clients` (a subnet)
-    only, NFSv4 over TCP."""
+    """ganesha.conf for one export of `directory` as `pseudo` on host:port, read-write for `clients` (addresses or
+    subnets, a comma list) only, NFSv4 over TCP."""
     q = json.dumps  # ganesha takes double-quoted strings with C escapes
     return f"""NFS_CORE_PARAM {{
     Protocols = 4;
@@ -159,9 +161,14 @@ def host_client_problem(has_module: Callable[[str], bool]) -> str:
     return f"this host's kernel ({platform.release()}) has no NFSv4 client (the nfsv4 module)"
 
 
+# A run's export is written by other machines: nothing on it runs or acts as a device or set-uid file on this host.
+HOST_MOUNT_FLAGS = "nosuid,nodev,noexec"
+
+
 def mount_on_host(exp: NfsExport, options: str, mount_point: Path) -> str:
-    """This host's kernel client mounting `exp` on `mount_point` (made here) with `options` (the guest's): the
-    baseline of an export another host serves. Returns the mount's /proc/mounts line."""
+    """This host's kernel client mounting `exp` on `mount_point` (made here) with `options` (the guest's) and
+    HOST_MOUNT_FLAGS: the baseline of an export another host serves. Returns the mount's /proc/mounts line."""
+    options = f"{options},{HOST_MOUNT_FLAGS}"
     mount_point.mkdir(parents=True, exist_ok=True)
     subprocess.run(["modprobe", "nfsv4"], capture_output=True, timeout=30)  # built in or loaded already: no harm
     try:
