@@ -37,7 +37,7 @@ teardown_file() {
     fi
     # Daemons the runs started (recorded in our run dir) are stopped, as the pytest suites do.
     if [ -f "$CLOUDBOX_RUN_DIR/daemons.json" ] && [ "${CLOUDBOX_KEEP_DAEMONS:-0}" != 1 ]; then
-        "$REPO/tui/.venv/bin/python" -c 'from cloudbox.core import daemons; daemons.stop_started_daemons()' || true
+        "$REPO/tui/.venv/bin/python" -c 'from cloudbox.core.virt import daemons; daemons.stop_started_daemons()' || true
     fi
     rm -rf "$BASE"
 }

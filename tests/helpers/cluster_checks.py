@@ -34,7 +34,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-# The join code's alphabet (cloudbox.core.nodes.registry.CODE_ALPHABET): a wrong code must still be well-formed.
+# The join code's alphabet (cloudbox.core.cluster.registry.CODE_ALPHABET): a wrong code must still be well-formed.
 CODE_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 

@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cloudbox.core.disks.volumes import hostattach, iscsi, nbd, nodecreds, nvmet, pki
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.volumes import hostattach, iscsi, nbd, nodecreds, nvmet, pki
 
 
 def _creds(node: str):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from cloudbox.core.spec import addresses
+
 # One run dir for the whole session (run lock, accelerator probe cache, record of started daemons);
 # state (results DB, work dirs) is per test.
 _RUN_DIR = Path(tempfile.mkdtemp(prefix="cloudbox-test-run-", dir="/var/tmp"))
@@ -38,7 +40,7 @@ def state(monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def guest_image():
     from cloudbox.core.errors import GuestError
-    from cloudbox.core.guestimage import GuestImage
+    from cloudbox.core.virt.guestimage import GuestImage
 
     try:
         return GuestImage.locate()
@@ -51,7 +53,7 @@ def libvirt_conn(guest_image):
     """A connection to the real system libvirtd; started here (and stopped at the end) without systemd."""
     if not _is_root():
         pytest.skip("real-libvirtd tests need root (they start libvirtd and create loop devices and bridges)")
-    from cloudbox.core import accel, daemons
+    from cloudbox.core.virt import accel, daemons
 
     acc = accel.detect(guest_image.kernel)
     had_record = (Path(os.environ["CLOUDBOX_RUN_DIR"]) / "daemons.json").exists()
@@ -69,9 +71,9 @@ _LIVE: dict = {}  # the session's libvirt connection, once a test has asked for 
 
 
 def _executors() -> set[int]:
-    """This session's run executors and sweeps (python -m cloudbox.core.runs, started with this session's
+    """This session's run executors and sweeps (python -m cloudbox.core.run.runs, started with this session's
     CLOUDBOX_RUN_DIR): another test session's or a real run's executor on the same host is none of ours."""
-    from cloudbox.core.runs import ENTRY
+    from cloudbox.core.run.runs import ENTRY
 
     ours = f"CLOUDBOX_RUN_DIR={os.environ['CLOUDBOX_RUN_DIR']}".encode()
     found = set()
@@ -87,16 +89,16 @@ def _executors() -> set[int]:
 
 
 def _cloudbox_things() -> dict[str, set]:
-    from cloudbox.core import network
+    from cloudbox.core.virt import network
 
     things: dict[str, set] = {
         "executor": _executors(),
-        "link": {n for n in (network.BRIDGE, network.VETH_HOST) if network.link_exists(n)},
-        "netns": {network.NS} if os.path.exists(f"/run/netns/{network.NS}") else set(),
+        "link": {n for n in (addresses.BRIDGE, addresses.VETH_HOST) if network.link_exists(n)},
+        "netns": {addresses.NS} if os.path.exists(f"/run/netns/{addresses.NS}") else set(),
         "guest": set(),
     }
     if "conn" in _LIVE:
-        from cloudbox.core.guest import list_guests
+        from cloudbox.core.virt.guest import list_guests
 
         things["guest"] = {g.name for g in list_guests(_LIVE["conn"]) if g.state == "running"}
     return things

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cloudbox.core.provenance import BackingInfo, Provenance, Versions
-from cloudbox.core.results import ResultStore
+from cloudbox.core.record.provenance import BackingInfo, Provenance, Versions
+from cloudbox.core.record.results import ResultStore
 
 DOMAIN_XML_SCSI_SPARSE = """\
 <domain type='kvm'>
@@ -34,7 +34,7 @@ DOMAIN_XML_SCSI_SPARSE = """\
 </domain>
 """
 
-# Profiles in the schema of cloudbox.core.profiles ([guest], [disk], [network]).
+# Profiles in the schema of cloudbox.core.spec.profiles ([guest], [disk], [network]).
 PROFILE_DEFAULT = """\
 name = "study-a-default"
 description = "Study A's KVM default: emulated SCSI over a sparse file"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from cloudbox.core.execution import launch
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.run import launch
+from cloudbox.core.spec.runspec import RunSpec
 
 # A guest session is up within every boot attempt's agent wait; past that the run has failed on its own.
 SESSION_UP_S = launch.BOOT_ATTEMPTS * RunSpec.agent_timeout + 60

@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tui_demo  # noqa: E402
 
 import cloudbox  # noqa: E402
-from cloudbox.core import profiles  # noqa: E402
-from cloudbox.core.results import ResultStore  # noqa: E402
-from cloudbox.tui import create_app  # noqa: E402
-from cloudbox.tui.backend import Backend  # noqa: E402
-from cloudbox.tui.bench import measure, summary  # noqa: E402
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec import profiles
+from cloudbox.tui import create_app
+from cloudbox.tui.backend import Backend
+from cloudbox.tui.bench import measure, summary
 
 TESTS = tui_demo.STUDY_TESTS
 

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from cloudbox.core.results import ResultStore, Run
+from cloudbox.core.record.results import ResultStore, Run
 
 
 def completed_run(spec) -> Run:
     """`spec` run by the executor in this process; asserted completed, its warnings shown (run_trouble)."""
     from run_trouble import warn_run_trouble
 
-    from cloudbox.core import runs
+    from cloudbox.core.run import runs
 
     with ResultStore() as store:
         rid = runs.executor(spec, store).execute()
@@ -37,7 +37,7 @@ GUEST_PHASE = ("guest: storage tests", "guest: laying down")
 def lsi_disk_profile(directory, vcpus=1):
     """virtio-disk as a guest of its own would differ in a mixed run (an emulated LSI SCSI disk with the host cache
     off, `vcpus` vCPUs): written as lsi-disk.toml in `directory`; (its path, the profile)."""
-    from cloudbox.core.profiles import resolve_profile
+    from cloudbox.core.spec.profiles import resolve_profile
 
     p = resolve_profile("virtio-disk")
     lsi = p.model_copy(update={"name": "lsi-disk", "disk": p.disk.model_copy(update={"bus": "scsi-lsi",
@@ -50,8 +50,9 @@ def lsi_disk_profile(directory, vcpus=1):
 
 def leftovers(conn, state) -> dict:
     """Guests, the test bridge and namespace, and loop devices over files in this test's state dir."""
-    from cloudbox.core.guest import list_guests
-    from cloudbox.core.network import BRIDGE, NS, link_exists
+    from cloudbox.core.spec.addresses import BRIDGE, NS
+    from cloudbox.core.virt.guest import list_guests
+    from cloudbox.core.virt.network import link_exists
 
     return {
         "guests": [g.name for g in list_guests(conn)],

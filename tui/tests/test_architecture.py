@@ -57,3 +57,58 @@ def test_the_check_catches_an_import():
     ):
         names = [n for _, n in _imported_modules(ast.parse(src))]
         assert any(n.split(".")[0] == "textual" for n in names), src
+
+
+# ------------------------------------------------------------------------------------------------- the map
+REPO = CORE.parents[3]
+PACKAGES = ("spec", "virt", "disks", "record", "bench", "cluster", "run", "studies", "views", "install")
+SHARED = ("errors", "inputs", "paths", "procs", "db")
+_DOTTED = __import__("re").compile(r"`((?:cloudbox\.)?(?:core\.)?(?:" + "|".join(PACKAGES) + r")(?:\.\w+)+)")
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.removeprefix("cloudbox.").removeprefix("core.").split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module("cloudbox.core." + ".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_the_core_holds_concern_packages_and_the_shared_helpers_only():
+    top = sorted(p.stem for p in CORE.glob("*.py") if p.stem != "__init__")
+    assert top == sorted(SHARED)
+    assert sorted(p.name for p in CORE.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(PACKAGES)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_docstring_is_its_map(package):
+    """Its __init__ names every module of the package, and names no module that is not there."""
+    import re
+
+    pkg = CORE / package
+    doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text()), clean=False) or ""
+    named = set(re.findall(r"^    ([a-z0-9_]+/?)\s{2,}", doc, re.M)) or set(re.findall(r"`([a-z_]+)` \(", doc))
+    have = {p.stem for p in pkg.glob("*.py") if p.stem != "__init__"} | {
+        p.name + "/" for p in pkg.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    if package == "install":  # its map is the API in call order, then "Modules: `answers` (...), ..."
+        named = set(re.findall(r"`([a-z_]+)` \(", doc))
+    assert named == have, f"{package}/__init__.py names {sorted(named)}; the package holds {sorted(have)}"
+
+
+def test_every_module_the_architecture_page_names_exists():
+    text = (REPO / "docs" / "architecture.md").read_text()
+    names = sorted(set(_DOTTED.findall(text)))
+    assert names, "docs/architecture.md names no module"
+    missing = [n for n in names if not _resolves(n)]
+    assert not missing, f"docs/architecture.md names modules or functions that do not exist: {missing}"
+    paths = set(__import__("re").findall(r"`((?:tui|docs|profiles|studies|appliance|tests)/[\w./-]+)`", text))
+    assert not [p for p in paths if not (REPO / p).exists()], [p for p in paths if not (REPO / p).exists()]

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from real_runs import leftovers, work_files
 
-from cloudbox.core import paths, runs, storage
-from cloudbox.core.execution.measure import measured
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core import paths
+from cloudbox.core.bench import storage
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run import runs
+from cloudbox.core.run.measure import measured
+from cloudbox.core.spec.runspec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

@@ -11,7 +11,7 @@ import pytest
 
 from cloudbox import cli
 from cloudbox.cli import profile as profile_cli
-from cloudbox.core.profiles import parse_profile
+from cloudbox.core.spec.profiles import parse_profile
 
 
 def _wired() -> bool:

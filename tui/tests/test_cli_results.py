@@ -14,9 +14,9 @@ import pytest
 from conftest_results import study_a_store
 
 from cloudbox.cli import results as cli_results
-from cloudbox.core import compare
-from cloudbox.core.provenance import DiskStall, NicStall
-from cloudbox.core.results import ResultStore
+from cloudbox.core.record.provenance import DiskStall, NicStall
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.views import compare
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest_results import PROFILE_DEFAULT, add_study_a_default, study_a_store
 
-from cloudbox.core import compare
-from cloudbox.core.provenance import BackingInfo, PrivateNetwork, Provenance
-from cloudbox.core.results import ResultStore, Run
+from cloudbox.core.record.provenance import BackingInfo, PrivateNetwork, Provenance
+from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.views import compare
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The guest serial console's tail (cloudbox.core.guest.read_console_tail): what a run's abort reason quotes when
+"""The guest serial console's tail (cloudbox.core.virt.guest.read_console_tail): what a run's abort reason quotes when
 its guest died (captured-style input: kernel messages with CRLF, ANSI colours, a carriage-return progress line);
 which agent failures count as the guest being unreachable; the KVM probe's time budget."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloudbox.core.guest import read_console_tail
+from cloudbox.core.virt.guest import read_console_tail
 
 
 def test_tail_keeps_the_last_lines_as_text(tmp_path):
@@ -79,7 +79,7 @@ def test_agent_failures_classified(monkeypatch, code, active, unreachable):
     import libvirt_qemu
 
     from cloudbox.core.errors import GuestError, GuestUnreachable
-    from cloudbox.core.guest import Guest
+    from cloudbox.core.virt.guest import Guest
 
     def fail(*_args):
         raise _agent_error(code, "agent trouble")
@@ -93,7 +93,7 @@ def test_agent_failures_classified(monkeypatch, code, active, unreachable):
 
 @pytest.mark.parametrize(("value", "want"), [(None, 30.0), ("45", 45.0), ("2.5", 2.5)])
 def test_kvm_probe_timeout(monkeypatch, value, want):
-    from cloudbox.core import accel
+    from cloudbox.core.virt import accel
 
     if value is None:
         monkeypatch.delenv("CLOUDBOX_KVM_PROBE_TIMEOUT", raising=False)
@@ -104,8 +104,8 @@ def test_kvm_probe_timeout(monkeypatch, value, want):
 
 @pytest.mark.parametrize("value", ["soon", "0", "-3"])
 def test_kvm_probe_timeout_bad_value(monkeypatch, value):
-    from cloudbox.core import accel
     from cloudbox.core.errors import CloudboxError
+    from cloudbox.core.virt import accel
 
     monkeypatch.setenv("CLOUDBOX_KVM_PROBE_TIMEOUT", value)
     with pytest.raises(CloudboxError, match="CLOUDBOX_KVM_PROBE_TIMEOUT"):
@@ -119,7 +119,7 @@ def test_the_probe_tells_a_stuck_vcpu_from_a_slow_one(guest_image):
     limit."""
     import shutil
 
-    from cloudbox.core import accel
+    from cloudbox.core.virt import accel
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (make test installs it)")
@@ -139,7 +139,7 @@ def test_the_probe_gives_up_on_a_guest_that_starts_then_hangs(tmp_path):
     import shutil
     import struct
 
-    from cloudbox.core import accel
+    from cloudbox.core.virt import accel
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (make test installs it)")
@@ -153,7 +153,7 @@ def test_the_probe_gives_up_on_a_guest_that_starts_then_hangs(tmp_path):
 
 
 def test_the_verdict_line_says_usable_or_why_not_and_the_fallback():
-    from cloudbox.core.accel import Accelerator
+    from cloudbox.core.virt.accel import Accelerator
 
     ok = Accelerator("nested-kvm", "kvm", False, True, "a test kernel printed its banner under KVM in 27.19 s", 27.19)
     assert ok.verdict == "kvm: usable (KVM (nested): a test kernel printed its banner under KVM in 27.19 s)"
@@ -163,7 +163,7 @@ def test_the_verdict_line_says_usable_or_why_not_and_the_fallback():
 
 
 def test_a_pvm_only_kvm_is_told_apart_from_vmx_or_svm(tmp_path):
-    from cloudbox.core import accel
+    from cloudbox.core.virt import accel
 
     for loaded, pvm_only in (((), False), (("kvm", "kvm_pvm"), True), (("kvm", "kvm_pvm", "kvm_amd"), False),
                              (("kvm", "kvm_intel"), False)):

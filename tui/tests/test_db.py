@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cloudbox.core import db
-from cloudbox.core.nodes.registry import Registry
+from cloudbox.core.cluster.registry import Registry
 
 
 class Cut(Exception):

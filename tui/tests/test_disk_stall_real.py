@@ -15,10 +15,11 @@ import time
 import pytest
 from real_runs import work_files
 
-from cloudbox.core import runs, storage
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec
-from cloudbox.core.volumes.store import VolumeStore
+from cloudbox.core.bench import storage
+from cloudbox.core.disks.volumes.store import VolumeStore
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run import runs
+from cloudbox.core.spec.runspec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

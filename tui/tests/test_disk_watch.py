@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from cloudbox.core.bench.storage import DiskWatch, parse_disk_stat
 from cloudbox.core.errors import GuestError
-from cloudbox.core.guest import ExecResult
-from cloudbox.core.storage import DiskWatch, parse_disk_stat
+from cloudbox.core.virt.guest import ExecResult
 
 # reads, merges, sectors, ticks; writes, ...; in flight; io ticks; queue time; discards ...; flushes, flush ticks
 IDLE = ("    1661        0   212608     3012      400        0    51200     9000        0     3400    12012"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.domain import CLOUDBOX_XMLNS, cloudbox_metadata, render_domain
-from cloudbox.core.profiles import Profile, guest_disks, load_profile, parse_profile
+from cloudbox.core.spec.profiles import Profile, guest_disks, load_profile, parse_profile
+from cloudbox.core.virt.domain import CLOUDBOX_XMLNS, cloudbox_metadata, render_domain
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "profiles").glob("*.toml"))
 
@@ -375,7 +375,7 @@ def test_xen_pvh():
 def test_xen_type_stated_renders_as_implied(preset):
     """Every preset renders the same XML with its guest type stated as with the type its bus implies (auto): old
     profiles, which have no guest.xen_type, keep their domains byte for byte."""
-    from cloudbox.core.profiles import xen_guest_type
+    from cloudbox.core.spec.profiles import xen_guest_type
 
     prof = load_profile(Path(PRESETS[0]).with_name(f"{preset}.toml"))
     auto = prof.model_copy(update={"guest": prof.guest.model_copy(update={"xen_type": "auto"})})
@@ -515,7 +515,7 @@ def test_disk_paths_must_fit_the_count(count, more, message):
 
 
 def test_nbd_volume_attached_by_qemu(tmp_path):
-    from cloudbox.core.backing import NetworkSource
+    from cloudbox.core.disks.backing import NetworkSource
 
     prof = kvm_variant(disk={"bus": "virtio-blk", "cache": "writethrough", "backing": "network-volume",
                              "volume": "nbd:ebs", "attach": "qemu"})

@@ -1,4 +1,4 @@
-"""A run's events (core.events): typed records and their stored form, the one line each is written as (the CLI's
+"""A run's events (core.record.events): typed records and their stored form, the one line each is written as (the CLI's
 printer and the TUI's log), and whole-run progress from the plan."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cloudbox.cli.run import Printer
-from cloudbox.core import events
-from cloudbox.core.events import (
+from cloudbox.core.record import events
+from cloudbox.core.record.events import (
     LogEvent,
     MeasurementEvent,
     PlanProgress,
@@ -19,8 +19,8 @@ from cloudbox.core.events import (
     StateEvent,
     StepEvent,
 )
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import PlanStep, RunSpec
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec.runspec import PlanStep, RunSpec
 
 PLAN = tuple(RunSpec(profile="x", suite="storage", storage_tests="smoke").plan())
 SAMPLE = SampleEvent(1.5, "sdb", "guest:seq-write-64k", 0.0, 26.9, 256.0, 128.0, 0.45, 90.0)

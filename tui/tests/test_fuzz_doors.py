@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from test_nodes import SRC, Back, Front, _keypair
 
 from cloudbox.cli import node as cli_node
-from cloudbox.core.nodes import enrol, registry
+from cloudbox.core.cluster import enrol, registry
 
 FUZZ_CASES = 60
 DEADLINE_S = 2.0

@@ -9,11 +9,12 @@ import uuid
 
 import pytest
 
-from cloudbox.core import accel, backing
-from cloudbox.core.domain import render_domain
-from cloudbox.core.guestimage import CMDLINE
-from cloudbox.core.launchtrace import trace_launch
-from cloudbox.core.profiles import Profile, find_profile
+from cloudbox.core.disks import backing
+from cloudbox.core.spec.profiles import Profile, find_profile
+from cloudbox.core.virt import accel
+from cloudbox.core.virt.domain import render_domain
+from cloudbox.core.virt.guestimage import CMDLINE
+from cloudbox.core.virt.launchtrace import trace_launch
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root: libvirtd, a bridge")]

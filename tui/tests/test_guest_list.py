@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloudbox.core import domain, guest
+from cloudbox.core.virt import domain, guest
 
 libvirt = pytest.importorskip("libvirt")
 

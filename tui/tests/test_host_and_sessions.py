@@ -15,10 +15,12 @@ import pytest
 from guest_session import wait_up
 
 from cloudbox.cli import main
-from cloudbox.core import host, nodeconf, profiles, runs
 from cloudbox.core.errors import NotFound
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import PlanStep, RunSpec
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run import runs
+from cloudbox.core.spec import addresses, nodeconf, profiles
+from cloudbox.core.spec.runspec import PlanStep, RunSpec
+from cloudbox.core.views import host
 
 
 def test_gather_reads_this_hosts_disks_and_nics(state, monkeypatch, tmp_path):
@@ -108,47 +110,46 @@ def _wait(pred, timeout: float, what: str):
 def test_a_bridge_with_a_guest_plugged_in_is_refused_naming_its_port():
     """Our bridge name taken by a bridge with a port (a run with another run dir, whose lock this run cannot
     see): refused, naming the port, and left as it was; a dead run's empty namespace and veth are removed."""
-    from cloudbox.core import network
     from cloudbox.core.errors import CloudboxError
+    from cloudbox.core.virt import network
 
     if os.geteuid() != 0:
         pytest.skip("needs root (creates a bridge and a network namespace)")
     ip = ["ip", "link", "add"]
-    subprocess.run([*ip, network.BRIDGE, "type", "bridge"], check=True)
+    subprocess.run([*ip, addresses.BRIDGE, "type", "bridge"], check=True)
     try:
         subprocess.run([*ip, "cbtest0", "type", "veth", "peer", "name", "cbtest1"], check=True)
-        subprocess.run(["ip", "link", "set", "cbtest0", "master", network.BRIDGE], check=True)
-        with pytest.raises(CloudboxError, match=rf"link {network.BRIDGE} already exists and has ports cbtest0 "
+        subprocess.run(["ip", "link", "set", "cbtest0", "master", addresses.BRIDGE], check=True)
+        with pytest.raises(CloudboxError, match=rf"link {addresses.BRIDGE} already exists and has ports cbtest0 "
                                                 r"\(a guest is plugged in\)"):
             network.HostNetwork(9000).setup_bridge()
-        assert network.link_exists("cbtest0") and network.link_exists(network.BRIDGE)
+        assert network.link_exists("cbtest0") and network.link_exists(addresses.BRIDGE)
     finally:
         subprocess.run(["ip", "link", "del", "cbtest0"], check=False)
-        subprocess.run(["ip", "link", "del", network.BRIDGE], check=False)
-    subprocess.run(["ip", "netns", "add", network.NS], check=True)
-    subprocess.run([*ip, network.VETH_HOST, "type", "veth", "peer", "name", network.VETH_NS], check=True)
+        subprocess.run(["ip", "link", "del", addresses.BRIDGE], check=False)
+    subprocess.run(["ip", "netns", "add", addresses.NS], check=True)
+    subprocess.run([*ip, addresses.VETH_HOST, "type", "veth", "peer", "name", addresses.VETH_NS], check=True)
     hn = network.HostNetwork(9000)
     try:
         hn.setup_netns()
-        assert hn.reaped == [f"network namespace {network.NS} (nothing running in it)", f"link {network.VETH_HOST}"]
+        assert hn.reaped == [f"network namespace {addresses.NS} (nothing running in it)", f"link {addresses.VETH_HOST}"]
     finally:
         hn.teardown()
-    assert not network.link_exists(network.VETH_HOST) and not os.path.exists(f"/run/netns/{network.NS}")
+    assert not network.link_exists(addresses.VETH_HOST) and not os.path.exists(f"/run/netns/{addresses.NS}")
 
 
 @pytest.mark.slow
 @pytest.mark.root
 def test_guest_session_runs_until_cancelled_then_cleans_up(state, libvirt_conn):
-    from cloudbox.core import network
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
 
     # a dead run's bridge, no guest on it: the session removes it and says so
-    subprocess.run(["ip", "link", "add", network.BRIDGE, "type", "bridge"], check=True)
+    subprocess.run(["ip", "link", "add", addresses.BRIDGE, "type", "bridge"], check=True)
     with ResultStore() as store:
         rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
         try:
             wait_up(store, rid)
-            assert f"removed bridge {network.BRIDGE} (no guest on it), left by a run that is gone" in [
+            assert f"removed bridge {addresses.BRIDGE} (no guest on it), left by a run that is gone" in [
                 e.payload.get("text") for e in store.events_since(rid) if e.kind == "log"]
             (g,) = [g for g in list_guests(libvirt_conn) if g.run_uuid == store.get_run(rid).uuid]
             assert g.state == "running" and g.uptime() is not None and g.uptime() < 600

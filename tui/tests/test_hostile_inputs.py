@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from cloudbox import cli
-from cloudbox.core import inputs, profiles
+from cloudbox.core import inputs
 from cloudbox.core.errors import AnswerError, ProfileError
 from cloudbox.core.install import answers as ans
 from cloudbox.core.install.machine import Machine
+from cloudbox.core.spec import profiles
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET = (REPO / "profiles" / "virtio-disk.toml").read_text()

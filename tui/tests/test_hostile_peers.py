@@ -18,8 +18,8 @@ import pytest
 import test_nodes
 from test_nodes import Back, Front, _expect_refused, _keypair
 
+from cloudbox.core.cluster import enrol, frontend, keys, registry
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.nodes import enrol, frontend, keys, registry
 
 front, back = test_nodes.front, test_nodes.back  # the same fixtures: a front-end's registry and a back-end
 ATTACKERS = [f"127.0.0.{i}" for i in range(2, 7)]  # five source addresses besides the real node's 127.0.0.1

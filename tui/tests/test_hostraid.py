@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import hostraid
-from cloudbox.core.compare import knobs
+from cloudbox.core.disks import hostraid
 from cloudbox.core.errors import UsageError
-from cloudbox.core.execution.multi import check_fits
-from cloudbox.core.profiles import ProfileError, find_profile, guest_disks, parse_profile
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.run.multi import check_fits
+from cloudbox.core.spec.profiles import ProfileError, find_profile, guest_disks, parse_profile
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.views.compare import knobs
 
 BASE = """
 name = "t"
@@ -124,8 +124,8 @@ def test_a_dead_runs_array_and_its_loops_are_reaped_a_live_ones_kept(tmp_path):
 def test_the_comparison_names_the_hosts_raid():
     from types import SimpleNamespace
 
-    from cloudbox.core import compare
-    from cloudbox.core.provenance import Provenance
+    from cloudbox.core.record.provenance import Provenance
+    from cloudbox.core.views import compare
 
     run = SimpleNamespace(profile_toml=find_profile("virtio-raid0-host").to_toml(), provenance=Provenance(),
                           accelerator="kvm", emulated=0)
@@ -135,8 +135,8 @@ def test_the_comparison_names_the_hosts_raid():
 
 def test_results_show_says_who_built_the_array(state, capsys):
     from cloudbox import cli
-    from cloudbox.core.provenance import Provenance, RaidInfo
-    from cloudbox.core.results import ResultStore
+    from cloudbox.core.record.provenance import Provenance, RaidInfo
+    from cloudbox.core.record.results import ResultStore
 
     host = RaidInfo(where="host", device="/dev/md100", level="0", chunk_kib=64, members=["loop0", "loop1"],
                     sectors_written={"loop0": 128, "loop1": 128})
@@ -151,7 +151,8 @@ def test_results_show_says_who_built_the_array(state, capsys):
 
 
 def test_the_profile_list_and_studies_know_a_host_raid_needs_md(monkeypatch):
-    from cloudbox.core import profiles, studies
+    from cloudbox.core.spec import profiles
+    from cloudbox.core.studies import studies
 
     entries = {e.name: e for e in profiles.list_profiles()}
     assert entries["virtio-raid0-host"].raid_on == "host" and entries["virtio-raid0"].raid_on == "guest"

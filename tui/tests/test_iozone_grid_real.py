@@ -11,8 +11,8 @@ import pytest
 from real_runs import leftovers, work_files
 
 from cloudbox import cli
-from cloudbox.core import storage
-from cloudbox.core.results import ResultStore
+from cloudbox.core.bench import storage
+from cloudbox.core.record.results import ResultStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.full]
 

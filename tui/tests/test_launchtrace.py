@@ -1,10 +1,10 @@
-"""cloudbox.core.launchtrace without a guest: the dmesg marks and how a launch splits into phases."""
+"""cloudbox.core.virt.launchtrace without a guest: the dmesg marks and how a launch splits into phases."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloudbox.core.launchtrace import Trace, parse_dmesg
+from cloudbox.core.virt.launchtrace import Trace, parse_dmesg
 
 DMESG = """\
 [    0.000000] Linux version 6.1.0-56-amd64 (debian-kernel@lists.debian.org)
@@ -41,7 +41,7 @@ def test_phases_of_a_guest_without_init_marks():
 
 
 def test_boot_pair_by_domain_type_and_memory(tmp_path):
-    from cloudbox.core.guestimage import GuestImage
+    from cloudbox.core.virt.guestimage import GuestImage
 
     for name, size in (("vmlinuz", 10), ("initrd.img", 10)):
         (tmp_path / name).write_bytes(b"x" * size)

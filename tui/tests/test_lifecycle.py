@@ -1,4 +1,4 @@
-"""A run's lifecycle (core.execution.lifecycle), the same for this host's steps and a node's mirroring: the run's
+"""A run's lifecycle (core.run.lifecycle), the same for this host's steps and a node's mirroring: the run's
 row and events, a signal turned into Aborted except inside atomic(), the cleanup stack unwound whatever happens,
 and the final state with its reason. Bodies here are small functions over the run context: no guest is booted."""
 
@@ -10,12 +10,12 @@ import signal
 import pytest
 
 from cloudbox.core.errors import CloudboxError, RunBusy
-from cloudbox.core.events import RunEvent, StateEvent, StepEvent
-from cloudbox.core.execution.context import RunContext
-from cloudbox.core.execution.lifecycle import Execution
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runlock import RunLock
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.record.events import RunEvent, StateEvent, StepEvent
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.runlock import RunLock
+from cloudbox.core.run.context import RunContext
+from cloudbox.core.run.lifecycle import Execution
+from cloudbox.core.spec.runspec import RunSpec
 
 SPEC = RunSpec(profile="virtio-disk", suite="storage", storage_tests="smoke")
 
@@ -125,7 +125,7 @@ def test_a_busy_host_is_refused_before_anything_is_recorded(state):
 def test_a_xen_profile_is_refused_before_the_accelerator_probe(state, guest_image):
     """This host is not booted into Xen: the run says so at once, naming the boot entry, before the probe boots a
     KVM test guest."""
-    from cloudbox.core import runs
+    from cloudbox.core.run import runs
 
     with ResultStore() as store:
         rid = runs.executor(RunSpec(profile="xen-default", suite="storage"), store).execute()
@@ -140,7 +140,8 @@ def test_a_pvh_profile_is_refused_on_a_xen_without_hvm_before_anything_is_made(s
                                                                                  tmp_path):
     """On a Xen boot whose Xen offers PV only (as nested under QEMU TCG: Xen's capabilities list no hvm-*), a PVH
     run stops at its first steps, saying why and where it runs, before the probe, libvirt or a backing store."""
-    from cloudbox.core import accel, runs
+    from cloudbox.core.run import runs
+    from cloudbox.core.virt import accel
 
     caps = tmp_path / "capabilities"
     caps.write_text("xen-3.0-x86_64 xen-3.0-x86_32p\n")

@@ -17,15 +17,19 @@ import pytest
 
 from cloudbox import cli
 from cloudbox.cli.run import Printer
-from cloudbox.core import compare, events, results, storage
+from cloudbox.core.bench import nettests, storage
+from cloudbox.core.disks import hostraid
 from cloudbox.core.errors import UsageError
-from cloudbox.core.events import InstanceFigures, MeasurementEvent, PlanProgress, ProgressEvent
-from cloudbox.core.execution.multi import QEMU_OVERHEAD_MIB, check_fits, serve_many
-from cloudbox.core.fairness import jain_index, spread
-from cloudbox.core.profiles import mix_hash, resolve_profile
-from cloudbox.core.provenance import Guests, GuestStart, Provenance
-from cloudbox.core.results import ResultStore, Run
-from cloudbox.core.runspec import MAX_GUESTS, RunSpec
+from cloudbox.core.record import events, results
+from cloudbox.core.record.events import InstanceFigures, MeasurementEvent, PlanProgress, ProgressEvent
+from cloudbox.core.record.fairness import jain_index, spread
+from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
+from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.run.multi import QEMU_OVERHEAD_MIB, check_fits, serve_many
+from cloudbox.core.spec import addresses, catalogue
+from cloudbox.core.spec.profiles import mix_hash, resolve_profile
+from cloudbox.core.spec.runspec import MAX_GUESTS, RunSpec
+from cloudbox.core.views import compare
 
 
 # -- aggregation -------------------------------------------------------------------------------------------------
@@ -272,7 +276,7 @@ def test_each_guests_events_carry_its_number_through_the_store(tmp_path):
 
 
 def test_each_guests_progress_is_thinned_on_its_own_and_the_cli_prints_the_first(tmp_path):
-    from cloudbox.core.execution.sink import EventSink
+    from cloudbox.core.run.sink import EventSink
 
     got: list[events.RunEvent] = []
     sink = EventSink(ResultStore(tmp_path / "r.db"), None, got.append)
@@ -319,13 +323,12 @@ def test_the_figures_of_n_guests_live_and_done():
 
 # -- the network tests of N guests -------------------------------------------------------------------------------
 def test_each_guest_has_its_own_address_on_the_runs_bridge():
-    from cloudbox.core import network
 
-    assert network.guest_ip(1) == network.GUEST_IP
-    assert [network.guest_ip(k) for k in (2, MAX_GUESTS)] == ["169.254.100.3", f"169.254.100.{MAX_GUESTS + 1}"]
-    assert network.HOST_IP not in {network.guest_ip(k) for k in range(1, MAX_GUESTS + 1)}
+    assert addresses.guest_ip(1) == addresses.GUEST_IP
+    assert [addresses.guest_ip(k) for k in (2, MAX_GUESTS)] == ["169.254.100.3", f"169.254.100.{MAX_GUESTS + 1}"]
+    assert addresses.HOST_IP not in {addresses.guest_ip(k) for k in range(1, MAX_GUESTS + 1)}
     with pytest.raises(ValueError, match="guest number 0 has no address"):
-        network.guest_ip(0)
+        addresses.guest_ip(0)
 
 
 def _listening(port: int) -> bool:
@@ -337,7 +340,7 @@ def test_one_netserver_serves_every_client_and_each_iperf3_client_gets_a_server(
     the run's network."""
     import shutil
 
-    from cloudbox.core.network import HostNetwork
+    from cloudbox.core.virt.network import HostNetwork
 
     if not (shutil.which("netserver") and shutil.which("iperf3")):
         pytest.skip("netserver or iperf3 is not installed on this host")
@@ -361,7 +364,7 @@ class _LocalGuest:
     name = "local"
 
     def run(self, argv, *, timeout=120.0, **_kw):
-        from cloudbox.core.guest import ExecResult
+        from cloudbox.core.virt.guest import ExecResult
 
         if argv[:2] == ["/bin/sh", "-c"]:
             argv = ["busybox", "sh", "-c", argv[2]]
@@ -375,7 +378,7 @@ class _LocalGuest:
 def test_a_guest_network_test_waits_for_the_barrier_and_says_when_it_left(tmp_path, monkeypatch):
     import shutil
 
-    from cloudbox.core import network
+    from cloudbox.core.virt import network
 
     if not (shutil.which("netserver") and shutil.which("netperf") and shutil.which("busybox")):
         pytest.skip("netserver, netperf or busybox is not installed on this host")
@@ -385,7 +388,7 @@ def test_a_guest_network_test_waits_for_the_barrier_and_says_when_it_left(tmp_pa
         port = hn.start_netserver("127.0.0.1")
         up = float(Path("/proc/uptime").read_text().split()[0]) + 0.8
         t0 = time.monotonic()
-        res = network.run_in_guest(_LocalGuest(), network.NET_TESTS["tcp-rr"], port, 1, lambda _p: None,
+        res = nettests.run_in_guest(_LocalGuest(), catalogue.NET_TESTS["tcp-rr"], port, 1, lambda _p: None,
                                    lambda: False, target="127.0.0.1", start_uptime=up)
         took = time.monotonic() - t0
     finally:
@@ -398,9 +401,9 @@ def test_a_guest_network_test_waits_for_the_barrier_and_says_when_it_left(tmp_pa
 def _net_ctx(store: ResultStore, spec: RunSpec):
     import contextlib
 
-    from cloudbox.core.execution.context import RunContext, RunControl
-    from cloudbox.core.execution.sink import EventSink
-    from cloudbox.core.runspec import QUICK_SIZE
+    from cloudbox.core.run.context import RunContext, RunControl
+    from cloudbox.core.run.sink import EventSink
+    from cloudbox.core.spec.runspec import QUICK_SIZE
 
     rid = store.create_run(uuid="0" * 32, profile_name=spec.profile, suite=spec.suite, state="running")
     return RunContext(spec, resolve_profile(spec.profile), QUICK_SIZE, "quick", "0" * 32, rid, store,
@@ -408,16 +411,15 @@ def _net_ctx(store: ResultStore, spec: RunSpec):
 
 
 def test_a_network_test_of_n_is_stored_per_instance_with_the_sum_and_the_mean_latency(tmp_path):
-    from cloudbox.core import network
-    from cloudbox.core.execution.measure import NetRan, net_test_many
+    from cloudbox.core.run.measure import NetRan, net_test_many
 
-    rr = network.NET_TESTS["tcp-rr"]
+    rr = catalogue.NET_TESTS["tcp-rr"]
     spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-rr", guests=3)
     figures = [(900.0, 1100.0), (1000.0, 1000.0), (800.0, 1300.0)]
 
     def part(k: int, cancelled) -> NetRan:
         v, lat = figures[k - 1]
-        res = network.NetResult("tcp-rr", v, "trans/s", lat, f"{v},Trans/s,{lat}\n", hung=1 if k == 2 else 0)
+        res = nettests.NetResult("tcp-rr", v, "trans/s", lat, f"{v},Trans/s,{lat}\n", hung=1 if k == 2 else 0)
         return NetRan(res, 100.0 + k / 100, 104.0 + k)
 
     import functools
@@ -446,11 +448,11 @@ def test_a_network_test_of_n_is_stored_per_instance_with_the_sum_and_the_mean_la
 
 
 def test_one_instance_failing_fails_the_network_test_and_stores_nothing(tmp_path):
-    from cloudbox.core import network
     from cloudbox.core.errors import CloudboxError
-    from cloudbox.core.execution.measure import NetRan, net_test_many
+    from cloudbox.core.run.measure import NetRan, net_test_many
+    from cloudbox.core.virt import network
 
-    t = network.NET_TESTS["iperf3-tx"]
+    t = catalogue.NET_TESTS["iperf3-tx"]
     spec = RunSpec(profile="virtio-disk", suite="network", net_tests="iperf3-tx", guests=2)
     stopped: list[bool] = []
 
@@ -474,9 +476,9 @@ def test_one_instance_failing_fails_the_network_test_and_stores_nothing(tmp_path
 def test_the_runs_reason_quotes_the_console_of_the_first_guest_to_fail(tmp_path):
     """A guest lost mid-test names the run's console; another guest failing after the others were told to stop
     (its agent gone with the same libvirtd, say) does not replace it."""
-    from cloudbox.core import network
     from cloudbox.core.errors import GuestUnreachable
-    from cloudbox.core.execution.multi import _guest_net_part
+    from cloudbox.core.run.multi import _guest_net_part
+    from cloudbox.core.virt import network
 
     class Lost(_LocalGuest):
         def __init__(self, name: str) -> None:
@@ -489,9 +491,9 @@ def test_the_runs_reason_quotes_the_console_of_the_first_guest_to_fail(tmp_path)
     with ResultStore(tmp_path / "r.db") as store:
         ctx = _net_ctx(store, spec)
         for name, stopping in (("g2", False), ("g1", True)):
-            link = network.GuestLink(Lost(name), "eth0", network.HOST_IP, "cbbr0", 1500, _tap="none")  # type: ignore[arg-type]
+            link = network.GuestLink(Lost(name), "eth0", addresses.HOST_IP, "cbbr0", 1500, _tap="none")  # type: ignore[arg-type]
             with pytest.raises(GuestUnreachable, match=name):
-                _guest_net_part(ctx, network.NET_TESTS["tcp-stream"], link, 1, 0.0, 0.0, 1, lambda s=stopping: s)
+                _guest_net_part(ctx, catalogue.NET_TESTS["tcp-stream"], link, 1, 0.0, 0.0, 1, lambda s=stopping: s)
         assert ctx.guest is not None and ctx.guest.name == "g2"
 
 
@@ -500,7 +502,7 @@ SKEW_BOUND_S = 0.5  # the barrier's start skew of two guests; measured 10-80 ms 
 
 
 def _ours(conn, run_uuid: str) -> list[str]:
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
 
     return [g.name for g in list_guests(conn) if run_uuid[:8] in g.name]
 
@@ -543,8 +545,8 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path
     overcommitted run (--cpu-overcommit 2), its guest figures labelled so."""
     from real_runs import lsi_disk_profile
 
-    from cloudbox.core import runs
-    from cloudbox.core.execution.local import cpu_counts
+    from cloudbox.core.run import runs
+    from cloudbox.core.run.local import cpu_counts
 
     path, lsi = lsi_disk_profile(tmp_path, vcpus=2)
     spec = RunSpec(profile=f"virtio-disk+{path}", suite="storage", size="quick", storage_tests="seq-write-64k",
@@ -605,7 +607,7 @@ def test_fios_own_client_server_mode_drives_a_server_in_every_guest(nothing_left
     """fiocs-seq-write-64k with --guests 2: a fio --server in each guest on its bridge address, the first guest's
     fio --client sending both their jobs; each server's figure stored as its guest's, fio's own aggregate as the
     run's row (at most their sum: all bytes over the longest job); bare metal, two plain fio processes."""
-    from cloudbox.core import network, runs
+    from cloudbox.core.run import runs
 
     size = 16 << 20
     spec = RunSpec(profile="virtio-disk", suite="storage", size="16M", storage_tests="fiocs-seq-write-64k", guests=2)
@@ -619,7 +621,7 @@ def test_fios_own_client_server_mode_drives_a_server_in_every_guest(nothing_left
     assert job is not None and 0 < job.value <= sum(m.value for m in each) * 1.0001
     stats = json.loads(job.raw)["client_stats"]
     servers = {c["hostname"]: c for c in stats if c["jobname"] != "All clients"}
-    assert sorted(servers) == [network.guest_ip(1), network.guest_ip(2)]  # a server in each guest
+    assert sorted(servers) == [addresses.guest_ip(1), addresses.guest_ip(2)]  # a server in each guest
     assert all(c["write"]["io_bytes"] == size and c["job options"]["filename"] == "/dev/vda"
                for c in servers.values())
     bytes_, secs = (sum(c["write"]["io_bytes"] for c in servers.values()),
@@ -637,7 +639,7 @@ def test_fios_own_client_server_mode_drives_a_server_in_every_guest(nothing_left
 def test_two_guests_each_stripe_their_own_three_disks(nothing_left, capsys):
     """virtio-raid0 with --guests 2: each guest builds its own md0 over its three disks, both write there through
     the barrier, each array's members take their share of the chunks, and everything is gone after."""
-    from cloudbox.core import runs
+    from cloudbox.core.run import runs
 
     size, chunk = 16 << 20, 64 << 10
     spec = RunSpec(profile="virtio-raid0", suite="storage", size="16M", storage_tests="seq-write-64k", guests=2)
@@ -651,7 +653,7 @@ def test_two_guests_each_stripe_their_own_three_disks(nothing_left, capsys):
     for g in info.guests:
         raid = g.raid
         assert raid is not None and (raid.device, raid.level, raid.chunk_kib) == ("/dev/md0", "0", 64), g.name
-        assert storage.mdstat_array(raid.mdstat) == ("raid0", ["vda", "vdb", "vdc"]), raid.mdstat
+        assert hostraid.mdstat_array(raid.mdstat) == ("raid0", ["vda", "vdb", "vdc"]), raid.mdstat
         assert set(raid.sectors_written) == {"vda", "vdb", "vdc"}
         assert all(v >= share for v in raid.sectors_written.values()), (g.name, raid.sectors_written)
     assert run.provenance.raid == info.guests[0].raid
@@ -696,9 +698,9 @@ def test_a_guest_dying_mid_test_fails_the_run_naming_it_and_leaves_nothing(libvi
     2, and both guests, their loop devices and files are gone."""
     import threading
 
-    from cloudbox.core import runs
-    from cloudbox.core.events import RunEvent, StepEvent
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.record.events import RunEvent, StepEvent
+    from cloudbox.core.run import runs
+    from cloudbox.core.virt.guest import list_guests
 
     killed: list[str] = []
 
@@ -742,7 +744,7 @@ def _check_sums(run: Run, test: str, metric: str) -> None:
 @pytest.mark.slow
 @pytest.mark.root
 def test_two_guests_stream_to_the_host_at_once_and_their_sum_is_stored(nothing_left):
-    from cloudbox.core import runs
+    from cloudbox.core.run import runs
 
     spec = RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="tcp-stream", net_seconds=3,
                    guests=2)
@@ -772,7 +774,7 @@ def test_two_guests_stream_to_the_host_at_once_and_their_sum_is_stored(nothing_l
 def test_two_guests_run_every_network_test_at_once(nothing_left):
     """netperf's three tests and iperf3's two, each by two guests at once against the host's servers (one iperf3
     server per guest and per bare-metal process), the request/response latency averaged."""
-    from cloudbox.core import runs
+    from cloudbox.core.run import runs
 
     spec = RunSpec(profile="virtio-disk", suite="network", size="quick", net_tests="both", net_seconds=3, guests=2)
     with ResultStore() as store:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from cloudbox import cli
-from cloudbox.core import compare
 from cloudbox.core.errors import NotFound, UsageError
-from cloudbox.core.execution.multi import QEMU_OVERHEAD_MIB, check_fits, run_profiles
-from cloudbox.core.profiles import (
+from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run.multi import QEMU_OVERHEAD_MIB, check_fits, run_profiles
+from cloudbox.core.spec.profiles import (
     GUEST_SIDE_KNOBS,
     MIX,
     diff_profiles,
@@ -19,9 +20,8 @@ from cloudbox.core.profiles import (
     resolve_mix,
     resolve_profile,
 )
-from cloudbox.core.provenance import Guests, GuestStart, Provenance
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec, guest_profile_index
+from cloudbox.core.spec.runspec import RunSpec, guest_profile_index
+from cloudbox.core.views import compare
 
 
 def test_the_guests_take_the_profiles_in_turn():

@@ -1,4 +1,5 @@
-"""MPI-IO across guests (core.mpiio): cloudbox-mpiio from the guest image's MPI layer, run by its own Open MPI on this
+"""MPI-IO across guests (core.bench.mpiio): cloudbox-mpiio from the guest image's MPI layer, run by its own Open MPI on
+this
 host (the bare-metal side's way), its figures and its check of what it reads back; the options' checks; the job's rows
 in the tables; and real runs of two TCG guests, mpirun in the first reaching the second over dropbear (one on an NFS
 export in make test, a file per process on each guest's own disk and Ctrl-C under `full`)."""
@@ -11,15 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import compare, mpiio, storage
+from cloudbox.core.bench import mpiio
+from cloudbox.core.disks.volumes import nfs
 from cloudbox.core.errors import CloudboxError, GuestError, UsageError
-from cloudbox.core.execution.multi import check_fits
-from cloudbox.core.guestimage import GuestImage
-from cloudbox.core.profiles import resolve_profile
-from cloudbox.core.provenance import Guests, GuestStart, Provenance
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec
-from cloudbox.core.volumes import nfs
+from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run.multi import check_fits
+from cloudbox.core.spec import catalogue
+from cloudbox.core.spec.profiles import resolve_profile
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.views import compare
+from cloudbox.core.virt.guestimage import GuestImage
 
 MIB = 1024 * 1024
 
@@ -41,7 +44,7 @@ def _job(layer: Path, cwd: Path, argvs: list[list[str]]) -> str:
 
 # -- the workload itself, from the image's layer -----------------------------------------------------------------
 def test_two_ranks_write_a_shared_file_and_read_each_others_part_back(layer, tmp_path):
-    t = storage.TESTS["mpiio-shared-1m"]
+    t = catalogue.TESTS["mpiio-shared-1m"]
     path = str(tmp_path / "shared.dat")
     out = "".join(_job(layer, tmp_path, [mpiio.argv(t, path, 4 * MIB, 2, phase)] * 2) for phase in ("write", "read"))
     assert Path(path).stat().st_size == 8 * MIB  # one file: two ranks' 4 MiB, side by side
@@ -60,7 +63,7 @@ def test_two_ranks_write_a_shared_file_and_read_each_others_part_back(layer, tmp
 
 
 def test_a_file_per_process_and_posix_give_a_file_each_and_one_file(layer, tmp_path):
-    fpp, posix = storage.TESTS["mpiio-fpp-1m"], storage.TESTS["posix-shared-1m"]
+    fpp, posix = catalogue.TESTS["mpiio-fpp-1m"], catalogue.TESTS["posix-shared-1m"]
     for t, files in ((fpp, ["f.dat.00000000", "f.dat.00000001"]), (posix, ["p.dat"])):
         path = str(tmp_path / files[0].split(".")[0]) + ".dat"
         _job(layer, tmp_path, [mpiio.argv(t, path, 2 * MIB, 2, "write")] * 2)
@@ -70,7 +73,7 @@ def test_a_file_per_process_and_posix_give_a_file_each_and_one_file(layer, tmp_p
 
 def test_parallel_hdf5_writes_one_dataset_independently_and_collectively(layer, tmp_path):
     """hdf5-shared-1m: an HDF5 file through its MPI-IO driver, one dataset every rank writes its part of."""
-    t = storage.TESTS["hdf5-shared-1m"]
+    t = catalogue.TESTS["hdf5-shared-1m"]
     for collective in (False, True):
         path = str(tmp_path / f"f{int(collective)}.h5")
         jobs = [mpiio.argv(t, path, 2 * MIB, 2, phase) + (["-c"] if collective else []) for phase in ("write", "read")]
@@ -87,7 +90,7 @@ def test_parallel_hdf5_writes_one_dataset_independently_and_collectively(layer, 
 
 def test_each_rank_on_a_target_of_its_own(layer, tmp_path):
     """MPMD, the bare-metal side of a run on disks of each guest's own: rank k on store k's baseline target."""
-    t = storage.TESTS["mpiio-fpp-1m"]
+    t = catalogue.TESTS["mpiio-fpp-1m"]
     targets = [tmp_path / "a.img", tmp_path / "b.img"]
     for phase in ("write", "read"):
         out = _job(layer, tmp_path, [mpiio.argv(t, str(p), 2 * MIB, 2, phase, local=True) for p in targets])
@@ -99,7 +102,7 @@ def test_each_rank_on_a_target_of_its_own(layer, tmp_path):
 def test_data_that_is_not_what_was_written_there_fails_the_test(layer, tmp_path):
     """Each transfer carries its offset and writer: read back with other transfer sizes, the offsets disagree."""
     path = str(tmp_path / "f.dat")
-    t = storage.TESTS["posix-shared-1m"]
+    t = catalogue.TESTS["posix-shared-1m"]
     out = _job(layer, tmp_path, [mpiio.argv(t, path, 2 * MIB, 1, "write")])
     argv = mpiio.argv(t, path, 2 * MIB, 1, "read")
     argv[argv.index("-t") + 1] = "512k"
@@ -116,11 +119,11 @@ def test_bad_arguments_are_named_by_the_workload(layer, tmp_path):
 
 
 def test_the_arguments_of_each_phase():
-    t = storage.TESTS["mpiio-shared-1m"]
+    t = catalogue.TESTS["mpiio-shared-1m"]
     assert mpiio.argv(t, "/mnt/f", 16 * MIB + 5, 2, "write") == [
         "cloudbox-mpiio", "-a", "mpiio", "-o", "/mnt/f", "-t", "1m", "-b", str(16 * MIB), "-s", "1", "-w", "-e"]
     assert mpiio.argv(t, "/mnt/f", 16 * MIB, 2, "read")[-2:] == ["-r", "-C"]
-    local = mpiio.argv(storage.TESTS["mpiio-fpp-1m"], "/dev/vdb", 16 * MIB, 2, "read", local=True)
+    local = mpiio.argv(catalogue.TESTS["mpiio-fpp-1m"], "/dev/vdb", 16 * MIB, 2, "read", local=True)
     assert local[-3:] == ["-r", "-F", "-L"]  # its own disk: no other rank's data to read
     with pytest.raises(UsageError, match="below one 1m transfer"):
         mpiio.argv(t, "/mnt/f", 1000, 2, "write")
@@ -143,7 +146,7 @@ def test_mpi_tests_need_two_guests_and_a_shared_file_an_nfs_export():
     check_fits(RunSpec(profile="virtio-disk", suite="storage", storage_tests="mpiio-fpp-1m", guests=2),
                resolve_profile("virtio-disk"), available_mib=64000, host_cpus=8)
     assert spec.wants_mpi and not RunSpec(profile="virtio-disk", suite="storage", guests=2).wants_mpi
-    assert not set(storage.MPI_TESTS) & set(storage.TEST_SETS["full"])  # never in a run that did not ask
+    assert not set(catalogue.MPI_TESTS) & set(catalogue.TEST_SETS["full"])  # never in a run that did not ask
 
 
 def test_the_mpi_layer_follows_the_initramfs_at_a_four_byte_boundary(tmp_path):

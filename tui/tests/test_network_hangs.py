@@ -19,17 +19,20 @@ from pathlib import Path
 import pytest
 from guest_session import wait_up
 
-from cloudbox.core import network, runs
+from cloudbox.core.bench import nettests
 from cloudbox.core.errors import CloudboxError, NicStalled
-from cloudbox.core.execution.context import RunContext, RunControl
-from cloudbox.core.execution.measure import net_test
-from cloudbox.core.execution.sink import EventSink
-from cloudbox.core.profiles import resolve_profile
-from cloudbox.core.provenance import Provenance
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import QUICK_SIZE, RunSpec
+from cloudbox.core.record.provenance import Provenance
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run import runs
+from cloudbox.core.run.context import RunContext, RunControl
+from cloudbox.core.run.measure import net_test
+from cloudbox.core.run.sink import EventSink
+from cloudbox.core.spec import addresses, catalogue
+from cloudbox.core.spec.profiles import resolve_profile
+from cloudbox.core.spec.runspec import QUICK_SIZE, RunSpec
+from cloudbox.core.virt import network
 
-MAERTS, RR = network.NET_TESTS["tcp-maerts"], network.NET_TESTS["tcp-rr"]
+MAERTS, RR = catalogue.NET_TESTS["tcp-maerts"], catalogue.NET_TESTS["tcp-rr"]
 
 
 @pytest.fixture
@@ -68,7 +71,7 @@ def test_a_bare_metal_test_that_hangs_is_killed_and_run_again(stopped_netserver)
     logs: list[str] = []
     timer = _resume_after(pid, 4.5)  # during the second attempt
     try:
-        res = network.run_baseline(MAERTS, port, 1, lambda _: None, lambda: False, target="127.0.0.1", netns=None,
+        res = nettests.run_baseline(MAERTS, port, 1, lambda _: None, lambda: False, target="127.0.0.1", netns=None,
                                    hang_s=3, log=logs.append)
     finally:
         timer.cancel()
@@ -85,7 +88,7 @@ def test_a_bare_metal_test_that_always_hangs_fails_naming_the_server(stopped_net
     logs: list[str] = []
     with pytest.raises(CloudboxError, match=rf"bare metal: netperf \(tcp-rr\) to 127\.0\.0\.1 port {port} hung 2 "
                                             r"times \(no end after 2 s, killed\): is the server there still answering"):
-        network.run_baseline(RR, port, 1, lambda _: None, lambda: False, target="127.0.0.1", netns=None, hang_s=2,
+        nettests.run_baseline(RR, port, 1, lambda _: None, lambda: False, target="127.0.0.1", netns=None, hang_s=2,
                              log=logs.append)
     assert len(logs) == 2 and "(attempt 2 of 2). Sockets then" in logs[1], logs
     assert not _clients_to(port)
@@ -165,7 +168,7 @@ QUEUE_STATUS = """/machine/peripheral/net0/virtio-backend:
 def test_qemus_view_of_the_rings_names_the_hop_inside_qemu():
     """QEMU's virtqueue counters (info virtio-queue-status) tell a guest that stopped refilling its receive ring
     from one that stopped taking what QEMU delivered, and QEMU's stuck transmit side from a lost frame."""
-    from cloudbox.core.guest import parse_virtqueue_status
+    from cloudbox.core.virt.guest import parse_virtqueue_status
 
     q = parse_virtqueue_status(QUEUE_STATUS)
     assert q == {"used_idx": 23, "signalled_used": 23, "last_avail_idx": 23, "shadow_avail_idx": 256}
@@ -177,7 +180,7 @@ def test_qemus_view_of_the_rings_names_the_hop_inside_qemu():
                 "tx": {"used_idx": tx_last, "signalled_used": tx_last, "last_avail_idx": tx_last,
                        "shadow_avail_idx": tx_shadow}}
 
-    link = network.GuestLink(None, "eth0", network.HOST_IP, network.BRIDGE, 9000)
+    link = network.GuestLink(None, "eth0", addresses.HOST_IP, addresses.BRIDGE, 9000)
     # the ring wraps at 65536: 65534 -> 2 is 4 frames
     full = network.Rings.between(queues(65534, 65534, 65534, 65534, 7, 7), queues(2, 2, 2, 2, 10, 10))
     assert full is not None and (full.rx_delivered, full.rx_free, full.tx_taken) == (4, 0, 3)
@@ -201,8 +204,8 @@ def test_a_retried_measurement_says_so_in_its_raw_output(state):
                                node="here", started_at=time.time())
         ctx = RunContext(spec, resolve_profile(spec.profile), QUICK_SIZE, "quick", "0" * 32, rid, store,
                          EventSink(store, rid), RunControl(), contextlib.ExitStack(), Provenance())
-        clean = network.NetResult("tcp-rr", 900.0, "trans/s", 1111.0, "900,Trans/s,1111\n")
-        again = network.NetResult("tcp-rr", 800.0, "trans/s", 1250.0, "800,Trans/s,1250\n", hung=1)
+        clean = nettests.NetResult("tcp-rr", 900.0, "trans/s", 1111.0, "900,Trans/s,1111\n")
+        again = nettests.NetResult("tcp-rr", 800.0, "trans/s", 1250.0, "800,Trans/s,1250\n", hung=1)
         net_test(ctx, "baseline", RR, lambda: clean, ["x"])
         net_test(ctx, "guest", RR, lambda: again, ["x"])
         run = store.get_run(rid)
@@ -220,7 +223,7 @@ class _Session:
         self.conn, self.rid, self.guest = conn, None, None
 
     def start(self) -> None:
-        from cloudbox.core.guest import Guest, list_guests
+        from cloudbox.core.virt.guest import Guest, list_guests
 
         with ResultStore() as store:
             self.rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="guest"), store)
@@ -236,7 +239,7 @@ class _Session:
         link = _link(self.guest)
         if link.path_ok(tries=2):
             return self.guest, link
-        warnings.warn(f"the guest session's path to {network.HOST_IP} was dead at the start of this test (an "
+        warnings.warn(f"the guest session's path to {addresses.HOST_IP} was dead at the start of this test (an "
                       "earlier test left it so): relaunched it", stacklevel=2)
         assert self.stop() == "completed", "the dead session did not stop"
         self.start()
@@ -250,7 +253,7 @@ def session(libvirt_conn):
     """The module's guest session, in a state dir of its own; cancelled at the end, nothing left behind."""
     import tempfile
 
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
 
     base = tempfile.mkdtemp(prefix="cloudbox-test-", dir="/var/tmp")
     os.chmod(base, 0o755)
@@ -274,7 +277,7 @@ def session(libvirt_conn):
 
 def _link(guest) -> network.GuestLink:
     (nic,) = guest.sh("ls /sys/class/net | grep -vx lo", timeout=20).stdout.split()
-    link = network.GuestLink(guest, nic, network.HOST_IP, network.BRIDGE, 9000)
+    link = network.GuestLink(guest, nic, addresses.HOST_IP, addresses.BRIDGE, 9000)
     assert link.tap and network.link_exists(link.tap), link.tap
     return link
 
@@ -284,29 +287,29 @@ def _link(guest) -> network.GuestLink:
 def test_a_guest_test_that_hangs_is_killed_in_the_guest_and_run_again(session, stopped_netserver):
     """From a real guest (a guest session) to a stopped netserver on the session's bridge address."""
     guest, link = session.ready()
-    pid, port = stopped_netserver(network.HOST_IP)
+    pid, port = stopped_netserver(addresses.HOST_IP)
     logs: list[str] = []
     timer = _resume_after(pid, 22)  # the first attempt is killed at 15 s; the second one then finishes
     try:
-        res = network.run_in_guest(guest, MAERTS, port, 2, lambda _: None, lambda: False, hang_s=15,
+        res = nettests.run_in_guest(guest, MAERTS, port, 2, lambda _: None, lambda: False, hang_s=15,
                                    log=logs.append)
     finally:
         timer.cancel()
     assert res.hung == 1 and res.value > 0, res
     (line,) = logs
-    assert line.startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {port} hung: no end "
+    assert line.startswith(f"guest: netperf (tcp-maerts) to {addresses.HOST_IP} port {port} hung: no end "
                            "after 15 s, killed (attempt 1 of 2); running it again. Sockets then: in the "
                            "guest: "), line
     # busybox netstat in the guest, before the kill: the connection to the stopped server
-    assert re.search(rf"tcp \d+ \d+ \S+ {re.escape(network.HOST_IP)}:{port} ESTABLISHED", line), line
+    assert re.search(rf"tcp \d+ \d+ \S+ {re.escape(addresses.HOST_IP)}:{port} ESTABLISHED", line), line
 
     # With the NIC watched: the stopped server leaves the NIC quiet, the path still answers pings.
-    _, port2 = stopped_netserver(network.HOST_IP)
+    _, port2 = stopped_netserver(addresses.HOST_IP)
     logs.clear()
-    with pytest.raises(CloudboxError, match=rf"guest: netperf \(tcp-rr\) to {re.escape(network.HOST_IP)} "
+    with pytest.raises(CloudboxError, match=rf"guest: netperf \(tcp-rr\) to {re.escape(addresses.HOST_IP)} "
                                             rf"port {port2} hung 2 times \(no frame reached the guest's NIC "
                                             r"for \d+ s, killed\)"):
-        network.run_in_guest(guest, RR, port2, 1, lambda _: None, lambda: False, hang_s=60,
+        nettests.run_in_guest(guest, RR, port2, 1, lambda _: None, lambda: False, hang_s=60,
                              log=logs.append, link=link, quiet_s=6)
     assert len(logs) == 2, logs
     assert guest.sh("pidof netperf", timeout=20).exitcode != 0, "a killed netperf still runs in the guest"
@@ -335,17 +338,17 @@ def test_a_stopped_path_is_found_hop_by_hop_and_brought_back(session, host_serve
     netperf TCP_MAERTS): the NIC goes quiet, the tool is killed early, the probe names the tap, the tap is set up
     again, and the test's second attempt measures; the raw output keeps what happened."""
     guest, link = session.ready()
-    host_netserver = host_servers.start_netserver(network.HOST_IP)
+    host_netserver = host_servers.start_netserver(addresses.HOST_IP)
     logs: list[str] = []
     timer = _later(3, ["ip", "link", "set", "dev", str(link.tap), "down"])
     try:
-        res = network.run_in_guest(guest, MAERTS, host_netserver, 8, lambda _: None, lambda: False,
+        res = nettests.run_in_guest(guest, MAERTS, host_netserver, 8, lambda _: None, lambda: False,
                                    log=logs.append, link=link, quiet_s=5)
     finally:
         timer.cancel()
         subprocess.run(["ip", "link", "set", "dev", str(link.tap), "up"], check=False)
     assert res.hung == 1 and res.value > 0, (res, logs)
-    assert logs[0].startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {host_netserver} hung: "
+    assert logs[0].startswith(f"guest: netperf (tcp-maerts) to {addresses.HOST_IP} port {host_netserver} hung: "
                               "no frame reached the guest's NIC for 5 s, killed (attempt 1 of 2)"), logs
     assert f"frames stop at the host's tap {link.tap}: it is down" in logs[1], logs
     assert re.search(r"QEMU virtio-net: receive ring \+\d+ filled, \d+ free buffers", logs[1]), logs
@@ -355,11 +358,11 @@ def test_a_stopped_path_is_found_hop_by_hop_and_brought_back(session, host_serve
     # (the guest then sends +0): then only the device reset does.
     fixes = (f"the host's tap {link.tap} set up again", f"the guest's {link.nic} device reset (its driver unbound "
              "and bound again)")
-    fixed = next((f for f in fixes if logs[-1] == f"guest network: {f}: the path to {network.HOST_IP} answers "
+    fixed = next((f for f in fixes if logs[-1] == f"guest network: {f}: the path to {addresses.HOST_IP} answers "
                   "again"), None)
     assert fixed is not None, logs
     (note,) = res.notes
-    assert note.startswith(f"attempt 1 hung: the path to {network.HOST_IP} was dead, frames stopped at the "
+    assert note.startswith(f"attempt 1 hung: the path to {addresses.HOST_IP} was dead, frames stopped at the "
                            f"host's tap {link.tap}: it is down (") and note.endswith(f"{fixed} brought it back"), note
 
 
@@ -387,22 +390,22 @@ def test_a_path_that_stays_stopped_fails_naming_the_hop(session, host_servers):
     re-plug steps were tried; nothing keeps running in the guest."""
     if shutil.which("iptables") is None:
         pytest.skip("iptables is not installed (make test installs it)")
-    rule = ["OUTPUT", "-o", network.BRIDGE, "-d", network.GUEST_IP, "-j", "DROP"]
+    rule = ["OUTPUT", "-o", addresses.BRIDGE, "-d", addresses.GUEST_IP, "-j", "DROP"]
     guest, link = session.ready()
-    host_netserver = host_servers.start_netserver(network.HOST_IP)
+    host_netserver = host_servers.start_netserver(addresses.HOST_IP)
     logs: list[str] = []
     timer = _later(3, ["iptables", "-I", *rule])
     try:
         with pytest.raises(NicStalled) as err:
-            network.run_in_guest(guest, MAERTS, host_netserver, 8, lambda _: None, lambda: False,
+            nettests.run_in_guest(guest, MAERTS, host_netserver, 8, lambda _: None, lambda: False,
                                  log=logs.append, link=link, quiet_s=5)
     finally:
         timer.cancel()
         timer.join()
         subprocess.run(["iptables", "-D", *rule], check=False)
-    assert err.value.hop.startswith("this host: ") and f"frames reached it over bridge {network.BRIDGE}, it " \
+    assert err.value.hop.startswith("this host: ") and f"frames reached it over bridge {addresses.BRIDGE}, it " \
         "sent" in err.value.hop, err.value.hop
-    assert str(err.value).startswith(f"guest: netperf (tcp-maerts) to {network.HOST_IP} port {host_netserver} "
+    assert str(err.value).startswith(f"guest: netperf (tcp-maerts) to {addresses.HOST_IP} port {host_netserver} "
                                      "hung and the guest's network stopped: frames stop at this host: "), err.value
     assert "re-plugging the NIC did not bring it back" in str(err.value)
     tried = [ln for ln in logs if ln.startswith("guest network: ") and "still dead" in ln]

@@ -21,14 +21,16 @@ from pathlib import Path
 import pytest
 from run_trouble import warn_run_trouble
 
-from cloudbox.core import network, nodeconf, runs
 from cloudbox.core.errors import CloudboxError, UsageError
-from cloudbox.core.execution.context import host_labels
-from cloudbox.core.execution.network_steps import check_private_network
-from cloudbox.core.execution.sink import EventSink
-from cloudbox.core.provenance import PrivateNetwork, Provenance
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.record.provenance import PrivateNetwork, Provenance
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run import runs
+from cloudbox.core.run.context import host_labels
+from cloudbox.core.run.network_steps import check_private_network
+from cloudbox.core.run.sink import EventSink
+from cloudbox.core.spec import addresses, catalogue
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.virt import network
 
 pytestmark = [pytest.mark.root]
 
@@ -116,9 +118,9 @@ def test_the_private_links_address_passes_over_link_local_ones(tmp_path: Path, m
         settings = tmp_path / "node.toml"
         settings.write_text(f'role = "front-end"\n[network]\nprivate_nic = "{link}"\nprivate_mac = "{mac}"\n')
         monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(settings))
-        assert nodeconf.private_address() == "10.197.0.1"
+        assert network.private_address() == "10.197.0.1"
         monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(tmp_path / "absent.toml"))
-        assert nodeconf.private_address() == "0.0.0.0"  # no private network: every address
+        assert network.private_address() == "0.0.0.0"  # no private network: every address
     finally:
         subprocess.run(["ip", "link", "del", link], capture_output=True)
     assert network.ipv4_of(link) is None  # a link that is gone
@@ -207,7 +209,7 @@ def test_a_back_ends_guest_joins_the_private_bridge_and_measures_to_the_front_en
         assert "emulated" in run.measurement("guest", "tcp-stream-fe", "Mbit/s").labels
     # The private bridge is the node's: it stays, with the guest's tap gone; the run's own bridge was never made.
     assert network.link_exists(BRIDGE) and os.listdir(f"/sys/class/net/{BRIDGE}/brif") == ["cbtfe0"]
-    assert not network.link_exists(network.BRIDGE)
+    assert not network.link_exists(addresses.BRIDGE)
 
 
 def test_a_run_for_a_front_end_on_a_host_without_a_private_network_says_so(state, monkeypatch, tmp_path):
@@ -227,8 +229,8 @@ def test_the_host_side_says_when_the_host_is_itself_a_virtual_machine():
 def test_comparison_rows_name_the_far_end_of_network_tests():
     from types import SimpleNamespace
 
-    from cloudbox.core.compare import _net_target
-    from cloudbox.core.results import Measurement
+    from cloudbox.core.record.results import Measurement
+    from cloudbox.core.views.compare import _net_target
 
     run = SimpleNamespace(provenance=Provenance(private_network=PrivateNetwork(bridge="cbpriv0", peer="10.73.0.1")))
 
@@ -269,7 +271,7 @@ def test_two_back_end_guests_measure_to_the_front_end_at_once(private_network, l
     info = run.provenance.guests
     assert info is not None and info.count == 2
     for test in ("tcp-stream", "iperf3-tx"):
-        fe = test + network.FRONTEND_SUFFIX
+        fe = test + catalogue.FRONTEND_SUFFIX
         for t, far in ((test, NODE_IP), (fe, FE_IP)):
             for side in ("guest", "baseline"):
                 each = run.instances(side, t, "Mbit/s")
@@ -284,7 +286,7 @@ def test_two_back_end_guests_measure_to_the_front_end_at_once(private_network, l
         assert 0 <= info.skew_s[fe] < 1.0, info.skew_s
     # Both guests' NICs left with the guests: the node's bridge keeps only its own port.
     assert os.listdir(f"/sys/class/net/{BRIDGE}/brif") == ["cbtfe0"]
-    assert not network.link_exists(network.BRIDGE)
+    assert not network.link_exists(addresses.BRIDGE)
 
 
 def test_n_guests_on_a_back_end_test_to_the_front_end_too():
@@ -310,10 +312,10 @@ def test_the_front_end_serves_an_iperf3_per_guest_of_a_back_ends_run(monkeypatch
     import socket
     from types import SimpleNamespace
 
-    from cloudbox.core.nodes import mirror
-    from cloudbox.core.profiles import resolve_profile
+    from cloudbox.core.run import mirror
+    from cloudbox.core.spec.profiles import resolve_profile
 
-    monkeypatch.setattr(nodeconf, "private_address", lambda: "127.0.0.1")
+    monkeypatch.setattr(network, "private_address", lambda: "127.0.0.1")
     logs: list[str] = []
     with contextlib.ExitStack() as stack:
         spec = RunSpec(profile="virtio-disk", suite="network", net_tests="tcp-stream,iperf3-tx", guests=3)

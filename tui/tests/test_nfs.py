@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import compare, profiles, runs
+from cloudbox.core.disks.volumes import attach, nfs
 from cloudbox.core.errors import CloudboxError, ProfileError, UsageError
-from cloudbox.core.profiles import resolve_profile
-from cloudbox.core.provenance import BackingInfo, Provenance
-from cloudbox.core.results import ResultStore, Run
-from cloudbox.core.runspec import MIB, RunSpec
-from cloudbox.core.volumes import attach, nfs
+from cloudbox.core.record.provenance import BackingInfo, Provenance
+from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.run import runs
+from cloudbox.core.spec import profiles
+from cloudbox.core.spec.profiles import resolve_profile
+from cloudbox.core.spec.runspec import MIB, RunSpec
+from cloudbox.core.views import compare
 
 
 def _profile(nfs_table: str = "", **disk: str) -> str:
@@ -221,9 +223,9 @@ def test_the_front_ends_export_is_mounted_here_never_served_and_its_baseline_nee
 
 
 def test_a_front_end_without_a_private_network_refuses_an_nfs_run_on_a_node(state, monkeypatch):
-    from cloudbox.core.nodes import mirror
+    from cloudbox.core.run import mirror
 
-    monkeypatch.setattr(mirror.nodeconf, "private_address", lambda: "0.0.0.0")
+    monkeypatch.setattr(mirror.network, "private_address", lambda: "0.0.0.0")
     ctx = types.SimpleNamespace(profile=resolve_profile("nfs-async-tcp"), spec=RunSpec(profile="nfs-async-tcp",
                                                                                       suite="storage", node="be1"))
     there = types.SimpleNamespace(node=types.SimpleNamespace(name="be1"))
@@ -237,7 +239,7 @@ def test_a_front_end_without_a_private_network_refuses_an_nfs_run_on_a_node(stat
 
 def test_results_show_names_both_mounts_of_a_back_ends_run(state, capsys):
     from cloudbox import cli
-    from cloudbox.core.provenance import VolumeInfo
+    from cloudbox.core.record.provenance import VolumeInfo
 
     guest = "10.73.0.1:/cloudbox/share /mnt/nfs nfs4 rw,vers=4.2,addr=10.73.0.1 0 0"
     host = "10.73.0.1:/cloudbox/share /var/lib/cloudbox/work/run-x/nfs-host nfs4 rw,vers=4.2,addr=10.73.0.1 0 0"
@@ -258,7 +260,7 @@ def test_results_show_names_the_front_ends_disk_under_a_back_ends_export(state, 
     """A back-end's NFS run has no disk of its own to sample; the front-end's disk under the export, sampled there,
     is shown even though it is the only device."""
     from cloudbox import cli
-    from cloudbox.core.provenance import VolumeInfo
+    from cloudbox.core.record.provenance import VolumeInfo
 
     with ResultStore() as store:
         rid = store.create_run(profile_name="nfs-async-tcp-9000", node="be1", provenance=Provenance(

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from real_runs import work_files
 
-from cloudbox.core import runs, storage
-from cloudbox.core.execution import local
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec
-from cloudbox.core.volumes import nfs
+from cloudbox.core.bench import storage
+from cloudbox.core.disks.volumes import nfs
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run import local, runs
+from cloudbox.core.spec.runspec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.root,
               pytest.mark.skipif(bool(nfs.server_problem()), reason="needs nfs-ganesha, nfs-ganesha-vfs (make deps)")]

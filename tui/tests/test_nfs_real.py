@@ -10,12 +10,12 @@ import subprocess
 import pytest
 from real_runs import completed_run, interrupt_cli_run, work_files
 
-from cloudbox.core import compare
-from cloudbox.core.compare import compare_table, to_text
-from cloudbox.core.network import BRIDGE, GUEST_IP, HOST_IP, PREFIX
-from cloudbox.core.results import Run
-from cloudbox.core.runspec import RunSpec
-from cloudbox.core.volumes import attach, nfs
+from cloudbox.core.disks.volumes import attach, nfs
+from cloudbox.core.record.results import Run
+from cloudbox.core.spec.addresses import BRIDGE, GUEST_IP, HOST_IP, PREFIX
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.views import compare
+from cloudbox.core.views.compare import compare_table, to_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.root,
               pytest.mark.skipif(bool(nfs.server_problem()), reason="needs nfs-ganesha, nfs-ganesha-vfs (make deps)")]
@@ -99,7 +99,7 @@ def test_two_guests_share_the_export_each_writing_its_own_file(state, libvirt_co
 def test_ctrl_c_while_the_guest_writes_to_the_export_leaves_nothing(state, libvirt_conn):
     """SIGINT while the guest's fio writes over NFS: aborted, and the guest, ganesha, the bridge and the export's
     directory are gone."""
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
 
     before = _ganeshas()
 

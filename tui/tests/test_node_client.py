@@ -1,4 +1,4 @@
-"""The front-end's client of a node (core.nodes.client) reads what a node sends with a size limit: a node that
+"""The front-end's client of a node (core.cluster.client) reads what a node sends with a size limit: a node that
 sends more is an error naming it and the limit, not unbounded memory. The transport here is `sh -c SCRIPT` in
 the place of the pinned ssh (NodeShell's argv is its base command plus the node's command line), so each test
 says exactly what the "node" prints."""
@@ -9,10 +9,10 @@ import json
 
 import pytest
 
+from cloudbox.core.cluster import client
+from cloudbox.core.cluster.registry import NodeRecord
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.nodes import client
-from cloudbox.core.nodes.registry import NodeRecord
-from cloudbox.core.provenance import RemoteRun
+from cloudbox.core.record.provenance import RemoteRun
 
 RUN = RemoteRun("be1", 7, "u" * 32)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import nodeconf
+from cloudbox.core.cluster import enrol, frontend, health, keys, registry
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.nodes import enrol, frontend, health, keys, registry
-from cloudbox.core.results import ResultStore
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec import nodeconf
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen (openssh-client)")
 SRC = Path(enrol.__file__).resolve().parents[3]
@@ -523,7 +523,7 @@ def test_health_timeout_marks_down(front: Front, back: Back):
 
 
 def test_gather_lists_registry_nodes_on_a_front_end(tmp_path: Path, monkeypatch, front: Front, back: Back):
-    from cloudbox.core import host
+    from cloudbox.core.views import host
 
     monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "fe"))  # front.reg lives at <state>/nodes.db
     monkeypatch.setenv("CLOUDBOX_ACCEL", "tcg")
@@ -801,7 +801,7 @@ def _fake_nic(sys_net: Path, name: str, ifindex: int, mac: str) -> None:
 
 
 def test_discover_reads_the_dhcp_server_of_the_private_nics_lease(tmp_path: Path):
-    from cloudbox.core.nodes import discover
+    from cloudbox.core.cluster import discover
 
     sys_net, leases = tmp_path / "net", tmp_path / "leases"
     leases.mkdir()
@@ -867,7 +867,7 @@ def test_the_front_end_hears_of_each_node_once_it_has_installed_the_key(front: F
 def test_volume_credentials_go_on_in_a_thread_that_the_server_waits_for(state):
     """Started from the server's connection thread (a daemon), the installer's thread is not one: the server's
     process waits for it before it exits. A node it cannot reach is logged, not raised."""
-    from cloudbox.core.nodes import volumecreds
+    from cloudbox.core.cluster import volumecreds
 
     said: list[str] = []
     box: list[threading.Thread] = []

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import network, storage
+from cloudbox.core.bench import nettests, storage
 from cloudbox.core.errors import CloudboxError
+from cloudbox.core.spec import catalogue
 
 DATA = Path(__file__).parent / "data"
 
@@ -56,7 +57,7 @@ def test_fio_client_json_gives_each_server_and_fios_own_aggregate():
 
 
 def test_a_fio_job_file_holds_the_tests_options_and_no_output_settings():
-    job = storage.fio_job_file(storage.TESTS["fiocs-seq-write-64k"], "/dev/vda", 16 << 20, 5)
+    job = storage.fio_job_file(catalogue.TESTS["fiocs-seq-write-64k"], "/dev/vda", 16 << 20, 5)
     lines = job.splitlines()
     assert lines[0] == "[fiocs-seq-write-64k]" and "filename=/dev/vda" in lines and "rw=write" in lines
     assert "bs=64k" in lines and "direct=1" in lines and f"size={16 << 20}" in lines
@@ -84,29 +85,29 @@ def test_dd_gnu_and_busybox():
 
 
 def test_netperf_and_iperf3():
-    t = network.NET_TESTS["tcp-stream"]
-    r = network.parse_netperf(t, "20407.75,10^6bits/s,6.34\n")
+    t = catalogue.NET_TESTS["tcp-stream"]
+    r = nettests.parse_netperf(t, "20407.75,10^6bits/s,6.34\n")
     assert (r.value, r.lat_us, r.metric) == (20407.75, 6.34, "Mbit/s")
-    rr = network.parse_netperf(network.NET_TESTS["tcp-rr"], "18014.31,Trans/s,55.45\n")
+    rr = nettests.parse_netperf(catalogue.NET_TESTS["tcp-rr"], "18014.31,Trans/s,55.45\n")
     assert rr.metric == "trans/s" and rr.value == 18014.31
     with pytest.raises(CloudboxError, match="not understood"):
-        network.parse_netperf(t, "establish control: are you sure there is a netserver listening")
-    ip = network.parse_iperf3(network.NET_TESTS["iperf3-tx"],
+        nettests.parse_netperf(t, "establish control: are you sure there is a netserver listening")
+    ip = nettests.parse_iperf3(catalogue.NET_TESTS["iperf3-tx"],
                               json.dumps({"end": {"sum_received": {"bits_per_second": 9.4e8}}}))
     assert ip.value == pytest.approx(940.0)
     with pytest.raises(CloudboxError, match="unable to connect"):
-        network.parse_iperf3(network.NET_TESTS["iperf3-rx"], json.dumps({"error": "unable to connect to server"}))
+        nettests.parse_iperf3(catalogue.NET_TESTS["iperf3-rx"], json.dumps({"error": "unable to connect to server"}))
 
 
 def test_storage_catalogue_rules():
-    assert [t.id for t in storage.resolve_tests("smoke")] == ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"]
-    assert not storage.needs_fill(storage.resolve_tests("smoke"))
-    assert storage.needs_fill(storage.resolve_tests("seq-read-1m"))
-    for name, ids in storage.TEST_SETS.items():  # every set writes before it reads
-        assert not storage.needs_fill(storage.resolve_tests(ids)), name
-    args = storage.fio_args(storage.TESTS["seq-write-64k-buffered"], "/dev/vda", 1 << 20, 5)
+    assert [t.id for t in catalogue.resolve_tests("smoke")] == ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"]
+    assert not storage.needs_fill(catalogue.resolve_tests("smoke"))
+    assert storage.needs_fill(catalogue.resolve_tests("seq-read-1m"))
+    for name, ids in catalogue.TEST_SETS.items():  # every set writes before it reads
+        assert not storage.needs_fill(catalogue.resolve_tests(ids)), name
+    args = storage.fio_args(catalogue.TESTS["seq-write-64k-buffered"], "/dev/vda", 1 << 20, 5)
     assert "--direct=0" in args and "--end_fsync=1" in args and "--ioengine=psync" in args
-    args = storage.fio_args(storage.TESTS["randread-4k-qd32"], "/dev/vda", 1 << 20, 5)
+    args = storage.fio_args(catalogue.TESTS["randread-4k-qd32"], "/dev/vda", 1 << 20, 5)
     assert "--iodepth=32" in args and "--runtime=5" in args and "--direct=1" in args
     with pytest.raises(CloudboxError, match="allowed: seq-write-64k"):
-        storage.resolve_tests("seq-write-7k")
+        catalogue.resolve_tests("seq-write-7k")

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import paths, profiles
+from cloudbox.core import paths
 from cloudbox.core.errors import NotFound, ProfileError
 from cloudbox.core.inputs import shown
-from cloudbox.core.profiles import Profile, diff_profiles, load_profile, parse_profile
+from cloudbox.core.spec import profiles
+from cloudbox.core.spec.profiles import Profile, diff_profiles, load_profile, parse_profile
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "profiles"
 PRESETS = sorted(PRESET_DIR.glob("*.toml"))

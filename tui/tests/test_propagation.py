@@ -16,14 +16,18 @@ from xml.etree import ElementTree
 import pytest
 
 from cloudbox import cli
-from cloudbox.core import backing, profiles, propagation, results, studies
+from cloudbox.core.bench import propagation
+from cloudbox.core.bench.propagation import NoFit, Sample
+from cloudbox.core.disks import backing
 from cloudbox.core.errors import NoSpace, StudyError, UsageError
-from cloudbox.core.guestimage import GuestImage
 from cloudbox.core.inputs import shown
-from cloudbox.core.propagation import NoFit, Sample
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import MIB, PlanStep, RunSpec
-from cloudbox.core.studies import parse_study
+from cloudbox.core.record import results
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec import profiles
+from cloudbox.core.spec.runspec import MIB, PlanStep, RunSpec
+from cloudbox.core.studies import studies
+from cloudbox.core.studies.studies import parse_study
+from cloudbox.core.virt.guestimage import GuestImage
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0
@@ -536,11 +540,11 @@ def fake_host(state, monkeypatch):
     """The propagation body on this host with everything that needs libvirt or root faked: the image, the
     accelerator (TCG), libvirt, the facts, the cache drop and the launch (which registers the guest's destroy as the
     real one does, and fails where `fail_at` says)."""
-    from cloudbox.core import storage
-    from cloudbox.core.accel import Accelerator
+    from cloudbox.core.bench import storage
     from cloudbox.core.errors import GuestUnreachable
-    from cloudbox.core.execution import launch as launch_mod
-    from cloudbox.core.execution import propagate
+    from cloudbox.core.run import launch as launch_mod
+    from cloudbox.core.run import propagate
+    from cloudbox.core.virt.accel import Accelerator
 
     FakeGuest.destroyed = []
     launched: list[str] = []
@@ -574,8 +578,8 @@ def fake_host(state, monkeypatch):
 
 
 def _execute(sizes_mib: list[int]) -> tuple[int, list]:
-    from cloudbox.core.execution.lifecycle import Execution
-    from cloudbox.core.execution.propagate import run_propagation
+    from cloudbox.core.run.lifecycle import Execution
+    from cloudbox.core.run.propagate import run_propagation
 
     spec = RunSpec(profile=PROFILE, suite="propagation", size="quick", propagate=[m * MIB for m in sizes_mib])
     seen: list = []
@@ -642,7 +646,7 @@ def test_ctrl_c_while_a_source_image_is_made_removes_the_cut_image(fake_host, mo
     ("kvm", False, ("warm-cache",), ["warm cache"]),
 ])
 def test_a_sample_names_what_weakens_it_emulation_before_nesting(accelerator, emulated, labels, want):
-    from cloudbox.core.propagation import Sample
+    from cloudbox.core.bench.propagation import Sample
 
     s = Sample(1, 32 * MIB, 0.1, 10.0, 10.1, T0, accelerator, emulated, "quick" if "quick" in want else "study",
                labels, False)

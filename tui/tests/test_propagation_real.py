@@ -12,10 +12,11 @@ import pytest
 from real_runs import leftovers, work_files
 
 from cloudbox import cli
-from cloudbox.core import profiles, propagation
-from cloudbox.core.events import StateEvent
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import MIB, PlanStep
+from cloudbox.core.bench import propagation
+from cloudbox.core.record.events import StateEvent
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec import profiles
+from cloudbox.core.spec.runspec import MIB, PlanStep
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.full]
 

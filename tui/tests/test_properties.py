@@ -15,9 +15,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudbox.core import inputs, profiles
+from cloudbox.core import inputs
 from cloudbox.core.errors import AnswerError, ProfileError
 from cloudbox.core.install import answers as ans
+from cloudbox.core.spec import profiles
 
 EXAMPLES = 60
 SECONDS = 2.0  # per example

@@ -1,4 +1,4 @@
-"""A run's provenance (core.provenance): one typed record, written whole, read back from this and older releases.
+"""A run's provenance (core.record.provenance): one typed record, written whole, read back from this and older releases.
 
 data/provenance-2026-11.db holds runs recorded by the writers of the release before the record was typed (commit
 8d3dedd): run 1 on this host, its guest network stalled once; runs 2 and 3 on back-end be1 with network tests,
@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import compare
-from cloudbox.core.accel import Accelerator
-from cloudbox.core.provenance import (
+from cloudbox.core.record.provenance import (
     BackingInfo,
     Controller,
     DiskStall,
@@ -30,8 +28,10 @@ from cloudbox.core.provenance import (
     RemoteRun,
     Versions,
 )
-from cloudbox.core.results import ResultStore, Run
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.views import compare
+from cloudbox.core.virt.accel import Accelerator
 
 FIXTURE = Path(__file__).parent / "data" / "provenance-2026-11.db"
 
@@ -147,7 +147,7 @@ def _cpu(root: Path, n: int, package: int, core: int, *, online: str | None = No
 
 
 def test_host_cpus_and_cores_are_counted_from_sysfs_and_kept_with_the_run(tmp_path: Path):
-    from cloudbox.core.execution.local import cpu_counts
+    from cloudbox.core.run.local import cpu_counts
 
     root = tmp_path / "cpu"
     # two packages of two cores with two threads each; one more thread offline; core ids repeat across packages

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cloudbox.core import qga
-from cloudbox.core.guest import agent_socket_path
+from cloudbox.core.virt import qga
+from cloudbox.core.virt.guest import agent_socket_path
 
 
 def test_frame_is_one_json_line():

@@ -1,5 +1,5 @@
-"""Runs on an enrolled node from the front-end (core.nodes.client and core.nodes.mirror; the node's side is
-core.agent): guest image propagation and a run on the node, through a real sshd on 127.0.0.1 with the node's own
+"""Runs on an enrolled node from the front-end (core.cluster.client and core.run.mirror; the node's side is
+agent.agent): guest image propagation and a run on the node, through a real sshd on 127.0.0.1 with the node's own
 host key, the pinned ssh wrapper and the management key (the same path libvirt's qemu+ssh takes). The node's side
 is this host's cloudbox with its own state directory (sshd's SetEnv), so "front-end" and "node" keep separate
 databases as on two machines.
@@ -18,12 +18,12 @@ import pytest
 from test_nodes import SSHD, Front, Sshd, _enrolled_behind_sshd
 
 import cloudbox
-from cloudbox.core import runs
-from cloudbox.core.guestimage import GuestImage
-from cloudbox.core.nodes import client
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runlock import RunLock
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.cluster import client
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.runlock import RunLock
+from cloudbox.core.run import runs
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.virt.guestimage import GuestImage
 
 pytestmark = pytest.mark.skipif(SSHD is None or os.geteuid() != 0,
                                 reason="needs sshd (openssh-server, `scripts/install-deps test`) and root")

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 from conftest_results import FIO_JSON, add_study_a_default, add_virtio_tcg, study_a_store
 
-from cloudbox.core import db, results
+from cloudbox.core import db
 from cloudbox.core.errors import CloudboxError, NotFound
-from cloudbox.core.provenance import Controller, Provenance, Versions
-from cloudbox.core.results import SCHEMA_VERSION, ResultStore
+from cloudbox.core.record import results
+from cloudbox.core.record.provenance import Controller, Provenance, Versions
+from cloudbox.core.record.results import SCHEMA_VERSION, ResultStore
 
-SRC = str(Path(results.__file__).resolve().parents[2])
+SRC = str(Path(results.__file__).resolve().parents[3])
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_migration_from_empty_and_refuses_newer(tmp_path: Path):
 
 
 def test_schema_1_database_upgrades_in_place_keeping_runs_and_measurements(tmp_path: Path):
-    from cloudbox.core import results
+    from cloudbox.core.record import results
 
     db = tmp_path / "v1.db"
     with sqlite3.connect(db) as c:  # a database as cloudbox 0.1 (schema 1) left it
@@ -221,7 +222,7 @@ def test_events_since_paging(store: ResultStore):
 READER = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {src!r})
-    from cloudbox.core.results import ResultStore
+    from cloudbox.core.record.results import ResultStore
     store = ResultStore({db!r})
     run_id, want = int(sys.argv[1]), int(sys.argv[2])
     print("ready", flush=True)
@@ -262,7 +263,7 @@ def test_reader_process_sees_events_while_writer_connection_is_open(tmp_path: Pa
 WRITER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {src!r})
-    from cloudbox.core.results import ResultStore
+    from cloudbox.core.record.results import ResultStore
     with ResultStore({db!r}) as store:
         for i in range(40):
             store.add_event(int(sys.argv[1]), "log", {{"who": sys.argv[2], "i": i}})
@@ -415,8 +416,8 @@ def test_resolve_by_id_and_uuid_prefix(store: ResultStore):
 
 
 def test_core_never_imports_textual():
-    code = (f"import sys; sys.path.insert(0, {SRC!r}); import cloudbox.core.results, cloudbox.core.compare; "
-            "print('textual' in sys.modules)")
+    code = (f"import sys; sys.path.insert(0, {SRC!r}); "
+            "import cloudbox.core.record.results, cloudbox.core.views.compare; print('textual' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -15,12 +15,14 @@ import pytest
 from real_runs import interrupt_cli_run, leftovers, work_files
 from run_trouble import warn_run_trouble
 
-from cloudbox.core import runs, storage
+from cloudbox.core.bench import storage
+from cloudbox.core.disks import hostraid
 from cloudbox.core.errors import RunBusy
-from cloudbox.core.events import RunEvent, StepEvent
-from cloudbox.core.execution import launch, local
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.record.events import RunEvent, StepEvent
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run import launch, local, runs
+from cloudbox.core.spec import addresses, catalogue
+from cloudbox.core.spec.runspec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -203,8 +205,7 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
     afresh (a new MAC, so the rule no longer matches) and every test measures; provenance, log and raw say so."""
     import shutil
 
-    from cloudbox.core import network
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
 
     if shutil.which("iptables") is None:
         pytest.skip("iptables is not installed (make test installs it)")
@@ -215,7 +216,7 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
         if isinstance(ev, StepEvent) and ev.text.startswith("guest: tcp-maerts") and not rules:
             (g,) = list_guests(libvirt_conn)
             mac = re.search(r"<mac address='([0-9a-f:]+)'", libvirt_conn.lookupByName(g.name).XMLDesc(0)).group(1)
-            rules.append(["INPUT", "-i", network.BRIDGE, "-m", "mac", "--mac-source", mac, "-j", "DROP"])
+            rules.append(["INPUT", "-i", addresses.BRIDGE, "-m", "mac", "--mac-source", mac, "-j", "DROP"])
             subprocess.run(["iptables", "-I", *rules[0]], check=True)
 
     try:
@@ -255,14 +256,14 @@ def test_the_record_sweep_issues_each_record_size_in_the_guest_and_on_bare_metal
     assert run.state == "completed", run.reason
     assert run.provenance.host_cpus and run.provenance.host_cores
     for side in ("guest", "baseline"):
-        for tid in storage.TEST_SETS["records"]:
-            t = storage.TESTS[tid]
+        for tid in catalogue.TEST_SETS["records"]:
+            t = catalogue.TESTS[tid]
             m = run.measurement(side, tid, "MB/s")
             assert m is not None and m.value > 0, (side, tid)
             job = json.loads(m.raw)["jobs"][0]
             opts = job["job options"]
             assert (opts["bs"], opts["direct"], opts["iodepth"], opts["ioengine"]) == (t.bs, "1", "1", "psync")
-            assert job[t.rw]["io_bytes"] == size and job[t.rw]["total_ios"] == size // storage.block_bytes(t.bs)
+            assert job[t.rw]["io_bytes"] == size and job[t.rw]["total_ios"] == size // catalogue.block_bytes(t.bs)
     assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
 
 
@@ -287,7 +288,7 @@ def test_raid0_preset_writes_through_md0_over_three_disks(state, libvirt_conn):
     assert prov.domain_xml is not None and prov.domain_xml.count("<disk ") == 3
     raid = prov.raid
     assert raid is not None and (raid.device, raid.level, raid.chunk_kib) == ("/dev/md0", "0", 64)
-    assert storage.mdstat_array(raid.mdstat) == ("raid0", ["vda", "vdb", "vdc"]) and "64k chunks" in raid.mdstat
+    assert hostraid.mdstat_array(raid.mdstat) == ("raid0", ["vda", "vdb", "vdc"]) and "64k chunks" in raid.mdstat
     # the chunks of the 16 MiB write go round the members: 86, 85, 85 of 64 KiB
     share = size // chunk // 3 * chunk // 512
     assert set(raid.sectors_written) == {"vda", "vdb", "vdc"}

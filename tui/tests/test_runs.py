@@ -1,4 +1,5 @@
-"""Starting runs (core.runs): the detached executor's process (`python -m cloudbox.core.runs`) and the sweep files
+"""Starting runs (core.run.runs): the detached executor's process (`python -m cloudbox.core.run.runs`) and the sweep
+files
 it and the TUI read. No guest is booted here."""
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import time
 
 import pytest
 
-from cloudbox.core import paths, runs
+from cloudbox.core import paths
 from cloudbox.core.errors import NotFound
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run import runs
+from cloudbox.core.spec.runspec import RunSpec
 
 
 def test_a_detached_executor_is_its_own_process_and_reports_there(state):

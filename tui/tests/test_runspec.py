@@ -1,4 +1,4 @@
-"""Run options: one declaration (core.runspec.RUN_OPTIONS) from which `cloudbox run` builds its flags and the TUI's
+"""Run options: one declaration (core.spec.runspec.RUN_OPTIONS) from which `cloudbox run` builds its flags and the TUI's
 Tests screen its selects; the spec's checks name the flag, the value and what is allowed."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from cloudbox import cli
-from cloudbox.core import storage
 from cloudbox.core.errors import UsageError
-from cloudbox.core.runspec import RUN_OPTIONS, RunSpec, option
+from cloudbox.core.spec import catalogue
+from cloudbox.core.spec.runspec import RUN_OPTIONS, RunSpec, option
 
 
 def _run_args(argv: list[str]):
@@ -72,7 +72,7 @@ def test_the_tests_screen_offers_the_declared_choices(state):
 
     asyncio.run(go())
     assert option("suite").offered() == [("storage", "storage"), ("network", "network"), ("both", "all")]
-    assert [v for _, v in option("storage_tests").offered()] == list(storage.TEST_SETS)
+    assert [v for _, v in option("storage_tests").offered()] == list(catalogue.TEST_SETS)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -91,7 +91,7 @@ def test_a_usage_error_exits_2_before_anything_is_created(argv, message, tmp_pat
 
 @pytest.mark.parametrize("name", ["/../../x", "../escape", "be1\n", "Be1", "-be1", "a" * 64])
 def test_a_node_name_reaching_the_run_lock_is_a_node_name(name, tmp_path, monkeypatch, capsys):
-    from cloudbox.core.runlock import RunLock, check_not_busy
+    from cloudbox.core.record.runlock import RunLock, check_not_busy
 
     run_dir = tmp_path / "run" / "dir"
     monkeypatch.setenv("CLOUDBOX_RUN_DIR", str(run_dir))

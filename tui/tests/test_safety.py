@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import backing, runs
+from cloudbox.core.disks import backing
 from cloudbox.core.errors import CloudboxError, DeviceRefused, GuestError, NoSpace
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run import runs
+from cloudbox.core.spec import catalogue
+from cloudbox.core.spec.runspec import RunSpec
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: loop devices, mounts, libvirtd")
 
@@ -159,11 +161,12 @@ def test_bad_run_arguments(state):
 @pytest.mark.slow
 @root_only
 def test_guest_without_fio(state, libvirt_conn, guest_image):
-    from cloudbox.core import accel, storage
-    from cloudbox.core.domain import render_domain
-    from cloudbox.core.guest import Guest
-    from cloudbox.core.guestimage import CMDLINE
-    from cloudbox.core.profiles import find_profile
+    from cloudbox.core.bench import storage
+    from cloudbox.core.spec.profiles import find_profile
+    from cloudbox.core.virt import accel
+    from cloudbox.core.virt.domain import render_domain
+    from cloudbox.core.virt.guest import Guest
+    from cloudbox.core.virt.guestimage import CMDLINE
 
     prof = find_profile("virtio-disk")
     st = backing.prepare("sparse-file", work_dir=state / "w", size_bytes=16 * 1024**2, fmt="raw")
@@ -176,7 +179,7 @@ def test_guest_without_fio(state, libvirt_conn, guest_image):
         g.wait_agent(timeout=300)
         g.sh("rm -f $(command -v fio)", timeout=30).check()
         with pytest.raises(GuestError, match="has no fio.*rebuild it with 'make guest-image'"):
-            storage.GuestRunner(g, lambda: False).check_tools(storage.resolve_tests("smoke"))
+            storage.GuestRunner(g, lambda: False).check_tools(catalogue.resolve_tests("smoke"))
     finally:
         g.destroy()
         st.remove()

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import backing, compare, storage
+from cloudbox.core.disks import backing, hostraid
 from cloudbox.core.errors import CloudboxError
+from cloudbox.core.views import compare
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: loop devices")
 MiB = 1 << 20
@@ -113,16 +114,16 @@ unused devices: <none>
 
 
 def test_mdstat_gives_the_array_and_its_members_in_order():
-    assert storage.mdstat_array(MDSTAT) == ("raid0", ["vda", "vdb", "vdc"])
-    assert storage.mdstat_array(MDSTAT, "/dev/md1") is None
-    assert storage.mdstat_array("Personalities : [raid0]\nmd0 : inactive vda[0](S)\n") is None
-    assert storage.mdstat_array("Personalities :\nunused devices: <none>\n") is None
+    assert hostraid.mdstat_array(MDSTAT) == ("raid0", ["vda", "vdb", "vdc"])
+    assert hostraid.mdstat_array(MDSTAT, "/dev/md1") is None
+    assert hostraid.mdstat_array("Personalities : [raid0]\nmd0 : inactive vda[0](S)\n") is None
+    assert hostraid.mdstat_array("Personalities :\nunused devices: <none>\n") is None
 
 
 def _run_of(profile_toml: str):
     from types import SimpleNamespace
 
-    from cloudbox.core.provenance import Provenance
+    from cloudbox.core.record.provenance import Provenance
 
     return SimpleNamespace(profile_toml=profile_toml, provenance=Provenance(), accelerator="kvm", emulated=0)
 

@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from cloudbox.core.disks.volumes import nfs
 from cloudbox.core.errors import CloudboxError, RunBusy, UsageError
-from cloudbox.core.events import StepEvent, describe, parse
-from cloudbox.core.execution import hold
-from cloudbox.core.execution.multi import check_fits
-from cloudbox.core.nodes import spread
-from cloudbox.core.profiles import resolve_profile
-from cloudbox.core.provenance import Guests, GuestStart, Place, Provenance
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runlock import RunLock, check_not_busy, place_locks
-from cloudbox.core.runspec import RunSpec, split_guests
-from cloudbox.core.volumes import nfs
+from cloudbox.core.record.events import StepEvent, describe, parse
+from cloudbox.core.record.provenance import Guests, GuestStart, Place, Provenance
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.runlock import RunLock, check_not_busy, place_locks
+from cloudbox.core.run import hold, spread
+from cloudbox.core.run.multi import check_fits
+from cloudbox.core.spec import addresses
+from cloudbox.core.spec.profiles import resolve_profile
+from cloudbox.core.spec.runspec import RunSpec, split_guests
 
 
 # -- the option --------------------------------------------------------------------------------------------------
@@ -172,9 +172,9 @@ def test_the_channel_tells_the_time_and_writes_a_held_tests_instant(state, monke
 
 
 def _ctx(store: ResultStore, spec: RunSpec):
-    from cloudbox.core.execution.context import RunContext, RunControl
-    from cloudbox.core.execution.sink import EventSink
-    from cloudbox.core.runspec import QUICK_SIZE
+    from cloudbox.core.run.context import RunContext, RunControl
+    from cloudbox.core.run.sink import EventSink
+    from cloudbox.core.spec.runspec import QUICK_SIZE
 
     rid = store.create_run(uuid="0" * 32, profile_name=spec.profile, suite=spec.suite, state="running")
     return RunContext(spec, resolve_profile(spec.profile), QUICK_SIZE, "quick", "0" * 32, rid, store,
@@ -300,7 +300,7 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
     storage and one network test, each held and released."""
     from real_runs import leftovers, lsi_disk_profile
 
-    from cloudbox.core.execution.lifecycle import Execution
+    from cloudbox.core.run.lifecycle import Execution
 
     def this_host_only(ctx):
         return [spread.Part("local", ctx.spec.guests, 1, spread.LocalShell(spread.local_record(), []))]
@@ -354,13 +354,14 @@ def test_a_spread_runs_places_share_one_nfs_export_that_the_front_end_serves(sta
     machines have none) its part has no baseline and passes bare metal's holds with nothing to run."""
     from real_runs import leftovers
 
-    from cloudbox.core import network, nodeconf
-    from cloudbox.core.execution.lifecycle import Execution
-    from cloudbox.core.volumes.attach import kernel_module_available
+    from cloudbox.core.disks.volumes.attach import kernel_module_available
+    from cloudbox.core.run.lifecycle import Execution
+    from cloudbox.core.spec import nodeconf
+    from cloudbox.core.virt import network
 
     client_problem = nfs.host_client_problem(kernel_module_available)
     link, addr = "cbtst0", "10.99.77.1"
-    monkeypatch.setattr(nodeconf, "private_address", lambda: addr)
+    monkeypatch.setattr(network, "private_address", lambda: addr)
     monkeypatch.setattr(nodeconf, "private_link", lambda settings: link)
     monkeypatch.setattr(spread, "find_places", lambda ctx: [
         spread.Part("local", ctx.spec.guests, 2, spread.LocalShell(spread.local_record(), []))])
@@ -379,7 +380,7 @@ def test_a_spread_runs_places_share_one_nfs_export_that_the_front_end_serves(sta
         subprocess.run(["ip", "link", "del", link], check=False)
     assert run.state == "completed", run.reason
     assert any(f"serving nfs:share to the guests of local over NFSv4 (nfs-ganesha) on {addr}, to the private "
-               f"network's subnet and {network.bridge_subnet()} only" in ln for ln in lines), lines
+               f"network's subnet and {addresses.bridge_subnet()} only" in ln for ln in lines), lines
     assert any("baseline.seq-write-64k: every place ready; released" in ln for ln in lines)
     each = run.instances("guest", "seq-write-64k", "MB/s")
     assert [m.instance for m in each] == [2, 3] and all(m.value > 0 for m in each)

@@ -1,4 +1,4 @@
-"""The start-run request a front-end sends a node, built by the front-end's own code (core.nodes.mirror, spread and
+"""The start-run request a front-end sends a node, built by the front-end's own code (core.run.mirror, spread and
 client), is accepted by the node's reader (cli.node.read_request), for every run setting it can carry; one bad
 value of each declared type is refused with the setting named."""
 
@@ -11,11 +11,12 @@ from typing import Any, cast
 import pytest
 
 from cloudbox.cli import node as cli_node
-from cloudbox.core.nodes import client, mirror, spread
-from cloudbox.core.profiles import resolve_profile
-from cloudbox.core.provenance import PeerServers
-from cloudbox.core.runspec import RunSpec
-from cloudbox.core.volumes.nfs import NfsExport
+from cloudbox.core.cluster import client
+from cloudbox.core.disks.volumes.nfs import NfsExport
+from cloudbox.core.record.provenance import PeerServers
+from cloudbox.core.run import mirror, spread
+from cloudbox.core.spec.profiles import resolve_profile
+from cloudbox.core.spec.runspec import RunSpec
 
 PROFILE = resolve_profile("virtio-disk")
 NFS = NfsExport("r1", "", "10.73.0.1", 20490, "", "nfs-ganesha (front-end)")

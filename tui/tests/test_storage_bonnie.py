@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import compare, results, storage
+from cloudbox.core.bench import storage
 from cloudbox.core.errors import Aborted, CloudboxError, UsageError
-from cloudbox.core.execution.measure import measured
-from cloudbox.core.runspec import RunSpec
+from cloudbox.core.record import results
+from cloudbox.core.run.measure import measured
+from cloudbox.core.spec import catalogue
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.views import compare
 
 DATA = Path(__file__).parent / "data"
 MIB = 1 << 20
@@ -25,14 +28,15 @@ def fixture(name: str) -> str:
 
 
 def test_bonnie_is_one_test_of_its_own_set_outside_full():
-    t = storage.TESTS["bonnie"]
+    t = catalogue.TESTS["bonnie"]
     assert (t.tool, t.program, t.writes, t.timed) == ("bonnie", "bonnie++", True, False)
-    assert storage.TEST_SETS["bonnie"] == ["bonnie"] and "bonnie" not in storage.TEST_SETS["full"]
+    assert catalogue.TEST_SETS["bonnie"] == ["bonnie"] and "bonnie" not in catalogue.TEST_SETS["full"]
     assert not storage.needs_fill([t])  # it writes its own file before reading it
     # it leaves a quarter of the disk unwritten: a read after it still needs the disk laid down first
-    assert storage.needs_fill(storage.resolve_tests("bonnie,seq-read-64k"))
-    assert not storage.needs_fill(storage.resolve_tests("bonnie,seq-write-64k,seq-read-64k"))
-    assert storage.iozone_fills(storage.resolve_tests("iozone-write-1m,bonnie,iozone-read-1m")) == [False, False, True]
+    assert storage.needs_fill(catalogue.resolve_tests("bonnie,seq-read-64k"))
+    assert not storage.needs_fill(catalogue.resolve_tests("bonnie,seq-write-64k,seq-read-64k"))
+    assert storage.iozone_fills(catalogue.resolve_tests("iozone-write-1m,bonnie,iozone-read-1m")) == [
+        False, False, True]
     assert results.is_storage_test("bonnie") and not results.is_network_test("bonnie")
     assert compare.test_title("bonnie").startswith("Bonnie++: sequential block write")
 
@@ -129,7 +133,7 @@ def loops_over(path: Path) -> str:
 def test_bare_metal_bonnie_on_the_baselines_file_leaves_nothing_mounted(tmp_path, monkeypatch):
     monkeypatch.setenv("CLOUDBOX_RUN_DIR", str(tmp_path / "run"))
     target = tmp_path / "baseline.dat"
-    r = storage.HostRunner(cancelled=lambda: False).run(storage.TESTS["bonnie"], str(target), 64 * MIB, 0,
+    r = storage.HostRunner(cancelled=lambda: False).run(catalogue.TESTS["bonnie"], str(target), 64 * MIB, 0,
                                                         lambda _p: None)
     assert r.raw.startswith("1.98,2.00a,") and r.extra["seconds"] > 0
     assert target.stat().st_size == 64 * MIB  # the baseline's file, pre-allocated to the run's size
@@ -151,7 +155,7 @@ def test_a_cancelled_bare_metal_bonnie_is_killed_and_unmounted(tmp_path, monkeyp
 
     target = tmp_path / "baseline.dat"
     with pytest.raises(Aborted, match="cancelled during a bare-metal bonnie\\+\\+ run"):
-        storage.HostRunner(cancelled=cancelled).run(storage.TESTS["bonnie"], str(target), 1 << 30, 0,
+        storage.HostRunner(cancelled=cancelled).run(catalogue.TESTS["bonnie"], str(target), 1 << 30, 0,
                                                     lambda _p: None)
     assert subprocess.run(["pgrep", "-f", f"bonnie\\+\\+ -d {tmp_path}"], capture_output=True).returncode == 1
     assert list((tmp_path / "run").iterdir()) == []
@@ -161,7 +165,7 @@ def test_a_cancelled_bare_metal_bonnie_is_killed_and_unmounted(tmp_path, monkeyp
 def test_a_volume_over_nbd_is_refused():
     with pytest.raises(CloudboxError, match=r"bonnie: Bonnie\+\+ needs a file system on a local disk, not a volume "
                                             r"served over NBD"):
-        storage.HostRunner(cancelled=lambda: False).run(storage.TESTS["bonnie"], "nbds://10.0.0.1:10809/ebs",
+        storage.HostRunner(cancelled=lambda: False).run(catalogue.TESTS["bonnie"], "nbds://10.0.0.1:10809/ebs",
                                                         64 * MIB, 0, lambda _p: None)
 
 
@@ -169,6 +173,6 @@ def test_a_host_without_bonnie_is_told_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(CloudboxError, match=r"bonnie: this host has no bonnie\+\+ or mke2fs; install Debian's "
                                             r"bonnie\+\+ and e2fsprogs"):
-        storage.HostRunner(cancelled=lambda: False).run(storage.TESTS["bonnie"], str(tmp_path / "b.dat"), 64 * MIB,
+        storage.HostRunner(cancelled=lambda: False).run(catalogue.TESTS["bonnie"], str(tmp_path / "b.dat"), 64 * MIB,
                                                         0, lambda _p: None)
     assert not (tmp_path / "b.dat").exists()

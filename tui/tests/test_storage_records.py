@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import compare, results, storage, studyreport
+from cloudbox.core.bench import storage
 from cloudbox.core.errors import Aborted, CloudboxError, UsageError
-from cloudbox.core.runspec import RunSpec, option
+from cloudbox.core.record import results
+from cloudbox.core.spec import catalogue
+from cloudbox.core.spec.runspec import RunSpec, option
+from cloudbox.core.studies import studyreport
+from cloudbox.core.views import compare
 
 SIZES = ("4k", "16k", "64k", "256k", "1m", "4m", "16m")
 SWEEP = [f"rec-{rw}-{bs}" for bs in SIZES for rw in ("write", "read")]
@@ -24,9 +28,9 @@ def fio_options(args: list[str]) -> dict[str, str]:
 
 
 def test_each_record_test_is_one_direct_request_at_a_time_of_its_size():
-    assert storage.RECORD_SIZES == SIZES and list(storage.RECORD_TESTS) == SWEEP
+    assert catalogue.RECORD_SIZES == SIZES and list(catalogue.RECORD_TESTS) == SWEEP
     for tid in SWEEP:
-        t = storage.TESTS[tid]
+        t = catalogue.TESTS[tid]
         rw, bs = tid.split("-")[1:]
         opts = fio_options(storage.fio_args(t, "/dev/vdb", 128 << 20, 5))
         assert opts["name"] == tid and opts["filename"] == "/dev/vdb" and opts["size"] == str(128 << 20)
@@ -36,32 +40,34 @@ def test_each_record_test_is_one_direct_request_at_a_time_of_its_size():
         assert "end_fsync" not in opts  # O_DIRECT: nothing is left in the guest's page cache to flush
         assert t.labels == [] and not t.timed and not t.dd
     # The other direct tests keep libaio; the fill that lays data down for a lone read stays 1 MB direct writes.
-    assert fio_options(storage.fio_args(storage.TESTS["seq-write-64k"], "/dev/vdb", 1 << 20, 5))["ioengine"] == "libaio"
-    fill = fio_options(storage.fio_args(storage.TESTS["rec-read-4k"], "/dev/vdb", 1 << 20, 5, fill=True))
+    seq = fio_options(storage.fio_args(catalogue.TESTS["seq-write-64k"], "/dev/vdb", 1 << 20, 5))
+    assert seq["ioengine"] == "libaio"
+    fill = fio_options(storage.fio_args(catalogue.TESTS["rec-read-4k"], "/dev/vdb", 1 << 20, 5, fill=True))
     assert (fill["rw"], fill["bs"], fill["ioengine"], fill["direct"]) == ("write", "1m", "libaio", "1")
-    assert storage.block_bytes("4k") == 4096 and storage.block_bytes("16m") == 16 * 2**20
+    assert catalogue.block_bytes("4k") == 4096 and catalogue.block_bytes("16m") == 16 * 2**20
 
 
 def test_a_guest_pass_one_request_at_a_time_may_take_as_long_as_its_requests_at_their_slowest():
     two_gib = 2 << 30
     # 524,288 requests of 4 kB at 20 ms each (a hard disk flushing every write): 10,486 s, not the usual hour
-    assert storage.guest_timeout(storage.TESTS["rec-write-4k"], two_gib) == pytest.approx(524_288 * 0.02)
-    assert storage.guest_timeout(storage.TESTS["rec-read-16m"], two_gib) == storage.GUEST_TIMEOUT == 3600.0
-    assert storage.guest_timeout(storage.TESTS["seq-write-64k"], two_gib) == storage.GUEST_TIMEOUT
-    assert storage.guest_timeout(storage.TESTS["randread-4k-qd1"], two_gib) == storage.GUEST_TIMEOUT  # time-capped
+    assert storage.guest_timeout(catalogue.TESTS["rec-write-4k"], two_gib) == pytest.approx(524_288 * 0.02)
+    assert storage.guest_timeout(catalogue.TESTS["rec-read-16m"], two_gib) == storage.GUEST_TIMEOUT == 3600.0
+    assert storage.guest_timeout(catalogue.TESTS["seq-write-64k"], two_gib) == storage.GUEST_TIMEOUT
+    assert storage.guest_timeout(catalogue.TESTS["randread-4k-qd1"], two_gib) == storage.GUEST_TIMEOUT  # time-capped
 
 
 def test_the_records_set_and_full():
-    assert storage.TEST_SETS["records"] == SWEEP
-    assert not storage.needs_fill(storage.resolve_tests("records"))  # each size writes before it reads
-    assert storage.needs_fill(storage.resolve_tests("rec-read-64k"))
-    assert not set(SWEEP) & set(storage.TEST_SETS["full"])  # full leaves the sweep out
-    assert (set(storage.TEST_SETS["full"]) | set(SWEEP) | set(storage.IOZONE_TESTS) | set(storage.IOZONE_FILE_TESTS)
-            | {"bonnie", *storage.IOZONE_GRIDS} | set(storage.JOB_TESTS)) == set(storage.TESTS)
+    assert catalogue.TEST_SETS["records"] == SWEEP
+    assert not storage.needs_fill(catalogue.resolve_tests("records"))  # each size writes before it reads
+    assert storage.needs_fill(catalogue.resolve_tests("rec-read-64k"))
+    assert not set(SWEEP) & set(catalogue.TEST_SETS["full"])  # full leaves the sweep out
+    assert (set(catalogue.TEST_SETS["full"]) | set(SWEEP) | set(catalogue.IOZONE_TESTS)
+            | set(catalogue.IOZONE_FILE_TESTS) | {"bonnie", *catalogue.IOZONE_GRIDS}
+            | set(catalogue.JOB_TESTS)) == set(catalogue.TESTS)
     # the run option's choices and help come from the same table
-    assert [v for _, v in option("storage_tests").offered()] == list(storage.TEST_SETS)
+    assert [v for _, v in option("storage_tests").offered()] == list(catalogue.TEST_SETS)
     assert "records" in option("storage_tests").help
-    assert [t.id for t in storage.resolve_tests("rec-write-4k,rec-read-16m")] == ["rec-write-4k", "rec-read-16m"]
+    assert [t.id for t in catalogue.resolve_tests("rec-write-4k,rec-read-16m")] == ["rec-write-4k", "rec-read-16m"]
 
 
 def test_a_custom_size_must_hold_the_largest_record():
@@ -96,7 +102,7 @@ def test_fio_issues_records_of_each_size_on_bare_metal(tmp_path):
     target = str(tmp_path / "file")
     runner = storage.HostRunner(lambda: False)
     for tid in SWEEP:
-        t = storage.TESTS[tid]
+        t = catalogue.TESTS[tid]
         try:
             res = runner.run(t, target, size, 5, lambda _p: None)
         except Exception as e:  # a file system without O_DIRECT (tmpfs before Linux 6.6)
@@ -104,7 +110,7 @@ def test_fio_issues_records_of_each_size_on_bare_metal(tmp_path):
         job = json.loads(res.raw)["jobs"][0]
         side = job[t.rw]
         assert job["job options"]["bs"] == t.bs and job["job options"]["direct"] == "1"
-        assert side["io_bytes"] == size and side["total_ios"] == size // storage.block_bytes(t.bs), tid
+        assert side["io_bytes"] == size and side["total_ios"] == size // catalogue.block_bytes(t.bs), tid
         assert res.mbps > 0
 
 
@@ -116,15 +122,15 @@ IOZONE_ROW = """\
 
 
 def test_iozone_tests_run_iozone_direct_with_its_record_and_keep_the_target():
-    assert list(storage.IOZONE_TESTS) == [f"iozone-{rw}-{bs}" for bs in SIZES for rw in ("write", "read")]
-    w = storage.TESTS["iozone-write-1m"]
+    assert list(catalogue.IOZONE_TESTS) == [f"iozone-{rw}-{bs}" for bs in SIZES for rw in ("write", "read")]
+    w = catalogue.TESTS["iozone-write-1m"]
     assert (w.program, w.rw, w.bs, w.dd, w.sync) == ("iozone", "write", "1m", False, True)
     assert storage.iozone_args(w, "/dev/vdb", 32 << 20) == [
         "iozone", "-i", "0", "-r", "1m", "-s", "32768k", "-I", "-e", "-w", "-f", "/dev/vdb"]
-    assert storage.iozone_args(storage.TESTS["iozone-read-16m"], "/dev/vdb", 32 << 20)[1:3] == ["-i", "1"]
-    assert storage.TEST_SETS["iozone"] == ["iozone-write-64k", "iozone-read-64k", "iozone-write-1m",
+    assert storage.iozone_args(catalogue.TESTS["iozone-read-16m"], "/dev/vdb", 32 << 20)[1:3] == ["-i", "1"]
+    assert catalogue.TEST_SETS["iozone"] == ["iozone-write-64k", "iozone-read-64k", "iozone-write-1m",
                                            "iozone-read-1m", "iozone-write-16m", "iozone-read-16m"]
-    assert not set(storage.IOZONE_TESTS) & set(storage.TEST_SETS["full"])
+    assert not set(catalogue.IOZONE_TESTS) & set(catalogue.TEST_SETS["full"])
     assert compare.test_title("iozone-read-16m") == (
         "Read: sequential read, 16 MB records (IOzone; re-read stored beside it), O_DIRECT [iozone-read-16m]")
     assert results.is_storage_test("iozone-write-4k")
@@ -149,26 +155,26 @@ needs_iozone = pytest.mark.skipif(shutil.which("iozone") is None,
 def test_iozone_writes_and_reads_a_file_on_bare_metal(tmp_path):
     target = tmp_path / "disk.img"
     host = storage.HostRunner(cancelled=lambda: False)
-    w = host.run(storage.TESTS["iozone-write-64k"], str(target), 8 << 20, 0, lambda _p: None)
+    w = host.run(catalogue.TESTS["iozone-write-64k"], str(target), 8 << 20, 0, lambda _p: None)
     assert target.stat().st_size == 8 << 20  # -w: IOzone keeps the file it wrote
     assert w.mbps > 0 and w.extra["re-write MB/s"] > 0
     assert "O_DIRECT feature enabled" in w.raw and "Include fsync in write timing" in w.raw
-    r = host.run(storage.TESTS["iozone-read-64k"], str(target), 8 << 20, 0, lambda _p: None)
+    r = host.run(catalogue.TESTS["iozone-read-64k"], str(target), 8 << 20, 0, lambda _p: None)
     assert r.mbps > 0 and r.extra["re-read MB/s"] > 0
     with pytest.raises(CloudboxError, match=r"iozone-read-64k: IOzone cannot open a volume served over NBD"):
-        host.run(storage.TESTS["iozone-read-64k"], "nbds://10.0.0.1:10809/ebs", 8 << 20, 0, lambda _p: None)
+        host.run(catalogue.TESTS["iozone-read-64k"], "nbds://10.0.0.1:10809/ebs", 8 << 20, 0, lambda _p: None)
 
 
 def test_an_iozone_read_lays_down_iozones_own_data_unless_its_write_pass_is_the_last_write():
     def fills(ids: str) -> list[bool]:
-        return storage.iozone_fills(storage.resolve_tests(ids))
+        return storage.iozone_fills(catalogue.resolve_tests(ids))
 
     assert fills("iozone-write-1m,iozone-read-1m") == [False, False]
     assert fills("iozone-read-1m,iozone-read-64k") == [True, False]  # the first lays it down for both
     assert fills("iozone-write-16m,dd-write-64k,iozone-read-16m,dd-read-64k") == [False, False, True, False]
     assert fills("iozone-write-1m,seq-read-64k,iozone-read-1m") == [False, False, False]  # reads keep it
     assert fills("seq-write-64k,rec-read-4k,iozone-read-4k") == [False, False, True]
-    assert not storage.needs_fill(storage.resolve_tests("iozone-read-1m,seq-read-64k"))  # its lay-down fills
+    assert not storage.needs_fill(catalogue.resolve_tests("iozone-read-1m,seq-read-64k"))  # its lay-down fills
 
 
 @needs_iozone
@@ -178,9 +184,9 @@ def test_after_another_write_iozones_read_needs_its_data_laid_down_again(tmp_pat
     target = str(tmp_path / "disk.img")
     host = storage.HostRunner(cancelled=lambda: False)
     size = 8 << 20
-    host.run(storage.TESTS["iozone-write-1m"], target, size, 0, lambda _p: None)
-    host.run(storage.TESTS["dd-write-64k"], target, size, 0, lambda _p: None)
-    read = storage.TESTS["iozone-read-1m"]
+    host.run(catalogue.TESTS["iozone-write-1m"], target, size, 0, lambda _p: None)
+    host.run(catalogue.TESTS["dd-write-64k"], target, size, 0, lambda _p: None)
+    read = catalogue.TESTS["iozone-read-1m"]
     with pytest.raises(CloudboxError, match=r"(?s)bare-metal iozone \(iozone-read-1m\) exited .*Error in file"):
         host.run(read, target, size, 0, lambda _p: None)
     host.fill_iozone(read, target, size)
@@ -198,21 +204,21 @@ def test_a_cancelled_bare_metal_iozone_is_killed(tmp_path):
     host = storage.HostRunner(cancelled=cancelled)
     with pytest.raises(Aborted, match="cancelled during a bare-metal iozone run"):
         # 4 kB records over 1 GiB, synchronous: far longer than the half second before the cancel is seen
-        host.run(storage.TESTS["iozone-write-4k"], str(tmp_path / "big.img"), 1 << 30, 0, lambda _p: None)
+        host.run(catalogue.TESTS["iozone-write-4k"], str(tmp_path / "big.img"), 1 << 30, 0, lambda _p: None)
     assert subprocess.run(["pgrep", "-f", f"iozone .*{tmp_path}"], capture_output=True).returncode == 1
 
 
 def test_iozones_file_size_sweep_runs_automatic_mode_from_one_record_up_to_the_runs_size():
-    t = storage.TESTS["iozone-files-16m"]
-    assert storage.TEST_SETS["iozone-files"] == ["iozone-files-16m"]
-    assert list(storage.IOZONE_FILE_TESTS) == [f"iozone-files-{bs}" for bs in SIZES]
-    assert not set(storage.IOZONE_FILE_TESTS) & set(storage.TEST_SETS["full"])
+    t = catalogue.TESTS["iozone-files-16m"]
+    assert catalogue.TEST_SETS["iozone-files"] == ["iozone-files-16m"]
+    assert list(catalogue.IOZONE_FILE_TESTS) == [f"iozone-files-{bs}" for bs in SIZES]
+    assert not set(catalogue.IOZONE_FILE_TESTS) & set(catalogue.TEST_SETS["full"])
     assert (t.program, t.writes) == ("iozone", True)
     assert storage.iozone_files_args(t, "/dev/vda", 128 << 20) == [
         "iozone", "-a", "-i", "0", "-i", "1", "-r", "16m", "-n", "16384k", "-g", "131072k", "-I", "-e", "-w",
         "-f", "/dev/vda"]
     # files of twice the run's size in all, each written twice: four times a one-file pass's requests
-    assert storage.guest_timeout(storage.TESTS["iozone-files-4k"], 2 << 30) == pytest.approx(4 * 524_288 * 0.02)
+    assert storage.guest_timeout(catalogue.TESTS["iozone-files-4k"], 2 << 30) == pytest.approx(4 * 524_288 * 0.02)
     assert compare.test_title("iozone-files-1m").startswith("IOzone's file-size sweep, 1 MB records")
     assert results.is_storage_test("iozone-files-16m")
 
@@ -233,7 +239,7 @@ def test_the_sweeps_rows_are_read_per_file_size():
 @needs_iozone
 def test_the_sweep_on_bare_metal(tmp_path):
     target = tmp_path / "disk.img"
-    r = storage.HostRunner(cancelled=lambda: False).run(storage.TESTS["iozone-files-16m"], str(target), 64 << 20, 0,
+    r = storage.HostRunner(cancelled=lambda: False).run(catalogue.TESTS["iozone-files-16m"], str(target), 64 << 20, 0,
                                                         lambda _p: None)
     assert storage.iozone_file_sizes(r.extra) == [16384, 32768, 65536] and r.mbps > 0
     assert all(v > 0 for v in r.extra.values()) and "Auto Mode" in r.raw
@@ -243,10 +249,11 @@ GRID_RECORDS_KIB = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
 def test_the_grid_runs_automatic_mode_over_every_record_and_every_file_size():
-    t = storage.TESTS["iozone-grid"]
+    t = catalogue.TESTS["iozone-grid"]
     assert (t.program, t.writes, t.bs) == ("iozone", True, "16m")  # the run's size must hold its largest record
-    assert "iozone-grid" not in storage.TEST_SETS["full"] and results.is_storage_test("iozone-grid")
-    assert not storage.needs_fill([t]) and storage.iozone_fills([t, storage.TESTS["iozone-read-16m"]]) == [False, True]
+    assert "iozone-grid" not in catalogue.TEST_SETS["full"] and results.is_storage_test("iozone-grid")
+    assert not storage.needs_fill([t])
+    assert storage.iozone_fills([t, catalogue.TESTS["iozone-read-16m"]]) == [False, True]
     assert [r >> 10 for r in storage.iozone_grid_records(t)] == GRID_RECORDS_KIB
     assert storage.iozone_files_args(t, "/dev/sda", 128 << 20) == [
         "iozone", "-a", "-i", "0", "-i", "1", "-y", "64k", "-q", "16m", "-n", "64k", "-g", "131072k", "-I", "-e", "-w",
@@ -261,11 +268,11 @@ def test_the_grid_runs_automatic_mode_over_every_record_and_every_file_size():
 
 
 def test_the_4k_grid_starts_at_iozones_own_smallest_record_and_waits_for_it():
-    t = storage.TESTS["iozone-grid-4k"]
+    t = catalogue.TESTS["iozone-grid-4k"]
     assert (t.program, t.bs, t.min_bs) == ("iozone", "16m", "4k")
     assert [r >> 10 for r in storage.iozone_grid_records(t)] == [4, 8, 16, 32, *GRID_RECORDS_KIB]
     assert storage.iozone_files_args(t, "/dev/vdb", 128 << 20)[6:12] == ["-y", "4k", "-q", "16m", "-n", "4k"]
-    assert all("iozone-grid-4k" not in v for v in storage.TEST_SETS.values())  # by name only
+    assert all("iozone-grid-4k" not in v for v in catalogue.TEST_SETS.values())  # by name only
     assert compare.test_title("iozone-grid-4k").startswith(
         "IOzone's automatic mode over record and file sizes, 4 kB to 16 MB records")
     assert "64 kB to 16 MB records" in compare.test_title("iozone-grid")
@@ -306,7 +313,7 @@ def test_the_grids_rows_are_read_per_file_and_record_size():
 @needs_iozone
 def test_the_grid_on_bare_metal(tmp_path):
     target = tmp_path / "disk.img"
-    r = storage.HostRunner(cancelled=lambda: False).run(storage.TESTS["iozone-grid"], str(target), 16 << 20, 0,
+    r = storage.HostRunner(cancelled=lambda: False).run(catalogue.TESTS["iozone-grid"], str(target), 16 << 20, 0,
                                                         lambda _p: None)
     cells = storage.iozone_sweep_cells(r.extra)
     assert len(cells) == sum(range(1, 10)) and cells[-1] == (16384, 16384)  # files 64 KiB to 16 MiB

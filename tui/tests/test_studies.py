@@ -1,4 +1,5 @@
-"""Studies as data (cloudbox.core.studies): the shipped studies load; every kind of bad study file is refused naming
+"""Studies as data (cloudbox.core.studies.studies): the shipped studies load; every kind of bad study file is refused
+naming
 the file, the key, the value and what is allowed; rules evaluate to each verdict over hand-built cells; cells are
 selected from, and study runs planned against, a real results store."""
 
@@ -13,11 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudbox.core import paths, profiles, storage, studies
+from cloudbox.core import paths
 from cloudbox.core.errors import NotFound, StudyError
 from cloudbox.core.inputs import shown
-from cloudbox.core.results import ResultStore
-from cloudbox.core.studies import (
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec import catalogue, profiles
+from cloudbox.core.studies import studies
+from cloudbox.core.studies.studies import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
     REPRODUCED,
@@ -156,7 +159,7 @@ def test_study_c_is_the_iozone_record_sweep_with_cost_columns_and_no_invented_fi
     c = studies.find_study("C")
     assert c.title == "Study C: record size under O_DIRECT" and c.suite == "storage" and c.cost
     assert c.sizes == ["study", "quick"] and c.series is None
-    assert c.test_ids == list(storage.IOZONE_TESTS)  # IOzone itself, as the study ran it
+    assert c.test_ids == list(catalogue.IOZONE_TESTS)  # IOzone itself, as the study ran it
     assert set(c.profile_names) <= set(profiles.preset_names())
     for name in c.profile_names:  # one KVM box: no Xen, no network volume, one disk per guest
         assert studies.cannot_run(profiles.find_profile(name)) is None

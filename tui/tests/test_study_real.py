@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 import pytest
 
 from cloudbox import cli
-from cloudbox.core.results import ResultStore
+from cloudbox.core.record.results import ResultStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -101,7 +101,7 @@ SERIES = (ONE_CELL.split("[[rules]]")[0].replace('name = "t"', 'name = "s"', 1)
 
 
 def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp_path, monkeypatch, capsys):
-    from cloudbox.core import runs
+    from cloudbox.core.run import runs
 
     studies = tmp_path / "studies"
     studies.mkdir()

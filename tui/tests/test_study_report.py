@@ -12,11 +12,13 @@ from xml.etree import ElementTree
 import pytest
 
 from cloudbox import cli
-from cloudbox.core import paths, profiles, storage
-from cloudbox.core.execution.measure import measured
-from cloudbox.core.provenance import Provenance
-from cloudbox.core.results import ResultStore
-from cloudbox.core.volumes import attach
+from cloudbox.core import paths
+from cloudbox.core.bench import storage
+from cloudbox.core.disks.volumes import attach
+from cloudbox.core.record.provenance import Provenance
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run.measure import measured
+from cloudbox.core.spec import profiles
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0

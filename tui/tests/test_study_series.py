@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import profiles, studies, studyreport
 from cloudbox.core.errors import StudyError
-from cloudbox.core.results import ResultStore
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec import profiles
+from cloudbox.core.studies import studies, studyreport
 
 T0 = 1_700_000_000.0
 REPO = Path(__file__).resolve().parents[2]
@@ -195,8 +196,8 @@ def test_a_study_without_a_series_has_no_variability_section():
 
 
 def test_a_sweep_waits_for_each_runs_start_and_stops_at_once_when_cancelled(request):
-    from cloudbox.core import runs
-    from cloudbox.core.runspec import RunSpec
+    from cloudbox.core.run import runs
+    from cloudbox.core.spec.runspec import RunSpec
 
     specs = [RunSpec(profile="virtio-file", size="quick"), RunSpec(profile="virtio-file", size="quick")]
     with ResultStore() as store:
@@ -256,7 +257,7 @@ def record_guests(store: ResultStore, values: dict[str, list[float]], *, started
                   profile: str = "virtio-file") -> int:
     """A completed run of N guests as the executor stores it: each guest's and bare-metal process's figure as
     instances 1..N, the run's rows their sums."""
-    from cloudbox.core.provenance import Guests, GuestStart, Provenance
+    from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
 
     prof = profiles.find_profile(profile)
     n = len(next(iter(values.values())))

@@ -8,9 +8,10 @@ import platform
 
 import pytest
 
-from cloudbox.core import profiles, studies, studyreport
 from cloudbox.core.errors import UsageError
-from cloudbox.core.results import ResultStore
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec import profiles
+from cloudbox.core.studies import studies, studyreport
 
 T0 = 1_700_000_000.0
 

@@ -16,8 +16,9 @@ import pytest
 from test_tui_pilot import rows
 from test_tui_pilot import until as _until
 
-from cloudbox.core import accel, host
-from cloudbox.core.nodes import enrol, frontend, keys, registry
+from cloudbox.core.cluster import enrol, frontend, keys, registry
+from cloudbox.core.views import host
+from cloudbox.core.virt import accel
 from cloudbox.tui import create_app
 from cloudbox.tui.backend import Backend
 from cloudbox.tui.screens.join_code import JoinCodeDialog
@@ -225,7 +226,7 @@ def test_tests_setup_places_a_run_on_an_enrolled_node(front_end: Node):
     carries the node chosen. Without nodes the choice is not shown: an all-in-one box runs here."""
     from textual.widgets import Label, Select
 
-    from cloudbox.core.results import ResultStore
+    from cloudbox.core.record.results import ResultStore
 
     with ResultStore() as store:
         rid = store.create_run(profile_name="virtio-disk", suite="storage", size_label="quick", state="completed")

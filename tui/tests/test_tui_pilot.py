@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from conftest_results import add_study_a_default, add_virtio_tcg
 
-from cloudbox.core import accel, host, profiles
-from cloudbox.core.results import ResultStore
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec import profiles
+from cloudbox.core.views import host
+from cloudbox.core.virt import accel
 from cloudbox.tui import create_app
 from cloudbox.tui.backend import Backend
 from cloudbox.tui.widgets.checklist import CheckList
@@ -416,7 +418,7 @@ def test_results_compare_marked_runs_and_export(results_backend, tmp_path):
 
 
 def test_results_of_a_run_of_two_guests_show_each_guest_and_the_spread(backend):
-    from cloudbox.core.provenance import Guests, GuestStart, Provenance
+    from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
 
     with ResultStore() as store:
         rid = store.create_run(profile_name="virtio-disk", suite="storage", accelerator="tcg",
@@ -543,7 +545,7 @@ def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend
 
 def test_studies_report_view_shows_the_cli_report(studies_backend):
     async def go():
-        from cloudbox.core import studies, studyreport
+        from cloudbox.core.studies import studies, studyreport
 
         with ResultStore() as store:
             expected = studyreport.to_markdown(studies.gather(studies.find_study("a"),
@@ -568,7 +570,7 @@ def test_studies_start_plans_a_quick_run_like_the_cli(studies_backend, monkeypat
     """s plans study A at quick size as `cloudbox study run a --size quick --detach` does and hands the runs to
     the sweep launcher. The test stops there: the launcher is replaced by one that records the runs, so no guest
     starts (a real sweep would boot one per profile)."""
-    from cloudbox.core import runs
+    from cloudbox.core.run import runs
 
     launched: list = []
 
@@ -672,7 +674,7 @@ async def _guests_refused(pilot, app, value: str, *, start: bool = True) -> str:
 def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
     from textual.widgets import Select
 
-    from cloudbox.core.runspec import MAX_GUESTS
+    from cloudbox.core.spec.runspec import MAX_GUESTS
 
     async def go():
         app = create_app(backend, mode="tests")
@@ -828,9 +830,9 @@ def test_tests_screen_lets_guests_share_cpus_with_vcpus_per_cpu(backend):
 
 
 def test_live_view_shows_each_guest_and_their_sum(backend):
-    from cloudbox.core.events import MeasurementEvent, ProgressEvent, StateEvent
-    from cloudbox.core.provenance import Guests, GuestStart, Provenance
-    from cloudbox.core.runspec import RunSpec
+    from cloudbox.core.record.events import MeasurementEvent, ProgressEvent, StateEvent
+    from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
+    from cloudbox.core.spec.runspec import RunSpec
 
     spec = RunSpec(profile="virtio-disk", suite="storage", storage_tests="seq-write-64k", guests=2)
     with ResultStore() as store:
@@ -887,7 +889,7 @@ def test_live_view_shows_each_guest_and_their_sum(backend):
 @pytest.mark.root
 @pytest.mark.full
 def test_launch_a_guest_show_its_xml_and_stop_it(state, libvirt_conn):
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
 
     async def go():
         app = create_app(Backend(facts=facts()), mode="guests", poll_interval=0.5)
@@ -965,7 +967,7 @@ def test_two_guests_run_from_the_tests_screen(state, libvirt_conn):
     charted live and stored, the spread shown, the comparison on Results with each guest and Jain's index."""
     from textual.widgets import Select
 
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
 
     async def go():
         app = create_app(Backend(facts=facts()), mode="tests", poll_interval=0.5)
@@ -1013,8 +1015,8 @@ def test_a_series_waiting_between_runs_says_when_the_next_starts_and_c_cancels_i
     its head says when the next run starts, and c (confirmed) cancels the sweep, not the finished run."""
     import time
 
-    from cloudbox.core import runs
-    from cloudbox.core.runspec import RunSpec
+    from cloudbox.core.run import runs
+    from cloudbox.core.spec.runspec import RunSpec
 
     with ResultStore() as store:
         done = store.create_run(profile_name="virtio-file", suite="storage", size_label="quick",

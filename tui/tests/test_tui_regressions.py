@@ -15,8 +15,9 @@ from conftest_results import add_study_a_default, add_virtio_tcg
 from rich.console import Console
 from textual.widgets import DataTable, Select, Static, TabbedContent
 
-from cloudbox.core import accel, host
-from cloudbox.core.results import ResultStore
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.views import host
+from cloudbox.core.virt import accel
 from cloudbox.tui import bench, create_app
 from cloudbox.tui.app import CloudboxApp
 from cloudbox.tui.backend import Backend
@@ -300,7 +301,7 @@ def test_the_app_sets_its_collector_thresholds_and_restores_them(state):
 
 
 def test_a_diff_of_an_nfs_profile_and_a_disk_one_shows_the_nfs_table_beside_its_defaults():
-    from cloudbox.core import profiles
+    from cloudbox.core.spec import profiles
     from cloudbox.tui.screens.profiles import diff_table
 
     a, b = profiles.find_profile("nfs-sync-tcp"), profiles.find_profile("virtio-disk")

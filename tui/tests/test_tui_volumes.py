@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from test_tui_pilot import facts, rows, text, until
 
-from cloudbox.core.results import ResultStore
-from cloudbox.core.volumes import store as vstore
-from cloudbox.core.volumes.attach import Export
-from cloudbox.core.volumes.store import VolumeStore
+from cloudbox.core.disks.volumes import store as vstore
+from cloudbox.core.disks.volumes.attach import Export
+from cloudbox.core.disks.volumes.store import VolumeStore
+from cloudbox.core.record.results import ResultStore
 from cloudbox.tui import create_app
 from cloudbox.tui.backend import Backend
 from cloudbox.tui.screens.volumes import VolumeDialog
@@ -194,7 +194,7 @@ def test_key_7_help_and_palette_reach_the_volumes_screen(backend):
 
 
 def test_the_backend_asks_core_how_this_host_exports(state):
-    from cloudbox.core.volumes import attach
+    from cloudbox.core.disks.volumes import attach
 
     b = Backend(facts=facts(), libvirt_uri="test:///default")
     try:

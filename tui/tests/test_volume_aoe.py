@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import profiles, studies
-from cloudbox.core.domain import render_domain
+from cloudbox.core.disks.volumes import aoe, attach
+from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.volumes import aoe, attach
-from cloudbox.core.volumes.store import VolumeStore
+from cloudbox.core.spec import profiles
+from cloudbox.core.studies import studies
+from cloudbox.core.virt.domain import render_domain
 
 MIB = 1024 * 1024
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import profiles, studies
+from cloudbox.core.disks.volumes import attach, hostattach, nodecreds, nvmet, pki
 from cloudbox.core.errors import CloudboxError, UsageError
-from cloudbox.core.runspec import RunSpec
-from cloudbox.core.volumes import attach, hostattach, nodecreds, nvmet, pki, remote
+from cloudbox.core.spec import profiles, remote
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.studies import studies
 
 
 @pytest.mark.parametrize(("uri", "want"), [

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import profiles, storage, studies
-from cloudbox.core.backing import NetworkSource
-from cloudbox.core.domain import render_domain
+from cloudbox.core.bench import iscsiperf, storage
+from cloudbox.core.disks.backing import NetworkSource
+from cloudbox.core.disks.volumes import attach, iscsi
+from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.errors import Aborted, CloudboxError
-from cloudbox.core.volumes import attach, iscsi
-from cloudbox.core.volumes.store import VolumeStore
+from cloudbox.core.spec import catalogue, profiles
+from cloudbox.core.studies import studies
+from cloudbox.core.virt.domain import render_domain
 
 MIB = 1024 * 1024
 
@@ -95,18 +97,18 @@ finished.
 
 
 def test_iscsi_perf_reads_as_the_test_does_and_its_average_is_the_result():
-    t = storage.TESTS["randread-4k-qd32"]
-    assert iscsi.perf_measures(t) and iscsi.perf_measures(storage.TESTS["seq-read-64k"])
+    t = catalogue.TESTS["randread-4k-qd32"]
+    assert iscsiperf.perf_measures(t) and iscsiperf.perf_measures(catalogue.TESTS["seq-read-64k"])
     for other in ("seq-write-64k", "dd-read-64k", "iozone-read-16m", "bonnie"):
-        assert not iscsi.perf_measures(storage.TESTS[other]), other
+        assert not iscsiperf.perf_measures(catalogue.TESTS[other]), other
     url = "iscsi://u@127.0.0.1:3260/iqn.x/1"
-    assert iscsi.perf_args(t, url, "iqn.i") == ["iscsi-perf", "-i", "iqn.i", "-r", "-b", "8", "-m", "32", url]
-    seq = iscsi.perf_args(storage.TESTS["seq-read-64k"], url, "iqn.i")
+    assert iscsiperf.perf_args(t, url, "iqn.i") == ["iscsi-perf", "-i", "iqn.i", "-r", "-b", "8", "-m", "32", url]
+    seq = iscsiperf.perf_args(catalogue.TESTS["seq-read-64k"], url, "iqn.i")
     assert seq == ["iscsi-perf", "-i", "iqn.i", "-b", "128", "-m", "1", url]
-    r = iscsi.parse_perf(t, PERF_OUT, 2.1)
+    r = iscsiperf.parse_perf(t, PERF_OUT, 2.1)
     assert r.iops == 78768 and r.mbps == pytest.approx(78768 * 4096 / 1e6) and r.seconds == 2.1
     with pytest.raises(CloudboxError, match="printed no average"):
-        iscsi.parse_perf(t, "iscsi-perf version 0.1\nLogin Failed\n", 0.5)
+        iscsiperf.parse_perf(t, "iscsi-perf version 0.1\nLogin Failed\n", 0.5)
 
 
 def test_the_host_domains_relay_logs_in_with_the_secret_from_a_file_and_measures_what_fio_can(tmp_path):
@@ -121,9 +123,9 @@ def test_the_host_domains_relay_logs_in_with_the_secret_from_a_file_and_measures
     relay = iscsi.HostRelay(tmp_path / "nbd.sock", tmp_path)
     assert storage.is_nbd_uri(relay.uri) and relay.uri == f"nbd+unix:///lun?socket={tmp_path / 'nbd.sock'}"
     for measured in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32", "dd-write-64k"):
-        assert storage.nbd_measures(storage.TESTS[measured]) == "", measured
+        assert storage.nbd_measures(catalogue.TESTS[measured]) == "", measured
     for other in ("iozone-read-16m", "bonnie"):
-        assert "needs a file or a file system on a local disk" in storage.nbd_measures(storage.TESTS[other])
+        assert "needs a file or a file system on a local disk" in storage.nbd_measures(catalogue.TESTS[other])
 
 
 def test_exports_here_name_iscsi_and_what_it_lacks(tmp_path, monkeypatch):
@@ -178,17 +180,18 @@ def test_tgtd_refuses_a_wrong_secret_and_a_stranger_and_leaves_nothing(state, li
         assert stranger.returncode != 0 and "Login Failed" in stranger.stderr
         assert c.secret not in (work / "tgtd.log").read_text()
         if shutil.which("iscsi-perf"):  # the baseline's reader: logged in as this box, the secret in its env only
-            r = iscsi.perf(storage.TESTS["seq-read-64k"], exp, c, 1.5, lambda: False)
-            assert r.mbps > 0 and r.iops > 0 and 1.5 <= r.seconds < 1.5 + iscsi.PERF_STOP_S and c.secret not in r.raw
+            r = iscsiperf.perf(catalogue.TESTS["seq-read-64k"], exp, c, 1.5, lambda: False)
+            assert r.mbps > 0 and r.iops > 0 and 1.5 <= r.seconds < 1.5 + iscsiperf.PERF_STOP_S
+            assert c.secret not in r.raw
             with pytest.raises(Aborted, match="iscsi-perf"):
-                iscsi.perf(storage.TESTS["randread-4k-qd32"], exp, c, 30, lambda: True)
+                iscsiperf.perf(catalogue.TESTS["randread-4k-qd32"], exp, c, 30, lambda: True)
             assert subprocess.run(["pgrep", "-f", f"iscsi-perf .*:{exp.port}/"], capture_output=True).returncode == 1
         if not iscsi.relay_problem():  # the baseline's way in: QEMU's libiscsi in qemu-nbd, logged in as this box
             relay = iscsi.host_relay(exp, c, work / "iscsi-host")
             try:
                 assert (work / "iscsi-host").stat().st_mode & 0o777 == 0o700
                 assert ((work / "iscsi-host" / "chap.secret").stat().st_mode & 0o777) == 0o600
-                w = storage.HostRunner(lambda: False).run(storage.TESTS["seq-write-64k"], relay.uri, 4 * MIB, 1,
+                w = storage.HostRunner(lambda: False).run(catalogue.TESTS["seq-write-64k"], relay.uri, 4 * MIB, 1,
                                                           lambda _p: None)
                 assert w.mbps > 0 and c.secret not in w.raw
                 assert c.secret not in " ".join(Path(f"/proc/{relay.pid}/cmdline").read_text().split("\0"))

@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from cloudbox.cli import main
-from cloudbox.core import backing
+from cloudbox.core.disks import backing
+from cloudbox.core.disks.volumes import lvm
+from cloudbox.core.disks.volumes import store as vstore
+from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.errors import UsageError
-from cloudbox.core.volumes import lvm
-from cloudbox.core.volumes import store as vstore
-from cloudbox.core.volumes.store import VolumeStore
 
 MIB = 1024 * 1024
 

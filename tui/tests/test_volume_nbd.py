@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from cloudbox.core.disks.volumes import attach, nbd, pki
+from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.volumes import attach, nbd, pki
-from cloudbox.core.volumes.store import VolumeStore
 
 MIB = 1024 * 1024
 
@@ -115,7 +115,7 @@ def test_a_failure_while_exporting_leaves_nothing(volume, state, monkeypatch):
 
 
 def test_the_export_dies_with_a_killed_run(volume, state):
-    code = ("import sys, time; from pathlib import Path; from cloudbox.core.volumes import attach; "
+    code = ("import sys, time; from pathlib import Path; from cloudbox.core.disks.volumes import attach; "
             "ve = attach.export_for_run('nbd:ebs', 'qemu', run_uuid='run-k', work_dir=Path(sys.argv[1]), "
             "size_bytes=8 << 20); print(ve.export.pid, flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(state / "work" / "run-k")], stdout=subprocess.PIPE,
@@ -206,9 +206,9 @@ def test_the_server_certificate_names_the_bridge_and_an_older_one_is_issued_agai
 def test_a_host_attach_run_is_refused_before_anything_is_made(state):
     """kvm-ebs-aoe attaches on the host: on a kernel without aoe refused at the run's first step, with the reason,
     nothing made."""
-    from cloudbox.core import runs
-    from cloudbox.core.results import ResultStore
-    from cloudbox.core.runspec import RunSpec
+    from cloudbox.core.record.results import ResultStore
+    from cloudbox.core.run import runs
+    from cloudbox.core.spec.runspec import RunSpec
 
     with ResultStore() as store:
         rid = runs.executor(RunSpec(profile="kvm-ebs-aoe", suite="storage", size="32M"), store).execute()

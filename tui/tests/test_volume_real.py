@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from real_runs import completed_run, interrupt_cli_run, work_files
 
-from cloudbox.core import compare
-from cloudbox.core.compare import compare_table, to_text
-from cloudbox.core.results import ResultStore, Run
-from cloudbox.core.runspec import RunSpec
-from cloudbox.core.volumes import attach, iscsi
-from cloudbox.core.volumes.store import VolumeStore
+from cloudbox.core.disks.volumes import attach, iscsi
+from cloudbox.core.disks.volumes.store import VolumeStore
+from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.views import compare
+from cloudbox.core.views.compare import compare_table, to_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -85,7 +85,7 @@ def test_quick_storage_run_over_iscsi_attached_by_qemu(volume_run, libvirt_conn)
 def test_ctrl_c_with_the_guest_on_an_iscsi_volume_leaves_nothing(state, libvirt_conn):
     """SIGINT while QEMU is logged in to tgtd: the run is aborted, and the guest, tgtd, its management socket, the
     libvirt secret and the attachment are gone."""
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
     if not (shutil.which("tgtd") and iscsi.qemu_driver()):
         pytest.skip("needs tgtd (tgt) and QEMU's iSCSI driver (qemu-block-extra): make deps")
     with VolumeStore() as vs:
@@ -112,7 +112,7 @@ def test_ctrl_c_with_the_guest_on_an_iscsi_volume_leaves_nothing(state, libvirt_
 def test_ctrl_c_with_the_guest_on_the_volume_leaves_no_export(state, libvirt_conn):
     """SIGINT while the guest's QEMU holds the export: the run is aborted, the guest, the export and the attachment
     are gone, the volume is free for the next run."""
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
 
     with VolumeStore() as vs:
         vol = vs.create("ebs", 160 * 1024 * 1024)
@@ -132,8 +132,8 @@ def test_ctrl_c_with_the_guest_on_the_volume_leaves_no_export(state, libvirt_con
 
 def _aoe_left(path: str) -> list[str]:
     """What a guest-attach AoE run could leave: vblade on the volume, the run's bridge."""
-    from cloudbox.core.network import BRIDGE
-    from cloudbox.core.volumes import aoe
+    from cloudbox.core.disks.volumes import aoe
+    from cloudbox.core.spec.addresses import BRIDGE
 
     return ([f"vblade pid {p}" for p in aoe.running(path)]
             + ([f"bridge {BRIDGE}"] if os.path.exists(f"/sys/class/net/{BRIDGE}") else []))
@@ -190,7 +190,7 @@ def test_quick_storage_run_over_aoe_attached_by_the_guest(volume_run):
 def test_ctrl_c_with_the_guest_attached_over_aoe_leaves_nothing(state, libvirt_conn):
     """SIGINT while the guest reads the volume over AoE: aborted, and the guest, vblade, the bridge and the
     attachment are gone."""
-    from cloudbox.core.guest import list_guests
+    from cloudbox.core.virt.guest import list_guests
 
     if shutil.which("vblade") is None:
         pytest.skip("vblade is not installed (make deps)")

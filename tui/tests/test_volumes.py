@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cloudbox.cli import main
+from cloudbox.core.disks.volumes import store as vstore
+from cloudbox.core.disks.volumes.store import VolumeBusy, VolumeStore, parse_size
 from cloudbox.core.errors import NoSpace, NotFound, UsageError
-from cloudbox.core.volumes import store as vstore
-from cloudbox.core.volumes.store import VolumeBusy, VolumeStore, parse_size
 
 MIB = 1024 * 1024
 
@@ -127,7 +127,7 @@ def test_a_form_names_its_own_field_in_size_errors():
 
 
 def test_exports_here_follow_check_attach_and_the_servers_on_path(tmp_path, monkeypatch):
-    from cloudbox.core.volumes import attach
+    from cloudbox.core.disks.volumes import attach
 
     real = {s: shutil.which(s) for s in ("qemu-nbd", "vblade")}
     for server, found in real.items():

@@ -14,10 +14,11 @@ import types
 
 import pytest
 
-from cloudbox.core import profiles, xendom0
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.execution import local
-from cloudbox.core.provenance import Provenance
+from cloudbox.core.record.provenance import Provenance
+from cloudbox.core.run import local
+from cloudbox.core.spec import profiles
+from cloudbox.core.virt import xendom0
 
 FAKE_XL = r'''
 import json, sys

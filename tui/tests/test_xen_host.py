@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core import accel
-from cloudbox.core.execution import launch
-from cloudbox.core.execution.context import host_labels
+from cloudbox.core.run import launch
+from cloudbox.core.run.context import host_labels
+from cloudbox.core.virt import accel
 
 
 def _file(path: Path, text: str) -> Path:

@@ -33,19 +33,20 @@ from rich.console import Console
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static
 
-from cloudbox.core import domain, profiles
-from cloudbox.core.accel import Accelerator
-from cloudbox.core.events import StateEvent
-from cloudbox.core.guest import METADATA_NS
-from cloudbox.core.guestimage import CMDLINE
-from cloudbox.core.host import Disk, HostFacts, Nic, Node
-from cloudbox.core.nodes.frontend import CodeOffer
-from cloudbox.core.nodes.registry import JoinCode
-from cloudbox.core.provenance import BackingInfo, Guests, GuestStart, Provenance, Versions
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runspec import PlanStep
-from cloudbox.core.volumes.attach import Export
-from cloudbox.core.volumes.store import VolumeStore
+from cloudbox.core.cluster.frontend import CodeOffer
+from cloudbox.core.cluster.registry import JoinCode
+from cloudbox.core.disks.volumes.attach import Export
+from cloudbox.core.disks.volumes.store import VolumeStore
+from cloudbox.core.record.events import StateEvent
+from cloudbox.core.record.provenance import BackingInfo, Guests, GuestStart, Provenance, Versions
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.spec import profiles
+from cloudbox.core.spec.runspec import PlanStep
+from cloudbox.core.views.host import Disk, HostFacts, Nic, Node
+from cloudbox.core.virt import domain
+from cloudbox.core.virt.accel import Accelerator
+from cloudbox.core.virt.guest import METADATA_NS
+from cloudbox.core.virt.guestimage import CMDLINE
 from cloudbox.tui.app import CloudboxApp, create_app
 from cloudbox.tui.backend import Backend
 
@@ -431,7 +432,7 @@ DEMO_CODE = "7K3M-Q9XD-2PWN-HT4R"  # what the join-code scene shows (the dialog 
 def build_cluster() -> None:
     """The front-end's registry: DEMO_NODES enrolled with spent codes, their last check just now (so the
     overview shows the stored state, not 'unknown'), last seen at fixed times."""
-    from cloudbox.core.nodes.registry import Registry
+    from cloudbox.core.cluster.registry import Registry
 
     with Registry() as reg:
         for i, (name, address, state, reason, _seen) in enumerate(DEMO_NODES):

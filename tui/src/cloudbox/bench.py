@@ -18,11 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from cloudbox.core import accel, backing, daemons, launchtrace, storage
-from cloudbox.core.diskstats import Sampler
-from cloudbox.core.domain import guest_boot_args, render_domain
-from cloudbox.core.guestimage import CMDLINE, GuestImage
-from cloudbox.core.profiles import find_profile
+from cloudbox.core.bench import storage
+from cloudbox.core.disks import backing
+from cloudbox.core.disks.diskstats import Sampler
+from cloudbox.core.spec import catalogue
+from cloudbox.core.spec.profiles import find_profile
+from cloudbox.core.virt import accel, daemons, launchtrace
+from cloudbox.core.virt.domain import guest_boot_args, render_domain
+from cloudbox.core.virt.guestimage import CMDLINE, GuestImage
 
 
 def machine() -> str:
@@ -39,7 +42,7 @@ def machine() -> str:
 
 def bench_launch(reps: int, work: Path, profile: str = "virtio-disk", old: Path | None = None,
                  old_cmdline: str | None = None) -> dict:
-    """Launch to agent, each launch traced per phase (core.launchtrace). With `old` (an older guest image's
+    """Launch to agent, each launch traced per phase (core.virt.launchtrace). With `old` (an older guest image's
     directory), its launches alternate with the current image's, same profile, same host code; the old guest
     boots with `old_cmdline` as it stands (its image's own, no profile boot arguments) when given, else as the
     new one does."""
@@ -122,7 +125,7 @@ def bench_overhead(reps: int, work: Path, size: int) -> dict:
     import resource
 
     target = work / "fio.dat"
-    t = storage.TESTS["seq-write-64k"]
+    t = catalogue.TESTS["seq-write-64k"]
     args = storage.fio_args(t, str(target), size, 0)
     direct, harness, own_cpu, fio_cpu, wall = [], [], [], [], []
     runner = storage.HostRunner(lambda: False)
@@ -163,7 +166,7 @@ def launch_section(a: argparse.Namespace, launch: dict) -> str:
         f"Measured {time.strftime('%Y-%m-%d')} on {machine()}.",
         f"Command: `{cmd}`. Profile {launch['profile']} (no NIC), accelerator {launch['accelerator']}"
         + (": emulated, not KVM figures." if tcg else "."),
-        "Each launch traced by `cloudbox.core.launchtrace`: host marks (createXML returned, the agent's first "
+        "Each launch traced by `cloudbox.core.virt.launchtrace`: host marks (createXML returned, the agent's first "
         "answer) and the guest kernel's own timestamps (dmesg, /init's marks), the guest clock placed on the "
         "host's through one /proc/uptime read over the agent. A phase runs from the previous boundary the launch "
         "showed (the old guest's /init writes no marks, so its last phase holds all of /init). Medians over the "

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from cloudbox.core.backing import human_size
+from cloudbox.core.disks.backing import human_size
 from cloudbox.core.errors import AnswerError, CloudboxError
 from cloudbox.core.install import (
     Machine,
@@ -210,7 +210,7 @@ def _wants_tui(a: argparse.Namespace) -> bool:
 
 
 def _tui(a: argparse.Namespace) -> int:
-    from cloudbox.tui.install_app import InstallBackend, run_install_tui  # Textual only here
+    from cloudbox.tui.install_app import InstallBackend, run_install_tui
 
     return run_install_tui(InstallBackend(probe=_machine), dry_run=a.dry_run)
 

@@ -15,7 +15,7 @@ On the front-end:
 On a back-end:
     cloudbox node join --front-end ADDR[:PORT]|discover [--code CODE|- | --code-file FILE] [--name NAME]
                        [--ssh-port N]         (no --code on a terminal: the code is asked for, not echoed)
-On a node, run by the front-end over SSH (core/nodes/client.py; the node's side is core/agent.py):
+On a node, run by the front-end over SSH (core/cluster/client.py; the node's side is agent/agent.py):
     cloudbox node local has-image ID | receive-image ID | images [--clear --keep N] | start-run | volume-creds |
                         follow RUN [--after SEQ] | coord
 
@@ -40,12 +40,15 @@ from typing import Any
 
 import pydantic
 
+from cloudbox.agent import agent
+from cloudbox.agent.agent import KEEP_IMAGES
 from cloudbox.cli.common import guard, usage
-from cloudbox.core import agent, inputs, nodeconf, profiles
-from cloudbox.core.agent import KEEP_IMAGES
+from cloudbox.core import inputs
+from cloudbox.core.cluster import client, enrol, frontend, health, registry
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.nodes import client, enrol, frontend, health, registry
-from cloudbox.core.runspec import MAX_GUESTS
+from cloudbox.core.spec import nodeconf, profiles
+from cloudbox.core.spec.runspec import MAX_GUESTS
+from cloudbox.core.virt import network
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a start-run request: the spec and a profile's TOML (a few KiB)
 MAX_CODE_FILE_BYTES = 1024
@@ -245,7 +248,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     if not 1 <= args.ssh_port <= 65535:
         raise CloudboxError(f"--ssh-port: {args.ssh_port} is out of range; allowed: 1..65535")
     if fe.strip() == "discover":
-        from cloudbox.core.nodes import discover
+        from cloudbox.core.cluster import discover
 
         nic = nodeconf.private_link(nodeconf.settings())
         fe = discover.discover_frontend(nic)
@@ -256,7 +259,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     say(f"front-end {res.frontend_name} at {res.frontend_address}, host key {res.frontend_host_key.fingerprint} "
         f"(pinned in {res.pin_file.parent})")
     say(f"its management key is in {res.authorized_keys}; it manages this node as {res.libvirt_uri.split('?')[0]}")
-    found = nodeconf.check_private_path(res.frontend_address, res.frontend_name)
+    found = network.check_private_path(res.frontend_address, res.frontend_name)
     if found is not None and found[1].ok:
         say(found[1].message)
     elif found is not None:  # enrolled all the same: runs work, but not at the private network's MTU
@@ -328,7 +331,7 @@ def changed(last: dict[str, tuple[str, str]], healths: list[health.Health]) -> l
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Probe every node."""
-    from cloudbox.core.results import ResultStore
+    from cloudbox.core.record.results import ResultStore
 
     last: dict[str, tuple[str, str]] | None = {} if args.watch else None
     was_empty = False
@@ -366,7 +369,7 @@ def _check_paths(reg: registry.Registry, healths: list[health.Health]) -> bool:
     for h in healths:
         if h.state != "up":
             continue
-        found = nodeconf.check_private_path(reg.node(h.name).address, h.name)
+        found = network.check_private_path(reg.node(h.name).address, h.name)
         if found is not None:
             h.detail["path"] = found[1].message
             ok = ok and found[1].ok
@@ -394,7 +397,7 @@ def _shell(reg: registry.Registry, name: str) -> client.NodeShell:
 
 
 def cmd_push_image(args: argparse.Namespace) -> int:
-    from cloudbox.core.guestimage import GuestImage
+    from cloudbox.core.virt.guestimage import GuestImage
 
     image = GuestImage.locate()
     with _registry(args) as reg:
@@ -517,7 +520,7 @@ def read_request(stream: Any) -> dict[str, Any]:
 def _spec_field_types() -> dict[str, tuple[pydantic.TypeAdapter[Any], str]]:
     """Each RunSpec field's strict validator and its type as a refusal names it ("int", "list[int]"), read from
     the dataclass's own annotations."""
-    from cloudbox.core.runspec import RunSpec
+    from cloudbox.core.spec.runspec import RunSpec
 
     hints = typing.get_type_hints(RunSpec)
     strict = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
@@ -541,7 +544,7 @@ def _check_spec(spec: dict[str, Any]) -> None:
     """The run settings in a start-run request: known names, each against its RunSpec field's declared type
     (strict: no bool for a number, no text for a list, no NaN), strings without control characters, then RunSpec's
     own checks."""
-    from cloudbox.core.runspec import RunSpec
+    from cloudbox.core.spec.runspec import RunSpec
 
     types = _spec_field_types()
     for key, value in spec.items():

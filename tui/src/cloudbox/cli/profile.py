@@ -13,9 +13,9 @@ import json
 import sys
 
 from cloudbox.cli.common import guard, usage
-from cloudbox.core import profiles
 from cloudbox.core.errors import CloudboxError, ProfileError
 from cloudbox.core.inputs import printable
+from cloudbox.core.spec import profiles
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cloudbox.cli.common import guard, usage
-from cloudbox.core import compare
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.events import counted
 from cloudbox.core.inputs import printable
-from cloudbox.core.results import STATES, ResultStore, Run
-from cloudbox.core.runspec import OVERCOMMIT_LABEL
+from cloudbox.core.record.events import counted
+from cloudbox.core.record.results import STATES, ResultStore, Run
+from cloudbox.core.spec.runspec import OVERCOMMIT_LABEL
+from cloudbox.core.views import compare
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

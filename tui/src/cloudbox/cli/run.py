@@ -9,10 +9,10 @@ import time
 from dataclasses import replace
 
 from cloudbox.cli.common import guard
-from cloudbox.core import runs
 from cloudbox.core.errors import UsageError
-from cloudbox.core.events import ProgressEvent, RunEvent, SampleEvent, describe, progress_line
-from cloudbox.core.runspec import RUN_OPTIONS, RunSpec
+from cloudbox.core.record.events import ProgressEvent, RunEvent, SampleEvent, describe, progress_line
+from cloudbox.core.run import runs
+from cloudbox.core.spec.runspec import RUN_OPTIONS, RunSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def _specs(a: argparse.Namespace) -> list[RunSpec]:
 
 
 class Printer:
-    """Prints run events (core.events' lines): a live status line on a tty, sparse progress lines otherwise."""
+    """Prints run events (core.record.events' lines): a live status line on a tty, sparse progress lines otherwise."""
 
     def __init__(self, out=sys.stdout):
         self.out = out
@@ -99,13 +99,13 @@ class Printer:
 
 
 def _store():
-    from cloudbox.core.results import ResultStore
+    from cloudbox.core.record.results import ResultStore
 
     return ResultStore()
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from cloudbox.core.compare import compare_table, to_text
+    from cloudbox.core.views.compare import compare_table, to_text
 
     specs = _specs(a)
     for spec in specs:  # a usage error exits 2 before anything (the results database) is created
@@ -138,7 +138,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def _sweep(a: argparse.Namespace, specs: list[RunSpec]) -> int:
     """One run per guest count, one after another; then the runs side by side (compare.guest_sweep_table)."""
-    from cloudbox.core.compare import guest_sweep_table, to_json, to_text
+    from cloudbox.core.views.compare import guest_sweep_table, to_json, to_text
 
     counts = ", ".join(str(s.guests) for s in specs)
     with _store() as store:
@@ -194,7 +194,7 @@ def cmd_cancel(a: argparse.Namespace) -> int:
 
 
 def cmd_guests(a: argparse.Namespace) -> int:
-    from cloudbox.core import daemons, guest
+    from cloudbox.core.virt import daemons, guest
 
     conn = daemons.connect()
     with _store() as store:
@@ -212,7 +212,8 @@ def cmd_guests(a: argparse.Namespace) -> int:
 
 
 def cmd_host(a: argparse.Namespace) -> int:
-    from cloudbox.core import accel, backing
+    from cloudbox.core.disks import backing
+    from cloudbox.core.virt import accel
 
     acc = accel.detect()
     if a.verdict:

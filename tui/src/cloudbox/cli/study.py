@@ -28,12 +28,15 @@ from typing import Any
 
 from cloudbox.cli.common import EXIT_INTERRUPTED, guard, usage
 from cloudbox.cli.run import Printer
-from cloudbox.core import backing, propagation, runs, studies, studyreport
+from cloudbox.core.bench import propagation
+from cloudbox.core.disks import backing
 from cloudbox.core.errors import CloudboxError, StudyError, UsageError
 from cloudbox.core.inputs import printable
-from cloudbox.core.results import ResultStore
-from cloudbox.core.runlock import check_not_busy
-from cloudbox.core.runspec import MAX_GUESTS, option
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.runlock import check_not_busy
+from cloudbox.core.run import runs
+from cloudbox.core.spec.runspec import MAX_GUESTS, option
+from cloudbox.core.studies import studies, studyreport
 
 # The `cloudbox run` options a study run passes on to each of its runs, declared once in runspec.RUN_OPTIONS.
 PASSED_ON = ("work_dir", "device", "destroy", "agent_timeout", "cpu_overcommit")

@@ -11,11 +11,11 @@ import json
 import time
 
 from cloudbox.cli.common import guard, usage
-from cloudbox.core.backing import human_size
+from cloudbox.core.disks.backing import human_size
+from cloudbox.core.disks.volumes.attach import exports_here
+from cloudbox.core.disks.volumes.store import VolumeStore, parse_size
 from cloudbox.core.errors import UsageError
 from cloudbox.core.inputs import printable
-from cloudbox.core.volumes.attach import exports_here
-from cloudbox.core.volumes.store import VolumeStore, parse_size
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -17,15 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloudbox.core import accel, compare, daemons, guest, host, hostraid, paths, profiles, runs, studies, studyreport
+from cloudbox.core import paths
+from cloudbox.core.cluster import enrol, frontend, registry
+from cloudbox.core.disks import hostraid
+from cloudbox.core.disks.volumes import attach as vattach
+from cloudbox.core.disks.volumes.store import Volume, VolumeStore, volumes_db
 from cloudbox.core.errors import CloudboxError, LibvirtUnavailable, NotFound
-from cloudbox.core.nodes import enrol, frontend, registry
-from cloudbox.core.profiles import Profile, ProfileEntry
-from cloudbox.core.results import Event, ResultStore, Run
-from cloudbox.core.runs import Sweep
-from cloudbox.core.runspec import RunSpec
-from cloudbox.core.volumes import attach as vattach
-from cloudbox.core.volumes.store import Volume, VolumeStore, volumes_db
+from cloudbox.core.record.results import Event, ResultStore, Run
+from cloudbox.core.run import runs
+from cloudbox.core.run.runs import Sweep
+from cloudbox.core.spec import profiles
+from cloudbox.core.spec.profiles import Profile, ProfileEntry
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.studies import studies, studyreport
+from cloudbox.core.views import compare, host
+from cloudbox.core.virt import accel, daemons, guest
 
 
 @dataclass
@@ -237,8 +243,8 @@ class Backend:
         """Where a run can go, as (label, --node value): this host (""), then every enrolled node with the state
         the overview shows, then a run's guests spread over this host and every node (and over the nodes alone,
         with two or more). Only this host when there is no node registry."""
-        from cloudbox.core.nodes import health
-        from cloudbox.core.runspec import LOCAL_PLACE, MAX_PLACES
+        from cloudbox.core.cluster import health
+        from cloudbox.core.spec.runspec import LOCAL_PLACE, MAX_PLACES
 
         out = [("this host", "")]
         if not registry.nodes_db().exists():

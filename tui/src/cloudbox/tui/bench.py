@@ -210,9 +210,9 @@ def summary(res: dict[str, Any]) -> list[str]:
 
 def main() -> int:
     from cloudbox.bench import machine, update_section
-    from cloudbox.core import runs
-    from cloudbox.core.results import ResultStore
-    from cloudbox.core.runspec import RunSpec
+    from cloudbox.core.record.results import ResultStore
+    from cloudbox.core.run import runs
+    from cloudbox.core.spec.runspec import RunSpec
     from cloudbox.tui import create_app
     from cloudbox.tui.backend import Backend
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from cloudbox.core import paths, procs
-from cloudbox.core.backing import dev_name_for_path
+from cloudbox.core.disks.backing import dev_name_for_path
 from cloudbox.core.errors import AnswerError, InstallError
 from cloudbox.core.install.answers import check_answers
 from cloudbox.core.install.disks import part_uuid_for

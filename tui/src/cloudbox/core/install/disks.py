@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from cloudbox.core.backing import dev_name_for_path, human_size, parent_disk
+from cloudbox.core.disks.backing import dev_name_for_path, human_size, parent_disk
 
 GiB = 1024**3
 MiB = 1024**2

@@ -27,7 +27,7 @@ from typing import Literal
 
 from cloudbox import __version__
 from cloudbox.core import paths
-from cloudbox.core.backing import human_size
+from cloudbox.core.disks.backing import human_size
 from cloudbox.core.errors import InstallError
 from cloudbox.core.install.answers import Resolved
 from cloudbox.core.install.disks import (

@@ -9,8 +9,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
-from cloudbox.core.guest import GuestInfo
-from cloudbox.core.results import Run
+from cloudbox.core.record.results import Run
+from cloudbox.core.virt.guest import GuestInfo
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 from cloudbox.tui.widgets.table import PlainTable

@@ -13,8 +13,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from cloudbox.core.nodes.frontend import CodeOffer
-from cloudbox.core.nodes.registry import JoinCode
+from cloudbox.core.cluster.frontend import CodeOffer
+from cloudbox.core.cluster.registry import JoinCode
 from cloudbox.tui.background import BackgroundApp
 
 POLL_EVERY_S = 1.0

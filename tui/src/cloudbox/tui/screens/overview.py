@@ -13,10 +13,10 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Label, Static
 
-from cloudbox.core import backing
-from cloudbox.core.host import HostFacts, Node
-from cloudbox.core.nodes import frontend
-from cloudbox.core.results import Run
+from cloudbox.core.cluster import frontend
+from cloudbox.core.disks import backing
+from cloudbox.core.record.results import Run
+from cloudbox.core.views.host import HostFacts, Node
 from cloudbox.tui.backend import Cluster
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.screens.join_code import JoinCodeDialog

@@ -10,8 +10,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
-from cloudbox.core import profiles
 from cloudbox.core.errors import CloudboxError, ProfileError
+from cloudbox.core.spec import profiles
 from cloudbox.tui.app_base import CloudboxAppBase
 
 

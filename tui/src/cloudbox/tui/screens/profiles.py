@@ -16,8 +16,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from cloudbox.core import accel, profiles
 from cloudbox.core.errors import CloudboxError, ProfileError
+from cloudbox.core.spec import profiles
+from cloudbox.core.virt import accel
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.screens.profile_form import ProfileForm
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, TextDialog

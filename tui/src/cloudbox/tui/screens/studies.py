@@ -14,8 +14,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static, TextArea
 
-from cloudbox.core import studies
-from cloudbox.core.studyreport import ours_text, paper_text
+from cloudbox.core.studies import studies
+from cloudbox.core.studies.studyreport import ours_text, paper_text
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.table import PlainTable
 

@@ -26,10 +26,8 @@ from textual.widgets import (
     Tabs,
 )
 
-from cloudbox.core import accel
-from cloudbox.core.compare import guest_count
 from cloudbox.core.errors import UsageError
-from cloudbox.core.events import (
+from cloudbox.core.record.events import (
     InstanceFigures,
     MeasurementEvent,
     PlanProgress,
@@ -41,16 +39,18 @@ from cloudbox.core.events import (
     instance_name,
     stamped,
 )
-from cloudbox.core.profiles import MIX
-from cloudbox.core.results import Run
-from cloudbox.core.runs import Sweep
-from cloudbox.core.runspec import MAX_GUESTS, RunSpec, option
+from cloudbox.core.record.results import Run
+from cloudbox.core.run.runs import Sweep
+from cloudbox.core.spec.profiles import MIX
+from cloudbox.core.spec.runspec import MAX_GUESTS, RunSpec, option
+from cloudbox.core.views.compare import guest_count
+from cloudbox.core.virt import accel
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.charts import LiveChart
 from cloudbox.tui.widgets.checklist import CheckList
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 
-# The form's selects, from the run options' one declaration (core.runspec.RUN_OPTIONS).
+# The form's selects, from the run options' one declaration (core.spec.runspec.RUN_OPTIONS).
 SUITE, SIZE, TESTS, WHERE, GUESTS, CPUS = (option(f) for f in ("suite", "size", "storage_tests", "node", "guests",
                                                                 "cpu_overcommit"))
 CPUS_TITLE = "vCPUs per host CPU"  # --cpu-overcommit under the guest count

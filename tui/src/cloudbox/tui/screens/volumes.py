@@ -1,4 +1,5 @@
-"""Volumes: the network block volumes this box serves (core.volumes), the run each is attached to, how this host can
+"""Volumes: the network block volumes this box serves (core.disks.volumes), the run each is attached to, how this host
+can
 export them; n makes one (name and size, checked by core's own rules), D deletes the highlighted one (asks first;
 core refuses while a live run has it attached)."""
 
@@ -13,10 +14,10 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Static
 
-from cloudbox.core.backing import human_size
+from cloudbox.core.disks.backing import human_size
+from cloudbox.core.disks.volumes.attach import Export
+from cloudbox.core.disks.volumes.store import Volume, check_name, parse_size
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.volumes.attach import Export
-from cloudbox.core.volumes.store import Volume, check_name, parse_size
 from cloudbox.tui.backend import Volumes
 from cloudbox.tui.background import BackgroundApp
 from cloudbox.tui.screens.base import BaseScreen

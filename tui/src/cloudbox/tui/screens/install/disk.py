@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Label
 
-from cloudbox.core.backing import human_size
+from cloudbox.core.disks.backing import human_size
 from cloudbox.core.errors import AnswerError
 from cloudbox.core.install import Disk
 from cloudbox.tui.screens.install.page import InstallPage, err_id, field_id

@@ -1,0 +1,184 @@
+"""One AoE export of a volume: vblade on one network interface, as a child of the run's process, killed with it.
+
+ATA over Ethernet is layer 2 and has no authentication: any host on the segment can read and write the volume. So
+cloudbox serves it only on the bridge the run's guest is plugged into (the run's own bridge, or a back-end's private
+bridge), never on a NIC with a route out. vblade opens the file with O_DIRECT (-d: the server's page cache is not
+part of the volume) and answers as shelf.slot; the initiator (the guest's `aoe` driver) finds it by broadcast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import procs
+from ...errors import CloudboxError
+
+START_TIMEOUT = 30.0  # a server on an emulated, busy host can take its time to start
+MAX_SHELF = 65534  # 0xffff is the broadcast shelf
+MAX_SLOT = 254  # 0xff is the broadcast slot
+
+
+@dataclass
+class AoeExport(procs.ServedByChild):
+    """A running export: e<shelf>.<slot> on interface `iface`."""
+
+    name: str
+    path: str
+    iface: str
+    shelf: int
+    slot: int
+    server: str = "vblade"
+    child: procs.Child | None = field(default=None, repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"e{self.shelf}.{self.slot}"
+
+    @property
+    def uri(self) -> str:
+        return f"aoe:{self.target}@{self.iface}"
+
+    def stop(self) -> None:
+        """End the export (SIGTERM, SIGKILL after 5 s) and remove its log. Safe to call twice."""
+        if self.child is not None:
+            self.child.stop()
+
+
+def _packet_socket_open(pid: int) -> bool:
+    """True once process `pid` holds a packet socket (vblade has bound its interface)."""
+    try:
+        inodes = {f"socket:[{line.split()[-1]}]" for line in Path("/proc/net/packet").read_text().splitlines()[1:]}
+        return any(os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
+def _pin_bridge_address(iface: str) -> None:
+    """A bridge takes the lowest address of its ports unless one was set; vblade answers from the address the
+    interface had when it started, so a guest plugged in later would send its requests to an address that is
+    gone. Setting the bridge's own address again keeps it whatever joins."""
+    base = Path(f"/sys/class/net/{iface}")
+    if not (base / "bridge").is_dir():
+        return
+    addr = (base / "address").read_text().strip()
+    r = subprocess.run(["ip", "link", "set", "dev", iface, "address", addr], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CloudboxError(f"cannot fix bridge {iface}'s address {addr} for vblade: {r.stderr.strip()}")
+
+
+def shelf_for(run_uuid: str) -> int:
+    """A shelf number of the run's own, so two runs' exports on one segment never answer as the same target."""
+    return int.from_bytes(hashlib.sha256(run_uuid.encode()).digest()[:4], "big") % (MAX_SHELF + 1)
+
+
+def start(name: str, path: str, iface: str, *, shelf: int, slot: int = 0, log: Path) -> AoeExport:
+    """Export `path` as e<shelf>.<slot> on `iface`; returns once vblade has bound the interface. On failure
+    nothing runs and the error names what vblade said."""
+    if shutil.which("vblade") is None:
+        raise CloudboxError("vblade is not installed (Debian package vblade): run 'make deps' (scripts/install-deps)")
+    if not 0 <= shelf <= MAX_SHELF or not 0 <= slot <= MAX_SLOT:
+        raise CloudboxError(f"AoE target e{shelf}.{slot} is out of range; allowed: shelf 0..{MAX_SHELF}, slot "
+                            f"0..{MAX_SLOT}")
+    if not Path(f"/sys/class/net/{iface}").exists():
+        raise CloudboxError(f"cannot serve AoE volume {name!r}: no network interface {iface!r} on this host")
+    _pin_bridge_address(iface)
+    child = procs.Child.start(["vblade", "-d", str(shelf), str(slot), iface, path], log=log,
+                              ready=_packet_socket_open, serving=f"volume {name} on {iface}",
+                              ready_is=f"bind {iface}", timeout=START_TIMEOUT)
+    return AoeExport(name, path, iface, shelf, slot, child=child)
+
+
+def running(path: str) -> list[int]:
+    """The pids of every vblade serving `path` (a test's check that nothing is left)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"vblade" and path.encode() in argv:
+            out.append(int(d.name))
+    return out
+
+
+def attach_in_guest(guest, target: str, *, timeout: float = 60.0) -> str:
+    """In the benchmark guest: its NIC up (no address: AoE is layer 2), the `aoe` driver loaded for that NIC only,
+    and the volume `target` (eS.N) found; returns its device, /dev/etherd/eS.N. Raises CloudboxError naming what
+    the guest lacks or did not see."""
+    r = guest.sh("for d in /sys/class/net/*; do n=${d##*/}; [ $n = lo ] || echo $n; done", timeout=30).check()
+    nics = r.stdout.split()
+    if len(nics) != 1:
+        raise CloudboxError(f"disk.attach = guest: the guest reaches its volume through one NIC on the volume's "
+                            f"bridge; it has {nics or 'none'}")
+    nic = nics[0]
+    p = guest.sh(f"ip link set dev {nic} up && modprobe aoe aoe_iflist={nic}", timeout=60)
+    if p.exitcode != 0:
+        raise CloudboxError(f"the guest could not load its aoe driver on {nic} (exit {p.exitcode}): "
+                            f"{(p.stdout + p.stderr).strip()[-300:]}; rebuild the guest image (make guest-image) "
+                            "if it has no aoe module")
+    dev = f"/dev/etherd/{target}"
+    deadline = time.monotonic() + timeout
+    while True:
+        # Ask again each round: the first query may have left before the link had its carrier.
+        p = guest.sh(f"[ -b {dev} ] && cat '/sys/block/etherd!{target}/size' || "
+                     "{ echo > /dev/etherd/discover; exit 1; } 2>/dev/null", timeout=30)
+        if p.exitcode == 0 and p.stdout.strip().isdigit() and int(p.stdout) > 0:
+            return dev
+        if time.monotonic() > deadline:
+            seen = guest.sh("ls /sys/block | grep etherd", timeout=30).stdout.split()
+            said = guest.sh(f"ls /sys/block /dev/etherd; dmesg | tail -n 8; cat /sys/class/net/{nic}/operstate "
+                            f"/sys/class/net/{nic}/statistics/rx_packets", timeout=30).stdout
+            raise CloudboxError(f"the guest's aoe driver did not find {target} on {nic} within {timeout:.0f} s "
+                                f"(it has: {', '.join(seen) or 'no AoE disk'}; the guest's kernel said: "
+                                f"{' | '.join(said.split(chr(10)))[-400:]}); is vblade serving on the guest's bridge?")
+        time.sleep(1)
+
+
+VETH_PREFIX = "cbv"
+
+
+def _veth_names(run_uuid: str) -> tuple[str, str]:
+    tag = run_uuid.replace("-", "")[:8]
+    return f"{VETH_PREFIX}{tag}s", f"{VETH_PREFIX}{tag}h"
+
+
+def veth_pair(run_uuid: str) -> tuple[str, str]:
+    """A veth pair of the run's own, both ends up, no addresses: (vblade's end, this host's aoe driver's end). The
+    aoe driver never sees frames sent from its own interface, so a target on the same host needs a link of its own;
+    nothing else is on it."""
+    server, host = _veth_names(run_uuid)
+    r = subprocess.run(["ip", "link", "add", server, "type", "veth", "peer", "name", host], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise CloudboxError(f"cannot make the veth pair {server}/{host} for an AoE target on this host: "
+                            f"{r.stderr.strip()}")
+    for name in (server, host):
+        r = subprocess.run(["ip", "link", "set", "dev", name, "up"], capture_output=True, text=True)
+        if r.returncode != 0:
+            remove_veth(server)
+            raise CloudboxError(f"cannot bring up {name}: {r.stderr.strip()}")
+    return server, host
+
+
+def remove_veth(name: str) -> None:
+    """Delete a veth pair by either end (gone already is fine)."""
+    subprocess.run(["ip", "link", "del", "dev", name], capture_output=True)
+
+
+def reap_veths(live_runs: set[str]) -> list[str]:
+    """Delete the veth pairs of runs that are not live (a run killed outright leaves its pair); returns them."""
+    live = {_veth_names(u)[0] for u in live_runs}
+    gone = []
+    for d in Path("/sys/class/net").glob(f"{VETH_PREFIX}*s"):
+        if len(d.name) == len(VETH_PREFIX) + 9 and d.name not in live:
+            remove_veth(d.name)
+            gone.append(d.name)
+    return gone

@@ -1,0 +1,393 @@
+"""The host's own kernel attaching a network volume (disk.attach = host), as Study A's back-end did: open-iscsi
+(iscsiadm, iscsid and the kernel's iscsi_tcp), nbd-client with TLS and the kernel's nbd, the kernel's aoe driver,
+and the kernel's NVMe/TCP host (nvme_tcp, through /dev/nvme-fabrics). Each attach returns a `HostAttachment`: the
+block device the host domain measures and the guest is handed on the profile's bus, and `detach()`, which logs out
+or disconnects. A run killed outright cannot detach; `reap()` logs out what such a run left (one run at a time holds
+a host's run lock, so at a run's start every cloudbox session on this host is a leftover).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import paths, procs
+from ...errors import CloudboxError
+from . import iscsi, nvmet
+
+ATTACH_TIMEOUT = 60.0  # a login or connect, then the volume's disk appearing
+ISCSI_IFACE = "cloudbox"  # iscsiadm's interface record: this box's (or node's) initiator name, not the system's
+NVME_FABRICS = Path("/dev/nvme-fabrics")
+ISCSI_SESSIONS = Path("/sys/class/iscsi_session")
+NVME_CTRLS = Path("/sys/class/nvme")
+
+# scheme -> (the program the host needs, its Debian package); the kernel module is attach.HOST_MODULES's
+TOOLS = {"iscsi": ("iscsiadm", "open-iscsi"), "nbd": ("nbd-client", "nbd-client"), "aoe": ("", ""),
+         "nvme-tcp": ("", "")}
+
+
+def tool_problem(scheme: str) -> str:
+    """Why this host's user space cannot attach `scheme` ('' when it can)."""
+    prog, package = TOOLS[scheme]
+    if prog and shutil.which(prog) is None:
+        return f"{prog} is not installed (Debian package {package}): run 'make deps' (scripts/install-deps)"
+    return ""
+
+
+@dataclass
+class HostAttachment:
+    """A volume attached by this host's kernel: `device` is its block device."""
+
+    scheme: str
+    device: str
+    how: str  # the initiator, for the results' driver column and the provenance
+    _undo: list[Callable[[], object]] = field(default_factory=list, repr=False)
+
+    @property
+    def diskstats_name(self) -> str:
+        """The device's name in /proc/diskstats (the sampler's): sysfs spells AoE's etherd/eS.N as etherd!eS.N."""
+        st = os.stat(self.device)
+        link = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+        return link.resolve().name.replace("!", "/")
+
+    def detach(self) -> None:
+        """Log out / disconnect, in reverse order of what attaching did. Safe to call twice; every step is tried."""
+        errors = []
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except (CloudboxError, OSError, subprocess.SubprocessError) as e:
+                errors.append(str(e))
+        if errors:
+            raise CloudboxError(f"detaching {self.device} ({self.how}): " + "; ".join(errors))
+
+
+def _modprobe(*modules: str, params: tuple[str, ...] = ()) -> None:
+    r = subprocess.run(["modprobe", *modules, *params], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CloudboxError(f"cannot load {' '.join(modules)} (modprobe): {(r.stderr or r.stdout).strip()}")
+
+
+def _dmesg_tail(n: int = 6) -> str:
+    r = subprocess.run(["dmesg"], capture_output=True, text=True)
+    return " | ".join(r.stdout.strip().splitlines()[-n:])
+
+
+def _wait(what: str, found: Callable[[], str], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = found()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise CloudboxError(f"{what} did not appear within {timeout:.0f} s; the kernel said: {_dmesg_tail()}")
+        time.sleep(0.2)
+
+
+# -- iSCSI: open-iscsi --------------------------------------------------------------------------------------------
+def _iscsiadm(*args: str, secret: str = "", ok: tuple[int, ...] = (0,)) -> str:
+    cmd = ["iscsiadm", *args]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=ATTACH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise CloudboxError(f"iscsiadm {' '.join(args[:2])} ... did not answer within {ATTACH_TIMEOUT:.0f} s (is "
+                            "iscsid running? `iscsiadm -m session` asks it)") from None
+    if r.returncode not in ok:
+        shown, said = " ".join(cmd), (r.stderr or r.stdout).strip()
+        if secret:
+            shown, said = shown.replace(secret, "********"), said.replace(secret, "********")
+        raise CloudboxError(f"{shown} failed (exit {r.returncode}): {said}")
+    return r.stdout
+
+
+def _iscsid() -> None:
+    """iscsid running (iscsiadm talks to it): started through systemd's socket where systemd runs, else by hand."""
+    r = subprocess.run(["iscsiadm", "-m", "session"], capture_output=True, text=True)
+    if r.returncode in (0, 21):  # 21: no sessions, but iscsid answered
+        return
+    if Path("/run/systemd/system").is_dir():
+        subprocess.run(["systemctl", "start", "iscsid.socket", "iscsid.service"], capture_output=True)
+    else:
+        subprocess.run(["iscsid"], capture_output=True)
+    r = subprocess.run(["iscsiadm", "-m", "session"], capture_output=True, text=True)
+    if r.returncode not in (0, 21):
+        raise CloudboxError(f"open-iscsi's iscsid does not answer iscsiadm: {(r.stderr or r.stdout).strip()}")
+
+
+def _session_disk(iqn: str, portal: str, lun: int) -> str:
+    for s in ISCSI_SESSIONS.glob("session*"):
+        try:
+            if (s / "targetname").read_text().strip() != iqn:
+                continue
+        except OSError:
+            continue
+        for b in (s / "device").glob(f"target*/*:*:*:{lun}/block/*"):
+            if Path(f"/dev/{b.name}").exists():  # udev makes the node a moment after the kernel's disk
+                return f"/dev/{b.name}"
+    return ""
+
+
+def attach_iscsi(host: str, port: int, iqn: str, creds: iscsi.Chap, *, lun: int = iscsi.LUN) -> HostAttachment:
+    """Log this host in to `iqn` on host:port with `creds` (its initiator name through iscsiadm's interface record
+    `cloudbox`, one-way CHAP); returns the disk of `lun`. On failure nothing is left logged in or recorded."""
+    if (p := tool_problem("iscsi")):
+        raise CloudboxError(p)
+    _modprobe("iscsi_tcp")
+    _iscsid()
+    portal = f"{host}:{port}"
+    att = HostAttachment("iscsi", "", "open-iscsi (iscsiadm, the kernel's iscsi_tcp)")
+    node = ["-m", "node", "-T", iqn, "-p", portal, "-I", ISCSI_IFACE]
+    try:
+        _iscsiadm("-m", "iface", "-I", ISCSI_IFACE, "-o", "new", ok=(0, 15))  # 15: the record exists
+        _iscsiadm("-m", "iface", "-I", ISCSI_IFACE, "-o", "update", "-n", "iface.initiatorname",
+                  "-v", creds.initiator)
+        _iscsiadm(*node, "-o", "new")
+        att._undo.append(lambda: _iscsiadm(*node, "-o", "delete", ok=(0, 21)))
+        # a refused login fails at once; a target that does not answer is tried 2 times of 15 s, not 8
+        for key, value in (("node.startup", "manual"), ("node.session.initial_login_retry_max", "2"),
+                           ("node.session.auth.authmethod", "CHAP"),
+                           ("node.session.auth.username", creds.user),
+                           # iscsiadm takes it on its command line only: local root sees it for a moment in ps
+                           ("node.session.auth.password", creds.secret)):
+            _iscsiadm(*node, "-o", "update", "-n", key, "-v", value, secret=creds.secret)
+        _iscsiadm(*node, "--login", secret=creds.secret)
+        att._undo.append(lambda: _iscsiadm(*node, "--logout", ok=(0, 21)))
+        att.device = _wait(f"the disk of LUN {lun} of {iqn}", lambda: _session_disk(iqn, portal, lun),
+                           ATTACH_TIMEOUT)
+    except BaseException:
+        with contextlib.suppress(CloudboxError):
+            att.detach()
+        raise
+    return att
+
+
+# -- NBD: nbd-client with TLS --------------------------------------------------------------------------------------
+def _free_nbd() -> str:
+    for d in sorted(Path("/sys/block").glob("nbd*"), key=lambda p: int(p.name[3:]) if p.name[3:].isdigit() else 0):
+        if not (d / "pid").exists() and (d / "size").read_text().strip() == "0":
+            return f"/dev/{d.name}"
+    raise CloudboxError("every NBD device of this host is in use (/sys/block/nbd*); load nbd with more "
+                        "(modprobe nbd nbds_max=N) or end what holds them")
+
+
+def _nbd_size(dev: str) -> int:
+    try:
+        return int(Path(f"/sys/block/{Path(dev).name}/size").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def attach_nbd(host: str, port: int, name: str, client_dir: Path, *, log: Path) -> HostAttachment:
+    """nbd-client, a child of this process that dies with it, connects a free /dev/nbdN to export `name` on
+    host:port with TLS (this box's client certificate from `client_dir`, the server's checked against its CA and
+    the address connected to); returns once the device has its size."""
+    if (p := tool_problem("nbd")):
+        raise CloudboxError(p)
+    _modprobe("nbd")
+    dev = _free_nbd()
+    cmd = ["nbd-client", host, str(port), dev, "-name", name, "-cacertfile", str(client_dir / "ca-cert.pem"),
+           "-certfile", str(client_dir / "client-cert.pem"), "-keyfile", str(client_dir / "client-key.pem"),
+           "-tlshostname", host, "-nonetlink", "-nofork", "-block-size", "4096"]
+    child = procs.Child.start(cmd, log=log, ready=lambda _pid: _nbd_size(dev) > 0, serving=f"{dev} from {host}",
+                              ready_is=f"connect {dev} to nbds://{host}:{port}/{name}", timeout=ATTACH_TIMEOUT)
+    att = HostAttachment("nbd", dev, "nbd-client with TLS (the kernel's nbd)")
+
+    def disconnect() -> None:
+        subprocess.run(["nbd-client", "-d", dev], capture_output=True, timeout=30)
+        child.stop()
+    att._undo.append(disconnect)
+    return att
+
+
+# -- AoE: the kernel's aoe driver ------------------------------------------------------------------------------------
+AOE_IFLIST = Path("/sys/module/aoe/parameters/aoe_iflist")
+
+
+def attach_aoe(target: str, iface: str) -> HostAttachment:
+    """The kernel's aoe driver, listening on `iface` (added to its interface list for the attachment), finds
+    `target` (eS.N); returns /dev/etherd/eS.N. AoE has no login: detaching removes the device (flush)."""
+    att = HostAttachment("aoe", "", "the kernel's aoe driver")
+    if not AOE_IFLIST.exists():
+        _modprobe("aoe", params=(f"aoe_iflist={iface}",))
+        # loaded for this attachment: unloaded after it, so no AoE listener outlives the run
+        att._undo.append(lambda: subprocess.run(["modprobe", "-r", "aoe"], capture_output=True))
+    before = AOE_IFLIST.read_text().strip()
+    if before and iface not in before.split():
+        AOE_IFLIST.write_text(f"{before} {iface}")
+        att._undo.append(lambda: AOE_IFLIST.write_text(before))
+    elif not before:  # an empty list takes every interface: keep AoE to this one while attached
+        AOE_IFLIST.write_text(iface)
+        att._undo.append(lambda: AOE_IFLIST.write_text(""))
+    dev = f"/dev/etherd/{target}"
+
+    def found() -> str:
+        size = Path(f"/sys/block/etherd!{target}/size")
+        if Path(dev).exists() and size.exists() and size.read_text().strip() not in ("", "0"):
+            return dev
+        with contextlib.suppress(OSError):
+            Path("/dev/etherd/discover").write_text("\n")  # ask again: the first may have left before the link
+        return ""
+    try:
+        att.device = _wait(f"AoE target {target} on {iface}", found, ATTACH_TIMEOUT / 2)
+    except BaseException:
+        att.detach()
+        raise
+    att._undo.append(lambda: Path("/dev/etherd/flush").write_text(target))
+    return att
+
+
+# -- NVMe/TCP: the kernel's nvme_tcp -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NvmeHost:
+    """An NVMe host identity: its NQN and host ID, and its DH-HMAC-CHAP secret (DHHC-1 format)."""
+
+    nqn: str
+    hostid: str
+    key: str = field(repr=False)
+
+
+def dhchap_secret() -> str:
+    """A new DH-HMAC-CHAP secret as nvme-cli's gen-dhchap-key writes it: 32 random bytes and their CRC-32, base64,
+    untransformed (hash 00)."""
+    raw = secrets.token_bytes(32)
+    return "DHHC-1:00:" + base64.b64encode(raw + zlib.crc32(raw).to_bytes(4, "little")).decode() + ":"
+
+
+def new_nvme_host(label: str) -> NvmeHost:
+    """A new identity named host.<label> (the label unique: it carries a random part)."""
+    return NvmeHost(f"{nvmet.NQN_PREFIX}:host.{label}", str(uuid.uuid4()), dhchap_secret())
+
+
+def nvme_host_file() -> Path:
+    return paths.state_dir() / "pki" / "nvme" / "host.json"
+
+
+def write_private_json(f: Path, data: dict[str, str]) -> None:
+    """`data` into `f` atomically, 0600 in a 0700 directory."""
+    f.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(f.parent, 0o700)
+    fd, tmp = tempfile.mkstemp(prefix=".new-", dir=f.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, f)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def nvme_host(f: Path | None = None) -> NvmeHost:
+    """This box's NVMe host identity, made on first use (the file 0600 in a 0700 directory)."""
+    f = f or nvme_host_file()
+    if not f.exists():
+        h = new_nvme_host(f"box-{secrets.token_hex(4)}")
+        write_private_json(f, {"nqn": h.nqn, "hostid": h.hostid, "key": h.key})
+    try:
+        data = json.loads(f.read_text())
+        return NvmeHost(str(data["nqn"]), str(data["hostid"]), str(data.get("key", "")))
+    except (OSError, ValueError, KeyError) as e:
+        raise CloudboxError(f"{f}: this box's NVMe host identity cannot be read ({e}); remove the file to make a "
+                            "new one") from None
+
+
+def fabrics_options(host: str, port: int, nqn: str, ident: NvmeHost, *, authenticate: bool) -> str:
+    opts = f"transport=tcp,traddr={host},trsvcid={port},nqn={nqn},hostnqn={ident.nqn},hostid={ident.hostid}"
+    return opts + (f",dhchap_secret={ident.key}" if authenticate and ident.key else "")
+
+
+def _nvme_namespace(ctrl: str) -> str:
+    """The block device of namespace 1 behind controller `ctrl`: nvmeXnY itself, or with native multipath the head
+    nvmeXn1 of its path nvmeXcYn1."""
+    for ns in sorted((NVME_CTRLS / ctrl).glob("nvme*n*")):
+        name = ns.name
+        if "c" in name[4:]:  # nvme<subsys>c<ctrl>n<ns>: the path; the disk is its head
+            sub, _, rest = name[4:].partition("c")
+            name = f"nvme{sub}n{rest.partition('n')[2]}"
+        if Path(f"/dev/{name}").exists():
+            return f"/dev/{name}"
+    return ""
+
+
+def attach_nvme(host: str, port: int, nqn: str, ident: NvmeHost, *, authenticate: bool) -> HostAttachment:
+    """The kernel's NVMe/TCP host connects to subsystem `nqn` on host:port as `ident` (with its DH-HMAC-CHAP secret
+    when `authenticate`); returns namespace 1's disk. A refusal (not on the allow-list, a wrong key) names what the
+    kernel said."""
+    _modprobe("nvme_tcp")
+    opts = fabrics_options(host, port, nqn, ident, authenticate=authenticate)
+    try:
+        fd = os.open(NVME_FABRICS, os.O_RDWR)
+    except OSError as e:
+        raise CloudboxError(f"cannot open {NVME_FABRICS} (the kernel's NVMe over Fabrics host): {e.strerror}") \
+            from None
+    try:
+        os.write(fd, opts.encode())
+        answer = os.read(fd, 4096).decode()
+    except OSError as e:
+        raise CloudboxError(f"the kernel's NVMe/TCP host could not connect to {nqn} on {host}:{port}: {e.strerror} "
+                            f"(kernel: {_dmesg_tail(4)})".replace(ident.key or "\0", "********")) from None
+    finally:
+        os.close(fd)
+    fields = dict(kv.split("=", 1) for kv in answer.strip().split(",") if "=" in kv)
+    ctrl = f"nvme{fields.get('instance', '?')}"
+    att = HostAttachment("nvme-tcp", "", "the kernel's NVMe/TCP host (nvme_tcp)"
+                         + (", DH-HMAC-CHAP" if authenticate and ident.key else ""))
+    att._undo.append(lambda: (NVME_CTRLS / ctrl / "delete_controller").write_text("1"))
+    try:
+        att.device = _wait(f"namespace {nvmet.NSID} of {nqn} ({ctrl})", lambda: _nvme_namespace(ctrl),
+                           ATTACH_TIMEOUT / 2)
+    except BaseException:
+        att.detach()
+        raise
+    return att
+
+
+# -- leftovers of runs killed outright ---------------------------------------------------------------------------
+def leftovers() -> dict[str, list[str]]:
+    """What this host's kernel still has attached from cloudbox's targets: iSCSI sessions, NVMe controllers, NBD
+    devices connected by nbd-client, AoE devices (a test's check that a run left nothing)."""
+    out: dict[str, list[str]] = {"iscsi": [], "nvme": [], "nbd": [], "aoe": []}
+    for s in ISCSI_SESSIONS.glob("session*"):
+        with contextlib.suppress(OSError):
+            if (s / "targetname").read_text().startswith(iscsi.IQN_PREFIX):
+                out["iscsi"].append(s.name)
+    for c in NVME_CTRLS.glob("nvme*"):
+        with contextlib.suppress(OSError):
+            if (c / "subsysnqn").read_text().startswith(nvmet.NQN_PREFIX):
+                out["nvme"].append(c.name)
+    out["nbd"] = [d.name for d in Path("/sys/block").glob("nbd*") if (d / "pid").exists()]
+    out["aoe"] = [d.name.replace("etherd!", "") for d in Path("/sys/block").glob("etherd!*")]
+    return out
+
+
+def reap() -> list[str]:
+    """Log out and disconnect what runs that died left attached to cloudbox's targets (called while this host's
+    run lock is held, so none of it is a live run's); returns what it removed."""
+    gone = []
+    for s in ISCSI_SESSIONS.glob("session*"):
+        with contextlib.suppress(OSError, CloudboxError, subprocess.SubprocessError):
+            if (s / "targetname").read_text().startswith(iscsi.IQN_PREFIX):
+                _iscsiadm("-m", "session", "-r", s.name.removeprefix("session"), "-u")
+                gone.append(f"iSCSI {s.name}")
+    for c in NVME_CTRLS.glob("nvme*"):
+        with contextlib.suppress(OSError):
+            if (c / "subsysnqn").read_text().startswith(nvmet.NQN_PREFIX):
+                (c / "delete_controller").write_text("1")
+                gone.append(f"NVMe controller {c.name}")
+    if Path("/dev/etherd/flush").exists() and list(Path("/sys/block").glob("etherd!*")):
+        with contextlib.suppress(OSError):
+            Path("/dev/etherd/flush").write_text("\n")  # the devices whose target is down
+            gone.append("AoE devices whose target is gone")
+    return gone

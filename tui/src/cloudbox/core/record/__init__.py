@@ -1,0 +1,8 @@
+"""What a run leaves behind and how it is kept; it imports virt, disks and spec below it.
+
+    results     the results store (SQLite): runs, measurements, host samples, events
+    events      a run's live events as typed records and their one rendering as a line
+    provenance  everything that says where and how a run's numbers were measured
+    runlock     one active run per host (and per enrolled node)
+    fairness    how N guests shared the host: the aggregate and how evenly it was split
+"""

@@ -1,0 +1,371 @@
+"""A run's live events as typed records, their stored form, the one way each is written as a line, and the
+whole-run progress a watcher computes from them.
+
+The executor emits these records; the results store keeps each as (kind, JSON payload) in its events table, and
+any watcher (`cloudbox watch`, the TUI, a front-end following a node's run) turns the stored form back into a
+record with `parse`. `describe` is the line the CLI prints and the TUI's log shows (the TUI puts the time before
+it); `progress_line` is the CLI's live status line.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..spec.runspec import BOOT, PlanStep
+from .fairness import Spread, spread
+
+KINDS = ("state", "step", "progress", "log", "sample", "measurement")
+FINAL_STATES = ("completed", "aborted", "failed")
+
+
+def _str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _float(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _instance(v: Any) -> int | None:
+    """One of N guests' (or bare-metal processes') number, 1..N; None for the run's own figure."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
+
+
+def _dropped_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class StateEvent:
+    """The run's state: 'running' first (with the profile, the suite and the plan), a final state last."""
+
+    kind: ClassVar[str] = "state"
+    state: str
+    reason: str | None = None
+    profile: str | None = None
+    suite: str | None = None
+    plan: tuple[PlanStep, ...] | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def to_payload(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.state}
+        if self.final or self.reason is not None:
+            out["reason"] = self.reason
+        out.update(_dropped_none({"profile": self.profile, "suite": self.suite}))
+        if self.plan is not None:
+            out["plan"] = [{"side": s.side, "test": s.test} for s in self.plan]
+        return out
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> StateEvent:
+        plan = p.get("plan")
+        return cls(str(p.get("state") or "?"), _str(p.get("reason")), _str(p.get("profile")), _str(p.get("suite")),
+                   tuple(_plan_step(s) for s in plan) if isinstance(plan, list) else None)
+
+
+def _plan_step(s: Any) -> PlanStep:
+    if isinstance(s, dict):
+        return PlanStep(str(s.get("side", "")), str(s.get("test", "")))
+    side, _, test = str(s).partition(":")  # the 'side:test' form of runs recorded before the plan was typed
+    return PlanStep(side, test)
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """The run moved on to a new step; side and test when it is one of the plan's."""
+
+    kind: ClassVar[str] = "step"
+    text: str
+    side: str | None = None
+    test: str | None = None
+    # a part of a spread run at this test's start barrier with this many guests ready: the front-end gives the
+    # instant once every place is (core.run.hold)
+    held: int | None = None
+
+    def to_payload(self) -> dict[str, Any]:
+        return _dropped_none({"text": self.text, "side": self.side, "test": self.test, "held": self.held})
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> StepEvent:
+        return cls(str(p.get("text", "")), _str(p.get("side")), _str(p.get("test")), _instance(p.get("held")))
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """Something worth a line in the run's log."""
+
+    kind: ClassVar[str] = "log"
+    text: str
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"text": self.text}
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> LogEvent:
+        return cls(str(p.get("text", "")))
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """How far the current test (or the guest's boot) is: percent, throughput so far, time left; in a run of N guests
+    each guest's (and each bare-metal process's) own, numbered `instance` 1..N."""
+
+    kind: ClassVar[str] = "progress"
+    side: str
+    test: str
+    pct: float = 0.0
+    eta: str | None = None
+    mbps: float | None = None
+    instance: int | None = None
+
+    @property
+    def step(self) -> PlanStep:
+        return PlanStep(self.side, self.test)
+
+    def to_payload(self) -> dict[str, Any]:
+        return _dropped_none({"side": self.side, "test": self.test, "pct": self.pct, "mbps": self.mbps,
+                              "eta": self.eta, "instance": self.instance})
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> ProgressEvent:
+        return cls(str(p.get("side", "")), str(p.get("test", "")), _float(p.get("pct")) or 0.0, _str(p.get("eta")),
+                   _float(p.get("mbps")), _instance(p.get("instance")))
+
+
+@dataclass(frozen=True)
+class MeasurementEvent:
+    """A number just stored (its measurement row holds the rest), with the host disk's metrics of a storage test; in a
+    run of N guests one per guest (`instance` 1..N, without host metrics) before the run's own, their sum."""
+
+    kind: ClassVar[str] = "measurement"
+    side: str
+    test: str
+    metric: str
+    value: float
+    labels: tuple[str, ...] = ()
+    iops: float | None = None
+    host_mbps: float | None = None
+    host_avgrq_sectors: float | None = None
+    host_avgqu: float | None = None
+    host_util: float | None = None
+    instance: int | None = None
+
+    @property
+    def step(self) -> PlanStep:
+        return PlanStep(self.side, self.test)
+
+    def to_payload(self) -> dict[str, Any]:
+        out = {"side": self.side, "test": self.test, "metric": self.metric, "value": self.value}
+        out.update(_dropped_none({"iops": self.iops, "host_mbps": self.host_mbps,
+                                  "host_avgrq_sectors": self.host_avgrq_sectors, "host_avgqu": self.host_avgqu,
+                                  "host_util": self.host_util, "instance": self.instance}))
+        out["labels"] = list(self.labels)
+        return out
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> MeasurementEvent:
+        labels = p.get("labels")
+        return cls(str(p.get("side", "")), str(p.get("test", "")), str(p.get("metric", "")),
+                   _float(p.get("value")) or 0.0, tuple(map(str, labels)) if isinstance(labels, list) else (),
+                   _float(p.get("iops")), _float(p.get("host_mbps")), _float(p.get("host_avgrq_sectors")),
+                   _float(p.get("host_avgqu")), _float(p.get("host_util")), _instance(p.get("instance")))
+
+
+SAMPLE_FIELDS = ("t", "device", "test", "read_mbps", "write_mbps", "avgrq_sectors", "avgrq_kb", "avgqu", "util")
+
+
+@dataclass(frozen=True)
+class SampleEvent:
+    """One second of the host disk's metrics (the sampler's row, also kept in the samples table)."""
+
+    kind: ClassVar[str] = "sample"
+    t: float
+    device: str | None = None
+    test: str | None = None  # the plan step running then, as "side:test", or "idle"
+    read_mbps: float | None = None
+    write_mbps: float | None = None
+    avgrq_sectors: float | None = None
+    avgrq_kb: float | None = None
+    avgqu: float | None = None
+    util: float | None = None
+
+    def to_payload(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in SAMPLE_FIELDS}
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> SampleEvent:
+        return cls(_float(p.get("t")) or 0.0, _str(p.get("device")), _str(p.get("test")),
+                   *(_float(p.get(k)) for k in SAMPLE_FIELDS[3:]))
+
+
+RunEvent = StateEvent | StepEvent | LogEvent | ProgressEvent | MeasurementEvent | SampleEvent
+_BY_KIND: dict[str, type[RunEvent]] = {c.kind: c for c in (StateEvent, StepEvent, LogEvent, ProgressEvent,
+                                                            MeasurementEvent, SampleEvent)}
+
+
+def parse(kind: str, payload: dict[str, Any]) -> RunEvent | None:
+    """The record of a stored event (None for a kind this cloudbox does not know)."""
+    cls = _BY_KIND.get(kind)
+    return cls.from_payload(payload if isinstance(payload, dict) else {}) if cls else None
+
+
+# ------------------------------------------------------------------------------------------------ lines
+def _number(v: float) -> str:
+    return f"{v:.2f}".rstrip("0").rstrip(".")
+
+
+def describe(ev: RunEvent) -> str | None:
+    """The event as one line of the run's log (None for progress, samples and the start)."""
+    if isinstance(ev, StepEvent):
+        return f"==> {ev.text}"
+    if isinstance(ev, LogEvent):
+        return f"    {ev.text}"
+    if isinstance(ev, MeasurementEvent):
+        labels = f" [{', '.join(ev.labels)}]" if ev.labels else ""
+        host = ""
+        if ev.host_avgrq_sectors is not None:
+            host = (f"  (host: {ev.host_mbps or 0:.1f} MB/s, avgrq {ev.host_avgrq_sectors:.0f} sectors, "
+                    f"avgqu {ev.host_avgqu or 0:.2f}, util {ev.host_util or 0:.0f}%)")
+        who = f" {instance_name(ev.side, ev.instance)}" if ev.instance is not None else ""
+        return f"  = {ev.side} {ev.test}{who}: {_number(ev.value)} {ev.metric}{labels}{host}"
+    if isinstance(ev, StateEvent) and ev.final:
+        return f"==> run {ev.state}" + (f": {ev.reason}" if ev.reason else "")
+    return None
+
+
+def counted(n: int, noun: str, nouns: str = "") -> str:
+    """"1 guest", "2 guests": a count in words a person reads (a spread run's part may hold one guest)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def instance_name(side: str, instance: int) -> str:
+    """g1, g2, ... for the guests of a run of N; p1, p2, ... for its bare-metal processes (as `results show`)."""
+    return f"{'g' if side == 'guest' else 'p'}{instance}"
+
+
+def stamped(t: float, line: str) -> str:
+    """A log line with the local time of its event before it (the TUI's log)."""
+    return f"{time.strftime('%H:%M:%S', time.localtime(t))} {line}"
+
+
+def progress_line(ev: ProgressEvent, sample: SampleEvent | None = None) -> str:
+    """The live status line of the current test, with the host disk's last second when there is one."""
+    if ev.test == BOOT:  # no percentage: the text says what the launch is doing and for how long
+        return f"  [{ev.side}] {ev.test}: {ev.eta}" if ev.eta else f"  [{ev.side}] {ev.test}"
+    who = f" {instance_name(ev.side, ev.instance)}" if ev.instance is not None else ""
+    line = f"  [{ev.side}] {ev.test}{who} {ev.pct:5.1f}%"
+    if ev.mbps is not None:
+        line += f"  {ev.mbps:8.1f} MB/s"
+    if ev.eta:
+        line += f"  eta {ev.eta}"
+    if sample is not None and ev.test != BOOT:
+        line += (f" | host {sample.device} {(sample.read_mbps or 0) + (sample.write_mbps or 0):.1f} MB/s rq "
+                 f"{sample.avgrq_sectors or 0:.0f} sect qu {sample.avgqu or 0:.1f} util {sample.util or 0:.0f}%")
+    return line
+
+
+# --------------------------------------------------------------------------------------------- progress
+class PlanProgress:
+    """Whole-run progress from a run's events: the plan (from the first state event), the steps done
+    (measurements, and the guest's boot), the current step's own percentage."""
+
+    def __init__(self) -> None:
+        self.plan: tuple[PlanStep, ...] = ()
+        self.done: set[PlanStep] = set()
+        self.current: PlanStep | None = None
+        self.current_pct = 0.0
+
+    def feed(self, ev: RunEvent) -> None:
+        if isinstance(ev, StateEvent) and ev.plan:
+            self.plan = ev.plan
+        elif isinstance(ev, ProgressEvent):
+            if (ev.instance or 1) > 1:
+                return  # in a run of N at once the first guest's (or process's) progress stands for the step's
+            self.current, self.current_pct = ev.step, ev.pct
+            if ev.test == BOOT and ev.pct >= 100:
+                self.done.add(ev.step)
+        elif isinstance(ev, MeasurementEvent):
+            self.done.add(ev.step)
+
+    @property
+    def percent(self) -> float | None:
+        if not self.plan:
+            return None
+        planned = set(self.plan)
+        part = self.current_pct / 100 if self.current in planned and self.current not in self.done else 0
+        return min(100.0, 100.0 * (len(self.done & planned) + part) / len(self.plan))
+
+
+FIGURE_METRICS = ("MB/s", "Mbit/s", "trans/s")  # a test's own figure: storage, network throughput, request/response
+
+
+class InstanceFigures:
+    """What each of N guests (or bare-metal processes) of a run at once is doing, from the run's events: the current
+    test's MB/s per instance so far (progress) and their sum; each finished test's per-instance figures (MB/s, or a
+    network test's Mbit/s or trans/s) and their spread (core.record.fairness). A run of one guest has no instances and
+    leaves it empty."""
+
+    def __init__(self) -> None:
+        self.count = 0  # the most instances seen in one test: N
+        self.step: PlanStep | None = None  # the test the live figures belong to
+        self.now: dict[int, float] = {}  # instance -> MB/s so far in `step`
+        self.finals: dict[PlanStep, dict[int, float]] = {}
+        # finished tests: spread, the run row's labels, the figures' unit
+        self.done: list[tuple[PlanStep, Spread, tuple[str, ...], str]] = []
+
+    @property
+    def many(self) -> bool:
+        return self.count > 1
+
+    def feed(self, ev: RunEvent) -> bool:
+        """Take one event; true if it changed the figures."""
+        if isinstance(ev, ProgressEvent) and ev.instance is not None and ev.test != BOOT:
+            if ev.step != self.step:
+                self.step, self.now = ev.step, {}
+            if ev.mbps is None:
+                return False
+            self.now[ev.instance] = ev.mbps
+            self.count = max(self.count, ev.instance)
+            return True
+        if isinstance(ev, MeasurementEvent) and ev.metric in FIGURE_METRICS:
+            if ev.instance is not None:
+                self.finals.setdefault(ev.step, {})[ev.instance] = ev.value
+                self.count = max(self.count, ev.instance)
+                return True
+            each = self.finals.get(ev.step)
+            if each:
+                self.done.append((ev.step, spread([each[k] for k in sorted(each)]), ev.labels, ev.metric))
+                if ev.step == self.step:
+                    self.now = {}  # the test is over: its spread replaces the figures so far
+                return True
+        return False
+
+    def total(self) -> float | None:
+        """The sum of the instances' MB/s so far in the current test (each one's latest figure)."""
+        return sum(self.now.values()) if self.now else None
+
+    def line(self, most: int = 8) -> str:
+        """While a test runs, its figures so far per instance (at most `most` by name) and their sum; between tests,
+        the last finished test's sum and spread; "" before either."""
+        if self.step is not None and self.now:
+            ks = sorted(self.now)
+            each = "  ".join(f"{instance_name(self.step.side, k)} {self.now[k]:.1f}" for k in ks[:most])
+            more = f"  (+{len(ks) - most} more)" if len(ks) > most else ""
+            return f"{self.step.side} {self.step.test} now: {each}{more}  sum {sum(self.now.values()):.1f} MB/s"
+        if self.done:
+            step, g, labels, unit = self.done[-1]
+            tag = f" [{', '.join(labels)}]" if labels else ""
+            who = "guest" if step.side == "guest" else "process"
+            return (f"{step.side} {step.test} done: sum {g.total:.1f} {unit}, per {who} min {g.min:.1f} / median "
+                    f"{g.median:.1f} / max {g.max:.1f}, Jain {g.jain:.3f}{tag}")
+        return ""

@@ -1,0 +1,961 @@
+"""The results store: runs, their measurements, host disk samples and the live event stream, in SQLite.
+
+One file (paths.results_db() unless told otherwise) in WAL mode, so one writer process (the run
+executor) and any number of reader processes (CLI, TUI, a watcher re-attached to a run) work at once:
+readers never block the writer and always see committed rows. Every write is its own short
+`BEGIN IMMEDIATE` transaction; busy_timeout (5 s) absorbs the rare overlap of two writers.
+
+Tables (schema version SCHEMA_VERSION, kept in PRAGMA user_version; `migrate()` upgrades older files):
+  runs          one benchmark run: profile, suite, size, state, accelerator, emulated flag, provenance
+  measurements  one number per (run, side, test, metric), with the host disk metrics of its steady window (a
+                propagation run stores one row per sample and metric: its copy, boot and total seconds); a run of
+                N guests also one per guest or host process (`instance` 1..N) beside the aggregate (instance NULL)
+  samples       the host sampler's once-a-second disk metrics
+  events        the live stream (state/step/progress/log/sample/measurement) a watcher polls by seq
+
+A ResultStore object may be shared by the threads of one process (calls are serialised by a lock).
+After a fork the child opens its own connection automatically; it never reuses the parent's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+import uuid as uuid_mod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import db, paths
+from ..errors import CloudboxError, NotFound
+from ..procs import process_exists
+from ..spec.catalogue import (
+    FIO_CS_TESTS,
+    FRONTEND_SUFFIX,
+    IOZONE_FILE_TESTS,
+    IOZONE_GRIDS,
+    IOZONE_TESTS,
+    MPI_TESTS,
+    NET_SETS,
+    RECORD_TESTS,
+)
+from . import events
+from .events import FINAL_STATES, SAMPLE_FIELDS
+from .provenance import Provenance
+
+SCHEMA_VERSION = 4
+
+# "guest": an interactive guest session (launched, kept running until stopped; no tests).
+# "propagation": study B's image-propagation sweep (its samples: measurements of the tests "propagate-<MiB>m").
+SUITES = ("storage", "network", "all", "guest", "propagation")
+SIZE_LABELS = ("quick", "study", "custom")
+STATES = ("running", "completed", "aborted", "failed")
+ACCELERATORS = ("kvm", "nested-kvm", "tcg", "xen")
+EMULATED_ACCELERATORS = ("tcg", "nested-kvm")
+SIDES = ("guest", "baseline")
+METRICS = ("MB/s", "IOPS", "lat_us", "Mbit/s", "trans/s")  # the views know these; others are stored as-is
+
+STORAGE_TESTS = (
+    "seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m", "seq-read-1m",
+    "randread-4k-qd1", "randwrite-4k-qd1", "randread-4k-qd32", "randwrite-4k-qd32", *RECORD_TESTS,
+    *IOZONE_TESTS, *IOZONE_FILE_TESTS, *IOZONE_GRIDS, "bonnie", *MPI_TESTS, *FIO_CS_TESTS,
+)
+# The guest's own host first, then (runs on a back-end) the same tests to the front-end ("-fe").
+NETWORK_TESTS = (*NET_SETS["both"], *(t + FRONTEND_SUFFIX for t in NET_SETS["both"]))
+BUFFERED_SUFFIX = "-buffered"
+
+DEAD_EXECUTOR_REASON = "executor died"
+
+_RUN_COLUMNS = (
+    "uuid", "profile_name", "profile_hash", "profile_toml", "suite", "size_bytes", "size_label", "state",
+    "reason", "accelerator", "emulated", "node", "pid", "started_at", "finished_at", "provenance",
+)
+MEASUREMENT_COLUMNS = (
+    "side", "test", "metric", "value", "host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util",
+    "labels", "raw", "started_at", "finished_at", "instance",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """One number: `value` in `metric` for `test` on `side` ('guest' or 'baseline') of run `run_id`."""
+
+    id: int
+    run_id: int
+    side: str
+    test: str
+    metric: str
+    value: float
+    host_mbps: float | None = None
+    host_avgrq_sectors: float | None = None
+    host_avgqu: float | None = None
+    host_util: float | None = None
+    labels: list[str] = field(default_factory=list)
+    raw: str | None = None  # None also when loaded without raw (list_runs)
+    started_at: float | None = None
+    finished_at: float | None = None
+    # A run of N guests: 1..N for one guest's (or one bare-metal process's) own figure; None for the run's figure
+    # (its one guest, or the aggregate of the N).
+    instance: int | None = None
+
+    @property
+    def storage(self) -> bool:
+        return is_storage_test(self.test)
+
+    def as_dict(self, raw: bool = True) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("id", "run_id", *MEASUREMENT_COLUMNS)}
+        d["labels"] = list(self.labels)
+        if not raw:
+            d.pop("raw")
+        return d
+
+
+@dataclass
+class Run:
+    """One benchmark run, with its measurements (both sides) in insertion order."""
+
+    id: int
+    uuid: str
+    profile_name: str | None
+    profile_hash: str | None
+    profile_toml: str | None
+    suite: str | None
+    size_bytes: int | None
+    size_label: str | None
+    state: str
+    reason: str | None
+    accelerator: str | None
+    emulated: bool
+    node: str | None
+    pid: int | None
+    started_at: float | None
+    finished_at: float | None
+    provenance: Provenance = field(default_factory=Provenance)
+    measurements: list[Measurement] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from start to finish (to now while running)."""
+        if self.started_at is None:
+            return None
+        end = self.finished_at if self.finished_at is not None else time.time()
+        return max(0.0, end - self.started_at)
+
+    def measurement(self, side: str, test: str, metric: str | None = None) -> Measurement | None:
+        """The run's last measurement of `test` on `side` (in `metric` if given; the aggregate in a run of N guests),
+        or None."""
+        found = None
+        for m in self.measurements:
+            if m.side == side and m.test == test and (metric is None or m.metric == metric) and m.instance is None:
+                found = m
+        return found
+
+    def instances(self, side: str, test: str, metric: str) -> list[Measurement]:
+        """Each guest's (or bare-metal process's) own measurement of `test` in a run of N guests, by instance;
+        [] in a run of one guest."""
+        found = {m.instance: m for m in self.measurements
+                 if m.side == side and m.test == test and m.metric == metric and m.instance is not None}
+        return [found[k] for k in sorted(found)]
+
+    def value(self, side: str, test: str, metric: str) -> float | None:
+        m = self.measurement(side, test, metric)
+        return None if m is None else m.value
+
+    def tests(self, side: str | None = None) -> list[str]:
+        """Test names measured in this run, first-seen order."""
+        seen: dict[str, None] = {}
+        for m in self.measurements:
+            if side is None or m.side == side:
+                seen.setdefault(m.test, None)
+        return list(seen)
+
+    def as_dict(self, raw: bool = False) -> dict[str, Any]:
+        d: dict[str, Any] = {k: getattr(self, k) for k in ("id", *_RUN_COLUMNS)}
+        d["provenance"] = self.provenance.to_stored()
+        d["measurements"] = [m.as_dict(raw=raw) for m in self.measurements]
+        return d
+
+
+@dataclass
+class Event:
+    """One entry of a run's live stream. `seq` counts from 1 per run, without gaps."""
+
+    run_id: int
+    seq: int
+    t: float
+    kind: str
+    payload: dict[str, Any]
+
+    @property
+    def record(self) -> events.RunEvent | None:
+        """The typed event (core.record.events); None for a kind this cloudbox does not know."""
+        return events.parse(self.kind, self.payload)
+
+
+@dataclass
+class Sample:
+    """One second of host disk metrics from the sampler."""
+
+    run_id: int
+    t: float
+    device: str | None
+    test: str | None
+    read_mbps: float | None
+    write_mbps: float | None
+    avgrq_sectors: float | None
+    avgrq_kb: float | None
+    avgqu: float | None
+    util: float | None
+
+
+# --------------------------------------------------------------------------------------------------
+# Test names
+# --------------------------------------------------------------------------------------------------
+
+
+def base_test(test: str) -> str:
+    """The test name without the '-buffered' suffix."""
+    return test[: -len(BUFFERED_SUFFIX)] if test.endswith(BUFFERED_SUFFIX) else test
+
+
+def is_storage_test(test: str) -> bool:
+    b = base_test(test)
+    return b in STORAGE_TESTS or b.startswith(("seq-", "dd-", "rand", "rec-", "iozone-"))
+
+
+def is_network_test(test: str) -> bool:
+    return test in NETWORK_TESTS or test.startswith(("tcp-", "udp-", "iperf3-"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Schema and migrations
+# --------------------------------------------------------------------------------------------------
+
+_SCHEMA_V1 = """
+CREATE TABLE runs (
+    id            INTEGER PRIMARY KEY,
+    uuid          TEXT NOT NULL UNIQUE,
+    profile_name  TEXT,
+    profile_hash  TEXT,
+    profile_toml  TEXT,
+    suite         TEXT CHECK (suite IN ('storage', 'network', 'all')),
+    size_bytes    INTEGER,
+    size_label    TEXT CHECK (size_label IN ('quick', 'study', 'custom')),
+    state         TEXT NOT NULL DEFAULT 'running'
+                  CHECK (state IN ('running', 'completed', 'aborted', 'failed')),
+    reason        TEXT,
+    accelerator   TEXT CHECK (accelerator IN ('kvm', 'nested-kvm', 'tcg', 'xen')),
+    emulated      INTEGER NOT NULL DEFAULT 0 CHECK (emulated IN (0, 1)),
+    node          TEXT,
+    pid           INTEGER,
+    started_at    REAL,
+    finished_at   REAL,
+    provenance    TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX runs_state ON runs (state);
+CREATE INDEX runs_profile ON runs (profile_name);
+CREATE INDEX runs_started ON runs (started_at);
+
+CREATE TABLE measurements (
+    id                  INTEGER PRIMARY KEY,
+    run_id              INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    side                TEXT NOT NULL CHECK (side IN ('guest', 'baseline')),
+    test                TEXT NOT NULL,
+    metric              TEXT NOT NULL,
+    value               REAL NOT NULL,
+    host_mbps           REAL,
+    host_avgrq_sectors  REAL,
+    host_avgqu          REAL,
+    host_util           REAL,
+    labels              TEXT NOT NULL DEFAULT '[]',
+    raw                 TEXT,
+    started_at          REAL,
+    finished_at         REAL
+);
+CREATE INDEX measurements_run ON measurements (run_id, side, test);
+
+CREATE TABLE samples (
+    run_id         INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    t              REAL NOT NULL,
+    device         TEXT,
+    test           TEXT,
+    read_mbps      REAL,
+    write_mbps     REAL,
+    avgrq_sectors  REAL,
+    avgrq_kb       REAL,
+    avgqu          REAL,
+    util           REAL
+);
+CREATE INDEX samples_run ON samples (run_id, t);
+
+CREATE TABLE events (
+    run_id   INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    seq      INTEGER NOT NULL,
+    t        REAL NOT NULL,
+    kind     TEXT NOT NULL CHECK (kind IN ('state', 'step', 'progress', 'log', 'sample', 'measurement')),
+    payload  TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (run_id, seq)
+);
+"""
+
+
+def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
+    _exec_script(conn, _SCHEMA_V1)
+
+
+def _exec_script(conn: sqlite3.Connection, script: str) -> None:
+    """Run a ';'-separated DDL script inside the caller's transaction (executescript would commit)."""
+    for stmt in script.split(";"):
+        if stmt.strip():
+            conn.execute(stmt)
+
+
+# MIGRATIONS[n] upgrades a database at user_version n to n + 1. Append, never edit, entries.
+_SUITE_CHECK_V1 = "CHECK (suite IN ('storage', 'network', 'all'))"
+_SUITE_CHECK_V2 = "CHECK (suite IN ('storage', 'network', 'all', 'guest'))"
+_SUITE_CHECK_V3 = "CHECK (suite IN ('storage', 'network', 'all', 'guest', 'propagation'))"
+
+
+def _widen_suite_check(conn: sqlite3.Connection, old: str, new: str, target: int) -> None:
+    """Replace runs.suite's CHECK `old` by the wider `new`. A wider CHECK changes nothing on disk, so this is
+    SQLite's documented in-place schema edit (writable_schema + schema_version bump), not a table rebuild: a
+    rebuild would have to drop `runs`, which cascades to measurements and events."""
+    version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        cur = conn.execute(
+            "UPDATE sqlite_master SET sql = replace(sql, ?, ?)"
+            " WHERE type = 'table' AND name = 'runs' AND instr(sql, ?)",
+            (old, new, old),
+        )
+        if cur.rowcount != 1:
+            raise CloudboxError(f"results database: table runs with {old} not found while upgrading to schema {target}")
+        conn.execute(f"PRAGMA schema_version = {version + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+    check = conn.execute("PRAGMA integrity_check").fetchone()[0]
+    if check != "ok":
+        raise CloudboxError(f"results database: integrity check failed after upgrading to schema {target}: {check}")
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    """Widen runs.suite's CHECK to allow 'guest' (guest sessions)."""
+    _widen_suite_check(conn, _SUITE_CHECK_V1, _SUITE_CHECK_V2, 2)
+
+
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    """Widen runs.suite's CHECK to allow 'propagation' (study B's image-propagation sweep)."""
+    _widen_suite_check(conn, _SUITE_CHECK_V2, _SUITE_CHECK_V3, 3)
+
+
+def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
+    """measurements.instance: which of a run's N guests (or bare-metal processes) a row is; NULL for the run's own."""
+    conn.execute("ALTER TABLE measurements ADD COLUMN instance INTEGER CHECK (instance IS NULL OR instance >= 1)")
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2,
+                                                                2: _migrate_2_to_3, 3: _migrate_3_to_4}
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection, db_path: Path | str = "results database") -> int:
+    """Bring the database to SCHEMA_VERSION, one step per transaction (core.db.migrate); returns the final version."""
+    return db.migrate(conn, SCHEMA_VERSION, MIGRATIONS, f"{db_path}: results database")
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
+
+
+def _check(name: str, value: Any, allowed: Sequence[Any]) -> None:
+    if value is not None and value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))} (got {value!r})")
+
+
+def _proc_stat(pid: int) -> tuple[str, float | None] | None:
+    """(state letter, wall-clock start time) of `pid` from /proc (Linux), or None if unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is field 3 (state) of proc(5)
+        state, start_ticks = fields[0], int(fields[19])  # field 22: start time in clock ticks since boot
+    except (OSError, ValueError, IndexError):
+        return None
+    btime = None
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    btime = int(line.split()[1])
+                    break
+    except (OSError, ValueError):
+        pass
+    return state, (None if btime is None else btime + start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+# A process that started this long after its run did is a recycled pid. Generous, because wall-clock
+# steps and the coarse btime make the computed start time approximate; a false "dead" is worse.
+PID_START_SLACK_S = 30.0
+
+
+def pid_alive(pid: int | None, since: float | None = None) -> bool:
+    """True if `pid` looks like a run's executor: the process exists; if `since` (the run's
+    started_at) is given it started no later than that (plus slack); and its command line (when
+    readable) mentions python or cloudbox. Anything else is a dead executor or a recycled pid."""
+    if not process_exists(pid):
+        return False
+    assert pid is not None
+    stat = _proc_stat(pid)
+    if stat is not None:
+        state, start = stat
+        if state in ("Z", "X"):
+            return False  # exited, not yet reaped by its parent
+        if since is not None and start is not None and start > since + PID_START_SLACK_S:
+            return False
+    cmdline = _cmdline(pid)
+    if cmdline is not None and "python" not in cmdline and "cloudbox" not in cmdline:
+        return False  # recycled by an unrelated program: executors are Python (cloudbox) processes
+    return True
+
+
+def _cmdline(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace") if raw else None
+
+
+# --------------------------------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------------------------------
+
+
+class ResultStore:
+    """The results database. Use as a context manager or call close()."""
+
+    def __init__(self, path: Path | str | None = None):
+        self.path = Path(path) if path is not None else paths.results_db()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CloudboxError(
+                f"cannot create {self.path.parent} for the results database: {e.strerror or e}"
+                " (set CLOUDBOX_STATE_DIR to a writable directory)"
+            ) from e
+        self._lock = threading.RLock()
+        self._conn_obj: sqlite3.Connection | None = None
+        self._conn_pid = -1
+        self._hostname = socket.gethostname()
+        self._connect()
+
+    # -- connection --------------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = db.connect(self.path)
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA synchronous = NORMAL")  # durable enough in WAL; fast for event appends
+            migrate(conn, self.path)
+        except sqlite3.DatabaseError as e:
+            raise CloudboxError(f"{self.path}: cannot open the results database: {e}") from e
+        self._conn_obj = conn
+        self._conn_pid = os.getpid()
+        return conn
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        if self._conn_obj is None:
+            raise CloudboxError(f"{self.path}: results store is closed")
+        if self._conn_pid != os.getpid():  # forked: never share a connection with the parent
+            self._conn_obj = None
+            return self._connect()
+        return self._conn_obj
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn_obj is not None and self._conn_pid == os.getpid():
+                self._conn_obj.close()
+            self._conn_obj = None
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def journal_mode(self) -> str:
+        with self._lock:
+            return str(self._conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return schema_version(self._conn)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, safe against a cut by a signal (core.db.write)."""
+        with self._lock, self._sqlite_errors("write to"), db.write(self._conn) as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: several SELECTs see one consistent snapshot (core.db.read)."""
+        with self._lock, self._sqlite_errors("read"), db.read(self._conn) as conn:
+            yield conn
+
+    @contextmanager
+    def _sqlite_errors(self, doing: str) -> Iterator[None]:
+        """SQLite's operational failures (locked past busy_timeout, disk full, read-only file) as
+        CloudboxError with the database named; programming errors pass through unchanged."""
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            raise CloudboxError(f"{self.path}: cannot {doing} the results database: {e}") from e
+
+    # -- errors ------------------------------------------------------------------------------------
+
+    def _not_found(self, conn: sqlite3.Connection, ref: object) -> NotFound:
+        ids = [r[0] for r in conn.execute("SELECT id FROM runs ORDER BY id DESC LIMIT 5")]
+        if ids:
+            hint = "newest runs: " + ", ".join(map(str, ids))
+        else:
+            hint = "the results database holds no runs yet"
+        return NotFound(f"no run {ref} in {self.path}; {hint}")
+
+    def _require(self, conn: sqlite3.Connection, run_id: int) -> sqlite3.Row:
+        row = conn.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
+        if row is None:
+            raise self._not_found(conn, run_id)
+        return row
+
+    def resolve(self, ref: int | str) -> int:
+        """A run id from an id ('12') or a uuid or unique uuid prefix (at least 4 characters)."""
+        with self._read() as conn:
+            text = str(ref).strip()
+            if text.isdigit() and conn.execute("SELECT 1 FROM runs WHERE id = ?", (int(text),)).fetchone():
+                return int(text)
+            if len(text) >= 4:  # uuids may be stored with or without dashes; a prefix may be all digits
+                rows = conn.execute(
+                    "SELECT id FROM runs WHERE uuid LIKE ? ESCAPE '\\' LIMIT 2",
+                    (text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+                ).fetchall()
+                if len(rows) == 1:
+                    return int(rows[0][0])
+                if len(rows) > 1:
+                    raise NotFound(
+                        f"run {text!r} is ambiguous in {self.path}: give more of the uuid or the id"
+                    )
+            raise self._not_found(conn, text if text.isdigit() else repr(text))
+
+    # -- runs --------------------------------------------------------------------------------------
+
+    def _run_values(self, fields: dict[str, Any], current: dict[str, Any] | None = None) -> dict[str, Any]:
+        unknown = set(fields) - set(_RUN_COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown run field(s): {', '.join(sorted(unknown))}")
+        _check("suite", fields.get("suite"), SUITES)
+        _check("size_label", fields.get("size_label"), SIZE_LABELS)
+        _check("state", fields.get("state"), STATES)
+        _check("accelerator", fields.get("accelerator"), ACCELERATORS)
+        values = dict(fields)
+        accel = values.get("accelerator", (current or {}).get("accelerator"))
+        if "emulated" in values or "accelerator" in values:
+            emulated = bool(values.get("emulated", (current or {}).get("emulated", False)))
+            values["emulated"] = int(emulated or accel in EMULATED_ACCELERATORS)
+        return values
+
+    def create_run(
+        self,
+        *,
+        profile_name: str | None = None,
+        profile_hash: str | None = None,
+        profile_toml: str | None = None,
+        suite: str | None = None,
+        size_bytes: int | None = None,
+        size_label: str | None = None,
+        accelerator: str | None = None,
+        emulated: bool = False,
+        provenance: Provenance | None = None,
+        node: str | None = None,
+        pid: int | None = None,
+        started_at: float | None = None,
+        uuid: str | None = None,
+        state: str = "running",
+        reason: str | None = None,
+        finished_at: float | None = None,
+    ) -> int:
+        """Insert a run (state 'running' by default); returns its id. Emits no event.
+
+        Defaults: uuid random, node this host, pid this process, started_at now. `emulated` is
+        forced on for accelerator 'tcg' and 'nested-kvm'.
+        """
+        values = self._run_values(
+            {
+                "uuid": uuid or str(uuid_mod.uuid4()),
+                "profile_name": profile_name,
+                "profile_hash": profile_hash,
+                "profile_toml": profile_toml,
+                "suite": suite,
+                "size_bytes": size_bytes,
+                "size_label": size_label,
+                "state": state,
+                "reason": reason,
+                "accelerator": accelerator,
+                "emulated": emulated,
+                "node": node or self._hostname,
+                "pid": pid if pid is not None else os.getpid(),
+                "started_at": started_at if started_at is not None else time.time(),
+                "finished_at": finished_at,
+            }
+        )
+        values["provenance"] = _json((provenance or Provenance()).to_stored())
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        with self._write() as conn:
+            cur = conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", tuple(values.values()))
+            return int(cur.lastrowid or 0)
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        """Set any run columns (see _RUN_COLUMNS) but the provenance (set_provenance)."""
+        if "provenance" in fields:
+            raise ValueError("a run's provenance is set with set_provenance()")
+        if not fields:
+            return
+        with self._write() as conn:
+            current = dict(self._require(conn, run_id))
+            values = self._run_values(fields, current)
+            assignments = ", ".join(f"{k} = ?" for k in values)
+            conn.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*values.values(), int(run_id)))
+
+    def set_provenance(self, run_id: int, provenance: Provenance) -> None:
+        """Store the run's provenance record, replacing what it had: the one way provenance is written."""
+        with self._write() as conn:
+            self._require(conn, run_id)
+            conn.execute("UPDATE runs SET provenance = ? WHERE id = ?",
+                         (_json(provenance.to_stored()), int(run_id)))
+
+    def finish_run(self, run_id: int, state: str, reason: str | None = None, *,
+                   finished_at: float | None = None) -> None:
+        """Set the final state and finished_at (default now) and, in the same transaction, append the final
+        'state' event {"state", "reason"} at that time: a watcher that sees the state change also finds the
+        event. The executor should not emit its own final 'state' event (it would appear twice)."""
+        if state not in FINAL_STATES:
+            raise ValueError(f"state must be one of {', '.join(FINAL_STATES)} (got {state!r})")
+        with self._write() as conn:
+            self._require(conn, run_id)
+            now = time.time() if finished_at is None else float(finished_at)
+            conn.execute(
+                "UPDATE runs SET state = ?, reason = ?, finished_at = ? WHERE id = ?",
+                (state, reason, now, int(run_id)),
+            )
+            self._append_event(conn, int(run_id), "state", {"state": state, "reason": reason}, now)
+
+    def delete_run(self, run_id: int) -> None:
+        """Delete a run with its measurements, samples and events."""
+        with self._write() as conn:
+            self._require(conn, run_id)
+            conn.execute("DELETE FROM runs WHERE id = ?", (int(run_id),))
+
+    def _load_measurements(
+        self, conn: sqlite3.Connection, run_ids: Sequence[int], raw: bool
+    ) -> dict[int, list[Measurement]]:
+        out: dict[int, list[Measurement]] = {rid: [] for rid in run_ids}
+        if not run_ids:
+            return out
+        raw_col = "raw" if raw else "NULL AS raw"
+        cols = ", ".join(c for c in ("id", "run_id", *MEASUREMENT_COLUMNS) if c != "raw")
+        for start in range(0, len(run_ids), 500):
+            chunk = list(run_ids[start : start + 500])
+            marks = ", ".join("?" for _ in chunk)
+            for r in conn.execute(
+                f"SELECT {cols}, {raw_col} FROM measurements WHERE run_id IN ({marks}) ORDER BY id", chunk
+            ):
+                d = dict(r)
+                d["labels"] = _loads(d["labels"], [])
+                out[d["run_id"]].append(Measurement(**d))
+        return out
+
+    @staticmethod
+    def _run_from_row(row: sqlite3.Row, measurements: list[Measurement]) -> Run:
+        d = dict(row)
+        d["emulated"] = bool(d["emulated"])
+        d["provenance"] = Provenance.from_stored(_loads(d["provenance"], {}))
+        return Run(**d, measurements=measurements)
+
+    def get_run(self, run_id: int, *, raw: bool = True) -> Run:
+        """The run with all its measurements (raw tool output included unless raw=False)."""
+        with self._read() as conn:
+            row = self._require(conn, run_id)
+            ms = self._load_measurements(conn, [int(run_id)], raw)[int(run_id)]
+            return self._run_from_row(row, ms)
+
+    def list_runs(
+        self,
+        state: str | None = None,
+        profile: str | None = None,
+        limit: int | None = None,
+        *,
+        raw: bool = False,
+    ) -> list[Run]:
+        """Runs newest first, with measurements (raw output left out unless raw=True)."""
+        _check("state", state, STATES)
+        where: list[str] = []
+        args: list[Any] = []
+        if state is not None:
+            where.append("state = ?")
+            args.append(state)
+        if profile is not None:
+            where.append("profile_name = ?")
+            args.append(profile)
+        sql = "SELECT * FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY started_at DESC, id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        with self._read() as conn:
+            rows = conn.execute(sql, args).fetchall()
+            ms = self._load_measurements(conn, [r["id"] for r in rows], raw)
+            return [self._run_from_row(r, ms[r["id"]]) for r in rows]
+
+    def run_ids(self) -> list[int]:
+        with self._lock:
+            return [r[0] for r in self._conn.execute("SELECT id FROM runs ORDER BY id")]
+
+    def _executor_alive(self, run: Run) -> bool:
+        # A run on an enrolled node is executed (mirrored) by this host when this host is its controller.
+        controller = run.provenance.controller.host if run.provenance.controller else None
+        if run.node and run.node != self._hostname and controller != self._hostname:
+            return True  # cannot see another host's processes: assume alive
+        return pid_alive(run.pid, run.started_at)
+
+    def run_uuids(self) -> set[str]:
+        """Every run's uuid in this database (whatever its state)."""
+        with self._read() as conn:
+            return {r[0] for r in conn.execute("SELECT uuid FROM runs")}
+
+    def active_runs(self) -> list[Run]:
+        """Runs in state 'running' whose executor process is alive."""
+        return [r for r in self.list_runs(state="running") if self._executor_alive(r)]
+
+    def dead_runs(self) -> list[Run]:
+        """Runs still in state 'running' on this host whose executor process is gone."""
+        return [r for r in self.list_runs(state="running") if not self._executor_alive(r)]
+
+    def reap_dead_runs(self) -> list[Run]:
+        """Mark every dead run 'failed' (reason 'executor died'); returns them as they are now."""
+        return self._fail_running([r.id for r in self.dead_runs()], DEAD_EXECUTOR_REASON)
+
+    def fail_runs_on_node(self, node: str, reason: str) -> list[Run]:
+        """Mark every run still 'running' on `node` whose executor is gone as 'failed' with `reason` (the node
+        went down: they cannot finish, and must not stay 'running' forever); returns them as they are now. A run
+        whose executor on this host is alive is left to it: it follows the node over its own SSH stream, which
+        drops after 2 minutes of silence, and then ends the run itself; so a busy node that misses one health
+        check (a TCG back-end running a guest) does not lose the run it is measuring."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT id, pid, started_at FROM runs WHERE state = 'running' AND node = ?",
+                                (node,)).fetchall()
+        return self._fail_running([int(r["id"]) for r in rows if not pid_alive(r["pid"], r["started_at"])], reason)
+
+    def _fail_running(self, run_ids: list[int], reason: str) -> list[Run]:
+        """Each run of `run_ids` still 'running' becomes 'failed' with `reason` and its final state event, in one
+        transaction per run (a run that ended meanwhile is left as it is); returns them as they are now."""
+        failed = []
+        for run_id in run_ids:
+            with self._write() as conn:
+                row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
+                if row is None or row["state"] != "running":
+                    continue
+                now = time.time()
+                conn.execute("UPDATE runs SET state = 'failed', reason = ?, finished_at = ? WHERE id = ?",
+                             (reason, now, run_id))
+                self._append_event(conn, run_id, "state", {"state": "failed", "reason": reason}, now)
+            failed.append(self.get_run(run_id, raw=False))
+        return failed
+
+    # -- measurements and samples ------------------------------------------------------------------
+
+    def add_measurement(
+        self,
+        run_id: int,
+        *,
+        side: str,
+        test: str,
+        metric: str,
+        value: float,
+        host_mbps: float | None = None,
+        host_avgrq_sectors: float | None = None,
+        host_avgqu: float | None = None,
+        host_util: float | None = None,
+        labels: Sequence[str] = (),
+        raw: str | dict[str, Any] | list[Any] | None = None,
+        started_at: float | None = None,
+        finished_at: float | None = None,
+        instance: int | None = None,
+    ) -> int:
+        """Store one number; returns its id. A dict/list `raw` is stored as JSON. The label
+        'emulated' is added to guest-side rows when the run is emulated. `instance`: 1..N for one of a run's N
+        guests (or bare-metal processes), None for the run's figure."""
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {', '.join(SIDES)} (got {side!r})")
+        if instance is not None and (isinstance(instance, bool) or not isinstance(instance, int) or instance < 1):
+            raise ValueError(f"instance must be None or a guest number from 1 (got {instance!r})")
+        lab = list(dict.fromkeys(labels))
+        if raw is not None and not isinstance(raw, str):
+            raw = json.dumps(raw)
+        with self._write() as conn:
+            run = self._require(conn, run_id)
+            # Only the guest side ran under emulation: a bare-metal baseline is never emulated.
+            if run["emulated"] and side == "guest" and "emulated" not in lab:
+                lab.append("emulated")
+            cur = conn.execute(
+                "INSERT INTO measurements (run_id, side, test, metric, value, host_mbps, host_avgrq_sectors,"
+                " host_avgqu, host_util, labels, raw, started_at, finished_at, instance)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (int(run_id), side, test, metric, float(value), host_mbps, host_avgrq_sectors, host_avgqu,
+                 host_util, json.dumps(lab), raw, started_at, finished_at, instance),
+            )
+            return int(cur.lastrowid or 0)
+
+    def add_samples(self, run_id: int, rows: Sequence[dict[str, Any]], *, event: bool = False) -> None:
+        """Store sampler rows (keys from SAMPLE_FIELDS; 't' required). avgrq_kb and avgrq_sectors
+        are derived from each other when only one is given (1 sector = 512 bytes). With event=True each
+        row is also appended to the live stream as a `sample` event, in the same transaction."""
+        prepared = []
+        for row in rows:
+            unknown = set(row) - set(SAMPLE_FIELDS)
+            if unknown:
+                raise ValueError(f"unknown sample field(s): {', '.join(sorted(unknown))}")
+            if row.get("t") is None:
+                raise ValueError("every sample needs a time 't'")
+            r = dict(row)
+            if r.get("avgrq_kb") is None and r.get("avgrq_sectors") is not None:
+                r["avgrq_kb"] = r["avgrq_sectors"] / 2.0
+            if r.get("avgrq_sectors") is None and r.get("avgrq_kb") is not None:
+                r["avgrq_sectors"] = r["avgrq_kb"] * 2.0
+            prepared.append((int(run_id), *(r.get(k) for k in SAMPLE_FIELDS)))
+        if not prepared:
+            return
+        with self._write() as conn:
+            self._require(conn, run_id)
+            conn.executemany(
+                f"INSERT INTO samples (run_id, {', '.join(SAMPLE_FIELDS)}) VALUES (?, {', '.join('?' * 9)})",
+                prepared,
+            )
+            if event:
+                for values in prepared:
+                    self._append_event(conn, int(run_id), "sample",
+                                       dict(zip(SAMPLE_FIELDS, values[1:], strict=True)))
+
+    def samples(
+        self, run_id: int, *, test: str | None = None, device: str | None = None, since: float | None = None
+    ) -> list[Sample]:
+        """Sampler rows of a run in time order, optionally for one test/device or after time `since`."""
+        sql = "SELECT * FROM samples WHERE run_id = ?"
+        args: list[Any] = [int(run_id)]
+        for col, val, op in (("test", test, "="), ("device", device, "="), ("t", since, ">")):
+            if val is not None:
+                sql += f" AND {col} {op} ?"
+                args.append(val)
+        with self._read() as conn:
+            self._require(conn, run_id)
+            return [Sample(**dict(r)) for r in conn.execute(sql + " ORDER BY t", args)]
+
+    # -- events ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _append_event(
+        conn: sqlite3.Connection, run_id: int, kind: str, payload: dict[str, Any], t: float | None = None
+    ) -> int:
+        seq = conn.execute(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?", (run_id,)
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO events (run_id, seq, t, kind, payload) VALUES (?, ?, ?, ?, ?)",
+            (run_id, seq, time.time() if t is None else t, kind, _json(payload)),
+        )
+        return int(seq)
+
+    def add_event(self, run_id: int, kind: str, payload: dict[str, Any] | None = None, *,
+                  t: float | None = None) -> int:
+        """Append to the run's live stream at time `t` (default now); returns the new seq (1, 2, ...).
+        Touches nothing else."""
+        if kind not in events.KINDS:
+            raise ValueError(f"event kind must be one of {', '.join(events.KINDS)} (got {kind!r})")
+        with self._write() as conn:
+            try:
+                return self._append_event(conn, int(run_id), kind, payload or {}, t)
+            except sqlite3.IntegrityError as e:  # foreign key: unknown run
+                raise self._not_found(conn, run_id) from e
+
+    def events_since(self, run_id: int, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        """Events with seq > after_seq in order, at most `limit`. Poll with the last seq seen.
+        Unknown runs give an empty list (a watcher may race a delete); use get_run to check."""
+        with self._lock, self._sqlite_errors("read"):
+            rows = self._conn.execute(
+                "SELECT run_id, seq, t, kind, payload FROM events WHERE run_id = ? AND seq > ?"
+                " ORDER BY seq LIMIT ?",
+                (int(run_id), int(after_seq), int(limit)),
+            ).fetchall()
+        return [Event(r["run_id"], r["seq"], r["t"], r["kind"], _loads(r["payload"], {})) for r in rows]
+
+    def follow(self, run_id: int, after_seq: int = 0, *, poll: float = 0.5) -> Iterator[Event]:
+        """Every event after `after_seq` as it is appended, until the run has ended and its last event is out (a
+        run whose executor died is reaped on the way, so this ends). What `cloudbox watch` and a node's
+        `node local follow` stream; the caller reads the final state with get_run."""
+        seq = after_seq
+        while True:
+            for ev in self.events_since(run_id, seq):
+                seq = ev.seq
+                yield ev
+            if self.get_run(run_id, raw=False).state != "running":
+                for ev in self.events_since(run_id, seq):  # the final state event, appended with the state
+                    seq = ev.seq
+                    yield ev
+                return
+            if not self.active_runs() and self.reap_dead_runs():
+                continue
+            time.sleep(poll)
+
+    def last_seq(self, run_id: int) -> int:
+        with self._lock:
+            return int(
+                self._conn.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (int(run_id),)
+                ).fetchone()[0]
+            )

@@ -1,0 +1,302 @@
+"""One test, measured and stored: its step, the tool run, its measurement rows and the measurement event; a
+storage test also with the host disk's counters over exactly the test's window (iostat over the whole test)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ..bench import nettests, storage
+from ..disks.diskstats import Counters, delta, read_counters
+from ..record.events import MeasurementEvent
+from ..spec import catalogue
+from .context import RunContext, host_labels
+
+T = TypeVar("T")
+
+
+def _test_labels_after_drops(ctx: RunContext, side: str, t: catalogue.StorageTest,
+                             drops: Sequence[Callable[[], None]]) -> list[str]:
+    """A storage test's labels on `side`; before a read, the host's and the guests' (`drops`) page caches dropped,
+    the host's failing labelled warm-cache."""
+    ctx.control.check()
+    tl = list(dict.fromkeys([*ctx.labels, *t.labels]))
+    if side == "baseline":
+        tl = host_labels([*tl, *ctx.backing.baseline_labels], dom0=ctx.dom0)
+    if "read" in t.rw:
+        if not storage.drop_host_caches():
+            tl.append("warm-cache")
+        for drop in drops:
+            drop()
+    return tl
+
+
+HOST_METRICS = ("host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util")
+
+
+def _disk_counters(ctx: RunContext) -> tuple[str | None, Counters | None]:
+    """The host disk's counters at a test's start (the 1 s sampler feeds the live timeline; a measurement gets the
+    counters over exactly its window)."""
+    device = ctx.sampler.device if ctx.sampler else None
+    return device, read_counters(device) if device else None
+
+
+def _host_metrics(device: str | None, c0: Counters | None) -> dict[str, float | None]:
+    """The host disk's MB/s, request size, queue depth and utilisation since `c0` (all None without a device)."""
+    if not device or c0 is None:
+        return dict.fromkeys(HOST_METRICS)
+    d = delta(c0, read_counters(device), device)
+    return {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors, "host_avgqu": d.avgqu,
+            "host_util": d.util}
+
+
+def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Callable[[], storage.FioResult],
+                 guest_drop: Callable[[], None] = lambda: None, note: str = "", labels: Sequence[str] = ()) -> None:
+    """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache).
+    `note` (why it was measured again) goes into the raw output; `labels` (how this test was measured) join the
+    run's."""
+    tl = [*_test_labels_after_drops(ctx, side, t, (guest_drop,)), *labels]
+    ctx.current_test = f"{side}:{t.id}"
+    ctx.sink.step(f"{side}: {t.id}", side=side, test=t.id)
+    device, c0 = _disk_counters(ctx)
+    start = time.time()
+    res = run()
+    end = time.time()
+    ctx.current_test = "idle"
+    host = _host_metrics(device, c0)
+
+    def record(metric: str, value: float, raw: str) -> None:
+        ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
+                                  started_at=start, finished_at=end, host_mbps=host["host_mbps"],
+                                  host_avgrq_sectors=host["host_avgrq_sectors"], host_avgqu=host["host_avgqu"],
+                                  host_util=host["host_util"])
+
+    raw = res.raw + (f"\n# cloudbox: {note}\n" if note else "")
+    for metric, value in measured(res):
+        record(metric, value, raw)
+        raw = ""
+    if t.timed:
+        record("IOPS", res.iops, "")
+        record("lat_us", res.lat_us, "")
+    hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
+    if not math.isnan(res.mbps):
+        ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(res.mbps, 2), tuple(tl), round(res.iops, 1),
+                                       hr["host_mbps"], hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+
+
+def measured(res: storage.FioResult) -> list[tuple[str, float]]:
+    """The figures a test stores: MB/s, then `extra` (IOzone's second pass; Bonnie++'s other figures), leaving out
+    what the tool could not time (NaN, None: Bonnie++'s "+++++")."""
+    rows = [("MB/s", res.mbps), *res.extra.items()]
+    return [(m, v) for m, v in rows if v is not None and not math.isnan(v)]
+
+
+def net_test(ctx: RunContext, side: str, t: catalogue.NetTest, run: Callable[[], nettests.NetResult],
+             labels: list[str], note: str = "") -> None:
+    """`run` measures `t` on `side`; a retry after a hang, and what was seen and done, go into the raw output."""
+    ctx.control.check()
+    ctx.sink.step(f"{side}: {t.id} ({t.direction})", side=side, test=t.id)
+    start = time.time()
+    res = run()
+    end = time.time()
+    tl = list(dict.fromkeys(labels))
+    raw = res.raw
+    if res.hung:  # the run's log says what was seen; the measurement keeps that it is a retry
+        raw += f"\n# cloudbox: measured on attempt {res.hung + 1}; {res.hung} before it hung and was killed\n"
+    for n in [*res.notes, *([note] if note else [])]:
+        raw += f"# cloudbox: {n}\n"
+
+    def record(metric: str, value: float, raw: str) -> None:
+        ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
+                                  started_at=start, finished_at=end)
+
+    record(res.metric, res.value, raw)
+    if res.lat_us is not None and t.kind == "TCP_RR":
+        record("lat_us", res.lat_us, "")
+    ctx.sink.emit(MeasurementEvent(side, t.id, res.metric, round(res.value, 2), tuple(tl)))
+
+
+@dataclass
+class Ran:
+    """One guest's (or bare-metal process's) part of a test run by N at once: its result and its window in host
+    time (a guest's start is when its barrier let it go, on the host's clock)."""
+
+    result: storage.FioResult
+    started_at: float
+    finished_at: float
+
+
+def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
+                      runs: Sequence[Callable[[Callable[[], bool]], Ran]],
+                      drops: tuple[Callable[[], None], ...] = ()) -> list[Ran]:
+    """`t` on `side` by N at once (runs[k](cancelled) measures instance k + 1 in a thread of its own): one row per
+    instance, and the run's row: the sum of their MB/s and IOPS, their mean latency, the host disk's counters over
+    the whole window. Any instance failing (or the run cancelled) stops the others and fails the test."""
+    tl = _test_labels_after_drops(ctx, side, t, drops)
+    ctx.current_test = f"{side}:{t.id}"
+    ctx.sink.step(f"{side}: {t.id} ({len(runs)} at once)", side=side, test=t.id)
+    device, c0 = _disk_counters(ctx)
+    parts = together(ctx, runs)
+    ctx.current_test = "idle"
+    host = _host_metrics(device, c0)
+
+    def record(metric: str, value: float, raw: str, start: float, end: float, instance: int | None,
+               metrics: dict[str, float | None]) -> None:
+        ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
+                                  started_at=start, finished_at=end, instance=instance, **metrics)
+
+    none = dict.fromkeys(host)
+    for k, p in enumerate(parts, 1):
+        record("MB/s", p.result.mbps, p.result.raw, p.started_at, p.finished_at, k, none)
+        for metric, value in p.result.extra.items():  # IOzone's second pass: re-write, re-read
+            record(metric, value, "", p.started_at, p.finished_at, k, none)
+        if t.timed:
+            record("IOPS", p.result.iops, "", p.started_at, p.finished_at, k, none)
+            record("lat_us", p.result.lat_us, "", p.started_at, p.finished_at, k, none)
+    start, end = min(p.started_at for p in parts), max(p.finished_at for p in parts)
+    mbps = sum(p.result.mbps for p in parts)
+    record("MB/s", mbps, "", start, end, None, host)
+    for metric in parts[0].result.extra:
+        record(metric, sum(p.result.extra.get(metric, 0.0) for p in parts), "", start, end, None, host)
+    if t.timed:
+        record("IOPS", sum(p.result.iops for p in parts), "", start, end, None, host)
+        record("lat_us", sum(p.result.lat_us for p in parts) / len(parts), "", start, end, None, host)
+    for k, p in enumerate(parts, 1):
+        ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(p.result.mbps, 2), tuple(tl),
+                                       round(p.result.iops, 1), instance=k))
+    hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
+    ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(mbps, 2), tuple(tl),
+                                   round(sum(p.result.iops for p in parts), 1), hr["host_mbps"],
+                                   hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+    return parts
+
+
+def storage_job(ctx: RunContext, side: str, t: catalogue.StorageTest,
+                run: Callable[[], tuple[storage.FioResult, list[storage.FioResult]]],
+                drops: tuple[Callable[[], None], ...] = (), what: str = "") -> storage.FioResult:
+    """`t` on `side` as one job of N processes (an MPI job: `run` returns its aggregate and each rank's figures):
+    one row per rank, and the run's row with the job's own aggregate (not their sum: the job's bytes over its whole
+    window), with the host disk's counters over that window."""
+    tl = _test_labels_after_drops(ctx, side, t, drops)
+    ctx.current_test = f"{side}:{t.id}"
+    ranks_note = f"{ctx.spec.guests} ranks" if side == "baseline" else f"{ctx.spec.guests} guests"
+    ctx.sink.step(f"{side}: {t.id} ({what or f'one MPI job, {ranks_note}'})", side=side, test=t.id)
+    device, c0 = _disk_counters(ctx)
+    start = time.time()
+    total, ranks = run()
+    end = time.time()
+    ctx.current_test = "idle"
+    host = _host_metrics(device, c0)
+    none = dict.fromkeys(host)
+    for k, r in enumerate(ranks, 1):
+        for metric, value in measured(r):
+            ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw="", labels=tl,
+                                      started_at=start, finished_at=end, instance=k, **none)
+    raw = total.raw
+    for metric, value in measured(total):
+        ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
+                                  started_at=start, finished_at=end, instance=None, **host)
+        raw = ""
+    for k, r in enumerate(ranks, 1):
+        ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(r.mbps, 2), tuple(tl), instance=k))
+    hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
+    ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(total.mbps, 2), tuple(tl), None, hr["host_mbps"],
+                                   hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+    return total
+
+
+@dataclass
+class NetRan:
+    """One guest's (or bare-metal process's) part of a network test run by N at once, as Ran is for storage."""
+
+    result: nettests.NetResult
+    started_at: float
+    finished_at: float
+
+
+def net_test_many(ctx: RunContext, side: str, t: catalogue.NetTest,
+                  runs: Sequence[Callable[[Callable[[], bool]], NetRan]], labels: list[str]) -> list[NetRan]:
+    """`t` on `side` by N at once (runs[k](cancelled) measures instance k + 1 in a thread of its own): one row per
+    instance, and the run's row: the sum of their throughput (Mbit/s, trans/s), their mean latency. Any instance
+    failing (or the run cancelled) stops the others and fails the test."""
+    ctx.control.check()
+    ctx.current_test = f"{side}:{t.id}"
+    ctx.sink.step(f"{side}: {t.id} ({t.direction}, {len(runs)} at once)", side=side, test=t.id)
+    parts = together(ctx, runs)
+    ctx.current_test = "idle"
+    tl = list(dict.fromkeys(labels))
+
+    def record(metric: str, value: float, raw: str, start: float, end: float, instance: int | None) -> None:
+        ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
+                                  started_at=start, finished_at=end, instance=instance)
+
+    rr = t.kind == "TCP_RR"
+    for k, p in enumerate(parts, 1):
+        res, raw = p.result, p.result.raw
+        if res.hung:
+            raw += f"\n# cloudbox: measured on attempt {res.hung + 1}; {res.hung} before it hung and was killed\n"
+        for n in res.notes:
+            raw += f"# cloudbox: {n}\n"
+        record(res.metric, res.value, raw, p.started_at, p.finished_at, k)
+        if rr and res.lat_us is not None:
+            record("lat_us", res.lat_us, "", p.started_at, p.finished_at, k)
+    start, end = min(p.started_at for p in parts), max(p.finished_at for p in parts)
+    metric, total = parts[0].result.metric, sum(p.result.value for p in parts)
+    record(metric, total, "", start, end, None)
+    lats = [p.result.lat_us for p in parts if p.result.lat_us is not None]
+    if rr and lats:
+        record("lat_us", sum(lats) / len(lats), "", start, end, None)
+    for k, p in enumerate(parts, 1):
+        ctx.sink.emit(MeasurementEvent(side, t.id, p.result.metric, round(p.result.value, 2), tuple(tl), instance=k))
+    ctx.sink.emit(MeasurementEvent(side, t.id, metric, round(total, 2), tuple(tl)))
+    return parts
+
+
+JOIN_EVERY_S = 0.2  # the run's thread looks for a cancellation this often while the instances run
+STOP_GRACE_S = 60.0  # how long stopped instances get to notice and return before the run goes on without them
+
+
+def together(ctx: RunContext, jobs: Sequence[Callable[[Callable[[], bool]], T]]) -> list[T]:
+    """Run every job in a thread of its own at once and return their results in order. A job is given the
+    `cancelled` it must poll: true once the run is cancelled or another job failed. The first failure is raised
+    once every job has returned (or STOP_GRACE_S has passed)."""
+    stop = threading.Event()
+    results: list[T | None] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def cancelled() -> bool:
+        return stop.is_set() or ctx.control.cancelled()
+
+    def work(i: int, job: Callable[[Callable[[], bool]], T]) -> None:
+        try:
+            results[i] = job(cancelled)
+        except BaseException as e:  # noqa: BLE001 - handed to the run's thread
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=work, args=(i, j), name=f"cloudbox-instance-{i + 1}", daemon=True)
+               for i, j in enumerate(jobs)]
+    for th in threads:
+        th.start()
+    try:
+        while any(th.is_alive() for th in threads):
+            ctx.control.check()
+            for th in threads:
+                th.join(JOIN_EVERY_S / len(threads))
+    except BaseException:
+        stop.set()
+        _join(threads)
+        raise
+    if errors:
+        raise errors[0]
+    return [r for r in results if r is not None]
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    deadline = time.monotonic() + STOP_GRACE_S
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()))

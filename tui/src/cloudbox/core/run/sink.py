@@ -1,0 +1,58 @@
+"""Where a run's events go: its event stream in the results store, and one optional extra consumer (the foreground
+CLI's printer, a test). Progress is thinned to two a second (each of N guests' on its own); a test's last progress
+always goes through."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..record.events import LogEvent, ProgressEvent, RunEvent, SampleEvent, StateEvent, StepEvent
+from ..record.results import ResultStore
+
+Consumer = Callable[[RunEvent], None]
+PROGRESS_EVERY_S = 0.5
+
+
+class EventSink:
+    def __init__(self, store: ResultStore, run_id: int | None = None, extra: Consumer | None = None) -> None:
+        self.store = store
+        self.run_id = run_id  # None until the run is recorded: events before that go to `extra` alone
+        self.extra = extra
+        self._last_progress: dict[int | None, float] = {}  # instance -> when its progress last went through
+
+    def emit(self, ev: RunEvent) -> None:
+        if isinstance(ev, ProgressEvent):
+            now = time.monotonic()
+            if now - self._last_progress.get(ev.instance, 0.0) < PROGRESS_EVERY_S and ev.pct < 100:
+                return
+            self._last_progress[ev.instance] = now
+        if self.run_id is not None:
+            self.store.add_event(self.run_id, ev.kind, ev.to_payload())
+        if self.extra is not None:
+            self.extra(ev)
+
+    def step(self, text: str, side: str | None = None, test: str | None = None) -> None:
+        self.emit(StepEvent(text, side, test))
+
+    def log(self, text: str) -> None:
+        self.emit(LogEvent(text))
+
+    def progress(self, side: str, test: str, instance: int | None = None) -> Callable[[dict[str, Any]], None]:
+        """The progress callback of a test's runner (core.bench.storage, core.virt.network: pct, mbps, eta); `instance`:
+        which
+        of N guests (or bare-metal processes) at once it is."""
+        return lambda p: self.emit(ProgressEvent.from_payload({**p, "side": side, "test": test, "instance": instance}))
+
+    def sample(self, ev: SampleEvent) -> None:
+        """A sampler row: kept in the run's timeline and its event stream in one transaction."""
+        if self.run_id is not None:
+            self.store.add_samples(self.run_id, [ev.to_payload()], event=True)
+        if self.extra is not None:
+            self.extra(ev)
+
+    def finished(self, state: str, reason: str | None) -> None:
+        """The final state, for the extra consumer: the store appends its event with the state itself."""
+        if self.extra is not None:
+            self.extra(StateEvent(state, reason))

@@ -1,0 +1,9 @@
+"""What a run is asked to do, as validated data; it imports only the shared helpers.
+
+    profiles    tuning profiles (TOML): their schema, checks and rendering facts
+    runspec     the RunSpec, the run options declared once, sizes and the run's plan
+    catalogue   every storage and network test, their sets and order
+    nodeconf    this node as installed: node names, its settings file, its private link
+    addresses   the run network's names and addresses on one host
+    remote      the URI of a volume a front-end serves to a back-end's run
+"""

@@ -1,0 +1,198 @@
+"""The test catalogue: every storage test (fio, dd, IOzone, Bonnie++, MPI-IO, fio's client/server) and network
+test (netperf, iperf3) a run can ask for, their sets and their order. Declarations only: bench/ runs them, and
+results, compare, the studies and the CLI read them from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import CloudboxError
+
+BONNIE_MIN_SIZE = 64 * 1024**2  # ext4's journal and inode tables leave Bonnie++ too little below that
+
+@dataclass(frozen=True)
+class StorageTest:
+    id: str
+    rw: str  # fio rw: write, read, randread, randwrite
+    bs: str
+    iodepth: int = 1
+    direct: bool = True
+    tool: str = "fio"  # fio, or the studies' own tools: a literal dd, IOzone, Bonnie++ (on a file system it makes)
+    timed: bool = False  # random tests are capped by runtime
+    sync: bool = False  # one read()/write() call at a time, as IOzone issues them, instead of libaio
+    min_bs: str | None = None  # IOzone's grid: its smallest record size (bs is its largest)
+
+    @property
+    def dd(self) -> bool:
+        return self.tool == "dd"
+
+    @property
+    def program(self) -> str:
+        """The program the test runs (what the guest must have)."""
+        if self.tool in IOZONE_TOOLS:
+            return "iozone"
+        return {"dd": "dd", "bonnie": "bonnie++", MPI_TOOL: "cloudbox-mpiio"}.get(self.tool, "fio")
+
+    @property
+    def engine(self) -> str:
+        return "psync" if self.sync or not self.direct else "libaio"
+
+    @property
+    def writes(self) -> bool:
+        return "write" in self.rw
+
+    @property
+    def labels(self) -> list[str]:
+        return [] if self.direct else ["buffered"]
+
+
+# IOzone's O_DIRECT record-size sweep (study C): the whole file at each size, one request at a time, write then read.
+RECORD_SIZES = ("4k", "16k", "64k", "256k", "1m", "4m", "16m")
+
+
+RECORD_TESTS = tuple(f"rec-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write", "read"))
+
+
+# IOzone itself (study B's tool): write reports re-write beside it, read reports re-read; O_DIRECT, fsync timed.
+IOZONE_TESTS = tuple(f"iozone-{rw}-{bs}" for bs in RECORD_SIZES for rw in ("write", "read"))
+
+
+IOZONE_FILE_TESTS = tuple(f"iozone-files-{bs}" for bs in RECORD_SIZES)
+
+
+# IOzone's automatic mode over record sizes as well (its own -a grid): every record from 64 kB doubling to 16 MB;
+# iozone-grid-4k from IOzone's own smallest, 4 kB (by name only: one request at a time, it is the slow one).
+IOZONE_GRID = "iozone-grid"
+
+
+IOZONE_GRIDS = (IOZONE_GRID, "iozone-grid-4k")
+
+
+IOZONE_SWEEPS = ("iozone-files", IOZONE_GRID)  # tools whose run is IOzone's automatic mode
+
+
+IOZONE_TOOLS = ("iozone", *IOZONE_SWEEPS)
+
+
+# One MPI job across the run's guests (core.bench.mpiio): write then read back with 1 MiB transfers, IOR's way.
+MPI_TOOL = "mpiio"
+
+
+MPI_TESTS = ("mpiio-shared-1m", "mpiio-fpp-1m", "posix-shared-1m", "hdf5-shared-1m")
+
+
+# fio's own client/server mode across the run's guests: the first guest's `fio --client` sends every guest's
+# `fio --server` its job (each on its own disk or file), fio starts them and sums them up ("All clients").
+FIO_CS_TOOL = "fio-cs"
+
+
+FIO_CS_TESTS = ("fiocs-seq-write-64k",)
+
+
+JOB_TESTS = (*MPI_TESTS, *FIO_CS_TESTS)  # one job across the guests: its own aggregate is the run's row
+
+
+JOB_TOOLS = (MPI_TOOL, FIO_CS_TOOL)
+
+
+TESTS: dict[str, StorageTest] = {t.id: t for t in [
+    StorageTest("seq-write-64k", "write", "64k"),
+    StorageTest("seq-read-64k", "read", "64k"),
+    StorageTest("seq-write-64k-buffered", "write", "64k", direct=False),
+    StorageTest("seq-read-64k-buffered", "read", "64k", direct=False),
+    StorageTest("dd-write-64k", "write", "64k", direct=False, tool="dd"),
+    StorageTest("dd-read-64k", "read", "64k", direct=False, tool="dd"),
+    StorageTest("seq-write-1m", "write", "1m", iodepth=8),
+    StorageTest("seq-read-1m", "read", "1m", iodepth=8),
+    StorageTest("randwrite-4k-qd1", "randwrite", "4k", timed=True),
+    StorageTest("randread-4k-qd1", "randread", "4k", timed=True),
+    StorageTest("randwrite-4k-qd32", "randwrite", "4k", iodepth=32, timed=True),
+    StorageTest("randread-4k-qd32", "randread", "4k", iodepth=32, timed=True),
+    *(StorageTest(f"rec-{rw}-{bs}", rw, bs, sync=True) for bs in RECORD_SIZES for rw in ("write", "read")),
+    *(StorageTest(f"iozone-{rw}-{bs}", rw, bs, sync=True, tool="iozone")
+      for bs in RECORD_SIZES for rw in ("write", "read")),
+    # IOzone's automatic mode over file sizes (study B's sweep): each record size, files doubling up to the run's size.
+    *(StorageTest(f"iozone-files-{bs}", "write", bs, sync=True, tool="iozone-files") for bs in RECORD_SIZES),
+    # Both sweeps at once; its bs is the largest record, which the run's size must hold.
+    StorageTest(IOZONE_GRID, "write", "16m", sync=True, tool=IOZONE_GRID, min_bs="64k"),
+    StorageTest("iozone-grid-4k", "write", "16m", sync=True, tool=IOZONE_GRID, min_bs="4k"),
+    # Bonnie++ (study B): its own write, rewrite and read of one file, then its file creations and deletions.
+    StorageTest("bonnie", "write", "8k", tool="bonnie"),
+    # a write job, then (caches dropped) a read job: both phases' caches and labels as a read test's
+    *(StorageTest(tid, "write,read", "1m", tool=MPI_TOOL) for tid in MPI_TESTS),
+    StorageTest("fiocs-seq-write-64k", "write", "64k", tool=FIO_CS_TOOL),
+]}
+
+
+TEST_SETS: dict[str, list[str]] = {
+    # The studies' pattern: 64 kB sequential, synchronous (dd) and direct.
+    "study": ["dd-write-64k", "dd-read-64k", "seq-write-64k", "seq-read-64k"],
+    "standard": ["seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m",
+                 "seq-read-1m", "randwrite-4k-qd1", "randread-4k-qd1", "randwrite-4k-qd32",
+                 "randread-4k-qd32"],
+    # Not the record sweep: 14 more whole-file passes, down to 4 kB at a time, would more than double a full run.
+    # Nor Bonnie++, which makes a file system on the disk and writes, rewrites and reads most of it once more,
+    # nor IOzone's grid, which passes over twice the disk 36 times.
+    "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS and t not in IOZONE_FILE_TESTS
+             and t not in ("bonnie", *IOZONE_GRIDS) and t not in JOB_TESTS],
+    "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
+    "records": list(RECORD_TESTS),
+    # Study B's record sizes (64 kB, 1 MB and its 16 MB) with IOzone itself; the whole sweep is `iozone-*` by name.
+    "iozone": [f"iozone-{rw}-{bs}" for bs in ("64k", "1m", "16m") for rw in ("write", "read")],
+    "bonnie": ["bonnie"],
+    # IOzone's file-size sweep with the study's 16 MB records; other record sizes by name (iozone-files-SIZE).
+    "iozone-files": ["iozone-files-16m"],
+    # across guests only (--guests 2 or more); the shared-file ones on an NFS export
+    "mpi": list(MPI_TESTS),
+    "fio-cs": list(FIO_CS_TESTS),  # across guests only, like mpi
+}
+
+
+def resolve_tests(spec: str | list[str]) -> list[StorageTest]:
+    """A set name or comma-separated test ids -> tests in a safe order (writes before reads)."""
+    ids = spec if isinstance(spec, list) else (TEST_SETS.get(spec) or [s for s in spec.split(",") if s])
+    unknown = [i for i in ids if i not in TESTS]
+    if unknown:
+        raise CloudboxError(
+            f"unknown storage test(s) {', '.join(unknown)}; allowed: {', '.join(TESTS)} "
+            f"or a set: {', '.join(TEST_SETS)}")
+    return [TESTS[i] for i in ids]
+
+
+def block_bytes(bs: str) -> int:
+    """fio's block size in bytes: "64k" -> 65536, "16m" -> 16777216."""
+    return int(bs[:-1]) * {"k": 1024, "m": 1024**2}[bs[-1]]
+
+
+@dataclass(frozen=True)
+class NetTest:
+    id: str
+    tool: str  # netperf | iperf3
+    kind: str  # TCP_STREAM | TCP_MAERTS | TCP_RR | tx | rx
+    metric: str
+    direction: str
+
+
+NET_TESTS: dict[str, NetTest] = {t.id: t for t in [
+    NetTest("tcp-stream", "netperf", "TCP_STREAM", "Mbit/s", "guest -> host"),
+    NetTest("tcp-maerts", "netperf", "TCP_MAERTS", "Mbit/s", "host -> guest"),
+    NetTest("tcp-rr", "netperf", "TCP_RR", "trans/s", "request/response"),
+    NetTest("iperf3-tx", "iperf3", "tx", "Mbit/s", "guest -> host"),
+    NetTest("iperf3-rx", "iperf3", "rx", "Mbit/s", "host -> guest"),
+]}
+
+
+FRONTEND_SUFFIX = "-fe"
+
+
+_FE_DIRECTIONS = {"guest -> host": "guest -> front-end", "host -> guest": "front-end -> guest",
+                  "request/response": "request/response with the front-end"}
+
+
+def frontend_test(t: NetTest) -> NetTest:
+    """The same test with the front-end as the far end (its baseline: this node's host -> the front-end)."""
+    return NetTest(t.id + FRONTEND_SUFFIX, t.tool, t.kind, t.metric, _FE_DIRECTIONS.get(t.direction, t.direction))
+
+
+NET_SETS = {"netperf": ["tcp-stream", "tcp-maerts", "tcp-rr"], "iperf3": ["iperf3-tx", "iperf3-rx"],
+            "both": ["tcp-stream", "tcp-maerts", "tcp-rr", "iperf3-tx", "iperf3-rx"]}

@@ -1,0 +1,578 @@
+"""What a run is asked to do: the RunSpec, every run option declared once, the test sizes and sets, and the plan.
+
+RUN_OPTIONS is the one table of run options (name, type, default, help, choices, check): `cloudbox run` builds its
+flags from it and the TUI's Tests screen its selects, so a new option or choice appears in both at once. A spec
+is checked (`RunSpec.validate`) before anything is created; a bad value is a UsageError naming the flag, the value
+and what is allowed. The plan is the run's steps as (side, test), in the order the executor takes them.
+
+A propagation run (suite "propagation", study B's image-propagation sweep) is made by `cloudbox study run` only, from
+a study's [propagation] table: its image sizes are the spec's `propagate`, one per sample, and `cloudbox run` does not
+offer the suite.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from ..errors import CloudboxError, UsageError
+from . import catalogue, remote
+from .nodeconf import NODE_NAME_ALLOWED, is_node_name
+from .profiles import MIX, split_mix
+
+QUICK_SIZE = 128 * 1024**2
+MIN_SIZE = 4 * 1024**2
+AGENT_TIMEOUT_RANGE = (10.0, 3600.0)  # seconds
+DEFAULT_AGENT_TIMEOUT = 300.0
+# "guest" launches the profile's guest and keeps it running (no tests) until `cancel` stops it.
+SUITES = ("storage", "network", "all", "guest")
+SIDES = ("baseline", "guest")
+BOOT = "boot"  # the plan's test name for the guest's launch
+# Study B's image-propagation sweep: provision a guest from an image of each size (core.run.propagate).
+PROPAGATION = "propagation"
+PROPAGATE_PREFIX = "propagate-"
+MIB = 1024**2
+MAX_PROPAGATE_SAMPLES = 2000  # samples in one propagation run: a study's 16 sizes x 100 repeats, with room
+MAX_IMAGE_SIZE = 1024**4  # 1 TiB
+MAX_GUESTS = 64  # guests of one run on one host; the host's memory and CPUs usually stop it sooner
+
+
+def propagation_test(size_bytes: int) -> str:
+    """The test name a propagation sample of an image of `size_bytes` (whole MiB) is stored under: "propagate-64m"."""
+    return f"{PROPAGATE_PREFIX}{size_bytes // MIB}m"
+
+
+def propagation_size(test: str) -> int | None:
+    """The image size in bytes of a propagation test name ("propagate-64m" -> 64 MiB), else None."""
+    m = re.fullmatch(re.escape(PROPAGATE_PREFIX) + r"([1-9][0-9]{0,7})m", test)
+    return int(m.group(1)) * MIB if m else None
+
+
+@dataclass
+class RunSpec:
+    profile: str  # preset/user profile name or a path to a .toml; a mixed run's joined by "+", one per guest in turn
+    suite: str = "all"
+    size: str = "quick"  # quick | study | <number>[K|M|G]
+    storage_tests: str = "standard"  # a set name (smoke, study, standard, full) or comma-separated ids
+    net_tests: str = "netperf"  # netperf | iperf3 | both | comma-separated ids
+    net_seconds: int = 0  # 0: 5 s for quick runs, 30 s otherwise
+    runtime: int = 0  # cap for random tests; 0: 5 s quick, 30 s otherwise
+    work_dir: str = ""  # where file backings and baseline files go (the file system under test)
+    device: str = ""  # explicit whole device for block-device backings
+    destroy: str = ""  # confirmation: the device's kernel name, required when it holds data
+    agent_timeout: float = DEFAULT_AGENT_TIMEOUT  # seconds to wait for the guest agent after launch
+    node: str = ""  # an enrolled back-end to run on (the front-end mirrors the node's run); "" = this host;
+    # with --guests N, a comma list of places (enrolled back-ends, `local` for this host) the N guests spread over
+    # Set by the front-end for a run on a back-end (no option: never typed by a person): its private address and
+    # the netserver/iperf3 ports it opened there. The guest then joins the node's private bridge and the network
+    # tests also go to the front-end.
+    peer: str = ""
+    peer_netperf_port: int = 0
+    peer_iperf3_port: int = 0
+    peer_iperf3_ports: list[int] = field(default_factory=list)  # --guests N: an iperf3 server per guest
+    # Set by the front-end for an NFS profile's run on a back-end: where it serves the run's export (its private
+    # address and ganesha's port). The node's guests and its host mount it from there.
+    nfs_host: str = ""
+    nfs_port: int = 0
+    # Set by the front-end for a block-volume profile's run on a back-end: where it serves the volume
+    # (core.spec.remote: iscsi://, nbds://, nvme+tcp://, aoe:); the node's host or guest attaches it from there.
+    volume_uri: str = ""
+    # Suite propagation only (set by `cloudbox study run`, no option): image sizes in bytes, one per sample, in order.
+    propagate: list[int] = field(default_factory=list)
+    guests: int = 1  # benchmark guests of the profile run at once on this host, their tests started together
+    cpu_overcommit: float = 1.0  # guest vCPUs allowed per host CPU (above 1 the figures carry vcpu-overcommit)
+    # Set by the front-end for one node's part of a spread run (no option): each test waits for the front-end's
+    # start instant (core.run.hold); it names the coordinating run ("fe1 run 12, be1 g2 of 2 guests").
+    hold: str = ""
+    # ... and the number its first guest has in the whole run (its files on a shared NFS export are named by it).
+    first_guest: int = 1
+
+    def validate(self) -> None:
+        """Every option's value against its declaration; a UsageError for the first that is not allowed."""
+        for opt in RUN_OPTIONS:
+            if opt.field == "suite" and self.suite == PROPAGATION:
+                continue  # not a --suite choice: only a study run makes one, and its sizes are checked below
+            opt.validate(getattr(self, opt.field))
+        if self.wants_storage:
+            _check_records_fit(self.storage_tests, self.size)
+            jobs = [t.id for t in catalogue.resolve_tests(self.storage_tests) if t.tool in catalogue.JOB_TOOLS]
+            if jobs and self.guests < 2:
+                raise UsageError(f"storage test(s) {', '.join(jobs)} run one job (MPI, or fio's client/server) across "
+                                 "guests; allowed: --guests 2 or more, or --tests without them")
+        if not isinstance(self.propagate, list):
+            raise UsageError(f"image sizes to propagate {self.propagate!r} are not allowed; allowed: a list of sizes "
+                             "in bytes")
+        if self.propagation:
+            _check_propagation(self)
+        elif self.propagate:
+            raise UsageError(f"image sizes to propagate belong to a propagation run, not to --suite {self.suite}")
+        if self.guests > 1:
+            _check_many_guests(self)
+        if self.spread:
+            _check_spread(self)
+        if len(self.profiles) > 1:
+            _check_mix(self)
+        _check_nfs_server(self.nfs_host, self.nfs_port)
+        if self.volume_uri:
+            remote.parse(self.volume_uri)
+        _check_peer_ports(self)
+        if isinstance(self.first_guest, bool) or not isinstance(self.first_guest, int) or \
+                not 1 <= self.first_guest <= MAX_GUESTS - self.guests + 1:
+            raise UsageError(f"first guest {self.first_guest!r} is not allowed; allowed: 1 to "
+                             f"{MAX_GUESTS - self.guests + 1} (the front-end numbers a spread run's guests)")
+
+    @property
+    def profiles(self) -> list[str]:
+        """The profile references given: one, or a mixed run's several (guest k runs the ((k-1) mod m)-th)."""
+        return split_mix(self.profile)
+
+    @property
+    def places(self) -> list[str]:
+        """Where the run's guests go: [] for this host, one enrolled node, or several places (a spread run)."""
+        return self.node.split(",") if self.node else []
+
+    @property
+    def spread(self) -> bool:
+        """The guests spread over several places, coordinated by this host (core.run.spread)."""
+        return len(self.places) > 1
+
+    @property
+    def wants_storage(self) -> bool:
+        return self.suite in ("storage", "all")
+
+    @property
+    def wants_mpi(self) -> bool:
+        """An MPI job among the storage tests: the guests boot with the MPI layer and talk on the run's bridge."""
+        return self.wants_storage and any(t.tool == catalogue.MPI_TOOL
+                                          for t in catalogue.resolve_tests(self.storage_tests))
+
+    @property
+    def wants_links(self) -> bool:
+        """A job across the guests among the storage tests (MPI, fio's client/server): the guests talk on the run's
+        bridge."""
+        tests = catalogue.resolve_tests(self.storage_tests) if self.wants_storage else []
+        return any(t.tool in catalogue.JOB_TOOLS for t in tests)
+
+    @property
+    def wants_network(self) -> bool:
+        return self.suite in ("network", "all")
+
+    @property
+    def session(self) -> bool:
+        """A guest session: launched, then held until stopped (no tests)."""
+        return self.suite == "guest"
+
+    @property
+    def propagation(self) -> bool:
+        """Study B's image-propagation sweep: a guest provisioned from an image of each size in `propagate`."""
+        return self.suite == PROPAGATION
+
+    def propagation_steps(self) -> list[tuple[int, str]]:
+        """(image size, plan step test) per sample: the size's test name with the sample's number at that size in
+        this run ("propagate-64m#2"), so that every sample is a step of its own."""
+        seen: dict[int, int] = {}
+        out = []
+        for size in self.propagate:
+            seen[size] = seen.get(size, 0) + 1
+            out.append((size, f"{propagation_test(size)}#{seen[size]}"))
+        return out
+
+    def plan(self) -> list[PlanStep]:
+        """The run's steps in execution order (the guest's launch is ("guest", "boot")): what a watcher needs to
+        turn per-test progress into whole-run progress."""
+        if self.propagation:
+            return [PlanStep("guest", step) for _, step in self.propagation_steps()]
+        tests = [t.id for t in catalogue.resolve_tests(self.storage_tests)] if self.wants_storage else []
+        out = [PlanStep("baseline", t) for t in tests]
+        out.append(PlanStep("guest", BOOT))
+        out += [PlanStep("guest", t) for t in tests]
+        if self.wants_network:
+            for nt in resolve_net_tests(self.net_tests):
+                out += [PlanStep("guest", nt.id), PlanStep("baseline", nt.id)]
+                if self.peer:
+                    fe = nt.id + catalogue.FRONTEND_SUFFIX
+                    out += [PlanStep("guest", fe), PlanStep("baseline", fe)]
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """The spec's settings; `propagate` only in a propagation run, `guests` only when more than one,
+        `cpu_overcommit` only above 1 and the NFS server only when there is one, so every other run's stored record
+        and request to a node read as before they existed."""
+        d = asdict(self)
+        if not d["propagate"]:
+            del d["propagate"]
+        if d["guests"] == 1:
+            del d["guests"]
+        if not d["peer_iperf3_ports"]:
+            del d["peer_iperf3_ports"]
+        if not d["nfs_host"]:
+            del d["nfs_host"], d["nfs_port"]
+        if not d["volume_uri"]:
+            del d["volume_uri"]
+        if not d["hold"]:
+            del d["hold"]
+        if d["cpu_overcommit"] == 1:
+            del d["cpu_overcommit"]
+        if d["first_guest"] == 1:
+            del d["first_guest"]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "run settings") -> RunSpec:
+        """A spec from its dict form (a detached executor's argument, a sweep file, a front-end's request);
+        unknown settings are refused by name (a cloudbox of another version wrote them)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CloudboxError(f"{source}: unknown run setting(s) {', '.join(unknown)}; allowed: "
+                                f"{', '.join(sorted(known))}")
+        if "profile" not in data:
+            raise CloudboxError(f"{source}: no profile given")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """One step of a run's plan: a test (or the guest's boot) on one side."""
+
+    side: str  # "baseline" | "guest"
+    test: str
+
+
+def parse_size(text: str, memory_mib: int) -> tuple[int, str]:
+    """-> (bytes, label). 'study' is study B's rule: twice the guest's RAM (at least 2 GiB)."""
+    t = str(text).strip().lower()
+    if t == "quick":
+        return QUICK_SIZE, "quick"
+    if t == "study":
+        return max(2 * memory_mib * 1024**2, 2 * 1024**3), "study"
+    mult = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+    try:
+        if t and t[-1] in mult:
+            n = int(float(t[:-1]) * mult[t[-1]])
+        else:
+            n = int(t)
+    except (ValueError, OverflowError):
+        raise UsageError(f"--size {text!r} not understood; allowed: quick, study, or a size like 512M, 4G") from None
+    if n < MIN_SIZE:
+        raise UsageError(f"--size {text!r} is too small; the minimum is 4M")
+    return n, "custom"
+
+
+def resolve_net_tests(spec: str) -> list[catalogue.NetTest]:
+    ids = catalogue.NET_SETS.get(spec) or [s for s in spec.split(",") if s]
+    bad = [i for i in ids if i not in catalogue.NET_TESTS]
+    if bad:
+        raise UsageError(f"unknown network test(s) {', '.join(bad)}; allowed: {', '.join(catalogue.NET_TESTS)} "
+                         f"or a set: {', '.join(catalogue.NET_SETS)}")
+    return [catalogue.NET_TESTS[i] for i in ids]
+
+
+# ------------------------------------------------------------------------------------------------ options
+@dataclass(frozen=True)
+class Choice:
+    """One offered value of an option: its value, the TUI's words for it, whether the TUI's run form offers it."""
+
+    value: str
+    label: str = ""
+    offered: bool = True
+
+    @property
+    def title(self) -> str:
+        return self.label or self.value
+
+
+@dataclass(frozen=True)
+class RunOption:
+    """One run option, declared once for the CLI's flags, the TUI's run form and the spec's validation."""
+
+    field: str  # the RunSpec attribute
+    flags: tuple[str, ...]  # the CLI's flags, the long one first
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+    title: str = ""  # the TUI form's heading for it ("" where the form does not offer it)
+    metavar: str | None = None
+    choices: tuple[Choice, ...] = ()
+    closed: bool = False  # only the choices are allowed; else `check` says what is
+    check: Callable[[Any], None] | None = None  # raises UsageError naming the flag, the value and what is allowed
+    form_default: Any = None  # the TUI form's first value, where it differs from the CLI's default
+    required: bool = False
+    sweep: bool = False  # the CLI also takes a comma-separated list: one run per value, one after another
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+    def validate(self, value: Any) -> None:
+        if self.closed and value not in [c.value for c in self.choices]:
+            raise UsageError(f"{self.flag} {value!r} is not allowed; allowed: "
+                             f"{', '.join(c.value for c in self.choices)}")
+        if self.check is not None:
+            self.check(value)
+
+    def values(self, given: Any) -> list[Any]:
+        """The values of a sweep option's CLI text ("1,2,4" -> [1, 2, 4]), each of the option's type and given once;
+        one value for any other option."""
+        if not (self.sweep and isinstance(given, str)):
+            return [given]
+        out = []
+        for part in given.split(","):
+            try:
+                value = self.type(part.strip())
+            except ValueError:
+                raise UsageError(f"{self.flag} {given!r}: {part.strip()!r} is not understood; allowed: one value or "
+                                 f"a comma-separated list such as 1,2,4 (one run each)") from None
+            if value in out:
+                raise UsageError(f"{self.flag} {given!r}: {value} is given twice; allowed: each value once")
+            out.append(value)
+        return out
+
+    def offered(self) -> list[tuple[str, str]]:
+        """(label, value) of every choice the TUI's form offers, for a select."""
+        return [(c.title, c.value) for c in self.choices if c.offered]
+
+    @property
+    def initial(self) -> Any:
+        """The value the TUI's form starts with."""
+        return self.default if self.form_default is None else self.form_default
+
+
+def _check_size(value: str) -> None:
+    parse_size(value, 1024)
+
+
+def _check_tests(value: str) -> None:
+    try:
+        catalogue.resolve_tests(value)
+    except CloudboxError as e:
+        raise UsageError(f"--tests {value!r}: {e}") from None
+
+
+def _check_records_fit(tests: str, size: str) -> None:
+    """fio refuses a file smaller than one block, so a custom --size must hold the largest record of --tests."""
+    n, _ = parse_size(size, 1024)
+    big = max(catalogue.resolve_tests(tests), key=lambda t: catalogue.block_bytes(t.bs))
+    if n < catalogue.block_bytes(big.bs):
+        raise UsageError(f"--size {size!r} is smaller than one {big.bs} record of {big.id}; allowed: a size of at "
+                         f"least {big.bs.upper()}, or --tests without {big.id}")
+    if n < catalogue.BONNIE_MIN_SIZE and any(t.tool == "bonnie" for t in catalogue.resolve_tests(tests)):
+        raise UsageError(f"--size {size!r} is too small for bonnie (an ext4 file system and Bonnie++'s file on "
+                         f"it); allowed: a size of at least {catalogue.BONNIE_MIN_SIZE // 1024**2}M, or --tests "
+                         "without bonnie")
+
+
+def _check_propagation(spec: RunSpec) -> None:
+    """A propagation run: on this host, with whole-MiB image sizes, and none of the options it has no use for."""
+    if spec.node:
+        raise UsageError(f"--node {spec.node!r}: the image-propagation sweep runs on this host only for now (on a "
+                         "back-end it would have to copy the images over the network, which is not implemented "
+                         "yet); allowed: a study run without --node")
+    for flag, value in (("--device", spec.device), ("--destroy", spec.destroy)):
+        if value:
+            raise UsageError(f"{flag} {value!r} does not apply to the image-propagation sweep (its guests' disks are "
+                             "copies in --work-dir); allowed: none")
+    if not spec.propagate:
+        raise UsageError("a propagation run needs image sizes: `cloudbox study run` takes them from the study's "
+                         "[propagation] table")
+    if len(spec.propagate) > MAX_PROPAGATE_SAMPLES:
+        raise UsageError(f"{len(spec.propagate)} propagation samples in one run; allowed: at most "
+                         f"{MAX_PROPAGATE_SAMPLES}")
+    for size in spec.propagate:
+        if isinstance(size, bool) or not isinstance(size, int) or size % MIB or not MIN_SIZE <= size <= MAX_IMAGE_SIZE:
+            raise UsageError(f"image size {size!r} is not allowed; allowed: a whole number of MiB from "
+                             f"{MIN_SIZE // MIB} MiB to {MAX_IMAGE_SIZE // MIB} MiB, in bytes")
+
+
+def _check_guests(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GUESTS:
+        raise UsageError(f"--guests {value!r} is not allowed; allowed: 1 to {MAX_GUESTS} guests (within what this "
+                         "host's memory and CPUs hold)")
+
+
+def _check_many_guests(spec: RunSpec) -> None:
+    """N guests at once: storage and network tests on this host, each guest on a store and a NIC of its own."""
+    n = spec.guests
+    if not (spec.wants_storage or spec.wants_network):
+        raise UsageError(f"--guests {n} runs the storage and network tests of N guests at once; --suite "
+                         f"{spec.suite} runs one guest; allowed with --guests > 1: --suite storage, network or all")
+    if spec.device:
+        raise UsageError(f"--guests {n} with --device {spec.device!r}: one device cannot be the whole disk of "
+                         f"{n} guests; allowed: no --device (each guest gets a store of its own in --work-dir)")
+    bonnie = [t.id for t in catalogue.resolve_tests(spec.storage_tests) if t.tool == "bonnie"]
+    if bonnie:
+        raise UsageError(f"--guests {n} with --tests {spec.storage_tests!r}: {', '.join(bonnie)} runs in one guest "
+                         "at a time (its figures are per file system, not summed over N); allowed with --guests > 1: "
+                         "--tests without bonnie")
+
+
+def _check_nfs_server(host: str, port: int) -> None:
+    """The front-end's NFS server for a back-end's run: an IPv4 address and a port, or neither."""
+    if not host and not port:
+        return
+    try:
+        ok = isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
+    except ValueError:
+        ok = False
+    if not ok or isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise UsageError(f"NFS server {host!r} port {port!r} is not allowed; allowed: the front-end's private IPv4 "
+                         "address and a port from 1 to 65535 (the front-end sets both)")
+
+
+def _check_peer_ports(spec: RunSpec) -> None:
+    """The front-end's iperf3 ports for N guests: none, or one per guest, each a port."""
+    ports = spec.peer_iperf3_ports
+    if not ports:
+        return
+    if (not isinstance(ports, list) or len(ports) != spec.guests
+            or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports)):
+        raise UsageError(f"the front-end's iperf3 ports {ports!r} are not allowed; allowed: one port from 1 to 65535 "
+                         f"for each of the run's {spec.guests} guests (the front-end sets them)")
+
+
+def _check_net_tests(value: str) -> None:
+    try:
+        resolve_net_tests(value)
+    except CloudboxError as e:
+        raise UsageError(f"--net-tests {value!r}: {e}") from None
+
+
+def _seconds(flag: str, default: str) -> Callable[[int], None]:
+    def check(value: int) -> None:
+        if value < 0:
+            raise UsageError(f"{flag} {value} is not allowed; allowed: 0 ({default}) or more seconds")
+    return check
+
+
+def _check_agent_timeout(value: float) -> None:
+    low, high = AGENT_TIMEOUT_RANGE
+    if not low <= value <= high:
+        raise UsageError(f"--agent-timeout {value:g} is not allowed; allowed: {low:g} to {high:g} seconds "
+                         f"(default {DEFAULT_AGENT_TIMEOUT:g})")
+
+
+CPU_OVERCOMMIT_RANGE = (1.0, 16.0)
+OVERCOMMIT_LABEL = "vcpu-overcommit"  # a guest figure measured with more guest vCPUs than host CPUs
+
+
+def _check_cpu_overcommit(value: float) -> None:
+    low, high = CPU_OVERCOMMIT_RANGE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise UsageError(f"--cpu-overcommit {value!r} is not allowed; allowed: {low:g} (default: a host CPU for "
+                         f"every guest vCPU) to {high:g} guest vCPUs per host CPU")
+
+
+LOCAL_PLACE = "local"  # this host, as a place of a spread run's guests (--node local,be1)
+MAX_PLACES = 8
+
+
+def _check_node(value: str) -> None:
+    places = value.split(",") if value else []
+    if len(places) > MAX_PLACES:
+        raise UsageError(f"--node {value!r} names {len(places)} places; allowed: 1 to {MAX_PLACES}")
+    if len(places) == 1 and not is_node_name(value):
+        raise UsageError(f"--node {value!r} is not a node name; allowed: {NODE_NAME_ALLOWED} "
+                         "(`cloudbox node list` names the enrolled ones)")
+    for p in places:
+        if not is_node_name(p):
+            raise UsageError(f"--node {value!r}: {p!r} is not a node name; allowed: {NODE_NAME_ALLOWED}, in a comma "
+                             f"list of places with `{LOCAL_PLACE}` for this host (`cloudbox node list` names the "
+                             "enrolled ones)")
+    if len(set(places)) < len(places):
+        twice = sorted({p for p in places if places.count(p) > 1})
+        raise UsageError(f"--node {value!r} names {', '.join(twice)} twice; allowed: each place once (--guests "
+                         "says how many guests in all)")
+    if places == [LOCAL_PLACE]:
+        raise UsageError(f"--node {LOCAL_PLACE} alone is this host; allowed: no --node for a run here, or "
+                         f"{LOCAL_PLACE} with enrolled nodes (--node {LOCAL_PLACE},be1) to spread the guests")
+
+
+def _check_spread(spec: RunSpec) -> None:
+    """Guests spread over several places: at least one each; storage tests on each guest's own disk or on the
+    front-end's one NFS export, network tests from each guest to its own place's host (MPI jobs across places are
+    not spread yet)."""
+    places, n = spec.places, spec.guests
+    where = f"--node {spec.node}"
+    if n < len(places):
+        raise UsageError(f"{where} spreads the guests over {len(places)} places; --guests {n} leaves one empty; "
+                         f"allowed: --guests {len(places)} or more")
+    jobs = [t.id for t in catalogue.resolve_tests(spec.storage_tests) if t.tool in catalogue.JOB_TOOLS]
+    if jobs:
+        raise UsageError(f"{where} with --tests {', '.join(jobs)}: a job across places (MPI, fio's client/server) is "
+                         "not supported yet; allowed: the fio and dd tests, or these with every guest on one place")
+    if spec.hold:
+        raise UsageError(f"{where}: a part of a spread run runs on one place; allowed: one node")
+
+
+def _check_mix(spec: RunSpec) -> None:
+    """A mixed run: N guests of several profiles, taken in turn wherever the guests go (the profiles' own agreement
+    is checked once they are loaded: core.spec.profiles.mix_problem)."""
+    m, given = len(spec.profiles), f"--profile {spec.profile}"
+    if spec.guests < m:
+        raise UsageError(f"{given} names {m} profiles, one per guest in turn; --guests {spec.guests} leaves "
+                         f"{'one' if m - spec.guests == 1 else m - spec.guests} unused; allowed: --guests {m} or more")
+
+
+def guest_profile_index(k: int, m: int) -> int:
+    """Which of a mixed run's m profiles guest k (1-based) runs: they take turns."""
+    return (k - 1) % m
+
+
+def split_guests(n: int, places: int) -> list[int]:
+    """N guests over the places, as evenly as they go, the first places taking one more: 5 over 2 -> [3, 2]."""
+    return [n // places + (1 if i < n % places else 0) for i in range(places)]
+
+
+RUN_OPTIONS: tuple[RunOption, ...] = (
+    RunOption("profile", ("--profile", "-p"), str, None,
+              f"preset or user profile name, or a .toml file; with --guests N, several joined by {MIX} for a mixed "
+              f"run, the guests taking them in turn (virtio-file{MIX}kvm-cache-none)", required=True),
+    RunOption("suite", ("--suite", "-s"), str, "all",
+              "what to measure: storage, network, all, or guest (launch the profile's guest and keep it until "
+              "cancelled)", title="Suite", closed=True, form_default="storage",
+              choices=(Choice("storage"), Choice("network"), Choice("all", "both"), Choice("guest", offered=False))),
+    RunOption("size", ("--size",), str, "quick",
+              "test size: quick (128 MiB), study (2x guest RAM, >= 2 GiB) or e.g. 512M, 4G", title="Size",
+              choices=(Choice("quick", "quick (128 MiB, 5 s tests)"),
+                       Choice("study", "study-sized (2x guest RAM, 30 s tests)")), check=_check_size),
+    RunOption("storage_tests", ("--tests",), str, "standard",
+              f"storage tests: {', '.join(catalogue.TEST_SETS)}, or comma-separated ids", title="Storage tests",
+              metavar="TESTS",
+              choices=tuple(Choice(k, f"{k}: {', '.join(v)}") for k, v in catalogue.TEST_SETS.items()),
+              check=_check_tests, form_default="study"),
+    RunOption("net_tests", ("--net-tests",), str, "netperf", "netperf, iperf3, both, or comma-separated ids",
+              choices=tuple(Choice(k) for k in catalogue.NET_SETS), check=_check_net_tests),
+    RunOption("net_seconds", ("--net-seconds",), int, 0, "seconds per network test (default 5 quick / 30)",
+              check=_seconds("--net-seconds", "5 s quick, 30 s otherwise")),
+    RunOption("runtime", ("--runtime",), int, 0, "seconds cap for random I/O tests (default 5 / 30)",
+              check=_seconds("--runtime", "5 s quick, 30 s otherwise")),
+    RunOption("work_dir", ("--work-dir",), str, "", "directory on the file system under test (file backings)"),
+    RunOption("device", ("--device",), str, "", "whole device for block-device backings (else a loop device)"),
+    RunOption("destroy", ("--destroy",), str, "", "confirm destroying --device's data by naming it (e.g. sdb)",
+              metavar="NAME"),
+    RunOption("node", ("--node",), str, "",
+              "run on this enrolled back-end (front-end only; `cloudbox node list`); with --guests N, a comma list "
+              f"to spread them over (`{LOCAL_PLACE}` is this host: --node {LOCAL_PLACE},be1); default: this host",
+              title="Where", metavar="NAME[,NAME...]", check=_check_node),
+    RunOption("agent_timeout", ("--agent-timeout",), float, DEFAULT_AGENT_TIMEOUT,
+              f"seconds to wait for the guest to boot to its agent (default {DEFAULT_AGENT_TIMEOUT:g}; under TCG or "
+              "nested KVM a guest that misses it is launched once more)", metavar="SECONDS",
+              check=_check_agent_timeout),
+    RunOption("guests", ("--guests",), int, 1,
+              "benchmark guests of the profile to run at once on this host, each with a disk and a NIC of its own, "
+              "their tests started together; stores each guest's figures and their sum; a list such as "
+              "1,2,4 runs one run per count and prints them in one table", title="Guests at once", metavar="N[,N...]",
+              check=_check_guests, sweep=True),
+    RunOption("cpu_overcommit", ("--cpu-overcommit",), float, 1.0,
+              "with --guests N, guest vCPUs allowed per host CPU (default 1: each vCPU gets a host CPU); above 1 "
+              "the guests share CPUs and their figures carry the vcpu-overcommit caveat", metavar="RATIO",
+              check=_check_cpu_overcommit),
+)
+OPTIONS_BY_FIELD = {o.field: o for o in RUN_OPTIONS}
+
+
+def option(field: str) -> RunOption:
+    return OPTIONS_BY_FIELD[field]

@@ -1,0 +1,394 @@
+"""Render a validated tuning Profile into libvirt domain XML.
+
+`render_domain()` produces a deterministic, pretty-printed <domain> for one benchmark
+guest: direct kernel boot of the cloudbox guest (kernel + initramfs, no boot disk), the
+benchmark disk (or disk.count of them) as the only disks, one bridged NIC, a serial console (logged to a file by
+libvirt's virtlogd when `console_log` is given), a guest-agent channel, and a <metadata>
+element in the cloudbox namespace (CLOUDBOX_XMLNS) carrying the profile's name and hash
+(and the run's id) so cloudbox can recognise and clean up its own guests
+(`cloudbox_metadata()` reads it back).
+
+A profile with disk.count N > 1 gets N such disks, one per backing store, named on from the first target by
+the bus's own sequence (vda, vdb, ...; sda, sdb, ...; hda..hdd; xvda, xvdb, ...).
+
+Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does not):
+  virtio-blk   target vda bus virtio; <driver iothread=1 queues=N>
+  virtio-scsi  controller scsi model virtio-scsi (<driver queues iothread>); target sda bus scsi
+  scsi-lsi     controller scsi model lsilogic (QEMU device "lsi" = LSI 53C895A); target sda bus scsi
+  sata         target sda bus sata (libvirt adds an ich9-ahci controller)
+  ide          target hda bus ide
+  NIC          <model type=e1000|rtl8139|virtio>; virtio gets <driver name=vhost|qemu queues=N>
+Xen (libxl), the guest type from guest.xen_type (auto: PV on xen-vbd, HVM on ide/scsi-lsi):
+  PV           os type xen (machine xenpv), direct kernel boot, target xvda bus xen, NIC netfront
+  PVH          os type xenpvh (machine xenpvh), otherwise as PV: the same disks, NIC, console and channel
+  HVM          machine xenfv, target hda bus ide / sda bus scsi (libxl has Xen's QEMU emulate them),
+               NIC e1000|rtl8139|netfront
+  Disk driver "phy" (blkback) or "qemu" (qdisk) as disk.xen_backend says (auto: phy for
+  block devices, qdisk for files; phy on a file is refused); no cache/io attributes
+  (libxl ignores them; profiles state the mode libxl uses). Console on the Xen PV
+  console (PV, PVH) or the first serial port (HVM); the agent channel is a Xen PV channel;
+  memballoon model xen (libxl rejects model none).
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+
+from cloudbox.core.disks.backing import NetworkSource
+from cloudbox.core.spec.profiles import Profile, guest_disks, xen_backend, xen_guest_type
+
+CLOUDBOX_XMLNS = "https://cloudbox.invalid/xmlns/1"
+AGENT_CHANNEL = "org.qemu.guest_agent.0"
+
+_MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
+
+# bus -> (target dev, libvirt disk bus)
+_TARGETS: dict[str, tuple[str, str]] = {
+    "virtio-blk": ("vda", "virtio"),
+    "virtio-scsi": ("sda", "scsi"),
+    "scsi-lsi": ("sda", "scsi"),
+    "sata": ("sda", "sata"),
+    "ide": ("hda", "ide"),
+    "xen-vbd": ("xvda", "xen"),
+}
+_SCSI_CONTROLLER = {"virtio-scsi": "virtio-scsi", "scsi-lsi": "lsilogic"}
+_NIC_MODEL = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio", "xen-netfront": "netfront"}
+# The cloudbox guest's kernel modules for each bus and NIC (its /init loads only these, given cloudbox.drivers=):
+# probing drivers for absent hardware (ata_piix on i440fx's own IDE, say) costs seconds under TCG.
+_DISK_DRIVERS = {
+    "virtio-blk": ("virtio_blk",),
+    "virtio-scsi": ("virtio_scsi", "crct10dif_generic", "sd_mod"),
+    "scsi-lsi": ("sym53c8xx", "crct10dif_generic", "sd_mod"),
+    "sata": ("ahci", "crct10dif_generic", "sd_mod"),
+    "ide": ("ata_piix", "crct10dif_generic", "sd_mod"),
+    "xen-vbd": ("xen_blkfront",),
+}
+_NIC_DRIVERS = {"virtio": ("virtio_net",), "e1000": ("e1000",), "rtl8139": ("8139cp", "8139too"),
+                "xen-netfront": ("xen_netfront",)}
+# A Xen PV guest's agent channel is its first extra PV console (hvc0 is its console), a tty for qemu-ga.
+XEN_PV_AGENT_CMDLINE = "console=hvc0 cloudbox.agent=/dev/hvc1 cloudbox.agent_method=isa-serial"
+_ALWAYS_DRIVERS = ("button", "evdev")  # the ACPI power button, for the guest's acpid
+_RAID_DRIVERS = {"none": (), "0": ("md_mod", "raid0")}
+# Devices that take interrupts by MSI/MSI-X: a guest with nothing else on PCI skips ACPI's interrupt-link
+# evaluation (pci=noacpi; 0.13-0.3 s per device under TCG). The LSI, IDE and AHCI disks, e1000 and RTL8139 need it.
+_MSI_BUSES = ("virtio-blk", "virtio-scsi")
+_MSI_NICS = ("virtio",)
+
+
+def guest_drivers(profile: Profile, *, nic: bool, disk: bool = True) -> list[str] | None:
+    """The kernel modules the cloudbox guest needs under QEMU/KVM or Xen PV for `profile` (its agent's virtio
+    modules are its /init's own); None for a bus or NIC model without an entry here (the guest then loads every
+    module)."""
+    d, n = profile.disk.bus, profile.network.model
+    if d not in _DISK_DRIVERS or (nic and n not in _NIC_DRIVERS):
+        return None
+    raid = profile.disk.raid if profile.disk.raid_on == "guest" else "none"  # the host's array is one plain disk
+    return [*(_DISK_DRIVERS[d] if disk else ()), *_RAID_DRIVERS[raid],
+            *(_NIC_DRIVERS[n] if nic else ()), *_ALWAYS_DRIVERS]
+
+
+def guest_boot_args(profile: Profile, *, nic: bool, disk: bool = True) -> list[str]:
+    """The kernel parameters the cloudbox guest boots with under QEMU/KVM for `profile`, beside
+    guestimage.CMDLINE: cloudbox.drivers= (guest_drivers()) and pci=noacpi when every PCI device it gets uses
+    MSI (the virtio-serial agent channel does)."""
+    drivers = guest_drivers(profile, nic=nic, disk=disk)
+    msi = (not disk or profile.disk.bus in _MSI_BUSES) and (not nic or profile.network.model in _MSI_NICS)
+    return [*([f"cloudbox.drivers={','.join(drivers)}"] if drivers else []), *(["pci=noacpi"] if msi else [])]
+
+
+def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    el = ET.SubElement(parent, tag, attrs)
+    if text is not None:
+        el.text = text
+    return el
+
+
+def render_domain(
+    profile: Profile,
+    *,
+    name: str,
+    domain_type: str,
+    kernel: str,
+    initrd: str,
+    cmdline: str,
+    disk_path: str,
+    disk_is_block: bool,
+    bridge: str | None,
+    mac: str | None,
+    emulator: str | None = None,
+    uuid: str | None = None,
+    run_uuid: str | None = None,
+    console_log: str | None = None,
+    more_disk_paths: Sequence[str] = (),
+    network_source: NetworkSource | None = None,
+    agent_socket: str | None = None,
+    boot_args: bool = True,
+) -> str:
+    """The libvirt domain XML (a str, ending in a newline) for `profile`.
+
+    domain_type is "kvm" or "qemu" (TCG) for hypervisor kvm, "xen" for hypervisor xen.
+    disk_path is the prepared backing store (a file, or a block device when
+    disk_is_block); more_disk_paths, the other disks' stores (of the same kind) when the profile has
+    disk.count > 1, one per further disk. network_source, when given, is what QEMU opens instead (disk.attach = qemu:
+    <disk type='network'>, with TLS through libvirt's nbd_tls_x509_cert_dir). A profile whose guest attaches its
+    network volume itself (disk.attach = guest) has no disk here: disk_path is "" and the bridge is required (the
+    volume reaches the guest through its NIC). No <interface> when bridge is None. run_uuid, when given, is written
+    to the metadata (attribute "run") so orphans of dead runs can be found. console_log, an absolute path,
+    makes libvirt copy everything the guest writes to its serial console into that file (<log append='off'>,
+    written by virtlogd as root; QEMU/KVM only). Unless cmdline names cloudbox.drivers= itself or boot_args is
+    False (a guest image older than these parameters), it gains guest_boot_args() under QEMU/KVM and
+    cloudbox.drivers= (guest_drivers()) under Xen PV; under Xen PV also the console and agent of
+    XEN_PV_AGENT_CMDLINE. agent_socket (Xen only, required there): the absolute path of the unix socket libxl's
+    QEMU in dom0 serves the agent's channel on (core.virt.qga talks to it). Raises ValueError on arguments that do not
+    fit the profile or libvirt."""
+    _check_arguments(profile, name=name, domain_type=domain_type, mac=mac, uuid=uuid, run_uuid=run_uuid,
+                     console_log=console_log, kernel=kernel, initrd=initrd, disk_path=disk_path,
+                     more_disk_paths=more_disk_paths, agent_socket=agent_socket)
+    xen = domain_type == "xen"
+    if xen and xen_backend(profile.disk) == "phy" and not disk_is_block:
+        raise ValueError(f"profile {profile.name!r} has disk.xen_backend = phy (blkback), which serves block devices "
+                         f"only; disk_path {disk_path!r} is a file")
+    guest_attach = profile.disk.backing == "network-volume" and profile.disk.attach == "guest"
+    if guest_attach and bridge is None:
+        raise ValueError(f"profile {profile.name!r} has disk.attach = guest: the guest reaches its volume through "
+                         "its NIC, so it needs a bridge")
+    if network_source is not None and (xen or profile.disk.attach != "qemu"):
+        raise ValueError("a network disk source is QEMU's own initiator: it needs disk.attach = qemu under KVM/QEMU")
+    xen_type = xen_guest_type(profile) if xen else ""
+    pv = xen_type in ("pv", "pvh")  # PV devices, PV console and agent channel alike
+    if boot_args and "cloudbox.drivers=" not in cmdline:
+        if not xen:
+            cmdline = " ".join([cmdline, *guest_boot_args(profile, nic=bridge is not None, disk=not guest_attach)])
+        elif pv and (drivers := guest_drivers(profile, nic=bridge is not None, disk=not guest_attach)):
+            cmdline = f"{cmdline} cloudbox.drivers={','.join(drivers)}"
+        cmdline = cmdline.strip()
+    if pv and "cloudbox.agent=" not in cmdline:
+        cmdline = f"{cmdline} {XEN_PV_AGENT_CMDLINE}".strip()
+
+    root = ET.Element("domain", {"type": domain_type})
+    _sub(root, "name", name)
+    if uuid is not None:
+        _sub(root, "uuid", uuid)
+    _metadata(root, profile, run_uuid)
+    _resources(root, profile, xen)
+    _boot(root, profile, xen=xen, xen_type=xen_type, kernel=kernel, initrd=initrd, cmdline=cmdline)
+
+    devices = _sub(root, "devices")
+    if emulator is not None:
+        _sub(devices, "emulator", emulator)
+    _controllers(devices, profile, xen)
+    for i, path in enumerate([] if guest_attach else [disk_path, *more_disk_paths]):
+        _disk(devices, profile, xen, disk_path=path, disk_is_block=disk_is_block, index=i, network=network_source)
+    if bridge is not None:
+        _interface(devices, profile, bridge, mac)
+    _console_and_agent(devices, xen=xen, pv=pv, console_log=console_log, agent_socket=agent_socket)
+    _sub(devices, "memballoon", model="xen" if xen else "none")
+
+    ET.indent(root, space="  ")
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str | None, uuid: str | None,
+                     run_uuid: str | None, console_log: str | None, kernel: str, initrd: str, disk_path: str,
+                     more_disk_paths: Sequence[str] = (), agent_socket: str | None = None) -> None:
+    hv = profile.guest.hypervisor
+    if domain_type not in ("kvm", "qemu", "xen"):
+        raise ValueError(f"domain_type must be kvm, qemu or xen, not {domain_type!r}")
+    if (hv == "xen") != (domain_type == "xen"):
+        raise ValueError(
+            f"profile {profile.name!r} is for hypervisor {hv}; domain type {domain_type!r} "
+            f"does not run it (use {'xen' if hv == 'xen' else 'kvm or qemu'})"
+        )
+    if not name or "/" in name or len(name) > 200 or any(c.isspace() for c in name):
+        raise ValueError(f"invalid domain name {name!r}: 1..200 characters, no '/' or whitespace")
+    if mac is not None and not _MAC.match(mac):
+        raise ValueError(f"invalid MAC address {mac!r} (expected six colon-separated hex bytes)")
+    if uuid is not None and not _UUID.match(uuid):
+        raise ValueError(f"invalid UUID {uuid!r}")
+    if run_uuid is not None and not re.fullmatch(r"[0-9A-Za-z-]{1,64}", run_uuid):
+        raise ValueError(f"invalid run id {run_uuid!r}")
+    if console_log is not None:
+        if domain_type == "xen":
+            raise ValueError("console_log: libvirt's Xen (libxl) driver does not log consoles to a file")
+        if not console_log.startswith("/") or any(c in console_log for c in "\n\r\0"):
+            raise ValueError(f"console_log must be an absolute path without control characters, not {console_log!r}")
+    if domain_type == "xen":
+        if not agent_socket or not agent_socket.startswith("/") or any(c in agent_socket for c in "\n\r\0"):
+            raise ValueError(f"agent_socket: a Xen domain needs an absolute path for its agent's channel, not "
+                             f"{agent_socket!r}")
+        if len(agent_socket.encode()) > 107:
+            raise ValueError(f"agent_socket: {agent_socket!r} is longer than a unix socket path may be (107 bytes)")
+    elif agent_socket is not None:
+        raise ValueError("agent_socket: only Xen domains take one (QEMU/KVM's agent is reached through libvirt)")
+    if profile.disk.backing == "network-volume" and profile.disk.attach == "guest":
+        if disk_path or more_disk_paths:
+            raise ValueError(f"profile {profile.name!r} has disk.attach = guest: the guest attaches its volume "
+                             "itself, so disk_path must be empty")
+        disk_path, more_disk_paths = "-", ()  # no disk: the checks below are the files'
+    for what, value in (("kernel", kernel), ("initrd", initrd), ("disk_path", disk_path),
+                        *(("more_disk_paths", p) for p in more_disk_paths)):
+        if not value:
+            raise ValueError(f"{what} must not be empty")
+    if 1 + len(more_disk_paths) != guest_disks(profile.disk):
+        raise ValueError(f"profile {profile.name!r} gives the guest {guest_disks(profile.disk)} disk(s); got "
+                         f"{1 + len(more_disk_paths)} disk path(s)")
+    if len({disk_path, *more_disk_paths}) != 1 + len(more_disk_paths):
+        raise ValueError("each disk needs its own backing store; two disk paths are the same")
+
+
+def _metadata(root: ET.Element, profile: Profile, run_uuid: str | None) -> None:
+    meta = _sub(root, "metadata")
+    # Written with a literal prefix so the xmlns declaration sits on the element itself
+    # (ElementTree would hoist a registered namespace onto <domain>).
+    tag = _sub(
+        meta,
+        "cloudbox:profile",
+        **{"xmlns:cloudbox": CLOUDBOX_XMLNS, "name": profile.name, "hash": profile.hash},
+    )
+    if run_uuid is not None:
+        tag.set("run", run_uuid)
+
+
+def _resources(root: ET.Element, profile: Profile, xen: bool) -> None:
+    g, d = profile.guest, profile.disk
+    _sub(root, "memory", str(g.memory_mib), unit="MiB")
+    _sub(root, "currentMemory", str(g.memory_mib), unit="MiB")
+    _sub(root, "vcpu", str(g.vcpus), placement="static")
+    if d.iothreads > 0 and not xen:
+        _sub(root, "iothreads", str(d.iothreads))
+
+
+def _boot(root: ET.Element, profile: Profile, *, xen: bool, xen_type: str, kernel: str, initrd: str,
+          cmdline: str) -> None:
+    """Direct kernel boot, the machine's features, and a guest that is destroyed whenever it stops."""
+    os_el = _sub(root, "os")
+    pv = xen_type in ("pv", "pvh")
+    if xen_type == "pv":
+        _sub(os_el, "type", "xen", arch="x86_64", machine="xenpv")
+    elif xen_type == "pvh":
+        # libxl gives a PVH guest its ACPI tables itself; libvirt passes no <features> for it
+        _sub(os_el, "type", "xenpvh", arch="x86_64", machine="xenpvh")
+    else:
+        _sub(os_el, "type", "hvm", arch="x86_64", machine="xenfv" if xen else "pc")
+    _sub(os_el, "kernel", kernel)
+    _sub(os_el, "initrd", initrd)
+    _sub(os_el, "cmdline", cmdline)
+    if not pv:
+        features = _sub(root, "features")
+        _sub(features, "acpi")
+        _sub(features, "apic")
+        if xen:
+            _sub(features, "pae")
+    _sub(root, "clock", offset="utc")
+    _sub(root, "on_poweroff", "destroy")
+    _sub(root, "on_reboot", "destroy")
+    _sub(root, "on_crash", "destroy")
+
+
+def _controllers(devices: ET.Element, profile: Profile, xen: bool) -> None:
+    d = profile.disk
+    if not xen and d.bus in _SCSI_CONTROLLER:
+        ctrl = _sub(devices, "controller", type="scsi", index="0", model=_SCSI_CONTROLLER[d.bus])
+        if d.bus == "virtio-scsi" and (d.queues > 1 or d.iothreads > 0):
+            drv = _sub(ctrl, "driver")
+            if d.queues > 1:
+                drv.set("queues", str(d.queues))
+            if d.iothreads > 0:
+                drv.set("iothread", "1")
+    if not xen:
+        _sub(devices, "controller", type="virtio-serial", index="0")
+        # No USB: libvirt would otherwise add a PIIX3 UHCI controller nobody uses.
+        _sub(devices, "controller", type="usb", index="0", model="none")
+
+
+def target_dev(bus: str, index: int) -> str:
+    """The guest-visible name of benchmark disk `index` (0-based) on profile bus `bus`: vda, vdb, ...; sda, ..."""
+    first = _TARGETS[bus][0]
+    return first[:-1] + chr(ord(first[-1]) + index)
+
+
+def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, disk_is_block: bool,
+          index: int = 0, network: NetworkSource | None = None) -> None:
+    """Benchmark disk `index`: the profile's bus, cache and I/O mode (QEMU), or phy/qdisk (Xen); over the network
+    when `network` is given."""
+    d = profile.disk
+    kind = "network" if network is not None else "block" if disk_is_block else "file"
+    disk = _sub(devices, "disk", type=kind, device="disk")
+    if xen:
+        # libvirt's libxl driver: name phy is blkback, qemu is qdisk (QEMU in dom0)
+        _sub(disk, "driver", name="phy" if xen_backend(d) == "phy" else "qemu", type=d.format)
+    else:
+        drv = _sub(disk, "driver", name="qemu", type=d.format, cache=d.cache, io=d.io)
+        if d.bus == "virtio-blk":
+            if d.iothreads > 0:
+                drv.set("iothread", "1")
+            if d.queues > 1:
+                drv.set("queues", str(d.queues))
+    if network is not None:
+        src = _sub(disk, "source", protocol=network.protocol, name=network.name)
+        if network.tls:
+            src.set("tls", "yes")
+        _sub(src, "host", name=network.host, port=str(network.port))
+        if network.initiator:
+            _sub(_sub(src, "initiator"), "iqn", name=network.initiator)
+        if network.auth_user:
+            _sub(_sub(src, "auth", username=network.auth_user), "secret", type=network.protocol,
+                 usage=network.auth_usage)
+    elif disk_is_block:
+        _sub(disk, "source", dev=disk_path)
+    else:
+        _sub(disk, "source", file=disk_path)
+    _sub(disk, "target", dev=target_dev(d.bus, index), bus=_TARGETS[d.bus][1])
+
+
+def _interface(devices: ET.Element, profile: Profile, bridge: str, mac: str | None) -> None:
+    """The NIC on `bridge`: the profile's model, vhost and queues (virtio), and MTU."""
+    n = profile.network
+    iface = _sub(devices, "interface", type="bridge")
+    if mac is not None:
+        _sub(iface, "mac", address=mac.lower())
+    _sub(iface, "source", bridge=bridge)
+    _sub(iface, "model", type=_NIC_MODEL[n.model])
+    if n.model == "virtio":
+        drv = _sub(iface, "driver", name="vhost" if n.vhost else "qemu")
+        if n.queues > 1:
+            drv.set("queues", str(n.queues))
+    _sub(iface, "mtu", size=str(n.mtu))
+
+
+def _console_and_agent(devices: ET.Element, *, xen: bool, pv: bool, console_log: str | None,
+                       agent_socket: str | None) -> None:
+    if pv:
+        con = _sub(devices, "console", type="pty")
+        _sub(con, "target", type="xen", port="0")
+    else:
+        serial = _sub(devices, "serial", type="pty")
+        if console_log is not None:
+            # append='off': a fresh file per guest start; libvirt's console alias of serial 0 shares it.
+            _sub(serial, "log", file=console_log, append="off")
+        _sub(serial, "target", port="0")
+        con = _sub(devices, "console", type="pty")
+        _sub(con, "target", type="serial", port="0")
+    chan = _sub(devices, "channel", type="unix")
+    source = _sub(chan, "source", mode="bind")
+    if agent_socket is not None:
+        source.set("path", agent_socket)
+    _sub(chan, "target", type="xen" if xen else "virtio", name=AGENT_CHANNEL)
+
+
+def cloudbox_metadata(domain_xml: str) -> dict[str, str] | None:
+    """{"name", "hash"[, "run"]} from a domain's <metadata> if cloudbox made it, else None."""
+    try:
+        root = ET.fromstring(domain_xml)
+    except ET.ParseError:
+        return None
+    el = root.find(f"metadata/{{{CLOUDBOX_XMLNS}}}profile")
+    if el is None:
+        return None
+    out = {"name": el.get("name", ""), "hash": el.get("hash", "")}
+    if el.get("run") is not None:
+        out["run"] = el.get("run", "")
+    return out
