@@ -212,6 +212,10 @@ enrolled() {
         assert_line --index 1 disabled
         assert_line --index 2 --regexp '^masked'
         run -1 "$node" pgrep -x 'iperf3|netserver|fio'
+        # Each address answers on its own link only (docs/cluster.md, "The firewall"): the rules are loaded.
+        run -0 "$node" systemctl is-active cloudbox-firewall.service
+        run -0 "$node" nft list table inet cloudbox
+        assert_output --partial 'fib daddr . iif type != { local, broadcast, anycast, multicast } counter'
     done
 }
 
