@@ -119,3 +119,24 @@ def test_whole_run_progress_from_the_plan():
     for step in PLAN:
         p.feed(MeasurementEvent(step.side, step.test, "MB/s", 1.0))
     assert p.percent == 100
+
+
+def test_event_text_from_a_node_or_a_guest_reaches_the_terminal_escaped():
+    """A log line, a step, a reason or a label carrying terminal control sequences (a retitle and a screen clear,
+    as a node's text or a guest's console could) is printed with them made visible, never raw."""
+    hostile = "node says \x1b]0;owned\x07\x1b[2J\x1b[31mred"
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for out in (io.StringIO(), Tty()):
+        printer = Printer(out)
+        printer(LogEvent(hostile))
+        printer(StepEvent(hostile))
+        printer(ProgressEvent("guest", hostile, 50.0, "5s"))
+        printer(MeasurementEvent("guest", "seq-write-64k", "MB/s", 10.0, labels=(hostile,)))
+        printer(StateEvent("aborted", hostile))
+        text = out.getvalue().replace("\r\x1b[K", "")  # the printer's own status-line clearing on a tty
+        assert "\x1b" not in text and "\x07" not in text, repr(text)
+        assert "\\x1b]0;owned\\x07" in text

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..inputs import printable
 from ..spec.runspec import BOOT, PlanStep
 from .fairness import Spread, spread
 
@@ -225,7 +226,13 @@ def _number(v: float) -> str:
 
 
 def describe(ev: RunEvent) -> str | None:
-    """The event as one line of the run's log (None for progress, samples and the start)."""
+    """The event as one line of the run's log (None for progress, samples and the start), with every control
+    character made visible (inputs.printable): its text comes from nodes, guests' consoles and servers' logs."""
+    line = _describe(ev)
+    return None if line is None else printable(line)
+
+
+def _describe(ev: RunEvent) -> str | None:
     if isinstance(ev, StepEvent):
         return f"==> {ev.text}"
     if isinstance(ev, LogEvent):
@@ -259,7 +266,12 @@ def stamped(t: float, line: str) -> str:
 
 
 def progress_line(ev: ProgressEvent, sample: SampleEvent | None = None) -> str:
-    """The live status line of the current test, with the host disk's last second when there is one."""
+    """The live status line of the current test, with the host disk's last second when there is one (control
+    characters made visible, as describe's)."""
+    return printable(_progress_line(ev, sample))
+
+
+def _progress_line(ev: ProgressEvent, sample: SampleEvent | None = None) -> str:
     if ev.test == BOOT:  # no percentage: the text says what the launch is doing and for how long
         return f"  [{ev.side}] {ev.test}: {ev.eta}" if ev.eta else f"  [{ev.side}] {ev.test}"
     who = f" {instance_name(ev.side, ev.instance)}" if ev.instance is not None else ""
