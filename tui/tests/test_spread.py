@@ -397,3 +397,59 @@ def test_a_spread_runs_places_share_one_nfs_export_that_the_front_end_serves(sta
     assert subprocess.run(["pgrep", "-f", f"ganesha.nfsd .*{state}"], capture_output=True).returncode == 1  # stopped
     left = leftovers(libvirt_conn, state)
     assert not any(left.values()), left
+
+
+# -- a place that misbehaves on its coordination channel ------------------------------------------------------------
+@pytest.mark.parametrize(("script", "timeout", "message"), [
+    # a place that answers with a line that never ends: stopped after CHANNEL_LINE_MAX bytes, not read for ever
+    ("import sys, time; sys.stdin.readline(); sys.stdout.write('9' * 100000); sys.stdout.flush(); time.sleep(60)",
+     30.0, "longer than 4096 bytes"),
+    # a place that starts an answer and never finishes it: the read ends at the channel's time bound
+    ("import sys, time; sys.stdin.readline(); sys.stdout.write('12'); sys.stdout.flush(); time.sleep(60)",
+     1.0, "no answer to 'clock' on the coordination channel within 1 s"),
+])
+def test_a_place_cannot_hold_the_coordinator_with_an_endless_answer(script, timeout, message):
+    import subprocess
+    import sys
+    import time
+
+    p = _part("be1", 1, 1)
+    p.channel = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(CloudboxError, match=message):
+            p.ask("clock", timeout=timeout)
+        assert time.monotonic() - t0 < timeout + 5
+    finally:
+        p.channel.kill()
+        p.channel.wait()
+
+
+@pytest.mark.parametrize("answer", ["nan", "inf", "-inf", "1e999", "twelve"])
+def test_a_place_clock_that_is_not_a_finite_number_is_refused(answer):
+    import subprocess
+    import sys
+
+    p = _part("be1", 1, 1)
+    script = f"import sys\nfor _ in sys.stdin: print({answer!r}, flush=True)"
+    p.channel = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        with pytest.raises(CloudboxError, match="its clock: .* is not a finite number"):
+            p.measure_clock(tries=1)
+    finally:
+        p.channel.kill()
+        p.channel.wait()
+
+
+def test_lines_after_an_answer_wait_for_the_next_question():
+    import subprocess
+    import sys
+
+    p = _part("be1", 1, 1)
+    script = "import sys\nsys.stdin.readline(); print('ok one\\nok two', flush=True); sys.stdin.readline()"
+    p.channel = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.ask("first") == "ok one" and p.ask("second") == "ok two"
+    finally:
+        p.channel.kill()
+        p.channel.wait()

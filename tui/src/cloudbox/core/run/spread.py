@@ -16,6 +16,8 @@ front-end serves for every place when the profile's disk is one.
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import platform
 import queue
 import select
@@ -32,6 +34,7 @@ from ..cluster import client, health, registry
 from ..cluster.registry import NodeRecord
 from ..disks.volumes.nfs import NfsExport
 from ..errors import CloudboxError
+from ..inputs import printable
 from ..record.events import (
     LogEvent,
     MeasurementEvent,
@@ -53,6 +56,7 @@ from .context import RunContext
 SPREAD_LEAD_S = 5.0  # from the release to the instant: a channel round trip per place, then each guest's shell (2 s)
 CLOCK_TRIES = 5
 CHANNEL_TIMEOUT_S = 30.0
+CHANNEL_LINE_MAX = 4096  # bytes in one answer on a place's coordination channel: a clock or "ok" is a few dozen
 SUMMED = ("MB/s", "IOPS")  # with IOzone's extra passes: the figures added over the instances; latency is averaged
 
 
@@ -111,6 +115,7 @@ class Part:
     ready: set[str] = field(default_factory=set)
     ended: bool = False
     image_dir: str = ""
+    pending: bytes = b""  # what the coordination channel sent after the last answer line
 
     @property
     def local(self) -> bool:
@@ -125,8 +130,7 @@ class Part:
             ch.stdin.flush()
         except OSError as e:
             raise CloudboxError(f"{self.shell.where}: the coordination channel is closed ({e})") from None
-        ready, _, _ = select.select([ch.stdout], [], [], timeout)
-        answer = ch.stdout.readline().decode(errors="replace").strip() if ready else ""
+        answer = self._read_line(ch.stdout.fileno(), timeout)
         if not answer:
             raise CloudboxError(f"{self.shell.where}: no answer to {line.split()[0]!r} on the coordination channel "
                                 f"within {timeout:g} s")
@@ -134,17 +138,51 @@ class Part:
             raise CloudboxError(f"{self.shell.where}: {line.split()[0]}: {answer}")
         return answer
 
+    def _read_line(self, fd: int, timeout: float) -> str:
+        """The place's next answer line: at most CHANNEL_LINE_MAX bytes within `timeout` seconds ('' for none);
+        a place that sends more, or no newline in time, cannot hold the run. Bytes after the line wait for the next."""
+        deadline = time.monotonic() + timeout
+        buf = self.pending
+        while b"\n" not in buf and len(buf) <= CHANNEL_LINE_MAX:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+        line, nl, rest = buf.partition(b"\n")
+        if not nl:
+            self.pending = b""
+            if len(line) > CHANNEL_LINE_MAX:
+                raise CloudboxError(f"{self.shell.where}: an answer on the coordination channel is longer than "
+                                    f"{CHANNEL_LINE_MAX} bytes; stopped reading it")
+            return ""
+        self.pending = rest
+        return line.decode(errors="replace").strip()
+
     def measure_clock(self, tries: int = CLOCK_TRIES) -> None:
         """The place's clock against this host's: the quickest of `tries` round trips (uncertain by half of it)."""
         best: tuple[float, float] | None = None
         for _ in range(tries):
             t0 = time.time()
-            there = float(self.ask("clock"))
+            there = finite(self.ask("clock"), f"{self.shell.where}: its clock")
             t1 = time.time()
             if best is None or t1 - t0 < best[1]:
                 best = (there - (t0 + t1) / 2, t1 - t0)
         assert best is not None
         self.offset_s, self.rtt_s = best
+
+
+def finite(value: object, what: str) -> float:
+    """A number a place sent, refused (CloudboxError naming `what`) when it is not one or not finite (NaN, inf)."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise CloudboxError(f"{what}: {printable(str(value))[:80]!r} is not a finite number")
+    return x
 
 
 def run_spread(ctx: RunContext) -> None:
@@ -482,7 +520,7 @@ def merged_rows(parts: list[Part], per_part: list[list[dict[str, Any]]]) -> list
         metrics = list(dict.fromkeys(r["metric"] for r in rows))
         for metric in metrics:
             mine = [r for r in rows if r["metric"] == metric]
-            values = [float(r["value"]) for r in mine]
+            values = [finite(r["value"], f"{key[0]} {key[1]} {metric} from a place") for r in mine]
             value = sum(values) / len(values) if metric == "lat_us" else sum(values)
             part_sums = [r for r in sums[key] if r["metric"] == metric]
             host = [r.get("host_mbps") for r in part_sums]
