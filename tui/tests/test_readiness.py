@@ -1,0 +1,72 @@
+"""The readiness report's facts (core.views.readiness): the firmware's Secure Boot variable, the IOMMU, the CPU's
+virtualization flag, and a real read-only fio on a block device whose bytes stay what they were."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cloudbox.core.views import readiness
+
+
+def test_secure_boot_is_read_from_the_firmwares_variable(tmp_path):
+    assert readiness.secure_boot_state(tmp_path) == "legacy BIOS boot (no UEFI)"
+    efivars = tmp_path / "firmware" / "efi" / "efivars"
+    efivars.mkdir(parents=True)
+    assert readiness.secure_boot_state(tmp_path).startswith("off (the firmware has no SecureBoot variable)")
+    var = efivars / readiness.SECURE_BOOT_VAR
+    var.write_bytes(b"\x06\x00\x00\x00\x01")  # attributes, then the value
+    assert readiness.secure_boot_state(tmp_path) == "on"
+    var.write_bytes(b"\x06\x00\x00\x00\x00")
+    assert readiness.secure_boot_state(tmp_path) == "off"
+
+
+def test_the_iommu_is_on_with_groups_and_named_when_only_the_firmware_table_is_there(tmp_path):
+    text, on = readiness.iommu_state(tmp_path)
+    assert not on and text.startswith("none found")
+    (tmp_path / "firmware" / "acpi" / "tables").mkdir(parents=True)
+    (tmp_path / "firmware" / "acpi" / "tables" / "DMAR").write_bytes(b"x")
+    text, on = readiness.iommu_state(tmp_path)
+    assert not on and "intel_iommu=on" in text and "DMAR" in text
+    for g in ("0", "1", "2"):
+        (tmp_path / "kernel" / "iommu_groups" / g).mkdir(parents=True)
+    assert readiness.iommu_state(tmp_path) == ("enabled (3 groups)", True)
+
+
+def test_cpu_flags_and_memory_are_read_from_proc():
+    model, flag = readiness.cpu_facts("processor: 0\nmodel name : AMD EPYC 7B13\nflags : fpu svm lm\n")
+    assert (model, flag) == ("AMD EPYC 7B13", "svm")
+    assert readiness.cpu_facts("model name: X\nflags: fpu\n") == ("X", "")
+    assert readiness.memory_bytes("MemTotal:       24589412 kB\n") == 24589412 * 1024
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("fio") is None, reason="needs root (a loop device) and fio")
+def test_the_read_only_fio_measures_a_device_and_leaves_its_bytes_as_they_were(tmp_path):
+    img = tmp_path / "disk.img"
+    img.write_bytes(os.urandom(8 * 1024 * 1024))
+    before = hashlib.sha256(img.read_bytes()).hexdigest()
+    loop = subprocess.run(["losetup", "--find", "--show", str(img)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    try:
+        r = readiness.gather(fio_seconds=1, devices=[loop])
+        (d,) = r.disks
+        assert d.name == Path(loop).name and d.size_bytes == 8 * 1024 * 1024 and not d.in_use
+        assert d.qd1_iops and d.qd1_iops > 0 and d.qd32_iops and d.qd32_iops > 0, d.read_note
+        assert "--readonly" in readiness.read_only_fio_args(loop, 1, 1)
+        text = "\n".join(readiness.lines(r))
+        assert f"disk {d.name}" in text and "(read-only)" in text and "Secure Boot" in text
+    finally:
+        subprocess.run(["losetup", "-d", loop], check=False)
+    assert hashlib.sha256(img.read_bytes()).hexdigest() == before
+    assert r.as_dict()["disks"][0]["name"] == Path(loop).name
+
+
+def test_a_disk_that_is_not_there_is_named_with_what_is():
+    r = readiness.gather(fio_seconds=0, devices=["/dev/nosuchdisk9"])
+    assert r.disks == [] and any(p.startswith("no such disk: nosuchdisk9; allowed: ") for p in r.problems)
