@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# A two-node cloud from the USB image under QEMU TCG (the done-when of issue 5): unattended installs of a front-end
+# A two-node cloud from the USB image under QEMU TCG (what an installed cluster must do): unattended installs of a front-end
 # and a back-end onto blank disks, both booted from their disks with a private virtual link (QEMU socket, MTU 9000
 # set by the nodes), the back-end enrolled with a join code found by DHCP discovery (a wrong code refused first),
 # and the quick storage and network suites run by the front-end on a guest on the back-end under nested KVM, the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# Installs the appliance unattended under QEMU TCG and boots the installed disks (done-when of the installer, issue 5).
+# Installs the appliance unattended under QEMU TCG and boots the installed disks (what an unattended install must do).
 # Live boots get an answer file as the credential cloudbox.answers, a blank target disk and a disk holding an ext4
 # file system that no answer names; the installed disk then boots alone (UEFI and BIOS) to the self-test verdict.
 # Slow (each boot takes minutes). Logs: $IMAGE_DIR/test-logs/install. make test runs the all-in-one tests (power
