@@ -18,7 +18,7 @@ from cloudbox.core import inputs
 from cloudbox.core.errors import AnswerError, ProfileError
 from cloudbox.core.install import answers as ans
 from cloudbox.core.install.machine import Machine
-from cloudbox.core.spec import profiles
+from cloudbox.core.spec import profiles, schema
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET = (REPO / "profiles" / "virtio-disk.toml").read_text()
@@ -143,7 +143,7 @@ def test_control_characters_in_free_text_are_refused(tmp_path: Path, field: str)
 
 def test_profile_list_and_show_escape_what_they_print(tmp_path: Path, monkeypatch):
     # A profile written before the rule (or by hand into the user directory): shown escaped, never raw.
-    monkeypatch.setattr(profiles, "_no_controls", lambda v: v)
+    monkeypatch.setattr(schema, "no_controls", lambda v: v)
     p = profile_file(tmp_path, PRESET)
     prof = profiles.load_profile(p)
     evil = prof.model_copy(update={"description": "ok\x1b[2J\nforged row  user  yes"})

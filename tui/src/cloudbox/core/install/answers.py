@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import posixpath
 import re
 import uuid
@@ -27,12 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from cloudbox.core import inputs
-from cloudbox.core.errors import PYDANTIC_MESSAGES, AnswerError, ProfileProblem, plain_value, problem_from
+from cloudbox.core.errors import AnswerError, ProfileProblem
 from cloudbox.core.install.disks import INSTALL_NAMESPACE, Disk, find_disk
 from cloudbox.core.install.machine import Machine, Nic
+from cloudbox.core.spec import schema
+from cloudbox.core.spec.schema import CrossFieldProblems, NoControls, Strict
 
 Role = Literal["front-end", "back-end", "all-in-one"]
 ROLES: tuple[str, ...] = ("front-end", "back-end", "all-in-one")
@@ -76,17 +79,6 @@ _SECTION_KEYS = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-def _no_controls(v: str) -> str:
-    bad = inputs.control_chars(v)
-    if bad:
-        raise ValueError(f"contains {bad}")
-    return v
-
-
 def _path(v: str) -> str:
     bad = inputs.path_problem(v)
     if bad:
@@ -94,12 +86,12 @@ def _path(v: str) -> str:
     return v
 
 
-class DiskAnswers(_Strict):
+class DiskAnswers(Strict):
     target: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_path)]
-    confirm_serial: Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_no_controls)] | None = None
+    confirm_serial: Annotated[str, Field(min_length=1, max_length=256), NoControls] | None = None
 
 
-class NetworkAnswers(_Strict):
+class NetworkAnswers(Strict):
     private_nic: str | None = Field(None, pattern=NIC_PATTERN)
     campus_nic: str | None = Field(None, pattern=NIC_PATTERN)
     private_mtu: int = Field(9000, ge=1500, le=9000)
@@ -144,8 +136,8 @@ class NetworkAnswers(_Strict):
         return str(addr)
 
 
-class RootAnswers(_Strict):
-    password_hash: Annotated[str, Field(pattern=PASSWORD_HASH_PATTERN), AfterValidator(_no_controls)] | None = None
+class RootAnswers(Strict):
+    password_hash: Annotated[str, Field(pattern=PASSWORD_HASH_PATTERN), NoControls] | None = None
     password_credential: str | None = Field(None, pattern=CREDENTIAL_PATTERN)
     ssh_authorized_keys: list[str] = Field(default_factory=list, max_length=64)
 
@@ -161,13 +153,7 @@ class RootAnswers(_Strict):
         return [k.strip() for k in v]
 
 
-class _CrossProblems(ValueError):
-    def __init__(self, problems: list[ProfileProblem]):
-        super().__init__("; ".join(str(p) for p in problems))
-        self.problems = problems
-
-
-class Answers(_Strict):
+class Answers(Strict):
     """A complete, validated answer file (what one node's install needs)."""
 
     role: Role
@@ -181,7 +167,7 @@ class Answers(_Strict):
     def _cross(self) -> Answers:
         problems = cross_field_problems(self)
         if problems:
-            raise _CrossProblems(problems)
+            raise CrossFieldProblems(problems)
         return self
 
     def canonical_json(self, *, for_id: bool = False) -> str:
@@ -260,42 +246,33 @@ def _cross(role: object, net: dict[str, Any], root: dict[str, Any]) -> list[Prof
 
 
 # ------------------------------------------------------------------------------------- pydantic -> problems
-def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
-    problems: list[ProfileProblem] = []
-    for err in exc.errors():
-        ctx_err = (err.get("ctx") or {}).get("error")
-        if isinstance(ctx_err, _CrossProblems):
-            problems.extend(ctx_err.problems)
-            continue
-        loc = tuple(str(x) for x in err["loc"])
-        etype = err["type"]
-        if loc and loc[0] == "root" and len(loc) > 2 and loc[1] == "ssh_authorized_keys":
-            loc = loc[:2]  # one entry of the list: report the list key
-        key = inputs.key_text(loc) or "(answers)"
-        value = None if etype == "missing" else plain_value(err.get("input"))
-        if etype == "extra_forbidden":
-            section = loc[0] if len(loc) == 2 else ""
-            allowed: str | None = f"known keys: {_SECTION_KEYS.get(section, '')}"
-        elif key == "(answers)":
-            allowed = f"a TOML document with keys: {_SECTION_KEYS['']}"
-        elif key in ("disk", "network", "root"):
-            allowed = f"a [{key}] table with keys: {_SECTION_KEYS[key]}"
-        else:
-            allowed = _TEXT_RULES.get(key)
-        message = PYDANTIC_MESSAGES.get(etype, err["msg"])
-        if etype == "value_error":
-            message = str(err["msg"]).removeprefix("Value error, ")
-        if key == "role" and isinstance(err.get("input"), list):
-            message = "a node has exactly one role"
-        problems.append(ProfileProblem(key, value, message, allowed))
-    return problems
+def _key(loc: schema.Loc) -> str:
+    parts = tuple(str(x) for x in loc)
+    if parts and parts[0] == "root" and len(parts) > 2 and parts[1] == "ssh_authorized_keys":
+        parts = parts[:2]  # one entry of the list: report the list key
+    return inputs.key_text(parts) or "(answers)"
+
+
+def _allowed(loc: schema.Loc, key: str, etype: str) -> str | None:
+    if etype == "extra_forbidden":
+        section = str(loc[0]) if len(loc) == 2 else ""
+        return f"known keys: {_SECTION_KEYS.get(section, '')}"
+    if key == "(answers)":
+        return f"a TOML document with keys: {_SECTION_KEYS['']}"
+    if key in ("disk", "network", "root"):
+        return f"a [{key}] table with keys: {_SECTION_KEYS[key]}"
+    return _TEXT_RULES.get(key)
+
+
+def _reword(key: str, err: dict[str, Any], message: str) -> str:
+    return "a node has exactly one role" if key == "role" and isinstance(err.get("input"), list) else message
 
 
 def validate_data(data: object, source: str) -> Answers:
     try:
         return Answers.model_validate(data)
     except ValidationError as exc:
-        problems = _problems_from(exc)
+        problems = schema.problems_from(exc, key=_key, allowed=_allowed, reword=_reword)
         if isinstance(data, dict):  # the rules between keys, on what is there (pydantic skips them on errors)
             net, root = data.get("network"), data.get("root")
             seen = {p.key for p in problems}
@@ -309,23 +286,17 @@ def validate_data(data: object, source: str) -> Answers:
 
 def parse_answers(text: str, source: str = "<answers>") -> Answers:
     """Parse and validate the text of an answer file (the file alone, not yet against this machine)."""
-    try:
-        data = inputs.load_toml(text)
-    except inputs.InputProblem as e:
-        raise AnswerError(source, [problem_from(e)]) from None
-    return validate_data(data, source)
+    return validate_data(schema.parse_toml(text, source, AnswerError), source)
 
 
 def load_answers(path: str | Path) -> Answers:
     """Read (a regular file of at most inputs.MAX_FILE_BYTES), parse and validate an answer file."""
-    try:
-        text = inputs.read_text_file(path)
-    except FileNotFoundError:
-        raise AnswerError(str(path), [ProfileProblem("(file)", str(path), "no such file", "an existing TOML file")]) \
-            from None
-    except inputs.InputProblem as e:
-        raise AnswerError(str(path), [problem_from(e)]) from None
-    return parse_answers(text, str(path))
+    return schema.load_file(path, lambda text, source, _stem: parse_answers(text, source), error=AnswerError,
+                            missing=_missing)
+
+
+def _missing(path: str | os.PathLike[str]) -> AnswerError:
+    return AnswerError(str(path), [ProfileProblem("(file)", str(path), "no such file", "an existing TOML file")])
 
 
 # ------------------------------------------------------------------------------------- against the machine

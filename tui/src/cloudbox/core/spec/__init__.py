@@ -1,5 +1,6 @@
 """What a run is asked to do, as validated data; it imports only the shared helpers.
 
+    schema      what every validated input shares: strict models, safe strings, problems, TOML files kept parsed
     profiles    tuning profiles (TOML): their schema, checks and rendering facts
     runspec     the RunSpec, the run options declared once, sizes and the run's plan
     catalogue   every storage and network test, their sets and order

@@ -40,26 +40,19 @@ import json
 import os
 import posixpath
 import re
-import types
 import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import annotated_types
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
 
 from cloudbox.core import inputs, paths
-from cloudbox.core.errors import (
-    PYDANTIC_MESSAGES,
-    NotFound,
-    ProfileError,
-    ProfileProblem,
-    UsageError,
-    plain_value,
-    problem_from,
-)
+from cloudbox.core.errors import NotFound, ProfileError, ProfileProblem, UsageError
+
+from . import schema
+from .schema import CrossFieldProblems, NoControls, OneLine, Strict
 
 Hypervisor = Literal["kvm", "xen"]
 # How Xen runs the guest: "pv" (paravirtualized, no hardware virtualization), "pvh" (PV devices in a hardware-
@@ -130,17 +123,6 @@ _TEXT_RULES: dict[str, str] = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-def _no_controls(v: str) -> str:
-    bad = inputs.control_chars(v)
-    if bad:
-        raise ValueError(f"contains {bad}")
-    return v
-
-
 def _volume(v: str) -> str:
     bad = inputs.control_chars(v)
     if bad:
@@ -181,11 +163,7 @@ def _dom0_memory(v: int) -> int:
     return v
 
 
-OneLine = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]*\S[^\n\r]*$"),
-                    AfterValidator(_no_controls)]
-
-
-class Guest(_Strict):
+class Guest(Strict):
     """The guest machine: which hypervisor runs it and how big it is."""
 
     hypervisor: Hypervisor
@@ -194,7 +172,7 @@ class Guest(_Strict):
     memory_mib: int = Field(1024, ge=256, le=262144)
 
 
-class Disk(_Strict):
+class Disk(Strict):
     """The benchmark disk: how the guest sees it and what stores it on the host."""
 
     bus: Bus
@@ -225,7 +203,7 @@ class Disk(_Strict):
         return data
 
 
-class Network(_Strict):
+class Network(Strict):
     """The guest's NIC on the private bridge."""
 
     model: NicModel
@@ -234,14 +212,14 @@ class Network(_Strict):
     mtu: int = Field(1500, ge=1500, le=9000)
 
 
-class Dom0(_Strict):
+class Dom0(Strict):
     """Xen's control domain while the run lasts (Xen profiles only; restored after the run)."""
 
     vcpu_pin: Annotated[str, Field(max_length=200), AfterValidator(_cpu_list)] = ""  # xl vcpu-pin Domain-0 all
     memory_mib: Annotated[int, AfterValidator(_dom0_memory)] = 0  # xl mem-set Domain-0
 
 
-class Nfs(_Strict):
+class Nfs(Strict):
     """How the guest mounts the run's NFS export (disk.volume = nfs:<name>): its kernel client's mount options."""
 
     vers: NfsVersion = "4.2"
@@ -252,20 +230,12 @@ class Nfs(_Strict):
     wsize_kib: Annotated[int, AfterValidator(_chunk)] = 0
 
 
-class _CrossFieldProblems(ValueError):
-    """Carries the cross-field problems out of pydantic's validator machinery."""
-
-    def __init__(self, problems: list[ProfileProblem]):
-        super().__init__("; ".join(str(p) for p in problems))
-        self.problems = problems
-
-
-class Profile(_Strict):
+class Profile(Strict):
     """A complete, validated tuning profile. Construct with parse_profile/load_profile."""
 
     name: str = Field(pattern=NAME_PATTERN)
     description: OneLine
-    reproduces: Annotated[str, Field(max_length=200, pattern=r"^[^\n\r]*$"), AfterValidator(_no_controls)] | None = None
+    reproduces: Annotated[str, Field(max_length=200, pattern=r"^[^\n\r]*$"), NoControls] | None = None
     guest: Guest
     disk: Disk
     network: Network
@@ -276,7 +246,7 @@ class Profile(_Strict):
     def _cross_checks(self) -> Profile:
         problems = cross_field_problems(self)
         if problems:
-            raise _CrossFieldProblems(problems)
+            raise CrossFieldProblems(problems)
         return self
 
     # -- canonical forms -------------------------------------------------------------
@@ -314,7 +284,7 @@ class Profile(_Strict):
 
     def _fields(self, section: str, every: bool = False) -> list[str]:
         """The keys of a table shown for this profile: Xen's guest type only for Xen (or when set), unless `every`."""
-        fields = list(_SECTIONS[section].model_fields)
+        fields = list(type(getattr(self, section)).model_fields)
         if not every and section == "guest" and self.guest.hypervisor != "xen" and self.guest.xen_type == "auto":
             fields.remove("xen_type")
         return fields
@@ -702,62 +672,23 @@ def _toml_value(v: object) -> str:
 
 # -- pydantic errors -> ProfileProblem -------------------------------------------------
 
-_SECTIONS: dict[str, type[BaseModel]] = {"guest": Guest, "disk": Disk, "network": Network, "dom0": Dom0,
-                                         "nfs": Nfs}
-
-
-def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
-    """The model class that owns the key at loc (Profile for top-level keys)."""
-    if len(loc) == 1:
-        return Profile
-    if len(loc) == 2 and loc[0] in _SECTIONS:
-        return _SECTIONS[str(loc[0])]
-    return None
-
-
-def _keys_text(model: type[BaseModel]) -> str:
-    names = []
-    for name in model.model_fields:
-        names.append(f"[{name}]" if name in _SECTIONS and model is Profile else name)
-    return ", ".join(names)
-
 
 def allowed_for(key: str) -> str | None:
     """What a key accepts, spelled out: "none, writethrough, ..." or "1..64" or a rule in words."""
     if key in _TEXT_RULES:
         return _TEXT_RULES[key]
     parts = key.split(".")
-    model = _model_at(tuple(parts))
+    model = schema.model_at(Profile, parts)
     if model is None or parts[-1] not in model.model_fields:
         return None
-    field = model.model_fields[parts[-1]]
-    ann = field.annotation
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return f"a [{key}] table with keys: {_keys_text(ann)}"
-    if typing.get_origin(ann) is Literal:
-        return ", ".join(str(a) for a in typing.get_args(ann))
-    if ann is bool:
-        return "true, false"
-    if ann is int:
-        lo = hi = None
-        for m in field.metadata:
-            if isinstance(m, annotated_types.Ge):
-                lo = m.ge
-            elif isinstance(m, annotated_types.Le):
-                hi = m.le
-        if lo is not None and hi is not None:
-            return f"{lo}..{hi}"
-        return "an integer"
-    if ann is str or (isinstance(ann, types.UnionType) and str in typing.get_args(ann)):
-        return "a string"
-    return None
+    return schema.field_allowed(model, parts[-1], key)
 
 
 def knob_kind(key: str) -> tuple[str, list[str]]:
     """How a form should ask for knob `key` ("disk.cache"): ("choice", values) for a fixed set,
     ("bool", ["true", "false"]), ("int", []) or ("str", [])."""
     parts = key.split(".")
-    model = _model_at(tuple(parts))
+    model = schema.model_at(Profile, parts)
     if model is None or parts[-1] not in model.model_fields:
         raise KeyError(key)
     ann = model.model_fields[parts[-1]].annotation
@@ -770,31 +701,21 @@ def knob_kind(key: str) -> tuple[str, list[str]]:
     return "str", []
 
 
-def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
-    problems: list[ProfileProblem] = []
-    for err in exc.errors():
-        ctx_err = (err.get("ctx") or {}).get("error")
-        if isinstance(ctx_err, _CrossFieldProblems):
-            problems.extend(ctx_err.problems)
-            continue
-        loc = tuple(err["loc"])
-        key = inputs.key_text(loc) or "(profile)"
-        etype = err["type"]
-        value = None if etype == "missing" else plain_value(err.get("input"))
-        if etype == "extra_forbidden":
-            owner = _model_at(loc)
-            allowed = f"known keys: {_keys_text(owner)}" if owner else None
-        elif key == "(profile)":
-            allowed = f"a TOML document with keys: {_keys_text(Profile)}"
-        else:
-            allowed = allowed_for(key)
-        message = PYDANTIC_MESSAGES.get(etype, err["msg"])
-        if etype == "value_error":
-            message = str(err["msg"]).removeprefix("Value error, ")
-        if etype == "string_pattern_mismatch" and key == "description":
-            message = "must be one line of text"
-        problems.append(ProfileProblem(key, value, message, allowed))
-    return problems
+def _key(loc: schema.Loc) -> str:
+    return inputs.key_text(loc) or "(profile)"
+
+
+def _allowed(loc: schema.Loc, key: str, etype: str) -> str | None:
+    if etype == "extra_forbidden":
+        owner = schema.model_at(Profile, [str(p) for p in loc])
+        return f"known keys: {schema.keys_text(owner)}" if owner else None
+    if key == "(profile)":
+        return f"a TOML document with keys: {schema.keys_text(Profile)}"
+    return allowed_for(key)
+
+
+def _reword(key: str, err: dict[str, Any], message: str) -> str:
+    return "must be one line of text" if err["type"] == "string_pattern_mismatch" and key == "description" else message
 
 
 # -- parsing and loading ----------------------------------------------------------------
@@ -804,7 +725,7 @@ def validate_data(data: object, source: str, *, expect_name: str | None = None) 
     try:
         profile = Profile.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError(source, _problems_from(exc)) from None
+        raise ProfileError(source, schema.problems_from(exc, key=_key, allowed=_allowed, reword=_reword)) from None
     if expect_name is not None and profile.name != expect_name:
         raise ProfileError(
             source,
@@ -823,36 +744,21 @@ def validate_data(data: object, source: str, *, expect_name: str | None = None) 
 def parse_profile(text: str, source: str = "<profile>", *, expect_name: str | None = None) -> Profile:
     """Parse TOML text into a Profile. `source` names the text in errors; `expect_name`, when
     given, is the name the profile must carry (load_profile passes the file's stem)."""
-    try:
-        data = inputs.load_toml(text)
-    except inputs.InputProblem as e:
-        raise ProfileError(source, [problem_from(e)]) from None
-    return validate_data(data, source, expect_name=expect_name)
+    return validate_data(schema.parse_toml(text, source, ProfileError), source, expect_name=expect_name)
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Load and validate one profile file (a regular file of at most inputs.MAX_FILE_BYTES); its `name` must
     equal the file's stem."""
-    p = Path(path)
-    try:
-        text = inputs.read_text_file(path)
-    except FileNotFoundError:
-        raise NotFound(f"{inputs.shown(os.fspath(path))}: no such profile file") from None
-    except inputs.InputProblem as e:
-        raise ProfileError(os.fspath(path), [problem_from(e)]) from None
-    key = (os.path.abspath(path), text)
-    if (profile := _LOADED.get(key)) is None:
-        profile = parse_profile(text, os.fspath(path), expect_name=p.stem)
-        if len(_LOADED) >= _LOADED_MAX:
-            _LOADED.clear()
-        _LOADED[key] = profile
-    return profile
+    return schema.load_file(path, lambda text, source, stem: parse_profile(text, source, expect_name=stem),
+                            error=ProfileError, missing=_missing, kept=_LOADED)
 
 
-# Parsed profiles by (path, text): screens and study summaries load the same files every few seconds, and the
-# parse, not the read, is what costs (make bench, "tui"). Profile is immutable.
-_LOADED: dict[tuple[str, str], Profile] = {}
-_LOADED_MAX = 256
+def _missing(path: str | os.PathLike[str]) -> NotFound:
+    return NotFound(f"{inputs.shown(os.fspath(path))}: no such profile file")
+
+
+_LOADED: schema.Parsed[Profile] = schema.Parsed(256)  # Profile is immutable
 
 
 # -- lookup ---------------------------------------------------------------------------
