@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.spec.profiles import Profile, guest_disks, load_profile, parse_profile
+from cloudbox.core.spec.knobs import guest_disks
+from cloudbox.core.spec.profiles import Profile, load_profile, parse_profile
 from cloudbox.core.virt.domain import CLOUDBOX_XMLNS, cloudbox_metadata, render_domain
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "profiles").glob("*.toml"))

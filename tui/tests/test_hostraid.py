@@ -11,7 +11,8 @@ import pytest
 from cloudbox.core.disks import hostraid
 from cloudbox.core.errors import UsageError
 from cloudbox.core.run.multi import check_fits
-from cloudbox.core.spec.profiles import ProfileError, find_profile, guest_disks, parse_profile
+from cloudbox.core.spec.knobs import guest_disks
+from cloudbox.core.spec.profiles import ProfileError, find_profile, parse_profile
 from cloudbox.core.spec.runspec import RunSpec
 from cloudbox.core.views.compare import knobs
 

@@ -18,7 +18,7 @@ from cloudbox.core.errors import CloudboxError, ProfileError, UsageError
 from cloudbox.core.record.provenance import BackingInfo, Provenance
 from cloudbox.core.record.results import ResultStore, Run
 from cloudbox.core.run import runs
-from cloudbox.core.spec import profiles
+from cloudbox.core.spec import knobs, profiles
 from cloudbox.core.spec.profiles import resolve_profile
 from cloudbox.core.spec.runspec import MIB, RunSpec
 from cloudbox.core.views import compare
@@ -40,7 +40,7 @@ def _problems(text: str) -> dict[str, profiles.ProfileProblem]:
 
 def test_the_preset_mounts_nfsv4_2_async_over_tcp_and_says_so():
     p = profiles.find_profile("nfs-async-tcp")
-    assert profiles.is_nfs(p.disk) and p.nfs == profiles.Nfs()
+    assert knobs.is_nfs(p.disk) and p.nfs == knobs.Nfs()
     assert p.sections() == ("guest", "disk", "network", "nfs")
     assert "disk: NFSv4.2 export share mounted by the guest's kernel over tcp (async, nconnect 1); net:" in p.describe()
     assert profiles.parse_profile(p.to_toml(), "again.toml") == p
@@ -73,9 +73,9 @@ def test_nfs_knobs_are_checked_against_each_other_naming_key_and_allowed_values(
 
 def test_the_guests_mount_options_follow_the_nfs_table():
     exp = nfs.NfsExport("share", "/d", "169.254.100.1", 40123, "169.254.100.0/24")
-    assert nfs.mount_options(exp, profiles.Nfs()) == ("vers=4.2,proto=tcp,port=40123,addr=169.254.100.1,async,"
+    assert nfs.mount_options(exp, knobs.Nfs()) == ("vers=4.2,proto=tcp,port=40123,addr=169.254.100.1,async,"
                                                            "hard,nconnect=1")
-    tuned = profiles.Nfs(vers="4.1", writes="sync", nconnect=4, rsize_kib=64, wsize_kib=1024)
+    tuned = knobs.Nfs(vers="4.1", writes="sync", nconnect=4, rsize_kib=64, wsize_kib=1024)
     assert nfs.mount_options(exp, tuned).endswith(",sync,hard,nconnect=4,rsize=65536,wsize=1048576")
     assert exp.uri == "nfs://169.254.100.1:40123/cloudbox/share" and exp.target == "169.254.100.1:/cloudbox/share"
 

@@ -9,7 +9,7 @@ import pytest
 from cloudbox.core import paths
 from cloudbox.core.errors import NotFound, ProfileError
 from cloudbox.core.inputs import shown
-from cloudbox.core.spec import profiles
+from cloudbox.core.spec import knobs, profiles
 from cloudbox.core.spec.profiles import Profile, diff_profiles, load_profile, parse_profile
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "profiles"
@@ -435,9 +435,9 @@ def test_xen_backend_keeps_kvm_hashes_and_decides_xen_cache():
     assert parse_profile(variant(("disk.xen_backend", "auto"))).hash == parse_profile(variant()).hash
     assert "xen_backend" not in parse_profile(variant()).canonical_json()
     file_auto = parse_profile(XEN_PV_FILE)
-    assert profiles.xen_backend(file_auto.disk) == "qdisk" and "backend qdisk (QEMU in dom0)" in file_auto.describe()
+    assert knobs.xen_backend(file_auto.disk) == "qdisk" and "backend qdisk (QEMU in dom0)" in file_auto.describe()
     qdisk_dev = parse_profile(XEN_PV_FILE.replace('"prealloc-file"', '"block-device"') + 'xen_backend = "qdisk"\n')
-    assert profiles.xen_backend(qdisk_dev.disk) == "qdisk" and qdisk_dev.disk.cache == "writeback"
+    assert knobs.xen_backend(qdisk_dev.disk) == "qdisk" and qdisk_dev.disk.cache == "writeback"
     phy = profiles.find_profile("xen-xvd-phy")
     assert (phy.disk.xen_backend, phy.disk.cache) == ("phy", "none") and "blkback (phy)" in phy.describe()
     # Study A's XVD row on a file instead of a whole disk: one knob pair apart from xen-xvd-phy

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from cloudbox.core import inputs
 from cloudbox.core.errors import AnswerError, ProfileError
 from cloudbox.core.install import answers as ans
-from cloudbox.core.spec import profiles
+from cloudbox.core.spec import knobs, profiles
 
 EXAMPLES = 60
 SECONDS = 2.0  # per example
@@ -176,16 +176,16 @@ def valid_profiles(draw) -> dict[str, Any]:
     vcpus = draw(st.integers(1, 64))
     backing = draw(st.sampled_from(["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "block-device",
                                     "network-volume"]))
-    bus = draw(st.sampled_from(profiles.XEN_BUSES if hv == "xen" else profiles.KVM_BUSES))
+    bus = draw(st.sampled_from(knobs.XEN_BUSES if hv == "xen" else knobs.KVM_BUSES))
     if hv == "xen":
-        cache, io = profiles.xen_cache_mode(bus, backing), "threads"
+        cache, io = knobs.xen_cache_mode(bus, backing), "threads"
         model = "xen-netfront" if bus == "xen-vbd" else draw(st.sampled_from(["e1000", "rtl8139", "xen-netfront"]))
     else:
         cache = draw(st.sampled_from(["none", "writethrough", "writeback", "directsync", "unsafe"]))
         io = draw(st.sampled_from(["native", "threads", "io_uring"] if cache in ("none", "directsync")
                                   else ["threads", "io_uring"]))
         model = draw(st.sampled_from(["e1000", "rtl8139", "virtio"]))
-    virtio_disk = bus in profiles.VIRTIO_BUSES
+    virtio_disk = bus in knobs.VIRTIO_BUSES
     volume = {"block-device": draw(st.sampled_from(["", "/dev/sdb", "/dev/disk/by-id/ata-X"])),
               "network-volume": draw(st.sampled_from(["aoe:e1.0", "iscsi:iqn.2026-01.lab:t", "nbd:fe:10809"]))
               }.get(backing, "")
@@ -194,7 +194,7 @@ def valid_profiles(draw) -> dict[str, Any]:
         "description": draw(one_line),
         "guest": {"hypervisor": hv, "vcpus": vcpus, "memory_mib": draw(st.integers(256, 262144))},
         "disk": {"bus": bus, "cache": cache, "io": io, "backing": backing, "volume": volume,
-                 "format": "qcow2" if backing in profiles.QCOW2_BACKINGS else "raw",
+                 "format": "qcow2" if backing in knobs.QCOW2_BACKINGS else "raw",
                  "iothreads": draw(st.integers(0, 16)) if virtio_disk else 0,
                  "queues": draw(st.integers(1, min(16, vcpus))) if virtio_disk else 1},
         "network": {"model": model, "vhost": draw(st.booleans()) if model == "virtio" else False,

@@ -48,7 +48,8 @@ from ..record.provenance import (
     VolumeInfo,
 )
 from ..spec import addresses, catalogue
-from ..spec.profiles import Dom0, is_nfs, xen_guest_type
+from ..spec.knobs import Dom0, is_nfs
+from ..spec.profiles import xen_guest_type
 from ..spec.runspec import BOOT, RunSpec
 from ..virt import accel, daemons, network, xendom0
 from ..virt.domain import render_domain

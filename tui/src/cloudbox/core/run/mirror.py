@@ -24,7 +24,7 @@ from ..record.events import ProgressEvent, SampleEvent, StateEvent, StepEvent, p
 from ..record.provenance import Controller, NodeInfo, Nodes, PeerServers, Provenance, RemoteRun
 from ..record.results import MEASUREMENT_COLUMNS
 from ..spec import nodeconf
-from ..spec.profiles import is_nfs
+from ..spec.knobs import is_nfs
 from ..spec.runspec import BOOT, RunSpec, resolve_net_tests
 from ..virt import network
 from ..virt.guestimage import GuestImage

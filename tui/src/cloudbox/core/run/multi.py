@@ -34,7 +34,8 @@ from ..errors import CloudboxError, DiskStalled, GuestError, GuestUnreachable, N
 from ..record.events import ProgressEvent, SampleEvent, counted
 from ..record.provenance import Guests, GuestStart, RaidInfo
 from ..spec import addresses, catalogue
-from ..spec.profiles import MIX, Profile, is_nfs, mix_problem, resolve_mix
+from ..spec.knobs import is_nfs
+from ..spec.profiles import MIX, Profile, mix_problem, resolve_mix
 from ..spec.runspec import (
     BOOT,
     CPU_OVERCOMMIT_RANGE,

@@ -1,7 +1,8 @@
 """What a run is asked to do, as validated data; it imports only the shared helpers.
 
     schema      what every validated input shares: strict models, safe strings, problems, TOML files kept parsed
-    profiles    tuning profiles (TOML): their schema, checks and rendering facts
+    knobs       the tuning knobs: their values, tables (guest, disk, network, dom0, nfs) and the rules between them
+    profiles    tuning profiles (TOML): the whole file's schema, lookup, comparison and canonical forms
     runspec     the RunSpec, the run options declared once, sizes and the run's plan
     catalogue   every storage and network test, their sets and order
     nodeconf    this node as installed: node names, its settings file, its private link

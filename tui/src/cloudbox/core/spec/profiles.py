@@ -5,7 +5,7 @@ profiles/ for the user's own) holding every knob the studies varied: hypervisor,
 size, disk bus, cache mode, AIO mode, iothreads, queues, backing store and format, NIC
 model, vhost, queues and MTU. This module provides:
 
-- the pydantic models (`Profile`, `Guest`, `Disk`, `Network`), strict and closed
+- the pydantic model `Profile` (a name, a description and the knobs' tables), strict and closed
   (unknown keys and str->int coercion are errors);
 - `parse_profile` / `load_profile`, which turn any problem (TOML syntax, a wrong type, a
   value out of range, an impossible combination of knobs) into a `ProfileError` with one
@@ -14,23 +14,8 @@ model, vhost, queues and MTU. This module provides:
   (`diff_profiles`, `mix_problem`), persistence (`save_user_profile`) and canonical forms
   (`Profile.hash`, `Profile.to_toml()`, `Profile.knobs()`, `Profile.describe()`).
 
-Decisions worth knowing (see also the presets' comments):
-- Xen (libxl) supports the disk buses xen-vbd (PV blkfront: the guest is a PV guest),
-  ide and scsi-lsi (HVM, emulated by Xen's QEMU, which libxl starts with if=ide /
-  if=scsi, the latter an LSI 53C895A). libvirt's libxl driver lists only ide, scsi and
-  xen as disk buses, so virtio-blk, virtio-scsi and sata are refused with xen.
-- libxl cannot choose the host cache or AIO mode: it hard-codes cache=writeback for
-  emulated disks, blkback ("phy") bypasses dom0's page cache, and the qdisk backend
-  for files uses QEMU's default (writeback). A Xen profile must state the mode libxl
-  will really use, and io must be "threads", so results never claim a mode that was not
-  in effect.
-- guest.xen_type says how Xen runs the guest: pv, pvh (PV devices only, in a hardware-virtualized container: it
-  needs VT-x/AMD-V, like hvm) or hvm; left at "auto" it follows the bus (xen-vbd: pv, ide/scsi-lsi: hvm), which
-  is what every profile without the key meant. pv and pvh take bus xen-vbd and NIC xen-netfront only.
-- Xen PV guests have no emulated NIC; libvirt's libxl driver accepts only the model
-  netfront there. The schema therefore has one more NIC model than the studies'
-  three: "xen-netfront" (Xen only; required with bus xen-vbd). virtio-net is refused
-  with xen.
+The knobs themselves (their values, their tables, the rules between them and the decisions behind those) are
+core.spec.knobs.
 """
 
 from __future__ import annotations
@@ -38,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import posixpath
 import re
 import typing
 from collections.abc import Iterable
@@ -46,61 +30,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from cloudbox.core import inputs, paths
 from cloudbox.core.errors import NotFound, ProfileError, ProfileProblem, UsageError
 
 from . import schema
+from .knobs import (
+    CHUNK_KIB,
+    DOM0_MIN_MIB,
+    RAID_CHUNK_DEFAULT_KIB,
+    VOLUME_SCHEMES,
+    Disk,
+    Dom0,
+    Guest,
+    Network,
+    Nfs,
+    cross_field_problems,
+    guest_type,
+    implied_xen_type,
+    is_nfs,
+    volume_targets,
+    xen_backend,
+)
 from .schema import CrossFieldProblems, NoControls, OneLine, Strict
 
-Hypervisor = Literal["kvm", "xen"]
-# How Xen runs the guest: "pv" (paravirtualized, no hardware virtualization), "pvh" (PV devices in a hardware-
-# virtualized container, no emulated devices), "hvm" (emulated PC by Xen's QEMU); "auto" is what the disk bus
-# implies (xen-vbd: pv, else hvm), the only value KVM takes.
-XenType = Literal["auto", "pv", "pvh", "hvm"]
-Bus = Literal["virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "xen-vbd"]
-CacheMode = Literal["none", "writethrough", "writeback", "directsync", "unsafe"]
-IoMode = Literal["native", "threads", "io_uring"]
-Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "block-device", "network-volume"]
-DiskFormat = Literal["raw", "qcow2"]
-NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
-RaidLevel = Literal["none", "0"]
-RaidOn = Literal["guest", "host"]
-Attach = Literal["host", "guest", "qemu"]
-# Xen's backend for a guest's disk in dom0: blkback ("phy", the kernel's, on a block device) or qdisk (QEMU's, on a
-# file or a device); "auto" picks phy for a block device and qdisk for a file, and is the only value KVM takes.
-XenBackend = Literal["auto", "phy", "qdisk"]
-# How the guest mounts an NFS export (disk.volume = nfs:<name>): the protocol version, the transport and whether the
-# client writes through (mount -o sync: every WRITE stable on the server's disk before it returns) or not (async:
-# unstable WRITEs, then COMMIT).
-NfsVersion = Literal["4.0", "4.1", "4.2"]
-NfsProto = Literal["tcp", "udp"]
-NfsWrites = Literal["async", "sync"]
-
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
-XEN_HVM_BUSES: tuple[str, ...] = ("ide", "scsi-lsi")  # emulated by Xen's QEMU: HVM guests only
-XEN_BUSES: tuple[str, ...] = ("xen-vbd", "ide", "scsi-lsi")
-KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide")
-QCOW2_BACKINGS: tuple[str, ...] = ("qcow2", "qcow2-prealloc")
-VOLUME_SCHEMES: tuple[str, ...] = ("aoe", "iscsi", "nbd", "nfs", "nvme-tcp")
-# Schemes QEMU itself can be the initiator of (its nbd and libiscsi block drivers); it has none for AoE or NVMe/TCP.
-QEMU_SCHEMES: tuple[str, ...] = ("nbd", "iscsi")
-PAGE_CACHE_FREE: tuple[str, ...] = ("none", "directsync")
-MAX_DISKS = 8
-# Disks a bus takes on one controller (the pc machine's IDE has two channels of two; ich9-ahci six ports; the LSI
-# 53C895A seven targets); the rest take MAX_DISKS.
-BUS_MAX_DISKS: dict[str, int] = {"ide": 4, "sata": 6, "scsi-lsi": 7}
-RAID_CHUNK_DEFAULT_KIB = 512  # mdadm's own default
 # Knobs added after profiles were first hashed, with the value that leaves a profile's hash as it was.
 _HASH_NEUTRAL: dict[str, dict[str, object]] = {"guest": {"xen_type": "auto"},
                                                 "disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host",
                                                          "xen_backend": "auto", "raid_on": "guest"},
                                                 "dom0": {"vcpu_pin": "", "memory_mib": 0}}
 SECTIONS: tuple[str, ...] = ("guest", "disk", "network", "dom0", "nfs")
-DOM0_MIN_MIB = 512  # below this a Debian dom0 with libvirtd, QEMU and the tests risks the OOM killer
-BLOCK_BACKINGS: tuple[str, ...] = ("block-device", "network-volume")  # the host hands the guest a block device
 
 # Human wording for string fields whose rule is not a list of values or a range.
 _TEXT_RULES: dict[str, str] = {
@@ -110,124 +71,18 @@ _TEXT_RULES: dict[str, str] = {
     "disk.raid": 'none, "0" (a string: RAID 0 in the guest over the disk.count disks)',
     "disk.volume": (
         "empty; for backing = block-device an absolute /dev/ path; for backing = network-volume "
-        + ", ".join(f"{s}:<target>" for s in VOLUME_SCHEMES)
+        + volume_targets(VOLUME_SCHEMES)
     ),
     "dom0.vcpu_pin": "empty (leave dom0's vCPUs as they are) or physical CPUs as a list, e.g. 0, 0-1, 0,2",
     "dom0.memory_mib": f"0 (leave dom0's memory as it is) or {DOM0_MIN_MIB}..262144 (MiB)",
     "disk.chunk_kib": (
-        "0 (no RAID) or, with disk.raid = 0, a power of two 4..1024 (KiB; left out or 0: mdadm's "
+        f"0 (no RAID) or, with disk.raid = 0, a power of two {CHUNK_KIB[0]}..{CHUNK_KIB[1]} (KiB; left out or 0: "
+        f"mdadm's "
         f"{RAID_CHUNK_DEFAULT_KIB})"
     ),
-    "nfs.rsize_kib": "0 (what client and server agree) or a power of two 4..1024 (KiB)",
-    "nfs.wsize_kib": "0 (what client and server agree) or a power of two 4..1024 (KiB)",
+    "nfs.rsize_kib": f"0 (what client and server agree) or a power of two {CHUNK_KIB[0]}..{CHUNK_KIB[1]} (KiB)",
+    "nfs.wsize_kib": f"0 (what client and server agree) or a power of two {CHUNK_KIB[0]}..{CHUNK_KIB[1]} (KiB)",
 }
-
-
-def _volume(v: str) -> str:
-    bad = inputs.control_chars(v)
-    if bad:
-        raise ValueError(f"contains {bad}")
-    if v.startswith("/") and inputs.path_problem(v):
-        raise ValueError(str(inputs.path_problem(v)))
-    return v
-
-
-def _chunk(v: int) -> int:
-    if v != 0 and (v < 4 or v > 1024 or v & (v - 1)):
-        raise ValueError("must be 0 or a power of two from 4 to 1024")
-    return v
-
-
-def _cpu_list(v: str) -> str:
-    if v and not re.fullmatch(r"\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?)*", v):
-        raise ValueError("must be empty or a list of CPU numbers and ranges, e.g. 0, 0-1, 0,2")
-    for part in filter(None, v.split(",")):
-        lo, _, hi = part.partition("-")
-        if hi and int(hi) < int(lo):
-            raise ValueError(f"the range {part} runs backwards")
-    return v
-
-
-def cpu_list(v: str) -> list[int]:
-    """The CPUs of a validated list such as "0,2-3": [0, 2, 3]."""
-    out: list[int] = []
-    for part in filter(None, v.split(",")):
-        lo, _, hi = part.partition("-")
-        out += range(int(lo), int(hi or lo) + 1)
-    return sorted(set(out))
-
-
-def _dom0_memory(v: int) -> int:
-    if v != 0 and not DOM0_MIN_MIB <= v <= 262144:
-        raise ValueError(f"must be 0 or {DOM0_MIN_MIB}..262144")
-    return v
-
-
-class Guest(Strict):
-    """The guest machine: which hypervisor runs it and how big it is."""
-
-    hypervisor: Hypervisor
-    xen_type: XenType = "auto"  # Xen only: pv, pvh or hvm; auto follows disk.bus
-    vcpus: int = Field(1, ge=1, le=64)
-    memory_mib: int = Field(1024, ge=256, le=262144)
-
-
-class Disk(Strict):
-    """The benchmark disk: how the guest sees it and what stores it on the host."""
-
-    bus: Bus
-    cache: CacheMode
-    io: IoMode = "threads"
-    iothreads: int = Field(0, ge=0, le=16)
-    queues: int = Field(1, ge=1, le=16)
-    backing: Backing
-    format: DiskFormat = "raw"
-    volume: Annotated[str, Field(max_length=4096, pattern=r"^[^\n\r]*$"), AfterValidator(_volume)] = ""
-    count: int = Field(1, ge=1, le=MAX_DISKS)  # benchmark disks, each on its own backing store
-    raid: RaidLevel = "none"  # "0": the disks striped with mdadm, the tests run on the array
-    raid_on: RaidOn = "guest"  # who builds the RAID: the guest over its disks, or the host over its loop devices
-    chunk_kib: Annotated[int, AfterValidator(_chunk)] = 0
-    attach: Attach = "host"  # who attaches a network volume: the host's kernel, the guest's, or QEMU itself
-    xen_backend: XenBackend = "auto"  # Xen only: blkback (phy) or QEMU's qdisk in dom0
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_format(cls, data: Any) -> Any:
-        # A qcow2 backing without an explicit format means format qcow2; an explicit
-        # mismatch is still reported by the profile's cross-field checks.
-        if isinstance(data, dict) and "format" not in data and data.get("backing") in QCOW2_BACKINGS:
-            data = {**data, "format": "qcow2"}
-        # A RAID without a chunk size (or 0) gets mdadm's default, so the stored profile says the chunk used.
-        if isinstance(data, dict) and data.get("raid") == "0" and data.get("chunk_kib", 0) == 0:
-            data = {**data, "chunk_kib": RAID_CHUNK_DEFAULT_KIB}
-        return data
-
-
-class Network(Strict):
-    """The guest's NIC on the private bridge."""
-
-    model: NicModel
-    vhost: bool = False
-    queues: int = Field(1, ge=1, le=16)
-    mtu: int = Field(1500, ge=1500, le=9000)
-
-
-class Dom0(Strict):
-    """Xen's control domain while the run lasts (Xen profiles only; restored after the run)."""
-
-    vcpu_pin: Annotated[str, Field(max_length=200), AfterValidator(_cpu_list)] = ""  # xl vcpu-pin Domain-0 all
-    memory_mib: Annotated[int, AfterValidator(_dom0_memory)] = 0  # xl mem-set Domain-0
-
-
-class Nfs(Strict):
-    """How the guest mounts the run's NFS export (disk.volume = nfs:<name>): its kernel client's mount options."""
-
-    vers: NfsVersion = "4.2"
-    proto: NfsProto = "tcp"
-    writes: NfsWrites = "async"  # mount -o async|sync
-    nconnect: Annotated[int, Field(ge=1, le=16)] = 1  # TCP connections to the server
-    rsize_kib: Annotated[int, AfterValidator(_chunk)] = 0  # 0: what client and server agree on
-    wsize_kib: Annotated[int, AfterValidator(_chunk)] = 0
 
 
 class Profile(Strict):
@@ -259,7 +114,7 @@ class Profile(Strict):
             for key, value in neutral.items():
                 if data[section].get(key) == value:
                     del data[section][key]
-        if data["guest"].get("xen_type") == _implied_xen_type(self.disk.bus):
+        if data["guest"].get("xen_type") == implied_xen_type(self.disk.bus):
             del data["guest"]["xen_type"]  # the type the bus implies: the same guest as "auto"
         if not data["dom0"]:
             del data["dom0"]
@@ -370,289 +225,10 @@ _XEN_BACKEND_WORDS = {"phy": "blkback (phy)", "qdisk": "qdisk (QEMU in dom0)"}
 _NIC_WORDS = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio-net", "xen-netfront": "Xen netfront"}
 
 
-def _implied_xen_type(bus: str) -> str:
-    return "pv" if bus == "xen-vbd" else "hvm"
-
-
-def guest_disks(disk: Disk) -> int:
-    """The benchmark disks the guest sees: disk.count, or one (the host's md array) with disk.raid_on = host."""
-    return 1 if disk.raid_on == "host" else disk.count
-
-
-def is_nfs(disk: Disk) -> bool:
-    """The disk is an NFS export the guest mounts (disk.volume = nfs:<name>), not a block device."""
-    return disk.backing == "network-volume" and disk.volume.startswith("nfs:")
-
-
 def xen_guest_type(profile: Profile) -> str:
     """How Xen runs the profile's guest: "pv", "pvh" or "hvm" (guest.xen_type, "auto" resolved from the bus);
     "" for a KVM profile."""
-    if profile.guest.hypervisor != "xen":
-        return ""
-    t = profile.guest.xen_type
-    return _implied_xen_type(profile.disk.bus) if t == "auto" else t
-
-
-def xen_backend(disk: Disk) -> str:
-    """The backend dom0 serves a Xen guest's disk with: "phy" (blkback) or "qdisk" (QEMU); "auto" resolved."""
-    if disk.xen_backend != "auto":
-        return disk.xen_backend
-    return "phy" if disk.backing in BLOCK_BACKINGS else "qdisk"
-
-
-def xen_cache_mode(bus: str, backing: str, backend: str = "auto") -> str:
-    """The host cache mode libxl really uses for a Xen disk (it offers no choice)."""
-    if backend == "auto":
-        backend = "phy" if backing in BLOCK_BACKINGS else "qdisk"
-    if bus == "xen-vbd" and backend == "phy":
-        return "none"  # blkback ("phy") submits bios straight to the device: no dom0 page cache
-    return "writeback"  # emulated disks (libxl passes cache=writeback) and qdisk (QEMU's default, no O_DIRECT)
-
-
-def cross_field_problems(p: Profile) -> list[ProfileProblem]:
-    """Impossible combinations of otherwise valid values, one problem per offending key."""
-    g, d, n = p.guest, p.disk, p.network
-    out: list[ProfileProblem] = []
-
-    def bad(key: str, value: object, message: str, allowed: str) -> None:
-        out.append(ProfileProblem(key, value, message, allowed))
-
-    # hypervisor <-> bus
-    if g.hypervisor == "kvm" and d.bus not in KVM_BUSES:
-        bad(
-            "disk.bus",
-            d.bus,
-            "xen-vbd is Xen's PV block device; KVM cannot provide it",
-            f"{', '.join(KVM_BUSES)} (with guest.hypervisor = kvm)",
-        )
-    if g.hypervisor == "xen" and d.bus not in XEN_BUSES:
-        bad(
-            "disk.bus",
-            d.bus,
-            "libxl (Xen) does not offer this disk bus",
-            f"{', '.join(XEN_BUSES)} (with guest.hypervisor = xen)",
-        )
-
-    # Xen's guest type
-    xen_type = xen_guest_type(p)
-    if g.hypervisor != "xen" and g.xen_type != "auto":
-        bad("guest.xen_type", g.xen_type, "the guest type (PV, PVH, HVM) is Xen's; a KVM guest is always QEMU's "
-            "hardware-virtualized PC", "auto (with guest.hypervisor = kvm)")
-    elif xen_type in ("pv", "pvh") and d.bus in XEN_HVM_BUSES:
-        bad("disk.bus", d.bus, f"a Xen {xen_type.upper()} guest has no emulated devices; {d.bus} is emulated by "
-            "Xen's QEMU for HVM guests only", f"xen-vbd (with guest.xen_type = {g.xen_type}); {d.bus} needs "
-            "guest.xen_type = hvm or auto")
-    elif g.xen_type == "hvm" and d.bus == "xen-vbd":
-        bad("guest.xen_type", g.xen_type, "an HVM guest's disk is emulated (PV drivers on HVM are not offered)",
-            "auto, pv, pvh (with disk.bus = xen-vbd); hvm needs disk.bus ide or scsi-lsi")
-
-    # Xen's disk backend
-    if g.hypervisor != "xen" and d.xen_backend != "auto":
-        bad("disk.xen_backend", d.xen_backend, "the disk backend is Xen's (blkback or qdisk in dom0); KVM's disks "
-            "are QEMU's, set by disk.bus, cache and io", "auto (with guest.hypervisor = kvm)")
-    elif g.hypervisor == "xen" and d.xen_backend == "phy" and d.backing not in BLOCK_BACKINGS:
-        bad("disk.xen_backend", d.xen_backend, f"blkback (phy) serves block devices only; libxl refuses it on "
-            f"backing {d.backing}, a file", f"qdisk, auto (with disk.backing = {d.backing}); phy needs backing "
-            + " or ".join(BLOCK_BACKINGS))
-
-    # cache/io
-    if g.hypervisor == "xen":
-        backend = xen_backend(d)
-        want = xen_cache_mode(d.bus, d.backing, backend)
-        if d.cache != want:
-            bad(
-                "disk.cache",
-                d.cache,
-                f"libxl has no cache setting; with bus {d.bus} on {d.backing} through {backend} it always uses "
-                f"{want}",
-                f"{want} (with guest.hypervisor = xen, disk.bus = {d.bus}, disk.backing = {d.backing}, "
-                f"disk.xen_backend = {d.xen_backend})",
-            )
-        if d.io != "threads":
-            bad(
-                "disk.io",
-                d.io,
-                "libxl has no AIO setting; Xen's disk backends are not configurable here",
-                "threads (with guest.hypervisor = xen)",
-            )
-    elif d.io == "native" and d.cache not in PAGE_CACHE_FREE:
-        bad(
-            "disk.io",
-            d.io,
-            f"io = native needs O_DIRECT, i.e. cache none or directsync; cache {d.cache} goes through "
-            "the host page cache, which Linux native AIO cannot use",
-            f"threads, io_uring (with disk.cache = {d.cache}); or set disk.cache to none or directsync",
-        )
-
-    # backing <-> format / volume
-    if d.backing in QCOW2_BACKINGS and d.format != "qcow2":
-        bad(
-            "disk.format",
-            d.format,
-            f"backing {d.backing} is a qcow2 image",
-            f"qcow2 (with disk.backing = {d.backing})",
-        )
-    if d.backing not in QCOW2_BACKINGS and d.format != "raw":
-        bad(
-            "disk.format",
-            d.format,
-            f"backing {d.backing} holds raw data",
-            f"raw (with disk.backing = {d.backing}); use backing qcow2 or qcow2-prealloc for qcow2",
-        )
-    if d.backing == "network-volume":
-        scheme, sep, rest = d.volume.partition(":")
-        if not sep or scheme not in VOLUME_SCHEMES or not rest.strip():
-            bad(
-                "disk.volume",
-                d.volume,
-                "a network volume needs a target with a known scheme",
-                ", ".join(f"{s}:<target>" for s in VOLUME_SCHEMES),
-            )
-    elif d.backing == "block-device":
-        if d.volume and not _is_dev_path(d.volume):
-            bad(
-                "disk.volume",
-                d.volume,
-                "a block device must be named by an absolute path under /dev/",
-                "empty (cloudbox picks the device) or an absolute /dev/ path, e.g. /dev/sdb",
-            )
-    elif d.volume:
-        bad(
-            "disk.volume",
-            d.volume,
-            f"backing {d.backing} takes no volume (cloudbox creates the file)",
-            f"empty (with disk.backing = {d.backing})",
-        )
-
-    # virtio-only disk knobs
-    if d.iothreads > 0 and d.bus not in VIRTIO_BUSES:
-        bad(
-            "disk.iothreads",
-            d.iothreads,
-            f"iothreads serve virtio devices only, not {d.bus}",
-            f"0 (with disk.bus = {d.bus}); 1..16 needs bus virtio-blk or virtio-scsi",
-        )
-    if d.queues > 1 and d.bus not in VIRTIO_BUSES:
-        bad(
-            "disk.queues",
-            d.queues,
-            f"multiple queues are a virtio feature, {d.bus} has one",
-            f"1 (with disk.bus = {d.bus}); more needs bus virtio-blk or virtio-scsi",
-        )
-    elif d.queues > g.vcpus:
-        bad("disk.queues", d.queues, "more disk queues than vCPUs", f"1..{g.vcpus} (guest.vcpus = {g.vcpus})")
-
-    # several disks <-> RAID
-    if d.raid == "0" and d.count < 2:
-        bad("disk.raid", d.raid, f"a RAID 0 over {d.count} disk stripes nothing",
-            f"none (with disk.count = {d.count}); 0 needs disk.count 2..{MAX_DISKS}")
-    if d.raid == "none" and d.count > 1:
-        bad("disk.count", d.count, "the tests run on one device: several disks need a RAID to join them",
-            f"1 (with disk.raid = none); 2..{MAX_DISKS} needs disk.raid = 0")
-    if d.raid == "none" and d.chunk_kib != 0:
-        bad("disk.chunk_kib", d.chunk_kib, "a chunk size is a RAID's; this profile has none",
-            "0 (with disk.raid = none); a power of two 4..1024 needs disk.raid = 0")
-    if d.raid_on == "host" and d.raid == "none":
-        bad("disk.raid_on", d.raid_on, "there is no RAID to build", "guest (with disk.raid = none); host needs "
-            "disk.raid = 0")
-    elif d.raid_on == "host" and d.backing != "block-device":
-        bad("disk.raid_on", d.raid_on, f"the host builds its md array over block devices, and backing {d.backing} "
-            "gives the guest files", f"guest (with disk.backing = {d.backing}); host needs disk.backing = "
-            "block-device (a loop device per disk)")
-    if d.raid_on == "guest" and d.count > BUS_MAX_DISKS.get(d.bus, MAX_DISKS):
-        bad("disk.count", d.count, f"bus {d.bus} takes at most {BUS_MAX_DISKS[d.bus]} disks on its controller",
-            f"1..{BUS_MAX_DISKS[d.bus]} (with disk.bus = {d.bus})")
-    if d.attach != "host" and d.backing != "network-volume":
-        bad("disk.attach", d.attach, f"only a network volume is attached by someone else; backing {d.backing} is "
-            "opened by the host", f"host (with disk.backing = {d.backing}); guest or qemu need network-volume")
-    elif d.attach == "qemu" and d.volume.partition(":")[0] not in QEMU_SCHEMES:
-        bad("disk.attach", d.attach, f"QEMU has no initiator for {d.volume.partition(':')[0] or 'this'} volumes",
-            f"host, guest (with disk.volume = {d.volume!r}); qemu needs "
-            + " or ".join(f"{s}:<target>" for s in QEMU_SCHEMES))
-    elif d.attach == "qemu" and g.hypervisor == "xen":
-        bad("disk.attach", d.attach, "libxl (Xen) does not hand QEMU's network block drivers to a guest",
-            "host, guest (with guest.hypervisor = xen)")
-    if d.count > 1 and (d.backing == "network-volume" or d.volume):
-        bad("disk.count", d.count, f"disk.volume names one volume; {d.count} disks would need {d.count}",
-            f"1 (with disk.volume = {d.volume!r}); several disks need backing files or loop devices")
-
-    # NFS export
-    if is_nfs(d):
-        if d.attach != "guest":
-            bad("disk.attach", d.attach, "an NFS export is a file system, not a block device: the guest's kernel "
-                "mounts it and the tests run on a file in it", "guest (with disk.volume = nfs:<name>)")
-        if p.nfs.proto == "udp":
-            bad("nfs.proto", p.nfs.proto, "NFSv4 runs over TCP only (RFC 7530: a transport with congestion "
-                "control); UDP was NFSv3's, and the benchmark guest's kernel (Debian's 6.1, built with "
-                "CONFIG_NFS_DISABLE_UDP_SUPPORT) no longer offers it", "tcp")
-        if p.nfs.nconnect > 1 and p.nfs.vers == "4.0":
-            bad("nfs.nconnect", p.nfs.nconnect, "the Linux client opens several connections from NFSv4.1 on "
-                "(4.0 has no sessions to share them)", "1 (with nfs.vers = 4.0); 2..16 needs nfs.vers 4.1 or 4.2")
-    elif p.nfs != Nfs():
-        changed = [k for k in Nfs.model_fields if getattr(p.nfs, k) != getattr(Nfs(), k)]
-        bad(f"nfs.{changed[0]}", getattr(p.nfs, changed[0]), "the [nfs] table sets how the guest mounts an NFS "
-            "export; this profile has none", f"{getattr(Nfs(), changed[0])} (leave [nfs] out); an export needs "
-            "disk.backing = network-volume, disk.volume = nfs:<name>, disk.attach = guest")
-
-    # dom0
-    if g.hypervisor != "xen":
-        for key, value, neutral in (("vcpu_pin", p.dom0.vcpu_pin, ""), ("memory_mib", p.dom0.memory_mib, 0)):
-            if value != neutral:
-                bad(f"dom0.{key}", value, "dom0 is Xen's control domain; a KVM host has none",
-                    f"{neutral!r} (with guest.hypervisor = kvm)" if key == "vcpu_pin" else
-                    f"{neutral} (with guest.hypervisor = kvm)")
-
-    # NIC
-    if n.model == "xen-netfront" and g.hypervisor != "xen":
-        bad(
-            "network.model",
-            n.model,
-            "netfront is Xen's PV NIC; KVM cannot provide it",
-            "e1000, rtl8139, virtio (with guest.hypervisor = kvm)",
-        )
-    if g.hypervisor == "xen" and g.xen_type == "auto" and d.bus == "xen-vbd" and n.model != "xen-netfront":
-        bad(
-            "network.model",
-            n.model,
-            "bus xen-vbd makes this a Xen PV guest, which has no emulated NIC",
-            "xen-netfront (with disk.bus = xen-vbd)",
-        )
-    elif xen_type in ("pv", "pvh") and g.xen_type != "auto" and n.model != "xen-netfront":
-        bad("network.model", n.model, f"a Xen {xen_type.upper()} guest has no emulated NIC",
-            f"xen-netfront (with guest.xen_type = {xen_type})")
-    elif g.hypervisor == "xen" and n.model == "virtio":
-        bad(
-            "network.model",
-            n.model,
-            "libxl (Xen) does not offer virtio-net",
-            "e1000, rtl8139, xen-netfront (with guest.hypervisor = xen)",
-        )
-    if n.vhost and n.model != "virtio":
-        bad(
-            "network.vhost",
-            n.vhost,
-            "vhost-net accelerates virtio-net only",
-            f"false (with network.model = {n.model}); true needs model virtio",
-        )
-    if n.queues > 1 and n.model != "virtio":
-        bad(
-            "network.queues",
-            n.queues,
-            f"multiqueue is a virtio-net feature, {n.model} has one queue",
-            f"1 (with network.model = {n.model}); more needs model virtio",
-        )
-    elif n.queues > g.vcpus:
-        bad(
-            "network.queues",
-            n.queues,
-            "more NIC queues than vCPUs",
-            f"1..{g.vcpus} (guest.vcpus = {g.vcpus})",
-        )
-    return out
-
-
-def _is_dev_path(s: str) -> bool:
-    return s.startswith("/dev/") and posixpath.normpath(s) == s and len(s) > len("/dev/")
+    return guest_type(profile.guest, profile.disk)
 
 
 # -- TOML output ---------------------------------------------------------------------

@@ -37,7 +37,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from cloudbox.core.disks.backing import NetworkSource
-from cloudbox.core.spec.profiles import Profile, guest_disks, xen_backend, xen_guest_type
+from cloudbox.core.spec.knobs import guest_disks, xen_backend
+from cloudbox.core.spec.profiles import Profile, xen_guest_type
 
 CLOUDBOX_XMLNS = "https://cloudbox.invalid/xmlns/1"
 AGENT_CHANNEL = "org.qemu.guest_agent.0"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import CloudboxError
-from ..spec.profiles import Dom0, cpu_list
+from ..spec.knobs import Dom0, cpu_list
 from .accel import parse_xl_info
 
 DOM0 = "Domain-0"

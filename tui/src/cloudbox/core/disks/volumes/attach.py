@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import CloudboxError, NoSpace
-from ...spec import profiles, remote
+from ...spec import knobs, remote
 from .. import backing
 from . import aoe, hostattach, iscsi, nbd, nfs, nodecreds, nvmet, pki
 from .store import VolumeBusy, VolumeStore, check_name
@@ -135,7 +135,7 @@ def exports_here(*, hypervisor: str = "kvm", has_module=kernel_module_available)
         if scheme == "nfs":  # an NFS export is a run's own directory, never a stored volume
             continue
         modes = []
-        for mode in typing.get_args(profiles.Attach):
+        for mode in typing.get_args(knobs.Attach):
             try:
                 check_attach(scheme, mode, hypervisor=hypervisor, has_module=has_module)
             except AttachRefused:

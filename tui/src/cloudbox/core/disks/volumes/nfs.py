@@ -30,7 +30,7 @@ from pathlib import Path
 from ... import procs
 from ...errors import CloudboxError, GuestError, GuestTimeout
 from ...procs import free_port, listens
-from ...spec.profiles import Nfs
+from ...spec.knobs import Nfs
 from .. import mounts
 
 START_TIMEOUT = 20.0  # ganesha reads its configuration, loads the VFS back-end, then listens
