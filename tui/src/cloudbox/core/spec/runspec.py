@@ -1,9 +1,11 @@
-"""What a run is asked to do: the RunSpec, every run option declared once, the test sizes and sets, and the plan.
+"""What a run is asked to do: the RunSpec with every run option declared once, the test sizes and sets, the plan.
 
-RUN_OPTIONS is the one table of run options (name, type, default, help, choices, check): `cloudbox run` builds its
-flags from it and the TUI's Tests screen its selects, so a new option or choice appears in both at once. A spec
-is checked (`RunSpec.validate`) before anything is created; a bad value is a UsageError naming the flag, the value
-and what is allowed. The plan is the run's steps as (side, test), in the order the executor takes them.
+A run option is a RunSpec field declared with `run_option()`: the field gives its name, type and default, the
+declaration its CLI flags, TUI control, help, choices and check. RUN_OPTIONS is read from those declarations:
+`cloudbox run` builds its flags from it and the TUI's Tests screen its controls, so a new option or choice appears in
+both at once, and the node checks a front-end's request against the same fields (agent.requests). A spec is checked
+(`RunSpec.validate`) before anything is created; a bad value is a UsageError naming the flag, the value and what is
+allowed. The plan is the run's steps as (side, test), in the order the executor takes them.
 
 A propagation run (suite "propagation", study B's image-propagation sweep) is made by `cloudbox study run` only, from
 a study's [propagation] table: its image sizes are the spec's `propagate`, one per sample, and `cloudbox run` does not
@@ -12,11 +14,13 @@ offer the suite.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import CloudboxError, UsageError
 from . import catalogue, remote
@@ -38,6 +42,10 @@ MIB = 1024**2
 MAX_PROPAGATE_SAMPLES = 2000  # samples in one propagation run: a study's 16 sizes x 100 repeats, with room
 MAX_IMAGE_SIZE = 1024**4  # 1 TiB
 MAX_GUESTS = 64  # guests of one run on one host; the host's memory and CPUs usually stop it sooner
+CPU_OVERCOMMIT_RANGE = (1.0, 16.0)
+OVERCOMMIT_LABEL = "vcpu-overcommit"  # a guest figure measured with more guest vCPUs than host CPUs
+LOCAL_PLACE = "local"  # this host, as a place of a spread run's guests (--node local,be1)
+MAX_PLACES = 8
 
 
 def propagation_test(size_bytes: int) -> str:
@@ -51,21 +59,248 @@ def propagation_size(test: str) -> int | None:
     return int(m.group(1)) * MIB if m else None
 
 
+
+# ------------------------------------------------------------------------------------------------ options
+@dataclass(frozen=True)
+class Choice:
+    """One offered value of an option: its value, the TUI's words for it, whether the TUI's run form offers it."""
+
+    value: str
+    label: str = ""
+    offered: bool = True
+
+    @property
+    def title(self) -> str:
+        return self.label or self.value
+
+
+
+Control = Literal["select", "input", ""]  # how the TUI's run form asks for an option ("": it does not)
+
+
+@dataclass(frozen=True)
+class RunOption:
+    """One run option, declared once (run_option() on a RunSpec field) for the CLI's flags, the TUI's run form and the
+    spec's validation; RUN_OPTIONS fills in the field's name, type and default."""
+
+    field: str  # the RunSpec attribute
+    flags: tuple[str, ...]  # the CLI's flags, the long one first
+    type: Callable[[str], Any]  # the field's type: str, int or float
+    default: Any  # the field's default (None for a required option)
+    help: str
+    title: str = ""  # the TUI form's heading for it ("" where the form does not offer it)
+    control: Control = ""  # how the TUI form asks for it: a select of the offered choices, or an input
+    metavar: str | None = None
+    choices: tuple[Choice, ...] = ()
+    closed: bool = False  # only the choices are allowed; else `check` says what is
+    check: Callable[[Any], None] | None = None  # raises UsageError naming the flag, the value and what is allowed
+    form_default: Any = None  # the TUI form's first value, where it differs from the CLI's default
+    required: bool = False
+    sweep: bool = False  # the CLI also takes a comma-separated list: one run per value, one after another
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+    def validate(self, value: Any) -> None:
+        if self.closed and value not in [c.value for c in self.choices]:
+            raise UsageError(f"{self.flag} {value!r} is not allowed; allowed: "
+                             f"{', '.join(c.value for c in self.choices)}")
+        if self.check is not None:
+            self.check(value)
+
+    def values(self, given: Any) -> list[Any]:
+        """The values of a sweep option's CLI text ("1,2,4" -> [1, 2, 4]), each of the option's type and given once;
+        one value for any other option."""
+        if not (self.sweep and isinstance(given, str)):
+            return [given]
+        out = []
+        for part in given.split(","):
+            try:
+                value = self.type(part.strip())
+            except ValueError:
+                raise UsageError(f"{self.flag} {given!r}: {part.strip()!r} is not understood; allowed: one value or "
+                                 f"a comma-separated list such as 1,2,4 (one run each)") from None
+            if value in out:
+                raise UsageError(f"{self.flag} {given!r}: {value} is given twice; allowed: each value once")
+            out.append(value)
+        return out
+
+    def offered(self) -> list[tuple[str, str]]:
+        """(label, value) of every choice the TUI's form offers, for a select."""
+        return [(c.title, c.value) for c in self.choices if c.offered]
+
+    @property
+    def initial(self) -> Any:
+        """The value the TUI's form starts with."""
+        return self.default if self.form_default is None else self.form_default
+
+    def text(self, value: Any) -> str:
+        """A value as the CLI and the form write it: 300.0 as 300, 1.5 as 1.5."""
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+
+_OPTION = "cloudbox.run_option"  # the key of a RunSpec field's metadata that holds its option
+
+
+def run_option(default: Any = dataclasses.MISSING, *, flags: tuple[str, ...], help: str, title: str = "",
+               control: Control = "", metavar: str | None = None, choices: tuple[Choice, ...] = (),
+               closed: bool = False, check: Callable[[Any], None] | None = None, form_default: Any = None,
+               sweep: bool = False) -> Any:
+    """A RunSpec field that is also a run option: the field's default (none: the option is required), with the
+    option's CLI flags, help, the TUI form's title and control, its choices and check (see RunOption)."""
+    declared = RunOption("", flags, str, None, help, title=title, control=control, metavar=metavar, choices=choices,
+                         closed=closed, check=check, form_default=form_default, sweep=sweep)
+    return field(default=default, metadata={_OPTION: declared})
+
+
+def parse_size(text: str, memory_mib: int) -> tuple[int, str]:
+    """-> (bytes, label). 'study' is study B's rule: twice the guest's RAM (at least 2 GiB)."""
+    t = str(text).strip().lower()
+    if t == "quick":
+        return QUICK_SIZE, "quick"
+    if t == "study":
+        return max(2 * memory_mib * 1024**2, 2 * 1024**3), "study"
+    mult = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+    try:
+        if t and t[-1] in mult:
+            n = int(float(t[:-1]) * mult[t[-1]])
+        else:
+            n = int(t)
+    except (ValueError, OverflowError):
+        raise UsageError(f"--size {text!r} not understood; allowed: quick, study, or a size like 512M, 4G") from None
+    if n < MIN_SIZE:
+        raise UsageError(f"--size {text!r} is too small; the minimum is 4M")
+    return n, "custom"
+
+
+def resolve_net_tests(spec: str) -> list[catalogue.NetTest]:
+    ids = catalogue.NET_SETS.get(spec) or [s for s in spec.split(",") if s]
+    bad = [i for i in ids if i not in catalogue.NET_TESTS]
+    if bad:
+        raise UsageError(f"unknown network test(s) {', '.join(bad)}; allowed: {', '.join(catalogue.NET_TESTS)} "
+                         f"or a set: {', '.join(catalogue.NET_SETS)}")
+    return [catalogue.NET_TESTS[i] for i in ids]
+
+
+def _check_size(value: str) -> None:
+    parse_size(value, 1024)
+
+
+def _check_tests(value: str) -> None:
+    try:
+        catalogue.resolve_tests(value)
+    except CloudboxError as e:
+        raise UsageError(f"--tests {value!r}: {e}") from None
+
+
+def _check_net_tests(value: str) -> None:
+    try:
+        resolve_net_tests(value)
+    except CloudboxError as e:
+        raise UsageError(f"--net-tests {value!r}: {e}") from None
+
+
+def _seconds(flag: str, default: str) -> Callable[[int], None]:
+    def check(value: int) -> None:
+        if value < 0:
+            raise UsageError(f"{flag} {value} is not allowed; allowed: 0 ({default}) or more seconds")
+    return check
+
+
+def _check_agent_timeout(value: float) -> None:
+    low, high = AGENT_TIMEOUT_RANGE
+    if not low <= value <= high:
+        raise UsageError(f"--agent-timeout {value:g} is not allowed; allowed: {low:g} to {high:g} seconds "
+                         f"(default {DEFAULT_AGENT_TIMEOUT:g})")
+
+
+def _check_guests(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GUESTS:
+        raise UsageError(f"--guests {value!r} is not allowed; allowed: 1 to {MAX_GUESTS} guests (within what this "
+                         "host's memory and CPUs hold)")
+
+
+def _check_cpu_overcommit(value: float) -> None:
+    low, high = CPU_OVERCOMMIT_RANGE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise UsageError(f"--cpu-overcommit {value!r} is not allowed; allowed: {low:g} (default: a host CPU for "
+                         f"every guest vCPU) to {high:g} guest vCPUs per host CPU")
+
+
+def _check_node(value: str) -> None:
+    places = value.split(",") if value else []
+    if len(places) > MAX_PLACES:
+        raise UsageError(f"--node {value!r} names {len(places)} places; allowed: 1 to {MAX_PLACES}")
+    if len(places) == 1 and not is_node_name(value):
+        raise UsageError(f"--node {value!r} is not a node name; allowed: {NODE_NAME_ALLOWED} "
+                         "(`cloudbox node list` names the enrolled ones)")
+    for p in places:
+        if not is_node_name(p):
+            raise UsageError(f"--node {value!r}: {p!r} is not a node name; allowed: {NODE_NAME_ALLOWED}, in a comma "
+                             f"list of places with `{LOCAL_PLACE}` for this host (`cloudbox node list` names the "
+                             "enrolled ones)")
+    if len(set(places)) < len(places):
+        twice = sorted({p for p in places if places.count(p) > 1})
+        raise UsageError(f"--node {value!r} names {', '.join(twice)} twice; allowed: each place once (--guests "
+                         "says how many guests in all)")
+    if places == [LOCAL_PLACE]:
+        raise UsageError(f"--node {LOCAL_PLACE} alone is this host; allowed: no --node for a run here, or "
+                         f"{LOCAL_PLACE} with enrolled nodes (--node {LOCAL_PLACE},be1) to spread the guests")
+
+
+
 @dataclass
 class RunSpec:
-    profile: str  # preset/user profile name or a path to a .toml; a mixed run's joined by "+", one per guest in turn
-    suite: str = "all"
-    size: str = "quick"  # quick | study | <number>[K|M|G]
-    storage_tests: str = "standard"  # a set name (smoke, study, standard, full) or comma-separated ids
-    net_tests: str = "netperf"  # netperf | iperf3 | both | comma-separated ids
-    net_seconds: int = 0  # 0: 5 s for quick runs, 30 s otherwise
-    runtime: int = 0  # cap for random tests; 0: 5 s quick, 30 s otherwise
-    work_dir: str = ""  # where file backings and baseline files go (the file system under test)
-    device: str = ""  # explicit whole device for block-device backings
-    destroy: str = ""  # confirmation: the device's kernel name, required when it holds data
-    agent_timeout: float = DEFAULT_AGENT_TIMEOUT  # seconds to wait for the guest agent after launch
-    node: str = ""  # an enrolled back-end to run on (the front-end mirrors the node's run); "" = this host;
-    # with --guests N, a comma list of places (enrolled back-ends, `local` for this host) the N guests spread over
+    """A run's settings. The fields declared with run_option() are `cloudbox run`'s options; the others are set by
+    the front-end or a study run and never typed by a person."""
+
+    profile: str = run_option(
+        flags=("--profile", "-p"),
+        help=f"preset or user profile name, or a .toml file; with --guests N, several joined by {MIX} for a mixed "
+             f"run, the guests taking them in turn (virtio-file{MIX}kvm-cache-none)")
+    suite: str = run_option(
+        "all", flags=("--suite", "-s"),
+        help="what to measure: storage, network, all, or guest (launch the profile's guest and keep it until "
+             "cancelled)",
+        title="Suite", control="select", closed=True, form_default="storage",
+        choices=(Choice("storage"), Choice("network"), Choice("all", "both"), Choice("guest", offered=False)))
+    size: str = run_option(
+        "quick", flags=("--size",), help="test size: quick (128 MiB), study (2x guest RAM, >= 2 GiB) or e.g. 512M, 4G",
+        title="Size", control="select", check=_check_size,
+        choices=(Choice("quick", "quick (128 MiB, 5 s tests)"),
+                 Choice("study", "study-sized (2x guest RAM, 30 s tests)")))
+    storage_tests: str = run_option(
+        "standard", flags=("--tests",), help=f"storage tests: {', '.join(catalogue.TEST_SETS)}, or comma-separated ids",
+        title="Storage tests", control="select", metavar="TESTS", check=_check_tests, form_default="study",
+        choices=tuple(Choice(k, f"{k}: {', '.join(v)}") for k, v in catalogue.TEST_SETS.items()))
+    net_tests: str = run_option(
+        "netperf", flags=("--net-tests",), help="netperf, iperf3, both, or comma-separated ids",
+        choices=tuple(Choice(k) for k in catalogue.NET_SETS), check=_check_net_tests)
+    net_seconds: int = run_option(
+        0, flags=("--net-seconds",), help="seconds per network test (default 5 quick / 30)",
+        check=_seconds("--net-seconds", "5 s quick, 30 s otherwise"))
+    runtime: int = run_option(
+        0, flags=("--runtime",), help="seconds cap for random I/O tests (default 5 / 30)",
+        check=_seconds("--runtime", "5 s quick, 30 s otherwise"))
+    work_dir: str = run_option(
+        "", flags=("--work-dir",), help="directory on the file system under test (file backings)")
+    device: str = run_option(
+        "", flags=("--device",), help="whole device for block-device backings (else a loop device)")
+    destroy: str = run_option(
+        "", flags=("--destroy",), help="confirm destroying --device's data by naming it (e.g. sdb)", metavar="NAME")
+    node: str = run_option(
+        "", flags=("--node",),
+        help="run on this enrolled back-end (front-end only; `cloudbox node list`); with --guests N, a comma list "
+             f"to spread them over (`{LOCAL_PLACE}` is this host: --node {LOCAL_PLACE},be1); default: this host",
+        title="Where", control="select", metavar="NAME[,NAME...]", check=_check_node,
+        choices=(Choice("", "this host"),))  # the TUI adds the enrolled nodes and the spreads over them
+    agent_timeout: float = run_option(
+        DEFAULT_AGENT_TIMEOUT, flags=("--agent-timeout",),
+        help=f"seconds to wait for the guest to boot to its agent (default {DEFAULT_AGENT_TIMEOUT:g}; under TCG or "
+             "nested KVM a guest that misses it is launched once more)",
+        metavar="SECONDS", check=_check_agent_timeout)
     # Set by the front-end for a run on a back-end (no option: never typed by a person): its private address and
     # the netserver/iperf3 ports it opened there. The guest then joins the node's private bridge and the network
     # tests also go to the front-end.
@@ -82,8 +317,17 @@ class RunSpec:
     volume_uri: str = ""
     # Suite propagation only (set by `cloudbox study run`, no option): image sizes in bytes, one per sample, in order.
     propagate: list[int] = field(default_factory=list)
-    guests: int = 1  # benchmark guests of the profile run at once on this host, their tests started together
-    cpu_overcommit: float = 1.0  # guest vCPUs allowed per host CPU (above 1 the figures carry vcpu-overcommit)
+    guests: int = run_option(
+        1, flags=("--guests",),
+        help="benchmark guests of the profile to run at once on this host, each with a disk and a NIC of its own, "
+             "their tests started together; stores each guest's figures and their sum; a list such as "
+             "1,2,4 runs one run per count and prints them in one table",
+        title="Guests at once", control="input", metavar="N[,N...]", check=_check_guests, sweep=True)
+    cpu_overcommit: float = run_option(
+        1.0, flags=("--cpu-overcommit",),
+        help="with --guests N, guest vCPUs allowed per host CPU (default 1: each vCPU gets a host CPU); above 1 "
+             "the guests share CPUs and their figures carry the vcpu-overcommit caveat",
+        title="vCPUs per host CPU", control="input", metavar="RATIO", check=_check_cpu_overcommit)
     # Set by the front-end for one node's part of a spread run (no option): each test waits for the front-end's
     # start instant (core.run.hold); it names the coordinating run ("fe1 run 12, be1 g2 of 2 guests").
     hold: str = ""
@@ -234,122 +478,13 @@ class RunSpec:
         return cls(**data)
 
 
+
 @dataclass(frozen=True)
 class PlanStep:
     """One step of a run's plan: a test (or the guest's boot) on one side."""
 
     side: str  # "baseline" | "guest"
     test: str
-
-
-def parse_size(text: str, memory_mib: int) -> tuple[int, str]:
-    """-> (bytes, label). 'study' is study B's rule: twice the guest's RAM (at least 2 GiB)."""
-    t = str(text).strip().lower()
-    if t == "quick":
-        return QUICK_SIZE, "quick"
-    if t == "study":
-        return max(2 * memory_mib * 1024**2, 2 * 1024**3), "study"
-    mult = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-    try:
-        if t and t[-1] in mult:
-            n = int(float(t[:-1]) * mult[t[-1]])
-        else:
-            n = int(t)
-    except (ValueError, OverflowError):
-        raise UsageError(f"--size {text!r} not understood; allowed: quick, study, or a size like 512M, 4G") from None
-    if n < MIN_SIZE:
-        raise UsageError(f"--size {text!r} is too small; the minimum is 4M")
-    return n, "custom"
-
-
-def resolve_net_tests(spec: str) -> list[catalogue.NetTest]:
-    ids = catalogue.NET_SETS.get(spec) or [s for s in spec.split(",") if s]
-    bad = [i for i in ids if i not in catalogue.NET_TESTS]
-    if bad:
-        raise UsageError(f"unknown network test(s) {', '.join(bad)}; allowed: {', '.join(catalogue.NET_TESTS)} "
-                         f"or a set: {', '.join(catalogue.NET_SETS)}")
-    return [catalogue.NET_TESTS[i] for i in ids]
-
-
-# ------------------------------------------------------------------------------------------------ options
-@dataclass(frozen=True)
-class Choice:
-    """One offered value of an option: its value, the TUI's words for it, whether the TUI's run form offers it."""
-
-    value: str
-    label: str = ""
-    offered: bool = True
-
-    @property
-    def title(self) -> str:
-        return self.label or self.value
-
-
-@dataclass(frozen=True)
-class RunOption:
-    """One run option, declared once for the CLI's flags, the TUI's run form and the spec's validation."""
-
-    field: str  # the RunSpec attribute
-    flags: tuple[str, ...]  # the CLI's flags, the long one first
-    type: Callable[[str], Any]
-    default: Any
-    help: str
-    title: str = ""  # the TUI form's heading for it ("" where the form does not offer it)
-    metavar: str | None = None
-    choices: tuple[Choice, ...] = ()
-    closed: bool = False  # only the choices are allowed; else `check` says what is
-    check: Callable[[Any], None] | None = None  # raises UsageError naming the flag, the value and what is allowed
-    form_default: Any = None  # the TUI form's first value, where it differs from the CLI's default
-    required: bool = False
-    sweep: bool = False  # the CLI also takes a comma-separated list: one run per value, one after another
-
-    @property
-    def flag(self) -> str:
-        return self.flags[0]
-
-    def validate(self, value: Any) -> None:
-        if self.closed and value not in [c.value for c in self.choices]:
-            raise UsageError(f"{self.flag} {value!r} is not allowed; allowed: "
-                             f"{', '.join(c.value for c in self.choices)}")
-        if self.check is not None:
-            self.check(value)
-
-    def values(self, given: Any) -> list[Any]:
-        """The values of a sweep option's CLI text ("1,2,4" -> [1, 2, 4]), each of the option's type and given once;
-        one value for any other option."""
-        if not (self.sweep and isinstance(given, str)):
-            return [given]
-        out = []
-        for part in given.split(","):
-            try:
-                value = self.type(part.strip())
-            except ValueError:
-                raise UsageError(f"{self.flag} {given!r}: {part.strip()!r} is not understood; allowed: one value or "
-                                 f"a comma-separated list such as 1,2,4 (one run each)") from None
-            if value in out:
-                raise UsageError(f"{self.flag} {given!r}: {value} is given twice; allowed: each value once")
-            out.append(value)
-        return out
-
-    def offered(self) -> list[tuple[str, str]]:
-        """(label, value) of every choice the TUI's form offers, for a select."""
-        return [(c.title, c.value) for c in self.choices if c.offered]
-
-    @property
-    def initial(self) -> Any:
-        """The value the TUI's form starts with."""
-        return self.default if self.form_default is None else self.form_default
-
-
-def _check_size(value: str) -> None:
-    parse_size(value, 1024)
-
-
-def _check_tests(value: str) -> None:
-    try:
-        catalogue.resolve_tests(value)
-    except CloudboxError as e:
-        raise UsageError(f"--tests {value!r}: {e}") from None
 
 
 def _check_records_fit(tests: str, size: str) -> None:
@@ -385,12 +520,6 @@ def _check_propagation(spec: RunSpec) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size % MIB or not MIN_SIZE <= size <= MAX_IMAGE_SIZE:
             raise UsageError(f"image size {size!r} is not allowed; allowed: a whole number of MiB from "
                              f"{MIN_SIZE // MIB} MiB to {MAX_IMAGE_SIZE // MIB} MiB, in bytes")
-
-
-def _check_guests(value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GUESTS:
-        raise UsageError(f"--guests {value!r} is not allowed; allowed: 1 to {MAX_GUESTS} guests (within what this "
-                         "host's memory and CPUs hold)")
 
 
 def _check_many_guests(spec: RunSpec) -> None:
@@ -433,63 +562,6 @@ def _check_peer_ports(spec: RunSpec) -> None:
                          f"for each of the run's {spec.guests} guests (the front-end sets them)")
 
 
-def _check_net_tests(value: str) -> None:
-    try:
-        resolve_net_tests(value)
-    except CloudboxError as e:
-        raise UsageError(f"--net-tests {value!r}: {e}") from None
-
-
-def _seconds(flag: str, default: str) -> Callable[[int], None]:
-    def check(value: int) -> None:
-        if value < 0:
-            raise UsageError(f"{flag} {value} is not allowed; allowed: 0 ({default}) or more seconds")
-    return check
-
-
-def _check_agent_timeout(value: float) -> None:
-    low, high = AGENT_TIMEOUT_RANGE
-    if not low <= value <= high:
-        raise UsageError(f"--agent-timeout {value:g} is not allowed; allowed: {low:g} to {high:g} seconds "
-                         f"(default {DEFAULT_AGENT_TIMEOUT:g})")
-
-
-CPU_OVERCOMMIT_RANGE = (1.0, 16.0)
-OVERCOMMIT_LABEL = "vcpu-overcommit"  # a guest figure measured with more guest vCPUs than host CPUs
-
-
-def _check_cpu_overcommit(value: float) -> None:
-    low, high = CPU_OVERCOMMIT_RANGE
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise UsageError(f"--cpu-overcommit {value!r} is not allowed; allowed: {low:g} (default: a host CPU for "
-                         f"every guest vCPU) to {high:g} guest vCPUs per host CPU")
-
-
-LOCAL_PLACE = "local"  # this host, as a place of a spread run's guests (--node local,be1)
-MAX_PLACES = 8
-
-
-def _check_node(value: str) -> None:
-    places = value.split(",") if value else []
-    if len(places) > MAX_PLACES:
-        raise UsageError(f"--node {value!r} names {len(places)} places; allowed: 1 to {MAX_PLACES}")
-    if len(places) == 1 and not is_node_name(value):
-        raise UsageError(f"--node {value!r} is not a node name; allowed: {NODE_NAME_ALLOWED} "
-                         "(`cloudbox node list` names the enrolled ones)")
-    for p in places:
-        if not is_node_name(p):
-            raise UsageError(f"--node {value!r}: {p!r} is not a node name; allowed: {NODE_NAME_ALLOWED}, in a comma "
-                             f"list of places with `{LOCAL_PLACE}` for this host (`cloudbox node list` names the "
-                             "enrolled ones)")
-    if len(set(places)) < len(places):
-        twice = sorted({p for p in places if places.count(p) > 1})
-        raise UsageError(f"--node {value!r} names {', '.join(twice)} twice; allowed: each place once (--guests "
-                         "says how many guests in all)")
-    if places == [LOCAL_PLACE]:
-        raise UsageError(f"--node {LOCAL_PLACE} alone is this host; allowed: no --node for a run here, or "
-                         f"{LOCAL_PLACE} with enrolled nodes (--node {LOCAL_PLACE},be1) to spread the guests")
-
-
 def _check_spread(spec: RunSpec) -> None:
     """Guests spread over several places: at least one each; storage tests on each guest's own disk or on the
     front-end's one NFS export, network tests from each guest to its own place's host (MPI jobs across places are
@@ -526,51 +598,20 @@ def split_guests(n: int, places: int) -> list[int]:
     return [n // places + (1 if i < n % places else 0) for i in range(places)]
 
 
-RUN_OPTIONS: tuple[RunOption, ...] = (
-    RunOption("profile", ("--profile", "-p"), str, None,
-              f"preset or user profile name, or a .toml file; with --guests N, several joined by {MIX} for a mixed "
-              f"run, the guests taking them in turn (virtio-file{MIX}kvm-cache-none)", required=True),
-    RunOption("suite", ("--suite", "-s"), str, "all",
-              "what to measure: storage, network, all, or guest (launch the profile's guest and keep it until "
-              "cancelled)", title="Suite", closed=True, form_default="storage",
-              choices=(Choice("storage"), Choice("network"), Choice("all", "both"), Choice("guest", offered=False))),
-    RunOption("size", ("--size",), str, "quick",
-              "test size: quick (128 MiB), study (2x guest RAM, >= 2 GiB) or e.g. 512M, 4G", title="Size",
-              choices=(Choice("quick", "quick (128 MiB, 5 s tests)"),
-                       Choice("study", "study-sized (2x guest RAM, 30 s tests)")), check=_check_size),
-    RunOption("storage_tests", ("--tests",), str, "standard",
-              f"storage tests: {', '.join(catalogue.TEST_SETS)}, or comma-separated ids", title="Storage tests",
-              metavar="TESTS",
-              choices=tuple(Choice(k, f"{k}: {', '.join(v)}") for k, v in catalogue.TEST_SETS.items()),
-              check=_check_tests, form_default="study"),
-    RunOption("net_tests", ("--net-tests",), str, "netperf", "netperf, iperf3, both, or comma-separated ids",
-              choices=tuple(Choice(k) for k in catalogue.NET_SETS), check=_check_net_tests),
-    RunOption("net_seconds", ("--net-seconds",), int, 0, "seconds per network test (default 5 quick / 30)",
-              check=_seconds("--net-seconds", "5 s quick, 30 s otherwise")),
-    RunOption("runtime", ("--runtime",), int, 0, "seconds cap for random I/O tests (default 5 / 30)",
-              check=_seconds("--runtime", "5 s quick, 30 s otherwise")),
-    RunOption("work_dir", ("--work-dir",), str, "", "directory on the file system under test (file backings)"),
-    RunOption("device", ("--device",), str, "", "whole device for block-device backings (else a loop device)"),
-    RunOption("destroy", ("--destroy",), str, "", "confirm destroying --device's data by naming it (e.g. sdb)",
-              metavar="NAME"),
-    RunOption("node", ("--node",), str, "",
-              "run on this enrolled back-end (front-end only; `cloudbox node list`); with --guests N, a comma list "
-              f"to spread them over (`{LOCAL_PLACE}` is this host: --node {LOCAL_PLACE},be1); default: this host",
-              title="Where", metavar="NAME[,NAME...]", check=_check_node),
-    RunOption("agent_timeout", ("--agent-timeout",), float, DEFAULT_AGENT_TIMEOUT,
-              f"seconds to wait for the guest to boot to its agent (default {DEFAULT_AGENT_TIMEOUT:g}; under TCG or "
-              "nested KVM a guest that misses it is launched once more)", metavar="SECONDS",
-              check=_check_agent_timeout),
-    RunOption("guests", ("--guests",), int, 1,
-              "benchmark guests of the profile to run at once on this host, each with a disk and a NIC of its own, "
-              "their tests started together; stores each guest's figures and their sum; a list such as "
-              "1,2,4 runs one run per count and prints them in one table", title="Guests at once", metavar="N[,N...]",
-              check=_check_guests, sweep=True),
-    RunOption("cpu_overcommit", ("--cpu-overcommit",), float, 1.0,
-              "with --guests N, guest vCPUs allowed per host CPU (default 1: each vCPU gets a host CPU); above 1 "
-              "the guests share CPUs and their figures carry the vcpu-overcommit caveat", metavar="RATIO",
-              check=_check_cpu_overcommit),
-)
+
+def _options() -> tuple[RunOption, ...]:
+    """The run options, in RunSpec's order: each declaration with its field's name, type and default."""
+    types = typing.get_type_hints(RunSpec)
+    out = []
+    for f in fields(RunSpec):
+        if (declared := f.metadata.get(_OPTION)) is not None:
+            required = f.default is dataclasses.MISSING
+            out.append(dataclasses.replace(declared, field=f.name, type=types[f.name],
+                                           default=None if required else f.default, required=required))
+    return tuple(out)
+
+
+RUN_OPTIONS: tuple[RunOption, ...] = _options()
 OPTIONS_BY_FIELD = {o.field: o for o in RUN_OPTIONS}
 
 

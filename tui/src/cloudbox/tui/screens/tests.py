@@ -49,12 +49,12 @@ from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.charts import LiveChart
 from cloudbox.tui.widgets.checklist import CheckList
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
+from cloudbox.tui.widgets.runoption import run_control
 
-# The form's selects, from the run options' one declaration (core.spec.runspec.RUN_OPTIONS).
+# The form's controls, from the run options' one declaration (core.spec.runspec.run_option).
 SUITE, SIZE, TESTS, WHERE, GUESTS, CPUS = (option(f) for f in ("suite", "size", "storage_tests", "node", "guests",
                                                                 "cpu_overcommit"))
-CPUS_TITLE = "vCPUs per host CPU"  # --cpu-overcommit under the guest count
-PLACEMENT = "this host"  # where a run's N guests go when Where is blank: all on one host
+PLACEMENT = WHERE.choices[0].title  # where a run's N guests go when Where is blank: all on one host
 CHARTED_GUESTS = 4  # guests with a line of their own in the throughput chart; the figures line names them all
 
 
@@ -118,29 +118,29 @@ class TestsScreen(BaseScreen):
                     with Horizontal(id="setup-row"):
                         with Vertical(classes="setup-col"):
                             yield Label(SUITE.title, classes="section")
-                            yield Select(SUITE.offered(), value=SUITE.initial, allow_blank=False, id="suite")
+                            yield run_control(SUITE, id="suite")
                             # Before Size: Shift+Tab from the tab bar reaches Start, Profiles, Storage tests, Size.
                             yield Label(f"{GUESTS.title} (on {PLACEMENT})", classes="section", id="guests-label",
                                         markup=False)
                             with Horizontal(id="guests-row"):
-                                yield Input(str(GUESTS.initial), id="guest-count", compact=True,
-                                            tooltip=f"{GUESTS.help}. Placement: every guest on the host under "
-                                                    f"{WHERE.title} ({PLACEMENT} or one node), or spread "
-                                                    "over its places (a spread entry).")
+                                yield run_control(GUESTS, id="guest-count",
+                                                  tooltip=f"{GUESTS.help}. Placement: every guest on the host under "
+                                                          f"{WHERE.title} ({PLACEMENT} or one node), or spread "
+                                                          "over its places (a spread entry).")
                                 yield Static(f"1 to {MAX_GUESTS}; 1,2,4 = a sweep", id="guests-hint", markup=False)
                             yield Static("", id="guest-note", markup=False)
                             yield Label(SIZE.title, classes="section")
-                            yield Select(SIZE.offered(), value=SIZE.initial, allow_blank=False, id="size")
+                            yield run_control(SIZE, id="size")
                             yield Label(TESTS.title, classes="section")
-                            yield Select(TESTS.offered(), value=TESTS.initial, allow_blank=False, id="test-set")
+                            yield run_control(TESTS, id="test-set")
                             # Shown once nodes are enrolled (a front-end); an all-in-one box runs here.
                             yield Label(WHERE.title, classes="section", id="where-label")
-                            yield Select([("this host", "")], value="", allow_blank=False, id="where")
+                            yield run_control(WHERE, id="where")
                             # Last in the column: the selects above keep their places (their menus open below them).
                             with Horizontal(id="cpus-row"):
-                                yield Input(f"{CPUS.default:g}", id="cpu-overcommit", compact=True,
-                                            tooltip=f"{CPUS_TITLE} ({CPUS.flag}): {CPUS.help}.")
-                                yield Static(f"{CPUS_TITLE} (guests at once)", id="cpus-label", markup=False)
+                                yield run_control(CPUS, id="cpu-overcommit",
+                                                  tooltip=f"{CPUS.title} ({CPUS.flag}): {CPUS.help}.")
+                                yield Static(f"{CPUS.title} (guests at once)", id="cpus-label", markup=False)
                         with Vertical(classes="setup-col"):
                             yield Label("Profiles: space ticks [x]; several = a sweep or a mix", classes="section",
                                         markup=False, id="profiles-label")
@@ -289,7 +289,7 @@ class TestsScreen(BaseScreen):
         try:
             ratio = float(ratio_text)
         except ValueError:
-            raise UsageError(f"{GUESTS.title}: {CPUS_TITLE} {ratio_text!r} is not a number; allowed: "
+            raise UsageError(f"{GUESTS.title}: {CPUS.title} {ratio_text!r} is not a number; allowed: "
                              f"{CPUS.default:g} to 16 guest vCPUs per host CPU ({CPUS.flag})") from None
         if len(names) > 1 and self.query_one("#mix", Checkbox).value:
             names = [MIX.join(names)]  # one run per count, its guests taking the ticked profiles in turn
@@ -315,7 +315,7 @@ class TestsScreen(BaseScreen):
             return
         text = f"not started: {err}"
         self.guest_note(text, error=True)
-        field = "#cpu-overcommit" if CPUS_TITLE in str(err) or f"{CPUS.flag} " in str(err).split(";")[0] \
+        field = "#cpu-overcommit" if CPUS.title in str(err) or f"{CPUS.flag} " in str(err).split(";")[0] \
             else "#guest-count"
         self.query_one(field, Input).add_class("-invalid")
         if notify:

@@ -1,1 +1,1 @@
-"""Widgets shared by the screens: the screen bar, dialogs, live charts."""
+"""Widgets shared by the screens: the screen bar, dialogs, live charts, the run form's controls."""
