@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_nodes import SRC, Back, Front, _keypair
 
-from cloudbox.cli import node as cli_node
-from cloudbox.core.cluster import enrol, registry
+from cloudbox.agent import requests as node_requests
+from cloudbox.core.cluster import enrol, protocol, registry
 
 FUZZ_CASES = 60
 DEADLINE_S = 2.0
@@ -47,7 +47,7 @@ class Server:
                                        daemon=True)
         self.thread.start()
         hk = _keypair(base / "fuzz_host")
-        self.hello = {"type": "hello", "v": enrol.VERSION, "name": "fuzz", "role": "back-end", "ssh_port": 22,
+        self.hello = {"type": "hello", "v": protocol.VERSION, "name": "fuzz", "role": "back-end", "ssh_port": 22,
                       "nonce": secrets.token_hex(32), "host_key": hk.line, "client_key": hk.line,
                       "address": "127.0.0.1", "front_end_address": "127.0.0.1"}
 
@@ -101,9 +101,9 @@ def cases(base: dict[str, Any]) -> st.SearchStrategy[tuple[str, list[bytes], boo
     whole = _line(base)
     return st.one_of(
         st.tuples(st.just("truncated"), st.integers(0, len(whole) - 2).map(lambda n: [whole[:n]]), st.just(True)),
-        st.tuples(st.just("oversized"), st.just([b'{"type":"hello","name":"' + b"a" * (enrol.MAX_LINE + 10)]),
+        st.tuples(st.just("oversized"), st.just([b'{"type":"hello","name":"' + b"a" * (protocol.MAX_LINE + 10)]),
                   st.booleans()),
-        st.tuples(st.just("oversized-line"), st.just([b"a" * (enrol.MAX_LINE + 10) + b"\n"]), st.just(False)),
+        st.tuples(st.just("oversized-line"), st.just([b"a" * (protocol.MAX_LINE + 10) + b"\n"]), st.just(False)),
         st.tuples(st.just("bytes"), st.binary(min_size=1, max_size=300).map(lambda b: [b + b"\n"]), st.booleans()),
         st.tuples(st.just("deep"), st.integers(5, 50_000).map(lambda n: [b"[" * n + b"]" * n + b"\n"]),
                   st.just(False)),
@@ -128,7 +128,7 @@ def test_fuzzed_messages_get_a_clean_refusal_and_the_server_keeps_serving(server
     assert all(r.get("type") in ("challenge", "refused") for r in replies), (kind, replies)
     refusals = [r for r in replies if r["type"] == "refused"]
     for r in refusals:
-        assert r["reason"] in enrol.REASONS and r["message"], (kind, r)
+        assert r["reason"] in protocol.REASONS and r["message"], (kind, r)
     if kind in ("oversized", "oversized-line", "deep", "huge-number", "not-object", "wrong-order"):
         assert [r["reason"] for r in refusals] == ["bad-request"], (kind, replies)
     assert server.thread.is_alive()
@@ -137,7 +137,7 @@ def test_fuzzed_messages_get_a_clean_refusal_and_the_server_keeps_serving(server
 def test_a_replayed_hello_and_proof_are_refused(server: Server, tmp_path: Path):
     """A proof recorded from a real enrolment does not work again: the front-end's nonce is new each time."""
     node = Back(tmp_path / "replayed", "replayed")
-    hello = {"type": "hello", "v": enrol.VERSION, "name": node.ident.name, "role": "back-end", "ssh_port": 22,
+    hello = {"type": "hello", "v": protocol.VERSION, "name": node.ident.name, "role": "back-end", "ssh_port": 22,
              "nonce": secrets.token_hex(32), "host_key": node.ident.host_key.line,
              "client_key": node.ident.client_key.line, "address": "127.0.0.1", "front_end_address": "127.0.0.1"}
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
@@ -164,7 +164,7 @@ def test_after_the_fuzz_a_real_back_end_joins(server: Server, tmp_path: Path):
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
                                                                                       max_size=3), max_leaves=10)
-requests = st.one_of(
+start_run_requests = st.one_of(
     st.binary(max_size=400),
     json_values.map(lambda v: json.dumps(v).encode()),
     st.fixed_dictionaries({"spec": json_values | st.dictionaries(st.sampled_from(
@@ -184,11 +184,11 @@ class _Stream:
 
 
 @settings(max_examples=FUZZ_CASES * 3, derandomize=True, database=None, deadline=None)
-@given(requests)
+@given(start_run_requests)
 def test_the_start_run_request_parser_refuses_cleanly(raw: bytes):
     try:
-        req = cli_node.read_request(_Stream(raw))
-    except cli_node.BadRequest as e:
+        req = node_requests.read_request(_Stream(raw))
+    except node_requests.BadRequest as e:
         assert str(e).startswith("start-run") and "\x1b" not in str(e)
         return
     assert isinstance(req["spec"], dict) and isinstance(req["profile_toml"], str)
@@ -197,7 +197,7 @@ def test_the_start_run_request_parser_refuses_cleanly(raw: bytes):
 def test_the_start_run_request_refusals_exit_2_without_a_traceback(tmp_path: Path):
     env = {"PYTHONPATH": str(SRC), "CLOUDBOX_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
     for raw in (b"[" * 200_000, b'{"spec": {"suite": "all\\u001b[2J"}, "profile_toml": "x"}', b"\xff" * 10,
-                b"a" * (cli_node.MAX_REQUEST_BYTES + 1)):
+                b"a" * (protocol.MAX_REQUEST_BYTES + 1)):
         out = subprocess.run([sys.executable, "-m", "cloudbox.cli", "node", "local", "start-run"], input=raw,
                              capture_output=True, env=env, timeout=60)
         assert out.returncode == 2, out.stderr

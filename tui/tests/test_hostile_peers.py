@@ -18,7 +18,7 @@ import pytest
 import test_nodes
 from test_nodes import Back, Front, _expect_refused, _keypair
 
-from cloudbox.core.cluster import enrol, frontend, keys, registry
+from cloudbox.core.cluster import enrol, frontend, keys, protocol, registry
 from cloudbox.core.errors import CloudboxError
 
 front, back = test_nodes.front, test_nodes.back  # the same fixtures: a front-end's registry and a back-end
@@ -30,7 +30,7 @@ def _connect(port: int, src: str, timeout: float = 5) -> socket.socket:
 
 
 def _hello(name: str, host_key: str, client_key: str, src: str) -> dict:
-    return {"type": "hello", "v": enrol.VERSION, "name": name, "role": "back-end", "ssh_port": 22,
+    return {"type": "hello", "v": protocol.VERSION, "name": name, "role": "back-end", "ssh_port": 22,
             "nonce": secrets.token_hex(32), "host_key": host_key, "client_key": client_key, "address": src,
             "front_end_address": "127.0.0.1"}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cloudbox import cli
+from cloudbox.agent import requests
 from cloudbox.core.errors import NotFound, UsageError
 from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
 from cloudbox.core.record.results import ResultStore
@@ -105,7 +106,6 @@ def test_a_nodes_start_request_carries_each_profile_of_the_mix():
     import io
     import json
 
-    from cloudbox.cli import node as cli_node
 
     a, b = resolve_profile("virtio-file").to_toml(), resolve_profile("kvm-cache-none").to_toml()
     spec = {"profile": "x", "suite": "storage", "guests": 2}
@@ -114,12 +114,12 @@ def test_a_nodes_start_request_carries_each_profile_of_the_mix():
         pass
 
     def read(**req):
-        return cli_node.read_request(Stream(json.dumps(req).encode()))
+        return requests.read_request(Stream(json.dumps(req).encode()))
 
     assert read(spec=spec, profile_toml=a, mix_tomls=[a, b])["mix_tomls"] == [a, b]
     for bad, message in (([a], "field mix_tomls: .*allowed: a list of 2 to 64"), ([a, 3], "field mix_tomls"),
                          ([a, "name = 1"], "start-run: field mix_tomls, profile 2")):
-        with pytest.raises(cli_node.BadRequest, match=message):
+        with pytest.raises(requests.BadRequest, match=message):
             read(spec=spec, profile_toml=a, mix_tomls=bad)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.cluster import enrol, frontend, health, keys, registry
+from cloudbox.core.cluster import enrol, frontend, health, keys, protocol, registry
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec import nodeconf
@@ -355,7 +355,7 @@ def test_server_refuses_malformed_hello(front: Front):
     front.reg.make_code()
     port = front.serve()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(b'{"type":"hello","v":%d,"name":"Bad_Name"}\n' % enrol.VERSION)
+        s.sendall(b'{"type":"hello","v":%d,"name":"Bad_Name"}\n' % protocol.VERSION)
         reply = json.loads(s.makefile("rb").readline())
     assert reply["type"] == "refused" and reply["reason"] == "bad-request" and "field name" in reply["message"]
 

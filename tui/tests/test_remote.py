@@ -18,7 +18,7 @@ import pytest
 from test_nodes import SSHD, Front, Sshd, _enrolled_behind_sshd
 
 import cloudbox
-from cloudbox.core.cluster import client
+from cloudbox.core.cluster import client, protocol
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.runlock import RunLock
 from cloudbox.core.run import runs
@@ -68,14 +68,14 @@ def cluster(tmp_path: Path, monkeypatch):
 
 
 def _same_files(a: Path, b: Path) -> bool:
-    return all((a / n).read_bytes() == (b / n).read_bytes() for n in client.IMAGE_FILES)
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in protocol.IMAGE_FILES)
 
 
 def test_guest_image_propagation_is_timed_verified_and_cached(cluster: Cluster, guest_image: GuestImage):
     shell = cluster.shell
     seen: list[tuple[int, int]] = []
     p = client.propagate_image(shell, guest_image, progress=lambda d, t: seen.append((d, t)))
-    total = sum((guest_image.directory / n).stat().st_size for n in client.IMAGE_FILES)
+    total = sum((guest_image.directory / n).stat().st_size for n in protocol.IMAGE_FILES)
     assert not p.cached and p.bytes == total and p.seconds > 0 and p.mbps == pytest.approx(total / p.seconds / 1e6,
                                                                                          rel=0.01)
     copy = cluster.node_state / "images" / p.image_id

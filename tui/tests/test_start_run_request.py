@@ -1,5 +1,5 @@
 """The start-run request a front-end sends a node, built by the front-end's own code (core.run.mirror, spread and
-client), is accepted by the node's reader (cli.node.read_request), for every run setting it can carry; one bad
+client), is accepted by the node's reader (agent.requests.read_request), for every run setting it can carry; one bad
 value of each declared type is refused with the setting named."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from cloudbox.cli import node as cli_node
+from cloudbox.agent import requests
 from cloudbox.core.cluster import client
 from cloudbox.core.disks.volumes.nfs import NfsExport
 from cloudbox.core.record.provenance import PeerServers
@@ -50,7 +50,7 @@ def _node_requests() -> list[dict[str, Any]]:
 
 def _read(spec: dict[str, Any]) -> dict[str, Any]:
     raw = client.start_run_request(spec, PROFILE.to_toml(), "/var/lib/cloudbox/images/x")
-    return cli_node.read_request(io.BytesIO(raw))
+    return requests.read_request(io.BytesIO(raw))
 
 
 @pytest.mark.parametrize("spec", _node_requests(), ids=lambda s: ",".join(sorted(s)))
@@ -76,5 +76,5 @@ def test_the_requests_cover_every_run_setting_a_node_is_sent():
 ])
 def test_one_bad_value_of_each_type_is_refused_with_its_setting_named(key, bad, allowed):
     spec = {"profile": "x", "suite": "storage", key: bad}
-    with pytest.raises(cli_node.BadRequest, match=rf"start-run: run setting {key}: .*{allowed}"):
+    with pytest.raises(requests.BadRequest, match=rf"start-run: run setting {key}: .*{allowed}"):
         _read(spec)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from cloudbox.core import paths
-from cloudbox.core.cluster.client import IMAGE_FILES, SUMS, sha256_file
+from cloudbox.core.cluster.client import sha256_file
+from cloudbox.core.cluster.protocol import COORD_LINE_LIMIT, IMAGE_FILES, SUMS
 from cloudbox.core.disks.volumes import nodecreds
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.record.results import ResultStore
@@ -30,7 +31,6 @@ from cloudbox.core.spec.runspec import RunSpec
 from cloudbox.core.virt.guestimage import GuestImage
 
 KEEP_IMAGES = 3  # image ids a node keeps in its cache (the newest)
-COORD_LINE_LIMIT = 256  # a coordination line ("go RUN TEST AT") is under 100 characters
 
 
 def images_dir() -> Path:

@@ -15,7 +15,8 @@ On the front-end:
 On a back-end:
     cloudbox node join --front-end ADDR[:PORT]|discover [--code CODE|- | --code-file FILE] [--name NAME]
                        [--ssh-port N]         (no --code on a terminal: the code is asked for, not echoed)
-On a node, run by the front-end over SSH (core/cluster/client.py; the node's side is agent/agent.py):
+On a node, run by the front-end over SSH (core/cluster/client.py; the node's side is agent/agent.py, which reads
+its requests with agent/requests.py):
     cloudbox node local has-image ID | receive-image ID | images [--clear --keep N] | start-run | volume-creds |
                         follow RUN [--after SEQ] | coord
 
@@ -26,36 +27,25 @@ Everything printed that came from a node, a peer or the registry goes through in
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import getpass
 import json
 import sys
 import threading
 import time
-import typing
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import pydantic
-
-from cloudbox.agent import agent
+from cloudbox.agent import agent, requests
 from cloudbox.agent.agent import KEEP_IMAGES
 from cloudbox.cli.common import guard, usage
 from cloudbox.core import inputs
-from cloudbox.core.cluster import client, enrol, frontend, health, registry
+from cloudbox.core.cluster import client, enrol, frontend, health, protocol, registry
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.spec import nodeconf, profiles
-from cloudbox.core.spec.runspec import MAX_GUESTS
+from cloudbox.core.spec import nodeconf
 from cloudbox.core.virt import network
 
-MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a start-run request: the spec and a profile's TOML (a few KiB)
 MAX_CODE_FILE_BYTES = 1024
-
-
-class BadRequest(CloudboxError):
-    """A `node local` request that is not what this cloudbox understands (exit 2)."""
 
 
 def say(*parts: object, **kw: Any) -> None:
@@ -160,14 +150,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     x.add_argument("run")
     x.add_argument("--after", type=int, default=0)
     lsub.add_parser("coord")
-    lo.set_defaults(func=guard(cmd_local, invalid=(BadRequest,)))
+    lo.set_defaults(func=guard(cmd_local, invalid=(requests.BadRequest,)))
     return p
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bind", default=None,
                    help="address to listen on (default: the private NIC's address from the node settings, else all)")
-    p.add_argument("--port", type=int, default=enrol.PORT, help=f"TCP port (default {enrol.PORT})")
+    p.add_argument("--port", type=int, default=protocol.PORT, help=f"TCP port (default {protocol.PORT})")
 
 
 def _registry(args: argparse.Namespace) -> registry.Registry:
@@ -465,103 +455,13 @@ def cmd_local(args: argparse.Namespace) -> int:
     elif op == "images":
         print(json.dumps(agent.local_images(args.clear, args.keep)))
     elif op == "start-run":
-        print(json.dumps(agent.local_start_run(read_request(sys.stdin.buffer))))
+        print(json.dumps(agent.local_start_run(requests.read_request(sys.stdin.buffer))))
     elif op == "follow":
         return agent.local_follow(args.run, args.after, sys.stdout)
     elif op == "coord":
         return agent.local_coord(sys.stdin, sys.stdout)
     elif op == "volume-creds":
-        try:
-            data = inputs.load_json(inputs.stdin_limit_read(sys.stdin.buffer, MAX_REQUEST_BYTES))
-        except inputs.InputProblem as e:
-            raise BadRequest(f"volume-creds: the request on stdin: {e}") from None
-        print(json.dumps(agent.local_volume_creds(data)))
+        print(json.dumps(agent.local_volume_creds(requests.read_volume_creds(sys.stdin.buffer))))
     return 0
 
 
-def read_request(stream: Any) -> dict[str, Any]:
-    """A start-run request from the front-end, through the input layer: at most MAX_REQUEST_BYTES, JSON nested at
-    most inputs.MAX_NESTING deep, an object with spec (an object), profile_toml (a string) and image_dir (a string,
-    optional) and, for a mixed run, mix_tomls (2 to MAX_GUESTS profiles' TOML, the guests' in turn). Anything else
-    is a BadRequest naming what is wrong."""
-    allowed = "a JSON object {spec: {...}, profile_toml: \"...\", image_dir: \"...\", mix_tomls: [\"...\", ...]}"
-    try:
-        req = inputs.load_json(inputs.stdin_limit_read(stream, MAX_REQUEST_BYTES))
-    except inputs.InputProblem as e:
-        raise BadRequest(f"start-run: the request on stdin: {e}") from None
-    if not isinstance(req, dict):
-        raise BadRequest(f"start-run: the request is {inputs.shown(req)}; allowed: {allowed}")
-    for key, kind, required in (("spec", dict, True), ("profile_toml", str, True), ("image_dir", str, False)):
-        v = req.get(key)
-        if (v is None and required) or (v is not None and not isinstance(v, kind)):
-            raise BadRequest(f"start-run: field {key}: {inputs.shown(v)}; allowed: {allowed}")
-    if isinstance(req.get("image_dir"), str) and inputs.path_problem(req["image_dir"]):
-        raise BadRequest(f"start-run: field image_dir: {inputs.shown(req['image_dir'])} "
-                         f"{inputs.path_problem(req['image_dir'])}; allowed: an absolute path")
-    unknown = sorted(set(req) - {"spec", "profile_toml", "image_dir", "mix_tomls"})
-    if unknown:
-        raise BadRequest(f"start-run: unknown field(s) {', '.join(map(inputs.printable, unknown))}; allowed: {allowed}")
-    mix = req.get("mix_tomls")
-    if mix is not None and not (isinstance(mix, list) and 2 <= len(mix) <= MAX_GUESTS
-                                and all(isinstance(t, str) for t in mix)):
-        raise BadRequest(f"start-run: field mix_tomls: {inputs.shown(mix)}; allowed: a list of 2 to {MAX_GUESTS} "
-                         "profiles' TOML texts")
-    _check_spec(req["spec"])
-    try:
-        profiles.parse_profile(req["profile_toml"], "start-run: field profile_toml")
-        for k, text in enumerate(mix or [], 1):
-            profiles.parse_profile(text, f"start-run: field mix_tomls, profile {k}")
-    except CloudboxError as e:
-        raise BadRequest(str(e)) from None
-    return req
-
-
-@functools.cache
-def _spec_field_types() -> dict[str, tuple[pydantic.TypeAdapter[Any], str]]:
-    """Each RunSpec field's strict validator and its type as a refusal names it ("int", "list[int]"), read from
-    the dataclass's own annotations."""
-    from cloudbox.core.spec.runspec import RunSpec
-
-    hints = typing.get_type_hints(RunSpec)
-    strict = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
-    return {f.name: (pydantic.TypeAdapter(hints[f.name], config=strict), _type_name(hints[f.name]))
-            for f in dataclasses.fields(RunSpec)}
-
-
-def _type_name(hint: Any) -> str:
-    if typing.get_origin(hint) is list:
-        return f"a list of {' or '.join(_type_name(a) for a in typing.get_args(hint))}"
-    return "int or float" if hint is float else getattr(hint, "__name__", str(hint))
-
-
-def _control_chars_in(value: object) -> bool:
-    if isinstance(value, str):
-        return bool(inputs.control_chars(value))
-    return isinstance(value, list) and any(_control_chars_in(v) for v in value)
-
-
-def _check_spec(spec: dict[str, Any]) -> None:
-    """The run settings in a start-run request: known names, each against its RunSpec field's declared type
-    (strict: no bool for a number, no text for a list, no NaN), strings without control characters, then RunSpec's
-    own checks."""
-    from cloudbox.core.spec.runspec import RunSpec
-
-    types = _spec_field_types()
-    for key, value in spec.items():
-        if key not in types:
-            raise BadRequest(f"start-run: unknown run setting {inputs.shown(key)}; allowed: {', '.join(types)} "
-                             "(update this node's cloudbox)")
-        adapter, allowed = types[key]
-        try:
-            adapter.validate_python(value)
-        except pydantic.ValidationError:
-            ok = False
-        else:
-            ok = not _control_chars_in(value)
-        if not ok:
-            raise BadRequest(f"start-run: run setting {key}: {inputs.shown(value)}; allowed: {allowed} without "
-                             "control characters")
-    try:
-        RunSpec(**{"profile": "x", **{k: v for k, v in spec.items() if k != "profile"}}).validate()
-    except CloudboxError as e:
-        raise BadRequest(f"start-run: {e}") from None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudbox.core import paths
-from cloudbox.core.cluster import enrol, frontend, registry
+from cloudbox.core.cluster import enrol, frontend, protocol, registry
 from cloudbox.core.disks import hostraid
 from cloudbox.core.disks.volumes import attach as vattach
 from cloudbox.core.disks.volumes.store import Volume, VolumeStore, volumes_db
@@ -55,7 +55,7 @@ class Volumes:
 
 class Backend:
     def __init__(self, *, db: Path | str | None = None, facts: host.HostFacts | None = None,
-                 libvirt_uri: str | None = None, enrol_bind: str | None = None, enrol_port: int = enrol.PORT,
+                 libvirt_uri: str | None = None, enrol_bind: str | None = None, enrol_port: int = protocol.PORT,
                  exports: list[vattach.Export] | None = None):
         self._db = db
         self._fixed_facts = facts

@@ -1,6 +1,7 @@
 """The cluster: a front-end and the back-ends it enrolled; it imports bench and everything below it. docs/cluster.md
 has the design, the protocol and the threat model.
 
+    protocol     what crosses the wire, declared once: enrolment messages, the start-run request, their limits
     registry     the front-end's node registry and join codes (nodes.db)
     enrol        a back-end joins with a one-time code; both sides pin each other's keys
     keys         SSH keys, fingerprints and the files enrolment writes

@@ -34,10 +34,9 @@ from typing import IO, Any
 from ..errors import CloudboxError
 from ..record.provenance import Propagation, RemoteRun
 from ..virt.guestimage import GuestImage
+from .protocol import IMAGE_FILES, SUMS, StartRun
 from .registry import NodeRecord, Registry
 
-IMAGE_FILES = ("vmlinuz", "initrd.img", "mpi.img", "manifest.json")  # mpi.img: a node's MPI jobs
-SUMS = "SHA256SUMS"
 CHUNK = 1024 * 1024
 PATIENT_CONNECT_S = 30  # ssh ConnectTimeout for a run's own traffic
 PATIENT_KEEPALIVE_COUNT = 24  # x the registry's 5 s ServerAliveInterval: 2 min of silence before the stream drops
@@ -126,7 +125,6 @@ def explain(rc: int, stderr: bytes | str) -> str:
     if rc == 127:
         return f"cloudbox is not installed there (exit 127): {tail}"
     return f"exit status {rc}: {tail}"
-
 
 
 class _Reader(threading.Thread):
@@ -292,15 +290,15 @@ def node_images(shell: NodeShell, *, clear: bool = False, keep: int = 0) -> dict
         raise NodeError(f"{shell.where}: the image cache listing was {out.strip()[:200]!r}, not JSON") from None
 
 
-
 # ------------------------------------------------------------------------------------------------- runs
 def start_run_request(spec: dict[str, Any], profile_toml: str, image_dir: str,
                       mix_tomls: Sequence[str] = ()) -> bytes:
-    """The start-run request's bytes, as the node's `cloudbox node local start-run` reads them on stdin."""
-    body: dict[str, Any] = {"spec": spec, "profile_toml": profile_toml, "image_dir": image_dir}
-    if len(mix_tomls) > 1:  # an older node refuses the field it does not know: only a mixed run sends it
-        body["mix_tomls"] = list(mix_tomls)
-    return json.dumps(body).encode()
+    """The start-run request's bytes (protocol.StartRun), as the node's `cloudbox node local start-run` reads them on
+    stdin (agent.requests, which checks them against the same schema)."""
+    # mix_tomls only for a mixed run: an older node refuses the field it does not know. Not validated here: the
+    # node's refusal names what is wrong.
+    return StartRun.model_construct(spec=spec, profile_toml=profile_toml, image_dir=image_dir,
+                                    mix_tomls=list(mix_tomls) if len(mix_tomls) > 1 else None).to_bytes()
 
 
 def start_run(shell: NodeShell, spec: dict[str, Any], profile_toml: str, image_dir: str,

@@ -39,49 +39,45 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import inputs
 from ..errors import CloudboxError
 from ..spec.nodeconf import NODE_NAME_ALLOWED, NODE_NAME_PATTERN
 from . import keys
+from .protocol import (
+    HOST_SIG_NAMESPACE,
+    MAX_LINE,
+    MAX_MESSAGE_NESTING,
+    PORT,
+    REASONS,
+    VERSION,
+    Challenge,
+    FieldProblem,
+    Hello,
+    Message,
+    Proof,
+    checked,
+)
 from .registry import (
-    ENROL_ROLES,
     PEER_FAILURE_LIMIT,
     PEER_FAILURE_WINDOW_S,
     TOTAL_FAILURE_LIMIT,
+    JoinCode,
     NodeConflict,
+    NodeRecord,
     Registry,
     derive_key,
     normalize_code,
 )
 
-PORT = 7413
-VERSION = 2
-MAX_LINE = 64 * 1024
-MAX_MESSAGE_NESTING = 4  # the messages are flat objects
 IO_TIMEOUT_S = 15.0
 CONNECTION_DEADLINE_S = 30.0  # a whole enrolment, hello to installed; a peer trickling bytes gets no more
 MAX_CONNECTIONS = 16  # served at once; more are turned away ("busy") at accept
 MAX_PER_PEER = 2  # at once from one address, so that a few addresses cannot take every slot
-HOST_SIG_NAMESPACE = "cloudbox-enrol@v2"
 
-REASONS = {
-    "bad-request": "the message is malformed or a field is invalid",
-    "no-open-code": "the front-end has no open join code",
-    "wrong-code": "the code does not match any code of this front-end",
-    "code-used": "the code was already used (codes are one-time)",
-    "code-expired": "the code expired",
-    "code-revoked": "the code was revoked",
-    "rate-limited": "too many failed attempts",
-    "name-taken": "the node name is enrolled with another host key",
-    "key-taken": "the host key is enrolled under another name",
-    "key-unproven": "the node name is enrolled, and the back-end did not prove it holds that host key",
-    "address-mismatch": "the two ends see different addresses: something relays the connection",
-    "busy": "the enrolment server serves as many connections as it takes; try again in a moment",
-    "not-confirmed": "the back-end did not confirm installing the front-end's key",
-    "front-end-unproven": "the front-end did not prove it knows the code",
-}
+_M = TypeVar("_M", bound=Message)
+
 # These count for the rate limit: a wrong, reused, expired or revoked code, and a malformed message.
 CODE_REFUSALS = ("wrong-code", "code-used", "code-expired", "code-revoked", "bad-request")
 
@@ -168,44 +164,12 @@ class _Channel:
         self.sock.close()
 
 
-def _field(msg: dict[str, Any], key: str, pattern: str | None = None, allowed: str = "") -> str:
-    v = msg.get(key)
-    if not isinstance(v, str) or (pattern is not None and not re.fullmatch(pattern, v)) or \
-            inputs.control_chars(v):
-        raise EnrolRefused("bad-request", f"field {key}: invalid value {inputs.shown(v)}"
-                           + (f"; allowed: {allowed}" if allowed else ""))
-    return v
-
-
-def _port_field(msg: dict[str, Any], key: str) -> int:
-    v = msg.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 65535:
-        raise EnrolRefused("bad-request", f"field {key}: invalid value {inputs.shown(v)}; allowed: an integer "
-                           "1..65535")
-    return v
-
-
-def _address_field(msg: dict[str, Any], key: str) -> str:
-    v = _field(msg, key, r"[0-9A-Fa-f:.]{2,45}", "an IPv4 or IPv6 address")
+def _checked(kind: type[_M], msg: dict[str, Any], seen: dict[str, tuple[str, str]] | None = None) -> _M:
+    """A message as its schema (core.cluster.protocol), or a refusal naming its first wrong field."""
     try:
-        return str(inputs.ip_address(v))
-    except ValueError:
-        raise EnrolRefused("bad-request", f"field {key}: invalid value {inputs.shown(v)}; allowed: an IPv4 or IPv6 "
-                           "address") from None
-
-
-def _same_address(mine: str, theirs: str, what: str) -> None:
-    """Refuse when the other side's view of an address is not ours: a relay or NAT sits in between."""
-    if inputs.normal_address(mine) != inputs.normal_address(theirs):
-        raise EnrolRefused("address-mismatch", f"{what}: this side sees {mine}, the other side {theirs}; something "
-                           "relays the connection (enrol over the private network, without NAT or a proxy)")
-
-
-def _key_field(msg: dict[str, Any], key: str) -> keys.PublicKey:
-    try:
-        return keys.parse_public_key(_field(msg, key), what=f"field {key}")
-    except keys.KeyProblem as e:
-        raise EnrolRefused("bad-request", str(e)) from None
+        return checked(kind, msg, seen)
+    except FieldProblem as e:
+        raise EnrolRefused(e.reason, str(e)) from None
 
 
 def transcript(hello: dict[str, Any], challenge: dict[str, Any]) -> bytes:
@@ -415,102 +379,106 @@ class EnrolServer:
                      "80-bit code is not guessed online); `cloudbox node code --revoke all` closes them")
 
     def handle(self, conn: socket.socket, peer: str) -> None:
+        """One enrolment: hello, challenge, proof, welcome, installed. Every refusal is sent, logged and recorded
+        (_refuse); the node is recorded, consuming its code, only after its proof matched an open code."""
         ch = _Channel(conn, self.io_timeout, time.monotonic() + self.deadline, refusals=False)
         name: str | None = None
         try:
             local = inputs.normal_address(conn.getsockname()[0])
+            raw = ch.recv("hello")
+            seen = {"address": (peer, "the back-end's address"),
+                    "front_end_address": (local, "the front-end's address")}
             try:
-                hello = ch.recv("hello")
-                if hello.get("v") != VERSION:
-                    raise EnrolRefused("bad-request", f"field v: protocol version {inputs.shown(hello.get('v'))} is "
-                                       f"not supported; allowed: {VERSION} (update cloudbox on the back-end)")
-                name = _field(hello, "name", NODE_NAME_PATTERN, NODE_NAME_ALLOWED)
-                role = _field(hello, "role")
-                if role not in ENROL_ROLES:
-                    raise EnrolRefused("bad-request", f"field role: {inputs.shown(role)} cannot enrol with a "
-                                       f"front-end; allowed: {', '.join(ENROL_ROLES)}")
-                _port_field(hello, "ssh_port")
-                _field(hello, "nonce", r"[0-9a-f]{64}", "64 hex digits")
-                host_key = _key_field(hello, "host_key")
-                client_key = _key_field(hello, "client_key")
-                _same_address(peer, _address_field(hello, "address"), "the back-end's address")
-                _same_address(local, _address_field(hello, "front_end_address"), "the front-end's address")
-            except EnrolRefused as e:
-                self._refuse(ch, peer, name, e.reason, str(e))
-                return
+                hello = checked(Hello, raw, seen)
+            except FieldProblem as e:
+                name = raw["name"] if "name" in e.valid else None  # the refusal is recorded under a valid name
+                raise EnrolRefused(e.reason, str(e)) from None
+            name = hello.name
+            host_key, client_key = keys.parse_public_key(hello.host_key), keys.parse_public_key(hello.client_key)
             if not self.registry.open_codes():
-                self._refuse(ch, peer, name, "no-open-code", "the front-end has no open join code; make one "
-                             "there with `cloudbox node code`")
-                return
+                raise EnrolRefused("no-open-code", "the front-end has no open join code; make one there with "
+                                   "`cloudbox node code`")
             me = self.identity
             challenge = {"type": "challenge", "v": VERSION, "name": me.name, "nonce": secrets.token_hex(32),
                          "host_key": me.host_key.line, "mgmt_key": me.client_key.line, "ssh_port": me.ssh_port,
                          "salt": self.registry.salt, "address": local, "back_end_address": peer}
             ch.send(challenge)
+            data = transcript(raw, challenge)
             proof = ch.recv("proof")
-            got = _field(proof, "mac", r"[0-9a-f]{64}", "64 hex digits")
-            data = transcript(hello, challenge)
-            now = time.time()
-            match = None
-            for code in self.registry.codes():
-                if hmac.compare_digest(mac(code.key, "back-end", data), got):
-                    match = code
-                    break
-            if match is None:
-                self._refuse(ch, peer, name, "wrong-code", "wrong join code (check it on the front-end: "
-                             "`cloudbox node code --list`)")
-                return
-            status = match.status(now)
-            if status != "open":
-                when = {"used": match.used_at, "expired": match.expires_at, "revoked": match.revoked_at}[status]
-                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when or now))
-                detail = {"used": f"already used at {stamp} by {match.used_by}; codes are one-time",
-                          "expired": f"expired at {stamp}", "revoked": f"revoked at {stamp} ({match.revoked_reason})"}
-                self._refuse(ch, peer, name, f"code-{status}", f"join code {match.id} {detail[status]}; make a new "
-                             "one on the front-end with `cloudbox node code`")
-                return
-            sig = proof.get("host_sig")
-            proven = False
-            if sig is not None:
-                if not isinstance(sig, str) or not keys.verify(data, sig, host_key, HOST_SIG_NAMESPACE):
-                    self._refuse(ch, peer, name, "bad-request", "field host_sig: not a signature of this enrolment "
-                                 "by the offered host_key; allowed: ssh-keygen -Y sign with the host key")
-                    return
-                proven = True
-            try:
-                node = self.registry.enrol(name=name, role=role, address=peer, ssh_port=hello["ssh_port"],
-                                           host_key=host_key.line, client_key=client_key.line, code_key=match.key,
-                                           peer=peer, proven=proven)
-            except NodeConflict as e:
-                self._refuse(ch, peer, name, e.reason, str(e))
-                return
-            except CloudboxError as e:  # another back-end used the code a moment ago
-                self._refuse(ch, peer, name, "code-used", f"join code {match.id}: {e}")
-                return
+            match = self._open_code(_checked(Proof, proof).mac, data)
+            proven = self._proven(proof, data, host_key)
+            node = self._record(hello, peer, match, (host_key, client_key), proven=proven)
             welcome = {"libvirt_uri": node.libvirt_uri, "address": peer}
             ch.send({"type": "welcome", **welcome, "mac": mac(match.key, "front-end", data, welcome)})
-            self.enrolled.append(name)
-            self.log(f"{peer}: enrolled node {name} (host key {host_key.fingerprint}"
+            self.enrolled.append(hello.name)
+            self.log(f"{peer}: enrolled node {hello.name} (host key {host_key.fingerprint}"
                      f"{', proven' if proven else ''}) with join code {match.id}")
-            try:
-                ack = ch.recv("installed", "error")
-            except CloudboxError as e:
-                self.registry.set_reason(name, f"enrolled, but the back-end did not confirm installing the "
-                                         f"front-end's key ({inputs.cut(inputs.printable(e), 300)})")
-                return
-            if ack["type"] == "error":
-                msg = inputs.cut(inputs.printable(ack.get("message", "?")), 300)
-                self.registry.set_reason(name, f"enrolled, but the back-end failed to install the front-end's key: "
-                                         f"{msg}")
-                self.log(f"{peer}: node {name} could not install the front-end's key: {msg}")
-            else:
-                self.registry.set_reason(name, "enrolled; not checked yet")
-                if self.on_enrolled is not None:
-                    self.on_enrolled(name)
+            self._confirmed(ch, peer, hello.name)
         except EnrolRefused as e:
             self._refuse(ch, peer, name, e.reason, str(e))
         finally:
             ch.close()
+
+    def _open_code(self, got: str, data: bytes) -> JoinCode:
+        """The join code whose key made the back-end's proof `got` over the transcript, if it is still open."""
+        match = next((c for c in self.registry.codes() if hmac.compare_digest(mac(c.key, "back-end", data), got)),
+                     None)
+        if match is None:
+            raise EnrolRefused("wrong-code", "wrong join code (check it on the front-end: `cloudbox node code --list`)")
+        now = time.time()
+        status = match.status(now)
+        if status != "open":
+            when = {"used": match.used_at, "expired": match.expires_at, "revoked": match.revoked_at}[status]
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when or now))
+            detail = {"used": f"already used at {stamp} by {match.used_by}; codes are one-time",
+                      "expired": f"expired at {stamp}", "revoked": f"revoked at {stamp} ({match.revoked_reason})"}
+            raise EnrolRefused(f"code-{status}", f"join code {match.id} {detail[status]}; make a new one on the "
+                               "front-end with `cloudbox node code`")
+        return match
+
+    @staticmethod
+    def _proven(proof: dict[str, Any], data: bytes, host_key: keys.PublicKey) -> bool:
+        """Whether the back-end signed the transcript with the host key it offers (optional, but a signature that
+        does not verify is refused)."""
+        sig = proof.get("host_sig")
+        if sig is None:
+            return False
+        if not isinstance(sig, str) or not keys.verify(data, sig, host_key, HOST_SIG_NAMESPACE):
+            raise EnrolRefused("bad-request", "field host_sig: not a signature of this enrolment by the offered "
+                               "host_key; allowed: ssh-keygen -Y sign with the host key")
+        return True
+
+    def _record(self, hello: Hello, peer: str, match: JoinCode, offered: tuple[keys.PublicKey, keys.PublicKey], *,
+                proven: bool) -> NodeRecord:
+        """The node in the registry with the host and client keys it offered, consuming the code (refused: a name or
+        key taken, the code used meanwhile)."""
+        host_key, client_key = offered
+        try:
+            return self.registry.enrol(name=hello.name, role=hello.role, address=peer, ssh_port=hello.ssh_port,
+                                       host_key=host_key.line, client_key=client_key.line, code_key=match.key,
+                                       peer=peer, proven=proven)
+        except NodeConflict as e:
+            raise EnrolRefused(e.reason, str(e)) from None
+        except CloudboxError as e:  # another back-end used the code a moment ago
+            raise EnrolRefused("code-used", f"join code {match.id}: {e}") from None
+
+    def _confirmed(self, ch: _Channel, peer: str, name: str) -> None:
+        """The back-end's last word: it installed the front-end's key, or failed to; the node's reason says which."""
+        try:
+            ack = ch.recv("installed", "error")
+        except CloudboxError as e:
+            self.registry.set_reason(name, f"enrolled, but the back-end did not confirm installing the "
+                                     f"front-end's key ({inputs.cut(inputs.printable(e), 300)})")
+            return
+        if ack["type"] == "error":
+            msg = inputs.cut(inputs.printable(ack.get("message", "?")), 300)
+            self.registry.set_reason(name, f"enrolled, but the back-end failed to install the front-end's key: "
+                                     f"{msg}")
+            self.log(f"{peer}: node {name} could not install the front-end's key: {msg}")
+        else:
+            self.registry.set_reason(name, "enrolled; not checked yet")
+            if self.on_enrolled is not None:
+                self.on_enrolled(name)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -584,15 +552,11 @@ def join(frontend: str, code: str, *, identity: Identity | None = None, role: st
                  "address": local, "front_end_address": peer}
         ch.send(hello)
         challenge = ch.recv("challenge")
-        fe_name = _field(challenge, "name", NODE_NAME_PATTERN, NODE_NAME_ALLOWED)
-        _field(challenge, "nonce", r"[0-9a-f]{64}", "64 hex digits")
-        salt = _field(challenge, "salt", r"[0-9a-f]{32}", "32 hex digits")
-        fe_host = _key_field(challenge, "host_key")
-        fe_mgmt = _key_field(challenge, "mgmt_key")
-        fe_ssh_port = _port_field(challenge, "ssh_port")
-        _same_address(local, _address_field(challenge, "back_end_address"), "this back-end's address")
-        _same_address(peer, _address_field(challenge, "address"), "the front-end's address")
-        k = derive_key(normalized, salt)
+        fe = _checked(Challenge, challenge, {"back_end_address": (local, "this back-end's address"),
+                                             "address": (peer, "the front-end's address")})
+        fe_name, fe_ssh_port = fe.name, fe.ssh_port
+        fe_host, fe_mgmt = keys.parse_public_key(fe.host_key), keys.parse_public_key(fe.mgmt_key)
+        k = derive_key(normalized, fe.salt)
         data = transcript(hello, challenge)
         proof: dict[str, Any] = {"type": "proof", "mac": mac(k, "back-end", data)}
         if me.host_private_key is not None:

@@ -21,7 +21,7 @@ from ..disks.volumes import nodecreds
 from ..errors import CloudboxError
 from ..spec import nodeconf
 from ..virt import network
-from . import enrol, keys, volumecreds
+from . import enrol, keys, protocol, volumecreds
 from .client import NodeShell
 from .registry import DEFAULT_CODE_MINUTES, JoinCode, NodeRecord, Registry
 
@@ -195,7 +195,7 @@ class CodeOffer:
     def front_end(self) -> str:
         """The --front-end value to type on the back-end (ADDRESS when it is not known here)."""
         where = "ADDRESS" if self.bind in ("", "0.0.0.0", "::") else self.bind
-        if self.port != enrol.PORT:
+        if self.port != protocol.PORT:
             where = f"[{where}]:{self.port}" if ":" in where else f"{where}:{self.port}"
         return where
 
@@ -216,7 +216,7 @@ class CodeOffer:
 
 
 def make_code(reg: Registry, minutes: float = DEFAULT_CODE_MINUTES, *, bind: str | None = None,
-              port: int = enrol.PORT, listen: bool = True, db: Path | None = None,
+              port: int = protocol.PORT, listen: bool = True, db: Path | None = None,
               replaces: str | None = None) -> CodeOffer:
     """A one-time join code, and (listen=True) the detached enrolment server, unless one already runs. When the
     server cannot start, the new code is revoked (nothing could use it) and the server's error is raised.

@@ -40,10 +40,10 @@ from typing import Any
 from .. import db, paths
 from ..errors import CloudboxError, NotFound
 from . import keys
+from .protocol import ENROL_ROLES
 
 SCHEMA_VERSION = 3
 NODE_STATES = ("up", "down", "unknown")
-ENROL_ROLES = ("back-end",)
 
 CODE_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford base32: no I, L, O, U
 CODE_CHARS = 16  # 80 bits
