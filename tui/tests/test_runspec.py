@@ -42,6 +42,7 @@ def test_the_spec_and_its_dict_form():
     ("suite", "disk", r"--suite 'disk' is not allowed; allowed: storage, network, all, guest"),
     ("size", "lots", r"--size 'lots' not understood; allowed: quick, study"),
     ("storage_tests", "seq-write-7k", r"--tests 'seq-write-7k': unknown storage test\(s\) seq-write-7k; allowed:"),
+    ("storage_tests", ",", r"--tests ',' names no storage test; allowed: seq-write"),
     ("net_tests", "udp", r"--net-tests 'udp': unknown network test\(s\) udp; allowed: tcp-stream"),
     ("agent_timeout", 5.0, r"--agent-timeout 5 is not allowed; allowed: 10 to 3600 seconds"),
 ])

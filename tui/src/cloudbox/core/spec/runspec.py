@@ -190,9 +190,12 @@ def _check_size(value: str) -> None:
 
 def _check_tests(value: str) -> None:
     try:
-        catalogue.resolve_tests(value)
+        tests = catalogue.resolve_tests(value)
     except CloudboxError as e:
         raise UsageError(f"--tests {value!r}: {e}") from None
+    if not tests:
+        raise UsageError(f"--tests {value!r} names no storage test; allowed: {', '.join(catalogue.TESTS)} or a set: "
+                         f"{', '.join(catalogue.TEST_SETS)}")
 
 
 def _check_net_tests(value: str) -> None:
