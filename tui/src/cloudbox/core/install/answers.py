@@ -35,7 +35,7 @@ from cloudbox.core.errors import AnswerError, ProfileProblem
 from cloudbox.core.install.disks import INSTALL_NAMESPACE, Disk, find_disk
 from cloudbox.core.install.machine import Machine, Nic
 from cloudbox.core.spec import schema
-from cloudbox.core.spec.schema import CrossFieldProblems, NoControls, Strict
+from cloudbox.core.spec.schema import CrossFieldProblems, NoControls, Strict, no_controls
 
 Role = Literal["front-end", "back-end", "all-in-one"]
 ROLES: tuple[str, ...] = ("front-end", "back-end", "all-in-one")
@@ -104,8 +104,7 @@ class NetworkAnswers(Strict):
     def _private_address(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if inputs.control_chars(v):
-            raise ValueError(f"contains {inputs.control_chars(v)}")
+        no_controls(v)
         if "/" not in v:
             raise ValueError("no prefix given: write the address with its prefix, A.B.C.D/NN")
         try:

@@ -40,7 +40,7 @@ from pydantic import AfterValidator, Field, model_validator
 from cloudbox.core import inputs
 from cloudbox.core.errors import ProfileProblem
 
-from .schema import Strict
+from .schema import Strict, no_controls
 
 Hypervisor = Literal["kvm", "xen"]
 # How Xen runs the guest: "pv" (paravirtualized, no hardware virtualization), "pvh" (PV devices in a hardware-
@@ -93,9 +93,7 @@ def volume_targets(schemes: Iterable[str], sep: str = ", ") -> str:
 
 
 def _volume(v: str) -> str:
-    bad = inputs.control_chars(v)
-    if bad:
-        raise ValueError(f"contains {bad}")
+    no_controls(v)
     if v.startswith("/") and inputs.path_problem(v):
         raise ValueError(str(inputs.path_problem(v)))
     return v
