@@ -10,7 +10,7 @@ import pytest
 from real_runs import leftovers, work_files
 
 from cloudbox.core import paths
-from cloudbox.core.bench import storage
+from cloudbox.core.bench import bonnie, iozone
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.run import runs
 from cloudbox.core.run.measure import measured
@@ -30,7 +30,7 @@ def test_bonnie_and_iozones_file_sweep_in_the_guest_and_on_bare_metal(state, lib
     guest = run.measurement("guest", "bonnie", "MB/s")
     assert guest is not None and guest.value > 0  # block write: seconds under TCG, never too quick to time
     assert guest.raw.startswith("1.98,2.00a,cloudbox-guest,") and "cloudbox-elapsed" in guest.raw
-    parsed = storage.parse_bonnie("bonnie", guest.raw)
+    parsed = bonnie.parse_bonnie("bonnie", guest.raw)
     assert guest.value == pytest.approx(parsed.mbps)
     assert ",96M," in guest.raw.splitlines()[0]  # the quick size's 128 MiB disk: a 96 MiB file
     for metric in ("seconds", "write %CPU"):
@@ -52,11 +52,11 @@ def test_bonnie_and_iozones_file_sweep_in_the_guest_and_on_bare_metal(state, lib
     rows = [m for m in run.measurements if m.side == "baseline" and m.test == "bonnie"]
     raw = next(m.raw for m in rows if m.raw)
     assert raw.startswith("1.98,2.00a,") and ",96M," in raw
-    assert {m.metric for m in rows} == {name for name, _ in measured(storage.parse_bonnie("bonnie", raw, base.value))}
+    assert {m.metric for m in rows} == {name for name, _ in measured(bonnie.parse_bonnie("bonnie", raw, base.value))}
     # IOzone's sweep: 16 MiB records over files of 16, 32, 64 and 128 MiB (the quick size), each pass on each side
     for side in ("guest", "baseline"):
         rows = {m.metric: m.value for m in run.measurements if m.side == side and m.test == "iozone-files-16m"}
-        assert storage.iozone_file_sizes(rows) == [16384, 32768, 65536, 131072], (side, sorted(rows))
+        assert iozone.iozone_file_sizes(rows) == [16384, 32768, 65536, 131072], (side, sorted(rows))
         assert len(rows) == 1 + 4 * 4 and all(v > 0 for v in rows.values()), (side, rows)
         assert rows["MB/s"] == rows["write MB/s, 128 MiB file"]
     # nothing left behind: no mount, no mount point, no loop device, no guest, no file

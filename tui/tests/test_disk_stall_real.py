@@ -15,7 +15,7 @@ import time
 import pytest
 from real_runs import work_files
 
-from cloudbox.core.bench import storage
+from cloudbox.core.bench import diskwatch
 from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.run import runs
@@ -100,7 +100,7 @@ def _leaves_nothing(state, libvirt_conn, path: str) -> None:
 def _stalled_run(monkeypatch, stops: int):
     """SPEC's run on a fresh volume "ebs" at an 8 s stall limit, its server stopped `stops` times: the volume, the
     saboteur, the stored run and its events."""
-    monkeypatch.setattr(storage, "DISK_STALL_S", STALL_S)
+    monkeypatch.setattr(diskwatch, "DISK_STALL_S", STALL_S)
     with VolumeStore() as vs:
         vol = vs.create("ebs", 160 * 1024 * 1024)
     with Saboteur(vol.path, stops=stops) as sab, ResultStore() as store:

@@ -1,4 +1,4 @@
-"""storage.DiskWatch: a guest disk with requests in flight and none completed for the stall limit has stopped; one
+"""diskwatch.DiskWatch: a guest disk with requests in flight and none completed for the stall limit has stopped; one
 that completes requests, or has none in flight, has not. The guest's /sys/block/<disk>/stat lines are handed in as
 the agent would return them; the real stall is test_disk_stall_real."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloudbox.core.bench.storage import DiskWatch, parse_disk_stat
+from cloudbox.core.bench.diskwatch import DiskWatch, parse_disk_stat
 from cloudbox.core.errors import GuestError
 from cloudbox.core.virt.guest import ExecResult
 

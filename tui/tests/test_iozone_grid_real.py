@@ -11,7 +11,7 @@ import pytest
 from real_runs import leftovers, work_files
 
 from cloudbox import cli
-from cloudbox.core.bench import storage
+from cloudbox.core.bench import iozone
 from cloudbox.core.record.results import ResultStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.full]
@@ -48,7 +48,7 @@ def test_the_grid_in_the_guest_and_on_bare_metal_then_plotted(test, smallest, st
     assert run.state == "completed", run.reason
     for side in ("guest", "baseline"):
         rows = {m.metric: m for m in run.measurements if m.side == side and m.test == test}
-        cells = storage.iozone_sweep_cells(rows)
+        cells = iozone.iozone_sweep_cells(rows)
         # files from the smallest record to 128 MiB, each with every record up to its size: 1 + 2 + ... + n (up to
         # the 16 MiB file), then n for each larger file (32 to 128 MiB)
         assert len(cells) == n * (n + 1) // 2 + 3 * n and sorted({r for _, r in cells}) == records_kib, (side, cells)

@@ -17,7 +17,7 @@ import pytest
 
 from cloudbox import cli
 from cloudbox.cli.run import Printer
-from cloudbox.core.bench import nettests, storage
+from cloudbox.core.bench import barrier, nettests
 from cloudbox.core.disks import hostraid
 from cloudbox.core.errors import UsageError
 from cloudbox.core.record import events, results
@@ -185,12 +185,12 @@ def test_the_barrier_holds_until_the_uptime_and_stamps_when_it_let_go(tmp_path, 
     if not any(Path(d, "busybox").exists() for d in os.environ.get("PATH", "").split(":")):
         pytest.skip("busybox is not installed (the guest image's shell)")
     stamp = tmp_path / "start"
-    monkeypatch.setattr(storage, "START_STAMP", str(stamp))
+    monkeypatch.setattr(barrier, "START_STAMP", str(stamp))
     up = float(Path("/proc/uptime").read_text().split()[0]) + 0.7
     t0 = time.monotonic()
-    subprocess.run(["busybox", "sh", "-c", storage.barrier_script(up) + "true"], check=True, timeout=10)
+    subprocess.run(["busybox", "sh", "-c", barrier.barrier_script(up) + "true"], check=True, timeout=10)
     held = time.monotonic() - t0
-    left = storage.parse_start_stamp(stamp.read_text())
+    left = barrier.parse_start_stamp(stamp.read_text())
     assert 0.5 < held < 1.5, held
     assert up - 0.01 <= left < up + 0.1, (up, left)
 
@@ -382,7 +382,7 @@ def test_a_guest_network_test_waits_for_the_barrier_and_says_when_it_left(tmp_pa
 
     if not (shutil.which("netserver") and shutil.which("netperf") and shutil.which("busybox")):
         pytest.skip("netserver, netperf or busybox is not installed on this host")
-    monkeypatch.setattr(storage, "START_STAMP", str(tmp_path / "start"))
+    monkeypatch.setattr(barrier, "START_STAMP", str(tmp_path / "start"))
     hn = network.HostNetwork(1500)
     try:
         port = hn.start_netserver("127.0.0.1")

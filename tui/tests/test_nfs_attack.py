@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from real_runs import work_files
 
-from cloudbox.core.bench import storage
+from cloudbox.core.bench import runners
 from cloudbox.core.disks.volumes import nfs
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.run import local, runs
@@ -86,7 +86,7 @@ def test_a_device_node_planted_before_the_host_makes_its_file_is_refused(state, 
 
 def test_a_link_swapped_in_just_before_fio_opens_the_file_is_not_written_through(state, libvirt_conn, victim,
                                                                                   monkeypatch):
-    real = storage.HostRunner.run
+    real = runners.HostRunner.run
 
     def swap_then_run(self, t, target, *args, **kw):
         name = _baseline_name(state)
@@ -94,7 +94,7 @@ def test_a_link_swapped_in_just_before_fio_opens_the_file_is_not_written_through
         os.replace(name.with_suffix(".swap"), name)  # rename(2) over the file, as a client's RENAME does
         return real(self, t, target, *args, **kw)
 
-    monkeypatch.setattr(storage.HostRunner, "run", swap_then_run)
+    monkeypatch.setattr(runners.HostRunner, "run", swap_then_run)
     st, reason = _run()
     assert st != "completed", reason
     assert "now holds a symbolic link" in reason and str(victim) in reason, reason

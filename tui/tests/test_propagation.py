@@ -540,7 +540,7 @@ def fake_host(state, monkeypatch):
     """The propagation body on this host with everything that needs libvirt or root faked: the image, the
     accelerator (TCG), libvirt, the facts, the cache drop and the launch (which registers the guest's destroy as the
     real one does, and fails where `fail_at` says)."""
-    from cloudbox.core.bench import storage
+    from cloudbox.core.bench import runners
     from cloudbox.core.errors import GuestUnreachable
     from cloudbox.core.run import launch as launch_mod
     from cloudbox.core.run import propagate
@@ -573,7 +573,7 @@ def fake_host(state, monkeypatch):
     monkeypatch.setattr(propagate, "connect_libvirt", lambda ctx: None)
     monkeypatch.setattr(propagate, "record_facts", lambda ctx: None)
     monkeypatch.setattr(propagate, "launch", launch)
-    monkeypatch.setattr(storage, "drop_host_caches", lambda: True)
+    monkeypatch.setattr(runners, "drop_host_caches", lambda: True)
     return SimpleNamespace(launched=launched, fail_at=fail_at, state=state)
 
 

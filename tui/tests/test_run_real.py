@@ -15,7 +15,7 @@ import pytest
 from real_runs import interrupt_cli_run, leftovers, work_files
 from run_trouble import warn_run_trouble
 
-from cloudbox.core.bench import storage
+from cloudbox.core.bench import iozone
 from cloudbox.core.disks import hostraid
 from cloudbox.core.errors import RunBusy
 from cloudbox.core.record.events import RunEvent, StepEvent
@@ -78,7 +78,7 @@ def test_real_run_storage_and_network(profile, net_tests, state, libvirt_conn):
         for test, again in (("iozone-write-1m", "re-write MB/s"), ("iozone-read-1m", "re-read MB/s")):
             m = run.measurement(side, test, "MB/s")
             assert m is not None and m.value > 0 and "O_DIRECT feature enabled" in m.raw, (side, test)
-            assert m.value == pytest.approx(storage.parse_iozone(test, m.raw, test.split("-")[1]).mbps)
+            assert m.value == pytest.approx(iozone.parse_iozone(test, m.raw, test.split("-")[1]).mbps)
             second = run.measurement(side, test, again)
             assert second is not None and second.value > 0, (side, test)
         expected = [("tcp-stream", "Mbit/s"), ("tcp-maerts", "Mbit/s"), ("tcp-rr", "trans/s")]

@@ -161,7 +161,7 @@ def test_bad_run_arguments(state):
 @pytest.mark.slow
 @root_only
 def test_guest_without_fio(state, libvirt_conn, guest_image):
-    from cloudbox.core.bench import storage
+    from cloudbox.core.bench import runners
     from cloudbox.core.spec.profiles import find_profile
     from cloudbox.core.virt import accel
     from cloudbox.core.virt.domain import render_domain
@@ -179,7 +179,7 @@ def test_guest_without_fio(state, libvirt_conn, guest_image):
         g.wait_agent(timeout=300)
         g.sh("rm -f $(command -v fio)", timeout=30).check()
         with pytest.raises(GuestError, match="has no fio.*rebuild it with 'make guest-image'"):
-            storage.GuestRunner(g, lambda: False).check_tools(catalogue.resolve_tests("smoke"))
+            runners.GuestRunner(g, lambda: False).check_tools(catalogue.resolve_tests("smoke"))
     finally:
         g.destroy()
         st.remove()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.bench import storage
+from cloudbox.core.bench import fio, iozone, runners
 from cloudbox.core.errors import Aborted, CloudboxError, UsageError
 from cloudbox.core.record import results
 from cloudbox.core.spec import catalogue
@@ -32,7 +32,7 @@ def test_each_record_test_is_one_direct_request_at_a_time_of_its_size():
     for tid in SWEEP:
         t = catalogue.TESTS[tid]
         rw, bs = tid.split("-")[1:]
-        opts = fio_options(storage.fio_args(t, "/dev/vdb", 128 << 20, 5))
+        opts = fio_options(fio.fio_args(t, "/dev/vdb", 128 << 20, 5))
         assert opts["name"] == tid and opts["filename"] == "/dev/vdb" and opts["size"] == str(128 << 20)
         assert (opts["rw"], opts["bs"], opts["direct"], opts["iodepth"]) == (rw, bs, "1", "1")
         assert opts["ioengine"] == "psync"  # one pread/pwrite call at a time, as IOzone issues them
@@ -40,9 +40,9 @@ def test_each_record_test_is_one_direct_request_at_a_time_of_its_size():
         assert "end_fsync" not in opts  # O_DIRECT: nothing is left in the guest's page cache to flush
         assert t.labels == [] and not t.timed and not t.dd
     # The other direct tests keep libaio; the fill that lays data down for a lone read stays 1 MB direct writes.
-    seq = fio_options(storage.fio_args(catalogue.TESTS["seq-write-64k"], "/dev/vdb", 1 << 20, 5))
+    seq = fio_options(fio.fio_args(catalogue.TESTS["seq-write-64k"], "/dev/vdb", 1 << 20, 5))
     assert seq["ioengine"] == "libaio"
-    fill = fio_options(storage.fio_args(catalogue.TESTS["rec-read-4k"], "/dev/vdb", 1 << 20, 5, fill=True))
+    fill = fio_options(fio.fio_args(catalogue.TESTS["rec-read-4k"], "/dev/vdb", 1 << 20, 5, fill=True))
     assert (fill["rw"], fill["bs"], fill["ioengine"], fill["direct"]) == ("write", "1m", "libaio", "1")
     assert catalogue.block_bytes("4k") == 4096 and catalogue.block_bytes("16m") == 16 * 2**20
 
@@ -50,16 +50,16 @@ def test_each_record_test_is_one_direct_request_at_a_time_of_its_size():
 def test_a_guest_pass_one_request_at_a_time_may_take_as_long_as_its_requests_at_their_slowest():
     two_gib = 2 << 30
     # 524,288 requests of 4 kB at 20 ms each (a hard disk flushing every write): 10,486 s, not the usual hour
-    assert storage.guest_timeout(catalogue.TESTS["rec-write-4k"], two_gib) == pytest.approx(524_288 * 0.02)
-    assert storage.guest_timeout(catalogue.TESTS["rec-read-16m"], two_gib) == storage.GUEST_TIMEOUT == 3600.0
-    assert storage.guest_timeout(catalogue.TESTS["seq-write-64k"], two_gib) == storage.GUEST_TIMEOUT
-    assert storage.guest_timeout(catalogue.TESTS["randread-4k-qd1"], two_gib) == storage.GUEST_TIMEOUT  # time-capped
+    assert runners.guest_timeout(catalogue.TESTS["rec-write-4k"], two_gib) == pytest.approx(524_288 * 0.02)
+    assert runners.guest_timeout(catalogue.TESTS["rec-read-16m"], two_gib) == runners.GUEST_TIMEOUT == 3600.0
+    assert runners.guest_timeout(catalogue.TESTS["seq-write-64k"], two_gib) == runners.GUEST_TIMEOUT
+    assert runners.guest_timeout(catalogue.TESTS["randread-4k-qd1"], two_gib) == runners.GUEST_TIMEOUT  # time-capped
 
 
 def test_the_records_set_and_full():
     assert catalogue.TEST_SETS["records"] == SWEEP
-    assert not storage.needs_fill(catalogue.resolve_tests("records"))  # each size writes before it reads
-    assert storage.needs_fill(catalogue.resolve_tests("rec-read-64k"))
+    assert not runners.needs_fill(catalogue.resolve_tests("records"))  # each size writes before it reads
+    assert runners.needs_fill(catalogue.resolve_tests("rec-read-64k"))
     assert not set(SWEEP) & set(catalogue.TEST_SETS["full"])  # full leaves the sweep out
     assert (set(catalogue.TEST_SETS["full"]) | set(SWEEP) | set(catalogue.IOZONE_TESTS)
             | set(catalogue.IOZONE_FILE_TESTS) | {"bonnie", *catalogue.IOZONE_GRIDS}
@@ -100,7 +100,7 @@ def test_results_and_compare_name_the_sweep():
 def test_fio_issues_records_of_each_size_on_bare_metal(tmp_path):
     size = 16 << 20
     target = str(tmp_path / "file")
-    runner = storage.HostRunner(lambda: False)
+    runner = runners.HostRunner(lambda: False)
     for tid in SWEEP:
         t = catalogue.TESTS[tid]
         try:
@@ -125,9 +125,9 @@ def test_iozone_tests_run_iozone_direct_with_its_record_and_keep_the_target():
     assert list(catalogue.IOZONE_TESTS) == [f"iozone-{rw}-{bs}" for bs in SIZES for rw in ("write", "read")]
     w = catalogue.TESTS["iozone-write-1m"]
     assert (w.program, w.rw, w.bs, w.dd, w.sync) == ("iozone", "write", "1m", False, True)
-    assert storage.iozone_args(w, "/dev/vdb", 32 << 20) == [
+    assert iozone.iozone_args(w, "/dev/vdb", 32 << 20) == [
         "iozone", "-i", "0", "-r", "1m", "-s", "32768k", "-I", "-e", "-w", "-f", "/dev/vdb"]
-    assert storage.iozone_args(catalogue.TESTS["iozone-read-16m"], "/dev/vdb", 32 << 20)[1:3] == ["-i", "1"]
+    assert iozone.iozone_args(catalogue.TESTS["iozone-read-16m"], "/dev/vdb", 32 << 20)[1:3] == ["-i", "1"]
     assert catalogue.TEST_SETS["iozone"] == ["iozone-write-64k", "iozone-read-64k", "iozone-write-1m",
                                            "iozone-read-1m", "iozone-write-16m", "iozone-read-16m"]
     assert not set(catalogue.IOZONE_TESTS) & set(catalogue.TEST_SETS["full"])
@@ -137,14 +137,14 @@ def test_iozone_tests_run_iozone_direct_with_its_record_and_keep_the_target():
 
 
 def test_iozone_row_is_read_as_kib_per_second_with_the_second_pass_beside_it():
-    r = storage.parse_iozone("iozone-write-64k", IOZONE_ROW, "write")
+    r = iozone.parse_iozone("iozone-write-64k", IOZONE_ROW, "write")
     assert r.mbps == pytest.approx(573107 * 1024 / 1e6)
     assert r.extra == {"re-write MB/s": pytest.approx(781606 * 1024 / 1e6)}
     assert r.seconds == pytest.approx(16384 * 1024 / 1e6 / r.mbps)
-    assert storage.parse_iozone("iozone-read-64k", IOZONE_ROW, "read").extra.keys() == {"re-read MB/s"}
+    assert iozone.parse_iozone("iozone-read-64k", IOZONE_ROW, "read").extra.keys() == {"re-read MB/s"}
     with pytest.raises(CloudboxError, match=r"iozone \(iozone-read-1m\) printed no result row: Can not open"):
-        storage.parse_iozone("iozone-read-1m", "Can not open temporary file /x for read\n", "read")
-    assert storage.iozone_version("        Version $Revision: 3.489 $\n") == "3.489"
+        iozone.parse_iozone("iozone-read-1m", "Can not open temporary file /x for read\n", "read")
+    assert iozone.iozone_version("        Version $Revision: 3.489 $\n") == "3.489"
 
 
 needs_iozone = pytest.mark.skipif(shutil.which("iozone") is None,
@@ -154,7 +154,7 @@ needs_iozone = pytest.mark.skipif(shutil.which("iozone") is None,
 @needs_iozone
 def test_iozone_writes_and_reads_a_file_on_bare_metal(tmp_path):
     target = tmp_path / "disk.img"
-    host = storage.HostRunner(cancelled=lambda: False)
+    host = runners.HostRunner(cancelled=lambda: False)
     w = host.run(catalogue.TESTS["iozone-write-64k"], str(target), 8 << 20, 0, lambda _p: None)
     assert target.stat().st_size == 8 << 20  # -w: IOzone keeps the file it wrote
     assert w.mbps > 0 and w.extra["re-write MB/s"] > 0
@@ -167,14 +167,14 @@ def test_iozone_writes_and_reads_a_file_on_bare_metal(tmp_path):
 
 def test_an_iozone_read_lays_down_iozones_own_data_unless_its_write_pass_is_the_last_write():
     def fills(ids: str) -> list[bool]:
-        return storage.iozone_fills(catalogue.resolve_tests(ids))
+        return iozone.iozone_fills(catalogue.resolve_tests(ids))
 
     assert fills("iozone-write-1m,iozone-read-1m") == [False, False]
     assert fills("iozone-read-1m,iozone-read-64k") == [True, False]  # the first lays it down for both
     assert fills("iozone-write-16m,dd-write-64k,iozone-read-16m,dd-read-64k") == [False, False, True, False]
     assert fills("iozone-write-1m,seq-read-64k,iozone-read-1m") == [False, False, False]  # reads keep it
     assert fills("seq-write-64k,rec-read-4k,iozone-read-4k") == [False, False, True]
-    assert not storage.needs_fill(catalogue.resolve_tests("iozone-read-1m,seq-read-64k"))  # its lay-down fills
+    assert not runners.needs_fill(catalogue.resolve_tests("iozone-read-1m,seq-read-64k"))  # its lay-down fills
 
 
 @needs_iozone
@@ -182,7 +182,7 @@ def test_after_another_write_iozones_read_needs_its_data_laid_down_again(tmp_pat
     """IOzone's read pass checks the data against its own pattern: after dd's zeros it fails, naming the error,
     and the untimed lay-down pass makes it read."""
     target = str(tmp_path / "disk.img")
-    host = storage.HostRunner(cancelled=lambda: False)
+    host = runners.HostRunner(cancelled=lambda: False)
     size = 8 << 20
     host.run(catalogue.TESTS["iozone-write-1m"], target, size, 0, lambda _p: None)
     host.run(catalogue.TESTS["dd-write-64k"], target, size, 0, lambda _p: None)
@@ -201,7 +201,7 @@ def test_a_cancelled_bare_metal_iozone_is_killed(tmp_path):
         calls.append(1)
         return len(calls) > 1
 
-    host = storage.HostRunner(cancelled=cancelled)
+    host = runners.HostRunner(cancelled=cancelled)
     with pytest.raises(Aborted, match="cancelled during a bare-metal iozone run"):
         # 4 kB records over 1 GiB, synchronous: far longer than the half second before the cancel is seen
         host.run(catalogue.TESTS["iozone-write-4k"], str(tmp_path / "big.img"), 1 << 30, 0, lambda _p: None)
@@ -214,11 +214,11 @@ def test_iozones_file_size_sweep_runs_automatic_mode_from_one_record_up_to_the_r
     assert list(catalogue.IOZONE_FILE_TESTS) == [f"iozone-files-{bs}" for bs in SIZES]
     assert not set(catalogue.IOZONE_FILE_TESTS) & set(catalogue.TEST_SETS["full"])
     assert (t.program, t.writes) == ("iozone", True)
-    assert storage.iozone_files_args(t, "/dev/vda", 128 << 20) == [
+    assert iozone.iozone_files_args(t, "/dev/vda", 128 << 20) == [
         "iozone", "-a", "-i", "0", "-i", "1", "-r", "16m", "-n", "16384k", "-g", "131072k", "-I", "-e", "-w",
         "-f", "/dev/vda"]
     # files of twice the run's size in all, each written twice: four times a one-file pass's requests
-    assert storage.guest_timeout(catalogue.TESTS["iozone-files-4k"], 2 << 30) == pytest.approx(4 * 524_288 * 0.02)
+    assert runners.guest_timeout(catalogue.TESTS["iozone-files-4k"], 2 << 30) == pytest.approx(4 * 524_288 * 0.02)
     assert compare.test_title("iozone-files-1m").startswith("IOzone's file-size sweep, 1 MB records")
     assert results.is_storage_test("iozone-files-16m")
 
@@ -226,22 +226,22 @@ def test_iozones_file_size_sweep_runs_automatic_mode_from_one_record_up_to_the_r
 def test_the_sweeps_rows_are_read_per_file_size():
     """A real `iozone -a -i 0 -i 1 -r 16m -n 16m -g 64m -I -e -w` on this host (tests/data)."""
     text = (Path(__file__).parent / "data" / "iozone-auto-host-16m.txt").read_text()
-    r = storage.parse_iozone_files("iozone-files-16m", text)
+    r = iozone.parse_iozone_files("iozone-files-16m", text)
     assert r.mbps == pytest.approx(1446034 * 1024 / 1e6)  # the largest file's write
-    assert storage.iozone_file_sizes(r.extra) == [16384, 32768, 65536]
+    assert iozone.iozone_file_sizes(r.extra) == [16384, 32768, 65536]
     assert r.extra["re-read MB/s, 16 MiB file"] == pytest.approx(1190879 * 1024 / 1e6)
     assert r.extra["re-write MB/s, 64 MiB file"] == pytest.approx(2140230 * 1024 / 1e6)
-    assert len(r.extra) == 12 and storage.iozone_file_metric("read", 512) == "read MB/s, 512 KiB file"
+    assert len(r.extra) == 12 and iozone.iozone_file_metric("read", 512) == "read MB/s, 512 KiB file"
     with pytest.raises(CloudboxError, match=r"iozone \(iozone-files-16m\) printed no automatic-mode rows"):
-        storage.parse_iozone_files("iozone-files-16m", "Error writing block 0\n")
+        iozone.parse_iozone_files("iozone-files-16m", "Error writing block 0\n")
 
 
 @needs_iozone
 def test_the_sweep_on_bare_metal(tmp_path):
     target = tmp_path / "disk.img"
-    r = storage.HostRunner(cancelled=lambda: False).run(catalogue.TESTS["iozone-files-16m"], str(target), 64 << 20, 0,
+    r = runners.HostRunner(cancelled=lambda: False).run(catalogue.TESTS["iozone-files-16m"], str(target), 64 << 20, 0,
                                                         lambda _p: None)
-    assert storage.iozone_file_sizes(r.extra) == [16384, 32768, 65536] and r.mbps > 0
+    assert iozone.iozone_file_sizes(r.extra) == [16384, 32768, 65536] and r.mbps > 0
     assert all(v > 0 for v in r.extra.values()) and "Auto Mode" in r.raw
 
 
@@ -252,17 +252,17 @@ def test_the_grid_runs_automatic_mode_over_every_record_and_every_file_size():
     t = catalogue.TESTS["iozone-grid"]
     assert (t.program, t.writes, t.bs) == ("iozone", True, "16m")  # the run's size must hold its largest record
     assert "iozone-grid" not in catalogue.TEST_SETS["full"] and results.is_storage_test("iozone-grid")
-    assert not storage.needs_fill([t])
-    assert storage.iozone_fills([t, catalogue.TESTS["iozone-read-16m"]]) == [False, True]
-    assert [r >> 10 for r in storage.iozone_grid_records(t)] == GRID_RECORDS_KIB
-    assert storage.iozone_files_args(t, "/dev/sda", 128 << 20) == [
+    assert not runners.needs_fill([t])
+    assert iozone.iozone_fills([t, catalogue.TESTS["iozone-read-16m"]]) == [False, True]
+    assert [r >> 10 for r in iozone.iozone_grid_records(t)] == GRID_RECORDS_KIB
+    assert iozone.iozone_files_args(t, "/dev/sda", 128 << 20) == [
         "iozone", "-a", "-i", "0", "-i", "1", "-y", "64k", "-q", "16m", "-n", "64k", "-g", "131072k", "-I", "-e", "-w",
         "-f", "/dev/sda"]
     assert compare.test_title("iozone-grid").startswith("IOzone's automatic mode over record and file sizes")
     # quick size: the hour (23 s measured in a TCG guest); study size: each record's file sweep, its writes' 4 x 2 GiB
     # in requests of a flush each (5,233 s over the nine records) and at 10 MB/s (859 s each)
-    assert storage.guest_timeout(t, 128 << 20) == storage.GUEST_TIMEOUT
-    assert storage.guest_timeout(t, 2 << 30) == pytest.approx(2621.44 * (2 - 2**-8) + 9 * 4 * 2**31 / 10e6)
+    assert runners.guest_timeout(t, 128 << 20) == runners.GUEST_TIMEOUT
+    assert runners.guest_timeout(t, 2 << 30) == pytest.approx(2621.44 * (2 - 2**-8) + 9 * 4 * 2**31 / 10e6)
     with pytest.raises(UsageError, match=r"smaller than one 16m record of iozone-grid"):
         RunSpec(profile="virtio-disk", suite="storage", size="8M", storage_tests="iozone-grid").validate()
 
@@ -270,36 +270,36 @@ def test_the_grid_runs_automatic_mode_over_every_record_and_every_file_size():
 def test_the_4k_grid_starts_at_iozones_own_smallest_record_and_waits_for_it():
     t = catalogue.TESTS["iozone-grid-4k"]
     assert (t.program, t.bs, t.min_bs) == ("iozone", "16m", "4k")
-    assert [r >> 10 for r in storage.iozone_grid_records(t)] == [4, 8, 16, 32, *GRID_RECORDS_KIB]
-    assert storage.iozone_files_args(t, "/dev/vdb", 128 << 20)[6:12] == ["-y", "4k", "-q", "16m", "-n", "4k"]
+    assert [r >> 10 for r in iozone.iozone_grid_records(t)] == [4, 8, 16, 32, *GRID_RECORDS_KIB]
+    assert iozone.iozone_files_args(t, "/dev/vdb", 128 << 20)[6:12] == ["-y", "4k", "-q", "16m", "-n", "4k"]
     assert all("iozone-grid-4k" not in v for v in catalogue.TEST_SETS.values())  # by name only
     assert compare.test_title("iozone-grid-4k").startswith(
         "IOzone's automatic mode over record and file sizes, 4 kB to 16 MB records")
     assert "64 kB to 16 MB records" in compare.test_title("iozone-grid")
     # quick size: 4 x 128 MiB in 4 kB requests of 20 ms each, halving per record, and each record's bytes at 10 MB/s
     want = 0.02 * 4 * (128 << 20) / 4096 * (2 - 2**-12) + 13 * 4 * (128 << 20) / 10e6
-    assert storage.guest_timeout(t, 128 << 20) == pytest.approx(want) and want > storage.GUEST_TIMEOUT
+    assert runners.guest_timeout(t, 128 << 20) == pytest.approx(want) and want > runners.GUEST_TIMEOUT
     assert results.is_storage_test("iozone-grid-4k") and studyreport.is_iozone_sweep("iozone-grid-4k")
 
 
 def test_the_grids_metrics_name_file_and_record_size():
-    assert storage.iozone_file_metric("write", 131072, 16384) == "write MB/s, 128 MiB file, 16 MiB records"
-    assert storage.iozone_file_metric("re-read", 512, 64) == "re-read MB/s, 512 KiB file, 64 KiB records"
-    assert storage.iozone_file_metric("read", 16384) == "read MB/s, 16 MiB file"  # a file sweep's, as before
+    assert iozone.iozone_file_metric("write", 131072, 16384) == "write MB/s, 128 MiB file, 16 MiB records"
+    assert iozone.iozone_file_metric("re-read", 512, 64) == "re-read MB/s, 512 KiB file, 64 KiB records"
+    assert iozone.iozone_file_metric("read", 16384) == "read MB/s, 16 MiB file"  # a file sweep's, as before
     mixed = {"MB/s": 1.0, "write MB/s, 16 MiB file": 1.0, "read MB/s, 32 MiB file": 1.0,
              "write MB/s, 64 KiB file, 64 KiB records": 1.0, "write MB/s, 1 MiB file, 512 KiB records": 1.0,
              "write MB/s, 1 MiB file, 64 KiB records": 1.0, "write MB/s, 1 MiB filez": 1.0}
-    assert storage.iozone_sweep_cells(mixed) == [(64, 64), (1024, 64), (1024, 512), (16384, None)]
-    assert storage.iozone_file_sizes(mixed) == [64, 1024, 16384]
+    assert iozone.iozone_sweep_cells(mixed) == [(64, 64), (1024, 64), (1024, 512), (16384, None)]
+    assert iozone.iozone_file_sizes(mixed) == [64, 1024, 16384]
 
 
 def test_the_grids_rows_are_read_per_file_and_record_size():
     """A real `iozone -a -i 0 -i 1 -y 64k -q 16m -n 64k -g 131072k -I -e -w` on this host (tests/data)."""
     text = (Path(__file__).parent / "data" / "iozone-grid-host-128m.txt").read_text()
-    r = storage.parse_iozone_files("iozone-grid", text, grid=True)
-    cells = storage.iozone_sweep_cells(r.extra)
+    r = iozone.parse_iozone_files("iozone-grid", text, grid=True)
+    cells = iozone.iozone_sweep_cells(r.extra)
     # files of 64 KiB to 128 MiB; IOzone takes each record up to the file's size: 1 + 2 + ... + 8, then 9 per file
-    assert storage.iozone_file_sizes(r.extra) == [64 << i for i in range(12)]
+    assert iozone.iozone_file_sizes(r.extra) == [64 << i for i in range(12)]
     assert len(cells) == 36 + 4 * 9 and len(r.extra) == 4 * len(cells) and all(rec <= kib for kib, rec in cells)
     assert sorted({rec for _, rec in cells}) == GRID_RECORDS_KIB
     assert r.mbps == pytest.approx(1252157 * 1024 / 1e6)  # the largest file's write with the largest records
@@ -313,9 +313,9 @@ def test_the_grids_rows_are_read_per_file_and_record_size():
 @needs_iozone
 def test_the_grid_on_bare_metal(tmp_path):
     target = tmp_path / "disk.img"
-    r = storage.HostRunner(cancelled=lambda: False).run(catalogue.TESTS["iozone-grid"], str(target), 16 << 20, 0,
+    r = runners.HostRunner(cancelled=lambda: False).run(catalogue.TESTS["iozone-grid"], str(target), 16 << 20, 0,
                                                         lambda _p: None)
-    cells = storage.iozone_sweep_cells(r.extra)
+    cells = iozone.iozone_sweep_cells(r.extra)
     assert len(cells) == sum(range(1, 10)) and cells[-1] == (16384, 16384)  # files 64 KiB to 16 MiB
     assert r.mbps == r.extra["write MB/s, 16 MiB file, 16 MiB records"] and all(v > 0 for v in r.extra.values())
     assert "-y 64k -q 16m -n 64k -g 16384k" in r.raw

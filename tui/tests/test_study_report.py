@@ -13,7 +13,7 @@ import pytest
 
 from cloudbox import cli
 from cloudbox.core import paths
-from cloudbox.core.bench import storage
+from cloudbox.core.bench import iozone
 from cloudbox.core.disks.volumes import attach
 from cloudbox.core.record.provenance import Provenance
 from cloudbox.core.record.results import ResultStore
@@ -256,7 +256,7 @@ def add_grid_run(store: ResultStore, guest_scale: float) -> int:
     """A TCG run of kvm-cache-none at quick size storing iozone-grid: bare metal's figures those of the real output in
     tests/data, the guest's the same times `guest_scale`."""
     text = (Path(__file__).parent / "data" / "iozone-grid-host-128m.txt").read_text()
-    res = storage.parse_iozone_files("iozone-grid", text, grid=True)
+    res = iozone.parse_iozone_files("iozone-grid", text, grid=True)
     rid = store.create_run(profile_name="kvm-cache-none", profile_hash=profiles.find_profile("kvm-cache-none").hash,
                            suite="storage", size_label="quick", accelerator="tcg", emulated=True, started_at=T0,
                            node=platform.node())
@@ -300,7 +300,7 @@ def test_html_report_plots_iozones_sweeps_against_file_size(capsys):
         files = add_run(store, "kvm-cache-writethrough", {"iozone-files-16m": (32.0, 320.0)}, started_at=T0 + 10)
         for side, scale in (("baseline", 10.0), ("guest", 1.0)):
             for mib in (16, 32, 64):
-                for k, p in enumerate(storage.IOZONE_FILE_PASSES):
+                for k, p in enumerate(iozone.IOZONE_FILE_PASSES):
                     store.add_measurement(files, side=side, test="iozone-files-16m",
                                           metric=f"{p} MB/s, {mib} MiB file", value=(mib + k) * scale)
     code, page, _ = run_cli(["study", "report", "b", "--format", "html"], capsys)
@@ -326,7 +326,7 @@ def test_html_report_plots_iozones_sweeps_against_file_size(capsys):
     assert len(xs) == 3 and xs[1] - xs[0] == pytest.approx(xs[2] - xs[1])  # 16, 32, 64 MiB: equal steps, log2
     (bh, base, _), (gh, guest, gsvg) = plots(figures[1])
     assert (bh, gh) == ("kvm-cache-none, bare metal (quick)", "kvm-cache-none, guest (emulated, quick)")
-    assert list(guest) == [f"{storage.kib_text(k)} records" for k in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
+    assert list(guest) == [f"{iozone.kib_text(k)} records" for k in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
     assert [len(pts) for pts in guest.values()] == [12, 11, 10, 9, 8, 7, 6, 5, 4]  # files from the record to 128 MiB
     assert list(base) == list(guest)
     # MB/s on a linear axis from 0 (the x axis) to the top label (the y axis's top); files from the y axis to the right

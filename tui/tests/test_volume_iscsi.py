@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.bench import iscsiperf, storage
+from cloudbox.core.bench import fio, iscsiperf, runners
 from cloudbox.core.disks.backing import NetworkSource
 from cloudbox.core.disks.volumes import attach, iscsi
 from cloudbox.core.disks.volumes.store import VolumeStore
@@ -121,11 +121,11 @@ def test_the_host_domains_relay_logs_in_with_the_secret_from_a_file_and_measures
             ) in argv
     assert "s3cret" not in " ".join(argv)
     relay = iscsi.HostRelay(tmp_path / "nbd.sock", tmp_path)
-    assert storage.is_nbd_uri(relay.uri) and relay.uri == f"nbd+unix:///lun?socket={tmp_path / 'nbd.sock'}"
+    assert fio.is_nbd_uri(relay.uri) and relay.uri == f"nbd+unix:///lun?socket={tmp_path / 'nbd.sock'}"
     for measured in ("seq-write-64k", "seq-read-64k", "randread-4k-qd32", "dd-write-64k"):
-        assert storage.nbd_measures(catalogue.TESTS[measured]) == "", measured
+        assert fio.nbd_measures(catalogue.TESTS[measured]) == "", measured
     for other in ("iozone-read-16m", "bonnie"):
-        assert "needs a file or a file system on a local disk" in storage.nbd_measures(catalogue.TESTS[other])
+        assert "needs a file or a file system on a local disk" in fio.nbd_measures(catalogue.TESTS[other])
 
 
 def test_exports_here_name_iscsi_and_what_it_lacks(tmp_path, monkeypatch):
@@ -191,7 +191,7 @@ def test_tgtd_refuses_a_wrong_secret_and_a_stranger_and_leaves_nothing(state, li
             try:
                 assert (work / "iscsi-host").stat().st_mode & 0o777 == 0o700
                 assert ((work / "iscsi-host" / "chap.secret").stat().st_mode & 0o777) == 0o600
-                w = storage.HostRunner(lambda: False).run(catalogue.TESTS["seq-write-64k"], relay.uri, 4 * MIB, 1,
+                w = runners.HostRunner(lambda: False).run(catalogue.TESTS["seq-write-64k"], relay.uri, 4 * MIB, 1,
                                                           lambda _p: None)
                 assert w.mbps > 0 and c.secret not in w.raw
                 assert c.secret not in " ".join(Path(f"/proc/{relay.pid}/cmdline").read_text().split("\0"))

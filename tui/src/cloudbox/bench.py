@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cloudbox.core.bench import storage
+from cloudbox.core.bench import fio, runners
 from cloudbox.core.disks import backing
 from cloudbox.core.disks.diskstats import Sampler
 from cloudbox.core.spec import catalogue
@@ -126,15 +126,15 @@ def bench_overhead(reps: int, work: Path, size: int) -> dict:
 
     target = work / "fio.dat"
     t = catalogue.TESTS["seq-write-64k"]
-    args = storage.fio_args(t, str(target), size, 0)
+    args = fio.fio_args(t, str(target), size, 0)
     direct, harness, own_cpu, fio_cpu, wall = [], [], [], [], []
-    runner = storage.HostRunner(lambda: False)
+    runner = runners.HostRunner(lambda: False)
     dev = backing.dev_name_for_path(work) or "vda"
     for _ in range(reps):
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             plain = [a for a in args if not a.startswith("--eta")]
             subprocess.run([*plain, f"--output={out.name}"], check=True, stdout=subprocess.DEVNULL)
-            direct.append(storage.parse_fio(t.id, Path(out.name).read_text()).mbps)
+            direct.append(fio.parse_fio(t.id, Path(out.name).read_text()).mbps)
         target.unlink(missing_ok=True)
         c0, k0, w0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
         with Sampler(dev, lambda s: None):

@@ -145,7 +145,7 @@ class RunBusy(CloudboxError):
 
 
 class DiskStalled(GuestError):
-    """The guest's benchmark disk stopped completing requests (storage.DiskWatch) and its test was killed. `disks`
+    """The guest's benchmark disk stopped completing requests (bench.diskwatch) and its test was killed. `disks`
     names those with requests in flight; `seen` (also in the message) is the counters and QEMU's view of the
     queues that show it."""
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from ..disks.volumes.iscsi import LUN, Chap, IscsiExport
 from ..errors import Aborted, CloudboxError
 from ..spec import catalogue
-from . import storage
+from .result import MB, FioResult
 
 PERF_BLOCK = 512  # the LUN's block size (tgtd's default); iscsi-perf counts transfers in blocks
 
@@ -40,17 +40,17 @@ def perf_args(t: catalogue.StorageTest, url: str, initiator: str) -> list[str]:
             "-b", str(catalogue.block_bytes(t.bs) // PERF_BLOCK), "-m", str(t.iodepth), url]
 
 
-def parse_perf(t: catalogue.StorageTest, text: str, seconds: float) -> storage.FioResult:
+def parse_perf(t: catalogue.StorageTest, text: str, seconds: float) -> FioResult:
     """iscsi-perf's last running average (its lines are one a second): IOPS, and MB/s from the transfer size."""
     avgs = _PERF_AVG.findall(text)
     if not avgs:
         raise CloudboxError(f"iscsi-perf ({t.id}) printed no average: {text.strip()[-300:]}")
     iops = float(avgs[-1])
-    return storage.FioResult(t.id, iops * catalogue.block_bytes(t.bs) / storage.MB, iops, 0.0, seconds, text)
+    return FioResult(t.id, iops * catalogue.block_bytes(t.bs) / MB, iops, 0.0, seconds, text)
 
 
 def perf(t: catalogue.StorageTest, exp: IscsiExport, creds: Chap, runtime: float,
-         cancelled: Callable[[], bool]) -> storage.FioResult:
+         cancelled: Callable[[], bool]) -> FioResult:
     """`t` read from the host domain through libiscsi (QEMU's initiator library) for `runtime` seconds, logged in as
     this box; the secret goes through libiscsi's environment, never on a command line or into the output kept."""
     url = f"iscsi://{creds.user}@{exp.host}:{exp.port}/{exp.iqn}/{LUN}"

@@ -23,15 +23,14 @@ from .. import procs
 from ..errors import CloudboxError, GuestError, UsageError
 from ..spec.catalogue import StorageTest, block_bytes
 from ..virt.guest import Guest
-from .storage import FioResult
+from .result import MB, FioResult
 
 PROGRAM = "cloudbox-mpiio"
-# test id (storage.MPI_TESTS) -> (API, file per process)
+# test id (catalogue.MPI_TESTS) -> (API, file per process)
 APIS: dict[str, tuple[str, bool]] = {"mpiio-shared-1m": ("mpiio", False), "mpiio-fpp-1m": ("mpiio", True),
                                      "posix-shared-1m": ("posix", False), "hdf5-shared-1m": ("hdf5", False)}
 KEY = "/root/.ssh/id_dropbear"
 RSH_AGENT = f"dbclient -y -y -i {KEY}"  # each guest's dropbear makes its host key afresh (-R): nothing to pin
-MB = 1_000_000
 READ_METRIC = "read MB/s"
 
 

@@ -16,7 +16,7 @@ from ..errors import Aborted, CloudboxError, GuestError, GuestTimeout
 from ..spec.addresses import HOST_IP, NS, NS_HOST_IP
 from ..spec.catalogue import NetTest
 from ..virt.network import GuestLink, link_stats
-from . import storage
+from .barrier import barrier_script, read_start_stamp
 
 
 @dataclass
@@ -159,10 +159,10 @@ def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[
     first has the path probed hop by hop; a dead path is brought back (GuestLink.replug) before the
     next attempt, or the test fails at once with NicStalled naming the hop where frames stop: repeating the tool
     on a dead path cannot help. With `start_uptime`, the tool waits until the guest's uptime reaches it
-    (storage.barrier_script: N guests' tests started at one instant) and the result says when it was let go."""
+    (barrier_script: N guests' tests started at one instant) and the result says when it was let go."""
     args = (netperf_args if t.tool == "netperf" else iperf3_args)(t, target, port, seconds)
     if start_uptime is not None:
-        args = ["/bin/sh", "-c", storage.barrier_script(start_uptime) + "exec " + shlex.join(args)]
+        args = ["/bin/sh", "-c", barrier_script(start_uptime) + "exec " + shlex.join(args)]
     limit = hang_s if hang_s is not None else hang_limit(seconds)
     report = _progress_of(seconds, progress)
 
@@ -204,8 +204,7 @@ def run_in_guest(guest, t: NetTest, port: int, seconds: int, progress: Callable[
 
     res = _retrying("guest", t, target, port, limit, attempts, log, once, after_hang)
     if start_uptime is not None:
-        stamp = guest.sh(f"cat {storage.START_STAMP}", timeout=30).check().stdout
-        res.started_uptime = storage.parse_start_stamp(stamp)
+        res.started_uptime = read_start_stamp(guest)
     return res
 
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from cloudbox import __version__
 
 from .. import paths
-from ..bench import iscsiperf, storage
+from ..bench import fio, iozone, iscsiperf, runners
 from ..disks import backing, claims, hostraid
 from ..disks.diskstats import Sample, Sampler
 from ..disks.volumes import aoe, hostattach, iscsi, nbd, nfs, nvmet
@@ -308,17 +308,17 @@ def storage_baseline(ctx: RunContext) -> None:
         iscsi_baseline(ctx, v, v.export, tests)
         return
     store, sink = ctx.backing, ctx.sink
-    runner = storage.HostRunner(ctx.control.cancelled)
+    runner = runners.HostRunner(ctx.control.cancelled)
     mount_export_on_host(ctx)
     claim = claim_baseline_file(ctx, store)
     target = claim.tool_path if claim is not None else store.baseline_target
     sink.step("bare metal: storage tests", side="baseline")
-    unmeasured = {t.id: storage.nbd_measures(t) for t in tests} if storage.is_nbd_uri(target) else {}
+    unmeasured = {t.id: fio.nbd_measures(t) for t in tests} if fio.is_nbd_uri(target) else {}
     measured = [t for t in tests if not unmeasured.get(t.id)]
-    if storage.needs_fill(measured):
+    if runners.needs_fill(measured):
         sink.step("bare metal: laying down data for read tests", side="baseline")
         on_claimed(claim, ctx.size, runner.fill, target, ctx.size)
-    for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+    for t, lay in zip(tests, iozone.iozone_fills(tests), strict=True):
         if unmeasured.get(t.id):
             sink.step(f"bare metal: {t.id}: not measured: {unmeasured[t.id]}", side="baseline", test=t.id)
             continue
@@ -336,7 +336,7 @@ def claim_baseline_file(ctx: RunContext, store: backing.BackingStore) -> claims.
     """The bare-metal tests' file made by this process (core.disks.claims), released with the run: None for a device or
     a volume over NBD, which the tools open themselves."""
     target = store.baseline_target
-    if store.is_block or storage.is_nbd_uri(target):
+    if store.is_block or fio.is_nbd_uri(target):
         return None
     shared = ctx.volume is not None and isinstance(ctx.volume.export, nfs.NfsExport)
     with ctx.control.atomic():
@@ -366,8 +366,8 @@ def iscsi_baseline(ctx: RunContext, v: VolumeExport, exp: iscsi.IscsiExport,
     vol_bytes = backing.byte_size(v.path)
     direct = [t for t in tests if iscsiperf.perf_measures(t)] if not iscsi_unmeasured(vol_bytes, ctx.size) else []
     relay_why = iscsi.relay_problem()
-    relayed = [t for t in tests if t not in direct and not storage.nbd_measures(t)] if not relay_why else []
-    runner, creds = storage.HostRunner(cancelled), iscsi.chap()
+    relayed = [t for t in tests if t not in direct and not fio.nbd_measures(t)] if not relay_why else []
+    runner, creds = runners.HostRunner(cancelled), iscsi.chap()
     relay = None
     if relayed:
         sink.step("bare metal: logging in to the volume's target with QEMU's libiscsi initiator (qemu-nbd, CHAP)",
@@ -379,7 +379,7 @@ def iscsi_baseline(ctx: RunContext, v: VolumeExport, exp: iscsi.IscsiExport,
         sink.step(f"bare metal: laying down data over the whole volume ({backing.human_size(vol_bytes)}) for "
                   "iscsi-perf's reads", side="baseline")
         runner.fill(v.path, vol_bytes)
-    elif relay is not None and storage.needs_fill(relayed):
+    elif relay is not None and runners.needs_fill(relayed):
         sink.step("bare metal: laying down data for read tests", side="baseline")
         runner.fill(relay.uri, ctx.size)
     for t in tests:
@@ -391,7 +391,7 @@ def iscsi_baseline(ctx: RunContext, v: VolumeExport, exp: iscsi.IscsiExport,
                                                                sink.progress("baseline", t.id)),
                          labels=[ISCSI_READER_LABELS["relay"]])
         else:
-            why = storage.nbd_measures(t) or f"{relay_why}, the host domain's way to the target for this test"
+            why = fio.nbd_measures(t) or f"{relay_why}, the host domain's way to the target for this test"
             sink.step(f"bare metal: {t.id}: not measured: {why}", side="baseline", test=t.id)
     if relay is not None:
         relay.stop()
@@ -510,7 +510,7 @@ def launch_guest(ctx: RunContext) -> None:
 
 def guest_storage(ctx: RunContext) -> None:
     """The same storage tests inside the guest, against its benchmark disk. A guest whose disk stops completing
-    requests (storage.DiskStalled) is destroyed and launched again, once, and the tests go on from the one it
+    requests (errors.DiskStalled) is destroyed and launched again, once, and the tests go on from the one it
     stopped in, that test's measurement noting why; a second stall fails the run."""
     if not ctx.spec.wants_storage:
         return
@@ -554,7 +554,7 @@ def _guest_storage(ctx: RunContext, tests: list[catalogue.StorageTest], done: li
     or the network volume it attaches itself."""
     assert ctx.guest is not None
     sink = ctx.sink
-    gr = storage.GuestRunner(ctx.guest, ctx.control.cancelled)
+    gr = runners.GuestRunner(ctx.guest, ctx.control.cancelled)
     gr.check_tools(tests)
     d = ctx.profile.disk
     run = functools.partial(_guest_tests, ctx, gr, tests, done=done, notes=notes or {})
@@ -655,22 +655,22 @@ def guest_attaches(ctx: RunContext) -> bool:
     return d.backing == "network-volume" and d.attach == "guest"
 
 
-def _guest_tests(ctx: RunContext, gr: storage.GuestRunner, tests: list[catalogue.StorageTest], disk: str, *,
+def _guest_tests(ctx: RunContext, gr: runners.GuestRunner, tests: list[catalogue.StorageTest], disk: str, *,
                  done: list[str], notes: dict[str, str]) -> None:
     sink = ctx.sink
     via = "its own initiator over its NIC" if guest_attaches(ctx) else f"bus {ctx.profile.disk.bus}"
     sink.log(f"guest benchmark disk: {disk} ({via})")
     sink.step("guest: storage tests", side="guest")
-    if storage.needs_fill(tests):
+    if runners.needs_fill(tests):
         sink.step("guest: laying down data for read tests", side="guest")
         gr.fill(disk, ctx.size)
-    for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+    for t, lay in zip(tests, iozone.iozone_fills(tests), strict=True):
         if lay:
             sink.step(f"guest: laying down IOzone's data for {t.id}", side="guest")
-            gr.fill_iozone(t, disk, ctx.size, timeout=storage.guest_timeout(t, ctx.size))
+            gr.fill_iozone(t, disk, ctx.size, timeout=runners.guest_timeout(t, ctx.size))
         storage_test(ctx, "guest", t, functools.partial(gr.run, t, disk, ctx.size, ctx.runtime,
                                                         sink.progress("guest", t.id),
-                                                        timeout=storage.guest_timeout(t, ctx.size)), gr.drop_caches,
+                                                        timeout=runners.guest_timeout(t, ctx.size)), gr.drop_caches,
                      note=notes.get(t.id, ""))
         done.append(t.id)
 
@@ -688,7 +688,7 @@ def _iozone_version() -> str:
         out = subprocess.run(["iozone", "-v"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         return "not installed"
-    return storage.iozone_version(out) or "unknown"
+    return iozone.iozone_version(out) or "unknown"
 
 
 def _libvirt_version(n: int) -> str:

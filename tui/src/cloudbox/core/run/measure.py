@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..bench import nettests, storage
+from ..bench import nettests, runners
+from ..bench.result import FioResult
 from ..disks.diskstats import Counters, delta, read_counters
 from ..record.events import MeasurementEvent
 from ..spec import catalogue
@@ -28,7 +29,7 @@ def _test_labels_after_drops(ctx: RunContext, side: str, t: catalogue.StorageTes
     if side == "baseline":
         tl = host_labels([*tl, *ctx.backing.baseline_labels], dom0=ctx.dom0)
     if "read" in t.rw:
-        if not storage.drop_host_caches():
+        if not runners.drop_host_caches():
             tl.append("warm-cache")
         for drop in drops:
             drop()
@@ -54,7 +55,7 @@ def _host_metrics(device: str | None, c0: Counters | None) -> dict[str, float | 
             "host_util": d.util}
 
 
-def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Callable[[], storage.FioResult],
+def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Callable[[], FioResult],
                  guest_drop: Callable[[], None] = lambda: None, note: str = "", labels: Sequence[str] = ()) -> None:
     """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache).
     `note` (why it was measured again) goes into the raw output; `labels` (how this test was measured) join the
@@ -88,7 +89,7 @@ def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Call
                                        hr["host_mbps"], hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
 
 
-def measured(res: storage.FioResult) -> list[tuple[str, float]]:
+def measured(res: FioResult) -> list[tuple[str, float]]:
     """The figures a test stores: MB/s, then `extra` (IOzone's second pass; Bonnie++'s other figures), leaving out
     what the tool could not time (NaN, None: Bonnie++'s "+++++")."""
     rows = [("MB/s", res.mbps), *res.extra.items()]
@@ -125,7 +126,7 @@ class Ran:
     """One guest's (or bare-metal process's) part of a test run by N at once: its result and its window in host
     time (a guest's start is when its barrier let it go, on the host's clock)."""
 
-    result: storage.FioResult
+    result: FioResult
     started_at: float
     finished_at: float
 
@@ -176,8 +177,8 @@ def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
 
 
 def storage_job(ctx: RunContext, side: str, t: catalogue.StorageTest,
-                run: Callable[[], tuple[storage.FioResult, list[storage.FioResult]]],
-                drops: tuple[Callable[[], None], ...] = (), what: str = "") -> storage.FioResult:
+                run: Callable[[], tuple[FioResult, list[FioResult]]],
+                drops: tuple[Callable[[], None], ...] = (), what: str = "") -> FioResult:
     """`t` on `side` as one job of N processes (an MPI job: `run` returns its aggregate and each rank's figures):
     one row per rank, and the run's row with the job's own aggregate (not their sum: the job's bytes over its whole
     window), with the host disk's counters over that window."""

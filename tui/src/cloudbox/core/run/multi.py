@@ -24,7 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import paths
-from ..bench import mpiio, nettests, storage
+from ..bench import fio, iozone, mpiio, nettests
+from ..bench.result import FioResult
+from ..bench.runners import GuestRunner, HostRunner, drop_host_caches, guest_timeout, needs_fill
 from ..disks import backing, claims
 from ..disks.diskstats import Sample, Sampler
 from ..disks.hostraid import problem as raid_problem
@@ -288,18 +290,18 @@ def baseline_many(ctx: RunContext) -> None:
     files = [claim_baseline_file(ctx, store) for store in ctx.backings]
     targets = [c.tool_path if c is not None else s.baseline_target for c, s in zip(files, ctx.backings, strict=True)]
     sink.step(f"bare metal: storage tests, {counted(ctx.spec.guests, 'process', 'processes')} at once", side="baseline")
-    if storage.needs_fill(tests):
+    if needs_fill(tests):
         sink.step("bare metal: laying down data for read tests", side="baseline")
         for claim, target in zip(files, targets, strict=True):
-            on_claimed(claim, ctx.size, storage.HostRunner(ctx.control.cancelled).fill, target, ctx.size)
-    for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+            on_claimed(claim, ctx.size, HostRunner(ctx.control.cancelled).fill, target, ctx.size)
+    for t, lay in zip(tests, iozone.iozone_fills(tests), strict=True):
         if t.tool == catalogue.MPI_TOOL:
             _host_mpi(ctx, t, targets)
             continue
         if lay:
             sink.step(f"bare metal: laying down IOzone's data for {t.id}", side="baseline")
             for claim, target in zip(files, targets, strict=True):
-                on_claimed(claim, ctx.size, storage.HostRunner(ctx.control.cancelled).fill_iozone, t, target,
+                on_claimed(claim, ctx.size, HostRunner(ctx.control.cancelled).fill_iozone, t, target,
                            ctx.size)
         # a spread run's places start bare metal at one instant too (a shared export sees them all at once)
         at = hold.wait(ctx, t.id, len(ctx.backings), side="baseline") if ctx.spec.hold else None
@@ -341,10 +343,10 @@ def _host_mpi(ctx: RunContext, t: catalogue.StorageTest, targets: list[str]) -> 
         parts = {ph: [mpiio.argv(t, target, ctx.size, n, ph, local=True) for target in targets]
                  for ph in ("write", "read")}
 
-    def run() -> tuple[storage.FioResult, list[storage.FioResult]]:
+    def run() -> tuple[FioResult, list[FioResult]]:
         try:
             out = mpiio.run_on_host(root, parts["write"], ctx.control.cancelled, ctx.work_dir)
-            storage.drop_host_caches()
+            drop_host_caches()
             out += mpiio.run_on_host(root, parts["read"], ctx.control.cancelled, ctx.work_dir)
         finally:
             if shared is not None:
@@ -355,7 +357,7 @@ def _host_mpi(ctx: RunContext, t: catalogue.StorageTest, targets: list[str]) -> 
     storage_job(ctx, "baseline", t, run)
 
 
-def _guests_mpi(ctx: RunContext, t: catalogue.StorageTest, runners: list[storage.GuestRunner], disks: list[str],
+def _guests_mpi(ctx: RunContext, t: catalogue.StorageTest, runners: list[GuestRunner], disks: list[str],
                 interface: str) -> None:
     """`t` as MPI jobs across the guests, mpirun in the first: a write job, every cache dropped, a read job. On the
     shared export one file (or a file each) there; else each rank on its own guest's disk. The ranks must have run
@@ -371,15 +373,15 @@ def _guests_mpi(ctx: RunContext, t: catalogue.StorageTest, runners: list[storage
 
     def job(phase: str) -> str:
         argv = mpiio.mpirun_argv(hosts, mpiio.argv(t, path, ctx.size, n, phase, local=local), interface)
-        r = g1.run(argv, timeout=storage.guest_timeout(t, ctx.size), poll=ctx.control.check)
+        r = g1.run(argv, timeout=guest_timeout(t, ctx.size), poll=ctx.control.check)
         if r.exitcode != 0:
             raise GuestError(f"mpirun ({t.id}, {phase}) in {g1.name} exited {r.exitcode}: "
                              f"{(r.stdout + r.stderr).strip()[-600:]}")
         return r.stdout
 
-    def run() -> tuple[storage.FioResult, list[storage.FioResult]]:
+    def run() -> tuple[FioResult, list[FioResult]]:
         out = job("write")
-        storage.drop_host_caches()
+        drop_host_caches()
         for drop in drops:
             drop()
         out += job("read")
@@ -401,7 +403,7 @@ def _host_part(ctx: RunContext, t: catalogue.StorageTest, target: str, k: int, a
     if at is not None:
         time.sleep(max(0.0, at - time.time()))
     start = time.time()
-    res = storage.HostRunner(cancelled).run(t, target, ctx.size, ctx.runtime, progress)
+    res = HostRunner(cancelled).run(t, target, ctx.size, ctx.runtime, progress)
     return Ran(res, start, time.time())
 
 
@@ -466,7 +468,7 @@ def guests_storage(ctx: RunContext) -> None:
     if not ctx.spec.wants_storage:
         return
     tests = catalogue.resolve_tests(ctx.spec.storage_tests)
-    runners = [storage.GuestRunner(g, ctx.control.cancelled) for g in ctx.many]
+    runners = [GuestRunner(g, ctx.control.cancelled) for g in ctx.many]
     for gr in runners:
         gr.check_tools(tests)
     links: list[tuple[str, str]] = []  # each guest's (NIC, address) on the bridge
@@ -483,11 +485,11 @@ def guests_storage(ctx: RunContext) -> None:
                              lambda g, script: g.sh(script, timeout=60).check().stdout)
     ctx.sink.log("guest benchmark disks: " + ", ".join(f"{g.name} {d}" for g, d in zip(ctx.many, disks, strict=True)))
     ctx.sink.step(f"guest: storage tests, {counted(len(runners), 'guest')} at once", side="guest")
-    if storage.needs_fill(tests):
+    if needs_fill(tests):
         ctx.sink.step("guest: laying down data for read tests, in every guest", side="guest")
         for gr, disk in zip(runners, disks, strict=True):
             gr.fill(disk, ctx.size)
-    for t, lay in zip(tests, storage.iozone_fills(tests), strict=True):
+    for t, lay in zip(tests, iozone.iozone_fills(tests), strict=True):
         if t.tool == catalogue.MPI_TOOL:
             _guests_mpi(ctx, t, runners, disks, links[0][0])
             continue
@@ -497,7 +499,7 @@ def guests_storage(ctx: RunContext) -> None:
         if lay:
             ctx.sink.step(f"guest: laying down IOzone's data for {t.id}, in every guest", side="guest")
             for gr, disk in zip(runners, disks, strict=True):
-                gr.fill_iozone(t, disk, ctx.size, timeout=storage.guest_timeout(t, ctx.size))
+                gr.fill_iozone(t, disk, ctx.size, timeout=guest_timeout(t, ctx.size))
         offsets = _read_clocks(ctx, runners)
         at = hold.wait(ctx, t.id, len(runners)) if ctx.spec.hold else time.time() + BARRIER_LEAD_S
         jobs = [functools.partial(_guest_part, ctx, t, gr, disk, at, offset, k)
@@ -522,7 +524,7 @@ FIO_SERVER_PORT = 8765  # fio's own default, on each guest's bridge address only
 FIO_SERVER_PID = "/run/cloudbox-fio-server.pid"
 
 
-def _guests_fio_cs(ctx: RunContext, t: catalogue.StorageTest, runners: list[storage.GuestRunner], disks: list[str],
+def _guests_fio_cs(ctx: RunContext, t: catalogue.StorageTest, runners: list[GuestRunner], disks: list[str],
                    ips: list[str]) -> None:
     """`t` through fio's own client/server mode: a `fio --server` in every guest on its bridge address, and in the
     first guest one `fio --client` that sends each server its job (on that guest's own disk, or its own file on the
@@ -543,22 +545,22 @@ def _guests_fio_cs(ctx: RunContext, t: catalogue.StorageTest, runners: list[stor
     argv = ["fio", "--output-format=json"]
     for path, disk, ip in zip(files, disks, ips, strict=True):
         g1.run(["/bin/sh", "-c", 'printf "%s" "$1" > "$2"', "sh",
-                storage.fio_job_file(t, disk, ctx.size, ctx.runtime), path], timeout=30, check=True)
+                fio.fio_job_file(t, disk, ctx.size, ctx.runtime), path], timeout=30, check=True)
         argv += [f"--client=ip:{ip},{FIO_SERVER_PORT}", path]
 
-    def run() -> tuple[storage.FioResult, list[storage.FioResult]]:
-        r = g1.run(argv, timeout=storage.guest_timeout(t, ctx.size), poll=ctx.control.check)
+    def run() -> tuple[FioResult, list[FioResult]]:
+        r = g1.run(argv, timeout=guest_timeout(t, ctx.size), poll=ctx.control.check)
         if r.exitcode != 0:
             raise GuestError(f"fio --client ({t.id}) in {g1.name} exited {r.exitcode}: "
                              f"{(r.stdout + r.stderr).strip()[-600:]}")
-        return storage.parse_fio_clients(t.id, r.stdout, ips)
+        return fio.parse_fio_clients(t.id, r.stdout, ips)
 
     storage_job(ctx, "guest", t, run, tuple(gr.drop_caches for gr in runners),
                 what=f"fio --client in {g1.name}, a fio --server in each of {n} guests")
     stop()
 
 
-def _assemble_raids(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[str]:
+def _assemble_raids(ctx: RunContext, runners: list[GuestRunner]) -> list[str]:
     """Each guest stripes its own disk.count disks (RAID 0, mdadm --build); the arrays, each kept in its guest's
     record (the first also as the run's, as a single guest's is)."""
     d, info = ctx.profile.disk, ctx.provenance.guests
@@ -579,7 +581,7 @@ def _assemble_raids(ctx: RunContext, runners: list[storage.GuestRunner]) -> list
     return devices
 
 
-def _stop_raids(ctx: RunContext, runners: list[storage.GuestRunner]) -> None:
+def _stop_raids(ctx: RunContext, runners: list[GuestRunner]) -> None:
     """What each guest's members had written after the tests, kept; every array stopped."""
     info = ctx.provenance.guests
     assert info is not None
@@ -592,7 +594,7 @@ def _stop_raids(ctx: RunContext, runners: list[storage.GuestRunner]) -> None:
     ctx.save_provenance()
 
 
-def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> tuple[list[str], list[tuple[str, str]]]:
+def _mount_export(ctx: RunContext, runners: list[GuestRunner]) -> tuple[list[str], list[tuple[str, str]]]:
     """Every guest's NIC configured and the export mounted in it; each guest's own test file there, and its NIC and
     address."""
     v = ctx.volume
@@ -618,7 +620,7 @@ def _mount_export(ctx: RunContext, runners: list[storage.GuestRunner]) -> tuple[
     return files, links
 
 
-def _read_clocks(ctx: RunContext, runners: list[storage.GuestRunner]) -> list[float]:
+def _read_clocks(ctx: RunContext, runners: list[GuestRunner]) -> list[float]:
     """Each guest's uptime clock against the host's, kept in the provenance; the offsets, in the guests' order."""
     info = ctx.provenance.guests
     assert info is not None
@@ -639,12 +641,12 @@ def _record_skew(ctx: RunContext, test: str, starts: list[float]) -> None:
     ctx.sink.log(f"{test}: start skew {info.skew_s[test] * 1000:.0f} ms over {counted(len(starts), 'guest')}")
 
 
-def _guest_part(ctx: RunContext, t: catalogue.StorageTest, gr: storage.GuestRunner, disk: str, at: float,
+def _guest_part(ctx: RunContext, t: catalogue.StorageTest, gr: GuestRunner, disk: str, at: float,
                 offset: float, k: int, cancelled: Callable[[], bool]) -> Ran:
-    runner = storage.GuestRunner(gr.guest, cancelled)
+    runner = GuestRunner(gr.guest, cancelled)
     progress = ctx.sink.progress("guest", t.id, k)
     try:
-        res = runner.run(t, disk, ctx.size, ctx.runtime, progress, timeout=storage.guest_timeout(t, ctx.size),
+        res = runner.run(t, disk, ctx.size, ctx.runtime, progress, timeout=guest_timeout(t, ctx.size),
                          start_uptime=at - offset)
     except GuestUnreachable:
         if not cancelled():  # the first guest to fail: the run's reason quotes its console
@@ -679,7 +681,7 @@ def guests_network(ctx: RunContext) -> None:
         sink.log(f"MTU {mtu} verified end to end (guest {g.name} {nic} {ip} -> bridge {hostnet.bridge} "
                  f"{hostnet.host_ip})")
         links.append(network.GuestLink(g, nic, hostnet.host_ip, hostnet.bridge, mtu))
-    runners = [storage.GuestRunner(g, control.cancelled) for g in ctx.many]
+    runners = [GuestRunner(g, control.cancelled) for g in ctx.many]
     bare_labels = [*host_labels(ctx.labels, dom0=ctx.dom0), "veth-netns"]
     ports: dict[str, tuple[list[int], list[int]]] = {}
     for nt in resolve_net_tests(ctx.spec.net_tests):
@@ -698,7 +700,7 @@ def guests_network(ctx: RunContext) -> None:
 
 
 def _guests_net_many(ctx: RunContext, nt: catalogue.NetTest, links: list[network.GuestLink], ports: list[int],
-                     runners: list[storage.GuestRunner]) -> None:
+                     runners: list[GuestRunner]) -> None:
     """`nt` in every guest at once through the barrier (a spread run's part: at the front-end's instant), guest k
     against ports[k - 1]; the start skew kept."""
     offsets = _read_clocks(ctx, runners)
@@ -723,7 +725,7 @@ def _host_net_many(ctx: RunContext, nt: catalogue.NetTest, ports: list[int], lab
 
 
 def _to_front_end(ctx: RunContext, nt: catalogue.NetTest, links: list[network.GuestLink],
-                  runners: list[storage.GuestRunner]) -> None:
+                  runners: list[GuestRunner]) -> None:
     """A back-end's run for the front-end: `nt` from every guest to the front-end's servers at once, through the
     barrier, then from this host's N clients at once (the private network's own baseline)."""
     spec, n = ctx.spec, len(links)

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from .. import paths
-from ..bench import propagation, storage
+from ..bench import propagation, runners
 from ..bench.propagation import BOOT, COPY, TOTAL
 from ..disks import backing
 from ..record.events import MeasurementEvent, ProgressEvent
@@ -84,7 +84,7 @@ def provision(ctx: RunContext, i: int, source: Path, size: int, step: str, of: i
     number = step.rpartition("#")[2]
     sink.step(f"propagation: {propagation.size_text(size)} image, sample {number} of {of}", side="guest", test=step)
     labels = list(ctx.labels)
-    if not storage.drop_host_caches():
+    if not runners.drop_host_caches():
         labels.append("warm-cache")
     instance = ctx.work_dir / f"instance-{i}.raw"  # removed with the work directory if the run stops here
     started = time.time()

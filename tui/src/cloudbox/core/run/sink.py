@@ -40,9 +40,8 @@ class EventSink:
         self.emit(LogEvent(text))
 
     def progress(self, side: str, test: str, instance: int | None = None) -> Callable[[dict[str, Any]], None]:
-        """The progress callback of a test's runner (core.bench.storage, core.virt.network: pct, mbps, eta); `instance`:
-        which
-        of N guests (or bare-metal processes) at once it is."""
+        """The progress callback of a test's runner (core.bench.runners, core.bench.nettests: pct, mbps, eta);
+        `instance`: which of N guests (or bare-metal processes) at once it is."""
         return lambda p: self.emit(ProgressEvent.from_payload({**p, "side": side, "test": test, "instance": instance}))
 
     def sample(self, ev: SampleEvent) -> None:

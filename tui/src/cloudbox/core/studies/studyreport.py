@@ -20,7 +20,7 @@ from html import escape
 
 from markdown_it import MarkdownIt
 
-from ..bench import propagation, storage
+from ..bench import bonnie, iozone, propagation
 from ..bench.propagation import Fit, NoFit
 from ..inputs import printable
 from ..record.fairness import spread
@@ -221,15 +221,15 @@ def file_sweep_table(ev: Evidence, cells: Sequence[Cell]) -> list[str]:
     what = "file and record size" if grid else "file size"
     out = [f"Each {what} of the sweep, each side of the cell's run (MB/s; \"-\": not stored):", "",
            "| configuration | run | file | " + ("records | " if grid else "")
-           + " | ".join(storage.IOZONE_FILE_PASSES) + " |",
-           "|---|---|---:|" + "---:|" * (len(storage.IOZONE_FILE_PASSES) + grid)]
+           + " | ".join(iozone.IOZONE_FILE_PASSES) + " |",
+           "|---|---|---:|" + "---:|" * (len(iozone.IOZONE_FILE_PASSES) + grid)]
     for cell in cells:
         for side, figs in _sides(ev, cell):
-            for kib, rec in storage.iozone_sweep_cells(figs):
-                vals = [value_text(figs.get(storage.iozone_file_metric(p, kib, rec)), "MB/s")
-                        for p in storage.IOZONE_FILE_PASSES]
-                records = [storage.kib_text(rec) if rec else "-"] if grid else []
-                out.append("| " + " | ".join(_md(x) for x in [side, f"#{cell.run_id}", storage.kib_text(kib),
+            for kib, rec in iozone.iozone_sweep_cells(figs):
+                vals = [value_text(figs.get(iozone.iozone_file_metric(p, kib, rec)), "MB/s")
+                        for p in iozone.IOZONE_FILE_PASSES]
+                records = [iozone.kib_text(rec) if rec else "-"] if grid else []
+                out.append("| " + " | ".join(_md(x) for x in [side, f"#{cell.run_id}", iozone.kib_text(kib),
                                                                *records, *vals]) + " |")
     out.append("")
     return out
@@ -249,7 +249,7 @@ def bonnie_table(ev: Evidence, cells: Sequence[Cell]) -> list[str]:
     file creations and deletions per second, and the seconds its whole run took."""
     names = {"MB/s": "write MB/s", "creates/s": "creates/s", "deletes/s": "deletes/s",
              "random creates/s": "random creates/s", "random deletes/s": "random deletes/s"}
-    cols = list(storage.BONNIE_METRICS)
+    cols = list(bonnie.BONNIE_METRICS)
     out = ["Bonnie++'s figures, each side of the cell's run (\"-\": a pass Bonnie++ could not time, which it "
            "prints as \"+++++\" when it takes under half a second, as small files through a page cache can):", "",
            "| configuration | run | " + " | ".join(names.get(c, c) for c in cols) + " |",
@@ -971,17 +971,17 @@ def _ramp(i: int, n: int) -> str:
 def iozone_lines(test: str, figs: dict[str, float]) -> list[Line]:
     """One side's lines of an IOzone sweep's plot: a file sweep's four passes, or the grid's write pass per record
     size, each as MB/s by file size (the points the side stored)."""
-    cells = storage.iozone_sweep_cells(figs)
+    cells = iozone.iozone_sweep_cells(figs)
 
     def points(passname: str, record: int | None) -> list[tuple[int, float]]:
         return [(kib, figs[m]) for kib, rec in cells if rec == record
-                and (m := storage.iozone_file_metric(passname, kib, rec)) in figs]
+                and (m := iozone.iozone_file_metric(passname, kib, rec)) in figs]
 
     if test in catalogue.IOZONE_GRIDS:
         records = sorted({rec for _, rec in cells if rec})
-        return [(f"{storage.kib_text(rec)} records", _ramp(i, len(records)), points("write", rec))
+        return [(f"{iozone.kib_text(rec)} records", _ramp(i, len(records)), points("write", rec))
                 for i, rec in enumerate(records)]
-    return [(p, PASS_COLOURS[p], pts) for p in storage.IOZONE_FILE_PASSES if (pts := points(p, None))]
+    return [(p, PASS_COLOURS[p], pts) for p in iozone.IOZONE_FILE_PASSES if (pts := points(p, None))]
 
 
 def iozone_svg(heading: str, lines: Sequence[Line]) -> str:
@@ -1008,7 +1008,7 @@ def iozone_svg(heading: str, lines: Sequence[Line]) -> str:
     step = max(1, math.ceil(len(files) / 6))  # at most six labels under the axis
     for kib in files[::step]:
         x, _ = xy(kib, 0.0)
-        parts.append(f'<text x="{x:.1f}" y="{y0 + 14}" text-anchor="middle">{storage.kib_text(kib)}</text>')
+        parts.append(f'<text x="{x:.1f}" y="{y0 + 14}" text-anchor="middle">{iozone.kib_text(kib)}</text>')
     for i, (label, colour, pts) in enumerate(lines):
         where = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(k, v) for k, v in pts))
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{where}">'
@@ -1016,7 +1016,7 @@ def iozone_svg(heading: str, lines: Sequence[Line]) -> str:
         for k, v in pts:
             x, y = xy(k, v)
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{colour}"><title>{escape(label)}, '
-                         f"{storage.kib_text(k)} file: {value_text(v, 'MB/s')} MB/s</title></circle>")
+                         f"{iozone.kib_text(k)} file: {value_text(v, 'MB/s')} MB/s</title></circle>")
         ly = IOZ_PAD + 14 * i
         parts.append(f'<line x1="{IOZ_W - IOZ_LEGEND}" y1="{ly - 3}" x2="{IOZ_W - IOZ_LEGEND + 14}" y2="{ly - 3}" '
                      f'stroke="{colour}" stroke-width="2"/><text x="{IOZ_W - IOZ_LEGEND + 18}" y="{ly}">'
