@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from ..errors import CloudboxError
-from ..spec.catalogue import IOZONE_GRID, TESTS, StorageTest, block_bytes
+from ..spec.catalogue import IOZONE_GRID, IOZONE_SWEEPS, TESTS, StorageTest, block_bytes
 from .result import MB, FioResult
 
 
@@ -123,3 +123,15 @@ def iozone_version(text: str) -> str:
     """"3.489" from `iozone -v`'s "Version $Revision: 3.489 $" line, "" when not there."""
     m = re.search(r"Version \$Revision: ([\d.]+)", text)
     return m[1] if m else ""
+
+
+def iozone_test_args(t: StorageTest, target: str, size: int) -> list[str]:
+    """IOzone's command line for `t`: automatic mode for a sweep (iozone_files_args), else one pass (iozone_args)."""
+    return (iozone_files_args if t.tool in IOZONE_SWEEPS else iozone_args)(t, target, size)
+
+
+def parse_iozone_test(t: StorageTest, text: str) -> FioResult:
+    """IOzone's output for `t`: a sweep's rows (parse_iozone_files), else one pass's row (parse_iozone)."""
+    if t.tool in IOZONE_SWEEPS:
+        return parse_iozone_files(t.id, text, grid=t.tool == IOZONE_GRID)
+    return parse_iozone(t.id, text, "write" if t.writes else "read")

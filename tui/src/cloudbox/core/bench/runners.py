@@ -21,13 +21,13 @@ from .. import procs
 from ..disks.hostraid import mdstat_array
 from ..disks.mounts import umount
 from ..errors import Aborted, CloudboxError, GuestError
-from ..spec.catalogue import IOZONE_GRID, IOZONE_SWEEPS, IOZONE_TOOLS, MPI_TOOL, TESTS, StorageTest, block_bytes
+from ..spec.catalogue import IOZONE_GRID, IOZONE_TOOLS, MPI_TOOL, TESTS, StorageTest, block_bytes
 from .barrier import barrier_script, read_start_stamp
 from .bonnie import MKFS_EXT4, bonnie_args, bonnie_guest_script, parse_bonnie
 from .dd import dd_args, parse_dd, timed_dd_script
 from .diskwatch import watched_sh
 from .fio import fio_args, is_nbd_uri, parse_eta, parse_fio
-from .iozone import iozone_args, iozone_files_args, iozone_grid_records, iozone_writer, parse_iozone, parse_iozone_files
+from .iozone import iozone_grid_records, iozone_test_args, iozone_writer, parse_iozone_test
 from .result import FioResult
 
 GUEST_TIMEOUT = 3600.0  # seconds a guest's test may run before it counts as hung
@@ -148,15 +148,12 @@ class HostRunner:
     def _iozone(self, t: StorageTest, target: str, size: int) -> FioResult:
         if is_nbd_uri(target):
             raise CloudboxError(f"{t.id}: IOzone cannot open a volume served over NBD ({target}); the fio tests can")
-        sweep = t.tool in IOZONE_SWEEPS
-        proc = subprocess.Popen((iozone_files_args if sweep else iozone_args)(t, target, size),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(iozone_test_args(t, target, size), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
         out, _ = procs.wait_cancellable(proc, self.cancelled, "a bare-metal iozone run")
         if proc.returncode != 0:
             raise CloudboxError(f"bare-metal iozone ({t.id}) exited {proc.returncode}: {out.strip()[-400:]}")
-        if sweep:
-            return parse_iozone_files(t.id, out, grid=t.tool == IOZONE_GRID)
-        return parse_iozone(t.id, out, "write" if t.writes else "read")
+        return parse_iozone_test(t, out)
 
     def _fio(self, t: StorageTest, args: list[str], progress: ProgressFn) -> FioResult:
         import tempfile
@@ -289,20 +286,13 @@ class GuestRunner:
             if r.exitcode != 0:
                 raise GuestError(f"dd ({t.id}) in the guest exited {r.exitcode}: {r.stderr.strip()[-300:]}")
             res = parse_dd(t.id, r.stderr)
-        elif t.tool == "iozone":
-            r = self._test_sh(t, hold + " ".join(shlex.quote(a) for a in iozone_args(t, target, size)), timeout=timeout,
+        elif t.tool in IOZONE_TOOLS:
+            r = self._test_sh(t, hold + shlex.join(iozone_test_args(t, target, size)), timeout=timeout,
                               poll=self._check_cancel)
             if r.exitcode != 0:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
-            res = parse_iozone(t.id, r.stdout, "write" if t.writes else "read")
-        elif t.tool in IOZONE_SWEEPS:
-            r = self._test_sh(t, hold + " ".join(shlex.quote(a) for a in iozone_files_args(t, target, size)),
-                              timeout=timeout, poll=self._check_cancel)
-            if r.exitcode != 0:
-                raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
-                                 f"{(r.stdout + r.stderr).strip()[-400:]}")
-            res = parse_iozone_files(t.id, r.stdout, grid=t.tool == IOZONE_GRID)
+            res = parse_iozone_test(t, r.stdout)
         elif t.tool == "bonnie":
             r = self._test_sh(t, hold + bonnie_guest_script(target, size), timeout=timeout, poll=self._check_cancel)
             if r.exitcode != 0:

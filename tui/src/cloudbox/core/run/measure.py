@@ -55,20 +55,33 @@ def _host_metrics(device: str | None, c0: Counters | None) -> dict[str, float | 
             "host_util": d.util}
 
 
+def _in_window(ctx: RunContext, side: str, t: catalogue.StorageTest, step: str,
+               work: Callable[[], T]) -> tuple[T, float, float, dict[str, float | None]]:
+    """`work` as `t`'s step on `side`, the run's current test meanwhile: what it returned, its window in host time, and
+    the host disk's metrics over that window."""
+    ctx.current_test = f"{side}:{t.id}"
+    ctx.sink.step(step, side=side, test=t.id)
+    device, c0 = _disk_counters(ctx)
+    start = time.time()
+    out = work()
+    end = time.time()
+    ctx.current_test = "idle"
+    return out, start, end, _host_metrics(device, c0)
+
+
+def _rounded(host: dict[str, float | None]) -> tuple[float | None, float | None, float | None, float | None]:
+    """The host disk's metrics as a MeasurementEvent carries them: HOST_METRICS in order, to two decimals."""
+    r = {k: None if v is None else round(v, 2) for k, v in host.items()}
+    return r["host_mbps"], r["host_avgrq_sectors"], r["host_avgqu"], r["host_util"]
+
+
 def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Callable[[], FioResult],
                  guest_drop: Callable[[], None] = lambda: None, note: str = "", labels: Sequence[str] = ()) -> None:
     """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache).
     `note` (why it was measured again) goes into the raw output; `labels` (how this test was measured) join the
     run's."""
     tl = [*_test_labels_after_drops(ctx, side, t, (guest_drop,)), *labels]
-    ctx.current_test = f"{side}:{t.id}"
-    ctx.sink.step(f"{side}: {t.id}", side=side, test=t.id)
-    device, c0 = _disk_counters(ctx)
-    start = time.time()
-    res = run()
-    end = time.time()
-    ctx.current_test = "idle"
-    host = _host_metrics(device, c0)
+    res, start, end, host = _in_window(ctx, side, t, f"{side}: {t.id}", run)
 
     def record(metric: str, value: float, raw: str) -> None:
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
@@ -83,10 +96,9 @@ def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Call
     if t.timed:
         record("IOPS", res.iops, "")
         record("lat_us", res.lat_us, "")
-    hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
     if not math.isnan(res.mbps):
         ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(res.mbps, 2), tuple(tl), round(res.iops, 1),
-                                       hr["host_mbps"], hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+                                       *_rounded(host)))
 
 
 def measured(res: FioResult) -> list[tuple[str, float]]:
@@ -94,6 +106,17 @@ def measured(res: FioResult) -> list[tuple[str, float]]:
     what the tool could not time (NaN, None: Bonnie++'s "+++++")."""
     rows = [("MB/s", res.mbps), *res.extra.items()]
     return [(m, v) for m, v in rows if v is not None and not math.isnan(v)]
+
+
+def _net_raw(res: nettests.NetResult, notes: Sequence[str] = ()) -> str:
+    """`res`'s raw output with "# cloudbox:" lines after it: a retry after hangs (the run's log says what was seen; the
+    measurement keeps that it is a retry), then the result's notes and `notes`."""
+    raw = res.raw
+    if res.hung:
+        raw += f"\n# cloudbox: measured on attempt {res.hung + 1}; {res.hung} before it hung and was killed\n"
+    for n in [*res.notes, *notes]:
+        raw += f"# cloudbox: {n}\n"
+    return raw
 
 
 def net_test(ctx: RunContext, side: str, t: catalogue.NetTest, run: Callable[[], nettests.NetResult],
@@ -105,11 +128,7 @@ def net_test(ctx: RunContext, side: str, t: catalogue.NetTest, run: Callable[[],
     res = run()
     end = time.time()
     tl = list(dict.fromkeys(labels))
-    raw = res.raw
-    if res.hung:  # the run's log says what was seen; the measurement keeps that it is a retry
-        raw += f"\n# cloudbox: measured on attempt {res.hung + 1}; {res.hung} before it hung and was killed\n"
-    for n in [*res.notes, *([note] if note else [])]:
-        raw += f"# cloudbox: {n}\n"
+    raw = _net_raw(res, [note] if note else [])
 
     def record(metric: str, value: float, raw: str) -> None:
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
@@ -138,12 +157,7 @@ def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
     instance, and the run's row: the sum of their MB/s and IOPS, their mean latency, the host disk's counters over
     the whole window. Any instance failing (or the run cancelled) stops the others and fails the test."""
     tl = _test_labels_after_drops(ctx, side, t, drops)
-    ctx.current_test = f"{side}:{t.id}"
-    ctx.sink.step(f"{side}: {t.id} ({len(runs)} at once)", side=side, test=t.id)
-    device, c0 = _disk_counters(ctx)
-    parts = together(ctx, runs)
-    ctx.current_test = "idle"
-    host = _host_metrics(device, c0)
+    parts, _, _, host = _in_window(ctx, side, t, f"{side}: {t.id} ({len(runs)} at once)", lambda: together(ctx, runs))
 
     def record(metric: str, value: float, raw: str, start: float, end: float, instance: int | None,
                metrics: dict[str, float | None]) -> None:
@@ -169,10 +183,8 @@ def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
     for k, p in enumerate(parts, 1):
         ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(p.result.mbps, 2), tuple(tl),
                                        round(p.result.iops, 1), instance=k))
-    hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
     ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(mbps, 2), tuple(tl),
-                                   round(sum(p.result.iops for p in parts), 1), hr["host_mbps"],
-                                   hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+                                   round(sum(p.result.iops for p in parts), 1), *_rounded(host)))
     return parts
 
 
@@ -183,15 +195,9 @@ def storage_job(ctx: RunContext, side: str, t: catalogue.StorageTest,
     one row per rank, and the run's row with the job's own aggregate (not their sum: the job's bytes over its whole
     window), with the host disk's counters over that window."""
     tl = _test_labels_after_drops(ctx, side, t, drops)
-    ctx.current_test = f"{side}:{t.id}"
     ranks_note = f"{ctx.spec.guests} ranks" if side == "baseline" else f"{ctx.spec.guests} guests"
-    ctx.sink.step(f"{side}: {t.id} ({what or f'one MPI job, {ranks_note}'})", side=side, test=t.id)
-    device, c0 = _disk_counters(ctx)
-    start = time.time()
-    total, ranks = run()
-    end = time.time()
-    ctx.current_test = "idle"
-    host = _host_metrics(device, c0)
+    step = f"{side}: {t.id} ({what or f'one MPI job, {ranks_note}'})"
+    (total, ranks), start, end, host = _in_window(ctx, side, t, step, run)
     none = dict.fromkeys(host)
     for k, r in enumerate(ranks, 1):
         for metric, value in measured(r):
@@ -204,9 +210,7 @@ def storage_job(ctx: RunContext, side: str, t: catalogue.StorageTest,
         raw = ""
     for k, r in enumerate(ranks, 1):
         ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(r.mbps, 2), tuple(tl), instance=k))
-    hr = {k: None if v is None else round(v, 2) for k, v in host.items()}
-    ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(total.mbps, 2), tuple(tl), None, hr["host_mbps"],
-                                   hr["host_avgrq_sectors"], hr["host_avgqu"], hr["host_util"]))
+    ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(total.mbps, 2), tuple(tl), None, *_rounded(host)))
     return total
 
 
@@ -237,12 +241,8 @@ def net_test_many(ctx: RunContext, side: str, t: catalogue.NetTest,
 
     rr = t.kind == "TCP_RR"
     for k, p in enumerate(parts, 1):
-        res, raw = p.result, p.result.raw
-        if res.hung:
-            raw += f"\n# cloudbox: measured on attempt {res.hung + 1}; {res.hung} before it hung and was killed\n"
-        for n in res.notes:
-            raw += f"# cloudbox: {n}\n"
-        record(res.metric, res.value, raw, p.started_at, p.finished_at, k)
+        res = p.result
+        record(res.metric, res.value, _net_raw(res), p.started_at, p.finished_at, k)
         if rr and res.lat_us is not None:
             record("lat_us", res.lat_us, "", p.started_at, p.finished_at, k)
     start, end = min(p.started_at for p in parts), max(p.finished_at for p in parts)
