@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..bench import storage
+from ..bench import fio
 
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 FIO_SECONDS = 3
@@ -209,7 +209,7 @@ def read_iops(device: str, iodepth: int, seconds: int) -> float:
                        timeout=seconds + 60)
     if r.returncode != 0:
         raise ValueError(f"fio exited {r.returncode}: {(r.stderr or r.stdout).strip()[-200:]}")
-    return storage.parse_fio(f"readiness-qd{iodepth}", r.stdout).iops
+    return fio.parse_fio(f"readiness-qd{iodepth}", r.stdout).iops
 
 
 # ------------------------------------------------------------------------------------------------- NICs
