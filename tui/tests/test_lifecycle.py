@@ -122,24 +122,22 @@ def test_a_busy_host_is_refused_before_anything_is_recorded(state):
         assert store.list_runs() == []
 
 
-def test_a_xen_profile_is_refused_before_the_accelerator_probe(state, guest_image):
+def test_a_xen_profile_is_refused_before_anything_is_recorded(state, guest_image):
     """This host is not booted into Xen: the run says so at once, naming the boot entry, before the probe boots a
-    KVM test guest."""
-    from cloudbox.core.run import runs
+    KVM test guest and before the run is recorded (core.run.preflight)."""
+    from cloudbox.core.run import preflight, runs
 
     with ResultStore() as store:
-        rid = runs.executor(RunSpec(profile="xen-default", suite="storage"), store).execute()
-        run, events = store.get_run(rid), [e.record for e in store.events_since(rid)]
-    assert run.state == "aborted"
-    assert "needs the Xen hypervisor" in run.reason and '"cloudbox on Xen" entry' in run.reason, run.reason
-    steps = [e.text for e in events if isinstance(e, StepEvent)]
-    assert "probing the accelerator" not in steps and steps[-1] == "cleaning up", steps
+        with pytest.raises(preflight.Refused) as e:
+            runs.executor(RunSpec(profile="xen-default", suite="storage"), store).execute()
+        assert store.list_runs() == []
+    assert "needs the Xen hypervisor" in str(e.value) and '"cloudbox on Xen" entry' in str(e.value)
 
 
 def test_a_pvh_profile_is_refused_on_a_xen_without_hvm_before_anything_is_made(state, guest_image, monkeypatch,
                                                                                  tmp_path):
     """On a Xen boot whose Xen offers PV only (as nested under QEMU TCG: Xen's capabilities list no hvm-*), a PVH
-    run stops at its first steps, saying why and where it runs, before the probe, libvirt or a backing store."""
+    run is refused saying why and where it runs, before the probe, libvirt, a backing store or its record."""
     from cloudbox.core.run import runs
     from cloudbox.core.virt import accel
 
@@ -148,12 +146,11 @@ def test_a_pvh_profile_is_refused_on_a_xen_without_hvm_before_anything_is_made(s
     monkeypatch.setattr(accel, "booted_into_xen", lambda *a: True)
     monkeypatch.setattr(accel, "XEN_CAPS_SYSFS", caps)
     monkeypatch.setattr(accel.xen_hvm, "__defaults__", (caps,))
+    from cloudbox.core.run import preflight
+
     with ResultStore() as store:
-        rid = runs.executor(RunSpec(profile="xen-pvh-phy", suite="storage"), store).execute()
-        run, events = store.get_run(rid), [e.record for e in store.events_since(rid)]
-    assert run.state == "aborted"
-    assert "runs a PVH guest, which needs hardware virtualization" in run.reason, run.reason
-    assert "real hardware with VT-x/AMD-V" in run.reason, run.reason
-    steps = [e.text for e in events if isinstance(e, StepEvent)]
-    made = [s for s in steps if s.startswith(("probing", "connecting", "preparing"))]
-    assert steps[-1] == "cleaning up" and not made, steps
+        with pytest.raises(preflight.Refused) as e:
+            runs.executor(RunSpec(profile="xen-pvh-phy", suite="storage"), store).execute()
+        assert store.list_runs() == []
+    assert "runs a PVH guest, which needs hardware virtualization" in str(e.value)
+    assert "real hardware with VT-x/AMD-V" in str(e.value)

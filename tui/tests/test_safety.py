@@ -117,17 +117,20 @@ def test_network_volume_is_the_volume_services(state):
 
 
 @root_only
-def test_full_disk_run_is_aborted_and_clean(state, guest_image):
+def test_a_run_that_does_not_fit_the_disk_is_refused_before_anything_is_recorded(state, guest_image):
+    from cloudbox.core.run import preflight
+
     mnt = state / "small"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], check=True)
     try:
         with ResultStore() as store:
-            rid = runs.executor(RunSpec(profile="eucalyptus-prealloc", suite="storage", size="64M",
-                                        work_dir=str(mnt)), store).execute()
-            run = store.get_run(rid)
-        assert run.state == "aborted"
-        assert "not enough free space" in run.reason and str(mnt) in run.reason
+            with pytest.raises(preflight.Refused) as e:
+                runs.executor(RunSpec(profile="eucalyptus-prealloc", suite="storage", size="64M",
+                                      work_dir=str(mnt)), store).execute()
+            assert store.list_runs() == []
+        assert "not enough free space" in str(e.value) and str(mnt) in str(e.value)
+        assert "allowed: a smaller --size, or a --work-dir with more free space" in str(e.value)
         assert list(mnt.iterdir()) == []
     finally:
         subprocess.run(["umount", str(mnt)], check=True)

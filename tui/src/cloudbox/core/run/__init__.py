@@ -1,6 +1,7 @@
 """Executing a run; it imports cluster and everything below it.
 
     runs           starting runs: the executor, detached executors, cancelling, sweeps
+    preflight      what a run needs that is checked before it is recorded: nodes, device, hypervisor, volumes, space
     lifecycle      one run from lock to final state: its row, signals, the cleanup stack
     context        one run's state as its steps share it
     sink           where a run's events go

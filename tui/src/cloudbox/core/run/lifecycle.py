@@ -23,6 +23,7 @@ from ..record.results import ResultStore
 from ..record.runlock import acquire_all, place_locks
 from ..spec.profiles import MIX, mix_hash
 from ..spec.runspec import RunSpec, parse_size
+from . import preflight
 from .context import RunContext, RunControl
 from .launch import console_note
 from .multi import run_profiles
@@ -47,9 +48,13 @@ class Execution:
         return self.control.cancelled()
 
     def execute(self) -> int:
-        """The run, start to end; its id. Bad settings and a busy host raise before anything is recorded."""
+        """The run, start to end; its id. Bad settings, what the run needs that is not there (core.run.preflight)
+        and a busy host raise before anything is recorded (a pre-created run was checked by its starter)."""
         spec, store, control, sink = self.spec, self.store, self.control, self.sink
-        spec.validate()
+        if self.run_id is None:
+            preflight.check(spec)
+        else:
+            spec.validate()
         mix = run_profiles(spec)  # checked, the guests' fit too
         profile = mix[0]  # a mixed run's first: the run-wide knobs are the same in all (core.spec.profiles.mix_problem)
         size, size_label = parse_size(spec.size, max(p.guest.memory_mib for p in mix))

@@ -27,6 +27,7 @@ from ..record.provenance import Controller, Provenance
 from ..record.results import ResultStore, pid_alive
 from ..record.runlock import check_not_busy
 from ..spec.runspec import RunSpec
+from . import preflight
 from .lifecycle import Execution
 from .local import run_local
 from .mirror import run_on_node
@@ -57,9 +58,9 @@ def check_guests_fit(spec: RunSpec) -> None:
 # ------------------------------------------------------------------------------------- detached
 def start_detached(spec: RunSpec, store: ResultStore) -> int:
     """Start the executor in its own session (it outlives the caller); returns the run id at once. What the
-    executor would refuse before recording anything (bad settings, no such profile, a busy host) is raised here."""
-    spec.validate()
-    check_guests_fit(spec)
+    executor would refuse before recording anything (bad settings, no such profile, what the run needs that is not
+    there: core.run.preflight, a busy host) is raised here."""
+    preflight.check(spec)
     check_not_busy(spec.node)
     run_id = store.create_run(uuid=uuidlib.uuid4().hex, profile_name=spec.profile, suite=spec.suite,
                               state="running", node=spec.node or platform.node(), started_at=time.time(),
