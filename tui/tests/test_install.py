@@ -26,6 +26,7 @@ from cloudbox import cli
 from cloudbox.core.errors import AnswerError, InstallError
 from cloudbox.core.install import Machine, check_answers, load_answers, make_plan, parse_answers
 from cloudbox.core.install.answers import Answers
+from cloudbox.core.install.apply import _efi_boot_file, _shim
 from cloudbox.core.install.disks import GiB, MiB, part_uuid_for
 from cloudbox.core.install.plan import Sources, adapt_entry, adapt_grub_cfg, detect_mode
 from cloudbox.core.install.unattended import cmdline_answers_path
@@ -417,6 +418,17 @@ def _fake_esp(d: Path) -> Path:
         'set timeout=0\nmenuentry "cloudbox" {\n    linux /cloudbox/6.12/vmlinuz root=PARTUUID=0000 console=ttyS0\n}\n')
     (d / "loader/random-seed").write_bytes(os.urandom(32))
     return d
+
+
+def test_a_medium_starts_through_shim_when_its_second_stage_is_beside_it(tmp_path):
+    """Secure Boot: on the cloudbox image shim is EFI/BOOT/BOOTX64.EFI and systemd-boot sits beside it as shim's
+    second stage, grubx64.efi; the installer puts that shim back after bootctl. Names match as on FAT, in any case."""
+    esp = _fake_esp(tmp_path / "esp")
+    assert _shim(esp) is None  # systemd-boot started directly: nothing to put back
+    (esp / "EFI/BOOT/grubx64.EFI").write_bytes(b"MZ" + b"\0" * 100)
+    assert _shim(esp) == esp / "EFI/BOOT/BOOTX64.EFI"
+    assert _efi_boot_file(esp, "GRUBX64.efi") == esp / "EFI/BOOT/grubx64.EFI"
+    assert _shim(tmp_path) is None  # no EFI/BOOT at all
 
 
 def _sha(path: str) -> str:

@@ -8,7 +8,8 @@ journal (/var/lib/cloudbox/install/journal.jsonl):
               a disk with the table holds complete partitions: a re-run after an interruption keeps them.
 2. mount      the installed root and ESP, in a private work directory under /run/cloudbox/install.
 3. settings   node.toml, hostname, network, root's password and SSH keys, a fresh machine id (first boot).
-4. boot-uefi  `bootctl install` on the node's ESP (and a firmware boot entry when started by UEFI).
+4. boot-uefi  `bootctl install` on the node's ESP (and a firmware boot entry when started by UEFI); a boot medium
+              that starts through shim (Secure Boot) gets its shim back on the removable-media path.
 5. boot-bios  grub-mkimage + grub-bios-setup (core image in the BIOS boot partition, boot.img in the MBR).
 6. verify     the boot files, the MBR and the settings are there; the root copy's rate is printed beside the
               disk's own sequential write rate (dd on the new root).
@@ -331,7 +332,7 @@ def apply(plan: InstallPlan, progress: Progress | None = None, *, work: Path | N
         journal.add("step-done", step="settings")
 
         say("boot-uefi", "bootctl install (systemd-boot)")
-        _boot_uefi(plan, target)
+        _boot_uefi(plan, target, src / "live-esp")
         journal.add("step-done", step="boot-uefi")
 
         say("boot-bios", f"grub-mkimage + grub-bios-setup on {plan.disk.path}")
@@ -339,7 +340,7 @@ def apply(plan: InstallPlan, progress: Progress | None = None, *, work: Path | N
         journal.add("step-done", step="boot-bios")
 
         say("verify", "checking the boot files, the MBR and the settings")
-        _verify(plan, target)
+        _verify(plan, target, src / "live-esp")
         if copied is not None:
             _copy_speed(copied, plan.sources.root, target, journal, say)
         journal.add("step-done", step="verify")
@@ -524,12 +525,34 @@ def _set_root_password(shadow: Path, field: str) -> None:
     os.chown(shadow, st.st_uid, st.st_gid)
 
 
-def _boot_uefi(plan: InstallPlan, target: Path) -> None:
+def _efi_boot_file(esp: Path, name: str) -> Path | None:
+    """EFI/BOOT/<name> on an ESP, matched as the firmware does (FAT names ignore case), or None."""
+    d = esp / "EFI" / "BOOT"
+    found = [p for p in d.iterdir() if p.name.lower() == name.lower()] if d.is_dir() else []
+    return found[0] if found else None
+
+
+def _shim(live_esp: Path) -> Path | None:
+    """The boot medium's shim: its EFI/BOOT/BOOTX64.EFI when shim's second stage (grubx64.efi: systemd-boot) is
+    beside it, as on the cloudbox image (Secure Boot); None for a medium that starts systemd-boot directly."""
+    if _efi_boot_file(live_esp, "grubx64.efi") is None:
+        return None
+    return _efi_boot_file(live_esp, "BOOTX64.EFI")
+
+
+def _boot_uefi(plan: InstallPlan, target: Path, live_esp: Path) -> None:
     # --root: bootctl takes systemd-boot from the installed tree and writes the node's own random seed. No
     # firmware boot entry (EFI variables untouched): the node boots through the removable-media path
     # EFI/BOOT/BOOTX64.EFI, which also works when the disk moves to another machine.
     _run(["bootctl", "install", f"--root={target}", "--esp-path=/efi", "--no-variables", "--no-pager",
           "--make-entry-directory=no", "--entry-token=literal:cloudbox"], "boot-uefi")
+    # bootctl puts systemd-boot on the removable-media path, which Secure Boot firmware holding only Microsoft's keys
+    # refuses (Debian signs it). The medium's shim (Microsoft-signed) goes back there; systemd-boot stays beside it as
+    # shim's second stage, EFI/BOOT/grubx64.efi, copied from the medium with the rest of its ESP.
+    shim = _shim(live_esp)
+    if shim is not None:
+        dest = _efi_boot_file(target / "efi", "BOOTX64.EFI") or target / "efi/EFI/BOOT/BOOTX64.EFI"
+        shutil.copyfile(shim, dest)
 
 
 def _boot_bios(plan: InstallPlan, target: Path, esp_dev: str, run: Path) -> None:
@@ -547,10 +570,17 @@ def _boot_bios(plan: InstallPlan, target: Path, esp_dev: str, run: Path) -> None
     _run([setup, "--directory", str(out), plan.disk.path], "boot-bios")
 
 
-def _verify(plan: InstallPlan, target: Path) -> None:
+def _verify(plan: InstallPlan, target: Path, live_esp: Path) -> None:
     missing = [p for p in ("efi/EFI/BOOT/BOOTX64.EFI", "efi/EFI/systemd/systemd-bootx64.efi",
                            "efi/grub/grub.cfg", NODE_SETTINGS, "etc/hostname")
                if not (target / p).is_file()]
+    shim = _shim(live_esp)
+    if shim is not None:
+        boot = _efi_boot_file(target / "efi", "BOOTX64.EFI")
+        if boot is None or boot.read_bytes() != shim.read_bytes():
+            missing.append("efi/EFI/BOOT/BOOTX64.EFI (the boot medium's shim)")
+        if _efi_boot_file(target / "efi", "grubx64.efi") is None:
+            missing.append("efi/EFI/BOOT/grubx64.efi (systemd-boot, shim's second stage)")
     for rel in plan.esp_overrides:
         p = target / "efi" / rel
         if not p.is_file() or p.read_text() != plan.esp_overrides[rel]:

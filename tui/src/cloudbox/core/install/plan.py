@@ -490,10 +490,13 @@ def make_plan(resolved: Resolved, sources: Sources, *, work: Path | None = None)
             if dry is not None:
                 table_source = "from systemd-repart --dry-run"
                 table = _table_from_repart(dry, table)
+    shim = any(rel.lower() == "efi/boot/grubx64.efi" for rel, _ in listing)
     boot = [
         "UEFI: systemd-boot (EFI/systemd/systemd-bootx64.efi and the removable-media path EFI/BOOT/BOOTX64.EFI), "
         "`bootctl install --root` on the node's ESP (its own random seed); no firmware boot entry is added: "
         "the firmware finds the disk by the removable-media path",
+        *(["Secure Boot: the boot medium's shim (Microsoft-signed) back on EFI/BOOT/BOOTX64.EFI after bootctl, "
+           "starting systemd-boot (Debian-signed) as EFI/BOOT/grubx64.efi"] if shim else []),
         f"legacy BIOS: grub-mkimage (i386-pc; finds the node's ESP by its file system UUID; modules "
         f"{' '.join(GRUB_MODULES)}) into the ESP's /grub/i386-pc/core.img, and grub-bios-setup: boot.img "
         f"in the protective MBR of {resolved.disk.path}, core.img in partition 2",
