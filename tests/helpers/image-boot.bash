@@ -156,6 +156,21 @@ image_esp_size() {
     MTOOLS_SKIP_CHECK=1 mcopy -n -i "$esp" "::$2" - | wc -c
 }
 
+# image_esp_put RAW FILE PATH: FILE written over PATH on the ESP of the disk image RAW (tests change copies only).
+image_esp_put() {
+    local esp
+    esp=$(image_esp "$1") || return 1
+    MTOOLS_SKIP_CHECK=1 mcopy -o -i "$esp" "$2" "::$3"
+}
+
+# image_linux_entry RAW: the path on the ESP of the Linux boot entry (systemd-boot's type-1 entry, cloudbox-<kernel>).
+image_linux_entry() {
+    local esp
+    esp=$(image_esp "$1") || return 1
+    MTOOLS_SKIP_CHECK=1 mdir -b -i "$esp" ::/loader/entries/ |
+        sed -n 's|^::\(/loader/entries/cloudbox-[0-9][^/]*\.conf\)$|\1|p' | head -1 | grep .
+}
+
 # image_xen_default SRC DST: a sparse copy of the image whose boot loaders both default to the Xen entry, as a lab
 # would pick it in the menu (later settings win in grub.cfg and loader.conf). dom0 also gets
 # systemd.default_device_timeout_sec=600: under TCG its root device can take longer than systemd's 90 s to appear.

@@ -13,6 +13,16 @@ image_ovmf_code() {
     return 1
 }
 
+# The OVMF build that enforces Secure Boot (it needs SMM) and its VARS template with Microsoft's keys enrolled, as
+# "CODE VARS". Debian 12's and 13's ovmf name them the same; their db holds Microsoft's UEFI CA 2011 and Windows
+# Production PCA 2011, not the 2023 CAs.
+image_ovmf_secboot() {
+    local code=/usr/share/OVMF/OVMF_CODE_4M.secboot.fd vars=/usr/share/OVMF/OVMF_VARS_4M.ms.fd
+    [ -r "$code" ] && [ -r "$vars" ] ||
+        { echo "no Secure Boot OVMF ($code and $vars; scripts/install-deps image installs ovmf)" >&2; return 1; }
+    echo "$code $vars"
+}
+
 # qemu_new SERIAL_LOG [--cpu MODEL] [--smp N] [--mem MIB] [--no-reboot]: a q35 machine under TCG (default -cpu max,
 # 2 vCPUs, 4096 MiB) without display or default devices, its serial console written to SERIAL_LOG.
 qemu_new() {
@@ -37,18 +47,25 @@ console_dead() {
     grep -aoE 'systemd\[1\]: Freezing execution|Kernel panic - not syncing.*' "$1" 2>/dev/null | head -1 | grep .
 }
 
-# qemu_firmware uefi VARS | bios: UEFI boots OVMF with a fresh copy of its VARS template at VARS (the machine's own
-# NVRAM); BIOS is QEMU's default SeaBIOS.
+# qemu_firmware uefi VARS | uefi-sb VARS | bios: UEFI boots OVMF with a fresh copy of its VARS template at VARS (the
+# machine's own NVRAM); uefi-sb the OVMF that enforces Secure Boot, Microsoft's keys enrolled (SMM on, its flash
+# writable only from SMM), or the keys of the template QEMU_SB_VARS names; BIOS is QEMU's default SeaBIOS.
 qemu_firmware() {
-    local code
+    local code vars
     case $1 in
         uefi)
             code=$(image_ovmf_code) || return 1
             cp "${code/CODE/VARS}" "$2" || return 1
             QEMU_ARGS+=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$code"
                         -drive "if=pflash,format=raw,unit=1,file=$2") ;;
+        uefi-sb)
+            read -r code vars < <(image_ovmf_secboot) && [ -n "$vars" ] || return 1
+            cp "${QEMU_SB_VARS:-$vars}" "$2" || return 1
+            QEMU_ARGS+=(-machine smm=on -global driver=cfi.pflash01,property=secure,value=on
+                        -drive "if=pflash,format=raw,unit=0,readonly=on,file=$code"
+                        -drive "if=pflash,format=raw,unit=1,file=$2") ;;
         bios) ;;
-        *) echo "firmware must be uefi or bios (got '$1')" >&2; return 1 ;;
+        *) echo "firmware must be uefi, uefi-sb or bios (got '$1')" >&2; return 1 ;;
     esac
 }
 
