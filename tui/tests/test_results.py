@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -118,6 +119,31 @@ def test_schema_1_database_upgrades_in_place_keeping_runs_and_measurements(tmp_p
         assert c.execute("PRAGMA foreign_key_check").fetchall() == []
         with pytest.raises(sqlite3.IntegrityError):  # the CHECK still refuses what is not a suite
             c.execute("INSERT INTO runs (uuid, suite) VALUES ('b', 'bogus')")
+
+
+CURRENT = Path(__file__).parent / "data" / "results-2026-12.db"
+
+
+def test_a_store_written_by_the_previous_release_reads_back_unchanged(tmp_path: Path):
+    """data/results-2026-12.db was written by the release before the store was split into schema, records and store
+    (commit 18855e2), and data/results-2026-12.json is what that release read from it: runs with their provenance
+    and every measurement (raw output, labels, instances), samples and events. This release reads the same, and
+    builds the same tables for the same schema version."""
+    expected = json.loads(CURRENT.with_suffix(".json").read_text())
+    copy = tmp_path / "results.db"
+    copy.write_bytes(CURRENT.read_bytes())  # opening it sets WAL mode: never on the committed file
+    with ResultStore(copy) as s:
+        assert s.schema_version == expected["user_version"]
+        assert [s.get_run(i).as_dict(raw=True) for i in s.run_ids()] == expected["runs"]
+        for i in s.run_ids():
+            assert [dataclasses.asdict(x) for x in s.samples(i)] == expected["samples"][str(i)], i
+            assert [[e.seq, e.t, e.kind, e.payload] for e in s.events_since(i)] == expected["events"][str(i)], i
+    fresh = tmp_path / "fresh.db"
+    with sqlite3.connect(fresh) as c:
+        db.migrate(c, expected["user_version"], results.MIGRATIONS, "fresh")
+    schema = "SELECT type, name, sql FROM sqlite_master ORDER BY name"
+    with sqlite3.connect(f"file:{CURRENT}?mode=ro", uri=True) as old, sqlite3.connect(fresh) as new:
+        assert new.execute(schema).fetchall() == old.execute(schema).fetchall()
 
 
 def test_not_a_database_is_a_cloudbox_error(tmp_path: Path):
