@@ -12,6 +12,7 @@ from conftest_results import PROFILE_DEFAULT, add_study_a_default, study_a_store
 
 from cloudbox.core.record.provenance import BackingInfo, PrivateNetwork, Provenance
 from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.spec import catalogue
 from cloudbox.core.views import compare
 
 
@@ -77,12 +78,12 @@ def test_layout_follows_study_a_tables(runs: list[Run]):
 def test_test_order_writes_then_reads_64k_first():
     names = ["tcp-rr", "seq-read-1m", "randread-4k-qd1", "seq-write-64k-buffered", "seq-read-64k",
              "dd-write-64k", "seq-write-1m", "randwrite-4k-qd32", "iperf3-tx", "seq-write-64k", "weird"]
-    assert sorted(names, key=compare.test_sort_key) == [
+    assert sorted(names, key=catalogue.test_sort_key) == [
         "seq-write-64k", "seq-write-64k-buffered", "dd-write-64k", "seq-write-1m", "randwrite-4k-qd32",
         "seq-read-64k", "seq-read-1m", "randread-4k-qd1", "weird", "tcp-rr", "iperf3-tx",
     ]
-    assert "page cache" in compare.test_title("seq-read-64k-buffered")
-    assert "O_DIRECT" in compare.test_title("seq-read-64k")
+    assert "page cache" in catalogue.test_title("seq-read-64k-buffered")
+    assert "O_DIRECT" in catalogue.test_title("seq-read-64k")
 
 
 def test_emulated_marker_and_footnote_in_every_rendering(runs: list[Run]):

@@ -85,7 +85,7 @@ def test_parallel_hdf5_writes_one_dataset_independently_and_collectively(layer, 
         docs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         assert all(d["api"] == "hdf5" and d["hdf5"].startswith("1.") and d["collective"] == int(collective)
                    for d in docs)
-    assert "parallel HDF5 across guests" in compare.test_title(t.id)
+    assert "parallel HDF5 across guests" in catalogue.test_title(t.id)
 
 
 def test_each_rank_on_a_target_of_its_own(layer, tmp_path):

@@ -13,11 +13,9 @@ import pytest
 
 from cloudbox.core.bench import bonnie, iozone, runners
 from cloudbox.core.errors import Aborted, CloudboxError, UsageError
-from cloudbox.core.record import results
 from cloudbox.core.run.measure import measured
 from cloudbox.core.spec import catalogue
 from cloudbox.core.spec.runspec import RunSpec
-from cloudbox.core.views import compare
 
 DATA = Path(__file__).parent / "data"
 MIB = 1 << 20
@@ -37,8 +35,8 @@ def test_bonnie_is_one_test_of_its_own_set_outside_full():
     assert not runners.needs_fill(catalogue.resolve_tests("bonnie,seq-write-64k,seq-read-64k"))
     assert iozone.iozone_fills(catalogue.resolve_tests("iozone-write-1m,bonnie,iozone-read-1m")) == [
         False, False, True]
-    assert results.is_storage_test("bonnie") and not results.is_network_test("bonnie")
-    assert compare.test_title("bonnie").startswith("Bonnie++: sequential block write")
+    assert catalogue.is_storage_test("bonnie") and not catalogue.is_network_test("bonnie")
+    assert catalogue.test_title("bonnie").startswith("Bonnie++: sequential block write")
 
 
 def test_bonnie_sizes_follow_the_runs_size():

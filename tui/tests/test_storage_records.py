@@ -13,11 +13,9 @@ import pytest
 
 from cloudbox.core.bench import fio, iozone, runners
 from cloudbox.core.errors import Aborted, CloudboxError, UsageError
-from cloudbox.core.record import results
 from cloudbox.core.spec import catalogue
 from cloudbox.core.spec.runspec import RunSpec, option
 from cloudbox.core.studies import studyreport
-from cloudbox.core.views import compare
 
 SIZES = ("4k", "16k", "64k", "256k", "1m", "4m", "16m")
 SWEEP = [f"rec-{rw}-{bs}" for bs in SIZES for rw in ("write", "read")]
@@ -82,16 +80,16 @@ def test_a_custom_size_must_hold_the_largest_record():
 
 def test_results_and_compare_name_the_sweep():
     for tid in SWEEP:
-        assert results.is_storage_test(tid) and not results.is_network_test(tid)
-        assert compare.primary_metric(tid, ["MB/s"]) == "MB/s"
-    assert compare.test_title("rec-write-4k") == (
+        assert catalogue.is_storage_test(tid) and not catalogue.is_network_test(tid)
+        assert catalogue.primary_metric(tid, ["MB/s"]) == "MB/s"
+    assert catalogue.test_title("rec-write-4k") == (
         "Write: sequential write, 4 kB records, one at a time (fio, as IOzone), O_DIRECT [rec-write-4k]")
-    assert compare.test_title("rec-read-16m") == (
+    assert catalogue.test_title("rec-read-16m") == (
         "Read: sequential read, 16 MB records, one at a time (fio, as IOzone), O_DIRECT [rec-read-16m]")
     # writes then reads; within each, after the general tests, by record size (not alphabetically: 16k after 4k)
     shuffled = ["rec-read-1m", "seq-read-64k", "rec-write-16m", "rec-write-4k", "rec-read-4k", "rec-write-16k",
                 "randwrite-4k-qd32", "rec-write-256k"]
-    assert sorted(shuffled, key=compare.test_sort_key) == [
+    assert sorted(shuffled, key=catalogue.test_sort_key) == [
         "randwrite-4k-qd32", "rec-write-4k", "rec-write-16k", "rec-write-256k", "rec-write-16m", "seq-read-64k",
         "rec-read-4k", "rec-read-1m"]
 
@@ -131,9 +129,9 @@ def test_iozone_tests_run_iozone_direct_with_its_record_and_keep_the_target():
     assert catalogue.TEST_SETS["iozone"] == ["iozone-write-64k", "iozone-read-64k", "iozone-write-1m",
                                            "iozone-read-1m", "iozone-write-16m", "iozone-read-16m"]
     assert not set(catalogue.IOZONE_TESTS) & set(catalogue.TEST_SETS["full"])
-    assert compare.test_title("iozone-read-16m") == (
+    assert catalogue.test_title("iozone-read-16m") == (
         "Read: sequential read, 16 MB records (IOzone; re-read stored beside it), O_DIRECT [iozone-read-16m]")
-    assert results.is_storage_test("iozone-write-4k")
+    assert catalogue.is_storage_test("iozone-write-4k")
 
 
 def test_iozone_row_is_read_as_kib_per_second_with_the_second_pass_beside_it():
@@ -219,8 +217,8 @@ def test_iozones_file_size_sweep_runs_automatic_mode_from_one_record_up_to_the_r
         "-f", "/dev/vda"]
     # files of twice the run's size in all, each written twice: four times a one-file pass's requests
     assert runners.guest_timeout(catalogue.TESTS["iozone-files-4k"], 2 << 30) == pytest.approx(4 * 524_288 * 0.02)
-    assert compare.test_title("iozone-files-1m").startswith("IOzone's file-size sweep, 1 MB records")
-    assert results.is_storage_test("iozone-files-16m")
+    assert catalogue.test_title("iozone-files-1m").startswith("IOzone's file-size sweep, 1 MB records")
+    assert catalogue.is_storage_test("iozone-files-16m")
 
 
 def test_the_sweeps_rows_are_read_per_file_size():
@@ -251,14 +249,14 @@ GRID_RECORDS_KIB = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 def test_the_grid_runs_automatic_mode_over_every_record_and_every_file_size():
     t = catalogue.TESTS["iozone-grid"]
     assert (t.program, t.writes, t.bs) == ("iozone", True, "16m")  # the run's size must hold its largest record
-    assert "iozone-grid" not in catalogue.TEST_SETS["full"] and results.is_storage_test("iozone-grid")
+    assert "iozone-grid" not in catalogue.TEST_SETS["full"] and catalogue.is_storage_test("iozone-grid")
     assert not runners.needs_fill([t])
     assert iozone.iozone_fills([t, catalogue.TESTS["iozone-read-16m"]]) == [False, True]
     assert [r >> 10 for r in iozone.iozone_grid_records(t)] == GRID_RECORDS_KIB
     assert iozone.iozone_files_args(t, "/dev/sda", 128 << 20) == [
         "iozone", "-a", "-i", "0", "-i", "1", "-y", "64k", "-q", "16m", "-n", "64k", "-g", "131072k", "-I", "-e", "-w",
         "-f", "/dev/sda"]
-    assert compare.test_title("iozone-grid").startswith("IOzone's automatic mode over record and file sizes")
+    assert catalogue.test_title("iozone-grid").startswith("IOzone's automatic mode over record and file sizes")
     # quick size: the hour (23 s measured in a TCG guest); study size: each record's file sweep, its writes' 4 x 2 GiB
     # in requests of a flush each (5,233 s over the nine records) and at 10 MB/s (859 s each)
     assert runners.guest_timeout(t, 128 << 20) == runners.GUEST_TIMEOUT
@@ -273,13 +271,13 @@ def test_the_4k_grid_starts_at_iozones_own_smallest_record_and_waits_for_it():
     assert [r >> 10 for r in iozone.iozone_grid_records(t)] == [4, 8, 16, 32, *GRID_RECORDS_KIB]
     assert iozone.iozone_files_args(t, "/dev/vdb", 128 << 20)[6:12] == ["-y", "4k", "-q", "16m", "-n", "4k"]
     assert all("iozone-grid-4k" not in v for v in catalogue.TEST_SETS.values())  # by name only
-    assert compare.test_title("iozone-grid-4k").startswith(
+    assert catalogue.test_title("iozone-grid-4k").startswith(
         "IOzone's automatic mode over record and file sizes, 4 kB to 16 MB records")
-    assert "64 kB to 16 MB records" in compare.test_title("iozone-grid")
+    assert "64 kB to 16 MB records" in catalogue.test_title("iozone-grid")
     # quick size: 4 x 128 MiB in 4 kB requests of 20 ms each, halving per record, and each record's bytes at 10 MB/s
     want = 0.02 * 4 * (128 << 20) / 4096 * (2 - 2**-12) + 13 * 4 * (128 << 20) / 10e6
     assert runners.guest_timeout(t, 128 << 20) == pytest.approx(want) and want > runners.GUEST_TIMEOUT
-    assert results.is_storage_test("iozone-grid-4k") and studyreport.is_iozone_sweep("iozone-grid-4k")
+    assert catalogue.is_storage_test("iozone-grid-4k") and studyreport.is_iozone_sweep("iozone-grid-4k")
 
 
 def test_the_grids_metrics_name_file_and_record_size():

@@ -35,16 +35,7 @@ from typing import Any
 from .. import db, paths
 from ..errors import CloudboxError, NotFound
 from ..procs import process_exists
-from ..spec.catalogue import (
-    FIO_CS_TESTS,
-    FRONTEND_SUFFIX,
-    IOZONE_FILE_TESTS,
-    IOZONE_GRIDS,
-    IOZONE_TESTS,
-    MPI_TESTS,
-    NET_SETS,
-    RECORD_TESTS,
-)
+from ..spec.catalogue import is_storage_test
 from . import events
 from .events import FINAL_STATES, SAMPLE_FIELDS
 from .provenance import Provenance
@@ -61,14 +52,6 @@ EMULATED_ACCELERATORS = ("tcg", "nested-kvm")
 SIDES = ("guest", "baseline")
 METRICS = ("MB/s", "IOPS", "lat_us", "Mbit/s", "trans/s")  # the views know these; others are stored as-is
 
-STORAGE_TESTS = (
-    "seq-write-64k", "seq-read-64k", "dd-write-64k", "dd-read-64k", "seq-write-1m", "seq-read-1m",
-    "randread-4k-qd1", "randwrite-4k-qd1", "randread-4k-qd32", "randwrite-4k-qd32", *RECORD_TESTS,
-    *IOZONE_TESTS, *IOZONE_FILE_TESTS, *IOZONE_GRIDS, "bonnie", *MPI_TESTS, *FIO_CS_TESTS,
-)
-# The guest's own host first, then (runs on a back-end) the same tests to the front-end ("-fe").
-NETWORK_TESTS = (*NET_SETS["both"], *(t + FRONTEND_SUFFIX for t in NET_SETS["both"]))
-BUFFERED_SUFFIX = "-buffered"
 
 DEAD_EXECUTOR_REASON = "executor died"
 
@@ -226,20 +209,6 @@ class Sample:
 # --------------------------------------------------------------------------------------------------
 # Test names
 # --------------------------------------------------------------------------------------------------
-
-
-def base_test(test: str) -> str:
-    """The test name without the '-buffered' suffix."""
-    return test[: -len(BUFFERED_SUFFIX)] if test.endswith(BUFFERED_SUFFIX) else test
-
-
-def is_storage_test(test: str) -> bool:
-    b = base_test(test)
-    return b in STORAGE_TESTS or b.startswith(("seq-", "dd-", "rand", "rec-", "iozone-"))
-
-
-def is_network_test(test: str) -> bool:
-    return test in NETWORK_TESTS or test.startswith(("tcp-", "udp-", "iperf3-"))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """The test catalogue: every storage test (fio, dd, IOzone, Bonnie++, MPI-IO, fio's client/server) and network
-test (netperf, iperf3) a run can ask for, their sets and their order. Declarations only: bench/ runs them, and
-results, compare, the studies and the CLI read them from here."""
+test (netperf, iperf3) a run can ask for, their sets, and what a stored test name is: its kind, title, order and
+primary metric. Declarations only: bench/ runs the tests, and results, compare, the studies and the CLI read them
+from here."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import CloudboxError
 
@@ -171,28 +174,202 @@ class NetTest:
     kind: str  # TCP_STREAM | TCP_MAERTS | TCP_RR | tx | rx
     metric: str
     direction: str
+    what: str = ""  # its title's words: "TCP stream, guest transmits"
+
+    @property
+    def title(self) -> str:
+        """What the tables call it: "TCP stream, guest transmits (netperf TCP_STREAM)"."""
+        how = f"netperf {self.kind}" if self.tool == "netperf" else "iperf3 -R" if self.kind == "rx" else "iperf3"
+        return f"{self.what} ({how})"
 
 
 NET_TESTS: dict[str, NetTest] = {t.id: t for t in [
-    NetTest("tcp-stream", "netperf", "TCP_STREAM", "Mbit/s", "guest -> host"),
-    NetTest("tcp-maerts", "netperf", "TCP_MAERTS", "Mbit/s", "host -> guest"),
-    NetTest("tcp-rr", "netperf", "TCP_RR", "trans/s", "request/response"),
-    NetTest("iperf3-tx", "iperf3", "tx", "Mbit/s", "guest -> host"),
-    NetTest("iperf3-rx", "iperf3", "rx", "Mbit/s", "host -> guest"),
+    NetTest("tcp-stream", "netperf", "TCP_STREAM", "Mbit/s", "guest -> host", "TCP stream, guest transmits"),
+    NetTest("tcp-maerts", "netperf", "TCP_MAERTS", "Mbit/s", "host -> guest", "TCP stream, guest receives"),
+    NetTest("tcp-rr", "netperf", "TCP_RR", "trans/s", "request/response", "TCP request/response"),
+    NetTest("iperf3-tx", "iperf3", "tx", "Mbit/s", "guest -> host", "TCP stream, guest transmits"),
+    NetTest("iperf3-rx", "iperf3", "rx", "Mbit/s", "host -> guest", "TCP stream, guest receives"),
 ]}
 
 
 FRONTEND_SUFFIX = "-fe"
 
 
-_FE_DIRECTIONS = {"guest -> host": "guest -> front-end", "host -> guest": "front-end -> guest",
-                  "request/response": "request/response with the front-end"}
+# A direction with the front-end as the far end, and the word its title joins the front-end with.
+_FE_DIRECTIONS = {"guest -> host": ("guest -> front-end", "to"), "host -> guest": ("front-end -> guest", "from"),
+                  "request/response": ("request/response with the front-end", "with")}
 
 
 def frontend_test(t: NetTest) -> NetTest:
     """The same test with the front-end as the far end (its baseline: this node's host -> the front-end)."""
-    return NetTest(t.id + FRONTEND_SUFFIX, t.tool, t.kind, t.metric, _FE_DIRECTIONS.get(t.direction, t.direction))
+    direction, word = _FE_DIRECTIONS.get(t.direction, (t.direction, "with"))
+    return NetTest(t.id + FRONTEND_SUFFIX, t.tool, t.kind, t.metric, direction, f"{t.what} {word} the front-end")
 
 
 NET_SETS = {"netperf": ["tcp-stream", "tcp-maerts", "tcp-rr"], "iperf3": ["iperf3-tx", "iperf3-rx"],
             "both": ["tcp-stream", "tcp-maerts", "tcp-rr", "iperf3-tx", "iperf3-rx"]}
+
+
+# Study B's image-propagation samples are stored as tests "propagate-<MiB>m" (core.run.propagate).
+PROPAGATE_PREFIX = "propagate-"
+
+
+# --------------------------------------------------------------------------------------------------
+# A stored test name: its kind
+# --------------------------------------------------------------------------------------------------
+
+# The guest's own host first, then (runs on a back-end) the same tests to the front-end ("-fe").
+NETWORK_TESTS = (*NET_SETS["both"], *(t + FRONTEND_SUFFIX for t in NET_SETS["both"]))
+
+
+BUFFERED_SUFFIX = "-buffered"
+
+
+def base_test(test: str) -> str:
+    """The test name without the '-buffered' suffix."""
+    return test[: -len(BUFFERED_SUFFIX)] if test.endswith(BUFFERED_SUFFIX) else test
+
+
+def is_storage_test(test: str) -> bool:
+    b = base_test(test)
+    return b in TESTS or b.startswith(("seq-", "dd-", "rand", "rec-", "iozone-"))
+
+
+def is_network_test(test: str) -> bool:
+    return test in NETWORK_TESTS or test.startswith(("tcp-", "udp-", "iperf3-"))
+
+
+def net_test(test: str) -> NetTest | None:
+    """The network test a stored name is, to the guest's own host or ("-fe") to the front-end; None if none."""
+    if test in NET_TESTS:
+        return NET_TESTS[test]
+    base = test.removesuffix(FRONTEND_SUFFIX)
+    return frontend_test(NET_TESTS[base]) if base != test and base in NET_TESTS else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Its order in the tables: storage (Study A's Table 1, then Table 2), then network
+# --------------------------------------------------------------------------------------------------
+
+_STORAGE_ORDER = ("seq-{d}-64k", "dd-{d}-64k", "seq-{d}-1m", "rand{d}-4k-qd1", "rand{d}-4k-qd32",
+                  *(f"rec-{{d}}-{bs}" for bs in RECORD_SIZES), *(f"iozone-{{d}}-{bs}" for bs in RECORD_SIZES))
+
+
+def _direction(test: str) -> str | None:
+    b = base_test(test)
+    if "write" in b:
+        return "write"
+    if "read" in b:
+        return "read"
+    return None
+
+
+def _storage_template(test: str) -> str | None:
+    d = _direction(test)
+    if d is None:
+        return None
+    tpl = base_test(test).replace(d, "{d}", 1)
+    return tpl if tpl in _STORAGE_ORDER else None
+
+
+def test_sort_key(test: str) -> tuple[Any, ...]:
+    """Storage before network; writes (Table 1) before reads (Table 2); 64 kB first; direct before
+    buffered; unknown names after known ones, alphabetically."""
+    if is_network_test(test) and not is_storage_test(test):
+        idx = NETWORK_TESTS.index(test) if test in NETWORK_TESTS else len(NETWORK_TESTS)
+        return (1, idx, test)
+    d = _direction(test)
+    tpl = _storage_template(test)
+    return (
+        0,
+        {"write": 0, "read": 1}.get(d or "", 2),
+        _STORAGE_ORDER.index(tpl) if tpl else len(_STORAGE_ORDER),
+        base_test(test),
+        test.endswith("-buffered"),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Its title and the metric its table shows
+# --------------------------------------------------------------------------------------------------
+
+
+def _size_words(bs: str) -> str:
+    """fio's block size in words: 4k -> 4 kB, 16m -> 16 MB."""
+    return f"{bs[:-1]} {'kB' if bs.endswith('k') else 'MB'}"
+
+
+_STORAGE_TITLES = {
+    "seq-{d}-64k": "sequential {d}, 64 kB requests (fio)",
+    "dd-{d}-64k": "sequential {d}, 64 kB blocks (dd, as in Study A)",
+    "seq-{d}-1m": "sequential {d}, 1 MB requests (fio)",
+    "rand{d}-4k-qd1": "random {d}, 4 kB, queue depth 1 (fio)",
+    "rand{d}-4k-qd32": "random {d}, 4 kB, queue depth 32 (fio)",
+    **{f"rec-{{d}}-{bs}": f"sequential {{d}}, {_size_words(bs)} records, one at a time (fio, as IOzone)"
+       for bs in RECORD_SIZES},
+    **{f"iozone-{{d}}-{bs}": f"sequential {{d}}, {_size_words(bs)} records (IOzone; re-{{d}} stored beside it)"
+       for bs in RECORD_SIZES},
+}
+
+
+def test_title(test: str) -> str:
+    """A readable title for a test name, e.g. 'Write: sequential write, 64 kB requests (fio), O_DIRECT'."""
+    nt = net_test(test)
+    if nt is not None:
+        return f"Network: {nt.title}"
+    if test.startswith("iozone-files-"):
+        bs = test.removeprefix("iozone-files-")
+        return (f"IOzone's file-size sweep, {_size_words(bs)} records: write MB/s of the largest file (re-write, read "
+                f"and re-read of every file size stored beside it), O_DIRECT [{test}]")
+    if test in IOZONE_GRIDS:
+        smallest = TESTS[test].min_bs or TESTS[test].bs
+        return (f"IOzone's automatic mode over record and file sizes, {_size_words(smallest)} to 16 MB records: write "
+                "MB/s of the largest file with the largest records (every pass of every file and record size stored "
+                f"beside it), O_DIRECT [{test}]")
+    if base_test(test) in FIO_CS_TESTS:
+        return ("Write: sequential write, 64 kB requests, fio's client/server mode: the first guest's fio --client "
+                "sends a fio --server in every guest its job, each on its own disk, and sums them up ('All clients': "
+                f"all bytes over the longest job), O_DIRECT [{test}]")
+    if base_test(test) in MPI_TESTS:
+        api, layout = test.split("-")[:2]
+        return (f"{ {'mpiio': 'MPI-IO', 'posix': 'POSIX', 'hdf5': 'parallel HDF5'}[api]} across guests, one MPI job, "
+                f"{'one shared file' if layout == 'shared' else 'a file per process'}, 1 MiB transfers: written "
+                "(fsync before close), then, caches dropped, read back (on a shared export by the next rank) "
+                f"(cloudbox-mpiio: IOR's parameters, not IOR) [{test}]")
+    if test == "bonnie":
+        return ("Bonnie++: sequential block write (MB/s; rewrite, read, %CPU and file creations and deletions per "
+                "second stored beside it), on ext4 through the page cache [bonnie]")
+    tpl = _storage_template(test)
+    d = _direction(test)
+    buffered = test.endswith("-buffered")
+    if tpl and d:
+        title = f"{d.capitalize()}: " + _STORAGE_TITLES[tpl].format(d=d)
+        if not base_test(test).startswith("dd-"):
+            title += ", through the page cache" if buffered else ", O_DIRECT"
+        elif buffered:
+            title += ", through the page cache"
+        return f"{title} [{test}]"
+    return test
+
+
+def primary_metric(test: str, available: Iterable[str] = ()) -> str:
+    """The metric a section shows: MB/s for sequential, IOPS for random, trans/s for tcp-rr,
+    Mbit/s for streams, total_s for an image-propagation sample; the first available one when the preferred is
+    missing."""
+    avail = list(dict.fromkeys(available))
+    b = base_test(test)
+    nt = net_test(test)
+    if nt is not None:
+        preferred = [nt.metric]
+    elif test.startswith(PROPAGATE_PREFIX):
+        preferred = ["total_s"]  # an image-propagation sample: provisioning to the guest's agent
+    elif is_network_test(test) and not is_storage_test(test):
+        preferred = ["Mbit/s"]
+    elif b.startswith("rand"):
+        preferred = ["IOPS", "MB/s"]
+    else:
+        preferred = ["MB/s", "IOPS"]
+    for m in preferred:
+        if m in avail or not avail:
+            return m
+    return avail[0]

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from ..errors import CloudboxError, UsageError
 from . import catalogue, remote
+from .catalogue import PROPAGATE_PREFIX
 from .nodeconf import NODE_NAME_ALLOWED, is_node_name
 from .profiles import MIX, split_mix
 
@@ -37,7 +38,6 @@ SIDES = ("baseline", "guest")
 BOOT = "boot"  # the plan's test name for the guest's launch
 # Study B's image-propagation sweep: provision a guest from an image of each size (core.run.propagate).
 PROPAGATION = "propagation"
-PROPAGATE_PREFIX = "propagate-"
 MIB = 1024**2
 MAX_PROPAGATE_SAMPLES = 2000  # samples in one propagation run: a study's 16 sizes x 100 repeats, with room
 MAX_IMAGE_SIZE = 1024**4  # 1 TiB

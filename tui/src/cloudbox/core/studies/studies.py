@@ -50,13 +50,13 @@ from ..errors import (
     plain_value,
     problem_from,
 )
-from ..record.results import Measurement, Run, is_network_test, is_storage_test
+from ..record.results import Measurement, Run
 from ..record.results import Sample as HostSample
 from ..spec import profiles
-from ..spec.catalogue import FRONTEND_SUFFIX, NET_TESTS
+from ..spec.catalogue import FRONTEND_SUFFIX, NET_TESTS, is_network_test, is_storage_test, primary_metric
 from ..spec.catalogue import TESTS as STORAGE_TESTS
 from ..spec.runspec import MAX_GUESTS, MIB, PROPAGATION, RunSpec, parse_size
-from ..views.compare import guest_count, knobs, primary_metric
+from ..views.compare import guest_count, knobs
 from ..virt import accel
 
 NATIVE = "native"  # the bare-metal row of a paper table, and a rule's "% of native"

@@ -25,9 +25,8 @@ from ..bench.propagation import Fit, NoFit
 from ..inputs import printable
 from ..record.fairness import spread
 from ..record.results import Sample as HostSample
-from ..record.results import is_storage_test
 from ..spec import catalogue
-from ..views.compare import test_title
+from ..spec.catalogue import is_storage_test, test_title
 from .studies import (
     INCONCLUSIVE,
     NATIVE,

@@ -31,9 +31,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..record.fairness import spread
-from ..record.results import NETWORK_TESTS, Measurement, Run, base_test, is_network_test, is_storage_test
-from ..spec.catalogue import FIO_CS_TESTS, FRONTEND_SUFFIX, IOZONE_GRIDS, JOB_TESTS, MPI_TESTS, RECORD_SIZES, TESTS
-from ..spec.runspec import OVERCOMMIT_LABEL, PROPAGATE_PREFIX
+from ..record.results import Measurement, Run
+from ..spec.catalogue import (
+    FIO_CS_TESTS,
+    FRONTEND_SUFFIX,
+    JOB_TESTS,
+    MPI_TESTS,
+    base_test,
+    is_storage_test,
+    primary_metric,
+    test_sort_key,
+    test_title,
+)
+from ..spec.runspec import OVERCOMMIT_LABEL
 
 EMULATED_MARK = "*"
 MEAN_BASELINE_MARK = "^"
@@ -117,136 +127,6 @@ class Table:
 # --------------------------------------------------------------------------------------------------
 # Test ordering and titles
 # --------------------------------------------------------------------------------------------------
-
-_STORAGE_ORDER = ("seq-{d}-64k", "dd-{d}-64k", "seq-{d}-1m", "rand{d}-4k-qd1", "rand{d}-4k-qd32",
-                  *(f"rec-{{d}}-{bs}" for bs in RECORD_SIZES), *(f"iozone-{{d}}-{bs}" for bs in RECORD_SIZES))
-
-
-def _size_words(bs: str) -> str:
-    """fio's block size in words: 4k -> 4 kB, 16m -> 16 MB."""
-    return f"{bs[:-1]} {'kB' if bs.endswith('k') else 'MB'}"
-
-
-_STORAGE_TITLES = {
-    "seq-{d}-64k": "sequential {d}, 64 kB requests (fio)",
-    "dd-{d}-64k": "sequential {d}, 64 kB blocks (dd, as in Study A)",
-    "seq-{d}-1m": "sequential {d}, 1 MB requests (fio)",
-    "rand{d}-4k-qd1": "random {d}, 4 kB, queue depth 1 (fio)",
-    "rand{d}-4k-qd32": "random {d}, 4 kB, queue depth 32 (fio)",
-    **{f"rec-{{d}}-{bs}": f"sequential {{d}}, {_size_words(bs)} records, one at a time (fio, as IOzone)"
-       for bs in RECORD_SIZES},
-    **{f"iozone-{{d}}-{bs}": f"sequential {{d}}, {_size_words(bs)} records (IOzone; re-{{d}} stored beside it)"
-       for bs in RECORD_SIZES},
-}
-
-_NETWORK_TITLES = {
-    "tcp-stream": "TCP stream, guest transmits (netperf TCP_STREAM)",
-    "tcp-maerts": "TCP stream, guest receives (netperf TCP_MAERTS)",
-    "tcp-rr": "TCP request/response (netperf TCP_RR)",
-    "iperf3-tx": "TCP stream, guest transmits (iperf3)",
-    "iperf3-rx": "TCP stream, guest receives (iperf3 -R)",
-    # Runs on a back-end: the far end is the front-end; the baseline is the back-end host -> the front-end.
-    "tcp-stream-fe": "TCP stream, guest transmits to the front-end (netperf TCP_STREAM)",
-    "tcp-maerts-fe": "TCP stream, guest receives from the front-end (netperf TCP_MAERTS)",
-    "tcp-rr-fe": "TCP request/response with the front-end (netperf TCP_RR)",
-    "iperf3-tx-fe": "TCP stream, guest transmits to the front-end (iperf3)",
-    "iperf3-rx-fe": "TCP stream, guest receives from the front-end (iperf3 -R)",
-}
-
-
-def _direction(test: str) -> str | None:
-    b = base_test(test)
-    if "write" in b:
-        return "write"
-    if "read" in b:
-        return "read"
-    return None
-
-
-def _storage_template(test: str) -> str | None:
-    d = _direction(test)
-    if d is None:
-        return None
-    tpl = base_test(test).replace(d, "{d}", 1)
-    return tpl if tpl in _STORAGE_ORDER else None
-
-
-def test_sort_key(test: str) -> tuple[Any, ...]:
-    """Storage before network; writes (Table 1) before reads (Table 2); 64 kB first; direct before
-    buffered; unknown names after known ones, alphabetically."""
-    if is_network_test(test) and not is_storage_test(test):
-        idx = NETWORK_TESTS.index(test) if test in NETWORK_TESTS else len(NETWORK_TESTS)
-        return (1, idx, test)
-    d = _direction(test)
-    tpl = _storage_template(test)
-    return (
-        0,
-        {"write": 0, "read": 1}.get(d or "", 2),
-        _STORAGE_ORDER.index(tpl) if tpl else len(_STORAGE_ORDER),
-        base_test(test),
-        test.endswith("-buffered"),
-    )
-
-
-def test_title(test: str) -> str:
-    """A readable title for a test name, e.g. 'Write: sequential write, 64 kB requests (fio), O_DIRECT'."""
-    if test in _NETWORK_TITLES:
-        return f"Network: {_NETWORK_TITLES[test]}"
-    if test.startswith("iozone-files-"):
-        bs = test.removeprefix("iozone-files-")
-        return (f"IOzone's file-size sweep, {_size_words(bs)} records: write MB/s of the largest file (re-write, read "
-                f"and re-read of every file size stored beside it), O_DIRECT [{test}]")
-    if test in IOZONE_GRIDS:
-        smallest = TESTS[test].min_bs or TESTS[test].bs
-        return (f"IOzone's automatic mode over record and file sizes, {_size_words(smallest)} to 16 MB records: write "
-                "MB/s of the largest file with the largest records (every pass of every file and record size stored "
-                f"beside it), O_DIRECT [{test}]")
-    if base_test(test) in FIO_CS_TESTS:
-        return ("Write: sequential write, 64 kB requests, fio's client/server mode: the first guest's fio --client "
-                "sends a fio --server in every guest its job, each on its own disk, and sums them up ('All clients': "
-                f"all bytes over the longest job), O_DIRECT [{test}]")
-    if base_test(test) in MPI_TESTS:
-        api, layout = test.split("-")[:2]
-        return (f"{ {'mpiio': 'MPI-IO', 'posix': 'POSIX', 'hdf5': 'parallel HDF5'}[api]} across guests, one MPI job, "
-                f"{'one shared file' if layout == 'shared' else 'a file per process'}, 1 MiB transfers: written "
-                "(fsync before close), then, caches dropped, read back (on a shared export by the next rank) "
-                f"(cloudbox-mpiio: IOR's parameters, not IOR) [{test}]")
-    if test == "bonnie":
-        return ("Bonnie++: sequential block write (MB/s; rewrite, read, %CPU and file creations and deletions per "
-                "second stored beside it), on ext4 through the page cache [bonnie]")
-    tpl = _storage_template(test)
-    d = _direction(test)
-    buffered = test.endswith("-buffered")
-    if tpl and d:
-        title = f"{d.capitalize()}: " + _STORAGE_TITLES[tpl].format(d=d)
-        if not base_test(test).startswith("dd-"):
-            title += ", through the page cache" if buffered else ", O_DIRECT"
-        elif buffered:
-            title += ", through the page cache"
-        return f"{title} [{test}]"
-    return test
-
-
-def primary_metric(test: str, available: Iterable[str] = ()) -> str:
-    """The metric a section shows: MB/s for sequential, IOPS for random, trans/s for tcp-rr,
-    Mbit/s for streams, total_s for an image-propagation sample; the first available one when the preferred is
-    missing."""
-    avail = list(dict.fromkeys(available))
-    b = base_test(test)
-    if test.removesuffix(FRONTEND_SUFFIX) == "tcp-rr":
-        preferred = ["trans/s"]
-    elif test.startswith(PROPAGATE_PREFIX):
-        preferred = ["total_s"]  # an image-propagation sample: provisioning to the guest's agent
-    elif is_network_test(test) and not is_storage_test(test):
-        preferred = ["Mbit/s"]
-    elif b.startswith("rand"):
-        preferred = ["IOPS", "MB/s"]
-    else:
-        preferred = ["MB/s", "IOPS"]
-    for m in preferred:
-        if m in avail or not avail:
-            return m
-    return avail[0]
 
 
 # --------------------------------------------------------------------------------------------------
