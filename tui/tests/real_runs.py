@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.rows import Run
 
 
 def completed_run(spec) -> Run:

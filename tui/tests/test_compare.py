@@ -11,7 +11,8 @@ import pytest
 from conftest_results import PROFILE_DEFAULT, add_study_a_default, study_a_store
 
 from cloudbox.core.record.provenance import BackingInfo, PrivateNetwork, Provenance
-from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.rows import Run
 from cloudbox.core.spec import catalogue
 from cloudbox.core.views import compare
 

@@ -20,11 +20,12 @@ from cloudbox.cli.run import Printer
 from cloudbox.core.bench import barrier, nettests
 from cloudbox.core.disks import hostraid
 from cloudbox.core.errors import UsageError
-from cloudbox.core.record import events, results
+from cloudbox.core.record import events, schema
 from cloudbox.core.record.events import InstanceFigures, MeasurementEvent, PlanProgress, ProgressEvent
 from cloudbox.core.record.fairness import jain_index, spread
 from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
-from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.rows import Run
 from cloudbox.core.run.multi import QEMU_OVERHEAD_MIB, check_fits, serve_many
 from cloudbox.core.spec import addresses, catalogue
 from cloudbox.core.spec.profiles import mix_hash, resolve_profile
@@ -246,7 +247,7 @@ def test_a_schema_3_database_gains_the_instance_column(tmp_path):
     db = tmp_path / "v3.db"
     with sqlite3.connect(db) as c:
         for n in range(3):
-            results.MIGRATIONS[n](c)
+            schema.MIGRATIONS[n](c)
         c.execute("PRAGMA user_version = 3")
         c.execute("INSERT INTO runs (id, uuid, suite, state) VALUES (4, 'u4', 'storage', 'completed')")
         c.execute("INSERT INTO measurements (run_id, side, test, metric, value) VALUES (4, 'guest', 't', 'MB/s', 5)")

@@ -229,7 +229,7 @@ def test_the_host_side_says_when_the_host_is_itself_a_virtual_machine():
 def test_comparison_rows_name_the_far_end_of_network_tests():
     from types import SimpleNamespace
 
-    from cloudbox.core.record.results import Measurement
+    from cloudbox.core.record.rows import Measurement
     from cloudbox.core.views.compare import _net_target
 
     run = SimpleNamespace(provenance=Provenance(private_network=PrivateNetwork(bridge="cbpriv0", peer="10.73.0.1")))

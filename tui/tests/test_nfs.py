@@ -16,7 +16,8 @@ import pytest
 from cloudbox.core.disks.volumes import attach, nfs
 from cloudbox.core.errors import CloudboxError, ProfileError, UsageError
 from cloudbox.core.record.provenance import BackingInfo, Provenance
-from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.rows import Run
 from cloudbox.core.run import runs
 from cloudbox.core.spec import knobs, profiles
 from cloudbox.core.spec.profiles import resolve_profile

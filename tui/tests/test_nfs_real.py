@@ -11,7 +11,7 @@ import pytest
 from real_runs import completed_run, interrupt_cli_run, work_files
 
 from cloudbox.core.disks.volumes import attach, nfs
-from cloudbox.core.record.results import Run
+from cloudbox.core.record.rows import Run
 from cloudbox.core.spec.addresses import BRIDGE, GUEST_IP, HOST_IP, PREFIX
 from cloudbox.core.spec.runspec import RunSpec
 from cloudbox.core.views import compare

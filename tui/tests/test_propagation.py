@@ -21,7 +21,7 @@ from cloudbox.core.bench.propagation import NoFit, Sample
 from cloudbox.core.disks import backing
 from cloudbox.core.errors import NoSpace, StudyError, UsageError
 from cloudbox.core.inputs import shown
-from cloudbox.core.record import results
+from cloudbox.core.record import schema
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec import profiles
 from cloudbox.core.spec.runspec import MIB, PlanStep, RunSpec
@@ -493,15 +493,15 @@ def test_cloudbox_run_does_not_offer_the_sweep(capsys):
 def test_a_schema_2_database_upgrades_in_place_to_take_propagation_runs(tmp_path: Path):
     db = tmp_path / "v2.db"
     with sqlite3.connect(db) as c:  # a database as a cloudbox with guest sessions (schema 2) left it
-        results._migrate_0_to_1(c)
-        results._migrate_1_to_2(c)
+        schema._migrate_0_to_1(c)
+        schema._migrate_1_to_2(c)
         c.execute("PRAGMA user_version = 2")
         c.execute("INSERT INTO runs (id, uuid, suite, state) VALUES (5, 'u5', 'guest', 'completed')")
         c.execute("INSERT INTO measurements (run_id, side, test, metric, value) VALUES (5, 'guest', 't', 'MB/s', 3)")
         with pytest.raises(sqlite3.IntegrityError):
             c.execute("INSERT INTO runs (uuid, suite) VALUES ('p', 'propagation')")  # schema 2 refuses the sweep
     with ResultStore(db) as s:
-        assert s.schema_version == results.SCHEMA_VERSION == 4
+        assert s.schema_version == schema.SCHEMA_VERSION == 4
         assert s.get_run(5).suite == "guest" and s.get_run(5).value("guest", "t", "MB/s") == 3
         rid = s.create_run(suite="propagation")
         s.add_measurement(rid, side="guest", test="propagate-32m", metric="total_s", value=9.0)

@@ -28,7 +28,8 @@ from cloudbox.core.record.provenance import (
     RemoteRun,
     Versions,
 )
-from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.rows import Run
 from cloudbox.core.spec.runspec import RunSpec
 from cloudbox.core.views import compare
 from cloudbox.core.virt.accel import Accelerator

@@ -19,9 +19,10 @@ from conftest_results import FIO_JSON, add_study_a_default, add_virtio_tcg, stud
 
 from cloudbox.core import db
 from cloudbox.core.errors import CloudboxError, NotFound
-from cloudbox.core.record import results
+from cloudbox.core.record import results, schema
 from cloudbox.core.record.provenance import Controller, Provenance, Versions
-from cloudbox.core.record.results import SCHEMA_VERSION, ResultStore
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.schema import SCHEMA_VERSION
 
 SRC = str(Path(results.__file__).resolve().parents[3])
 
@@ -97,11 +98,10 @@ def test_migration_from_empty_and_refuses_newer(tmp_path: Path):
 
 
 def test_schema_1_database_upgrades_in_place_keeping_runs_and_measurements(tmp_path: Path):
-    from cloudbox.core.record import results
 
     db = tmp_path / "v1.db"
     with sqlite3.connect(db) as c:  # a database as cloudbox 0.1 (schema 1) left it
-        results._migrate_0_to_1(c)
+        schema._migrate_0_to_1(c)
         c.execute("PRAGMA user_version = 1")
         c.execute("INSERT INTO runs (id, uuid, suite, state) VALUES (7, 'u7', 'storage', 'completed')")
         c.execute("INSERT INTO measurements (run_id, side, test, metric, value) VALUES (7, 'guest', 't', 'MB/s', 5)")
@@ -125,7 +125,7 @@ CURRENT = Path(__file__).parent / "data" / "results-2026-12.db"
 
 
 def test_a_store_written_by_the_previous_release_reads_back_unchanged(tmp_path: Path):
-    """data/results-2026-12.db was written by the release before the store was split into schema, records and store
+    """data/results-2026-12.db was written by the release before the store was split into schema, rows and store
     (commit 18855e2), and data/results-2026-12.json is what that release read from it: runs with their provenance
     and every measurement (raw output, labels, instances), samples and events. This release reads the same, and
     builds the same tables for the same schema version."""
@@ -140,10 +140,10 @@ def test_a_store_written_by_the_previous_release_reads_back_unchanged(tmp_path: 
             assert [[e.seq, e.t, e.kind, e.payload] for e in s.events_since(i)] == expected["events"][str(i)], i
     fresh = tmp_path / "fresh.db"
     with sqlite3.connect(fresh) as c:
-        db.migrate(c, expected["user_version"], results.MIGRATIONS, "fresh")
-    schema = "SELECT type, name, sql FROM sqlite_master ORDER BY name"
+        db.migrate(c, expected["user_version"], schema.MIGRATIONS, "fresh")
+    tables = "SELECT type, name, sql FROM sqlite_master ORDER BY name"
     with sqlite3.connect(f"file:{CURRENT}?mode=ro", uri=True) as old, sqlite3.connect(fresh) as new:
-        assert new.execute(schema).fetchall() == old.execute(schema).fetchall()
+        assert new.execute(tables).fetchall() == old.execute(tables).fetchall()
 
 
 def test_not_a_database_is_a_cloudbox_error(tmp_path: Path):

@@ -17,7 +17,8 @@ from real_runs import completed_run, interrupt_cli_run, work_files
 
 from cloudbox.core.disks.volumes import attach, iscsi
 from cloudbox.core.disks.volumes.store import VolumeStore
-from cloudbox.core.record.results import ResultStore, Run
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.rows import Run
 from cloudbox.core.spec.runspec import RunSpec
 from cloudbox.core.views import compare
 from cloudbox.core.views.compare import compare_table, to_text

@@ -25,7 +25,8 @@ from cloudbox.cli.common import guard, usage
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.inputs import printable
 from cloudbox.core.record.events import counted
-from cloudbox.core.record.results import STATES, ResultStore, Run
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.rows import STATES, Run
 from cloudbox.core.spec.runspec import OVERCOMMIT_LABEL
 from cloudbox.core.views import compare
 

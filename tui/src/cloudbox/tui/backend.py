@@ -23,7 +23,8 @@ from cloudbox.core.disks import hostraid
 from cloudbox.core.disks.volumes import attach as vattach
 from cloudbox.core.disks.volumes.store import Volume, VolumeStore, volumes_db
 from cloudbox.core.errors import CloudboxError, LibvirtUnavailable, NotFound
-from cloudbox.core.record.results import Event, ResultStore, Run
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.rows import Event, Run
 from cloudbox.core.run import runs
 from cloudbox.core.run.runs import Sweep
 from cloudbox.core.spec import profiles

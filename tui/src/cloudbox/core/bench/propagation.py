@@ -27,7 +27,7 @@ from .. import paths
 from ..disks import backing
 from ..errors import NoSpace
 from ..record.events import FINAL_STATES
-from ..record.results import Run
+from ..record.rows import Run
 from ..spec.runspec import MIB, PROPAGATION, propagation_size
 
 COPY = "copy_s"  # the image copied from the store to the instance file, flushed to disk

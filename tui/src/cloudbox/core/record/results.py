@@ -5,13 +5,7 @@ executor) and any number of reader processes (CLI, TUI, a watcher re-attached to
 readers never block the writer and always see committed rows. Every write is its own short
 `BEGIN IMMEDIATE` transaction; busy_timeout (5 s) absorbs the rare overlap of two writers.
 
-Tables (schema version SCHEMA_VERSION, kept in PRAGMA user_version; `migrate()` upgrades older files):
-  runs          one benchmark run: profile, suite, size, state, accelerator, emulated flag, provenance
-  measurements  one number per (run, side, test, metric), with the host disk metrics of its steady window (a
-                propagation run stores one row per sample and metric: its copy, boot and total seconds); a run of
-                N guests also one per guest or host process (`instance` 1..N) beside the aggregate (instance NULL)
-  samples       the host sampler's once-a-second disk metrics
-  events        the live stream (state/step/progress/log/sample/measurement) a watcher polls by seq
+Its tables and their migrations are core.record.schema's; the records it reads and writes, core.record.rows'.
 
 A ResultStore object may be shared by the threads of one process (calls are serialised by a lock).
 After a fork the child opens its own connection automatically; it never reuses the parent's.
@@ -26,351 +20,37 @@ import sqlite3
 import threading
 import time
 import uuid as uuid_mod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import db, paths
 from ..errors import CloudboxError, NotFound
 from ..procs import process_exists
-from ..spec.catalogue import is_storage_test
 from . import events
 from .events import FINAL_STATES, SAMPLE_FIELDS
 from .provenance import Provenance
-
-SCHEMA_VERSION = 4
-
-# "guest": an interactive guest session (launched, kept running until stopped; no tests).
-# "propagation": study B's image-propagation sweep (its samples: measurements of the tests "propagate-<MiB>m").
-SUITES = ("storage", "network", "all", "guest", "propagation")
-SIZE_LABELS = ("quick", "study", "custom")
-STATES = ("running", "completed", "aborted", "failed")
-ACCELERATORS = ("kvm", "nested-kvm", "tcg", "xen")
-EMULATED_ACCELERATORS = ("tcg", "nested-kvm")
-SIDES = ("guest", "baseline")
-METRICS = ("MB/s", "IOPS", "lat_us", "Mbit/s", "trans/s")  # the views know these; others are stored as-is
-
+from .rows import (
+    ACCELERATORS,
+    EMULATED_ACCELERATORS,
+    RUN_COLUMNS,
+    SIDES,
+    SIZE_LABELS,
+    STATES,
+    SUITES,
+    Event,
+    Run,
+    Sample,
+    check,
+    dumps,
+    load_measurements,
+    loads,
+    run_from_row,
+)
+from .schema import migrate, schema_version
 
 DEAD_EXECUTOR_REASON = "executor died"
-
-_RUN_COLUMNS = (
-    "uuid", "profile_name", "profile_hash", "profile_toml", "suite", "size_bytes", "size_label", "state",
-    "reason", "accelerator", "emulated", "node", "pid", "started_at", "finished_at", "provenance",
-)
-MEASUREMENT_COLUMNS = (
-    "side", "test", "metric", "value", "host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util",
-    "labels", "raw", "started_at", "finished_at", "instance",
-)
-
-
-# --------------------------------------------------------------------------------------------------
-# Records
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Measurement:
-    """One number: `value` in `metric` for `test` on `side` ('guest' or 'baseline') of run `run_id`."""
-
-    id: int
-    run_id: int
-    side: str
-    test: str
-    metric: str
-    value: float
-    host_mbps: float | None = None
-    host_avgrq_sectors: float | None = None
-    host_avgqu: float | None = None
-    host_util: float | None = None
-    labels: list[str] = field(default_factory=list)
-    raw: str | None = None  # None also when loaded without raw (list_runs)
-    started_at: float | None = None
-    finished_at: float | None = None
-    # A run of N guests: 1..N for one guest's (or one bare-metal process's) own figure; None for the run's figure
-    # (its one guest, or the aggregate of the N).
-    instance: int | None = None
-
-    @property
-    def storage(self) -> bool:
-        return is_storage_test(self.test)
-
-    def as_dict(self, raw: bool = True) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in ("id", "run_id", *MEASUREMENT_COLUMNS)}
-        d["labels"] = list(self.labels)
-        if not raw:
-            d.pop("raw")
-        return d
-
-
-@dataclass
-class Run:
-    """One benchmark run, with its measurements (both sides) in insertion order."""
-
-    id: int
-    uuid: str
-    profile_name: str | None
-    profile_hash: str | None
-    profile_toml: str | None
-    suite: str | None
-    size_bytes: int | None
-    size_label: str | None
-    state: str
-    reason: str | None
-    accelerator: str | None
-    emulated: bool
-    node: str | None
-    pid: int | None
-    started_at: float | None
-    finished_at: float | None
-    provenance: Provenance = field(default_factory=Provenance)
-    measurements: list[Measurement] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        return self.state in FINAL_STATES
-
-    @property
-    def duration(self) -> float | None:
-        """Seconds from start to finish (to now while running)."""
-        if self.started_at is None:
-            return None
-        end = self.finished_at if self.finished_at is not None else time.time()
-        return max(0.0, end - self.started_at)
-
-    def measurement(self, side: str, test: str, metric: str | None = None) -> Measurement | None:
-        """The run's last measurement of `test` on `side` (in `metric` if given; the aggregate in a run of N guests),
-        or None."""
-        found = None
-        for m in self.measurements:
-            if m.side == side and m.test == test and (metric is None or m.metric == metric) and m.instance is None:
-                found = m
-        return found
-
-    def instances(self, side: str, test: str, metric: str) -> list[Measurement]:
-        """Each guest's (or bare-metal process's) own measurement of `test` in a run of N guests, by instance;
-        [] in a run of one guest."""
-        found = {m.instance: m for m in self.measurements
-                 if m.side == side and m.test == test and m.metric == metric and m.instance is not None}
-        return [found[k] for k in sorted(found)]
-
-    def value(self, side: str, test: str, metric: str) -> float | None:
-        m = self.measurement(side, test, metric)
-        return None if m is None else m.value
-
-    def tests(self, side: str | None = None) -> list[str]:
-        """Test names measured in this run, first-seen order."""
-        seen: dict[str, None] = {}
-        for m in self.measurements:
-            if side is None or m.side == side:
-                seen.setdefault(m.test, None)
-        return list(seen)
-
-    def as_dict(self, raw: bool = False) -> dict[str, Any]:
-        d: dict[str, Any] = {k: getattr(self, k) for k in ("id", *_RUN_COLUMNS)}
-        d["provenance"] = self.provenance.to_stored()
-        d["measurements"] = [m.as_dict(raw=raw) for m in self.measurements]
-        return d
-
-
-@dataclass
-class Event:
-    """One entry of a run's live stream. `seq` counts from 1 per run, without gaps."""
-
-    run_id: int
-    seq: int
-    t: float
-    kind: str
-    payload: dict[str, Any]
-
-    @property
-    def record(self) -> events.RunEvent | None:
-        """The typed event (core.record.events); None for a kind this cloudbox does not know."""
-        return events.parse(self.kind, self.payload)
-
-
-@dataclass
-class Sample:
-    """One second of host disk metrics from the sampler."""
-
-    run_id: int
-    t: float
-    device: str | None
-    test: str | None
-    read_mbps: float | None
-    write_mbps: float | None
-    avgrq_sectors: float | None
-    avgrq_kb: float | None
-    avgqu: float | None
-    util: float | None
-
-
-# --------------------------------------------------------------------------------------------------
-# Test names
-# --------------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------------
-# Schema and migrations
-# --------------------------------------------------------------------------------------------------
-
-_SCHEMA_V1 = """
-CREATE TABLE runs (
-    id            INTEGER PRIMARY KEY,
-    uuid          TEXT NOT NULL UNIQUE,
-    profile_name  TEXT,
-    profile_hash  TEXT,
-    profile_toml  TEXT,
-    suite         TEXT CHECK (suite IN ('storage', 'network', 'all')),
-    size_bytes    INTEGER,
-    size_label    TEXT CHECK (size_label IN ('quick', 'study', 'custom')),
-    state         TEXT NOT NULL DEFAULT 'running'
-                  CHECK (state IN ('running', 'completed', 'aborted', 'failed')),
-    reason        TEXT,
-    accelerator   TEXT CHECK (accelerator IN ('kvm', 'nested-kvm', 'tcg', 'xen')),
-    emulated      INTEGER NOT NULL DEFAULT 0 CHECK (emulated IN (0, 1)),
-    node          TEXT,
-    pid           INTEGER,
-    started_at    REAL,
-    finished_at   REAL,
-    provenance    TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX runs_state ON runs (state);
-CREATE INDEX runs_profile ON runs (profile_name);
-CREATE INDEX runs_started ON runs (started_at);
-
-CREATE TABLE measurements (
-    id                  INTEGER PRIMARY KEY,
-    run_id              INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-    side                TEXT NOT NULL CHECK (side IN ('guest', 'baseline')),
-    test                TEXT NOT NULL,
-    metric              TEXT NOT NULL,
-    value               REAL NOT NULL,
-    host_mbps           REAL,
-    host_avgrq_sectors  REAL,
-    host_avgqu          REAL,
-    host_util           REAL,
-    labels              TEXT NOT NULL DEFAULT '[]',
-    raw                 TEXT,
-    started_at          REAL,
-    finished_at         REAL
-);
-CREATE INDEX measurements_run ON measurements (run_id, side, test);
-
-CREATE TABLE samples (
-    run_id         INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-    t              REAL NOT NULL,
-    device         TEXT,
-    test           TEXT,
-    read_mbps      REAL,
-    write_mbps     REAL,
-    avgrq_sectors  REAL,
-    avgrq_kb       REAL,
-    avgqu          REAL,
-    util           REAL
-);
-CREATE INDEX samples_run ON samples (run_id, t);
-
-CREATE TABLE events (
-    run_id   INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-    seq      INTEGER NOT NULL,
-    t        REAL NOT NULL,
-    kind     TEXT NOT NULL CHECK (kind IN ('state', 'step', 'progress', 'log', 'sample', 'measurement')),
-    payload  TEXT NOT NULL DEFAULT '{}',
-    PRIMARY KEY (run_id, seq)
-);
-"""
-
-
-def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
-    _exec_script(conn, _SCHEMA_V1)
-
-
-def _exec_script(conn: sqlite3.Connection, script: str) -> None:
-    """Run a ';'-separated DDL script inside the caller's transaction (executescript would commit)."""
-    for stmt in script.split(";"):
-        if stmt.strip():
-            conn.execute(stmt)
-
-
-# MIGRATIONS[n] upgrades a database at user_version n to n + 1. Append, never edit, entries.
-_SUITE_CHECK_V1 = "CHECK (suite IN ('storage', 'network', 'all'))"
-_SUITE_CHECK_V2 = "CHECK (suite IN ('storage', 'network', 'all', 'guest'))"
-_SUITE_CHECK_V3 = "CHECK (suite IN ('storage', 'network', 'all', 'guest', 'propagation'))"
-
-
-def _widen_suite_check(conn: sqlite3.Connection, old: str, new: str, target: int) -> None:
-    """Replace runs.suite's CHECK `old` by the wider `new`. A wider CHECK changes nothing on disk, so this is
-    SQLite's documented in-place schema edit (writable_schema + schema_version bump), not a table rebuild: a
-    rebuild would have to drop `runs`, which cascades to measurements and events."""
-    version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
-    conn.execute("PRAGMA writable_schema = ON")
-    try:
-        cur = conn.execute(
-            "UPDATE sqlite_master SET sql = replace(sql, ?, ?)"
-            " WHERE type = 'table' AND name = 'runs' AND instr(sql, ?)",
-            (old, new, old),
-        )
-        if cur.rowcount != 1:
-            raise CloudboxError(f"results database: table runs with {old} not found while upgrading to schema {target}")
-        conn.execute(f"PRAGMA schema_version = {version + 1}")
-    finally:
-        conn.execute("PRAGMA writable_schema = OFF")
-    check = conn.execute("PRAGMA integrity_check").fetchone()[0]
-    if check != "ok":
-        raise CloudboxError(f"results database: integrity check failed after upgrading to schema {target}: {check}")
-
-
-def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
-    """Widen runs.suite's CHECK to allow 'guest' (guest sessions)."""
-    _widen_suite_check(conn, _SUITE_CHECK_V1, _SUITE_CHECK_V2, 2)
-
-
-def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
-    """Widen runs.suite's CHECK to allow 'propagation' (study B's image-propagation sweep)."""
-    _widen_suite_check(conn, _SUITE_CHECK_V2, _SUITE_CHECK_V3, 3)
-
-
-def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
-    """measurements.instance: which of a run's N guests (or bare-metal processes) a row is; NULL for the run's own."""
-    conn.execute("ALTER TABLE measurements ADD COLUMN instance INTEGER CHECK (instance IS NULL OR instance >= 1)")
-
-
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2,
-                                                                2: _migrate_2_to_3, 3: _migrate_3_to_4}
-
-
-def schema_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
-def migrate(conn: sqlite3.Connection, db_path: Path | str = "results database") -> int:
-    """Bring the database to SCHEMA_VERSION, one step per transaction (core.db.migrate); returns the final version."""
-    return db.migrate(conn, SCHEMA_VERSION, MIGRATIONS, f"{db_path}: results database")
-
-
-# --------------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------------
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def _loads(text: str | None, default: Any) -> Any:
-    if not text:
-        return default
-    try:
-        return json.loads(text)
-    except ValueError:
-        return default
-
-
-def _check(name: str, value: Any, allowed: Sequence[Any]) -> None:
-    if value is not None and value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))} (got {value!r})")
 
 
 def _proc_stat(pid: int) -> tuple[str, float | None] | None:
@@ -553,13 +233,13 @@ class ResultStore:
     # -- runs --------------------------------------------------------------------------------------
 
     def _run_values(self, fields: dict[str, Any], current: dict[str, Any] | None = None) -> dict[str, Any]:
-        unknown = set(fields) - set(_RUN_COLUMNS)
+        unknown = set(fields) - set(RUN_COLUMNS)
         if unknown:
             raise ValueError(f"unknown run field(s): {', '.join(sorted(unknown))}")
-        _check("suite", fields.get("suite"), SUITES)
-        _check("size_label", fields.get("size_label"), SIZE_LABELS)
-        _check("state", fields.get("state"), STATES)
-        _check("accelerator", fields.get("accelerator"), ACCELERATORS)
+        check("suite", fields.get("suite"), SUITES)
+        check("size_label", fields.get("size_label"), SIZE_LABELS)
+        check("state", fields.get("state"), STATES)
+        check("accelerator", fields.get("accelerator"), ACCELERATORS)
         values = dict(fields)
         accel = values.get("accelerator", (current or {}).get("accelerator"))
         if "emulated" in values or "accelerator" in values:
@@ -611,7 +291,7 @@ class ResultStore:
                 "finished_at": finished_at,
             }
         )
-        values["provenance"] = _json((provenance or Provenance()).to_stored())
+        values["provenance"] = dumps((provenance or Provenance()).to_stored())
         cols = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         with self._write() as conn:
@@ -619,7 +299,7 @@ class ResultStore:
             return int(cur.lastrowid or 0)
 
     def update_run(self, run_id: int, **fields: Any) -> None:
-        """Set any run columns (see _RUN_COLUMNS) but the provenance (set_provenance)."""
+        """Set any run columns (see RUN_COLUMNS) but the provenance (set_provenance)."""
         if "provenance" in fields:
             raise ValueError("a run's provenance is set with set_provenance()")
         if not fields:
@@ -635,7 +315,7 @@ class ResultStore:
         with self._write() as conn:
             self._require(conn, run_id)
             conn.execute("UPDATE runs SET provenance = ? WHERE id = ?",
-                         (_json(provenance.to_stored()), int(run_id)))
+                         (dumps(provenance.to_stored()), int(run_id)))
 
     def finish_run(self, run_id: int, state: str, reason: str | None = None, *,
                    finished_at: float | None = None) -> None:
@@ -659,38 +339,12 @@ class ResultStore:
             self._require(conn, run_id)
             conn.execute("DELETE FROM runs WHERE id = ?", (int(run_id),))
 
-    def _load_measurements(
-        self, conn: sqlite3.Connection, run_ids: Sequence[int], raw: bool
-    ) -> dict[int, list[Measurement]]:
-        out: dict[int, list[Measurement]] = {rid: [] for rid in run_ids}
-        if not run_ids:
-            return out
-        raw_col = "raw" if raw else "NULL AS raw"
-        cols = ", ".join(c for c in ("id", "run_id", *MEASUREMENT_COLUMNS) if c != "raw")
-        for start in range(0, len(run_ids), 500):
-            chunk = list(run_ids[start : start + 500])
-            marks = ", ".join("?" for _ in chunk)
-            for r in conn.execute(
-                f"SELECT {cols}, {raw_col} FROM measurements WHERE run_id IN ({marks}) ORDER BY id", chunk
-            ):
-                d = dict(r)
-                d["labels"] = _loads(d["labels"], [])
-                out[d["run_id"]].append(Measurement(**d))
-        return out
-
-    @staticmethod
-    def _run_from_row(row: sqlite3.Row, measurements: list[Measurement]) -> Run:
-        d = dict(row)
-        d["emulated"] = bool(d["emulated"])
-        d["provenance"] = Provenance.from_stored(_loads(d["provenance"], {}))
-        return Run(**d, measurements=measurements)
-
     def get_run(self, run_id: int, *, raw: bool = True) -> Run:
         """The run with all its measurements (raw tool output included unless raw=False)."""
         with self._read() as conn:
             row = self._require(conn, run_id)
-            ms = self._load_measurements(conn, [int(run_id)], raw)[int(run_id)]
-            return self._run_from_row(row, ms)
+            ms = load_measurements(conn, [int(run_id)], raw)[int(run_id)]
+            return run_from_row(row, ms)
 
     def list_runs(
         self,
@@ -701,7 +355,7 @@ class ResultStore:
         raw: bool = False,
     ) -> list[Run]:
         """Runs newest first, with measurements (raw output left out unless raw=True)."""
-        _check("state", state, STATES)
+        check("state", state, STATES)
         where: list[str] = []
         args: list[Any] = []
         if state is not None:
@@ -719,8 +373,8 @@ class ResultStore:
             args.append(int(limit))
         with self._read() as conn:
             rows = conn.execute(sql, args).fetchall()
-            ms = self._load_measurements(conn, [r["id"] for r in rows], raw)
-            return [self._run_from_row(r, ms[r["id"]]) for r in rows]
+            ms = load_measurements(conn, [r["id"] for r in rows], raw)
+            return [run_from_row(r, ms[r["id"]]) for r in rows]
 
     def run_ids(self) -> list[int]:
         with self._lock:
@@ -876,7 +530,7 @@ class ResultStore:
         ).fetchone()[0]
         conn.execute(
             "INSERT INTO events (run_id, seq, t, kind, payload) VALUES (?, ?, ?, ?, ?)",
-            (run_id, seq, time.time() if t is None else t, kind, _json(payload)),
+            (run_id, seq, time.time() if t is None else t, kind, dumps(payload)),
         )
         return int(seq)
 
@@ -901,7 +555,7 @@ class ResultStore:
                 " ORDER BY seq LIMIT ?",
                 (int(run_id), int(after_seq), int(limit)),
             ).fetchall()
-        return [Event(r["run_id"], r["seq"], r["t"], r["kind"], _loads(r["payload"], {})) for r in rows]
+        return [Event(r["run_id"], r["seq"], r["t"], r["kind"], loads(r["payload"], {})) for r in rows]
 
     def follow(self, run_id: int, after_seq: int = 0, *, poll: float = 0.5) -> Iterator[Event]:
         """Every event after `after_seq` as it is appended, until the run has ended and its last event is out (a

@@ -22,7 +22,7 @@ from ..disks.volumes.store import VolumeBusy, VolumeStore
 from ..errors import CloudboxError
 from ..record.events import ProgressEvent, SampleEvent, StateEvent, StepEvent, parse
 from ..record.provenance import Controller, NodeInfo, Nodes, PeerServers, Provenance, RemoteRun
-from ..record.results import MEASUREMENT_COLUMNS
+from ..record.rows import MEASUREMENT_COLUMNS
 from ..spec import nodeconf
 from ..spec.knobs import is_nfs
 from ..spec.runspec import BOOT, RunSpec, resolve_net_tests

@@ -46,7 +46,8 @@ from ..record.events import (
     parse,
 )
 from ..record.provenance import Controller, Guests, GuestStart, Nodes, Place, Provenance, RemoteRun
-from ..record.results import MEASUREMENT_COLUMNS, ResultStore
+from ..record.results import ResultStore
+from ..record.rows import MEASUREMENT_COLUMNS
 from ..spec import addresses
 from ..spec.runspec import BOOT, LOCAL_PLACE, RunSpec, split_guests
 from ..virt.guestimage import GuestImage

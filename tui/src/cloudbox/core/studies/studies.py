@@ -50,8 +50,8 @@ from ..errors import (
     plain_value,
     problem_from,
 )
-from ..record.results import Measurement, Run
-from ..record.results import Sample as HostSample
+from ..record.rows import Measurement, Run
+from ..record.rows import Sample as HostSample
 from ..spec import profiles
 from ..spec.catalogue import FRONTEND_SUFFIX, NET_TESTS, is_network_test, is_storage_test, primary_metric
 from ..spec.catalogue import TESTS as STORAGE_TESTS

@@ -24,7 +24,7 @@ from ..bench import bonnie, iozone, propagation
 from ..bench.propagation import Fit, NoFit
 from ..inputs import printable
 from ..record.fairness import spread
-from ..record.results import Sample as HostSample
+from ..record.rows import Sample as HostSample
 from ..spec import catalogue
 from ..spec.catalogue import is_storage_test, test_title
 from .studies import (

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..record.fairness import spread
-from ..record.results import Measurement, Run
+from ..record.rows import Measurement, Run
 from ..spec.catalogue import (
     FIO_CS_TESTS,
     FRONTEND_SUFFIX,

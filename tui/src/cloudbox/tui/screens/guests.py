@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
-from cloudbox.core.record.results import Run
+from cloudbox.core.record.rows import Run
 from cloudbox.core.virt.guest import GuestInfo
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog

@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Label, Static
 
 from cloudbox.core.cluster import frontend
 from cloudbox.core.disks import backing
-from cloudbox.core.record.results import Run
+from cloudbox.core.record.rows import Run
 from cloudbox.core.views.host import HostFacts, Node
 from cloudbox.tui.backend import Cluster
 from cloudbox.tui.screens.base import BaseScreen

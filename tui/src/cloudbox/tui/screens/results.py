@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from cloudbox.core.record.results import Run
+from cloudbox.core.record.rows import Run
 from cloudbox.core.views import compare
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, ExportDialog

@@ -39,7 +39,7 @@ from cloudbox.core.record.events import (
     instance_name,
     stamped,
 )
-from cloudbox.core.record.results import Run
+from cloudbox.core.record.rows import Run
 from cloudbox.core.run.runs import Sweep
 from cloudbox.core.spec.profiles import MIX
 from cloudbox.core.spec.runspec import MAX_GUESTS, RunSpec, option
