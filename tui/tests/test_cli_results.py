@@ -16,7 +16,7 @@ from conftest_results import study_a_store
 from cloudbox.cli import results as cli_results
 from cloudbox.core.record.provenance import DiskStall, NicStall
 from cloudbox.core.record.results import ResultStore
-from cloudbox.core.views import compare
+from cloudbox.core.views import labels, render
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_list_text_and_json(db, capsys):
     assert lines[1].split()[0] == str(virtio) and lines[2].split()[0] == str(default)  # newest first
     assert "tcg*" in lines[1] and "55.0 (50%)" in lines[1]
     assert "1.3 (1%)" in lines[2] and "667" in lines[2]
-    assert compare.EMULATED_NOTE in out
+    assert labels.EMULATED_NOTE in out
     assert max(len(line) for line in lines[:3]) <= 80
 
     code, out, _ = run_cli(["results", "--db", str(path), "list", "--json"], capsys)
@@ -83,7 +83,7 @@ def test_show_text_json_raw(db, capsys):
     assert code == 0
     assert f"run #{virtio}" in out and "EMULATED" in out
     assert "KVM (TCG, emulated); local disk; virtio-blk, phy" in out
-    assert "50.0%" in out and compare.EMULATED_NOTE in out
+    assert "50.0%" in out and labels.EMULATED_NOTE in out
     assert "--- raw" not in out
     assert "guest boot" not in out  # a run without the launch time (older runs) shows no line
 
@@ -162,7 +162,7 @@ def test_export_to_file_and_stdout(db, capsys, tmp_path: Path):
     assert code == 0 and out.startswith(f"## Run #{virtio}") and "\\* measured under TCG" in out
 
     code, out, _ = run_cli(["results", "--db", str(path), "export", "--format", "csv"], capsys)
-    assert out.splitlines()[0] == ",".join(compare.CSV_FIELDS)
+    assert out.splitlines()[0] == ",".join(render.CSV_FIELDS)
 
 
 def test_not_found_goes_to_stderr_with_exit_1(db, capsys):

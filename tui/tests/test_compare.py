@@ -14,7 +14,7 @@ from cloudbox.core.record.provenance import BackingInfo, PrivateNetwork, Provena
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.rows import Run
 from cloudbox.core.spec import catalogue
-from cloudbox.core.views import compare
+from cloudbox.core.views import compare, labels, render
 
 
 @pytest.fixture
@@ -91,21 +91,21 @@ def test_emulated_marker_and_footnote_in_every_rendering(runs: list[Run]):
     default, virtio = runs
     table = compare.compare_table(runs)
     row = _row(table, "seq-write-64k", virtio.id)
-    assert row.emulated and compare.EMULATED_MARK in row.markers
+    assert row.emulated and labels.EMULATED_MARK in row.markers
     assert not _row(table, "seq-write-64k", default.id).emulated
-    assert compare.EMULATED_NOTE in table.footnotes
+    assert labels.EMULATED_NOTE in table.footnotes
 
-    text = compare.to_text(table)
+    text = render.to_text(table)
     assert "KVM (TCG, emulated) *" in " ".join(text.split()) or "emulated) *" in text
     assert "* measured under TCG emulation: not an overhead figure" in text
     assert "50.0%" in text and "1.2%" in text
 
-    md = compare.to_markdown(table)
+    md = render.to_markdown(table)
     assert "KVM (TCG, emulated) \\*" in md
     assert "\\* measured under TCG emulation: not an overhead figure" in md
     assert "| none | local disk | \\- |" in md or "| none | local disk | - |" in md
 
-    rows = list(csv.DictReader(io.StringIO(compare.to_csv(table))))
+    rows = list(csv.DictReader(io.StringIO(render.to_csv(table))))
     sw = [r for r in rows if r["test"] == "seq-write-64k"]
     emu = [r for r in sw if r["run"] == f"#{virtio.id}" and r["row"] == "guest"]
     assert len(emu) == 1
@@ -126,9 +126,9 @@ def test_caveat_labels_get_their_own_marker(runs: list[Run]):
 
 
 def test_text_fits_80_columns(runs: list[Run]):
-    text = compare.to_text(compare.compare_table(runs))
+    text = render.to_text(compare.compare_table(runs))
     assert max(len(line) for line in text.splitlines()) <= 80
-    narrow = compare.to_text(compare.compare_table(runs), width=70)
+    narrow = render.to_text(compare.compare_table(runs), width=70)
     assert max(len(line) for line in narrow.splitlines()) <= 70
     assert "emulated)" in narrow  # wrapped, not lost
 
@@ -145,7 +145,7 @@ def test_shared_baseline_row_is_a_marked_mean(tmp_path: Path):
     assert [r.kind for r in sw.rows] == ["baseline", "guest", "guest"]
     base = sw.rows[0]
     assert base.run_ids == [a, b] and base.cells["value"] == pytest.approx(110.0)
-    assert base.marker == compare.MEAN_BASELINE_MARK
+    assert base.marker == labels.MEAN_BASELINE_MARK
     assert any("each run's % uses its own baseline" in n for n in table.footnotes)
     assert _row(table, "seq-write-64k", b).cells["pct"] == pytest.approx(1.3 / 109 * 100)
 
@@ -160,20 +160,20 @@ def test_labels_from_the_profile_and_the_backing_store_used():
 
     sparse = BackingInfo(kind="sparse-file", path="/var/lib/cloudbox/backing/bench.img")
     r = run(Provenance(backing=sparse), profile_toml=PROFILE_DEFAULT)
-    assert (compare.vmm_label(r), compare.target_label(r), compare.driver_label(r)) == (
+    assert (labels.vmm_label(r), labels.target_label(r), labels.driver_label(r)) == (
         "KVM", "local file", "scsi-lsi, sparse file")
-    assert compare._nic(r) == "e1000, MTU 9000"
+    assert labels.nic_label(r) == "e1000, MTU 9000"
     # The backing store the run used, over the one its profile asked for (they agree on every run so far).
     r = run(Provenance(backing=BackingInfo(kind="prealloc-file")), accelerator="xen",
             profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "xen-vbd"\nbacking = "sparse-file"\n')
-    assert (compare.vmm_label(r), compare.driver_label(r)) == ("Xen (PV)", "xvd, pre-allocated file")
+    assert (labels.vmm_label(r), labels.driver_label(r)) == ("Xen (PV)", "xvd, pre-allocated file")
     r = run(Provenance(backing=BackingInfo(kind="network-volume")), accelerator="nested-kvm", emulated=True,
             profile_toml='[guest]\nhypervisor = "kvm"\n[disk]\nbus = "virtio-scsi"\n'
                          'backing = "network-volume"\nvolume = "aoe:e0.1"\n'
                          '[network]\nmodel = "virtio"\nvhost = true\n')
-    assert compare.vmm_label(r) == "KVM (nested, emulated)"
-    assert (compare.target_label(r), compare.driver_label(r)) == ("EBS (AoE)", "virtio-scsi, phy")
-    assert compare._nic(r) == "virtio-net (vhost)"
+    assert labels.vmm_label(r) == "KVM (nested, emulated)"
+    assert (labels.target_label(r), labels.driver_label(r)) == ("EBS (AoE)", "virtio-scsi, phy")
+    assert labels.nic_label(r) == "virtio-net (vhost)"
     # A run on a back-end with network tests: its private network in provenance, under the key it had before
     # (old rows) and under its own key now; the NIC's knobs still come from the profile, vhost included.
     private = {"bridge": "cbpriv0", "peer": "10.73.0.1", "host_ip": "10.73.0.17", "guest_ip": "10.73.0.101",
@@ -182,17 +182,17 @@ def test_labels_from_the_profile_and_the_backing_store_used():
     for stored in ({"network": private}, {"private_network": private}):
         prov = Provenance.from_stored(stored)
         assert prov.private_network == PrivateNetwork(**private), stored
-        assert compare._nic(run(prov, profile_toml=toml)) == "virtio-net (vhost), MTU 9000", stored
+        assert labels.nic_label(run(prov, profile_toml=toml)) == "virtio-net (vhost), MTU 9000", stored
     r = run(accelerator="xen", profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "xen-vbd"\n'
             'backing = "prealloc-file"\n')
-    assert (compare.vmm_label(r), compare.target_label(r), compare.driver_label(r)) == (
+    assert (labels.vmm_label(r), labels.target_label(r), labels.driver_label(r)) == (
         "Xen (PV)", "local file", "xvd, pre-allocated file")
     r = run(accelerator="xen", emulated=True, profile_toml='[guest]\nhypervisor = "xen"\n[disk]\nbus = "scsi-lsi"\n')
-    assert compare.vmm_label(r) == "Xen (HVM, emulated)"
+    assert labels.vmm_label(r) == "Xen (HVM, emulated)"
     r = run(accelerator="xen", profile_toml='[guest]\nhypervisor = "xen"\nxen_type = "pvh"\n[disk]\nbus = "xen-vbd"\n')
-    assert compare.vmm_label(r) == "Xen (PVH)"  # the stated guest type, not the one the bus implies
-    assert compare.driver_label(run()) == "?, ?"
-    assert compare.driver_label(run(profile_toml="not [toml")) == "?, ?"
+    assert labels.vmm_label(r) == "Xen (PVH)"  # the stated guest type, not the one the bus implies
+    assert labels.driver_label(run()) == "?, ?"
+    assert labels.driver_label(run(profile_toml="not [toml")) == "?, ?"
 
 
 def test_a_xen_run_has_its_dom0_baseline_beside_a_kvm_run(tmp_path: Path):
@@ -228,13 +228,13 @@ def test_missing_baseline_shows_a_dash(tmp_path: Path):
     assert sw is not None and [r.kind for r in sw.rows] == ["guest"]
     assert sw.rows[0].cells["pct"] is None
     assert table.footnotes == []
-    line = [x for x in compare.to_text(table).splitlines() if x.startswith("#")][0]
+    line = [x for x in render.to_text(table).splitlines() if x.startswith("#")][0]
     assert line.split()[-4:] == ["-", "-", "-", "-"]
-    assert compare.to_text(compare.compare_table([])).strip().endswith("(no measurements)")
+    assert render.to_text(compare.compare_table([])).strip().endswith("(no measurements)")
 
 
 def test_to_json_has_provenance_and_raw_on_request(runs: list[Run]):
-    doc = json.loads(compare.to_json(runs))
+    doc = json.loads(render.to_json(runs))
     assert doc["format"] == "cloudbox-results" and doc["version"] == 1
     assert [r["id"] for r in doc["runs"]] == [r.id for r in runs]
     first = doc["runs"][0]
@@ -243,7 +243,7 @@ def test_to_json_has_provenance_and_raw_on_request(runs: list[Run]):
     assert first["profile_toml"].startswith('name = "study-a-default"')
     assert all("raw" not in m for m in first["measurements"])
     assert doc["runs"][1]["emulated"] is True and doc["runs"][1]["summary"]["seq_write_pct"] == 50.0
-    with_raw = json.loads(compare.to_json(runs, raw=True))
+    with_raw = json.loads(render.to_json(runs, raw=True))
     raws = [m["raw"] for m in with_raw["runs"][0]["measurements"] if m["raw"]]
     assert any(json.loads(r)["fio version"] == "fio-3.33" for r in raws if r.startswith("{"))
 

@@ -14,7 +14,8 @@ from cloudbox.core.run.multi import check_fits
 from cloudbox.core.spec.knobs import guest_disks
 from cloudbox.core.spec.profiles import ProfileError, find_profile, parse_profile
 from cloudbox.core.spec.runspec import RunSpec
-from cloudbox.core.views.compare import knobs
+from cloudbox.core.views import labels
+from cloudbox.core.views.labels import knobs
 
 BASE = """
 name = "t"
@@ -126,12 +127,11 @@ def test_the_comparison_names_the_hosts_raid():
     from types import SimpleNamespace
 
     from cloudbox.core.record.provenance import Provenance
-    from cloudbox.core.views import compare
 
     run = SimpleNamespace(profile_toml=find_profile("virtio-raid0-host").to_toml(), provenance=Provenance(),
                           accelerator="kvm", emulated=0)
     assert knobs(run).raid_on == "host"
-    assert compare.driver_label(run) == "virtio-blk, the host's RAID 0 (64 KiB) over 3 loop devices"
+    assert labels.driver_label(run) == "virtio-blk, the host's RAID 0 (64 KiB) over 3 loop devices"
 
 
 def test_results_show_says_who_built_the_array(state, capsys):

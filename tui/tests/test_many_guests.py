@@ -30,7 +30,7 @@ from cloudbox.core.run.multi import QEMU_OVERHEAD_MIB, check_fits, serve_many
 from cloudbox.core.spec import addresses, catalogue
 from cloudbox.core.spec.profiles import mix_hash, resolve_profile
 from cloudbox.core.spec.runspec import MAX_GUESTS, RunSpec
-from cloudbox.core.views import compare
+from cloudbox.core.views import compare, labels, render
 
 
 # -- aggregation -------------------------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_the_sweep_table_has_a_row_per_guest_count(tmp_path):
         {"run": "#2 *", "guests": 2, "value": 40.0, "min": 10.0, "median": 20.0, "max": 30.0,
          "skew": pytest.approx(12.0), "base": 203.0, "avgqu": 1.5}]
     assert [r.cells["jain"] for r in section.rows] == [1.0, pytest.approx(0.8)]
-    text = compare.to_text(table, width=120)
+    text = render.to_text(table, width=120)
     assert "sum MB/s" in text and "0.800" in text and "measured under TCG emulation" in text
 
 
@@ -237,7 +237,7 @@ def test_the_tables_show_the_sum_each_guest_and_the_spread(tmp_path):
                     ("baseline", "#2 sum", 203.0, None), ("baseline", "#2 p1", 101.0, None),
                     ("baseline", "#2 p2", 102.0, None), ("guest", "#2 sum", 40.0, pytest.approx(40 / 203 * 100)),
                     ("guest", "#2 g1", 30.0, None), ("guest", "#2 g2", 10.0, None)]
-    text = compare.to_text(table, width=200)
+    text = render.to_text(table, width=200)
     assert ("#2 seq-write-64k: 2 guests, sum 40.0 MB/s; per guest min 10.0 / median 20.0 / max 30.0; Jain's "
             "fairness index 0.800; start skew 12 ms. Bare metal, 2 processes: sum 203.0") in text
     assert "2 guests at once (rows: their sum, then each guest;" in table.legend[1] and "guests" not in table.legend[0]
@@ -444,7 +444,7 @@ def test_a_network_test_of_n_is_stored_per_instance_with_the_sum_and_the_mean_la
         fig.feed(r)
     assert fig.line() == ("guest tcp-rr done: sum 2700.0 trans/s, per guest min 800.0 / median 900.0 / max "
                           "1000.0, Jain 0.992 [emulated]")
-    text = compare.to_text(compare.compare_table([run]), width=200)
+    text = render.to_text(compare.compare_table([run]), width=200)
     assert "#1 tcp-rr: 3 guests, sum 2700.0 trans/s; per guest min 800.0 / median 900.0 / max 1000.0" in text
 
 
@@ -559,7 +559,7 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path
     assert run.profile_name == "virtio-disk+lsi-disk"
     assert run.profile_hash == mix_hash([resolve_profile("virtio-disk"), lsi])
     assert [g.profile for g in run.provenance.guests.guests] == ["virtio-disk", "lsi-disk"]
-    assert compare.bus_label(run) == "virtio-blk / scsi-lsi"
+    assert labels.bus_label(run) == "virtio-blk / scsi-lsi"
     xmls = run.provenance.guests.domain_xml  # each profile's guest as libvirt ran it
     assert "bus='virtio'" in xmls["virtio-disk"] and "bus='scsi'" not in xmls["virtio-disk"]
     assert "bus='scsi'" in xmls["lsi-disk"] and "model='lsilogic'" in xmls["lsi-disk"]
@@ -577,7 +577,7 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path
     assert shown == [f"  vCPUs        3 on {cpus} host CPUs" + (": overcommitted, the guests shared CPUs "
                                                                  "(vcpu-overcommit)" if over else "")]
     for table in (compare.compare_table([run]), compare.guest_sweep_table([run])):
-        text = compare.to_text(table, width=160)
+        text = render.to_text(table, width=160)
         assert ("vcpu-overcommit: the" in text) == over, text
     for side in ("guest", "baseline"):
         each = run.instances(side, "seq-write-64k", "MB/s")

@@ -22,7 +22,7 @@ from cloudbox.core.spec.profiles import (
     resolve_profile,
 )
 from cloudbox.core.spec.runspec import RunSpec, guest_profile_index
-from cloudbox.core.views import compare
+from cloudbox.core.views import compare, labels, render
 
 
 def test_the_guests_take_the_profiles_in_turn():
@@ -165,13 +165,13 @@ def _mixed_run(store: ResultStore) -> int:
 def test_the_tables_name_each_guests_profile_and_the_mix(tmp_path, capsys):
     with ResultStore(tmp_path / "r.db") as store:
         run = store.get_run(_mixed_run(store))
-    assert compare.bus_label(run) == "virtio-blk / ide"  # not the first profile's alone
-    assert compare.driver_label(run) == "virtio-blk / ide, pre-allocated file"
+    assert labels.bus_label(run) == "virtio-blk / ide"  # not the first profile's alone
+    assert labels.driver_label(run) == "virtio-blk / ide, pre-allocated file"
     table = compare.compare_table([run])
     rows = {r.cells["run"]: r.cells["driver"] for r in table.sections[0].rows if r.kind == "guest"}
     assert rows == {"#1 sum": "virtio-blk / ide, pre-allocated file", "#1 g1": "virtio-file",
                     "#1 g2": "kvm-cache-none", "#1 g3": "virtio-file"}
-    text = compare.to_text(table, width=240)
+    text = render.to_text(table, width=240)
     assert "by profile: virtio-file 25.0 (median of 2), kvm-cache-none 10.0. Bare metal" in text
     assert cli.main(["results", "--db", str(tmp_path / "r.db"), "show", "1"]) == 0
     out = capsys.readouterr().out

@@ -21,7 +21,7 @@ from cloudbox.core.run.multi import check_fits
 from cloudbox.core.spec import catalogue
 from cloudbox.core.spec.profiles import resolve_profile
 from cloudbox.core.spec.runspec import RunSpec
-from cloudbox.core.views import compare
+from cloudbox.core.views import compare, render
 from cloudbox.core.virt.guestimage import GuestImage
 
 MIB = 1024 * 1024
@@ -200,7 +200,7 @@ def test_the_tables_show_the_jobs_own_figure_each_rank_and_the_read_job(tmp_path
     rows = [(r.cells["run"], r.cells["value"]) for r in table.sections[1].rows]
     assert rows == [("#1 job", 1000.0), ("#1 p1", 600.0), ("#1 p2", 520.0), ("#1 job", 60.0), ("#1 g1", 40.0),
                     ("#1 g2", 32.0)]
-    text = compare.to_text(table, width=200)
+    text = render.to_text(table, width=200)
     assert ("#1 mpiio-shared-1m: one MPI job, a rank in each of 2 guests, 30.0 MB/s (all bytes over the job's time); "
             "per rank (over its own time) min 16.0 / median 18.0 / max 20.0") in text
     assert "Bare metal, one job of 2 ranks: 500.0" in text and "not IOR" in text

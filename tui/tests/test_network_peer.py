@@ -230,16 +230,16 @@ def test_comparison_rows_name_the_far_end_of_network_tests():
     from types import SimpleNamespace
 
     from cloudbox.core.record.rows import Measurement
-    from cloudbox.core.views.compare import _net_target
+    from cloudbox.core.views.labels import net_target
 
     run = SimpleNamespace(provenance=Provenance(private_network=PrivateNetwork(bridge="cbpriv0", peer="10.73.0.1")))
 
     def m(test: str, labels: list[str]) -> Measurement:
         return Measurement(id=1, run_id=1, side="baseline", test=test, metric="Mbit/s", value=1.0, labels=labels)
 
-    assert _net_target(run, [m("tcp-stream-fe", ["private-network"])]) == "front-end"
-    assert _net_target(run, [m("tcp-stream", ["veth-netns"])]) == "own host"
-    assert _net_target(run, [m("tcp-stream", ["loopback"])]) == "loopback"
+    assert net_target(run, [m("tcp-stream-fe", ["private-network"])]) == "front-end"
+    assert net_target(run, [m("tcp-stream", ["veth-netns"])]) == "own host"
+    assert net_target(run, [m("tcp-stream", ["loopback"])]) == "loopback"
 
 
 @pytest.mark.slow

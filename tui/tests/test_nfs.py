@@ -22,7 +22,7 @@ from cloudbox.core.run import runs
 from cloudbox.core.spec import knobs, profiles
 from cloudbox.core.spec.profiles import resolve_profile
 from cloudbox.core.spec.runspec import MIB, RunSpec
-from cloudbox.core.views import compare
+from cloudbox.core.views import labels
 
 
 def _profile(nfs_table: str = "", **disk: str) -> str:
@@ -102,10 +102,10 @@ def _run(provenance: Provenance, toml: str, labels: tuple[str, ...] = ()) -> Run
 def test_the_tables_call_an_export_nfs_with_the_clients_version_and_writes():
     r = _run(Provenance(backing=BackingInfo(kind="network-volume", path="nfs://x")),
              _profile('vers = "4.1"\nwrites = "sync"\n'))
-    assert compare.target_label(r) == "NFS"
-    assert compare.driver_label(r) == "virtio-net NIC, the guest's NFSv4.1 client (sync)"
+    assert labels.target_label(r) == "NFS"
+    assert labels.driver_label(r) == "virtio-net NIC, the guest's NFSv4.1 client (sync)"
     # a back-end's host on the front-end's export (labelled volume-from-host)
-    assert compare._volume_baseline_driver(r) == "NFSv4.1, the host's kernel client (sync)"
+    assert labels.volume_baseline_driver(r) == "NFSv4.1, the host's kernel client (sync)"
 
 
 needs_ganesha = pytest.mark.skipif(bool(nfs.server_problem()) or shutil.which("nfs-ls") is None,

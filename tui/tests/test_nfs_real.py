@@ -14,8 +14,9 @@ from cloudbox.core.disks.volumes import attach, nfs
 from cloudbox.core.record.rows import Run
 from cloudbox.core.spec.addresses import BRIDGE, GUEST_IP, HOST_IP, PREFIX
 from cloudbox.core.spec.runspec import RunSpec
-from cloudbox.core.views import compare
-from cloudbox.core.views.compare import compare_table, to_text
+from cloudbox.core.views import labels
+from cloudbox.core.views.compare import compare_table
+from cloudbox.core.views.render import to_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.root,
               pytest.mark.skipif(bool(nfs.server_problem()), reason="needs nfs-ganesha, nfs-ganesha-vfs (make deps)")]
@@ -58,8 +59,8 @@ def test_quick_storage_run_on_an_nfs_export_mounted_by_the_guest(state, libvirt_
             assert m is not None and m.value > 0, (side, test)
             assert ("nfs-export-dir" in m.labels) == (side == "baseline"), m.labels
     assert "without NFS" in v.baseline
-    assert compare.target_label(run) == "NFS"
-    assert compare.driver_label(run) == "virtio-net NIC, the guest's NFSv4.2 client (async)"
+    assert labels.target_label(run) == "NFS"
+    assert labels.driver_label(run) == "virtio-net NIC, the guest's NFSv4.2 client (async)"
     table = compare_table([run])
     drivers = {r.kind: r.cells["driver"] for sec in table.sections for r in sec.rows}
     assert drivers == {"baseline": "the export's directory, no NFS",
@@ -76,7 +77,7 @@ def test_sync_writes_over_two_connections_and_jumbo_frames_reach_the_mount(state
     jumbo = _nfs_run("nfs-async-tcp-9000", state)
     v = jumbo.provenance.volume
     assert v is not None and ",sync," not in f",{v.mount.split()[3]},", v.mount
-    assert compare._nic(jumbo) == "virtio-net, MTU 9000"
+    assert labels.nic_label(jumbo) == "virtio-net, MTU 9000"
 
 
 @pytest.mark.full

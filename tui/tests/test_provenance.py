@@ -31,7 +31,7 @@ from cloudbox.core.record.provenance import (
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.rows import Run
 from cloudbox.core.spec.runspec import RunSpec
-from cloudbox.core.views import compare
+from cloudbox.core.views import compare, labels
 from cloudbox.core.virt.accel import Accelerator
 
 FIXTURE = Path(__file__).parent / "data" / "provenance-2026-11.db"
@@ -92,8 +92,8 @@ def test_vhost_stays_in_the_comparison_rows_of_node_runs_with_network_tests(old_
         assert section is not None, test
         drivers = {r.run_ids[0]: r.cells["driver"] for r in section.rows if r.kind == "guest"}
         assert drivers[2] == drivers[3] == "virtio-net (vhost), MTU 9000", (test, drivers)
-    assert compare._nic(old_runs[1]) == "virtio-net, MTU 9000"
-    assert [(compare.target_label(r), compare.driver_label(r)) for r in old_runs.values()] == [
+    assert labels.nic_label(old_runs[1]) == "virtio-net, MTU 9000"
+    assert [(labels.target_label(r), labels.driver_label(r)) for r in old_runs.values()] == [
         ("local disk", "virtio-blk, phy"), ("local file", "virtio-blk, sparse file"),
         ("local file", "virtio-blk, sparse file"), ("?", "?, ?")]
 

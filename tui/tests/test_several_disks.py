@@ -11,7 +11,7 @@ import pytest
 
 from cloudbox.core.disks import backing, hostraid
 from cloudbox.core.errors import CloudboxError
-from cloudbox.core.views import compare
+from cloudbox.core.views import labels
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: loop devices")
 MiB = 1 << 20
@@ -129,9 +129,9 @@ def _run_of(profile_toml: str):
 
 
 def test_the_driver_column_names_the_raid():
-    raid = compare.driver_label(_run_of(Path(__file__).resolve().parents[2].joinpath(
+    raid = labels.driver_label(_run_of(Path(__file__).resolve().parents[2].joinpath(
         "profiles/virtio-raid0.toml").read_text()))
     assert raid == "RAID 0 (64 KiB) over 3 x virtio-blk, pre-allocated file"
-    single = compare.driver_label(_run_of(Path(__file__).resolve().parents[2].joinpath(
+    single = labels.driver_label(_run_of(Path(__file__).resolve().parents[2].joinpath(
         "profiles/virtio-file.toml").read_text()))
     assert single == "virtio-blk, pre-allocated file"

@@ -20,8 +20,9 @@ from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.rows import Run
 from cloudbox.core.spec.runspec import RunSpec
-from cloudbox.core.views import compare
-from cloudbox.core.views.compare import compare_table, to_text
+from cloudbox.core.views import labels
+from cloudbox.core.views.compare import compare_table
+from cloudbox.core.views.render import to_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -77,7 +78,7 @@ def test_quick_storage_run_over_iscsi_attached_by_qemu(volume_run, libvirt_conn)
         sec = table.section(test)
         assert sec is not None and [(r.kind, r.cells["vmm"], r.cells["driver"]) for r in sec.rows][0] == (
             "baseline", "host domain", driver), sec.rows
-    assert compare.target_label(run) == "EBS (iSCSI)" and compare.driver_label(run).endswith("QEMU's iSCSI client")
+    assert labels.target_label(run) == "EBS (iSCSI)" and labels.driver_label(run).endswith("QEMU's iSCSI client")
     assert iscsi.secrets_named(libvirt_conn, iscsi.secret_usage(run.uuid)) == []
     assert set(iscsi.SOCKET_DIR.glob("socket.*")) <= sockets
 
@@ -183,8 +184,8 @@ def test_quick_storage_run_over_aoe_attached_by_the_guest(volume_run):
         assert run.measurement("baseline", test, "MB/s") is None, test  # never a local disk in its place
     if not attach.kernel_module_available("aoe"):
         assert "has none" in v.baseline and "a local disk is not the same volume" in v.baseline
-    assert compare.target_label(run) == "EBS (AoE)"
-    assert compare.driver_label(run) == "e1000 NIC, the guest's AoE initiator"
+    assert labels.target_label(run) == "EBS (AoE)"
+    assert labels.driver_label(run) == "e1000 NIC, the guest's AoE initiator"
 
 
 @pytest.mark.full
@@ -225,7 +226,7 @@ def test_quick_storage_run_over_nbd_attached_by_the_guest(volume_run):
             m = run.measurement(side, test, "MB/s")
             assert m is not None and m.value > 0, (side, test)
             assert ("volume-from-host" in m.labels) == (side == "baseline")
-    assert compare.driver_label(run) == "virtio-net NIC, the guest's NBD initiator"
+    assert labels.driver_label(run) == "virtio-net NIC, the guest's NBD initiator"
 
 
 def test_quick_storage_run_over_iscsi_attached_by_the_guest(volume_run):
@@ -244,7 +245,7 @@ def test_quick_storage_run_over_iscsi_attached_by_the_guest(volume_run):
     for test, reader in (("seq-write-64k", "libiscsi-relay"), ("seq-read-64k", "iscsi-perf")):
         base = run.measurement("baseline", test, "MB/s")
         assert base is not None and base.value > 0 and reader in base.labels, test
-    assert compare.driver_label(run) == "virtio-net NIC, the guest's iSCSI initiator"
+    assert labels.driver_label(run) == "virtio-net NIC, the guest's iSCSI initiator"
     secret = iscsi.chap().secret  # on iscsistart's command line in the guest, and nowhere in the run's record
     with ResultStore() as store:
         assert not any(secret in str(e.payload) for e in store.events_since(run.id, 0, limit=10000))

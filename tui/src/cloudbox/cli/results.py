@@ -28,7 +28,7 @@ from cloudbox.core.record.events import counted
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.rows import STATES, Run
 from cloudbox.core.spec.runspec import OVERCOMMIT_LABEL
-from cloudbox.core.views import compare
+from cloudbox.core.views import compare, labels, render
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -132,8 +132,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             marks.add("?")
         accel = s["accelerator"] or "-"
         if s["emulated"]:
-            accel += compare.EMULATED_MARK
-            marks.add(compare.EMULATED_MARK)
+            accel += labels.EMULATED_MARK
+            marks.add(labels.EMULATED_MARK)
         profile = s["profile"] or "-"
         if len(profile) > 16:
             profile = profile[:15] + "~"
@@ -148,9 +148,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     for line in [header, *rows]:
         print(" ".join(c.rjust(widths[i]) if i in numeric else c.ljust(widths[i]) for i, c in enumerate(line))
               .rstrip())
-    if compare.EMULATED_MARK in marks:
-        print(compare.EMULATED_NOTE if not any(r.accelerator == "nested-kvm" for r in runs)
-              else compare.NESTED_NOTE)
+    if labels.EMULATED_MARK in marks:
+        print(labels.EMULATED_NOTE if not any(r.accelerator == "nested-kvm" for r in runs)
+              else labels.NESTED_NOTE)
     if "?" in marks:
         print("? still marked running, but its executor process is gone (it will be marked failed)")
     print("(%) = guest as % of the bare-metal baseline measured in the same run")
@@ -192,8 +192,8 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
         f"  suite        {run.suite or '-'}  size {run.size_label or '-'}"
         + (f" ({run.size_bytes / 2**30:.1f} GiB)" if run.size_bytes else ""),
         f"  accelerator  {run.accelerator or '-'}"
-        + (f"  {compare.EMULATED_MARK} EMULATED: numbers are not overhead figures" if run.emulated else ""),
-        f"  VMM/driver   {compare.vmm_label(run)}; {compare.target_label(run)}; {compare.driver_label(run)}",
+        + (f"  {labels.EMULATED_MARK} EMULATED: numbers are not overhead figures" if run.emulated else ""),
+        f"  VMM/driver   {labels.vmm_label(run)}; {labels.target_label(run)}; {labels.driver_label(run)}",
         f"  node         {run.node or '-'}  pid {run.pid or '-'}",
         f"  started      {_when(run.started_at, True)}  finished {_when(run.finished_at, True)}"
         + (f"  ({_duration(run.duration)})" if run.duration is not None else ""),
@@ -270,7 +270,7 @@ def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
     # Reasons, kernels and versions may come from a node: every line goes through the one escaping function.
     print("\n".join(printable(line) for line in lines), file=out)
     print(file=out)
-    table = compare.to_text(compare.compare_table([run], title=f"Run #{run.id}"))
+    table = render.to_text(compare.compare_table([run], title=f"Run #{run.id}"))
     print("".join(printable(line) + "\n" for line in table.splitlines()), end="", file=out)
     if raw:
         for m in run.measurements:
@@ -284,7 +284,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     with _store(args) as store:
         run = store.get_run(store.resolve(args.run), raw=args.raw)
         if args.json:
-            print(compare.to_json([run], raw=args.raw), end="")
+            print(render.to_json([run], raw=args.raw), end="")
         else:
             _show_text(store, run, args.raw, sys.stdout)
     return 0
@@ -295,13 +295,13 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _render(runs: list[Run], fmt: str, raw: bool = False) -> str:
     if fmt == "json":
-        return compare.to_json(runs, raw=raw)
+        return render.to_json(runs, raw=raw)
     table = compare.compare_table(runs)
     if fmt == "md":
-        return compare.to_markdown(table)
+        return render.to_markdown(table)
     if fmt == "csv":
-        return compare.to_csv(table)
-    return compare.to_text(table)
+        return render.to_csv(table)
+    return render.to_text(table)
 
 
 def _runs(store: ResultStore, refs: list[str], raw: bool) -> list[Run]:

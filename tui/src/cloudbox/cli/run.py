@@ -105,7 +105,8 @@ def _store():
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from cloudbox.core.views.compare import compare_table, to_text
+    from cloudbox.core.views.compare import compare_table
+    from cloudbox.core.views.render import to_text
 
     specs = _specs(a)
     for spec in specs:  # a usage error exits 2 before anything (the results database) is created
@@ -138,7 +139,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def _sweep(a: argparse.Namespace, specs: list[RunSpec]) -> int:
     """One run per guest count, one after another; then the runs side by side (compare.guest_sweep_table)."""
-    from cloudbox.core.views.compare import guest_sweep_table, to_json, to_text
+    from cloudbox.core.views.compare import guest_sweep_table
+    from cloudbox.core.views.render import to_json, to_text
 
     counts = ", ".join(str(s.guests) for s in specs)
     with _store() as store:

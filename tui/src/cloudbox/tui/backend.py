@@ -31,7 +31,7 @@ from cloudbox.core.spec import profiles
 from cloudbox.core.spec.profiles import Profile, ProfileEntry
 from cloudbox.core.spec.runspec import RunSpec
 from cloudbox.core.studies import studies, studyreport
-from cloudbox.core.views import compare, host
+from cloudbox.core.views import compare, host, render
 from cloudbox.core.virt import accel, daemons, guest
 
 
@@ -303,16 +303,16 @@ class Backend:
         return [self.store.get_run(i, raw=False) for i in ids]
 
     def compare_text(self, ids: list[int], width: int) -> str:
-        return compare.to_text(compare.compare_table(self.get_runs(ids)), width=width)
+        return render.to_text(compare.compare_table(self.get_runs(ids)), width=width)
 
     def export(self, ids: list[int], fmt: str, path: Path) -> Path:
         chosen = [self.store.get_run(i, raw=fmt == "json") for i in ids]
         if fmt == "json":
-            text = compare.to_json(chosen)
+            text = render.to_json(chosen)
         elif fmt == "csv":
-            text = compare.to_csv(compare.compare_table(chosen))
+            text = render.to_csv(compare.compare_table(chosen))
         elif fmt == "markdown":
-            text = compare.to_markdown(compare.compare_table(chosen))
+            text = render.to_markdown(compare.compare_table(chosen))
         else:
             raise CloudboxError(f"export format {fmt!r} is not one of json, csv, markdown")
         path = path.expanduser()

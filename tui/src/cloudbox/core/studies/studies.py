@@ -56,7 +56,8 @@ from ..spec import profiles
 from ..spec.catalogue import FRONTEND_SUFFIX, NET_TESTS, is_network_test, is_storage_test, primary_metric
 from ..spec.catalogue import TESTS as STORAGE_TESTS
 from ..spec.runspec import MAX_GUESTS, MIB, PROPAGATION, RunSpec, parse_size
-from ..views.compare import guest_count, knobs
+from ..views.compare import guest_count
+from ..views.labels import knobs
 from ..virt import accel
 
 NATIVE = "native"  # the bare-metal row of a paper table, and a rule's "% of native"
