@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import subprocess
@@ -16,7 +17,7 @@ from conftest_results import study_a_store
 from cloudbox.cli import results as cli_results
 from cloudbox.core.record.provenance import DiskStall, NicStall
 from cloudbox.core.record.results import ResultStore
-from cloudbox.core.views import labels, render
+from cloudbox.core.views import labels, render, rundetail
 
 
 @pytest.fixture
@@ -75,6 +76,17 @@ def test_list_flags_a_running_run_whose_executor_died(db, capsys):
     assert code == 1 and "still running" in err
     code, out, _ = run_cli(["results", "--db", str(path), "delete", str(rid)], capsys)
     assert code == 0 and out.strip() == f"deleted run #{rid}"
+
+
+def test_show_prints_the_core_run_detail_view(db, capsys):
+    """`results show` is the core's run-detail text, printed; the view needs no store."""
+    path, default, _ = db
+    with ResultStore(path) as store:
+        run, samples = store.get_run(default), store.samples(default)
+    code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--raw"], capsys)
+    assert code == 0 and out == rundetail.run_detail(run, samples, raw=True)
+    gone = rundetail.run_detail(dataclasses.replace(run, state="running"), samples, executor_alive=False)
+    assert "  state        running - executor process gone\n" in gone
 
 
 def test_show_text_json_raw(db, capsys):

@@ -17,18 +17,15 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from cloudbox.cli.common import guard, usage
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.inputs import printable
-from cloudbox.core.record.events import counted
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.rows import STATES, Run
-from cloudbox.core.spec.runspec import OVERCOMMIT_LABEL
-from cloudbox.core.views import compare, labels, render
+from cloudbox.core.views import compare, labels, render, rundetail
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -78,20 +75,6 @@ def _store(args: argparse.Namespace) -> ResultStore:
     return ResultStore(getattr(args, "db", None))
 
 
-def _when(t: float | None, long: bool = False) -> str:
-    if t is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S" if long else "%m-%d %H:%M", time.localtime(t))
-
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    h, rem = divmod(s, 3600)
-    return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
-
-
 def _mbps(v: float | None, pct: float | None) -> str:
     if v is None:
         return "-"
@@ -139,7 +122,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             profile = profile[:15] + "~"
         tcp = "-" if s["tcp_stream_mbits"] is None else f"{s['tcp_stream_mbits']:.0f}"
         rows.append([
-            str(s["id"]), _when(s["started_at"]), state, profile, accel,
+            str(s["id"]), rundetail.when(s["started_at"]), state, profile, accel,
             _mbps(s["seq_write_mbps"], s["seq_write_pct"]), _mbps(s["seq_read_mbps"], s["seq_read_pct"]), tcp,
         ])
     numeric = {0, 5, 6, 7}
@@ -160,125 +143,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 # -- show -------------------------------------------------------------------------------------------
 
 
-def _sampled_devices(store: ResultStore, run: Run) -> list[str]:
-    """Each device the host sampler watched during the run: seconds sampled, mean MB/s and utilisation."""
-    by: dict[str, list] = {}
-    for smp in store.samples(run.id):
-        by.setdefault(smp.device or "?", []).append(smp)
-    out = []
-    for dev, ss in by.items():
-        mbps = sum((x.read_mbps or 0) + (x.write_mbps or 0) for x in ss) / len(ss)
-        util = sum(x.util or 0 for x in ss) / len(ss)
-        out.append(f"{dev} {len(ss)} s, mean {mbps:.1f} MB/s, util {util:.0f}%")
-    return out
-
-
-def _vcpus(vcpus: int, cpus: int) -> str:
-    """'3 on 2 host CPUs' (guest vCPUs on host CPUs), saying when the guests had to share them (--cpu-overcommit)."""
-    return (f"{vcpus} on {counted(cpus, 'host CPU')}"
-            + (f": overcommitted, the guests shared CPUs ({OVERCOMMIT_LABEL})" if vcpus > cpus else ""))
-
-
-def _show_text(store: ResultStore, run: Run, raw: bool, out: TextIO) -> None:
-    p = run.provenance
-    state = run.state + (f" ({run.reason})" if run.reason else "")
-    if run.state == "running" and not _alive(store, run):
-        state += " - executor process gone"
-    lines = [
-        f"run #{run.id}  {run.uuid}",
-        f"  state        {state}",
-        f"  profile      {run.profile_name or '-'}"
-        + (f"  [{run.profile_hash[:12]}]" if run.profile_hash else ""),
-        f"  suite        {run.suite or '-'}  size {run.size_label or '-'}"
-        + (f" ({run.size_bytes / 2**30:.1f} GiB)" if run.size_bytes else ""),
-        f"  accelerator  {run.accelerator or '-'}"
-        + (f"  {labels.EMULATED_MARK} EMULATED: numbers are not overhead figures" if run.emulated else ""),
-        f"  VMM/driver   {labels.vmm_label(run)}; {labels.target_label(run)}; {labels.driver_label(run)}",
-        f"  node         {run.node or '-'}  pid {run.pid or '-'}",
-        f"  started      {_when(run.started_at, True)}  finished {_when(run.finished_at, True)}"
-        + (f"  ({_duration(run.duration)})" if run.duration is not None else ""),
-    ]
-    if p.backing is not None:
-        b = p.backing
-        desc = ", ".join(f"{k}={v}" for k, v in (("kind", b.kind), ("path", b.path), ("device", b.device),
-                                                  ("model", b.model), ("size_bytes", b.size_bytes)) if v is not None)
-        if b.count and b.more_paths:
-            desc += f", {b.count} disks (size_bytes each), also " + ", ".join(b.more_paths)
-        lines.append(f"  backing      {desc}")
-    if p.volume is not None:
-        v = p.volume
-        io = (f"; the server read {v.server_bytes_read} and wrote {v.server_bytes_written} bytes"
-              if v.server_bytes_written is not None else "")
-        lines.append(f"  volume       {v.scheme}:{v.name} attached by {v.attach}, {v.server}; authentication: "
-                     f"{v.tls or 'none'}{io}")
-        if v.host_device:
-            lines.append(f"  attached     {v.host_device} by {v.initiator}"
-                         + (" for the baseline (the guest attached the volume itself)" if v.attach == "guest" else "")
-                         + (f"; the disk under the volume ({v.server_device}) sampled beside it" if v.server_device
-                            else ""))
-        if v.mount:
-            lines.append(f"  guest mount  {v.mount}")
-        if v.host_mount:  # a back-end's host on the front-end's export, for the baseline
-            lines.append(f"  host mount   {v.host_mount}")
-        lines.append(f"  baseline     {v.baseline or '-'}")
-    per_device = _sampled_devices(store, run)
-    # a volume's two ends (the attached device, the disk under it) on one timeline, or a front-end's disk alone
-    if len(per_device) > 1 or (p.volume is not None and p.volume.server_device):
-        lines.append("  sampled      " + "; ".join(per_device))
-    arrays = [(f" of {x.name}", x.raid) for x in p.guests.guests if x.raid] if p.guests else []
-    for whose, r in arrays or ([("", p.raid)] if p.raid is not None else []):
-        lines.append(f"  {r.where + ' RAID':<13}{r.device}{whose}: RAID {r.level}, {r.chunk_kib} KiB chunks, over "
-                     + ", ".join(r.members)
-                     + ("; sectors written " + ", ".join(f"{k} {v}" for k, v in r.sectors_written.items())
-                        if r.sectors_written else ""))
-    if p.guests is not None:
-        g = p.guests
-        lines.append(f"  guests       {g.count} at once, each on a store of its own: "
-                     + ", ".join(f"{x.name} ({', '.join(filter(None, (x.profile, x.disk)))}"
-                                 f"{' on ' + x.place if x.place else ''})" if x.disk or x.profile else x.name
-                                 for x in g.guests))
-        for pl in g.places:  # a run spread over several places
-            first, last = pl.first, pl.first + pl.guests - 1
-            clock = (f"; its clock {pl.clock_offset_s * 1000:+.1f} ms from the front-end's (round trip "
-                     f"{(pl.clock_rtt_s or 0) * 1000:.1f} ms)" if pl.clock_offset_s is not None else "")
-            cpus = f"; vCPUs {_vcpus(pl.vcpus, pl.host_cpus)}" if pl.vcpus and pl.host_cpus else ""
-            lines.append(f"  place        {pl.name}: g{first}" + (f"-g{last}" if last > first else "")
-                         + f" on {pl.host or '?'} ({pl.accelerator or '?'}), its run {pl.run_id}{clock}{cpus}")
-        if g.vcpus and g.host_cpus:
-            lines.append(f"  vCPUs        {_vcpus(g.vcpus, g.host_cpus)}")
-        if g.skew_s:
-            lines.append("  start skew   " + ", ".join(f"{t} {s * 1000:.0f} ms" for t, s in g.skew_s.items())
-                         + " (the latest guest's start after the earliest's)")
-    for key, value in (("host kernel", p.host_kernel), ("guest kernel", p.guest_kernel)):
-        if value:
-            lines.append(f"  {key:<12} {value}")
-    if p.launch_to_agent_s is not None:
-        attempts = p.boot_attempts or 1
-        lines.append(f"  guest boot   {p.launch_to_agent_s:.0f} s to its agent"
-                     + (f" (launch {attempts}: the guest's first boot was lost and it was launched again)"
-                        if attempts > 1 else ""))
-    for stall in p.nic_stalls or []:
-        lines.append(f"  network      the guest's network stopped during {stall.test} (frames stopped at "
-                     f"{stall.hop}); re-plugging its NIC did not help, the guest was launched afresh and "
-                     "the tests from there on ran on the new guest")
-    for ds in p.disk_stalls or []:
-        lines.append(f"  disk         the guest's disk stopped completing requests during {ds.test} ({ds.seen}); "
-                     f"the guest was launched afresh and {ds.test} and the tests after it ran on the new guest")
-    if p.versions is not None:  # the tools' versions; the guest's packages are in --json (dozens of them)
-        versions = p.versions.model_dump(exclude={"guest_packages"})
-        lines.append("  versions     " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))
-    # Reasons, kernels and versions may come from a node: every line goes through the one escaping function.
-    print("\n".join(printable(line) for line in lines), file=out)
-    print(file=out)
-    table = render.to_text(compare.compare_table([run], title=f"Run #{run.id}"))
-    print("".join(printable(line) + "\n" for line in table.splitlines()), end="", file=out)
-    if raw:
-        for m in run.measurements:
-            if m.raw:
-                print(printable(f"\n--- raw: {m.side} {m.test} {m.metric} (measurement {m.id}) ---", "\n"), file=out)
-                print(printable(m.raw.rstrip("\n"), "\t\n"), file=out)
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     """One run: configuration, provenance summary, its table; --raw adds tool output."""
     with _store(args) as store:
@@ -286,7 +150,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.json:
             print(render.to_json([run], raw=args.raw), end="")
         else:
-            _show_text(store, run, args.raw, sys.stdout)
+            print(rundetail.run_detail(run, store.samples(run.id), executor_alive=_alive(store, run), raw=args.raw),
+                  end="")
     return 0
 
 
