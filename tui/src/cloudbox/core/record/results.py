@@ -53,6 +53,11 @@ from .schema import migrate, schema_version
 DEAD_EXECUTOR_REASON = "executor died"
 
 
+# --------------------------------------------------------------------------------------------------
+# A run's executor: alive, or gone
+# --------------------------------------------------------------------------------------------------
+
+
 def _proc_stat(pid: int) -> tuple[str, float | None] | None:
     """(state letter, wall-clock start time) of `pid` from /proc (Linux), or None if unreadable."""
     try:
