@@ -153,13 +153,13 @@ def test_results_show_says_who_built_the_array(state, capsys):
 
 def test_the_profile_list_and_studies_know_a_host_raid_needs_md(monkeypatch):
     from cloudbox.core.spec import profiles
-    from cloudbox.core.studies import studies
+    from cloudbox.core.studies import loading
 
     entries = {e.name: e for e in profiles.list_profiles()}
     assert entries["virtio-raid0-host"].raid_on == "host" and entries["virtio-raid0"].raid_on == "guest"
     monkeypatch.setattr(hostraid.shutil, "which", lambda _: None)
-    assert studies.cannot_run_here(find_profile("virtio-raid0-host")).startswith("mdadm is not installed")
-    assert studies.cannot_run_here(find_profile("virtio-raid0")) is None
+    assert loading.cannot_run_here(find_profile("virtio-raid0-host")).startswith("mdadm is not installed")
+    assert loading.cannot_run_here(find_profile("virtio-raid0")) is None
     monkeypatch.setattr(hostraid.shutil, "which", lambda _: "/sbin/mdadm")
     monkeypatch.setattr(hostraid, "kernel_module_available", lambda _: True)
-    assert studies.cannot_run_here(find_profile("virtio-raid0-host")) is None
+    assert loading.cannot_run_here(find_profile("virtio-raid0-host")) is None

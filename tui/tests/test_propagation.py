@@ -25,8 +25,8 @@ from cloudbox.core.record import schema
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec import profiles
 from cloudbox.core.spec.runspec import MIB, PlanStep, RunSpec
-from cloudbox.core.studies import studies
-from cloudbox.core.studies.studies import parse_study
+from cloudbox.core.studies import evidence, imagesweep, loading, planning
+from cloudbox.core.studies.loading import parse_study
 from cloudbox.core.virt.guestimage import GuestImage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ def replace(text: str, old: str, new: str) -> str:
 
 
 def test_the_shipped_study_b_and_the_good_file_have_their_sweep():
-    b = studies.find_study("b")
+    b = loading.find_study("b")
     assert b.propagation is not None and b.propagation.profile == PROFILE
     study, quick = b.sweep_plan("study"), b.sweep_plan("quick")
     assert study is not None and study.sizes_mib == [512, 1024, 1536, 2048, 2560, 3072, 3584] and study.repeats == 10
@@ -324,12 +324,12 @@ def test_the_html_plot_of_emulated_samples_says_so(capsys, tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- the plan
 def test_the_plan_resumes_round_by_round_and_counts_a_cut_run(study_runs):
-    b = studies.find_study("b")
+    b = loading.find_study("b")
     with ResultStore() as store:
         add_sweep(store, [(512, 1.0, 5.0)] * 3, profile_hash="an older profile")  # not the profile as it is today
         runs = store.list_runs()
-    hashes, unavailable = studies.profile_facts(b)
-    sweep = studies.plan_sweep(b, runs, hashes, size="study", node=platform.node(), backend=False,
+    hashes, unavailable = evidence.profile_facts(b)
+    sweep = imagesweep.plan_sweep(b, runs, hashes, size="study", node=platform.node(), backend=False,
                                unavailable=unavailable)
     assert sweep is not None and sweep.refused is None
     assert {k // MIB: v for k, v in sweep.have.items()} == {512: 2, 1024: 2, 1536: 1}
@@ -342,9 +342,9 @@ def test_the_plan_resumes_round_by_round_and_counts_a_cut_run(study_runs):
     spec.validate()
     assert spec.plan()[:3] == [PlanStep("guest", "propagate-512m#1"), PlanStep("guest", "propagate-1024m#1"),
                                PlanStep("guest", "propagate-1536m#1")]
-    again = studies.plan_sweep(b, runs, hashes, size="study", node=platform.node(), backend=False, again=True)
+    again = imagesweep.plan_sweep(b, runs, hashes, size="study", node=platform.node(), backend=False, again=True)
     assert again is not None and len(again.todo) == 70
-    elsewhere = studies.plan_sweep(b, runs, hashes, size="study", node="n1", backend=True)
+    elsewhere = imagesweep.plan_sweep(b, runs, hashes, size="study", node="n1", backend=True)
     assert elsewhere is not None and not elsewhere.todo and "runs on this host only" in (elsewhere.refused or "")
 
 
@@ -357,7 +357,7 @@ def test_study_run_plans_the_sweep_after_the_cells_and_skips_it_when_stored(caps
                          "128 MiB 0 of 2")
     with ResultStore() as store:
         add_sweep(store, [(32, 0.1, 5.0), (64, 0.2, 5.0), (128, 0.3, 5.0)] * 2, size="quick")
-        todo = studies.prepare_run(studies.find_study("b"), store.list_runs(), size="quick")
+        todo = planning.prepare_run(loading.find_study("b"), store.list_runs(), size="quick")
     assert [s.suite for s in todo.specs] == ["storage", "storage"]  # the sweep is whole: no propagation run
     code, out, _ = run_cli(["study", "run", "b", "--size", "quick", "--dry-run"], capsys)
     assert out.splitlines()[-1] == (f"  propagation sweep ({PROFILE}): nothing to run; stored 32 MiB 2 of 2, 64 MiB "

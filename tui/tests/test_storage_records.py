@@ -15,7 +15,7 @@ from cloudbox.core.bench import fio, iozone, runners
 from cloudbox.core.errors import Aborted, CloudboxError, UsageError
 from cloudbox.core.spec import catalogue
 from cloudbox.core.spec.runspec import RunSpec, option
-from cloudbox.core.studies import studyreport
+from cloudbox.core.studies import schema
 
 SIZES = ("4k", "16k", "64k", "256k", "1m", "4m", "16m")
 SWEEP = [f"rec-{rw}-{bs}" for bs in SIZES for rw in ("write", "read")]
@@ -277,7 +277,7 @@ def test_the_4k_grid_starts_at_iozones_own_smallest_record_and_waits_for_it():
     # quick size: 4 x 128 MiB in 4 kB requests of 20 ms each, halving per record, and each record's bytes at 10 MB/s
     want = 0.02 * 4 * (128 << 20) / 4096 * (2 - 2**-12) + 13 * 4 * (128 << 20) / 10e6
     assert runners.guest_timeout(t, 128 << 20) == pytest.approx(want) and want > runners.GUEST_TIMEOUT
-    assert catalogue.is_storage_test("iozone-grid-4k") and studyreport.is_iozone_sweep("iozone-grid-4k")
+    assert catalogue.is_storage_test("iozone-grid-4k") and schema.is_iozone_sweep("iozone-grid-4k")
 
 
 def test_the_grids_metrics_name_file_and_record_size():

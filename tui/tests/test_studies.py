@@ -1,7 +1,6 @@
-"""Studies as data (cloudbox.core.studies.studies): the shipped studies load; every kind of bad study file is refused
-naming
-the file, the key, the value and what is allowed; rules evaluate to each verdict over hand-built cells; cells are
-selected from, and study runs planned against, a real results store."""
+"""Studies as data (cloudbox.core.studies: schema, loading, verdicts, evidence, planning): the shipped studies load;
+every kind of bad study file is refused naming the file, the key, the value and what is allowed; rules evaluate to
+each verdict over hand-built cells; cells are selected from, and study runs planned against, a real results store."""
 
 from __future__ import annotations
 
@@ -19,16 +18,10 @@ from cloudbox.core.errors import NotFound, StudyError
 from cloudbox.core.inputs import shown
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec import catalogue, profiles
-from cloudbox.core.studies import studies
-from cloudbox.core.studies.studies import (
-    INCONCLUSIVE,
-    NOT_REPRODUCED,
-    REPRODUCED,
-    Cell,
-    Measured,
-    evaluate_rule,
-    parse_study,
-)
+from cloudbox.core.studies import evidence, loading, planning, schema, verdicts
+from cloudbox.core.studies.cells import Cell, Measured
+from cloudbox.core.studies.loading import parse_study
+from cloudbox.core.studies.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, evaluate_rule
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -128,7 +121,7 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.delenv("CLOUDBOX_STUDY_DIR", raising=False)
 
 
-def good() -> studies.Study:
+def good() -> schema.Study:
     return parse_study(GOOD, "t.toml")
 
 
@@ -139,41 +132,41 @@ def replace(text: str, old: str, new: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ loading
 def test_shipped_studies_load_and_name_their_files():
-    names = [e.name for e in studies.list_studies()]
+    names = [e.name for e in loading.list_studies()]
     assert {"a", "b"} <= set(names)
-    for e in studies.list_studies():
+    for e in loading.list_studies():
         assert e.problem is None, e.problem
         assert e.path.parent == REPO / "studies"
-    a = studies.find_study("A")  # the issue's spelling
+    a = loading.find_study("A")  # the issue's spelling
     assert a.name == "a" and a.suite == "all"
     assert set(a.profile_names) <= set(profiles.preset_names())
     assert a.paper_percent("eucalyptus-default", "dd-write-64k") == pytest.approx((1.3 / 111 * 100, True))
     assert a.paper_percent("kvm-ebs-aoe", "dd-write-64k") == pytest.approx((18.7 / 65.2 * 100, True))
     assert a.paper_percent("eucalyptus-default", "tcp-stream-fe") == (71.0, False)
-    b = studies.find_study("b")
+    b = loading.find_study("b")
     assert b.suite == "storage" and [r.id for r in b.rules] == ["B3.wt", "B3.none", "B3.kvm"]
     assert "iozone-grid" in b.test_ids and not any("iozone-grid" in r.cell for r in b.rules)  # a cell, no rule
 
 
 def test_study_c_is_the_iozone_record_sweep_with_cost_columns_and_no_invented_figures():
-    c = studies.find_study("C")
+    c = loading.find_study("C")
     assert c.title == "Study C: record size under O_DIRECT" and c.suite == "storage" and c.cost
     assert c.sizes == ["study", "quick"] and c.series is None
     assert c.test_ids == list(catalogue.IOZONE_TESTS)  # IOzone itself, as the study ran it
     assert set(c.profile_names) <= set(profiles.preset_names())
     for name in c.profile_names:  # one KVM box: no Xen, no network volume, one disk per guest
-        assert studies.cannot_run(profiles.find_profile(name)) is None
+        assert loading.cannot_run(profiles.find_profile(name)) is None
     backings = {profiles.find_profile(n).disk.backing for n in c.profile_names}
     assert "block-device" in backings and backings & {"prealloc-file", "sparse-file"}
     assert c.paper == [] and c.rules == []  # the design notes give no figure or conclusion for the sweep
-    assert not studies.find_study("a").cost and not studies.find_study("b").cost
+    assert not loading.find_study("a").cost and not loading.find_study("b").cost
 
 
 def test_a_bad_cost_in_a_study_file_names_the_file_key_value_and_what_is_allowed(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text((REPO / "studies" / "c.toml").read_text().replace("cost = true", 'cost = "maybe"'))
     with pytest.raises(StudyError) as exc:
-        studies.load_study(f)
+        loading.load_study(f)
     assert [p.key for p in exc.value.problems] == ["cost"]
     text = str(exc.value)
     assert text.startswith(f"{f}: invalid study (1 problem)")
@@ -187,13 +180,13 @@ def test_study_dir_override_and_not_found(tmp_path, monkeypatch):
     (d / "t.toml").write_text(GOOD)
     monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(d))
     assert paths.study_dirs() == [d]
-    assert [e.name for e in studies.list_studies()] == ["t"]
-    assert studies.find_study("T").title == "A test study"
+    assert [e.name for e in loading.list_studies()] == ["t"]
+    assert loading.find_study("T").title == "A test study"
     with pytest.raises(NotFound) as exc:
-        studies.find_study("a")  # the checkout's studies are not searched when the override is set
+        loading.find_study("a")  # the checkout's studies are not searched when the override is set
     assert "known studies: t" in str(exc.value)
     with pytest.raises(NotFound):
-        studies.load_study(tmp_path / "nope.toml")
+        loading.load_study(tmp_path / "nope.toml")
 
 
 def test_an_invalid_file_is_listed_with_its_problem(tmp_path, monkeypatch):
@@ -202,7 +195,7 @@ def test_an_invalid_file_is_listed_with_its_problem(tmp_path, monkeypatch):
     (d / "t.toml").write_text(GOOD)
     (d / "u.toml").write_text(GOOD)  # its name says t
     monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(d))
-    by_name = {e.name: e for e in studies.list_studies()}
+    by_name = {e.name: e for e in loading.list_studies()}
     assert by_name["t"].problem is None and by_name["t"].rules == 5
     assert by_name["u"].problem is not None and "name: must equal the file name" in by_name["u"].problem
 
@@ -216,14 +209,14 @@ def test_a_study_is_checked_against_the_profiles_on_every_load(tmp_path, monkeyp
     monkeypatch.setenv("CLOUDBOX_PRESET_DIR", str(pdir))
     f = tmp_path / "t.toml"
     f.write_text(GOOD)
-    assert studies.load_study(f) is studies.load_study(f)
+    assert loading.load_study(f) is loading.load_study(f)
     (pdir / "virtio-disk.toml").unlink()
     with pytest.raises(StudyError) as exc:
-        studies.load_study(f)
+        loading.load_study(f)
     assert "profiles[2].name" in str(exc.value) and "no such profile" in str(exc.value)
     f.write_text(GOOD.replace('title = "A test study"', 'title = "A test study!"'))
     (pdir / "virtio-disk.toml").write_text((REPO / "profiles" / "virtio-disk.toml").read_text())
-    assert studies.load_study(f).title == "A test study!"
+    assert loading.load_study(f).title == "A test study!"
 
 
 # Each bad input: (id, text, key, value, a piece of what is allowed).
@@ -339,7 +332,7 @@ def test_any_change_gives_a_study_or_problems(changes):
     for place, value in changes:
         put(data, place, value)
     try:
-        study = studies.validate_data(data, "t.toml")
+        study = loading.validate_data(data, "t.toml")
     except StudyError as e:
         assert e.problems and all(p.key and str(p) for p in e.problems)
     else:
@@ -352,12 +345,12 @@ def test_name_must_be_the_file_stem_and_syntax_errors_name_the_line(tmp_path):
     f = tmp_path / "other.toml"
     f.write_text(GOOD)
     with pytest.raises(StudyError) as exc:
-        studies.load_study(f)
+        loading.load_study(f)
     assert str(exc.value).startswith(f"{f}: invalid study")
     assert exc.value.problems[0].key == "name" and exc.value.problems[0].value == "t"
     f.write_text(GOOD.replace("[[tests]]", "[[tests]", 1))
     with pytest.raises(StudyError) as exc:
-        studies.load_study(f)
+        loading.load_study(f)
     line = GOOD.splitlines().index("[[tests]]") + 1
     assert exc.value.problems[0].key == f"line {line}"
 
@@ -379,11 +372,11 @@ def test_statements_and_paper_figures():
     assert by_id["R1"].statement() == "eucalyptus-default dd-write-64k ≤ 10% of native"
     assert by_id["R2"].statement() == "virtio-disk dd-write-64k ≥ 110% of eucalyptus-default's"
     assert by_id["R3"].statement() == "eucalyptus-default dd-write-64k host avgqu < 1"
-    assert studies.paper_figure(s, by_id["R1"]) == pytest.approx((2.0, True))
-    assert studies.paper_figure(s, by_id["R2"]) == pytest.approx((4750.0, True))
-    assert studies.paper_figure(s, by_id["R3"]) == (0.9, False)
-    assert studies.paper_figure(s, by_id["R4"]) == (None, False)
-    assert studies.paper_figure(s, by_id["R5"]) == (71.0, False)
+    assert verdicts.paper_figure(s, by_id["R1"]) == pytest.approx((2.0, True))
+    assert verdicts.paper_figure(s, by_id["R2"]) == pytest.approx((4750.0, True))
+    assert verdicts.paper_figure(s, by_id["R3"]) == (0.9, False)
+    assert verdicts.paper_figure(s, by_id["R4"]) == (None, False)
+    assert verdicts.paper_figure(s, by_id["R5"]) == (71.0, False)
 
 
 # ----------------------------------------------------------------------------------------------- verdicts
@@ -396,7 +389,7 @@ def cell(profile: str, test: str = "dd-write-64k", guest: float = 2.0, base: flo
                 metric="MB/s", **kw)
 
 
-def verdict(rule_id: str, cells: list[Cell], **kw) -> studies.Verdict:
+def verdict(rule_id: str, cells: list[Cell], **kw) -> verdicts.Verdict:
     s = good()
     rule = next(r for r in s.rules if r.id == rule_id)
     return evaluate_rule(s, rule, {(c.profile, c.test): c for c in cells}, **kw)
@@ -520,18 +513,18 @@ def test_select_cells_prefers_today_s_profile_then_study_size_then_the_latest(tm
                                accelerator="tcg")
         custom = add_run(store, "virtio-disk", {w: (8.0, 100.0)}, started_at=8.0, size="custom")
         runs = store.list_runs()
-    hashes, _ = studies.profile_facts(s)
-    cells = studies.select_cells(s, runs, hashes)
+    hashes, _ = evidence.profile_facts(s)
+    cells = evidence.select_cells(s, runs, hashes)
     assert set(cells) == {("eucalyptus-default", w), ("virtio-disk", w)}
     c = cells[("eucalyptus-default", w)]
     assert (c.run_id, c.guest.value, c.baseline.value, c.metric) == (new, 2.0, 100.0, "MB/s")
     v = cells[("virtio-disk", w)]  # a custom size is not one of the study's sizes
     assert v.run_id == quick_virtio != custom and v.qualifiers == ["emulated", "quick"] and v.emulated
-    assert studies.select_cells(s, runs, hashes, size="quick")[("eucalyptus-default", w)].guest.value == 3.0
-    assert studies.select_cells(s, runs, hashes, node="elsewhere") == {}
+    assert evidence.select_cells(s, runs, hashes, size="quick")[("eucalyptus-default", w)].guest.value == 3.0
+    assert evidence.select_cells(s, runs, hashes, node="elsewhere") == {}
     # a run of an older version of the profile is used only when nothing else is there, and says so
     only_old = [r for r in runs if r.profile_hash == "0" * 64]
-    c = studies.select_cells(s, only_old, hashes)[("eucalyptus-default", w)]
+    c = evidence.select_cells(s, only_old, hashes)[("eucalyptus-default", w)]
     assert c.profile_changed and c.qualifiers == ["profile changed"]
     assert old != c.run_id
 
@@ -541,7 +534,7 @@ def test_gather_evaluates_over_the_store(tmp_path):
     with ResultStore(tmp_path / "r.db") as store:
         add_run(store, "eucalyptus-default", {"dd-write-64k": (4.0, 80.0)})
         add_run(store, "virtio-disk", {"dd-write-64k": (3.0, 80.0)}, started_at=1_700_000_100.0)
-        ev = studies.gather(s, store.list_runs(state="completed"))
+        ev = evidence.gather(s, store.list_runs(state="completed"))
     assert ev.unavailable == {"xen-default": "Xen profile: boot the appliance's Xen entry"}
     assert [(v.rule.id, v.status) for v in ev.verdicts] == [
         ("R1", REPRODUCED), ("R2", NOT_REPRODUCED), ("R3", REPRODUCED), ("R4", INCONCLUSIVE), ("R5", INCONCLUSIVE)]
@@ -559,34 +552,34 @@ def test_plan_skips_cells_stored_for_the_same_hash_size_and_node(tmp_path):
         add_run(store, "virtio-disk", {"dd-write-64k": (1.0, 100.0)}, profile_hash="0" * 64)  # another profile
         add_run(store, "virtio-disk", {"dd-write-64k": (1.0, 100.0)}, state="failed")
         runs = store.list_runs()
-    hashes, unavailable = studies.profile_facts(s)
-    plan = studies.plan_run(s, runs, hashes, size="study", node=here, backend=False, unavailable=unavailable)
+    hashes, unavailable = evidence.profile_facts(s)
+    plan = planning.plan_run(s, runs, hashes, size="study", node=here, backend=False, unavailable=unavailable)
     by = {p.profile: p for p in plan}
     assert by["eucalyptus-default"].stored == {"dd-write-64k": done} and by["eucalyptus-default"].run == []
     assert by["eucalyptus-default"].elsewhere == ["tcp-stream-fe"]
     assert by["virtio-disk"].run == ["dd-write-64k"] and by["virtio-disk"].stored == {}
     assert by["xen-default"].refused == "Xen profile: boot the appliance's Xen entry" and by["xen-default"].run == []
     # on a back-end the front-end test is measured too; --again measures what is stored
-    plan = studies.plan_run(s, runs, hashes, size="study", node=here, backend=True, unavailable=unavailable,
+    plan = planning.plan_run(s, runs, hashes, size="study", node=here, backend=True, unavailable=unavailable,
                             again=True)
     assert {p.profile: p.run for p in plan}["eucalyptus-default"] == ["dd-write-64k", "tcp-stream-fe"]
     # the quick run counts for a quick study run
-    plan = studies.plan_run(s, runs, hashes, size="quick", node=here, backend=False, unavailable=unavailable)
+    plan = planning.plan_run(s, runs, hashes, size="quick", node=here, backend=False, unavailable=unavailable)
     assert {p.profile: p.run for p in plan}["virtio-disk"] == []
 
 
 def test_planned_profiles_become_valid_run_specs():
-    storage_only = studies.PlannedProfile("virtio-disk", run=["dd-write-64k", "dd-read-64k"])
+    storage_only = planning.PlannedProfile("virtio-disk", run=["dd-write-64k", "dd-read-64k"])
     spec = storage_only.spec("quick", work_dir="/srv/test")
     assert (spec.profile, spec.suite, spec.size, spec.storage_tests, spec.work_dir) == (
         "virtio-disk", "storage", "quick", "dd-write-64k,dd-read-64k", "/srv/test")
     spec.validate()
-    both = studies.PlannedProfile("virtio-disk", run=["dd-read-64k", "tcp-stream", "tcp-stream-fe", "tcp-maerts-fe"])
+    both = planning.PlannedProfile("virtio-disk", run=["dd-read-64k", "tcp-stream", "tcp-stream-fe", "tcp-maerts-fe"])
     spec = both.spec("study", "node2")
     assert (spec.suite, spec.storage_tests, spec.net_tests, spec.node) == (
         "all", "dd-read-64k", "tcp-stream,tcp-maerts", "node2")
     spec.validate()
     assert [(p.side, p.test) for p in spec.plan()][:3] == [("baseline", "dd-read-64k"), ("guest", "boot"),
                                                             ("guest", "dd-read-64k")]
-    net = studies.PlannedProfile("virtio-disk", run=["tcp-maerts"]).spec("quick")
+    net = planning.PlannedProfile("virtio-disk", run=["tcp-maerts"]).spec("quick")
     assert (net.suite, net.net_tests) == ("network", "tcp-maerts")

@@ -16,7 +16,7 @@ import pytest
 from cloudbox.core.errors import StudyError
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec import profiles
-from cloudbox.core.studies import studies, studyreport
+from cloudbox.core.studies import cellstates, evidence, html, loading, markdown, planning, series
 
 T0 = 1_700_000_000.0
 REPO = Path(__file__).resolve().parents[2]
@@ -47,19 +47,19 @@ D_TEXT = (REPO / "studies" / "d.toml").read_text()
 
 def problems_of(text: str) -> dict[str, str]:
     with pytest.raises(StudyError) as exc:
-        studies.parse_study(text, "d.toml")
+        loading.parse_study(text, "d.toml")
     return {p.key: f"{p.message} | {p.allowed}" for p in exc.value.problems}
 
 
 def test_the_shipped_study_d_is_a_series_per_size():
-    d = studies.find_study("d")
+    d = loading.find_study("d")
     assert d.rules == [] and d.paper == []
     quick, full = d.series_plan("quick"), d.series_plan("study")
     assert quick is not None and full is not None
     assert (quick.repeats, quick.every_s, quick.guests) == (5, 60.0, 2)
     assert full.words() == "17 repeats every 15 min (over 4 h), 4 guests at once"
-    assert (d.guests("study"), studies.find_study("a").guests("study")) == (4, 1)
-    assert studies.find_study("a").series_plan("quick") is None
+    assert (d.guests("study"), loading.find_study("a").guests("study")) == (4, 1)
+    assert loading.find_study("a").series_plan("quick") is None
 
 
 def test_a_bad_series_plan_names_the_key_and_what_is_allowed():
@@ -79,53 +79,53 @@ def test_a_bad_series_plan_names_the_key_and_what_is_allowed():
 
 
 def test_a_series_run_plans_the_repeats_still_missing_spaced_by_the_plan():
-    d = studies.find_study("d")
+    d = loading.find_study("d")
     with ResultStore() as store:
         first = record(store, {"seq-write-64k": 50.0, "seq-write-64k-buffered": 80.0}, started_at=T0)
         record(store, {"seq-write-64k": 52.0}, started_at=T0 + 60)  # lacks a test: not a whole repeat
         record(store, {"seq-write-64k": 51.0, "seq-write-64k-buffered": 81.0}, started_at=T0 + 120, size="study")
         done = store.list_runs(state="completed")
-        todo = studies.prepare_run(d, done, size="quick")
-        again = studies.prepare_run(d, done, size="quick", again=True)
+        todo = planning.prepare_run(d, done, size="quick")
+        again = planning.prepare_run(d, done, size="quick", again=True)
     # the one-guest repeat is not one of this plan's (two guests at once): five to do
     assert len(todo.specs) == 5 and todo.offsets == [0.0, 60.0, 120.0, 180.0, 240.0]
     assert all(s.size == "quick" and s.storage_tests == "seq-write-64k,seq-write-64k-buffered" and s.guests == 2
                for s in todo.specs)
     assert todo.plan[0].have == 0 and todo.plan[0].repeats == 5
-    one = studies.prepare_run(studies.with_series_plan(d, "quick", guests=1), done, size="quick")
+    one = planning.prepare_run(planning.with_series_plan(d, "quick", guests=1), done, size="quick")
     assert one.plan[0].have == 1 and one.plan[0].repeats == 4 and all(s.guests == 1 for s in one.specs)
     assert one.lines() == ["  virtio-file: 1 of 5 repeats stored; run seq-write-64k, seq-write-64k-buffered x4"]
     assert one.headline().endswith("4 run(s) to do, a series of 5 repeats every 1 min (over 4 min)")
     assert todo.headline().endswith("a series of 5 repeats every 1 min (over 4 min), 2 guests at once")
     assert len(again.specs) == 5
-    assert [r.id for r in studies.series_runs(done, "virtio-file", profiles.find_profile("virtio-file").hash,
+    assert [r.id for r in series.series_runs(done, "virtio-file", profiles.find_profile("virtio-file").hash,
                                               ["seq-write-64k", "seq-write-64k-buffered"], "quick", None)] == [first]
 
 
 def test_series_stats_match_hand_computed_values():
-    st = studies.series_stats([10.0, 12.0, 11.0, 13.0, 14.0])
+    st = series.series_stats([10.0, 12.0, 11.0, 13.0, 14.0])
     assert st is not None
     assert (st.n, st.median, st.low, st.high, st.mean) == (5, 12.0, 10.0, 14.0, 12.0)
     # sample standard deviation: sqrt((4+0+1+1+4)/4) = sqrt(2.5) = 1.5811; CV = 1.5811 / 12 = 13.18 %
     assert st.stdev == pytest.approx(1.58114, abs=1e-5) and st.cv == pytest.approx(13.176, abs=1e-3)
     # 5th / 95th percentiles, linear between ranks: 10 + 0.2 * 1 = 10.2 and 13 + 0.8 * 1 = 13.8
     assert st.p5 == pytest.approx(10.2) and st.p95 == pytest.approx(13.8)
-    one = studies.series_stats([7.0])
+    one = series.series_stats([7.0])
     assert one is not None and (one.median, one.stdev, one.cv) == (7.0, None, None)
-    assert studies.series_stats([]) is None
+    assert series.series_stats([]) is None
 
 
 def test_histogram_bins_cover_every_value_once():
     values = [1.0, 2.0, 2.5, 3.0, 9.0, 10.0]
-    hist = studyreport.bins(values, 3)
+    hist = series.bins(values, 3)
     assert hist == [(1.0, 4.0, 4), (4.0, 7.0, 0), (7.0, 10.0, 2)]
-    assert sum(n for _, _, n in studyreport.bins(values)) == len(values)
-    assert studyreport.bins([5.0, 5.0]) == [(5.0, 5.0, 2)]
+    assert sum(n for _, _, n in series.bins(values)) == len(values)
+    assert series.bins([5.0, 5.0]) == [(5.0, 5.0, 2)]
 
 
 def test_density_matches_hand_computed_values_and_finds_two_groups():
     values = [10.0, 12.0, 11.0, 13.0, 14.0]
-    d = studyreport.density(values)
+    d = series.density(values)
     assert d is not None
     # Silverman: s = 1.5811, IQR = 13 - 11 = 2 -> 2 / 1.34 = 1.4925 (the smaller); 0.9 * 1.4925 * 5^-0.2 = 0.97357
     assert d.bandwidth == pytest.approx(0.97357, abs=1e-4)
@@ -139,17 +139,17 @@ def test_density_matches_hand_computed_values_and_finds_two_groups():
     area = sum((a[1] + b[1]) / 2 * step for a, b in zip(d.curve, d.curve[1:], strict=False))
     assert area == pytest.approx(1.0, abs=0.01)  # a density: it integrates to one over +-3h
     assert d.peaks == [pytest.approx(12.0)]
-    two = studyreport.density([1.0, 1.1, 0.9, 10.0, 10.1, 9.9])
+    two = series.density([1.0, 1.1, 0.9, 10.0, 10.1, 9.9])
     assert two is not None and len(two.peaks) == 2
     assert two.peaks[0] == pytest.approx(1.0, abs=0.5) and two.peaks[1] == pytest.approx(10.0, abs=0.5)
-    assert "2 peaks, at 1.0 and 10.0 MB/s" in studyreport.density_words(two, "MB/s")
-    three = studyreport.Density(1.0, [], [1.0, 10.0, 20.0])
-    assert "3 peaks, at 1.0, 10.0 and 20.0 MB/s." in studyreport.density_words(three, "MB/s")
-    assert studyreport.density([5.0, 5.0, 5.0]) is None and studyreport.density([1.0, 2.0]) is None
+    assert "2 peaks, at 1.0 and 10.0 MB/s" in markdown.density_words(two, "MB/s")
+    three = series.Density(1.0, [], [1.0, 10.0, 20.0])
+    assert "3 peaks, at 1.0, 10.0 and 20.0 MB/s." in markdown.density_words(three, "MB/s")
+    assert series.density([5.0, 5.0, 5.0]) is None and series.density([1.0, 2.0]) is None
 
 
 def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
-    d = studies.find_study("d")  # its plan has two guests; repeats of one (`--guests 1`) are what is stored
+    d = loading.find_study("d")  # its plan has two guests; repeats of one (`--guests 1`) are what is stored
     ids = []
     with ResultStore() as store:
         for i, v in enumerate([10.0, 12.0, 11.0]):
@@ -157,9 +157,9 @@ def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
                               base_labels=("virtualized-host",) if i == 1 else ()))
         done = store.list_runs(state="completed")
         stored = store.list_runs()
-    ev = studies.gather(d, done)
+    ev = evidence.gather(d, done)
     assert [x.run_id for x in ev.series[("virtio-file", "seq-write-64k")]] == ids
-    md = studyreport.to_markdown(ev)
+    md = markdown.to_markdown(ev)
     assert "## Variability over time" in md
     row = next(line for line in md.splitlines() if line.startswith("| virtio-file | seq-write-64k |"))
     # 3 of the quick plan's 5 repeats; median 11.0 labelled emulated and quick; p5 10.1, p95 11.9; CV 1/11 = 9.1 %;
@@ -167,8 +167,8 @@ def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
     assert row.startswith("| virtio-file | seq-write-64k | 3 of 5 (quick) | 11.0 (emulated, quick) MB/s | 10.1 | 11.9 "
                           "| 9.1% | 10.0 - 12.0 | 100.0 (virtualized host, quick) |")
     assert f"runs #{ids[0]}, #{ids[1]}, #{ids[2]}" in md
-    html = studyreport.to_html(ev)
-    svgs = [chunk.split("</svg>")[0] + "</svg>" for chunk in html.split("<svg")[1:]]
+    page = html.to_html(ev)
+    svgs = [chunk.split("</svg>")[0] + "</svg>" for chunk in page.split("<svg")[1:]]
     for svg in svgs:
         ET.fromstring("<svg" + svg)
     # beside each table's % of native bars, a histogram and a timeline per cell of the series
@@ -180,19 +180,19 @@ def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
     assert all(len(x.findall(f"{ns}polygon")) == 1 for x in dens)  # the curve
     assert all(len(x.findall(f"{ns}line")) >= 1 + 3 for x in dens)  # its axis and a tick per sample
     assert "Density (Gaussian kernel, bandwidth" in md
-    assert "(emulated, quick)" in html
-    cells = {(c.profile, c.test): c for c in studies.cell_states(d, stored, ev.cells, series=ev.series)}
+    assert "(emulated, quick)" in page
+    cells = {(c.profile, c.test): c for c in cellstates.cell_states(d, stored, ev.cells, series=ev.series)}
     assert cells[("virtio-file", "seq-write-64k-buffered")].series_text == "3 of 5 repeats"
 
 
 def test_a_study_without_a_series_has_no_variability_section():
-    a = studies.find_study("a")
+    a = loading.find_study("a")
     with ResultStore() as store:
         record(store, {"dd-write-64k": 2.0}, started_at=T0, profile="eucalyptus-default")
         done = store.list_runs(state="completed")
-    ev = studies.gather(a, done)
+    ev = evidence.gather(a, done)
     assert ("eucalyptus-default", "dd-write-64k") in ev.cells
-    assert ev.series == {} and "Variability" not in studyreport.to_markdown(ev)
+    assert ev.series == {} and "Variability" not in markdown.to_markdown(ev)
 
 
 def test_a_sweep_waits_for_each_runs_start_and_stops_at_once_when_cancelled(request):
@@ -224,21 +224,21 @@ def test_repeats_and_every_change_the_plan_of_a_series_study_only(capsys):
     from cloudbox import cli
     from cloudbox.core.errors import UsageError
 
-    d = studies.find_study("d")
-    short = studies.with_series_plan(d, "quick", repeats=3, every_minutes=0)
+    d = loading.find_study("d")
+    short = planning.with_series_plan(d, "quick", repeats=3, every_minutes=0)
     assert short.series_plan("quick").words() == "3 repeats back to back, 2 guests at once"
     assert short.series_plan("study") == d.series_plan("study")  # the other size keeps the file's plan
-    assert studies.with_series_plan(d, "study", every_minutes=30).series_plan("study").repeats == 17
+    assert planning.with_series_plan(d, "study", every_minutes=30).series_plan("study").repeats == 17
     with pytest.raises(UsageError, match=r"--repeats 1 is out of range; allowed: .*2\.\.1000"):
-        studies.with_series_plan(d, "quick", repeats=1)
+        planning.with_series_plan(d, "quick", repeats=1)
     with pytest.raises(UsageError, match=r"--every 2000 is out of range; allowed: .*0\.\.1440"):
-        studies.with_series_plan(d, "quick", every_minutes=2000)
+        planning.with_series_plan(d, "quick", every_minutes=2000)
     with pytest.raises(UsageError, match="study a is measured once per cell, by one guest .series studies: d"):
-        studies.with_series_plan(studies.find_study("a"), "quick", repeats=3)
+        planning.with_series_plan(loading.find_study("a"), "quick", repeats=3)
     with pytest.raises(UsageError, match=r"--guests 0 is out of range; allowed: guests of each run at once "
                                          r"\(instances\), 1\.\.64"):
-        studies.with_series_plan(d, "quick", guests=0)
-    assert studies.with_series_plan(d, "quick", guests=3).series_plan("quick").guests == 3
+        planning.with_series_plan(d, "quick", guests=0)
+    assert planning.with_series_plan(d, "quick", guests=3).series_plan("quick").guests == 3
 
     assert cli.main(["study", "run", "d", "--size", "quick", "--repeats", "3", "--every", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -282,14 +282,14 @@ def test_a_series_of_two_guests_spreads_over_time_and_over_instances():
     """Study D's quick plan runs two guests at once: each guest's number is a sample beside its own bare-metal
     process's, the table counts repeats (not samples), and the report adds each guest over time and the spread
     between the guests within a repeat. A run of one guest is not one of this series' repeats."""
-    d = studies.find_study("d")
+    d = loading.find_study("d")
     tests = ("seq-write-64k", "seq-write-64k-buffered")
     with ResultStore() as store:
         lone = record(store, dict.fromkeys(tests, 99.0), started_at=T0 - 60)
         a = record_guests(store, dict.fromkeys(tests, [10.0, 14.0]), started_at=T0)
         b = record_guests(store, dict.fromkeys(tests, [12.0, 12.0]), started_at=T0 + 60)
         done = store.list_runs(state="completed")
-    ev = studies.gather(d, done)
+    ev = evidence.gather(d, done)
     samples = ev.series[("virtio-file", "seq-write-64k")]
     assert [(x.run_id, x.instance, x.value, x.baseline) for x in samples] == [
         (a, 1, 10.0, 101.0), (a, 2, 14.0, 102.0), (b, 1, 12.0, 101.0), (b, 2, 12.0, 102.0)]
@@ -298,10 +298,10 @@ def test_a_series_of_two_guests_spreads_over_time_and_over_instances():
     cell = ev.cells[("virtio-file", "seq-write-64k")]
     assert cell.run_id == b and cell.guest.value == 24.0 and "sum of 2 guests" in cell.qualifiers
     with ResultStore() as store:
-        states = {(c.profile, c.test): c for c in studies.cell_states(d, store.list_runs(), ev.cells,
+        states = {(c.profile, c.test): c for c in cellstates.cell_states(d, store.list_runs(), ev.cells,
                                                                       series=ev.series)}
     assert states[("virtio-file", "seq-write-64k")].series_text == "2 of 5 repeats"  # repeats, not samples
-    md = studyreport.to_markdown(ev)
+    md = markdown.to_markdown(ev)
     row = next(line for line in md.splitlines() if line.startswith("| virtio-file | seq-write-64k |"))
     # 2 of 5 repeats of 2 guests: 4 samples, median 12.0, range 10 - 14; bare metal's median of 101, 102, 101, 102
     assert row.startswith("| virtio-file | seq-write-64k | 2 of 5 (quick, 2 guests each) | 12.0 (emulated, quick) "
@@ -316,13 +316,13 @@ def test_a_series_of_two_guests_spreads_over_time_and_over_instances():
     assert f"runs #{a}, #{b}, 2 guests each" in md
     assert "| 24.0 (emulated, quick, sum of 2 guests) |" in md and "203.0 (quick, sum of 2 processes)" not in md
     assert "| 203.0 (sum of 2 processes) |" in md and "(sum of 2 guests): the run had 2 guests at once" in md
-    html = studyreport.to_html(ev)
-    assert "2 repeats over time" in html and f"run #{a}, guest 2: 14.0" in html
-    assert "histogram of 4 samples (2 repeats x 2 guests)" in html
+    page = html.to_html(ev)
+    assert "2 repeats over time" in page and f"run #{a}, guest 2: 14.0" in page
+    assert "histogram of 4 samples (2 repeats x 2 guests)" in page
     # a matrix study's cells never take a run of N guests: its rows are sums, the papers' one instance's
-    a_study = studies.find_study("a")
+    a_study = loading.find_study("a")
     with ResultStore() as store:
         record_guests(store, {"dd-write-64k": [5.0, 6.0]}, started_at=T0, profile="eucalyptus-default")
-        assert ("eucalyptus-default", "dd-write-64k") not in studies.gather(a_study, store.list_runs()).cells
+        assert ("eucalyptus-default", "dd-write-64k") not in evidence.gather(a_study, store.list_runs()).cells
         one = record(store, {"dd-write-64k": 2.0}, started_at=T0 + 1, profile="eucalyptus-default")
-        assert studies.gather(a_study, store.list_runs()).cells[("eucalyptus-default", "dd-write-64k")].run_id == one
+        assert evidence.gather(a_study, store.list_runs()).cells[("eucalyptus-default", "dd-write-64k")].run_id == one

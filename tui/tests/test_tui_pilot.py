@@ -16,6 +16,7 @@ from conftest_results import add_study_a_default, add_virtio_tcg
 
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec import profiles
+from cloudbox.core.studies import evidence, loading
 from cloudbox.core.views import host
 from cloudbox.core.virt import accel
 from cloudbox.tui import create_app
@@ -545,10 +546,10 @@ def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend
 
 def test_studies_report_view_shows_the_cli_report(studies_backend):
     async def go():
-        from cloudbox.core.studies import studies, studyreport
+        from cloudbox.core.studies import markdown
 
         with ResultStore() as store:
-            expected = studyreport.to_markdown(studies.gather(studies.find_study("a"),
+            expected = markdown.to_markdown(evidence.gather(loading.find_study("a"),
                                                               store.list_runs(state="completed")))
         app = create_app(studies_backend, mode="studies")
         async with app.run_test(size=SIZE) as pilot:

@@ -16,7 +16,7 @@ from cloudbox.core.disks.volumes import aoe, attach
 from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.spec import profiles
-from cloudbox.core.studies import studies
+from cloudbox.core.studies import loading
 from cloudbox.core.virt.domain import render_domain
 
 MIB = 1024 * 1024
@@ -43,10 +43,10 @@ def test_the_guest_presets_are_valid_and_runnable_and_the_host_one_is_not():
     for name, volume in (("kvm-ebs-aoe-guest", "aoe:ebs"), ("kvm-ebs-nbd-guest", "nbd:ebs")):
         guest = profiles.find_profile(name)
         assert (guest.disk.backing, guest.disk.attach, guest.disk.volume) == ("network-volume", "guest", volume)
-        assert studies.cannot_run(guest) is None
+        assert loading.cannot_run(guest) is None
     # host attach runs where the kernel has the initiator (the appliance): a study counts it as runnable
     for name in ("kvm-ebs-aoe", "kvm-ebs-aoe-virtio", "kvm-ebs-iscsi-host", "kvm-ebs-nvme", "kvm-ebs-nvme-guest"):
-        assert studies.cannot_run(profiles.find_profile(name)) is None, name
+        assert loading.cannot_run(profiles.find_profile(name)) is None, name
 
 
 def _render(prof: profiles.Profile, **kw: object) -> str:

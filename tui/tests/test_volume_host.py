@@ -19,7 +19,7 @@ from cloudbox.core.disks.volumes import attach, hostattach, nodecreds, nvmet, pk
 from cloudbox.core.errors import CloudboxError, UsageError
 from cloudbox.core.spec import profiles, remote
 from cloudbox.core.spec.runspec import RunSpec
-from cloudbox.core.studies import studies
+from cloudbox.core.studies import loading
 
 
 @pytest.mark.parametrize(("uri", "want"), [
@@ -156,7 +156,7 @@ def test_the_ebs_presets_and_a_study_can_run_them():
     for name, (volume, mode, bus) in want.items():
         p = profiles.find_profile(name)
         assert (p.disk.volume, p.disk.attach, p.disk.bus) == (volume, mode, bus), name
-        assert studies.cannot_run(p) is None, name
+        assert loading.cannot_run(p) is None, name
     modern = profiles.find_profile("kvm-ebs-nvme")
     assert (modern.disk.cache, modern.disk.io) == ("none", "io_uring")
 

@@ -18,7 +18,7 @@ from cloudbox.core.disks.volumes import attach, iscsi
 from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.errors import Aborted, CloudboxError
 from cloudbox.core.spec import catalogue, profiles
-from cloudbox.core.studies import studies
+from cloudbox.core.studies import loading
 from cloudbox.core.virt.domain import render_domain
 
 MIB = 1024 * 1024
@@ -70,13 +70,13 @@ def test_the_preset_is_valid_and_qemu_attach_is_accepted():
     prof = profiles.find_profile("kvm-ebs-iscsi")
     assert (prof.disk.backing, prof.disk.attach, prof.disk.volume) == ("network-volume", "qemu", "iscsi:ebs")
     attach.check_attach("iscsi", "qemu", has_module=lambda m: False)
-    assert studies.cannot_run(prof) is None
+    assert loading.cannot_run(prof) is None
     with pytest.raises(attach.AttachRefused, match="iscsi_tcp driver"):
         attach.check_attach("iscsi", "host", has_module=lambda m: False)
     guest = profiles.find_profile("kvm-ebs-iscsi-guest")
     assert (guest.disk.backing, guest.disk.attach, guest.disk.volume) == ("network-volume", "guest", "iscsi:ebs")
     attach.check_attach("iscsi", "guest", has_module=lambda m: False)  # the host needs no iscsi_tcp for it
-    assert studies.cannot_run(guest) is None
+    assert loading.cannot_run(guest) is None
     with pytest.raises(attach.AttachRefused, match="KVM/QEMU only, not guest.hypervisor = xen"):
         attach.check_attach("iscsi", "guest", hypervisor="xen")
 

@@ -36,7 +36,7 @@ from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.runlock import check_not_busy
 from cloudbox.core.run import runs
 from cloudbox.core.spec.runspec import MAX_GUESTS, option
-from cloudbox.core.studies import studies, studyreport
+from cloudbox.core.studies import evidence, html, loading, planning, schema, verdicts
 
 # The `cloudbox run` options a study run passes on to each of its runs, declared once in runspec.RUN_OPTIONS.
 PASSED_ON = ("work_dir", "device", "destroy", "agent_timeout", "cpu_overcommit")
@@ -63,11 +63,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="the study's tables with the paper's numbers beside ours, and the verdicts")
     rep.add_argument("study", metavar="NAME")
-    rep.add_argument("--format", choices=tuple(studyreport.FORMATS), default=None,
+    rep.add_argument("--format", choices=tuple(html.FORMATS), default=None,
                      help="md (Markdown) or html (one page with a figure per table); default: html when FILE ends "
                           "in .html or .htm, else md")
     rep.add_argument("-o", "--output", type=Path, help="write to FILE instead of standard output")
-    rep.add_argument("--size", choices=studies.SIZES, default=None,
+    rep.add_argument("--size", choices=schema.SIZES, default=None,
                      help="only runs of this size (default: the study's sizes, study size first)")
     rep.add_argument("--node", default=None, metavar="NAME", help="only runs on this node")
     rep.add_argument("--db", type=Path, default=None, help="results database (default: the state dir's results.db)")
@@ -75,7 +75,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="measure the study's cells not stored yet, one profile after another")
     run.add_argument("study", metavar="NAME")
-    run.add_argument("--size", choices=studies.SIZES, default=None,
+    run.add_argument("--size", choices=schema.SIZES, default=None,
                      help="study (2x guest RAM, >= 2 GiB: decides findings) or quick (128 MiB: trying things out; "
                      "its findings are inconclusive); default: the study's first size")
     node = option("node")
@@ -86,7 +86,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                          metavar=opt.metavar)
     run.add_argument("--repeats", type=int, default=None, metavar="N",
                      help="a series study (D): repeats per profile instead of the file's plan for the size, "
-                          f"2..{studies.MAX_REPEATS}")
+                          f"2..{schema.MAX_REPEATS}")
     run.add_argument("--every", type=float, default=None, metavar="MINUTES",
                      help="a series study (D): minutes between the starts of two repeats instead of the file's "
                           "plan, 0..1440 (0: back to back)")
@@ -109,7 +109,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 # -- list / show --------------------------------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
-    entries = studies.list_studies()
+    entries = loading.list_studies()
     if args.json:
         print(json.dumps([{"name": e.name, "path": str(e.path), "title": e.title, "profiles": e.profiles,
                            "tests": e.tests, "rules": e.rules, "problem": e.problem} for e in entries], indent=2))
@@ -128,20 +128,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _paper_text(c: studies.PaperCell) -> str:
+def _paper_text(c: schema.PaperCell) -> str:
     parts = [f"{k} {getattr(c, k):g}" for k in ("value", "percent", "native", "avgrq", "avgqu", "util")
              if getattr(c, k) is not None]
     return ", ".join(parts)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    study = studies.find_study(args.study)
+    study = loading.find_study(args.study)
     if args.json:
         print(json.dumps(study.model_dump(mode="json"), indent=2))
         return 0
-    _, unavailable = studies.profile_facts(study)
+    _, unavailable = evidence.profile_facts(study)
     lines = [f"{study.name}: {study.title}", study.description, "",
-             f"sizes: {', '.join(study.sizes)} (only {studies.DECISIVE_SIZE} size decides findings)",
+             f"sizes: {', '.join(study.sizes)} (only {schema.DECISIVE_SIZE} size decides findings)",
              f"suite: {study.suite}"]
     if study.series is not None:
         lines.append("series: " + "; ".join(f"{size}: {plan.words()}" for size in study.sizes
@@ -159,7 +159,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     lines += ["", "tests (tables):"]
     width = max(len(t) for t in study.test_ids)
     for t in study.tests:
-        note = "  [measured only by runs on a back-end: --node]" if studies.needs_node(t.id) else ""
+        note = "  [measured only by runs on a back-end: --node]" if schema.needs_node(t.id) else ""
         lines.append(f"  {t.id:<{width}}  {t.table}{note}")
     lines += ["", "paper's numbers:"]
     if not study.paper:
@@ -172,7 +172,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         lines.append("  (none: the report gives the measurements" + (" and their spread over the series)"
                                                                     if study.series else ")"))
     for r in study.rules:
-        paper, computed = studies.paper_figure(study, r)
+        paper, computed = verdicts.paper_figure(study, r)
         figure = "" if paper is None else (f"{paper:.1f}%" if r.against is not None else f"{paper:g}")
         lines += [f"  {r.id}: {r.statement()}" + (f"  (paper: {figure}{', computed' if computed else ''})"
                                                   if figure else ""),
@@ -199,20 +199,20 @@ def _write(path: Path, text: str) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    study = studies.find_study(args.study)
+    study = loading.find_study(args.study)
     fmt = args.format
     if fmt is None:
         fmt = "html" if args.output is not None and args.output.suffix.lower() in (".html", ".htm") else "md"
     with ResultStore(args.db) as store:
-        ev = studies.gather(study, store.list_runs(), size=args.size, node=args.node)
+        ev = evidence.gather(study, store.list_runs(), size=args.size, node=args.node)
         if fmt == "html":  # its host disk figures
-            studies.attach_host_samples(ev, lambda run_id, test: store.samples(run_id, test=test))
-    text = studyreport.FORMATS[fmt](ev)
+            evidence.attach_host_samples(ev, lambda run_id, test: store.samples(run_id, test=test))
+    text = html.FORMATS[fmt](ev)
     if args.output is None:
         print(text, end="")
         return 0
     _write(args.output, text)
-    counts = studies.summarize(ev).verdicts
+    counts = evidence.summarize(ev).verdicts
     sweep = f"; {len(ev.sweep.samples)} propagation samples" if ev.sweep is not None else ""
     print(printable(f"wrote {args.output}: {len(ev.cells)} cells from {len({c.run_id for c in ev.cells.values()})} "
                     f"runs{sweep}; " + ", ".join(f"{n} {s}" for s, n in counts.items())), file=sys.stderr)
@@ -221,15 +221,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # -- run ----------------------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    study = studies.find_study(args.study)
+    study = loading.find_study(args.study)
     options = {name: getattr(args, name) for name in PASSED_ON}
     # A bad option stops here, before the results database is opened or any run recorded.
-    size = studies.check_run(study, args.size, args.node, **options)
+    size = planning.check_run(study, args.size, args.node, **options)
     if args.repeats is not None or args.every is not None or args.guests is not None:
-        study = studies.with_series_plan(study, size, repeats=args.repeats, every_minutes=args.every,
+        study = planning.with_series_plan(study, size, repeats=args.repeats, every_minutes=args.every,
                                          guests=args.guests)
     with ResultStore() as store:
-        todo = studies.prepare_run(study, store.list_runs(), size=args.size, node=args.node, again=args.again,
+        todo = planning.prepare_run(study, store.list_runs(), size=args.size, node=args.node, again=args.again,
                                    **options)
         specs = todo.specs
         for spec in specs:  # the series' guests on this host, before the first run starts

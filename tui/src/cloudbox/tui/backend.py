@@ -30,7 +30,7 @@ from cloudbox.core.run.runs import Sweep
 from cloudbox.core.spec import profiles
 from cloudbox.core.spec.profiles import Profile, ProfileEntry
 from cloudbox.core.spec.runspec import RunSpec
-from cloudbox.core.studies import studies, studyreport
+from cloudbox.core.studies import cellstates, evidence, loading, markdown, planning, schema
 from cloudbox.core.views import compare, host, render
 from cloudbox.core.virt import accel, daemons, guest
 
@@ -372,36 +372,36 @@ class Backend:
             return vs.delete(name)
 
     # -- studies -------------------------------------------------------------------------------------
-    def study_summaries(self) -> list[studies.StudySummary]:
+    def study_summaries(self) -> list[evidence.StudySummary]:
         """Every study file with its counts over the stored runs; an invalid one with its problem."""
         completed = self.store.list_runs(state="completed")
         out = []
-        for e in studies.list_studies():
+        for e in loading.list_studies():
             if e.problem is not None:
-                out.append(studies.StudySummary(e.name, "", 0, 0, {}, problem=e.problem))
+                out.append(evidence.StudySummary(e.name, "", 0, 0, {}, problem=e.problem))
                 continue
-            out.append(studies.summarize(studies.gather(studies.find_study(e.name), completed)))
+            out.append(evidence.summarize(evidence.gather(loading.find_study(e.name), completed)))
         return out
 
-    def study_matrix(self, name: str) -> tuple[studies.Study, list[studies.CellState]]:
+    def study_matrix(self, name: str) -> tuple[schema.Study, list[cellstates.CellState]]:
         """The study and each cell's state over every stored run (running and failed ones too)."""
-        study = studies.find_study(name)
+        study = loading.find_study(name)
         store = self.store
         store.reap_dead_runs()
         stored = store.list_runs()
-        ev = studies.gather(study, [r for r in stored if r.state == "completed"])
-        return study, studies.cell_states(study, stored, ev.cells, unavailable=ev.unavailable, series=ev.series)
+        ev = evidence.gather(study, [r for r in stored if r.state == "completed"])
+        return study, cellstates.cell_states(study, stored, ev.cells, unavailable=ev.unavailable, series=ev.series)
 
     def study_report(self, name: str) -> str:
         """The Markdown report `cloudbox study report NAME` prints."""
-        study = studies.find_study(name)
-        return studyreport.to_markdown(studies.gather(study, self.store.list_runs()))
+        study = loading.find_study(name)
+        return markdown.to_markdown(evidence.gather(study, self.store.list_runs()))
 
-    def start_study(self, name: str, size: str = "quick") -> tuple[studies.StudyRun, Sweep | None]:
+    def start_study(self, name: str, size: str = "quick") -> tuple[planning.StudyRun, Sweep | None]:
         """Start the study's missing cells on this host in the background as a sweep, as `cloudbox study run NAME
         --size SIZE --detach` does; nothing starts (no sweep) when every cell is stored."""
-        study = studies.find_study(name)
-        todo = studies.prepare_run(study, self.store.list_runs(), size=size)
+        study = loading.find_study(name)
+        todo = planning.prepare_run(study, self.store.list_runs(), size=size)
         if not todo.specs:
             return todo, None
         return todo, runs.start_sweep(todo.specs, self.store, offsets=todo.offsets)

@@ -14,8 +14,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static, TextArea
 
-from cloudbox.core.studies import studies
-from cloudbox.core.studies.studyreport import ours_text, paper_text
+from cloudbox.core.studies import cellstates, evidence, planning, schema
+from cloudbox.core.studies.wording import ours_text, paper_text
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.table import PlainTable
 
@@ -23,7 +23,7 @@ QUICK = "quick"
 TITLE_WIDTH = 44  # the title column is last: in 80 columns the counts before it stay in sight
 
 
-def findings_text(s: studies.StudySummary) -> str:
+def findings_text(s: evidence.StudySummary) -> str:
     if s.problem is not None:
         return "invalid"
     if not s.findings:
@@ -31,7 +31,7 @@ def findings_text(s: studies.StudySummary) -> str:
     return f"{s.checked}/{s.findings} checked, {s.reproduced} reproduced"
 
 
-def summary_row(s: studies.StudySummary) -> tuple[str, tuple[Any, ...]]:
+def summary_row(s: evidence.StudySummary) -> tuple[str, tuple[Any, ...]]:
     title = s.title if s.problem is None else f"INVALID: {s.problem.splitlines()[0]}"
     if len(title) > TITLE_WIDTH:
         title = title[:TITLE_WIDTH - 1] + "…"
@@ -40,13 +40,13 @@ def summary_row(s: studies.StudySummary) -> tuple[str, tuple[Any, ...]]:
     return s.name, (s.name, cells, results, findings_text(s), title)
 
 
-def cell_row(study: studies.Study, c: studies.CellState) -> tuple[str, tuple[Any, ...]]:
+def cell_row(study: schema.Study, c: cellstates.CellState) -> tuple[str, tuple[Any, ...]]:
     ours = ours_text(c.cell) if c.cell is not None else "-"
     unit = c.cell.metric if c.cell is not None else ""
     run = f"#{c.run_id}" if c.run_id is not None else "-"
     state = c.state
     note = "; ".join(n for n in (c.series_text, c.reason or "") if n)
-    if c.state in (studies.FAILED, studies.RUNNING) and c.cell is not None:
+    if c.state in (cellstates.FAILED, cellstates.RUNNING) and c.cell is not None:
         note = (note + "; " if note else "") + f"stored: #{c.cell.run_id}"
     return f"{c.profile}/{c.test}", (c.profile, c.test, state, ours, unit, paper_text(study, c.profile, c.test),
                                      run, note)
@@ -109,14 +109,14 @@ class StudiesScreen(BaseScreen):
         super().on_mount()
         self.query_one("#studies", DataTable).focus()
 
-    def fetch(self) -> tuple[list[studies.StudySummary], str | None, Any]:
+    def fetch(self) -> tuple[list[evidence.StudySummary], str | None, Any]:
         backend = self.app.backend
         summaries = backend.study_summaries()
         valid = [s.name for s in summaries if s.problem is None]
         name = self.current if self.current in valid else (valid[0] if valid else None)
         return summaries, name, backend.study_matrix(name) if name else None
 
-    def show(self, data: tuple[list[studies.StudySummary], str | None, Any]) -> None:
+    def show(self, data: tuple[list[evidence.StudySummary], str | None, Any]) -> None:
         if data == self.drawn:
             return
         self.drawn = data
@@ -137,9 +137,9 @@ class StudiesScreen(BaseScreen):
             cells.set_rows([])
             return
         study, states = matrix
-        done = sum(1 for c in states if c.state == studies.DONE)
+        done = sum(1 for c in states if c.state == cellstates.DONE)
         head.update(f"{study.name}: {done} of {len(states)} cells done; sizes {', '.join(study.sizes)} (only "
-                    f"{studies.DECISIVE_SIZE} size decides findings)")
+                    f"{schema.DECISIVE_SIZE} size decides findings)")
         cells.set_rows(cell_row(study, c) for c in states)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -167,7 +167,7 @@ class StudiesScreen(BaseScreen):
             self.notify("no study to run", severity="warning")
             return
 
-        def started(result: tuple[studies.StudyRun, Any]) -> None:
+        def started(result: tuple[planning.StudyRun, Any]) -> None:
             todo, sweep = result
             if sweep is None:
                 self.notify(f"every cell this host can measure at {todo.size} size is stored; r shows the report",

@@ -1,0 +1,438 @@
+"""Study files: parsing and validating them, finding them in the study directories, and whether this cloudbox can
+run a study's profile.
+
+`load_study` checks a file against the schema, then against the rest (its profiles exist and validate, its cells are
+in its matrix, its rules can be stated, a series or sweep has a plan per size); `StudyError` names the file and, for
+every problem, the key, the value and what is allowed, like a profile's problems.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from .. import inputs, paths
+from ..disks import hostraid
+from ..disks.volumes import attach
+from ..errors import (
+    PYDANTIC_MESSAGES,
+    NotFound,
+    ProfileError,
+    ProfileProblem,
+    StudyError,
+    plain_value,
+    problem_from,
+)
+from ..spec import profiles
+from ..spec.catalogue import is_storage_test
+from ..spec.runspec import MAX_GUESTS
+from .schema import (
+    HOST_METRICS,
+    MAX_ENTRIES,
+    MAX_IMAGE_MIB,
+    MAX_IMAGE_SIZES,
+    MAX_REPEATS,
+    MAX_SWEEP_REPEATS,
+    NATIVE,
+    OPS,
+    RULE_METRICS,
+    SIZES,
+    Study,
+    known_tests,
+)
+
+ALLOWED = {
+    "name": "lowercase letters, digits and '-', starting with a letter or digit, at most 63 characters",
+    "title": "one line of text, 1..200 characters",
+    "description": "one line of text, 1..1000 characters",
+    "sizes": "a list of study, quick (each at most once)",
+    "profiles": f"1..{MAX_ENTRIES} [[profiles]] tables with keys name, row",
+    "profiles.name": "a profile name (cloudbox profile list)",
+    "profiles.row": "one line of text, 1..200 characters: the paper's words for the row",
+    "tests": f"1..{MAX_ENTRIES} [[tests]] tables with keys id, table",
+    "tests.table": "one line of text, 1..200 characters: the paper's table title",
+    "paper": f"at most {4 * MAX_ENTRIES} [[paper]] tables",
+    "paper.cell": "profile/test, or native/test for the bare-metal row",
+    "rules": f"at most {MAX_ENTRIES} [[rules]] tables",
+    "rules.id": "1..16 letters, digits, '.' and '-', e.g. A1 or B3.2",
+    "rules.finding": "one line of text, 1..1000 characters",
+    "rules.why": "one line of text, 1..1000 characters: why the threshold is where it is",
+    "rules.cell": "profile/test of this study's matrix",
+    "rules.against": f"{NATIVE} or a profile of this study's matrix",
+    "rules.metric": ", ".join(RULE_METRICS),
+    "rules.op": ", ".join(OPS),
+    "series": "a table with a plan per size: [series.study] and/or [series.quick]",
+    "cost": "true or false: whether the report adds cost columns (per host core, per GiB of guest RAM)",
+    "series.study": "a table with keys every_minutes, repeats and optionally guests",
+    "series.quick": "a table with keys every_minutes, repeats and optionally guests",
+    "series.study.every_minutes": "minutes between the starts of two repeats, 0..1440 (0: back to back)",
+    "series.quick.every_minutes": "minutes between the starts of two repeats, 0..1440 (0: back to back)",
+    "series.study.repeats": f"a whole number of runs per profile, 2..{MAX_REPEATS}",
+    "series.quick.repeats": f"a whole number of runs per profile, 2..{MAX_REPEATS}",
+    "series.study.guests": f"guests of each run at once (instances), 1..{MAX_GUESTS} (default 1)",
+    "series.quick.guests": f"guests of each run at once (instances), 1..{MAX_GUESTS} (default 1)",
+    "propagation": "a table with key profile and a plan per size: [propagation.study] and/or [propagation.quick]",
+    "propagation.profile": "a profile of this study's [[profiles]] whose guest cloudbox launches (KVM) on a raw disk",
+    "propagation.study": "a table with keys sizes_mib, repeats",
+    "propagation.quick": "a table with keys sizes_mib, repeats",
+    "propagation.study.sizes_mib": f"1..{MAX_IMAGE_SIZES} image sizes in MiB, each 4..{MAX_IMAGE_MIB}, ascending",
+    "propagation.quick.sizes_mib": f"1..{MAX_IMAGE_SIZES} image sizes in MiB, each 4..{MAX_IMAGE_MIB}, ascending",
+    "propagation.study.repeats": f"a whole number of samples per image size, 1..{MAX_SWEEP_REPEATS}",
+    "propagation.quick.repeats": f"a whole number of samples per image size, 1..{MAX_SWEEP_REPEATS}",
+}
+_NUMBERS = {"value", "percent", "native", "avgrq", "avgqu", "util", "paper"}
+
+
+def _model_at(parts: Sequence[str]) -> type[BaseModel] | None:
+    """The model owning the key at `parts` (list indexes left out)."""
+    model: type[BaseModel] = Study
+    for part in parts[:-1]:
+        field_ = model.model_fields.get(part)
+        args = getattr(field_.annotation, "__args__", ()) if field_ else ()
+        inner = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _key(loc: Sequence[str | int]) -> str:
+    """A key as the file writes it, arrays of tables counted from 1: "rules[2].op"."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part + 1}]"
+        else:
+            out += ("." if out else "") + inputs.key_text((part,))
+    return out or "(study)"
+
+
+def _allowed(loc: Sequence[str | int], etype: str) -> str | None:
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    if etype == "extra_forbidden":
+        owner = _model_at(parts)
+        return f"known keys: {', '.join(owner.model_fields)}" if owner else None
+    if not parts:
+        return f"a TOML document with keys: {', '.join(Study.model_fields)}"
+    if parts[-1] in _NUMBERS:
+        return "a number >= 0"
+    if parts == ["tests", "id"]:
+        return ", ".join(known_tests())
+    return ALLOWED.get(".".join(parts))
+
+
+def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
+    out = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        etype = err["type"]
+        message = PYDANTIC_MESSAGES.get(etype, err["msg"])
+        if etype == "value_error":
+            message = str(err["msg"]).removeprefix("Value error, ")
+        value = None if etype == "missing" else plain_value(err.get("input"))
+        out.append(ProfileProblem(_key(loc), value, message, _allowed(loc, etype)))
+    return out
+
+
+def _split_cell(text: str) -> tuple[str, str] | None:
+    profile, sep, test = text.partition("/")
+    return (profile, test) if sep and profile and test else None
+
+
+def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """What pydantic cannot see: unknown profiles and tests, cells outside the matrix, rules that cannot be stated."""
+    out: list[ProfileProblem] = []
+
+    def bad(key: str, value: object, message: str, allowed: str) -> None:
+        out.append(ProfileProblem(key, value, message, allowed))
+
+    if len(set(study.sizes)) != len(study.sizes):
+        bad("sizes", list(study.sizes), "a size is listed twice", ALLOWED["sizes"])
+
+    names = study.profile_names
+    for i, p in enumerate(study.profiles, 1):
+        key = f"profiles[{i}].name"
+        if p.name == NATIVE:
+            bad(key, p.name, f"'{NATIVE}' names the bare-metal row, not a profile", "a profile name")
+        elif names.index(p.name) != i - 1:
+            bad(key, p.name, "the profile is listed twice", "each profile once")
+        else:
+            try:
+                lookup(p.name)
+            except NotFound:
+                names_known = ", ".join(e.name for e in profiles.list_profiles()) or "(none)"
+                bad(key, p.name, "no such profile", f"a profile name: {names_known}")
+            except ProfileError as e:
+                bad(key, p.name, f"the profile does not validate ({e.problems[0] if e.problems else e.source})",
+                    "a valid profile (cloudbox profile validate)")
+
+    tests = study.test_ids
+    known = known_tests()
+    for i, t in enumerate(study.tests, 1):
+        key = f"tests[{i}].id"
+        if t.id not in known:
+            bad(key, t.id, "no such test", ", ".join(known))
+        elif tests.index(t.id) != i - 1:
+            bad(key, t.id, "the test is listed twice", "each test once")
+
+    def cell_problem(key: str, text: str, *, native: bool) -> tuple[str, str] | None:
+        rows = ([NATIVE] if native else []) + names
+        allowed = (f"profile/test with a profile of [[profiles]] ({', '.join(rows)}) and a test of [[tests]] "
+                   f"({', '.join(tests)})")
+        parts = _split_cell(text)
+        if parts is None:
+            bad(key, text, "not a cell", allowed)
+            return None
+        if parts[0] not in rows:
+            bad(key, text, f"profile {parts[0]!r} is not in this study's [[profiles]]", allowed)
+            return None
+        if parts[1] not in tests:
+            bad(key, text, f"test {parts[1]!r} is not in this study's [[tests]]", allowed)
+            return None
+        return parts
+
+    seen: set[str] = set()
+    for i, c in enumerate(study.paper, 1):
+        key = f"paper[{i}]"
+        parts = cell_problem(f"{key}.cell", c.cell, native=True)
+        if parts is None:
+            continue
+        if c.cell in seen:
+            bad(f"{key}.cell", c.cell, "the cell has published numbers twice", "each cell once")
+        seen.add(c.cell)
+        if parts[0] == NATIVE and (c.percent is not None or c.native is not None):
+            bad(f"{key}.percent" if c.percent is not None else f"{key}.native",
+                c.percent if c.percent is not None else c.native, "the bare-metal row is native itself",
+                "value, avgrq, avgqu, util (on native/... cells)")
+        if all(getattr(c, k) is None for k in ("value", "percent", "avgrq", "avgqu", "util")):
+            bad(key, c.cell, "a paper cell without a published number", "at least one of value, percent, avgrq, "
+                "avgqu, util")
+
+    ids: set[str] = set()
+    for i, r in enumerate(study.rules, 1):
+        key = f"rules[{i}]"
+        if r.id in ids:
+            bad(f"{key}.id", r.id, "two rules have this id", "a unique id per rule")
+        ids.add(r.id)
+        parts = cell_problem(f"{key}.cell", r.cell, native=False)
+        if r.against is not None and r.against != NATIVE:
+            if r.against not in names:
+                bad(f"{key}.against", r.against, "not a profile of this study's [[profiles]]",
+                    f"{NATIVE}, {', '.join(names)}")
+            elif parts is not None and r.against == parts[0]:
+                bad(f"{key}.against", r.against, "a cell against itself", f"{NATIVE} or another profile")
+        if r.against is None and r.value is None:
+            bad(f"{key}.value", None, "a rule without `against` compares the cell's number with `value`",
+                "a number >= 0 (or set against and percent)")
+        if r.against is not None and r.percent is None:
+            bad(f"{key}.percent", None, "a rule with `against` compares a percentage", "a number > 0 (percent)")
+        if r.against is not None and r.value is not None:
+            bad(f"{key}.value", r.value, "with `against` the threshold is a percentage", "percent instead of value")
+        if r.against is None and r.percent is not None:
+            bad(f"{key}.percent", r.percent, "a percentage needs `against`", f"against = \"{NATIVE}\" or a profile; "
+                "or value instead of percent")
+        if r.percent == 0 and r.against is not None:
+            bad(f"{key}.percent", r.percent, "0% is no threshold", "a number > 0")
+        if parts is not None and r.metric in HOST_METRICS and not is_storage_test(parts[1]):
+            bad(f"{key}.metric", r.metric, "host disk metrics exist for storage tests only",
+                f"value (with test {parts[1]})")
+    if study.propagation is not None:
+        out += _sweep_problems(study, lookup)
+    if study.series is not None:
+        for size in study.sizes:
+            if study.series_plan(size) is None:
+                bad(f"series.{size}", None, f"a series study needs a plan for each of its sizes ({size} is one)",
+                    ALLOWED[f"series.{size}"])
+        for other in SIZES:
+            if other not in study.sizes and study.series_plan(other) is not None:
+                bad(f"series.{other}", other, "a plan for a size the study does not offer",
+                    f"sizes: {', '.join(study.sizes)}")
+    return out
+
+
+def _sweep_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """The [propagation] table against the rest: its profile a runnable row with a raw disk, a plan for each of the
+    study's sizes and none for another, the image sizes ascending."""
+    assert study.propagation is not None
+    prop = study.propagation
+    out: list[ProfileProblem] = []
+    names = study.profile_names
+    if prop.profile not in names:
+        out.append(ProfileProblem("propagation.profile", prop.profile, "not a profile of this study's [[profiles]]",
+                                  ", ".join(names)))
+    else:
+        try:
+            prof = lookup(prop.profile)
+        except (NotFound, ProfileError):
+            prof = None  # [[profiles]] says what is wrong with it
+        if isinstance(prof, profiles.Profile):
+            why = cannot_run(prof)
+            if why is None and prof.guest.hypervisor != "kvm":
+                why = f"a {prof.guest.hypervisor} profile: the sweep launches its guests under KVM/QEMU"
+            if why is None and prof.disk.format != "raw":
+                why = f"its disk format is {prof.disk.format}: the sweep copies raw images"
+            if why is not None:
+                out.append(ProfileProblem("propagation.profile", prop.profile, why, ALLOWED["propagation.profile"]))
+    for size in study.sizes:
+        if study.sweep_plan(size) is None:
+            out.append(ProfileProblem(f"propagation.{size}", None, f"a sweep needs a plan for each of the study's "
+                                      f"sizes ({size} is one)", ALLOWED[f"propagation.{size}"]))
+    for other in SIZES:
+        plan = study.sweep_plan(other)
+        if plan is None:
+            continue
+        if other not in study.sizes:
+            out.append(ProfileProblem(f"propagation.{other}", other, "a plan for a size the study does not offer",
+                                      f"sizes: {', '.join(study.sizes)}"))
+        if any(b <= a for a, b in zip(plan.sizes_mib, plan.sizes_mib[1:], strict=False)):
+            out.append(ProfileProblem(f"propagation.{other}.sizes_mib", list(plan.sizes_mib),
+                                      "the sizes are not ascending (or one is listed twice)",
+                                      ALLOWED[f"propagation.{other}.sizes_mib"]))
+    return out
+
+
+def _validate_own(data: object, source: str, expect_name: str | None) -> tuple[Study, list[ProfileProblem]]:
+    """The study's own checks (schema, name); StudyError when the schema fails, else the study and its problems."""
+    try:
+        study = Study.model_validate(data)
+    except ValidationError as exc:
+        raise StudyError(source, _problems_from(exc)) from None
+    problems = []
+    if expect_name is not None and study.name != expect_name:
+        problems.append(ProfileProblem("name", study.name, "must equal the file name without .toml",
+                                       f"{expect_name} (this file is {expect_name}.toml)"))
+    return study, problems
+
+
+def validate_data(data: object, source: str, *, expect_name: str | None = None,
+                  lookup: Callable[[str], object] = profiles.find_profile) -> Study:
+    """Validate parsed data (a dict) into a Study, or raise StudyError with every problem found. `lookup` finds a
+    profile by name (NotFound or ProfileError when it cannot)."""
+    study, problems = _validate_own(data, source, expect_name)
+    problems += _cross_problems(study, lookup)
+    if problems:
+        raise StudyError(source, problems)
+    return study
+
+
+def parse_study(text: str, source: str = "<study>", *, expect_name: str | None = None,
+                lookup: Callable[[str], object] = profiles.find_profile) -> Study:
+    """A Study from TOML text; `source` names the text in errors."""
+    try:
+        data = inputs.load_toml(text)
+    except inputs.InputProblem as e:
+        raise StudyError(source, [problem_from(e)]) from None
+    return validate_data(data, source, expect_name=expect_name, lookup=lookup)
+
+
+def load_study(path: str | os.PathLike[str]) -> Study:
+    """Load and validate one study file (a regular file of at most inputs.MAX_FILE_BYTES); its `name` must equal the
+    file's stem."""
+    try:
+        text = inputs.read_text_file(path)
+    except FileNotFoundError:
+        raise NotFound(f"{inputs.shown(os.fspath(path))}: no such study file") from None
+    except inputs.InputProblem as e:
+        raise StudyError(os.fspath(path), [problem_from(e)]) from None
+    source = os.fspath(path)
+    key = (os.path.abspath(path), text)
+    if (own := _PARSED.get(key)) is None:
+        try:
+            data = inputs.load_toml(text)
+        except inputs.InputProblem as e:
+            raise StudyError(source, [problem_from(e)]) from None
+        own = _validate_own(data, source, Path(path).stem)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[key] = own
+    study, problems = own
+    # The profiles may have changed since: checked on every load (cheap, load_profile keeps what it parsed).
+    problems = problems + _cross_problems(study, profiles.find_profile)
+    if problems:
+        raise StudyError(source, problems)
+    return study
+
+
+# A study file's own validation by (path, text): the Studies screen reloads every few seconds, and parsing every
+# study took most of that reload's CPU on the UI's process (make bench, "tui"). Study is immutable.
+_PARSED: dict[tuple[str, str], tuple[Study, list[ProfileProblem]]] = {}
+_PARSED_MAX = 64
+
+
+@dataclass(frozen=True)
+class StudyEntry:
+    """A study file found in the study directories; `problem` is set (and `title` empty) when it does not
+    validate."""
+
+    name: str
+    path: Path
+    title: str
+    profiles: int = 0
+    tests: int = 0
+    rules: int = 0
+    problem: str | None = None
+
+
+def _candidates() -> list[tuple[str, Path]]:
+    seen: dict[str, Path] = {}
+    for d in paths.study_dirs():
+        for f in sorted(d.glob("*.toml")):
+            if f.is_file():
+                seen.setdefault(f.stem, f)
+    return sorted(seen.items())
+
+
+def list_studies() -> list[StudyEntry]:
+    """Every study file in paths.study_dirs(), by name; invalid ones too, with their problem."""
+    out = []
+    for name, f in _candidates():
+        try:
+            s = load_study(f)
+            out.append(StudyEntry(name, f, s.title, len(s.profiles), len(s.tests), len(s.rules)))
+        except (StudyError, NotFound) as e:
+            out.append(StudyEntry(name, f, "", problem=str(e)))
+    return out
+
+
+def find_study(name: str) -> Study:
+    """The study called `name` (case does not matter: `A` is studies/a.toml), or a study file given by path."""
+    if "/" in name or name.endswith(".toml"):
+        return load_study(name)
+    for stem, f in _candidates():
+        if stem == name.lower():
+            return load_study(f)
+    known = ", ".join(stem for stem, _ in _candidates()) or "(none)"
+    raise NotFound(f"no study named {inputs.shown(name)}; known studies: {known} (cloudbox study list)")
+
+
+def cannot_run(profile: profiles.Profile) -> str | None:
+    """Why this cloudbox cannot measure `profile` yet on any boot (the executor refuses it at its start), or None."""
+    d = profile.disk
+    if d.backing != "network-volume":
+        return None
+    try:
+        attach.check_attach(d.volume.partition(":")[0], d.attach, hypervisor=profile.guest.hypervisor,
+                            has_module=lambda _m: True, tool_problem=lambda _s: "")
+    except attach.AttachRefused as e:
+        return f"network volumes: {e.summary}"
+    return None
+
+
+def cannot_run_here(profile: profiles.Profile) -> str | None:
+    """Why `profile` cannot run on this host (its kernel lacks the initiator a network volume's attach mode needs,
+    e.g. aoe for disk.attach = host; md for a RAID on the host), or None; the same check a run makes at its first
+    step."""
+    d = profile.disk
+    if d.raid_on == "host":
+        return hostraid.problem() or None
+    if d.backing != "network-volume":
+        return None
+    try:
+        attach.check_attach(d.volume.partition(":")[0], d.attach, hypervisor=profile.guest.hypervisor)
+    except attach.AttachRefused as e:
+        return e.summary
+    return None

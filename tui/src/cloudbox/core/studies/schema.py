@@ -1,0 +1,271 @@
+"""The study file's schema: a published study's matrix, the numbers it published and its findings as rules that
+stored runs can confirm or refute, as strict models.
+
+A study is a TOML file (studies/*.toml in the checkout, /usr/share/cloudbox/studies installed) holding:
+
+- its matrix: the profiles (each with the paper's words for its row), the tests (each with the title of the paper's
+  table it fills) and the sizes `study run` offers (`study` decides findings; `quick` is for trying things out);
+- `[[paper]]`: the published numbers per cell ("profile/test", or "native/test" for the bare-metal row);
+- `[[rules]]`: each finding as a comparison over one cell: the cell's number itself, or as a % of the same run's
+  bare-metal baseline ("native") or of another profile's cell of the same test.
+- `cost = true`: the report adds each number per host core and per GiB of guest RAM (study C's cost per MB/s).
+- `[series]`: study D's variability series: how many repeats of each profile at each size, how far apart.
+- `[propagation]`: study B's image-propagation sweep: a profile whose guest is provisioned from images of the sizes
+  of `[propagation.study]` / `[propagation.quick]`, `repeats` times each (core.bench.propagation).
+
+`Study` is the whole, validated by loading.parse_study / load_study (which also check it against the profiles).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from .. import inputs
+from ..spec import catalogue, profiles
+from ..spec.catalogue import FRONTEND_SUFFIX, NET_TESTS, is_network_test, is_storage_test, primary_metric
+from ..spec.catalogue import TESTS as STORAGE_TESTS
+from ..spec.runspec import MAX_GUESTS, MIB
+
+NATIVE = "native"  # the bare-metal row of a paper table, and a rule's "% of native"
+SIZES = ("study", "quick")
+DECISIVE_SIZE = "study"  # the only size whose cells can decide a finding
+HOST_METRICS = ("avgrq", "avgqu", "util")
+RULE_METRICS = ("value", *HOST_METRICS)
+OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt,
+                                                 ">": operator.gt}
+OP_SIGNS = {"<=": "≤", ">=": "≥", "<": "<", ">": ">"}
+MAX_ENTRIES = 64  # profiles, tests, paper cells or rules in one study: the real ones have about a dozen
+MAX_REPEATS = 1000  # runs of one profile in a series: 24 h at one every 1.5 min
+MAX_IMAGE_SIZES = 16  # sizes in a propagation sweep: the study had seven
+MAX_IMAGE_MIB = 1024 * 1024  # 1 TiB
+MAX_SWEEP_REPEATS = 100  # samples per size: the study took ten
+
+
+def known_tests() -> list[str]:
+    """Every test a run can store: the storage tests, the network tests and their front-end variants."""
+    return [*STORAGE_TESTS, *NET_TESTS, *(t + FRONTEND_SUFFIX for t in NET_TESTS)]
+
+
+def needs_node(test: str) -> bool:
+    """A test only a run on a back-end measures (the far end is the front-end)."""
+    return test.endswith(FRONTEND_SUFFIX)
+
+
+# ------------------------------------------------------------------------------------------------------ schema
+def _no_controls(v: str) -> str:
+    bad = inputs.control_chars(v)
+    if bad:
+        raise ValueError(f"contains {bad}")
+    return v
+
+
+Line = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]*\S[^\n\r]*$"),
+                 AfterValidator(_no_controls)]
+Text = Annotated[str, Field(min_length=1, max_length=1000, pattern=r"^[^\n\r]*\S[^\n\r]*$"),
+                 AfterValidator(_no_controls)]
+Number = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+CellText = Annotated[str, Field(max_length=200)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class MatrixProfile(_Strict):
+    """A row of the study: a profile, with the paper's words for the configuration it stands for."""
+
+    name: str = Field(pattern=profiles.NAME_PATTERN)
+    row: Line
+
+
+class MatrixTest(_Strict):
+    """A column of the study: a test, with the title of the paper's table it fills."""
+
+    id: str = Field(max_length=64)
+    table: Line
+
+
+class PaperCell(_Strict):
+    """The published numbers of one cell ("profile/test", or "native/test" for the bare-metal row)."""
+
+    cell: CellText
+    value: Number | None = None  # in the test's metric (MB/s, Mbit/s, ...)
+    percent: Number | None = None  # the published % of native, where the paper gives a ratio rather than a number
+    native: Number | None = None  # the bare-metal number this row was published against, when not the native row
+    avgrq: Number | None = None  # host request size, 512-byte sectors
+    avgqu: Number | None = None  # host queue length
+    util: Number | None = None  # host disk utilisation, %
+
+
+class Rule(_Strict):
+    """A finding as a check over one cell: its number (`value`), or its % of native or of another profile's cell of
+    the same test (`against` with `percent`), compared with `op`."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,15}$")
+    finding: Text
+    cell: CellText
+    against: str | None = Field(None, max_length=64)
+    metric: Literal["value", "avgrq", "avgqu", "util"] = "value"
+    op: Literal["<=", ">=", "<", ">"]
+    percent: Number | None = None
+    value: Number | None = None
+    paper: Number | None = None  # the published figure of the same quantity, where the paper states it
+    why: Text
+
+    @property
+    def profile(self) -> str:
+        return self.cell.partition("/")[0]
+
+    @property
+    def test(self) -> str:
+        return self.cell.partition("/")[2]
+
+    @property
+    def threshold(self) -> float:
+        return self.percent if self.percent is not None else (self.value or 0.0)
+
+    @property
+    def unit(self) -> str:
+        """The unit of the rule's number without `against`: the test's metric, or the host metric's."""
+        return {"value": primary_metric(self.test), "avgrq": "sectors", "avgqu": "", "util": "%"}[self.metric]
+
+    def statement(self) -> str:
+        """The rule in words, e.g. "eucalyptus-default dd-write-64k ≤ 10% of native"."""
+        what = f"{self.profile} {self.test}" + ("" if self.metric == "value" else f" host {self.metric}")
+        sign = OP_SIGNS[self.op]
+        if self.against is None:
+            return f"{what} {sign} {self.threshold:g}" + (f" {self.unit}" if self.unit else "")
+        of = NATIVE if self.against == NATIVE else f"{self.against}'s"
+        return f"{what} {sign} {self.threshold:g}% of {of}"
+
+
+class SeriesPlan(_Strict):
+    """How a variability series is measured at one size: `repeats` runs of each profile, one started every
+    `every_minutes` (at once when the previous run took longer), each of `guests` guests at once (instances)."""
+
+    every_minutes: float = Field(ge=0, le=24 * 60, allow_inf_nan=False)
+    repeats: int = Field(ge=2, le=MAX_REPEATS)
+    guests: int = Field(default=1, ge=1, le=MAX_GUESTS)
+
+    @property
+    def every_s(self) -> float:
+        return self.every_minutes * 60.0
+
+    def words(self) -> str:
+        span = self.every_minutes * (self.repeats - 1)
+        every = f"every {self.every_minutes:g} min" if self.every_minutes else "back to back"
+        return (f"{self.repeats} repeats {every}" + (f" (over {span / 60:.3g} h)" if span >= 60 else
+                                                    (f" (over {span:g} min)" if span else ""))
+                + (f", {self.guests} guests at once" if self.guests > 1 else ""))
+
+
+class Series(_Strict):
+    """A study measured as a series over time (study D) rather than once per cell: the plan for each size."""
+
+    study: SeriesPlan | None = None
+    quick: SeriesPlan | None = None
+
+
+class PropagationPlan(_Strict):
+    """The image-propagation sweep at one size of the study: the images' sizes (MiB, ascending) and the samples per
+    size."""
+
+    sizes_mib: list[Annotated[int, Field(ge=4, le=MAX_IMAGE_MIB)]] = Field(min_length=1, max_length=MAX_IMAGE_SIZES)
+    repeats: int = Field(ge=1, le=MAX_SWEEP_REPEATS)
+
+    @property
+    def sizes(self) -> list[int]:
+        """The image sizes in bytes."""
+        return [m * MIB for m in self.sizes_mib]
+
+    def words(self) -> str:
+        return (f"images of {', '.join(str(m) for m in self.sizes_mib)} MiB, {self.repeats} "
+                f"sample{'s' if self.repeats != 1 else ''} each")
+
+
+class Propagation(_Strict):
+    """Study B's image-propagation sweep: the profile whose guest is provisioned, and the plan per size."""
+
+    profile: str = Field(pattern=profiles.NAME_PATTERN)
+    study: PropagationPlan | None = None
+    quick: PropagationPlan | None = None
+
+
+class Study(_Strict):
+    """A validated study. Construct with parse_study/load_study."""
+
+    name: str = Field(pattern=profiles.NAME_PATTERN)
+    title: Line
+    description: Text
+    sizes: list[Literal["study", "quick"]] = Field(min_length=1, max_length=2)
+    profiles: list[MatrixProfile] = Field(min_length=1, max_length=MAX_ENTRIES)
+    tests: list[MatrixTest] = Field(min_length=1, max_length=MAX_ENTRIES)
+    paper: list[PaperCell] = Field(default_factory=list, max_length=4 * MAX_ENTRIES)
+    rules: list[Rule] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    series: Series | None = None
+    cost: bool = False  # the report adds each number per host core and per GiB of guest RAM (study C's cost)
+    propagation: Propagation | None = None
+
+    def series_plan(self, size: str) -> SeriesPlan | None:
+        """How many repeats at `size`, how far apart; None for a study measured once per cell."""
+        return None if self.series is None else getattr(self.series, size, None)
+
+    def guests(self, size: str) -> int:
+        """The guests each of its runs at `size` has at once: a series plan's, else one (the papers' cells are one
+        instance's figures)."""
+        plan = self.series_plan(size)
+        return plan.guests if plan else 1
+
+    def sweep_plan(self, size: str) -> PropagationPlan | None:
+        """The image-propagation sweep at `size`; None for a study without one."""
+        return None if self.propagation is None else getattr(self.propagation, size, None)
+
+    @property
+    def profile_names(self) -> list[str]:
+        return [p.name for p in self.profiles]
+
+    @property
+    def test_ids(self) -> list[str]:
+        return [t.id for t in self.tests]
+
+    def row(self, profile: str) -> str:
+        return next((p.row for p in self.profiles if p.name == profile), profile)
+
+    def paper_cell(self, profile: str, test: str) -> PaperCell | None:
+        key = f"{profile}/{test}"
+        return next((c for c in self.paper if c.cell == key), None)
+
+    def paper_native(self, profile: str, test: str) -> float | None:
+        """The bare-metal number the paper set this row against: its own `native`, else the native row's."""
+        own = self.paper_cell(profile, test)
+        if own is not None and own.native is not None:
+            return own.native
+        row = self.paper_cell(NATIVE, test)
+        return None if row is None else row.value
+
+    def paper_percent(self, profile: str, test: str) -> tuple[float | None, bool]:
+        """(the paper's % of native for the cell, whether it was computed here from published numbers)."""
+        c = self.paper_cell(profile, test)
+        if c is None:
+            return None, False
+        if c.percent is not None:
+            return c.percent, False
+        native = self.paper_native(profile, test)
+        if c.value is None or not native:
+            return None, False
+        return c.value / native * 100.0, True
+
+    @property
+    def suite(self) -> str:
+        storage = any(is_storage_test(t) for t in self.test_ids)
+        network = any(is_network_test(t) and not is_storage_test(t) for t in self.test_ids)
+        return "all" if storage and network else ("network" if network else "storage")
+
+
+def is_iozone_sweep(test: str) -> bool:
+    """A test whose run is IOzone's automatic mode: a file sweep (one record size) or the grid (every record size)."""
+    return test.startswith("iozone-files-") or test in catalogue.IOZONE_GRIDS

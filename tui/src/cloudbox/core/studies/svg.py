@@ -1,0 +1,387 @@
+"""A study report's figures as inline SVG: per table the paper's % of native beside ours, the host disk over a test,
+a series' histogram, density and timeline, the sweep's samples and line, IOzone's sweeps against file size."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+
+from ..bench import iozone, propagation
+from ..bench.propagation import Fit
+from ..inputs import printable
+from ..record.rows import Sample as HostSample
+from ..spec import catalogue
+from .cells import Cell, figures
+from .evidence import Evidence
+from .imagesweep import SweepEvidence, sweep_fit
+from .plot import LINE_STROKE, OURS_FILL, PAPER_FILL, svg_open
+from .series import Sample, bins, density
+from .wording import host_qualifiers, qualified, sample_qualifiers, secs_text, sweep_qualifiers, value_text
+
+FIG_WIDTH, FIG_LABEL, FIG_BAR, FIG_GAP = 760, 230, 13, 9
+SERIES_W, SERIES_H, SERIES_PAD = 370, 200, 40
+SWEEP_W, SWEEP_H, SWEEP_PAD = 620, 330, 56
+IOZ_W, IOZ_H, IOZ_PAD, IOZ_LEGEND = 470, 260, 48, 112
+
+
+def bars(ev: Evidence, test: str) -> list[tuple[str, float | None, float | None, str]]:
+    """The figure's rows for one test: (profile, the paper's % of native, ours, our qualifiers), one per profile
+    that has either number."""
+    study = ev.study
+    out = []
+    for profile in study.profile_names:
+        paper, _ = study.paper_percent(profile, test)
+        cell = ev.cells.get((profile, test))
+        ours = None
+        quals = ""
+        if cell is not None and cell.baseline is not None and cell.baseline.value:
+            ours = cell.guest.value / cell.baseline.value * 100.0
+            quals = ", ".join(cell.qualifiers)
+        if paper is not None or ours is not None:
+            out.append((profile, paper, ours, quals))
+    return out
+
+
+def figure(ev: Evidence, test: str) -> str:
+    """An inline SVG bar chart of one test: per profile, the paper's % of native (grey) above ours (blue), the
+    bare-metal 100 % as a dashed line; our bars carry their qualifiers (emulated, nested, quick, ...) in words.
+    Empty when neither side has a number."""
+    rows = bars(ev, test)
+    if not rows:
+        return ""
+    top = max([100.0] + [v for _, p, o, _ in rows for v in (p, o) if v is not None]) * 1.15
+    plot = FIG_WIDTH - FIG_LABEL - 10
+    row_h = 2 * FIG_BAR + FIG_GAP
+    height = 30 + row_h * len(rows) + 20
+
+    def x(v: float) -> float:
+        return FIG_LABEL + plot * v / top
+
+    title = next(t.table for t in ev.study.tests if t.id == test)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{FIG_WIDTH}" height="{height}" '
+             f'viewBox="0 0 {FIG_WIDTH} {height}" role="img" font-family="sans-serif" font-size="11">',
+             f"<title>{escape(printable(title))}: % of native, paper and ours</title>",
+             f'<rect x="{FIG_LABEL}" y="6" width="10" height="10" fill="{PAPER_FILL}"/>'
+             f'<text x="{FIG_LABEL + 14}" y="15">paper</text>',
+             f'<rect x="{FIG_LABEL + 70}" y="6" width="10" height="10" fill="{OURS_FILL}"/>'
+             f'<text x="{FIG_LABEL + 84}" y="15">ours (this lab)</text>']
+    y = 30
+    for profile, paper, ours, quals in rows:
+        parts.append(f'<text x="{FIG_LABEL - 6}" y="{y + FIG_BAR + 4}" text-anchor="end">'
+                     f"<title>{escape(printable(ev.study.row(profile)))}</title>{escape(printable(profile))}</text>")
+        for i, (value, fill, note) in enumerate(((paper, PAPER_FILL, ""), (ours, OURS_FILL, quals))):
+            by = y + i * FIG_BAR
+            if value is None:
+                parts.append(f'<text x="{FIG_LABEL + 4}" y="{by + FIG_BAR - 3}" fill="#777">no number</text>')
+                continue
+            text = f"{value:.1f} %" + (f" ({note})" if note else "")
+            parts.append(f'<rect x="{FIG_LABEL}" y="{by}" width="{x(value) - FIG_LABEL:.1f}" height="{FIG_BAR - 2}" '
+                         f'fill="{fill}"/><text x="{x(value) + 4:.1f}" y="{by + FIG_BAR - 3}">'
+                         f"{escape(printable(text))}</text>")
+        y += row_h
+    parts.append(f'<line x1="{x(100):.1f}" y1="24" x2="{x(100):.1f}" y2="{y}" stroke="#333" '
+                 f'stroke-dasharray="4 3"/><text x="{x(100):.1f}" y="{y + 14}" text-anchor="middle">'
+                 "100 % = bare metal</text></svg>")
+    return "\n".join(parts)
+
+
+# The host disk's metrics plotted over a test: sample field, axis title.
+HOST_PLOTS = {"avgrq_sectors": "request size (512-byte sectors)", "avgqu": "queue depth (requests)"}
+
+
+def host_svg(profile: str, test: str, sides: dict[str, list[HostSample]], key: str) -> str:
+    """An inline SVG line chart of one host disk metric over a test, seconds from the side's first sample: the
+    guest's side (blue) and the bare-metal side (grey)."""
+    lines = []
+    for side, colour in (("guest", OURS_FILL), ("baseline", PAPER_FILL)):
+        samples = sides.get(side) or []
+        pts = [(x.t - samples[0].t, v) for x in samples if (v := getattr(x, key)) is not None]
+        if pts:
+            lines.append((side, colour, pts))
+    top = max([v for _, _, pts in lines for _, v in pts] + [1.0]) * 1.1
+    top = float(f"{top:.0f}") if top >= 10 else float(f"{top:.2g}")  # the axis says the scale it uses
+    right = max([t for _, _, pts in lines for t, _ in pts] + [1.0])
+    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
+
+    def xy(t: float, v: float) -> str:
+        return f"{SERIES_PAD + plot_w * t / right:.1f},{SERIES_PAD + plot_h - plot_h * v / top:.1f}"
+
+    what = HOST_PLOTS[key]
+    parts = svg_open(f"{profile} {test}: host disk {what} over the test", SERIES_W, SERIES_H)
+    parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}: {escape(what)}</text>'
+                 f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
+                 f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>'
+                 f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + 4}" text-anchor="end">{top:g}</text>'
+                 f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + plot_h}" text-anchor="end">0</text>')
+    for side, colour, pts in lines:
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                     f'points="{" ".join(xy(t, v) for t, v in pts)}"><title>{side}</title></polyline>')
+    if not lines:
+        parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H / 2:.0f}" text-anchor="middle" fill="#777">'
+                     "no samples</text>")
+    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
+                 f"seconds into the test (up to {right:.0f} s)</text></svg>")
+    return "\n".join(parts)
+
+
+def histogram_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
+    """An inline SVG histogram of a series' guest numbers (bars over equal-width bins, counts on top)."""
+    metric = samples[0].metric
+    hist = bins([x.value for x in samples])
+    top = max(n for _, _, n in hist)
+    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
+    bw = plot_w / len(hist)
+    quals = sample_qualifiers(samples)
+    repeats = len({x.run_id for x in samples})
+    what = f"{len(samples)} samples ({repeats} repeats x {len(samples) // repeats} guests)" \
+        if len(samples) > repeats else f"{repeats} repeats"
+    parts = svg_open(f"{profile} {test}: histogram of {what} ({metric})", SERIES_W, SERIES_H)
+    parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}'
+                 + (f" ({escape(', '.join(quals))})" if quals else "") + "</text>")
+    for i, (a, _b, n) in enumerate(hist):
+        h = plot_h * n / top
+        x = SERIES_PAD + i * bw
+        parts.append(f'<rect x="{x:.1f}" y="{SERIES_PAD + plot_h - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" '
+                     f'fill="{OURS_FILL}"/><text x="{x + bw / 2:.1f}" y="{SERIES_PAD + plot_h - h - 3:.1f}" '
+                     f'text-anchor="middle">{n}</text>')
+        if i == 0 or i == len(hist) - 1 or len(hist) <= 6:
+            parts.append(f'<text x="{x:.1f}" y="{SERIES_PAD + plot_h + 14}">{escape(value_text(a, metric))}</text>')
+    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
+                 f"{escape(printable(metric))} (guest)</text></svg>")
+    return "\n".join(parts)
+
+
+def density_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
+    """An inline SVG of a series' density: the kernel estimate's curve (filled), a tick per sample under it and a
+    dashed line at each peak; a note in place of the curve under three samples or when they are all equal."""
+    metric = samples[0].metric
+    values = [x.value for x in samples]
+    d = density(values)
+    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
+    quals = sample_qualifiers(samples)
+    parts = svg_open(f"{profile} {test}: density of {len(values)} samples ({metric})", SERIES_W, SERIES_H)
+    parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}: density'
+                 + (f" ({escape(', '.join(quals))})" if quals else "") + "</text>"
+                 f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
+                 f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>')
+    if d is None:
+        parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H / 2:.0f}" text-anchor="middle" fill="#777">'
+                     "too few distinct samples for a density</text></svg>")
+        return "\n".join(parts)
+    lo, hi = d.curve[0][0], d.curve[-1][0]
+    top = max(y for _, y in d.curve) * 1.1
+
+    def xy(v: float, y: float) -> tuple[float, float]:
+        return SERIES_PAD + plot_w * (v - lo) / (hi - lo), SERIES_PAD + plot_h - plot_h * y / top
+
+    pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(v, y) for v, y in d.curve))
+    x0, base = xy(lo, 0.0)
+    x1, _ = xy(hi, 0.0)
+    parts.append(f'<polygon fill="{OURS_FILL}" fill-opacity="0.35" stroke="{OURS_FILL}" stroke-width="1.5" '
+                 f'points="{x0:.1f},{base:.1f} {pts} {x1:.1f},{base:.1f}"><title>density, bandwidth '
+                 f"{escape(value_text(d.bandwidth, metric))} {escape(printable(metric))}</title></polygon>")
+    for v in values:
+        tx, _ = xy(v, 0.0)
+        parts.append(f'<line x1="{tx:.1f}" y1="{base:.1f}" x2="{tx:.1f}" y2="{base + 6:.1f}" stroke="#333"/>')
+    for p in d.peaks:
+        px, _ = xy(p, 0.0)
+        parts.append(f'<line x1="{px:.1f}" y1="{SERIES_PAD:.1f}" x2="{px:.1f}" y2="{base:.1f}" stroke="{LINE_STROKE}" '
+                     f'stroke-dasharray="3,2"><title>peak at {escape(value_text(p, metric))} '
+                     f"{escape(printable(metric))}</title></line>")
+    for v in (lo, hi):
+        tx, _ = xy(v, 0.0)
+        parts.append(f'<text x="{tx:.1f}" y="{base + 18:.1f}" text-anchor="{"start" if v == lo else "end"}">'
+                     f"{escape(value_text(v, metric))}</text>")
+    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
+                 f"{escape(printable(metric))} (guest)</text></svg>")
+    return "\n".join(parts)
+
+
+def timeline_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
+    """An inline SVG of a series over time: the guest's number per repeat (blue dots) and the bare-metal one (grey)."""
+    metric = samples[0].metric
+    values = [x.value for x in samples] + [x.baseline for x in samples if x.baseline is not None]
+    top = max(values) * 1.1 or 1.0
+    t0, t1 = min(x.started_at for x in samples), max(x.started_at for x in samples)
+    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
+
+    def xy(t: float, v: float) -> tuple[float, float]:
+        x = SERIES_PAD + (plot_w * (t - t0) / (t1 - t0) if t1 > t0 else plot_w / 2)
+        return x, SERIES_PAD + plot_h - plot_h * v / top
+
+    parts = svg_open(f"{profile} {test}: {len({x.run_id for x in samples})} repeats over time ({metric})", SERIES_W,
+                     SERIES_H)
+    parts.append(f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
+                 f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>'
+                 f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + 4}" text-anchor="end">{escape(value_text(top, metric))}'
+                 f'</text><text x="{SERIES_PAD - 4}" y="{SERIES_PAD + plot_h}" text-anchor="end">0</text>')
+    for x_ in samples:
+        if x_.baseline is not None:
+            bx, by = xy(x_.started_at, x_.baseline)
+            parts.append(f'<circle cx="{bx:.1f}" cy="{by:.1f}" r="3" fill="{PAPER_FILL}"/>')
+        gx, gy = xy(x_.started_at, x_.value)
+        who = f", guest {x_.instance}" if x_.instance is not None else ""
+        parts.append(f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="3.5" fill="{OURS_FILL}"><title>run #{x_.run_id}{who}: '
+                     f"{escape(value_text(x_.value, metric))} {escape(printable(metric))}</title></circle>")
+    minutes = (t1 - t0) / 60.0
+    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
+                 f"time: {minutes:.1f} min from the first repeat to the last</text></svg>")
+    return "\n".join(parts)
+
+
+def sweep_svg(sweep: SweepEvidence) -> str:
+    """An inline SVG of the sweep: each sample's total seconds against its image's size in GB (blue dots, a title
+    each) and the fitted line (red) across the sizes; the qualifiers (emulated, nested, quick, ...) in its heading."""
+    samples = sweep.samples
+    line = sweep_fit(sweep)
+    fitted = line if isinstance(line, Fit) else None
+    right = max(x.size_gb for x in samples) * 1.08
+    ys = [x.total_s for x in samples] + ([fitted.at(0.0), fitted.at(right)] if fitted else [])
+    top = max(max(ys) * 1.1, 1e-3)
+    bottom = min(0.0, min(ys) * 1.1)
+    plot_w, plot_h = SWEEP_W - 2 * SWEEP_PAD, SWEEP_H - 2 * SWEEP_PAD
+
+    def xy(gb: float, sec: float) -> tuple[float, float]:
+        return (SWEEP_PAD + plot_w * gb / right, SWEEP_PAD + plot_h - plot_h * (sec - bottom) / (top - bottom))
+
+    quals = sweep_qualifiers(samples)
+    heading = f"{sweep.profile}: total seconds against image size" + (f" ({', '.join(quals)})" if quals else "")
+    x0, y0 = xy(0.0, bottom)
+    x1, _ = xy(right, bottom)
+    _, ytop = xy(0.0, top)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{SWEEP_W}" height="{SWEEP_H}" '
+             f'viewBox="0 0 {SWEEP_W} {SWEEP_H}" role="img" font-family="sans-serif" font-size="11">',
+             f"<title>{escape(printable(heading))}</title>",
+             f'<text x="{SWEEP_PAD}" y="18">{escape(printable(heading))}</text>',
+             f'<line x1="{x0:.1f}" y1="{y0:.1f}" x2="{x1:.1f}" y2="{y0:.1f}" stroke="#333"/>',
+             f'<line x1="{x0:.1f}" y1="{y0:.1f}" x2="{x0:.1f}" y2="{ytop:.1f}" stroke="#333"/>']
+    for frac in (0.0, 0.5, 1.0):
+        gb = right / 1.08 * frac
+        tx, _ = xy(gb, bottom)
+        parts.append(f'<text x="{tx:.1f}" y="{y0 + 14:.1f}" text-anchor="middle">{gb:.3g}</text>')
+        sec = bottom + (top - bottom) * frac
+        _, ty = xy(0.0, sec)
+        parts.append(f'<text x="{x0 - 4:.1f}" y="{ty + 4:.1f}" text-anchor="end">{sec:.3g}</text>')
+    if bottom < 0:
+        _, zy = xy(0.0, 0.0)
+        parts.append(f'<line x1="{x0:.1f}" y1="{zy:.1f}" x2="{x1:.1f}" y2="{zy:.1f}" stroke="#bbb" '
+                     'stroke-dasharray="3 3"/>')
+    if fitted is not None:
+        (lx0, ly0), (lx1, ly1) = xy(0.0, fitted.at(0.0)), xy(right, fitted.at(right))
+        words = f"fit: {secs_text(fitted.intercept_s)} s + {fitted.slope_s_per_gb:.3g} s/GB x size"
+        parts.append(f'<line x1="{lx0:.1f}" y1="{ly0:.1f}" x2="{lx1:.1f}" y2="{ly1:.1f}" stroke="{LINE_STROKE}" '
+                     f'stroke-width="1.5"><title>{escape(words)}</title></line>')
+        parts.append(f'<text x="{SWEEP_W - SWEEP_PAD}" y="34" text-anchor="end" fill="{LINE_STROKE}">'
+                     f"{escape(words)}</text>")
+    else:
+        parts.append(f'<text x="{SWEEP_W - SWEEP_PAD}" y="34" text-anchor="end" fill="#777">no line: '
+                     f"{escape(printable(str(line)))}</text>")
+    weak = [x for x in samples if {"emulated", "nested"} & set(x.qualifiers)]
+    if weak:
+        parts.append(f'<text x="{SWEEP_PAD}" y="34" fill="#555">hollow dots: emulated or nested samples</text>')
+    for x in samples:
+        cx, cy = xy(x.size_gb, x.total_s)
+        note = f" ({', '.join(x.qualifiers)})" if x.qualifiers else ""
+        paint = (f'fill="none" stroke="{OURS_FILL}" stroke-width="1.5"' if x in weak
+                 else f'fill="{OURS_FILL}" fill-opacity="0.75"')
+        parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3.5" {paint}>'
+                     f"<title>run #{x.run_id}: {escape(propagation.size_text(x.size_bytes))}, total "
+                     f"{secs_text(x.total_s)} s (copy {secs_text(x.copy_s)} s, boot {secs_text(x.boot_s)} s)"
+                     f"{escape(note)}</title></circle>")
+    parts.append(f'<text x="{(x0 + x1) / 2:.0f}" y="{SWEEP_H - 12}" text-anchor="middle">image size (GB)</text>'
+                 f'<text x="14" y="{(y0 + ytop) / 2:.0f}" text-anchor="middle" '
+                 f'transform="rotate(-90 14 {(y0 + ytop) / 2:.0f})">seconds to the guest\'s agent</text></svg>')
+    return "\n".join(parts)
+
+
+PASS_COLOURS = {"write": "#1f5fa8", "re-write": "#79a6dc", "read": "#b03a2e", "re-read": "#e3968a"}
+Line = tuple[str, str, list[tuple[int, float]]]  # label, colour, (file KiB, MB/s) by file size
+# viridis from dark purple to green (its yellow end is unreadable on white): small records dark, large ones light
+RAMP = ((0x44, 0x01, 0x54), (0x3b, 0x52, 0x8b), (0x21, 0x91, 0x8c), (0x5e, 0xc9, 0x62))
+
+
+def _ramp(i: int, n: int) -> str:
+    """The i-th of n colours along RAMP, evenly spaced."""
+    f = i / max(1, n - 1) * (len(RAMP) - 1)
+    k = min(int(f), len(RAMP) - 2)
+    a, b = RAMP[k], RAMP[k + 1]
+    return "#" + "".join(f"{round(x + (y - x) * (f - k)):02x}" for x, y in zip(a, b, strict=True))
+
+
+def iozone_lines(test: str, figs: dict[str, float]) -> list[Line]:
+    """One side's lines of an IOzone sweep's plot: a file sweep's four passes, or the grid's write pass per record
+    size, each as MB/s by file size (the points the side stored)."""
+    cells = iozone.iozone_sweep_cells(figs)
+
+    def points(passname: str, record: int | None) -> list[tuple[int, float]]:
+        return [(kib, figs[m]) for kib, rec in cells if rec == record
+                and (m := iozone.iozone_file_metric(passname, kib, rec)) in figs]
+
+    if test in catalogue.IOZONE_GRIDS:
+        records = sorted({rec for _, rec in cells if rec})
+        return [(f"{iozone.kib_text(rec)} records", _ramp(i, len(records)), points("write", rec))
+                for i, rec in enumerate(records)]
+    return [(p, PASS_COLOURS[p], pts) for p in iozone.IOZONE_FILE_PASSES if (pts := points(p, None))]
+
+
+def iozone_svg(heading: str, lines: Sequence[Line]) -> str:
+    """An inline SVG line chart of MB/s against file size, the file sizes on a log2 axis (IOzone doubles them): a
+    polyline per line with its label as title and a dot per point, the legend on the right."""
+    files = sorted({kib for _, _, pts in lines for kib, _ in pts})
+    top = max([v for _, _, pts in lines for _, v in pts] + [1.0]) * 1.1
+    top = float(f"{top:.2g}")  # the axis says the scale it uses
+    plot_w, plot_h = IOZ_W - IOZ_PAD - IOZ_LEGEND - 10, IOZ_H - 2 * IOZ_PAD
+    lo, hi = (math.log2(files[0]), math.log2(files[-1])) if files else (0.0, 0.0)
+
+    def xy(kib: int, v: float) -> tuple[float, float]:
+        f = (math.log2(kib) - lo) / (hi - lo) if hi > lo else 0.5
+        return IOZ_PAD + plot_w * f, IOZ_PAD + plot_h - plot_h * v / top
+
+    y0 = IOZ_PAD + plot_h
+    parts = [*svg_open(f"{heading}: MB/s by file size", IOZ_W, IOZ_H),
+             f'<text x="{IOZ_PAD}" y="16">{escape(printable(heading))}</text>',
+             f'<line x1="{IOZ_PAD}" y1="{y0}" x2="{IOZ_PAD + plot_w}" y2="{y0}" stroke="#333"/>',
+             f'<line x1="{IOZ_PAD}" y1="{IOZ_PAD}" x2="{IOZ_PAD}" y2="{y0}" stroke="#333"/>']
+    for frac in (0.0, 0.5, 1.0):
+        parts.append(f'<text x="{IOZ_PAD - 4}" y="{y0 - plot_h * frac + 4:.1f}" text-anchor="end">'
+                     f"{top * frac:g}</text>")
+    step = max(1, math.ceil(len(files) / 6))  # at most six labels under the axis
+    for kib in files[::step]:
+        x, _ = xy(kib, 0.0)
+        parts.append(f'<text x="{x:.1f}" y="{y0 + 14}" text-anchor="middle">{iozone.kib_text(kib)}</text>')
+    for i, (label, colour, pts) in enumerate(lines):
+        where = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(k, v) for k, v in pts))
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{where}">'
+                     f"<title>{escape(label)}</title></polyline>")
+        for k, v in pts:
+            x, y = xy(k, v)
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{colour}"><title>{escape(label)}, '
+                         f"{iozone.kib_text(k)} file: {value_text(v, 'MB/s')} MB/s</title></circle>")
+        ly = IOZ_PAD + 14 * i
+        parts.append(f'<line x1="{IOZ_W - IOZ_LEGEND}" y1="{ly - 3}" x2="{IOZ_W - IOZ_LEGEND + 14}" y2="{ly - 3}" '
+                     f'stroke="{colour}" stroke-width="2"/><text x="{IOZ_W - IOZ_LEGEND + 18}" y="{ly}">'
+                     f"{escape(label)}</text>")
+    if not lines:
+        parts.append(f'<text x="{IOZ_PAD + plot_w / 2:.0f}" y="{IOZ_PAD + plot_h / 2:.0f}" text-anchor="middle" '
+                     'fill="#777">nothing stored</text>')
+    mid = IOZ_PAD + plot_h / 2
+    parts.append(f'<text x="{IOZ_PAD + plot_w / 2:.0f}" y="{IOZ_H - 10}" text-anchor="middle">file size (log2 scale)'
+                 f'</text><text x="12" y="{mid:.0f}" text-anchor="middle" transform="rotate(-90 12 {mid:.0f})">MB/s'
+                 "</text></svg>")
+    return "\n".join(parts)
+
+
+def iozone_figure(ev: Evidence, cell: Cell) -> str:
+    """An IOzone sweep's cell as two plots, bare metal's and the guest's (each on its own scale), their qualifiers in
+    their headings as the tables write them, and a caption."""
+    base_q = host_qualifiers([cell.baseline.labels] if cell.baseline else [], cell.qualifiers)
+    what = ("the write pass, a line per record size" if cell.test in catalogue.IOZONE_GRIDS
+            else "a line per pass")
+    base = dict(cell.baseline_figures)
+    svgs = [iozone_svg(qualified(f"{cell.profile}, bare metal", base_q), iozone_lines(cell.test, base)),
+            iozone_svg(qualified(f"{cell.profile}, guest", cell.qualifiers),
+                       iozone_lines(cell.test, figures(cell.guest)))]
+    return (f"<figure>{''.join(svgs)}<figcaption>{escape(printable(cell.profile))}, {escape(cell.test)} (run "
+            f"#{cell.run_id}): IOzone's MB/s against file size, {what}; bare metal (left) and the guest (right) each "
+            "on its own scale.</figcaption></figure>")
