@@ -15,7 +15,7 @@ from ..spec import catalogue
 from .cells import Cell, figures
 from .evidence import Evidence
 from .imagesweep import SweepEvidence, sweep_fit
-from .plot import LINE_STROKE, OURS_FILL, PAPER_FILL, svg_open
+from .plot import AXIS, LINE_STROKE, OURS_FILL, PAPER_FILL, Frame, Scale, dot, line, points, polyline, svg_open, y_title
 from .series import Sample, bins, density
 from .wording import host_qualifiers, qualified, sample_qualifiers, secs_text, sweep_qualifiers, value_text
 
@@ -51,17 +51,11 @@ def figure(ev: Evidence, test: str) -> str:
     if not rows:
         return ""
     top = max([100.0] + [v for _, p, o, _ in rows for v in (p, o) if v is not None]) * 1.15
-    plot = FIG_WIDTH - FIG_LABEL - 10
     row_h = 2 * FIG_BAR + FIG_GAP
     height = 30 + row_h * len(rows) + 20
-
-    def x(v: float) -> float:
-        return FIG_LABEL + plot * v / top
-
+    x = Scale(0.0, top, FIG_LABEL, FIG_WIDTH - FIG_LABEL - 10)
     title = next(t.table for t in ev.study.tests if t.id == test)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{FIG_WIDTH}" height="{height}" '
-             f'viewBox="0 0 {FIG_WIDTH} {height}" role="img" font-family="sans-serif" font-size="11">',
-             f"<title>{escape(printable(title))}: % of native, paper and ours</title>",
+    parts = [*svg_open(f"{title}: % of native, paper and ours", FIG_WIDTH, height, font_size=11),
              f'<rect x="{FIG_LABEL}" y="6" width="10" height="10" fill="{PAPER_FILL}"/>'
              f'<text x="{FIG_LABEL + 14}" y="15">paper</text>',
              f'<rect x="{FIG_LABEL + 70}" y="6" width="10" height="10" fill="{OURS_FILL}"/>'
@@ -80,7 +74,7 @@ def figure(ev: Evidence, test: str) -> str:
                          f'fill="{fill}"/><text x="{x(value) + 4:.1f}" y="{by + FIG_BAR - 3}">'
                          f"{escape(printable(text))}</text>")
         y += row_h
-    parts.append(f'<line x1="{x(100):.1f}" y1="24" x2="{x(100):.1f}" y2="{y}" stroke="#333" '
+    parts.append(f'<line x1="{x(100):.1f}" y1="24" x2="{x(100):.1f}" y2="{y}" {AXIS} '
                  f'stroke-dasharray="4 3"/><text x="{x(100):.1f}" y="{y + 14}" text-anchor="middle">'
                  "100 % = bare metal</text></svg>")
     return "\n".join(parts)
@@ -102,26 +96,17 @@ def host_svg(profile: str, test: str, sides: dict[str, list[HostSample]], key: s
     top = max([v for _, _, pts in lines for _, v in pts] + [1.0]) * 1.1
     top = float(f"{top:.0f}") if top >= 10 else float(f"{top:.2g}")  # the axis says the scale it uses
     right = max([t for _, _, pts in lines for t, _ in pts] + [1.0])
-    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
-
-    def xy(t: float, v: float) -> str:
-        return f"{SERIES_PAD + plot_w * t / right:.1f},{SERIES_PAD + plot_h - plot_h * v / top:.1f}"
-
+    frame = Frame.padded(SERIES_W, SERIES_H, SERIES_PAD)
+    x, y = frame.x_scale(0.0, right), frame.y_scale(0.0, top)
     what = HOST_PLOTS[key]
-    parts = svg_open(f"{profile} {test}: host disk {what} over the test", SERIES_W, SERIES_H)
-    parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}: {escape(what)}</text>'
-                 f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
-                 f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>'
-                 f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + 4}" text-anchor="end">{top:g}</text>'
-                 f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + plot_h}" text-anchor="end">0</text>')
+    parts = frame.open(f"{profile} {test}: host disk {what} over the test")
+    parts.append(frame.heading(f"{escape(printable(f'{profile} {test}'))}: {escape(what)}") + frame.x_axis()
+                 + frame.y_ends(f"{top:g}"))
     for side, colour, pts in lines:
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
-                     f'points="{" ".join(xy(t, v) for t, v in pts)}"><title>{side}</title></polyline>')
+        parts.append(polyline(points((x(t), y(v)) for t, v in pts), colour, side))
     if not lines:
-        parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H / 2:.0f}" text-anchor="middle" fill="#777">'
-                     "no samples</text>")
-    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
-                 f"seconds into the test (up to {right:.0f} s)</text></svg>")
+        parts.append(frame.note("no samples"))
+    parts.append(frame.caption(f"seconds into the test (up to {right:.0f} s)") + "</svg>")
     return "\n".join(parts)
 
 
@@ -130,25 +115,24 @@ def histogram_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
     metric = samples[0].metric
     hist = bins([x.value for x in samples])
     top = max(n for _, _, n in hist)
-    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
-    bw = plot_w / len(hist)
+    frame = Frame.padded(SERIES_W, SERIES_H, SERIES_PAD)
+    bw = frame.plot_w / len(hist)
     quals = sample_qualifiers(samples)
     repeats = len({x.run_id for x in samples})
     what = f"{len(samples)} samples ({repeats} repeats x {len(samples) // repeats} guests)" \
         if len(samples) > repeats else f"{repeats} repeats"
-    parts = svg_open(f"{profile} {test}: histogram of {what} ({metric})", SERIES_W, SERIES_H)
-    parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}'
-                 + (f" ({escape(', '.join(quals))})" if quals else "") + "</text>")
+    parts = frame.open(f"{profile} {test}: histogram of {what} ({metric})")
+    parts.append(frame.heading(escape(printable(f"{profile} {test}"))
+                               + (f" ({escape(', '.join(quals))})" if quals else "")))
     for i, (a, _b, n) in enumerate(hist):
-        h = plot_h * n / top
-        x = SERIES_PAD + i * bw
-        parts.append(f'<rect x="{x:.1f}" y="{SERIES_PAD + plot_h - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" '
-                     f'fill="{OURS_FILL}"/><text x="{x + bw / 2:.1f}" y="{SERIES_PAD + plot_h - h - 3:.1f}" '
+        h = frame.plot_h * n / top
+        x = frame.left + i * bw
+        parts.append(f'<rect x="{x:.1f}" y="{frame.bottom - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" '
+                     f'fill="{OURS_FILL}"/><text x="{x + bw / 2:.1f}" y="{frame.bottom - h - 3:.1f}" '
                      f'text-anchor="middle">{n}</text>')
         if i == 0 or i == len(hist) - 1 or len(hist) <= 6:
-            parts.append(f'<text x="{x:.1f}" y="{SERIES_PAD + plot_h + 14}">{escape(value_text(a, metric))}</text>')
-    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
-                 f"{escape(printable(metric))} (guest)</text></svg>")
+            parts.append(f'<text x="{x:.1f}" y="{frame.bottom + 14}">{escape(value_text(a, metric))}</text>')
+    parts.append(frame.caption(f"{escape(printable(metric))} (guest)") + "</svg>")
     return "\n".join(parts)
 
 
@@ -158,43 +142,30 @@ def density_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
     metric = samples[0].metric
     values = [x.value for x in samples]
     d = density(values)
-    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
+    frame = Frame.padded(SERIES_W, SERIES_H, SERIES_PAD)
     quals = sample_qualifiers(samples)
-    parts = svg_open(f"{profile} {test}: density of {len(values)} samples ({metric})", SERIES_W, SERIES_H)
-    parts.append(f'<text x="{SERIES_PAD}" y="16">{escape(printable(f"{profile} {test}"))}: density'
-                 + (f" ({escape(', '.join(quals))})" if quals else "") + "</text>"
-                 f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
-                 f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>')
+    parts = frame.open(f"{profile} {test}: density of {len(values)} samples ({metric})")
+    parts.append(frame.heading(f"{escape(printable(f'{profile} {test}'))}: density"
+                               + (f" ({escape(', '.join(quals))})" if quals else "")) + frame.x_axis())
     if d is None:
-        parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H / 2:.0f}" text-anchor="middle" fill="#777">'
-                     "too few distinct samples for a density</text></svg>")
+        parts.append(frame.note("too few distinct samples for a density") + "</svg>")
         return "\n".join(parts)
     lo, hi = d.curve[0][0], d.curve[-1][0]
-    top = max(y for _, y in d.curve) * 1.1
-
-    def xy(v: float, y: float) -> tuple[float, float]:
-        return SERIES_PAD + plot_w * (v - lo) / (hi - lo), SERIES_PAD + plot_h - plot_h * y / top
-
-    pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(v, y) for v, y in d.curve))
-    x0, base = xy(lo, 0.0)
-    x1, _ = xy(hi, 0.0)
+    x, y = frame.x_scale(lo, hi), frame.y_scale(0.0, max(dv for _, dv in d.curve) * 1.1)
+    base = y(0.0)
     parts.append(f'<polygon fill="{OURS_FILL}" fill-opacity="0.35" stroke="{OURS_FILL}" stroke-width="1.5" '
-                 f'points="{x0:.1f},{base:.1f} {pts} {x1:.1f},{base:.1f}"><title>density, bandwidth '
-                 f"{escape(value_text(d.bandwidth, metric))} {escape(printable(metric))}</title></polygon>")
+                 f'points="{x(lo):.1f},{base:.1f} {points((x(v), y(dv)) for v, dv in d.curve)} {x(hi):.1f},'
+                 f'{base:.1f}"><title>density, bandwidth {escape(value_text(d.bandwidth, metric))} '
+                 f"{escape(printable(metric))}</title></polygon>")
     for v in values:
-        tx, _ = xy(v, 0.0)
-        parts.append(f'<line x1="{tx:.1f}" y1="{base:.1f}" x2="{tx:.1f}" y2="{base + 6:.1f}" stroke="#333"/>')
+        parts.append(line(x(v), base, x(v), base + 6, AXIS))
     for p in d.peaks:
-        px, _ = xy(p, 0.0)
-        parts.append(f'<line x1="{px:.1f}" y1="{SERIES_PAD:.1f}" x2="{px:.1f}" y2="{base:.1f}" stroke="{LINE_STROKE}" '
-                     f'stroke-dasharray="3,2"><title>peak at {escape(value_text(p, metric))} '
-                     f"{escape(printable(metric))}</title></line>")
+        parts.append(line(x(p), frame.top, x(p), base, f'stroke="{LINE_STROKE}" stroke-dasharray="3,2"',
+                          f"peak at {escape(value_text(p, metric))} {escape(printable(metric))}"))
     for v in (lo, hi):
-        tx, _ = xy(v, 0.0)
-        parts.append(f'<text x="{tx:.1f}" y="{base + 18:.1f}" text-anchor="{"start" if v == lo else "end"}">'
+        parts.append(f'<text x="{x(v):.1f}" y="{base + 18:.1f}" text-anchor="{"start" if v == lo else "end"}">'
                      f"{escape(value_text(v, metric))}</text>")
-    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
-                 f"{escape(printable(metric))} (guest)</text></svg>")
+    parts.append(frame.caption(f"{escape(printable(metric))} (guest)") + "</svg>")
     return "\n".join(parts)
 
 
@@ -204,29 +175,18 @@ def timeline_svg(profile: str, test: str, samples: Sequence[Sample]) -> str:
     values = [x.value for x in samples] + [x.baseline for x in samples if x.baseline is not None]
     top = max(values) * 1.1 or 1.0
     t0, t1 = min(x.started_at for x in samples), max(x.started_at for x in samples)
-    plot_w, plot_h = SERIES_W - 2 * SERIES_PAD, SERIES_H - 2 * SERIES_PAD
-
-    def xy(t: float, v: float) -> tuple[float, float]:
-        x = SERIES_PAD + (plot_w * (t - t0) / (t1 - t0) if t1 > t0 else plot_w / 2)
-        return x, SERIES_PAD + plot_h - plot_h * v / top
-
-    parts = svg_open(f"{profile} {test}: {len({x.run_id for x in samples})} repeats over time ({metric})", SERIES_W,
-                     SERIES_H)
-    parts.append(f'<line x1="{SERIES_PAD}" y1="{SERIES_PAD + plot_h}" x2="{SERIES_PAD + plot_w}" '
-                 f'y2="{SERIES_PAD + plot_h}" stroke="#333"/>'
-                 f'<text x="{SERIES_PAD - 4}" y="{SERIES_PAD + 4}" text-anchor="end">{escape(value_text(top, metric))}'
-                 f'</text><text x="{SERIES_PAD - 4}" y="{SERIES_PAD + plot_h}" text-anchor="end">0</text>')
-    for x_ in samples:
-        if x_.baseline is not None:
-            bx, by = xy(x_.started_at, x_.baseline)
-            parts.append(f'<circle cx="{bx:.1f}" cy="{by:.1f}" r="3" fill="{PAPER_FILL}"/>')
-        gx, gy = xy(x_.started_at, x_.value)
-        who = f", guest {x_.instance}" if x_.instance is not None else ""
-        parts.append(f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="3.5" fill="{OURS_FILL}"><title>run #{x_.run_id}{who}: '
-                     f"{escape(value_text(x_.value, metric))} {escape(printable(metric))}</title></circle>")
+    frame = Frame.padded(SERIES_W, SERIES_H, SERIES_PAD)
+    x, y = frame.x_scale(t0, t1), frame.y_scale(0.0, top)
+    parts = frame.open(f"{profile} {test}: {len({s.run_id for s in samples})} repeats over time ({metric})")
+    parts.append(frame.x_axis() + frame.y_ends(escape(value_text(top, metric))))
+    for s in samples:
+        if s.baseline is not None:
+            parts.append(dot(x(s.started_at), y(s.baseline), "3", f'fill="{PAPER_FILL}"'))
+        who = f", guest {s.instance}" if s.instance is not None else ""
+        parts.append(dot(x(s.started_at), y(s.value), "3.5", f'fill="{OURS_FILL}"',
+                         f"run #{s.run_id}{who}: {escape(value_text(s.value, metric))} {escape(printable(metric))}"))
     minutes = (t1 - t0) / 60.0
-    parts.append(f'<text x="{SERIES_W / 2:.0f}" y="{SERIES_H - 6}" text-anchor="middle">'
-                 f"time: {minutes:.1f} min from the first repeat to the last</text></svg>")
+    parts.append(frame.caption(f"time: {minutes:.1f} min from the first repeat to the last") + "</svg>")
     return "\n".join(parts)
 
 
@@ -234,64 +194,48 @@ def sweep_svg(sweep: SweepEvidence) -> str:
     """An inline SVG of the sweep: each sample's total seconds against its image's size in GB (blue dots, a title
     each) and the fitted line (red) across the sizes; the qualifiers (emulated, nested, quick, ...) in its heading."""
     samples = sweep.samples
-    line = sweep_fit(sweep)
-    fitted = line if isinstance(line, Fit) else None
+    fit = sweep_fit(sweep)
+    fitted = fit if isinstance(fit, Fit) else None
     right = max(x.size_gb for x in samples) * 1.08
     ys = [x.total_s for x in samples] + ([fitted.at(0.0), fitted.at(right)] if fitted else [])
     top = max(max(ys) * 1.1, 1e-3)
     bottom = min(0.0, min(ys) * 1.1)
-    plot_w, plot_h = SWEEP_W - 2 * SWEEP_PAD, SWEEP_H - 2 * SWEEP_PAD
-
-    def xy(gb: float, sec: float) -> tuple[float, float]:
-        return (SWEEP_PAD + plot_w * gb / right, SWEEP_PAD + plot_h - plot_h * (sec - bottom) / (top - bottom))
-
+    frame = Frame.padded(SWEEP_W, SWEEP_H, SWEEP_PAD)
+    x, y = frame.x_scale(0.0, right), frame.y_scale(bottom, top)
     quals = sweep_qualifiers(samples)
     heading = f"{sweep.profile}: total seconds against image size" + (f" ({', '.join(quals)})" if quals else "")
-    x0, y0 = xy(0.0, bottom)
-    x1, _ = xy(right, bottom)
-    _, ytop = xy(0.0, top)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{SWEEP_W}" height="{SWEEP_H}" '
-             f'viewBox="0 0 {SWEEP_W} {SWEEP_H}" role="img" font-family="sans-serif" font-size="11">',
-             f"<title>{escape(printable(heading))}</title>",
-             f'<text x="{SWEEP_PAD}" y="18">{escape(printable(heading))}</text>',
-             f'<line x1="{x0:.1f}" y1="{y0:.1f}" x2="{x1:.1f}" y2="{y0:.1f}" stroke="#333"/>',
-             f'<line x1="{x0:.1f}" y1="{y0:.1f}" x2="{x0:.1f}" y2="{ytop:.1f}" stroke="#333"/>']
+    x0, x1, y0, ytop = x(0.0), x(right), y(bottom), y(top)
+    parts = [*svg_open(heading, SWEEP_W, SWEEP_H, font_size=11), frame.heading(escape(printable(heading)), y=18),
+             line(x0, y0, x1, y0, AXIS), line(x0, y0, x0, ytop, AXIS)]
     for frac in (0.0, 0.5, 1.0):
         gb = right / 1.08 * frac
-        tx, _ = xy(gb, bottom)
-        parts.append(f'<text x="{tx:.1f}" y="{y0 + 14:.1f}" text-anchor="middle">{gb:.3g}</text>')
+        parts.append(f'<text x="{x(gb):.1f}" y="{y0 + 14:.1f}" text-anchor="middle">{gb:.3g}</text>')
         sec = bottom + (top - bottom) * frac
-        _, ty = xy(0.0, sec)
-        parts.append(f'<text x="{x0 - 4:.1f}" y="{ty + 4:.1f}" text-anchor="end">{sec:.3g}</text>')
+        parts.append(f'<text x="{x0 - 4:.1f}" y="{y(sec) + 4:.1f}" text-anchor="end">{sec:.3g}</text>')
     if bottom < 0:
-        _, zy = xy(0.0, 0.0)
-        parts.append(f'<line x1="{x0:.1f}" y1="{zy:.1f}" x2="{x1:.1f}" y2="{zy:.1f}" stroke="#bbb" '
-                     'stroke-dasharray="3 3"/>')
+        parts.append(line(x0, y(0.0), x1, y(0.0), 'stroke="#bbb" stroke-dasharray="3 3"'))
     if fitted is not None:
-        (lx0, ly0), (lx1, ly1) = xy(0.0, fitted.at(0.0)), xy(right, fitted.at(right))
         words = f"fit: {secs_text(fitted.intercept_s)} s + {fitted.slope_s_per_gb:.3g} s/GB x size"
-        parts.append(f'<line x1="{lx0:.1f}" y1="{ly0:.1f}" x2="{lx1:.1f}" y2="{ly1:.1f}" stroke="{LINE_STROKE}" '
-                     f'stroke-width="1.5"><title>{escape(words)}</title></line>')
+        parts.append(line(x0, y(fitted.at(0.0)), x1, y(fitted.at(right)),
+                          f'stroke="{LINE_STROKE}" stroke-width="1.5"', escape(words)))
         parts.append(f'<text x="{SWEEP_W - SWEEP_PAD}" y="34" text-anchor="end" fill="{LINE_STROKE}">'
                      f"{escape(words)}</text>")
     else:
         parts.append(f'<text x="{SWEEP_W - SWEEP_PAD}" y="34" text-anchor="end" fill="#777">no line: '
-                     f"{escape(printable(str(line)))}</text>")
+                     f"{escape(printable(str(fit)))}</text>")
     weak = [x for x in samples if {"emulated", "nested"} & set(x.qualifiers)]
     if weak:
         parts.append(f'<text x="{SWEEP_PAD}" y="34" fill="#555">hollow dots: emulated or nested samples</text>')
-    for x in samples:
-        cx, cy = xy(x.size_gb, x.total_s)
-        note = f" ({', '.join(x.qualifiers)})" if x.qualifiers else ""
-        paint = (f'fill="none" stroke="{OURS_FILL}" stroke-width="1.5"' if x in weak
+    for s in samples:
+        note = f" ({', '.join(s.qualifiers)})" if s.qualifiers else ""
+        paint = (f'fill="none" stroke="{OURS_FILL}" stroke-width="1.5"' if s in weak
                  else f'fill="{OURS_FILL}" fill-opacity="0.75"')
-        parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3.5" {paint}>'
-                     f"<title>run #{x.run_id}: {escape(propagation.size_text(x.size_bytes))}, total "
-                     f"{secs_text(x.total_s)} s (copy {secs_text(x.copy_s)} s, boot {secs_text(x.boot_s)} s)"
-                     f"{escape(note)}</title></circle>")
+        parts.append(dot(x(s.size_gb), y(s.total_s), "3.5", paint,
+                         f"run #{s.run_id}: {escape(propagation.size_text(s.size_bytes))}, total "
+                         f"{secs_text(s.total_s)} s (copy {secs_text(s.copy_s)} s, boot {secs_text(s.boot_s)} s)"
+                         f"{escape(note)}"))
     parts.append(f'<text x="{(x0 + x1) / 2:.0f}" y="{SWEEP_H - 12}" text-anchor="middle">image size (GB)</text>'
-                 f'<text x="14" y="{(y0 + ytop) / 2:.0f}" text-anchor="middle" '
-                 f'transform="rotate(-90 14 {(y0 + ytop) / 2:.0f})">seconds to the guest\'s agent</text></svg>')
+                 + y_title(14, (y0 + ytop) / 2, "seconds to the guest's agent") + "</svg>")
     return "\n".join(parts)
 
 
@@ -331,44 +275,35 @@ def iozone_svg(heading: str, lines: Sequence[Line]) -> str:
     files = sorted({kib for _, _, pts in lines for kib, _ in pts})
     top = max([v for _, _, pts in lines for _, v in pts] + [1.0]) * 1.1
     top = float(f"{top:.2g}")  # the axis says the scale it uses
-    plot_w, plot_h = IOZ_W - IOZ_PAD - IOZ_LEGEND - 10, IOZ_H - 2 * IOZ_PAD
-    lo, hi = (math.log2(files[0]), math.log2(files[-1])) if files else (0.0, 0.0)
+    frame = Frame(IOZ_W, IOZ_H, IOZ_PAD, IOZ_PAD, IOZ_W - IOZ_PAD - IOZ_LEGEND - 10, IOZ_H - 2 * IOZ_PAD)
+    log_x = frame.x_scale(*((math.log2(files[0]), math.log2(files[-1])) if files else (0.0, 0.0)))
+    y = frame.y_scale(0.0, top)
 
-    def xy(kib: int, v: float) -> tuple[float, float]:
-        f = (math.log2(kib) - lo) / (hi - lo) if hi > lo else 0.5
-        return IOZ_PAD + plot_w * f, IOZ_PAD + plot_h - plot_h * v / top
+    def x(kib: int) -> float:
+        return log_x(math.log2(kib))
 
-    y0 = IOZ_PAD + plot_h
-    parts = [*svg_open(f"{heading}: MB/s by file size", IOZ_W, IOZ_H),
-             f'<text x="{IOZ_PAD}" y="16">{escape(printable(heading))}</text>',
-             f'<line x1="{IOZ_PAD}" y1="{y0}" x2="{IOZ_PAD + plot_w}" y2="{y0}" stroke="#333"/>',
-             f'<line x1="{IOZ_PAD}" y1="{IOZ_PAD}" x2="{IOZ_PAD}" y2="{y0}" stroke="#333"/>']
+    y0 = frame.bottom
+    parts = [*frame.open(f"{heading}: MB/s by file size"), frame.heading(escape(printable(heading))), frame.x_axis(),
+             frame.y_axis()]
     for frac in (0.0, 0.5, 1.0):
-        parts.append(f'<text x="{IOZ_PAD - 4}" y="{y0 - plot_h * frac + 4:.1f}" text-anchor="end">'
+        parts.append(f'<text x="{IOZ_PAD - 4}" y="{y0 - frame.plot_h * frac + 4:.1f}" text-anchor="end">'
                      f"{top * frac:g}</text>")
     step = max(1, math.ceil(len(files) / 6))  # at most six labels under the axis
     for kib in files[::step]:
-        x, _ = xy(kib, 0.0)
-        parts.append(f'<text x="{x:.1f}" y="{y0 + 14}" text-anchor="middle">{iozone.kib_text(kib)}</text>')
+        parts.append(f'<text x="{x(kib):.1f}" y="{y0 + 14}" text-anchor="middle">{iozone.kib_text(kib)}</text>')
     for i, (label, colour, pts) in enumerate(lines):
-        where = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(k, v) for k, v in pts))
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{where}">'
-                     f"<title>{escape(label)}</title></polyline>")
+        parts.append(polyline(points((x(k), y(v)) for k, v in pts), colour, escape(label)))
         for k, v in pts:
-            x, y = xy(k, v)
-            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{colour}"><title>{escape(label)}, '
-                         f"{iozone.kib_text(k)} file: {value_text(v, 'MB/s')} MB/s</title></circle>")
+            parts.append(dot(x(k), y(v), "2", f'fill="{colour}"',
+                             f"{escape(label)}, {iozone.kib_text(k)} file: {value_text(v, 'MB/s')} MB/s"))
         ly = IOZ_PAD + 14 * i
         parts.append(f'<line x1="{IOZ_W - IOZ_LEGEND}" y1="{ly - 3}" x2="{IOZ_W - IOZ_LEGEND + 14}" y2="{ly - 3}" '
                      f'stroke="{colour}" stroke-width="2"/><text x="{IOZ_W - IOZ_LEGEND + 18}" y="{ly}">'
                      f"{escape(label)}</text>")
     if not lines:
-        parts.append(f'<text x="{IOZ_PAD + plot_w / 2:.0f}" y="{IOZ_PAD + plot_h / 2:.0f}" text-anchor="middle" '
-                     'fill="#777">nothing stored</text>')
-    mid = IOZ_PAD + plot_h / 2
-    parts.append(f'<text x="{IOZ_PAD + plot_w / 2:.0f}" y="{IOZ_H - 10}" text-anchor="middle">file size (log2 scale)'
-                 f'</text><text x="12" y="{mid:.0f}" text-anchor="middle" transform="rotate(-90 12 {mid:.0f})">MB/s'
-                 "</text></svg>")
+        parts.append(frame.note("nothing stored"))
+    parts.append(frame.caption("file size (log2 scale)", above=10) + y_title(12, frame.top + frame.plot_h / 2, "MB/s")
+                 + "</svg>")
     return "\n".join(parts)
 
 
