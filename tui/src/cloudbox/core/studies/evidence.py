@@ -14,7 +14,7 @@ from ..spec.catalogue import is_storage_test, primary_metric
 from ..views.compare import guest_count
 from ..views.labels import knobs
 from ..virt import accel
-from .cells import Cell, CellKey, measured_side
+from .cells import Cell, CellKey, Measured, measured_side
 from .imagesweep import SweepEvidence, gather_sweep
 from .loading import cannot_run, cannot_run_here
 from .schema import Study
@@ -59,15 +59,20 @@ def select_cells(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *
             key = (run.profile_name, test)
             if key in best and best[key][0] >= rank:
                 continue
-            best[key] = (rank, Cell(run.profile_name, test, run.id, guest, measured_side(run, "baseline", test, metric),
-                                    metric=metric, size_label=run.size_label, accelerator=run.accelerator,
-                                    emulated=run.emulated, node=run.node, started_at=run.started_at,
-                                    profile_changed=changed, host_cores=run.provenance.host_cores,
-                                    guest_memory_mib=knobs(run).memory_mib,
-                                    baseline_figures=tuple((m.metric, m.value) for m in run.measurements
-                                                           if m.side == "baseline" and m.test == test
-                                                           and m.instance is None), guests=n))
+            best[key] = (rank, _cell(run, run.profile_name, test, metric, guest, changed=changed, guests=n))
     return {k: v[1] for k, v in best.items()}
+
+
+def _cell(run: Run, profile: str, test: str, metric: str, guest: Measured, *, changed: bool, guests: int) -> Cell:
+    """`run`'s cell of (`profile`, `test`): the guest's number (`guest`), bare metal's beside it with every figure
+    bare metal stored, and the facts of the run its qualifiers and cost columns read."""
+    return Cell(profile, test, run.id, guest, measured_side(run, "baseline", test, metric), metric=metric,
+                size_label=run.size_label, accelerator=run.accelerator, emulated=run.emulated, node=run.node,
+                started_at=run.started_at, profile_changed=changed, host_cores=run.provenance.host_cores,
+                guest_memory_mib=knobs(run).memory_mib,
+                baseline_figures=tuple((m.metric, m.value) for m in run.measurements
+                                       if m.side == "baseline" and m.test == test and m.instance is None),
+                guests=guests)
 
 
 @dataclass

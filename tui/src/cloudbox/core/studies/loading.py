@@ -41,6 +41,7 @@ from .schema import (
     OPS,
     RULE_METRICS,
     SIZES,
+    Rule,
     Study,
     known_tests,
 )
@@ -143,123 +144,164 @@ def _split_cell(text: str) -> tuple[str, str] | None:
     return (profile, test) if sep and profile and test else None
 
 
-def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
-    """What pydantic cannot see: unknown profiles and tests, cells outside the matrix, rules that cannot be stated."""
-    out: list[ProfileProblem] = []
-
-    def bad(key: str, value: object, message: str, allowed: str) -> None:
-        out.append(ProfileProblem(key, value, message, allowed))
-
+def _size_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """Each size once."""
     if len(set(study.sizes)) != len(study.sizes):
-        bad("sizes", list(study.sizes), "a size is listed twice", ALLOWED["sizes"])
+        return [ProfileProblem("sizes", list(study.sizes), "a size is listed twice", ALLOWED["sizes"])]
+    return []
 
+
+def _profile_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """Each row a profile that exists and validates, listed once, and none named like the bare-metal row."""
+    out = []
     names = study.profile_names
     for i, p in enumerate(study.profiles, 1):
         key = f"profiles[{i}].name"
         if p.name == NATIVE:
-            bad(key, p.name, f"'{NATIVE}' names the bare-metal row, not a profile", "a profile name")
+            out.append(ProfileProblem(key, p.name, f"'{NATIVE}' names the bare-metal row, not a profile",
+                                      "a profile name"))
         elif names.index(p.name) != i - 1:
-            bad(key, p.name, "the profile is listed twice", "each profile once")
+            out.append(ProfileProblem(key, p.name, "the profile is listed twice", "each profile once"))
         else:
             try:
                 lookup(p.name)
             except NotFound:
                 names_known = ", ".join(e.name for e in profiles.list_profiles()) or "(none)"
-                bad(key, p.name, "no such profile", f"a profile name: {names_known}")
+                out.append(ProfileProblem(key, p.name, "no such profile", f"a profile name: {names_known}"))
             except ProfileError as e:
-                bad(key, p.name, f"the profile does not validate ({e.problems[0] if e.problems else e.source})",
-                    "a valid profile (cloudbox profile validate)")
+                out.append(ProfileProblem(
+                    key, p.name, f"the profile does not validate ({e.problems[0] if e.problems else e.source})",
+                    "a valid profile (cloudbox profile validate)"))
+    return out
 
+
+def _test_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """Each column a test a run stores, listed once."""
+    out = []
     tests = study.test_ids
     known = known_tests()
     for i, t in enumerate(study.tests, 1):
         key = f"tests[{i}].id"
         if t.id not in known:
-            bad(key, t.id, "no such test", ", ".join(known))
+            out.append(ProfileProblem(key, t.id, "no such test", ", ".join(known)))
         elif tests.index(t.id) != i - 1:
-            bad(key, t.id, "the test is listed twice", "each test once")
+            out.append(ProfileProblem(key, t.id, "the test is listed twice", "each test once"))
+    return out
 
-    def cell_problem(key: str, text: str, *, native: bool) -> tuple[str, str] | None:
-        rows = ([NATIVE] if native else []) + names
-        allowed = (f"profile/test with a profile of [[profiles]] ({', '.join(rows)}) and a test of [[tests]] "
-                   f"({', '.join(tests)})")
-        parts = _split_cell(text)
-        if parts is None:
-            bad(key, text, "not a cell", allowed)
-            return None
-        if parts[0] not in rows:
-            bad(key, text, f"profile {parts[0]!r} is not in this study's [[profiles]]", allowed)
-            return None
-        if parts[1] not in tests:
-            bad(key, text, f"test {parts[1]!r} is not in this study's [[tests]]", allowed)
-            return None
-        return parts
 
+def _in_matrix(study: Study, key: str, text: str, *, native: bool) -> tuple[str, str] | ProfileProblem:
+    """A cell's (profile, test) when `text` names one of the study's matrix (or of its bare-metal row, `native`),
+    else the problem."""
+    rows = ([NATIVE] if native else []) + study.profile_names
+    tests = study.test_ids
+    allowed = (f"profile/test with a profile of [[profiles]] ({', '.join(rows)}) and a test of [[tests]] "
+               f"({', '.join(tests)})")
+    parts = _split_cell(text)
+    if parts is None:
+        return ProfileProblem(key, text, "not a cell", allowed)
+    if parts[0] not in rows:
+        return ProfileProblem(key, text, f"profile {parts[0]!r} is not in this study's [[profiles]]", allowed)
+    if parts[1] not in tests:
+        return ProfileProblem(key, text, f"test {parts[1]!r} is not in this study's [[tests]]", allowed)
+    return parts
+
+
+def _paper_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """Each published cell in the matrix, once, with a number, and no % of native on the bare-metal row."""
+    out = []
     seen: set[str] = set()
     for i, c in enumerate(study.paper, 1):
         key = f"paper[{i}]"
-        parts = cell_problem(f"{key}.cell", c.cell, native=True)
-        if parts is None:
+        parts = _in_matrix(study, f"{key}.cell", c.cell, native=True)
+        if isinstance(parts, ProfileProblem):
+            out.append(parts)
             continue
         if c.cell in seen:
-            bad(f"{key}.cell", c.cell, "the cell has published numbers twice", "each cell once")
+            out.append(ProfileProblem(f"{key}.cell", c.cell, "the cell has published numbers twice",
+                                      "each cell once"))
         seen.add(c.cell)
         if parts[0] == NATIVE and (c.percent is not None or c.native is not None):
-            bad(f"{key}.percent" if c.percent is not None else f"{key}.native",
-                c.percent if c.percent is not None else c.native, "the bare-metal row is native itself",
-                "value, avgrq, avgqu, util (on native/... cells)")
+            out.append(ProfileProblem(f"{key}.percent" if c.percent is not None else f"{key}.native",
+                                      c.percent if c.percent is not None else c.native,
+                                      "the bare-metal row is native itself",
+                                      "value, avgrq, avgqu, util (on native/... cells)"))
         if all(getattr(c, k) is None for k in ("value", "percent", "avgrq", "avgqu", "util")):
-            bad(key, c.cell, "a paper cell without a published number", "at least one of value, percent, avgrq, "
-                "avgqu, util")
+            out.append(ProfileProblem(key, c.cell, "a paper cell without a published number",
+                                      "at least one of value, percent, avgrq, avgqu, util"))
+    return out
 
+
+def _rule_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """Each rule with its own id, over a cell of the matrix, with a threshold it can state."""
+    out = []
     ids: set[str] = set()
     for i, r in enumerate(study.rules, 1):
         key = f"rules[{i}]"
         if r.id in ids:
-            bad(f"{key}.id", r.id, "two rules have this id", "a unique id per rule")
+            out.append(ProfileProblem(f"{key}.id", r.id, "two rules have this id", "a unique id per rule"))
         ids.add(r.id)
-        parts = cell_problem(f"{key}.cell", r.cell, native=False)
-        if r.against is not None and r.against != NATIVE:
-            if r.against not in names:
-                bad(f"{key}.against", r.against, "not a profile of this study's [[profiles]]",
-                    f"{NATIVE}, {', '.join(names)}")
-            elif parts is not None and r.against == parts[0]:
-                bad(f"{key}.against", r.against, "a cell against itself", f"{NATIVE} or another profile")
-        if r.against is None and r.value is None:
-            bad(f"{key}.value", None, "a rule without `against` compares the cell's number with `value`",
-                "a number >= 0 (or set against and percent)")
-        if r.against is not None and r.percent is None:
-            bad(f"{key}.percent", None, "a rule with `against` compares a percentage", "a number > 0 (percent)")
-        if r.against is not None and r.value is not None:
-            bad(f"{key}.value", r.value, "with `against` the threshold is a percentage", "percent instead of value")
-        if r.against is None and r.percent is not None:
-            bad(f"{key}.percent", r.percent, "a percentage needs `against`", f"against = \"{NATIVE}\" or a profile; "
-                "or value instead of percent")
-        if r.percent == 0 and r.against is not None:
-            bad(f"{key}.percent", r.percent, "0% is no threshold", "a number > 0")
-        if parts is not None and r.metric in HOST_METRICS and not is_storage_test(parts[1]):
-            bad(f"{key}.metric", r.metric, "host disk metrics exist for storage tests only",
-                f"value (with test {parts[1]})")
-    if study.propagation is not None:
-        out += _sweep_problems(study, lookup)
-    if study.series is not None:
-        for size in study.sizes:
-            if study.series_plan(size) is None:
-                bad(f"series.{size}", None, f"a series study needs a plan for each of its sizes ({size} is one)",
-                    ALLOWED[f"series.{size}"])
-        for other in SIZES:
-            if other not in study.sizes and study.series_plan(other) is not None:
-                bad(f"series.{other}", other, "a plan for a size the study does not offer",
-                    f"sizes: {', '.join(study.sizes)}")
+        parts = _in_matrix(study, f"{key}.cell", r.cell, native=False)
+        if isinstance(parts, ProfileProblem):
+            out.append(parts)
+        out += _threshold_problems(study, key, r, None if isinstance(parts, ProfileProblem) else parts)
+    return out
+
+
+def _threshold_problems(study: Study, key: str, r: Rule, parts: tuple[str, str] | None) -> list[ProfileProblem]:
+    """What one rule compares its cell (`parts`, None when outside the matrix) with: `against` another profile of the
+    matrix (or native) and a percentage, or without `against` a value; a host metric only for a storage test."""
+    out = []
+    names = study.profile_names
+    if r.against is not None and r.against != NATIVE:
+        if r.against not in names:
+            out.append(ProfileProblem(f"{key}.against", r.against, "not a profile of this study's [[profiles]]",
+                                      f"{NATIVE}, {', '.join(names)}"))
+        elif parts is not None and r.against == parts[0]:
+            out.append(ProfileProblem(f"{key}.against", r.against, "a cell against itself",
+                                      f"{NATIVE} or another profile"))
+    if r.against is None and r.value is None:
+        out.append(ProfileProblem(f"{key}.value", None, "a rule without `against` compares the cell's number with "
+                                  "`value`", "a number >= 0 (or set against and percent)"))
+    if r.against is not None and r.percent is None:
+        out.append(ProfileProblem(f"{key}.percent", None, "a rule with `against` compares a percentage",
+                                  "a number > 0 (percent)"))
+    if r.against is not None and r.value is not None:
+        out.append(ProfileProblem(f"{key}.value", r.value, "with `against` the threshold is a percentage",
+                                  "percent instead of value"))
+    if r.against is None and r.percent is not None:
+        out.append(ProfileProblem(f"{key}.percent", r.percent, "a percentage needs `against`",
+                                  f"against = \"{NATIVE}\" or a profile; or value instead of percent"))
+    if r.percent == 0 and r.against is not None:
+        out.append(ProfileProblem(f"{key}.percent", r.percent, "0% is no threshold", "a number > 0"))
+    if parts is not None and r.metric in HOST_METRICS and not is_storage_test(parts[1]):
+        out.append(ProfileProblem(f"{key}.metric", r.metric, "host disk metrics exist for storage tests only",
+                                  f"value (with test {parts[1]})"))
+    return out
+
+
+def _series_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """A series study's plans: one for each of its sizes, none for another."""
+    out: list[ProfileProblem] = []
+    if study.series is None:
+        return out
+    for size in study.sizes:
+        if study.series_plan(size) is None:
+            out.append(ProfileProblem(f"series.{size}", None, f"a series study needs a plan for each of its sizes "
+                                      f"({size} is one)", ALLOWED[f"series.{size}"]))
+    for other in SIZES:
+        if other not in study.sizes and study.series_plan(other) is not None:
+            out.append(ProfileProblem(f"series.{other}", other, "a plan for a size the study does not offer",
+                                      f"sizes: {', '.join(study.sizes)}"))
     return out
 
 
 def _sweep_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
     """The [propagation] table against the rest: its profile a runnable row with a raw disk, a plan for each of the
     study's sizes and none for another, the image sizes ascending."""
-    assert study.propagation is not None
     prop = study.propagation
     out: list[ProfileProblem] = []
+    if prop is None:
+        return out
     names = study.profile_names
     if prop.profile not in names:
         out.append(ProfileProblem("propagation.profile", prop.profile, "not a profile of this study's [[profiles]]",
@@ -293,6 +335,17 @@ def _sweep_problems(study: Study, lookup: Callable[[str], object]) -> list[Profi
                                       "the sizes are not ascending (or one is listed twice)",
                                       ALLOWED[f"propagation.{other}.sizes_mib"]))
     return out
+
+
+# What pydantic cannot see, in the order the problems are listed: unknown profiles and tests, cells outside the
+# matrix, rules that cannot be stated, plans missing for a size.
+_CROSS_CHECKS = (_size_problems, _profile_problems, _test_problems, _paper_problems, _rule_problems, _sweep_problems,
+                 _series_problems)
+
+
+def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """Every problem the cross checks find (`lookup` finds a profile by name)."""
+    return [problem for check in _CROSS_CHECKS for problem in check(study, lookup)]
 
 
 def _validate_own(data: object, source: str, expect_name: str | None) -> tuple[Study, list[ProfileProblem]]:

@@ -112,23 +112,28 @@ def _missing_note(ev: Evidence, profile: str, test: str) -> str:
     return "not run yet"
 
 
-def table(ev: Evidence, test: str) -> list[str]:
-    """One test's table in the paper's layout: the bare-metal row, then a row per profile in the study's order."""
-    study = ev.study
+def _row(cells: Sequence[object]) -> str:
+    return "| " + " | ".join(_md(x) for x in cells) + " |"
+
+
+def _table_head(study: Study, test: str, metric: str) -> list[str]:
+    """A test's heading (the paper's table title, the test in words) and its table's header: the numbers, then the
+    cost columns when the study asks for them, the host columns for a storage test, the run."""
     title = next(t.table for t in study.tests if t.id == test)
-    cells = [ev.cells[(p, test)] for p in study.profile_names if (p, test) in ev.cells]
-    metric = cells[0].metric if cells else ("MB/s" if is_storage_test(test) else "Mbit/s")
-    storage = is_storage_test(test)
     head = ["configuration", "profile", f"paper {metric}", f"ours {metric}", "paper % of native", "ours % of native"]
     if study.cost:
         head += [f"ours {metric} per host core", f"ours {metric} per GiB guest RAM"]
-    if storage:
+    if is_storage_test(test):
         head += ["avgrq paper / ours", "avgqu paper / ours", "util % paper / ours"]
     head.append("run")
-    out = [f"## {_md(title)}", "", f"`{test}`: {_md(test_title(test))}", "",
-           "| " + " | ".join(head) + " |",
-           "|" + "|".join("---" if i < 2 or i == len(head) - 1 else "---:" for i in range(len(head))) + "|"]
+    return [f"## {_md(title)}", "", f"`{test}`: {_md(test_title(test))}", "",
+            "| " + " | ".join(head) + " |",
+            "|" + "|".join("---" if i < 2 or i == len(head) - 1 else "---:" for i in range(len(head))) + "|"]
 
+
+def _bare_metal_row(study: Study, test: str, cells: Sequence[Cell], metric: str) -> list[str]:
+    """The table's bare-metal row: the paper's, and ours as the mean baseline of the runs the guest cells come
+    from."""
     paper_native = study.paper_cell(NATIVE, test)
     native, native_runs = native_row(cells)
     native_q = host_qualifiers([native.labels] if native else [])
@@ -139,36 +144,49 @@ def table(ev: Evidence, test: str) -> list[str]:
            "100" if native else "-"]
     if study.cost:
         row += [qualified(value_text(native_per_core(cells), metric), native_q), "-"]
-    if storage:
+    if is_storage_test(test):
         for key in ("avgrq", "avgqu", "util"):
             row.append(f"{published_text(getattr(paper_native, key) if paper_native else None)} / "
                        f"{host_text(key, getattr(native, key) if native else None)}")
     row.append(_runs(native_runs) if native_runs else "-")
-    out.append("| " + " | ".join(_md(x) for x in row) + " |")
+    return row
 
-    for profile in study.profile_names:
-        pc = study.paper_cell(profile, test)
-        cell = ev.cells.get((profile, test))
-        p_pct, computed = study.paper_percent(profile, test)
-        p_pct_text = pct_text(p_pct) if computed or p_pct is None else f"{published_text(p_pct)} (published)"
-        if pc is not None and pc.native is not None and p_pct is not None:
-            p_pct_text += f" (of {published_text(pc.native)})"
-        q = cell.qualifiers if cell else []
-        ours = ours_pct = "-"
-        if cell is not None:
-            ours = ours_text(cell, metric)
-            if cell.baseline is not None and cell.baseline.value:
-                ours_pct = qualified(pct_text(cell.guest.value / cell.baseline.value * 100.0), q)
-        row = [study.row(profile), f"`{profile}`", paper_text(study, profile, test), ours, p_pct_text, ours_pct]
-        if study.cost:
-            row += [qualified(value_text(cell.per_host_core(cell.guest.value) if cell else None, metric), q),
-                    qualified(value_text(cell.guest_per_gib if cell else None, metric), q)]
-        if storage:
-            for key in ("avgrq", "avgqu", "util"):
-                row.append(f"{published_text(getattr(pc, key) if pc else None)} / "
-                           f"{host_text(key, getattr(cell.guest, key) if cell else None)}")
-        row.append(f"#{cell.run_id}" if cell else _missing_note(ev, profile, test))
-        out.append("| " + " | ".join(_md(x) for x in row) + " |")
+
+def _profile_row(ev: Evidence, profile: str, test: str, metric: str) -> list[str]:
+    """A profile's row: the paper's numbers beside ours and our run, or why there is no run yet."""
+    study = ev.study
+    pc = study.paper_cell(profile, test)
+    cell = ev.cells.get((profile, test))
+    p_pct, computed = study.paper_percent(profile, test)
+    p_pct_text = pct_text(p_pct) if computed or p_pct is None else f"{published_text(p_pct)} (published)"
+    if pc is not None and pc.native is not None and p_pct is not None:
+        p_pct_text += f" (of {published_text(pc.native)})"
+    q = cell.qualifiers if cell else []
+    ours = ours_pct = "-"
+    if cell is not None:
+        ours = ours_text(cell, metric)
+        if cell.baseline is not None and cell.baseline.value:
+            ours_pct = qualified(pct_text(cell.guest.value / cell.baseline.value * 100.0), q)
+    row = [study.row(profile), f"`{profile}`", paper_text(study, profile, test), ours, p_pct_text, ours_pct]
+    if study.cost:
+        row += [qualified(value_text(cell.per_host_core(cell.guest.value) if cell else None, metric), q),
+                qualified(value_text(cell.guest_per_gib if cell else None, metric), q)]
+    if is_storage_test(test):
+        for key in ("avgrq", "avgqu", "util"):
+            row.append(f"{published_text(getattr(pc, key) if pc else None)} / "
+                       f"{host_text(key, getattr(cell.guest, key) if cell else None)}")
+    row.append(f"#{cell.run_id}" if cell else _missing_note(ev, profile, test))
+    return row
+
+
+def table(ev: Evidence, test: str) -> list[str]:
+    """One test's table in the paper's layout: the bare-metal row, then a row per profile in the study's order."""
+    study = ev.study
+    cells = [ev.cells[(p, test)] for p in study.profile_names if (p, test) in ev.cells]
+    metric = cells[0].metric if cells else ("MB/s" if is_storage_test(test) else "Mbit/s")
+    out = _table_head(study, test, metric)
+    out.append(_row(_bare_metal_row(study, test, cells, metric)))
+    out += [_row(_profile_row(ev, profile, test, metric)) for profile in study.profile_names]
     out.append("")
     if test == "bonnie":
         out += bonnie_table(ev, cells)
@@ -348,39 +366,49 @@ def variability(ev: Evidence) -> list[str]:
         return out + [f"No repeats stored yet (`cloudbox study run {study.name}`).", ""]
     out += ["| profile | test | repeats | median | p5 | p95 | CV | range | bare-metal median | from - to |",
             "|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
-    for profile, test, samples, st in rows:
-        metric = samples[0].metric
-        plan = study.series_plan(samples[0].size_label)
-        want = f" of {plan.repeats}" if plan else ""
-        repeats = len({x.run_id for x in samples})
-        guests = len({x.instance for x in samples})
-        base = series_stats([x.baseline for x in samples if x.baseline is not None])
-        quals = sample_qualifiers(samples)
-        base_quals = host_qualifiers([x.baseline_labels for x in samples], quals)
-        cv = "-" if st.cv is None else f"{st.cv:.1f}%"
-        span = " - ".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
-                          for t in dict.fromkeys((samples[0].started_at, samples[-1].started_at)))
-        each = f", {guests} guests each" if guests > 1 else ""
-        out.append(f"| {_md(profile)} | {_md(test)} | {repeats}{want} ({_md(samples[0].size_label)}{each}) | "
-                   f"{_md(qualified(value_text(st.median, metric), quals))} {_md(metric)} | "
-                   f"{value_text(st.p5, metric)} | {value_text(st.p95, metric)} | {cv} | "
-                   f"{value_text(st.low, metric)} - {value_text(st.high, metric)} | "
-                   f"{_md(qualified(value_text(base.median if base else None, metric), base_quals))} | {span} |")
+    out += [_spread_row(study, profile, test, samples, st) for profile, test, samples, st in rows]
     out.append("")
     out += _between_guests(rows)
     for profile, test, samples, _st in rows:
-        metric = samples[0].metric
-        hist = bins([x.value for x in samples])
-        top = max(n for _, _, n in hist)
-        ids = list(dict.fromkeys(x.run_id for x in samples))
-        per = f", {len(samples) // len(ids)} guests each" if len(samples) > len(ids) else ""
-        out += [f"Histogram of {_md(profile)} {_md(test)} ({_md(metric)}, runs "
-                f"{', '.join(f'#{i}' for i in ids)}{per}):", "", "```"]
-        out += [f"{value_text(a, metric):>8} - {value_text(b, metric):<8} {'#' * round(20 * n / top):<20} {n}"
-                for a, b, n in hist]
-        out += ["```", ""]
-        if (d := density([x.value for x in samples])) is not None:
-            out += [_md(density_words(d, metric)), ""]
+        out += _histogram(profile, test, samples)
+    return out
+
+
+def _spread_row(study: Study, profile: str, test: str, samples: Sequence[Sample], st: SeriesStats) -> str:
+    """A cell's row of the variability table: its repeats, the guest's distribution, bare metal's median, when."""
+    metric = samples[0].metric
+    plan = study.series_plan(samples[0].size_label)
+    want = f" of {plan.repeats}" if plan else ""
+    repeats = len({x.run_id for x in samples})
+    guests = len({x.instance for x in samples})
+    base = series_stats([x.baseline for x in samples if x.baseline is not None])
+    quals = sample_qualifiers(samples)
+    base_quals = host_qualifiers([x.baseline_labels for x in samples], quals)
+    cv = "-" if st.cv is None else f"{st.cv:.1f}%"
+    span = " - ".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+                      for t in dict.fromkeys((samples[0].started_at, samples[-1].started_at)))
+    each = f", {guests} guests each" if guests > 1 else ""
+    return (f"| {_md(profile)} | {_md(test)} | {repeats}{want} ({_md(samples[0].size_label)}{each}) | "
+            f"{_md(qualified(value_text(st.median, metric), quals))} {_md(metric)} | "
+            f"{value_text(st.p5, metric)} | {value_text(st.p95, metric)} | {cv} | "
+            f"{value_text(st.low, metric)} - {value_text(st.high, metric)} | "
+            f"{_md(qualified(value_text(base.median if base else None, metric), base_quals))} | {span} |")
+
+
+def _histogram(profile: str, test: str, samples: Sequence[Sample]) -> list[str]:
+    """A cell's text histogram over its samples, and its density's peaks in words."""
+    metric = samples[0].metric
+    hist = bins([x.value for x in samples])
+    top = max(n for _, _, n in hist)
+    ids = list(dict.fromkeys(x.run_id for x in samples))
+    per = f", {len(samples) // len(ids)} guests each" if len(samples) > len(ids) else ""
+    out = [f"Histogram of {_md(profile)} {_md(test)} ({_md(metric)}, runs "
+           f"{', '.join(f'#{i}' for i in ids)}{per}):", "", "```"]
+    out += [f"{value_text(a, metric):>8} - {value_text(b, metric):<8} {'#' * round(20 * n / top):<20} {n}"
+            for a, b, n in hist]
+    out += ["```", ""]
+    if (d := density([x.value for x in samples])) is not None:
+        out += [_md(density_words(d, metric)), ""]
     return out
 
 
