@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import sqlite3
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from xml.etree import ElementTree
@@ -348,7 +349,7 @@ def test_the_plan_resumes_round_by_round_and_counts_a_cut_run(study_runs):
     assert elsewhere is not None and not elsewhere.todo and "runs on this host only" in (elsewhere.refused or "")
 
 
-def test_study_run_plans_the_sweep_after_the_cells_and_skips_it_when_stored(capsys):
+def test_study_run_plans_the_sweep_after_the_cells_and_skips_it_when_stored(capsys, monkeypatch):
     code, out, _ = run_cli(["study", "run", "b", "--size", "quick", "--dry-run"], capsys)
     assert code == 0
     lines = out.splitlines()
@@ -362,6 +363,10 @@ def test_study_run_plans_the_sweep_after_the_cells_and_skips_it_when_stored(caps
     code, out, _ = run_cli(["study", "run", "b", "--size", "quick", "--dry-run"], capsys)
     assert out.splitlines()[-1] == (f"  propagation sweep ({PROFILE}): nothing to run; stored 32 MiB 2 of 2, 64 MiB "
                                     "2 of 2, 128 MiB 2 of 2")
+    # a node n1 enrolled and up (its checks: test_a_study_dry_run_refuses_a_device_or_node_that_is_not_there)
+    from cloudbox.core.run import preflight
+
+    monkeypatch.setattr(preflight, "node_problems", lambda spec, **kw: [])
     code, out, _ = run_cli(["study", "run", "b", "--size", "quick", "--dry-run", "--node", "n1"], capsys)
     assert code == 0 and "propagation sweep (kvm-cache-writethrough): skipped, the sweep runs on this host only" in out
 
@@ -373,7 +378,32 @@ def test_study_a_dry_run_names_the_whole_disk_cells_a_loop_device_stands_in_for(
     assert set(loop) == {"virtio-disk", "kvm-scsi-phy"}, out
     assert "rule(s) A2.disk, A2.native, A3 will be inconclusive" in loop["virtio-disk"]
     assert "give --device /dev/DISK (and --destroy DISK when it holds data)" in loop["kvm-scsi-phy"]
-    code, out, _ = run_cli(["study", "run", "a", "--size", "quick", "--dry-run", "--device", "/dev/null"], capsys)
+    # a device that is not one is refused before any plan: nothing would run on it
+    code, out, err = run_cli(["study", "run", "a", "--size", "quick", "--dry-run", "--device", "/dev/null"], capsys)
+    assert code == 2 and out == "" and "/dev/null: not a block device" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--device", "/dev/sdz9"], "/dev/sdz9: no such device"),
+    (["--node", "be1"], "--node 'be1': no such node; allowed: none enrolled"),
+])
+def test_a_study_dry_run_refuses_a_device_or_node_that_is_not_there(argv, message, capsys):
+    code, out, err = run_cli(["study", "run", "a", "--size", "quick", "--dry-run", *argv], capsys)
+    assert code == 2 and out == "" and message in err, (out, err)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a loop device stands in for a spare disk)")
+def test_a_study_dry_run_with_a_spare_disk_names_no_loop_device(tmp_path, capsys):
+    disk = tmp_path / "spare.img"
+    disk.write_bytes(b"\0" * (64 << 20))
+    loop = subprocess.run(["losetup", "--find", "--show", str(disk)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    try:
+        code, out, err = run_cli(["study", "run", "a", "--size", "quick", "--dry-run", "--device", loop], capsys)
+    finally:
+        subprocess.run(["losetup", "-d", loop], check=False)
+    assert code == 0, err
     assert "a whole-disk profile with no --device" not in out
 
 

@@ -16,6 +16,7 @@ from ..bench import propagation
 from ..disks import backing
 from ..errors import NoSpace, UsageError
 from ..record.rows import Run
+from ..run import preflight
 from ..spec import profiles
 from ..spec.catalogue import FRONTEND_SUFFIX, is_storage_test
 from ..spec.runspec import RunSpec, parse_size
@@ -206,7 +207,14 @@ def check_run(study: Study, size: str | None, node: str = "", **options: Any) ->
     size = size or study.sizes[0]
     if size not in study.sizes:
         raise UsageError(f"--size {size!r} is not offered by study {study.name}; allowed: {', '.join(study.sizes)}")
-    RunSpec(profile=study.profile_names[0], size=size, node=node, **options).validate()
+    spec = RunSpec(profile=study.profile_names[0], size=size, node=node, **options)
+    spec.validate()
+    # the node and the device the whole study names, checked as a run's are before it is recorded
+    found = preflight.node_problems(spec)
+    if (dev := preflight.device_problem(spec)) is not None:
+        found.append(dev)
+    if found:
+        raise UsageError(str(found[0])) if found[0].usage else found[0]
     return size
 
 
