@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar, TypeVarTuple
 
 from textual.app import App
 from textual.worker import Worker, WorkerState
@@ -14,6 +14,8 @@ from cloudbox.core import paths
 from cloudbox.core.errors import CloudboxError
 
 ReturnType = TypeVar("ReturnType")
+Result = TypeVar("Result")
+Args = TypeVarTuple("Args")
 
 
 class BackgroundApp(App[ReturnType]):
@@ -25,13 +27,15 @@ class BackgroundApp(App[ReturnType]):
         super().__init__()
         self.errors: list[str] = []  # every error shown to the user, newest last (tests read it)
 
-    def work_in_thread(self, fn: Callable[..., Any], *args: Any, done: Callable[[Any], object] | None = None,
+    def work_in_thread(self, fn: Callable[[*Args], Result], *args: *Args,
+                       done: Callable[[Result], object] | None = None,
                        failed: Callable[[BaseException], object] | None = None, group: str = "tasks",
-                       exclusive: bool = False, name: str = "") -> Worker:
+                       exclusive: bool = False, name: str = "") -> Worker[Result | None]:
         """Run blocking `fn(*args)` off the UI thread; `done(result)` or `failed(error)` run back on the UI
-        thread. Without `failed`, a failure lands in on_worker_state_changed and is reported there."""
+        thread. Without `failed`, a failure lands in on_worker_state_changed and is reported there. mypy checks
+        `args` against `fn` and `done` against what `fn` returns."""
 
-        def job() -> Any:
+        def job() -> Result | None:
             try:
                 result = fn(*args)
             except Exception as e:

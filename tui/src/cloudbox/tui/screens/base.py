@@ -1,8 +1,12 @@
-"""What every cloudbox screen shares: the screen bar, the footer, and a periodic reload done off the UI thread."""
+"""What every cloudbox screen shares: the screen bar, the footer, and a periodic reload done off the UI thread.
+
+A screen is `BaseScreen[Data]`: its `fetch()` (a worker thread) returns a `Data` and its `show(data)` (the UI
+thread) takes one, so mypy checks that the two agree.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Generic, TypeVar
 
 from textual import getters
 from textual.app import ComposeResult
@@ -12,8 +16,10 @@ from cloudbox.tui.app_base import CloudboxAppBase
 from cloudbox.tui.widgets.keybar import KeyBar
 from cloudbox.tui.widgets.navbar import NavBar
 
+Data = TypeVar("Data")
 
-class BaseScreen(Screen[None]):
+
+class BaseScreen(Screen[None], Generic[Data]):
     MODE = ""
     HELP = ""  # what the screen is for, shown by ? (HelpScreen)
     RELOAD_EVERY: float | None = 2.0  # seconds; None: only on demand
@@ -47,12 +53,12 @@ class BaseScreen(Screen[None]):
         self.app.work_in_thread(self.fetch, done=self._show, group=f"load-{self.MODE}", exclusive=True,
                                 name=f"loading the {self.MODE} screen")
 
-    def _show(self, data: Any) -> None:
+    def _show(self, data: Data) -> None:
         if self.is_attached:
             self.show(data)
 
-    def fetch(self) -> Any:  # runs in a worker thread
-        return None
+    def fetch(self) -> Data:  # runs in a worker thread
+        raise NotImplementedError
 
-    def show(self, data: Any) -> None:  # runs on the UI thread
-        pass
+    def show(self, data: Data) -> None:  # runs on the UI thread
+        raise NotImplementedError

@@ -33,7 +33,7 @@ def fmt_uptime(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-class GuestsScreen(BaseScreen):
+class GuestsScreen(BaseScreen[GuestsData]):
     MODE = "guests"
     HELP = ("Guests libvirt runs for cloudbox. l launches a guest with a profile: it gets the profile's disk "
             "(a scratch backing store) and NIC on the cloudbox bridge, and keeps running after you close "

@@ -84,7 +84,7 @@ def accel_banner(facts: HostFacts) -> tuple[str, str]:
     return (f"Accelerator: {acc.label}. Guest numbers are virtualization-overhead figures.", "ok")
 
 
-class OverviewScreen(BaseScreen):
+class OverviewScreen(BaseScreen[OverviewData]):
     MODE = "overview"
     HELP = ("What this box is: its role, the nodes it knows and their state, the accelerator guests get "
             "(KVM, nested KVM, or TCG emulation, whose numbers are not overhead figures), the active "

@@ -106,7 +106,7 @@ def diff_table(a: profiles.Profile, b: profiles.Profile, width: int | None = Non
     return t
 
 
-class ProfilesScreen(BaseScreen):
+class ProfilesScreen(BaseScreen[ProfilesData]):
     MODE = "profiles"
     RELOAD_EVERY = 5.0
     HELP = ("Tuning profiles: shipped presets (each reproduces a row of the studies) and your own. "

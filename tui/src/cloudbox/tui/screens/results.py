@@ -45,7 +45,7 @@ def suite_words(run: Run) -> str:
 ACCEL_WORDS = {"tcg": "TCG*", "nested-kvm": "nested KVM", "kvm": "KVM", "xen": "Xen", None: "-"}
 
 
-class ResultsScreen(BaseScreen):
+class ResultsScreen(BaseScreen[list[Run]]):
     MODE = "results"
     RELOAD_EVERY = 3.0
     HELP = ("Every stored run, newest first, with its headline numbers: guest sequential write and read "

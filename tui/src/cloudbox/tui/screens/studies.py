@@ -14,6 +14,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static, TextArea
 
+from cloudbox.core.run.runs import Sweep
 from cloudbox.core.studies import cellstates, evidence, planning, schema
 from cloudbox.core.studies.wording import ours_text, paper_text
 from cloudbox.tui.screens.base import BaseScreen
@@ -75,7 +76,11 @@ class ReportScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
-class StudiesScreen(BaseScreen):
+# The study list, the highlighted study's name and, when there is one, that study with each cell's state.
+StudiesData = tuple[list[evidence.StudySummary], str | None, tuple[schema.Study, list[cellstates.CellState]] | None]
+
+
+class StudiesScreen(BaseScreen[StudiesData]):
     MODE = "studies"
     RELOAD_EVERY = 3.0
     HELP = ("The published studies (studies/*.toml): the cells of each one's matrix, how many the results database "
@@ -94,7 +99,7 @@ class StudiesScreen(BaseScreen):
     def __init__(self) -> None:
         super().__init__()
         self.current: str | None = None  # the highlighted study's name
-        self.drawn: Any = None
+        self.drawn: StudiesData | None = None
 
     def body(self) -> ComposeResult:
         with Vertical(id="studies-split"):
@@ -109,14 +114,14 @@ class StudiesScreen(BaseScreen):
         super().on_mount()
         self.query_one("#studies", DataTable).focus()
 
-    def fetch(self) -> tuple[list[evidence.StudySummary], str | None, Any]:
+    def fetch(self) -> StudiesData:
         backend = self.app.backend
         summaries = backend.study_summaries()
         valid = [s.name for s in summaries if s.problem is None]
         name = self.current if self.current in valid else (valid[0] if valid else None)
         return summaries, name, backend.study_matrix(name) if name else None
 
-    def show(self, data: tuple[list[evidence.StudySummary], str | None, Any]) -> None:
+    def show(self, data: StudiesData) -> None:
         if data == self.drawn:
             return
         self.drawn = data
@@ -167,7 +172,7 @@ class StudiesScreen(BaseScreen):
             self.notify("no study to run", severity="warning")
             return
 
-        def started(result: tuple[planning.StudyRun, Any]) -> None:
+        def started(result: tuple[planning.StudyRun, Sweep | None]) -> None:
             todo, sweep = result
             if sweep is None:
                 self.notify(f"every cell this host can measure at {todo.size} size is stored; r shows the report",

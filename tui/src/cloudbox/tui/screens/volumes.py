@@ -163,7 +163,7 @@ class VolumeDialog(ModalScreen[Volume | None]):
         self.dismiss(None)
 
 
-class VolumesScreen(BaseScreen):
+class VolumesScreen(BaseScreen[Volumes]):
     MODE = "volumes"
     RELOAD_EVERY = 3.0
     HELP = ("The network block volumes this box serves to runs (docs/volumes.md): each a pre-allocated file, its "
