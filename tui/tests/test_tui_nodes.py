@@ -242,12 +242,12 @@ def test_tests_setup_places_a_run_on_an_enrolled_node(front_end: Node):
         app = create_app(front_end.backend, mode="tests", poll_interval=0.2)
         async with app.run_test(size=SIZE) as pilot:
             where = app.screen.query_one("#where", Select)
-            await until(pilot, lambda: app.screen.setup is not None, what="the setup data")  # type: ignore[attr-defined]
+            await until(pilot, lambda: app.screen.form.setup is not None, what="the setup data")  # type: ignore[attr-defined]
             assert where.display is expect_nodes and app.screen.query_one("#where-label", Label).display is expect_nodes
             if expect_nodes:
-                assert [label for label, _ in app.screen.setup.targets] == \
+                assert [label for label, _ in app.screen.form.setup.targets] == \
                     ["this host", "node be1 (up)", "spread: this host, be1"]  # type: ignore[attr-defined]
-                assert app.screen.setup.targets[2][1] == "local,be1"  # type: ignore[attr-defined]
+                assert app.screen.form.setup.targets[2][1] == "local,be1"  # type: ignore[attr-defined]
                 where.value = "be1"
             await pilot.press("s")
             await until(pilot, lambda: len(started) == (2 if expect_nodes else 1), what="the run started")

@@ -707,7 +707,7 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
                 field.focus()
                 await pilot.press("enter")
                 assert "2 on this host: one run" in text(app.screen.query_one("#guest-note")), suite
-                assert [(sp.suite, sp.guests) for sp in app.screen.specs()] == [(suite, 2)]
+                assert [(sp.suite, sp.guests) for sp in app.screen.form.specs()] == [(suite, 2)]
             # more guests than this host holds: the capacity check, with its arithmetic, before anything starts
             app.screen.query_one("#suite", Select).value = "storage"
             note = await _guests_refused(pilot, app, str(MAX_GUESTS))
@@ -718,7 +718,7 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
             field.value = "1, 2,4"
             await pilot.pause()
             assert not field.has_class("-invalid") and not app.screen.query_one("#guest-note").display
-            assert [(sp.profile, sp.suite, sp.guests) for sp in app.screen.specs()] == [
+            assert [(sp.profile, sp.suite, sp.guests) for sp in app.screen.form.specs()] == [
                 ("virtio-disk", "storage", 1), ("virtio-disk", "storage", 2), ("virtio-disk", "storage", 4)]
             field.focus()
             await pilot.press("enter")
@@ -735,7 +735,7 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
             field.focus()
             await pilot.press("enter")
             assert f"{MAX_GUESTS} on be1: one run" in text(app.screen.query_one("#guest-note"))
-            assert [(sp.node, sp.guests) for sp in app.screen.specs()] == [("be1", MAX_GUESTS)]
+            assert [(sp.node, sp.guests) for sp in app.screen.form.specs()] == [("be1", MAX_GUESTS)]
             # a spread entry: the guests split over this host and the node, each count checked as the CLI does
             where.set_options([("this host", ""), ("be1", "be1"), ("spread: this host, be1", "local,be1")])
             where.value = "local,be1"
@@ -746,7 +746,7 @@ def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
             field.focus()
             await pilot.press("enter")
             assert "2 spread over local, be1: one run" in text(app.screen.query_one("#guest-note"))
-            assert [(sp.node, sp.guests) for sp in app.screen.specs()] == [("local,be1", 2)]
+            assert [(sp.node, sp.guests) for sp in app.screen.form.specs()] == [("local,be1", 2)]
             note = await _guests_refused(pilot, app, "1")
             assert "--guests 1 leaves one empty; allowed: --guests 2 or more" in note, note
     run(go())
@@ -775,16 +775,16 @@ def test_tests_screen_mixes_the_ticked_profiles_in_one_run(backend):
             cl.set_items(cl.items, {"kvm-cache-none", "virtio-file"}, cl.blocked)
             app.screen.query_one("#guest-count").value = "2"
             await pilot.pause()
-            assert [sp.profile for sp in app.screen.specs()] == ["kvm-cache-none", "virtio-file"]  # a sweep
+            assert [sp.profile for sp in app.screen.form.specs()] == ["kvm-cache-none", "virtio-file"]  # a sweep
             mix = app.screen.query_one("#mix", Checkbox)
             app.screen.query_one("#run-profiles").focus()
             await pilot.press("m")  # off the Tab order; its key ticks it
             await pilot.pause()
             assert mix.value
-            assert [(sp.profile, sp.guests) for sp in app.screen.specs()] == [("kvm-cache-none+virtio-file", 2)]
+            assert [(sp.profile, sp.guests) for sp in app.screen.form.specs()] == [("kvm-cache-none+virtio-file", 2)]
             app.screen.query_one("#guest-count").value = "2,4"
             await pilot.pause()
-            assert [sp.guests for sp in app.screen.specs()] == [2, 4]  # a sweep of mixes
+            assert [sp.guests for sp in app.screen.form.specs()] == [2, 4]  # a sweep of mixes
             note = await _guests_refused(pilot, app, "1")
             assert "--profile kvm-cache-none+virtio-file names 2 profiles, one per guest in turn; --guests 1 " \
                    "leaves one unused; allowed: --guests 2 or more" in note, note
@@ -811,11 +811,11 @@ def test_tests_screen_lets_guests_share_cpus_with_vcpus_per_cpu(backend):
             await _storage_form(app, pilot)
             app.screen.query_one("#guest-count", Input).value = "2,4"
             await pilot.pause()
-            assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.specs()] == [(2, 1.0), (4, 1.0)]
+            assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.form.specs()] == [(2, 1.0), (4, 1.0)]
             field = app.screen.query_one("#cpu-overcommit", Input)
             field.value = "2"
             await pilot.pause()
-            assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.specs()] == [(2, 2.0), (4, 2.0)]
+            assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.form.specs()] == [(2, 2.0), (4, 2.0)]
             note = app.screen.query_one("#guest-note")
             for bad, says in (("0.5", "--cpu-overcommit 0.5 is not allowed; allowed: 1 "),
                               ("two", "vCPUs per host CPU 'two' is not a number; allowed: 1 to 16")):
@@ -987,7 +987,7 @@ def test_two_guests_run_from_the_tests_screen(state, libvirt_conn):
             assert "COMPLETED" in text(head), text(head)
             box = app.screen.query_one("#run-guests")
             assert box.display and " done: sum " in text(box) and "Jain" in text(box), text(box)
-            done = [(step.side, step.test, g.n) for step, g, *_ in app.screen.figures.done]
+            done = [(step.side, step.test, g.n) for step, g, *_ in app.screen.live.figures.done]
             assert ("guest", "seq-write-64k", 2) in done and ("baseline", "seq-write-64k", 2) in done, done
             chart = app.screen.query_one("#chart-mbps")
             assert chart.data["g1"] and chart.data["g2"] and chart.data["guests' sum"], "no per-guest figures charted"
@@ -1034,14 +1034,14 @@ def test_a_series_waiting_between_runs_says_when_the_next_starts_and_c_cancels_i
         app = create_app(backend, mode="tests")
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, waiting, timeout=30, what="the sweep waiting")
-            screen = app.screen
+            live = app.screen.live
             with ResultStore() as store:
-                screen.run = store.get_run(done, raw=False)
-            screen.sweep = waiting()
-            screen.sweep.runs[0] = done  # as if its first run were the finished one
-            screen.show_head(screen.run, screen.sweep)
+                live.run = store.get_run(done, raw=False)
+            live.sweep = waiting()
+            live.sweep.runs[0] = done  # as if its first run were the finished one
+            live.show_head(live.run, live.sweep)
             due = time.strftime("%H:%M:%S", time.localtime(sweep.started_at + 3600.0))
-            assert f"the next run starts at {due}" in text(screen.query_one("#run-head"))
+            assert f"the next run starts at {due}" in text(live.query_one("#run-head"))
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the confirmation")
             assert "Cancel sweep" in text(app.screen.query_one(".dialog-title"))

@@ -57,11 +57,11 @@ def test_start_from_a_focused_setup_control_shows_the_live_view(state, focus):
             await pilot.press("s")
             for _ in range(50):
                 await pilot.pause(0.1)
-                if tabs.active == "live" and getattr(app.screen, "run", None) is not None:
+                if tabs.active == "live" and app.screen.live.run is not None:
                     break
             assert len(started) == 1
             assert tabs.active == "live", f"still on {tabs.active} after s with {focus} focused"
-            assert app.screen.run_id == rid  # type: ignore[attr-defined]
+            assert app.screen.live.run_id == rid  # type: ignore[attr-defined]
 
     asyncio.run(go())
     backend.close()
