@@ -69,3 +69,24 @@ def test_the_tui_destroys_a_transient_guest_without_an_error():
         assert guest.list_guests(conn) == []
     finally:
         conn.close()
+
+
+def test_stopping_an_orphan_destroys_it_and_says_so(state):
+    """A guest whose run is not live (an orphan) has no executor to cancel: the core destroys it directly."""
+    from cloudbox.core.errors import GuestError
+    from cloudbox.core.record.results import ResultStore
+    from cloudbox.core.run import runs
+
+    libvirt.registerErrorHandler(lambda *_: None, None)
+    conn = libvirt.open("test:///default")
+    try:
+        conn.createXML(_xml("cloudbox-a", meta=True), 0)
+        (info,) = guest.list_guests(conn)
+        with ResultStore() as store:
+            assert runs.run_of_guest(store, info) is None
+            assert runs.stop_guest(store, info, "test:///default") == "destroyed (it had no live run)"
+        assert guest.list_guests(conn) == []
+        with pytest.raises(GuestError, match="could not destroy guest cloudbox-a: "):  # gone: libvirt says so
+            guest.destroy_guest("cloudbox-a", "test:///default")
+    finally:
+        conn.close()

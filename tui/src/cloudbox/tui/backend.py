@@ -205,39 +205,13 @@ class Backend:
         """A guest session (suite 'guest'): detached, outlives the TUI, stopped by stop_guest()."""
         return runs.start_detached(RunSpec(profile=profile, suite="guest"), self.store)
 
-    def run_for_guest(self, info: guest.GuestInfo) -> Run | None:
-        if not info.run_uuid:
-            return None
-        for r in self.store.active_runs():
-            if r.uuid == info.run_uuid:
-                return r
-        return None
-
     def stop_guest(self, info: guest.GuestInfo) -> str:
         """Stop a guest through its run (cleans up like Ctrl-C); an orphan is destroyed directly."""
-        run = self.run_for_guest(info)
-        if run is not None:
-            state = runs.cancel(self.store, run.id)
-            return f"run {run.id} {state}"
-        self.destroy_guest(info)
-        return "destroyed (it had no live run)"
+        return runs.stop_guest(self.store, info, self._uri)
 
     def destroy_guest(self, info: guest.GuestInfo) -> None:
         """Power the guest off at once (libvirt destroy); its run, if any, then cleans up the rest."""
-        import libvirt
-
-        conn = self._conn(start=False)
-        try:
-            dom = conn.lookupByName(info.name)
-            persistent = dom.isPersistent()  # asked first: a transient domain is gone once destroyed
-            if dom.isActive():
-                dom.destroy()
-            if persistent:
-                dom.undefine()
-        except libvirt.libvirtError as e:
-            raise CloudboxError(f"could not destroy guest {info.name}: {e}") from e
-        finally:
-            conn.close()
+        guest.destroy_guest(info.name, self._uri)
 
     # -- runs ----------------------------------------------------------------------------------------
     def run_targets(self) -> list[tuple[str, str]]:

@@ -1,5 +1,6 @@
 """Starting runs: the executor of a spec (this host's steps, or the mirroring of a run on an enrolled node), a
-detached executor that outlives its caller, cancelling, and sweeps of several runs one after another.
+detached executor that outlives its caller, cancelling (and stopping a guest through its run), and sweeps of several
+runs one after another.
 
 `python -m cloudbox.core.run.runs RUN_ID SPEC_JSON` is a detached executor and `python -m cloudbox.core.run.runs --sweep
 FILE` a sweep's process: both run in their own session, their output in <state dir>/logs.
@@ -25,8 +26,10 @@ from .. import paths
 from ..errors import CloudboxError, NotFound, RunBusy
 from ..record.provenance import Controller, Provenance
 from ..record.results import ResultStore, pid_alive
+from ..record.rows import Run
 from ..record.runlock import check_not_busy
 from ..spec.runspec import RunSpec
+from ..virt.guest import GuestInfo, destroy_guest
 from . import preflight
 from .lifecycle import Execution
 from .local import run_local
@@ -95,6 +98,27 @@ def cancel(store: ResultStore, run_id: int, timeout: float = 60.0) -> str:
             return state
         time.sleep(0.5)
     return "running"
+
+
+def run_of_guest(store: ResultStore, info: GuestInfo) -> Run | None:
+    """The live run that owns a guest (by the run uuid in its metadata), or None for an orphan."""
+    if not info.run_uuid:
+        return None
+    for r in store.active_runs():
+        if r.uuid == info.run_uuid:
+            return r
+    return None
+
+
+def stop_guest(store: ResultStore, info: GuestInfo, uri: str | None = None) -> str:
+    """Stop a guest through its run (cleans up like Ctrl-C); an orphan is destroyed directly (over `uri`). Says
+    which it was."""
+    run = run_of_guest(store, info)
+    if run is not None:
+        state = cancel(store, run.id)
+        return f"run {run.id} {state}"
+    destroy_guest(info.name, uri)
+    return "destroyed (it had no live run)"
 
 
 # ----------------------------------------------------------------------------------------- sweeps

@@ -3,7 +3,7 @@
     accel        which accelerator guests get (KVM when it makes progress, else TCG; nested, Xen)
     daemons      reaching libvirt, starting virtlogd and libvirtd where systemd is not PID 1
     domain       a profile rendered into libvirt domain XML
-    guest        a benchmark guest: its transient domain and its agent
+    guest        a benchmark guest: its transient domain and its agent; finding and destroying guests
     qga          the QEMU guest agent's protocol over a socket (Xen's libxl has no agent command)
     guestimage   the benchmark guest image (kernel, initramfs, manifest)
     launchtrace  where a guest's launch time goes, phase by phase

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GuestError, GuestTimeout, GuestUnreachable
+from .daemons import connect
 from .domain import AGENT_CHANNEL
 from .qga import AgentError, AgentSilent, AgentSocket
 
@@ -355,8 +356,6 @@ def reap_orphans(conn, live_runs: set[str], known_runs: set[str] | None = None) 
     """Destroy cloudbox guests whose run is not live. With `known_runs` (the run uuids of one results database),
     only guests of those runs: a guest of an unknown run belongs to another state directory on this host. Returns
     their names."""
-    import libvirt
-
     gone = []
     for g in list_guests(conn):
         if g.run_uuid and g.run_uuid in live_runs:
@@ -364,13 +363,33 @@ def reap_orphans(conn, live_runs: set[str], known_runs: set[str] | None = None) 
         if known_runs is not None and g.run_uuid not in known_runs:
             continue
         try:
-            dom = conn.lookupByName(g.name)
-            persistent = dom.isPersistent()  # asked first: a transient domain is gone once destroyed
-            if dom.isActive():
-                dom.destroy()
-            if persistent:
-                dom.undefine()
-        except libvirt.libvirtError:
+            destroy_domain(conn, g.name)
+        except GuestError:
             continue
         gone.append(g.name)
     return gone
+
+
+def destroy_domain(conn, name: str) -> None:
+    """Power a guest off at once (libvirt destroy) and undefine it if it was defined; a GuestError naming it when
+    libvirt refuses. Its run, if any, then cleans up the rest (disk, network)."""
+    import libvirt
+
+    try:
+        dom = conn.lookupByName(name)
+        persistent = dom.isPersistent()  # asked first: a transient domain is gone once destroyed
+        if dom.isActive():
+            dom.destroy()
+        if persistent:
+            dom.undefine()
+    except libvirt.libvirtError as e:
+        raise GuestError(f"could not destroy guest {name}: {e}") from e
+
+
+def destroy_guest(name: str, uri: str | None = None) -> None:
+    """destroy_domain over a connection of its own to `uri` (libvirtd is not started for it)."""
+    conn = connect(uri, start=False)
+    try:
+        destroy_domain(conn, name)
+    finally:
+        conn.close()
