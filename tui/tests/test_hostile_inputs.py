@@ -270,7 +270,7 @@ def test_an_install_interrupted_before_writing_says_nothing_was_written(monkeypa
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_install, "_machine", interrupted)
+    monkeypatch.setattr(cli_install, "probe_machine", interrupted)
     monkeypatch.setattr(cli_install, "reap_stale", lambda: None)
     rc, _, err = run("install", "--dry-run", "--answers", str(answer_file(tmp_path, ANSWERS)))
     assert rc == 130 and "nothing was written" in err and "What was written stays" not in err

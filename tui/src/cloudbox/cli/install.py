@@ -14,7 +14,7 @@ disk is refused; 2 invalid answers (every problem is printed, naming file, key, 
 130 interrupted (what was written stays; re-run the same answers to resume).
 
 Test hooks (environment): CLOUDBOX_INSTALL_BY_ID_DIR replaces /dev/disk/by-id, CLOUDBOX_INSTALL_LOOP=1 lists
-loop devices as disks.
+loop devices as disks (cloudbox.core.install.actions.probe_machine).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import argparse
 import getpass
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -46,9 +45,10 @@ from cloudbox.core.install import (
     make_plan,
     parse_answers,
 )
+from cloudbox.core.install.actions import after_install, hash_password, probe_machine
 from cloudbox.core.install.answers import ROLES, Answers, validate_data
 from cloudbox.core.install.apply import reap_stale
-from cloudbox.core.install.disks import BY_ID_DIR, source_esp
+from cloudbox.core.install.disks import source_esp
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 NODE_SETTINGS = Path("/etc/cloudbox/node.toml")
@@ -73,16 +73,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.set_defaults(func=cmd_disks)
 
 
-def _machine() -> Machine:
-    return Machine.probe(
-        include_loop=os.environ.get("CLOUDBOX_INSTALL_LOOP") == "1",
-        by_id_dir=os.environ.get("CLOUDBOX_INSTALL_BY_ID_DIR", BY_ID_DIR),
-    )
-
-
 def cmd_disks(a: argparse.Namespace) -> int:
     try:
-        m = _machine()
+        m = probe_machine()
     except (OSError, CloudboxError) as e:
         print(f"cloudbox: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -125,15 +118,14 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _after(what: str) -> None:
-    if what == "stay":
-        return
-    if Path("/proc/1/comm").read_text().strip() != "systemd":
-        print(f"cloudbox: not running under systemd; {what} by hand", file=sys.stderr)
-        return
-    print(f"cloudbox: {what} in 5 s")
-    sys.stdout.flush()
-    time.sleep(5)
-    subprocess.run(["systemctl", "--no-block", what], check=False)
+    def notice() -> None:
+        print(f"cloudbox: {what} in 5 s")
+        sys.stdout.flush()
+        time.sleep(5)
+
+    problem = after_install(what, notice)
+    if problem is not None:
+        print(f"cloudbox: {problem}", file=sys.stderr)
 
 
 def _run_plan(answers: Answers, source: str, machine: Machine, a: argparse.Namespace,
@@ -178,7 +170,7 @@ def cmd_install(a: argparse.Namespace) -> int:
         reap_stale()
         if _wants_tui(a):
             return _tui(a)  # probes the machine itself, in a worker, showing that it does
-        machine = _machine()
+        machine = probe_machine()
         if a.answers:
             answers = load_answers(a.answers)
             return _run_plan(answers, a.answers, machine, a, _ask_yes)
@@ -212,7 +204,7 @@ def _wants_tui(a: argparse.Namespace) -> bool:
 def _tui(a: argparse.Namespace) -> int:
     from cloudbox.tui.install_app import InstallBackend, run_install_tui
 
-    return run_install_tui(InstallBackend(probe=_machine), dry_run=a.dry_run)
+    return run_install_tui(InstallBackend(), dry_run=a.dry_run)
 
 
 class KmsgLines(io.TextIOBase):
@@ -275,7 +267,7 @@ def _unattended_run(a: argparse.Namespace) -> int:
         return EXIT_OK
     subprocess.run(["udevadm", "settle", "--timeout=60"], check=False, capture_output=True)
     reap_stale()
-    machine = _machine()
+    machine = probe_machine()
     esp = source_esp(machine.disks)
     found = find_answers(machine, esp.path if esp else None)
     if found is None:
@@ -402,10 +394,7 @@ class Interview:
                 break
             self.say("  the two passwords differ")
         if pw:
-            r = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=pw, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise CloudboxError(f"openssl passwd failed: {r.stderr.strip()}")
-            root["password_hash"] = r.stdout.strip()
+            root["password_hash"] = hash_password(pw)
         data["root"] = root
         after = ("reboot", "poweroff", "stay")[self.choose("When the install is done:", [
             "reboot into the installed node", "power off", "stay in the live system"], default=0)]

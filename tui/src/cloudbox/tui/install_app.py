@@ -54,5 +54,7 @@ def run_install_tui(backend: InstallBackend | None = None, *, dry_run: bool = Fa
     if app.after_done and app.after_done != "stay":
         print(f"cloudbox: {app.after_done}")
         sys.stdout.flush()
-        app.backend.after(app.after_done)
+        problem = app.backend.after(app.after_done)
+        if problem is not None:
+            print(f"cloudbox: {problem}", file=sys.stderr)
     return EXIT_FAILED if code is None else int(code)

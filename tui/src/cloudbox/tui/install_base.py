@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,13 +19,13 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from cloudbox.core import paths
-from cloudbox.core.errors import InstallError
 from cloudbox.core.install import (
     InstallPlan,
     Machine,
     Progress,
     Resolved,
     Sources,
+    actions,
     apply,
     check_answers,
     find_sources,
@@ -43,33 +41,16 @@ EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 SOURCE = "interactive answers"
 
 
-def _hash_password(password: str) -> str:
-    r = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=password, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise InstallError(f"openssl passwd failed: {r.stderr.strip()}")
-    return r.stdout.strip()
-
-
-def _after(what: str) -> None:
-    """Reboot or power off (the answers' `after`); `stay` does nothing."""
-    if what == "stay":
-        return
-    if Path("/proc/1/comm").read_text().strip() != "systemd":
-        print(f"cloudbox: not running under systemd; {what} by hand", file=sys.stderr)
-        return
-    subprocess.run(["systemctl", "--no-block", what], check=False)
-
-
 @dataclass
 class InstallBackend:
     """The core calls the installer makes (each may block: the app calls them from worker threads)."""
 
-    probe: Callable[[], Machine] = Machine.probe
+    probe: Callable[[], Machine] = actions.probe_machine
     sources: Callable[[Machine], Sources] = find_sources
     plan: Callable[[Resolved, Sources], InstallPlan] = make_plan
     apply: Callable[[InstallPlan, Progress], bool] = apply
-    hash_password: Callable[[str], str] = _hash_password
-    after: Callable[[str], None] = _after
+    hash_password: Callable[[str], str] = actions.hash_password
+    after: Callable[[str], str | None] = actions.after_install  # why it could not, or None
     answers_file: Path = field(default_factory=lambda: paths.run_dir() / "install" / "answers.toml")
 
     def machine(self) -> Machine:

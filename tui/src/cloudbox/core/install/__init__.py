@@ -9,7 +9,9 @@ The API, in the order a front end calls it:
     apply(plan, progress=callback)                     # writes; resumable; False when already installed
 
 Modules: `answers` (schema and checks), `disks` (discovery and safety), `machine` (NICs, credentials),
-`plan` (what is written), `apply` (the steps), `unattended` (where an unattended install finds answers).
+`plan` (what is written), `apply` (the steps), `unattended` (where an unattended install finds answers),
+`actions` (what both front ends do besides: the machine probed with the test hooks, the root password hashed, the
+reboot or power-off at the end).
 """
 
 from cloudbox.core.install.answers import Answers, Resolved, check_answers, load_answers, parse_answers
