@@ -6,7 +6,6 @@ reports progress like the core's, to test the progress view, Ctrl+C and the end.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import threading
 import time
@@ -89,82 +88,72 @@ async def to_review(pilot, app: InstallApp, role: str, dev: str, serial: str = "
     await until(pilot, lambda: isinstance(app.screen, ReviewPage), f"the review page; errors {app.errors}")
 
 
-def run(coro) -> None:  # type: ignore[no-untyped-def]
-    asyncio.run(coro)
-
-
-def test_a_disk_with_data_needs_its_serial_and_a_refused_disk_is_never_taken(lab, tmp_path):
+async def test_a_disk_with_data_needs_its_serial_and_a_refused_disk_is_never_taken(lab, tmp_path):
     blank = lab.disk("blank", 9 * GiB)
     data = lab.disk("data", 9 * GiB)
     small = lab.disk("small", 1 * GiB)
     subprocess.run(["mkfs.ext4", "-q", data], check=True)
     app = create_install_app(backend(lab, tmp_path, tmp_path))
 
-    async def go() -> None:
-        async with app.run_test(size=SIZE) as pilot:
-            await to_disk_page(pilot, app, "all-in-one")
-            table = app.screen.query_one(DataTable)
-            assert table.row_count == 3
-            marks = {str(table.get_row(p)[1]): str(table.get_row(p)[0]) for p in (blank, data, small)}
-            assert marks == {blank[5:]: "+", data[5:]: "?", small[5:]: "-"}
-            # The refused disk is shown, with why, and not taken.
-            await pick_disk(pilot, app, small)
-            assert isinstance(app.screen, DiskPage)
-            err = text_of(app, "#e-disk-target")
-            assert "never installs onto this disk" in err and "allowed:" in err
-            # The disk with data: Enter asks for its serial; a wrong one is the core's error, under the field.
-            await pick_disk(pilot, app, data)
-            assert isinstance(app.focused, Input) and app.focused.id == "f-disk-confirm-serial"
-            assert "ext4" in text_of(app, "#disk-why")
-            await pilot.press(*"wrong", "enter")
-            await pilot.pause()
-            assert isinstance(app.screen, DiskPage)
-            err = text_of(app, "#e-disk-confirm-serial")
-            assert "does not match the serial" in err and "allowed: 'data.img'" in err
-            app.focused.value = ""
-            await pilot.press(*"data.img", "enter")
-            await until(pilot, lambda: isinstance(app.screen, NodePage), "the node page")
-            assert app.data["disk"] == {"target": lab.link("data"), "confirm_serial": "data.img"}
-
-    run(go())
+    async with app.run_test(size=SIZE) as pilot:
+        await to_disk_page(pilot, app, "all-in-one")
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 3
+        marks = {str(table.get_row(p)[1]): str(table.get_row(p)[0]) for p in (blank, data, small)}
+        assert marks == {blank[5:]: "+", data[5:]: "?", small[5:]: "-"}
+        # The refused disk is shown, with why, and not taken.
+        await pick_disk(pilot, app, small)
+        assert isinstance(app.screen, DiskPage)
+        err = text_of(app, "#e-disk-target")
+        assert "never installs onto this disk" in err and "allowed:" in err
+        # The disk with data: Enter asks for its serial; a wrong one is the core's error, under the field.
+        await pick_disk(pilot, app, data)
+        assert isinstance(app.focused, Input) and app.focused.id == "f-disk-confirm-serial"
+        assert "ext4" in text_of(app, "#disk-why")
+        await pilot.press(*"wrong", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, DiskPage)
+        err = text_of(app, "#e-disk-confirm-serial")
+        assert "does not match the serial" in err and "allowed: 'data.img'" in err
+        app.focused.value = ""
+        await pilot.press(*"data.img", "enter")
+        await until(pilot, lambda: isinstance(app.screen, NodePage), "the node page")
+        assert app.data["disk"] == {"target": lab.link("data"), "confirm_serial": "data.img"}
 
 
-def test_bad_hostname_and_mtu_show_the_cores_problems_next_to_the_fields(lab, nic, tmp_path):
+async def test_bad_hostname_and_mtu_show_the_cores_problems_next_to_the_fields(lab, nic, tmp_path):
     blank = lab.disk("blank", 9 * GiB)
     app = create_install_app(backend(lab, tmp_path, tmp_path))
-
-    async def go() -> None:
-        async with app.run_test(size=SIZE) as pilot:
-            await to_disk_page(pilot, app, "back-end")
-            await pick_disk(pilot, app, blank)
-            await until(pilot, lambda: isinstance(app.screen, NodePage), "the node page")
-            app.screen.query_one("#f-hostname", Input).value = "Bad_Name"
-            app.screen.query_one("#f-network-private-mtu", Input).value = "12000"
-            app.screen.query_one("#f-network-frontend", Input).value = "127.0.0.1"
-            await pilot.press("ctrl+n")
-            await pilot.pause()
-            assert isinstance(app.screen, NodePage)
-            host = text_of(app, "#e-hostname")
-            assert "not in the allowed form (got 'Bad_Name')" in host and "allowed: lowercase letters" in host
-            mtu = text_of(app, "#e-network-private-mtu")
-            assert "out of range (got 12000); allowed: an integer 1500..9000" in mtu
-            assert "loopback" in text_of(app, "#e-network-frontend")
-            assert "3 problems" in text_of(app, "#page-error")
-            assert app.focused is app.screen.query_one("#f-hostname")
-            # Fixed, the same page goes on to the plan.
-            app.screen.query_one("#f-hostname", Input).value = "node2"
-            app.screen.query_one("#f-network-private-mtu", Input).value = "1500"
-            app.screen.query_one("#f-network-frontend", Input).value = "discover"
-            await pilot.press("ctrl+n")
-            await until(pilot, lambda: isinstance(app.screen, ReviewPage), f"the review; errors {app.errors}")
-            assert app.plan is not None and app.plan.resolved.answers.network.private_mtu == 1500
-
     esp = _fake_esp(tmp_path / "esp")
     app.backend.sources = lambda m: Sources(root="/", esp=str(esp))
-    run(go())
+
+    async with app.run_test(size=SIZE) as pilot:
+        await to_disk_page(pilot, app, "back-end")
+        await pick_disk(pilot, app, blank)
+        await until(pilot, lambda: isinstance(app.screen, NodePage), "the node page")
+        app.screen.query_one("#f-hostname", Input).value = "Bad_Name"
+        app.screen.query_one("#f-network-private-mtu", Input).value = "12000"
+        app.screen.query_one("#f-network-frontend", Input).value = "127.0.0.1"
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert isinstance(app.screen, NodePage)
+        host = text_of(app, "#e-hostname")
+        assert "not in the allowed form (got 'Bad_Name')" in host and "allowed: lowercase letters" in host
+        mtu = text_of(app, "#e-network-private-mtu")
+        assert "out of range (got 12000); allowed: an integer 1500..9000" in mtu
+        assert "loopback" in text_of(app, "#e-network-frontend")
+        assert "3 problems" in text_of(app, "#page-error")
+        assert app.focused is app.screen.query_one("#f-hostname")
+        # Fixed, the same page goes on to the plan.
+        app.screen.query_one("#f-hostname", Input).value = "node2"
+        app.screen.query_one("#f-network-private-mtu", Input).value = "1500"
+        app.screen.query_one("#f-network-frontend", Input).value = "discover"
+        await pilot.press("ctrl+n")
+        await until(pilot, lambda: isinstance(app.screen, ReviewPage), f"the review; errors {app.errors}")
+        assert app.plan is not None and app.plan.resolved.answers.network.private_mtu == 1500
 
 
-def test_review_shows_the_plan_and_a_dry_run_writes_nothing(lab, tmp_path):
+async def test_review_shows_the_plan_and_a_dry_run_writes_nothing(lab, tmp_path):
     data = lab.disk("target", 9 * GiB)
     subprocess.run(["mkfs.ext4", "-q", "-L", "old", data], check=True)
     subprocess.run(["blockdev", "--flushbufs", data], check=True)
@@ -173,22 +162,19 @@ def test_review_shows_the_plan_and_a_dry_run_writes_nothing(lab, tmp_path):
     before_disk, before_mounts = _sha(img), _mounts()
     app = create_install_app(backend(lab, esp, tmp_path), dry_run=True)
 
-    async def go() -> None:
-        async with app.run_test(size=SIZE) as pilot:
-            await to_review(pilot, app, "all-in-one", data, "target.img")
-            plan = text_of(app, "#plan-text")
-            assert "ERASES what the disk holds: ext4 on whole disk (label 'old')" in plan
-            assert "1. Partition table: GPT on " + data in plan and "grub-bios-setup" in plan
-            assert "(dry run)" in text_of(app, "#install-steps")
-            assert "dry run: nothing will be written" in text_of(app, "#confirm-hint")
-            assert not app.screen.query("#f-confirm")
-            await pilot.press("ctrl+n")
-            await pilot.pause()
-            assert isinstance(app.screen, ReviewPage) and "dry run" in text_of(app, "#page-error")
-            await pilot.press("ctrl+q")
-        assert app.return_value == 1
-
-    run(go())
+    async with app.run_test(size=SIZE) as pilot:
+        await to_review(pilot, app, "all-in-one", data, "target.img")
+        plan = text_of(app, "#plan-text")
+        assert "ERASES what the disk holds: ext4 on whole disk (label 'old')" in plan
+        assert "1. Partition table: GPT on " + data in plan and "grub-bios-setup" in plan
+        assert "(dry run)" in text_of(app, "#install-steps")
+        assert "dry run: nothing will be written" in text_of(app, "#confirm-hint")
+        assert not app.screen.query("#f-confirm")
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert isinstance(app.screen, ReviewPage) and "dry run" in text_of(app, "#page-error")
+        await pilot.press("ctrl+q")
+    assert app.return_value == 1
     subprocess.run(["blockdev", "--flushbufs", data], check=True)
     assert _sha(img) == before_disk
     assert _mounts() == before_mounts
@@ -217,7 +203,7 @@ def _stand_in_apply(started: threading.Event, finish: bool, cleaned: list[str]):
     return apply
 
 
-def test_confirmation_then_progress_and_ctrl_c_stops_cleanly(lab, tmp_path):
+async def test_confirmation_then_progress_and_ctrl_c_stops_cleanly(lab, tmp_path):
     blank = lab.disk("blank", 9 * GiB)
     img = str(lab.dir / "blank.img")
     before = _sha(img)
@@ -225,26 +211,23 @@ def test_confirmation_then_progress_and_ctrl_c_stops_cleanly(lab, tmp_path):
     started, cleaned = threading.Event(), []  # type: ignore[var-annotated]
     app = create_install_app(backend(lab, esp, tmp_path, apply=_stand_in_apply(started, False, cleaned)))
 
-    async def go() -> None:
-        async with app.run_test(size=SIZE) as pilot:
-            await to_review(pilot, app, "all-in-one", blank)
-            await pilot.press(*"no", "enter")
-            await pilot.pause()
-            assert isinstance(app.screen, ReviewPage) and "not confirmed" in text_of(app, "#page-error")
-            app.screen.query_one("#f-confirm", Input).value = ""
-            await pilot.press(*"yes", "enter")
-            await until(pilot, lambda: isinstance(app.screen, ProgressPage) and started.is_set(), "the install")
-            await until(pilot, lambda: "copying: 5 of" in text_of(app, "#progress-log"), "progress in the log")
-            assert 0 < app.screen.query_one(ProgressBar).progress < 0.85
-            await pilot.press("ctrl+c")
-            await until(pilot, lambda: isinstance(app.screen, DonePage), "the end page")
-            msg = text_of(app, "#done-message")
-            assert msg.startswith("NOT INSTALLED: interrupted; mounts removed")
-            assert f"cloudbox install --answers {tmp_path / 'answers.toml'}" in msg
-            await pilot.press("q")
-        assert app.return_value == 130
-
-    run(go())
+    async with app.run_test(size=SIZE) as pilot:
+        await to_review(pilot, app, "all-in-one", blank)
+        await pilot.press(*"no", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, ReviewPage) and "not confirmed" in text_of(app, "#page-error")
+        app.screen.query_one("#f-confirm", Input).value = ""
+        await pilot.press(*"yes", "enter")
+        await until(pilot, lambda: isinstance(app.screen, ProgressPage) and started.is_set(), "the install")
+        await until(pilot, lambda: "copying: 5 of" in text_of(app, "#progress-log"), "progress in the log")
+        assert 0 < app.screen.query_one(ProgressBar).progress < 0.85
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: isinstance(app.screen, DonePage), "the end page")
+        msg = text_of(app, "#done-message")
+        assert msg.startswith("NOT INSTALLED: interrupted; mounts removed")
+        assert f"cloudbox install --answers {tmp_path / 'answers.toml'}" in msg
+        await pilot.press("q")
+    assert app.return_value == 130
     assert cleaned == ["mounts removed"]
     saved = load_answers(tmp_path / "answers.toml")
     assert app.plan is not None and saved.install_id == app.plan.install_id  # the same answers: it resumes
@@ -252,23 +235,20 @@ def test_confirmation_then_progress_and_ctrl_c_stops_cleanly(lab, tmp_path):
     assert _sha(img) == before
 
 
-def test_a_finished_install_ends_with_remove_the_boot_medium_and_reboot(lab, tmp_path):
+async def test_a_finished_install_ends_with_remove_the_boot_medium_and_reboot(lab, tmp_path):
     blank = lab.disk("blank", 9 * GiB)
     esp = _fake_esp(tmp_path / "esp")
     started, cleaned = threading.Event(), []  # type: ignore[var-annotated]
     app = create_install_app(backend(lab, esp, tmp_path, apply=_stand_in_apply(started, True, cleaned)))
 
-    async def go() -> None:
-        async with app.run_test(size=SIZE) as pilot:
-            await to_review(pilot, app, "all-in-one", blank)
-            await pilot.press(*"yes", "enter")
-            await until(pilot, lambda: isinstance(app.screen, DonePage), "the end page")
-            assert text_of(app, "#done-message").startswith("DONE: installed all-in-one cloudbox-all on " + blank)
-            assert "Remove the boot medium" in text_of(app, "#done-next")
-            await pilot.press("enter")
-        assert app.return_value == 0 and app.after_done == "reboot"
-
-    run(go())
+    async with app.run_test(size=SIZE) as pilot:
+        await to_review(pilot, app, "all-in-one", blank)
+        await pilot.press(*"yes", "enter")
+        await until(pilot, lambda: isinstance(app.screen, DonePage), "the end page")
+        assert text_of(app, "#done-message").startswith("DONE: installed all-in-one cloudbox-all on " + blank)
+        assert "Remove the boot medium" in text_of(app, "#done-next")
+        await pilot.press("enter")
+    assert app.return_value == 0 and app.after_done == "reboot"
 
 
 def test_cloudbox_install_opens_the_tui_only_on_a_terminal_without_cli_flags(monkeypatch):

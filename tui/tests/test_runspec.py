@@ -3,8 +3,6 @@ Tests screen its selects; the spec's checks name the flag, the value and what is
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from cloudbox import cli
@@ -51,27 +49,24 @@ def test_a_bad_value_names_its_flag_and_what_is_allowed(field, value, message):
         RunSpec(profile="virtio-disk", **{field: value}).validate()
 
 
-def test_the_tests_screen_offers_the_declared_choices(state):
+async def test_the_tests_screen_offers_the_declared_choices(state):
     from textual.widgets import Label, Select
 
     from cloudbox.tui import create_app
     from cloudbox.tui.backend import Backend
 
-    async def go():
-        backend = Backend(libvirt_uri="test:///default")
-        app = create_app(backend, mode="tests")
-        async with app.run_test(size=(100, 32)) as pilot:
-            await pilot.pause()
-            for widget, field in (("#suite", "suite"), ("#size", "size"), ("#test-set", "storage_tests")):
-                select = app.screen.query_one(widget, Select)
-                opt = option(field)
-                assert [v for _, v in select._options if v is not Select.BLANK] == [v for _, v in opt.offered()]
-                assert select.value == opt.initial
-            labels = [str(lab.content) for lab in app.screen.query(Label)]
-            assert {"Suite", "Size", "Storage tests", "Where"} <= set(labels)
-        backend.close()
-
-    asyncio.run(go())
+    backend = Backend(libvirt_uri="test:///default")
+    app = create_app(backend, mode="tests")
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        for widget, field in (("#suite", "suite"), ("#size", "size"), ("#test-set", "storage_tests")):
+            select = app.screen.query_one(widget, Select)
+            opt = option(field)
+            assert [v for _, v in select._options if v is not Select.BLANK] == [v for _, v in opt.offered()]
+            assert select.value == opt.initial
+        labels = [str(lab.content) for lab in app.screen.query(Label)]
+        assert {"Suite", "Size", "Storage tests", "Where"} <= set(labels)
+    backend.close()
     assert option("suite").offered() == [("storage", "storage"), ("network", "network"), ("both", "all")]
     assert [v for _, v in option("storage_tests").offered()] == list(catalogue.TEST_SETS)
 

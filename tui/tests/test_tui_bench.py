@@ -4,8 +4,6 @@ benchmark run with a real guest."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from test_tui_pilot import facts
 
@@ -20,8 +18,8 @@ def backend(state) -> Backend:
     b.close()
 
 
-def test_every_key_is_timed_by_the_frame_that_answers_it(backend):
-    res = asyncio.run(bench.measure(create_app(backend, mode="overview", poll_interval=3600), presses=7))
+async def test_every_key_is_timed_by_the_frame_that_answers_it(backend):
+    res = await bench.measure(create_app(backend, mode="overview", poll_interval=3600), presses=7)
     frames = res["frames"]
     assert len(frames["switch"]) == 8, frames
     assert len(frames["cursor"]) == len(frames["detail"]) == 10, frames
@@ -35,18 +33,15 @@ def test_every_key_is_timed_by_the_frame_that_answers_it(backend):
     assert bench.summary(res)[0].startswith("screen switch, frame: median ")
 
 
-def test_a_frame_that_does_not_show_the_answer_is_not_counted(backend, monkeypatch):
+async def test_a_frame_that_does_not_show_the_answer_is_not_counted(backend, monkeypatch):
     """A key whose answer never comes (r reloads the Overview; it does not show Results) times out, naming what
     no frame showed: frames of another screen do not count."""
     monkeypatch.setattr(bench, "FRAME_TIMEOUT_S", 1.0)
     app = create_app(backend, mode="overview", poll_interval=3600)
     timer = bench.KeyTimer(app)
 
-    async def go() -> None:
-        async with app.run_test(headless=False, size=bench.SIZE) as pilot:
-            for key, mode in (("5", "results"), ("1", "overview")):
-                assert (await timer.press(pilot, key, bench.switch_shows(mode)))["switch"] > 0
-            with pytest.raises(RuntimeError, match=r"key 'r': no frame showed '\[5 Results\]' within 1 s"):
-                await timer.press(pilot, "r", bench.switch_shows("results"))
-
-    asyncio.run(go())
+    async with app.run_test(headless=False, size=bench.SIZE) as pilot:
+        for key, mode in (("5", "results"), ("1", "overview")):
+            assert (await timer.press(pilot, key, bench.switch_shows(mode)))["switch"] > 0
+        with pytest.raises(RuntimeError, match=r"key 'r': no frame showed '\[5 Results\]' within 1 s"):
+            await timer.press(pilot, "r", bench.switch_shows("results"))

@@ -3,7 +3,6 @@ parsed as Rich markup: "[/dev/sdz]" is a closing tag to Rich and used to crash t
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
@@ -23,7 +22,7 @@ def _screen_text(svg: str) -> str:
     return svg.replace("&#160;", " ")
 
 
-def test_overview_shows_brackets_literally(demo):
+async def test_overview_shows_brackets_literally(demo):
     facts = tui_demo.host_facts()
     facts.problems = ["disks: lsblk: [/dev/sdz] is not a block device"]
     facts.disks[1] = dataclasses.replace(facts.disks[1], model="[b]WDC[/b] [x]")
@@ -35,7 +34,7 @@ def test_overview_shows_brackets_literally(demo):
             await tui_demo.overview(pilot)
             return app.export_screenshot()
 
-    text = _screen_text(asyncio.run(run()))
+    text = _screen_text(await run())
     assert "disks: lsblk: [/dev/sdz] is not a block device" in text
     assert "[b]WDC[/b] [x]" in text
     assert "[red]eth9" in text

@@ -98,89 +98,87 @@ def front_end(tmp_path, monkeypatch):
     n.backend.close()
 
 
-def test_join_code_enrol_revoke_and_remove(front_end: Node, tmp_path: Path):
+async def test_join_code_enrol_revoke_and_remove(front_end: Node, tmp_path: Path):
     be = tmp_path / "be"
     be.mkdir()
     ident = enrol.Identity("node2", _keypair(be / "host_key"), _keypair(be / "id_ed25519"), ssh_port=_free_port())
 
-    async def go():
-        app = create_app(front_end.backend)
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: "No back-end enrolled yet" in text(app.screen.query_one("#cluster")))
-            await pilot.press("j")
-            # the screen is pushed before its widgets are mounted (CI once queried #code in between): wait for the
-            # last one
-            await until(pilot, lambda: isinstance(app.screen, JoinCodeDialog)
-                        and bool(app.screen.query("#code-status")), timeout=30, what="the code dialog")
-            dlg = app.screen
-            code = dlg.offer.code
-            assert re.fullmatch(r"([0-9A-Z] ){3}[0-9A-Z](  -  ([0-9A-Z] ){3}[0-9A-Z]){3}", text(dlg.query_one("#code")))
-            assert text(dlg.query_one("#code")).replace(" ", "") == code
-            port = front_end.port
-            assert text(dlg.query_one("#code-command")).strip() == \
-                f"cloudbox node join --front-end 127.0.0.1:{port} --code {code}"
-            assert f"Enrolment server: 127.0.0.1:{port}, pid {dlg.offer.pid}, listens" in \
-                text(dlg.query_one("#code-server"))
-            assert "(15 min), one node only" in str(dlg.query_one("#code").border_title)
-            await until(pilot, lambda: "open for 14 min" in text(dlg.query_one("#code-status")))
-            assert frontend.server_running()
+    app = create_app(front_end.backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "No back-end enrolled yet" in text(app.screen.query_one("#cluster")))
+        await pilot.press("j")
+        # the screen is pushed before its widgets are mounted (CI once queried #code in between): wait for the
+        # last one
+        await until(pilot, lambda: isinstance(app.screen, JoinCodeDialog)
+                    and bool(app.screen.query("#code-status")), timeout=30, what="the code dialog")
+        dlg = app.screen
+        code = dlg.offer.code
+        assert re.fullmatch(r"([0-9A-Z] ){3}[0-9A-Z](  -  ([0-9A-Z] ){3}[0-9A-Z]){3}", text(dlg.query_one("#code")))
+        assert text(dlg.query_one("#code")).replace(" ", "") == code
+        port = front_end.port
+        assert text(dlg.query_one("#code-command")).strip() == \
+            f"cloudbox node join --front-end 127.0.0.1:{port} --code {code}"
+        assert f"Enrolment server: 127.0.0.1:{port}, pid {dlg.offer.pid}, listens" in \
+            text(dlg.query_one("#code-server"))
+        assert "(15 min), one node only" in str(dlg.query_one("#code").border_title)
+        await until(pilot, lambda: "open for 14 min" in text(dlg.query_one("#code-status")))
+        assert frontend.server_running()
 
-            # a back-end joins with what the dialog shows; the dialog sees the code used
-            joined = await asyncio.to_thread(enrol.join, f"127.0.0.1:{port}", code.lower(), identity=ident,
-                                             authorized_keys=be / "authorized_keys", pin_dir=be / "pins", timeout=10)
-            assert joined.frontend_name == "fe1"
-            await until(pilot, lambda: "USED by node2 (127.0.0.1)" in text(dlg.query_one("#code-status")))
-            await pilot.press("escape")
-            table = app.screen.query_one("#nodes")
-            await until(pilot, lambda: [r[0] for r in rows(table)] == ["lab1", "node2"], what="node2 in the table")
-            node2 = rows(table)[1]
-            assert node2[1:4] == ["back-end", "UNKNOWN", f"127.0.0.1:{ident.ssh_port}"] and node2[4] == "-"
-            assert "not checked yet" in node2[5]
-            await until(pilot, lambda: not frontend.server_running(), what="the server to stop (its code is spent)")
+        # a back-end joins with what the dialog shows; the dialog sees the code used
+        joined = await asyncio.to_thread(enrol.join, f"127.0.0.1:{port}", code.lower(), identity=ident,
+                                         authorized_keys=be / "authorized_keys", pin_dir=be / "pins", timeout=10)
+        assert joined.frontend_name == "fe1"
+        await until(pilot, lambda: "USED by node2 (127.0.0.1)" in text(dlg.query_one("#code-status")))
+        await pilot.press("escape")
+        table = app.screen.query_one("#nodes")
+        await until(pilot, lambda: [r[0] for r in rows(table)] == ["lab1", "node2"], what="node2 in the table")
+        node2 = rows(table)[1]
+        assert node2[1:4] == ["back-end", "UNKNOWN", f"127.0.0.1:{ident.ssh_port}"] and node2[4] == "-"
+        assert "not checked yet" in node2[5]
+        await until(pilot, lambda: not frontend.server_running(), what="the server to stop (its code is spent)")
 
-            # another code, then v revokes it and the server stops
-            await pilot.press("j")
-            await until(pilot, lambda: isinstance(app.screen, JoinCodeDialog), timeout=30)
-            second = app.screen.offer.record.id
-            await pilot.press("escape")
-            await until(pilot, lambda: "Join codes: 1 open" in text(app.screen.query_one("#cluster")))
-            await pilot.press("v")
-            await until(pilot, lambda: f"revoked join code {second}; the enrolment server stops" in notices(app))
-            await until(pilot, lambda: not frontend.server_running(), what="the server to stop (code revoked)")
-            with registry.Registry() as reg:
-                assert reg.code(second).status() == "revoked"
+        # another code, then v revokes it and the server stops
+        await pilot.press("j")
+        await until(pilot, lambda: isinstance(app.screen, JoinCodeDialog), timeout=30)
+        second = app.screen.offer.record.id
+        await pilot.press("escape")
+        await until(pilot, lambda: "Join codes: 1 open" in text(app.screen.query_one("#cluster")))
+        await pilot.press("v")
+        await until(pilot, lambda: f"revoked join code {second}; the enrolment server stops" in notices(app))
+        await until(pilot, lambda: not frontend.server_running(), what="the server to stop (code revoked)")
+        with registry.Registry() as reg:
+            assert reg.code(second).status() == "revoked"
 
-            # x on this box says what to do; on node2 it asks, naming the node, and removes it
-            table.focus()
-            table.move_cursor(row=0)
-            await pilot.press("x")
-            await until(pilot, lambda: "highlight the node to remove" in notices(app))
-            assert "enrolled: node2" in notices(app)
-            table.move_cursor(row=1)
-            await until(pilot, lambda: "node2: UNKNOWN, enrolled; not checked yet" in
-                        text(app.screen.query_one("#node-detail")))
-            await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-            assert app.screen.question.startswith(f"Remove node node2 (127.0.0.1:{ident.ssh_port})?")
-            await pilot.press("y")
-            # nothing listens on node2's SSH port: it is forgotten all the same, and the notice says what is left
-            await until(pilot, lambda: [r[0] for r in rows(table)] == ["lab1"], what="node2 gone from the table")
-            await until(pilot, lambda: "could not be reached" in notices(app))
-            msg = notices(app)
-            assert "removed node node2" in msg and "STILL in its /root/.ssh/authorized_keys" in msg
-            assert "sed -i '/ cloudbox-front-end /d' /root/.ssh/authorized_keys" in msg
-            with registry.Registry() as reg:
-                assert reg.nodes() == []
-            assert app.errors == []
-    asyncio.run(go())
+        # x on this box says what to do; on node2 it asks, naming the node, and removes it
+        table.focus()
+        table.move_cursor(row=0)
+        await pilot.press("x")
+        await until(pilot, lambda: "highlight the node to remove" in notices(app))
+        assert "enrolled: node2" in notices(app)
+        table.move_cursor(row=1)
+        await until(pilot, lambda: "node2: UNKNOWN, enrolled; not checked yet" in
+                    text(app.screen.query_one("#node-detail")))
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        assert app.screen.question.startswith(f"Remove node node2 (127.0.0.1:{ident.ssh_port})?")
+        await pilot.press("y")
+        # nothing listens on node2's SSH port: it is forgotten all the same, and the notice says what is left
+        await until(pilot, lambda: [r[0] for r in rows(table)] == ["lab1"], what="node2 gone from the table")
+        await until(pilot, lambda: "could not be reached" in notices(app))
+        msg = notices(app)
+        assert "removed node node2" in msg and "STILL in its /root/.ssh/authorized_keys" in msg
+        assert "sed -i '/ cloudbox-front-end /d' /root/.ssh/authorized_keys" in msg
+        with registry.Registry() as reg:
+            assert reg.nodes() == []
+        assert app.errors == []
 
 
-def test_server_that_cannot_listen_is_an_error_naming_the_address(front_end: Node):
+async def test_server_that_cannot_listen_is_an_error_naming_the_address(front_end: Node):
     busy = socket.socket()
     busy.bind(("127.0.0.1", front_end.port))
     busy.listen(1)
 
-    async def go():
+    try:
         app = create_app(front_end.backend)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: "No back-end enrolled yet" in text(app.screen.query_one("#cluster")))
@@ -192,36 +190,32 @@ def test_server_that_cannot_listen_is_an_error_naming_the_address(front_end: Nod
             assert "is revoked" in err and not isinstance(app.screen, JoinCodeDialog)
             with registry.Registry() as reg:
                 assert reg.open_codes() == []  # the code nobody could use is revoked
-    try:
-        asyncio.run(go())
     finally:
         busy.close()
 
 
-def test_back_end_keys_say_why_they_are_not_available(tmp_path, monkeypatch):
+async def test_back_end_keys_say_why_they_are_not_available(tmp_path, monkeypatch):
     n = Node(tmp_path, "back-end", monkeypatch)
 
-    async def go():
-        app = create_app(n.backend)
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: "Not enrolled yet" in text(app.screen.query_one("#cluster")))
-            for key, what in (("j", "making join codes"), ("v", "revoking join codes"), ("x", "removing nodes")):
-                await pilot.press(key)
-                await until(pilot, lambda w=what: f"role: this node is a back-end ({n.conf}); {w} runs on a "
-                            "front-end or all-in-one" in notices(app), what=f"the refusal of {key}")
-            assert not isinstance(app.screen, JoinCodeDialog) and app.errors == []
-            # once enrolled, the back-end names its front-end
-            pin, known = enrol.pin_paths()
-            pin.parent.mkdir(parents=True)
-            pin.write_text('{"name": "fe1", "address": "10.0.0.1", "host_key_fingerprint": "SHA256:abc"}\n')
-            await pilot.press("r")
-            await until(pilot, lambda: "Managed by front-end fe1 at 10.0.0.1 (its host key SHA256:abc is pinned)"
-                        in text(app.screen.query_one("#cluster")))
-    asyncio.run(go())
+    app = create_app(n.backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "Not enrolled yet" in text(app.screen.query_one("#cluster")))
+        for key, what in (("j", "making join codes"), ("v", "revoking join codes"), ("x", "removing nodes")):
+            await pilot.press(key)
+            await until(pilot, lambda w=what: f"role: this node is a back-end ({n.conf}); {w} runs on a "
+                        "front-end or all-in-one" in notices(app), what=f"the refusal of {key}")
+        assert not isinstance(app.screen, JoinCodeDialog) and app.errors == []
+        # once enrolled, the back-end names its front-end
+        pin, known = enrol.pin_paths()
+        pin.parent.mkdir(parents=True)
+        pin.write_text('{"name": "fe1", "address": "10.0.0.1", "host_key_fingerprint": "SHA256:abc"}\n')
+        await pilot.press("r")
+        await until(pilot, lambda: "Managed by front-end fe1 at 10.0.0.1 (its host key SHA256:abc is pinned)"
+                    in text(app.screen.query_one("#cluster")))
     assert not registry.nodes_db().exists()  # a back-end's keys made no registry
 
 
-def test_tests_setup_places_a_run_on_an_enrolled_node(front_end: Node):
+async def test_tests_setup_places_a_run_on_an_enrolled_node(front_end: Node):
     """Where (on the Tests screen) lists this host and the enrolled nodes with their state; the spec started
     carries the node chosen. Without nodes the choice is not shown: an all-in-one box runs here."""
     from textual.widgets import Label, Select
@@ -253,7 +247,7 @@ def test_tests_setup_places_a_run_on_an_enrolled_node(front_end: Node):
             await until(pilot, lambda: len(started) == (2 if expect_nodes else 1), what="the run started")
             assert (f"run {rid} started on node be1" in notices(app)) is expect_nodes
 
-    asyncio.run(go(False))
+    await go(False)
     assert [s.node for s in started[0]] == [""]
     with registry.Registry() as reg:
         _, rec = reg.make_code()
@@ -262,5 +256,5 @@ def test_tests_setup_places_a_run_on_an_enrolled_node(front_end: Node):
         reg.enrol(name="be1", role="back-end", address="10.73.0.20", ssh_port=22, host_key=be.line,
                   client_key=cl.line, code_key=rec.key, peer="10.73.0.20")
         reg.set_health("be1", "up", "libvirt 11.3.0 on be1")
-    asyncio.run(go(True))
+    await go(True)
     assert [(s.node, s.profile) for s in started[1]] == [("be1", started[0][0].profile)]

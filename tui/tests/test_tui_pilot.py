@@ -63,10 +63,6 @@ async def until(pilot, cond: Callable[[], object], timeout: float = 10.0, what: 
         await pilot.pause(0.05)
 
 
-def run(coro) -> None:
-    asyncio.run(coro)
-
-
 @pytest.fixture
 def backend(state) -> Backend:
     b = Backend(facts=facts(), libvirt_uri="test:///default")
@@ -75,73 +71,63 @@ def backend(state) -> Backend:
 
 
 # -- app shell --------------------------------------------------------------------------------------------
-def test_screens_switch_with_number_keys_and_help_lists_keys(backend):
-    async def go():
-        app = create_app(backend)
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.current_mode == "overview")
-            for key, mode in (("2", "profiles"), ("3", "guests"), ("4", "tests"), ("5", "results"),
-                              ("6", "studies"), ("1", "overview")):
-                await pilot.press(key)
-                await until(pilot, lambda m=mode: app.current_mode == m, what=f"mode {mode}")
-            await pilot.press("question_mark")
-            await until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen")
-            md = app.screen.query_one("#help-text")
-            assert "(this screen)" in md.source and "**u** Use" in md.source and "**s** Start" in md.source
-            await pilot.press("escape")
-            await until(pilot, lambda: app.screen.__class__.__name__ == "OverviewScreen")
-    run(go())
+async def test_screens_switch_with_number_keys_and_help_lists_keys(backend):
+    app = create_app(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.current_mode == "overview")
+        for key, mode in (("2", "profiles"), ("3", "guests"), ("4", "tests"), ("5", "results"),
+                          ("6", "studies"), ("1", "overview")):
+            await pilot.press(key)
+            await until(pilot, lambda m=mode: app.current_mode == m, what=f"mode {mode}")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen")
+        md = app.screen.query_one("#help-text")
+        assert "(this screen)" in md.source and "**u** Use" in md.source and "**s** Start" in md.source
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen.__class__.__name__ == "OverviewScreen")
 
 
-def test_a_click_on_the_key_bar_runs_that_key(backend):
-    async def go():
-        app = create_app(backend, mode="profiles")
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.current_mode == "profiles")
-            bar = app.screen.query_one(KeyBar)
-            await until(pilot, lambda: any(action == "help" for *_, action in bar.spans), what="the Help key")
-            start, _end, _node, _action = next(s for s in bar.spans if s[3] == "help")
-            assert await pilot.click(KeyBar, offset=(start + 1, 0))
-            await until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen", what="the help screen")
-    run(go())
+async def test_a_click_on_the_key_bar_runs_that_key(backend):
+    app = create_app(backend, mode="profiles")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.current_mode == "profiles")
+        bar = app.screen.query_one(KeyBar)
+        await until(pilot, lambda: any(action == "help" for *_, action in bar.spans), what="the Help key")
+        start, _end, _node, _action = next(s for s in bar.spans if s[3] == "help")
+        assert await pilot.click(KeyBar, offset=(start + 1, 0))
+        await until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen", what="the help screen")
 
 
-def test_command_palette_offers_every_screen_and_the_screens_actions(backend):
-    async def go():
-        app = create_app(backend, mode="profiles")
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.current_mode == "profiles")
-            titles = [c.title for c in app.get_system_commands(app.screen)]
-            for t in ("Go to Overview", "Go to Results", "Help", "Use", "Diff", "New from", "Quit"):
-                assert t in titles, titles
-            # running a palette command does what its key does
-            cmd = next(c for c in app.get_system_commands(app.screen) if c.title == "Go to Guests")
-            cmd.callback()
-            await until(pilot, lambda: app.current_mode == "guests")
-    run(go())
+async def test_command_palette_offers_every_screen_and_the_screens_actions(backend):
+    app = create_app(backend, mode="profiles")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.current_mode == "profiles")
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for t in ("Go to Overview", "Go to Results", "Help", "Use", "Diff", "New from", "Quit"):
+            assert t in titles, titles
+        # running a palette command does what its key does
+        cmd = next(c for c in app.get_system_commands(app.screen) if c.title == "Go to Guests")
+        cmd.callback()
+        await until(pilot, lambda: app.current_mode == "guests")
 
 
-def test_overview_shows_role_accelerator_warning_and_devices(backend):
-    async def go():
-        app = create_app(backend)
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: "WARNING: TCG emulation" in text(app.screen.query_one("#accel-banner")))
-            box = _render(app, app.screen.query_one("#box"))
-            assert re.search(r"^Role +all-in-one", box, re.M)
-            assert re.search(r"^Active profile +virtio-disk *$", box, re.M)
-            assert rows(app.screen.query_one("#nodes"))[0][:3] == ["lab1", "all-in-one", "UP"]
-            assert rows(app.screen.query_one("#disks"))[0][0] == "sda"
-            assert rows(app.screen.query_one("#nics"))[0][2] == "9000"
-    run(go())
+async def test_overview_shows_role_accelerator_warning_and_devices(backend):
+    app = create_app(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "WARNING: TCG emulation" in text(app.screen.query_one("#accel-banner")))
+        box = _render(app, app.screen.query_one("#box"))
+        assert re.search(r"^Role +all-in-one", box, re.M)
+        assert re.search(r"^Active profile +virtio-disk *$", box, re.M)
+        assert rows(app.screen.query_one("#nodes"))[0][:3] == ["lab1", "all-in-one", "UP"]
+        assert rows(app.screen.query_one("#disks"))[0][0] == "sda"
+        assert rows(app.screen.query_one("#nics"))[0][2] == "9000"
 
 
-def test_overview_without_tcg_has_no_warning(state):
-    async def go():
-        app = create_app(Backend(facts=facts(emulated=False), libvirt_uri="test:///default"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await until(pilot, lambda: text(app.screen.query_one("#accel-banner")).startswith("Accelerator: KVM"))
-            assert "WARNING" not in text(app.screen.query_one("#accel-banner"))
-    run(go())
+async def test_overview_without_tcg_has_no_warning(state):
+    app = create_app(Backend(facts=facts(emulated=False), libvirt_uri="test:///default"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: text(app.screen.query_one("#accel-banner")).startswith("Accelerator: KVM"))
+        assert "WARNING" not in text(app.screen.query_one("#accel-banner"))
 
 
 # -- profiles ----------------------------------------------------------------------------------------------
@@ -156,38 +142,34 @@ async def _goto_row(pilot, table, name: str) -> None:
     await pilot.pause()
 
 
-def test_profiles_use_switches_the_active_profile(backend):
-    async def go():
-        app = create_app(backend, mode="profiles")
-        async with app.run_test(size=SIZE) as pilot:
-            table = await _profiles(app, pilot)
-            await _goto_row(pilot, table, "kvm-cache-none")
-            await pilot.press("u")
-            await until(pilot, lambda: any(r[0] == "active" and r[2] == "kvm-cache-none" for r in rows(table)),
-                        what="kvm-cache-none marked active")
-            assert profiles.active_profile_name() == "kvm-cache-none"
-    run(go())
+async def test_profiles_use_switches_the_active_profile(backend):
+    app = create_app(backend, mode="profiles")
+    async with app.run_test(size=SIZE) as pilot:
+        table = await _profiles(app, pilot)
+        await _goto_row(pilot, table, "kvm-cache-none")
+        await pilot.press("u")
+        await until(pilot, lambda: any(r[0] == "active" and r[2] == "kvm-cache-none" for r in rows(table)),
+                    what="kvm-cache-none marked active")
+        assert profiles.active_profile_name() == "kvm-cache-none"
 
 
-def test_profiles_detail_and_diff_of_two_marked(backend):
-    async def go():
-        app = create_app(backend, mode="profiles")
-        async with app.run_test(size=SIZE) as pilot:
-            table = await _profiles(app, pilot)
-            await _goto_row(pilot, table, "eucalyptus-default")
-            detail = app.screen.query_one("#profile-detail")
-            await until(pilot, lambda: "disk.bus" in _render(app, detail))
-            assert "scsi-lsi" in _render(app, detail)
-            await pilot.press("space")  # marks eucalyptus-default
-            await _goto_row(pilot, table, "virtio-disk")
-            await pilot.press("space")
-            await pilot.press("d")
-            out = _render(app, detail)
-            assert "eucalyptus-default  vs  virtio-disk" in out
-            assert "≠" in out and "knobs differ" in out
-            bus = next(ln for ln in out.splitlines() if "disk.bus" in ln)
-            assert "≠" in bus and "scsi-lsi" in bus and "virtio-blk" in bus
-    run(go())
+async def test_profiles_detail_and_diff_of_two_marked(backend):
+    app = create_app(backend, mode="profiles")
+    async with app.run_test(size=SIZE) as pilot:
+        table = await _profiles(app, pilot)
+        await _goto_row(pilot, table, "eucalyptus-default")
+        detail = app.screen.query_one("#profile-detail")
+        await until(pilot, lambda: "disk.bus" in _render(app, detail))
+        assert "scsi-lsi" in _render(app, detail)
+        await pilot.press("space")  # marks eucalyptus-default
+        await _goto_row(pilot, table, "virtio-disk")
+        await pilot.press("space")
+        await pilot.press("d")
+        out = _render(app, detail)
+        assert "eucalyptus-default  vs  virtio-disk" in out
+        assert "≠" in out and "knobs differ" in out
+        bus = next(ln for ln in out.splitlines() if "disk.bus" in ln)
+        assert "≠" in bus and "scsi-lsi" in bus and "virtio-blk" in bus
 
 
 XEN_ENTRY = "Xen profile: boot the appliance's Xen entry"
@@ -224,12 +206,12 @@ async def _start_is_refused(app, pilot, cl, name: str) -> None:
     (accel.Accelerator("xen", "xen", True, True, "test facts"), "xen dom0 (in a VM, emulated)", "virtio-disk",
      "xen-xvd-phy", LINUX_ENTRY),
 ])
-def test_profiles_of_the_other_hypervisor_are_greyed_with_the_reason(state, acc, label, greyed, runs, why):
+async def test_profiles_of_the_other_hypervisor_are_greyed_with_the_reason(state, acc, label, greyed, runs, why):
     f = facts()
     f.accelerator = acc
     b = Backend(facts=f, libvirt_uri="test:///default")
 
-    async def go():
+    try:
         app = create_app(b, mode="profiles")
         async with app.run_test(size=SIZE) as pilot:
             table = await _profiles(app, pilot)
@@ -252,13 +234,11 @@ def test_profiles_of_the_other_hypervisor_are_greyed_with_the_reason(state, acc,
             prompt = cl.get_option(greyed).prompt
             assert f"{greyed}  ({why})" in str(prompt) and "dim" in str(prompt.spans[0].style)
             await _start_is_refused(app, pilot, cl, greyed)
-    try:
-        run(go())
     finally:
         b.close()
 
 
-def test_a_host_raid_profile_is_greyed_where_the_host_has_no_md(state, monkeypatch):
+async def test_a_host_raid_profile_is_greyed_where_the_host_has_no_md(state, monkeypatch):
     """Without md or mdadm on this host, virtio-raid0-host is greyed with the reason in Profiles and Tests, and Start
     refuses it; the guest's own RAID (virtio-raid0) stays runnable."""
     missing = "mdadm is not installed (Debian package mdadm; the cloudbox appliance has it)"
@@ -266,7 +246,7 @@ def test_a_host_raid_profile_is_greyed_where_the_host_has_no_md(state, monkeypat
     b = Backend(facts=facts(), libvirt_uri="test:///default")
     why = "host RAID: mdadm is not installed"
 
-    async def go():
+    try:
         app = create_app(b, mode="profiles")
         async with app.run_test(size=SIZE) as pilot:
             table = await _profiles(app, pilot)
@@ -277,8 +257,6 @@ def test_a_host_raid_profile_is_greyed_where_the_host_has_no_md(state, monkeypat
             await until(pilot, lambda: cl.items and cl.blocked, what="the profiles to tick")
             assert cl.blocked.get("virtio-raid0-host") == why and "virtio-raid0" not in cl.blocked
             await _start_is_refused(app, pilot, cl, "virtio-raid0-host")
-    try:
-        run(go())
     finally:
         b.close()
     assert accel.Boot(False, "kvm").refusal("kvm", "", "host") is None  # a host with md and mdadm runs it
@@ -293,39 +271,37 @@ def _render(app, widget) -> str:
     return console.export_text()
 
 
-def test_new_profile_form_shows_errors_next_to_fields_then_saves(backend):
+async def test_new_profile_form_shows_errors_next_to_fields_then_saves(backend):
     from textual.widgets import Input, Label
 
-    async def go():
-        app = create_app(backend, mode="profiles")
-        async with app.run_test(size=SIZE) as pilot:
-            table = await _profiles(app, pilot)
-            await _goto_row(pilot, table, "virtio-disk")
-            await pilot.press("n")
-            await until(pilot, lambda: app.screen.__class__.__name__ == "ProfileForm")
-            form = app.screen
-            form.query_one("#f-name", Input).value = "my-tuned"
-            form.query_one("#f-guest-memory_mib", Input).value = "64"  # below the 256 MiB minimum
-            form.query_one("#f-network-mtu", Input).value = "12000"
-            await pilot.press("ctrl+s")
-            await until(pilot, lambda: "not saved" in str(form.query_one("#form-error", Label).content))
-            mem_err = str(form.query_one("#e-guest-memory_mib", Label).content)
-            mtu_err = str(form.query_one("#e-network-mtu", Label).content)
-            assert "256..262144" in mem_err and "64" in mem_err
-            assert "1500..9000" in mtu_err
-            assert str(form.query_one("#e-disk-cache", Label).content) == ""
-            assert not (Path(os.environ["CLOUDBOX_STATE_DIR"]) / "profiles" / "my-tuned.toml").exists()
-            form.query_one("#f-guest-memory_mib", Input).value = "512"
-            form.query_one("#f-network-mtu", Input).value = "9000"
-            await pilot.press("ctrl+s")
-            await until(pilot, lambda: app.screen.__class__.__name__ == "ProfilesScreen")
-            saved = profiles.find_profile("my-tuned")
-            assert saved.guest.memory_mib == 512 and saved.network.mtu == 9000 and saved.disk.bus == "virtio-blk"
-            await until(pilot, lambda: any(r[2] == "my-tuned" and r[3] == "user" for r in rows(table)))
-    run(go())
+    app = create_app(backend, mode="profiles")
+    async with app.run_test(size=SIZE) as pilot:
+        table = await _profiles(app, pilot)
+        await _goto_row(pilot, table, "virtio-disk")
+        await pilot.press("n")
+        await until(pilot, lambda: app.screen.__class__.__name__ == "ProfileForm")
+        form = app.screen
+        form.query_one("#f-name", Input).value = "my-tuned"
+        form.query_one("#f-guest-memory_mib", Input).value = "64"  # below the 256 MiB minimum
+        form.query_one("#f-network-mtu", Input).value = "12000"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: "not saved" in str(form.query_one("#form-error", Label).content))
+        mem_err = str(form.query_one("#e-guest-memory_mib", Label).content)
+        mtu_err = str(form.query_one("#e-network-mtu", Label).content)
+        assert "256..262144" in mem_err and "64" in mem_err
+        assert "1500..9000" in mtu_err
+        assert str(form.query_one("#e-disk-cache", Label).content) == ""
+        assert not (Path(os.environ["CLOUDBOX_STATE_DIR"]) / "profiles" / "my-tuned.toml").exists()
+        form.query_one("#f-guest-memory_mib", Input).value = "512"
+        form.query_one("#f-network-mtu", Input).value = "9000"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: app.screen.__class__.__name__ == "ProfilesScreen")
+        saved = profiles.find_profile("my-tuned")
+        assert saved.guest.memory_mib == 512 and saved.network.mtu == 9000 and saved.disk.bus == "virtio-blk"
+        await until(pilot, lambda: any(r[2] == "my-tuned" and r[3] == "user" for r in rows(table)))
 
 
-def test_edit_in_editor_validates_before_saving_and_delete_asks_first(backend, tmp_path, monkeypatch):
+async def test_edit_in_editor_validates_before_saving_and_delete_asks_first(backend, tmp_path, monkeypatch):
     base = profiles.find_profile("virtio-disk")
     data = base.model_dump()
     data["name"] = "mine"
@@ -336,44 +312,42 @@ def test_edit_in_editor_validates_before_saving_and_delete_asks_first(backend, t
     monkeypatch.setenv("EDITOR", str(editor))
     monkeypatch.delenv("VISUAL", raising=False)
 
-    async def go():
-        app = create_app(backend, mode="profiles")
-        async with app.run_test(size=SIZE) as pilot:
-            table = await _profiles(app, pilot)
-            await _goto_row(pilot, table, "mine")
-            await pilot.press("e")
-            await until(pilot, lambda: isinstance(app.screen, TextDialog) and bool(app.screen.query("#text")))
-            assert "disk.cache" in text(app.screen.query_one("#text")) and "writeback" in text(
-                app.screen.query_one("#text"))
-            await pilot.press("escape")
-            assert profiles.find_profile("mine").disk.cache == base.disk.cache  # unchanged
-            draft = Path(os.environ["CLOUDBOX_STATE_DIR"]) / "drafts" / "mine.toml"
-            assert 'cache = "sometimes"' in draft.read_text()  # the failed edit is kept, not thrown away
-            # the next edit starts from that draft: this editor fixes only the bad value
-            editor.write_text("#!/bin/sh\ngrep -q sometimes \"$1\" || exit 3\n"
-                              "sed -i 's/^cache = .*/cache = \"writeback\"/' \"$1\"\n")
-            await _goto_row(pilot, table, "mine")
-            await pilot.press("e")
-            await until(pilot, lambda: profiles.find_profile("mine").disk.cache == "writeback")
-            assert not draft.exists()
-            # presets are read-only
-            await _goto_row(pilot, table, "virtio-disk")
-            await pilot.press("e")
-            await pilot.press("x")
-            assert not isinstance(app.screen, ConfirmDialog)
-            # delete asks; "n" keeps it, "y" deletes it
-            await _goto_row(pilot, table, "mine")
-            await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-            await pilot.press("n")
-            await pilot.pause()
-            assert profiles.find_profile_path("mine").exists()
-            await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-            await pilot.press("y")
-            await until(pilot, lambda: not any(r[2] == "mine" for r in rows(table)))
-            assert not (Path(os.environ["CLOUDBOX_STATE_DIR"]) / "profiles" / "mine.toml").exists()
-    run(go())
+    app = create_app(backend, mode="profiles")
+    async with app.run_test(size=SIZE) as pilot:
+        table = await _profiles(app, pilot)
+        await _goto_row(pilot, table, "mine")
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, TextDialog) and bool(app.screen.query("#text")))
+        assert "disk.cache" in text(app.screen.query_one("#text")) and "writeback" in text(
+            app.screen.query_one("#text"))
+        await pilot.press("escape")
+        assert profiles.find_profile("mine").disk.cache == base.disk.cache  # unchanged
+        draft = Path(os.environ["CLOUDBOX_STATE_DIR"]) / "drafts" / "mine.toml"
+        assert 'cache = "sometimes"' in draft.read_text()  # the failed edit is kept, not thrown away
+        # the next edit starts from that draft: this editor fixes only the bad value
+        editor.write_text("#!/bin/sh\ngrep -q sometimes \"$1\" || exit 3\n"
+                          "sed -i 's/^cache = .*/cache = \"writeback\"/' \"$1\"\n")
+        await _goto_row(pilot, table, "mine")
+        await pilot.press("e")
+        await until(pilot, lambda: profiles.find_profile("mine").disk.cache == "writeback")
+        assert not draft.exists()
+        # presets are read-only
+        await _goto_row(pilot, table, "virtio-disk")
+        await pilot.press("e")
+        await pilot.press("x")
+        assert not isinstance(app.screen, ConfirmDialog)
+        # delete asks; "n" keeps it, "y" deletes it
+        await _goto_row(pilot, table, "mine")
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.press("n")
+        await pilot.pause()
+        assert profiles.find_profile_path("mine").exists()
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.press("y")
+        await until(pilot, lambda: not any(r[2] == "mine" for r in rows(table)))
+        assert not (Path(os.environ["CLOUDBOX_STATE_DIR"]) / "profiles" / "mine.toml").exists()
 
 
 # -- results -----------------------------------------------------------------------------------------------
@@ -387,38 +361,36 @@ def results_backend(state) -> Backend:
     b.close()
 
 
-def test_results_compare_marked_runs_and_export(results_backend, tmp_path):
-    async def go():
-        app = create_app(results_backend, mode="results")
-        async with app.run_test(size=SIZE) as pilot:
-            table = app.screen.query_one("#runs")
-            await until(pilot, lambda: table.row_count == 2)
-            listed = rows(table)
-            assert {r[2] for r in listed} == {"study-a-default", "virtio-phy"}
-            tcg = next(r for r in listed if r[2] == "virtio-phy")
-            assert tcg[4] == "TCG*" and "55*" in tcg[3] and "(50%)" in tcg[3]
-            table.move_cursor(row=0)
-            await pilot.press("space")  # marks row 0, moves down
-            await pilot.press("space")  # marks row 1
-            assert [r[0] for r in rows(table)] == ["x", "x"]
-            await pilot.press("c")
-            out = app.screen.query_one("#compare")
-            await until(pilot, lambda: "study-a-default" in text(out) and "virtio-phy" in text(out))
-            assert "*" in text(out)
-            await pilot.press("e")
-            await until(pilot, lambda: isinstance(app.screen, ExportDialog))
-            from textual.widgets import Input
+async def test_results_compare_marked_runs_and_export(results_backend, tmp_path):
+    app = create_app(results_backend, mode="results")
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one("#runs")
+        await until(pilot, lambda: table.row_count == 2)
+        listed = rows(table)
+        assert {r[2] for r in listed} == {"study-a-default", "virtio-phy"}
+        tcg = next(r for r in listed if r[2] == "virtio-phy")
+        assert tcg[4] == "TCG*" and "55*" in tcg[3] and "(50%)" in tcg[3]
+        table.move_cursor(row=0)
+        await pilot.press("space")  # marks row 0, moves down
+        await pilot.press("space")  # marks row 1
+        assert [r[0] for r in rows(table)] == ["x", "x"]
+        await pilot.press("c")
+        out = app.screen.query_one("#compare")
+        await until(pilot, lambda: "study-a-default" in text(out) and "virtio-phy" in text(out))
+        assert "*" in text(out)
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, ExportDialog))
+        from textual.widgets import Input
 
-            target = tmp_path / "out" / "cmp.md"
-            app.screen.query_one("#path", Input).value = str(target)
-            await pilot.press("enter")
-            await until(pilot, lambda: target.exists(), what="export written")
-            md = target.read_text()
-            assert "study-a-default" in md and "virtio-phy" in md and md.count("|") > 10
-    run(go())
+        target = tmp_path / "out" / "cmp.md"
+        app.screen.query_one("#path", Input).value = str(target)
+        await pilot.press("enter")
+        await until(pilot, lambda: target.exists(), what="export written")
+        md = target.read_text()
+        assert "study-a-default" in md and "virtio-phy" in md and md.count("|") > 10
 
 
-def test_results_of_a_run_of_two_guests_show_each_guest_and_the_spread(backend):
+async def test_results_of_a_run_of_two_guests_show_each_guest_and_the_spread(backend):
     from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
 
     with ResultStore() as store:
@@ -431,35 +403,31 @@ def test_results_of_a_run_of_two_guests_show_each_guest_and_the_spread(backend):
         store.add_measurement(rid, side="baseline", test="seq-write-64k", metric="MB/s", value=200.0)
         store.finish_run(rid, "completed")
 
-    async def go():
-        app = create_app(backend, mode="results")
-        async with app.run_test(size=SIZE) as pilot:
-            table = app.screen.query_one("#runs")
-            await until(pilot, lambda: table.row_count == 1)
-            assert rows(table)[0][6] == "storage, 2 guests" and rows(table)[0][3].startswith("W 40* MB/s (20%)")
-            await pilot.press("c")
-            compare = app.screen.query_one("#compare")
-            await until(pilot, lambda: "Jain" in text(compare), what="the comparison")
-            for words in ("#1 sum", "#1 g1", "#1 g2", "per guest min 10.0 / median 20.0 / max 30.0",
-                          "Jain's fairness index 0.800"):
-                assert words in " ".join(text(compare).split()), words  # the table wraps to the box
-    run(go())
+    app = create_app(backend, mode="results")
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one("#runs")
+        await until(pilot, lambda: table.row_count == 1)
+        assert rows(table)[0][6] == "storage, 2 guests" and rows(table)[0][3].startswith("W 40* MB/s (20%)")
+        await pilot.press("c")
+        compare = app.screen.query_one("#compare")
+        await until(pilot, lambda: "Jain" in text(compare), what="the comparison")
+        for words in ("#1 sum", "#1 g1", "#1 g2", "per guest min 10.0 / median 20.0 / max 30.0",
+                      "Jain's fairness index 0.800"):
+            assert words in " ".join(text(compare).split()), words  # the table wraps to the box
 
 
-def test_results_delete_asks_and_refuses_nothing_silently(results_backend):
-    async def go():
-        app = create_app(results_backend, mode="results")
-        async with app.run_test(size=SIZE) as pilot:
-            table = app.screen.query_one("#runs")
-            await until(pilot, lambda: table.row_count == 2)
-            table.move_cursor(row=0)
-            victim = rows(table)[0][1]
-            await pilot.press("D")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-            await pilot.press("y")
-            await until(pilot, lambda: table.row_count == 1)
-            assert rows(table)[0][1] != victim
-    run(go())
+async def test_results_delete_asks_and_refuses_nothing_silently(results_backend):
+    app = create_app(results_backend, mode="results")
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one("#runs")
+        await until(pilot, lambda: table.row_count == 2)
+        table.move_cursor(row=0)
+        victim = rows(table)[0][1]
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.press("y")
+        await until(pilot, lambda: table.row_count == 1)
+        assert rows(table)[0][1] != victim
 
 
 # -- errors become notifications, not tracebacks -------------------------------------------------------------
@@ -491,83 +459,78 @@ def cell_state(table, key: str) -> list[str]:
     return [str(getattr(c, "plain", c)) for c in table.get_row(key)]
 
 
-def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend):
+async def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_backend):
     """The studies found, their counts over the seeded database, study A's matrix with labelled numbers; a run
     recorded while the screen is shown turns its cell from not run to done on the screen's own reload timer."""
-    async def go():
-        app = create_app(studies_backend, mode="studies", poll_interval=0.2)
-        async with app.run_test(size=SIZE) as pilot:
-            studies_table = app.screen.query_one("#studies")
-            cells = app.screen.query_one("#cells")
-            await until(pilot, lambda: studies_table.row_count == 5 and cells.row_count > 0, what="the studies")
-            listed = {r[0]: r for r in rows(studies_table)}
-            assert set(listed) == {"a", "b", "c", "c-nfs", "d"}
-            name, total, with_results, findings, title = listed["a"]
-            assert (total, with_results) == ("54", "2") and title.startswith("Study A")
-            assert findings.startswith("0/") and findings.endswith("checked, 0 reproduced")
-            assert listed["b"][2] == "0"
-            assert cells.row_count == 54
-            done = cell_state(cells, "eucalyptus-default/dd-write-64k")
-            assert done[2:5] == ["done", "1.3 (emulated, quick)", "MB/s"] and done[6] == "#1"
-            assert done[5] != "-"  # the paper's number beside ours
-            assert cell_state(cells, "xen-default/dd-write-64k")[2] == "cannot run"
-            assert cell_state(cells, "virtio-disk/dd-write-64k")[2:4] == ["not run", "-"]
-            with ResultStore() as store:
-                failed = record_study_run(store, "kvm-scsi-phy", {}, started_at=1_700_000_100.0, state="failed")
-                rid = record_study_run(store, "virtio-disk", {"dd-write-64k": 21.4}, started_at=1_700_000_200.0,
-                                       accelerator="nested-kvm")
-            await until(pilot, lambda: cell_state(cells, "virtio-disk/dd-write-64k")[2] == "done", timeout=15,
-                        what="the new result on the matrix")
-            filled = cell_state(cells, "virtio-disk/dd-write-64k")
-            assert (filled[3], filled[6]) == ("21.4 (nested, quick)", f"#{rid}")
-            scsi = cell_state(cells, "kvm-scsi-phy/dd-write-64k")
-            assert scsi[2] == "failed" and scsi[6] == f"#{failed}" and scsi[7] == "guest did not boot"
-            await until(pilot, lambda: rows(studies_table)[0][2] == "3", timeout=15,
-                        what="study A's count of cells with results in the list")  # read before the matrix
-            await pilot.press("down")  # study B: its matrix replaces A's
-            await until(pilot, lambda: cells.row_count and cells.get_row_at(0) and
-                        "kvm-cache-writethrough" in str(cells.get_row_at(0)[0]), what="study B's cells")
-            await pilot.press("down")  # study C: the record sweep on a whole disk, a file and a RAID 0 of three
-            await until(pilot, lambda: cells.row_count == 42 and "virtio-disk" in str(cells.get_row_at(0)[0]),
-                        what="study C's cells")
-            assert cell_state(cells, "virtio-file/iozone-read-16m")[2] == "not run"
-            assert cell_state(cells, "virtio-raid0/iozone-write-4k")[2] == "not run"
-            await pilot.press("down")  # study C's NFS part: three mounts of one export, three tests
-            await until(pilot, lambda: cells.row_count == 9 and "nfs-async-tcp" in str(cells.get_row_at(0)[0]),
-                        what="study c-nfs's cells")
-            assert cell_state(cells, "nfs-async-tcp-9000/iozone-read-1m")[2] == "not run"
-            await pilot.press("down")  # study D, a series: each cell counts its repeats
-            await until(pilot, lambda: cells.row_count == 2 and "virtio-file" in str(cells.get_row_at(0)[0]),
-                        what="study D's cells")
-            assert cell_state(cells, "virtio-file/seq-write-64k")[2:] == ["not run", "-", "", "-", "-",
-                                                                        "0 of 17 repeats"]
-    run(go())
-
-
-def test_studies_report_view_shows_the_cli_report(studies_backend):
-    async def go():
-        from cloudbox.core.studies import markdown
-
+    app = create_app(studies_backend, mode="studies", poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        studies_table = app.screen.query_one("#studies")
+        cells = app.screen.query_one("#cells")
+        await until(pilot, lambda: studies_table.row_count == 5 and cells.row_count > 0, what="the studies")
+        listed = {r[0]: r for r in rows(studies_table)}
+        assert set(listed) == {"a", "b", "c", "c-nfs", "d"}
+        name, total, with_results, findings, title = listed["a"]
+        assert (total, with_results) == ("54", "2") and title.startswith("Study A")
+        assert findings.startswith("0/") and findings.endswith("checked, 0 reproduced")
+        assert listed["b"][2] == "0"
+        assert cells.row_count == 54
+        done = cell_state(cells, "eucalyptus-default/dd-write-64k")
+        assert done[2:5] == ["done", "1.3 (emulated, quick)", "MB/s"] and done[6] == "#1"
+        assert done[5] != "-"  # the paper's number beside ours
+        assert cell_state(cells, "xen-default/dd-write-64k")[2] == "cannot run"
+        assert cell_state(cells, "virtio-disk/dd-write-64k")[2:4] == ["not run", "-"]
         with ResultStore() as store:
-            expected = markdown.to_markdown(evidence.gather(loading.find_study("a"),
-                                                              store.list_runs(state="completed")))
-        app = create_app(studies_backend, mode="studies")
-        async with app.run_test(size=SIZE) as pilot:
-            table = app.screen.query_one("#studies")
-            await until(pilot, lambda: table.row_count == 5, what="the studies")
-            for key in ("r", "enter"):
-                await pilot.press(key)
-                await until(pilot, lambda: app.screen.__class__.__name__ == "ReportScreen", what="the report")
-                report = app.screen.query_one("#report")
-                assert report.text.splitlines()[0] == "# Study A: Eucalyptus / UEC on KVM and Xen (Tables 1 and 2, " \
-                    "network)"
-                assert report.text == expected
-                await pilot.press("escape")
-                await until(pilot, lambda: app.screen.__class__.__name__ == "StudiesScreen")
-    run(go())
+            failed = record_study_run(store, "kvm-scsi-phy", {}, started_at=1_700_000_100.0, state="failed")
+            rid = record_study_run(store, "virtio-disk", {"dd-write-64k": 21.4}, started_at=1_700_000_200.0,
+                                   accelerator="nested-kvm")
+        await until(pilot, lambda: cell_state(cells, "virtio-disk/dd-write-64k")[2] == "done", timeout=15,
+                    what="the new result on the matrix")
+        filled = cell_state(cells, "virtio-disk/dd-write-64k")
+        assert (filled[3], filled[6]) == ("21.4 (nested, quick)", f"#{rid}")
+        scsi = cell_state(cells, "kvm-scsi-phy/dd-write-64k")
+        assert scsi[2] == "failed" and scsi[6] == f"#{failed}" and scsi[7] == "guest did not boot"
+        await until(pilot, lambda: rows(studies_table)[0][2] == "3", timeout=15,
+                    what="study A's count of cells with results in the list")  # read before the matrix
+        await pilot.press("down")  # study B: its matrix replaces A's
+        await until(pilot, lambda: cells.row_count and cells.get_row_at(0) and
+                    "kvm-cache-writethrough" in str(cells.get_row_at(0)[0]), what="study B's cells")
+        await pilot.press("down")  # study C: the record sweep on a whole disk, a file and a RAID 0 of three
+        await until(pilot, lambda: cells.row_count == 42 and "virtio-disk" in str(cells.get_row_at(0)[0]),
+                    what="study C's cells")
+        assert cell_state(cells, "virtio-file/iozone-read-16m")[2] == "not run"
+        assert cell_state(cells, "virtio-raid0/iozone-write-4k")[2] == "not run"
+        await pilot.press("down")  # study C's NFS part: three mounts of one export, three tests
+        await until(pilot, lambda: cells.row_count == 9 and "nfs-async-tcp" in str(cells.get_row_at(0)[0]),
+                    what="study c-nfs's cells")
+        assert cell_state(cells, "nfs-async-tcp-9000/iozone-read-1m")[2] == "not run"
+        await pilot.press("down")  # study D, a series: each cell counts its repeats
+        await until(pilot, lambda: cells.row_count == 2 and "virtio-file" in str(cells.get_row_at(0)[0]),
+                    what="study D's cells")
+        assert cell_state(cells, "virtio-file/seq-write-64k")[2:] == ["not run", "-", "", "-", "-",
+                                                                    "0 of 17 repeats"]
 
 
-def test_studies_start_plans_a_quick_run_like_the_cli(studies_backend, monkeypatch):
+async def test_studies_report_view_shows_the_cli_report(studies_backend):
+    from cloudbox.core.studies import markdown
+
+    with ResultStore() as store:
+        expected = markdown.to_markdown(evidence.gather(loading.find_study("a"), store.list_runs(state="completed")))
+    app = create_app(studies_backend, mode="studies")
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one("#studies")
+        await until(pilot, lambda: table.row_count == 5, what="the studies")
+        for key in ("r", "enter"):
+            await pilot.press(key)
+            await until(pilot, lambda: app.screen.__class__.__name__ == "ReportScreen", what="the report")
+            report = app.screen.query_one("#report")
+            assert report.text.splitlines()[0] == "# Study A: Eucalyptus / UEC on KVM and Xen (Tables 1 and 2, " \
+                "network)"
+            assert report.text == expected
+            await pilot.press("escape")
+            await until(pilot, lambda: app.screen.__class__.__name__ == "StudiesScreen")
+
+
+async def test_studies_start_plans_a_quick_run_like_the_cli(studies_backend, monkeypatch):
     """s plans study A at quick size as `cloudbox study run a --size quick --detach` does and hands the runs to
     the sweep launcher. The test stops there: the launcher is replaced by one that records the runs, so no guest
     starts (a real sweep would boot one per profile)."""
@@ -584,73 +547,65 @@ def test_studies_start_plans_a_quick_run_like_the_cli(studies_backend, monkeypat
 
     monkeypatch.setattr(runs, "start_sweep", start_sweep)
 
-    async def go():
-        app = create_app(studies_backend, mode="studies")
-        async with app.run_test(size=SIZE) as pilot:
-            table = app.screen.query_one("#studies")
-            await until(pilot, lambda: table.row_count == 5, what="the studies")
-            await pilot.press("s")
-            await until(pilot, lambda: launched, what="the sweep")
-            specs = launched[0]
-            assert all(s.size == "quick" and s.node == "" for s in specs)
-            assert {s.profile for s in specs} == {"eucalyptus-default", "eucalyptus-prealloc", "virtio-file",
-                                                  "kvm-scsi-phy", "virtio-disk"}
-            default = next(s for s in specs if s.profile == "eucalyptus-default")
-            assert default.suite == "network"  # its two storage cells are stored at quick size
-            await until(pilot, lambda: any("sweep sweep-test started" in n.message for n in app._notifications),
-                        what="the notification")
-    run(go())
+    app = create_app(studies_backend, mode="studies")
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one("#studies")
+        await until(pilot, lambda: table.row_count == 5, what="the studies")
+        await pilot.press("s")
+        await until(pilot, lambda: launched, what="the sweep")
+        specs = launched[0]
+        assert all(s.size == "quick" and s.node == "" for s in specs)
+        assert {s.profile for s in specs} == {"eucalyptus-default", "eucalyptus-prealloc", "virtio-file",
+                                              "kvm-scsi-phy", "virtio-disk"}
+        default = next(s for s in specs if s.profile == "eucalyptus-default")
+        assert default.suite == "network"  # its two storage cells are stored at quick size
+        await until(pilot, lambda: any("sweep sweep-test started" in n.message for n in app._notifications),
+                    what="the notification")
 
 
-def test_core_errors_are_notifications(state, monkeypatch, tmp_path):
+async def test_core_errors_are_notifications(state, monkeypatch, tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(blocker / "state"))  # cannot be created: a file is in the way
 
-    async def go():
-        app = create_app(Backend(facts=facts(), libvirt_uri="test:///default"), mode="results")
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.errors, what="an error notification")
-            assert "cannot create" in app.errors[0] and "CLOUDBOX_STATE_DIR" in app.errors[0]
-            assert app.is_running
-            await pilot.press("1")
-            await until(pilot, lambda: app.current_mode == "overview")
-    run(go())
+    app = create_app(Backend(facts=facts(), libvirt_uri="test:///default"), mode="results")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.errors, what="an error notification")
+        assert "cannot create" in app.errors[0] and "CLOUDBOX_STATE_DIR" in app.errors[0]
+        assert app.is_running
+        await pilot.press("1")
+        await until(pilot, lambda: app.current_mode == "overview")
 
 
-def test_libvirt_down_is_explained_on_the_guests_screen(state):
-    async def go():
-        app = create_app(Backend(facts=facts(), libvirt_uri="qemu+unix:///system?socket=/nonexistent/sock"),
-                         mode="guests")
-        async with app.run_test(size=SIZE) as pilot:
-            status = app.screen.query_one("#guests-status")
-            await until(pilot, lambda: text(status).startswith("libvirt:"), what="libvirt problem shown")
-            assert "cannot reach libvirtd" in text(status)
-            await pilot.press("s")  # nothing to stop: a warning, not a crash
-            assert app.is_running
-    run(go())
+async def test_libvirt_down_is_explained_on_the_guests_screen(state):
+    app = create_app(Backend(facts=facts(), libvirt_uri="qemu+unix:///system?socket=/nonexistent/sock"),
+                     mode="guests")
+    async with app.run_test(size=SIZE) as pilot:
+        status = app.screen.query_one("#guests-status")
+        await until(pilot, lambda: text(status).startswith("libvirt:"), what="libvirt problem shown")
+        assert "cannot reach libvirtd" in text(status)
+        await pilot.press("s")  # nothing to stop: a warning, not a crash
+        assert app.is_running
 
 
-def test_tests_screen_needs_a_profile_ticked(backend):
-    async def go():
-        app = create_app(backend, mode="tests")
-        async with app.run_test(size=SIZE) as pilot:
-            cl = app.screen.query_one(CheckList)
-            await until(pilot, lambda: cl.items)
-            assert cl.selected == ["virtio-disk"]  # the active profile is ticked by default
-            # ... and the cursor is on it, the list scrolled to it (below the first screenful of presets)
-            assert cl.highlighted == [n for n, _ in cl.items].index("virtio-disk") > 0
-            # scrolled once the list has its size: after a refresh or more on a loaded machine (one pause was not)
-            await until(pilot, lambda: cl.scroll_offset.y > 0, what="the profile list scrolled to virtio-disk")
-            cl.focus()
-            await pilot.press("space")
-            assert cl.selected == []
-            assert "[ ] virtio-disk" in str(cl.get_option("virtio-disk").prompt)
-            await pilot.press("s")
-            await pilot.pause()
-            assert app.screen.query_one("#run-head") is not None
-            assert not ResultStore().list_runs()
-    run(go())
+async def test_tests_screen_needs_a_profile_ticked(backend):
+    app = create_app(backend, mode="tests")
+    async with app.run_test(size=SIZE) as pilot:
+        cl = app.screen.query_one(CheckList)
+        await until(pilot, lambda: cl.items)
+        assert cl.selected == ["virtio-disk"]  # the active profile is ticked by default
+        # ... and the cursor is on it, the list scrolled to it (below the first screenful of presets)
+        assert cl.highlighted == [n for n, _ in cl.items].index("virtio-disk") > 0
+        # scrolled once the list has its size: after a refresh or more on a loaded machine (one pause was not)
+        await until(pilot, lambda: cl.scroll_offset.y > 0, what="the profile list scrolled to virtio-disk")
+        cl.focus()
+        await pilot.press("space")
+        assert cl.selected == []
+        assert "[ ] virtio-disk" in str(cl.get_option("virtio-disk").prompt)
+        await pilot.press("s")
+        await pilot.pause()
+        assert app.screen.query_one("#run-head") is not None
+        assert not ResultStore().list_runs()
 
 
 async def _guests_refused(pilot, app, value: str, *, start: bool = True) -> str:
@@ -672,84 +627,82 @@ async def _guests_refused(pilot, app, value: str, *, start: bool = True) -> str:
     return text(note)
 
 
-def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
+async def test_tests_screen_guest_count_is_checked_as_the_cli_checks_it(backend):
     from textual.widgets import Select
 
     from cloudbox.core.spec.runspec import MAX_GUESTS
 
-    async def go():
-        app = create_app(backend, mode="tests")
-        async with app.run_test(size=SIZE) as pilot:
-            cl = app.screen.query_one(CheckList)
-            await until(pilot, lambda: cl.selected == ["virtio-disk"])
-            assert text(app.screen.query_one("#guests-label")) == "Guests at once (on this host)"
-            assert text(app.screen.query_one("#guests-hint")) == "1 to 64; 1,2,4 = a sweep"
-            assert app.screen.query_one("#guest-count").value == "1"
-            # tests/tui.bats reaches the storage tests by four Shift+Tabs from the tab bar, then Size by one more
-            app.screen.query_one("#tests-tabs").query_one("Tabs").focus()
-            for want in ("start", "run-profiles", "cpu-overcommit", "test-set", "size"):
-                await pilot.press("shift+tab")
-                assert app.focused is not None and app.focused.id == want, (want, app.focused)
-            app.screen.query_one("#suite", Select).value = "storage"
-            for value, says in (("0", "--guests 0 is not allowed; allowed: 1 to 64 guests"),
-                                (str(MAX_GUESTS + 1), f"--guests {MAX_GUESTS + 1} is not allowed; allowed: 1 to 64"),
-                                ("x", "'x' is not understood; allowed: one value or a comma-separated list"),
-                                ("2,2", "2 is given twice; allowed: each value once"),
-                                ("", "'' is not understood")):
-                note = await _guests_refused(pilot, app, value)
-                assert note.startswith("not started: Guests at once: ") and says in note, note
-            # N guests with the network suite (and both suites): one run, checked as the CLI checks it
-            field = app.screen.query_one("#guest-count")
-            for suite in ("network", "all"):
-                app.screen.query_one("#suite", Select).value = suite
-                field.value = "2"
-                await pilot.pause()
-                field.focus()
-                await pilot.press("enter")
-                assert "2 on this host: one run" in text(app.screen.query_one("#guest-note")), suite
-                assert [(sp.suite, sp.guests) for sp in app.screen.form.specs()] == [(suite, 2)]
-            # more guests than this host holds: the capacity check, with its arithmetic, before anything starts
-            app.screen.query_one("#suite", Select).value = "storage"
-            note = await _guests_refused(pilot, app, str(MAX_GUESTS))
-            assert f"--guests {MAX_GUESTS}: " in note and "allowed: --guests 1 to" in note, note
-            assert not ResultStore().list_runs()
-            # a list is a sweep: one spec per count, in order, through the same parser as `cloudbox run`
-            field = app.screen.query_one("#guest-count")
-            field.value = "1, 2,4"
-            await pilot.pause()
-            assert not field.has_class("-invalid") and not app.screen.query_one("#guest-note").display
-            assert [(sp.profile, sp.suite, sp.guests) for sp in app.screen.form.specs()] == [
-                ("virtio-disk", "storage", 1), ("virtio-disk", "storage", 2), ("virtio-disk", "storage", 4)]
-            field.focus()
-            await pilot.press("enter")
-            assert "1, 2, 4 on this host: a sweep of 3 runs" in text(app.screen.query_one("#guest-note"))
-            assert app.focused is app.screen.query_one("#start")
-            # a node under Where: its guests all go there (the node checks its own memory when its run starts)
-            where = app.screen.query_one("#where", Select)
-            where.set_options([("this host", ""), ("be1", "be1")])
-            where.value = "be1"
-            await pilot.pause()
-            assert text(app.screen.query_one("#guests-label")) == "Guests at once (on be1)"
-            field.value = str(MAX_GUESTS)
-            await pilot.pause()
-            field.focus()
-            await pilot.press("enter")
-            assert f"{MAX_GUESTS} on be1: one run" in text(app.screen.query_one("#guest-note"))
-            assert [(sp.node, sp.guests) for sp in app.screen.form.specs()] == [("be1", MAX_GUESTS)]
-            # a spread entry: the guests split over this host and the node, each count checked as the CLI does
-            where.set_options([("this host", ""), ("be1", "be1"), ("spread: this host, be1", "local,be1")])
-            where.value = "local,be1"
-            await pilot.pause()
-            assert text(app.screen.query_one("#guests-label")) == "Guests at once (spread over local, be1)"
+    app = create_app(backend, mode="tests")
+    async with app.run_test(size=SIZE) as pilot:
+        cl = app.screen.query_one(CheckList)
+        await until(pilot, lambda: cl.selected == ["virtio-disk"])
+        assert text(app.screen.query_one("#guests-label")) == "Guests at once (on this host)"
+        assert text(app.screen.query_one("#guests-hint")) == "1 to 64; 1,2,4 = a sweep"
+        assert app.screen.query_one("#guest-count").value == "1"
+        # tests/tui.bats reaches the storage tests by four Shift+Tabs from the tab bar, then Size by one more
+        app.screen.query_one("#tests-tabs").query_one("Tabs").focus()
+        for want in ("start", "run-profiles", "cpu-overcommit", "test-set", "size"):
+            await pilot.press("shift+tab")
+            assert app.focused is not None and app.focused.id == want, (want, app.focused)
+        app.screen.query_one("#suite", Select).value = "storage"
+        for value, says in (("0", "--guests 0 is not allowed; allowed: 1 to 64 guests"),
+                            (str(MAX_GUESTS + 1), f"--guests {MAX_GUESTS + 1} is not allowed; allowed: 1 to 64"),
+                            ("x", "'x' is not understood; allowed: one value or a comma-separated list"),
+                            ("2,2", "2 is given twice; allowed: each value once"),
+                            ("", "'' is not understood")):
+            note = await _guests_refused(pilot, app, value)
+            assert note.startswith("not started: Guests at once: ") and says in note, note
+        # N guests with the network suite (and both suites): one run, checked as the CLI checks it
+        field = app.screen.query_one("#guest-count")
+        for suite in ("network", "all"):
+            app.screen.query_one("#suite", Select).value = suite
             field.value = "2"
             await pilot.pause()
             field.focus()
             await pilot.press("enter")
-            assert "2 spread over local, be1: one run" in text(app.screen.query_one("#guest-note"))
-            assert [(sp.node, sp.guests) for sp in app.screen.form.specs()] == [("local,be1", 2)]
-            note = await _guests_refused(pilot, app, "1")
-            assert "--guests 1 leaves one empty; allowed: --guests 2 or more" in note, note
-    run(go())
+            assert "2 on this host: one run" in text(app.screen.query_one("#guest-note")), suite
+            assert [(sp.suite, sp.guests) for sp in app.screen.form.specs()] == [(suite, 2)]
+        # more guests than this host holds: the capacity check, with its arithmetic, before anything starts
+        app.screen.query_one("#suite", Select).value = "storage"
+        note = await _guests_refused(pilot, app, str(MAX_GUESTS))
+        assert f"--guests {MAX_GUESTS}: " in note and "allowed: --guests 1 to" in note, note
+        assert not ResultStore().list_runs()
+        # a list is a sweep: one spec per count, in order, through the same parser as `cloudbox run`
+        field = app.screen.query_one("#guest-count")
+        field.value = "1, 2,4"
+        await pilot.pause()
+        assert not field.has_class("-invalid") and not app.screen.query_one("#guest-note").display
+        assert [(sp.profile, sp.suite, sp.guests) for sp in app.screen.form.specs()] == [
+            ("virtio-disk", "storage", 1), ("virtio-disk", "storage", 2), ("virtio-disk", "storage", 4)]
+        field.focus()
+        await pilot.press("enter")
+        assert "1, 2, 4 on this host: a sweep of 3 runs" in text(app.screen.query_one("#guest-note"))
+        assert app.focused is app.screen.query_one("#start")
+        # a node under Where: its guests all go there (the node checks its own memory when its run starts)
+        where = app.screen.query_one("#where", Select)
+        where.set_options([("this host", ""), ("be1", "be1")])
+        where.value = "be1"
+        await pilot.pause()
+        assert text(app.screen.query_one("#guests-label")) == "Guests at once (on be1)"
+        field.value = str(MAX_GUESTS)
+        await pilot.pause()
+        field.focus()
+        await pilot.press("enter")
+        assert f"{MAX_GUESTS} on be1: one run" in text(app.screen.query_one("#guest-note"))
+        assert [(sp.node, sp.guests) for sp in app.screen.form.specs()] == [("be1", MAX_GUESTS)]
+        # a spread entry: the guests split over this host and the node, each count checked as the CLI does
+        where.set_options([("this host", ""), ("be1", "be1"), ("spread: this host, be1", "local,be1")])
+        where.value = "local,be1"
+        await pilot.pause()
+        assert text(app.screen.query_one("#guests-label")) == "Guests at once (spread over local, be1)"
+        field.value = "2"
+        await pilot.pause()
+        field.focus()
+        await pilot.press("enter")
+        assert "2 spread over local, be1: one run" in text(app.screen.query_one("#guest-note"))
+        assert [(sp.node, sp.guests) for sp in app.screen.form.specs()] == [("local,be1", 2)]
+        note = await _guests_refused(pilot, app, "1")
+        assert "--guests 1 leaves one empty; allowed: --guests 2 or more" in note, note
 
 
 async def _storage_form(app, pilot):
@@ -763,74 +716,70 @@ async def _storage_form(app, pilot):
     return cl
 
 
-def test_tests_screen_mixes_the_ticked_profiles_in_one_run(backend):
+async def test_tests_screen_mixes_the_ticked_profiles_in_one_run(backend):
     """'mix them' turns the ticked profiles into one run per count whose guests take them in turn (--profile a+b),
     refused as the CLI refuses it: fewer guests than profiles under the count, a host-side difference by name."""
     from textual.widgets import Checkbox
 
-    async def go():
-        app = create_app(backend, mode="tests")
-        async with app.run_test(size=SIZE) as pilot:
-            cl = await _storage_form(app, pilot)
-            cl.set_items(cl.items, {"kvm-cache-none", "virtio-file"}, cl.blocked)
-            app.screen.query_one("#guest-count").value = "2"
-            await pilot.pause()
-            assert [sp.profile for sp in app.screen.form.specs()] == ["kvm-cache-none", "virtio-file"]  # a sweep
-            mix = app.screen.query_one("#mix", Checkbox)
-            app.screen.query_one("#run-profiles").focus()
-            await pilot.press("m")  # off the Tab order; its key ticks it
-            await pilot.pause()
-            assert mix.value
-            assert [(sp.profile, sp.guests) for sp in app.screen.form.specs()] == [("kvm-cache-none+virtio-file", 2)]
-            app.screen.query_one("#guest-count").value = "2,4"
-            await pilot.pause()
-            assert [sp.guests for sp in app.screen.form.specs()] == [2, 4]  # a sweep of mixes
-            note = await _guests_refused(pilot, app, "1")
-            assert "--profile kvm-cache-none+virtio-file names 2 profiles, one per guest in turn; --guests 1 " \
-                   "leaves one unused; allowed: --guests 2 or more" in note, note
-            # a difference the run sets up once: refused by name before anything starts
-            cl.set_items(cl.items, {"virtio-disk", "virtio-file"}, cl.blocked)
-            app.screen.query_one("#guest-count").value = "2"
-            await pilot.pause()
-            app.screen.query_one("#start").focus()
-            await pilot.press("s")
-            await until(pilot, lambda: any("differ in disk.backing" in n.message for n in app._notifications),
-                        what="the mix's refusal")
-            assert not ResultStore().list_runs()
-    run(go())
+    app = create_app(backend, mode="tests")
+    async with app.run_test(size=SIZE) as pilot:
+        cl = await _storage_form(app, pilot)
+        cl.set_items(cl.items, {"kvm-cache-none", "virtio-file"}, cl.blocked)
+        app.screen.query_one("#guest-count").value = "2"
+        await pilot.pause()
+        assert [sp.profile for sp in app.screen.form.specs()] == ["kvm-cache-none", "virtio-file"]  # a sweep
+        mix = app.screen.query_one("#mix", Checkbox)
+        app.screen.query_one("#run-profiles").focus()
+        await pilot.press("m")  # off the Tab order; its key ticks it
+        await pilot.pause()
+        assert mix.value
+        assert [(sp.profile, sp.guests) for sp in app.screen.form.specs()] == [("kvm-cache-none+virtio-file", 2)]
+        app.screen.query_one("#guest-count").value = "2,4"
+        await pilot.pause()
+        assert [sp.guests for sp in app.screen.form.specs()] == [2, 4]  # a sweep of mixes
+        note = await _guests_refused(pilot, app, "1")
+        assert "--profile kvm-cache-none+virtio-file names 2 profiles, one per guest in turn; --guests 1 " \
+               "leaves one unused; allowed: --guests 2 or more" in note, note
+        # a difference the run sets up once: refused by name before anything starts
+        cl.set_items(cl.items, {"virtio-disk", "virtio-file"}, cl.blocked)
+        app.screen.query_one("#guest-count").value = "2"
+        await pilot.pause()
+        app.screen.query_one("#start").focus()
+        await pilot.press("s")
+        await until(pilot, lambda: any("differ in disk.backing" in n.message for n in app._notifications),
+                    what="the mix's refusal")
+        assert not ResultStore().list_runs()
 
 
-def test_tests_screen_lets_guests_share_cpus_with_vcpus_per_cpu(backend):
+async def test_tests_screen_lets_guests_share_cpus_with_vcpus_per_cpu(backend):
     """'vCPUs per host CPU' under the guest count is --cpu-overcommit: 1 by default, carried into every spec, a value
     outside 1-16 or not a number refused under the count with the field marked (not the count)."""
     from textual.widgets import Input
 
-    async def go():
-        app = create_app(backend, mode="tests")
-        async with app.run_test(size=SIZE) as pilot:
-            await _storage_form(app, pilot)
-            app.screen.query_one("#guest-count", Input).value = "2,4"
+    app = create_app(backend, mode="tests")
+    async with app.run_test(size=SIZE) as pilot:
+        await _storage_form(app, pilot)
+        app.screen.query_one("#guest-count", Input).value = "2,4"
+        await pilot.pause()
+        assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.form.specs()] == [(2, 1.0), (4, 1.0)]
+        field = app.screen.query_one("#cpu-overcommit", Input)
+        field.value = "2"
+        await pilot.pause()
+        assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.form.specs()] == [(2, 2.0), (4, 2.0)]
+        note = app.screen.query_one("#guest-note")
+        for bad, says in (("0.5", "--cpu-overcommit 0.5 is not allowed; allowed: 1 "),
+                          ("two", "vCPUs per host CPU 'two' is not a number; allowed: 1 to 16")):
+            field.value = bad
             await pilot.pause()
-            assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.form.specs()] == [(2, 1.0), (4, 1.0)]
-            field = app.screen.query_one("#cpu-overcommit", Input)
-            field.value = "2"
-            await pilot.pause()
-            assert [(sp.guests, sp.cpu_overcommit) for sp in app.screen.form.specs()] == [(2, 2.0), (4, 2.0)]
-            note = app.screen.query_one("#guest-note")
-            for bad, says in (("0.5", "--cpu-overcommit 0.5 is not allowed; allowed: 1 "),
-                              ("two", "vCPUs per host CPU 'two' is not a number; allowed: 1 to 16")):
-                field.value = bad
-                await pilot.pause()
-                field.focus()
-                await pilot.press("enter")
-                await until(pilot, lambda: "not started" in text(note), what=f"the refusal of {bad!r}")
-                assert says in text(note), text(note)
-                assert field.has_class("-invalid")
-                assert not app.screen.query_one("#guest-count", Input).has_class("-invalid")
-    run(go())
+            field.focus()
+            await pilot.press("enter")
+            await until(pilot, lambda: "not started" in text(note), what=f"the refusal of {bad!r}")
+            assert says in text(note), text(note)
+            assert field.has_class("-invalid")
+            assert not app.screen.query_one("#guest-count", Input).has_class("-invalid")
 
 
-def test_live_view_shows_each_guest_and_their_sum(backend):
+async def test_live_view_shows_each_guest_and_their_sum(backend):
     from cloudbox.core.record.events import MeasurementEvent, ProgressEvent, StateEvent
     from cloudbox.core.record.provenance import Guests, GuestStart, Provenance
     from cloudbox.core.spec.runspec import RunSpec
@@ -852,166 +801,158 @@ def test_live_view_shows_each_guest_and_their_sum(backend):
         for i, rec in enumerate(recs):
             store.add_event(rid, rec.kind, rec.to_payload(), t=1000.0 + i)
 
-    async def go():
-        app = create_app(backend, mode="tests")
-        async with app.run_test(size=SIZE) as pilot:
-            screen = app.screen
-            screen.action_attach(rid)
-            box = screen.query_one("#run-guests")
-            await until(pilot, lambda: "guest seq-write-64k now" in text(box), what="each guest's figures")
-            assert box.display
-            assert text(box) == "guest seq-write-64k now: g1 31.0  g2 24.0  sum 55.0 MB/s"
-            assert "· storage · 2 guests ·" in text(screen.query_one("#run-head"))
-            chart = screen.query_one("#chart-mbps")
-            assert [v for _, v in chart.data["g1"]] == [31.0] and [v for _, v in chart.data["g2"]] == [24.0]
-            assert [v for _, v in chart.data["guests' sum"]] == [31.0, 55.0]  # the sum as each guest's figure came
-            assert [v for _, v in chart.data["bare metal"]] == [200.0, 380.0, 360.0]
-            assert not chart.data["guest"]
-            with ResultStore() as store:
-                for k, v in ((1, 30.0), (2, 20.0)):
-                    ev = MeasurementEvent("guest", "seq-write-64k", "MB/s", v, ("emulated",), instance=k)
-                    store.add_event(rid, ev.kind, ev.to_payload())
-                ev = MeasurementEvent("guest", "seq-write-64k", "MB/s", 50.0, ("emulated",))
+    app = create_app(backend, mode="tests")
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        screen.action_attach(rid)
+        box = screen.query_one("#run-guests")
+        await until(pilot, lambda: "guest seq-write-64k now" in text(box), what="each guest's figures")
+        assert box.display
+        assert text(box) == "guest seq-write-64k now: g1 31.0  g2 24.0  sum 55.0 MB/s"
+        assert "· storage · 2 guests ·" in text(screen.query_one("#run-head"))
+        chart = screen.query_one("#chart-mbps")
+        assert [v for _, v in chart.data["g1"]] == [31.0] and [v for _, v in chart.data["g2"]] == [24.0]
+        assert [v for _, v in chart.data["guests' sum"]] == [31.0, 55.0]  # the sum as each guest's figure came
+        assert [v for _, v in chart.data["bare metal"]] == [200.0, 380.0, 360.0]
+        assert not chart.data["guest"]
+        with ResultStore() as store:
+            for k, v in ((1, 30.0), (2, 20.0)):
+                ev = MeasurementEvent("guest", "seq-write-64k", "MB/s", v, ("emulated",), instance=k)
                 store.add_event(rid, ev.kind, ev.to_payload())
-            await until(pilot, lambda: "guest seq-write-64k done" in text(box), what="the test's spread")
-            assert text(box) == ("guest seq-write-64k done: sum 50.0 MB/s, per guest min 20.0 / median 25.0 / max "
-                                 "30.0, Jain 0.962 [emulated]")
-            assert [v for _, v in chart.data["g1"]] == [31.0, 30.0]
-            assert [v for _, v in chart.data["guests' sum"]][-1] == 50.0
-            log = "\n".join(screen.query_one("#run-log").lines)
-            assert "= guest seq-write-64k g2: 20 MB/s [emulated]" in log
-            screen.action_attach(rid - 1 if rid > 1 else rid + 1)  # another run: the figures go with the run
-            await until(pilot, lambda: not box.display, what="the figures cleared")
-    run(go())
+            ev = MeasurementEvent("guest", "seq-write-64k", "MB/s", 50.0, ("emulated",))
+            store.add_event(rid, ev.kind, ev.to_payload())
+        await until(pilot, lambda: "guest seq-write-64k done" in text(box), what="the test's spread")
+        assert text(box) == ("guest seq-write-64k done: sum 50.0 MB/s, per guest min 20.0 / median 25.0 / max "
+                             "30.0, Jain 0.962 [emulated]")
+        assert [v for _, v in chart.data["g1"]] == [31.0, 30.0]
+        assert [v for _, v in chart.data["guests' sum"]][-1] == 50.0
+        log = "\n".join(screen.query_one("#run-log").lines)
+        assert "= guest seq-write-64k g2: 20 MB/s [emulated]" in log
+        screen.action_attach(rid - 1 if rid > 1 else rid + 1)  # another run: the figures go with the run
+        await until(pilot, lambda: not box.display, what="the figures cleared")
 
 
 # -- real guests (full tier: tests/tui.bats drives the same through a real terminal in make test) ---------------
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.full
-def test_launch_a_guest_show_its_xml_and_stop_it(state, libvirt_conn):
+async def test_launch_a_guest_show_its_xml_and_stop_it(state, libvirt_conn):
     from cloudbox.core.virt.guest import list_guests
 
-    async def go():
-        app = create_app(Backend(facts=facts()), mode="guests", poll_interval=0.5)
-        async with app.run_test(size=SIZE) as pilot:
-            table = app.screen.query_one("#guests")
-            await pilot.press("l")
-            await until(pilot, lambda: isinstance(app.screen, PickDialog), what="profile picker")
-            await pilot.press("enter")  # the active profile is preselected
-            await until(pilot, lambda: any(r[1] == "running" and r[3] == "virtio-disk" for r in rows(table)),
-                        timeout=120, what="guest running in the list")
-            row = next(r for r in rows(table) if r[1] == "running")
-            assert row[4].endswith("(guest)") and row[2] != "-"
-            # the session's run reaches the "holding" step once the guest is up
-            with ResultStore() as store:
-                await until(pilot, lambda: any("running; stop it" in (e.payload.get("text") or "")
-                                               for r in store.active_runs() for e in store.events_since(r.id)),
-                            timeout=180, what="guest session up")
-            await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, TextDialog) and bool(app.screen.query("#text")))
-            assert "<domain" in text(app.screen.query_one("#text")) and "cbbr0" in text(app.screen.query_one("#text"))
-            await pilot.press("escape")
-            await pilot.press("s")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-            await pilot.press("y")
-            await until(pilot, lambda: table.row_count == 0, timeout=90, what="guest gone")
-            # the guest goes first; the run finishes once the disk and network are cleaned up too
-            with ResultStore() as store:
-                await until(pilot, lambda: store.list_runs()[0].finished, timeout=120, what="the session's end")
-        assert not [g for g in list_guests(libvirt_conn)]
+    app = create_app(Backend(facts=facts()), mode="guests", poll_interval=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one("#guests")
+        await pilot.press("l")
+        await until(pilot, lambda: isinstance(app.screen, PickDialog), what="profile picker")
+        await pilot.press("enter")  # the active profile is preselected
+        await until(pilot, lambda: any(r[1] == "running" and r[3] == "virtio-disk" for r in rows(table)),
+                    timeout=120, what="guest running in the list")
+        row = next(r for r in rows(table) if r[1] == "running")
+        assert row[4].endswith("(guest)") and row[2] != "-"
+        # the session's run reaches the "holding" step once the guest is up
         with ResultStore() as store:
-            (run_,) = store.list_runs()
-            assert run_.suite == "guest" and run_.state == "completed" and "guest stopped" in (run_.reason or "")
-        assert not list((Path(os.environ["CLOUDBOX_STATE_DIR"]) / "work").glob("*"))
-    run(go())
+            await until(pilot, lambda: any("running; stop it" in (e.payload.get("text") or "")
+                                           for r in store.active_runs() for e in store.events_since(r.id)),
+                        timeout=180, what="guest session up")
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, TextDialog) and bool(app.screen.query("#text")))
+        assert "<domain" in text(app.screen.query_one("#text")) and "cbbr0" in text(app.screen.query_one("#text"))
+        await pilot.press("escape")
+        await pilot.press("s")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.press("y")
+        await until(pilot, lambda: table.row_count == 0, timeout=90, what="guest gone")
+        # the guest goes first; the run finishes once the disk and network are cleaned up too
+        with ResultStore() as store:
+            await until(pilot, lambda: store.list_runs()[0].finished, timeout=120, what="the session's end")
+    assert not [g for g in list_guests(libvirt_conn)]
+    with ResultStore() as store:
+        (run_,) = store.list_runs()
+        assert run_.suite == "guest" and run_.state == "completed" and "guest stopped" in (run_.reason or "")
+    assert not list((Path(os.environ["CLOUDBOX_STATE_DIR"]) / "work").glob("*"))
 
 
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.full
-def test_quick_storage_test_through_the_ui(state, libvirt_conn):
+async def test_quick_storage_test_through_the_ui(state, libvirt_conn):
     from textual.widgets import Select
 
-    async def go():
-        app = create_app(Backend(facts=facts()), mode="tests", poll_interval=0.5)
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.screen.query_one(CheckList).selected == ["virtio-disk"])
-            app.screen.query_one("#test-set", Select).value = "smoke"
-            app.screen.query_one("#size", Select).value = "quick"
-            await pilot.press("s")
-            head = app.screen.query_one("#run-head")
-            await until(pilot, lambda: "COMPLETED" in text(head) or "ABORTED" in text(head)
-                        or "FAILED" in text(head), timeout=420, what="run finished")
-            assert "COMPLETED" in text(head), text(head)
-            assert "EMULATED" in text(head) or "kvm" in text(head)
-            assert app.screen.query_one("#run-progress").percentage == 1.0
-            log = "\n".join(app.screen.query_one("#run-log").lines)
-            assert "= guest seq-write-64k" in log and "= baseline seq-read-64k" in log
-            assert app.screen.query_one("#chart-rq").data["avgrq"], "no host samples charted"
-            await pilot.press("5")
-            table = app.screen.query_one("#runs")
-            await until(pilot, lambda: table.row_count == 1)
-            assert "W " in rows(table)[0][3] and "%" in rows(table)[0][3]
-        with ResultStore() as store:
-            (r,) = store.list_runs()
-            assert r.state == "completed" and r.value("guest", "seq-write-64k", "MB/s") > 0
-            assert r.value("baseline", "seq-write-64k", "MB/s") > 0
-    run(go())
+    app = create_app(Backend(facts=facts()), mode="tests", poll_interval=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.screen.query_one(CheckList).selected == ["virtio-disk"])
+        app.screen.query_one("#test-set", Select).value = "smoke"
+        app.screen.query_one("#size", Select).value = "quick"
+        await pilot.press("s")
+        head = app.screen.query_one("#run-head")
+        await until(pilot, lambda: "COMPLETED" in text(head) or "ABORTED" in text(head)
+                    or "FAILED" in text(head), timeout=420, what="run finished")
+        assert "COMPLETED" in text(head), text(head)
+        assert "EMULATED" in text(head) or "kvm" in text(head)
+        assert app.screen.query_one("#run-progress").percentage == 1.0
+        log = "\n".join(app.screen.query_one("#run-log").lines)
+        assert "= guest seq-write-64k" in log and "= baseline seq-read-64k" in log
+        assert app.screen.query_one("#chart-rq").data["avgrq"], "no host samples charted"
+        await pilot.press("5")
+        table = app.screen.query_one("#runs")
+        await until(pilot, lambda: table.row_count == 1)
+        assert "W " in rows(table)[0][3] and "%" in rows(table)[0][3]
+    with ResultStore() as store:
+        (r,) = store.list_runs()
+        assert r.state == "completed" and r.value("guest", "seq-write-64k", "MB/s") > 0
+        assert r.value("baseline", "seq-write-64k", "MB/s") > 0
 
 
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.full
-def test_two_guests_run_from_the_tests_screen(state, libvirt_conn):
+async def test_two_guests_run_from_the_tests_screen(state, libvirt_conn):
     """A guest count of 2 typed on the Tests screen: a run of two TCG guests, each guest's MB/s and their sum
     charted live and stored, the spread shown, the comparison on Results with each guest and Jain's index."""
     from textual.widgets import Select
 
     from cloudbox.core.virt.guest import list_guests
 
-    async def go():
-        app = create_app(Backend(facts=facts()), mode="tests", poll_interval=0.5)
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.screen.query_one(CheckList).selected == ["virtio-disk"])
-            app.screen.query_one("#suite", Select).value = "storage"
-            app.screen.query_one("#size", Select).value = "quick"
-            app.screen.query_one("#test-set", Select).value = "smoke"
-            app.screen.query_one("#guest-count").value = "2"
-            app.screen.query_one("#start").focus()
-            await pilot.press("s")
-            head = app.screen.query_one("#run-head")
-            await until(pilot, lambda: "2 guests" in text(head), timeout=60, what="the run of two guests started")
-            await until(pilot, lambda: any(w in text(head) for w in ("COMPLETED", "ABORTED", "FAILED")),
-                        timeout=600, what="run finished")
-            assert "COMPLETED" in text(head), text(head)
-            box = app.screen.query_one("#run-guests")
-            assert box.display and " done: sum " in text(box) and "Jain" in text(box), text(box)
-            done = [(step.side, step.test, g.n) for step, g, *_ in app.screen.live.figures.done]
-            assert ("guest", "seq-write-64k", 2) in done and ("baseline", "seq-write-64k", 2) in done, done
-            chart = app.screen.query_one("#chart-mbps")
-            assert chart.data["g1"] and chart.data["g2"] and chart.data["guests' sum"], "no per-guest figures charted"
-            log = "\n".join(app.screen.query_one("#run-log").lines)
-            assert "= guest seq-write-64k g1:" in log and "= guest seq-write-64k g2:" in log
-            await pilot.press("5")
-            table = app.screen.query_one("#runs")
-            await until(pilot, lambda: table.row_count == 1)
-            await pilot.press("c")
-            compare = app.screen.query_one("#compare")
-            await until(pilot, lambda: "Jain" in text(compare), what="the comparison")
-            assert " g1" in text(compare) and " g2" in text(compare) and "sum" in text(compare)
-        with ResultStore() as store:
-            (r,) = store.list_runs()
-            assert r.state == "completed" and r.provenance.guests is not None and r.provenance.guests.count == 2
-            each = r.instances("guest", "seq-write-64k", "MB/s")
-            assert [m.instance for m in each] == [1, 2] and all(m.value > 0 for m in each)
-            assert r.value("guest", "seq-write-64k", "MB/s") == pytest.approx(sum(m.value for m in each))
-        assert not [g for g in list_guests(libvirt_conn) if r.uuid[:8] in g.name]
-        assert not list((Path(os.environ["CLOUDBOX_STATE_DIR"]) / "work").glob("*"))
-    run(go())
+    app = create_app(Backend(facts=facts()), mode="tests", poll_interval=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.screen.query_one(CheckList).selected == ["virtio-disk"])
+        app.screen.query_one("#suite", Select).value = "storage"
+        app.screen.query_one("#size", Select).value = "quick"
+        app.screen.query_one("#test-set", Select).value = "smoke"
+        app.screen.query_one("#guest-count").value = "2"
+        app.screen.query_one("#start").focus()
+        await pilot.press("s")
+        head = app.screen.query_one("#run-head")
+        await until(pilot, lambda: "2 guests" in text(head), timeout=60, what="the run of two guests started")
+        await until(pilot, lambda: any(w in text(head) for w in ("COMPLETED", "ABORTED", "FAILED")),
+                    timeout=600, what="run finished")
+        assert "COMPLETED" in text(head), text(head)
+        box = app.screen.query_one("#run-guests")
+        assert box.display and " done: sum " in text(box) and "Jain" in text(box), text(box)
+        done = [(step.side, step.test, g.n) for step, g, *_ in app.screen.live.figures.done]
+        assert ("guest", "seq-write-64k", 2) in done and ("baseline", "seq-write-64k", 2) in done, done
+        chart = app.screen.query_one("#chart-mbps")
+        assert chart.data["g1"] and chart.data["g2"] and chart.data["guests' sum"], "no per-guest figures charted"
+        log = "\n".join(app.screen.query_one("#run-log").lines)
+        assert "= guest seq-write-64k g1:" in log and "= guest seq-write-64k g2:" in log
+        await pilot.press("5")
+        table = app.screen.query_one("#runs")
+        await until(pilot, lambda: table.row_count == 1)
+        await pilot.press("c")
+        compare = app.screen.query_one("#compare")
+        await until(pilot, lambda: "Jain" in text(compare), what="the comparison")
+        assert " g1" in text(compare) and " g2" in text(compare) and "sum" in text(compare)
+    with ResultStore() as store:
+        (r,) = store.list_runs()
+        assert r.state == "completed" and r.provenance.guests is not None and r.provenance.guests.count == 2
+        each = r.instances("guest", "seq-write-64k", "MB/s")
+        assert [m.instance for m in each] == [1, 2] and all(m.value > 0 for m in each)
+        assert r.value("guest", "seq-write-64k", "MB/s") == pytest.approx(sum(m.value for m in each))
+    assert not [g for g in list_guests(libvirt_conn) if r.uuid[:8] in g.name]
+    assert not list((Path(os.environ["CLOUDBOX_STATE_DIR"]) / "work").glob("*"))
 
 
-def test_a_series_waiting_between_runs_says_when_the_next_starts_and_c_cancels_it(backend, request):
+async def test_a_series_waiting_between_runs_says_when_the_next_starts_and_c_cancels_it(backend, request):
     """The Tests screen on a finished run of a series sweep waiting for its next start (a real sweep process):
     its head says when the next run starts, and c (confirmed) cancels the sweep, not the finished run."""
     import time
@@ -1030,24 +971,22 @@ def test_a_series_waiting_between_runs_says_when_the_next_starts_and_c_cancels_i
     def waiting():
         return next((s for s in runs.list_sweeps() if s.id == sweep.id and s.waiting_until), None)
 
-    async def go():
-        app = create_app(backend, mode="tests")
-        async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, waiting, timeout=30, what="the sweep waiting")
-            live = app.screen.live
-            with ResultStore() as store:
-                live.run = store.get_run(done, raw=False)
-            live.sweep = waiting()
-            live.sweep.runs[0] = done  # as if its first run were the finished one
-            live.show_head(live.run, live.sweep)
-            due = time.strftime("%H:%M:%S", time.localtime(sweep.started_at + 3600.0))
-            assert f"the next run starts at {due}" in text(live.query_one("#run-head"))
-            await pilot.press("c")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the confirmation")
-            assert "Cancel sweep" in text(app.screen.query_one(".dialog-title"))
-            await pilot.press("y")
-            await until(pilot, lambda: any(s.id == sweep.id and s.state == "cancelled" for s in runs.list_sweeps()),
-                        timeout=30, what="the sweep cancelled")
-            with ResultStore() as store:
-                assert store.get_run(done).state == "completed"  # the finished run is kept as it was
-    run(go())
+    app = create_app(backend, mode="tests")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, waiting, timeout=30, what="the sweep waiting")
+        live = app.screen.live
+        with ResultStore() as store:
+            live.run = store.get_run(done, raw=False)
+        live.sweep = waiting()
+        live.sweep.runs[0] = done  # as if its first run were the finished one
+        live.show_head(live.run, live.sweep)
+        due = time.strftime("%H:%M:%S", time.localtime(sweep.started_at + 3600.0))
+        assert f"the next run starts at {due}" in text(live.query_one("#run-head"))
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the confirmation")
+        assert "Cancel sweep" in text(app.screen.query_one(".dialog-title"))
+        await pilot.press("y")
+        await until(pilot, lambda: any(s.id == sweep.id and s.state == "cancelled" for s in runs.list_sweeps()),
+                    timeout=30, what="the sweep cancelled")
+        with ResultStore() as store:
+            assert store.get_run(done).state == "completed"  # the finished run is kept as it was

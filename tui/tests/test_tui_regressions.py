@@ -5,7 +5,6 @@ screen key is answered by one frame of the whole new screen, once it has resumed
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ def _facts() -> host.HostFacts:
 
 
 @pytest.mark.parametrize("focus", ["#test-set", "#size", "#run-profiles"])
-def test_start_from_a_focused_setup_control_shows_the_live_view(state, focus):
+async def test_start_from_a_focused_setup_control_shows_the_live_view(state, focus):
     with ResultStore() as store:
         rid = store.create_run(profile_name="virtio-disk", suite="storage", size_label="quick", state="completed")
     backend = Backend(facts=_facts(), libvirt_uri="test:///default")
@@ -45,86 +44,77 @@ def test_start_from_a_focused_setup_control_shows_the_live_view(state, focus):
 
     backend.start_runs = start_runs  # type: ignore[method-assign]
 
-    async def go() -> None:
-        app = create_app(backend, mode="tests", poll_interval=0.2)
-        async with app.run_test(size=(100, 32)) as pilot:
-            await pilot.pause(0.5)
-            tabs = app.screen.query_one("#tests-tabs", TabbedContent)
-            widget = app.screen.query_one(focus, Select if focus != "#run-profiles" else CheckList)
-            widget.focus()
-            await pilot.pause(0.2)
-            assert app.focused is widget and tabs.active == "setup"
-            await pilot.press("s")
-            for _ in range(50):
-                await pilot.pause(0.1)
-                if tabs.active == "live" and app.screen.live.run is not None:
-                    break
-            assert len(started) == 1
-            assert tabs.active == "live", f"still on {tabs.active} after s with {focus} focused"
-            assert app.screen.live.run_id == rid  # type: ignore[attr-defined]
-
-    asyncio.run(go())
+    app = create_app(backend, mode="tests", poll_interval=0.2)
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause(0.5)
+        tabs = app.screen.query_one("#tests-tabs", TabbedContent)
+        widget = app.screen.query_one(focus, Select if focus != "#run-profiles" else CheckList)
+        widget.focus()
+        await pilot.pause(0.2)
+        assert app.focused is widget and tabs.active == "setup"
+        await pilot.press("s")
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if tabs.active == "live" and app.screen.live.run is not None:
+                break
+        assert len(started) == 1
+        assert tabs.active == "live", f"still on {tabs.active} after s with {focus} focused"
+        assert app.screen.live.run_id == rid  # type: ignore[attr-defined]
     backend.close()
 
 
 @pytest.mark.parametrize("size", [(80, 24), (100, 32)])
-def test_comparison_rows_fit_the_box_without_wrapping(state, size):
+async def test_comparison_rows_fit_the_box_without_wrapping(state, size):
     with ResultStore() as store:
         ids = [add_study_a_default(store), add_virtio_tcg(store)]
     backend = Backend(facts=_facts(), libvirt_uri="test:///default")
 
-    async def go() -> None:
-        app = create_app(backend, mode="results", poll_interval=0.2)
-        async with app.run_test(size=size) as pilot:
-            screen = app.screen
-            for _ in range(50):
-                await pilot.pause(0.1)
-                if getattr(screen, "runs", None):
-                    break
-            await pilot.press("space", "space", "c")
-            compare = screen.query_one("#compare", Static)
-            for _ in range(50):
-                await pilot.pause(0.1)
-                if "% bare" in str(compare.content) or "% of bare metal" in str(compare.content):
-                    break
-            text = str(compare.content)
-            assert all(f"#{i}" in text for i in ids), text
-            # One screen row per line of the table: nothing wrapped.
-            lines = text.count("\n") + 1
-            assert compare.size.height == lines, f"{compare.size.height} screen rows for {lines} lines"
-
-    asyncio.run(go())
+    app = create_app(backend, mode="results", poll_interval=0.2)
+    async with app.run_test(size=size) as pilot:
+        screen = app.screen
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if getattr(screen, "runs", None):
+                break
+        await pilot.press("space", "space", "c")
+        compare = screen.query_one("#compare", Static)
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if "% bare" in str(compare.content) or "% of bare metal" in str(compare.content):
+                break
+        text = str(compare.content)
+        assert all(f"#{i}" in text for i in ids), text
+        # One screen row per line of the table: nothing wrapped.
+        lines = text.count("\n") + 1
+        assert compare.size.height == lines, f"{compare.size.height} screen rows for {lines} lines"
     backend.close()
 
 
 @pytest.mark.parametrize("size", [(80, 24), (130, 32)])
-def test_profile_diff_keeps_knob_names_and_values_whole(state, size):
+async def test_profile_diff_keeps_knob_names_and_values_whole(state, size):
     backend = Backend(facts=_facts(), libvirt_uri="test:///default")
 
-    async def go() -> None:
-        app = create_app(backend, mode="profiles", poll_interval=0.2)
-        async with app.run_test(size=size) as pilot:
-            screen = app.screen
-            for _ in range(50):
-                await pilot.pause(0.1)
-                if getattr(screen, "loaded", None) or getattr(screen, "entries", None):
-                    break
-            await pilot.pause(0.3)
-            await pilot.press("d")  # the highlighted profile (eucalyptus-default) against the active one
-            await pilot.pause(0.5)
-            detail = screen.query_one("#profile-detail", Static)
-            console = Console(width=detail.size.width, record=True, color_system=None)
-            console.print(detail.content)
-            out = console.export_text()
-            assert "knobs differ" in out, out
-            for word in ("network.model", "disk.backing", "block-device", "sparse-file", "writethrough"):
-                assert word in out, f"{word!r} cut or folded at {size}:\n{out}"
-
-    asyncio.run(go())
+    app = create_app(backend, mode="profiles", poll_interval=0.2)
+    async with app.run_test(size=size) as pilot:
+        screen = app.screen
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if getattr(screen, "loaded", None) or getattr(screen, "entries", None):
+                break
+        await pilot.pause(0.3)
+        await pilot.press("d")  # the highlighted profile (eucalyptus-default) against the active one
+        await pilot.pause(0.5)
+        detail = screen.query_one("#profile-detail", Static)
+        console = Console(width=detail.size.width, record=True, color_system=None)
+        console.print(detail.content)
+        out = console.export_text()
+        assert "knobs differ" in out, out
+        for word in ("network.model", "disk.backing", "block-device", "sparse-file", "writethrough"):
+            assert word in out, f"{word!r} cut or folded at {size}:\n{out}"
     backend.close()
 
 
-def test_screen_switch_frames_wait_for_the_new_screen_and_no_longer(state, monkeypatch):
+async def test_screen_switch_frames_wait_for_the_new_screen_and_no_longer(state, monkeypatch):
     """A screen key's frames are held (a batch update) until the new screen has resumed, then its first frame is
     the whole new screen, written well before the fallback timer would end the hold. Seen through public API: the
     app draws to bench.KeyTimer's recording terminal; App.batch_update and Screen.stack_updates are watched.
@@ -159,31 +149,28 @@ def test_screen_switch_frames_wait_for_the_new_screen_and_no_longer(state, monke
             table.refresh(layout=True)
         return switched
 
-    async def drive() -> None:
-        async with app.run_test(headless=False, size=(100, 32)) as pilot:
-            for key, mode in bench.KEYS:  # every screen built once: a first build keeps Textual's own hold
-                await timer.press(pilot, key, bench.switch_shows(mode))
-            for key, mode in (("5", "results"), ("2", "profiles"), ("4", "tests"), ("3", "guests"),
-                              ("1", "overview"), ("5", "results")):
-                app.switch_mode = switch_and_relayout  # type: ignore[method-assign]
-                await pilot.pause(0.2)
-                resumes = app.get_screen_stack(mode)[0].stack_updates
-                writes.clear()
-                batches.clear()
-                t0 = time.perf_counter()
-                answered = (await timer.press(pilot, key, bench.switch_shows(mode)))["switch"]
-                assert answered < 2500, f"key {key}: {answered:.0f} ms: the hold lasted until its fallback timer"
-                held = [b for b in batches if b[0] >= t0 and b[2] > resumes]
-                assert held, f"key {key}: no batch update held the frames until the {mode} screen resumed"
-                first = next(w for w in writes if w[0] >= t0 and len(w[1]) > 100)
-                assert bench.BAR[mode] in first[1], f"key {key}: the first frame was not the {mode} screen"
-                assert first[2] > resumes, f"key {key}: the {mode} screen's first frame came before its resume"
-                assert first[0] >= held[0][1], f"key {key}: a frame was written while the switch was held"
-
-    asyncio.run(drive())
+    async with app.run_test(headless=False, size=(100, 32)) as pilot:
+        for key, mode in bench.KEYS:  # every screen built once: a first build keeps Textual's own hold
+            await timer.press(pilot, key, bench.switch_shows(mode))
+        for key, mode in (("5", "results"), ("2", "profiles"), ("4", "tests"), ("3", "guests"),
+                          ("1", "overview"), ("5", "results")):
+            app.switch_mode = switch_and_relayout  # type: ignore[method-assign]
+            await pilot.pause(0.2)
+            resumes = app.get_screen_stack(mode)[0].stack_updates
+            writes.clear()
+            batches.clear()
+            t0 = time.perf_counter()
+            answered = (await timer.press(pilot, key, bench.switch_shows(mode)))["switch"]
+            assert answered < 2500, f"key {key}: {answered:.0f} ms: the hold lasted until its fallback timer"
+            held = [b for b in batches if b[0] >= t0 and b[2] > resumes]
+            assert held, f"key {key}: no batch update held the frames until the {mode} screen resumed"
+            first = next(w for w in writes if w[0] >= t0 and len(w[1]) > 100)
+            assert bench.BAR[mode] in first[1], f"key {key}: the first frame was not the {mode} screen"
+            assert first[2] > resumes, f"key {key}: the {mode} screen's first frame came before its resume"
+            assert first[0] >= held[0][1], f"key {key}: a frame was written while the switch was held"
 
 
-def test_a_switch_hold_ends_once(state, monkeypatch):
+async def test_a_switch_hold_ends_once(state, monkeypatch):
     """The fallback timer of a hold that its screen's resume ended is stopped: it does not end the hold again
     later, with a refresh of the whole screen in the middle of whatever the user does next."""
     monkeypatch.setattr(CloudboxApp, "SWITCH_HOLD_MAX_S", 0.3)
@@ -197,16 +184,13 @@ def test_a_switch_hold_ends_once(state, monkeypatch):
 
     app._end_switch_hold = counted  # type: ignore[method-assign]
 
-    async def drive() -> None:
-        async with app.run_test(size=(100, 32)) as pilot:
-            for key, mode in (("5", "results"), ("1", "overview"), ("5", "results"), ("1", "overview")):
-                await pilot.press(key)
-                await pilot.pause(0.2)
-                assert app.current_mode == mode
-            await pilot.pause(0.5)  # past SWITCH_HOLD_MAX_S
-            assert len(ended) == 3, f"three switches to screens shown before, their holds ended {len(ended)} times"
-
-    asyncio.run(drive())
+    async with app.run_test(size=(100, 32)) as pilot:
+        for key, mode in (("5", "results"), ("1", "overview"), ("5", "results"), ("1", "overview")):
+            await pilot.press(key)
+            await pilot.pause(0.2)
+            assert app.current_mode == mode
+        await pilot.pause(0.5)  # past SWITCH_HOLD_MAX_S
+        assert len(ended) == 3, f"three switches to screens shown before, their holds ended {len(ended)} times"
 
 
 def spy(obj: object, name: str, record: Callable[..., object]) -> None:
@@ -220,7 +204,7 @@ def spy(obj: object, name: str, record: Callable[..., object]) -> None:
     setattr(obj, name, wrapped)
 
 
-def test_a_screen_shown_again_is_restyled_only_when_the_apps_classes_changed_while_it_was_hidden(state):
+async def test_a_screen_shown_again_is_restyled_only_when_the_apps_classes_changed_while_it_was_hidden(state):
     """A screen key skips Textual's restyle of every node (most of a key's answer on the Tests screen) unless
     the app's own classes changed while the screen was hidden: those restyle only the screen on show, so the
     hidden one would keep the old look."""
@@ -228,35 +212,32 @@ def test_a_screen_shown_again_is_restyled_only_when_the_apps_classes_changed_whi
     restyled: list[int] = []
     spy(app, "update_styles", lambda node, animate=True: restyled.append(len(list(node.walk_children(with_self=True)))))
 
-    async def drive() -> None:
-        async with app.run_test(size=(100, 32)) as pilot:
-            app.stylesheet.add_source(".-probe #run-head { color: red; }", read_from=("test", "probe"))
-            app.refresh_css()
+    async with app.run_test(size=(100, 32)) as pilot:
+        app.stylesheet.add_source(".-probe #run-head { color: red; }", read_from=("test", "probe"))
+        app.refresh_css()
+        await pilot.pause(0.2)
+        head = app.screen.query_one("#run-head", Static)
+        red = head.styles.color
+        assert red.rgb != (255, 0, 0)
+        for key, mode in (("5", "results"), ("4", "tests"), ("5", "results")):
+            await pilot.press(key)
             await pilot.pause(0.2)
-            head = app.screen.query_one("#run-head", Static)
-            red = head.styles.color
-            assert red.rgb != (255, 0, 0)
-            for key, mode in (("5", "results"), ("4", "tests"), ("5", "results")):
-                await pilot.press(key)
-                await pilot.pause(0.2)
-                assert app.current_mode == mode
-            restyled.clear()
-            await pilot.press("4")  # nothing changed: the screen is not walked
-            await pilot.pause(0.2)
-            assert app.current_mode == "tests" and max(restyled, default=0) < 20, restyled
-            await pilot.press("5")
-            await pilot.pause(0.2)
-            app.add_class("-probe")  # restyles the Results screen on show, not the hidden Tests screen
-            await pilot.pause(0.1)
-            assert head.styles.color.rgb != (255, 0, 0)
-            await pilot.press("4")
-            await pilot.pause(0.2)
-            assert app.current_mode == "tests" and head.styles.color.rgb == (255, 0, 0)
-
-    asyncio.run(drive())
+            assert app.current_mode == mode
+        restyled.clear()
+        await pilot.press("4")  # nothing changed: the screen is not walked
+        await pilot.pause(0.2)
+        assert app.current_mode == "tests" and max(restyled, default=0) < 20, restyled
+        await pilot.press("5")
+        await pilot.pause(0.2)
+        app.add_class("-probe")  # restyles the Results screen on show, not the hidden Tests screen
+        await pilot.pause(0.1)
+        assert head.styles.color.rgb != (255, 0, 0)
+        await pilot.press("4")
+        await pilot.pause(0.2)
+        assert app.current_mode == "tests" and head.styles.color.rgb == (255, 0, 0)
 
 
-def test_a_screen_shown_again_does_not_reparse_the_stylesheet(state):
+async def test_a_screen_shown_again_does_not_reparse_the_stylesheet(state):
     """Textual counts a new screen's stylesheet applied only once it is mounted, after its switch applied it, so
     the key that showed a screen the second time reparsed every stylesheet; the app settles that after the
     screen's first frame."""
@@ -264,23 +245,20 @@ def test_a_screen_shown_again_does_not_reparse_the_stylesheet(state):
     reparsed: list[str] = []
     spy(app, "refresh_css", lambda animate=True: reparsed.append(app.current_mode))
 
-    async def drive() -> None:
-        async with app.run_test(size=(100, 32)) as pilot:
-            for key, mode in (("5", "results"), ("1", "overview"), ("6", "studies"), ("3", "guests")):
-                await pilot.press(key)
-                await pilot.pause(0.3)
-                assert app.current_mode == mode
-            reparsed.clear()
-            for key, mode in (("5", "results"), ("6", "studies"), ("1", "overview"), ("3", "guests")):
-                await pilot.press(key)
-                await pilot.pause(0.2)
-                assert app.current_mode == mode
-            assert reparsed == []
-
-    asyncio.run(drive())
+    async with app.run_test(size=(100, 32)) as pilot:
+        for key, mode in (("5", "results"), ("1", "overview"), ("6", "studies"), ("3", "guests")):
+            await pilot.press(key)
+            await pilot.pause(0.3)
+            assert app.current_mode == mode
+        reparsed.clear()
+        for key, mode in (("5", "results"), ("6", "studies"), ("1", "overview"), ("3", "guests")):
+            await pilot.press(key)
+            await pilot.pause(0.2)
+            assert app.current_mode == mode
+        assert reparsed == []
 
 
-def test_the_app_sets_its_collector_thresholds_and_restores_them(state):
+async def test_the_app_sets_its_collector_thresholds_and_restores_them(state):
     """While the app runs, the collector uses the app's thresholds (a large gen 0, so drawing's short-lived cycles
     die young instead of feeding full collections); when it exits, the process gets its own back."""
     import gc
@@ -290,12 +268,9 @@ def test_the_app_sets_its_collector_thresholds_and_restores_them(state):
     app = create_app(Backend(facts=_facts(), libvirt_uri="test:///default"), mode="overview", poll_interval=3600)
     seen = []
 
-    async def drive() -> None:
-        async with app.run_test(size=(100, 32)) as pilot:
-            await pilot.pause(0.1)
-            seen.append(gc.get_threshold())
-
-    asyncio.run(drive())
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause(0.1)
+        seen.append(gc.get_threshold())
     assert seen == [CloudboxApp.GC_THRESHOLD]
     assert gc.get_threshold() == before
 
