@@ -1,13 +1,16 @@
-"""Shared pytest fixtures: isolated state dirs, and a real libvirtd (started and stopped by the tests on hosts
-without systemd) for the slow suites that boot real guests."""
+"""Shared pytest fixtures: isolated state dirs, the CLI run in-process, and a real libvirtd (started and stopped by
+the tests on hosts without systemd) for the slow suites that boot real guests."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -35,6 +38,51 @@ def state(monkeypatch) -> Path:
     monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(base / "state"))
     yield base
     shutil.rmtree(base, ignore_errors=True)
+
+
+# Where profiles and studies are looked for besides the checkout's and the state dir's: a test sees none of the
+# developer's own.
+SEARCH_PATHS = ("CLOUDBOX_PROFILE_PATH", "CLOUDBOX_PRESET_DIR", "CLOUDBOX_STUDY_DIR")
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch) -> Path:
+    """A private CLOUDBOX_STATE_DIR (tmp_path/state, not made) and no profile or study search paths from the
+    environment; returns the state dir. For tests without guests (`state` is for those with)."""
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
+    for var in SEARCH_PATHS:
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path / "state"
+
+
+class Ran(NamedTuple):
+    """What one `cloudbox` command run in-process did."""
+
+    code: int
+    out: str
+    err: str
+
+    @property
+    def printed(self) -> str:
+        """Everything it printed, stdout then stderr."""
+        return self.out + self.err
+
+
+@pytest.fixture
+def cli_run(capsys, monkeypatch) -> Callable[..., Ran]:
+    """`cli_run(argv, stdin=None)`: cloudbox.cli.main(argv) in this process, its exit code and what it printed (only
+    what this command printed); with `stdin`, that text is what it reads."""
+    from cloudbox import cli
+
+    def run(argv: list[str], stdin: str | None = None) -> Ran:
+        if stdin is not None:
+            monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        code = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return Ran(code, out, err)
+
+    return run
 
 
 @pytest.fixture(scope="session")

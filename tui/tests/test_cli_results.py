@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import io
@@ -14,7 +13,6 @@ from pathlib import Path
 import pytest
 from conftest_results import study_a_store
 
-from cloudbox.cli import results as cli_results
 from cloudbox.core.record.provenance import DiskStall, NicStall
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.views import labels, render, rundetail
@@ -27,18 +25,9 @@ def db(tmp_path: Path) -> tuple[Path, int, int]:
     return store.path, default, virtio
 
 
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="cloudbox")
-    cli_results.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    code = args.func(args)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_list_text_and_json(db, capsys):
+def test_list_text_and_json(db, cli_run):
     path, default, virtio = db
-    code, out, err = run_cli(["results", "--db", str(path), "list"], capsys)
+    code, out, err = cli_run(["results", "--db", str(path), "list"])
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["ID", "STARTED", "STATE"]
@@ -48,50 +37,50 @@ def test_list_text_and_json(db, capsys):
     assert labels.EMULATED_NOTE in out
     assert max(len(line) for line in lines[:3]) <= 80
 
-    code, out, _ = run_cli(["results", "--db", str(path), "list", "--json"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "list", "--json"])
     data = json.loads(out)
     assert [d["id"] for d in data] == [virtio, default]
     assert data[0]["seq_write_pct"] == 50.0 and data[0]["emulated"] is True
 
-    code, out, _ = run_cli(["results", "--db", str(path), "list", "--state", "running"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "list", "--state", "running"])
     assert code == 0 and out.strip() == "no runs in state running"
 
 
-def test_list_flags_a_running_run_whose_executor_died(db, capsys):
+def test_list_flags_a_running_run_whose_executor_died(db, cli_run):
     path, _, _ = db
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with ResultStore(path) as store:
         rid = store.create_run(profile_name="crashed", pid=dead.pid, accelerator="kvm")
-    code, out, _ = run_cli(["results", "--db", str(path), "list", "--state", "running"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "list", "--state", "running"])
     assert code == 0
     assert out.splitlines()[1].split()[0] == str(rid) and "running?" in out
     assert "executor process is gone" in out
-    code, out, _ = run_cli(["results", "--db", str(path), "list", "--json", "--state", "running"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "list", "--json", "--state", "running"])
     assert json.loads(out)[0]["executor_alive"] is False
     # a dead run can be deleted; a live one (this process) cannot
     with ResultStore(path) as store:
         live = store.create_run(profile_name="live")
-    code, _, err = run_cli(["results", "--db", str(path), "delete", str(live)], capsys)
+    code, _, err = cli_run(["results", "--db", str(path), "delete", str(live)])
     assert code == 1 and "still running" in err
-    code, out, _ = run_cli(["results", "--db", str(path), "delete", str(rid)], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "delete", str(rid)])
     assert code == 0 and out.strip() == f"deleted run #{rid}"
 
 
-def test_show_prints_the_core_run_detail_view(db, capsys):
+def test_show_prints_the_core_run_detail_view(db, cli_run):
     """`results show` is the core's run-detail text, printed; the view needs no store."""
     path, default, _ = db
     with ResultStore(path) as store:
         run, samples = store.get_run(default), store.samples(default)
-    code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--raw"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "show", str(default), "--raw"])
     assert code == 0 and out == rundetail.run_detail(run, samples, raw=True)
     gone = rundetail.run_detail(dataclasses.replace(run, state="running"), samples, executor_alive=False)
     assert "  state        running - executor process gone\n" in gone
 
 
-def test_show_text_json_raw(db, capsys):
+def test_show_text_json_raw(db, cli_run):
     path, default, virtio = db
-    code, out, _ = run_cli(["results", "--db", str(path), "show", str(virtio)], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "show", str(virtio)])
     assert code == 0
     assert f"run #{virtio}" in out and "EMULATED" in out
     assert "KVM (TCG, emulated); local disk; virtio-blk, phy" in out
@@ -109,7 +98,7 @@ def test_show_text_json_raw(db, capsys):
                            (virtio, {"launch_to_agent_s": 95.2, "boot_attempts": 2, "nic_stalls": [stall],
                                      "disk_stalls": [disk]})):
             store.set_provenance(rid, store.get_run(rid).provenance.model_copy(update=extra))
-    code, out, _ = run_cli(["results", "--db", str(path), "show", str(virtio)], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "show", str(virtio)])
     assert "guest boot   95 s to its agent (launch 2: the guest's first boot was lost and it was launched again)" \
         in out, out
     assert ("network      the guest's network stopped during tcp-maerts (frames stopped at the host's tap vnet3: it "
@@ -117,7 +106,7 @@ def test_show_text_json_raw(db, capsys):
     assert ("disk         the guest's disk stopped completing requests during randread-4k-qd32 (in flight 32 on "
             "vda, none completed for 120 s); the guest was launched afresh and randread-4k-qd32 and the tests after "
             "it ran on the new guest") in out, out
-    code, out, _ = run_cli(["results", "--db", str(path), "show", str(default)], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "show", str(default)])
     assert "guest boot   1 s to its agent\n" in out, out
     # The tools' versions in one line; the guest image's packages stay in the JSON (a run lists dozens).
     (versions,) = [line for line in out.splitlines() if line.startswith("  versions")]
@@ -125,27 +114,27 @@ def test_show_text_json_raw(db, capsys):
                         "qemu 7.2.15"), versions
     assert "network      the guest's network stopped" not in out and "disk         the guest's disk" not in out
 
-    code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--raw"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "show", str(default), "--raw"])
     assert "--- raw: guest seq-write-64k MB/s" in out and "fio-3.33" in out
     assert "TCP STREAM TEST" in out
 
-    code, out, _ = run_cli(["results", "--db", str(path), "show", str(default), "--json"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "show", str(default), "--json"])
     doc = json.loads(out)
     assert doc["runs"][0]["provenance"]["host_kernel"] == "6.1.0-28-amd64"
     assert all("raw" not in m for m in doc["runs"][0]["measurements"])
 
     with ResultStore(path) as store:
         uuid = store.get_run(default).uuid
-    code, out, _ = run_cli(["results", "--db", str(path), "show", uuid[:8], "--json", "--raw"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "show", uuid[:8], "--json", "--raw"])
     assert json.loads(out)["runs"][0]["id"] == default
     assert any(m["raw"] for m in json.loads(out)["runs"][0]["measurements"])
 
 
 @pytest.mark.parametrize("fmt", ["text", "md", "csv", "json"])
-def test_compare_formats(db, capsys, fmt):
+def test_compare_formats(db, fmt, cli_run):
     path, default, virtio = db
-    code, out, err = run_cli(["results", "--db", str(path), "compare", str(default), str(virtio),
-                              "--format", fmt], capsys)
+    code, out, err = cli_run(["results", "--db", str(path), "compare", str(default), str(virtio),
+                              "--format", fmt])
     assert code == 0 and err == ""
     if fmt == "text":
         assert "50.0%" in out and "* measured under TCG emulation" in out
@@ -160,34 +149,34 @@ def test_compare_formats(db, capsys, fmt):
         assert [r["id"] for r in json.loads(out)["runs"]] == [default, virtio]
 
 
-def test_export_to_file_and_stdout(db, capsys, tmp_path: Path):
+def test_export_to_file_and_stdout(db, tmp_path: Path, cli_run):
     path, default, virtio = db
     target = tmp_path / "out" / "all.json"
-    code, out, err = run_cli(["results", "--db", str(path), "export", "-o", str(target)], capsys)
+    code, out, err = cli_run(["results", "--db", str(path), "export", "-o", str(target)])
     assert code == 0 and out == "" and f"wrote 2 runs to {target}" in err
     doc = json.loads(target.read_text())
     assert [r["id"] for r in doc["runs"]] == [default, virtio]  # oldest first
     assert doc["runs"][0]["provenance"]["backing"]["kind"] == "sparse-file"
     assert doc["runs"][1]["provenance"]["versions"]["cloudbox"] == "0.1.0"
 
-    code, out, _ = run_cli(["results", "--db", str(path), "export", str(virtio), "--format", "md"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "export", str(virtio), "--format", "md"])
     assert code == 0 and out.startswith(f"## Run #{virtio}") and "\\* measured under TCG" in out
 
-    code, out, _ = run_cli(["results", "--db", str(path), "export", "--format", "csv"], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "export", "--format", "csv"])
     assert out.splitlines()[0] == ",".join(render.CSV_FIELDS)
 
 
-def test_not_found_goes_to_stderr_with_exit_1(db, capsys):
+def test_not_found_goes_to_stderr_with_exit_1(db, cli_run):
     path, default, virtio = db
     for argv in (["show", "99"], ["compare", str(default), "99"], ["delete", "99"], ["export", "99"]):
-        code, out, err = run_cli(["results", "--db", str(path), *argv], capsys)
+        code, out, err = cli_run(["results", "--db", str(path), *argv])
         assert code == 1 and out == ""
         assert err.startswith("cloudbox: no run 99") and f"newest runs: {virtio}, {default}" in err
 
 
-def test_delete(db, capsys):
+def test_delete(db, cli_run):
     path, default, virtio = db
-    code, out, _ = run_cli(["results", "--db", str(path), "delete", str(default)], capsys)
+    code, out, _ = cli_run(["results", "--db", str(path), "delete", str(default)])
     assert code == 0 and out.strip() == f"deleted run #{default}"
     with ResultStore(path) as store:
         assert [r.id for r in store.list_runs()] == [virtio]

@@ -5,15 +5,12 @@ echoed escaped and cut, without Python forms."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 from pathlib import Path
 
 import pytest
 
-from cloudbox import cli
 from cloudbox.core import inputs
 from cloudbox.core.errors import AnswerError, ProfileError
 from cloudbox.core.install import answers as ans
@@ -35,16 +32,8 @@ campus_nic = "enp2s0"
 
 
 @pytest.fixture(autouse=True)
-def _state(tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
+def _profiles(isolated, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("CLOUDBOX_PROFILE_PATH", str(tmp_path / "profiles"))
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(list(argv))
-    return rc, out.getvalue(), err.getvalue()
 
 
 def profile_file(tmp_path: Path, text: str, name: str = "virtio-disk") -> Path:
@@ -70,7 +59,7 @@ def answers_problems(text: str) -> list:
 # ------------------------------------------------------------------------------------- not a regular file
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
-def test_a_fifo_or_device_is_refused_without_blocking(tmp_path: Path, kind: str):
+def test_a_fifo_or_device_is_refused_without_blocking(tmp_path: Path, kind: str, cli_run):
     if kind == "fifo":
         path = tmp_path / "x.toml"
         os.mkfifo(path)
@@ -79,15 +68,15 @@ def test_a_fifo_or_device_is_refused_without_blocking(tmp_path: Path, kind: str)
         path, what = Path("/dev/zero"), "a character device"
     else:
         path, what = tmp_path, "a directory"
-    rc, _, err = run("profile", "validate", str(path))
+    rc, _, err = cli_run(["profile", "validate", str(path)])
     assert rc == 2 and f"not a regular file (it is {what})" in err and "Traceback" not in err
-    rc, _, err = run("install", "--dry-run", "--answers", str(path))
+    rc, _, err = cli_run(["install", "--dry-run", "--answers", str(path)])
     assert rc == 2 and f"not a regular file (it is {what})" in err and "nothing was written" in err
 
 
-def test_a_file_over_the_size_cap_is_refused_before_it_is_read(tmp_path: Path):
+def test_a_file_over_the_size_cap_is_refused_before_it_is_read(tmp_path: Path, cli_run):
     p = profile_file(tmp_path, PRESET.replace('description = "', 'description = "' + "a" * inputs.MAX_FILE_BYTES))
-    rc, _, err = run("profile", "validate", str(p))
+    rc, _, err = cli_run(["profile", "validate", str(p)])
     assert rc == 2 and f"more than the {inputs.MAX_FILE_BYTES} allowed" in err
     assert len(err) < 1000
 
@@ -104,14 +93,14 @@ BREAKERS = [
 
 
 @pytest.mark.parametrize(("text", "line", "message"), [b[1:] for b in BREAKERS], ids=[b[0] for b in BREAKERS])
-def test_parser_failures_are_problems_with_a_line(tmp_path: Path, text: str, line: int, message: str):
+def test_parser_failures_are_problems_with_a_line(tmp_path: Path, text: str, line: int, message: str, cli_run):
     p = profile_file(tmp_path, text)
-    rc, _, err = run("profile", "validate", str(p))
+    rc, _, err = cli_run(["profile", "validate", str(p)])
     assert rc == 2 and "Traceback" not in err, err
     assert f"{p}: invalid profile (1 problem)" in err and f"line {line}: {message}" in err, err
     assert len(err) < 1000  # the offending line is echoed cut, with its length
     a = answer_file(tmp_path, text)
-    rc, _, err = run("install", "--dry-run", "--answers", str(a))
+    rc, _, err = cli_run(["install", "--dry-run", "--answers", str(a)])
     assert rc == 2 and f"line {line}: {message}" in err, err
 
 
@@ -122,10 +111,10 @@ def test_json_breakers_are_problems_too():
         assert e.value.where.startswith("line ")
 
 
-def test_a_nul_in_a_profile_path_is_refused_not_passed_to_the_os(tmp_path: Path):
+def test_a_nul_in_a_profile_path_is_refused_not_passed_to_the_os(tmp_path: Path, cli_run):
     bad = PRESET.replace('backing = "block-device"', 'backing = "block-device"\nvolume = "/dev/sd\\u0000a"')
     p = profile_file(tmp_path, bad)
-    rc, _, err = run("profile", "validate", str(p))
+    rc, _, err = cli_run(["profile", "validate", str(p)])
     assert rc == 2 and "disk.volume: contains a NUL byte (U+0000) (got '/dev/sd\\x00a')" in err
 
 
@@ -141,7 +130,7 @@ def test_control_characters_in_free_text_are_refused(tmp_path: Path, field: str)
     assert "\x1b" not in str(e.value) and "\\x1b" in str(e.value)
 
 
-def test_profile_list_and_show_escape_what_they_print(tmp_path: Path, monkeypatch):
+def test_profile_list_and_show_escape_what_they_print(tmp_path: Path, monkeypatch, cli_run):
     # A profile written before the rule (or by hand into the user directory): shown escaped, never raw.
     monkeypatch.setattr(schema, "no_controls", lambda v: v)
     p = profile_file(tmp_path, PRESET)
@@ -150,7 +139,7 @@ def test_profile_list_and_show_escape_what_they_print(tmp_path: Path, monkeypatc
     monkeypatch.setattr(profiles, "load_profile", lambda path: evil)
     monkeypatch.setattr(profiles, "resolve_profile", lambda ref: evil)
     for argv in (["profile", "list"], ["profile", "show", "virtio-disk"]):
-        rc, out, _ = run(*argv)
+        rc, out, _ = cli_run(argv)
         assert rc == 0 and "\x1b" not in out and "\\x1b[2J\\nforged row" in out, out
 
 
@@ -214,16 +203,16 @@ def test_private_address_without_a_prefix_says_so():
 
 
 # ------------------------------------------------------------------------------------- weaker
-def test_a_long_value_is_echoed_cut_with_its_length(tmp_path: Path):
+def test_a_long_value_is_echoed_cut_with_its_length(tmp_path: Path, cli_run):
     text = ANSWERS.replace('hostname = "node1"', f'hostname = "{"x" * 500_000}"')
-    rc, _, err = run("install", "--dry-run", "--answers", str(answer_file(tmp_path, text)))
+    rc, _, err = cli_run(["install", "--dry-run", "--answers", str(answer_file(tmp_path, text))])
     assert rc == 2 and "… (500000 characters)" in err and len(err) < 2000
 
 
-def test_export_to_a_directory_leaves_nothing_behind(tmp_path: Path):
+def test_export_to_a_directory_leaves_nothing_behind(tmp_path: Path, cli_run):
     out = tmp_path / "exports"
     out.mkdir()
-    rc, _, err = run("results", "--db", str(tmp_path / "r.db"), "export", "-o", str(out))
+    rc, _, err = cli_run(["results", "--db", str(tmp_path / "r.db"), "export", "-o", str(out)])
     assert rc == 1 and "is a directory" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exports", "profiles", "r.db", "r.db-shm", "r.db-wal"] \
         or not list(tmp_path.glob("*.tmp*")), list(tmp_path.iterdir())
@@ -244,27 +233,27 @@ def test_a_quoted_dotted_key_is_reported_for_what_it_is():
     assert '"disk.cache": unknown key' in str(e.value)
 
 
-def test_profile_show_echoes_a_strange_name_quoted_and_intact():
-    rc, _, err = run("profile", "show", "x;rm -rf /")
+def test_profile_show_echoes_a_strange_name_quoted_and_intact(cli_run):
+    rc, _, err = cli_run(["profile", "show", "x;rm -rf /"])
     assert rc == 1 and "'x;rm -rf /': no such profile file" in err
-    rc, _, err = run("profile", "show", "x\x1b[2J")
+    rc, _, err = cli_run(["profile", "show", "x\x1b[2J"])
     assert rc == 1 and "no profile named 'x\\x1b[2J'" in err and "\x1b" not in err
 
 
-def test_messages_show_no_python_forms(tmp_path: Path):
+def test_messages_show_no_python_forms(tmp_path: Path, cli_run):
     text = ANSWERS.replace('role = "front-end"', 'role = "back-end"').replace('campus_nic = "enp2s0"\n', "")
     err = str(AnswerError("a.toml", answers_problems(text)))
     assert "network.frontend: a back-end must know its front-end; allowed" in err and "None" not in err
     p = profile_file(tmp_path, "name = 'x'\ndescription = '\x80'\n".encode("latin-1").decode("latin-1"))
     p.write_bytes(b"name = 'x'\ndescription = '\x80'\n")
-    rc, _, err = run("profile", "validate", str(p))
+    rc, _, err = cli_run(["profile", "validate", str(p)])
     assert rc == 2 and "line 2: not UTF-8 text (got the bytes 0x80)" in err and "b'" not in err
     with pytest.raises(ProfileError) as e:
         profiles.parse_profile(PRESET.replace("vhost = false", "vhost = 1"), "p.toml")
     assert "True" not in str(e.value) and "(got 1)" in str(e.value)
 
 
-def test_an_install_interrupted_before_writing_says_nothing_was_written(monkeypatch, tmp_path: Path):
+def test_an_install_interrupted_before_writing_says_nothing_was_written(monkeypatch, tmp_path: Path, cli_run):
     from cloudbox.cli import install as cli_install
 
     def interrupted(*_a, **_k):
@@ -272,7 +261,7 @@ def test_an_install_interrupted_before_writing_says_nothing_was_written(monkeypa
 
     monkeypatch.setattr(cli_install, "probe_machine", interrupted)
     monkeypatch.setattr(cli_install, "reap_stale", lambda: None)
-    rc, _, err = run("install", "--dry-run", "--answers", str(answer_file(tmp_path, ANSWERS)))
+    rc, _, err = cli_run(["install", "--dry-run", "--answers", str(answer_file(tmp_path, ANSWERS))])
     assert rc == 130 and "nothing was written" in err and "What was written stays" not in err
 
 

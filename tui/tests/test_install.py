@@ -9,7 +9,6 @@ runs in tests/image/install.bats.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -22,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox import cli
 from cloudbox.core.errors import AnswerError, InstallError
 from cloudbox.core.install import Machine, check_answers, load_answers, make_plan, parse_answers
 from cloudbox.core.install.answers import Answers
@@ -498,32 +496,28 @@ def test_plan_refuses_an_esp_without_entries(lab, nic, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ command line
-def _cli(argv: list[str], env: dict[str, str], monkeypatch, stdin: str = "") -> tuple[int, str, str]:
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(argv)
-    return rc, out.getvalue(), err.getvalue()
+def _lab_hooks(lab, monkeypatch) -> None:
+    """The installer's test hooks pointed at the lab: its loop devices are the disks, its by-id links their names."""
+    monkeypatch.setenv("CLOUDBOX_INSTALL_LOOP", "1")
+    monkeypatch.setenv("CLOUDBOX_INSTALL_BY_ID_DIR", str(lab.by_id))
 
 
 @root_only
-def test_cli_rejects_bad_answers_with_exit_2(lab, tmp_path, monkeypatch):
+def test_cli_rejects_bad_answers_with_exit_2(lab, tmp_path, monkeypatch, cli_run):
     lab.disk("blank", 9 * GiB)
     path = write(tmp_path, 'role = "back-end"\nhostname = "a"\n[disk]\ntarget = "/dev/disk/by-id/x"\n'
                            '[network]\nprivate_mtu = 12000\n')
-    rc, out, err = _cli(["install", "--dry-run", "--answers", str(path)],
-                        {"CLOUDBOX_INSTALL_LOOP": "1", "CLOUDBOX_INSTALL_BY_ID_DIR": str(lab.by_id)}, monkeypatch)
+    _lab_hooks(lab, monkeypatch)
+    rc, out, err = cli_run(["install", "--dry-run", "--answers", str(path)], stdin="")
     assert rc == 2 and out == ""
     assert str(path) in err and "network.private_mtu: out of range (got 12000); allowed: an integer 1500..9000" in err
 
 
 @root_only
-def test_cli_disks_json(lab, monkeypatch):
+def test_cli_disks_json(lab, monkeypatch, cli_run):
     lab.disk("blank", 9 * GiB)
-    rc, out, _ = _cli(["install", "disks", "--json"],
-                      {"CLOUDBOX_INSTALL_LOOP": "1", "CLOUDBOX_INSTALL_BY_ID_DIR": str(lab.by_id)}, monkeypatch)
+    _lab_hooks(lab, monkeypatch)
+    rc, out, _ = cli_run(["install", "disks", "--json"], stdin="")
     assert rc == 0
     blank = next(d for d in json.loads(out) if lab.link("blank") in d["by_id"])
     assert blank["status"] == "offered" and blank["why"] == "blank: offered"

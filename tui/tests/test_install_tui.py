@@ -26,6 +26,8 @@ from cloudbox.tui.screens.install.node import NodePage
 from cloudbox.tui.screens.install.progress import ProgressPage
 from cloudbox.tui.screens.install.review import ReviewPage
 
+pytestmark = pytest.mark.usefixtures("isolated")
+
 SIZE = (80, 24)
 lab, nic = test_install.lab, test_install.nic  # the real loop-device disks and a NIC of this host (fixtures)
 
@@ -266,8 +268,3 @@ def test_cloudbox_install_opens_the_tui_only_on_a_terminal_without_cli_flags(mon
         assert not cli_install._wants_tui(parser.parse_args(["install", *flags])), flags
     monkeypatch.setattr("sys.stdout", object.__new__(type("NoTty", (), {"isatty": lambda self: False})))
     assert not cli_install._wants_tui(parser.parse_args(["install"]))
-
-
-@pytest.fixture(autouse=True)
-def _state(monkeypatch, tmp_path):
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))

@@ -68,35 +68,33 @@ def test_bad_guest_counts_and_combinations_name_the_flag(kw, message):
         RunSpec(profile="virtio-disk", **kw).validate()
 
 
-def test_guests_is_a_run_flag_and_only_in_the_stored_spec_when_more_than_one(tmp_path, monkeypatch, capsys):
+def test_guests_is_a_run_flag_and_only_in_the_stored_spec_when_more_than_one(isolated, cli_run):
     spec = RunSpec(profile="virtio-disk", suite="storage", guests=2)
     spec.validate()
     assert spec.as_dict()["guests"] == 2 and RunSpec.from_dict(spec.as_dict()) == spec
     assert "guests" not in RunSpec(profile="virtio-disk").as_dict()  # an older node reads a one-guest request
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
-    assert cli.main(["run", "--profile", "virtio-disk", "--guests", "0"]) == 2
-    assert "--guests 0 is not allowed" in capsys.readouterr().err
-    assert cli.main(["run", "--profile", "virtio-disk", "--guests", "2", "--suite", "guest"]) == 2
-    assert "--suite guest runs one guest" in capsys.readouterr().err
+    code, _, err = cli_run(["run", "--profile", "virtio-disk", "--guests", "0"])
+    assert code == 2 and "--guests 0 is not allowed" in err
+    code, _, err = cli_run(["run", "--profile", "virtio-disk", "--guests", "2", "--suite", "guest"])
+    assert code == 2 and "--suite guest runs one guest" in err
     for suite in ("network", "all"):  # both suites run with N guests
         RunSpec(profile="virtio-disk", suite=suite, guests=2).validate()
-    assert not (tmp_path / "state").exists()
+    assert not isolated.exists()
 
 
-def test_a_list_of_guest_counts_is_one_run_per_count(tmp_path, monkeypatch, capsys):
+def test_a_list_of_guest_counts_is_one_run_per_count(isolated, cli_run):
     from cloudbox.cli.run import _specs
 
     args = cli.build_parser().parse_args(["run", "-p", "virtio-disk", "-s", "storage", "--guests", "1, 2,4"])
     assert [(s.guests, s.suite) for s in _specs(args)] == [(1, "storage"), (2, "storage"), (4, "storage")]
     assert [s.guests for s in _specs(cli.build_parser().parse_args(["run", "-p", "x"]))] == [1]
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
     for given, message in (("1,x", "--guests '1,x': 'x' is not understood; allowed: one value or a comma-separated "
                                     "list such as 1,2,4 (one run each)"),
                            ("2,2", "--guests '2,2': 2 is given twice; allowed: each value once"),
                            ("1,0", "--guests 0 is not allowed; allowed: 1 to 64")):
-        assert cli.main(["run", "-p", "virtio-disk", "-s", "storage", "--guests", given]) == 2
-        assert message in capsys.readouterr().err
-    assert not (tmp_path / "state").exists()
+        code, _, err = cli_run(["run", "-p", "virtio-disk", "-s", "storage", "--guests", given])
+        assert code == 2 and message in err
+    assert not isolated.exists()
 
 
 def test_the_sweep_table_has_a_row_per_guest_count(tmp_path):

@@ -31,12 +31,7 @@ REQUIRED_PRESETS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    """User profiles in a private state dir; no extra profile directories from the environment."""
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("CLOUDBOX_PROFILE_PATH", raising=False)
-    monkeypatch.delenv("CLOUDBOX_PRESET_DIR", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 # -- presets ---------------------------------------------------------------------------------

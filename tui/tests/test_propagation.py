@@ -36,17 +36,7 @@ PROFILE = "kvm-cache-writethrough"
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("CLOUDBOX_PROFILE_PATH", raising=False)
-    monkeypatch.delenv("CLOUDBOX_STUDY_DIR", raising=False)
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def sample(gb: float, total: float, run_id: int = 1) -> Sample:
@@ -182,13 +172,13 @@ def test_a_bad_propagation_table_names_file_key_value_and_what_is_allowed(text, 
     assert value is None or shown(value) in text_of_err
 
 
-def test_a_bad_study_file_on_disk_is_refused_by_the_cli_naming_the_file(tmp_path, monkeypatch, capsys):
+def test_a_bad_study_file_on_disk_is_refused_by_the_cli_naming_the_file(tmp_path, monkeypatch, cli_run):
     d = tmp_path / "studies"
     d.mkdir()
     f = d / "t.toml"
     f.write_text(replace(GOOD, "repeats = 10", "repeats = 0"))
     monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(d))
-    code, _, err = run_cli(["study", "run", "t", "--dry-run"], capsys)
+    code, _, err = cli_run(["study", "run", "t", "--dry-run"])
     assert code == 2
     assert err.startswith(f"cloudbox: {f}: invalid study (1 problem)")
     assert "propagation.study.repeats" in err and "(got 0)" in err and "1..100" in err
@@ -234,8 +224,8 @@ def test_samples_read_back_whole_and_a_cut_run_keeps_its_own(study_runs):
     assert done[0].copy_mbps == pytest.approx(512 * MIB / 2.0 / 1e6) and done[0].qualifiers == []
 
 
-def test_the_report_section_against_hand_computed_values(study_runs, capsys):
-    code, report, _ = run_cli(["study", "report", "b"], capsys)
+def test_the_report_section_against_hand_computed_values(study_runs, cli_run):
+    code, report, _ = cli_run(["study", "report", "b"])
     assert code == 0
     section = report.split("## Propagation", 1)[1].split("\n## ", 1)[0]
     rows = section.splitlines()
@@ -265,10 +255,10 @@ def test_the_report_section_against_hand_computed_values(study_runs, capsys):
     assert "console tail" not in report
 
 
-def test_one_size_is_no_fit_and_emulated_and_nested_samples_say_so(capsys):
+def test_one_size_is_no_fit_and_emulated_and_nested_samples_say_so(cli_run):
     with ResultStore() as store:
         tcg = add_sweep(store, [(32, 0.5, 40.0), (32, 0.7, 44.0)], size="quick", accelerator="tcg")
-    code, report, _ = run_cli(["study", "report", "b", "--size", "quick"], capsys)
+    code, report, _ = cli_run(["study", "report", "b", "--size", "quick"])
     assert code == 0
     section = report.split("## Propagation", 1)[1].split("\n## ", 1)[0]
     assert f"| 32 MiB | 2 of 2 | 42.60 (emulated, quick) | 42.60 | 0.60 | 42.00 | 55.9 | #{tcg} |" in section
@@ -279,23 +269,23 @@ def test_one_size_is_no_fit_and_emulated_and_nested_samples_say_so(capsys):
     with ResultStore() as store:
         add_sweep(store, [(64, 0.9, 30.0), (128, 1.5, 31.0)], size="quick", accelerator="nested-kvm",
                   started_at=T0 + 500)
-    code, report, _ = run_cli(["study", "report", "b", "--size", "quick"], capsys)
+    code, report, _ = cli_run(["study", "report", "b", "--size", "quick"])
     section = report.split("## Propagation", 1)[1].split("\n## ", 1)[0]
     assert "| 64 MiB | 1 of 2 | 30.90 (nested, quick) |" in section
     assert "Fitted line (nested, emulated, quick), least squares over every sample" in section  # both kinds
     assert "- n: 4 samples at 3 image sizes" in section
 
 
-def test_no_samples_yet(capsys):
-    code, report, _ = run_cli(["study", "report", "b"], capsys)
+def test_no_samples_yet(cli_run):
+    code, report, _ = cli_run(["study", "report", "b"])
     assert code == 0 and "## Propagation" in report and "No samples stored yet (`cloudbox study run b`)." in report
-    code, report, _ = run_cli(["study", "report", "a"], capsys)
+    code, report, _ = cli_run(["study", "report", "a"])
     assert "## Propagation" not in report  # a study without a sweep has no such section
 
 
-def test_the_html_report_plots_every_sample_and_the_line(study_runs, tmp_path, capsys):
+def test_the_html_report_plots_every_sample_and_the_line(study_runs, tmp_path, cli_run):
     page = tmp_path / "b.html"
-    code, _, err = run_cli(["study", "report", "b", "-o", str(page)], capsys)
+    code, _, err = cli_run(["study", "report", "b", "-o", str(page)])
     assert code == 0 and "5 propagation samples" in err
     html = page.read_text()
     assert "<h2>Propagation</h2>" in html and "<table>" in html.split("<h2>Propagation</h2>", 1)[1]
@@ -311,11 +301,11 @@ def test_the_html_report_plots_every_sample_and_the_line(study_runs, tmp_path, c
     assert line.find(f"{SVG}title").text.startswith("fit: ")  # type: ignore[union-attr]
 
 
-def test_the_html_plot_of_emulated_samples_says_so(capsys, tmp_path):
+def test_the_html_plot_of_emulated_samples_says_so(tmp_path, cli_run):
     with ResultStore() as store:
         add_sweep(store, [(32, 0.5, 40.0), (64, 0.7, 44.0)], size="quick", accelerator="tcg")
     page = tmp_path / "b.html"
-    assert run_cli(["study", "report", "b", "-o", str(page)], capsys)[0] == 0
+    assert cli_run(["study", "report", "b", "-o", str(page)])[0] == 0
     html = page.read_text()
     start = html.index("<svg", html.index("<h2>Propagation</h2>"))
     svg = ElementTree.fromstring(html[start:html.index("</svg>", start) + len("</svg>")])
@@ -349,8 +339,8 @@ def test_the_plan_resumes_round_by_round_and_counts_a_cut_run(study_runs):
     assert elsewhere is not None and not elsewhere.todo and "runs on this host only" in (elsewhere.refused or "")
 
 
-def test_study_run_plans_the_sweep_after_the_cells_and_skips_it_when_stored(capsys, monkeypatch):
-    code, out, _ = run_cli(["study", "run", "b", "--size", "quick", "--dry-run"], capsys)
+def test_study_run_plans_the_sweep_after_the_cells_and_skips_it_when_stored(cli_run, monkeypatch):
+    code, out, _ = cli_run(["study", "run", "b", "--size", "quick", "--dry-run"])
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "study b at quick size on this host: 3 run(s) to do"
@@ -360,26 +350,26 @@ def test_study_run_plans_the_sweep_after_the_cells_and_skips_it_when_stored(caps
         add_sweep(store, [(32, 0.1, 5.0), (64, 0.2, 5.0), (128, 0.3, 5.0)] * 2, size="quick")
         todo = planning.prepare_run(loading.find_study("b"), store.list_runs(), size="quick")
     assert [s.suite for s in todo.specs] == ["storage", "storage"]  # the sweep is whole: no propagation run
-    code, out, _ = run_cli(["study", "run", "b", "--size", "quick", "--dry-run"], capsys)
+    code, out, _ = cli_run(["study", "run", "b", "--size", "quick", "--dry-run"])
     assert out.splitlines()[-1] == (f"  propagation sweep ({PROFILE}): nothing to run; stored 32 MiB 2 of 2, 64 MiB "
                                     "2 of 2, 128 MiB 2 of 2")
     # a node n1 enrolled and up (its checks: test_a_study_dry_run_refuses_a_device_or_node_that_is_not_there)
     from cloudbox.core.run import preflight
 
     monkeypatch.setattr(preflight, "node_problems", lambda spec, **kw: [])
-    code, out, _ = run_cli(["study", "run", "b", "--size", "quick", "--dry-run", "--node", "n1"], capsys)
+    code, out, _ = cli_run(["study", "run", "b", "--size", "quick", "--dry-run", "--node", "n1"])
     assert code == 0 and "propagation sweep (kvm-cache-writethrough): skipped, the sweep runs on this host only" in out
 
 
-def test_study_a_dry_run_names_the_whole_disk_cells_a_loop_device_stands_in_for(capsys):
-    code, out, _ = run_cli(["study", "run", "a", "--size", "quick", "--dry-run"], capsys)
+def test_study_a_dry_run_names_the_whole_disk_cells_a_loop_device_stands_in_for(cli_run):
+    code, out, _ = cli_run(["study", "run", "a", "--size", "quick", "--dry-run"])
     assert code == 0
     loop = {ln.split(":")[0].strip(): ln for ln in out.splitlines() if "a whole-disk profile with no --device" in ln}
     assert set(loop) == {"virtio-disk", "kvm-scsi-phy"}, out
     assert "rule(s) A2.disk, A2.native, A3 will be inconclusive" in loop["virtio-disk"]
     assert "give --device /dev/DISK (and --destroy DISK when it holds data)" in loop["kvm-scsi-phy"]
     # a device that is not one is refused before any plan: nothing would run on it
-    code, out, err = run_cli(["study", "run", "a", "--size", "quick", "--dry-run", "--device", "/dev/null"], capsys)
+    code, out, err = cli_run(["study", "run", "a", "--size", "quick", "--dry-run", "--device", "/dev/null"])
     assert code == 2 and out == "" and "/dev/null: not a block device" in err
 
 
@@ -387,20 +377,20 @@ def test_study_a_dry_run_names_the_whole_disk_cells_a_loop_device_stands_in_for(
     (["--device", "/dev/sdz9"], "/dev/sdz9: no such device"),
     (["--node", "be1"], "--node 'be1': no such node; allowed: none enrolled"),
 ])
-def test_a_study_dry_run_refuses_a_device_or_node_that_is_not_there(argv, message, capsys):
-    code, out, err = run_cli(["study", "run", "a", "--size", "quick", "--dry-run", *argv], capsys)
+def test_a_study_dry_run_refuses_a_device_or_node_that_is_not_there(argv, message, cli_run):
+    code, out, err = cli_run(["study", "run", "a", "--size", "quick", "--dry-run", *argv])
     assert code == 2 and out == "" and message in err, (out, err)
 
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a loop device stands in for a spare disk)")
-def test_a_study_dry_run_with_a_spare_disk_names_no_loop_device(tmp_path, capsys):
+def test_a_study_dry_run_with_a_spare_disk_names_no_loop_device(tmp_path, cli_run):
     disk = tmp_path / "spare.img"
     disk.write_bytes(b"\0" * (64 << 20))
     loop = subprocess.run(["losetup", "--find", "--show", str(disk)], capture_output=True, text=True,
                           check=True).stdout.strip()
     try:
-        code, out, err = run_cli(["study", "run", "a", "--size", "quick", "--dry-run", "--device", loop], capsys)
+        code, out, err = cli_run(["study", "run", "a", "--size", "quick", "--dry-run", "--device", loop])
     finally:
         subprocess.run(["losetup", "-d", loop], check=False)
     assert code == 0, err
@@ -413,12 +403,12 @@ def _free(monkeypatch, tmp_path: Path, free: int) -> None:
     monkeypatch.setattr(backing, "free_bytes_at", lambda d: (tmp_path, free))
 
 
-def test_a_sweep_that_does_not_fit_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+def test_a_sweep_that_does_not_fit_is_refused_before_anything_starts(tmp_path, monkeypatch, cli_run):
     """Quick size: the cells' largest run needs 2 x 128 MiB + 64 MiB = 320 MiB, which fits in 350 MiB; the sweep needs
     its three source images (224 MiB) and its largest copy (128 MiB) with the margin: 416 MiB, which does not."""
     _free(monkeypatch, tmp_path, 350 * MIB)
     for argv in (["--dry-run"], ["--detach"], []):
-        code, out, err = run_cli(["study", "run", "b", "--size", "quick", *argv], capsys)
+        code, out, err = cli_run(["study", "run", "b", "--size", "quick", *argv])
         assert code == 1 and out == ""
         assert err == (f"cloudbox: {tmp_path}: not enough free space for the image-propagation sweep (images of 32 "
                        "MiB, 64 MiB, 128 MiB): it needs 416.0 MiB for the largest instance copy and the source images "
@@ -477,16 +467,16 @@ def test_the_store_keeps_whole_images_of_the_wanted_sizes_only():
     assert sorted(p.name for p in store.iterdir()) == ["32m.raw", "notes.txt"]
 
 
-def test_study_images_lists_and_clears_the_store(capsys):
-    code, out, _ = run_cli(["study", "images"], capsys)
+def test_study_images_lists_and_clears_the_store(cli_run):
+    code, out, _ = cli_run(["study", "images"])
     assert code == 0 and out.startswith("no source images in ")
     store = propagation.store_dir()
     store.mkdir(parents=True)
     with open(store / "32m.raw", "wb") as f:
         f.truncate(32 * MIB)
-    code, out, _ = run_cli(["study", "images"], capsys)
+    code, out, _ = cli_run(["study", "images"])
     assert code == 0 and out == f"{store}:\n     32 MiB  32m.raw\n"
-    code, out, _ = run_cli(["study", "images", "--clear"], capsys)
+    code, out, _ = cli_run(["study", "images", "--clear"])
     assert code == 0 and out == f"removed 1 source image(s) from {store} (32.0 MiB)\n"
     assert list(store.iterdir()) == []
 

@@ -11,7 +11,6 @@ import platform
 import pytest
 from real_runs import leftovers, work_files
 
-from cloudbox import cli
 from cloudbox.core.bench import propagation
 from cloudbox.core.record.events import StateEvent
 from cloudbox.core.record.results import ResultStore
@@ -44,14 +43,8 @@ repeats = 1
 """
 
 
-def run_cli(argv: list[str], capsys) -> tuple[int, str]:
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out + err
-
-
 def test_the_quick_sweep_provisions_a_guest_per_size_and_leaves_nothing(state, libvirt_conn, tmp_path, monkeypatch,
-                                                                         capsys):
+                                                                         cli_run):
     studies = tmp_path / "studies"
     studies.mkdir()
     (studies / "p.toml").write_text(SWEEP)
@@ -64,7 +57,8 @@ def test_the_quick_sweep_provisions_a_guest_per_size_and_leaves_nothing(state, l
             store.add_measurement(cell, side=side, test="dd-write-64k", metric="MB/s", value=100.0)
         store.finish_run(cell, "completed")
 
-    code, out = run_cli(["study", "run", "p", "--size", "quick"], capsys)
+    ran = cli_run(["study", "run", "p", "--size", "quick"])
+    code, out = ran.code, ran.printed
     assert code == 0, out
     assert f"propagation sweep ({PROFILE}): run 2 sample(s); stored 32 MiB 0 of 1, 64 MiB 0 of 1" in out
     assert f"run 1 of 1: {PROFILE} (image-propagation sweep, 2 samples)" in out
@@ -93,11 +87,13 @@ def test_the_quick_sweep_provisions_a_guest_per_size_and_leaves_nothing(state, l
     assert work_files(state) == []
     assert [(x.size_bytes, x.complete) for x in propagation.list_sources()] == [(32 * MIB, True), (64 * MIB, True)]
 
-    code, out = run_cli(["study", "run", "p", "--size", "quick"], capsys)  # resumable: every sample is stored
+    ran = cli_run(["study", "run", "p", "--size", "quick"])  # resumable: every sample is stored
+    code, out = ran.code, ran.printed
     assert code == 0, out
     assert "0 run(s) to do" in out and "nothing to run; stored 32 MiB 1 of 1, 64 MiB 1 of 1" in out
 
-    code, out = run_cli(["study", "report", "p"], capsys)
+    ran = cli_run(["study", "report", "p"])
+    code, out = ran.code, ran.printed
     assert code == 0, out
     section = out.split("## Propagation", 1)[1]
     assert "| 32 MiB | 1 of 1 |" in section and "| 64 MiB | 1 of 1 |" in section
@@ -105,6 +101,7 @@ def test_the_quick_sweep_provisions_a_guest_per_size_and_leaves_nothing(state, l
     if run.accelerator == "tcg":
         assert "Fitted line (emulated, quick" in section
 
-    code, out = run_cli(["study", "images", "--clear"], capsys)
+    ran = cli_run(["study", "images", "--clear"])
+    code, out = ran.code, ran.printed
     assert code == 0 and "removed 2 source image(s)" in out
     assert propagation.list_sources() == []

@@ -78,25 +78,23 @@ async def test_the_tests_screen_offers_the_declared_choices(state):
     (["--net-seconds", "-3"], "--net-seconds -3 is not allowed; allowed: 0 (5 s quick, 30 s otherwise) or more"),
     (["--runtime", "-1"], "--runtime -1 is not allowed; allowed: 0 (5 s quick, 30 s otherwise) or more seconds"),
 ])
-def test_a_usage_error_exits_2_before_anything_is_created(argv, message, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
-    assert cli.main(["run", "--profile", "virtio-disk", *argv]) == 2
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "state").exists()  # no results database, no log, no lock
+def test_a_usage_error_exits_2_before_anything_is_created(argv, message, isolated, cli_run):
+    code, _, err = cli_run(["run", "--profile", "virtio-disk", *argv])
+    assert code == 2 and message in err
+    assert not isolated.exists()  # no results database, no log, no lock
 
 
 @pytest.mark.parametrize("name", ["/../../x", "../escape", "be1\n", "Be1", "-be1", "a" * 64])
-def test_a_node_name_reaching_the_run_lock_is_a_node_name(name, tmp_path, monkeypatch, capsys):
+def test_a_node_name_reaching_the_run_lock_is_a_node_name(name, tmp_path, monkeypatch, isolated, cli_run):
     from cloudbox.core.record.runlock import RunLock, check_not_busy
 
     run_dir = tmp_path / "run" / "dir"
     monkeypatch.setenv("CLOUDBOX_RUN_DIR", str(run_dir))
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
     for attempt in (lambda: RunLock(name), lambda: check_not_busy(name)):
         with pytest.raises(UsageError, match="is not a node name; allowed: lowercase letters, digits and '-'"):
             attempt()
-    assert cli.main(["run", "--profile", "virtio-disk", f"--node={name}"]) == 2
-    assert f"--node {name!r} is not a node name" in capsys.readouterr().err
+    code, _, err = cli_run(["run", "--profile", "virtio-disk", f"--node={name}"])
+    assert code == 2 and f"--node {name!r} is not a node name" in err
     assert list(tmp_path.rglob("*")) == []  # no lock file, in the run dir or outside it
     lock = RunLock("be-1")
     lock.acquire({"pid": 1})

@@ -114,11 +114,7 @@ why = "Halfway to a full link."
 """
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("CLOUDBOX_PROFILE_PATH", raising=False)
-    monkeypatch.delenv("CLOUDBOX_STUDY_DIR", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def good() -> schema.Study:

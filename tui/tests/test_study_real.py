@@ -10,7 +10,6 @@ from xml.etree import ElementTree
 
 import pytest
 
-from cloudbox import cli
 from cloudbox.core.record.results import ResultStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -40,19 +39,14 @@ why = "The study measured 99%."
 """
 
 
-def run_cli(argv: list[str], capsys) -> tuple[int, str]:
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out + err
-
-
-def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_path, monkeypatch, capsys):
+def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_path, monkeypatch, cli_run):
     studies = tmp_path / "studies"
     studies.mkdir()
     (studies / "t.toml").write_text(ONE_CELL)
     monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(studies))
 
-    code, out = run_cli(["study", "run", "t", "--size", "quick"], capsys)
+    ran = cli_run(["study", "run", "t", "--size", "quick"])
+    code, out = ran.code, ran.printed
     assert code == 0, out
     assert "study t at quick size on this host: 1 run(s) to do" in out
     assert "virtio-disk: run dd-write-64k" in out
@@ -64,14 +58,16 @@ def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_
     for side in ("guest", "baseline"):
         assert run.measurement(side, "dd-write-64k", "MB/s").value > 0
 
-    code, out = run_cli(["study", "run", "t", "--size", "quick"], capsys)  # resumable: the cell is stored
+    ran = cli_run(["study", "run", "t", "--size", "quick"])  # resumable: the cell is stored
+    code, out = ran.code, ran.printed
     assert code == 0, out
     assert "0 run(s) to do" in out and f"stored dd-write-64k (#{run.id})" in out
     with ResultStore() as store:
         assert len(store.list_runs()) == 1
 
     report = tmp_path / "t.md"
-    code, out = run_cli(["study", "report", "t", "-o", str(report)], capsys)
+    ran = cli_run(["study", "report", "t", "-o", str(report)])
+    code, out = ran.code, ran.printed
     assert code == 0, out
     text = Path(report).read_text()
     assert f"- run #{run.id}: profile `virtio-disk`, quick size" in text  # the runs it used are listed
@@ -84,7 +80,8 @@ def test_a_study_runs_its_missing_cell_then_reports_it(state, libvirt_conn, tmp_
 
     # The HTML page parses as XML where it must (its figure), and the figure's bar is the run's % of native.
     page = tmp_path / "t.html"
-    code, out = run_cli(["study", "report", "t", "-o", str(page)], capsys)
+    ran = cli_run(["study", "report", "t", "-o", str(page)])
+    code, out = ran.code, ran.printed
     assert code == 0, out
     html = page.read_text()
     svg = ElementTree.fromstring(html[html.index("<svg"):html.index("</svg>") + len("</svg>")])
@@ -100,7 +97,7 @@ SERIES = (ONE_CELL.split("[[rules]]")[0].replace('name = "t"', 'name = "s"', 1)
           + "[series.quick]\nevery_minutes = 0\nrepeats = 2\nguests = 2\n")
 
 
-def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp_path, monkeypatch, capsys):
+def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp_path, monkeypatch, cli_run):
     from cloudbox.core.run import runs
 
     studies = tmp_path / "studies"
@@ -108,7 +105,8 @@ def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp
     (studies / "s.toml").write_text(SERIES)
     monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(studies))
 
-    code, out = run_cli(["study", "run", "s", "--size", "quick", "--detach"], capsys)
+    ran = cli_run(["study", "run", "s", "--size", "quick", "--detach"])
+    code, out = ran.code, ran.printed
     assert code == 0, out
     assert "a series of 2 repeats back to back, 2 guests at once" in out and "cloudbox cancel sweep-" in out
     sweep_id = out.split("cloudbox cancel ", 1)[1].split("`", 1)[0]
@@ -122,7 +120,8 @@ def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp
     assert [len(v) for v in each] == [2, 2] and all(x > 0 for v in each for x in v), each
     values = sorted(x for v in each for x in v)
 
-    code, out = run_cli(["study", "report", "s"], capsys)
+    ran = cli_run(["study", "report", "s"])
+    code, out = ran.code, ran.printed
     assert code == 0, out
     row = next(line for line in out.splitlines()
                if line.startswith("| virtio-disk | dd-write-64k | 2 of 2 (quick, 2 guests each)"))
@@ -131,5 +130,6 @@ def test_a_series_runs_detached_then_reports_its_spread(state, libvirt_conn, tmp
     assert f"| {median} (emulated, quick) MB/s |" in row if emulated else f"| {median} (quick) MB/s |" in row
     assert f"{values[0]:.1f} - {values[-1]:.1f}" in row
     assert "virtio-disk dd-write-64k by guest over time (MB/s): g1 median " in out and "Jain's fairness index" in out
-    code, out = run_cli(["study", "run", "s", "--size", "quick"], capsys)  # the series is whole: nothing to do
+    ran = cli_run(["study", "run", "s", "--size", "quick"])  # the series is whole: nothing to do
+    code, out = ran.code, ran.printed
     assert code == 0 and "2 of 2 repeats stored" in out and "0 run(s) to do" in out

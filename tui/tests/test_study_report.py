@@ -29,17 +29,7 @@ AOE_HERE = ("not run yet" if attach.kernel_module_available("aoe")
             else "not run: disk.attach = host (aoe): this kernel has no aoe")
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("CLOUDBOX_PROFILE_PATH", raising=False)
-    monkeypatch.delenv("CLOUDBOX_STUDY_DIR", raising=False)
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def add_run(store: ResultStore, profile: str, tests: dict[str, tuple[float, float]], *, started_at: float,
@@ -89,9 +79,9 @@ def table_rows(report: str, heading: str) -> list[list[str]]:
     return rows
 
 
-def test_report_tables_against_hand_computed_values(study_a_runs, capsys):
+def test_report_tables_against_hand_computed_values(study_a_runs, cli_run):
     ids = study_a_runs
-    code, report, err = run_cli(["study", "report", "A"], capsys)
+    code, report, err = cli_run(["study", "report", "A"])
     assert code == 0 and err == ""
     rows = table_rows(report, "Table 1: writes (dd, 64 kB blocks)")
     d, v, s, p = (f"#{ids[k]}" for k in ("default", "virtio", "scsi", "prealloc"))
@@ -159,24 +149,24 @@ def test_report_tables_against_hand_computed_values(study_a_runs, capsys):
     assert "(quick):" not in report
 
 
-def test_report_to_a_file_is_the_same_and_quick_runs_say_so(study_a_runs, tmp_path, capsys):
-    code, shown, _ = run_cli(["study", "report", "a"], capsys)
+def test_report_to_a_file_is_the_same_and_quick_runs_say_so(study_a_runs, tmp_path, cli_run):
+    code, shown, _ = cli_run(["study", "report", "a"])
     out = tmp_path / "out" / "report.md"
-    code, stdout, err = run_cli(["study", "report", "a", "-o", str(out)], capsys)
+    code, stdout, err = cli_run(["study", "report", "a", "-o", str(out)])
     assert code == 0 and stdout == ""
     assert out.read_text() == shown
     assert err.strip() == f"wrote {out}: 7 cells from 4 runs; 2 reproduced, 1 not reproduced, 9 inconclusive"
     assert [p.name for p in out.parent.iterdir()] == ["report.md"]  # no temporary file left
-    code, _, err = run_cli(["study", "report", "a", "-o", str(tmp_path)], capsys)
+    code, _, err = cli_run(["study", "report", "a", "-o", str(tmp_path)])
     assert code == 1 and "is a directory" in err
 
     # a newer quick run is used only when the report asks for quick runs, and its verdict is inconclusive
     with ResultStore() as store:
         quick = add_run(store, "eucalyptus-default", {"dd-write-64k": (1.1, 110.0)}, started_at=T0 + 50,
                         size="quick")
-    code, report, _ = run_cli(["study", "report", "a"], capsys)
+    code, report, _ = cli_run(["study", "report", "a"])
     assert table_rows(report, "Table 1: writes (dd, 64 kB blocks)")[1][3] == "2.2"
-    code, report, _ = run_cli(["study", "report", "a", "--size", "quick"], capsys)
+    code, report, _ = cli_run(["study", "report", "a", "--size", "quick"])
     row = table_rows(report, "Table 1: writes (dd, 64 kB blocks)")[1]
     assert row[3:6] == ["1.1 (quick)", "1.2", "1.0 (quick)"] and row[-1] == f"#{quick}"
     a1 = {r[0]: r for r in table_rows(report, "Findings")}["A1"]
@@ -185,8 +175,8 @@ def test_report_to_a_file_is_the_same_and_quick_runs_say_so(study_a_runs, tmp_pa
     assert "(quick): quick size (128 MiB)" in report
 
 
-def test_report_of_a_study_without_runs(capsys):
-    code, report, _ = run_cli(["study", "report", "b"], capsys)
+def test_report_of_a_study_without_runs(cli_run):
+    code, report, _ = cli_run(["study", "report", "b"])
     assert code == 0
     assert "No stored run matches this study yet (`cloudbox study run b`)." in report
     assert "0 reproduced, 0 not reproduced, 3 inconclusive." in report
@@ -195,7 +185,7 @@ def test_report_of_a_study_without_runs(capsys):
     assert by_id["B3.kvm"][2] == "-"  # no published figure: the study's two ratios are not combined here
 
 
-def test_study_b_reports_every_bonnie_figure_of_both_sides(capsys):
+def test_study_b_reports_every_bonnie_figure_of_both_sides(cli_run):
     """Bonnie++'s table: the figures a TCG guest's run stored (those of tests/data/bonnie-guest-tcg-96m.txt) and its
     bare metal's, which timed nothing but its whole run; a figure not stored shows as "-"."""
     with ResultStore() as store:
@@ -207,7 +197,7 @@ def test_study_b_reports_every_bonnie_figure_of_both_sides(capsys):
                               ("rewrite %CPU", 87.0), ("creates/s", 2400.0)):
             store.add_measurement(rid, side="guest", test="bonnie", metric=metric, value=value)
         store.finish_run(rid, "completed")
-    code, report, _ = run_cli(["study", "report", "b"], capsys)
+    code, report, _ = cli_run(["study", "report", "b"])
     assert code == 0
     heading = ("Bonnie++ on ext4 in the guest: sequential block write (MB/s; rewrite, read, %CPU, creations and "
                "deletions per second below)")
@@ -222,7 +212,7 @@ def test_study_b_reports_every_bonnie_figure_of_both_sides(capsys):
                         "87.0", "-", "-", "2400", "-", "-", "-"]
 
 
-def test_study_b_reports_iozones_file_size_sweep_per_file_size(capsys):
+def test_study_b_reports_iozones_file_size_sweep_per_file_size(cli_run):
     with ResultStore() as store:
         rid = store.create_run(profile_name="kvm-cache-writethrough",
                                profile_hash=profiles.find_profile("kvm-cache-writethrough").hash, suite="storage",
@@ -234,7 +224,7 @@ def test_study_b_reports_iozones_file_size_sweep_per_file_size(capsys):
                     store.add_measurement(rid, side=side, test="iozone-files-16m",
                                           metric=f"{p} MB/s, {mib} MiB file", value=(mib + k) * scale)
         store.finish_run(rid, "completed")
-    code, report, _ = run_cli(["study", "report", "b"], capsys)
+    code, report, _ = cli_run(["study", "report", "b"])
     assert code == 0
     rows = table_rows(report, "IOzone's file-size sweep (automatic mode), 16 MB records, O_DIRECT: write MB/s of the "
                               "largest file (every file size below)")
@@ -272,10 +262,10 @@ def mbs(kbs: int, scale: float = 1.0) -> str:
     return f"{kbs * 1024 / 1e6 * scale:.1f}"
 
 
-def test_study_b_reports_iozones_grid_per_file_and_record_size(capsys):
+def test_study_b_reports_iozones_grid_per_file_and_record_size(cli_run):
     with ResultStore() as store:
         rid = add_grid_run(store, 0.25)
-    code, report, _ = run_cli(["study", "report", "b"], capsys)
+    code, report, _ = cli_run(["study", "report", "b"])
     assert code == 0
     assert "| configuration | run | file | records | write | re-write | read | re-read |" in report
     rows = table_rows(report, GRID_TABLE)
@@ -292,7 +282,7 @@ def test_study_b_reports_iozones_grid_per_file_and_record_size(capsys):
                                                                          (868758, 1255842, 1028953, 923775))]
 
 
-def test_html_report_plots_iozones_sweeps_against_file_size(capsys):
+def test_html_report_plots_iozones_sweeps_against_file_size(cli_run):
     """The file sweep: a line per pass; the grid: a line per record size (its write pass); bare metal and the guest
     each a plot of its own, headed by the qualifiers the tables give them; the file sizes on a log2 axis."""
     with ResultStore() as store:
@@ -303,7 +293,7 @@ def test_html_report_plots_iozones_sweeps_against_file_size(capsys):
                 for k, p in enumerate(iozone.IOZONE_FILE_PASSES):
                     store.add_measurement(files, side=side, test="iozone-files-16m",
                                           metric=f"{p} MB/s, {mib} MiB file", value=(mib + k) * scale)
-    code, page, _ = run_cli(["study", "report", "b", "--format", "html"], capsys)
+    code, page, _ = cli_run(["study", "report", "b", "--format", "html"])
     assert code == 0
     figures = [f.split("</figure>")[0] for f in page.split("<figure>")[1:] if "against file size" in f]
     assert [f"(run #{files})" in figures[0], f"(run #{grid})" in figures[1], len(figures)] == [True, True, 2]
@@ -336,21 +326,21 @@ def test_html_report_plots_iozones_sweeps_against_file_size(capsys):
     x, y = guest["16 MiB records"][-1]  # its write at 128 MiB, the grid's result
     assert (bottom - y) / (bottom - ceiling) == pytest.approx(1252157 * 1.024e-3 * 0.25 / top, rel=1e-3)
     assert (guest["64 KiB records"][0][0], x) == (float(yaxis.get("x1")), float(xaxis.get("x2")))
-    code, md, _ = run_cli(["study", "report", "b"], capsys)
+    code, md, _ = cli_run(["study", "report", "b"])
     assert "<svg" not in md and "against file size" not in md  # the Markdown report keeps its tables only
 
 
-def test_report_refuses_unknown_studies_and_formats(capsys):
-    code, _, err = run_cli(["study", "report", "zz"], capsys)
+def test_report_refuses_unknown_studies_and_formats(cli_run):
+    code, _, err = cli_run(["study", "report", "zz"])
     assert code == 1 and "no study named 'zz'; known studies: a, b" in err
     with pytest.raises(SystemExit) as exc:
         cli.main(["study", "report", "a", "--format", "pdf"])
     assert exc.value.code == 2
 
 
-def test_html_report_has_the_tables_and_a_figure_per_table_with_our_labels(study_a_runs, tmp_path, capsys):
-    code, md, _ = run_cli(["study", "report", "a"], capsys)
-    code, page, _ = run_cli(["study", "report", "a", "--format", "html"], capsys)
+def test_html_report_has_the_tables_and_a_figure_per_table_with_our_labels(study_a_runs, tmp_path, cli_run):
+    code, md, _ = cli_run(["study", "report", "a"])
+    code, page, _ = cli_run(["study", "report", "a", "--format", "html"])
     assert code == 0 and page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "<title>" in page and "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # stands alone
     assert page.count("<table>") == md.count("| configuration |") + 1  # each test's table and the findings'
@@ -366,13 +356,13 @@ def test_html_report_has_the_tables_and_a_figure_per_table_with_our_labels(study
     assert f">{float(paper_pct):.1f} %</text>" in writes  # the paper's bar is the table's number
 
     out = tmp_path / "a.html"
-    code, stdout, err = run_cli(["study", "report", "a", "-o", str(out)], capsys)
+    code, stdout, err = cli_run(["study", "report", "a", "-o", str(out)])
     assert code == 0 and out.read_text() == page and err.startswith(f"wrote {out}: ")
-    code, _, _ = run_cli(["study", "report", "a", "-o", str(tmp_path / "a.md")], capsys)
+    code, _, _ = cli_run(["study", "report", "a", "-o", str(tmp_path / "a.md")])
     assert (tmp_path / "a.md").read_text() == md
 
 
-def test_html_report_plots_the_host_disk_over_each_storage_cell_that_has_samples(study_a_runs, capsys):
+def test_html_report_plots_the_host_disk_over_each_storage_cell_that_has_samples(study_a_runs, cli_run):
     rid = study_a_runs["default"]
     guest = [{"t": T0 + i, "device": "sda", "test": "guest:dd-write-64k", "avgrq_sectors": 30.0 + i, "avgqu": 0.9}
              for i in range(4)]
@@ -380,7 +370,7 @@ def test_html_report_plots_the_host_disk_over_each_storage_cell_that_has_samples
              "avgqu": 140.0} for i in range(3)]
     with ResultStore() as store:
         store.add_samples(rid, guest + base + [{"t": T0 + 60, "device": "sda", "test": "idle", "avgqu": 0.0}])
-    code, page, _ = run_cli(["study", "report", "a", "--format", "html"], capsys)
+    code, page, _ = cli_run(["study", "report", "a", "--format", "html"])
     assert code == 0
     figures = [f.split("</figure>")[0] for f in page.split("<figure>")[1:] if "the host disk each second" in f]
     assert len(figures) == 1 and f"from run #{rid}" in figures[0]  # only the cell whose run has samples
@@ -393,16 +383,16 @@ def test_html_report_plots_the_host_disk_over_each_storage_cell_that_has_samples
         assert [len(lines["guest"]), len(lines["baseline"])] == [4, 3]  # one point a second, the idle one left out
         top = [t.text for t in svg.iter(f"{ns}text") if t.get("text-anchor") == "end"][0]
         assert float(top) == pytest.approx(max(r[key] for r in guest + base) * 1.1, rel=1e-2)
-    code, md, _ = run_cli(["study", "report", "a"], capsys)
+    code, md, _ = cli_run(["study", "report", "a"])
     assert "the host disk each second" not in md  # the Markdown report has no figures
 
 
-def test_html_report_shows_markup_in_a_study_as_text(tmp_path, monkeypatch, capsys):
+def test_html_report_shows_markup_in_a_study_as_text(tmp_path, monkeypatch, cli_run):
     bad_study_dir(tmp_path, monkeypatch, ONE_CELL.replace('title = "One cell"', 'title = "<script>x()</script>"')
                   .replace('row = "KVM, sparse file"', 'row = "<b onmouseover=x()>row</b>"'))
     with ResultStore() as store:
         add_run(store, "eucalyptus-default", {"dd-write-64k": (2.2, 110.0)}, started_at=T0)
-    code, page, _ = run_cli(["study", "report", "t", "--format", "html"], capsys)
+    code, page, _ = cli_run(["study", "report", "t", "--format", "html"])
     assert code == 0
     assert "<script" not in page and "<b " not in page
     assert "&lt;script&gt;x()&lt;/script&gt;" in page and "&lt;b onmouseover=x()&gt;row&lt;/b&gt;" in page
@@ -453,9 +443,9 @@ def cost_runs(tmp_path, monkeypatch) -> dict[str, int]:
         }
 
 
-def test_cost_columns_against_hand_computed_values(cost_runs, capsys):
+def test_cost_columns_against_hand_computed_values(cost_runs, cli_run):
     small, big = (f"#{cost_runs[k]}" for k in ("small", "big"))
-    code, report, err = run_cli(["study", "report", "t"], capsys)
+    code, report, err = cli_run(["study", "report", "t"])
     assert code == 0 and err == ""
     head = next(line for line in report.splitlines() if line.startswith("| configuration"))
     assert head.split(" | ")[6:8] == ["ours MB/s per host core", "ours MB/s per GiB guest RAM"]
@@ -477,7 +467,7 @@ def test_cost_columns_against_hand_computed_values(cost_runs, capsys):
     assert "Cost columns: each number divided by the physical cores of the host that ran it" in report
     assert '"-" where a run did not record its host\'s cores.' in report
 
-    code, page, _ = run_cli(["study", "report", "t", "--format", "html"], capsys)
+    code, page, _ = cli_run(["study", "report", "t", "--format", "html"])
     assert code == 0
     right = '<td style="text-align:right">'
     assert '<th style="text-align:right">ours MB/s per host core</th>' in page
@@ -487,26 +477,26 @@ def test_cost_columns_against_hand_computed_values(cost_runs, capsys):
     with ResultStore() as store:  # a quick run is newer but the study size is chosen; its cost columns say quick
         add_run(store, "virtio-disk", {"rec-write-1m": (60.0, 80.0)}, started_at=T0 + 20, size="quick",
                 provenance=Provenance(host="h", host_cores=4))
-    code, report, _ = run_cli(["study", "report", "t", "--size", "quick"], capsys)
+    code, report, _ = cli_run(["study", "report", "t", "--size", "quick"])
     assert table_rows(report, "Writes, 1 MB records")[1][6:8] == ["15.0 (quick)", "60.0 (quick)"]
 
 
-def test_a_study_without_cost_has_no_cost_columns(study_a_runs, capsys):
-    code, report, _ = run_cli(["study", "report", "a"], capsys)
+def test_a_study_without_cost_has_no_cost_columns(study_a_runs, cli_run):
+    code, report, _ = cli_run(["study", "report", "a"])
     assert code == 0 and "per host core" not in report and "Cost columns" not in report
 
 
 # ----------------------------------------------------------------------------------------------- list / show
-def test_list_and_show(capsys):
-    code, out, _ = run_cli(["study", "list"], capsys)
+def test_list_and_show(cli_run):
+    code, out, _ = cli_run(["study", "list"])
     assert code == 0
     assert out.splitlines()[0].startswith("a      Study A: ") and "[9 profiles x 6 tests, 12 rules]" in out
-    code, out, _ = run_cli(["study", "show", "B"], capsys)
+    code, out, _ = cli_run(["study", "show", "B"])
     assert code == 0
     assert "  xen-default             Xen, raw file on the host" in out
     assert "[not runnable here: Xen profile: boot the appliance's Xen entry]" in out
     assert "  B3.wt: kvm-cache-writethrough iozone-write-16m ≤ 40% of xen-default's  (paper: 17.0%)" in out
-    code, out, _ = run_cli(["study", "show", "a", "--json"], capsys)
+    code, out, _ = cli_run(["study", "show", "a", "--json"])
     assert code == 0 and '"name": "a"' in out
 
 
@@ -535,21 +525,21 @@ table = "Writes"
 """
 
 
-def test_an_invalid_study_file_exits_2_naming_file_key_and_value(tmp_path, monkeypatch, capsys):
+def test_an_invalid_study_file_exits_2_naming_file_key_and_value(tmp_path, monkeypatch, cli_run):
     f = bad_study_dir(tmp_path, monkeypatch, ONE_CELL.replace('name = "eucalyptus-default"', 'name = "nope"'))
-    code, _, err = run_cli(["study", "show", "t"], capsys)
+    code, _, err = cli_run(["study", "show", "t"])
     assert code == 2
     assert err.startswith(f"cloudbox: {f}: invalid study (1 problem)")
     assert "profiles[1].name: no such profile (got 'nope'); allowed: a profile name: " in err
-    code, out, _ = run_cli(["study", "list"], capsys)
+    code, out, _ = cli_run(["study", "list"])
     assert code == 0 and out.strip() == f"t  INVALID (cloudbox study show {f})"
     assert paths.study_dirs() == [f.parent]
 
 
 # ------------------------------------------------------------------------------------------------------- run
-def test_run_dry_run_says_what_it_skips(study_a_runs, capsys):
+def test_run_dry_run_says_what_it_skips(study_a_runs, cli_run):
     ids = study_a_runs
-    code, out, err = run_cli(["study", "run", "a", "--dry-run"], capsys)
+    code, out, err = cli_run(["study", "run", "a", "--dry-run"])
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "study a at study size on this host: 5 run(s) to do"
@@ -558,19 +548,18 @@ def test_run_dry_run_says_what_it_skips(study_a_runs, capsys):
     assert "  xen-default: skipped, Xen profile: boot the appliance's Xen entry" in lines
     # the emulated virtio-disk run is stored: re-running skips it too (--again measures it anew)
     assert any(line.startswith("  virtio-disk: run tcp-maerts; stored dd-write-64k") for line in lines)
-    code, out, _ = run_cli(["study", "run", "a", "--dry-run", "--again", "--size", "quick"], capsys)
+    code, out, _ = cli_run(["study", "run", "a", "--dry-run", "--again", "--size", "quick"])
     assert "  virtio-disk: run dd-write-64k, dd-read-64k, tcp-stream, tcp-maerts; needs --node" in out
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts a small tmpfs as the work directory")
-def test_run_that_cannot_fit_is_refused_before_anything_starts(tmp_path, capsys):
+def test_run_that_cannot_fit_is_refused_before_anything_starts(tmp_path, cli_run):
     small = tmp_path / "small"
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], check=True)
     try:
         for argv in (["--dry-run"], ["--detach"], []):
-            code, out, err = run_cli(["study", "run", "a", "--size", "quick", "--work-dir", str(small), *argv],
-                                     capsys)
+            code, out, err = cli_run(["study", "run", "a", "--size", "quick", "--work-dir", str(small), *argv])
             assert code == 1 and out == ""
             assert err.startswith(f"cloudbox: {small}: not enough free space for study a at quick size: its largest "
                                   "run (profile "), err
@@ -580,17 +569,17 @@ def test_run_that_cannot_fit_is_refused_before_anything_starts(tmp_path, capsys)
         with ResultStore() as store:
             assert store.list_runs() == []  # nothing recorded, nothing started
         # where it fits, the same study run plans (a file system with room: the state dir's)
-        code, out, _ = run_cli(["study", "run", "a", "--size", "quick", "--dry-run"], capsys)
+        code, out, _ = cli_run(["study", "run", "a", "--size", "quick", "--dry-run"])
         assert code == 0 and out.startswith("study a at quick size on this host: ")
     finally:
         subprocess.run(["umount", str(small)], check=True)
 
 
-def test_run_with_everything_stored_starts_nothing(tmp_path, monkeypatch, capsys):
+def test_run_with_everything_stored_starts_nothing(tmp_path, monkeypatch, cli_run):
     bad_study_dir(tmp_path, monkeypatch, ONE_CELL)
     with ResultStore() as store:
         rid = add_run(store, "eucalyptus-default", {"dd-write-64k": (2.0, 100.0)}, started_at=T0)
-    code, out, _ = run_cli(["study", "run", "t"], capsys)
+    code, out, _ = cli_run(["study", "run", "t"])
     assert code == 0
     assert out.splitlines() == ["study t at study size on this host: 0 run(s) to do",
                                 f"  eucalyptus-default: stored dd-write-64k (#{rid})",
@@ -599,12 +588,12 @@ def test_run_with_everything_stored_starts_nothing(tmp_path, monkeypatch, capsys
         assert len(store.list_runs()) == 1
 
 
-def test_run_refuses_bad_options_before_anything_starts(tmp_path, monkeypatch, capsys):
+def test_run_refuses_bad_options_before_anything_starts(tmp_path, monkeypatch, cli_run):
     bad_study_dir(tmp_path, monkeypatch, ONE_CELL)
-    code, _, err = run_cli(["study", "run", "t", "--size", "quick"], capsys)
+    code, _, err = cli_run(["study", "run", "t", "--size", "quick"])
     assert code == 2 and "--size 'quick' is not offered by study t; allowed: study" in err
-    code, _, err = run_cli(["study", "run", "t", "--node", "Bad Name", "--dry-run"], capsys)
+    code, _, err = cli_run(["study", "run", "t", "--node", "Bad Name", "--dry-run"])
     assert code == 2 and "--node 'Bad Name' is not a node name" in err
-    code, _, err = run_cli(["study", "run", "t", "--agent-timeout", "1", "--dry-run"], capsys)
+    code, _, err = cli_run(["study", "run", "t", "--agent-timeout", "1", "--dry-run"])
     assert code == 2 and "--agent-timeout 1 is not allowed" in err
     assert not paths.results_db().exists()  # refused before the results database was opened

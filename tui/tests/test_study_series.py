@@ -22,11 +22,7 @@ T0 = 1_700_000_000.0
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("CLOUDBOX_PROFILE_PATH", raising=False)
-    monkeypatch.delenv("CLOUDBOX_STUDY_DIR", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def record(store: ResultStore, values: dict[str, float], *, started_at: float, size: str = "quick",

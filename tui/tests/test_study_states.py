@@ -16,11 +16,7 @@ from cloudbox.core.studies import cellstates, evidence, loading, markdown, plann
 T0 = 1_700_000_000.0
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("CLOUDBOX_PROFILE_PATH", raising=False)
-    monkeypatch.delenv("CLOUDBOX_STUDY_DIR", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def record(store: ResultStore, profile: str, tests: dict[str, float], *, started_at: float, state: str = "completed",
