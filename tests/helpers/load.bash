@@ -68,7 +68,7 @@ wait_for() {
 # pid_gone PID: whether process PID has ended (for wait_for).
 pid_gone() { ! kill -0 "$1" 2> /dev/null; }
 
-for _helper in qemu image-boot image-install image-cluster guest-image tui; do
+for _helper in qemu image-boot image-suite image-install image-cluster guest-image tui; do
     # shellcheck source=/dev/null
     source "$REPO/tests/helpers/$_helper.bash"
 done

@@ -141,9 +141,18 @@ qemu_run() {
     timeout --kill-after=10 "$1" nice -n 10 qemu-system-x86_64 "${QEMU_ARGS[@]}" > "$2" 2>&1
 }
 
-# qemu_start LOG: starts the machine in the background; QEMU_PID is its process.
+# qemu_start LOG: starts the machine in the background; QEMU_PID is its process. It keeps none of the caller's file
+# descriptors past stderr (bats' own pipes among them), so a machine left running (IMAGE_REUSE=1, image-suite.bash)
+# does not hold bats open.
 qemu_start() {
-    nice -n 10 qemu-system-x86_64 "${QEMU_ARGS[@]}" > "$1" 2>&1 &
+    (
+        local fd
+        for fd in /proc/"$BASHPID"/fd/*; do
+            fd=${fd##*/}
+            [ "$fd" -le 2 ] || exec {fd}>&-
+        done
+        exec nice -n 10 qemu-system-x86_64 "${QEMU_ARGS[@]}"
+    ) > "$1" 2>&1 &
     # shellcheck disable=SC2034 # for the caller
     QEMU_PID=$!
 }

@@ -6,9 +6,8 @@
 load ../helpers/load
 
 setup_file() {
-    export BOOT_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}
-    mkdir -p "$BOOT_LOGS"
-    image_ensure >&3 2>&1
+    suite_begin
+    export BOOT_LOGS=$SUITE_LOGS
 }
 
 teardown() {

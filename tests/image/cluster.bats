@@ -17,15 +17,11 @@ BE_CAMPUS=52:54:00:cb:02:01
 BE_PRIVATE=52:54:00:cb:02:02
 
 setup_file() {
-    export LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/cluster
-    mkdir -p "$LOGS"
-    image_ensure >&3 2>&1
+    suite_begin cluster
+    export LOGS=$SUITE_LOGS
     rm -f "$LOGS"/*.seconds "$LOGS"/power-on.t "$LOGS"/run*.txt "$LOGS"/*.json "$LOGS"/*.ok
-    # IMAGE_CLUSTER_REUSE=1 (with IMAGE_CLUSTER_KEEP_DISKS=1 on the run before): keep the installed disks and
-    # start at the boots, for iterating on the later tests.
-    if [ "${IMAGE_CLUSTER_REUSE:-0}" != 1 ]; then
-        rm -f "$LOGS"/*.raw "$LOGS"/*.toml
-    fi
+    # IMAGE_REUSE=1: the disks a run before installed (and kept) are booted again, the installs skipped.
+    suite_fresh "$LOGS"/*.raw "$LOGS"/*.toml
     image_make_credentials "$LOGS"
     openssl passwd -6 -stdin < "$LOGS/root-password" > "$LOGS/root-hash"
     install_disk "$LOGS/data.raw" 1G
@@ -72,9 +68,7 @@ TOML
 teardown_file() {
     cluster_stop "$LOGS" fe1 "${FE_PORT:-0}"
     cluster_stop "$LOGS" be1 "${BE_PORT:-0}"
-    if [ "${IMAGE_CLUSTER_KEEP_DISKS:-0}" != 1 ]; then
-        rm -f "$LOGS"/*.raw
-    fi
+    suite_done "$LOGS"/*.raw
 }
 
 teardown() {
@@ -103,8 +97,8 @@ enrolled() {
 
 # bats test_tags=slow,image,cluster
 @test "a front-end and a back-end install unattended side by side; the disk with data is untouched" {
-    if [ "${IMAGE_CLUSTER_REUSE:-0}" = 1 ] && installed; then
-        skip "IMAGE_CLUSTER_REUSE=1: the disks installed by an earlier run are used"
+    if reusing && installed; then
+        skip "IMAGE_REUSE=1: the disks installed by an earlier run are used"
     fi
     install_disk "$LOGS/fe.raw" 12G
     install_disk "$LOGS/be.raw" 12G

@@ -10,9 +10,8 @@
 load ../helpers/load
 
 setup_file() {
-    export LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/install
-    mkdir -p "$LOGS"
-    image_ensure >&3 2>&1
+    suite_begin install
+    export LOGS=$SUITE_LOGS
     rm -f "$LOGS"/*.raw "$LOGS"/*.toml "$LOGS"/*.sha "$LOGS"/*.ok
     image_make_credentials "$LOGS"
     openssl passwd -6 -stdin < "$LOGS/root-password" > "$LOGS/root-hash"
@@ -63,11 +62,10 @@ private_mtu = 12000
 EOF
 }
 
-# The disk images (GiBs of sparse files) go, the logs stay; IMAGE_INSTALL_KEEP_DISKS=1 keeps the disks too.
+# The disk images (GiBs of sparse files) go, the logs stay; IMAGE_REUSE=1 keeps the disks too (each run installs
+# afresh: setup_file removes them).
 teardown_file() {
-    if [ "${IMAGE_INSTALL_KEEP_DISKS:-0}" != 1 ]; then
-        rm -f "$LOGS"/*.raw
-    fi
+    suite_done "$LOGS"/*.raw
 }
 
 teardown() {

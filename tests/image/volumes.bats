@@ -10,23 +10,21 @@
 load ../helpers/load
 
 setup_file() {
-    export VOL_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/volumes
-    export VOL_PORT=${IMAGE_VOLUMES_SSH_PORT:-$(free_port)}
+    suite_begin volumes
+    export VOL_LOGS=$SUITE_LOGS
     # One vCPU: a nested KVM guest on one of two TCG vCPUs can leave the other waiting on an IPI (docs/image.md).
     export IMAGE_QEMU_SMP=${IMAGE_QEMU_SMP:-1}
-    mkdir -p "$VOL_LOGS"
     rm -f "$VOL_LOGS"/*.txt "$VOL_LOGS"/*.json
-    image_ensure >&3 2>&1
-    image_start uefi "$VOL_LOGS" "$VOL_PORT"
-    machine_wait_ssh "$VOL_LOGS" "$VOL_PORT" "$QEMU_PID" "${IMAGE_BOOT_TIMEOUT_S:-600}"
-    echo "# appliance reachable over SSH after $WAITED_S s" >&3
-    machine_ssh_share "$VOL_LOGS" "$VOL_PORT"
-    appliance cloudbox volume create ebs --size 48M >&3
+    appliance_ensure "$VOL_LOGS" "${IMAGE_VOLUMES_SSH_PORT:-$(free_port)}"
+    export VOL_PORT=$APPLIANCE_PORT
+    # A reused appliance has its volume still (each test leaves it detached: assert_nothing_left).
+    if [ "$APPLIANCE_REUSED" != 1 ] || ! grep -q '^ebs ' <<<"$(appliance cloudbox volume list)"; then
+        appliance cloudbox volume create ebs --size 48M >&3
+    fi
 }
 
 teardown_file() {
-    machine_stop "$VOL_LOGS" "$VOL_PORT" "${QEMU_PID:-}" "$VOL_LOGS/journal.txt"
-    rm -f "$VOL_LOGS/disk.qcow2"
+    appliance_release "$VOL_LOGS"
 }
 
 teardown() {

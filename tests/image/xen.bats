@@ -12,16 +12,18 @@
 load ../helpers/load
 
 setup_file() {
-    export XEN_LOGS=${IMAGE_TEST_LOGS:-$IMAGE_DIR/test-logs}/xen
-    mkdir -p "$XEN_LOGS"
-    image_ensure >&3 2>&1
-    # A copy whose loaders default to the Xen entry, as if a lab picked it in the menu.
+    suite_begin xen
+    export XEN_LOGS=$SUITE_LOGS
+    # A copy whose loaders default to the Xen entry, as if a lab picked it in the menu (booted through overlays only;
+    # IMAGE_REUSE=1 takes up the copy a run before kept while it is newer than the image).
     export XEN_IMAGE=$XEN_LOGS/cloudbox-xen.raw
-    image_xen_default "$IMAGE" "$XEN_IMAGE"
+    if ! reusing || ! [ "$XEN_IMAGE" -nt "$IMAGE" ]; then
+        image_xen_default "$IMAGE" "$XEN_IMAGE"
+    fi
 }
 
 teardown_file() {
-    rm -f "$XEN_LOGS/cloudbox-xen.raw"
+    suite_done "$XEN_IMAGE"
 }
 
 teardown() {
