@@ -14,6 +14,9 @@ from typing import NamedTuple
 
 import pytest
 
+# Imported with the session, not inside a test: cli.run's Printer binds sys.stdout when its module is imported, and
+# a test's captured stdout is closed when that test ends.
+from cloudbox import cli
 from cloudbox.core.spec import addresses
 
 # One run dir for the whole session (run lock, accelerator probe cache, record of started daemons);
@@ -72,7 +75,6 @@ class Ran(NamedTuple):
 def cli_run(capsys, monkeypatch) -> Callable[..., Ran]:
     """`cli_run(argv, stdin=None)`: cloudbox.cli.main(argv) in this process, its exit code and what it printed (only
     what this command printed); with `stdin`, that text is what it reads."""
-    from cloudbox import cli
 
     def run(argv: list[str], stdin: str | None = None) -> Ran:
         if stdin is not None:
