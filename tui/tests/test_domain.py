@@ -12,7 +12,7 @@ import pytest
 
 from cloudbox.core.spec.knobs import guest_disks
 from cloudbox.core.spec.profiles import Profile, load_profile, parse_profile
-from cloudbox.core.virt.domain import CLOUDBOX_XMLNS, cloudbox_metadata, render_domain
+from cloudbox.core.virt.domain import CLOUDBOX_XMLNS, DomainPlan, read_domain, render_domain
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "profiles").glob("*.toml"))
 
@@ -105,7 +105,7 @@ def render(
     if guest_disks(prof.disk) > 1 and "more_disk_paths" not in kw:
         kw["more_disk_paths"] = [f"/dev/sdz{i}" if block else f"/var/tmp/cloudbox/disk{i}.img"
                                  for i in range(2, guest_disks(prof.disk) + 1)]
-    return render_domain(
+    return render_domain(DomainPlan(
         prof,
         name=name,
         domain_type=domain_type,
@@ -117,7 +117,7 @@ def render(
         bridge=bridge,
         mac=mac,
         **kw,
-    )
+    ))
 
 
 def _guest_attaches(prof: Profile) -> bool:
@@ -181,7 +181,8 @@ def test_test_driver_accepts(prof: Profile, domain_type: str, test_conn):
     assert len(disks) == guest_disks(prof.disk)  # the host's RAID is one disk
     assert len({d.find("target").get("dev") for d in disks}) == len(disks)
     assert all(d.find("driver").get("cache") == prof.disk.cache for d in disks)
-    assert root.find(f"metadata/{{{CLOUDBOX_XMLNS}}}profile").get("hash") == prof.hash
+    meta = read_domain(desc).metadata
+    assert meta is not None and meta.hash == prof.hash  # libvirt keeps cloudbox's tag
 
 
 def _tree(prof: Profile, **kw) -> ET.Element:
@@ -218,9 +219,34 @@ def test_common_elements():
 def test_metadata_recognisable():
     prof = kvm_variant()
     xml = render(prof, run_uuid="0123abcd")
-    assert cloudbox_metadata(xml) == {"name": "v", "hash": prof.hash, "run": "0123abcd"}
+    meta = read_domain(xml).metadata
+    assert meta is not None and (meta.name, meta.hash, meta.run) == ("v", prof.hash, "0123abcd")
+    assert read_domain(render(prof)).metadata.run is None  # type: ignore[union-attr]
     assert f'xmlns:cloudbox="{CLOUDBOX_XMLNS}"' in xml
-    assert cloudbox_metadata("<domain type='kvm'><name>x</name></domain>") is None
+    assert read_domain("<domain type='kvm'><name>x</name></domain>").metadata is None
+    assert read_domain("<not xml").metadata is None
+
+
+@pytest.mark.parametrize("prof", [c[1] for c in CASES], ids=[c[0] for c in CASES])
+def test_the_reader_reads_what_the_writer_wrote(prof: Profile):
+    dom = read_domain(render(prof, run_uuid="0123abcd"))
+    meta, iface = dom.metadata, dom.interface
+    assert meta is not None and (meta.name, meta.hash, meta.run) == (prof.name, prof.hash, "0123abcd")
+    assert iface is not None and (iface.mac, iface.bridge, iface.tap) == ("52:54:00:ab:cd:ef", "cbbr0", None)
+    xen = prof.guest.hypervisor == "xen"
+    assert dom.agent_socket == ("/run/cloudbox/cbtest.agent" if xen else None)  # QEMU/KVM's: through libvirt
+    if not _guest_attaches(prof):  # a guest that attaches its volume needs its NIC
+        assert read_domain(render(prof, bridge=None, mac=None)).interface is None
+
+
+def test_the_reader_reads_libvirts_tap_and_sets_the_link():
+    live = render(kvm_variant()).replace("<source bridge=\"cbbr0\" />",
+                                         "<source bridge=\"cbbr0\" />\n      <target dev=\"vnet7\" />")
+    iface = read_domain(live).interface
+    assert iface is not None and iface.tap == "vnet7" and iface.link is None
+    iface.link = "down"
+    assert '<link state="down" />' in iface.xml() and read_domain(iface.xml().join(
+        ("<domain><devices>", "</devices></domain>"))).interface.link == "down"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -290,18 +316,18 @@ def test_guest_loads_only_the_profiles_drivers(bus, model, bridge, drivers):
 
 
 def test_boot_args_left_out_for_an_older_guest_image():
-    xml = render_domain(kvm_variant(), name="cloudbox-x", domain_type="kvm", kernel="/k", initrd="/i",
-                        cmdline="console=ttyS0", disk_path="/dev/sdz", disk_is_block=True, bridge=None, mac=None,
-                        boot_args=False)
+    xml = render_domain(DomainPlan(kvm_variant(), name="cloudbox-x", domain_type="kvm", kernel="/k", initrd="/i",
+                                   cmdline="console=ttyS0", disk_path="/dev/sdz", disk_is_block=True, bridge=None,
+                                   boot_args=False))
     assert ET.fromstring(xml).findtext("os/cmdline") == "console=ttyS0"
 
 
 def test_drivers_kept_when_named_and_not_for_xen():
     assert "cloudbox.drivers=" not in _tree(xen_profile("scsi-lsi", "prealloc-file", "e1000")).findtext("os/cmdline")
     prof = kvm_variant()
-    xml = render_domain(prof, name="cloudbox-x", domain_type="kvm", kernel="/k", initrd="/i",
-                        cmdline="console=ttyS0 cloudbox.drivers=e1000", disk_path="/dev/sdz", disk_is_block=True,
-                        bridge=None, mac=None)
+    xml = render_domain(DomainPlan(prof, name="cloudbox-x", domain_type="kvm", kernel="/k", initrd="/i",
+                                   cmdline="console=ttyS0 cloudbox.drivers=e1000", disk_path="/dev/sdz",
+                                   disk_is_block=True, bridge=None))
     assert ET.fromstring(xml).findtext("os/cmdline") == "console=ttyS0 cloudbox.drivers=e1000"
 
 
@@ -312,7 +338,7 @@ def test_no_interface_without_bridge():
 def test_block_vs_file_source():
     prof = kvm_variant()
     root = ET.fromstring(
-        render_domain(
+        render_domain(DomainPlan(
             prof,
             name="b",
             domain_type="kvm",
@@ -322,9 +348,8 @@ def test_block_vs_file_source():
             disk_path="/dev/sdq",
             disk_is_block=True,
             bridge=None,
-            mac=None,
             emulator="/usr/bin/qemu-system-x86_64",
-        )
+        ))
     )
     assert root.find("devices/disk").get("type") == "block"
     assert root.find("devices/disk/source").attrib == {"dev": "/dev/sdq"}
@@ -403,9 +428,9 @@ def test_xen_disk_backend(preset, driver, source):
 
 def test_xen_phy_refuses_a_file():
     with pytest.raises(ValueError, match="xen_backend = phy .* is a file"):
-        render_domain(load_profile(Path(PRESETS[0]).with_name("xen-xvd-phy.toml")), name="x", domain_type="xen",
-                      kernel="/k", initrd="/i", cmdline="", disk_path="/var/tmp/disk.img", disk_is_block=False,
-                      bridge=None, mac=None, agent_socket="/run/cloudbox/x.agent")
+        render_domain(DomainPlan(load_profile(Path(PRESETS[0]).with_name("xen-xvd-phy.toml")), name="x",
+                                 domain_type="xen", kernel="/k", initrd="/i", cmdline="", disk_path="/var/tmp/disk.img",
+                                 disk_is_block=False, bridge=None, agent_socket="/run/cloudbox/x.agent"))
 
 
 @pytest.mark.parametrize(

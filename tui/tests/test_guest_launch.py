@@ -12,7 +12,7 @@ import pytest
 from cloudbox.core.disks import backing
 from cloudbox.core.spec.profiles import Profile, find_profile
 from cloudbox.core.virt import accel
-from cloudbox.core.virt.domain import render_domain
+from cloudbox.core.virt.domain import DomainPlan, render_domain
 from cloudbox.core.virt.guestimage import CMDLINE
 from cloudbox.core.virt.launchtrace import trace_launch
 
@@ -46,12 +46,12 @@ def test_each_bus_and_nic_with_only_its_drivers(bus, model, disk, nic_driver, st
     acc = accel.detect(guest_image.kernel)
     st = backing.prepare("sparse-file", work_dir=state / "w", size_bytes=32 * 1024**2, fmt="raw")
     log = state / "w" / "console.log"
-    xml = render_domain(prof, name=f"cloudbox-test-launch-{bus}", domain_type=acc.domain_type,
-                        kernel=str(guest_image.boot_kernel(acc.domain_type)),
-                        initrd=str(guest_image.boot_initrd(acc.domain_type, prof.guest.memory_mib)), cmdline=CMDLINE,
-                        disk_path=st.path,
-                        disk_is_block=False, bridge=bridge, mac=None, run_uuid=f"test-launch-{bus}",
-                        console_log=str(log))
+    xml = render_domain(DomainPlan(prof, name=f"cloudbox-test-launch-{bus}", domain_type=acc.domain_type,
+                                   kernel=str(guest_image.boot_kernel(acc.domain_type)),
+                                   initrd=str(guest_image.boot_initrd(acc.domain_type, prof.guest.memory_mib)),
+                                   cmdline=CMDLINE, disk_path=st.path,
+                                   disk_is_block=False, bridge=bridge, run_uuid=f"test-launch-{bus}",
+                                   console_log=str(log)))
     assert "cloudbox.drivers=" in xml
     g, trace = trace_launch(libvirt_conn, xml, console_log=log)
     try:
@@ -82,10 +82,11 @@ def test_a_256_mib_guest_boots_the_compressed_root(state, libvirt_conn, guest_im
     initrd = guest_image.initrd  # the compressed root, as Xen and the nodes boot it
     st = backing.prepare("sparse-file", work_dir=state / "w", size_bytes=32 * 1024**2, fmt="raw")
     log = state / "w" / "console.log"
-    xml = render_domain(prof, name="cloudbox-test-launch-256", domain_type=acc.domain_type,
-                        kernel=str(guest_image.boot_kernel(acc.domain_type)), initrd=str(initrd), cmdline=CMDLINE,
-                        disk_path=st.path, disk_is_block=False, bridge=None, mac=None, run_uuid="test-launch-256",
-                        console_log=str(log))
+    xml = render_domain(DomainPlan(prof, name="cloudbox-test-launch-256", domain_type=acc.domain_type,
+                                   kernel=str(guest_image.boot_kernel(acc.domain_type)), initrd=str(initrd),
+                                   cmdline=CMDLINE,
+                                   disk_path=st.path, disk_is_block=False, bridge=None, run_uuid="test-launch-256",
+                                   console_log=str(log)))
     g, trace = trace_launch(libvirt_conn, xml, console_log=log)
     try:
         g.run(["/usr/bin/fio", "--name=w", "--filename=/dev/vda", "--rw=write", "--bs=64k", "--size=4M",

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cloudbox.core.virt import qga
-from cloudbox.core.virt.guest import agent_socket_path
+from cloudbox.core.virt.domain import read_domain
 
 
 def test_frame_is_one_json_line():
@@ -49,16 +49,16 @@ def test_a_missing_socket_is_silence_not_a_crash(tmp_path):
         sock.command("guest-ping", timeout=0.5)
 
 
-def test_agent_socket_path_from_the_domain_xml():
+def test_agent_socket_from_the_domain_xml():
     xen = """<domain type='xen'><devices>
       <channel type='pty'><target type='xen' name='other'/></channel>
       <channel type='unix'><source mode='bind' path='/run/cloudbox/g.agent'/>
         <target type='xen' name='org.qemu.guest_agent.0'/></channel></devices></domain>"""
-    assert agent_socket_path(xen) == "/run/cloudbox/g.agent"
+    assert read_domain(xen).agent_socket == "/run/cloudbox/g.agent"
     kvm = """<domain type='kvm'><devices><channel type='unix'><source mode='bind' path='/var/lib/libvirt/q.sock'/>
         <target type='virtio' name='org.qemu.guest_agent.0'/></channel></devices></domain>"""
-    assert agent_socket_path(kvm) is None  # reached through libvirt's agent commands
-    assert agent_socket_path("<not xml") is None
+    assert read_domain(kvm).agent_socket is None  # reached through libvirt's agent commands
+    assert read_domain("<not xml").agent_socket is None
 
 
 @pytest.fixture

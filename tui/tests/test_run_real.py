@@ -23,6 +23,7 @@ from cloudbox.core.record.results import ResultStore
 from cloudbox.core.run import launch, local, runs
 from cloudbox.core.spec import addresses, catalogue
 from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.virt.domain import read_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -215,7 +216,9 @@ def test_a_guest_whose_network_stays_stopped_is_relaunched_and_the_run_completes
     def on_event(ev: RunEvent) -> None:
         if isinstance(ev, StepEvent) and ev.text.startswith("guest: tcp-maerts") and not rules:
             (g,) = list_guests(libvirt_conn)
-            mac = re.search(r"<mac address='([0-9a-f:]+)'", libvirt_conn.lookupByName(g.name).XMLDesc(0)).group(1)
+            iface = read_domain(libvirt_conn.lookupByName(g.name).XMLDesc(0)).interface
+            assert iface is not None and iface.mac
+            mac = iface.mac
             rules.append(["INPUT", "-i", addresses.BRIDGE, "-m", "mac", "--mac-source", mac, "-j", "DROP"])
             subprocess.run(["iptables", "-I", *rules[0]], check=True)
 

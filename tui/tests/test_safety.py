@@ -167,16 +167,16 @@ def test_guest_without_fio(state, libvirt_conn, guest_image):
     from cloudbox.core.bench import runners
     from cloudbox.core.spec.profiles import find_profile
     from cloudbox.core.virt import accel
-    from cloudbox.core.virt.domain import render_domain
+    from cloudbox.core.virt.domain import DomainPlan, render_domain
     from cloudbox.core.virt.guest import Guest
     from cloudbox.core.virt.guestimage import CMDLINE
 
     prof = find_profile("virtio-disk")
     st = backing.prepare("sparse-file", work_dir=state / "w", size_bytes=16 * 1024**2, fmt="raw")
     acc = accel.detect(guest_image.kernel)
-    xml = render_domain(prof, name="cloudbox-test-nofio", domain_type=acc.domain_type,
-                        kernel=str(guest_image.kernel), initrd=str(guest_image.initrd), cmdline=CMDLINE,
-                        disk_path=st.path, disk_is_block=False, bridge=None, mac=None, run_uuid="test-nofio")
+    xml = render_domain(DomainPlan(prof, name="cloudbox-test-nofio", domain_type=acc.domain_type,
+                                   kernel=str(guest_image.kernel), initrd=str(guest_image.initrd), cmdline=CMDLINE,
+                                   disk_path=st.path, disk_is_block=False, bridge=None, run_uuid="test-nofio"))
     g = Guest.start(libvirt_conn, xml)
     try:
         g.wait_agent(timeout=300)

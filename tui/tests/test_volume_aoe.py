@@ -17,7 +17,7 @@ from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.spec import profiles
 from cloudbox.core.studies import loading
-from cloudbox.core.virt.domain import render_domain
+from cloudbox.core.virt.domain import DomainPlan, render_domain
 
 MIB = 1024 * 1024
 
@@ -51,9 +51,9 @@ def test_the_guest_presets_are_valid_and_runnable_and_the_host_one_is_not():
 
 def _render(prof: profiles.Profile, **kw: object) -> str:
     args: dict[str, object] = dict(name="g", domain_type="qemu", kernel="/k", initrd="/i", cmdline="console=ttyS0",
-                                   disk_path="", disk_is_block=False, bridge="cbbr0", mac=None)
+                                   disk_path="", disk_is_block=False, bridge="cbbr0")
     args.update(kw)
-    return render_domain(prof, **args)  # type: ignore[arg-type]
+    return render_domain(DomainPlan(prof, **args))  # type: ignore[arg-type]
 
 
 def test_a_guest_attach_domain_has_a_nic_and_no_disk():

@@ -19,7 +19,7 @@ from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.errors import Aborted, CloudboxError
 from cloudbox.core.spec import catalogue, profiles
 from cloudbox.core.studies import loading
-from cloudbox.core.virt.domain import render_domain
+from cloudbox.core.virt.domain import DomainPlan, render_domain
 
 MIB = 1024 * 1024
 
@@ -51,8 +51,8 @@ def test_the_domain_logs_in_with_chap_from_a_libvirt_secret():
     net = NetworkSource("iscsi", "iqn.2026-11.org.cloudbox:vol.ebs/1", "127.0.0.1", 3261, tls=False,
                         initiator="iqn.2026-11.org.cloudbox:box-1", auth_user="cloudbox-1",
                         auth_usage="cloudbox-iscsi-run")
-    xml = render_domain(prof, name="g", domain_type="qemu", kernel="/k", initrd="/i", cmdline="c", disk_path="x",
-                        disk_is_block=False, bridge=None, mac=None, network_source=net)
+    xml = render_domain(DomainPlan(prof, name="g", domain_type="qemu", kernel="/k", initrd="/i", cmdline="c",
+                                   disk_path="x", disk_is_block=False, bridge=None, network_source=net))
     disk = ET.fromstring(xml).find("devices/disk")
     assert disk.get("type") == "network"
     src = disk.find("source")

@@ -45,7 +45,6 @@ from cloudbox.core.spec.runspec import PlanStep
 from cloudbox.core.views.host import Disk, HostFacts, Nic, Node
 from cloudbox.core.virt import domain
 from cloudbox.core.virt.accel import Accelerator
-from cloudbox.core.virt.guest import METADATA_NS
 from cloudbox.core.virt.guestimage import CMDLINE
 from cloudbox.tui.app import CloudboxApp, create_app
 from cloudbox.tui.backend import Backend
@@ -208,7 +207,7 @@ _JITTER = (0.93, 1.04, 0.98, 1.02, 1.01)  # per-second variation of the live thr
 
 
 def _domain_xml(profile: profiles.Profile, run_uuid: str, domain_type: str) -> str:
-    return domain.render_domain(
+    return domain.render_domain(domain.DomainPlan(
         profile, name=f"cloudbox-{profile.name}-{run_uuid[:8]}", domain_type=domain_type,
         kernel="/var/cache/cloudbox/guest/vmlinuz", initrd="/var/cache/cloudbox/guest/initrd.img",
         cmdline=CMDLINE, disk_path="/dev/sdb" if profile.disk.backing in ("block-device", "network-volume")
@@ -216,7 +215,7 @@ def _domain_xml(profile: profiles.Profile, run_uuid: str, domain_type: str) -> s
         disk_is_block=profile.disk.backing in ("block-device", "network-volume"),
         bridge="cbbr0", mac="52:54:00:" + ":".join(run_uuid[i:i + 2] for i in (0, 2, 4)),
         uuid=f"{run_uuid[:8]}-{run_uuid[8:12]}-{run_uuid[12:16]}-{run_uuid[16:20]}-{run_uuid[20:32]}",
-        run_uuid=run_uuid)
+        run_uuid=run_uuid))
 
 
 def _provenance(d: DemoRun, prof: profiles.Profile, run_uuid: str) -> Provenance:
@@ -404,9 +403,6 @@ def demo_guests(uri: str = LIBVIRT_URI) -> Iterator[list[str]]:
             if dom.name() != "test" and dom.isActive():
                 dom.destroy()
         conn.close()
-
-
-assert METADATA_NS == domain.CLOUDBOX_XMLNS  # list_guests finds what render_domain writes
 
 
 # -- the cluster (a front-end's node registry) ------------------------------------------------------------

@@ -24,7 +24,7 @@ from cloudbox.core.disks.diskstats import Sampler
 from cloudbox.core.spec import catalogue
 from cloudbox.core.spec.profiles import find_profile
 from cloudbox.core.virt import accel, daemons, launchtrace
-from cloudbox.core.virt.domain import guest_boot_args, render_domain
+from cloudbox.core.virt.domain import DomainPlan, guest_boot_args, render_domain
 from cloudbox.core.virt.guestimage import CMDLINE, GuestImage
 
 
@@ -59,13 +59,13 @@ def bench_launch(reps: int, work: Path, profile: str = "virtio-disk", old: Path 
             st = backing.prepare("sparse-file", work_dir=work / f"launch-{label}-{i}", size_bytes=64 * 1024**2,
                                  fmt="raw")
             log = work / f"launch-{label}-{i}" / "console.log"
-            xml = render_domain(prof, name=f"cloudbox-bench-{i}", domain_type=acc.domain_type,
-                                kernel=str(img.boot_kernel(acc.domain_type)),
-                                initrd=str(img.boot_initrd(acc.domain_type, prof.guest.memory_mib)),
-                                cmdline=CMDLINE if own is None else own, boot_args=own is None,
-                                disk_path=st.path,
-                                disk_is_block=False, bridge=None, mac=None, run_uuid=f"bench-{i}",
-                                console_log=str(log))
+            xml = render_domain(DomainPlan(prof, name=f"cloudbox-bench-{i}", domain_type=acc.domain_type,
+                                           kernel=str(img.boot_kernel(acc.domain_type)),
+                                           initrd=str(img.boot_initrd(acc.domain_type, prof.guest.memory_mib)),
+                                           cmdline=CMDLINE if own is None else own, boot_args=own is None,
+                                           disk_path=st.path,
+                                           disk_is_block=False, bridge=None, run_uuid=f"bench-{i}",
+                                           console_log=str(log)))
             # Without cloudbox's metadata: another session's orphan reaping on this host would destroy it.
             xml = re.sub(r"\s*<metadata>.*?</metadata>", "", xml, flags=re.S)
             try:

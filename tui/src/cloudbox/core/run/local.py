@@ -52,7 +52,7 @@ from ..spec.knobs import Dom0, is_nfs
 from ..spec.profiles import xen_guest_type
 from ..spec.runspec import BOOT, RunSpec
 from ..virt import accel, daemons, network, xendom0
-from ..virt.domain import render_domain
+from ..virt.domain import DomainPlan, render_domain
 from ..virt.guest import reap_orphans
 from ..virt.guestimage import CMDLINE, GuestImage
 from .context import RunContext
@@ -482,18 +482,19 @@ def launch_guest(ctx: RunContext) -> None:
     # virtlogd (root) writes it; it goes with the work directory when the store is removed. libxl logs no console.
     ctx.console_log = ctx.work_dir / "console.log"
     socket = agent_socket(ctx, paths.run_dir() / f"{name}.agent") if ctx.dom0 else None
-    ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=acc.domain_type,
-                                   kernel=str(image.boot_kernel(acc.domain_type)),
-                                   initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
-                                   cmdline=CMDLINE,
-                                   disk_path="" if guest_attaches(ctx) else ctx.backing.path,
-                                   disk_is_block=ctx.backing.is_block,
-                                   bridge=ctx.hostnet.bridge if ctx.hostnet else None, mac=None,
-                                   run_uuid=ctx.run_uuid,
-                                   console_log=None if ctx.dom0 else str(ctx.console_log),
-                                   more_disk_paths=ctx.backing.more_paths,
-                                   network_source=ctx.backing.network,
-                                   agent_socket=str(socket) if socket else None)
+    plan = DomainPlan(ctx.profile, name=name, domain_type=acc.domain_type,
+                      kernel=str(image.boot_kernel(acc.domain_type)),
+                      initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
+                      cmdline=CMDLINE,
+                      disk_path="" if guest_attaches(ctx) else ctx.backing.path,
+                      disk_is_block=ctx.backing.is_block,
+                      bridge=ctx.hostnet.bridge if ctx.hostnet else None,
+                      run_uuid=ctx.run_uuid,
+                      console_log=None if ctx.dom0 else str(ctx.console_log),
+                      more_disk_paths=ctx.backing.more_paths,
+                      network_source=ctx.backing.network,
+                      agent_socket=str(socket) if socket else None)
+    ctx.domain_xml = render_domain(plan)
     ctx.sink.step(f"launching guest {name} ({acc.label})")
     up = launch(ctx)
     ctx.sink.log(f"guest agent ready after {up.waited_s:.1f} s"

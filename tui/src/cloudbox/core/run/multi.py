@@ -49,7 +49,7 @@ from ..spec.runspec import (
     split_guests,
 )
 from ..virt import network
-from ..virt.domain import render_domain
+from ..virt.domain import DomainPlan, render_domain
 from ..virt.guestimage import CMDLINE
 from . import hold
 from .context import RunContext, host_labels
@@ -430,12 +430,13 @@ def launch_many(ctx: RunContext) -> None:
         name = f"cloudbox-{profile.name}-{ctx.run_uuid[:8]}-g{k}"
         # removed with the store's directory (an NFS export's guests have none: the run's)
         log = ctx.work_dir / (f"console-g{k}.log" if ctx.volume else f"g{k}/console.log")
-        xml = render_domain(profile, name=name, domain_type=acc.domain_type,
-                            kernel=str(image.boot_kernel(acc.domain_type)),
-                            initrd=str(initrd_for(profile.guest.memory_mib)),
-                            cmdline=CMDLINE, disk_path="" if ctx.volume else store.path, disk_is_block=store.is_block,
-                            bridge=ctx.hostnet.bridge if ctx.hostnet else None,
-                            mac=None, run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths)
+        plan = DomainPlan(profile, name=name, domain_type=acc.domain_type,
+                          kernel=str(image.boot_kernel(acc.domain_type)),
+                          initrd=str(initrd_for(profile.guest.memory_mib)),
+                          cmdline=CMDLINE, disk_path="" if ctx.volume else store.path, disk_is_block=store.is_block,
+                          bridge=ctx.hostnet.bridge if ctx.hostnet else None,
+                          run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths)
+        xml = render_domain(plan)
         domains.append((xml, log))
     ctx.domain_xml, ctx.console_log = domains[0]
     mixed = f" of profiles {MIX.join(p.name for p in ctx.mix)} in turn" if ctx.mix else ""

@@ -22,7 +22,7 @@ from ..bench.propagation import BOOT, COPY, TOTAL
 from ..disks import backing
 from ..record.events import MeasurementEvent, ProgressEvent
 from ..spec.runspec import propagation_test
-from ..virt.domain import render_domain
+from ..virt.domain import DomainPlan, render_domain
 from ..virt.guestimage import CMDLINE
 from .context import RunContext
 from .launch import launch
@@ -92,13 +92,13 @@ def provision(ctx: RunContext, i: int, source: Path, size: int, step: str, of: i
     copy_s = propagation.copy_image(source, instance, _progress(ctx, step))
     name = f"cloudbox-{ctx.profile.name}-{ctx.run_uuid[:8]}-{i}"
     ctx.console_log = ctx.work_dir / f"console-{i}.log"
-    ctx.domain_xml = render_domain(ctx.profile, name=name, domain_type=ctx.accelerator.domain_type,
-                                   kernel=str(ctx.image.boot_kernel(ctx.accelerator.domain_type)),
-                                   initrd=str(ctx.image.boot_initrd(ctx.accelerator.domain_type,
-                                                                    ctx.profile.guest.memory_mib)),
-                                   cmdline=CMDLINE,
-                                   disk_path=str(instance), disk_is_block=False, bridge=None, mac=None,
-                                   run_uuid=ctx.run_uuid, console_log=str(ctx.console_log))
+    plan = DomainPlan(ctx.profile, name=name, domain_type=ctx.accelerator.domain_type,
+                      kernel=str(ctx.image.boot_kernel(ctx.accelerator.domain_type)),
+                      initrd=str(ctx.image.boot_initrd(ctx.accelerator.domain_type, ctx.profile.guest.memory_mib)),
+                      cmdline=CMDLINE,
+                      disk_path=str(instance), disk_is_block=False, bridge=None,
+                      run_uuid=ctx.run_uuid, console_log=str(ctx.console_log))
+    ctx.domain_xml = render_domain(plan)
     t1 = time.monotonic()
     up = launch(ctx)
     t2 = time.monotonic()

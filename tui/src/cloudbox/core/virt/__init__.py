@@ -2,7 +2,7 @@
 
     accel        which accelerator guests get (KVM when it makes progress, else TCG; nested, Xen)
     daemons      reaching libvirt, starting virtlogd and libvirtd where systemd is not PID 1
-    domain       a profile rendered into libvirt domain XML
+    domain       a profile and a DomainPlan rendered into libvirt domain XML, and that XML read back
     guest        a benchmark guest: its transient domain and its agent; finding and destroying guests
     qga          the QEMU guest agent's protocol over a socket (Xen's libxl has no agent command)
     guestimage   the benchmark guest image (kernel, initramfs, manifest)

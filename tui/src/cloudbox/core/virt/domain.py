@@ -5,8 +5,9 @@ guest: direct kernel boot of the cloudbox guest (kernel + initramfs, no boot dis
 benchmark disk (or disk.count of them) as the only disks, one bridged NIC, a serial console (logged to a file by
 libvirt's virtlogd when `console_log` is given), a guest-agent channel, and a <metadata>
 element in the cloudbox namespace (CLOUDBOX_XMLNS) carrying the profile's name and hash
-(and the run's id) so cloudbox can recognise and clean up its own guests
-(`cloudbox_metadata()` reads it back).
+(and the run's id) so cloudbox can recognise and clean up its own guests. What is read back (that tag, the NIC's
+MAC and tap device, the agent's socket) is declared once, as a part's values (`ProfileTag`, `Interface`,
+`Channel`) the writer sets and `read_domain()` reads, as virt-manager's virtinst binds its XML.
 
 A profile with disk.count N > 1 gets N such disks, one per backing store, named on from the first target by
 the bus's own sequence (vda, vdb, ...; sda, sdb, ...; hda..hdd; xvda, xvdb, ...).
@@ -35,6 +36,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
+from typing import Self, TypeVar, overload
 
 from cloudbox.core.disks.backing import NetworkSource
 from cloudbox.core.spec.knobs import guest_disks, xen_backend
@@ -107,47 +110,189 @@ def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) ->
     return el
 
 
-def render_domain(
-    profile: Profile,
-    *,
-    name: str,
-    domain_type: str,
-    kernel: str,
-    initrd: str,
-    cmdline: str,
-    disk_path: str,
-    disk_is_block: bool,
-    bridge: str | None,
-    mac: str | None,
-    emulator: str | None = None,
-    uuid: str | None = None,
-    run_uuid: str | None = None,
-    console_log: str | None = None,
-    more_disk_paths: Sequence[str] = (),
-    network_source: NetworkSource | None = None,
-    agent_socket: str | None = None,
-    boot_args: bool = True,
-) -> str:
-    """The libvirt domain XML (a str, ending in a newline) for `profile`.
+# -- the parts of a domain cloudbox reads back, each value declared once for the writer and the reader -----------
+class _Value:
+    """One value of a part: attribute `attr` of the element at `path` below the part's element ("." for the element
+    itself). Read, it is None when absent; written, the elements on its path are made where missing (appended)."""
+
+    def __init__(self, path: str, attr: str):
+        self.path, self.attr = path, attr
+
+    def _element(self, part: _Part) -> ET.Element | None:
+        return part.el if self.path == "." else part.el.find(self.path)
+
+    @overload
+    def __get__(self, part: None, owner: type) -> _Value: ...
+    @overload
+    def __get__(self, part: _Part, owner: type) -> str | None: ...
+    def __get__(self, part: _Part | None, owner: type) -> _Value | str | None:
+        if part is None:
+            return self
+        el = self._element(part)
+        return el.get(self.attr) if el is not None else None
+
+    def __set__(self, part: _Part, value: str) -> None:
+        el = self._element(part)
+        if el is None:
+            el = part.el
+            for tag in self.path.split("/"):
+                el = found if (found := el.find(tag)) is not None else ET.SubElement(el, tag)
+        el.set(self.attr, value)
+
+
+class _Part:
+    """An element of a domain's XML: TAG as written below its parent, PATH where a reader finds it below
+    <domain>."""
+
+    TAG = ""
+    PATH = ""
+
+    def __init__(self, el: ET.Element):
+        self.el = el
+
+    @classmethod
+    def new(cls, parent: ET.Element, **attrs: str) -> Self:
+        return cls(_sub(parent, cls.TAG, **attrs))
+
+    def xml(self) -> str:
+        return ET.tostring(self.el, encoding="unicode")
+
+
+class ProfileTag(_Part):
+    """cloudbox's tag in the domain's <metadata>: the profile's name and hash, and the run's id."""
+
+    # Written with a literal prefix so the xmlns declaration sits on the element itself
+    # (ElementTree would hoist a registered namespace onto <domain>).
+    TAG = "cloudbox:profile"
+    PATH = f"metadata/{{{CLOUDBOX_XMLNS}}}profile"
+    name = _Value(".", "name")
+    hash = _Value(".", "hash")
+    run = _Value(".", "run")
+
+    @classmethod
+    def new(cls, parent: ET.Element, **attrs: str) -> Self:
+        return super().new(parent, **{"xmlns:cloudbox": CLOUDBOX_XMLNS}, **attrs)
+
+    @classmethod
+    def from_xml(cls, text: str) -> ProfileTag:
+        """The tag as libvirt's metadata() call returns it (the element alone); ET.ParseError when it is not XML."""
+        return cls(ET.fromstring(text))
+
+
+class Interface(_Part):
+    """The guest's NIC."""
+
+    TAG = "interface"
+    PATH = "devices/interface"
+    mac = _Value("mac", "address")
+    bridge = _Value("source", "bridge")
+    tap = _Value("target", "dev")  # the host's tap device: libvirt writes it into the live XML
+    link = _Value("link", "state")  # up or down: libvirt's link state, QEMU's set_link
+
+
+class Channel(_Part):
+    """A channel device: the guest agent's."""
+
+    TAG = "channel"
+    PATH = "devices/channel"
+    type = _Value(".", "type")
+    mode = _Value("source", "mode")
+    socket = _Value("source", "path")
+    target_type = _Value("target", "type")
+    target_name = _Value("target", "name")
+
+
+_P = TypeVar("_P", bound=_Part)
+
+
+class DomainXML:
+    """A domain's XML read back through the parts the writer declares: `read_domain()`."""
+
+    def __init__(self, root: ET.Element | None):
+        self.root = root  # None: not XML
+
+    def _find(self, part: type[_P]) -> _P | None:
+        el = self.root.find(part.PATH) if self.root is not None else None
+        return part(el) if el is not None else None
+
+    @property
+    def metadata(self) -> ProfileTag | None:
+        """cloudbox's tag, if cloudbox made the domain."""
+        return self._find(ProfileTag)
+
+    @property
+    def interface(self) -> Interface | None:
+        """The (first) NIC."""
+        return self._find(Interface)
+
+    @property
+    def agent_socket(self) -> str | None:
+        """The unix socket of the Xen agent channel (a unix channel whose target is Xen's AGENT_CHANNEL)."""
+        for el in self.root.iterfind(Channel.PATH) if self.root is not None else ():
+            chan = Channel(el)
+            if (chan.type == "unix" and chan.target_type == "xen" and chan.target_name == AGENT_CHANNEL
+                    and chan.socket):
+                return chan.socket
+        return None
+
+
+def read_domain(domain_xml: str) -> DomainXML:
+    """`domain_xml` read back; text that is not XML reads as a domain without any part."""
+    try:
+        return DomainXML(ET.fromstring(domain_xml))
+    except ET.ParseError:
+        return DomainXML(None)
+
+
+@dataclass(frozen=True)
+class DomainPlan:
+    """One guest's domain beside its profile: what `render_domain()` turns into XML.
 
     domain_type is "kvm" or "qemu" (TCG) for hypervisor kvm, "xen" for hypervisor xen.
-    disk_path is the prepared backing store (a file, or a block device when
-    disk_is_block); more_disk_paths, the other disks' stores (of the same kind) when the profile has
-    disk.count > 1, one per further disk. network_source, when given, is what QEMU opens instead (disk.attach = qemu:
-    <disk type='network'>, with TLS through libvirt's nbd_tls_x509_cert_dir). A profile whose guest attaches its
-    network volume itself (disk.attach = guest) has no disk here: disk_path is "" and the bridge is required (the
-    volume reaches the guest through its NIC). No <interface> when bridge is None. run_uuid, when given, is written
-    to the metadata (attribute "run") so orphans of dead runs can be found. console_log, an absolute path,
-    makes libvirt copy everything the guest writes to its serial console into that file (<log append='off'>,
-    written by virtlogd as root; QEMU/KVM only). Unless cmdline names cloudbox.drivers= itself or boot_args is
-    False (a guest image older than these parameters), it gains guest_boot_args() under QEMU/KVM and
-    cloudbox.drivers= (guest_drivers()) under Xen PV; under Xen PV also the console and agent of
-    XEN_PV_AGENT_CMDLINE. agent_socket (Xen only, required there): the absolute path of the unix socket libxl's
-    QEMU in dom0 serves the agent's channel on (core.virt.qga talks to it). Raises ValueError on arguments that do not
-    fit the profile or libvirt."""
-    _check_arguments(profile, name=name, domain_type=domain_type, mac=mac, uuid=uuid, run_uuid=run_uuid,
-                     console_log=console_log, kernel=kernel, initrd=initrd, disk_path=disk_path,
-                     more_disk_paths=more_disk_paths, agent_socket=agent_socket)
+    disk_path is the prepared backing store (a file, or a block device when disk_is_block); more_disk_paths, the
+    other disks' stores (of the same kind) when the profile has disk.count > 1, one per further disk.
+    network_source, when given, is what QEMU opens instead (disk.attach = qemu: <disk type='network'>, with TLS
+    through libvirt's nbd_tls_x509_cert_dir). A profile whose guest attaches its network volume itself (disk.attach
+    = guest) has no disk here: disk_path is "" and the bridge is required (the volume reaches the guest through its
+    NIC). No <interface> when bridge is None. run_uuid, when given, is written to the metadata (attribute "run") so
+    orphans of dead runs can be found. console_log, an absolute path, makes libvirt copy everything the guest
+    writes to its serial console into that file (<log append='off'>, written by virtlogd as root; QEMU/KVM only).
+    Unless cmdline names cloudbox.drivers= itself or boot_args is False (a guest image older than these
+    parameters), it gains guest_boot_args() under QEMU/KVM and cloudbox.drivers= (guest_drivers()) under Xen PV;
+    under Xen PV also the console and agent of XEN_PV_AGENT_CMDLINE. agent_socket (Xen only, required there): the
+    absolute path of the unix socket libxl's QEMU in dom0 serves the agent's channel on (core.virt.qga talks to
+    it)."""
+
+    profile: Profile
+    _: KW_ONLY
+    name: str
+    domain_type: str
+    kernel: str
+    initrd: str
+    cmdline: str
+    disk_path: str
+    disk_is_block: bool
+    bridge: str | None
+    mac: str | None = None
+    emulator: str | None = None
+    uuid: str | None = None
+    run_uuid: str | None = None
+    console_log: str | None = None
+    more_disk_paths: Sequence[str] = ()
+    network_source: NetworkSource | None = None
+    agent_socket: str | None = None
+    boot_args: bool = True
+
+
+def render_domain(plan: DomainPlan) -> str:
+    """The libvirt domain XML (a str, ending in a newline) for `plan`. Raises ValueError on a plan that does not
+    fit its profile or libvirt."""
+    profile, name, domain_type, cmdline = plan.profile, plan.name, plan.domain_type, plan.cmdline
+    disk_path, disk_is_block, bridge = plan.disk_path, plan.disk_is_block, plan.bridge
+    network_source = plan.network_source
+    _check_arguments(profile, name=name, domain_type=domain_type, mac=plan.mac, uuid=plan.uuid,
+                     run_uuid=plan.run_uuid, console_log=plan.console_log, kernel=plan.kernel, initrd=plan.initrd,
+                     disk_path=disk_path, more_disk_paths=plan.more_disk_paths, agent_socket=plan.agent_socket)
     xen = domain_type == "xen"
     if xen and xen_backend(profile.disk) == "phy" and not disk_is_block:
         raise ValueError(f"profile {profile.name!r} has disk.xen_backend = phy (blkback), which serves block devices "
@@ -160,7 +305,7 @@ def render_domain(
         raise ValueError("a network disk source is QEMU's own initiator: it needs disk.attach = qemu under KVM/QEMU")
     xen_type = xen_guest_type(profile) if xen else ""
     pv = xen_type in ("pv", "pvh")  # PV devices, PV console and agent channel alike
-    if boot_args and "cloudbox.drivers=" not in cmdline:
+    if plan.boot_args and "cloudbox.drivers=" not in cmdline:
         if not xen:
             cmdline = " ".join([cmdline, *guest_boot_args(profile, nic=bridge is not None, disk=not guest_attach)])
         elif pv and (drivers := guest_drivers(profile, nic=bridge is not None, disk=not guest_attach)):
@@ -171,21 +316,21 @@ def render_domain(
 
     root = ET.Element("domain", {"type": domain_type})
     _sub(root, "name", name)
-    if uuid is not None:
-        _sub(root, "uuid", uuid)
-    _metadata(root, profile, run_uuid)
+    if plan.uuid is not None:
+        _sub(root, "uuid", plan.uuid)
+    _metadata(root, profile, plan.run_uuid)
     _resources(root, profile, xen)
-    _boot(root, profile, xen=xen, xen_type=xen_type, kernel=kernel, initrd=initrd, cmdline=cmdline)
+    _boot(root, profile, xen=xen, xen_type=xen_type, kernel=plan.kernel, initrd=plan.initrd, cmdline=cmdline)
 
     devices = _sub(root, "devices")
-    if emulator is not None:
-        _sub(devices, "emulator", emulator)
+    if plan.emulator is not None:
+        _sub(devices, "emulator", plan.emulator)
     _controllers(devices, profile, xen)
-    for i, path in enumerate([] if guest_attach else [disk_path, *more_disk_paths]):
+    for i, path in enumerate([] if guest_attach else [disk_path, *plan.more_disk_paths]):
         _disk(devices, profile, xen, disk_path=path, disk_is_block=disk_is_block, index=i, network=network_source)
     if bridge is not None:
-        _interface(devices, profile, bridge, mac)
-    _console_and_agent(devices, xen=xen, pv=pv, console_log=console_log, agent_socket=agent_socket)
+        _interface(devices, profile, bridge, plan.mac)
+    _console_and_agent(devices, xen=xen, pv=pv, console_log=plan.console_log, agent_socket=plan.agent_socket)
     _sub(devices, "memballoon", model="xen" if xen else "none")
 
     ET.indent(root, space="  ")
@@ -241,16 +386,10 @@ def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str 
 
 
 def _metadata(root: ET.Element, profile: Profile, run_uuid: str | None) -> None:
-    meta = _sub(root, "metadata")
-    # Written with a literal prefix so the xmlns declaration sits on the element itself
-    # (ElementTree would hoist a registered namespace onto <domain>).
-    tag = _sub(
-        meta,
-        "cloudbox:profile",
-        **{"xmlns:cloudbox": CLOUDBOX_XMLNS, "name": profile.name, "hash": profile.hash},
-    )
+    tag = ProfileTag.new(_sub(root, "metadata"))
+    tag.name, tag.hash = profile.name, profile.hash
     if run_uuid is not None:
-        tag.set("run", run_uuid)
+        tag.run = run_uuid
 
 
 def _resources(root: ET.Element, profile: Profile, xen: bool) -> None:
@@ -348,16 +487,16 @@ def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, d
 def _interface(devices: ET.Element, profile: Profile, bridge: str, mac: str | None) -> None:
     """The NIC on `bridge`: the profile's model, vhost and queues (virtio), and MTU."""
     n = profile.network
-    iface = _sub(devices, "interface", type="bridge")
+    iface = Interface.new(devices, type="bridge")
     if mac is not None:
-        _sub(iface, "mac", address=mac.lower())
-    _sub(iface, "source", bridge=bridge)
-    _sub(iface, "model", type=_NIC_MODEL[n.model])
+        iface.mac = mac.lower()
+    iface.bridge = bridge
+    _sub(iface.el, "model", type=_NIC_MODEL[n.model])
     if n.model == "virtio":
-        drv = _sub(iface, "driver", name="vhost" if n.vhost else "qemu")
+        drv = _sub(iface.el, "driver", name="vhost" if n.vhost else "qemu")
         if n.queues > 1:
             drv.set("queues", str(n.queues))
-    _sub(iface, "mtu", size=str(n.mtu))
+    _sub(iface.el, "mtu", size=str(n.mtu))
 
 
 def _console_and_agent(devices: ET.Element, *, xen: bool, pv: bool, console_log: str | None,
@@ -373,23 +512,9 @@ def _console_and_agent(devices: ET.Element, *, xen: bool, pv: bool, console_log:
         _sub(serial, "target", port="0")
         con = _sub(devices, "console", type="pty")
         _sub(con, "target", type="serial", port="0")
-    chan = _sub(devices, "channel", type="unix")
-    source = _sub(chan, "source", mode="bind")
+    chan = Channel.new(devices)
+    chan.type, chan.mode = "unix", "bind"
     if agent_socket is not None:
-        source.set("path", agent_socket)
-    _sub(chan, "target", type="xen" if xen else "virtio", name=AGENT_CHANNEL)
+        chan.socket = agent_socket
+    chan.target_type, chan.target_name = "xen" if xen else "virtio", AGENT_CHANNEL
 
-
-def cloudbox_metadata(domain_xml: str) -> dict[str, str] | None:
-    """{"name", "hash"[, "run"]} from a domain's <metadata> if cloudbox made it, else None."""
-    try:
-        root = ET.fromstring(domain_xml)
-    except ET.ParseError:
-        return None
-    el = root.find(f"metadata/{{{CLOUDBOX_XMLNS}}}profile")
-    if el is None:
-        return None
-    out = {"name": el.get("name", ""), "hash": el.get("hash", "")}
-    if el.get("run") is not None:
-        out["run"] = el.get("run", "")
-    return out

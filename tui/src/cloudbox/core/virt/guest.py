@@ -4,7 +4,7 @@ Domains are transient (createXML): destroying one removes it completely, so noth
 after a failure. Every domain carries cloudbox metadata (namespace below) naming its run, so
 `reap_orphans()` can find and destroy guests whose run is gone. Commands run inside the guest with
 guest-exec; no SSH keys or guest network are needed for control. When the domain XML logs the serial
-console to a file (domain.render_domain(console_log=...)), `Guest.console_tail()` reads its last lines, so a
+console to a file (domain.DomainPlan.console_log), `Guest.console_tail()` reads its last lines, so a
 guest that dies can say why (kernel panic, oops, OOM) in the run's abort reason.
 """
 
@@ -20,10 +20,9 @@ from pathlib import Path
 
 from ..errors import GuestError, GuestTimeout, GuestUnreachable
 from .daemons import connect
-from .domain import AGENT_CHANNEL
+from .domain import CLOUDBOX_XMLNS, ProfileTag, read_domain
 from .qga import AgentError, AgentSilent, AgentSocket
 
-METADATA_NS = "https://cloudbox.invalid/xmlns/1"
 NAME_PREFIX = "cloudbox-"
 
 # libvirt error codes for an agent that does not answer: VIR_ERR_AGENT_UNRESPONSIVE (86) and, since libvirt 9.9,
@@ -97,7 +96,7 @@ class Guest:
             dom = conn.createXML(xml, 0)
         except libvirt.libvirtError as e:
             raise GuestError(f"libvirt could not start the guest: {e}") from e
-        return cls(conn, dom, console_log, agent_socket_path(xml))
+        return cls(conn, dom, console_log, read_domain(xml).agent_socket)
 
     def destroy(self) -> None:
         import libvirt
@@ -272,23 +271,6 @@ class Guest:
         return self.sh(f"command -v {program} >/dev/null 2>&1", timeout=20).exitcode == 0
 
 
-def agent_socket_path(domain_xml: str) -> str | None:
-    """The unix socket of a domain's Xen agent channel (<channel type='unix'> with <target type='xen'
-    name='org.qemu.guest_agent.0'>), else None."""
-    from xml.etree import ElementTree as ET
-
-    try:
-        root = ET.fromstring(domain_xml)
-    except ET.ParseError:
-        return None
-    for chan in root.iterfind("devices/channel"):
-        target, source = chan.find("target"), chan.find("source")
-        if (chan.get("type") == "unix" and target is not None and target.get("type") == "xen"
-                and target.get("name") == AGENT_CHANNEL and source is not None and source.get("path")):
-            return source.get("path")
-    return None
-
-
 VIRTQUEUE_FIELDS = ("used_idx", "signalled_used", "last_avail_idx", "shadow_avail_idx")
 
 
@@ -332,23 +314,21 @@ def _qemu_started_at(name: str) -> float | None:
 
 def list_guests(conn) -> list[GuestInfo]:
     """cloudbox guests (by metadata) known to libvirt, sorted by name (libvirt's order is arbitrary)."""
-    from xml.etree import ElementTree as ET
-
     import libvirt
 
     out = []
     for dom in conn.listAllDomains(0):
         # Transient domains vanish when destroyed: one may go between listAllDomains and the calls below.
         try:
-            meta = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
+            meta = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, CLOUDBOX_XMLNS, 0)
             name = dom.name()
             active = dom.isActive()
         except libvirt.libvirtError:
             continue
-        el = ET.fromstring(meta)
+        tag = ProfileTag.from_xml(meta)
         state = "running" if active else "shut off"
         started = _qemu_started_at(name) if active and conn.getType() == "QEMU" else None
-        out.append(GuestInfo(name, state, el.get("run"), el.get("name"), started))
+        out.append(GuestInfo(name, state, tag.run, tag.name, started))
     return sorted(out, key=lambda g: g.name)
 
 

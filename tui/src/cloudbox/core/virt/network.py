@@ -18,7 +18,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from ..errors import CloudboxError, GuestError, NicStalled, PermissionProblem
 from ..procs import free_port
 from ..spec import nodeconf
 from ..spec.addresses import BRIDGE, GUEST_IP, HOST_IP, NS, NS_HOST_IP, NS_IP, PREFIX, VETH_HOST, VETH_NS
+from .domain import read_domain
 
 if TYPE_CHECKING:
     from .guest import Guest
@@ -325,15 +325,6 @@ def link_stats(link: str) -> dict[str, int] | None:
         return None
 
 
-def tap_of(domain_xml: str) -> str | None:
-    """The host's tap device of a guest's NIC: libvirt's <interface><target dev=...> in the live domain XML."""
-    try:
-        el = ET.fromstring(domain_xml).find("devices/interface/target")
-    except ET.ParseError:
-        return None
-    return el.get("dev") if el is not None else None
-
-
 def _tap_up(tap: str) -> bool:
     try:
         return bool(int(Path(f"/sys/class/net/{tap}/flags").read_text(), 16) & 1)  # IFF_UP
@@ -418,7 +409,8 @@ class GuestLink:
     @property
     def tap(self) -> str | None:
         if self._tap is None:
-            self._tap = tap_of(self.guest.xml())
+            iface = read_domain(self.guest.xml()).interface  # libvirt names the tap in the live XML
+            self._tap = iface.tap if iface is not None else None
         return self._tap
 
     def _guest_stats(self) -> dict[str, int] | None:
@@ -510,16 +502,13 @@ class GuestLink:
         import libvirt
 
         dom = self.guest.dom
-        iface = ET.fromstring(dom.XMLDesc(0)).find("devices/interface")
+        iface = read_domain(dom.XMLDesc(0)).interface
         if iface is None:
             raise CloudboxError("the guest has no NIC in its domain XML")
-        link = iface.find("link")
-        if link is None:
-            link = ET.SubElement(iface, "link")
         try:
             for state in ("down", "up"):
-                link.set("state", state)
-                dom.updateDeviceFlags(ET.tostring(iface, encoding="unicode"), libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                iface.link = state
+                dom.updateDeviceFlags(iface.xml(), libvirt.VIR_DOMAIN_AFFECT_LIVE)
                 time.sleep(1)
         except libvirt.libvirtError as e:
             raise CloudboxError(f"libvirt could not change the NIC's link state: {e}") from e
