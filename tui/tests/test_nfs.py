@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.disks.volumes import attach, nfs
+from cloudbox.core.disks.volumes import attach, nfs, transports
 from cloudbox.core.errors import CloudboxError, ProfileError, UsageError
 from cloudbox.core.record.provenance import BackingInfo, Provenance
 from cloudbox.core.record.results import ResultStore
@@ -211,8 +211,8 @@ def test_the_front_ends_export_is_mounted_here_never_served_and_its_baseline_nee
         assert isinstance(v.export, nfs.NfsExport) and v.export.child is None and not v.path
         assert v.uri == "nfs://10.73.0.1:40123/cloudbox/shared" and v.export.target == "10.73.0.1:/cloudbox/shared"
         assert v.server == "nfs-ganesha on the front-end 10.73.0.1 on 10.73.0.1:40123 as 10.73.0.1:/cloudbox/shared"
-        assert v.store.baseline_target == str(tmp_path / "run" / attach.NFS_HOST_MOUNT / "baseline.dat")
-        assert v.store.baseline_labels == [attach.BASELINE_LABEL]
+        assert v.store.baseline_target == str(tmp_path / "run" / transports.NFS_HOST_MOUNT / "baseline.dat")
+        assert v.store.baseline_labels == [transports.BASELINE_LABEL]
         if nfs.host_client_problem(attach.kernel_module_available):
             assert v.no_baseline.startswith("no baseline: this host's kernel (") and "nfsv4" in v.no_baseline
         with pytest.raises(CloudboxError, match="served already"):  # never served from here

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.disks.volumes import aoe, attach
+from cloudbox.core.disks.volumes import aoe, attach, transports
 from cloudbox.core.disks.volumes.store import VolumeStore
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.spec import profiles
@@ -35,8 +35,8 @@ def test_guest_attach_is_checked_per_scheme_and_hypervisor():
 
 
 def test_no_baseline_says_why():
-    assert "this kernel" in attach.no_aoe_baseline()
-    assert "a local disk is not the same volume" in attach.no_aoe_baseline()
+    assert "this kernel" in transports.no_aoe_baseline()
+    assert "a local disk is not the same volume" in transports.no_aoe_baseline()
 
 
 def test_the_guest_presets_are_valid_and_runnable_and_the_host_one_is_not():

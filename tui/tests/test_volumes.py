@@ -146,3 +146,20 @@ def test_exports_here_follow_check_attach_and_the_servers_on_path(tmp_path, monk
     aoe = {e.scheme: e for e in attach.exports_here()}["aoe"]
     assert not aoe.usable and aoe.problem == "vblade is not installed (Debian package vblade): run 'make deps'"
     assert {e.scheme: e for e in attach.exports_here(hypervisor="xen")}["aoe"].attach == ()
+
+
+def test_each_scheme_is_one_record_with_one_transport():
+    from cloudbox.core.disks.volumes.transports import TRANSPORTS, BlockTransport
+    from cloudbox.core.spec import profiles, remote
+    from cloudbox.core.spec.schemes import SCHEMES, attached_by, scheme_of
+
+    assert list(TRANSPORTS) == list(SCHEMES) and all(t.scheme is SCHEMES[n] for n, t in TRANSPORTS.items())
+    assert all(isinstance(TRANSPORTS[n], BlockTransport) == s.block for n, s in SCHEMES.items())
+    # the profile checks' lists name the same schemes (until they read them from the registry)
+    assert profiles.VOLUME_SCHEMES == tuple(sorted(SCHEMES))
+    assert profiles.QEMU_SCHEMES == tuple(s.name for s in attached_by("qemu"))
+    # every block scheme a front-end serves has a URI form, and the refusal names each
+    assert set(remote.FORMS) == {s for s in SCHEMES.values() if s.uri is not None} == {
+        s for s in SCHEMES.values() if s.block}
+    assert all(s.uri_form in remote.ALLOWED for s in remote.FORMS)
+    assert scheme_of("nvme-tcp:ebs") is SCHEMES["nvme-tcp"] and scheme_of("ebs") is None

@@ -15,7 +15,7 @@ from typing import Any
 from ..disks.backing import BackingStore
 from ..disks.diskstats import Sampler
 from ..disks.hostraid import HostArray
-from ..disks.volumes.attach import VolumeExport
+from ..disks.volumes.transports import VolumeExport
 from ..errors import Aborted
 from ..record.provenance import Provenance
 from ..record.results import ResultStore

@@ -26,14 +26,8 @@ from ..bench import fio, iozone, iscsiperf, runners
 from ..disks import backing, claims, hostraid
 from ..disks.diskstats import Sample, Sampler
 from ..disks.volumes import aoe, hostattach, iscsi, nbd, nfs, nvmet
-from ..disks.volumes.attach import (
-    ISCSI_READER_LABELS,
-    NFS_HOST_MOUNT,
-    VolumeExport,
-    check_attach,
-    export_for_run,
-    preflight,
-)
+from ..disks.volumes.attach import ISCSI_READER_LABELS, check_attach, export_for_run, preflight
+from ..disks.volumes.transports import NFS_HOST_MOUNT, VolumeExport
 from ..errors import CloudboxError, DiskStalled
 from ..record.events import ProgressEvent, SampleEvent
 from ..record.provenance import (
@@ -51,6 +45,7 @@ from ..spec import addresses, catalogue
 from ..spec.knobs import Dom0, is_nfs
 from ..spec.profiles import xen_guest_type
 from ..spec.runspec import BOOT, RunSpec
+from ..spec.schemes import SCHEMES
 from ..virt import accel, daemons, network, xendom0
 from ..virt.domain import DomainPlan, render_domain
 from ..virt.guest import reap_orphans
@@ -249,10 +244,13 @@ def volume_info(v: VolumeExport | None, mount: str = "") -> VolumeInfo | None:
         return None
     io = v.export.io() if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport | nfs.NfsExport) else {}
     device, initiator = v.attached
-    how = ("host-attached" if v.attach == "host" else "host-baseline") if device else v.scheme
+    s = SCHEMES[v.scheme]
+    if device:
+        baseline = f"{HOST_BASELINES[v.attach == 'host']} ({initiator}, {device})"
+    else:  # a front-end's export (no path here) has its own
+        baseline = s.front_end_baseline if s.front_end_baseline and not v.path else s.baseline
     return VolumeInfo(name=v.volume, scheme=v.scheme, attach=v.attach, server=v.server, uri=v.uri, tls=v.tls,
-                      baseline=v.no_baseline or BASELINES["nfs-host" if v.scheme == "nfs" and not v.path else how]
-                      + (f" ({initiator}, {device})" if device else ""),
+                      baseline=v.no_baseline or baseline,
                       target=v.export.target if isinstance(v.export, aoe.AoeExport | iscsi.IscsiExport |
                                                            nvmet.NvmetExport | nfs.NfsExport) else "",
                       server_bytes_read=io.get("read_bytes"), server_bytes_written=io.get("write_bytes"),
@@ -260,20 +258,12 @@ def volume_info(v: VolumeExport | None, mount: str = "") -> VolumeInfo | None:
                       server_device=v.server_device or "")
 
 
-# How the host domain measures a volume a run's baseline measured.
-BASELINES = {"nbd": "the same export from the host domain: fio's nbd engine (libnbd, user space)",
-             "iscsi": ("the same target from the host domain through libiscsi, the library of QEMU's initiator "
-                       "(user space): direct reads by iscsi-perf after data was laid over the whole volume, every "
-                       "other fio and dd test through QEMU's libiscsi in qemu-nbd by fio's nbd engine; IOzone and "
-                       "Bonnie++ not measured"),
-             "nfs": ("the export's directory on the server's disk from the host domain, without NFS: this kernel has "
-                     "no NFS client (the guest's over the server's own disk is NFS's cost)"),
-             "host-attached": ("the same device from the host domain, attached by this host's kernel initiator "
-                               "before the guest was handed it (Study A's \"EBS from the host domain\" row)"),
-             "host-baseline": ("the same volume attached by this host's kernel initiator for the baseline, then "
-                               "detached before the guest attached it itself"),
-             "nfs-host": ("the same export mounted by this back-end's host (its kernel's NFSv4 client, the guest's "
-                          "mount options): the guest's figure against it is the virtualization's cost")}
+# How the host domain measures a volume its kernel initiator attached, by whether the guest was handed the same device
+# (disk.attach = host); without one, the scheme's own wording (core.spec.schemes).
+HOST_BASELINES = {True: ("the same device from the host domain, attached by this host's kernel initiator before the "
+                         "guest was handed it (Study A's \"EBS from the host domain\" row)"),
+                  False: ("the same volume attached by this host's kernel initiator for the baseline, then detached "
+                          "before the guest attached it itself")}
 
 
 def start_sampler(ctx: RunContext) -> None:
@@ -457,14 +447,11 @@ def serve_volume(ctx: RunContext) -> None:
         ctx.sink.log(f"volume: {v.volume} is served by the front-end: {v.uri}")
         return
     assert ctx.hostnet is not None
-    ip = ctx.hostnet.host_ip
-    how = {"aoe": "over AoE (layer 2, no authentication: the guest's bridge only)",
-           "iscsi": f"over iSCSI with CHAP on {ip}", "nbd": f"over NBD with TLS on {ip}",
-           "nvme-tcp": f"over NVMe/TCP (the kernel's nvmet, this box's host NQN only) on {ip}",
-           "nfs": f"over NFSv4 (nfs-ganesha) on {ip}, to this run's guests' addresses only"}[v.scheme]
+    how = SCHEMES[v.scheme].served_to_guest.format(ip=ctx.hostnet.host_ip)
     ctx.sink.step(f"volume: serving {v.volume} {how} on {ctx.hostnet.bridge}")
-    # an NFS export admits the run's guests by address (each has a fixed one on the bridge), nobody else on it
-    guests = ", ".join(addresses.guest_ip(k) for k in range(1, ctx.spec.guests + 1)) if v.scheme == "nfs" else None
+    # an NFS export admits the run's guests by address (each has a fixed one on the bridge), nobody else on it; the
+    # block schemes' servers take no client list
+    guests = ", ".join(addresses.guest_ip(k) for k in range(1, ctx.spec.guests + 1))
     with ctx.control.atomic():
         v.serve(ctx.hostnet.bridge, ctx.hostnet.host_ip, clients=guests)
     pid = v.export.pid if v.export is not None else None

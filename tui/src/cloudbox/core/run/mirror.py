@@ -15,7 +15,7 @@ from .. import paths
 from ..cluster import client, health, registry, volumecreds
 from ..cluster.registry import NodeRecord
 from ..disks.diskstats import Counters, Sample, Sampler, read_counters
-from ..disks.volumes.attach import SCHEME_NAMES, AttachRefused, export_for_node, export_for_run, parse_volume
+from ..disks.volumes.attach import AttachRefused, export_for_node, export_for_run, parse_volume
 from ..disks.volumes.nfs import NfsExport
 from ..disks.volumes.nfs import subnet as nfs_subnet
 from ..disks.volumes.store import VolumeBusy, VolumeStore
@@ -26,6 +26,7 @@ from ..record.rows import MEASUREMENT_COLUMNS
 from ..spec import nodeconf
 from ..spec.knobs import is_nfs
 from ..spec.runspec import BOOT, RunSpec, resolve_net_tests
+from ..spec.schemes import SCHEMES
 from ..virt import network
 from ..virt.guestimage import GuestImage
 from .context import RunContext
@@ -215,9 +216,8 @@ def serve_block_volume(ctx: RunContext, there: NodeRun) -> None:
     ctx.sink.step(f"volume: installing {node.name}'s credentials for this front-end's volumes (if it lacks them)")
     creds = volumecreds.ensure(there.shell)
     ctx.work_dir = paths.work_base("") / f"run-{ctx.run_uuid[:12]}"
-    scheme = d.volume.partition(":")[0]
-    ctx.sink.step(f"volume: serving {d.volume} to {node.name} over {SCHEME_NAMES[scheme]} on "
-                  f"{addr if scheme != 'aoe' else link}")
+    s = SCHEMES[d.volume.partition(":")[0]]
+    ctx.sink.step(f"volume: serving {d.volume} to {node.name} over {s.title} on {link if s.layer2 else addr}")
     with ctx.control.atomic():
         ctx.volume = v = export_for_node(d.volume, d.attach, node=node.name, creds=creds, run_uuid=ctx.run_uuid,
                                          work_dir=ctx.work_dir, size_bytes=ctx.size, address=addr, link=link)

@@ -7,5 +7,6 @@
     catalogue   every storage and network test, their sets, and a stored test name's kind, title, order and metric
     nodeconf    this node as installed: node names, its settings file, its private link
     addresses   the run network's names and addresses on one host
+    schemes     the network-volume schemes, one record of facts each
     remote      the URI of a volume a front-end serves to a back-end's run
 """

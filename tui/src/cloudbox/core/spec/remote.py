@@ -6,20 +6,15 @@ initiator's command line."""
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from .schemes import AOE, ISCSI, NBD, NVME_TCP
 
-_NAME = r"[a-z0-9][a-z0-9.:_-]{0,222}"  # IQNs, NQNs and volume names: no spaces, commas, slashes or quotes
-_FORMS = {
-    "iscsi": re.compile(rf"iscsi://(?P<host>[0-9.]+):(?P<port>[0-9]{{1,5}})/(?P<target>{_NAME})/(?P<lun>[0-9]{{1,3}})"),
-    "nbd": re.compile(rf"nbds://(?P<host>[0-9.]+):(?P<port>[0-9]{{1,5}})/(?P<target>{_NAME})"),
-    "nvme-tcp": re.compile(rf"nvme\+tcp://(?P<host>[0-9.]+):(?P<port>[0-9]{{1,5}})/(?P<target>{_NAME})"),
-    "aoe": re.compile(r"aoe:(?P<target>e(?P<shelf>[0-9]{1,5})\.(?P<slot>[0-9]{1,3}))@(?P<host>[0-9.]+)"),
-}
-ALLOWED = ("iscsi://HOST:PORT/IQN/LUN, nbds://HOST:PORT/NAME, nvme+tcp://HOST:PORT/NQN or aoe:eS.N@HOST (HOST an IPv4 "
-           "address)")
+# Every scheme with a URI form (the block schemes a front-end serves a back-end's run), in the order the refusal
+# names them.
+FORMS = (ISCSI, NBD, NVME_TCP, AOE)
+ALLOWED = ", ".join(s.uri_form for s in FORMS[:-1]) + f" or {FORMS[-1].uri_form} (HOST an IPv4 address)"
 
 
 @dataclass(frozen=True)
@@ -41,8 +36,8 @@ class RemoteVolume:
 
 def parse(uri: str) -> RemoteVolume:
     """The volume `uri` names; a UsageError naming the value and the allowed forms for anything else."""
-    for scheme, form in _FORMS.items():
-        m = form.fullmatch(uri)
+    for s in FORMS:
+        m = s.uri.fullmatch(uri) if s.uri is not None else None
         if m is None:
             continue
         try:
@@ -50,9 +45,9 @@ def parse(uri: str) -> RemoteVolume:
         except ValueError:
             break
         port = int(m.groupdict().get("port") or 0)
-        if scheme != "aoe" and not 1 <= port <= 65535:
+        if not s.layer2 and not 1 <= port <= 65535:
             break
-        if scheme == "aoe" and (int(m["shelf"]) > 65534 or int(m["slot"]) > 254):
+        if s.layer2 and (int(m["shelf"]) > 65534 or int(m["slot"]) > 254):  # AoE's shelf and slot
             break
-        return RemoteVolume(scheme, m["host"], port, m["target"], int(m.groupdict().get("lun") or 0), uri)
+        return RemoteVolume(s.name, m["host"], port, m["target"], int(m.groupdict().get("lun") or 0), uri)
     raise UsageError(f"the front-end's volume {uri[:300]!r} is not allowed; allowed: {ALLOWED}")

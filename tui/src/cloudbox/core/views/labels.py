@@ -16,6 +16,7 @@ from typing import Any
 from ..record.rows import Measurement, Run
 from ..spec.catalogue import FRONTEND_SUFFIX
 from ..spec.runspec import OVERCOMMIT_LABEL
+from ..spec.schemes import SCHEMES
 
 EMULATED_MARK = "*"
 MEAN_BASELINE_MARK = "^"
@@ -50,7 +51,6 @@ _TARGETS = {
     "sparse-file": "local file", "prealloc-file": "local file", "qcow2": "local file", "qcow2-prealloc": "local file",
     "block-device": "local disk", "network-volume": "EBS",
 }
-_VOLUME_SCHEMES = {"aoe": "AoE", "iscsi": "iSCSI", "nbd": "NBD", "nvme-tcp": "NVMe/TCP"}
 # ... and the backing half of the studies' "driver" column ("SCSI, sparse file", "virtio/phy").
 _BACKINGS = {
     "sparse-file": "sparse file", "prealloc-file": "pre-allocated file", "qcow2": "qcow2 file",
@@ -133,16 +133,20 @@ def backing_kind(run: Run) -> str:
     return b.kind if b is not None else knobs(run).backing
 
 
+def _volume_title(scheme: str, default: str) -> str:
+    """A block volume scheme's title ('iSCSI'), else `default`."""
+    s = SCHEMES.get(scheme)
+    return s.title if s is not None and s.block else default
+
+
 def target_label(run: Run) -> str:
     """'local file', 'local disk', 'EBS (AoE)', 'NFS'..."""
     kind = backing_kind(run)
     if kind == "network-volume":
         volume = knobs(run).volume
-        scheme = volume.split(":", 1)[0] if ":" in volume else ""
-        if scheme == "nfs":  # a shared file system, not an EBS-like block volume
-            return "NFS"
-        if scheme in _VOLUME_SCHEMES:
-            return f"EBS ({_VOLUME_SCHEMES[scheme]})"
+        s = SCHEMES.get(volume.split(":", 1)[0]) if ":" in volume else None
+        if s is not None:  # a shared file system (NFS) is not an EBS-like block volume
+            return f"EBS ({s.title})" if s.block else s.title
     return _TARGETS.get(kind, kind.replace("-", " ") if kind else "?")
 
 
@@ -172,7 +176,7 @@ def driver_label(run: Run) -> str:
     backing = _BACKINGS.get(kind, kind.replace("-", " ") or "?")
     k = knobs(run)
     if kind == "network-volume" and k.attach != "host":
-        scheme = _VOLUME_SCHEMES.get(k.volume.split(":", 1)[0], "volume")
+        scheme = _volume_title(k.volume.split(":", 1)[0], "volume")
         if k.attach == "guest":  # no disk on a bus: the guest reaches the volume through its NIC
             nic = {"virtio": "virtio-net", "xen-netfront": "netfront"}.get(k.nic, k.nic) or "?"
             if k.volume.startswith("nfs:"):
@@ -191,15 +195,12 @@ def volume_baseline_driver(run: Run, labels: Iterable[str] = ()) -> str:
     """How the host domain reached a network volume for the baseline: 'NBD, fio nbd engine (user space)'."""
     scheme = knobs(run).volume.split(":", 1)[0]
     if HOST_INITIATOR_LABEL in labels:  # the same device the guest was handed (Study A's "EBS from dom0")
-        return f"{_VOLUME_SCHEMES.get(scheme, scheme or '?')}, the host's kernel initiator"
-    if scheme == "nbd":
-        return "NBD, fio nbd engine (user space)"
-    if scheme == "iscsi":  # a test's rows say which reader measured it
-        return ("iSCSI, libiscsi's iscsi-perf (user space)" if "iscsi-perf" in labels else
-                "iSCSI, QEMU's libiscsi via qemu-nbd, fio nbd engine (user space)")
-    if scheme == "nfs":  # a back-end's host on the front-end's export
-        return f"NFSv{knobs(run).nfs_vers}, the host's kernel client ({knobs(run).nfs_writes})"
-    return f"{_VOLUME_SCHEMES.get(scheme, scheme or '?')}, host initiator"
+        return f"{_volume_title(scheme, scheme or '?')}, the host's kernel initiator"
+    s = SCHEMES.get(scheme)
+    for label, words in s.baseline_drivers if s is not None else ():  # a test's rows say which reader measured it
+        if not label or label in labels:
+            return words.format(vers=knobs(run).nfs_vers, writes=knobs(run).nfs_writes)
+    return f"{_volume_title(scheme, scheme or '?')}, host initiator"
 
 
 def _nic_model(k: Knobs) -> str:

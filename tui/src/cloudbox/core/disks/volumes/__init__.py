@@ -3,6 +3,7 @@
     store       the volume registry (volumes.db): pre-allocated files or LVs
     lvm         LV-backed volumes
     attach      a volume for one run: checked, exported, described as the run's backing store, taken down
+    transports  each scheme's part in a run, one class per scheme, and the VolumeExport a run holds
     aoe         an AoE export (vblade)
     iscsi       an iSCSI export with CHAP (tgtd), and its initiator in the guest
     nbd         an NBD export with TLS (qemu-nbd)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ... import paths, procs
 from ...errors import CloudboxError
+from ...spec.schemes import SCHEMES
 from . import iscsi, nvmet
 
 ATTACH_TIMEOUT = 60.0  # a login or connect, then the volume's disk appearing
@@ -33,16 +34,13 @@ NVME_FABRICS = Path("/dev/nvme-fabrics")
 ISCSI_SESSIONS = Path("/sys/class/iscsi_session")
 NVME_CTRLS = Path("/sys/class/nvme")
 
-# scheme -> (the program the host needs, its Debian package); the kernel module is attach.HOST_MODULES's
-TOOLS = {"iscsi": ("iscsiadm", "open-iscsi"), "nbd": ("nbd-client", "nbd-client"), "aoe": ("", ""),
-         "nvme-tcp": ("", "")}
-
-
 def tool_problem(scheme: str) -> str:
-    """Why this host's user space cannot attach `scheme` ('' when it can)."""
-    prog, package = TOOLS[scheme]
-    if prog and shutil.which(prog) is None:
-        return f"{prog} is not installed (Debian package {package}): run 'make deps' (scripts/install-deps)"
+    """Why this host's user space cannot attach `scheme` ('' when it can): the program beside its kernel module
+    (core.spec.schemes)."""
+    s = SCHEMES[scheme]
+    if s.host_tool and shutil.which(s.host_tool) is None:
+        return (f"{s.host_tool} is not installed (Debian package {s.host_tool_package}): run 'make deps' "
+                "(scripts/install-deps)")
     return ""
 
 
