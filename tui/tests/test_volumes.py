@@ -150,14 +150,14 @@ def test_exports_here_follow_check_attach_and_the_servers_on_path(tmp_path, monk
 
 def test_each_scheme_is_one_record_with_one_transport():
     from cloudbox.core.disks.volumes.transports import TRANSPORTS, BlockTransport
-    from cloudbox.core.spec import profiles, remote
+    from cloudbox.core.spec import knobs, remote
     from cloudbox.core.spec.schemes import SCHEMES, attached_by, scheme_of
 
     assert list(TRANSPORTS) == list(SCHEMES) and all(t.scheme is SCHEMES[n] for n, t in TRANSPORTS.items())
     assert all(isinstance(TRANSPORTS[n], BlockTransport) == s.block for n, s in SCHEMES.items())
-    # the profile checks' lists name the same schemes (until they read them from the registry)
-    assert profiles.VOLUME_SCHEMES == tuple(sorted(SCHEMES))
-    assert profiles.QEMU_SCHEMES == tuple(s.name for s in attached_by("qemu"))
+    # the profile checks' lists are read from the registry
+    assert knobs.VOLUME_SCHEMES == tuple(sorted(SCHEMES)) == ("aoe", "iscsi", "nbd", "nfs", "nvme-tcp")
+    assert knobs.QEMU_SCHEMES == tuple(s.name for s in attached_by("qemu")) == ("nbd", "iscsi")
     # every block scheme a front-end serves has a URI form, and the refusal names each
     assert set(remote.FORMS) == {s for s in SCHEMES.values() if s.uri is not None} == {
         s for s in SCHEMES.values() if s.block}

@@ -41,6 +41,7 @@ from cloudbox.core import inputs
 from cloudbox.core.errors import ProfileProblem
 
 from .schema import Strict, no_controls
+from .schemes import SCHEMES, attached_by
 
 Hypervisor = Literal["kvm", "xen"]
 # How Xen runs the guest: "pv" (paravirtualized, no hardware virtualization), "pvh" (PV devices in a hardware-
@@ -73,9 +74,9 @@ XEN_HVM_BUSES: tuple[str, ...] = ("ide", "scsi-lsi")  # emulated by Xen's QEMU: 
 XEN_BUSES: tuple[str, ...] = (XEN_PV_BUS, *XEN_HVM_BUSES)
 KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide")
 QCOW2_BACKINGS: tuple[str, ...] = ("qcow2", "qcow2-prealloc")
-VOLUME_SCHEMES: tuple[str, ...] = ("aoe", "iscsi", "nbd", "nfs", "nvme-tcp")
+VOLUME_SCHEMES: tuple[str, ...] = tuple(sorted(SCHEMES))
 # Schemes QEMU itself can be the initiator of (its nbd and libiscsi block drivers); it has none for AoE or NVMe/TCP.
-QEMU_SCHEMES: tuple[str, ...] = ("nbd", "iscsi")
+QEMU_SCHEMES: tuple[str, ...] = tuple(s.name for s in attached_by("qemu"))
 PAGE_CACHE_FREE: tuple[str, ...] = ("none", "directsync")
 MAX_DISKS = 8
 # Disks a bus takes on one controller (the pc machine's IDE has two channels of two; ich9-ahci six ports; the LSI
