@@ -70,3 +70,39 @@ def test_the_read_only_fio_measures_a_device_and_leaves_its_bytes_as_they_were(t
 def test_a_disk_that_is_not_there_is_named_with_what_is():
     r = readiness.gather(fio_seconds=0, devices=["/dev/nosuchdisk9"])
     assert r.disks == [] and any(p.startswith("no such disk: nosuchdisk9; allowed: ") for p in r.problems)
+
+
+def _box(cpus: int = 8, gib: int = 32, spare: bool = True) -> readiness.Readiness:
+    disks = [readiness.DiskReadiness("vdb", "-", "-", "-", 64 << 30, False, "-", [], "passed")] if spare else []
+    return readiness.Readiness("box", "CPU", cpus, "vmx", "KVM", "enabled (1 groups)", True, "on", gib << 30, 1,
+                               disks=disks)
+
+
+def test_what_a_box_can_answer_names_what_each_study_misses(isolated):
+    from cloudbox.core.studies import capability, loading
+
+    d, a = loading.find_study("d"), loading.find_study("a")
+    small = capability.capability(d, _box(cpus=2), size="study", nodes=[])
+    assert not small.whole and small.runnable == 0
+    assert any("4 CPUs for 4 guests of 1 vCPU (this box has 2)" in m for m in small.missing)
+    assert capability.capability(d, _box(cpus=2), size="quick", nodes=[]).whole
+    lone = capability.capability(a, _box(spare=False), size="study", nodes=[])
+    assert any(m.startswith("needs a back-end enrolled") and "tcp-stream-fe" in m for m in lone.missing)
+    assert set(lone.loop_device) == {"virtio-disk", "kvm-scsi-phy"}
+    text = "\n".join(capability.lines([lone]))
+    assert "else a loop device stands in and their verdicts are inconclusive: " in text
+    paired = capability.capability(a, _box(), size="study", nodes=["be1"])
+    assert paired.loop_device == [] and not any("back-end" in m for m in paired.missing)
+    assert paired.runnable > lone.runnable
+
+
+def test_the_readiness_command_prints_json_and_refuses_a_bad_duration(isolated, cli_run):
+    import json
+
+    ran = cli_run(["host", "readiness", "--fio-seconds", "0", "--json"])
+    data = json.loads(ran.out)
+    assert {"cpus", "iommu", "secure_boot", "disks", "nics", "studies"} <= set(data)
+    assert {c["study"] for c in data["studies"]} >= {"a", "b", "c", "d"}
+    assert ran.code == (1 if data["problems"] else 0)
+    bad = cli_run(["host", "readiness", "--fio-seconds", "99"])
+    assert bad.code == 2 and "--fio-seconds 99 is not allowed; allowed: 0 to 60" in bad.err

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from dataclasses import replace
 
 from cloudbox.cli.common import guard
-from cloudbox.core.errors import UsageError
+from cloudbox.core.errors import CloudboxError, UsageError
 from cloudbox.core.record.events import ProgressEvent, RunEvent, SampleEvent, describe, progress_line
 from cloudbox.core.run import runs
 from cloudbox.core.spec.runspec import RUN_OPTIONS, RunSpec
@@ -39,11 +40,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--destroy-orphans", action="store_true")
     g.set_defaults(func=guard(cmd_guests))
 
-    h = sub.add_parser("host", help="what this host offers: accelerator, libvirt, block devices")
-    h.add_argument("--json", action="store_true")
+    h = sub.add_parser("host", help="what this host offers: accelerator (a tiny probe guest is booted once per boot "
+                                    "to tell), libvirt, the root device; `host readiness` checks the whole box")
+    h.add_argument("what", nargs="?", choices=["readiness"],
+                   help="readiness: CPU virtualization, IOMMU, Secure Boot, memory, each disk (read-only fio) and NIC, "
+                        "and what this box can answer (the studies and their cells); writes nothing")
+    h.add_argument("--json", action="store_true", help="print it as JSON")
     h.add_argument("--verdict", action="store_true",
                    help="print one line: KVM usable, or why not and that guests fall back to TCG (exit 1 then)")
-    h.set_defaults(func=guard(cmd_host))
+    h.add_argument("--fio-seconds", type=int, default=3, metavar="S",
+                   help="readiness: seconds of read-only fio per disk and queue depth (0 to skip; default 3)")
+    h.add_argument("--device", action="append", default=None, metavar="DEV",
+                   help="readiness: measure this disk only (repeatable; default every disk)")
+    h.set_defaults(func=guard(cmd_host, invalid=(UsageError,)))
 
 
 def _specs(a: argparse.Namespace) -> list[RunSpec]:
@@ -217,6 +226,8 @@ def cmd_host(a: argparse.Namespace) -> int:
     from cloudbox.core.disks import backing
     from cloudbox.core.virt import accel
 
+    if a.what == "readiness":
+        return _readiness(a)
     acc = accel.detect()
     if a.verdict:
         print(acc.verdict)
@@ -237,3 +248,29 @@ def cmd_host(a: argparse.Namespace) -> int:
         if acc.emulated:
             print("WARNING: guests run under TCG emulation: their numbers are not virtualization-overhead figures")
     return 0
+
+
+def _readiness(a: argparse.Namespace) -> int:
+    """The box's readiness report and what it can answer; exit 1 when a problem was found."""
+    from cloudbox.core.cluster import registry
+    from cloudbox.core.inputs import printable
+    from cloudbox.core.studies import capability
+    from cloudbox.core.views import readiness
+    from cloudbox.core.virt import accel
+
+    if a.fio_seconds < 0 or a.fio_seconds > 60:
+        raise UsageError(f"--fio-seconds {a.fio_seconds} is not allowed; allowed: 0 to 60")
+    acc = accel.detect()
+    facts = readiness.gather(fio_seconds=a.fio_seconds, devices=a.device, accelerator=f"{acc.label}: {acc.reason}")
+    try:
+        with registry.Registry() as reg:
+            nodes = [n.name for n in reg.nodes()]
+    except CloudboxError:
+        nodes = []
+    caps = capability.capabilities(facts, nodes=nodes)
+    if a.json:
+        print(json.dumps({**facts.as_dict(), "studies": [dataclasses.asdict(c) for c in caps]}, indent=2))
+    else:
+        for line in readiness.lines(facts) + [""] + ["What this box can answer:"] + capability.lines(caps):
+            print(printable(line))
+    return 1 if facts.problems else 0

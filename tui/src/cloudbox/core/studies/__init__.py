@@ -14,8 +14,9 @@
     svg         the report's figures: % of native bars, the host disk, a series, the sweep, IOzone's sweeps
     markdown    the report in Markdown: the paper's tables with ours beside, sweep, variability, findings
     html        the report as one HTML page, a figure after each table; the formats by name
+    capability  what this box can answer: each study's cells that can run here, and what the others need
 
 Within the package, each module imports only those listed above it, in no circle (the acyclic_siblings contract):
 schema and cells first, the verdicts, series and sweep over them, then evidence, the cell states and the planning,
-and the report last (wording, plot, svg, markdown, html).
+the report (wording, plot, svg, markdown, html), and what a box can answer last.
 """

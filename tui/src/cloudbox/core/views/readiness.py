@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import stat
 import subprocess
@@ -208,7 +209,9 @@ def read_iops(device: str, iodepth: int, seconds: int) -> float:
     r = subprocess.run(read_only_fio_args(device, iodepth, seconds), capture_output=True, text=True,
                        timeout=seconds + 60)
     if r.returncode != 0:
-        raise ValueError(f"fio exited {r.returncode}: {(r.stderr or r.stdout).strip()[-200:]}")
+        err = re.search(r"error=([^\n]+)", r.stderr or r.stdout)
+        raise ValueError(f"fio could not read {device}"
+                         + (f" ({err.group(1).strip()})" if err else f" (exit {r.returncode})"))
     return fio.parse_fio(f"readiness-qd{iodepth}", r.stdout).iops
 
 
