@@ -106,3 +106,11 @@ def test_the_readiness_command_prints_json_and_refuses_a_bad_duration(isolated, 
     assert ran.code == (1 if data["problems"] else 0)
     bad = cli_run(["host", "readiness", "--fio-seconds", "99"])
     assert bad.code == 2 and "--fio-seconds 99 is not allowed; allowed: 0 to 60" in bad.err
+
+
+def test_the_installer_says_what_the_machine_offers_in_a_few_lines():
+    from cloudbox.core.install.actions import readiness_lines
+
+    lines = readiness_lines()
+    assert lines[0].startswith("this machine: ") and "IOMMU " in lines[0] and "Secure Boot " in lines[0]
+    assert all(ln.startswith("problem: ") for ln in lines[1:])

@@ -45,7 +45,7 @@ from cloudbox.core.install import (
     make_plan,
     parse_answers,
 )
-from cloudbox.core.install.actions import after_install, hash_password, probe_machine
+from cloudbox.core.install.actions import after_install, hash_password, probe_machine, readiness_lines
 from cloudbox.core.install.answers import ROLES, Answers, validate_data
 from cloudbox.core.install.apply import reap_stale
 from cloudbox.core.install.disks import source_esp
@@ -146,6 +146,8 @@ def _run_plan(answers: Answers, source: str, machine: Machine, a: argparse.Names
         print("dry run: nothing was written")
         return EXIT_OK
     if plan.mode != "done" and not a.yes and confirm is not None:
+        for line in readiness_lines():  # what this box offers, before anything is written
+            print(f"readiness: {line}")
         if not confirm(f"Write {plan.disk.path} ({plan.disk.identity})? Type yes to install: "):
             print("nothing was written")
             return EXIT_FAILED

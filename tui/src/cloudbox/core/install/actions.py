@@ -25,6 +25,19 @@ def probe_machine() -> Machine:
     )
 
 
+def readiness_lines() -> list[str]:
+    """What the readiness report says of this machine in a few lines (no disk is read): CPU virtualization, IOMMU,
+    Secure Boot, memory, and each problem; `cloudbox host readiness` has the rest."""
+    from cloudbox.core.views import readiness
+
+    r = readiness.gather(fio_seconds=0, devices=[])
+    virt = {"vmx": "Intel VT-x", "svm": "AMD-V"}.get(r.virt_flag, "none shown")
+    out = [f"this machine: {r.cpus} CPUs ({virt}), {r.memory_bytes / 1024**3:.1f} GiB, IOMMU {r.iommu}, "
+           f"Secure Boot {r.secure_boot}"]
+    out += [f"problem: {p}" for p in r.problems if not p.startswith("no such disk")]
+    return out
+
+
 def hash_password(password: str) -> str:
     """A root password as the answers' `root.password_hash` holds it (SHA-512 crypt, `openssl passwd -6`)."""
     r = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=password, capture_output=True, text=True)
