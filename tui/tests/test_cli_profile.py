@@ -69,7 +69,7 @@ def test_show_json_by_file(tmp_path, cli_run):
 
 def test_show_unknown_name(cli_run):
     ran = cli_run(["profile", "show", "nope"])
-    assert ran.code == 1
+    assert ran.code == 2
     err = ran.err
     assert "no profile named 'nope'" in err and "eucalyptus-default" in err
 

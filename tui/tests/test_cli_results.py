@@ -166,11 +166,11 @@ def test_export_to_file_and_stdout(db, tmp_path: Path, cli_run):
     assert out.splitlines()[0] == ",".join(render.CSV_FIELDS)
 
 
-def test_not_found_goes_to_stderr_with_exit_1(db, cli_run):
+def test_not_found_goes_to_stderr_with_exit_2(db, cli_run):
     path, default, virtio = db
     for argv in (["show", "99"], ["compare", str(default), "99"], ["delete", "99"], ["export", "99"]):
         code, out, err = cli_run(["results", "--db", str(path), *argv])
-        assert code == 1 and out == ""
+        assert code == 2 and out == ""
         assert err.startswith("cloudbox: no run 99") and f"newest runs: {virtio}, {default}" in err
 
 

@@ -210,10 +210,13 @@ def test_a_long_value_is_echoed_cut_with_its_length(tmp_path: Path, cli_run):
 
 
 def test_export_to_a_directory_leaves_nothing_behind(tmp_path: Path, cli_run):
+    from cloudbox.core.record.results import ResultStore
+
     out = tmp_path / "exports"
     out.mkdir()
+    ResultStore(tmp_path / "r.db").close()  # an empty store: --db names one that exists
     rc, _, err = cli_run(["results", "--db", str(tmp_path / "r.db"), "export", "-o", str(out)])
-    assert rc == 1 and "is a directory" in err
+    assert rc == 2 and "is a directory" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exports", "profiles", "r.db", "r.db-shm", "r.db-wal"] \
         or not list(tmp_path.glob("*.tmp*")), list(tmp_path.iterdir())
     assert not list(tmp_path.glob("*tmp*")) and list(out.iterdir()) == []
@@ -235,9 +238,9 @@ def test_a_quoted_dotted_key_is_reported_for_what_it_is():
 
 def test_profile_show_echoes_a_strange_name_quoted_and_intact(cli_run):
     rc, _, err = cli_run(["profile", "show", "x;rm -rf /"])
-    assert rc == 1 and "'x;rm -rf /': no such profile file" in err
+    assert rc == 2 and "'x;rm -rf /': no such profile file" in err
     rc, _, err = cli_run(["profile", "show", "x\x1b[2J"])
-    assert rc == 1 and "no profile named 'x\\x1b[2J'" in err and "\x1b" not in err
+    assert rc == 2 and "no profile named 'x\\x1b[2J'" in err and "\x1b" not in err
 
 
 def test_messages_show_no_python_forms(tmp_path: Path, cli_run):

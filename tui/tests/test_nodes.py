@@ -424,7 +424,7 @@ def test_cli_enrolment_between_processes(tmp_path: Path):
     assert "removed node node5" in _cli(fe, "node", "remove", "node5").stdout
     assert _cli(fe, "node", "list", "--json").stdout.strip() == "[]"
     gone = _cli(fe, "node", "remove", "node5", check=False)
-    assert gone.returncode == 1 and "node 'node5': not enrolled" in gone.stderr
+    assert gone.returncode == 2 and "node 'node5': not enrolled" in gone.stderr
 
 
 def test_cli_code_starts_a_detached_server_that_stops_when_the_code_is_revoked(tmp_path: Path):

@@ -109,5 +109,5 @@ def test_storage_catalogue_rules():
     assert "--direct=0" in args and "--end_fsync=1" in args and "--ioengine=psync" in args
     args = fio.fio_args(catalogue.TESTS["randread-4k-qd32"], "/dev/vda", 1 << 20, 5)
     assert "--iodepth=32" in args and "--runtime=5" in args and "--direct=1" in args
-    with pytest.raises(CloudboxError, match="allowed: seq-write-64k"):
+    with pytest.raises(CloudboxError, match=r"\(did you mean seq-write-64k\?\); allowed: a set \(study, "):
         catalogue.resolve_tests("seq-write-7k")

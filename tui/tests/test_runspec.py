@@ -39,7 +39,8 @@ def test_the_spec_and_its_dict_form():
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("suite", "disk", r"--suite 'disk' is not allowed; allowed: storage, network, all, guest"),
     ("size", "lots", r"--size 'lots' not understood; allowed: quick, study"),
-    ("storage_tests", "seq-write-7k", r"--tests 'seq-write-7k': unknown storage test\(s\) seq-write-7k; allowed:"),
+    ("storage_tests", "seq-write-7k", r"--tests 'seq-write-7k': unknown storage test\(s\) seq-write-7k \(did you mean "
+     r"seq-write-64k\?\); allowed:"),
     ("storage_tests", ",", r"--tests ',' names no storage test; allowed: seq-write"),
     ("net_tests", "udp", r"--net-tests 'udp': unknown network test\(s\) udp; allowed: tcp-stream"),
     ("agent_timeout", 5.0, r"--agent-timeout 5 is not allowed; allowed: 10 to 3600 seconds"),
@@ -74,7 +75,8 @@ async def test_the_tests_screen_offers_the_declared_choices(state):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--agent-timeout", "5"], "--agent-timeout 5 is not allowed; allowed: 10 to 3600 seconds (default 300)"),
     (["--size", "1M"], "--size '1M' is too small; the minimum is 4M"),
-    (["--tests", "seq-write-7k"], "--tests 'seq-write-7k': unknown storage test(s) seq-write-7k; allowed:"),
+    (["--tests", "seq-write-7k"], "--tests 'seq-write-7k': unknown storage test(s) seq-write-7k (did you mean "
+     "seq-write-64k?); allowed:"),
     (["--net-seconds", "-3"], "--net-seconds -3 is not allowed; allowed: 0 (5 s quick, 30 s otherwise) or more"),
     (["--runtime", "-1"], "--runtime -1 is not allowed; allowed: 0 (5 s quick, 30 s otherwise) or more seconds"),
 ])

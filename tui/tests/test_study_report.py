@@ -158,7 +158,7 @@ def test_report_to_a_file_is_the_same_and_quick_runs_say_so(study_a_runs, tmp_pa
     assert err.strip() == f"wrote {out}: 7 cells from 4 runs; 2 reproduced, 1 not reproduced, 9 inconclusive"
     assert [p.name for p in out.parent.iterdir()] == ["report.md"]  # no temporary file left
     code, _, err = cli_run(["study", "report", "a", "-o", str(tmp_path)])
-    assert code == 1 and "is a directory" in err
+    assert code == 2 and "is a directory" in err
 
     # a newer quick run is used only when the report asks for quick runs, and its verdict is inconclusive
     with ResultStore() as store:
@@ -332,7 +332,7 @@ def test_html_report_plots_iozones_sweeps_against_file_size(cli_run):
 
 def test_report_refuses_unknown_studies_and_formats(cli_run):
     code, _, err = cli_run(["study", "report", "zz"])
-    assert code == 1 and "no study named 'zz'; known studies: a, b" in err
+    assert code == 2 and "no study named 'zz'; known studies: a, b" in err
     with pytest.raises(SystemExit) as exc:
         cli.main(["study", "report", "a", "--format", "pdf"])
     assert exc.value.code == 2

@@ -203,7 +203,7 @@ async def test_back_end_keys_say_why_they_are_not_available(tmp_path, monkeypatc
         for key, what in (("j", "making join codes"), ("v", "revoking join codes"), ("x", "removing nodes")):
             await pilot.press(key)
             await until(pilot, lambda w=what: f"role: this node is a back-end ({n.conf}); {w} runs on a "
-                        "front-end or all-in-one" in notices(app), what=f"the refusal of {key}")
+                        "front-end or an all-in-one" in notices(app), what=f"the refusal of {key}")
         assert not isinstance(app.screen, JoinCodeDialog) and app.errors == []
         # once enrolled, the back-end names its front-end
         pin, known = enrol.pin_paths()

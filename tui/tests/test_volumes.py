@@ -113,7 +113,7 @@ def test_cli(state, capsys):
     assert [v["name"] for v in json.loads(capsys.readouterr().out)] == ["ebs"]
     assert main(["volume", "create", "x", "--size", "1.5G"]) == 2
     assert "--size '1.5G' not understood" in capsys.readouterr().err
-    assert main(["volume", "delete", "nope"]) == 1
+    assert main(["volume", "delete", "nope"]) == 2
     assert "no volume 'nope'" in capsys.readouterr().err
     assert main(["volume", "delete", "ebs"]) == 0
     assert main(["volume", "list"]) == 0

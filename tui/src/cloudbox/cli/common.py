@@ -7,11 +7,13 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from cloudbox.core.errors import CloudboxError
+from cloudbox.core.errors import CloudboxError, NotFound, ProblemsError, UsageError
 
 Handler = Callable[[argparse.Namespace], int]
-EXIT_ERROR = 1  # a cloudbox error (not found, refused, failed)
-EXIT_INVALID = 2  # bad input (a usage error, an invalid file)
+EXIT_ERROR = 1  # the system failed or refused (a node down, no space, a run that failed)
+EXIT_INVALID = 2  # bad usage or input: a usage error, a name that does not exist, an invalid file
+# Every command's rule: these are the input's fault, whatever the command.
+INVALID: tuple[type[CloudboxError], ...] = (UsageError, NotFound, ProblemsError)
 EXIT_INTERRUPTED = 130
 
 
@@ -24,13 +26,14 @@ def usage(parser: argparse.ArgumentParser) -> Handler:
 
 
 def guard(fn: Handler, *, invalid: tuple[type[CloudboxError], ...] = ()) -> Handler:
-    """An error of an `invalid` type -> its text on stderr, exit 2; any other CloudboxError -> exit 1; Ctrl-C ->
-    130; a closed pipe (`| head`) is not an error."""
+    """Bad usage or input (INVALID, and an error of an `invalid` type) -> its text on stderr, exit 2; any other
+    CloudboxError -> exit 1; Ctrl-C -> 130; a closed pipe (`| head`) is not an error."""
+    bad = INVALID + invalid
 
     def handler(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except invalid as e:
+        except bad as e:
             print(f"cloudbox: {e}", file=sys.stderr)
             return EXIT_INVALID
         except CloudboxError as e:

@@ -75,7 +75,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _server_args(c)
     c.set_defaults(func=guard(cmd_code))
 
-    s = sub.add_parser("enrol-server", help="accept enrolments while a join code is open (started by `node code`)")
+    # internal (started by `node code`): no help line, so `node --help` does not offer it
+    s = sub.add_parser("enrol-server", description="accept enrolments while a join code is open (started by "
+                       "`node code`)")
     _server_args(s)
     s.set_defaults(func=guard(cmd_enrol_server))
 
@@ -95,7 +97,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     j.set_defaults(func=guard(cmd_join))
 
     ls = sub.add_parser("list", help="enrolled nodes with state")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print the nodes as JSON")
     ls.set_defaults(func=guard(cmd_list))
 
     ck = sub.add_parser("check", help="probe every node's libvirt now; nodes down fail their runs")
@@ -135,7 +137,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     im.add_argument("--json", action="store_true")
     im.set_defaults(func=guard(cmd_images))
 
-    lo = sub.add_parser("local", help="(run by the front-end over SSH) this node's side of image copies and runs")
+    # internal (run by the front-end over SSH): no help line, so `node --help` does not offer it
+    lo = sub.add_parser("local", description="(run by the front-end over SSH) this node's side of image copies and "
+                        "runs")
     lsub = lo.add_subparsers(dest="local_op", metavar="OP", required=True)
     x = lsub.add_parser("has-image")
     x.add_argument("image_id")

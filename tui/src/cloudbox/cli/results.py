@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from cloudbox.cli.common import guard, usage
-from cloudbox.core.errors import CloudboxError
+from cloudbox.core import paths
+from cloudbox.core.errors import CloudboxError, NotFound, UsageError
 from cloudbox.core.inputs import printable
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.rows import STATES, Run
@@ -55,7 +56,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     cmp = sub.add_parser("compare", help="runs side by side against each run's own bare-metal baseline")
     cmp.add_argument("runs", metavar="RUN", nargs="+", help="run ids or uuids")
-    cmp.add_argument("--format", choices=("text", "md", "csv", "json"), default="text")
+    cmp.add_argument("--format", choices=("text", "md", "csv", "json"), default="text",
+                     help="text (default), Markdown, CSV or JSON")
     cmp.set_defaults(func=guard(cmd_compare))
 
     exp = sub.add_parser("export", help="write runs (all when none given) as JSON, CSV or markdown")
@@ -72,7 +74,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _store(args: argparse.Namespace) -> ResultStore:
-    return ResultStore(getattr(args, "db", None))
+    db = getattr(args, "db", None)
+    if db is not None and not Path(db).is_file():
+        raise NotFound(f"--db {printable(str(db))}: no such results database; allowed: an existing results.db "
+                       f"(default: {paths.results_db()})")
+    return ResultStore(db)
 
 
 def _mbps(v: float | None, pct: float | None) -> str:
@@ -194,7 +200,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(text, end="")
         return 0
     if args.output.is_dir():
-        raise CloudboxError(f"-o {printable(str(args.output))}: is a directory; allowed: a file name (the export is "
+        raise UsageError(f"-o {printable(str(args.output))}: is a directory; allowed: a file name (the export is "
                             "written there)")
     tmp = args.output.with_name(f".{args.output.name}.tmp{os.getpid()}")
     try:

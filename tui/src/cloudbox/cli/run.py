@@ -19,13 +19,18 @@ from cloudbox.core.spec.runspec import RUN_OPTIONS, RunSpec
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run storage and/or network tests under a profile, with a bare-metal baseline")
     for opt in RUN_OPTIONS:
+        shown = f" (default: {opt.default})" if isinstance(opt.default, str) and opt.default and not opt.sweep else ""
         p.add_argument(*opt.flags, dest=opt.field, type=str if opt.sweep else opt.type, default=opt.default,
-                       help=opt.help,
+                       help=opt.help + shown,
                        metavar=opt.metavar, required=opt.required,
                        choices=[c.value for c in opt.choices] if opt.closed else None)
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
     p.add_argument("--json", action="store_true", help="print the finished run as JSON")
     p.set_defaults(func=guard(cmd_run, invalid=(UsageError,)))
+
+    t = sub.add_parser("tests", help="every storage and network test `run --tests` / `--net-tests` take, with its "
+                                     "title, and the sets")
+    t.set_defaults(func=guard(cmd_tests))
 
     w = sub.add_parser("watch", help="follow a run's progress live (attach to a detached run)")
     w.add_argument("run", help="run id")
@@ -37,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=guard(cmd_cancel))
 
     g = sub.add_parser("guests", help="list cloudbox guests known to libvirt; --destroy-orphans cleans up")
-    g.add_argument("--destroy-orphans", action="store_true")
+    g.add_argument("--destroy-orphans", action="store_true",
+                   help="destroy the cloudbox guests no live run owns (a killed run's), and nothing else")
     g.set_defaults(func=guard(cmd_guests))
 
     h = sub.add_parser("host", help="what this host offers: accelerator (a tiny probe guest is booted once per boot "
@@ -274,3 +280,18 @@ def _readiness(a: argparse.Namespace) -> int:
         for line in readiness.lines(facts) + [""] + ["What this box can answer:"] + capability.lines(caps):
             print(printable(line))
     return 1 if facts.problems else 0
+
+
+def cmd_tests(a: argparse.Namespace) -> int:
+    """`cloudbox tests`: every test id with its title, then the sets, for `run --tests` and `--net-tests`."""
+    from cloudbox.core.spec import catalogue
+
+    print("storage tests (--tests ID[,ID...] or a set):")
+    for tid in catalogue.TESTS:
+        print(f"  {tid:26} {catalogue.test_title(tid)}")
+    print("storage test sets: " + ", ".join(f"{k} ({len(v)})" for k, v in catalogue.TEST_SETS.items()))
+    print("network tests (--net-tests ID[,ID...] or a set):")
+    for tid in catalogue.NET_TESTS:
+        print(f"  {tid:26} {catalogue.test_title(tid)}")
+    print("network test sets: " + ", ".join(f"{k} ({', '.join(v)})" for k, v in catalogue.NET_SETS.items()))
+    return 0

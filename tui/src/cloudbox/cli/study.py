@@ -32,6 +32,7 @@ from cloudbox.core.bench import propagation
 from cloudbox.core.disks import backing
 from cloudbox.core.errors import CloudboxError, StudyError, UsageError
 from cloudbox.core.inputs import printable
+from cloudbox.core.record.events import counted
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.runlock import check_not_busy
 from cloudbox.core.run import runs
@@ -123,7 +124,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         if e.problem is not None:
             text = f"INVALID (cloudbox study show {e.path})"
         else:
-            text = f"{e.title}  [{e.profiles} profiles x {e.tests} tests, {e.rules} rules]"
+            text = (f"{e.title}  [{counted(e.profiles, 'profile')} x {counted(e.tests, 'test')}, "
+                    f"{counted(e.rules, 'rule')}]")
         print(printable(f"{e.name:<{width}}  {text}"))
     return 0
 
@@ -185,7 +187,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _write(path: Path, text: str) -> None:
     """`text` to `path` through a temporary file that never outlives the command."""
     if path.is_dir():
-        raise CloudboxError(f"-o {printable(str(path))}: is a directory; allowed: a file name (the report is "
+        raise UsageError(f"-o {printable(str(path))}: is a directory; allowed: a file name (the report is "
                             "written there)")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:

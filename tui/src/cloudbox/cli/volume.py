@@ -16,15 +16,18 @@ from cloudbox.core.disks.volumes.attach import exports_here
 from cloudbox.core.disks.volumes.store import VolumeStore, parse_size
 from cloudbox.core.errors import UsageError
 from cloudbox.core.inputs import printable
+from cloudbox.core.spec.schemes import SCHEMES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `volume` and its subcommands on an argparse subparsers object."""
     p = subparsers.add_parser("volume", help="list, create and delete the network block volumes this box serves",
                               description="Network block volumes: pre-allocated files (or logical volumes in a "
-                                          "volume group you name) this box exports to runs "
-                                          "(a profile names one as disk.volume = \"nbd:NAME\", \"aoe:NAME\" or "
-                                          "\"iscsi:NAME\").")
+                                          "volume group you name) this box exports to runs. A profile names one as "
+                                          "disk.volume = " + ", ".join(f'"{s.name}:NAME"' for s in SCHEMES.values()
+                                                                       if s.block)
+                                          + "; an NFS export (\"nfs:NAME\") is a fresh directory of the run's and "
+                                          "needs no volume here.")
     sub = p.add_subparsers(dest="volume_command", metavar="SUBCOMMAND")
     p.set_defaults(func=usage(p))
 

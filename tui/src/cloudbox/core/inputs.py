@@ -28,6 +28,7 @@ import re
 import stat
 import tomllib
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -365,6 +366,29 @@ PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.
 PRIVATE_RANGES_TEXT = "10/8, 172.16/12, 192.168/16"
 FRONTEND_ADDRESS_RULE = "not loopback, unspecified, multicast or the limited broadcast address"
 _LIMITED_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+
+
+def a_or_an(word: str) -> str:
+    """"an all-in-one", "a front-end": the article for `word`, by its first letter."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name `name` most likely meant (a typo, another case), or None when none is close."""
+    import difflib
+
+    pool = list(known)
+    lower = {k.lower(): k for k in pool}
+    if name.lower() in lower:
+        return lower[name.lower()]
+    hit = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.6)
+    return lower[hit[0]] if hit else None
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """" (did you mean virtio-disk?)" when a known name is close to `name`, else ""."""
+    hit = closest(name, known)
+    return f" (did you mean {hit}?)" if hit else ""
 
 
 def ip_address(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:

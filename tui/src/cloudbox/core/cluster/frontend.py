@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import paths
+from .. import inputs, paths
 from ..disks.volumes import nodecreds
 from ..errors import CloudboxError
 from ..spec import nodeconf
@@ -35,7 +35,8 @@ def role_refusal(role: str, source: str, what: str, allowed: tuple[str, ...] = F
     """Why `what` does not run on a node of this role (naming the role and where it came from), or None."""
     if role in allowed:
         return None
-    return f"role: this node is a {role} ({source}); {what} runs on a {' or '.join(allowed)}"
+    return (f"role: this node is {inputs.a_or_an(role)} ({source}); {what} runs on "
+            f"{' or '.join(inputs.a_or_an(r) for r in allowed)}")
 
 
 def require_role(what: str, allowed: tuple[str, ...] = FRONT_END_ROLES) -> str:

@@ -216,11 +216,12 @@ def _cross(role: object, net: dict[str, Any], root: dict[str, Any]) -> list[Prof
         out.append(ProfileProblem("network.frontend", None, "a back-end must know its front-end",
                                   _TEXT_RULES["network.frontend"]))
     if role in ("front-end", "all-in-one") and frontend is not None:
-        out.append(ProfileProblem("network.frontend", frontend, f"only a back-end has a front-end, not a {role}",
+        out.append(ProfileProblem("network.frontend", frontend,
+                                  f"only a back-end has a front-end, not {inputs.a_or_an(role)}",
                                   f"no network.frontend (with role = {role})"))
     if role in ("front-end", "back-end") and private is None:
         out.append(ProfileProblem("network.private_nic", None,
-                                  f"a {role} needs the NIC that faces the private network",
+                                  f"{inputs.a_or_an(role)} needs the NIC that faces the private network",
                                   _TEXT_RULES["network.private_nic"]))
     if role == "front-end" and campus is None:
         out.append(ProfileProblem("network.campus_nic", None,

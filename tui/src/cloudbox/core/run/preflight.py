@@ -9,7 +9,7 @@ Only this host's part is checked here; a node checks its own (device, hypervisor
 
 from __future__ import annotations
 
-from .. import paths
+from .. import inputs, paths
 from ..cluster import health, registry
 from ..disks import backing
 from ..disks.volumes import attach
@@ -49,7 +49,7 @@ def node_problems(spec: RunSpec, *, reachable: bool = True) -> list[Refused]:
     for name in names:
         node = known.get(name)
         if node is None:
-            out.append(Refused(f"--node {name!r}: no such node; allowed: "
+            out.append(Refused(f"--node {name!r}: no such node{inputs.did_you_mean(name, known)}; allowed: "
                                f"{', '.join(sorted(known)) or 'none enrolled (cloudbox node code, then node join)'}"
                                + (f", or {LOCAL_PLACE} for this host" if spec.guests > 1 else ""), usage=True))
         elif reachable:

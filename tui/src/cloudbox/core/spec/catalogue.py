@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CloudboxError
+from ..inputs import did_you_mean
 
 BONNIE_MIN_SIZE = 64 * 1024**2  # ext4's journal and inode tables leave Bonnie++ too little below that
 
@@ -153,12 +154,14 @@ TEST_SETS: dict[str, list[str]] = {
 
 def resolve_tests(spec: str | list[str]) -> list[StorageTest]:
     """A set name or comma-separated test ids -> tests in a safe order (writes before reads)."""
-    ids = spec if isinstance(spec, list) else (TEST_SETS.get(spec) or [s for s in spec.split(",") if s])
+    ids = spec if isinstance(spec, list) else (TEST_SETS.get(spec.lower())
+                                               or [s.strip().lower() for s in spec.split(",") if s.strip()])
     unknown = [i for i in ids if i not in TESTS]
     if unknown:
         raise CloudboxError(
-            f"unknown storage test(s) {', '.join(unknown)}; allowed: {', '.join(TESTS)} "
-            f"or a set: {', '.join(TEST_SETS)}")
+            f"unknown storage test(s) {', '.join(unknown)}{did_you_mean(unknown[0], [*TEST_SETS, *TESTS])}; "
+            f"allowed: a set ({', '.join(TEST_SETS)}) or test ids, comma-separated (all {len(TESTS)} with their "
+            "titles: cloudbox tests)")
     return [TESTS[i] for i in ids]
 
 

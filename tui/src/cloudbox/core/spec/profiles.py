@@ -394,7 +394,8 @@ def find_profile_path(name: str) -> Path:
             if f.is_file():
                 return f
     known = sorted(n for n, _ in _candidates())
-    raise NotFound(f"no profile named {inputs.shown(name)}; known profiles: {', '.join(known) or '(none)'}")
+    raise NotFound(f"no profile named {inputs.shown(name)}{inputs.did_you_mean(name, known)}; known profiles: "
+                   f"{', '.join(known) or '(none)'} (or a path to a .toml file)")
 
 
 def find_profile(name: str) -> Profile:

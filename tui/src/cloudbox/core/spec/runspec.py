@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from .. import inputs
 from ..errors import CloudboxError, UsageError
 from . import catalogue, remote
 from .catalogue import PROPAGATE_PREFIX
@@ -176,10 +177,11 @@ def parse_size(text: str, memory_mib: int) -> tuple[int, str]:
 
 
 def resolve_net_tests(spec: str) -> list[catalogue.NetTest]:
-    ids = catalogue.NET_SETS.get(spec) or [s for s in spec.split(",") if s]
+    ids = catalogue.NET_SETS.get(spec.lower()) or [s.strip().lower() for s in spec.split(",") if s.strip()]
     bad = [i for i in ids if i not in catalogue.NET_TESTS]
     if bad:
-        raise UsageError(f"unknown network test(s) {', '.join(bad)}; allowed: {', '.join(catalogue.NET_TESTS)} "
+        near = inputs.did_you_mean(bad[0], [*catalogue.NET_SETS, *catalogue.NET_TESTS])
+        raise UsageError(f"unknown network test(s) {', '.join(bad)}{near}; allowed: {', '.join(catalogue.NET_TESTS)} "
                          f"or a set: {', '.join(catalogue.NET_SETS)}")
     return [catalogue.NET_TESTS[i] for i in ids]
 

@@ -458,8 +458,10 @@ def find_study(name: str) -> Study:
     for stem, f in _candidates():
         if stem == name.lower():
             return load_study(f)
-    known = ", ".join(stem for stem, _ in _candidates()) or "(none)"
-    raise NotFound(f"no study named {inputs.shown(name)}; known studies: {known} (cloudbox study list)")
+    stems = [stem for stem, _ in _candidates()]
+    folded = " (the slides of study A, folded into it: cloudbox study show a)" if name.lower() == "e" else ""
+    raise NotFound(f"no study named {inputs.shown(name)}{folded or inputs.did_you_mean(name, stems)}; known "
+                   f"studies: {', '.join(stems) or '(none)'} (cloudbox study list)")
 
 
 def cannot_run(profile: profiles.Profile) -> str | None:
