@@ -451,6 +451,13 @@ def test_quick_size_warm_cache_changed_profile_and_virtualized_host_are_inconclu
         assert len(v.reasons) == 1 and words in v.reasons[0], v.reasons
 
 
+def test_a_quick_network_cell_gets_the_network_reason_not_the_caches():
+    reasons = verdicts._cell_reasons(cell("eucalyptus-default", test="tcp-stream", size_label="quick"), "value",
+                                     native=True)
+    assert any("a 5-second stream, where a study-size run streams for 30 s" in r for r in reasons), reasons
+    assert not any("caches" in r for r in reasons)
+
+
 def test_every_reason_is_given():
     v = verdict("R1", [cell("eucalyptus-default", size_label="quick", accelerator="tcg", emulated=True)])
     assert v.status == INCONCLUSIVE and len(v.reasons) == 2

@@ -68,8 +68,10 @@ def _cell_reasons(cell: Cell, metric: str, *, native: bool) -> list[str]:
     elif cell.emulated:
         how = "TCG emulation" if cell.accelerator == "tcg" else "emulation"
         out.append(f"{name} was measured under {how}: not an overhead figure")
-    if cell.size_label == "quick":
+    if cell.size_label == "quick" and is_storage_test(cell.test):
         out.append(f"{name} is quick-size: the page and device caches weigh more than in the study")
+    elif cell.size_label == "quick":
+        out.append(f"{name} is a quick run's: a 5-second stream, where a study-size run streams for 30 s")
     elif cell.size_label != DECISIVE_SIZE:
         out.append(f"{name} was measured at {cell.size_label or 'an unknown'} size, not the study's")
     if "warm-cache" in cell.guest.labels or (native and cell.baseline and "warm-cache" in cell.baseline.labels):
