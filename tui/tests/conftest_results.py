@@ -76,8 +76,10 @@ def _prov(**extra: object) -> Provenance:
         **extra)
 
 
-def add_study_a_default(store: ResultStore, started_at: float = 1_700_000_000.0, node: str = "node1") -> int:
-    """KVM, SCSI over a sparse file (Study A's default row). Returns the run id."""
+def add_study_a_default(store: ResultStore, started_at: float = 1_700_000_000.0, node: str = "node1",
+                        write_baseline: float = 111.0) -> int:
+    """KVM, SCSI over a sparse file (Study A's default row), its bare metal writing `write_baseline` MB/s in
+    seq-write-64k. Returns the run id."""
     rid = store.create_run(
         profile_name="study-a-default", profile_hash="a1b2c3d4e5f6a7b8", profile_toml=PROFILE_DEFAULT,
         suite="all", size_bytes=20 * 2**30, size_label="study", accelerator="kvm", node=node,
@@ -91,7 +93,8 @@ def add_study_a_default(store: ResultStore, started_at: float = 1_700_000_000.0,
     m = store.add_measurement
     # Table 1 (write) and Table 2 (read), 64 kB requests: baseline, then guest.
     for test in ("seq-write-64k", "dd-write-64k"):
-        m(rid, side="baseline", test=test, metric="MB/s", value=111.0, host_mbps=111.0,
+        m(rid, side="baseline", test=test, metric="MB/s", value=write_baseline if test == "seq-write-64k" else 111.0,
+          host_mbps=111.0,
           host_avgrq_sectors=1024, host_avgqu=140, host_util=100)
         m(rid, side="guest", test=test, metric="MB/s", value=1.3, host_mbps=1.3,
           host_avgrq_sectors=30, host_avgqu=0.9, host_util=90, raw=FIO_JSON)
@@ -147,3 +150,42 @@ def study_a_store(path: Path) -> tuple[ResultStore, int, int]:
     """A store at `path` holding both runs: (store, default_run_id, virtio_tcg_run_id)."""
     store = ResultStore(path)
     return store, add_study_a_default(store), add_virtio_tcg(store)
+
+
+# A run of virtio over a whole disk on KVM whose tests were repeated, guest and bare metal alternating (ABAB), the
+# way `--repeats` stores them: seq-write-64k 8 times a side (a steady guest near 96% of bare metal), seq-read-64k 8
+# times with a guest whose page cache sometimes holds the file (CV over 10%: flagged), tcp-stream 3 times a side
+# (too few for a median's interval; the ratio's is the range of its pairs, 90%).
+REPEATED_WRITE_GUEST = (74.2, 71.0, 76.9, 73.5, 75.8, 72.4, 74.9, 73.1)
+REPEATED_WRITE_BARE = (77.0, 76.1, 78.3, 76.8, 77.5, 75.9, 78.0, 77.2)
+REPEATED_READ_GUEST = (70.0, 95.0, 68.5, 99.0, 71.2, 69.8, 97.5, 70.4)
+REPEATED_READ_BARE = (108.0, 107.5, 108.4, 107.9, 108.8, 107.1, 108.2, 108.1)
+REPEATED_TCP_GUEST = (900.0, 912.0, 905.0)
+REPEATED_TCP_BARE = (940.0, 938.0, 941.0)
+
+
+def add_repeated_virtio(store: ResultStore, started_at: float = 1_700_007_200.0, node: str = "node1") -> int:
+    """The repeated run above, stored sample by sample through the store (each side's repeat k in the order it was
+    measured: bare metal, then guest); returns its id."""
+    rid = store.create_run(
+        profile_name="virtio-phy", profile_hash="0f1e2d3c4b5a6978", profile_toml=PROFILE_VIRTIO_PHY,
+        suite="all", size_bytes=20 * 2**30, size_label="study", accelerator="kvm", node=node, started_at=started_at,
+        provenance=_prov(backing=BackingInfo(kind="block-device", path="/dev/sdb", device="sdb",
+                                             model="WDC WD5003ABYX", size_bytes=500 * 10**9)),
+    )
+    m = store.add_measurement
+    t = started_at
+    for test, metric, guest, bare in (("seq-write-64k", "MB/s", REPEATED_WRITE_GUEST, REPEATED_WRITE_BARE),
+                                      ("seq-read-64k", "MB/s", REPEATED_READ_GUEST, REPEATED_READ_BARE),
+                                      ("tcp-stream", "Mbit/s", REPEATED_TCP_GUEST, REPEATED_TCP_BARE)):
+        storage = metric == "MB/s"
+        for k, (g, b) in enumerate(zip(guest, bare, strict=True), 1):
+            host_b = {"host_mbps": b, "host_avgrq_sectors": 128.0, "host_avgqu": 1.0 + k / 10, "host_util": 100.0}
+            host_g = {"host_mbps": g, "host_avgrq_sectors": 128.0, "host_avgqu": 0.9, "host_util": 90.0 + k}
+            m(rid, side="baseline", test=test, metric=metric, value=b, repeat=k, boot=1, iteration=k,
+              started_at=t, finished_at=t + 10, **(host_b if storage else {}))
+            m(rid, side="guest", test=test, metric=metric, value=g, repeat=k, boot=1, iteration=k,
+              started_at=t + 10, finished_at=t + 20, **(host_g if storage else {}))
+            t += 20
+    store.finish_run(rid, "completed")
+    return rid

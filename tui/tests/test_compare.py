@@ -136,8 +136,7 @@ def test_text_fits_80_columns(runs: list[Run]):
 def test_shared_baseline_row_is_a_marked_mean(tmp_path: Path):
     with ResultStore(tmp_path / "r.db") as store:
         a = add_study_a_default(store, started_at=1_700_000_000.0)
-        b = add_study_a_default(store, started_at=1_700_100_000.0)
-        store.add_measurement(b, side="baseline", test="seq-write-64k", metric="MB/s", value=109.0)
+        b = add_study_a_default(store, started_at=1_700_100_000.0, write_baseline=109.0)
         runs = [store.get_run(a), store.get_run(b)]
     table = compare.compare_table(runs)
     sw = table.section("seq-write-64k")

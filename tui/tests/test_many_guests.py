@@ -250,7 +250,7 @@ def test_a_schema_3_database_gains_the_instance_column(tmp_path):
         c.execute("INSERT INTO runs (id, uuid, suite, state) VALUES (4, 'u4', 'storage', 'completed')")
         c.execute("INSERT INTO measurements (run_id, side, test, metric, value) VALUES (4, 'guest', 't', 'MB/s', 5)")
     with ResultStore(db) as s:
-        assert s.schema_version == 4
+        assert s.schema_version == schema.SCHEMA_VERSION
         run = s.get_run(4)
         assert run.value("guest", "t", "MB/s") == 5 and run.measurements[0].instance is None
     with sqlite3.connect(db) as c, pytest.raises(sqlite3.IntegrityError):

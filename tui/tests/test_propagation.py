@@ -521,7 +521,7 @@ def test_a_schema_2_database_upgrades_in_place_to_take_propagation_runs(tmp_path
         with pytest.raises(sqlite3.IntegrityError):
             c.execute("INSERT INTO runs (uuid, suite) VALUES ('p', 'propagation')")  # schema 2 refuses the sweep
     with ResultStore(db) as s:
-        assert s.schema_version == schema.SCHEMA_VERSION == 4
+        assert s.schema_version == schema.SCHEMA_VERSION == 5
         assert s.get_run(5).suite == "guest" and s.get_run(5).value("guest", "t", "MB/s") == 3
         rid = s.create_run(suite="propagation")
         s.add_measurement(rid, side="guest", test="propagate-32m", metric="total_s", value=9.0)
@@ -623,6 +623,10 @@ def test_the_body_stores_each_sample_and_leaves_only_the_source_images(fake_host
     assert all(x.copy_s > 0 and x.total_s >= x.copy_s + x.boot_s - 1e-6 for x in got)
     assert all(x.qualifiers == ["emulated", "quick"] for x in got)
     assert run.size_bytes == 8 * MIB and run.suite == "propagation"
+    # each size's samples are its figure's repeats, each in a guest boot of its own
+    four = run.figure("guest", "propagate-4m", "total_s")
+    assert four is not None and [(m.repeat, m.boot, m.iteration) for m in four.samples] == [(1, 1, 1), (2, 2, 1)]
+    assert four.boots == 2 and run.figure("guest", "propagate-8m", "copy_s").n == 1  # type: ignore[union-attr]
     assert FakeGuest.destroyed == ["g1", "g2", "g3"]  # each guest destroyed after its sample
     assert _work_left(fake_host.state) == []
     assert [(x.size_bytes // MIB, x.complete) for x in propagation.list_sources()] == [(4, True), (8, True)]

@@ -109,9 +109,11 @@ def test_schema_1_database_upgrades_in_place_keeping_runs_and_measurements(tmp_p
         with pytest.raises(sqlite3.IntegrityError):
             c.execute("INSERT INTO runs (uuid, suite) VALUES ('g', 'guest')")  # schema 1 refuses guest sessions
     with ResultStore(db) as s:
-        assert s.schema_version == SCHEMA_VERSION == 4
+        assert s.schema_version == SCHEMA_VERSION == 5
         run = s.get_run(7)
         assert run.value("guest", "t", "MB/s") == 5 and len(s.events_since(7)) == 1
+        m = run.measurements[0]
+        assert (m.instance, m.repeat, m.boot, m.iteration) == (None, 1, 1, 1)
         gid = s.create_run(suite="guest")
         assert s.get_run(gid).suite == "guest"
     with sqlite3.connect(db) as c:
@@ -133,7 +135,11 @@ def test_a_store_written_by_the_previous_release_reads_back_unchanged(tmp_path: 
     copy = tmp_path / "results.db"
     copy.write_bytes(CURRENT.read_bytes())  # opening it sets WAL mode: never on the committed file
     with ResultStore(copy) as s:
-        assert s.schema_version == expected["user_version"]
+        assert expected["user_version"] == 4 and s.schema_version == SCHEMA_VERSION
+        # every sample it held is its figure's only one: repeat 1 of boot 1
+        once = {"repeat": 1, "boot": 1, "iteration": 1}
+        for run in expected["runs"]:
+            run["measurements"] = [{**m, **once} for m in run["measurements"]]
         assert [s.get_run(i).as_dict(raw=True) for i in s.run_ids()] == expected["runs"]
         for i in s.run_ids():
             assert [dataclasses.asdict(x) for x in s.samples(i)] == expected["samples"][str(i)], i
@@ -144,6 +150,13 @@ def test_a_store_written_by_the_previous_release_reads_back_unchanged(tmp_path: 
     tables = "SELECT type, name, sql FROM sqlite_master ORDER BY name"
     with sqlite3.connect(f"file:{CURRENT}?mode=ro", uri=True) as old, sqlite3.connect(fresh) as new:
         assert new.execute(tables).fetchall() == old.execute(tables).fetchall()
+    # upgraded, it has the tables a database made today has
+    today = tmp_path / "today.db"
+    with ResultStore(today):
+        pass
+    with sqlite3.connect(copy) as upgraded, sqlite3.connect(today) as new:
+        assert upgraded.execute(tables).fetchall() == new.execute(tables).fetchall()
+        assert upgraded.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 def test_not_a_database_is_a_cloudbox_error(tmp_path: Path):

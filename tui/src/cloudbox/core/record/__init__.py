@@ -2,7 +2,7 @@
 
     results     the results store (SQLite): runs, measurements, host samples, events
     schema      the store's tables and their migrations, to SCHEMA_VERSION
-    rows        the store's rows as records (Run, Measurement, Event, Sample) and reading a run back
+    rows        the store's rows as records (Run, Measurement, Event, Sample), a figure's samples, reading a run back
     events      a run's live events as typed records and their one rendering as a line
     provenance  everything that says where and how a run's numbers were measured
     runlock     one active run per host (and per enrolled node)

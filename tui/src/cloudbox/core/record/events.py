@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from ..inputs import printable
 from ..spec.runspec import BOOT, PlanStep
+from . import stats
 from .fairness import Spread, spread
 
 KINDS = ("state", "step", "progress", "log", "sample", "measurement")
@@ -146,7 +147,9 @@ class ProgressEvent:
 @dataclass(frozen=True)
 class MeasurementEvent:
     """A number just stored (its measurement row holds the rest), with the host disk's metrics of a storage test; in a
-    run of N guests one per guest (`instance` 1..N, without host metrics) before the run's own, their sum."""
+    run of N guests one per guest (`instance` 1..N, without host metrics) before the run's own, their sum. A repeated
+    test's sample says where it stands: `repeat` (its place in measured order), `boot` and `iteration` (the repeat
+    within that guest boot), each 1 for a test measured once and then left out of the stored payload."""
 
     kind: ClassVar[str] = "measurement"
     side: str
@@ -160,16 +163,25 @@ class MeasurementEvent:
     host_avgqu: float | None = None
     host_util: float | None = None
     instance: int | None = None
+    repeat: int = 1
+    boot: int = 1
+    iteration: int = 1
 
     @property
     def step(self) -> PlanStep:
         return PlanStep(self.side, self.test)
+
+    @property
+    def repeated(self) -> bool:
+        """A sample of a test measured more than once so far (its second repeat or later, or of a later boot)."""
+        return self.repeat > 1 or self.boot > 1
 
     def to_payload(self) -> dict[str, Any]:
         out = {"side": self.side, "test": self.test, "metric": self.metric, "value": self.value}
         out.update(_dropped_none({"iops": self.iops, "host_mbps": self.host_mbps,
                                   "host_avgrq_sectors": self.host_avgrq_sectors, "host_avgqu": self.host_avgqu,
                                   "host_util": self.host_util, "instance": self.instance}))
+        out.update({k: v for k in ("repeat", "boot", "iteration") if (v := getattr(self, k)) != 1})
         out["labels"] = list(self.labels)
         return out
 
@@ -179,7 +191,8 @@ class MeasurementEvent:
         return cls(str(p.get("side", "")), str(p.get("test", "")), str(p.get("metric", "")),
                    _float(p.get("value")) or 0.0, tuple(map(str, labels)) if isinstance(labels, list) else (),
                    _float(p.get("iops")), _float(p.get("host_mbps")), _float(p.get("host_avgrq_sectors")),
-                   _float(p.get("host_avgqu")), _float(p.get("host_util")), _instance(p.get("instance")))
+                   _float(p.get("host_avgqu")), _float(p.get("host_util")), _instance(p.get("instance")),
+                   _instance(p.get("repeat")) or 1, _instance(p.get("boot")) or 1, _instance(p.get("iteration")) or 1)
 
 
 SAMPLE_FIELDS = ("t", "device", "test", "read_mbps", "write_mbps", "avgrq_sectors", "avgrq_kb", "avgqu", "util")
@@ -244,10 +257,17 @@ def _describe(ev: RunEvent) -> str | None:
             host = (f"  (host: {ev.host_mbps or 0:.1f} MB/s, avgrq {ev.host_avgrq_sectors:.0f} sectors, "
                     f"avgqu {ev.host_avgqu or 0:.2f}, util {ev.host_util or 0:.0f}%)")
         who = f" {instance_name(ev.side, ev.instance)}" if ev.instance is not None else ""
-        return f"  = {ev.side} {ev.test}{who}: {_number(ev.value)} {ev.metric}{labels}{host}"
+        return f"  = {ev.side} {ev.test}{who}{repetition_words(ev)}: {_number(ev.value)} {ev.metric}{labels}{host}"
     if isinstance(ev, StateEvent) and ev.final:
         return f"==> run {ev.state}" + (f": {ev.reason}" if ev.reason else "")
     return None
+
+
+def repetition_words(ev: MeasurementEvent) -> str:
+    """" (repeat 3)", " (repeat 5, boot 2 #1)": where a repeated test's sample stands; "" for a test measured once."""
+    if not ev.repeated:
+        return ""
+    return f" (repeat {ev.repeat}" + (f", boot {ev.boot} iteration {ev.iteration})" if ev.boot > 1 else ")")
 
 
 def counted(n: int, noun: str, nouns: str = "") -> str:
@@ -381,3 +401,58 @@ class InstanceFigures:
             return (f"{step.side} {step.test} done: sum {g.total:.1f} {unit}, per {who} min {g.min:.1f} / median "
                     f"{g.median:.1f} / max {g.max:.1f}, Jain {g.jain:.3f}{tag}")
         return ""
+
+
+class RepeatFigures:
+    """Each repeated test's figures so far, from the run's measurement events: per test and unit the guest's and the
+    bare metal's samples in measured order, their summaries and the guest's % of bare metal (core.record.stats). A
+    run whose tests are each measured once has no repeated figure, and shows none."""
+
+    def __init__(self) -> None:
+        self.samples: dict[tuple[str, str, str], list[float]] = {}  # (side, test, metric) -> values in order
+        self.tests: dict[tuple[str, str], None] = {}  # (test, metric) in first-measured order
+        self.last: tuple[str, str] | None = None
+
+    @property
+    def repeated(self) -> bool:
+        return any(len(v) > 1 for v in self.samples.values())
+
+    def feed(self, ev: RunEvent) -> bool:
+        """Take one event; true if it changed the figures (a run's own figure: not one of N guests')."""
+        if not isinstance(ev, MeasurementEvent) or ev.instance is not None or ev.metric not in FIGURE_METRICS:
+            return False
+        self.samples.setdefault((ev.side, ev.test, ev.metric), []).append(ev.value)
+        self.tests.setdefault((ev.test, ev.metric), None)
+        self.last = (ev.test, ev.metric)
+        return True
+
+    def summary(self, side: str, test: str, metric: str) -> stats.Summary | None:
+        values = self.samples.get((side, test, metric))
+        return stats.summarize(values) if values else None
+
+    def ratio(self, test: str, metric: str) -> stats.Ratio | None:
+        """The guest's % of bare metal so far, with its interval."""
+        g, b = self.samples.get(("guest", test, metric)), self.samples.get(("baseline", test, metric))
+        return stats.ratio(g, b) if g and b else None
+
+    def line(self, test: str, metric: str) -> str:
+        """"seq-write-64k MB/s: guest 74.2 [71.0, 76.9] n=8, bare metal 77.0 [75.2, 78.1] n=8, 96.3% [95.1, 97.2]
+        n=8+8 of bare metal", a side's figure flagged "(CV 14%)" when its samples vary more than stats.CV_FLAG."""
+        parts = []
+        for side, name in (("guest", "guest"), ("baseline", "bare metal")):
+            s = self.summary(side, test, metric)
+            if s is not None:
+                parts.append(f"{name} {s.text()}" + (f" (CV {s.cv * 100:.0f}%)" if s.flagged and s.cv else ""))
+        r = self.ratio(test, metric)
+        if r is not None:
+            parts.append(f"{r.text()} of bare metal")
+        return f"{test} {metric}: " + ", ".join(parts)
+
+    def lines(self, most: int = 4) -> list[str]:
+        """The repeated tests' lines, the latest measured last (at most `most`); [] while nothing is repeated."""
+        keys = [k for k in self.tests if any(len(self.samples.get((side, *k), ())) > 1
+                                             for side in ("guest", "baseline"))]
+        if self.last in keys:  # the test being repeated now comes last, nearest the live charts
+            keys.remove(self.last)
+            keys.append(self.last)
+        return [self.line(*k) for k in keys[-most:]]

@@ -43,6 +43,7 @@ from .rows import (
     Run,
     Sample,
     check,
+    check_position,
     dumps,
     load_measurements,
     loads,
@@ -455,14 +456,22 @@ class ResultStore:
         started_at: float | None = None,
         finished_at: float | None = None,
         instance: int | None = None,
+        repeat: int | None = None,
+        boot: int | None = None,
+        iteration: int | None = None,
     ) -> int:
-        """Store one number; returns its id. A dict/list `raw` is stored as JSON. The label
+        """Store one sample of a figure; returns its id. A dict/list `raw` is stored as JSON. The label
         'emulated' is added to guest-side rows when the run is emulated. `instance`: 1..N for one of a run's N
-        guests (or bare-metal processes), None for the run's figure."""
+        guests (or bare-metal processes), None for the run's figure. `repeat`: the sample's place among the
+        figure's in measured order (by default the next; a place already taken is refused), `boot` the guest boot
+        it was measured in (default 1), `iteration` the repeat within that boot (default the next in it)."""
         if side not in SIDES:
             raise ValueError(f"side must be one of {', '.join(SIDES)} (got {side!r})")
         if instance is not None and (isinstance(instance, bool) or not isinstance(instance, int) or instance < 1):
             raise ValueError(f"instance must be None or a guest number from 1 (got {instance!r})")
+        for name, pos in (("repeat", repeat), ("boot", boot), ("iteration", iteration)):
+            if pos is not None:
+                check_position(name, pos)
         lab = list(dict.fromkeys(labels))
         if raw is not None and not isinstance(raw, str):
             raw = json.dumps(raw)
@@ -471,12 +480,23 @@ class ResultStore:
             # Only the guest side ran under emulation: a bare-metal baseline is never emulated.
             if run["emulated"] and side == "guest" and "emulated" not in lab:
                 lab.append("emulated")
+            taken = {int(r[0]): int(r[1]) for r in conn.execute(  # repeat -> boot of the figure's samples so far
+                "SELECT repeat, boot FROM measurements WHERE run_id = ? AND side = ? AND test = ? AND metric = ?"
+                " AND instance IS ?", (int(run_id), side, test, metric, instance))}
+            if repeat is None:
+                repeat = max(taken, default=0) + 1
+            elif repeat in taken:
+                raise ValueError(f"run {run_id} already has repeat {repeat} of {side} {test} {metric}"
+                                 + (f" instance {instance}" if instance is not None else ""))
+            boot = boot or 1
+            if iteration is None:
+                iteration = 1 + sum(1 for b in taken.values() if b == boot)
             cur = conn.execute(
                 "INSERT INTO measurements (run_id, side, test, metric, value, host_mbps, host_avgrq_sectors,"
-                " host_avgqu, host_util, labels, raw, started_at, finished_at, instance)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " host_avgqu, host_util, labels, raw, started_at, finished_at, instance, repeat, boot, iteration)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (int(run_id), side, test, metric, float(value), host_mbps, host_avgrq_sectors, host_avgqu,
-                 host_util, json.dumps(lab), raw, started_at, finished_at, instance),
+                 host_util, json.dumps(lab), raw, started_at, finished_at, instance, repeat, boot, iteration),
             )
             return int(cur.lastrowid or 0)
 

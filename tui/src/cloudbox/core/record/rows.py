@@ -1,17 +1,21 @@
 """The results database's rows as records: a Run with its Measurements, an Event, a Sample; the values their
-columns allow, and how a run is read back with its measurements."""
+columns allow, and how a run is read back with its measurements. A run's Figure is one (side, test, metric,
+instance)'s samples in measured order with their summary (core.record.stats); `Run.ratio` and `ratio` set two figures
+against each other (guest / bare metal, profile / profile)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ..spec.catalogue import is_storage_test
-from . import events
+from . import events, stats
 from .events import FINAL_STATES
 from .provenance import Provenance
 
@@ -31,8 +35,9 @@ RUN_COLUMNS = (
 )
 MEASUREMENT_COLUMNS = (
     "side", "test", "metric", "value", "host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util",
-    "labels", "raw", "started_at", "finished_at", "instance",
+    "labels", "raw", "started_at", "finished_at", "instance", "repeat", "boot", "iteration",
 )
+REPETITION_COLUMNS = ("repeat", "boot", "iteration")
 
 
 @dataclass
@@ -56,6 +61,11 @@ class Measurement:
     # A run of N guests: 1..N for one guest's (or one bare-metal process's) own figure; None for the run's figure
     # (its one guest, or the aggregate of the N).
     instance: int | None = None
+    # Where this sample stands among its figure's (the rows of one side, test, metric and instance): its place in
+    # measured order (1..n), the guest boot it was measured in, the repeat within that boot. 1, 1, 1: measured once.
+    repeat: int = 1
+    boot: int = 1
+    iteration: int = 1
 
     @property
     def storage(self) -> bool:
@@ -67,6 +77,88 @@ class Measurement:
         if not raw:
             d.pop("raw")
         return d
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """Where a sample is measured among its figure's repeats: `repeat` its place in the run's order (1..n), `boot` the
+    guest boot it is measured in (1..M), `iteration` the repeat within that boot. The default: measured once."""
+
+    repeat: int = 1
+    boot: int = 1
+    iteration: int = 1
+
+    def __post_init__(self) -> None:
+        for name in REPETITION_COLUMNS:
+            check_position(name, getattr(self, name))
+
+    def columns(self) -> dict[str, int]:
+        """The measurement columns it sets (add_measurement's keywords)."""
+        return {name: getattr(self, name) for name in REPETITION_COLUMNS}
+
+
+def check_position(name: str, value: Any) -> None:
+    """A repetition column's value: an int from 1, else a ValueError naming the column."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number from 1 (got {value!r})")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a run: the samples of (side, test, metric, instance) in measured order, and their summary."""
+
+    side: str
+    test: str
+    metric: str
+    instance: int | None
+    samples: tuple[Measurement, ...]  # at least one, in measured order (repeat, then the order stored)
+
+    @property
+    def values(self) -> list[float]:
+        return [m.value for m in self.samples]
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def repeated(self) -> bool:
+        return self.n > 1
+
+    @cached_property
+    def summary(self) -> stats.Summary:
+        """Median, its 95% interval (from 6 samples), min, max, CV (core.record.stats)."""
+        return stats.summarize(self.values)
+
+    @property
+    def median(self) -> float:
+        return self.summary.median
+
+    @property
+    def last(self) -> Measurement:
+        """The last sample measured (the host disk's metrics and the raw output of a figure measured once)."""
+        return self.samples[-1]
+
+    @property
+    def labels(self) -> list[str]:
+        """Every sample's labels, each once in first-seen order (a caveat of one repeat is the figure's)."""
+        return list(dict.fromkeys(lab for m in self.samples for lab in m.labels))
+
+    @property
+    def boots(self) -> int:
+        """How many guest boots its samples came from."""
+        return len({m.boot for m in self.samples})
+
+    def host(self, name: str) -> float | None:
+        """A host disk metric (Measurement.host_*) over its samples: their median; None where none has it."""
+        vals = [v for m in self.samples if (v := getattr(m, name)) is not None]
+        return statistics.median(vals) if vals else None
+
+
+def ratio(a: Figure | None, b: Figure | None) -> stats.Ratio | None:
+    """a / b in percent with its interval (stats.ratio over both figures' samples): a guest against its bare metal, a
+    profile against another; None when either is missing or not positive."""
+    return None if a is None or b is None else stats.ratio(a.values, b.values)
 
 
 @dataclass
@@ -105,24 +197,49 @@ class Run:
         return max(0.0, end - self.started_at)
 
     def measurement(self, side: str, test: str, metric: str | None = None) -> Measurement | None:
-        """The run's last measurement of `test` on `side` (in `metric` if given; the aggregate in a run of N guests),
-        or None."""
+        """The run's last sample of `test` on `side` in measured order (in `metric` if given; the aggregate in a run
+        of N guests), or None; `figure` gives them all."""
         found = None
         for m in self.measurements:
             if m.side == side and m.test == test and (metric is None or m.metric == metric) and m.instance is None:
-                found = m
+                if found is None or m.repeat >= found.repeat:
+                    found = m
         return found
 
+    def figure(self, side: str, test: str, metric: str, instance: int | None = None) -> Figure | None:
+        """`test` on `side` in `metric` (one guest's of N with `instance`, else the run's own figure): its samples in
+        measured order; None when the run has none."""
+        found = [m for m in self.measurements if m.side == side and m.test == test and m.metric == metric
+                 and m.instance == instance]
+        if not found:
+            return None
+        return Figure(side, test, metric, instance, tuple(sorted(found, key=lambda m: m.repeat)))
+
+    def figures(self) -> list[Figure]:
+        """Every figure of the run, in the order their first samples were stored."""
+        keys = dict.fromkeys((m.side, m.test, m.metric, m.instance) for m in self.measurements)
+        return [f for k in keys if (f := self.figure(*k)) is not None]
+
+    def ratio(self, test: str, metric: str, instance: int | None = None) -> stats.Ratio | None:
+        """The guest's figure as a percentage of the same run's bare metal, with its interval (stats.ratio)."""
+        return ratio(self.figure("guest", test, metric, instance), self.figure("baseline", test, metric, instance))
+
     def instances(self, side: str, test: str, metric: str) -> list[Measurement]:
-        """Each guest's (or bare-metal process's) own measurement of `test` in a run of N guests, by instance;
+        """Each guest's (or bare-metal process's) own last sample of `test` in a run of N guests, by instance;
         [] in a run of one guest."""
-        found = {m.instance: m for m in self.measurements
-                 if m.side == side and m.test == test and m.metric == metric and m.instance is not None}
-        return [found[k] for k in sorted(found)]
+        return [f.last for f in self.instance_figures(side, test, metric)]
+
+    def instance_figures(self, side: str, test: str, metric: str) -> list[Figure]:
+        """Each guest's (or bare-metal process's) own figure of `test` in a run of N guests, by instance; [] in a run
+        of one guest."""
+        found = sorted({m.instance for m in self.measurements if m.side == side and m.test == test
+                        and m.metric == metric and m.instance is not None})
+        return [f for k in found if (f := self.figure(side, test, metric, k)) is not None]
 
     def value(self, side: str, test: str, metric: str) -> float | None:
-        m = self.measurement(side, test, metric)
-        return None if m is None else m.value
+        """The run's figure: the median of its samples (its one value when measured once), or None."""
+        f = self.figure(side, test, metric)
+        return None if f is None else f.median
 
     def tests(self, side: str | None = None) -> list[str]:
         """Test names measured in this run, first-seen order."""

@@ -2,9 +2,11 @@
 
 Tables (the version kept in PRAGMA user_version; `migrate()` upgrades older files):
   runs          one benchmark run: profile, suite, size, state, accelerator, emulated flag, provenance
-  measurements  one number per (run, side, test, metric), with the host disk metrics of its steady window (a
-                propagation run stores one row per sample and metric: its copy, boot and total seconds); a run of
-                N guests also one per guest or host process (`instance` 1..N) beside the aggregate (instance NULL)
+  measurements  one sample of a figure (run, side, test, metric, instance), with the host disk metrics of its window:
+                `repeat` its place among the figure's samples in measured order (1..n; a run of today's tests
+                measures each once), `boot` the guest boot it was measured in and `iteration` the repeat within
+                that boot (a propagation run stores one sample per boot of its copy, boot and total seconds); a run
+                of N guests also one per guest or host process (`instance` 1..N) beside the aggregate (NULL)
   samples       the host sampler's once-a-second disk metrics
   events        the live stream (state/step/progress/log/sample/measurement) a watcher polls by seq
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 from .. import db
 from ..errors import CloudboxError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 _SCHEMA_V1 = """
@@ -143,8 +145,28 @@ def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE measurements ADD COLUMN instance INTEGER CHECK (instance IS NULL OR instance >= 1)")
 
 
+def _migrate_4_to_5(conn: sqlite3.Connection) -> None:
+    """measurements.repeat, boot, iteration: where a sample stands among its figure's repeated samples. A row stored
+    before is its figure's only sample (1, 1, 1), but where a run stored one figure several times (a propagation
+    run's samples, one guest boot each) its rows are numbered in stored order, the order they were measured in."""
+    for col in ("repeat", "boot", "iteration"):
+        conn.execute(f"ALTER TABLE measurements ADD COLUMN {col} INTEGER NOT NULL DEFAULT 1 CHECK ({col} >= 1)")
+    conn.execute(
+        "UPDATE measurements SET repeat = (SELECT COUNT(*) FROM measurements AS o WHERE o.run_id = measurements.run_id"
+        " AND o.side = measurements.side AND o.test = measurements.test AND o.metric = measurements.metric"
+        " AND o.instance IS measurements.instance AND o.id <= measurements.id)"
+        " WHERE EXISTS (SELECT 1 FROM measurements AS o WHERE o.run_id = measurements.run_id"
+        " AND o.side = measurements.side AND o.test = measurements.test AND o.metric = measurements.metric"
+        " AND o.instance IS measurements.instance AND o.id < measurements.id)")
+    conn.execute("UPDATE measurements SET boot = repeat WHERE repeat > 1"
+                 " AND run_id IN (SELECT id FROM runs WHERE suite = 'propagation')")
+    conn.execute("UPDATE measurements SET iteration = repeat WHERE repeat > 1"
+                 " AND run_id NOT IN (SELECT id FROM runs WHERE suite = 'propagation')")
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2,
-                                                                2: _migrate_2_to_3, 3: _migrate_3_to_4}
+                                                                2: _migrate_2_to_3, 3: _migrate_3_to_4,
+                                                                4: _migrate_4_to_5}
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

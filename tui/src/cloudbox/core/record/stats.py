@@ -170,9 +170,11 @@ def ratio(a: Sequence[float], b: Sequence[float]) -> Ratio | None:
     xa, xb = sorted(float(x) for x in a), sorted(float(x) for x in b)
     if not xa or not xb or xa[0] <= 0 or xb[0] <= 0:
         return None
+    n_a, n_b = len(xa), len(xb)
+    if n_a == n_b == 1:  # the one quotient, as it is divided (the log round trip would move its last digit)
+        return Ratio(xa[0] / xb[0] * 100.0, None, None, 1, 1, "")
     d = sorted(math.log(x) - math.log(y) for x in xa for y in xb)
     pct = math.exp(statistics.median(d)) * 100.0
-    n_a, n_b = len(xa), len(xb)
     if n_a < 2 or n_b < 2:
         return Ratio(pct, None, None, n_a, n_b, "")
     k = _rank_sum_k(n_a, n_b)

@@ -1,5 +1,7 @@
 """One test, measured and stored: its step, the tool run, its measurement rows and the measurement event; a
-storage test also with the host disk's counters over exactly the test's window (iostat over the whole test)."""
+storage test also with the host disk's counters over exactly the test's window (iostat over the whole test). A
+repeated test passes each sample's Repetition (its place, guest boot and iteration), stored with its rows and event;
+without one a test is its figure's next sample (its only one, in a run that measures each test once)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from ..bench import nettests, runners
 from ..bench.result import FioResult
 from ..disks.diskstats import Counters, delta, read_counters
 from ..record.events import MeasurementEvent
+from ..record.rows import Repetition
 from ..spec import catalogue
 from .context import RunContext, host_labels
 
@@ -34,6 +37,11 @@ def _test_labels_after_drops(ctx: RunContext, side: str, t: catalogue.StorageTes
         for drop in drops:
             drop()
     return tl
+
+
+def _at(rep: Repetition | None) -> dict[str, int]:
+    """The repetition columns of a sample's rows and event: none for a test measured once (the store numbers it)."""
+    return {} if rep is None else rep.columns()
 
 
 HOST_METRICS = ("host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util")
@@ -76,10 +84,11 @@ def _rounded(host: dict[str, float | None]) -> tuple[float | None, float | None,
 
 
 def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Callable[[], FioResult],
-                 guest_drop: Callable[[], None] = lambda: None, note: str = "", labels: Sequence[str] = ()) -> None:
+                 guest_drop: Callable[[], None] = lambda: None, note: str = "", labels: Sequence[str] = (),
+                 rep: Repetition | None = None) -> None:
     """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache).
     `note` (why it was measured again) goes into the raw output; `labels` (how this test was measured) join the
-    run's."""
+    run's; `rep` is where this sample stands among the test's repeats."""
     tl = [*_test_labels_after_drops(ctx, side, t, (guest_drop,)), *labels]
     res, start, end, host = _in_window(ctx, side, t, f"{side}: {t.id}", run)
 
@@ -87,7 +96,7 @@ def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Call
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
                                   started_at=start, finished_at=end, host_mbps=host["host_mbps"],
                                   host_avgrq_sectors=host["host_avgrq_sectors"], host_avgqu=host["host_avgqu"],
-                                  host_util=host["host_util"])
+                                  host_util=host["host_util"], **_at(rep))
 
     raw = res.raw + (f"\n# cloudbox: {note}\n" if note else "")
     for metric, value in measured(res):
@@ -98,7 +107,7 @@ def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Call
         record("lat_us", res.lat_us, "")
     if not math.isnan(res.mbps):
         ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(res.mbps, 2), tuple(tl), round(res.iops, 1),
-                                       *_rounded(host)))
+                                       *_rounded(host), **_at(rep)))
 
 
 def measured(res: FioResult) -> list[tuple[str, float]]:
@@ -120,8 +129,9 @@ def _net_raw(res: nettests.NetResult, notes: Sequence[str] = ()) -> str:
 
 
 def net_test(ctx: RunContext, side: str, t: catalogue.NetTest, run: Callable[[], nettests.NetResult],
-             labels: list[str], note: str = "") -> None:
-    """`run` measures `t` on `side`; a retry after a hang, and what was seen and done, go into the raw output."""
+             labels: list[str], note: str = "", rep: Repetition | None = None) -> None:
+    """`run` measures `t` on `side`; a retry after a hang, and what was seen and done, go into the raw output; `rep`
+    is where this sample stands among the test's repeats."""
     ctx.control.check()
     ctx.sink.step(f"{side}: {t.id} ({t.direction})", side=side, test=t.id)
     start = time.time()
@@ -132,12 +142,12 @@ def net_test(ctx: RunContext, side: str, t: catalogue.NetTest, run: Callable[[],
 
     def record(metric: str, value: float, raw: str) -> None:
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
-                                  started_at=start, finished_at=end)
+                                  started_at=start, finished_at=end, **_at(rep))
 
     record(res.metric, res.value, raw)
     if res.lat_us is not None and t.kind == "TCP_RR":
         record("lat_us", res.lat_us, "")
-    ctx.sink.emit(MeasurementEvent(side, t.id, res.metric, round(res.value, 2), tuple(tl)))
+    ctx.sink.emit(MeasurementEvent(side, t.id, res.metric, round(res.value, 2), tuple(tl), **_at(rep)))
 
 
 @dataclass
@@ -152,17 +162,20 @@ class Ran:
 
 def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
                       runs: Sequence[Callable[[Callable[[], bool]], Ran]],
-                      drops: tuple[Callable[[], None], ...] = ()) -> list[Ran]:
+                      drops: tuple[Callable[[], None], ...] = (), rep: Repetition | None = None) -> list[Ran]:
     """`t` on `side` by N at once (runs[k](cancelled) measures instance k + 1 in a thread of its own): one row per
     instance, and the run's row: the sum of their MB/s and IOPS, their mean latency, the host disk's counters over
-    the whole window. Any instance failing (or the run cancelled) stops the others and fails the test."""
+    the whole window. Any instance failing (or the run cancelled) stops the others and fails the test. `rep`: where
+    this sample stands among the test's repeats (every instance's and the sum's)."""
     tl = _test_labels_after_drops(ctx, side, t, drops)
     parts, _, _, host = _in_window(ctx, side, t, f"{side}: {t.id} ({len(runs)} at once)", lambda: together(ctx, runs))
 
     def record(metric: str, value: float, raw: str, start: float, end: float, instance: int | None,
                metrics: dict[str, float | None]) -> None:
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
-                                  started_at=start, finished_at=end, instance=instance, **metrics)
+                                  started_at=start, finished_at=end, instance=instance,
+                                  host_mbps=metrics["host_mbps"], host_avgrq_sectors=metrics["host_avgrq_sectors"],
+                                  host_avgqu=metrics["host_avgqu"], host_util=metrics["host_util"], **_at(rep))
 
     none = dict.fromkeys(host)
     for k, p in enumerate(parts, 1):
@@ -182,35 +195,38 @@ def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
         record("lat_us", sum(p.result.lat_us for p in parts) / len(parts), "", start, end, None, host)
     for k, p in enumerate(parts, 1):
         ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(p.result.mbps, 2), tuple(tl),
-                                       round(p.result.iops, 1), instance=k))
+                                       round(p.result.iops, 1), instance=k, **_at(rep)))
     ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(mbps, 2), tuple(tl),
-                                   round(sum(p.result.iops for p in parts), 1), *_rounded(host)))
+                                   round(sum(p.result.iops for p in parts), 1), *_rounded(host), **_at(rep)))
     return parts
 
 
 def storage_job(ctx: RunContext, side: str, t: catalogue.StorageTest,
                 run: Callable[[], tuple[FioResult, list[FioResult]]],
-                drops: tuple[Callable[[], None], ...] = (), what: str = "") -> FioResult:
+                drops: tuple[Callable[[], None], ...] = (), what: str = "", rep: Repetition | None = None) -> FioResult:
     """`t` on `side` as one job of N processes (an MPI job: `run` returns its aggregate and each rank's figures):
     one row per rank, and the run's row with the job's own aggregate (not their sum: the job's bytes over its whole
-    window), with the host disk's counters over that window."""
+    window), with the host disk's counters over that window; `rep`: where this sample stands among the test's
+    repeats."""
     tl = _test_labels_after_drops(ctx, side, t, drops)
     ranks_note = f"{ctx.spec.guests} ranks" if side == "baseline" else f"{ctx.spec.guests} guests"
     step = f"{side}: {t.id} ({what or f'one MPI job, {ranks_note}'})"
     (total, ranks), start, end, host = _in_window(ctx, side, t, step, run)
-    none = dict.fromkeys(host)
     for k, r in enumerate(ranks, 1):
         for metric, value in measured(r):
             ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw="", labels=tl,
-                                      started_at=start, finished_at=end, instance=k, **none)
+                                      started_at=start, finished_at=end, instance=k, **_at(rep))
     raw = total.raw
     for metric, value in measured(total):
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
-                                  started_at=start, finished_at=end, instance=None, **host)
+                                  started_at=start, finished_at=end, instance=None, host_mbps=host["host_mbps"],
+                                  host_avgrq_sectors=host["host_avgrq_sectors"], host_avgqu=host["host_avgqu"],
+                                  host_util=host["host_util"], **_at(rep))
         raw = ""
     for k, r in enumerate(ranks, 1):
-        ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(r.mbps, 2), tuple(tl), instance=k))
-    ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(total.mbps, 2), tuple(tl), None, *_rounded(host)))
+        ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(r.mbps, 2), tuple(tl), instance=k, **_at(rep)))
+    ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(total.mbps, 2), tuple(tl), None, *_rounded(host),
+                                   **_at(rep)))
     return total
 
 
@@ -224,10 +240,12 @@ class NetRan:
 
 
 def net_test_many(ctx: RunContext, side: str, t: catalogue.NetTest,
-                  runs: Sequence[Callable[[Callable[[], bool]], NetRan]], labels: list[str]) -> list[NetRan]:
+                  runs: Sequence[Callable[[Callable[[], bool]], NetRan]], labels: list[str],
+                  rep: Repetition | None = None) -> list[NetRan]:
     """`t` on `side` by N at once (runs[k](cancelled) measures instance k + 1 in a thread of its own): one row per
     instance, and the run's row: the sum of their throughput (Mbit/s, trans/s), their mean latency. Any instance
-    failing (or the run cancelled) stops the others and fails the test."""
+    failing (or the run cancelled) stops the others and fails the test. `rep`: where this sample stands among the
+    test's repeats."""
     ctx.control.check()
     ctx.current_test = f"{side}:{t.id}"
     ctx.sink.step(f"{side}: {t.id} ({t.direction}, {len(runs)} at once)", side=side, test=t.id)
@@ -237,7 +255,7 @@ def net_test_many(ctx: RunContext, side: str, t: catalogue.NetTest,
 
     def record(metric: str, value: float, raw: str, start: float, end: float, instance: int | None) -> None:
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
-                                  started_at=start, finished_at=end, instance=instance)
+                                  started_at=start, finished_at=end, instance=instance, **_at(rep))
 
     rr = t.kind == "TCP_RR"
     for k, p in enumerate(parts, 1):
@@ -252,8 +270,9 @@ def net_test_many(ctx: RunContext, side: str, t: catalogue.NetTest,
     if rr and lats:
         record("lat_us", sum(lats) / len(lats), "", start, end, None)
     for k, p in enumerate(parts, 1):
-        ctx.sink.emit(MeasurementEvent(side, t.id, p.result.metric, round(p.result.value, 2), tuple(tl), instance=k))
-    ctx.sink.emit(MeasurementEvent(side, t.id, metric, round(total, 2), tuple(tl)))
+        ctx.sink.emit(MeasurementEvent(side, t.id, p.result.metric, round(p.result.value, 2), tuple(tl), instance=k,
+                                       **_at(rep)))
+    ctx.sink.emit(MeasurementEvent(side, t.id, metric, round(total, 2), tuple(tl), **_at(rep)))
     return parts
 
 

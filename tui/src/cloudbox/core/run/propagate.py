@@ -123,9 +123,10 @@ def provision(ctx: RunContext, i: int, source: Path, size: int, step: str, of: i
     test = propagation_test(size)
     with control.atomic():  # a sample is stored whole: a signal waits until its three rows are written
         for metric, value in ((COPY, copy_s), (BOOT, boot_s), (TOTAL, total_s)):
+            # each sample is a guest boot of its own: sample k of this size is its repeat k, in boot k
             ctx.store.add_measurement(ctx.run_id, side="guest", test=test, metric=metric, value=value,
                                       labels=labels, raw=raw if metric == TOTAL else None, started_at=started,
-                                      finished_at=finished)
+                                      finished_at=finished, repeat=int(number), boot=int(number), iteration=1)
     mbps = size / copy_s / 1e6 if copy_s > 0 else 0.0
     sink.log(f"{propagation.size_text(size)}: copy {copy_s:.2f} s ({mbps:.0f} MB/s), boot to agent {boot_s:.2f} s, "
              f"total {total_s:.2f} s" + (f" (boot attempt {up.attempts})" if up.attempts > 1 else ""))

@@ -47,7 +47,7 @@ from ..record.events import (
 )
 from ..record.provenance import Controller, Guests, GuestStart, Nodes, Place, Provenance, RemoteRun
 from ..record.results import ResultStore
-from ..record.rows import MEASUREMENT_COLUMNS
+from ..record.rows import MEASUREMENT_COLUMNS, REPETITION_COLUMNS
 from ..spec import addresses
 from ..spec.runspec import BOOT, LOCAL_PLACE, RunSpec, split_guests
 from ..virt.guestimage import GuestImage
@@ -498,13 +498,14 @@ def merged_rows(parts: list[Part], per_part: list[list[dict[str, Any]]]) -> list
     """The rows this run stores: per (side, test), every place's instances renumbered after the places before it,
     then the run's rows: the sum over all instances (MB/s, IOPS, IOzone's passes, Mbit/s, trans/s), the mean
     latency, the window from the first start to the last finish, the host disks' MB/s added (queue depth and
-    utilisation are each place's own: kept with the place)."""
-    order: list[tuple[str, str]] = []
-    inst: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    sums: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    utilisation are each place's own: kept with the place). A repeated test's sums are one per repeat."""
+    order: list[tuple[str, str, int, int, int]] = []
+    inst: dict[tuple[str, str, int, int, int], list[dict[str, Any]]] = {}
+    sums: dict[tuple[str, str, int, int, int], list[dict[str, Any]]] = {}
     for p, rows in zip(parts, per_part, strict=True):
         for m in rows:
-            key = (str(m.get("side")), str(m.get("test")))
+            key = (str(m.get("side")), str(m.get("test")), int(m.get("repeat") or 1), int(m.get("boot") or 1),
+                   int(m.get("iteration") or 1))
             if key not in inst:
                 order.append(key)
                 inst[key], sums[key] = [], []
@@ -527,7 +528,7 @@ def merged_rows(parts: list[Part], per_part: list[list[dict[str, Any]]]) -> list
             host = [r.get("host_mbps") for r in part_sums]
             labels = list(dict.fromkeys(label for r in mine for label in (r.get("labels") or [])))
             out.append({"side": key[0], "test": key[1], "metric": metric, "value": value, "raw": "",
-                        "labels": labels, "instance": None,
+                        "labels": labels, "instance": None, **dict(zip(REPETITION_COLUMNS, key[2:], strict=True)),
                         "started_at": min(r["started_at"] for r in mine if r.get("started_at") is not None),
                         "finished_at": max(r["finished_at"] for r in mine if r.get("finished_at") is not None),
                         "host_mbps": sum(h for h in host if h is not None)
