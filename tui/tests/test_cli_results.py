@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest_results import study_a_store
+from conftest_results import REPEATED_WRITE_BARE, REPEATED_WRITE_GUEST, add_repeated_virtio, study_a_store
 
+from cloudbox.core.record import stats
 from cloudbox.core.record.provenance import DiskStall, NicStall
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.views import labels, render, rundetail
@@ -189,3 +190,39 @@ def test_registered_in_the_cloudbox_command(db, monkeypatch, capsys):
 
     assert main(["results", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["id"] == virtio
+
+
+def test_a_repeated_run_shows_its_intervals_in_every_command(db, cli_run):
+    """A run whose tests were repeated, stored sample by sample: list, show, compare in each format and the export
+    give each figure's median with its interval and n, and its samples."""
+    path, default, _ = db
+    with ResultStore(path) as store:
+        rep = add_repeated_virtio(store)
+    s = stats.summarize(REPEATED_WRITE_GUEST)
+    q = stats.ratio(REPEATED_WRITE_GUEST, REPEATED_WRITE_BARE)
+    assert s.low is not None and s.high is not None and q is not None
+    interval, pct = f"[{s.low:.1f}, {s.high:.1f}]", f"[{q.low:.1f}, {q.high:.1f}]"
+
+    code, out, _ = cli_run(["results", "--db", str(path), "list"])
+    (line,) = [x for x in out.splitlines() if x.split()[0] == str(rep)]
+    assert code == 0 and f"{s.median:.1f} ({q.percent:.0f}%) n=8" in line and "905 n=3" in line
+    assert "n=k: the median of k repeats (results show gives its interval and samples)\n" in out
+
+    code, out, _ = cli_run(["results", "--db", str(path), "show", str(rep)])
+    assert code == 0 and interval in out and pct in out and "n=8+8" in out and labels.INTERVAL_NOTE.split()[0] in out
+    assert "Repeated figures" in out and " ".join(f"{v:.1f}" for v in REPEATED_WRITE_GUEST) in out
+
+    code, out, _ = cli_run(["results", "--db", str(path), "compare", str(default), str(rep)])
+    assert interval in out and pct in out and labels.ONCE_SOME_NOTE in " ".join(out.split())
+    code, out, _ = cli_run(["results", "--db", str(path), "compare", str(rep), "--format", "md"])
+    assert f"| {s.median:.1f} {interval} n=8 | {q.percent:.1f}% {pct} n=8\\+8 |" in out
+    for cmd in (["compare", str(rep), "--format", "csv"], ["export", str(rep), "--format", "csv"]):
+        code, out, _ = cli_run(["results", "--db", str(path), *cmd])
+        (row,) = [r for r in csv.DictReader(io.StringIO(out)) if r["test"] == "seq-write-64k" and r["row"] == "guest"]
+        assert row["n"] == "8" and row["samples"].split() == [str(v) for v in REPEATED_WRITE_GUEST], cmd
+    code, out, _ = cli_run(["results", "--db", str(path), "export", str(rep)])
+    run = json.loads(out)["runs"][0]
+    (fig,) = [f for f in run["figures"] if (f["side"], f["test"]) == ("guest", "seq-write-64k")]
+    assert fig["samples"] == list(REPEATED_WRITE_GUEST) and (fig["low"], fig["high"]) == (s.low, s.high)
+    assert sorted(m["repeat"] for m in run["measurements"] if (m["side"], m["test"]) == ("guest", "seq-write-64k")) \
+        == list(range(1, 9))

@@ -226,7 +226,7 @@ def test_missing_baseline_shows_a_dash(tmp_path: Path):
     sw = table.section("seq-write-1m")
     assert sw is not None and [r.kind for r in sw.rows] == ["guest"]
     assert sw.rows[0].cells["pct"] is None
-    assert table.footnotes == []
+    assert table.footnotes == [labels.ONCE_NOTE]  # measured once: no interval, said once
     line = [x for x in render.to_text(table).splitlines() if x.startswith("#")][0]
     assert line.split()[-4:] == ["-", "-", "-", "-"]
     assert render.to_text(compare.compare_table([])).strip().endswith("(no measurements)")

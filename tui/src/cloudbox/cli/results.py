@@ -81,10 +81,11 @@ def _store(args: argparse.Namespace) -> ResultStore:
     return ResultStore(db)
 
 
-def _mbps(v: float | None, pct: float | None) -> str:
+def _mbps(v: float | None, pct: float | None, n: int = 1) -> str:
+    """A headline figure: "55.0 (50%)"; the median of repeats says of how many: "73.8 (96%) n=8"."""
     if v is None:
         return "-"
-    return f"{v:.1f} ({pct:.0f}%)" if pct is not None else f"{v:.1f}"
+    return (f"{v:.1f} ({pct:.0f}%)" if pct is not None else f"{v:.1f}") + (f" n={n}" if n > 1 else "")
 
 
 def _alive(store: ResultStore, run: Run) -> bool:
@@ -127,10 +128,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         if len(profile) > 16:
             profile = profile[:15] + "~"
         tcp = "-" if s["tcp_stream_mbits"] is None else f"{s['tcp_stream_mbits']:.0f}"
+        if s["tcp_stream_n"] > 1:
+            tcp += f" n={s['tcp_stream_n']}"
         rows.append([
             str(s["id"]), rundetail.when(s["started_at"]), state, profile, accel,
-            _mbps(s["seq_write_mbps"], s["seq_write_pct"]), _mbps(s["seq_read_mbps"], s["seq_read_pct"]), tcp,
+            _mbps(s["seq_write_mbps"], s["seq_write_pct"], s["seq_write_n"]),
+            _mbps(s["seq_read_mbps"], s["seq_read_pct"], s["seq_read_n"]), tcp,
         ])
+        if any(s[f"{k}_n"] > 1 for k in ("seq_write", "seq_read", "tcp_stream")):
+            marks.add("n")
     numeric = {0, 5, 6, 7}
     rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
@@ -143,6 +149,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     if "?" in marks:
         print("? still marked running, but its executor process is gone (it will be marked failed)")
     print("(%) = guest as % of the bare-metal baseline measured in the same run")
+    if "n" in marks:
+        print("n=k: the median of k repeats (results show gives its interval and samples)")
     return 0
 
 

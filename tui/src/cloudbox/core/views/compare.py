@@ -8,8 +8,11 @@ sharing a node and target, a bare-metal row ("none", target, "-") and then one r
 
 "% of bare metal" (network: "% of baseline") always divides by the baseline measured in the SAME run.
 Rows measured under emulation (TCG, or KVM nested in a TCG guest) carry the marker "*" and the table a
-footnote saying so: such numbers are not overhead figures. What the columns say of a run and the markers are
-core.views.labels'; core.views.render renders a Table. run_summary(run) gives the headline numbers for list views.
+footnote saying so: such numbers are not overhead figures. A figure is the median of its samples (a test repeated in
+the run), each row keeping its Summary and its % of bare metal's Ratio (core.record.stats) to be shown with their
+intervals; a figure measured once is its one value, and a footnote says it has no interval. What the columns say of
+a run and the markers are core.views.labels'; core.views.render renders a Table. run_summary(run) gives the headline
+numbers for list views.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..record.fairness import spread
-from ..record.rows import Measurement, Run
+from ..record.rows import Figure, Run
+from ..record.stats import Ratio, Summary
 from ..spec.catalogue import (
     FIO_CS_TESTS,
     JOB_TESTS,
@@ -37,9 +41,16 @@ from .labels import (
     CAVEAT_MARK,
     EMULATED_MARK,
     EMULATED_NOTE,
+    FEW_NOTE,
+    INTERVAL_NOTE,
     MEAN_BASELINE_MARK,
     NESTED_NOTE,
     NFS_BASELINE_LABEL,
+    ONCE_NOTE,
+    ONCE_SOME_NOTE,
+    RANGE_NOTE,
+    VARIES_MARK,
+    VARIES_NOTE,
     VOLUME_BASELINE_LABEL,
     driver_label,
     net_target,
@@ -70,6 +81,9 @@ class Row:
     markers: list[str] = field(default_factory=list)
     emulated: bool = False
     labels: list[str] = field(default_factory=list)
+    summary: Summary | None = None  # the figure in `value` over its samples; None where it is no one figure's
+    ratio: Ratio | None = None  # `pct` with its interval
+    samples: tuple[float, ...] = ()  # the figure's samples in measured order
 
     @property
     def marker(self) -> str:
@@ -130,18 +144,38 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 
 def percent_of_baseline(run: Run, test: str, metric: str) -> float | None:
-    """guest / baseline * 100, both from this run; None if either is missing or baseline is 0."""
+    """guest / baseline * 100, both from this run (with repeats the ratio's estimate, Run.ratio); None if either is
+    missing or baseline is 0."""
+    r = run.ratio(test, metric)
+    if r is not None:
+        return r.percent
     g = run.value("guest", test, metric)
     b = run.value("baseline", test, metric)
     if g is None or not b:
         return None
-    return g / b * 100.0
+    return g / b * 100.0  # a guest figure of 0 (a collapse) has no ratio interval, but its 0%
 
 
-def _host_cells(m: Measurement | None) -> dict[str, float | None]:
-    if m is None:
+def _host_cells(f: Figure | None) -> dict[str, float | None]:
+    """The host disk's metrics over the figure's windows (with repeats, each one's median)."""
+    if f is None:
         return {"avgrq": None, "avgqu": None, "util": None}
-    return {"avgrq": m.host_avgrq_sectors, "avgqu": m.host_avgqu, "util": m.host_util}
+    return {"avgrq": f.host("host_avgrq_sectors"), "avgqu": f.host("host_avgqu"), "util": f.host("host_util")}
+
+
+def _figure_cells(row: Row, f: Figure, notes: _Notes, r: Run | None = None) -> Row:
+    """`row` holding figure `f` (its median in `value`; `r`'s ratio in `pct`): its summary, samples and the marker
+    of a figure that varies, each noted for the footnotes."""
+    row.summary, row.samples = f.summary, tuple(f.values)
+    row.cells["value"] = f.median
+    if r is not None:
+        row.ratio = r.ratio(f.test, f.metric, f.instance)
+        if row.ratio is not None:
+            row.cells["pct"] = row.ratio.percent
+    notes.figure(row)
+    if f.summary.flagged:
+        row.markers.append(VARIES_MARK)
+    return row
 
 
 def _legend(r: Run) -> str:
@@ -180,35 +214,35 @@ def guest_profiles(r: Run) -> dict[int, str]:
     return {k: x.profile for k, x in enumerate(g.guests, 1) if x.profile}
 
 
-def instance_rows(r: Run, side: str, test: str, metric: str, storage: bool) -> list[Row]:
+def instance_rows(r: Run, side: str, test: str, metric: str, storage: bool, notes: _Notes | None = None) -> list[Row]:
     """A run of N guests: one row per guest (side guest) or bare-metal process (side baseline), under its sum; a
     mixed run's guest rows name each guest's profile."""
     out = []
     mixed = guest_profiles(r) if side == "guest" else {}
-    for m in r.instances(side, test, metric):
+    for f in r.instance_figures(side, test, metric):
         row = Row(kind=side, run_ids=[r.id],
-                  cells={"run": f"#{r.id} {'g' if side == 'guest' else 'p'}{m.instance}",
+                  cells={"run": f"#{r.id} {'g' if side == 'guest' else 'p'}{f.instance}",
                          "vmm": "",
-                         "target": "", "driver": mixed.get(m.instance or 0, ""), "value": m.value, "pct": None},
+                         "target": "", "driver": mixed.get(f.instance or 0, ""), "value": f.median, "pct": None},
                   emulated=r.emulated and side == "guest")
         if storage:
             row.cells.update(avgrq=None, avgqu=None, util=None)
-        out.append(row)
+        out.append(_figure_cells(row, f, notes or _Notes()))
     return out
 
 
 def spread_note(r: Run, test: str, metric: str) -> str | None:
     """A run of N guests: how `test`'s figure split among them (core.record.fairness), and the guests' start skew."""
-    guests = r.instances("guest", test, metric)
+    guests = r.instance_figures("guest", test, metric)
     if not guests:
         return None
-    g = spread([m.value for m in guests])
+    g = spread([f.median for f in guests])
     if base_test(test) in JOB_TESTS:  # one job: its own aggregate, each rank timed over its own share
-        job = r.measurement("guest", test, metric)
+        job = r.figure("guest", test, metric)
         mpi = base_test(test) in MPI_TESTS
         one = "one MPI job, a rank" if mpi else "one fio --client job, a fio --server"
         note = (f"#{r.id} {test}: {one} in each of {g.n} guests, "
-                f"{'-' if job is None else f'{job.value:.1f}'} {metric} (all bytes over the job's time); per "
+                f"{'-' if job is None else f'{job.median:.1f}'} {metric} (all bytes over the job's time); per "
                 f"{'rank' if mpi else 'server'} "
                 f"(over its own time) min {g.min:.1f} / median {g.median:.1f} / max {g.max:.1f}; Jain's fairness "
                 f"index {g.jain:.3f}")
@@ -218,20 +252,20 @@ def spread_note(r: Run, test: str, metric: str) -> str | None:
     mixed = guest_profiles(r)
     if mixed and base_test(test) not in JOB_TESTS:
         by: dict[str, list[float]] = {}
-        for m in guests:
-            by.setdefault(mixed.get(m.instance or 0, "?"), []).append(m.value)
+        for f in guests:
+            by.setdefault(mixed.get(f.instance or 0, "?"), []).append(f.median)
         note += "; by profile: " + ", ".join(f"{name} {statistics.median(v):.1f}"
                                              + (f" (median of {len(v)})" if len(v) > 1 else "")
                                              for name, v in by.items())
     info = r.provenance.guests
     if info is not None and test in info.skew_s:
         note += f"; start skew {info.skew_s[test] * 1000:.0f} ms"
-    base = r.instances("baseline", test, metric)
+    base = r.instance_figures("baseline", test, metric)
     if base:
-        b = spread([m.value for m in base])
+        b = spread([f.median for f in base])
         if base_test(test) in MPI_TESTS:
-            job = r.measurement("baseline", test, metric)
-            note += (f". Bare metal, one job of {b.n} ranks: {'-' if job is None else f'{job.value:.1f}'}, per rank "
+            job = r.figure("baseline", test, metric)
+            note += (f". Bare metal, one job of {b.n} ranks: {'-' if job is None else f'{job.median:.1f}'}, per rank "
                      f"min {b.min:.1f} / median {b.median:.1f} / max {b.max:.1f}, Jain {b.jain:.3f}")
         else:
             note += (f". Bare metal, {b.n} processes: sum {b.total:.1f}, min {b.min:.1f} / median {b.median:.1f} / "
@@ -248,6 +282,26 @@ class _Notes:
     mean_baselines: list[str] = field(default_factory=list)
     spreads: list[str] = field(default_factory=list)
     caveats: dict[int, set[str]] = field(default_factory=dict)  # labels in CAVEAT_LABELS, by run
+    once: bool = False  # a figure measured once (no interval)
+    repeated: bool = False  # a figure of several samples, or a ratio over them
+    interval: bool = False  # an interval shown (a median's or a ratio's)
+    few: bool = False  # a median of 2-5 samples: no interval
+    ranged: bool = False  # a ratio's interval that is the range of its pairs
+    varies: bool = False  # a figure flagged for its spread
+
+    def figure(self, row: Row) -> None:
+        """Note what a row's figure and ratio call for: an interval, too few samples for one, one sample."""
+        s, r = row.summary, row.ratio
+        if s is not None:
+            self.once = self.once or s.n == 1
+            self.repeated = self.repeated or s.n > 1
+            self.interval = self.interval or s.low is not None
+            self.few = self.few or (s.n > 1 and s.low is None)
+            self.varies = self.varies or s.flagged
+        if r is not None and (r.n_a > 1 or r.n_b > 1):
+            self.repeated = True
+            self.interval = self.interval or r.has_interval
+            self.ranged = self.ranged or r.method == "range"
 
     def caveat(self, r: Run, labels: Iterable[str]) -> bool:
         """Note the caveats among a figure's labels; whether it has any."""
@@ -261,6 +315,10 @@ class _Notes:
         out += self.mean_baselines + self.spreads
         if self.caveats:
             out.append(_caveat_note(self.caveats))
+        out += [note for note, wanted in ((VARIES_NOTE, self.varies), (INTERVAL_NOTE, self.interval),
+                                          (RANGE_NOTE, self.ranged), (FEW_NOTE, self.few)) if wanted]
+        if self.once:
+            out.append(ONCE_SOME_NOTE if self.repeated else ONCE_NOTE)
         return out
 
 
@@ -312,17 +370,17 @@ def _section(runs: Sequence[Run], test: str, metric: str, notes: _Notes) -> Sect
                       _columns(test, metric))
     storage = is_storage_test(test)
     for (_node, target, host, n), members in _groups(runs, test, metric, storage).items():
-        bases = [(r, bm) for r in members if (bm := r.measurement("baseline", test, metric)) is not None]
+        bases = [(r, bf) for r in members if (bf := r.figure("baseline", test, metric)) is not None]
         if bases:
             section.rows.append(_baseline_row(bases, test, target, host, n, storage, notes))
             for r, _ in bases:
-                section.rows += instance_rows(r, "baseline", test, metric, storage)
+                section.rows += instance_rows(r, "baseline", test, metric, storage, notes)
         for r in members:
-            m = r.measurement("guest", test, metric)
-            if m is None:
+            f = r.figure("guest", test, metric)
+            if f is None:
                 continue
-            section.rows.append(_guest_row(r, m, test, metric, target, storage, notes))
-            section.rows += instance_rows(r, "guest", test, metric, storage)
+            section.rows.append(_guest_row(r, f, target, storage, notes))
+            section.rows += instance_rows(r, "guest", test, metric, storage, notes)
             if (spread_line := spread_note(r, test, metric)) is not None:
                 notes.spreads.append(spread_line)
     return section
@@ -343,12 +401,13 @@ def _groups(runs: Sequence[Run], test: str, metric: str, storage: bool) -> dict[
     return groups
 
 
-def _baseline_row(bases: list[tuple[Run, Measurement]], test: str, target: str, host: str, n: int, storage: bool,
+def _baseline_row(bases: list[tuple[Run, Figure]], test: str, target: str, host: str, n: int, storage: bool,
                   notes: _Notes) -> Row:
-    """A group's bare-metal row: the mean of its runs' own baselines (each run's % uses its own)."""
+    """A group's bare-metal row: its run's figure, or the mean of its runs' own baselines (each run's % uses its
+    own)."""
     agg = "job" if base_test(test) in MPI_TESTS else "sum"  # fio --client's bare metal: N processes
-    ms_b = [m for _, m in bases]
-    labels = {lab for m in ms_b for lab in m.labels}
+    fs_b = [f for _, f in bases]
+    labels = {lab for f in fs_b for lab in f.labels}
     from_host = storage and VOLUME_BASELINE_LABEL in labels
     if from_host:
         driver = volume_baseline_driver(bases[0][0], labels)
@@ -364,18 +423,20 @@ def _baseline_row(bases: list[tuple[Run, Measurement]], test: str, target: str, 
             "vmm": host if host != "none" else ("host domain" if from_host else "none"),
             "target": target,
             "driver": driver,
-            "value": _mean(m.value for m in ms_b),
+            "value": _mean(f.median for f in fs_b),
             "pct": None,
         },
         labels=sorted(labels - {"emulated"}),
     )
     if storage:
         row.cells.update(
-            avgrq=_mean(m.host_avgrq_sectors for m in ms_b),
-            avgqu=_mean(m.host_avgqu for m in ms_b),
-            util=_mean(m.host_util for m in ms_b),
+            avgrq=_mean(f.host("host_avgrq_sectors") for f in fs_b),
+            avgqu=_mean(f.host("host_avgqu") for f in fs_b),
+            util=_mean(f.host("host_util") for f in fs_b),
         )
-    if len(bases) > 1:
+    if len(bases) == 1:
+        _figure_cells(row, fs_b[0], notes)
+    else:
         row.markers.append(MEAN_BASELINE_MARK)
         note = (
             f"{MEAN_BASELINE_MARK} bare-metal row of {', '.join(f'#{r.id}' for r, _ in bases)}: "
@@ -386,9 +447,10 @@ def _baseline_row(bases: list[tuple[Run, Measurement]], test: str, target: str, 
     return row
 
 
-def _guest_row(r: Run, m: Measurement, test: str, metric: str, target: str, storage: bool, notes: _Notes) -> Row:
+def _guest_row(r: Run, f: Figure, target: str, storage: bool, notes: _Notes) -> Row:
     """A run's own row: its guest's figure (of N guests, their sum or the job's own aggregate) and the % of its own
     bare metal."""
+    test, metric = f.test, f.metric
     row = Row(
         kind="guest",
         run_ids=[r.id],
@@ -397,20 +459,21 @@ def _guest_row(r: Run, m: Measurement, test: str, metric: str, target: str, stor
             "vmm": vmm_label(r),
             "target": target,
             "driver": driver_label(r) if storage else nic_label(r),
-            "value": m.value,
+            "value": f.median,
             "pct": percent_of_baseline(r, test, metric),
         },
         emulated=r.emulated,
-        labels=[lab for lab in m.labels if lab != "emulated"],
+        labels=[lab for lab in f.labels if lab != "emulated"],
     )
     if storage:
-        row.cells.update(_host_cells(m))
+        row.cells.update(_host_cells(f))
     if r.emulated:
         row.markers.append(EMULATED_MARK)
         notes.emulated = True
         notes.nested = notes.nested or r.accelerator == "nested-kvm"
-    if notes.caveat(r, m.labels):
+    if notes.caveat(r, f.labels):
         row.markers.append(CAVEAT_MARK)
+    _figure_cells(row, f, notes, r)
     if guest_count(r) > 1:
         row.cells["run"] = f"#{r.id} {'job' if base_test(test) in JOB_TESTS else 'sum'}"
     return row
@@ -427,7 +490,7 @@ def guest_sweep_table(runs: Sequence[Run]) -> Table:
         metric = _metric(test, runs)
         section = Section(test, test_title(test), metric, _sweep_columns(test, metric))
         for r in runs:
-            total = r.measurement("guest", test, metric)
+            total = r.figure("guest", test, metric)
             if total is not None:
                 section.rows.append(_sweep_row(r, total, test, metric, notes))
         if section.rows:
@@ -447,24 +510,27 @@ def _sweep_columns(test: str, metric: str) -> list[Column]:
             Column("avgqu", "avgqu", "avgqu", True), Column("util", "util %", "util", True)]
 
 
-def _sweep_row(r: Run, total: Measurement, test: str, metric: str, notes: _Notes) -> Row:
-    """A run of N guests in the sweep: their sum, how it split among them, and its bare metal."""
-    each = r.instances("guest", test, metric) or [total]
-    g = spread([m.value for m in each])
+def _sweep_row(r: Run, total: Figure, test: str, metric: str, notes: _Notes) -> Row:
+    """A run of N guests in the sweep: their sum, how it split among them (each guest's median), and its bare metal."""
+    each = r.instance_figures("guest", test, metric) or [total]
+    g = spread([f.median for f in each])
     info = r.provenance.guests
     skew = info.skew_s.get(test) if info is not None else None
     row = Row(kind="guest", run_ids=[r.id], emulated=r.emulated,
-              cells={"run": f"#{r.id}", "guests": guest_count(r), "value": total.value, "min": g.min,
+              cells={"run": f"#{r.id}", "guests": guest_count(r), "value": total.median, "min": g.min,
                      "median": g.median, "max": g.max, "jain": g.jain,
                      "skew": None if skew is None else skew * 1000,
                      "base": r.value("baseline", test, metric), "pct": percent_of_baseline(r, test, metric),
-                     "avgqu": total.host_avgqu, "util": total.host_util},
+                     "avgqu": total.host("host_avgqu"), "util": total.host("host_util")},
               labels=[lab for lab in total.labels if lab != "emulated"])
+    _figure_cells(row, total, notes, r)
     if r.emulated:
         row.cells["run"] += f" {EMULATED_MARK}"
         notes.emulated = True
     if notes.caveat(r, total.labels):
         row.cells["run"] += f" {CAVEAT_MARK}"
+    if total.summary.flagged:  # the sweep has no VMM column: its markers follow the run
+        row.cells["run"] += f" {VARIES_MARK}"
     return row
 
 
@@ -475,18 +541,22 @@ def _sweep_row(r: Run, total: Measurement, test: str, metric: str, notes: _Notes
 
 def run_summary(run: Run) -> dict[str, Any]:
     """Headline numbers for list views: sequential write/read MB/s with % of this run's baseline,
-    TCP stream Mbit/s. Missing numbers are None; 'emulated' says how to label them."""
+    TCP stream Mbit/s. Missing numbers are None; 'emulated' says how to label them. Each figure's `_n` says how
+    many samples it is the median of; `_ci` and `_pct_ci` are the figure's and its % of bare metal's intervals
+    ([low, high]; None without one)."""
 
-    def pick(candidates: Sequence[str], metric: str) -> tuple[str | None, float | None, float | None]:
+    def pick(name: str, unit: str, candidates: Sequence[str], metric: str) -> dict[str, Any]:
         for t in candidates:
-            v = run.value("guest", t, metric)
-            if v is not None:
-                return t, v, percent_of_baseline(run, t, metric)
-        return None, None, None
+            f = run.figure("guest", t, metric)
+            if f is not None:
+                r, s = run.ratio(t, metric), f.summary
+                return {f"{name}_test": t, f"{name}_{unit}": f.median,
+                        f"{name}_pct": percent_of_baseline(run, t, metric), f"{name}_n": f.n,
+                        f"{name}_ci": None if s.low is None else [s.low, s.high],
+                        f"{name}_pct_ci": [r.low, r.high] if r is not None and r.has_interval else None}
+        return {f"{name}_test": None, f"{name}_{unit}": None, f"{name}_pct": None, f"{name}_n": 0, f"{name}_ci": None,
+                f"{name}_pct_ci": None}
 
-    wt, wv, wp = pick(("seq-write-64k", "dd-write-64k", "seq-write-1m", "rec-write-1m"), "MB/s")
-    rt, rv, rp = pick(("seq-read-64k", "dd-read-64k", "seq-read-1m", "rec-read-1m"), "MB/s")
-    nt, nv, np_ = pick(("tcp-stream", "iperf3-tx"), "Mbit/s")
     return {
         "id": run.id,
         "uuid": run.uuid,
@@ -501,15 +571,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "node": run.node,
         "started_at": run.started_at,
         "duration": run.duration,
-        "seq_write_test": wt,
-        "seq_write_mbps": wv,
-        "seq_write_pct": wp,
-        "seq_read_test": rt,
-        "seq_read_mbps": rv,
-        "seq_read_pct": rp,
-        "tcp_stream_test": nt,
-        "tcp_stream_mbits": nv,
-        "tcp_stream_pct": np_,
+        **pick("seq_write", "mbps", ("seq-write-64k", "dd-write-64k", "seq-write-1m", "rec-write-1m"), "MB/s"),
+        **pick("seq_read", "mbps", ("seq-read-64k", "dd-read-64k", "seq-read-1m", "rec-read-1m"), "MB/s"),
+        **pick("tcp_stream", "mbits", ("tcp-stream", "iperf3-tx"), "Mbit/s"),
     }
-
-

@@ -2,7 +2,9 @@
 with it and its provenance), the markers and their notes, and the labels that are caveats.
 
 Markers are text, never colour alone: "*" a figure measured under emulation, "^" a bare-metal row that is the mean
-of several runs' own baselines, "+" a figure with a caveat.
+of several runs' own baselines, "+" a figure with a caveat, "~" a figure whose repeated samples vary by more than
+stats.CV_FLAG. A repeated figure is shown as its median with its interval and n (figure_text), a ratio with its
+interval (ratio_text); the notes say what those are, and that a figure measured once has none.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..record.rows import Measurement, Run
+from ..record.stats import CV_FLAG, MIN_N_MEDIAN_CI, Ratio, Summary
 from ..spec.catalogue import FRONTEND_SUFFIX
 from ..spec.runspec import OVERCOMMIT_LABEL
 from ..spec.schemes import SCHEMES
@@ -21,11 +24,47 @@ from ..spec.schemes import SCHEMES
 EMULATED_MARK = "*"
 MEAN_BASELINE_MARK = "^"
 CAVEAT_MARK = "+"
+VARIES_MARK = "~"
 EMULATED_NOTE = f"{EMULATED_MARK} measured under TCG emulation: not an overhead figure"
 NESTED_NOTE = (
     f"{EMULATED_MARK} measured under emulation (TCG, or KVM nested in an emulated host): "
     "not an overhead figure"
 )
+VARIES_NOTE = (f"{VARIES_MARK} its samples vary by more than {CV_FLAG * 100:.0f}% of their mean (coefficient of "
+               "variation): the figure moves from one repeat to the next")
+INTERVAL_NOTE = ("[low, high] n=k: the median of k samples with its 95% confidence interval (order statistics); a % "
+                 "of bare metal: the guest's samples against its bare metal's (Hodges-Lehmann, 95% rank-sum "
+                 "interval), n=guest+bare metal")
+FEW_NOTE = f"n=2 to {MIN_N_MEDIAN_CI - 1} without an interval: a median needs {MIN_N_MEDIAN_CI} samples for a 95% one"
+RANGE_NOTE = ("[low, high] (67%) or (90%): below 4+4 samples a ratio's interval is the range of every guest / bare "
+              "metal pair, which holds the true ratio only that often")
+ONCE_NOTE = "n=1: each figure was measured once, so it has no interval"
+ONCE_SOME_NOTE = "a figure without n= was measured once (n=1), so it has no interval"
+
+
+def value_format(metric: str) -> str:
+    """How a figure in `metric` is written: whole numbers of IOPS, Mbit/s and trans/s, a decimal of the rest."""
+    return "{:.0f}" if metric in ("IOPS", "Mbit/s", "trans/s") else "{:.1f}"
+
+
+def figure_text(s: Summary, fmt: str = "{:.1f}") -> str:
+    """A figure in a table: "74.2 [71.0, 76.9] n=8", "74.2 n=3" below 6 samples (FEW_NOTE), "74.2" measured once."""
+    head = fmt.format(s.median)
+    if s.n == 1:
+        return head
+    if s.low is not None and s.high is not None:
+        return f"{head} [{fmt.format(s.low)}, {fmt.format(s.high)}] n={s.n}"
+    return f"{head} n={s.n}"
+
+
+def ratio_text(r: Ratio) -> str:
+    """A % of bare metal in a table: "96.3% [95.1, 97.2] n=8+8", "[...] (90%) n=3+3" (RANGE_NOTE), "96.3% n=1+3"
+    without an interval, "96.3%" when both sides were measured once."""
+    if r.n_a == r.n_b == 1:
+        return f"{r.percent:.1f}%"
+    return r.text().removesuffix(" (no interval)")
+
+
 # Measurement labels that make a number weaker than the studies' (shown with CAVEAT_MARK).
 CAVEAT_LABELS = {
     "quick-size": "test file smaller than the studies' (page cache and device cache weigh more)",

@@ -1,5 +1,6 @@
-"""The comparison tables rendered: to_text (fixed width, wraps text columns to fit 80 columns), to_markdown, to_csv
-(one rectangular table, raw numbers); and to_json, whole runs with their provenance (the export)."""
+"""The comparison tables rendered: to_text (fixed width, wraps text columns, and a repeated figure's interval, to fit
+80 columns), to_markdown, to_csv (one rectangular table, raw numbers, each figure's samples); and to_json, whole runs
+with their provenance, every sample and each figure's summary (the export)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..record.rows import Run
 from .compare import Column, Row, Section, Table, run_summary
+from .labels import figure_text, ratio_text, value_format
 
 JSON_FORMAT = "cloudbox-results"
 JSON_VERSION = 1
@@ -38,16 +40,23 @@ def _fmt(key: str, value: Any, metric: str = "") -> str:
     if key in ("skew", "guests"):
         return f"{v:.0f}"
     if key in ("value", "min", "median", "max", "base"):
-        if metric in ("IOPS", "Mbit/s", "trans/s"):
-            return f"{v:.0f}"
-        return f"{v:.1f}"
+        return value_format(metric).format(v)
     return f"{v:g}"
+
+
+def _cell(section: Section, row: Row, key: str) -> str:
+    """A cell as shown: a repeated figure with its interval and n, a ratio over repeats with its own."""
+    if key == "value" and row.summary is not None and row.summary.n > 1:
+        return figure_text(row.summary, value_format(section.metric))
+    if key == "pct" and row.ratio is not None:
+        return ratio_text(row.ratio)
+    return _fmt(key, row.cells.get(key), section.metric)
 
 
 def _display(section: Section, row: Row) -> list[str]:
     out = []
     for c in section.columns:
-        text = _fmt(c.key, row.cells.get(c.key), section.metric)
+        text = _cell(section, row, c.key)
         if c.key == "vmm" and row.marker:
             text = f"{text} {row.marker}"
         out.append(text)
@@ -65,14 +74,24 @@ def _fit(widths: list[int], minimums: list[int], wrappable: list[bool], budget: 
     return widths
 
 
+NBSP = "\xa0"  # holds an interval's "[low, high]" on one line while the rest of its cell wraps
+
+
 def _wrap(text: str, width: int) -> list[str]:
-    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    return [line.replace(NBSP, " ") for line in
+            textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]]
+
+
+def _glued(text: str) -> str:
+    """An interval's brackets kept whole: "74.2 [71.0, 76.9] n=8" breaks only before "[" and "n="."""
+    return re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(" ", NBSP), text)
 
 
 def _text_row(
     cells: list[str], columns: list[Column], widths: list[int], wrappable: list[bool], gap: str
 ) -> list[str]:
-    wrapped = [_wrap(cells[i], widths[i]) if wrappable[i] else [cells[i]] for i in range(len(cells))]
+    wrapped = [_wrap(cells[i], widths[i]) if wrappable[i] else [cells[i].replace(NBSP, " ")]
+               for i in range(len(cells))]
     out = []
     for k in range(max(len(w) for w in wrapped)):
         parts = []
@@ -83,8 +102,18 @@ def _text_row(
     return out
 
 
+def _minimums(header: list[str], body: list[list[str]], columns: list[Column], wrappable: list[bool],
+              natural: list[int]) -> list[int]:
+    """Each column's narrowest: a wrapping column its longest word (a glued interval is one), and a figure's column
+    its header on one line; any other its natural width."""
+    return [max([len(w) for x in [header[i], *(b[i] for b in body)] for w in x.split(" ") if w] or [1]
+                + ([len(header[i])] if columns[i].numeric else []))
+            if wrappable[i] else natural[i] for i in range(len(header))]
+
+
 def to_text(table: Table, width: int = 80) -> str:
-    """Fixed-width text; the VMM/target/driver columns wrap onto extra lines to keep within `width`."""
+    """Fixed-width text; the VMM/target/driver columns, and a repeated figure's interval and n, wrap onto extra lines
+    to keep within `width`."""
     lines = [table.title, "=" * min(len(table.title), width)]
     for entry in table.legend:
         lines.extend(textwrap.wrap(entry, width, subsequent_indent="    ", break_on_hyphens=False) or [entry])
@@ -93,16 +122,18 @@ def to_text(table: Table, width: int = 80) -> str:
     gap = "  "
     for section in table.sections:
         header = [c.short for c in section.columns]
-        body = [_display(section, r) for r in section.rows]
+        shown = [_display(section, r) for r in section.rows]
+        body = [[_glued(x) for x in b] for b in shown]
         ncol = len(header)
         natural = [max(len(x) for x in [header[i], *(b[i] for b in body)]) for i in range(ncol)]
-        wrappable = [c.key in ("vmm", "target", "driver") for c in section.columns]
-        minimums = [
-            max([len(w) for x in [header[i], *(b[i] for b in body)] for w in x.split()] or [1])
-            if wrappable[i] else natural[i]
-            for i in range(ncol)
-        ]
+        # text columns wrap; a figure's column only where a repeated figure has an interval and n beside it
+        wrappable = [c.key in ("vmm", "target", "driver") or (c.numeric and any(" " in b[i] for b in body))
+                     for i, c in enumerate(section.columns)]
         budget = width - len(gap) * (ncol - 1)
+        minimums = _minimums(header, body, section.columns, wrappable, natural)
+        if sum(minimums) > budget:  # too narrow to keep each interval on one line: it may break after its comma
+            body = shown
+            minimums = _minimums(header, body, section.columns, wrappable, natural)
         widths = _fit(natural, minimums, wrappable, budget)
         # a wrapped column only needs its longest wrapped line; spend what that frees on unwrapping others
         for i in range(ncol):
@@ -129,7 +160,7 @@ def to_text(table: Table, width: int = 80) -> str:
 
 
 def _md_escape(text: str) -> str:
-    return re.sub(r"([|*_\\`^+])", r"\\\1", text)
+    return re.sub(r"([|*_\\`^+~])", r"\\\1", text)
 
 
 def to_markdown(table: Table) -> str:
@@ -154,6 +185,9 @@ def to_markdown(table: Table) -> str:
 CSV_FIELDS = (
     "test", "metric", "row", "run", "vmm", "target", "driver", "value", "pct_of_baseline",
     "avgrq_sectors", "avgqu", "util_pct", "emulated", "marker", "labels", "note",
+    # a figure over its samples (value is their median): n, the median's interval, CV, min, max, the samples in
+    # measured order (space-separated); the % of bare metal's interval and its n (guest+bare metal)
+    "n", "low", "high", "cv", "min", "max", "samples", "pct_low", "pct_high", "pct_n",
 )
 
 
@@ -177,17 +211,45 @@ def to_csv(table: Table) -> str:
                 s.test, s.metric, r.kind, c.get("run"), c.get("vmm"), c.get("target"), c.get("driver"),
                 _num(c.get("value")), _num(c.get("pct"), 2), _num(c.get("avgrq"), 1), _num(c.get("avgqu"), 2),
                 _num(c.get("util"), 1), "yes" if r.emulated else "no", r.marker, " ".join(r.labels),
-                " | ".join(notes[m] for m in r.markers if m in notes),
+                " | ".join(notes[m] for m in r.markers if m in notes), *_csv_stats(r),
             ])
     return buf.getvalue()
 
 
+def _csv_stats(r: Row) -> list[str]:
+    """A row's figure over its samples and its ratio's interval, as CSV_FIELDS's last columns ("" where none)."""
+    s, q = r.summary, r.ratio
+    head = ["", "", "", "", "", "", ""] if s is None else [
+        str(s.n), _num(s.low), _num(s.high), _num(s.cv, 4), _num(s.minimum), _num(s.maximum),
+        " ".join(_num(v) for v in r.samples)]
+    return head + (["", "", ""] if q is None else [_num(q.low, 2), _num(q.high, 2), f"{q.n_a}+{q.n_b}"])
+
+
 def to_json(runs: Sequence[Run], raw: bool = False, indent: int | None = 2) -> str:
-    """Whole runs (profile TOML, provenance, every measurement; raw tool output if raw=True)."""
+    """Whole runs (profile TOML, provenance, every measurement: each a sample with its repeat, boot and iteration;
+    raw tool output if raw=True), each with its headline summary and its figures: every (side, test, metric,
+    instance)'s samples in measured order, median, interval, CV, min, max, and the guest's % of bare metal with its
+    interval."""
     doc = {
         "format": JSON_FORMAT,
         "version": JSON_VERSION,
         "exported_at": time.time(),
-        "runs": [dict(r.as_dict(raw=raw), summary=run_summary(r)) for r in runs],
+        "runs": [dict(r.as_dict(raw=raw), summary=run_summary(r), figures=figures(r)) for r in runs],
     }
     return json.dumps(doc, indent=indent, sort_keys=False, default=str) + "\n"
+
+
+def figures(run: Run) -> list[dict[str, Any]]:
+    """Each figure of the run over its samples (the JSON export's), a guest's with its % of the run's bare metal."""
+    out = []
+    for f in run.figures():
+        s = f.summary
+        d: dict[str, Any] = {
+            "side": f.side, "test": f.test, "metric": f.metric, "instance": f.instance, "n": s.n,
+            "median": s.median, "low": s.low, "high": s.high, "cv": s.cv, "min": s.minimum, "max": s.maximum,
+            "flagged": s.flagged, "boots": f.boots, "samples": f.values}
+        if f.side == "guest" and (q := run.ratio(f.test, f.metric, f.instance)) is not None:
+            d["pct_of_baseline"] = {"percent": q.percent, "low": q.low, "high": q.high, "n_guest": q.n_a,
+                                    "n_baseline": q.n_b, "method": q.method or None, "coverage": q.coverage}
+        out.append(d)
+    return out

@@ -1,15 +1,18 @@
-"""The run-detail view: one stored run's configuration, provenance, comparison table and raw tool output as text,
-what `cloudbox results show` prints."""
+"""The run-detail view: one stored run's configuration, provenance, comparison table, its repeated figures sample by
+sample and raw tool output as text, what `cloudbox results show` prints."""
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Sequence
 
 from ..inputs import printable
 from ..record.events import counted
 from ..record.provenance import Guests, Provenance
-from ..record.rows import Run, Sample
+from ..record.rows import Figure, Run, Sample
+from ..record.stats import drift
+from ..spec.catalogue import test_sort_key
 from ..spec.runspec import OVERCOMMIT_LABEL
 from . import compare, labels, render
 
@@ -60,12 +63,59 @@ def run_detail(run: Run, samples: Sequence[Sample], *, executor_alive: bool = Tr
     out = ["\n".join(printable(line) for line in lines) + "\n", "\n"]
     table = render.to_text(compare.compare_table([run], title=f"Run #{run.id}"))
     out += [printable(line) + "\n" for line in table.splitlines()]
+    out += [printable(line) + "\n" for line in repeated_lines(run)]
     if raw:
         for m in run.measurements:
             if m.raw:
                 out.append(printable(f"\n--- raw: {m.side} {m.test} {m.metric} (measurement {m.id}) ---", "\n") + "\n")
                 out.append(printable(m.raw.rstrip("\n"), "\t\n") + "\n")
     return "".join(out)
+
+
+SIDE_NAMES = {"guest": "guest", "baseline": "bare metal"}
+
+
+def repeated_lines(run: Run, width: int = 80) -> list[str]:
+    """Each figure the run measured more than once: its median with its interval and n, CV, min and max (flagged
+    past stats.CV_FLAG), a drift between its first and second half when one shows, and every sample in measured
+    order (by guest boot when there were several); the guest's % of bare metal with its interval. [] when the run
+    measured each figure once."""
+    figures = [f for f in run.figures() if f.repeated]
+    if not figures:
+        return []
+    out = ["", "Repeated figures: median [95% interval] n, CV, min, max, samples in order"]
+    tests = sorted(dict.fromkeys((f.test, f.metric) for f in figures), key=lambda k: test_sort_key(k[0]))
+    for test, metric in tests:
+        out.append(f"  {test} {metric}")
+        for f in sorted((f for f in figures if (f.test, f.metric) == (test, metric)),
+                        key=lambda f: (f.instance or 0, f.side != "guest")):
+            name = SIDE_NAMES.get(f.side, f.side) + ("" if f.instance is None else f" {f.instance}")
+            out += _figure_lines(f, name, width)
+        r = run.ratio(test, metric)
+        if r is not None:
+            out.append(f"    {'% of bare':<12}{labels.ratio_text(r)}")
+    return out
+
+
+def _figure_lines(f: Figure, name: str, width: int) -> list[str]:
+    """One figure of `repeated_lines`: its summary, its drift if any, its samples wrapped under it."""
+    s, fmt = f.summary, labels.value_format(f.metric)
+    cv = "-" if s.cv is None else f"{s.cv * 100:.1f}%"
+    head = (f"    {name:<12}{labels.figure_text(s, fmt)}  CV {cv}" + (f" {labels.VARIES_MARK}" if s.flagged else "")
+            + f"  min {fmt.format(s.minimum)}  max {fmt.format(s.maximum)}")
+    out = [head]
+    d = drift(f.values)
+    if d is not None and d.detected:
+        out.append(f"{'':16}{d.text()}")
+    if f.boots > 1:
+        groups: dict[int, list[float]] = {}
+        for m in f.samples:
+            groups.setdefault(m.boot, []).append(m.value)
+        text = "; ".join(f"boot {b}: " + " ".join(fmt.format(v) for v in vs) for b, vs in groups.items())
+    else:
+        text = " ".join(fmt.format(v) for v in f.values)
+    out += textwrap.wrap(text, width, initial_indent=" " * 16, subsequent_indent=" " * 16)
+    return out
 
 
 def _run_lines(run: Run, executor_alive: bool) -> list[str]:
