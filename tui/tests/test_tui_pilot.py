@@ -12,7 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest_results import add_study_a_default, add_virtio_tcg
+from conftest_results import (
+    REPEATED_WRITE_BARE,
+    REPEATED_WRITE_GUEST,
+    add_repeated_virtio,
+    add_study_a_default,
+    add_virtio_tcg,
+)
 
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec import profiles
@@ -416,6 +422,40 @@ async def test_results_of_a_run_of_two_guests_show_each_guest_and_the_spread(bac
             assert words in " ".join(text(compare).split()), words  # the table wraps to the box
 
 
+async def test_results_of_a_repeated_run_show_each_figures_interval(backend):
+    """A run whose tests were repeated, beside one measured once: its headline gives each % of bare metal's interval
+    and n, a figure that varies is marked, and the comparison shows every interval with its notes."""
+    from cloudbox.core.record import stats
+    from cloudbox.core.views import labels
+
+    with ResultStore() as store:
+        once = add_study_a_default(store)
+        rep = add_repeated_virtio(store)
+    s = stats.summarize(REPEATED_WRITE_GUEST)
+    q = stats.ratio(REPEATED_WRITE_GUEST, REPEATED_WRITE_BARE)
+    assert s.low is not None and s.high is not None and q is not None and q.low is not None and q.high is not None
+    app = create_app(backend, mode="results")
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one("#runs")
+        await until(pilot, lambda: table.row_count == 2)
+        by_id = {r[1]: r for r in rows(table)}
+        head = by_id[str(rep)][3]
+        assert head.startswith(f"W {s.median:.0f} MB/s ({q.percent:.0f}% [{q.low:.0f}, {q.high:.0f}]) n=8  R 71~ ")
+        assert head.endswith(" n=3")  # tcp-stream, three a side
+        assert "[" not in by_id[str(once)][3] and "n=" not in by_id[str(once)][3]  # measured once: as before
+        await pilot.press("space")
+        await pilot.press("space")
+        await pilot.press("c")
+        out = app.screen.query_one("#compare")
+        await until(pilot, lambda: "virtio-phy" in text(out) and "study-a-default" in text(out), what="comparison")
+        shown = text(out)
+        for words in (f"[{s.low:.1f}, {s.high:.1f}]", f"[{q.low:.1f}, {q.high:.1f}]", "n=8+8", "905 n=3"):
+            assert words in shown, words
+        flat = " ".join(shown.split())
+        for note in (labels.VARIES_NOTE, labels.INTERVAL_NOTE, labels.ONCE_SOME_NOTE):
+            assert note in flat, note
+
+
 async def test_results_delete_asks_and_refuses_nothing_silently(results_backend):
     app = create_app(results_backend, mode="results")
     async with app.run_test(size=SIZE) as pilot:
@@ -777,6 +817,48 @@ async def test_tests_screen_lets_guests_share_cpus_with_vcpus_per_cpu(backend):
             assert says in text(note), text(note)
             assert field.has_class("-invalid")
             assert not app.screen.query_one("#guest-count", Input).has_class("-invalid")
+
+
+async def test_live_view_shows_a_repeated_tests_figures_with_their_intervals(backend):
+    """The Live view of a run whose test is repeated, guest and bare metal alternating: after the second sample a
+    line gives each side's median so far with its n, the % of bare metal with its interval; a run that measures
+    each test once never shows the line."""
+    from cloudbox.core.record import stats
+    from cloudbox.core.record.events import MeasurementEvent, StateEvent
+    from cloudbox.core.spec.runspec import RunSpec
+
+    spec = RunSpec(profile="virtio-disk", suite="storage", storage_tests="seq-write-64k")
+    with ResultStore() as store:
+        rid = store.create_run(profile_name="virtio-disk", suite="storage", size_label="quick", accelerator="kvm")
+        store.add_event(rid, "state", StateEvent("running", profile="virtio-disk", suite="storage",
+                                                 plan=tuple(spec.plan())).to_payload(), t=1000.0)
+        first = [MeasurementEvent("baseline", "seq-write-64k", "MB/s", REPEATED_WRITE_BARE[0]),
+                 MeasurementEvent("guest", "seq-write-64k", "MB/s", REPEATED_WRITE_GUEST[0])]
+        for i, rec in enumerate(first, 1):
+            store.add_event(rid, rec.kind, rec.to_payload(), t=1000.0 + i)
+
+    app = create_app(backend, mode="tests")
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        screen.action_attach(rid)
+        box = screen.query_one("#run-repeats")
+        log = screen.query_one("#run-log")
+        await until(pilot, lambda: any("= guest seq-write-64k:" in line for line in log.lines), what="the sample")
+        assert not box.display and text(box) == ""  # one sample a side: nothing repeated yet
+        with ResultStore() as store:
+            for k, (g, b) in enumerate(zip(REPEATED_WRITE_GUEST, REPEATED_WRITE_BARE, strict=True), 1):
+                if k == 1:
+                    continue
+                for side, v in (("baseline", b), ("guest", g)):
+                    ev = MeasurementEvent(side, "seq-write-64k", "MB/s", v, repeat=k, iteration=k)
+                    store.add_event(rid, ev.kind, ev.to_payload())
+        q = stats.ratio(REPEATED_WRITE_GUEST, REPEATED_WRITE_BARE)
+        assert q is not None
+        await until(pilot, lambda: "n=8+8" in text(box), what="the repeated figures")
+        assert box.display
+        assert text(box) == (f"seq-write-64k MB/s: guest {stats.summarize(REPEATED_WRITE_GUEST).text()}, bare metal "
+                             f"{stats.summarize(REPEATED_WRITE_BARE).text()}, {q.text()} of bare metal")
+        assert any("= guest seq-write-64k (repeat 8): 73.1 MB/s" in line for line in log.lines)
 
 
 async def test_live_view_shows_each_guest_and_their_sum(backend):

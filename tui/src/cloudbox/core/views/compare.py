@@ -543,7 +543,7 @@ def run_summary(run: Run) -> dict[str, Any]:
     """Headline numbers for list views: sequential write/read MB/s with % of this run's baseline,
     TCP stream Mbit/s. Missing numbers are None; 'emulated' says how to label them. Each figure's `_n` says how
     many samples it is the median of; `_ci` and `_pct_ci` are the figure's and its % of bare metal's intervals
-    ([low, high]; None without one)."""
+    ([low, high]; None without one); `_flagged` that its samples vary more than stats.CV_FLAG."""
 
     def pick(name: str, unit: str, candidates: Sequence[str], metric: str) -> dict[str, Any]:
         for t in candidates:
@@ -553,9 +553,10 @@ def run_summary(run: Run) -> dict[str, Any]:
                 return {f"{name}_test": t, f"{name}_{unit}": f.median,
                         f"{name}_pct": percent_of_baseline(run, t, metric), f"{name}_n": f.n,
                         f"{name}_ci": None if s.low is None else [s.low, s.high],
-                        f"{name}_pct_ci": [r.low, r.high] if r is not None and r.has_interval else None}
+                        f"{name}_pct_ci": [r.low, r.high] if r is not None and r.has_interval else None,
+                        f"{name}_flagged": s.flagged}
         return {f"{name}_test": None, f"{name}_{unit}": None, f"{name}_pct": None, f"{name}_n": 0, f"{name}_ci": None,
-                f"{name}_pct_ci": None}
+                f"{name}_pct_ci": None, f"{name}_flagged": False}
 
     return {
         "id": run.id,

@@ -14,25 +14,30 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from cloudbox.core.record.rows import Run
-from cloudbox.core.views import compare
+from cloudbox.core.record.stats import CV_FLAG
+from cloudbox.core.views import compare, labels
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, ExportDialog
 from cloudbox.tui.widgets.table import PlainTable
 
 
 def headline(run: Run) -> str:
+    """"W 55* MB/s (50%)  R 76* (71%)  TCP 667 Mb/s (71%)"; a figure that is the median of repeats with its % of
+    bare metal's interval and its n, "W 74 MB/s (96% [94, 98]) n=8", marked "~" when its samples vary."""
     s = compare.run_summary(run)
     star = "*" if run.emulated else ""
     parts = []
-    if s["seq_write_mbps"] is not None:
-        pct = f" ({s['seq_write_pct']:.0f}%)" if s["seq_write_pct"] is not None else ""
-        parts.append(f"W {s['seq_write_mbps']:.0f}{star} MB/s{pct}")
-    if s["seq_read_mbps"] is not None:
-        pct = f" ({s['seq_read_pct']:.0f}%)" if s["seq_read_pct"] is not None else ""
-        parts.append(f"R {s['seq_read_mbps']:.0f}{star}{pct}")
-    if s["tcp_stream_mbits"] is not None:
-        pct = f" ({s['tcp_stream_pct']:.0f}%)" if s["tcp_stream_pct"] is not None else ""
-        parts.append(f"TCP {s['tcp_stream_mbits']:.0f}{star} Mb/s{pct}")
+    for key, value, head, unit in (("seq_write", "seq_write_mbps", "W", " MB/s"),
+                                   ("seq_read", "seq_read_mbps", "R", ""),
+                                   ("tcp_stream", "tcp_stream_mbits", "TCP", " Mb/s")):
+        if s[value] is None:
+            continue
+        ci = s[f"{key}_pct_ci"]
+        interval = " [{:.0f}, {:.0f}]".format(*ci) if ci else ""
+        pct = f" ({s[f'{key}_pct']:.0f}%{interval})" if s[f"{key}_pct"] is not None else ""
+        varies = labels.VARIES_MARK if s[f"{key}_flagged"] else ""
+        n = f" n={s[f'{key}_n']}" if s[f"{key}_n"] > 1 else ""
+        parts.append(f"{head} {s[value]:.0f}{star}{varies}{unit}{pct}{n}")
     return "  ".join(parts) or "-"
 
 
@@ -50,7 +55,10 @@ class ResultsScreen(BaseScreen[list[Run]]):
     RELOAD_EVERY = 3.0
     HELP = ("Every stored run, newest first, with its headline numbers: guest sequential write and read "
             "(MB/s) and TCP stream (Mbit/s), each with its % of the same run's bare-metal baseline. "
-            "* marks numbers measured under TCG emulation (not overhead figures). A run of N guests at once "
+            "* marks numbers measured under TCG emulation (not overhead figures). A run whose tests were repeated "
+            "shows each figure's median, its % of bare metal's 95% interval [low, high] and n, the samples it is "
+            f"of; {labels.VARIES_MARK} marks a figure whose samples vary by more than {CV_FLAG:.0%}; its comparison "
+            "gives every interval, and a figure measured once says it has none. A run of N guests at once "
             "(Suite says how many) shows their sum; its comparison adds each guest, min / median / max and "
             "Jain's fairness index. Space marks runs; "
             "c compares the marked runs (or the highlighted one) in the studies' table layout; e exports "

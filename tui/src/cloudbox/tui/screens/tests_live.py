@@ -1,6 +1,7 @@
 """The Tests screen's Live view: one run followed through its event stream (overall progress with ETA, live charts
 of guest throughput, in a run of N guests each guest's and their sum, and of the host disk's request size, queue
-depth and utilisation, the step, each guest's figures, the log), cancelling it, attaching to another."""
+depth and utilisation, the step, each guest's figures, a repeated test's figures with their intervals so far, the
+log), cancelling it, attaching to another."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from cloudbox.core.record.events import (
     MeasurementEvent,
     PlanProgress,
     ProgressEvent,
+    RepeatFigures,
     SampleEvent,
     StateEvent,
     StepEvent,
@@ -33,6 +35,7 @@ from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 
 CHARTED_GUESTS = 4  # guests with a line of their own in the throughput chart; the figures line names them all
 POLL_S = 0.5  # how often the followed run's new events are fetched
+REPEATED_LINES = 2  # repeated tests whose figures so far are shown, the latest last
 
 
 @dataclass
@@ -69,6 +72,7 @@ class LiveView(Vertical):
         self.sweep: Sweep | None = None
         self.pending_sweep: str | None = None  # a sweep started here whose first run is not known yet
         self.figures = InstanceFigures()
+        self.repeats = RepeatFigures()
         self.first_device: str | None = None  # the run's own disk; another (a volume's server disk) is named
 
     def compose(self) -> ComposeResult:
@@ -76,6 +80,7 @@ class LiveView(Vertical):
         yield ProgressBar(total=100, show_eta=True, id="run-progress")
         yield Static("", id="run-step", markup=False)
         yield Static("", id="run-guests", markup=False)
+        yield Static("", id="run-repeats", markup=False)
         with Horizontal(id="charts"):
             yield LiveChart("Throughput MB/s", ["guest", "bare metal"], id="chart-mbps")
             yield LiveChart("Host request size (sectors)", ["avgrq"], id="chart-rq")
@@ -112,9 +117,11 @@ class LiveView(Vertical):
         self.run_id, self.run, self.seq = run_id, None, 0
         self.progress = PlanProgress()
         self.figures = InstanceFigures()
+        self.repeats = RepeatFigures()
         self.first_device = None
-        self.query_one("#run-guests", Static).update("")
-        self.query_one("#run-guests", Static).display = False
+        for box in (self.query_one("#run-guests", Static), self.query_one("#run-repeats", Static)):
+            box.update("")
+            box.display = False
         for c in self.query(LiveChart):
             c.clear()
         self.query_one("#run-log", Log).clear()
@@ -159,13 +166,14 @@ class LiveView(Vertical):
             return
         self.run, self.sweep = run, sweep
         log = self.query_one("#run-log", Log)
-        figures_changed = False
+        figures_changed = repeats_changed = False
         for ev in events:
             self.seq = ev.seq
             rec = ev.record
             if rec is None:
                 continue
             self.progress.feed(rec)
+            repeats_changed = self.repeats.feed(rec) or repeats_changed
             line = describe(rec)
             if line is not None:
                 log.write_line(stamped(ev.t, line))
@@ -190,6 +198,10 @@ class LiveView(Vertical):
             box = self.query_one("#run-guests", Static)
             box.update(self.figures.line())
             box.display = self.figures.many
+        if repeats_changed and self.repeats.repeated:  # a run that measures each test once shows no such line
+            box = self.query_one("#run-repeats", Static)
+            box.update("\n".join(self.repeats.lines(REPEATED_LINES)))
+            box.display = True
         self.show_head(run, sweep)
         pct = 100.0 if run.state == "completed" else self.progress.percent
         bar = self.query_one("#run-progress", ProgressBar)
