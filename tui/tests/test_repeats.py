@@ -12,6 +12,7 @@ import io
 import json
 import shutil
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -329,6 +330,35 @@ def test_the_measurement_path_stores_a_repeat_and_its_level_and_defaults_to_once
     assert describe(events[0]) == "  = guest seq-write-64k: 50 MB/s"
     assert describe(events[1]) == "  = guest seq-write-64k (repeat 2): 52 MB/s"
     assert describe(events[2]) == "  = guest seq-write-64k (repeat 3, boot 2 iteration 1): 51 MB/s"
+
+
+def test_n_guests_and_an_mpi_job_store_each_instance_and_their_aggregate_as_the_repeat_given(tmp_path: Path):
+    from cloudbox.core.run.measure import Ran, storage_job, storage_test_many
+
+    t, t2 = catalogue.TESTS["seq-write-64k"], catalogue.TESTS["seq-write-1m"]
+
+    def ran(mbps: float) -> Callable[[Callable[[], bool]], Ran]:
+        return lambda cancelled: Ran(FioResult(t.id, mbps, mbps * 16, 900.0, 2.0, ""), 10.0, 12.0)
+
+    def job(total: float, ranks: tuple[float, ...]) -> Callable[[], tuple[FioResult, list[FioResult]]]:
+        return lambda: (FioResult(t2.id, total, 0.0, 0.0, 2.0, "{}"),
+                        [FioResult(t2.id, v, 0.0, 0.0, 2.0, "") for v in ranks])
+
+    with ResultStore(tmp_path / "r.db") as store:
+        ctx = _ctx(store, RunSpec(profile="virtio-disk", guests=2))
+        storage_test_many(ctx, "guest", t, [ran(30.0), ran(20.0)])  # today's call: each figure's only sample
+        storage_test_many(ctx, "guest", t, [ran(32.0), ran(22.0)], rep=Repetition(2, 1, 2))
+        storage_job(ctx, "guest", t2, job(90.0, (45.0, 44.0)))
+        storage_job(ctx, "guest", t2, job(96.0, (48.0, 47.0)), rep=Repetition(2, 2, 1))
+        run = store.get_run(ctx.run_id)
+    total = run.figure("guest", t.id, "MB/s")
+    assert total is not None and [(m.value, m.repeat, m.iteration) for m in total.samples] == [(50.0, 1, 1),
+                                                                                               (54.0, 2, 2)]
+    assert [f.values for f in run.instance_figures("guest", t.id, "MB/s")] == [[30.0, 32.0], [20.0, 22.0]]
+    assert [(m.repeat, m.boot) for m in run.instance_figures("guest", t.id, "MB/s")[1].samples] == [(1, 1), (2, 1)]
+    agg = run.figure("guest", t2.id, "MB/s")
+    assert agg is not None and [(m.value, m.repeat, m.boot) for m in agg.samples] == [(90.0, 1, 1), (96.0, 2, 2)]
+    assert [f.values for f in run.instance_figures("guest", t2.id, "MB/s")] == [[45.0, 48.0], [44.0, 47.0]]
 
 
 def test_a_measurement_events_repetition_round_trips_and_old_payloads_read_as_once():
