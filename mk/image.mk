@@ -6,12 +6,17 @@ IMAGE_BATS      ?= bats
 # runs it) nor the opt-in tiers (docs/benchmarks.md, "Test tiers").
 IMAGE_BATS_ARGS ?= --timing --filter-tags '!bench,!xen-full,!install-full,!boot-full,!cluster-full,!volumes-full'
 
-.PHONY: image image-test image-bench image-cluster-bench image-clean
+.PHONY: image image-test image-bench image-cluster-bench image-clean release
 
 # Incremental: mkosi reuses build/image/cache (packages installed); a cold build starts from nothing.
 image:
 	@scripts/install-deps image
 	@scripts/build-image
+
+# What a release publishes (scripts/make-release): the image compressed, its bmap, its package manifest and
+# SHA256SUMS, in build/release/.
+release: image
+	@scripts/make-release
 
 # Boots the image under TCG with OVMF and SeaBIOS and checks the self-test verdict 123.
 image-test: image

@@ -261,3 +261,17 @@ sb_vars_db() {
     done
     assert [ "$(stat -c %s "$BATS_TEST_TMPDIR/kmods")" -le $((32 * 1048576)) ]
 }
+
+# bats test_tags=slow,image,boot-full
+@test "make release: the compressed image, its bmap and manifest check against SHA256SUMS and write the same bytes" {
+    local rel=$BATS_TEST_TMPDIR/release target=$BATS_TEST_TMPDIR/stick.raw zst
+    run -0 env IMAGE_DIR="$IMAGE_DIR" RELEASE_DIR="$rel" "$REPO/scripts/make-release"
+    echo "# $output" >&3
+    run -0 bash -c "cd '$rel' && sha256sum -c SHA256SUMS"
+    assert_output --regexp 'raw\.zst: OK'
+    zst=$(ls "$rel"/*.raw.zst)
+    # A stick as bmaptool writes one: only the mapped blocks, its bmap found beside the compressed image.
+    truncate -s "$(stat -c %s "$IMAGE")" "$target"
+    run -0 bmaptool copy "$zst" "$target"
+    [ "$(sha256sum < "$target")" = "$(sha256sum < "$IMAGE")" ] || fail "bmaptool copy of $zst differs from $IMAGE"
+}
