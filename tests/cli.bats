@@ -49,6 +49,6 @@ setup() {
 }
 
 @test "results on an empty database explain themselves" {
-    run -1 "$CB" results show 42
+    run -2 "$CB" results show 42  # a run that is not there is bad input: exit 2
     assert_output --partial "no run 42"
 }

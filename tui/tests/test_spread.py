@@ -23,7 +23,7 @@ from cloudbox.core.record.events import StepEvent, describe, parse
 from cloudbox.core.record.provenance import Guests, GuestStart, Place, Provenance
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.runlock import RunLock, check_not_busy, place_locks
-from cloudbox.core.run import hold, spread
+from cloudbox.core.run import hold, preflight, spread
 from cloudbox.core.run.multi import check_fits
 from cloudbox.core.spec import addresses
 from cloudbox.core.spec.profiles import resolve_profile
@@ -306,6 +306,7 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
         return [spread.Part("local", ctx.spec.guests, 1, spread.LocalShell(spread.local_record(), []))]
 
     monkeypatch.setattr(spread, "find_places", this_host_only)
+    monkeypatch.setattr(preflight, "node_problems", lambda spec, **kw: [])  # be1 is a name the place list never uses
     lsi, _ = lsi_disk_profile(tmp_path)
     spec = RunSpec(profile=f"virtio-disk+{lsi}", suite="all", size="quick", storage_tests="seq-write-64k",
                    net_tests="tcp-stream", guests=2, node="local,be1")
@@ -365,6 +366,7 @@ def test_a_spread_runs_places_share_one_nfs_export_that_the_front_end_serves(sta
     monkeypatch.setattr(nodeconf, "private_link", lambda settings: link)
     monkeypatch.setattr(spread, "find_places", lambda ctx: [
         spread.Part("local", ctx.spec.guests, 2, spread.LocalShell(spread.local_record(), []))])
+    monkeypatch.setattr(preflight, "node_problems", lambda spec, **kw: [])  # be1 is a name the place list never uses
     spec = RunSpec(profile="nfs-async-tcp", suite="storage", size="16M", storage_tests="seq-write-64k", guests=2,
                    node="local,be1")
     lines: list[str] = []
