@@ -1,5 +1,5 @@
-"""Statistics over a figure's repeated samples: the median with its distribution-free interval, a ratio's interval,
-the spread (CV, min, max), and a test for drift between the first and second half of a cell's samples.
+"""Statistics over a figure's repeated samples: the median with its distribution-free interval, a ratio's and a
+shift's interval, the spread (CV, min, max), and a test for drift between the first and second half of a cell's samples.
 
 Performance samples are rarely normal (Maricq et al., OSDI 2018), so nothing here assumes a distribution:
 - the median's 95% interval comes from order statistics, the two samples whose ranks a Binomial(n, 1/2) puts
@@ -9,6 +9,8 @@ Performance samples are rarely normal (Maricq et al., OSDI 2018), so nothing her
   sides with the interval that inverts the rank-sum test on the log scale: distribution-free, asymmetric where
   the figures are, inside (0, inf); below 4 + 4 samples, where no rank-based interval reaches 95%, the range of the
   pairwise ratios with the coverage it does have (67% at 2 + 2, 90% at 3 + 3), said beside it;
+- a shift (a latency added: guest minus bare metal, in the figures' unit) is the same estimate and interval on the
+  linear scale, exact for a figure that moves by an amount (guest = bare metal + c);
 - `drift` compares the first and the second half of a series of samples in their measured order with the exact
   Mann-Whitney test: a machine that warms up or slows down over a study shows there, not in the interval.
 """
@@ -133,11 +135,7 @@ class Ratio:
     def coverage(self) -> float | None:
         """How often the interval holds the true factor: 95%, or for the range the most any interval from these
         samples can, 1 - 2 / C(n_a + n_b, n_a)."""
-        if self.method == "rank-sum":
-            return CONFIDENCE
-        if self.method == "range":
-            return 1 - 2 / math.comb(self.n_a + self.n_b, self.n_a)
-        return None
+        return _coverage(self.method, self.n_a, self.n_b)
 
     def text(self) -> str:
         """"96.3% [95.1, 97.2] n=8+8", "96.3% [90.2, 99.1] (90%) n=3+3", or "96.3% n=1+1 (no interval)"."""
@@ -173,14 +171,75 @@ def ratio(a: Sequence[float], b: Sequence[float]) -> Ratio | None:
     n_a, n_b = len(xa), len(xb)
     if n_a == n_b == 1:  # the one quotient, as it is divided (the log round trip would move its last digit)
         return Ratio(xa[0] / xb[0] * 100.0, None, None, 1, 1, "")
-    d = sorted(math.log(x) - math.log(y) for x in xa for y in xb)
-    pct = math.exp(statistics.median(d)) * 100.0
+    est, low, high, method = _hodges_lehmann([math.log(x) - math.log(y) for x in xa for y in xb], n_a, n_b)
+    if low is None or high is None:
+        return Ratio(math.exp(est) * 100.0, None, None, n_a, n_b, "")
+    return Ratio(math.exp(est) * 100.0, math.exp(low) * 100.0, math.exp(high) * 100.0, n_a, n_b, method)
+
+
+def _hodges_lehmann(diffs: list[float], n_a: int, n_b: int) -> tuple[float, float | None, float | None, str]:
+    """The median of the n_a x n_b pairwise differences with its interval (ratio's and shift's): (estimate, low,
+    high, method), the interval the rank-sum test's inversion ("rank-sum"), below 4 + 4 samples the range of the
+    differences ("range"), none with one sample a side."""
+    d = sorted(diffs)
+    est = statistics.median(d)
     if n_a < 2 or n_b < 2:
-        return Ratio(pct, None, None, n_a, n_b, "")
+        return est, None, None, ""
     k = _rank_sum_k(n_a, n_b)
     if k >= 1:
-        return Ratio(pct, math.exp(d[k - 1]) * 100.0, math.exp(d[-k]) * 100.0, n_a, n_b, "rank-sum")
-    return Ratio(pct, math.exp(d[0]) * 100.0, math.exp(d[-1]) * 100.0, n_a, n_b, "range")
+        return est, d[k - 1], d[-k], "rank-sum"
+    return est, d[0], d[-1], "range"
+
+
+def _coverage(method: str, n_a: int, n_b: int) -> float | None:
+    """How often an interval of `method` holds the true value: 95% for the rank-sum's, the range's
+    1 - 2 / C(n_a + n_b, n_a) (the most any interval from these samples can), None without one."""
+    if method == "rank-sum":
+        return CONFIDENCE
+    if method == "range":
+        return 1 - 2 / math.comb(n_a + n_b, n_a)
+    return None
+
+
+@dataclass(frozen=True)
+class Shift:
+    """a - b in the samples' unit (a latency added over bare metal), with its interval when both sides have at
+    least two samples."""
+
+    value: float
+    low: float | None
+    high: float | None
+    n_a: int
+    n_b: int
+    method: str  # as Ratio's
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    @property
+    def coverage(self) -> float | None:
+        return _coverage(self.method, self.n_a, self.n_b)
+
+    def text(self, unit: str = "", fmt: str = "{:+.1f}") -> str:
+        """"+53.8 µs [50.1, 57.0] n=8+8", "+53.8 µs [49.0, 58.2] (90%) n=3+3", "+53.8 µs n=1+1 (no interval)"."""
+        head = fmt.format(self.value) + (f" {unit}" if unit else "")
+        if self.has_interval:
+            cover = f" ({self.coverage * 100:.0f}%)" if self.method == "range" and self.coverage else ""
+            return f"{head} [{fmt.format(self.low)}, {fmt.format(self.high)}]{cover} n={self.n_a}+{self.n_b}"
+        return f"{head} n={self.n_a}+{self.n_b} (no interval)"
+
+
+def shift(a: Sequence[float], b: Sequence[float]) -> Shift | None:
+    """a - b: the Hodges-Lehmann estimate (the median of every a_i - b_j; with one sample a side, a - b) with the
+    distribution-free interval that inverts the rank-sum test, exact at 95% from 4 + 4 samples for a figure that moves
+    by an amount; below that the range of every a_i - b_j with the coverage it has (Shift.coverage), as `ratio`.
+    None when a side has no sample."""
+    xa, xb = [float(x) for x in a], [float(x) for x in b]
+    if not xa or not xb:
+        return None
+    est, low, high, method = _hodges_lehmann([x - y for x in xa for y in xb], len(xa), len(xb))
+    return Shift(est, low, high, len(xa), len(xb), method)
 
 
 # ------------------------------------------------------------------------------------------------- drift
