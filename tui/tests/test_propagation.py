@@ -521,7 +521,7 @@ def test_a_schema_2_database_upgrades_in_place_to_take_propagation_runs(tmp_path
         with pytest.raises(sqlite3.IntegrityError):
             c.execute("INSERT INTO runs (uuid, suite) VALUES ('p', 'propagation')")  # schema 2 refuses the sweep
     with ResultStore(db) as s:
-        assert s.schema_version == schema.SCHEMA_VERSION == 5
+        assert s.schema_version == schema.SCHEMA_VERSION == 6
         assert s.get_run(5).suite == "guest" and s.get_run(5).value("guest", "t", "MB/s") == 3
         rid = s.create_run(suite="propagation")
         s.add_measurement(rid, side="guest", test="propagate-32m", metric="total_s", value=9.0)

@@ -109,7 +109,7 @@ def test_schema_1_database_upgrades_in_place_keeping_runs_and_measurements(tmp_p
         with pytest.raises(sqlite3.IntegrityError):
             c.execute("INSERT INTO runs (uuid, suite) VALUES ('g', 'guest')")  # schema 1 refuses guest sessions
     with ResultStore(db) as s:
-        assert s.schema_version == SCHEMA_VERSION == 5
+        assert s.schema_version == SCHEMA_VERSION == 6
         run = s.get_run(7)
         assert run.value("guest", "t", "MB/s") == 5 and len(s.events_since(7)) == 1
         m = run.measurements[0]
@@ -136,8 +136,8 @@ def test_a_store_written_by_the_previous_release_reads_back_unchanged(tmp_path: 
     copy.write_bytes(CURRENT.read_bytes())  # opening it sets WAL mode: never on the committed file
     with ResultStore(copy) as s:
         assert expected["user_version"] == 4 and s.schema_version == SCHEMA_VERSION
-        # every sample it held is its figure's only one: repeat 1 of boot 1
-        once = {"repeat": 1, "boot": 1, "iteration": 1}
+        # every sample it held is its figure's only one: repeat 1 of boot 1; none has a latency histogram
+        once = {"repeat": 1, "boot": 1, "iteration": 1, "clat_hist": None}
         for run in expected["runs"]:
             run["measurements"] = [{**m, **once} for m in run["measurements"]]
         assert [s.get_run(i).as_dict(raw=True) for i in s.run_ids()] == expected["runs"]

@@ -1,5 +1,6 @@
 """fio's storage tests: its command line and job file (what fio --client sends a server), its volume engine for
-nbd:// targets, and the parsers of its JSON, its status line and fio --client's per-server figures."""
+nbd:// targets, and the parsers of its JSON (a random test's with its completion-latency histogram), its status line
+and fio --client's per-server figures."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import re
 
 from ..errors import CloudboxError
+from ..record.latency import Histogram
 from ..spec.catalogue import IOZONE_TOOLS, StorageTest
 from .result import MB, FioResult
 
@@ -24,6 +26,12 @@ def nbd_measures(t: StorageTest) -> str:
     return ""
 
 
+def histograms(t: StorageTest) -> bool:
+    """Whether fio reports `t` with its completion-latency histogram (json+): the random tests, whose tail latency
+    the tables show."""
+    return t.rw.startswith("rand")
+
+
 def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool = False) -> list[str]:
     rw = "write" if fill else t.rw
     if is_nbd_uri(target):
@@ -36,7 +44,8 @@ def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool
         "fio", f"--name={'fill' if fill else t.id}", *where[:1], f"--size={size}",
         f"--rw={rw}", f"--bs={'1m' if fill else t.bs}", f"--iodepth={1 if fill else t.iodepth}",
         *where[1:],
-        "--output-format=json", "--eta=always", "--eta-newline=1", "--eta-interval=1",
+        f"--output-format={'json+' if histograms(t) and not fill else 'json'}",
+        "--eta=always", "--eta-newline=1", "--eta-interval=1",
         "--group_reporting=1", "--randrepeat=0", "--norandommap=1",
     ]
     if not fill and t.writes and not t.direct:
@@ -83,6 +92,7 @@ def _job_result(test_id: str, job: dict, raw: str, who: str = "") -> FioResult:
         raise CloudboxError(f"fio ({test_id}{who}) failed with error {job['error']}")
     mbps = iops = lat = 0.0
     secs = 0.0
+    hists = []
     for d in ("read", "write"):
         side = job.get(d, {})
         if side.get("io_bytes", 0) > 0:
@@ -90,7 +100,14 @@ def _job_result(test_id: str, job: dict, raw: str, who: str = "") -> FioResult:
             iops += side["iops"]
             lat = max(lat, side.get("clat_ns", {}).get("mean", 0.0) / 1000)
             secs = max(secs, side.get("runtime", 0) / 1000)
-    return FioResult(test_id, mbps, iops, lat, secs, raw)
+            bins = side.get("clat_ns", {}).get("bins")
+            if isinstance(bins, dict) and bins:  # json+ only
+                try:
+                    hists.append(Histogram.from_fio(bins))
+                except ValueError as e:
+                    raise CloudboxError(f"fio ({test_id}{who}) {d}: {e}") from e
+    hist = Histogram.merged(hists) if hists else None
+    return FioResult(test_id, mbps, iops, lat, secs, raw, latency=hist)
 
 
 FIO_CLIENT_TOTAL = "All clients"  # fio --client's own aggregate over its servers, in client_stats

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..record.latency import Histogram
+
 MB = 1_000_000
 
 
@@ -23,6 +25,7 @@ class FioResult:
     raw: str
     extra: dict = field(default_factory=dict)
     started_uptime: float | None = None  # a guest test held at a barrier: the guest's uptime when it was let go
+    latency: Histogram | None = None  # a random fio test's completion latencies in fio's bins (json+)
 
 
 _ELAPSED = re.compile(r"cloudbox-elapsed ([\d.]+) ([\d.]+)")

@@ -7,5 +7,6 @@
     provenance  everything that says where and how a run's numbers were measured
     runlock     one active run per host (and per enrolled node)
     fairness    how N guests shared the host: the aggregate and how evenly it was split
-    stats       a figure over its samples: the median's interval, a ratio's interval, spread, drift
+    stats       a figure over its samples: the median's interval, a ratio's and a shift's interval, spread, drift
+    latency     fio's completion-latency histograms: its bins, merged over samples, percentiles, latency added
 """

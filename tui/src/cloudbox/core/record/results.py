@@ -28,7 +28,7 @@ from typing import Any
 from .. import db, paths
 from ..errors import CloudboxError, NotFound
 from ..procs import process_exists
-from . import events
+from . import events, latency
 from .events import FINAL_STATES, SAMPLE_FIELDS
 from .provenance import Provenance
 from .rows import (
@@ -459,12 +459,15 @@ class ResultStore:
         repeat: int | None = None,
         boot: int | None = None,
         iteration: int | None = None,
+        clat_hist: latency.Histogram | dict[str, Any] | str | None = None,
     ) -> int:
         """Store one sample of a figure; returns its id. A dict/list `raw` is stored as JSON. The label
         'emulated' is added to guest-side rows when the run is emulated. `instance`: 1..N for one of a run's N
         guests (or bare-metal processes), None for the run's figure. `repeat`: the sample's place among the
         figure's in measured order (by default the next; a place already taken is refused), `boot` the guest boot
-        it was measured in (default 1), `iteration` the repeat within that boot (default the next in it)."""
+        it was measured in (default 1), `iteration` the repeat within that boot (default the next in it).
+        `clat_hist`: a random test's sample's fio completion-latency histogram (a latency.Histogram or its stored
+        form), on its lat_us row."""
         if side not in SIDES:
             raise ValueError(f"side must be one of {', '.join(SIDES)} (got {side!r})")
         if instance is not None and (isinstance(instance, bool) or not isinstance(instance, int) or instance < 1):
@@ -473,6 +476,7 @@ class ResultStore:
             if pos is not None:
                 check_position(name, pos)
         lab = list(dict.fromkeys(labels))
+        hist = latency.stored_text(clat_hist)
         if raw is not None and not isinstance(raw, str):
             raw = json.dumps(raw)
         with self._write() as conn:
@@ -493,10 +497,10 @@ class ResultStore:
                 iteration = 1 + sum(1 for b in taken.values() if b == boot)
             cur = conn.execute(
                 "INSERT INTO measurements (run_id, side, test, metric, value, host_mbps, host_avgrq_sectors,"
-                " host_avgqu, host_util, labels, raw, started_at, finished_at, instance, repeat, boot, iteration)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " host_avgqu, host_util, labels, raw, started_at, finished_at, instance, repeat, boot, iteration,"
+                " clat_hist) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (int(run_id), side, test, metric, float(value), host_mbps, host_avgrq_sectors, host_avgqu,
-                 host_util, json.dumps(lab), raw, started_at, finished_at, instance, repeat, boot, iteration),
+                 host_util, json.dumps(lab), raw, started_at, finished_at, instance, repeat, boot, iteration, hist),
             )
             return int(cur.lastrowid or 0)
 

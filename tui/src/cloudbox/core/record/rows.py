@@ -1,7 +1,8 @@
 """The results database's rows as records: a Run with its Measurements, an Event, a Sample; the values their
 columns allow, and how a run is read back with its measurements. A run's Figure is one (side, test, metric,
 instance)'s samples in measured order with their summary (core.record.stats); `Run.ratio` and `ratio` set two figures
-against each other (guest / bare metal, profile / profile)."""
+against each other (guest / bare metal, profile / profile); `Run.latency` merges a random test's latency histograms
+(core.record.latency) over its samples."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from typing import Any
 from ..spec.catalogue import is_storage_test
 from . import events, stats
 from .events import FINAL_STATES
+from .latency import METRIC as LATENCY_METRIC
+from .latency import Added, Histogram, Latency, added, latency_of, loaded
 from .provenance import Provenance
 
 # "guest": an interactive guest session (launched, kept running until stopped; no tests).
@@ -35,7 +38,7 @@ RUN_COLUMNS = (
 )
 MEASUREMENT_COLUMNS = (
     "side", "test", "metric", "value", "host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util",
-    "labels", "raw", "started_at", "finished_at", "instance", "repeat", "boot", "iteration",
+    "labels", "raw", "started_at", "finished_at", "instance", "repeat", "boot", "iteration", "clat_hist",
 )
 REPETITION_COLUMNS = ("repeat", "boot", "iteration")
 
@@ -66,16 +69,27 @@ class Measurement:
     repeat: int = 1
     boot: int = 1
     iteration: int = 1
+    # A random test's lat_us row: fio's completion-latency histogram of this sample, as stored (JSON text); `histogram`
+    # reads it when asked, so runs listed by the hundred do not parse every one.
+    clat_hist: str | None = None
 
     @property
     def storage(self) -> bool:
         return is_storage_test(self.test)
 
+    @cached_property
+    def histogram(self) -> Histogram | None:
+        """The sample's completion-latency histogram (None without one, or when unreadable)."""
+        return loaded(self.clat_hist)
+
     def as_dict(self, raw: bool = True) -> dict[str, Any]:
+        """Its columns; the tool's raw output and the latency histogram (its stored form) only with `raw`."""
         d = {k: getattr(self, k) for k in ("id", "run_id", *MEASUREMENT_COLUMNS)}
         d["labels"] = list(self.labels)
+        d["clat_hist"] = None if self.histogram is None else self.histogram.to_stored()
         if not raw:
             d.pop("raw")
+            d.pop("clat_hist")
         return d
 
 
@@ -235,6 +249,23 @@ class Run:
         found = sorted({m.instance for m in self.measurements if m.side == side and m.test == test
                         and m.metric == metric and m.instance is not None})
         return [f for k in found if (f := self.figure(side, test, metric, k)) is not None]
+
+    def latency(self, side: str, test: str, instance: int | None = None) -> Latency | None:
+        """`test`'s completion latency on `side`: its samples' histograms merged over every repeat and, in a run of N
+        guests, over the guests (or processes) unless `instance` names one; None where no sample has a histogram."""
+        rows = [m for m in self.measurements if m.side == side and m.test == test and m.metric == LATENCY_METRIC
+                and m.histogram is not None]
+        if instance is not None:
+            rows = [m for m in rows if m.instance == instance]
+        else:  # the N guests' own histograms; the run's aggregate row has one only in a run of one guest
+            rows = [m for m in rows if m.instance is not None] or rows
+        return latency_of(side, test, instance, [(m.repeat, m.histogram) for m in rows if m.histogram is not None])
+
+    def added_latency(self, test: str) -> Added | None:
+        """What the guest adds over the same run's bare metal at p50 of `test` (core.record.latency.added); None
+        without both."""
+        g, b = self.latency("guest", test), self.latency("baseline", test)
+        return None if g is None or b is None else added(g, b)
 
     def value(self, side: str, test: str, metric: str) -> float | None:
         """The run's figure: the median of its samples (its one value when measured once), or None."""

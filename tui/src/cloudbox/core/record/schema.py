@@ -6,7 +6,8 @@ Tables (the version kept in PRAGMA user_version; `migrate()` upgrades older file
                 `repeat` its place among the figure's samples in measured order (1..n; a run of today's tests
                 measures each once), `boot` the guest boot it was measured in and `iteration` the repeat within
                 that boot (a propagation run stores one sample per boot of its copy, boot and total seconds); a run
-                of N guests also one per guest or host process (`instance` 1..N) beside the aggregate (NULL)
+                of N guests also one per guest or host process (`instance` 1..N) beside the aggregate (NULL);
+                `clat_hist` a random test's fio completion-latency histogram on its lat_us row (core.record.latency)
   samples       the host sampler's once-a-second disk metrics
   events        the live stream (state/step/progress/log/sample/measurement) a watcher polls by seq
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 from .. import db
 from ..errors import CloudboxError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 _SCHEMA_V1 = """
@@ -164,9 +165,15 @@ def _migrate_4_to_5(conn: sqlite3.Connection) -> None:
                  " AND run_id NOT IN (SELECT id FROM runs WHERE suite = 'propagation')")
 
 
+def _migrate_5_to_6(conn: sqlite3.Connection) -> None:
+    """measurements.clat_hist: a random test's sample's fio completion-latency histogram (JSON, on its lat_us row);
+    NULL on every row stored before, which keeps its mean latency alone."""
+    conn.execute("ALTER TABLE measurements ADD COLUMN clat_hist TEXT")
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2,
                                                                 2: _migrate_2_to_3, 3: _migrate_3_to_4,
-                                                                4: _migrate_4_to_5}
+                                                                4: _migrate_4_to_5, 5: _migrate_5_to_6}
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

@@ -1,5 +1,6 @@
 """One test, measured and stored: its step, the tool run, its measurement rows and the measurement event; a
-storage test also with the host disk's counters over exactly the test's window (iostat over the whole test). A
+storage test also with the host disk's counters over exactly the test's window (iostat over the whole test), a
+random one with its completion-latency histogram (each guest's of N, their merge being the views'). A
 repeated test passes each sample's Repetition (its place, guest boot and iteration), stored with its rows and event;
 without one a test is its figure's next sample (its only one, in a run that measures each test once)."""
 
@@ -10,12 +11,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..bench import nettests, runners
 from ..bench.result import FioResult
 from ..disks.diskstats import Counters, delta, read_counters
+from ..record import latency
 from ..record.events import MeasurementEvent
+from ..record.latency import Histogram
 from ..record.rows import Repetition
 from ..spec import catalogue
 from .context import RunContext, host_labels
@@ -39,8 +42,9 @@ def _test_labels_after_drops(ctx: RunContext, side: str, t: catalogue.StorageTes
     return tl
 
 
-def _at(rep: Repetition | None) -> dict[str, int]:
-    """The repetition columns of a sample's rows and event: none for a test measured once (the store numbers it)."""
+def _at(rep: Repetition | None) -> dict[str, Any]:
+    """The repetition columns of a sample's rows and event: none for a test measured once (the store numbers it).
+    (Any: mypy would check these ints against every keyword add_measurement has, its histogram's among them.)"""
     return {} if rep is None else rep.columns()
 
 
@@ -92,11 +96,11 @@ def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Call
     tl = [*_test_labels_after_drops(ctx, side, t, (guest_drop,)), *labels]
     res, start, end, host = _in_window(ctx, side, t, f"{side}: {t.id}", run)
 
-    def record(metric: str, value: float, raw: str) -> None:
+    def record(metric: str, value: float, raw: str, hist: Histogram | None = None) -> None:
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
                                   started_at=start, finished_at=end, host_mbps=host["host_mbps"],
                                   host_avgrq_sectors=host["host_avgrq_sectors"], host_avgqu=host["host_avgqu"],
-                                  host_util=host["host_util"], **_at(rep))
+                                  host_util=host["host_util"], clat_hist=hist, **_at(rep))
 
     raw = res.raw + (f"\n# cloudbox: {note}\n" if note else "")
     for metric, value in measured(res):
@@ -104,7 +108,7 @@ def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Call
         raw = ""
     if t.timed:
         record("IOPS", res.iops, "")
-        record("lat_us", res.lat_us, "")
+        record(latency.METRIC, res.lat_us, "", res.latency)
     if not math.isnan(res.mbps):
         ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(res.mbps, 2), tuple(tl), round(res.iops, 1),
                                        *_rounded(host), **_at(rep)))
@@ -171,11 +175,12 @@ def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
     parts, _, _, host = _in_window(ctx, side, t, f"{side}: {t.id} ({len(runs)} at once)", lambda: together(ctx, runs))
 
     def record(metric: str, value: float, raw: str, start: float, end: float, instance: int | None,
-               metrics: dict[str, float | None]) -> None:
+               metrics: dict[str, float | None], hist: Histogram | None = None) -> None:
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
                                   started_at=start, finished_at=end, instance=instance,
                                   host_mbps=metrics["host_mbps"], host_avgrq_sectors=metrics["host_avgrq_sectors"],
-                                  host_avgqu=metrics["host_avgqu"], host_util=metrics["host_util"], **_at(rep))
+                                  host_avgqu=metrics["host_avgqu"], host_util=metrics["host_util"], clat_hist=hist,
+                                  **_at(rep))
 
     none = dict.fromkeys(host)
     for k, p in enumerate(parts, 1):
@@ -184,7 +189,7 @@ def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
             record(metric, value, "", p.started_at, p.finished_at, k, none)
         if t.timed:
             record("IOPS", p.result.iops, "", p.started_at, p.finished_at, k, none)
-            record("lat_us", p.result.lat_us, "", p.started_at, p.finished_at, k, none)
+            record(latency.METRIC, p.result.lat_us, "", p.started_at, p.finished_at, k, none, p.result.latency)
     start, end = min(p.started_at for p in parts), max(p.finished_at for p in parts)
     mbps = sum(p.result.mbps for p in parts)
     record("MB/s", mbps, "", start, end, None, host)
