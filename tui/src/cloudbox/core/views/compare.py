@@ -10,9 +10,11 @@ sharing a node and target, a bare-metal row ("none", target, "-") and then one r
 Rows measured under emulation (TCG, or KVM nested in a TCG guest) carry the marker "*" and the table a
 footnote saying so: such numbers are not overhead figures. A figure is the median of its samples (a test repeated in
 the run), each row keeping its Summary and its % of bare metal's Ratio (core.record.stats) to be shown with their
-intervals; a figure measured once is its one value, and a footnote says it has no interval. What the columns say of
-a run and the markers are core.views.labels'; core.views.render renders a Table. run_summary(run) gives the headline
-numbers for list views.
+intervals; a figure measured once is its one value, and a footnote says it has no interval. A random test's section
+ends with a latency line per run: p50 / p99 / p99.9 in µs, bare metal and guest, read from fio's histograms merged
+over every repeat and guest (core.record.latency), and at queue depth 1 the latency the guest adds. What the columns
+say of a run and the markers are core.views.labels'; core.views.render renders a Table. run_summary(run) gives the
+headline numbers for list views.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..record.fairness import spread
+from ..record.latency import Added, Latency
 from ..record.rows import Figure, Run
 from ..record.stats import Ratio, Summary
 from ..spec.catalogue import (
     FIO_CS_TESTS,
     JOB_TESTS,
     MPI_TESTS,
+    TESTS,
     base_test,
     is_storage_test,
     primary_metric,
@@ -84,6 +88,8 @@ class Row:
     summary: Summary | None = None  # the figure in `value` over its samples; None where it is no one figure's
     ratio: Ratio | None = None  # `pct` with its interval
     samples: tuple[float, ...] = ()  # the figure's samples in measured order
+    latency: Latency | None = None  # a random test's completion latency, its histograms merged (core.record.latency)
+    added: Added | None = None  # a queue-depth-1 test's guest row: the latency it adds over its own bare metal
 
     @property
     def marker(self) -> str:
@@ -97,6 +103,7 @@ class Section:
     metric: str
     columns: list[Column]
     rows: list[Row] = field(default_factory=list)
+    latency: list[str] = field(default_factory=list)  # a random test's latency lines, shown under its rows
 
     @property
     def storage(self) -> bool:
@@ -227,6 +234,7 @@ def instance_rows(r: Run, side: str, test: str, metric: str, storage: bool, note
                   emulated=r.emulated and side == "guest")
         if storage:
             row.cells.update(avgrq=None, avgqu=None, util=None)
+        row.latency = r.latency(side, test, f.instance)
         out.append(_figure_cells(row, f, notes or _Notes()))
     return out
 
@@ -383,7 +391,45 @@ def _section(runs: Sequence[Run], test: str, metric: str, notes: _Notes) -> Sect
             section.rows += instance_rows(r, "guest", test, metric, storage, notes)
             if (spread_line := spread_note(r, test, metric)) is not None:
                 notes.spreads.append(spread_line)
+    section.latency = latency_lines(runs, test)
     return section
+
+
+LATENCY_HEAD = ("completion latency, µs, p50 / p99 / p99.9 of fio's histograms merged over every repeat and guest "
+                "(never percentiles averaged)")
+
+
+def qd1(test: str) -> bool:
+    """A random test at queue depth 1: its latency is one request's round trip, what a guest adds to it shows."""
+    t = TESTS.get(base_test(test))
+    return t is not None and t.rw.startswith("rand") and t.iodepth == 1
+
+
+def latency_lines(runs: Sequence[Run], test: str) -> list[str]:
+    """A random test's latency: a head, then per run its bare metal's and guest's p50 / p99 / p99.9 (and how many
+    samples and guests each merges), at queue depth 1 the latency the guest adds at p50; [] without histograms."""
+    out = []
+    for r in runs:
+        parts = []
+        for side, name in (("baseline", "bare metal"), ("guest", "guest")):
+            lat = r.latency(side, test)
+            if lat is not None:
+                parts.append(f"{name} {lat.text()}{_merged(r, lat)}")
+        if not parts:
+            continue
+        add = r.added_latency(test) if qd1(test) else None
+        out.append(f"#{r.id}: " + ", ".join(parts) + ("" if add is None else f"; added at p50 {add.text()}"))
+    return [LATENCY_HEAD + ":", *out] if out else []
+
+
+def _merged(r: Run, lat: Latency) -> str:
+    """What a latency line's figures merge: " (n=3)", " (n=3, 4 guests)", "" for one sample of one guest."""
+    many = len({m.instance for m in r.measurements if m.side == lat.side and m.test == lat.test
+                and m.instance is not None and m.histogram is not None})
+    what = [f"n={lat.n}"] if lat.n > 1 else []
+    if many > 1:
+        what.append(f"{many} {'guests' if lat.side == 'guest' else 'processes'}")
+    return f" ({', '.join(what)})" if what else ""
 
 
 def _groups(runs: Sequence[Run], test: str, metric: str, storage: bool) -> dict[tuple[str, str, str, int], list[Run]]:
@@ -434,6 +480,9 @@ def _baseline_row(bases: list[tuple[Run, Figure]], test: str, target: str, host:
             avgqu=_mean(f.host("host_avgqu") for f in fs_b),
             util=_mean(f.host("host_util") for f in fs_b),
         )
+    lats = [lat for r, _ in bases if (lat := r.latency("baseline", test)) is not None]
+    if lats:  # several runs' baselines: every repeat of each merged
+        row.latency = Latency("baseline", test, None, tuple(h for lat in lats for h in lat.repeats))
     if len(bases) == 1:
         _figure_cells(row, fs_b[0], notes)
     else:
@@ -474,6 +523,8 @@ def _guest_row(r: Run, f: Figure, target: str, storage: bool, notes: _Notes) -> 
     if notes.caveat(r, f.labels):
         row.markers.append(CAVEAT_MARK)
     _figure_cells(row, f, notes, r)
+    row.latency = r.latency("guest", test)
+    row.added = r.added_latency(test) if qd1(test) else None
     if guest_count(r) > 1:
         row.cells["run"] = f"#{r.id} {'job' if base_test(test) in JOB_TESTS else 'sum'}"
     return row

@@ -1,6 +1,7 @@
 """The comparison tables rendered: to_text (fixed width, wraps text columns, and a repeated figure's interval, to fit
-80 columns), to_markdown, to_csv (one rectangular table, raw numbers, each figure's samples); and to_json, whole runs
-with their provenance, every sample and each figure's summary (the export)."""
+80 columns), to_markdown, to_csv (one rectangular table, raw numbers, each figure's samples, a random test's latency
+percentiles); and to_json, whole runs with their provenance, every sample and each figure's summary, a random test's
+latency with the percentiles of its merged histograms (the export)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..record.latency import METRIC as LATENCY_METRIC
 from ..record.rows import Run
-from .compare import Column, Row, Section, Table, run_summary
+from .compare import Column, Row, Section, Table, qd1, run_summary
 from .labels import figure_text, ratio_text, value_format
 
 JSON_FORMAT = "cloudbox-results"
@@ -152,6 +154,9 @@ def to_text(table: Table, width: int = 80) -> str:
         lines.append(gap.join("-" * w for w in widths))
         for b in body:
             lines.extend(_text_row(b, section.columns, widths, wrappable, gap))
+        for k, line in enumerate(section.latency):
+            lines.extend(textwrap.wrap(line, width, initial_indent="" if k == 0 else "  ",
+                                       subsequent_indent="    ", break_on_hyphens=False) or [line])
     if table.footnotes:
         lines.append("")
         for note in table.footnotes:
@@ -177,6 +182,8 @@ def to_markdown(table: Table) -> str:
         for row in section.rows:
             out.append("| " + " | ".join(_md_escape(x) for x in _display(section, row)) + " |")
         out.append("")
+        if section.latency:
+            out += [_md_escape(section.latency[0]), ""] + [f"- {_md_escape(x)}" for x in section.latency[1:]] + [""]
     for note in table.footnotes:
         out += [_md_escape(note), ""]
     return "\n".join(out).rstrip("\n") + "\n"
@@ -188,6 +195,9 @@ CSV_FIELDS = (
     # a figure over its samples (value is their median): n, the median's interval, CV, min, max, the samples in
     # measured order (space-separated); the % of bare metal's interval and its n (guest+bare metal)
     "n", "low", "high", "cv", "min", "max", "samples", "pct_low", "pct_high", "pct_n",
+    # a random test's completion latency in µs, read from its histograms merged over every repeat (and guest), the
+    # I/Os they count; a queue-depth-1 guest row's latency added over its bare metal at p50, with its interval
+    "lat_p50_us", "lat_p99_us", "lat_p99_9_us", "lat_ios", "added_p50_us", "added_low_us", "added_high_us",
 )
 
 
@@ -211,7 +221,7 @@ def to_csv(table: Table) -> str:
                 s.test, s.metric, r.kind, c.get("run"), c.get("vmm"), c.get("target"), c.get("driver"),
                 _num(c.get("value")), _num(c.get("pct"), 2), _num(c.get("avgrq"), 1), _num(c.get("avgqu"), 2),
                 _num(c.get("util"), 1), "yes" if r.emulated else "no", r.marker, " ".join(r.labels),
-                " | ".join(notes[m] for m in r.markers if m in notes), *_csv_stats(r),
+                " | ".join(notes[m] for m in r.markers if m in notes), *_csv_stats(r), *_csv_latency(r),
             ])
     return buf.getvalue()
 
@@ -225,11 +235,22 @@ def _csv_stats(r: Row) -> list[str]:
     return head + (["", "", ""] if q is None else [_num(q.low, 2), _num(q.high, 2), f"{q.n_a}+{q.n_b}"])
 
 
+def _csv_latency(r: Row) -> list[str]:
+    """A row's latency percentiles and latency added, as CSV_FIELDS's last columns ("" where none)."""
+    lat, add = r.latency, r.added
+    head = ["", "", "", ""] if lat is None else [_num(lat.p50), _num(lat.p99), _num(lat.p999), str(lat.ios)]
+    if add is None:
+        return head + ["", "", ""]
+    s = add.shift
+    low, high = (s.low, s.high) if s is not None and s.has_interval else (None, None)
+    return head + [_num(add.us), _num(low), _num(high)]
+
+
 def to_json(runs: Sequence[Run], raw: bool = False, indent: int | None = 2) -> str:
     """Whole runs (profile TOML, provenance, every measurement: each a sample with its repeat, boot and iteration;
     raw tool output if raw=True), each with its headline summary and its figures: every (side, test, metric,
     instance)'s samples in measured order, median, interval, CV, min, max, and the guest's % of bare metal with its
-    interval."""
+    interval; a random test's lat_us figures with the percentiles of their merged latency histograms."""
     doc = {
         "format": JSON_FORMAT,
         "version": JSON_VERSION,
@@ -251,5 +272,9 @@ def figures(run: Run) -> list[dict[str, Any]]:
         if f.side == "guest" and (q := run.ratio(f.test, f.metric, f.instance)) is not None:
             d["pct_of_baseline"] = {"percent": q.percent, "low": q.low, "high": q.high, "n_guest": q.n_a,
                                     "n_baseline": q.n_b, "method": q.method or None, "coverage": q.coverage}
+        if f.metric == LATENCY_METRIC and (lat := run.latency(f.side, f.test, f.instance)) is not None:
+            d["latency"] = lat.as_dict()
+            if f.side == "guest" and f.instance is None and qd1(f.test) and (a := run.added_latency(f.test)):
+                d["latency"]["added_p50"] = a.as_dict()
         out.append(d)
     return out
