@@ -8,6 +8,7 @@ the next write never meets "cannot start a transaction within a transaction"."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -49,6 +50,21 @@ def connect(path: Path | str) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def private_files(db_path: Path) -> None:
+    """A database file 0600 before SQLite first opens it (its -wal and -shm then get the same mode), and older -wal
+    and -shm files made 0600 too: only root reads what it holds. Its directory must exist."""
+    fd = os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():  # another's file keeps its mode (and refuses us itself)
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        side = db_path.with_name(db_path.name + suffix)
+        if side.exists() and side.stat().st_uid == os.geteuid():
+            os.chmod(side, 0o600)
 
 
 def _busy(e: sqlite3.OperationalError) -> bool:

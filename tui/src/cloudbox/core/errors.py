@@ -1,8 +1,10 @@
-"""The error types cloudbox.core raises: every one carries a message meant for a person."""
+"""The error types cloudbox.core raises: every one carries a message meant for a person; and the secrets this process
+holds, which no message, event or stored reason may carry (`keep_secret`, `masked`)."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 from cloudbox.core.inputs import MAX_NESTING, InputProblem, got, nesting, printable
 
@@ -172,3 +174,29 @@ class AnswerError(ProblemsError):
 
 class InstallError(CloudboxError):
     """Installing to disk failed at a step; the message names the step, the device and how to resume."""
+
+
+# -- secrets: never in a message that is shown or stored ---------------------------------------------------------
+MASK = "********"
+MIN_SECRET = 8  # shorter values (a test's "x") would mask ordinary words
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+
+
+def keep_secret(value: str) -> str:
+    """Remember `value` (a CHAP secret, a DH-HMAC-CHAP key) as this process's secret, so `masked` hides it wherever
+    it turns up; returns it."""
+    if len(value) >= MIN_SECRET:
+        with _secrets_lock:
+            _secrets.add(value)
+    return value
+
+
+def masked(text: str) -> str:
+    """`text` with every secret this process holds (keep_secret) replaced by MASK: what a run's reason, its events
+    and an error shown to a person go through, whatever path the secret took into the text."""
+    with _secrets_lock:
+        found = [s for s in _secrets if s in text]
+    for s in sorted(found, key=len, reverse=True):
+        text = text.replace(s, MASK)
+    return text

@@ -138,28 +138,6 @@ def nodes_db() -> Path:
     return paths.state_dir() / "nodes.db"
 
 
-def _private_files(db_path: Path) -> None:
-    """nodes.db 0600 before SQLite first opens it (its -wal and -shm then get the same mode), older -wal/-shm
-    files made 0600 too; the directory is made 0700 when created here, and a state directory that others could
-    write to loses those bits (it stays traversable: QEMU reaches the work directory below it)."""
-    parent = db_path.parent
-    if not parent.exists():
-        parent.mkdir(parents=True, mode=0o700)
-    else:
-        st = parent.stat()
-        if st.st_uid == os.geteuid() and st.st_mode & 0o022:
-            os.chmod(parent, st.st_mode & 0o7755)
-    fd = os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    for suffix in ("-wal", "-shm"):
-        side = db_path.with_name(db_path.name + suffix)
-        if side.exists():
-            os.chmod(side, 0o600)
-
-
 # --------------------------------------------------------------------------------------------------
 # Join codes
 # --------------------------------------------------------------------------------------------------
@@ -274,7 +252,16 @@ class Registry(db.Database):
         super().__init__(path)
 
     def _prepare(self) -> None:
-        _private_files(self.path)
+        # nodes.db's directory 0700 when made here; a state directory others could write to loses those bits (it
+        # stays traversable: QEMU reaches the work directory below it)
+        parent = self.path.parent
+        if not parent.exists():
+            parent.mkdir(parents=True, mode=0o700)
+        else:
+            st = parent.stat()
+            if st.st_uid == os.geteuid() and st.st_mode & 0o022:
+                os.chmod(parent, st.st_mode & 0o7755)
+        db.private_files(self.path)
 
     @property
     def salt(self) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import db, paths
-from ..errors import CloudboxError, NotFound
+from ..errors import CloudboxError, NotFound, masked
 from ..procs import process_exists
 from . import events, latency
 from .events import FINAL_STATES, SAMPLE_FIELDS
@@ -139,11 +139,13 @@ class ResultStore:
 
     def _connect(self) -> sqlite3.Connection:
         try:
+            # 0600 from its first byte: runs' reasons, events and provenance are root's alone
+            db.private_files(self.path)
             conn = db.connect(self.path)
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA synchronous = NORMAL")  # durable enough in WAL; fast for event appends
             migrate(conn, self.path)
-        except sqlite3.DatabaseError as e:
+        except (OSError, sqlite3.DatabaseError) as e:
             raise CloudboxError(f"{self.path}: cannot open the results database: {e}") from e
         self._conn_obj = conn
         self._conn_pid = os.getpid()
@@ -247,6 +249,8 @@ class ResultStore:
         check("state", fields.get("state"), STATES)
         check("accelerator", fields.get("accelerator"), ACCELERATORS)
         values = dict(fields)
+        if isinstance(values.get("reason"), str):
+            values["reason"] = masked(values["reason"])  # a secret this process holds is never stored
         accel = values.get("accelerator", (current or {}).get("accelerator"))
         if "emulated" in values or "accelerator" in values:
             emulated = bool(values.get("emulated", (current or {}).get("emulated", False)))
@@ -330,6 +334,7 @@ class ResultStore:
         event. The executor should not emit its own final 'state' event (it would appear twice)."""
         if state not in FINAL_STATES:
             raise ValueError(f"state must be one of {', '.join(FINAL_STATES)} (got {state!r})")
+        reason = None if reason is None else masked(reason)  # the run's secrets stay out of its reason
         with self._write() as conn:
             self._require(conn, run_id)
             now = time.time() if finished_at is None else float(finished_at)
@@ -425,6 +430,7 @@ class ResultStore:
         """Each run of `run_ids` still 'running' becomes 'failed' with `reason` and its final state event, in one
         transaction per run (a run that ended meanwhile is left as it is); returns them as they are now."""
         failed = []
+        reason = masked(reason)
         for run_id in run_ids:
             with self._write() as conn:
                 row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -559,7 +565,8 @@ class ResultStore:
         ).fetchone()[0]
         conn.execute(
             "INSERT INTO events (run_id, seq, t, kind, payload) VALUES (?, ?, ?, ?, ?)",
-            (run_id, seq, time.time() if t is None else t, kind, dumps(payload)),
+            # every event's text passes here: a secret this process holds is masked in whatever field it reached
+            (run_id, seq, time.time() if t is None else t, kind, masked(dumps(payload))),
         )
         return int(seq)
 

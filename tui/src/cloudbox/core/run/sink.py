@@ -4,10 +4,12 @@ always goes through."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import masked
 from ..record.events import LogEvent, ProgressEvent, RunEvent, SampleEvent, StateEvent, StepEvent
 from ..record.results import ResultStore
 
@@ -29,8 +31,10 @@ class EventSink:
                 return
             self._last_progress[ev.instance] = now
         if self.run_id is not None:
-            self.store.add_event(self.run_id, ev.kind, ev.to_payload())
+            self.store.add_event(self.run_id, ev.kind, ev.to_payload())  # masked there
         if self.extra is not None:
+            if isinstance(ev, StepEvent | LogEvent):  # what the terminal shows is what the store keeps
+                ev = dataclasses.replace(ev, text=masked(ev.text))
             self.extra(ev)
 
     def step(self, text: str, side: str | None = None, test: str | None = None) -> None:
@@ -54,4 +58,4 @@ class EventSink:
     def finished(self, state: str, reason: str | None) -> None:
         """The final state, for the extra consumer: the store appends its event with the state itself."""
         if self.extra is not None:
-            self.extra(StateEvent(state, reason))
+            self.extra(StateEvent(state, None if reason is None else masked(reason)))
