@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.disks.volumes import attach, hostattach, nodecreds, nvmet, pki
+from cloudbox.core.disks.volumes import attach, hostattach, nodecreds, nvmet, pki, transports
 from cloudbox.core.errors import CloudboxError, UsageError
 from cloudbox.core.spec import profiles, remote
 from cloudbox.core.spec.runspec import RunSpec
@@ -100,11 +100,50 @@ def test_the_dhchap_secret_is_in_the_kernels_format():
     assert s not in repr(ident)
 
 
+def test_the_target_answers_a_keyed_host_with_a_key_of_its_own(tmp_path, monkeypatch):
+    """Bidirectional DH-HMAC-CHAP: the host is given the target's key (dhchap_ctrl_secret), and the target's host
+    entry holds it (dhchap_ctrl_key) where the kernel has it, so a host answering on the target's address without
+    it cannot hand this host a disk it made."""
+    ident = hostattach.new_nvme_host("t-1")
+    assert ident.ctrl_key and ident.ctrl_key != ident.key and ident.ctrl_key not in repr(ident)
+    opts = hostattach.fabrics_options("10.0.0.1", 4420, "nqn.x:vol.v", ident, authenticate=True)
+    assert opts.endswith(f",dhchap_secret={ident.key},dhchap_ctrl_secret={ident.ctrl_key}")
+    assert "dhchap" not in hostattach.fabrics_options("10.0.0.1", 4420, "nqn.x:vol.v", ident, authenticate=False)
+    # the target's side, on a configfs tree as the kernel lays it out (the entry's attributes made by the kernel)
+    base = tmp_path / "nvmet"
+    for d in ("hosts", "subsystems", "ports"):
+        (base / d).mkdir(parents=True)
+    real_mkdir = Path.mkdir
+
+    def kernel_mkdir(self, *a, **kw):
+        real_mkdir(self, *a, **kw)
+        if self.parent == base / "hosts":
+            for attr in ("dhchap_key", "dhchap_ctrl_key"):
+                (self / attr).write_text("")
+        if self.parent == base / "subsystems":
+            for d in ("allowed_hosts", "namespaces"):
+                real_mkdir(self / d)
+        if self.parent == base / "ports":
+            real_mkdir(self / "subsystems")
+    monkeypatch.setattr(Path, "mkdir", kernel_mkdir)
+    monkeypatch.setattr(nvmet, "load", lambda configfs=nvmet.CONFIGFS: base)
+    monkeypatch.setattr(nvmet, "_listening", lambda port: True)
+    exp = nvmet.start("v", str(tmp_path / "vol"), allowed={ident.nqn: ident.key}, run_uuid="run-1", port=4420,
+                      configfs=tmp_path, ctrl_keys={ident.nqn: ident.ctrl_key})
+    entry = base / "hosts" / ident.nqn
+    assert (entry / "dhchap_key").read_text() == ident.key and (entry / "dhchap_ctrl_key").read_text() == ident.ctrl_key
+    assert exp.authenticated and exp.mutual
+    assert "both ways" in transports.block_transport("nvme-tcp").security(exp, "host")
+
+
 def test_the_box_nvme_identity_is_made_once_and_private(state):
     a = hostattach.nvme_host()
     f = hostattach.nvme_host_file()
     assert stat.S_IMODE(f.stat().st_mode) == 0o600 and stat.S_IMODE(f.parent.stat().st_mode) == 0o700
-    assert hostattach.nvme_host() == a and a.nqn.startswith(nvmet.NQN_PREFIX + ":host.box-")
+    assert hostattach.nvme_host() == a and a.nqn.startswith(nvmet.NQN_PREFIX + ":host.box-") and a.ctrl_key
+    f.write_text(json.dumps({"nqn": a.nqn, "hostid": a.hostid, "key": a.key}))  # made before targets had keys
+    older = hostattach.nvme_host()
+    assert (older.nqn, older.key) == (a.nqn, a.key) and older.ctrl_key and hostattach.nvme_host() == older
     f.write_text("{")
     with pytest.raises(CloudboxError, match="remove the file to make a new one"):
         hostattach.nvme_host()
@@ -137,6 +176,16 @@ def test_a_nodes_credentials_are_its_own_and_arrive_whole(state, tmp_path):
     assert nodecreds.installed_fingerprint(node_base) == be1.fingerprint, "a refused set leaves the last one"
     with pytest.raises(CloudboxError, match="incomplete"):
         nodecreds.install({k: v for k, v in payload.items() if k != "nbd"}, node_base)
+    assert be1.chap.mutual and be1.nvme.ctrl_key and got.chap.target_secret == be1.chap.target_secret
+    # a set kept from before targets had secrets of their own gets them, and so a fingerprint the node lacks
+    ids = nodecreds.front_end_dir("be1") / "ids.json"
+    data = json.loads(ids.read_text())
+    data["chap"] = {k: data["chap"][k] for k in ("initiator", "user", "secret")}
+    data["nvme"] = {k: data["nvme"][k] for k in ("nqn", "hostid", "key")}
+    ids.write_text(json.dumps(data))
+    upgraded = nodecreds.make("be1", ca)
+    assert upgraded.chap.secret == be1.chap.secret and upgraded.chap.mutual and upgraded.nvme.ctrl_key
+    assert upgraded.fingerprint != be1.fingerprint and nodecreds.make("be1", ca) == upgraded
     nodecreds.forget("be1")
     assert not nodecreds.front_end_dir("be1").exists()
     assert nodecreds.make("be1", ca).chap.secret != be1.chap.secret  # enrolled again: new secrets

@@ -4,14 +4,17 @@ name, serving this box's, stopped with nothing left: no tgtd, no libvirt secret,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from cloudbox.core import procs
 from cloudbox.core.bench import fio, iscsiperf, runners
 from cloudbox.core.disks.backing import NetworkSource
 from cloudbox.core.disks.volumes import attach, iscsi
@@ -249,3 +252,54 @@ def test_a_dead_runs_secret_is_reaped_and_anothers_is_left(libvirt_conn):
     finally:
         for u in made:
             iscsi.undefine_secret(libvirt_conn, u)
+
+
+def _mutual_login(host: str, port: int, iqn: str, c: iscsi.Chap, target_secret: str) -> subprocess.CompletedProcess:
+    """libiscsi logging in as `c` and checking the target's answer against `target_secret` (mutual CHAP)."""
+    url = (f"iscsi://{c.user}%{c.secret}@{host}:{port}/{iqn}/{iscsi.LUN}"
+           f"?target_user={c.target_user}&target_password={target_secret}")
+    return subprocess.run(["iscsi-readcapacity16", "-i", c.initiator, url], capture_output=True, text=True,
+                          timeout=30)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="tgtd's management socket is under /var/run/tgtd (root)")
+@pytest.mark.skipif(not (shutil.which("tgtd") and shutil.which("iscsi-readcapacity16")),
+                    reason="needs tgtd (tgt) and iscsi-readcapacity16 (libiscsi-bin): make deps-test")
+def test_a_target_that_cannot_prove_its_secret_hands_an_initiator_no_disk(state, tmp_path):
+    """Mutual CHAP: the real target answers with its own secret; a host answering on its address (asking for no
+    CHAP at all, as an impostor would) lets a one-way initiator in, and one that checks the target is refused."""
+    vol = tmp_path / "vol"
+    vol.write_bytes(b"\0" * (16 * MIB))
+    c = iscsi.chap()
+    assert c.mutual and c.target_secret != c.secret
+    exp = iscsi.start("m", str(vol), c, log=tmp_path / "tgtd.log")
+    try:
+        ok = _mutual_login(exp.host, exp.port, exp.iqn, c, c.target_secret)
+        assert ok.returncode == 0 and f"Total size:{16 * MIB}" in ok.stdout, ok.stdout + ok.stderr
+        bad = _mutual_login(exp.host, exp.port, exp.iqn, c, "0" * 32)  # not the target we know
+        assert bad.returncode != 0 and "CHAP_R" in bad.stderr, bad.stderr
+    finally:
+        exp.stop()
+    # the impostor: the same target name on an address of its own, no account, any initiator let in
+    port = procs.free_port("127.0.0.1")
+    control = iscsi.control_port(port)
+    child = procs.Child.start(["tgtd", "-f", "-C", str(control), "--iscsi", f"portal=127.0.0.1:{port}"],
+                              log=tmp_path / "impostor.log", ready=lambda pid: procs.listens(pid, port),
+                              serving="an impostor", ready_is=f"listen on {port}", timeout=30,
+                              death_signal=signal.SIGKILL)
+    try:
+        iscsi.tgtadm(control, "--mode", "target", "--op", "new", "--tid", "1", "--targetname", exp.iqn)
+        iscsi.tgtadm(control, "--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1", "--backing-store",
+                     str(vol))
+        iscsi.tgtadm(control, "--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL")
+        assert _login(iscsi.IscsiExport("m", "", "127.0.0.1", port, exp.iqn, control), c.user, c.secret,
+                      c.initiator).returncode == 0  # one-way CHAP: handed the impostor's disk
+        refused = _mutual_login("127.0.0.1", port, exp.iqn, c, c.target_secret)
+        assert refused.returncode != 0 and "CHAP_N" in refused.stderr, refused.stderr
+    finally:
+        with contextlib.suppress(CloudboxError):
+            iscsi.tgtadm(control, "--mode", "system", "--op", "delete", lld=False)
+        child.stop()
+        for leftover in (f"socket.{control}", f"socket.{control}.lock"):
+            (iscsi.SOCKET_DIR / leftover).unlink(missing_ok=True)

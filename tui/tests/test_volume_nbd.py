@@ -218,3 +218,65 @@ def test_a_host_attach_run_is_refused_before_anything_is_made(state):
             runs.executor(RunSpec(profile="kvm-ebs-aoe", suite="storage", size="32M"), store).execute()
         assert store.list_runs() == []
     assert not (state / "state" / "work").exists() or not any((state / "state" / "work").iterdir())
+
+
+# -- one node's export: its own certificate and no other ---------------------------------------------------------
+def _client_in(exp: nbd.NbdExport, client_dir: Path) -> tuple[bool, str]:
+    """A TLS client (qemu-img) with the certificate in `client_dir` opening the export: (let in, what it said)."""
+    r = subprocess.run(["qemu-img", "info", "--object", f"tls-creds-x509,id=c0,dir={client_dir},endpoint=client",
+                        "--image-opts", f"driver=nbd,host={exp.host},port={exp.port},export={exp.name},tls-creds=c0"],
+                       capture_output=True, text=True, timeout=60)
+    return r.returncode == 0, (r.stdout + r.stderr).strip()
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img (qemu-utils)")
+def test_a_nodes_export_lets_in_that_nodes_certificate_and_no_other_of_the_ca(volume, state, tmp_path):
+    from cloudbox.core.disks.volumes import nodecreds
+
+    ca = pki.ensure()
+    be1, be2 = nodecreds.make("be1", ca), nodecreds.make("be2", ca)
+    old = tmp_path / "be1-before"  # what a removed (or reinstalled) be1 still holds
+    shutil.copytree(be1.nbd_dir, old)
+
+    def serve(creds: nodecreds.NodeCreds, run: str):
+        return attach.export_for_node("nbd:ebs", "host", node="be1", creds=creds, run_uuid=run,
+                                      work_dir=state / "work" / run, size_bytes=8 * MIB, address="127.0.0.1",
+                                      link="lo")
+
+    ve = serve(be1, "run-n1")
+    try:
+        assert isinstance(ve.export, nbd.NbdExport) and "and no other" in ve.tls
+        ok, said = _client_in(ve.export, be1.nbd_dir)
+        assert ok, said
+        for intruder in (be2.nbd_dir, ca.client_dir):  # another back-end; this box's own (handed to its guests)
+            ok, said = _client_in(ve.export, intruder)
+            assert not ok and "abort" in said.lower(), said
+        assert "authz check for O=cloudbox,CN=cloudbox NBD client be2-" in (state / "work" / "run-n1" /
+                                                                            "qemu-nbd.log").read_text()
+    finally:
+        ve.close()
+    nodecreds.forget("be1")  # `node remove be1`, or be1 enrolled again with a new host key
+    new = nodecreds.make("be1", ca)
+    assert pki.identity(new.nbd_dir / "client-cert.pem") != pki.identity(old / "client-cert.pem")
+    ve = serve(new, "run-n2")
+    try:
+        assert _client_in(ve.export, new.nbd_dir)[0]
+        ok, said = _client_in(ve.export, old)  # the old machine's certificate: still signed by the CA, refused
+        assert not ok, said
+    finally:
+        ve.close()
+
+
+def test_the_box_serves_its_own_certificate_only(volume, state, tmp_path):
+    from cloudbox.core.disks.volumes import nodecreds
+
+    ve = attach.export_for_run("nbd:ebs", "qemu", run_uuid="run-a", work_dir=state / "work" / "run-a",
+                               size_bytes=8 * MIB)
+    try:
+        assert _fio(ve.export.uri).returncode == 0  # this box's initiators (libnbd's certificate in /etc/pki)
+        if shutil.which("qemu-img"):
+            node = nodecreds.make("be1", pki.ensure())  # a node's certificate of the same CA, as its guest holds
+            ok, said = _client_in(ve.export, node.nbd_dir)
+            assert not ok, said
+    finally:
+        ve.close()

@@ -557,7 +557,8 @@ def _guest_storage(ctx: RunContext, tests: list[catalogue.StorageTest], done: li
             dev = aoe.attach_in_guest(ctx.guest, v.export.target)
         elif isinstance(v.export, nvmet.NvmetExport):
             assert ctx.hostnet is not None and v.nvme_host is not None
-            sink.step(f"guest: connecting to {v.uri} with its nvme_tcp driver (host NQN {v.nvme_host.nqn})",
+            # the host NQN is the guest's only credential (no key in its kernel): never in the run's log
+            sink.step(f"guest: connecting to {v.uri} with its nvme_tcp driver (its host NQN, not shown)",
                       side="guest")
             network.configure_guest(ctx.guest, ctx.profile.network.mtu, host_ip=ctx.hostnet.host_ip,
                                     dhcp=bool(ctx.private_bridge))

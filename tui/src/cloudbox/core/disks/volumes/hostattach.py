@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import paths, procs
-from ...errors import CloudboxError
+from ...errors import CloudboxError, keep_secret, masked
 from ...spec.schemes import SCHEMES
 from . import iscsi, nvmet
 
@@ -95,7 +95,7 @@ def _wait(what: str, found: Callable[[], str], timeout: float) -> str:
 
 
 # -- iSCSI: open-iscsi --------------------------------------------------------------------------------------------
-def _iscsiadm(*args: str, secret: str = "", ok: tuple[int, ...] = (0,)) -> str:
+def _iscsiadm(*args: str, ok: tuple[int, ...] = (0,)) -> str:
     cmd = ["iscsiadm", *args]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=ATTACH_TIMEOUT)
@@ -103,10 +103,7 @@ def _iscsiadm(*args: str, secret: str = "", ok: tuple[int, ...] = (0,)) -> str:
         raise CloudboxError(f"iscsiadm {' '.join(args[:2])} ... did not answer within {ATTACH_TIMEOUT:.0f} s (is "
                             "iscsid running? `iscsiadm -m session` asks it)") from None
     if r.returncode not in ok:
-        shown, said = " ".join(cmd), (r.stderr or r.stdout).strip()
-        if secret:
-            shown, said = shown.replace(secret, "********"), said.replace(secret, "********")
-        raise CloudboxError(f"{shown} failed (exit {r.returncode}): {said}")
+        raise CloudboxError(masked(f"{' '.join(cmd)} failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()}"))
     return r.stdout
 
 
@@ -154,13 +151,17 @@ def attach_iscsi(host: str, port: int, iqn: str, creds: iscsi.Chap, *, lun: int 
         _iscsiadm(*node, "-o", "new")
         att._undo.append(lambda: _iscsiadm(*node, "-o", "delete", ok=(0, 21)))
         # a refused login fails at once; a target that does not answer is tried 2 times of 15 s, not 8
-        for key, value in (("node.startup", "manual"), ("node.session.initial_login_retry_max", "2"),
-                           ("node.session.auth.authmethod", "CHAP"),
-                           ("node.session.auth.username", creds.user),
-                           # iscsiadm takes it on its command line only: local root sees it for a moment in ps
-                           ("node.session.auth.password", creds.secret)):
-            _iscsiadm(*node, "-o", "update", "-n", key, "-v", value, secret=creds.secret)
-        _iscsiadm(*node, "--login", secret=creds.secret)
+        settings = [("node.startup", "manual"), ("node.session.initial_login_retry_max", "2"),
+                    ("node.session.auth.authmethod", "CHAP"), ("node.session.auth.username", creds.user),
+                    # iscsiadm takes them on its command line only (its node record is the file it keeps them in):
+                    # local root sees them for a moment in ps; every message masks them
+                    ("node.session.auth.password", creds.secret)]
+        if creds.mutual:  # the target proves it holds its own secret before this host takes its disk
+            settings += [("node.session.auth.username_in", creds.target_user),
+                         ("node.session.auth.password_in", creds.target_secret)]
+        for key, value in settings:
+            _iscsiadm(*node, "-o", "update", "-n", key, "-v", value)
+        _iscsiadm(*node, "--login")
         att._undo.append(lambda: _iscsiadm(*node, "--logout", ok=(0, 21)))
         att.device = _wait(f"the disk of LUN {lun} of {iqn}", lambda: _session_disk(iqn, portal, lun),
                            ATTACH_TIMEOUT)
@@ -254,6 +255,11 @@ class NvmeHost:
     nqn: str
     hostid: str
     key: str = field(repr=False)
+    ctrl_key: str = field(default="", repr=False)  # the target's DH-HMAC-CHAP key (bidirectional); '' for none
+
+    def __post_init__(self) -> None:
+        keep_secret(self.key)  # masked wherever it turns up in this process's messages, events and reasons
+        keep_secret(self.ctrl_key)
 
 
 def dhchap_secret() -> str:
@@ -264,8 +270,19 @@ def dhchap_secret() -> str:
 
 
 def new_nvme_host(label: str) -> NvmeHost:
-    """A new identity named host.<label> (the label unique: it carries a random part)."""
-    return NvmeHost(f"{nvmet.NQN_PREFIX}:host.{label}", str(uuid.uuid4()), dhchap_secret())
+    """A new identity named host.<label> (the label unique: it carries a random part), with its key and the key the
+    target answers with (bidirectional DH-HMAC-CHAP)."""
+    return NvmeHost(f"{nvmet.NQN_PREFIX}:host.{label}", str(uuid.uuid4()), dhchap_secret(), dhchap_secret())
+
+
+def nvme_ids(h: NvmeHost) -> dict[str, str]:
+    """An identity as its files keep it."""
+    return {"nqn": h.nqn, "hostid": h.hostid, "key": h.key, "ctrl_key": h.ctrl_key}
+
+
+def read_nvme_ids(data: dict[str, str]) -> NvmeHost:
+    """An identity from its file's fields (KeyError: one is missing); an older file has no target key."""
+    return NvmeHost(str(data["nqn"]), str(data["hostid"]), str(data.get("key", "")), str(data.get("ctrl_key", "")))
 
 
 def nvme_host_file() -> Path:
@@ -288,22 +305,29 @@ def write_private_json(f: Path, data: dict[str, str]) -> None:
 
 
 def nvme_host(f: Path | None = None) -> NvmeHost:
-    """This box's NVMe host identity, made on first use (the file 0600 in a 0700 directory)."""
+    """This box's NVMe host identity, made on first use (the file 0600 in a 0700 directory); an older file gets
+    the target's key."""
     f = f or nvme_host_file()
     if not f.exists():
-        h = new_nvme_host(f"box-{secrets.token_hex(4)}")
-        write_private_json(f, {"nqn": h.nqn, "hostid": h.hostid, "key": h.key})
+        write_private_json(f, nvme_ids(new_nvme_host(f"box-{secrets.token_hex(4)}")))
     try:
         data = json.loads(f.read_text())
-        return NvmeHost(str(data["nqn"]), str(data["hostid"]), str(data.get("key", "")))
+        if not data.get("ctrl_key"):  # made before targets answered with a key of their own
+            data["ctrl_key"] = dhchap_secret()
+            write_private_json(f, data)
+        return read_nvme_ids(data)
     except (OSError, ValueError, KeyError) as e:
         raise CloudboxError(f"{f}: this box's NVMe host identity cannot be read ({e}); remove the file to make a "
                             "new one") from None
 
 
 def fabrics_options(host: str, port: int, nqn: str, ident: NvmeHost, *, authenticate: bool) -> str:
+    """The kernel's connect options: with `authenticate`, this host's key, and the target's, which the kernel then
+    checks too (bidirectional: a host answering on the target's address without it hands this host no disk)."""
     opts = f"transport=tcp,traddr={host},trsvcid={port},nqn={nqn},hostnqn={ident.nqn},hostid={ident.hostid}"
-    return opts + (f",dhchap_secret={ident.key}" if authenticate and ident.key else "")
+    if authenticate and ident.key:
+        opts += f",dhchap_secret={ident.key}" + (f",dhchap_ctrl_secret={ident.ctrl_key}" if ident.ctrl_key else "")
+    return opts
 
 
 def _nvme_namespace(ctrl: str) -> str:
@@ -334,14 +358,15 @@ def attach_nvme(host: str, port: int, nqn: str, ident: NvmeHost, *, authenticate
         os.write(fd, opts.encode())
         answer = os.read(fd, 4096).decode()
     except OSError as e:
-        raise CloudboxError(f"the kernel's NVMe/TCP host could not connect to {nqn} on {host}:{port}: {e.strerror} "
-                            f"(kernel: {_dmesg_tail(4)})".replace(ident.key or "\0", "********")) from None
+        raise CloudboxError(masked(f"the kernel's NVMe/TCP host could not connect to {nqn} on {host}:{port}: "
+                                   f"{e.strerror} (kernel: {_dmesg_tail(4)})")) from None
     finally:
         os.close(fd)
     fields = dict(kv.split("=", 1) for kv in answer.strip().split(",") if "=" in kv)
     ctrl = f"nvme{fields.get('instance', '?')}"
     att = HostAttachment("nvme-tcp", "", "the kernel's NVMe/TCP host (nvme_tcp)"
-                         + (", DH-HMAC-CHAP" if authenticate and ident.key else ""))
+                         + ((", DH-HMAC-CHAP both ways" if ident.ctrl_key else ", DH-HMAC-CHAP")
+                            if authenticate and ident.key else ""))
     att._undo.append(lambda: (NVME_CTRLS / ctrl / "delete_controller").write_text("1"))
     try:
         att.device = _wait(f"namespace {nvmet.NSID} of {nqn} ({ctrl})", lambda: _nvme_namespace(ctrl),

@@ -20,6 +20,8 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import tempfile
 import uuid
@@ -27,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import paths, procs
-from ...errors import CloudboxError
+from ...errors import CloudboxError, keep_secret, masked
 from ...procs import free_port, listens
 
 START_TIMEOUT = 30.0  # a server on an emulated, busy host can take its time to start
+MGMT_TIMEOUT = 30.0  # one tgtadm request
 IQN_PREFIX = "iqn.2026-11.org.cloudbox"
 LUN = 1  # LUN 0 is tgtd's own controller
 SOCKET_DIR = Path("/var/run/tgtd")  # where tgtd puts socket.N (fixed in tgtd)
@@ -41,37 +44,63 @@ MAX_CONTROL = 32767  # tgtd's -C takes 0..32767
 
 @dataclass(frozen=True)
 class Chap:
-    """This box's iSCSI identity: the initiator name the targets allow, and the CHAP user and secret."""
+    """An iSCSI identity: the initiator name the targets allow, the CHAP user and secret it logs in with, and the
+    target's own CHAP user and secret (mutual CHAP: the initiator checks the target too, so a host answering on the
+    target's address without that secret hands it no disk; '' where an older set has none)."""
 
     initiator: str
     user: str
     secret: str = field(repr=False)
+    target_user: str = ""
+    target_secret: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        keep_secret(self.secret)  # masked wherever it turns up in this process's messages, events and reasons
+        keep_secret(self.target_secret)
+
+    @property
+    def mutual(self) -> bool:
+        return bool(self.target_user and self.target_secret)
 
 
 def chap_file() -> Path:
     return paths.state_dir() / "pki" / "iscsi" / "chap.json"
 
 
+def _write_private(f: Path, data: dict[str, str]) -> None:
+    f.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(f.parent, 0o700)
+    fd, tmp = tempfile.mkstemp(prefix=".chap-", dir=f.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, f)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def target_account(tag: str) -> dict[str, str]:
+    """A target's own CHAP account (mutual CHAP), new: {"target_user", "target_secret"}."""
+    return {"target_user": f"cloudbox-target-{tag}", "target_secret": secrets.token_hex(16)}
+
+
 def chap() -> Chap:
-    """The box's CHAP credentials, made on first use (secrets module; the file 0600 in a 0700 directory)."""
+    """The box's CHAP credentials, made on first use (secrets module; the file 0600 in a 0700 directory); a file
+    made before targets had an account of their own gets one."""
     f = chap_file()
     if not f.exists():
-        f.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(f.parent, 0o700)
         box = secrets.token_hex(4)
-        data = {"initiator": f"{IQN_PREFIX}:box-{box}", "user": f"cloudbox-{box}", "secret": secrets.token_hex(16)}
-        fd, tmp = tempfile.mkstemp(prefix=".chap-", dir=f.parent)
-        try:
-            with os.fdopen(fd, "w") as out:
-                json.dump(data, out)
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, f)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write_private(f, {"initiator": f"{IQN_PREFIX}:box-{box}", "user": f"cloudbox-{box}",
+                           "secret": secrets.token_hex(16), **target_account(box)})
     try:
         data = json.loads(f.read_text())
-        return Chap(str(data["initiator"]), str(data["user"]), str(data["secret"]))
+        if not data.get("target_secret"):
+            data.update(target_account(str(data["user"]).removeprefix("cloudbox-")))
+            _write_private(f, data)
+        return Chap(str(data["initiator"]), str(data["user"]), str(data["secret"]), str(data["target_user"]),
+                    str(data["target_secret"]))
     except (OSError, ValueError, KeyError) as e:
         raise CloudboxError(f"{f}: this box's iSCSI CHAP credentials cannot be read ({e}); remove the file to make "
                             "new ones") from None
@@ -127,16 +156,56 @@ class IscsiExport(procs.ServedByChild):
             (SOCKET_DIR / leftover).unlink(missing_ok=True)
 
 
-def tgtadm(control_port: int, *args: str, lld: bool = True, secret: str = "") -> str:
-    """Run tgtadm against the tgtd of `control_port`; CloudboxError with what it said (the secret masked)."""
+def tgtadm(control_port: int, *args: str, lld: bool = True) -> str:
+    """Run tgtadm against the tgtd of `control_port`; CloudboxError with what it said. No secret is ever an
+    argument: accounts are made over the management socket (`new_account`)."""
     cmd = ["tgtadm", "-C", str(control_port), *(["--lld", "iscsi"] if lld else []), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=MGMT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise CloudboxError(f"{' '.join(cmd)} did not answer within {MGMT_TIMEOUT:.0f} s") from None
     if r.returncode != 0:
-        shown, said = " ".join(cmd), (r.stderr or r.stdout).strip()
-        if secret:
-            shown, said = shown.replace(secret, "********"), said.replace(secret, "********")
-        raise CloudboxError(f"{shown} failed (exit {r.returncode}): {said}")
+        raise CloudboxError(f"{' '.join(cmd)} failed (exit {r.returncode}): {masked((r.stderr or r.stdout).strip())}")
     return r.stdout
+
+
+# tgtd's management request (usr/tgtadm.h, unchanged since tgt 1.0.60): mode, op, lld[64], len, tid, sid, lun, cid,
+# host_no, device_type, ac_dir, pack, force; then the parameters as one NUL-terminated "key=value,..." string. The
+# answer is (err, len) and len - 8 bytes of text.
+_REQ = struct.Struct("@ii64sIiQQIIIIII")
+_RSP = struct.Struct("@II")
+MODE_ACCOUNT, OP_NEW = 7, 0
+
+
+def new_account(control_port: int, user: str, secret: str, *, timeout: float | None = None) -> None:
+    """The CHAP account `user` in the tgtd of `control_port`, made over its management socket as tgtadm would make
+    it, so the secret is in no process's arguments (tgtadm takes it only on its command line)."""
+    params = f"user={user},password={secret}".encode() + b"\0"
+    req = _REQ.pack(MODE_ACCOUNT, OP_NEW, b"iscsi", _REQ.size + len(params), 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    path = SOCKET_DIR / f"socket.{control_port}"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(MGMT_TIMEOUT if timeout is None else timeout)
+            s.connect(str(path))
+            s.sendall(req + params)
+            head = b""
+            while len(head) < _RSP.size:
+                got = s.recv(_RSP.size - len(head))
+                if not got:
+                    break
+                head += got
+    except TimeoutError:
+        raise CloudboxError(f"tgtd ({path}) did not answer making CHAP account {user} within "
+                            f"{MGMT_TIMEOUT if timeout is None else timeout:.0f} s") from None
+    except OSError as e:
+        raise CloudboxError(f"cannot make CHAP account {user} through tgtd's socket {path}: {e.strerror or e}") \
+            from None
+    if len(head) != _RSP.size:
+        raise CloudboxError(f"tgtd ({path}) closed its socket without answering the request for CHAP account {user}")
+    err, _ = _RSP.unpack(head)
+    if err != 0:
+        raise CloudboxError(f"tgtd refused CHAP account {user} (its error {err}; `tgtadm --mode account --op show` "
+                            f"-C {control_port} lists the accounts it has)")
 
 
 def control_port(port: int) -> int:
@@ -167,11 +236,12 @@ def start(name: str, path: str, creds: Chap, *, log: Path, host: str = "127.0.0.
         tgtadm(control, "--mode", "target", "--op", "new", "--tid", str(TID), "--targetname", exp.iqn)
         tgtadm(control, "--mode", "logicalunit", "--op", "new", "--tid", str(TID), "--lun", str(LUN),
                "--backing-store", path, "--bsoflags", "direct")
-        # tgtadm takes the secret on its command line only (no stdin, no file): visible to local root for its
-        # few milliseconds; the export is on a private address and the box is single-purpose
-        tgtadm(control, "--mode", "account", "--op", "new", "--user", creds.user, "--password", creds.secret,
-               secret=creds.secret)
+        new_account(control, creds.user, creds.secret)
         tgtadm(control, "--mode", "account", "--op", "bind", "--tid", str(TID), "--user", creds.user)
+        if creds.mutual:  # the target's answer to an initiator that checks it (open-iscsi's, the guest's)
+            new_account(control, creds.target_user, creds.target_secret)
+            tgtadm(control, "--mode", "account", "--op", "bind", "--tid", str(TID), "--user", creds.target_user,
+                   "--outgoing")
         tgtadm(control, "--mode", "target", "--op", "bind", "--tid", str(TID), "--initiator-name", creds.initiator)
     except BaseException:
         exp.stop()
@@ -182,21 +252,39 @@ def start(name: str, path: str, creds: Chap, *, log: Path, host: str = "127.0.0.
 GUEST_LOGIN_TIMEOUT = 60.0  # iscsistart's login, then the LUN's disk appearing in the guest
 
 
+GUEST_CHAP = "/run/cloudbox-iscsi"  # in the guest: the CHAP secrets, written by the agent (tmpfs), gone after login
+
+
+def login_script(exp: IscsiExport, creds: Chap) -> str:
+    """The guest's iscsistart login to `exp`: the secrets are read from GUEST_CHAP's files by the shell, so the
+    script (what a timeout or a failure reports) never holds them; mutual CHAP where `creds` has the target's."""
+    q = shlex.quote
+    mutual = f" -U {q(creds.target_user)} -W \"$(cat {GUEST_CHAP}/target)\"" if creds.mutual else ""
+    return (f"modprobe -a iscsi_tcp sd_mod && iscsistart -i {q(creds.initiator)} -t {q(exp.iqn)} -g 1 "
+            f"-a {q(exp.host)} -p {int(exp.port)} -u {q(creds.user)} -w \"$(cat {GUEST_CHAP}/secret)\"{mutual}")
+
+
 def attach_in_guest(guest, exp: IscsiExport, creds: Chap) -> str:
     """In the benchmark guest (its NIC already has its address): the kernel's iscsi_tcp and sd_mod (a virtio
     profile's guest boots without the SCSI disk driver) loaded, and open-iscsi's iscsistart logged in to `exp` with
-    this box's initiator name and CHAP secret (on its command line inside the guest: the guest is this run's own);
-    returns the disk of LUN 1 once it appears (/dev/sdX)."""
+    `creds`' initiator name and CHAP secret, checking the target's (mutual CHAP) where `creds` has it. The secrets
+    reach the guest through its agent's file write (GUEST_CHAP, 0600, removed after the login): the shell hands them
+    to iscsistart, and no script text or message holds them. Returns the disk of LUN 1 once it appears (/dev/sdX)."""
     if not guest.has("iscsistart"):
         raise CloudboxError("the guest has no iscsistart: rebuild the benchmark guest image (make guest-image)")
-    q = shlex.quote
-    login = (f"modprobe -a iscsi_tcp sd_mod && iscsistart -i {q(creds.initiator)} -t {q(exp.iqn)} -g 1 "
-             f"-a {q(exp.host)} -p {int(exp.port)} -u {q(creds.user)} -w {q(creds.secret)}")
-    p = guest.sh(f"{login} </dev/null 2>&1", timeout=GUEST_LOGIN_TIMEOUT)
+    guest.run(["mkdir", "-p", "-m", "0700", GUEST_CHAP], timeout=30, check=True)
+    guest.put_file(f"{GUEST_CHAP}/secret", creds.secret.encode(), 0o600)
+    if creds.mutual:
+        guest.put_file(f"{GUEST_CHAP}/target", creds.target_secret.encode(), 0o600)
+    try:
+        p = guest.sh(f"{login_script(exp, creds)} </dev/null 2>&1", timeout=GUEST_LOGIN_TIMEOUT)
+    finally:
+        with contextlib.suppress(CloudboxError):  # a guest that stopped answering has its own error on the way
+            guest.run(["rm", "-rf", GUEST_CHAP], timeout=30)
     if p.exitcode != 0:
-        out = (p.stdout + p.stderr).replace(creds.secret, "<secret>").strip()
-        raise CloudboxError(f"iscsistart in the guest could not log in to {exp.uri} (exit {p.exitcode}): "
-                            f"{out[-300:]}")
+        said = masked((p.stdout + p.stderr).strip())[-300:]
+        raise CloudboxError(f"iscsistart in the guest could not log in to {exp.uri} (exit {p.exitcode}"
+                            f"{', mutual CHAP' if creds.mutual else ''}): {said}")
     # iscsistart logs in but scans nothing (iscsid would): the session's SCSI host is scanned here, then the LUN's
     # disk (host:channel:target:LUN 1) is waited for under the session
     find = ("for h in /sys/class/iscsi_host/*; do echo '- - -' > /sys/class/scsi_host/${h##*/}/scan; done; "

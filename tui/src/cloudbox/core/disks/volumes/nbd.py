@@ -1,14 +1,15 @@
 """One NBD export of a volume with TLS: qemu-nbd as a child of the run's process, killed with it.
 
 qemu-nbd serves the volume's file (raw, O_DIRECT: the server's page cache is not part of the volume) on one TCP
-address to clients holding a certificate of this box's CA (tls-creds-x509 with verify-peer). It dies with the
+address to the one client the run is for: a certificate of this box's CA (tls-creds-x509 with verify-peer) whose
+subject is that client's (authz-simple, --tls-authz: another node's certificate, or one of a set forgotten, is
+refused after the handshake). It dies with the
 process that started it (PR_SET_PDEATHSIG), so an executor killed outright leaves no export behind; `stop()` ends it
 in the ordinary case, Ctrl-C and failures included.
 """
 
 from __future__ import annotations
 
-import base64
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -47,34 +48,29 @@ class NbdExport(procs.ServedByChild):
             self.child.stop()
 
 
-def start(name: str, path: str, server_creds: Path, *, log: Path, host: str = "127.0.0.1",
+def start(name: str, path: str, server_creds: Path, *, client: str, log: Path, host: str = "127.0.0.1",
           port: int | None = None) -> NbdExport:
-    """Export `path` as `name` on host:port (a free port when None) with TLS from `server_creds`; returns once the
-    server accepts connections. On failure nothing runs and the error names what qemu-nbd said."""
+    """Export `path` as `name` on host:port (a free port when None) with TLS from `server_creds`, to the client
+    certificate whose subject is `client` only (pki.identity); returns once the server accepts connections. On
+    failure nothing runs and the error names what qemu-nbd said."""
     if shutil.which("qemu-nbd") is None:
         raise CloudboxError("qemu-nbd is not installed (package qemu-utils): run 'make deps' (scripts/install-deps)")
+    if not client or any(c in client for c in "\n\0"):
+        raise CloudboxError(f"volume {name}: the client identity {client!r} cannot be authorised (an x509 subject)")
     port = port or free_port(host)
     version = _version()
     cmd = ["qemu-nbd", "--format=raw", "--cache=none", "--aio=threads", "--persistent", "--shared=16",
            f"--export-name={name}", f"--bind={host}", f"--port={port}",
            "--object", f"tls-creds-x509,id=tls0,dir={server_creds},endpoint=server,verify-peer=on",
-           "--tls-creds=tls0", path]
+           # QEMU's option syntax doubles a comma inside a value
+           "--object", f"authz-simple,id=authz0,identity={client.replace(',', ',,')}",
+           "--tls-creds=tls0", "--tls-authz=authz0", path]
     child = procs.Child.start(cmd, log=log, ready=lambda pid: listens(pid, port), serving=f"volume {name}",
                               ready_is=f"listen on {host}:{port}", timeout=START_TIMEOUT)
     return NbdExport(name, path, host, port, version, child=child)
 
 
 GUEST_CREDS = "/run/cloudbox-nbd"  # in the guest: the client's certificate, handed over by the agent (tmpfs)
-
-
-def _put_file(guest, path: str, data: bytes, mode: int) -> None:
-    """Write `path` in the guest through its agent (guest-file-open/write/close), then chmod it."""
-    handle = guest.agent("guest-file-open", {"path": path, "mode": "w"})
-    try:
-        guest.agent("guest-file-write", {"handle": handle, "buf-b64": base64.b64encode(data).decode()})
-    finally:
-        guest.agent("guest-file-close", {"handle": handle})
-    guest.run(["chmod", f"{mode:o}", path], timeout=30, check=True)
 
 
 def attach_in_guest(guest, exp: NbdExport, client_dir: Path, *, device: str = "/dev/nbd0") -> str:
@@ -86,7 +82,7 @@ def attach_in_guest(guest, exp: NbdExport, client_dir: Path, *, device: str = "/
         raise CloudboxError("the guest has no nbd-client: rebuild the benchmark guest image (make guest-image)")
     guest.run(["mkdir", "-p", "-m", "0700", GUEST_CREDS], timeout=30, check=True)
     for name, mode in (("ca-cert.pem", 0o644), ("client-cert.pem", 0o644), ("client-key.pem", 0o600)):
-        _put_file(guest, f"{GUEST_CREDS}/{name}", (client_dir / name).read_bytes(), mode)
+        guest.put_file(f"{GUEST_CREDS}/{name}", (client_dir / name).read_bytes(), mode)
     script = (f"modprobe nbd nbds_max=1 && nbd-client {exp.host} {exp.port} {device} -name {exp.name} "
               f"-cacertfile {GUEST_CREDS}/ca-cert.pem -certfile {GUEST_CREDS}/client-cert.pem "
               f"-keyfile {GUEST_CREDS}/client-key.pem -tlshostname {exp.host} -nonetlink -block-size 4096 "

@@ -40,6 +40,9 @@ class NodeCreds:
         for part in (self.chap.initiator, self.chap.user, self.chap.secret, self.nvme.nqn, self.nvme.hostid,
                      self.nvme.key):
             h.update(part.encode() + b"\0")
+        for part in (self.chap.target_user, self.chap.target_secret, self.nvme.ctrl_key):  # a set made before
+            if part:  # targets answered with secrets of their own has none: its digest is as it was
+                h.update(part.encode() + b"\0")
         for name in NBD_FILES:
             h.update((self.nbd_dir / name).read_bytes())
         return h.hexdigest()
@@ -58,8 +61,10 @@ def on_node_dir() -> Path:
 def _load(base: Path, node: str) -> NodeCreds:
     try:
         data = json.loads((base / "ids.json").read_text())
-        chap = iscsi.Chap(str(data["chap"]["initiator"]), str(data["chap"]["user"]), str(data["chap"]["secret"]))
-        nvme = hostattach.NvmeHost(str(data["nvme"]["nqn"]), str(data["nvme"]["hostid"]), str(data["nvme"]["key"]))
+        c = data["chap"]
+        chap = iscsi.Chap(str(c["initiator"]), str(c["user"]), str(c["secret"]), str(c.get("target_user", "")),
+                          str(c.get("target_secret", "")))
+        nvme = hostattach.read_nvme_ids(data["nvme"])
         for name in NBD_FILES:
             if not (base / "nbd" / name).is_file():
                 raise KeyError(f"nbd/{name}")
@@ -70,18 +75,28 @@ def _load(base: Path, node: str) -> NodeCreds:
 
 def make(node: str, ca: pki.Credentials, base: Path | None = None) -> NodeCreds:
     """Node `node`'s set, made now when it is not there (random names and secrets; the NBD client certificate issued
-    by `ca`), else the one kept."""
+    by `ca`, its name carrying the set's random tag, so the certificate of a set forgotten is never authorised
+    again), else the one kept; a set kept from before the targets had secrets of their own gets them (and so a new
+    fingerprint: the next volume run installs it on the node)."""
     base = base or front_end_dir(node)
     if (base / "ids.json").exists():
-        return _load(base, node)
+        c = _load(base, node)
+        if not (c.chap.mutual and c.nvme.ctrl_key):
+            c = NodeCreds(c.node, iscsi.Chap(c.chap.initiator, c.chap.user, c.chap.secret,
+                                             **iscsi.target_account(c.chap.user.removeprefix("cloudbox-"))),
+                          hostattach.NvmeHost(c.nvme.nqn, c.nvme.hostid, c.nvme.key, hostattach.dhchap_secret()),
+                          c.nbd_dir)
+            hostattach.write_private_json(base / "ids.json", _ids(node, c.chap, c.nvme))
+        return c
     tag = f"{node}-{secrets.token_hex(3)}"
     tmp = base.with_name(f".{base.name}.new")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(mode=0o700, parents=True)
     try:
-        chap = iscsi.Chap(f"{iscsi.IQN_PREFIX}:node-{tag}", f"cloudbox-{tag}", secrets.token_hex(16))
+        chap = iscsi.Chap(f"{iscsi.IQN_PREFIX}:node-{tag}", f"cloudbox-{tag}", secrets.token_hex(16),
+                          **iscsi.target_account(tag))
         nvme = hostattach.new_nvme_host(f"node-{tag}")
-        pki.issue_client(ca, tmp / "nbd", f"cloudbox NBD client {node}")
+        pki.issue_client(ca, tmp / "nbd", f"cloudbox NBD client {tag}")
         hostattach.write_private_json(tmp / "ids.json", _ids(node, chap, nvme))
         os.chmod(base.parent, 0o700)
         tmp.rename(base)
@@ -92,12 +107,15 @@ def make(node: str, ca: pki.Credentials, base: Path | None = None) -> NodeCreds:
 
 
 def _ids(node: str, chap: iscsi.Chap, nvme: hostattach.NvmeHost) -> dict[str, Any]:
-    return {"node": node, "chap": {"initiator": chap.initiator, "user": chap.user, "secret": chap.secret},
-            "nvme": {"nqn": nvme.nqn, "hostid": nvme.hostid, "key": nvme.key}}
+    return {"node": node, "chap": {"initiator": chap.initiator, "user": chap.user, "secret": chap.secret,
+                                   "target_user": chap.target_user, "target_secret": chap.target_secret},
+            "nvme": hostattach.nvme_ids(nvme)}
 
 
 def forget(node: str) -> None:
-    """The front-end's copy of a removed node's set (its secrets are useless without the node's key anyway)."""
+    """The front-end's copy of a node's set, when the node is removed or enrolls again with another host key: the
+    next set is made afresh (new secrets, a client certificate with a new name), and every server the front-end
+    starts for the node from then on refuses the old one."""
     shutil.rmtree(front_end_dir(node), ignore_errors=True)
 
 

@@ -68,7 +68,8 @@ def _write(path: Path, value: str) -> None:
     try:
         path.write_text(value)
     except OSError as e:
-        raise CloudboxError(f"cannot set the NVMe target's {path} to {value!r}: {e.strerror or e}") from None
+        shown = "its key" if path.name.startswith("dhchap") else repr(value)
+        raise CloudboxError(f"cannot set the NVMe target's {path} to {shown}: {e.strerror or e}") from None
 
 
 def auth_supported(configfs: Path = CONFIGFS) -> bool:
@@ -110,9 +111,10 @@ class NvmetExport:
     port: int
     nqn: str
     port_id: int
-    allowed: tuple[str, ...]
-    serial: str
+    allowed: tuple[str, ...] = field(repr=False)  # a guest's NQN is its only credential: never shown
+    serial: str = ""
     authenticated: bool = False  # each allowed host proves its DH-HMAC-CHAP key
+    mutual: bool = False  # ... and the target proves its own to them
     server: str = "nvmet (the kernel's NVMe/TCP target)"
     base: Path = field(default=CONFIGFS / "nvmet", repr=False)
     _made_hosts: list[str] = field(default_factory=list, repr=False)
@@ -193,9 +195,11 @@ def _free_port_id(base: Path) -> int:
 
 
 def start(name: str, path: str, *, allowed: dict[str, str], run_uuid: str, host: str = "127.0.0.1",
-          port: int | None = None, configfs: Path = CONFIGFS) -> NvmetExport:
+          port: int | None = None, configfs: Path = CONFIGFS, ctrl_keys: dict[str, str] | None = None
+          ) -> NvmetExport:
     """Export `path` as namespace 1 of subsystem nqn...:vol.<name> on host:port (a free port when None), for the
-    host NQNs in `allowed` only (NQN -> its DH-HMAC-CHAP key, '' for none); returns once the kernel listens. On
+    host NQNs in `allowed` only (NQN -> its DH-HMAC-CHAP key, '' for none), the target answering a keyed host with
+    its key in `ctrl_keys` (bidirectional, where this kernel's target has it); returns once the kernel listens. On
     failure nothing is left."""
     base = load(configfs)
     nqn = subsystem_nqn(name)
@@ -218,6 +222,10 @@ def start(name: str, path: str, *, allowed: dict[str, str], run_uuid: str, host:
                 exp._made_hosts.append(h)
             if key:
                 _write(entry / "dhchap_key", key)
+                ctrl = (ctrl_keys or {}).get(h, "")
+                if ctrl and (entry / "dhchap_ctrl_key").exists():
+                    _write(entry / "dhchap_ctrl_key", ctrl)
+                    exp.mutual = True
         sub.mkdir()
         _write(sub / "attr_allow_any_host", "0")
         _write(sub / "attr_serial", exp.serial)
@@ -284,22 +292,34 @@ def reap(live_runs: set[str], configfs: Path = CONFIGFS) -> list[str]:
 GUEST_TIMEOUT = 60.0  # the connect, then namespace 1's disk appearing in the guest
 
 
+GUEST_CONNECT = "/run/cloudbox-nvme"  # in the guest: the connect options, written by the agent (tmpfs), then removed
+
+
 def attach_in_guest(guest, exp: NvmetExport, host_nqn: str, hostid: str) -> str:
     """In the benchmark guest (its NIC already has its address): nvme_tcp loaded and its kernel's NVMe/TCP host
     connected to `exp` through /dev/nvme-fabrics as `host_nqn` (the export's allow-list; the guest's kernel has no
-    in-band authentication); returns namespace 1's disk (the multipath head where the kernel makes one)."""
+    in-band authentication); returns namespace 1's disk (the multipath head where the kernel makes one). The host
+    NQN is the guest's only credential, so it reaches the guest by the agent's file write and is in no script text,
+    message or log line."""
     opts = f"transport=tcp,traddr={exp.host},trsvcid={exp.port},nqn={exp.nqn},hostnqn={host_nqn},hostid={hostid}"
-    script = (f"modprobe nvme_tcp || exit 3; printf '%s' '{opts}' > /dev/nvme-fabrics || exit 4; "
+    guest.run(["mkdir", "-p", "-m", "0700", GUEST_CONNECT], timeout=30, check=True)
+    guest.put_file(f"{GUEST_CONNECT}/options", opts.encode(), 0o600)
+    script = (f"modprobe nvme_tcp || exit 3; cat {GUEST_CONNECT}/options > /dev/nvme-fabrics || exit 4; "
+              f"rm -rf {GUEST_CONNECT}; "
               f"for i in $(seq {int(GUEST_TIMEOUT * 5)}); do for c in /sys/class/nvme/nvme*; do "
               f"[ \"$(cat $c/subsysnqn 2>/dev/null)\" = '{exp.nqn}' ] || continue; for n in $c/nvme*n{NSID}; do "
               "[ -e \"$n\" ] || continue; b=${n##*/}; case $b in *c*n*) b=\"${b%%c*}n${b##*n}\";; esac; "
               "[ -b /dev/$b ] && { echo /dev/$b; exit 0; }; done; done; sleep 0.2; done; exit 1")
-    p = guest.sh(f"{script} 2>&1", timeout=GUEST_TIMEOUT + 30)
+    try:
+        p = guest.sh(f"{script} 2>&1", timeout=GUEST_TIMEOUT + 30)
+    finally:
+        with contextlib.suppress(CloudboxError):
+            guest.run(["rm", "-rf", GUEST_CONNECT], timeout=30)
     if p.exitcode == 0 and p.stdout.strip().startswith("/dev/"):
         return p.stdout.strip().splitlines()[-1]
     said = guest.sh("dmesg | grep -i nvme | tail -n 6; ls /sys/class/nvme 2>&1", timeout=30).stdout.strip()
     what = {3: "could not load its nvme_tcp driver (rebuild the guest image: make guest-image)",
-            4: f"was refused connecting to {exp.uri} as {host_nqn}"}.get(p.exitcode,
-                                                                          "connected, but namespace 1 did not appear")
+            4: f"was refused connecting to {exp.uri} (its host NQN is not on the allow-list?)"}.get(
+                p.exitcode, "connected, but namespace 1 did not appear")
     raise CloudboxError(f"the guest {what} (exit {p.exitcode}): {(p.stdout + p.stderr).strip()[-200:]}; its kernel "
-                        f"said: {' | '.join(said.splitlines())[-500:]}")
+                        f"said: {' | '.join(said.splitlines())[-500:]}".replace(host_nqn, "<its host NQN>"))

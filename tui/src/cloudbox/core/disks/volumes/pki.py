@@ -1,7 +1,9 @@
 """This box's x509 credentials for NBD with TLS: its own CA, a server certificate for the volume server (qemu-nbd)
 and a client certificate for the initiators it runs (QEMU under libvirt, fio's nbd engine), all made by cloudbox on
 first use with openssl (ECDSA P-256) and kept in `<state dir>/pki/nbd`. The server requires a client certificate
-signed by this CA (verify-peer), so only this box's initiators are let in; there is no password anywhere.
+signed by this CA (verify-peer) and, of those, the one certificate the run is for (its subject, `identity`: this
+box's own, or one node's), so a node's certificate opens no other node's volume and none of this box's own; there
+is no password anywhere.
 
 The initiators read their credentials from fixed places: libvirt hands QEMU the directory named by qemu.conf's
 `nbd_tls_x509_cert_dir` (else /etc/pki/libvirt-nbd when it exists, else `default_tls_x509_cert_dir`, else
@@ -73,6 +75,14 @@ def server_names(cert: Path) -> set[str]:
     out = _openssl("x509", "-in", str(cert), "-noout", "-ext", "subjectAltName", cwd=cert.parent)
     return {n.strip().replace("IP Address:", "IP:") for line in out.splitlines()[1:] for n in line.split(",")
             if n.strip()}
+
+
+def identity(cert: Path) -> str:
+    """A client certificate's subject as qemu-nbd's TLS authorisation sees it (GnuTLS: the names in the
+    certificate's order, comma-separated), e.g. "O=cloudbox,CN=cloudbox NBD client be1-3f9a2c"."""
+    out = _openssl("x509", "-in", str(cert), "-noout", "-subject", "-nameopt", "esc_2253,utf8,sep_comma_plus",
+                   cwd=cert.parent)
+    return out.strip().removeprefix("subject=").strip()
 
 
 def _server(base: Path, out: Path, names: tuple[str, ...] = SERVER_NAMES) -> None:

@@ -7,6 +7,7 @@ core.spec.schemes; the checks and the path a run takes are core.disks.volumes.at
 from __future__ import annotations
 
 import platform
+import secrets
 import shutil
 import typing
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from .store import VolumeStore
 
 BASELINE_LABEL = "volume-from-host"  # the baseline is the volume from the host domain, not a local disk
 NFS_HOST_MOUNT = "nfs-host"  # in a back-end's run work directory: where its host mounts the front-end's export
+CLIENT_CERT = "client-cert.pem"  # in an NBD client's directory: the certificate its server authorises
 
 Served = nbd.NbdExport | aoe.AoeExport | iscsi.IscsiExport | nvmet.NvmetExport | nfs.NfsExport
 HasModule = Callable[[str], bool]  # whether the running kernel has (or can load) a module
@@ -39,7 +41,7 @@ class VolumeExport:
     run_uuid: str
     path: str = ""  # the volume's file
     work_dir: Path = Path(".")  # the run's work directory (vblade's log; removed with the store)
-    tls: str = "x509 (this box's CA; client certificates required)"
+    tls: str = "x509 (this box's CA; this box's client certificate only)"
     no_baseline: str = ""  # why the host domain did not measure the volume ("" = it did: BASELINE_LABEL)
     creds: pki.Credentials | None = None  # NBD: the box's credentials (the server's, and the client's for the guest)
     secret_uuid: str = ""  # iSCSI: the libvirt secret QEMU logs in with (removed by close())
@@ -243,7 +245,8 @@ class NbdTransport(BlockTransport):
     def serve_to_guest(self, v: VolumeExport, iface: str, address: str, clients: str | None) -> Served:
         assert v.creds is not None
         _stop_loopback(v)
-        return nbd.start(v.volume, v.path, v.creds.server_dir, log=v.work_dir / "qemu-nbd.log", host=address)
+        return nbd.start(v.volume, v.path, v.creds.server_dir, client=pki.identity(v.creds.client_dir / CLIENT_CERT),
+                         log=v.work_dir / "qemu-nbd.log", host=address)
 
     def for_run(self, name: str, path: str, vol_bytes: int, attach: str, run_uuid: str, work_dir: Path,
                 size_bytes: int, conn: typing.Any) -> VolumeExport:
@@ -253,7 +256,8 @@ class NbdTransport(BlockTransport):
             pki.install_client(creds, pki.libvirt_nbd_dir(), group=pki.qemu_group())
             pki.install_client(creds, pki.LIBNBD_DIR)
             store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
-            exp = nbd.start(name, path, creds.server_dir, log=work_dir / "qemu-nbd.log")
+            exp = nbd.start(name, path, creds.server_dir, client=pki.identity(creds.client_dir / CLIENT_CERT),
+                            log=work_dir / "qemu-nbd.log")
         except BaseException:
             if store is not None:
                 store.remove()
@@ -276,12 +280,13 @@ class NbdTransport(BlockTransport):
     def serve_here(self, name: str, path: str, run_uuid: str, work_dir: Path, after: list[Callable[[], None]]
                    ) -> tuple[Served, Callable[[], hostattach.HostAttachment], hostattach.NvmeHost | None]:
         pki_creds = pki.ensure()
-        exp = nbd.start(name, path, pki_creds.server_dir, log=work_dir / "qemu-nbd.log")
+        exp = nbd.start(name, path, pki_creds.server_dir, client=pki.identity(pki_creds.client_dir / CLIENT_CERT),
+                        log=work_dir / "qemu-nbd.log")
         return exp, lambda: hostattach.attach_nbd(exp.host, exp.port, name, pki_creds.client_dir,
                                                   log=work_dir / "nbd-client.log"), None
 
     def security(self, exp: Served, attach: str) -> str:
-        return "x509 (this box's CA; client certificates required)"
+        return "x509 (this box's CA; this box's client certificate only)"
 
     def front_end_export(self, name: str, rv: remote.RemoteVolume, creds: nodecreds.NodeCreds) -> Served:
         return nbd.NbdExport(name, "", rv.host, rv.port, "qemu-nbd (the front-end)")
@@ -291,13 +296,16 @@ class NbdTransport(BlockTransport):
         return hostattach.attach_nbd(rv.host, rv.port, rv.target, creds.nbd_dir, log=work_dir / "nbd-client.log")
 
     def remote_security(self, attach: str, who: str, nvme_auth: bool | None) -> str:
-        return (f"x509 ({who} client certificate of the front-end's CA, which it pins"
+        return (f"x509 ({who} client certificate of the front-end's CA, which it pins, and no other"
                 + ("; handed to its guest" if attach == "guest" else "") + ")")
 
     def serve_node(self, name: str, path: str, creds: nodecreds.NodeCreds, attach: str, run_uuid: str,
                    address: str, link: str, work_dir: Path) -> Served:
         ca = pki.ensure((f"IP:{address}",))
-        return nbd.start(name, path, ca.server_dir, log=work_dir / "qemu-nbd.log", host=address)
+        # that node's certificate alone: another node's, or the one of a set forgotten at its removal or its
+        # enrolment with a new host key (nodecreds.forget), is refused
+        return nbd.start(name, path, ca.server_dir, client=pki.identity(creds.nbd_dir / CLIENT_CERT),
+                         log=work_dir / "qemu-nbd.log", host=address)
 
 
 class AoeTransport(BlockTransport):
@@ -476,8 +484,9 @@ class NvmeTcpTransport(BlockTransport):
 
     def serve_to_guest(self, v: VolumeExport, iface: str, address: str, clients: str | None) -> Served:
         _stop_loopback(v)
-        assert v.nvme_host is not None
-        # the guest's kernel (6.1) has no NVMe in-band authentication: the allow-list of its host NQN only
+        # the guest's kernel (6.1) has no NVMe in-band authentication, so its host NQN is its only credential: one of
+        # the run's own (random, never shown), which no later run's allow-list names; the guest attaches as it
+        v.nvme_host = hostattach.new_nvme_host(f"run-{v.run_uuid[:8]}-{secrets.token_hex(4)}")
         return nvmet.start(v.volume, v.path, allowed={v.nvme_host.nqn: ""}, run_uuid=v.run_uuid, host=address)
 
     def serve_here(self, name: str, path: str, run_uuid: str, work_dir: Path, after: list[Callable[[], None]]
@@ -485,27 +494,29 @@ class NvmeTcpTransport(BlockTransport):
         ident = hostattach.nvme_host()
         nvmet.load()
         key = ident.key if nvmet.auth_supported() else ""
-        exp = nvmet.start(name, path, allowed={ident.nqn: key}, run_uuid=run_uuid)
+        exp = nvmet.start(name, path, allowed={ident.nqn: key}, run_uuid=run_uuid,
+                          ctrl_keys={ident.nqn: ident.ctrl_key})
         return exp, lambda: hostattach.attach_nvme(exp.host, exp.port, exp.nqn, ident, authenticate=bool(key)), ident
 
     def security(self, exp: Served, attach: str) -> str:
         assert isinstance(exp, nvmet.NvmetExport)
-        how = "DH-HMAC-CHAP (this box's key) and its host NQN" if exp.authenticated else "its host NQN only"
+        how = ("DH-HMAC-CHAP both ways (this box's key, and the target's to this box) and its host NQN" if exp.mutual
+               else "DH-HMAC-CHAP (this box's key) and its host NQN" if exp.authenticated else "its host NQN only")
         return f"{how}; not encrypted: {_where(attach)}"
 
     def front_end_export(self, name: str, rv: remote.RemoteVolume, creds: nodecreds.NodeCreds) -> Served:
-        return nvmet.NvmetExport(name, "", rv.host, rv.port, rv.target, 0, (creds.nvme.nqn,), "",
+        return nvmet.NvmetExport(name, "", rv.host, rv.port, rv.target, 0, (creds.nvme.nqn,),
                                  server="nvmet (the front-end)")
 
     def attach_front_end(self, rv: remote.RemoteVolume, creds: nodecreds.NodeCreds,
                          work_dir: Path) -> hostattach.HostAttachment:
-        # the node's secret goes along: the front-end asks for it only where its target checks keys
+        # the node's secret and the target's go along: the front-end asks for them only where its target checks keys
         return hostattach.attach_nvme(rv.host, rv.port, rv.target, creds.nvme, authenticate=True)
 
     def remote_security(self, attach: str, who: str, nvme_auth: bool | None) -> str:
         guest = attach == "guest"
         if nvme_auth:
-            how = f"{who} host NQN and its DH-HMAC-CHAP key"
+            how = f"{who} host NQN and its DH-HMAC-CHAP key (the target's key answering it where the kernel has it)"
         elif guest or nvme_auth is False:
             how = f"{who} host NQN only" + (" (its guest's kernel has no NVMe authentication)" if guest else "")
         else:
@@ -517,7 +528,8 @@ class NvmeTcpTransport(BlockTransport):
         nvmet.load()
         # the node's host checks its key; its guest's kernel (6.1) cannot: the allow-list only then
         key = creds.nvme.key if attach == "host" and nvmet.auth_supported() else ""
-        return nvmet.start(name, path, allowed={creds.nvme.nqn: key}, run_uuid=run_uuid, host=address)
+        return nvmet.start(name, path, allowed={creds.nvme.nqn: key}, run_uuid=run_uuid, host=address,
+                           ctrl_keys={creds.nvme.nqn: creds.nvme.ctrl_key})
 
 
 class NfsTransport(Transport):
