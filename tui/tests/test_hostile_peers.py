@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import sqlite3
 import stat
@@ -267,6 +268,29 @@ def test_reenrolment_needs_proof_of_the_host_key_or_a_replace_code(front: Front,
     reinstalled.join(f"127.0.0.1:{port}", third)
     assert front.reg.node("node2").host_key == reinstalled.ident.host_key.line
     assert front.reg.code(rec3.id).replaces == "node2"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl (the NBD client certificate)")
+def test_a_node_enrolled_again_with_another_host_key_loses_the_old_machines_volume_credentials(
+        front: Front, back: Back, tmp_path: Path, monkeypatch):
+    from cloudbox.core.disks.volumes import nodecreds, pki
+
+    monkeypatch.setenv("CLOUDBOX_STATE_DIR", str(tmp_path / "state"))
+    first, _ = front.reg.make_code()
+    again, _ = front.reg.make_code()
+    port = front.serve()
+    back.join(f"127.0.0.1:{port}", first)
+    replace, _ = front.reg.make_code(replaces="node2")  # while a code is open: the server stays
+    old = nodecreds.make("node2", pki.ensure())  # what the node was given, and keeps on its disk
+    old_cert = pki.identity(old.nbd_dir / "client-cert.pem")
+    back.join(f"127.0.0.1:{port}", again)  # the same machine (it signs with its key): its set stays
+    assert nodecreds.make("node2", pki.ensure()).fingerprint == old.fingerprint
+    Back(tmp_path / "reinstalled", "node2").join(f"127.0.0.1:{port}", replace)  # another machine under the name
+    assert not nodecreds.front_end_dir("node2").exists()
+    new = nodecreds.make("node2", pki.ensure())
+    assert new.chap.secret != old.chap.secret and new.nvme.nqn != old.nvme.nqn and new.nvme.key != old.nvme.key
+    assert pki.identity(new.nbd_dir / "client-cert.pem") != old_cert  # its servers refuse the old one
+    assert any("its old volume credentials are forgotten" in line for line in front.log)
 
 
 def test_a_relay_between_the_two_is_refused_by_the_address_views(front: Front, back: Back):

@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import inputs
-from ..errors import CloudboxError
+from ..disks.volumes import nodecreds
+from ..errors import CloudboxError, NotFound
 from ..spec.nodeconf import NODE_NAME_ALLOWED, NODE_NAME_PATTERN
 from . import keys
 from .protocol import (
@@ -454,13 +455,24 @@ class EnrolServer:
         key taken, the code used meanwhile)."""
         host_key, client_key = offered
         try:
-            return self.registry.enrol(name=hello.name, role=hello.role, address=peer, ssh_port=hello.ssh_port,
+            before = self.registry.node(hello.name).host_key
+        except NotFound:
+            before = None
+        try:
+            node = self.registry.enrol(name=hello.name, role=hello.role, address=peer, ssh_port=hello.ssh_port,
                                        host_key=host_key.line, client_key=client_key.line, code_key=match.key,
                                        peer=peer, proven=proven)
         except NodeConflict as e:
             raise EnrolRefused(e.reason, str(e)) from None
         except CloudboxError as e:  # another back-end used the code a moment ago
             raise EnrolRefused("code-used", f"join code {match.id}: {e}") from None
+        if before is not None and before != node.host_key:
+            # another machine under the name (a reinstall, `--replace`): the old one's volume credentials, which
+            # it may still hold, are forgotten; the new machine is given a set of its own
+            nodecreds.forget(node.name)
+            self.log(f"{peer}: node {node.name} enrolled with a new host key; its old volume credentials are "
+                     "forgotten")
+        return node
 
     def _confirmed(self, ch: _Channel, peer: str, name: str) -> None:
         """The back-end's last word: it installed the front-end's key, or failed to; the node's reason says which."""
