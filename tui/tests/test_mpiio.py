@@ -7,7 +7,11 @@ export in make test, a file per process on each guest's own disk and Ctrl-C unde
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +47,43 @@ def _job(layer: Path, cwd: Path, argvs: list[list[str]]) -> str:
 
 
 # -- the workload itself, from the image's layer -----------------------------------------------------------------
+def _mpirun_pids(root: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"^{root}/usr/bin/mpirun "], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(shutil.which("ss") is None or shutil.which("nsenter") is None, reason="needs ss and nsenter")
+def test_the_bare_metal_job_listens_on_no_network(layer, tmp_path):
+    """Open MPI's mpirun listens on every address (its out-of-band channel and PMIx's tools): the bare-metal job
+    runs in a network namespace of its own with only loopback, so nothing on any network reaches it. Checked with
+    ss while the job runs, from this host's namespace and from the job's."""
+    t = catalogue.TESTS["mpiio-fpp-1m"]
+    job = threading.Thread(target=_job, args=(layer, tmp_path, [mpiio.argv(t, str(tmp_path / "f"), 64 * MIB, 2,
+                                                                            "write", local=True)] * 2))
+    job.start()
+    seen: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while job.is_alive() and time.monotonic() < deadline and "inside" not in seen:
+            for pid in _mpirun_pids(layer):
+                ours = subprocess.run(["ss", "-tulpnH"], capture_output=True, text=True).stdout
+                inside = subprocess.run(["nsenter", "-t", str(pid), "-n", "ss", "-tulnH"], capture_output=True,
+                                        text=True).stdout
+                links = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-o", "link"], capture_output=True,
+                                       text=True).stdout
+                if inside.strip():  # mpirun has opened its listeners
+                    seen.update(ours=ours, inside=inside, links=links, pid=str(pid),
+                                netns=os.readlink(f"/proc/{pid}/ns/net"))
+            time.sleep(0.02)
+    finally:
+        job.join(120)
+    assert "inside" in seen, "mpirun's listeners were not seen while the job ran"
+    assert seen["netns"] != os.readlink("/proc/self/ns/net")
+    assert f"pid={seen['pid']}," not in seen["ours"], seen["ours"]  # none of them in this host's namespace
+    assert [line.split(":")[1].strip() for line in seen["links"].splitlines()] == ["lo"], seen["links"]
+
+
 def test_two_ranks_write_a_shared_file_and_read_each_others_part_back(layer, tmp_path):
     t = catalogue.TESTS["mpiio-shared-1m"]
     path = str(tmp_path / "shared.dat")

@@ -5,7 +5,8 @@ fields. It is not IOR: IOR is not packaged for Debian. One job gives the aggrega
 rank's bytes over the time from the barrier that starts the phase to the last close), and each rank's own share.
 
 The bare-metal side runs the same build with as many processes on this host, from the layer unpacked into the run's
-directory (Open MPI is relocatable: OPAL_PREFIX)."""
+directory (Open MPI is relocatable: OPAL_PREFIX), in a network namespace with only loopback (its listeners are
+reachable from no network)."""
 
 from __future__ import annotations
 
@@ -170,14 +171,24 @@ def host_env(root: Path) -> dict[str, str]:
             "PATH": f"{root / 'usr/bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
 
+def loopback_only(argv: list[str]) -> list[str]:
+    """`argv` run in a network namespace of its own with only loopback up: Open MPI's mpirun listens on every
+    address for its out-of-band channel and PMIx's tools (0.0.0.0 and [::], measured with ss on 4.1.4, whatever
+    oob_tcp_if_include says), and a job on one host needs no network. unshare(1) execs in place, so the job keeps
+    its process and session."""
+    userns = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]  # a tester's own: a user namespace
+    return ["unshare", *userns, "--net", "--", "/bin/sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
+
+
 def run_on_host(root: Path, parts: list[list[str]], cancelled: Callable[[], bool], cwd: Path) -> str:
     """One mpirun on this host with a rank per argv of `parts` (MPMD: each rank its own target); its output. The
-    job runs in a session of its own, killed whole if the run is cancelled."""
+    job runs in a session of its own, killed whole if the run is cancelled, and in a network namespace with only
+    loopback (`loopback_only`): nothing it listens on is reachable from any network."""
     argv = [str(root / "usr/bin/mpirun"), "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader"]
     for i, prog in enumerate(parts):
         argv += ([":"] if i else []) + ["-np", "1", str(root / "usr/bin" / prog[0]), *prog[1:]]
-    proc = subprocess.Popen(argv, env=host_env(root), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(loopback_only(argv), env=host_env(root), cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = procs.wait_cancellable(proc, cancelled, "an MPI job on bare metal")
     finally:
