@@ -30,3 +30,30 @@ def test_a_refused_run_records_nothing(state, argv, code, message, detach, capsy
     err = capsys.readouterr().err
     assert rc == code and message in err, err
     assert _stored() == []
+
+
+def test_a_job_across_guests_is_refused_where_the_guests_sit_on_the_private_network(state):
+    """fio --server (any job it is sent, as root) and Open MPI's listener in a guest on a private lease would be
+    open to every host on the private network: the front-end refuses such a run before it is recorded, and a node
+    refuses the request if one comes."""
+    from cloudbox.core.errors import UsageError
+    from cloudbox.core.run import preflight
+    from cloudbox.core.run.multi import run_profiles
+    from cloudbox.core.spec.runspec import RunSpec
+
+    def problem(**kw):
+        spec = RunSpec(**{"profile": "virtio-disk", "suite": "storage", "guests": 2, "node": "be1",
+                          "storage_tests": "fiocs-seq-write-64k", **kw})
+        return preflight.private_network_problem(spec, run_profiles(spec))
+
+    refused = problem(suite="all")  # network tests to the front-end: the guests take private leases
+    assert refused is not None and refused.usage and "fio --server runs any job it is sent" in str(refused)
+    assert problem(profile="nfs-async-tcp") is not None  # the front-end's NFS export: private leases too
+    assert problem(storage_tests="mpiio-fpp-1m", suite="all") is not None
+    assert problem() is None  # the node's own disks, its run bridge: nothing on the private network
+    assert problem(node="") is None and problem(storage_tests="smoke", suite="all") is None
+    for sent in ({"peer": "10.73.0.1"}, {"nfs_host": "10.73.0.1", "nfs_port": 2049},
+                 {"volume_uri": "nbds://10.73.0.1:10809/ebs", "peer": "10.73.0.1"}):
+        with pytest.raises(UsageError, match="whose servers in the guests take no authentication"):
+            RunSpec(profile="virtio-disk", suite="storage", guests=2, storage_tests="fiocs-seq-write-64k",
+                    **sent).validate()

@@ -14,8 +14,9 @@ from ..cluster import health, registry
 from ..disks import backing
 from ..disks.volumes import attach
 from ..errors import CloudboxError, DeviceRefused, UsageError
+from ..spec.catalogue import JOB_TOOLS, resolve_tests
 from ..spec.profiles import Profile, xen_guest_type
-from ..spec.runspec import LOCAL_PLACE, RunSpec, parse_size
+from ..spec.runspec import LOCAL_PLACE, RunSpec, jobs_on_private_network, parse_size
 from ..virt import accel
 from .multi import run_profiles
 
@@ -104,12 +105,25 @@ def profile_problems(spec: RunSpec, mix: list[Profile]) -> list[Refused]:
     return out
 
 
+def private_network_problem(spec: RunSpec, mix: list[Profile]) -> Refused | None:
+    """A job across guests (MPI, fio's client/server) on a node whose guests would sit on the private network:
+    refused here, before the run is recorded (the node refuses the request too)."""
+    if not spec.node or spec.spread or not spec.wants_links:
+        return None
+    if spec.wants_network or any(p.disk.backing == "network-volume" for p in mix):
+        jobs = [t.id for t in resolve_tests(spec.storage_tests) if t.tool in JOB_TOOLS]
+        return Refused(jobs_on_private_network(jobs), usage=True)
+    return None
+
+
 def problems(spec: RunSpec, *, reachable: bool = True) -> list[Refused]:
     """Every reason the run cannot start here, without making anything: the spec's own checks and the guests' fit
     first (a UsageError is raised as it always was), then the places, the device and the profiles."""
     spec.validate()
     mix = run_profiles(spec)
     out = node_problems(spec, reachable=reachable)
+    if (jobs := private_network_problem(spec, mix)) is not None:
+        out.append(jobs)
     if (dev := device_problem(spec)) is not None:
         out.append(dev)
     out += profile_problems(spec, mix)

@@ -351,6 +351,8 @@ class RunSpec:
             if jobs and self.guests < 2:
                 raise UsageError(f"storage test(s) {', '.join(jobs)} run one job (MPI, or fio's client/server) across "
                                  "guests; allowed: --guests 2 or more, or --tests without them")
+            if jobs and (self.peer or self.nfs_host or self.volume_uri):  # the guests take private leases
+                raise UsageError(jobs_on_private_network(jobs))
         if not isinstance(self.propagate, list):
             raise UsageError(f"image sizes to propagate {self.propagate!r} are not allowed; allowed: a list of sizes "
                              "in bytes")
@@ -565,6 +567,17 @@ def _check_peer_ports(spec: RunSpec) -> None:
             or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports)):
         raise UsageError(f"the front-end's iperf3 ports {ports!r} are not allowed; allowed: one port from 1 to 65535 "
                          f"for each of the run's {spec.guests} guests (the front-end sets them)")
+
+
+def jobs_on_private_network(jobs: list[str]) -> str:
+    """Why a job across guests does not run where the guests sit on the private network (a back-end's run with
+    network tests to the front-end or on its volume or export)."""
+    return (f"storage test(s) {', '.join(jobs)} run one job across the guests, whose servers in the guests take no "
+            "authentication (fio --server runs any job it is sent, exec_prerun included, as root; Open MPI's "
+            "out-of-band listener takes any connection); a back-end's guests take leases on the private network for "
+            "network tests to the front-end and for its volumes and exports, where every host on that network would "
+            "reach those servers; allowed: these tests in a run of their own on the node's own disks (--suite "
+            "storage, a profile without disk.backing = network-volume), or the other storage tests here")
 
 
 def _check_spread(spec: RunSpec) -> None:
