@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import time
 import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -96,7 +98,8 @@ def test_vblade_serves_on_the_bridge_and_is_gone_after(state, bridge):
         vol = vs.create("ebs", 8 * MIB)
     work = state / "work"
     work.mkdir()
-    exp = aoe.start("ebs", vol.path, bridge, shelf=aoe.shelf_for("ab12" * 8), log=work / "vblade.log")
+    exp = aoe.start("ebs", vol.path, bridge, shelf=aoe.shelf_for("ab12" * 8), log=work / "vblade.log",
+                    macs=(aoe.guest_mac(1),))
     try:
         assert aoe.running(vol.path) == [exp.pid]
         assert exp.uri == f"aoe:e{exp.shelf}.0@{bridge}"
@@ -109,12 +112,76 @@ def test_vblade_serves_on_the_bridge_and_is_gone_after(state, bridge):
     exp.stop()  # twice is fine
 
 
+# An AoE "query config" (command 1) for shelf.slot, broadcast from this namespace's eth0; prints "answered" when
+# vblade's reply (the response flag, 0x08) comes back within 3 s.
+QUERY = """
+import socket, struct, sys, time
+shelf, slot = int(sys.argv[1]), int(sys.argv[2])
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x88a2))
+s.bind(("eth0", 0x88a2))
+me = s.getsockname()[4]
+frame = b"\\xff" * 6 + me + struct.pack("!HBBHBBI", 0x88a2, 0x10, 0, shelf, slot, 1, 0x1234) + bytes(8)
+s.sendall(frame.ljust(60, b"\\0"))
+s.settimeout(0.2)
+deadline = time.monotonic() + 3
+while time.monotonic() < deadline:
+    try:
+        got = s.recv(2048)
+    except TimeoutError:
+        continue
+    if got[6:12] != me and got[14] & 0x08 and struct.unpack("!H", got[16:18])[0] == shelf:
+        print("answered")
+        break
+else:
+    print("silent")
+"""
+
+
+@pytest.mark.root
+def test_vblade_answers_the_runs_initiators_only(state, bridge):
+    """Two hosts on the volume's segment (network namespaces on the bridge): the guest, with the MAC the run gives
+    it, finds the target; another host with its own MAC gets no answer (a MAC is not a secret: this stops other
+    initiators, not an impostor that sends from the guest's MAC)."""
+    if shutil.which("vblade") is None:
+        pytest.skip("vblade is not installed (make deps)")
+    with VolumeStore() as vs:
+        vol = vs.create("ebs", 8 * MIB)
+    shelf = aoe.shelf_for("cd34" * 8)
+    hosts = {"guest": aoe.guest_mac(shelf), "intruder": "52:54:00:12:34:56"}
+    tag = os.getpid() % 10000
+    made: list[str] = []
+    try:
+        for who, mac in hosts.items():
+            ns, port = f"cbtaoe-{who}-{tag}", f"cbta{who[0]}{tag}"
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            made.append(ns)
+            subprocess.run(["ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns],
+                           check=True)
+            subprocess.run(["ip", "link", "set", port, "master", bridge, "up"], check=True)
+            for cmd in (["link", "set", "eth0", "address", mac], ["link", "set", "eth0", "up"]):
+                subprocess.run(["ip", "netns", "exec", ns, "ip", *cmd], check=True)
+        exp = aoe.start("ebs", vol.path, bridge, shelf=shelf, log=state / "vblade.log", macs=(hosts["guest"],))
+        try:
+            time.sleep(1)  # the ports forwarding (no STP on the test's bridge: at once, in practice)
+
+            def asks(who: str) -> str:
+                return subprocess.run(["ip", "netns", "exec", f"cbtaoe-{who}-{tag}", sys.executable, "-c", QUERY,
+                                       str(shelf), "0"], capture_output=True, text=True, timeout=30).stdout.strip()
+            assert asks("guest") == "answered"
+            assert asks("intruder") == "silent"
+        finally:
+            exp.stop()
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 @pytest.mark.root
 def test_vblade_on_a_missing_interface_is_refused_and_leaves_nothing(state):
     with VolumeStore() as vs:
         vol = vs.create("ebs", 8 * MIB)
     with pytest.raises(CloudboxError, match="no network interface 'nope0'"):
-        aoe.start("ebs", vol.path, "nope0", shelf=1, log=state / "vblade.log")
+        aoe.start("ebs", vol.path, "nope0", shelf=1, log=state / "vblade.log", macs=(aoe.guest_mac(1),))
     assert aoe.running(vol.path) == []
 
 
@@ -157,3 +224,26 @@ def test_a_guest_attach_export_is_marked_then_cleared(state):
     with VolumeStore() as vs:
         assert vs.get("ebs").attached_run is None
     assert not (state / "work" / "run-g").exists()
+
+
+def test_a_nodes_aoe_export_answers_that_nodes_host_and_its_guest(state, monkeypatch, tmp_path):
+    """Across nodes the front-end's vblade allows the node's host (the MAC that answers for its private address on
+    the private link) and its guest (the MAC the node gives it, from the shelf in the volume's address)."""
+    from cloudbox.core.disks.volumes import nodecreds
+    from cloudbox.core.spec import remote
+
+    seen: dict = {}
+    monkeypatch.setattr(aoe, "neighbour_mac", lambda addr, link: {("10.73.0.2", "priv0"): "0a:00:00:00:00:02"}[
+        (addr, link)])
+    monkeypatch.setattr(aoe, "start", lambda *a, **kw: seen.update(kw) or aoe.AoeExport("ebs", "", "priv0",
+                                                                                       kw["shelf"], 0))
+    creds = nodecreds.NodeCreds("be1", None, None, tmp_path)  # type: ignore[arg-type]
+    t = transports.block_transport("aoe")
+    exp = t.serve_node("ebs", "/v", creds, "guest", "run-x", "10.73.0.1", "priv0", tmp_path, "10.73.0.2")
+    assert seen["macs"] == ("0a:00:00:00:00:02", aoe.guest_mac(aoe.shelf_for("run-x")))
+    with pytest.raises(CloudboxError, match="private address is needed"):
+        t.serve_node("ebs", "/v", creds, "guest", "run-x", "10.73.0.1", "priv0", tmp_path)
+    # the node's side: the guest it launches carries the MAC of the target's shelf
+    rv = remote.parse(f"aoe:{exp.target}@10.73.0.1")
+    assert aoe.guest_mac(rv.shelf_slot[0]) == aoe.guest_mac(aoe.shelf_for("run-x"))
+    assert aoe.guest_mac(0x1234) == "52:54:00:ae:12:34"

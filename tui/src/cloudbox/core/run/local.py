@@ -469,7 +469,11 @@ def launch_guest(ctx: RunContext) -> None:
     # virtlogd (root) writes it; it goes with the work directory when the store is removed. libxl logs no console.
     ctx.console_log = ctx.work_dir / "console.log"
     socket = agent_socket(ctx, paths.run_dir() / f"{name}.agent") if ctx.dom0 else None
-    plan = DomainPlan(ctx.profile, name=name, domain_type=acc.domain_type,
+    v = ctx.volume
+    # an AoE target answers its guest's MAC only: the one its server allowed (from the run's shelf)
+    mac = aoe.guest_mac(v.export.shelf) if v is not None and isinstance(v.export, aoe.AoeExport) and \
+        guest_attaches(ctx) else None
+    plan = DomainPlan(ctx.profile, name=name, domain_type=acc.domain_type, mac=mac,
                       kernel=str(image.boot_kernel(acc.domain_type)),
                       initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
                       cmdline=CMDLINE,

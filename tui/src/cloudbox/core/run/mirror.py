@@ -220,7 +220,8 @@ def serve_block_volume(ctx: RunContext, there: NodeRun) -> None:
     ctx.sink.step(f"volume: serving {d.volume} to {node.name} over {s.title} on {link if s.layer2 else addr}")
     with ctx.control.atomic():
         ctx.volume = v = export_for_node(d.volume, d.attach, node=node.name, creds=creds, run_uuid=ctx.run_uuid,
-                                         work_dir=ctx.work_dir, size_bytes=ctx.size, address=addr, link=link)
+                                         work_dir=ctx.work_dir, size_bytes=ctx.size, address=addr, link=link,
+                                         peer=node.address)
         ctx.stack.callback(v.close)
     ctx.sink.log(f"volume exported: {v.store.path} ({v.server}; {v.tls})")
     if v.server_device:

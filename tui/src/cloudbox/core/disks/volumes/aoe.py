@@ -1,15 +1,21 @@
 """One AoE export of a volume: vblade on one network interface, as a child of the run's process, killed with it.
 
 ATA over Ethernet is layer 2 and has no authentication: any host on the segment can read and write the volume. So
-cloudbox serves it only on the bridge the run's guest is plugged into (the run's own bridge, or a back-end's private
-bridge), never on a NIC with a route out. vblade opens the file with O_DIRECT (-d: the server's page cache is not
-part of the volume) and answers as shelf.slot; the initiator (the guest's `aoe` driver) finds it by broadcast.
+cloudbox serves it only on the bridge the run's guest is plugged into (the run's own bridge, or a front-end's private
+link), never on a NIC with a route out, and vblade answers only the MACs of the run's initiators (-m): the guest's,
+which the run chooses (`guest_mac`, from the run's shelf, so a back-end's run gives its guest the MAC the front-end
+allowed), and the host's that attaches it. A MAC is no secret (any host on the segment can send from one), so this
+keeps other initiators from finding and using the volume by accident, not an attacker out. vblade opens the file
+with O_DIRECT (-d: the server's page cache is not part of the volume) and answers as shelf.slot; the initiator (the
+guest's `aoe` driver) finds it by broadcast.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -22,6 +28,7 @@ from ...errors import CloudboxError
 START_TIMEOUT = 30.0  # a server on an emulated, busy host can take its time to start
 MAX_SHELF = 65534  # 0xffff is the broadcast shelf
 MAX_SLOT = 254  # 0xff is the broadcast slot
+_MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 
 
 @dataclass
@@ -72,14 +79,47 @@ def _pin_bridge_address(iface: str) -> None:
         raise CloudboxError(f"cannot fix bridge {iface}'s address {addr} for vblade: {r.stderr.strip()}")
 
 
+def guest_mac(shelf: int) -> str:
+    """The MAC of the guest that attaches the AoE target of `shelf`: QEMU's prefix (locally administered), then
+    0xae and the shelf, so the server and the run that launches the guest (on a back-end too) agree on it."""
+    return f"52:54:00:ae:{shelf >> 8:02x}:{shelf & 0xff:02x}"
+
+
+def link_mac(iface: str) -> str:
+    """The MAC of this host's interface `iface`."""
+    try:
+        return Path(f"/sys/class/net/{iface}/address").read_text().strip()
+    except OSError as e:
+        raise CloudboxError(f"cannot read the MAC of {iface} for vblade's allow-list: {e.strerror or e}") from None
+
+
+def neighbour_mac(address: str, iface: str) -> str:
+    """The MAC that answers for `address` on `iface` (a back-end's private link, as its host's aoe driver sends
+    from it): the neighbour table, after one ping when the entry is missing."""
+    for attempt in range(2):
+        r = subprocess.run(["ip", "-j", "neigh", "show", "to", address, "dev", iface], capture_output=True,
+                           text=True)
+        try:
+            found = [n.get("lladdr", "") for n in json.loads(r.stdout or "[]")]
+        except ValueError:
+            found = []
+        if found and found[0]:
+            return str(found[0]).lower()
+        if attempt == 0:
+            subprocess.run(["ping", "-c", "1", "-W", "1", "-I", iface, address], capture_output=True)
+    raise CloudboxError(f"cannot learn the MAC of {address} on {iface} (no neighbour entry after a ping), which "
+                        "vblade must allow for that node's host to attach its AoE volume")
+
+
 def shelf_for(run_uuid: str) -> int:
     """A shelf number of the run's own, so two runs' exports on one segment never answer as the same target."""
     return int.from_bytes(hashlib.sha256(run_uuid.encode()).digest()[:4], "big") % (MAX_SHELF + 1)
 
 
-def start(name: str, path: str, iface: str, *, shelf: int, slot: int = 0, log: Path) -> AoeExport:
-    """Export `path` as e<shelf>.<slot> on `iface`; returns once vblade has bound the interface. On failure
-    nothing runs and the error names what vblade said."""
+def start(name: str, path: str, iface: str, *, shelf: int, slot: int = 0, log: Path,
+          macs: tuple[str, ...]) -> AoeExport:
+    """Export `path` as e<shelf>.<slot> on `iface` to the initiators with the MACs `macs` only; returns once vblade
+    has bound the interface. On failure nothing runs and the error names what vblade said."""
     if shutil.which("vblade") is None:
         raise CloudboxError("vblade is not installed (Debian package vblade): run 'make deps' (scripts/install-deps)")
     if not 0 <= shelf <= MAX_SHELF or not 0 <= slot <= MAX_SLOT:
@@ -87,8 +127,13 @@ def start(name: str, path: str, iface: str, *, shelf: int, slot: int = 0, log: P
                             f"0..{MAX_SLOT}")
     if not Path(f"/sys/class/net/{iface}").exists():
         raise CloudboxError(f"cannot serve AoE volume {name!r}: no network interface {iface!r} on this host")
+    bad = [m for m in macs if not _MAC.fullmatch(m)]
+    if not macs or bad:
+        raise CloudboxError(f"AoE volume {name!r}: vblade's allow-list {', '.join(bad) or 'is empty'}; allowed: one "
+                            "MAC or more, six colon-separated hex bytes each")
     _pin_bridge_address(iface)
-    child = procs.Child.start(["vblade", "-d", str(shelf), str(slot), iface, path], log=log,
+    child = procs.Child.start(["vblade", "-d", "-m", ",".join(m.lower() for m in macs), str(shelf), str(slot), iface,
+                               path], log=log,
                               ready=_packet_socket_open, serving=f"volume {name} on {iface}",
                               ready_is=f"bind {iface}", timeout=START_TIMEOUT)
     return AoeExport(name, path, iface, shelf, slot, child=child)

@@ -363,10 +363,10 @@ def _for_remote_block(spec: str, attach: str, rv: remote.RemoteVolume, run_uuid:
 
 
 def export_for_node(spec: str, attach: str, *, node: str, creds: nodecreds.NodeCreds, run_uuid: str,
-                    work_dir: Path, size_bytes: int, address: str, link: str) -> VolumeExport:
+                    work_dir: Path, size_bytes: int, address: str, link: str, peer: str = "") -> VolumeExport:
     """The front-end's side of a back-end's run on a stored volume: checked, marked attached by the run and served on
-    this host's private `address` (AoE on its private `link`) to that node only: its CHAP identity, its NVMe host
-    NQN, client certificates of this box's CA. `close()` stops it."""
+    this host's private `address` (AoE on its private `link`) to that node only (at `peer`, its private address):
+    its CHAP identity, its NVMe host NQN, its client certificate of this box's CA, its MACs. `close()` stops it."""
     scheme, name = parse_volume(spec)
     if attach == "qemu":
         raise AttachRefused("disk.attach = qemu on a back-end is not supported: QEMU there would need the front-end's "
@@ -383,7 +383,8 @@ def export_for_node(spec: str, attach: str, *, node: str, creds: nodecreds.NodeC
     exp: Served | None = None
     try:
         store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
-        exp = block_transport(scheme).serve_node(name, vol.path, creds, attach, run_uuid, address, link, work_dir)
+        exp = block_transport(scheme).serve_node(name, vol.path, creds, attach, run_uuid, address, link, work_dir,
+                                                 peer)
     except BaseException:
         if store is not None:
             store.remove()

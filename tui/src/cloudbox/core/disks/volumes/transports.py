@@ -228,9 +228,10 @@ class BlockTransport(Transport):
         raise NotImplementedError(self.scheme.name)
 
     def serve_node(self, name: str, path: str, creds: nodecreds.NodeCreds, attach: str, run_uuid: str,
-                   address: str, link: str, work_dir: Path) -> Served:
+                   address: str, link: str, work_dir: Path, peer: str = "") -> Served:
         """The front-end's export of stored volume `name` (its file `path`) to one node only: on this host's
-        private `address` (AoE: its private `link`) with that node's credentials."""
+        private `address` (AoE: its private `link`, for the MACs of the node at `peer` and of its guest) with that
+        node's credentials."""
         raise NotImplementedError(self.scheme.name)
 
 
@@ -300,7 +301,7 @@ class NbdTransport(BlockTransport):
                 + ("; handed to its guest" if attach == "guest" else "") + ")")
 
     def serve_node(self, name: str, path: str, creds: nodecreds.NodeCreds, attach: str, run_uuid: str,
-                   address: str, link: str, work_dir: Path) -> Served:
+                   address: str, link: str, work_dir: Path, peer: str = "") -> Served:
         ca = pki.ensure((f"IP:{address}",))
         # that node's certificate alone: another node's, or the one of a set forgotten at its removal or its
         # enrolment with a new host key (nodecreds.forget), is refused
@@ -317,7 +318,9 @@ class AoeTransport(BlockTransport):
         return has_module(self.scheme.host_module)  # the host domain's row, through a veth pair
 
     def serve_to_guest(self, v: VolumeExport, iface: str, address: str, clients: str | None) -> Served:
-        return aoe.start(v.volume, v.path, iface, shelf=aoe.shelf_for(v.run_uuid), log=v.work_dir / "vblade.log")
+        shelf = aoe.shelf_for(v.run_uuid)
+        return aoe.start(v.volume, v.path, iface, shelf=shelf, log=v.work_dir / "vblade.log",
+                         macs=(aoe.guest_mac(shelf),))  # the guest's MAC, which the run gives it
 
     def for_run(self, name: str, path: str, vol_bytes: int, attach: str, run_uuid: str, work_dir: Path,
                 size_bytes: int, conn: typing.Any) -> VolumeExport:
@@ -338,19 +341,21 @@ class AoeTransport(BlockTransport):
         if dev is None:
             store.labels.append("no-host-metrics")
         return VolumeExport(name, self.scheme.name, attach, store, None, run_uuid, path=path, work_dir=work_dir,
-                            tls="none: AoE is layer 2 without authentication; served on the guest's bridge only",
+                            tls="none: AoE is layer 2 without authentication; served on the guest's bridge only, "
+                                "answering its MAC only",
                             no_baseline=no_aoe_baseline())
 
     def serve_here(self, name: str, path: str, run_uuid: str, work_dir: Path, after: list[Callable[[], None]]
                    ) -> tuple[Served, Callable[[], hostattach.HostAttachment], hostattach.NvmeHost | None]:
         server_end, host_end = aoe.veth_pair(run_uuid)
         after.append(lambda: aoe.remove_veth(server_end))
-        exp = aoe.start(name, path, server_end, shelf=aoe.shelf_for(run_uuid), log=work_dir / "vblade.log")
+        exp = aoe.start(name, path, server_end, shelf=aoe.shelf_for(run_uuid), log=work_dir / "vblade.log",
+                        macs=(aoe.link_mac(host_end),))
         return exp, lambda: hostattach.attach_aoe(exp.target, host_end), None
 
     def security(self, exp: Served, attach: str) -> str:
         return "none: AoE is layer 2 without authentication; a veth pair of the run's own, " + (
-            "nothing else on it" if attach == "host" else "then the guest's bridge only")
+            "nothing else on it" if attach == "host" else "then the guest's bridge only, answering its MAC only")
 
     def front_end_export(self, name: str, rv: remote.RemoteVolume, creds: nodecreds.NodeCreds) -> Served:
         shelf, slot = rv.shelf_slot
@@ -367,11 +372,19 @@ class AoeTransport(BlockTransport):
         return hostattach.attach_aoe(rv.target, link)
 
     def remote_security(self, attach: str, who: str, nvme_auth: bool | None) -> str:
-        return "none: AoE is layer 2 without authentication; the private network only"
+        return ("none: AoE is layer 2 without authentication; the private network only, answering the MACs of "
+                f"{who} host and guest (which any host there can send from)")
 
     def serve_node(self, name: str, path: str, creds: nodecreds.NodeCreds, attach: str, run_uuid: str,
-                   address: str, link: str, work_dir: Path) -> Served:
-        return aoe.start(name, path, link, shelf=aoe.shelf_for(run_uuid), log=work_dir / "vblade.log")
+                   address: str, link: str, work_dir: Path, peer: str = "") -> Served:
+        if not peer:
+            raise CloudboxError(f"AoE volume {name!r} for {creds.node}: the node's private address is needed for "
+                                "vblade's allow-list")
+        shelf = aoe.shelf_for(run_uuid)
+        # the node's host (its private link's MAC, as its aoe driver sends from it) and its guest (the MAC the node
+        # gives it: aoe.guest_mac of the shelf in the volume's address)
+        return aoe.start(name, path, link, shelf=shelf, log=work_dir / "vblade.log",
+                         macs=(aoe.neighbour_mac(peer, link), aoe.guest_mac(shelf)))
 
 
 class IscsiTransport(BlockTransport):
@@ -457,7 +470,7 @@ class IscsiTransport(BlockTransport):
                 "and its initiator name; not encrypted: the private network")
 
     def serve_node(self, name: str, path: str, creds: nodecreds.NodeCreds, attach: str, run_uuid: str,
-                   address: str, link: str, work_dir: Path) -> Served:
+                   address: str, link: str, work_dir: Path, peer: str = "") -> Served:
         return iscsi.start(name, path, creds.chap, log=work_dir / "tgtd.log", host=address)
 
 
@@ -524,7 +537,7 @@ class NvmeTcpTransport(BlockTransport):
         return how + "; not encrypted: the private network"
 
     def serve_node(self, name: str, path: str, creds: nodecreds.NodeCreds, attach: str, run_uuid: str,
-                   address: str, link: str, work_dir: Path) -> Served:
+                   address: str, link: str, work_dir: Path, peer: str = "") -> Served:
         nvmet.load()
         # the node's host checks its key; its guest's kernel (6.1) cannot: the allow-list only then
         key = creds.nvme.key if attach == "host" and nvmet.auth_supported() else ""
