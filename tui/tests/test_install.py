@@ -639,6 +639,10 @@ def test_front_end_serves_the_private_network_and_back_ends_ask_it():
     net2 = settings_files(fe2)["/etc/systemd/network/10-cloudbox-private.network"]  # type: ignore[arg-type]
     assert "Address=192.168.7.1/27" in net2 and "MTUBytes=1500" in net2
     assert "MulticastDNS=yes" in net and "Type=ether\nKind=!*" in net
+    campus = settings_files(fe)["/etc/systemd/network/20-cloudbox-campus.network"]  # type: ignore[arg-type]
+    assert "LLMNR=no\nMulticastDNS=no" in campus  # nothing answers for the node's name on the campus network
+    resolved = (Path(__file__).resolve().parents[2] / "mkosi.extra/usr/lib/systemd/resolved.conf.d/50-cloudbox.conf")
+    assert "\nLLMNR=no\n" in resolved.read_text()
     be = _resolved_for('role = "back-end"\n' + head + 'frontend = "discover"\n')
     bfiles = settings_files(be)  # type: ignore[arg-type]
     # The back-end's private NIC is a port of the bridge cbpriv0, which takes the DHCP address and its guests' taps.

@@ -402,8 +402,9 @@ def settings_files(resolved: Resolved) -> dict[str, str]:
             )
     if resolved.campus_nic is not None:
         files["/etc/systemd/network/20-cloudbox-campus.network"] = (
-            "# The campus network: DHCP.\n"
+            "# The campus network: DHCP; no name service answers on it (LLMNR, mDNS: the private links have mDNS).\n"
             f"[Match]\nMACAddress={resolved.campus_nic.mac}\n\n[Network]\nDHCP=yes\nLinkLocalAddressing=yes\n"
+            "LLMNR=no\nMulticastDNS=no\n"
         )
     keys = a.root.ssh_authorized_keys
     if keys:
