@@ -200,3 +200,22 @@ def test_the_guests_nvme_connect_times_out_without_its_host_nqn(state, cli_run):
     assert nqn.encode() in guest.files[f"{nvmet.GUEST_CONNECT}/options"]
     assert not any(nqn in s for s in guest.scripts)
     _nothing_kept(rid, cli_run, nqn)
+
+
+def test_a_killed_runs_iscsi_node_record_goes_at_the_next_reaping(tmp_path, monkeypatch):
+    """A run killed outright leaves open-iscsi's node record of its target, the CHAP secrets in it; the next run's
+    reaping deletes the records of cloudbox's targets and no other."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "iscsiadm"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+                    "[ \"$*\" = '-m node' ] && printf '%s\\n' '10.73.0.1:3260,1 iqn.2026-11.org.cloudbox:vol.ebs' "
+                    "'192.0.2.9:3260,1 iqn.2004-04.com.example:theirs'\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(hostattach, "ISCSI_SESSIONS", tmp_path / "no-sessions")
+    monkeypatch.setattr(hostattach, "NVME_CTRLS", tmp_path / "no-ctrls")
+    gone = hostattach.reap()
+    assert gone == ["iSCSI node record iqn.2026-11.org.cloudbox:vol.ebs (10.73.0.1:3260) and its CHAP secrets"]
+    deleted = [c for c in calls.read_text().splitlines() if "-o delete" in c]
+    assert deleted == ["-m node -T iqn.2026-11.org.cloudbox:vol.ebs -p 10.73.0.1:3260 -o delete"]

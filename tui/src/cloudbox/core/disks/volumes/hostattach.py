@@ -395,9 +395,29 @@ def leftovers() -> dict[str, list[str]]:
     return out
 
 
+def forget_iscsi_records() -> list[str]:
+    """Delete open-iscsi's node records of cloudbox's targets (a run killed outright leaves its record, the CHAP
+    secrets in it, in /etc/iscsi/nodes; called with no live run's session, after the logouts); returns them."""
+    if shutil.which("iscsiadm") is None:
+        return []
+    try:
+        r = subprocess.run(["iscsiadm", "-m", "node"], capture_output=True, text=True, timeout=ATTACH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return []
+    gone = []
+    for line in r.stdout.splitlines():  # "HOST:PORT,TPGT IQN"
+        portal, _, iqn = line.strip().partition(" ")
+        if not iqn.startswith(iscsi.IQN_PREFIX):
+            continue
+        with contextlib.suppress(CloudboxError, subprocess.SubprocessError):
+            _iscsiadm("-m", "node", "-T", iqn, "-p", portal.partition(",")[0], "-o", "delete", ok=(0, 21))
+            gone.append(f"iSCSI node record {iqn} ({portal.partition(',')[0]}) and its CHAP secrets")
+    return gone
+
+
 def reap() -> list[str]:
-    """Log out and disconnect what runs that died left attached to cloudbox's targets (called while this host's
-    run lock is held, so none of it is a live run's); returns what it removed."""
+    """Log out and disconnect what runs that died left attached to cloudbox's targets, and delete their iSCSI node
+    records (called while this host's run lock is held, so none of it is a live run's); returns what it removed."""
     gone = []
     for s in ISCSI_SESSIONS.glob("session*"):
         with contextlib.suppress(OSError, CloudboxError, subprocess.SubprocessError):
@@ -409,6 +429,7 @@ def reap() -> list[str]:
             if (c / "subsysnqn").read_text().startswith(nvmet.NQN_PREFIX):
                 (c / "delete_controller").write_text("1")
                 gone.append(f"NVMe controller {c.name}")
+    gone += forget_iscsi_records()
     if Path("/dev/etherd/flush").exists() and list(Path("/sys/block").glob("etherd!*")):
         with contextlib.suppress(OSError):
             Path("/dev/etherd/flush").write_text("\n")  # the devices whose target is down
