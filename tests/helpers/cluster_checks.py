@@ -7,6 +7,7 @@ image copies. Standard library only: it runs with Debian's python3 on the test h
     cluster_checks.py nfs-run RUN_JSON                 the last run: be1's guests and host on fe1's NFS export
     cluster_checks.py iperf3-run RUN_JSON              the last run: be1's two guests' iperf3 to its host and fe1
     cluster_checks.py mpi-run RUN_JSON                 the last run: an MPI-IO job across be1's two guests
+    cluster_checks.py fiocs-run RUN_JSON               the last run: fio's client/server job across be1's two guests
     cluster_checks.py host-raid RUN_JSON               the last run: the guest's one disk on the host's RAID 0
     cluster_checks.py spread-run RUN_JSON              the last run: one guest on fe1 and one on be1, started
                                                        together, each one's figure and their sum (on one NFS
@@ -18,12 +19,16 @@ image copies. Standard library only: it runs with Debian's python3 on the test h
     cluster_checks.py wrong-code CODE                  a well-formed join code other than CODE
     cluster_checks.py propagation PROPAGATIONS_JSON    the first real image copy, in words
     cluster_checks.py listeners ALLOW_MD NODE < SS      `ss -Htulpn` of NODE against the allow-list in ALLOW_MD
+    cluster_checks.py listeners-run ALLOW_MD NODE PRIVATE_SUBNET < WATCH
+                                                       what listener_watch.py saw on NODE during a run (host,
+                                                       packet sockets, guests) against every row of ALLOW_MD
     cluster_checks.py watch-state NAME DB SECONDS       on the front-end: NAME's state in the registry DB every
                                                        0.5 s for SECONDS, each line "<this machine's clock> <state>"
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import random
 import re
@@ -31,6 +36,7 @@ import sqlite3
 import sys
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,42 +131,133 @@ def propagation(props_json: Path) -> str:
             f"(SHA-256 check on the node {p['verify_seconds']:.2f} s)")
 
 
-def allow_list(md: str) -> list[tuple[str, str, str, str]]:
-    """The idle rows of docs/cluster.md's "Listening sockets" table, one (protocol, port, process, bound to) per
-    protocol of a row."""
+@dataclass(frozen=True)
+class Allowed:
+    """One protocol of a row of docs/cluster.md's listeners table."""
+
+    proto: str  # tcp, udp, packet
+    port: str  # a number, "any", or for a packet socket the protocol ss names ("aoe")
+    process: str  # as ss (or the guest's netstat) names it
+    bound: str  # any, loopback, private address, run bridge, ... ("guest: ..." inside a guest)
+    idle: bool  # open on an idle node
+
+
+def allow_list(md: str) -> list[Allowed]:
+    """Every row of docs/cluster.md's "Listening sockets" table, one Allowed per protocol of a row."""
     m = re.search(r"<!-- listeners:begin -->(.*?)<!-- listeners:end -->", md, re.S)
     check(m, "docs/cluster.md has the listeners table", None)
     rows = []
     for line in m.group(1).splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 5 or cells[4] != "yes":
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) < 5 or cells[4] not in ("yes", "no"):
             continue
-        rows += [(proto, cells[1], cells[2], cells[3]) for proto in re.split(r",\s*", cells[0])]
-    check(("tcp", "22", "sshd", "any") in rows, "the allow-list names sshd", rows)
+        rows += [Allowed(proto, cells[1], cells[2], cells[3], cells[4] == "yes")
+                 for proto in re.split(r",\s*", cells[0])]
+    check(Allowed("tcp", "22", "sshd", "any", True) in rows, "the allow-list names sshd", rows)
     return rows
 
 
+def _where(addr: str, private: str) -> set[str]:
+    """The table's words for where a socket bound to `addr` listens."""
+    if addr in ("0.0.0.0", "::", "*"):
+        return {"any"}
+    ip = ipaddress.ip_address(addr)
+    if ip.is_loopback:
+        return {"loopback"}
+    if ip in ipaddress.ip_network(private):
+        return {"private address"}
+    if ip in ipaddress.ip_network("169.254.0.0/16"):
+        return {"run bridge"}
+    return {"another address"}
+
+
+def _allowed(rows: list[Allowed], proto: str, addr: str, port: str, proc: str, private: str, *, guest: bool,
+             idle_only: bool) -> bool:
+    where = _where(addr, private)
+    for r in rows:
+        if idle_only and not r.idle:
+            continue
+        if r.bound.startswith("guest:") != guest or r.proto != proto or r.process != proc:
+            continue
+        if r.port not in ("any", port):
+            continue
+        bound = set(re.split(r",\s*|\s+or\s+", r.bound.removeprefix("guest:").strip()))  # "loopback, ... or ..."
+        if "any" in bound or bound & where:
+            return True
+    return False
+
+
+def _inet(line: str) -> tuple[str, str, str, str] | None:
+    """(protocol, address, port, process) of an `ss -Htulpn` line."""
+    f = line.split()
+    if len(f) < 5:
+        return None
+    addr, _, port = f[4].rpartition(":")
+    proc = m.group(1) if (m := re.search(r'users:\(\("([^"]+)"', line)) else "-"
+    return f[0], addr.strip("[]").split("%")[0], port, proc
+
+
 def listeners(allow_md: Path, node: str, ss: str) -> str:
-    """Every socket `ss -Htulpn` lists on NODE is an idle row of the allow-list (a loopback row only on 127/8 or
-    ::1); the answer names each offender with its address and process."""
+    """Every socket `ss -Htulpn` lists on an idle NODE is an idle row of the allow-list; the answer names each
+    offender with its address and process."""
     allowed = allow_list(allow_md.read_text())
     seen, offenders = 0, []
     for line in ss.splitlines():
-        f = line.split()
-        if len(f) < 5:
+        if (got := _inet(line)) is None:
             continue
         seen += 1
-        addr, _, port = f[4].rpartition(":")
-        addr = addr.strip("[]").split("%")[0]
-        proc = m.group(1) if (m := re.search(r'users:\(\("([^"]+)"', line)) else "-"
+        proto, addr, port, proc = got
         loopback = addr.startswith("127.") or addr == "::1"
-        if not any(f[0] == p and port == pt and proc == pr and (b != "loopback" or loopback)
-                   for p, pt, pr, b in allowed):
-            offenders.append(f"{f[0]} {addr}:{port} ({proc})")
+        if not any(r.idle and r.proto == proto and r.port == port and r.process == proc and not r.bound.startswith(
+                "guest:") and (r.bound != "loopback" or loopback) for r in allowed):
+            offenders.append(f"{proto} {addr}:{port} ({proc})")
     check(seen, f"{node} listens on something (sshd at least)", ss)
     check(not offenders, f"{node}: every listening socket is on the allow-list in docs/cluster.md (\"Listening "
           "sockets\"); these are not", offenders)
     return f"{node}: {seen} listening sockets, all on the allow-list"
+
+
+def listeners_run(allow_md: Path, node: str, private: str, watch: str) -> str:
+    """Every socket listener_watch.py saw on NODE while a run went on (the host's TCP and UDP listeners, its packet
+    sockets, each guest's listeners) is a row of the allow-list, idle or not, with the address it may be bound to
+    (`private`: the private network's subnet); the answer names each offender once, with where it was seen."""
+    allowed = allow_list(allow_md.read_text())
+    looks = [json.loads(line) for line in watch.splitlines() if line.strip()]
+    check(looks, f"{node}: the listeners were watched during the run", watch[:200])
+    offenders: dict[str, str] = {}
+    guests: set[str] = set()
+    sockets = 0
+    for look in looks:
+        for line in look["inet"]:
+            if (got := _inet(line)) is None:
+                continue
+            sockets += 1
+            proto, addr, port, proc = got
+            if not _allowed(allowed, proto, addr, port, proc, private, guest=False, idle_only=False):
+                offenders.setdefault(f"{proto} {addr}:{port} ({proc})", "host")
+        for line in look["packet"]:
+            f = line.split()
+            local = next((x for x in f[1:] if ":" in x), "")
+            kind = local.partition(":")[0]
+            kind = "any" if kind in ("*", "") else kind
+            proc = m.group(1) if (m := re.search(r'users:\(\("([^"]+)"', line)) else "-"
+            sockets += 1
+            if not any(r.proto == "packet" and r.process == proc and r.port in ("any", kind) for r in allowed):
+                offenders.setdefault(f"packet {local} ({proc})", "host")
+        for name, lines in look["guests"].items():
+            guests.add(name)
+            for line in lines:  # busybox netstat: proto recv-q send-q local foreign [state] pid/program
+                f = line.split()
+                addr, _, port = f[3].rpartition(":")
+                proc = f[-1].partition("/")[2] if "/" in f[-1] else "-"
+                sockets += 1
+                if not _allowed(allowed, f[0].rstrip("6"), addr.strip("[]") or "::", port, proc, private,
+                                guest=True, idle_only=False):
+                    offenders.setdefault(f"{f[0].rstrip('6')} {addr}:{port} ({proc})", f"guest {name}")
+    check(not offenders, f"{node}: every socket open during the run is on the allow-list in docs/cluster.md "
+          "(\"Listening sockets\"); these are not", [f"{k} in {v}" for k, v in offenders.items()])
+    return (f"{node}: {len(looks)} looks during the run, {sockets} sockets"
+            + (f" (guests {', '.join(sorted(guests))})" if guests else " (no guest seen)") + ", all on the allow-list")
 
 
 def check_nfs_run(run_json: Path) -> str:
@@ -325,6 +422,21 @@ def check_mpi_run(run_json: Path) -> str:
     return "MPI-IO across be1's two guests, a file per process: " + "; ".join(out)
 
 
+def check_fiocs_run(run_json: Path) -> str:
+    """The front-end's fio client/server run on be1: the job's figure (fio's "All clients") beside each guest's
+    server, from be1's two guests."""
+    run = json.loads(run_json.read_text())["runs"][-1]
+    check(run["state"] == "completed", "the fio client/server run completed", (run["state"], run["reason"]))
+    check(run["node"] == "be1", "the run ran on be1", run["node"])
+    rows = [m for m in run["measurements"] if m["test"] == "fiocs-seq-write-64k" and m["side"] == "guest"
+            and m["metric"] == "MB/s"]
+    each = sorted((m["instance"], m["value"]) for m in rows if m.get("instance") is not None)
+    job = [m["value"] for m in rows if m.get("instance") is None]
+    check([k for k, _ in each] == [1, 2] and all(v > 0 for _, v in each), "a figure per guest's fio --server", each)
+    check(len(job) == 1 and job[0] > 0, "the job's figure (All clients)", job)
+    return f"fio client/server across be1's two guests: {job[0]:.1f} MB/s ({' + '.join(f'{v:.1f}' for _, v in each)})"
+
+
 def check_host_raid(run_json: Path) -> str:
     """The last run was virtio-raid0-host: the host built a RAID 0 (64 KiB chunks) over three loop devices, the
     guest had that array as its one disk, both sides wrote through it and every member took its share."""
@@ -399,6 +511,8 @@ def main(argv: list[str]) -> int:
                 print(check_spread_run(Path(run_json)))
             case ["mpi-run", run_json]:
                 print(check_mpi_run(Path(run_json)))
+            case ["fiocs-run", run_json]:
+                print(check_fiocs_run(Path(run_json)))
             case ["host-raid", run_json]:
                 print(check_host_raid(Path(run_json)))
             case ["volume-run", run_json, scheme, attach, *node]:
@@ -413,6 +527,8 @@ def main(argv: list[str]) -> int:
                 watch_state(name, db, float(seconds))
             case ["listeners", allow_md, node]:
                 print(listeners(Path(allow_md), node, sys.stdin.read()))
+            case ["listeners-run", allow_md, node, private]:
+                print(listeners_run(Path(allow_md), node, private, sys.stdin.read()))
             case _:
                 print(__doc__, file=sys.stderr)
                 return 2

@@ -354,6 +354,30 @@ fe_run() {
     rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$LOGS/$name.json")
 }
 
+# watch_start: listener_watch.py on both nodes, a look every 2 s (the hosts' sockets, their packet sockets, each
+# guest's) until watch_check stops it; at most 40 min.
+watch_start() {
+    local node
+    for node in fe be; do
+        "$node" 'cat > /root/listener_watch.py' < "$REPO/tests/helpers/listener_watch.py"
+        "$node" 'rm -f /root/listen.jsonl /root/listen.stop
+            nohup /usr/lib/cloudbox/venv/bin/python /root/listener_watch.py 2400 /root/listen.jsonl /root/listen.stop \
+                > /root/listen.err 2>&1 &'
+    done
+}
+
+# watch_check NAME: stop the watchers, keep what they saw ($LOGS/NAME.NODE.listen.jsonl) and check every socket
+# against docs/cluster.md's listeners table (any row: a run may open them all), the guests' among them.
+watch_check() {
+    local node
+    for node in fe be; do
+        "$node" 'touch /root/listen.stop; sleep 4'  # a look under way finishes
+        "$node" cat /root/listen.jsonl > "$LOGS/$1.$node.listen.jsonl"
+        run -0 checks listeners-run "$REPO/docs/cluster.md" "${node}1" 10.73.0.0/24 < "$LOGS/$1.$node.listen.jsonl"
+        echo "# $output" >&3
+    done
+}
+
 # bats test_tags=slow,image,cluster
 @test "on a nested guest on the back-end the front-end runs the storage suite on its own NVMe/TCP volume and the network suite" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
@@ -369,7 +393,9 @@ fe_run() {
     # handed to its guest on virtio-blk (be1's host domain measuring the same device first); TCP_STREAM to be1's host
     # and to fe1; 16 MiB. The next test, tagged cluster-full, runs the smoke storage set on be1's local disk and every
     # netperf test with 32 MiB.
+    watch_start
     cluster_run run tcp-stream-fe 16M kvm-ebs-nvme --suite all --tests seq-write-64k --net-tests tcp-stream
+    watch_check run  # fe1's nvmet, netserver on the private address; be1's netserver on its bridge, its guest
     run -0 grep -E 'volume exported: nvme\+tcp://10\.73\.0\.1:[0-9]+/nqn\.2026-11\.org\.cloudbox:vol\.ebs' "$LOGS/run.txt"
     run -0 checks volume-run "$LOGS/run.json" nvme-tcp host be1
     echo "# $output" >&3
@@ -399,8 +425,10 @@ fe_run() {
 @test "guests on the back-end write to the front-end's NFS export over the 9000-byte link, beside be1's own mount" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
     # The issue's own command, two guests on one vCPU: be1 shares it between them (--cpu-overcommit 2).
+    watch_start
     fe_run run-nfs nfs-run --node be1 --profile nfs-async-tcp-9000 --guests 2 --cpu-overcommit 2 --suite storage \
         --tests seq-write-64k --size 16M
+    watch_check run-nfs  # fe1's ganesha on the private address, nothing in the guests
     run -0 grep -F 'volume: serving nfs:' "$LOGS/run-nfs.txt"
     run -0 grep -F 'vCPUs overcommitted: 2 guest vCPUs on 1 host CPU' "$LOGS/run-nfs.txt"
     # fe1's disk under the export, sampled on the run's timeline (be1 has no disk of its own in this run).
@@ -430,12 +458,38 @@ fe_run() {
 @test "an MPI-IO job across two guests on the back-end, a file per process on each guest's own disk" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
     # The MPI layer goes to be1 with the guest image; the ranks talk over be1's run bridge. One vCPU: shared.
+    watch_start
     fe_run run-mpi mpi-run --node be1 --guests 2 --cpu-overcommit 2 --profile virtio-disk --suite storage \
         --tests mpiio-fpp-1m --size 16M
+    # dropbear, mpirun, orted and the ranks in the guests (on be1's run bridge); be1's bare-metal mpirun in a
+    # namespace of its own, so nothing of it in be1's own sockets
+    watch_check run-mpi
     run -0 grep -F 'be1: guest: dropbear in 2 guests for mpirun' "$LOGS/run-mpi.txt"
     run -0 be sh -c 'virsh -c qemu:///system list --name; ls /var/lib/cloudbox/work 2>/dev/null; :'
     refute_output --partial 'cloudbox-'
     refute_output --partial 'run-'
+}
+
+# bats test_tags=slow,image,cluster,cluster-full
+@test "fio's client/server job across two guests on the back-end: its servers on be1's run bridge only" {
+    enrolled || skip "needs be1 enrolled (the enrolment test)"
+    watch_start
+    fe_run run-fiocs fiocs-run --node be1 --guests 2 --cpu-overcommit 2 --profile virtio-disk --suite storage \
+        --tests fiocs-seq-write-64k --size 16M
+    watch_check run-fiocs  # fio --server in each guest, on its run-bridge address (169.254.100.x), never 10.73.0.x
+}
+
+# bats test_tags=slow,image,cluster
+@test "a job across guests that would sit on the private network is refused before it is recorded" {
+    enrolled || skip "needs be1 enrolled (the enrolment test)"
+    # With network tests to fe1 the guests take private leases: fio --server there would run any host's job.
+    before=$(MACHINE_SSH_TIMEOUT_S=120 fe cloudbox results list | wc -l)
+    run fe cloudbox run --node be1 --guests 2 --profile virtio-disk --suite all --tests fiocs-seq-write-64k \
+        --net-tests tcp-stream --size 16M
+    assert_failure 2
+    assert_output --partial 'fio --server runs any job it is sent'
+    run -0 fe cloudbox results list
+    assert_equal "$(wc -l <<<"$output")" "$before"
 }
 
 # bats test_tags=slow,image,cluster,cluster-full
@@ -486,6 +540,7 @@ fe_run() {
 
 # bats test_tags=slow,image,cluster,cluster-full
 @test "fe1's volume servers refuse be1 with a wrong CHAP secret, without its certificate, off the allow-list" {
+    # and another node's certificate of fe1's CA; be1's initiators refuse an impostor iSCSI target
     enrolled || skip "needs be1 enrolled (the enrolment test)"
     export MACHINE_SSH_TIMEOUT_S=300
     for node in fe be; do
@@ -506,8 +561,14 @@ fe_run() {
     assert_line --partial 'iSCSI with a wrong CHAP secret: refused'
     assert_line --partial 'NBD without a client certificate: refused'
     assert_line --partial 'NBD with a certificate of another CA: refused'
+    assert_line --partial "NBD with another node's certificate of the same CA: refused"
     assert_line --partial 'NVMe/TCP from a host NQN not on the allow-list: refused'
     assert_line --partial "NBD with this node's own certificate: let in"
+    # a host answering on fe1's address: mutual CHAP refuses its target; NVMe/TCP's case is recorded as the kernel
+    # treats it (its host checks the target's key only when the target asks to authenticate)
+    assert_line --partial "iSCSI from an impostor target without the target's secret (mutual CHAP): refused"
+    assert_line --partial 'iSCSI from the same impostor with one-way CHAP (what mutual CHAP closes): let in'
+    assert_line --partial 'NVMe/TCP from an impostor target asking no authentication:'
     run -0 fe sh -c 'pgrep -a -x "tgtd|qemu-nbd"; ls /sys/kernel/config/nvmet/subsystems; :'
     assert_output ''
 }
