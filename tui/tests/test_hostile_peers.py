@@ -440,5 +440,5 @@ def test_the_image_starts_no_unauthenticated_test_server_at_boot():
     doc = (repo / "docs/cluster.md").read_text()
     table = doc.split("<!-- listeners:begin -->", 1)[1].split("<!-- listeners:end -->", 1)[0]
     idle = [[c.strip() for c in row.split("|")[1:-1]] for row in table.splitlines()[3:] if row.startswith("|")]
-    assert all(len(r) == 6 and r[4] in ("yes", "no") for r in idle), idle
+    assert all(len(r) == 8 and r[4] in ("yes", "no") for r in idle), idle
     assert {r[2] for r in idle if r[4] == "yes"} == {"sshd", "systemd-resolve", "systemd-network"}
