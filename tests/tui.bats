@@ -136,10 +136,10 @@ extended_colours() { grep -E '(^|;)(38|48|58)[;:](5|2)([;:]|$)' || true; }
 }
 
 # bats test_tags=slow
-@test "make run without a terminal says so and runs the short headless demo" {
+@test "make run without a terminal says so and runs one real quick run" {
     need_guests
     run -0 make -C "$REPO" --no-print-directory run < /dev/null
-    assert_line --partial "no terminal (stdin/stdout not a tty): a short headless demo instead of the TUI"
+    assert_line --partial "no terminal (stdin/stdout not a tty): the commands and one real quick run instead of the TUI"
     assert_output --partial "==> stored runs"
     run -0 sqlite3 "$CLOUDBOX_STATE_DIR/results.db" "select state || ' ' || suite from runs order by id desc limit 1"
     assert_output "completed all"
