@@ -355,3 +355,13 @@ def test_the_readme_docs_map_names_every_doc():
     text = (REPO / "README.md").read_text()
     missing = [p.name for p in sorted((REPO / "docs").glob("*.md")) if f"(docs/{p.name})" not in text]
     assert not missing, f"README.md's docs map does not link {missing}"
+
+
+def test_the_architecture_page_names_every_scheme_with_its_attach_modes():
+    from cloudbox.core.spec.schemes import SCHEMES
+
+    text = " ".join((REPO / "docs/architecture.md").read_text().split())
+    for s in SCHEMES.values():
+        m = re.search(rf"`{re.escape(s.name)}:` \(([^)]*)\)", text)
+        assert m, f"docs/architecture.md does not name the {s.name}: scheme"
+        assert m.group(1).split("; ")[-1].split(", ") == list(s.attach), (m.group(0), s.attach)
