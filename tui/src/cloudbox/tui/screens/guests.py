@@ -3,15 +3,17 @@ uptime and profile, stop or destroy one after confirmation, show its domain XML.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from cloudbox.core.record.rows import Run
 from cloudbox.core.virt.guest import GuestInfo
 from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.screens.keys import screen_keys
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, PickDialog, TextDialog
 from cloudbox.tui.widgets.table import PlainTable
 
@@ -40,13 +42,9 @@ class GuestsScreen(BaseScreen[GuestsData]):
             "the TUI. s stops the highlighted guest cleanly (its disk and network are removed, as after "
             "Ctrl-C in the CLI); D powers it off at once; x shows its libvirt domain XML. A guest whose run "
             "is gone is an orphan: stop it to clean up.")
-    BINDINGS = [
-        Binding("l", "launch", "Launch", id="guests.launch", tooltip="launch a guest with a profile"),
-        Binding("s", "stop", "Stop", id="guests.stop", tooltip="stop the guest and clean up (confirm)"),
-        Binding("D", "destroy", "Destroy", id="guests.destroy", tooltip="power off at once (confirm)"),
-        Binding("x", "xml", "XML", id="guests.xml", tooltip="show the domain XML"),
-        Binding("r", "reload", "Refresh", id="guests.refresh"),
-    ]
+    BINDINGS = screen_keys(MODE)
+    COLUMNS = {"guests": ("Guest", "State", "Uptime", "Profile", "Run")}
+    FOCUS = "guests"
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,11 +54,6 @@ class GuestsScreen(BaseScreen[GuestsData]):
         yield Static("", id="guests-status", markup=False)
         yield PlainTable(id="guests", cursor_type="row")
 
-    def on_mount(self) -> None:
-        self.query_one("#guests", DataTable).add_columns("Guest", "State", "Uptime", "Profile", "Run")
-        super().on_mount()
-        self.query_one("#guests", DataTable).focus()
-
     def fetch(self) -> GuestsData:
         b = self.app.backend
         guests, problem = b.guests()
@@ -69,17 +62,14 @@ class GuestsScreen(BaseScreen[GuestsData]):
 
     def show(self, data: GuestsData) -> None:
         self.data = data
-        table = self.query_one("#guests", PlainTable)
-        keep = self.current()
 
         def row(g: GuestInfo) -> tuple[str, tuple[str, ...]]:
             run = data.runs.get(g.run_uuid or "")
             run_text = f"{run.id} ({run.suite})" if run else "none: orphan"
             return g.name, (g.name, g.state, fmt_uptime(g.uptime()), g.profile or "-", run_text)
 
-        names = [g.name for g in data.guests]
-        if table.set_rows(row(g) for g in data.guests) and keep and keep.name in names:
-            table.move_cursor(row=names.index(keep.name))
+        table = self.table("guests")
+        table.set_rows((row(g) for g in data.guests), keep=table.highlighted_key())
         status = self.query_one("#guests-status", Static)
         if data.problem:
             status.update(f"libvirt: {data.problem}")
@@ -92,11 +82,8 @@ class GuestsScreen(BaseScreen[GuestsData]):
     def current(self) -> GuestInfo | None:
         if self.data is None:
             return None
-        name = self.query_one("#guests", PlainTable).highlighted_key()
+        name = self.table("guests").highlighted_key()
         return next((g for g in self.data.guests if g.name == name), None)
-
-    def action_reload(self) -> None:
-        self.reload()
 
     def action_launch(self) -> None:
         b = self.app.backend
@@ -129,35 +116,30 @@ class GuestsScreen(BaseScreen[GuestsData]):
         self.app.work_in_thread(lambda: (b.profiles(), b.boot()), done=got, name="listing profiles")
 
     def action_stop(self) -> None:
-        g = self.current()
-        if g is None:
-            self.notify("no guest to stop", severity="warning")
-            return
-
-        def answer(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"stopping {g.name}…", title="guests")
-                self.app.work_in_thread(self.app.backend.stop_guest, g, name=f"stopping {g.name}",
-                                        done=lambda r: self.after(f"{g.name}: {r}"))
-
-        self.app.push_screen(ConfirmDialog(
-            "Stop guest", f"Stop {g.name}? The guest is destroyed and its disk and network are removed.",
-            yes="Stop"), answer)
+        self._confirm("stop", "Stop guest", "Stop {}? The guest is destroyed and its disk and network are removed.",
+                      self.app.backend.stop_guest, lambda g, r: f"{g.name}: {r}", announce=True)
 
     def action_destroy(self) -> None:
+        self._confirm("destroy", "Destroy guest", "Power off {} at once (like pulling the plug)? Its run then "
+                      "cleans up the disk and network.", self.app.backend.destroy_guest,
+                      lambda g, _r: f"{g.name} destroyed")
+
+    def _confirm(self, verb: str, title: str, question: str, act: Callable[[GuestInfo], Any],
+                 said: Callable[[GuestInfo, Any], str], announce: bool = False) -> None:
+        """Ask `question` about the highlighted guest; on yes `act` on it in a thread, then say what `said`."""
         g = self.current()
         if g is None:
-            self.notify("no guest to destroy", severity="warning")
+            self.notify(f"no guest to {verb}", severity="warning")
             return
+        doing = {"stop": "stopping", "destroy": "destroying"}[verb]
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self.app.work_in_thread(self.app.backend.destroy_guest, g, name=f"destroying {g.name}",
-                                        done=lambda _r: self.after(f"{g.name} destroyed"))
+                if announce:
+                    self.notify(f"{doing} {g.name}…", title="guests")
+                self.app.work_in_thread(act, g, name=f"{doing} {g.name}", done=lambda r: self.after(said(g, r)))
 
-        self.app.push_screen(ConfirmDialog(
-            "Destroy guest", f"Power off {g.name} at once (like pulling the plug)? Its run then cleans up "
-            "the disk and network.", yes="Destroy"), answer)
+        self.app.push_screen(ConfirmDialog(title, question.format(g.name), yes=verb.capitalize()), answer)
 
     def after(self, message: str) -> None:
         self.notify(message, title="guests")

@@ -171,7 +171,6 @@ class OverviewScreen(BaseScreen[OverviewData]):
             for nic in f.nics)
 
     def _show_nodes(self, nodes: list[Node]) -> None:
-        table = self.query_one("#nodes", PlainTable)
         keep = self._highlighted_key()
         self.nodes = {}
         for n in nodes:
@@ -179,9 +178,7 @@ class OverviewScreen(BaseScreen[OverviewData]):
             self.nodes.setdefault(key, n)  # a second "this box" in odd fixed facts: shown once
         rows = ((key, (n.name, n.role, n.state.upper(), n.address or "-",
                        seen(n.last_seen) if n.enrolled else "-", n.detail)) for key, n in self.nodes.items())
-        keys = list(self.nodes)
-        if table.set_rows(rows) and keep in keys:
-            table.move_cursor(row=keys.index(keep))
+        self.query_one("#nodes", PlainTable).set_rows(rows, keep=keep)
         self._show_node_detail()
 
     def _highlighted_key(self) -> str | None:

@@ -12,14 +12,14 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from cloudbox.core.errors import CloudboxError, ProfileError
 from cloudbox.core.spec import profiles
 from cloudbox.core.virt import accel
-from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.screens.base import BaseScreen, toggled
+from cloudbox.tui.screens.keys import screen_keys
 from cloudbox.tui.screens.profile_form import ProfileForm
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, TextDialog
 from cloudbox.tui.widgets.table import PlainTable
@@ -114,14 +114,9 @@ class ProfilesScreen(BaseScreen[ProfilesData]):
             "space marks profiles and d shows the diff of the two marked (or the highlighted one against "
             "the active one); n creates a new profile from the highlighted one in a form; e edits a user "
             "profile in $EDITOR; x deletes a user profile. Everything is validated before it is saved.")
-    BINDINGS = [
-        Binding("u", "use", "Use", id="profiles.use", tooltip="make the highlighted profile the active one"),
-        Binding("space", "mark", "Mark", id="profiles.mark", tooltip="mark for diff"),
-        Binding("d", "diff", "Diff", id="profiles.diff", tooltip="diff the two marked profiles"),
-        Binding("n", "new", "New from", id="profiles.new", tooltip="new profile from the highlighted one"),
-        Binding("e", "edit", "Edit ($EDITOR)", id="profiles.edit"),
-        Binding("x", "delete", "Delete", id="profiles.delete", tooltip="delete a user profile"),
-    ]
+    BINDINGS = screen_keys(MODE)
+    COLUMNS = {"profiles": ("Act", "Mk", "Name", "Kind")}
+    FOCUS = "profiles"
 
     def __init__(self) -> None:
         super().__init__()
@@ -138,11 +133,6 @@ class ProfilesScreen(BaseScreen[ProfilesData]):
             yield PlainTable(id="profiles", cursor_type="row")
             with VerticalScroll(id="profile-detail-box"):
                 yield Static("", id="profile-detail")
-
-    def on_mount(self) -> None:
-        self.query_one("#profiles", DataTable).add_columns("Act", "Mk", "Name", "Kind")
-        super().on_mount()
-        self.query_one("#profiles", DataTable).focus()
 
     def fetch(self) -> ProfilesData:
         b = self.app.backend
@@ -162,8 +152,6 @@ class ProfilesScreen(BaseScreen[ProfilesData]):
         self.drawn = data
         self.entries, self.active, self.loaded, self.boot = data.entries, data.active, data.loaded, data.boot
         self.query_one("#boot-line", Static).update(boot_line(data.boot, data.entries))
-        table = self.query_one("#profiles", PlainTable)
-        current = self.current_name()
 
         def cells(e: profiles.ProfileEntry) -> tuple[Text, ...]:
             style = "dim" if e.problem is None and data.boot.refusal(e.hypervisor, e.xen_type, e.raid_on) else ""
@@ -171,14 +159,12 @@ class ProfilesScreen(BaseScreen[ProfilesData]):
                 "active" if e.name == self.active else "", "x" if e.name in self.marked else "", e.name,
                 e.kind if e.problem is None else f"{e.kind} INVALID"))
 
-        rows = ((e.name, cells(e)) for e in self.entries)
-        names = [e.name for e in self.entries]
-        if table.set_rows(rows) and current in names:
-            table.move_cursor(row=names.index(current))
+        table = self.table("profiles")
+        table.set_rows(((e.name, cells(e)) for e in self.entries), keep=table.highlighted_key())
         self.show_detail()
 
     def current_name(self) -> str | None:
-        return self.query_one("#profiles", PlainTable).highlighted_key()
+        return self.table("profiles").highlighted_key()
 
     def entry(self, name: str | None) -> profiles.ProfileEntry | None:
         return next((e for e in self.entries if e.name == name), None)
@@ -228,11 +214,8 @@ class ProfilesScreen(BaseScreen[ProfilesData]):
         name = self.current_name()
         if name is None:
             return
-        if name in self.marked:
-            self.marked.remove(name)
-        else:
-            self.marked = [*self.marked[-1:], name]  # at most two
-        table = self.query_one("#profiles", DataTable)
+        self.marked = toggled(self.marked, name, most=2)
+        table = self.table("profiles")
         for e in self.entries:
             grey = e.problem is None and self.boot is not None and self.boot.refusal(e.hypervisor, e.xen_type,
                                                                                       e.raid_on)

@@ -9,14 +9,14 @@ from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from cloudbox.core.record.rows import Run
 from cloudbox.core.record.stats import CV_FLAG
 from cloudbox.core.views import compare, labels
-from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.screens.base import BaseScreen, toggled
+from cloudbox.tui.screens.keys import screen_keys
 from cloudbox.tui.widgets.dialogs import ConfirmDialog, ExportDialog
 from cloudbox.tui.widgets.table import PlainTable
 
@@ -63,13 +63,11 @@ class ResultsScreen(BaseScreen[list[Run]]):
             "Jain's fairness index. Space marks runs; "
             "c compares the marked runs (or the highlighted one) in the studies' table layout; e exports "
             "them (JSON, CSV, Markdown); D deletes a finished run.")
-    BINDINGS = [
-        Binding("space", "mark", "Mark", id="results.mark"),
-        Binding("c", "compare", "Compare", id="results.compare", tooltip="compare the marked runs"),
-        Binding("e", "export", "Export", id="results.export", tooltip="export the marked runs"),
-        Binding("D", "delete", "Delete", id="results.delete", tooltip="delete the highlighted run"),
-        Binding("escape", "close_compare", "Close table", id="results.close", show=False),
-    ]
+    BINDINGS = screen_keys(MODE)
+    # The headline numbers right after the profile: in 80 columns they were scrolled off to the right.
+    COLUMNS = {"runs": ("Mk", "Run", "Profile", "Headline (guest, % of bare metal)", "Accel", "State", "Suite",
+                        "When")}
+    FOCUS = "runs"
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,13 +81,6 @@ class ResultsScreen(BaseScreen[list[Run]]):
             with VerticalScroll(id="compare-box"):
                 yield Static("Mark runs with space and press c to compare them.", id="compare")
 
-    def on_mount(self) -> None:
-        # The headline numbers right after the profile: in 80 columns they were scrolled off to the right.
-        self.query_one("#runs", DataTable).add_columns("Mk", "Run", "Profile", "Headline (guest, % of bare metal)",
-                                                       "Accel", "State", "Suite", "When")
-        super().on_mount()
-        self.query_one("#runs", DataTable).focus()
-
     def fetch(self) -> list[Run]:
         return self.app.backend.runs()
 
@@ -97,8 +88,6 @@ class ResultsScreen(BaseScreen[list[Run]]):
         if runs == self.drawn:
             return  # nothing changed: the table is not rebuilt
         self.runs = self.drawn = runs
-        table = self.query_one("#runs", PlainTable)
-        keep = self.current_id()
 
         def row(r: Run) -> tuple[str, tuple[Any, ...]]:
             when = time.strftime("%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else "-"
@@ -106,14 +95,13 @@ class ResultsScreen(BaseScreen[list[Run]]):
                                Text(headline(r)), ACCEL_WORDS.get(r.accelerator, r.accelerator or "-"), r.state,
                                suite_words(r), when)
 
-        ids = [r.id for r in runs]
-        if table.set_rows(row(r) for r in runs) and keep in ids:
-            table.move_cursor(row=ids.index(keep))
+        table = self.table("runs")
+        table.set_rows((row(r) for r in runs), keep=table.highlighted_key())
         if not runs:
             self.query_one("#compare", Static).update("No runs stored yet: start one on the Tests screen (4).")
 
     def current_id(self) -> int | None:
-        key = self.query_one("#runs", PlainTable).highlighted_key()
+        key = self.table("runs").highlighted_key()
         return None if key is None else int(key)
 
     def selection(self) -> list[int]:
@@ -126,11 +114,8 @@ class ResultsScreen(BaseScreen[list[Run]]):
         rid = self.current_id()
         if rid is None:
             return
-        if rid in self.marked:
-            self.marked.remove(rid)
-        else:
-            self.marked.append(rid)
-        table = self.query_one("#runs", DataTable)
+        self.marked = toggled(self.marked, rid)
+        table = self.table("runs")
         table.update_cell(str(rid), table.ordered_columns[0].key, "x" if rid in self.marked else "")
         table.action_cursor_down()
 

@@ -18,6 +18,7 @@ from cloudbox.core.run.runs import Sweep
 from cloudbox.core.studies import cellstates, evidence, planning, schema
 from cloudbox.core.studies.wording import ours_text, paper_text
 from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.screens.keys import screen_keys
 from cloudbox.tui.widgets.table import PlainTable
 
 QUICK = "quick"
@@ -90,11 +91,10 @@ class StudiesScreen(BaseScreen[StudiesData]):
             "nested, quick, warm cache, loop device, profile changed; such cells cannot decide a finding. Enter or "
             "r shows the study's report; s starts its missing cells at quick size (cloudbox study run NAME --size "
             "quick --detach) and the cells fill in as the runs complete.")
-    BINDINGS = [
-        Binding("r", "report", "Report", id="studies.report", tooltip="the study's Markdown report (also Enter)"),
-        Binding("s", "start", "Start quick run", id="studies.start",
-                tooltip="run the study's missing cells at quick size in the background"),
-    ]
+    BINDINGS = screen_keys(MODE)
+    COLUMNS = {"studies": ("Study", "Cells", "Results", "Findings", "Title"),
+               "cells": ("Profile", "Test", "State", "Ours", "Unit", "Paper", "Run", "Note")}
+    FOCUS = "studies"
 
     def __init__(self) -> None:
         super().__init__()
@@ -106,13 +106,6 @@ class StudiesScreen(BaseScreen[StudiesData]):
             yield PlainTable(id="studies", cursor_type="row")
             yield Static("", id="study-head")
             yield PlainTable(id="cells", cursor_type="row")
-
-    def on_mount(self) -> None:
-        self.query_one("#studies", DataTable).add_columns("Study", "Cells", "Results", "Findings", "Title")
-        self.query_one("#cells", DataTable).add_columns("Profile", "Test", "State", "Ours", "Unit", "Paper", "Run",
-                                                        "Note")
-        super().on_mount()
-        self.query_one("#studies", DataTable).focus()
 
     def fetch(self) -> StudiesData:
         backend = self.app.backend
@@ -126,15 +119,11 @@ class StudiesScreen(BaseScreen[StudiesData]):
             return
         self.drawn = data
         summaries, name, matrix = data
-        table = self.query_one("#studies", PlainTable)
-        keep = self.current
-        keys = [s.name for s in summaries]
-        if table.set_rows(summary_row(s) for s in summaries) and keep in keys:
-            table.move_cursor(row=keys.index(keep))
+        self.table("studies").set_rows((summary_row(s) for s in summaries), keep=self.current)
         if self.current is None:
             self.current = name
         head = self.query_one("#study-head", Static)
-        cells = self.query_one("#cells", PlainTable)
+        cells = self.table("cells")
         if not summaries:
             head.update("No studies found (studies/ in the checkout, /usr/share/cloudbox/studies, "
                         "CLOUDBOX_STUDY_DIR).")

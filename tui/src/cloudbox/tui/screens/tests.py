@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from textual import getters
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.widgets import TabbedContent, TabPane
 
 from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.screens.keys import screen_keys
 from cloudbox.tui.screens.tests_live import LiveView
 from cloudbox.tui.screens.tests_setup import SetupData, SetupForm
 
@@ -39,15 +39,7 @@ class TestsScreen(BaseScreen[SetupData]):
             "closes; reopening shows them live. "
             "c cancels the run you are watching (after confirmation; cleans up like Ctrl-C in the CLI), "
             "a attaches to another run in progress, l shows the run's full log.")
-    BINDINGS = [
-        Binding("s", "start", "Start", id="tests.start", tooltip="start the run or sweep set up here"),
-        Binding("c", "cancel_run", "Cancel run", id="tests.cancel"),
-        Binding("a", "attach_pick", "Attach", id="tests.attach", tooltip="watch another run in progress"),
-        Binding("l", "show_log", "Full log", id="tests.log"),
-        # off the footer and the Tab order (scripts count Shift+Tabs to the fields): its label names the key
-        Binding("m", "toggle_mix", "Mix profiles", id="tests.mix", show=False,
-                tooltip="run the ticked profiles mixed in one run instead of a sweep"),
-    ]
+    BINDINGS = screen_keys(MODE)
 
     def body(self) -> ComposeResult:
         with TabbedContent(id="tests-tabs", initial="setup"):

@@ -21,6 +21,7 @@ from cloudbox.core.errors import CloudboxError
 from cloudbox.tui.backend import Volumes
 from cloudbox.tui.background import BackgroundApp
 from cloudbox.tui.screens.base import BaseScreen
+from cloudbox.tui.screens.keys import screen_keys
 from cloudbox.tui.screens.overview import seen
 from cloudbox.tui.widgets.dialogs import ConfirmDialog
 from cloudbox.tui.widgets.table import PlainTable
@@ -172,12 +173,9 @@ class VolumesScreen(BaseScreen[Volumes]):
             "qemu-nbd, AoE through vblade) and who attaches each; the line below names the highlighted volume's file "
             "and how a profile names it. n makes a volume (name and size), D deletes the highlighted one after "
             "asking; a volume attached to a live run is not deleted.")
-    BINDINGS = [
-        Binding("n", "new", "New volume", id="volumes.new", tooltip="a new pre-allocated volume: name and size"),
-        Binding("D", "delete", "Delete", id="volumes.delete",
-                tooltip="delete the highlighted volume and its file (asks first; refused while a run has it)"),
-        Binding("r", "reload", "Refresh", id="volumes.refresh"),
-    ]
+    BINDINGS = screen_keys(MODE)
+    COLUMNS = {"volumes": ("Volume", "Size", "Backing", "Attached to", "Exports", "Created")}
+    FOCUS = "volumes"
 
     def __init__(self) -> None:
         super().__init__()
@@ -190,12 +188,6 @@ class VolumesScreen(BaseScreen[Volumes]):
             yield PlainTable(id="volumes", cursor_type="row")
             yield Static("", id="volume-detail", markup=False)
 
-    def on_mount(self) -> None:
-        self.query_one("#volumes", DataTable).add_columns("Volume", "Size", "Backing", "Attached to", "Exports",
-                                                          "Created")
-        super().on_mount()
-        self.query_one("#volumes", DataTable).focus()
-
     def fetch(self) -> Volumes:
         return self.app.backend.volumes()
 
@@ -203,18 +195,14 @@ class VolumesScreen(BaseScreen[Volumes]):
         self.data = data
         self.query_one("#volume-exports", Static).update(exports_line(data.exports))
         usable = ", ".join(SCHEME_WORDS.get(e.scheme, e.scheme) for e in data.exports if e.usable) or "none here"
-        table = self.query_one("#volumes", PlainTable)
-        keep = self.current_name()
+        table = self.table("volumes")
         self.volumes = {v.name: v for v in data.volumes}
-        names = list(self.volumes)
-        if table.set_rows((v.name, (v.name, human_size(v.size_bytes), v.backing, attached_to(v, data), usable,
-                                            seen(v.created)))
-                          for v in data.volumes) and keep in names:
-            table.move_cursor(row=names.index(keep))
+        table.set_rows(((v.name, (v.name, human_size(v.size_bytes), v.backing, attached_to(v, data), usable,
+                                  seen(v.created))) for v in data.volumes), keep=table.highlighted_key())
         self._show_detail()
 
     def current_name(self) -> str | None:
-        return self.query_one("#volumes", PlainTable).highlighted_key()
+        return self.table("volumes").highlighted_key()
 
     def _show_detail(self) -> None:
         detail = self.query_one("#volume-detail", Static)

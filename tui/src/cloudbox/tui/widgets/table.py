@@ -33,10 +33,10 @@ class PlainTable(DataTable[Any]):
     _styles_check = False
     _shown: list[tuple[str, tuple[Any, ...]]] | None = None  # what set_rows last put in the table
 
-    def set_rows(self, rows: Iterable[tuple[str, Sequence[Any]]]) -> bool:
+    def set_rows(self, rows: Iterable[tuple[str, Sequence[Any]]], keep: str | None = None) -> bool:
         """Show `rows`, each (key, cells). When the keys are the ones shown, in the same order, only the cells
-        that changed are updated (the cursor and the rendered rows stay); else the table is rebuilt, and True
-        is returned."""
+        that changed are updated (the cursor and the rendered rows stay); else the table is rebuilt, the cursor
+        goes back to the row keyed `keep` when there is one, and True is returned."""
         new = [(key, tuple(cells)) for key, cells in rows]
         old = self._shown
         if old is not None and self.row_count == len(old) and [k for k, _ in old] == [k for k, _ in new]:
@@ -51,6 +51,9 @@ class PlainTable(DataTable[Any]):
         for key, cells in new:
             self.add_row(*cells, key=key)
         self._shown = new
+        keys = [key for key, _ in new]
+        if keep in keys:
+            self.move_cursor(row=keys.index(keep))
         return True
 
     def highlighted_key(self) -> str | None:
