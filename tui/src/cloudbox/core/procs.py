@@ -10,12 +10,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import Aborted, CloudboxError
+
+T = TypeVar("T")
 
 # Loaded here, not in the forked child: dlopen after fork in a threaded parent can deadlock on the loader's lock.
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -80,15 +82,41 @@ def wait_cancellable(proc: subprocess.Popen[Any], cancelled: Callable[[], bool],
             proc.communicate()
 
 
+def wait_for(found: Callable[[], T], timeout: float, failure: Callable[[], str], interval: float = 0.05) -> T:
+    """What `found()` returns once it is something (asked every `interval` s); after `timeout` s without it,
+    CloudboxError(failure())."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = found()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise CloudboxError(failure())
+        time.sleep(interval)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def listens(pid: int, port: int) -> bool:
-    """True once process `pid` itself holds a listening TCP socket on `port` (not merely: something answers there)."""
-    inodes = set()
+def programs(name: str) -> Iterator[tuple[Path, list[bytes]]]:
+    """Each process running program `name` (its argv[0]'s last part): its /proc directory and its argv."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) == name.encode():
+            yield d, argv
+
+
+def listening(port: int) -> list[list[str]]:
+    """The fields of each /proc/net/tcp and tcp6 row of a socket listening on TCP `port`."""
+    found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -96,8 +124,14 @@ def listens(pid: int, port: int) -> bool:
             continue
         for line in lines:
             f = line.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{f[9]}]")
+            if len(f) > 3 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                found.append(f)
+    return found
+
+
+def listens(pid: int, port: int) -> bool:
+    """True once process `pid` itself holds a listening TCP socket on `port` (not merely: something answers there)."""
+    inodes = {f"socket:[{f[9]}]" for f in listening(port) if len(f) > 9}
     if not inodes:
         return False
     try:
@@ -125,6 +159,11 @@ class ServedByChild:
     def io(self) -> dict[str, int]:
         """What the server read from and wrote to storage so far (Child.io); empty once it has stopped."""
         return self.child.io() if self.child else {}
+
+    def stop(self) -> None:
+        """End the server (SIGTERM, then SIGKILL after its grace) and remove its log. Safe to call twice."""
+        if self.child is not None:
+            self.child.stop()
 
 
 @dataclass

@@ -10,7 +10,7 @@
     nvmet       an NVMe/TCP export (the kernel's nvmet)
     nfs         an NFSv4 export of a directory (nfs-ganesha) and the mounts of it
     hostattach  the host's own kernel attaching a volume (open-iscsi, nbd-client, aoe, nvme-tcp)
-    pki         this box's CA and certificates for NBD with TLS
+    pki         this box's CA and certificates for NBD with TLS, and private writes of every credentials file
     nodecreds   a back-end's credentials for the front-end's volumes
 
 docs/volumes.md says what works where, and docs/nfs.md the NFS path.

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,11 +49,6 @@ class AoeExport(procs.ServedByChild):
     @property
     def uri(self) -> str:
         return f"aoe:{self.target}@{self.iface}"
-
-    def stop(self) -> None:
-        """End the export (SIGTERM, SIGKILL after 5 s) and remove its log. Safe to call twice."""
-        if self.child is not None:
-            self.child.stop()
 
 
 def _packet_socket_open(pid: int) -> bool:
@@ -141,17 +135,7 @@ def start(name: str, path: str, iface: str, *, shelf: int, slot: int = 0, log: P
 
 def running(path: str) -> list[int]:
     """The pids of every vblade serving `path` (a test's check that nothing is left)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.path.basename(argv[0]) == b"vblade" and path.encode() in argv:
-            out.append(int(d.name))
-    return out
+    return [int(d.name) for d, argv in procs.programs("vblade") if path.encode() in argv]
 
 
 def attach_in_guest(guest, target: str, *, timeout: float = 60.0) -> str:
@@ -170,21 +154,23 @@ def attach_in_guest(guest, target: str, *, timeout: float = 60.0) -> str:
                             f"{(p.stdout + p.stderr).strip()[-300:]}; rebuild the guest image (make guest-image) "
                             "if it has no aoe module")
     dev = f"/dev/etherd/{target}"
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def found() -> bool:
         # Ask again each round: the first query may have left before the link had its carrier.
         p = guest.sh(f"[ -b {dev} ] && cat '/sys/block/etherd!{target}/size' || "
                      "{ echo > /dev/etherd/discover; exit 1; } 2>/dev/null", timeout=30)
-        if p.exitcode == 0 and p.stdout.strip().isdigit() and int(p.stdout) > 0:
-            return dev
-        if time.monotonic() > deadline:
-            seen = guest.sh("ls /sys/block | grep etherd", timeout=30).stdout.split()
-            said = guest.sh(f"ls /sys/block /dev/etherd; dmesg | tail -n 8; cat /sys/class/net/{nic}/operstate "
-                            f"/sys/class/net/{nic}/statistics/rx_packets", timeout=30).stdout
-            raise CloudboxError(f"the guest's aoe driver did not find {target} on {nic} within {timeout:.0f} s "
-                                f"(it has: {', '.join(seen) or 'no AoE disk'}; the guest's kernel said: "
-                                f"{' | '.join(said.split(chr(10)))[-400:]}); is vblade serving on the guest's bridge?")
-        time.sleep(1)
+        return p.exitcode == 0 and p.stdout.strip().isdigit() and int(p.stdout) > 0
+
+    def failure() -> str:
+        seen = guest.sh("ls /sys/block | grep etherd", timeout=30).stdout.split()
+        said = guest.sh(f"ls /sys/block /dev/etherd; dmesg | tail -n 8; cat /sys/class/net/{nic}/operstate "
+                        f"/sys/class/net/{nic}/statistics/rx_packets", timeout=30).stdout
+        return (f"the guest's aoe driver did not find {target} on {nic} within {timeout:.0f} s (it has: "
+                f"{', '.join(seen) or 'no AoE disk'}; the guest's kernel said: "
+                f"{' | '.join(said.split(chr(10)))[-400:]}); is vblade serving on the guest's bridge?")
+
+    procs.wait_for(found, timeout, failure, interval=1)
+    return dev
 
 
 VETH_PREFIX = "cbv"

@@ -38,6 +38,7 @@ from .transports import (
     VolumeExport,
     block_transport,
     transport,
+    undo_attach,
 )
 
 HOST_INITIATOR_LABEL = "host-initiator"  # ... through this host's kernel initiator, on the device it attached
@@ -256,10 +257,7 @@ def _for_host(scheme: str, name: str, path: str, vol_bytes: int, attach: str, ru
         if v is not None:
             v.close()  # detaches, stops the export, clears the mark, removes the store
         else:
-            if store is not None:
-                store.remove()
-            with VolumeStore() as vs:
-                vs.detach(name, run_uuid)
+            undo_attach(name, run_uuid, store)
         raise
     return v
 
@@ -386,10 +384,7 @@ def export_for_node(spec: str, attach: str, *, node: str, creds: nodecreds.NodeC
         exp = block_transport(scheme).serve_node(name, vol.path, creds, attach, run_uuid, address, link, work_dir,
                                                  peer)
     except BaseException:
-        if store is not None:
-            store.remove()
-        with VolumeStore() as vs:
-            vs.detach(name, run_uuid)
+        undo_attach(name, run_uuid, store)
         raise
     server_dev = backing.dev_name_for_path(vol.path)
     store.path = f"aoe:{exp.target}@{address}" if isinstance(exp, aoe.AoeExport) else exp.uri

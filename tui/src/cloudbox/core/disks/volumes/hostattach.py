@@ -15,8 +15,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import tempfile
-import time
 import uuid
 import zlib
 from collections.abc import Callable
@@ -27,6 +25,7 @@ from ... import paths, procs
 from ...errors import CloudboxError, keep_secret, masked
 from ...spec.schemes import SCHEMES
 from . import iscsi, nvmet
+from .pki import write_private_json
 
 ATTACH_TIMEOUT = 60.0  # a login or connect, then the volume's disk appearing
 ISCSI_IFACE = "cloudbox"  # iscsiadm's interface record: this box's (or node's) initiator name, not the system's
@@ -84,14 +83,8 @@ def _dmesg_tail(n: int = 6) -> str:
 
 
 def _wait(what: str, found: Callable[[], str], timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = found()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise CloudboxError(f"{what} did not appear within {timeout:.0f} s; the kernel said: {_dmesg_tail()}")
-        time.sleep(0.2)
+    return procs.wait_for(found, timeout, lambda: f"{what} did not appear within {timeout:.0f} s; the kernel said: "
+                          f"{_dmesg_tail()}", interval=0.2)
 
 
 # -- iSCSI: open-iscsi --------------------------------------------------------------------------------------------
@@ -287,21 +280,6 @@ def read_nvme_ids(data: dict[str, str]) -> NvmeHost:
 
 def nvme_host_file() -> Path:
     return paths.state_dir() / "pki" / "nvme" / "host.json"
-
-
-def write_private_json(f: Path, data: dict[str, str]) -> None:
-    """`data` into `f` atomically, 0600 in a 0700 directory."""
-    f.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(f.parent, 0o700)
-    fd, tmp = tempfile.mkstemp(prefix=".new-", dir=f.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, f)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def nvme_host(f: Path | None = None) -> NvmeHost:

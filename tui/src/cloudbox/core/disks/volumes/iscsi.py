@@ -23,7 +23,6 @@ import signal
 import socket
 import struct
 import subprocess
-import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 from ... import paths, procs
 from ...errors import CloudboxError, keep_secret, masked
 from ...procs import free_port, listens
+from .pki import write_private_json
 
 START_TIMEOUT = 30.0  # a server on an emulated, busy host can take its time to start
 MGMT_TIMEOUT = 30.0  # one tgtadm request
@@ -67,20 +67,6 @@ def chap_file() -> Path:
     return paths.state_dir() / "pki" / "iscsi" / "chap.json"
 
 
-def _write_private(f: Path, data: dict[str, str]) -> None:
-    f.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(f.parent, 0o700)
-    fd, tmp = tempfile.mkstemp(prefix=".chap-", dir=f.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, f)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def target_account(tag: str) -> dict[str, str]:
     """A target's own CHAP account (mutual CHAP), new: {"target_user", "target_secret"}."""
     return {"target_user": f"cloudbox-target-{tag}", "target_secret": secrets.token_hex(16)}
@@ -92,13 +78,13 @@ def chap() -> Chap:
     f = chap_file()
     if not f.exists():
         box = secrets.token_hex(4)
-        _write_private(f, {"initiator": f"{IQN_PREFIX}:box-{box}", "user": f"cloudbox-{box}",
+        write_private_json(f, {"initiator": f"{IQN_PREFIX}:box-{box}", "user": f"cloudbox-{box}",
                            "secret": secrets.token_hex(16), **target_account(box)})
     try:
         data = json.loads(f.read_text())
         if not data.get("target_secret"):
             data.update(target_account(str(data["user"]).removeprefix("cloudbox-")))
-            _write_private(f, data)
+            write_private_json(f, data)
         return Chap(str(data["initiator"]), str(data["user"]), str(data["secret"]), str(data["target_user"]),
                     str(data["target_secret"]))
     except (OSError, ValueError, KeyError) as e:
@@ -305,12 +291,8 @@ def attach_in_guest(guest, exp: IscsiExport, creds: Chap) -> str:
 def running(path: str) -> list[int]:
     """The pids of every tgtd holding `path` open (a test's check that nothing is left)."""
     out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    for d, _argv in procs.programs("tgtd"):
         try:
-            if os.path.basename((d / "cmdline").read_bytes().split(b"\0")[0]) != b"tgtd":
-                continue
             if any(os.readlink(fd) == path for fd in (d / "fd").iterdir()):
                 out.append(int(d.name))
         except OSError:
@@ -402,9 +384,8 @@ class HostRelay(procs.ServedByChild):
     def stop(self) -> None:
         """Log out (qemu-nbd ends its session as it exits) and remove the socket, the secret and the log. Safe to
         call twice."""
-        if self.child is not None:
-            self.child.stop()
-            self.child = None
+        super().stop()
+        self.child = None
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 

@@ -42,11 +42,6 @@ class NbdExport(procs.ServedByChild):
     def uri(self) -> str:
         return f"nbds://{self.host}:{self.port}/{self.name}"
 
-    def stop(self) -> None:
-        """End the export (SIGTERM, then SIGKILL after 5 s) and remove its log. Safe to call twice."""
-        if self.child is not None:
-            self.child.stop()
-
 
 def start(name: str, path: str, server_creds: Path, *, client: str, log: Path, host: str = "127.0.0.1",
           port: int | None = None) -> NbdExport:

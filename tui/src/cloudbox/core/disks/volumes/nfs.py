@@ -135,9 +135,8 @@ class NfsExport(procs.ServedByChild):
     def stop(self) -> None:
         """End ganesha (SIGTERM: it closes its clients' state and exits), remove its configuration and log. Safe to
         call twice."""
-        if self.child is not None:
-            self.child.stop()
-            self.child = None
+        super().stop()
+        self.child = None
         if self.work_dir is not None:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir = None
@@ -316,13 +315,8 @@ def unmount_in_guest(guest, k: int = 0) -> None:
 def running(directory: str) -> list[int]:
     """The pids of every ganesha.nfsd serving `directory` (a test's check that nothing is left)."""
     out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    for d, argv in procs.programs("ganesha.nfsd"):
         try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            if Path(argv[0].decode()).name != "ganesha.nfsd":
-                continue
             conf = argv[argv.index(b"-f") + 1].decode()
             if f'Path = {json.dumps(directory)};' in Path(conf).read_text():
                 out.append(int(d.name))

@@ -86,7 +86,7 @@ def make(node: str, ca: pki.Credentials, base: Path | None = None) -> NodeCreds:
                                              **iscsi.target_account(c.chap.user.removeprefix("cloudbox-"))),
                           hostattach.NvmeHost(c.nvme.nqn, c.nvme.hostid, c.nvme.key, hostattach.dhchap_secret()),
                           c.nbd_dir)
-            hostattach.write_private_json(base / "ids.json", _ids(node, c.chap, c.nvme))
+            pki.write_private_json(base / "ids.json", _ids(node, c.chap, c.nvme))
         return c
     tag = f"{node}-{secrets.token_hex(3)}"
     tmp = base.with_name(f".{base.name}.new")
@@ -97,7 +97,7 @@ def make(node: str, ca: pki.Credentials, base: Path | None = None) -> NodeCreds:
                           **iscsi.target_account(tag))
         nvme = hostattach.new_nvme_host(f"node-{tag}")
         pki.issue_client(ca, tmp / "nbd", f"cloudbox NBD client {tag}")
-        hostattach.write_private_json(tmp / "ids.json", _ids(node, chap, nvme))
+        pki.write_private_json(tmp / "ids.json", _ids(node, chap, nvme))
         os.chmod(base.parent, 0o700)
         tmp.rename(base)
     except BaseException:
@@ -143,7 +143,7 @@ def install(data: dict[str, Any], base: Path | None = None) -> NodeCreds:
             fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if name.endswith("key.pem") else 0o644)
             with os.fdopen(fd, "w") as out:
                 out.write(str(nbd[name]))
-        hostattach.write_private_json(tmp / "ids.json", {"node": str(data["node"]), "chap": data["chap"],
+        pki.write_private_json(tmp / "ids.json", {"node": str(data["node"]), "chap": data["chap"],
                                                          "nvme": data["nvme"], "front_end": str(data["front_end"])})
         got = _load(tmp, str(data["node"]))
         if got.fingerprint != data.get("fingerprint"):

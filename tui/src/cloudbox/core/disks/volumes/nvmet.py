@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import CloudboxError
-from ...procs import free_port
+from ...procs import free_port, listening, wait_for
 
 CONFIGFS = Path("/sys/kernel/config")
 NQN_PREFIX = "nqn.2026-11.org.cloudbox"
@@ -89,16 +89,7 @@ def auth_supported(configfs: Path = CONFIGFS) -> bool:
 
 def _listening(port: int) -> bool:
     """True once the kernel listens on TCP `port` (nvmet-tcp's socket belongs to no process)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if len(f) > 3 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
+    return bool(listening(port))
 
 
 @dataclass
@@ -241,12 +232,9 @@ def start(name: str, path: str, *, allowed: dict[str, str], run_uuid: str, host:
                             ("addr_traddr", host), ("addr_trsvcid", str(port))):
             _write(p / attr, value)
         (p / "subsystems" / nqn).symlink_to(sub)
-        deadline = time.monotonic() + LISTEN_TIMEOUT
-        while not _listening(port):
-            if time.monotonic() > deadline:
-                raise CloudboxError(f"the kernel's NVMe/TCP target did not listen on {host}:{port} within "
-                                    f"{LISTEN_TIMEOUT:.0f} s (dmesg says why)")
-            time.sleep(0.05)
+        wait_for(lambda: _listening(port), LISTEN_TIMEOUT,
+                 lambda: f"the kernel's NVMe/TCP target did not listen on {host}:{port} within {LISTEN_TIMEOUT:.0f} s "
+                 "(dmesg says why)")
     except BaseException:
         exp.stop()
         raise

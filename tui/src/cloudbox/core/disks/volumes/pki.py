@@ -9,11 +9,15 @@ The initiators read their credentials from fixed places: libvirt hands QEMU the 
 `nbd_tls_x509_cert_dir` (else /etc/pki/libvirt-nbd when it exists, else `default_tls_x509_cert_dir`, else
 /etc/pki/qemu), and libnbd run as root reads /etc/pki/libnbd. `install_client()` writes the client's three files
 there, marked as cloudbox's; a directory holding someone else's CA is refused, never overwritten.
+
+The other schemes' credentials (iSCSI CHAP, the NVMe host identity, a node's ids) are JSON files written here the
+same private way (`write_private_json`).
 """
 
 from __future__ import annotations
 
 import grp
+import json
 import os
 import re
 import shutil
@@ -192,3 +196,18 @@ def install_client(creds: Credentials, target: Path, *, group: int | None = None
         os.chown(tmp, 0, gid)
         tmp.replace(dst)
     marker.write_text(creds.fingerprint + "\n")
+
+
+def write_private_json(f: Path, data: dict[str, str]) -> None:
+    """`data` into `f` atomically, 0600 in a 0700 directory."""
+    f.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(f.parent, 0o700)
+    fd, tmp = tempfile.mkstemp(prefix=".new-", dir=f.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, f)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

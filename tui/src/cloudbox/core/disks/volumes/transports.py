@@ -135,6 +135,14 @@ class VolumeExport:
             self.attachment = None
 
 
+def undo_attach(name: str, run_uuid: str, store: backing.BackingStore | None = None) -> None:
+    """What a failed attach leaves behind, undone: its work store removed, volume `name` no longer the run's."""
+    if store is not None:
+        store.remove()
+    with VolumeStore() as vs:
+        vs.detach(name, run_uuid)
+
+
 def no_aoe_baseline() -> str:
     """Why a run with an AoE volume the guest attaches has no baseline: this kernel has no aoe driver (with one, the
     host domain attaches the volume over a veth pair first: `_for_host`)."""
@@ -260,10 +268,7 @@ class NbdTransport(BlockTransport):
             exp = nbd.start(name, path, creds.server_dir, client=pki.identity(creds.client_dir / CLIENT_CERT),
                             log=work_dir / "qemu-nbd.log")
         except BaseException:
-            if store is not None:
-                store.remove()
-            with VolumeStore() as vs:
-                vs.detach(name, run_uuid)
+            undo_attach(name, run_uuid, store)
             raise
         dev = backing.dev_name_for_path(path)
         store.path = store.baseline_target = exp.uri
@@ -328,8 +333,7 @@ class AoeTransport(BlockTransport):
         try:
             store = backing.new_work_dir("network-volume", work_dir, size_bytes, "raw")
         except BaseException:
-            with VolumeStore() as vs:
-                vs.detach(name, run_uuid)
+            undo_attach(name, run_uuid)
             raise
         dev = backing.dev_name_for_path(path)
         target = f"e{aoe.shelf_for(run_uuid)}.0"
@@ -427,10 +431,7 @@ class IscsiTransport(BlockTransport):
         except BaseException:
             if exp is not None:
                 exp.stop()
-            if store is not None:
-                store.remove()
-            with VolumeStore() as vs:
-                vs.detach(name, run_uuid)
+            undo_attach(name, run_uuid, store)
             raise
         dev = backing.dev_name_for_path(path)
         store.path = exp.uri
