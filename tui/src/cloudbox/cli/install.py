@@ -178,14 +178,8 @@ def cmd_install(a: argparse.Namespace) -> int:
             return _run_plan(answers, a.answers, machine, a, _ask_yes)
         answers = Interview(machine).run()
         return _run_plan(answers, "interactive answers", machine, a, _ask_yes)
-    except AnswerError as e:
-        print(f"cloudbox: {e}", file=sys.stderr)
-        return EXIT_INVALID
     except CloudboxError as e:
-        print(f"cloudbox: {e}", file=sys.stderr)
-        if getattr(a, "writing", False):
-            print("cloudbox: re-run `cloudbox install` with the same answers to resume", file=sys.stderr)
-        return EXIT_FAILED
+        return _failed(e, a, written="re-run `cloudbox install` with the same answers to resume")
     except (KeyboardInterrupt, EOFError):
         if getattr(a, "writing", False):
             print("\ncloudbox: interrupted; mounts removed. What was written stays: re-run `cloudbox install` with "
@@ -195,6 +189,18 @@ def cmd_install(a: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _failed(e: CloudboxError, a: argparse.Namespace, *, written: str, unwritten: str = "") -> int:
+    """Say `e` and what to do next (`written` once the plan has begun writing, else `unwritten`); the exit status:
+    INVALID for answers that do not validate (nothing more to say then), else FAILED."""
+    print(f"cloudbox: {e}", file=sys.stderr)
+    if isinstance(e, AnswerError):
+        return EXIT_INVALID
+    hint = written if getattr(a, "writing", False) else unwritten
+    if hint:
+        print(f"cloudbox: {hint}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _wants_tui(a: argparse.Namespace) -> bool:
@@ -248,16 +254,9 @@ def _unattended(a: argparse.Namespace) -> int:
     sys.stdout = sys.stderr = KmsgLines(out)
     try:
         return _unattended_run(a)
-    except AnswerError as e:
-        print(f"cloudbox: {e}", file=sys.stderr)
-        return EXIT_INVALID
     except CloudboxError as e:
-        print(f"cloudbox: {e}", file=sys.stderr)
-        if getattr(a, "writing", False):
-            print("cloudbox: fix the cause and reboot the stick to resume; what was written stays", file=sys.stderr)
-        else:
-            print("cloudbox: fix the cause and reboot the stick; nothing was written", file=sys.stderr)
-        return EXIT_FAILED
+        return _failed(e, a, written="fix the cause and reboot the stick to resume; what was written stays",
+                       unwritten="fix the cause and reboot the stick; nothing was written")
     finally:
         sys.stdout.flush()
         sys.stdout, sys.stderr = out, err
