@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -35,34 +36,30 @@ def repo_root() -> Path | None:
     return None
 
 
-def state_dir() -> Path:
-    env = os.environ.get("CLOUDBOX_STATE_DIR")
-    if env:
-        return Path(env)
+def _chosen(env: str, as_root: str, xdg: str, fallback: Callable[[], Path]) -> Path:
+    """$`env` when set; else `as_root` for root; else $`xdg`/cloudbox, or `fallback()` when $`xdg` is unset too."""
+    chosen = os.environ.get(env)
+    if chosen:
+        return Path(chosen)
     if _root():
-        return Path("/var/lib/cloudbox")
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local/share")
-    return Path(base) / "cloudbox"
+        return Path(as_root)
+    base = os.environ.get(xdg)
+    return Path(base) / "cloudbox" if base else fallback()
+
+
+def state_dir() -> Path:
+    return _chosen("CLOUDBOX_STATE_DIR", "/var/lib/cloudbox", "XDG_DATA_HOME",
+                   lambda: Path.home() / ".local/share/cloudbox")
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("CLOUDBOX_CACHE_DIR")
-    if env:
-        return Path(env)
-    if _root():
-        return Path("/var/cache/cloudbox")
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cloudbox"
+    return _chosen("CLOUDBOX_CACHE_DIR", "/var/cache/cloudbox", "XDG_CACHE_HOME",
+                   lambda: Path.home() / ".cache/cloudbox")
 
 
 def run_dir() -> Path:
-    env = os.environ.get("CLOUDBOX_RUN_DIR")
-    if env:
-        return Path(env)
-    if _root():
-        return Path("/run/cloudbox")
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(xdg) / "cloudbox" if xdg else Path(f"/tmp/cloudbox-{os.getuid()}")
+    return _chosen("CLOUDBOX_RUN_DIR", "/run/cloudbox", "XDG_RUNTIME_DIR",
+                   lambda: Path(f"/tmp/cloudbox-{os.getuid()}"))
 
 
 def results_db() -> Path:
@@ -78,18 +75,21 @@ def user_profiles_dir() -> Path:
     return state_dir() / "profiles"
 
 
+def _shipped(env: str, folder: str) -> list[Path]:
+    """The directories of a kind of shipped file: only $`env` when set, else the checkout's `folder`/ and then the
+    installed /usr/share/cloudbox/`folder`, those that exist."""
+    chosen = os.environ.get(env)
+    if chosen:
+        return [Path(chosen)] if Path(chosen).is_dir() else []
+    root = repo_root()
+    dirs = [root / folder] if root is not None else []
+    return [d for d in (*dirs, Path("/usr/share/cloudbox") / folder) if d.is_dir()]
+
+
 def preset_dirs() -> list[Path]:
     """Directories holding shipped presets: the checkout's profiles/, then the installed location
     (or only CLOUDBOX_PRESET_DIR when set)."""
-    env = os.environ.get("CLOUDBOX_PRESET_DIR")
-    if env:
-        return [Path(env)] if Path(env).is_dir() else []
-    dirs: list[Path] = []
-    root = repo_root()
-    if root is not None:
-        dirs.append(root / "profiles")
-    dirs.append(Path("/usr/share/cloudbox/profiles"))
-    return [d for d in dirs if d.is_dir()]
+    return _shipped("CLOUDBOX_PRESET_DIR", "profiles")
 
 
 def profile_path() -> list[Path]:
@@ -100,15 +100,7 @@ def profile_path() -> list[Path]:
 def study_dirs() -> list[Path]:
     """Directories holding study files (studies/*.toml): the checkout's studies/, then the installed location
     (or only CLOUDBOX_STUDY_DIR when set)."""
-    env = os.environ.get("CLOUDBOX_STUDY_DIR")
-    if env:
-        return [Path(env)] if Path(env).is_dir() else []
-    dirs: list[Path] = []
-    root = repo_root()
-    if root is not None:
-        dirs.append(root / "studies")
-    dirs.append(Path("/usr/share/cloudbox/studies"))
-    return [d for d in dirs if d.is_dir()]
+    return _shipped("CLOUDBOX_STUDY_DIR", "studies")
 
 
 def guest_image_dir() -> Path:

@@ -14,6 +14,7 @@ import contextlib
 import os
 import stat
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..errors import CloudboxError
 
@@ -46,12 +47,40 @@ def _refuse(path: str, where: str, when: str) -> ForeignFile:
 
 
 @dataclass
-class ClaimedFile:
-    """A regular file made by this process for the tools and kept open; `tool_path` is what they are given."""
+class _Claimed:
+    """What a claimed file and a claimed directory share: the name, the descriptor kept open, and their checks."""
 
     path: str
     fd: int
     where: str  # the place named in a refusal, e.g. "on the NFS export"
+
+    KIND: ClassVar[int]  # the file type made (stat.S_IFREG, S_IFDIR)
+
+    @property
+    def tool_path(self) -> str:
+        """The path a tool opens: this process's descriptor, so the kernel reaches this file and nothing else."""
+        return f"/proc/{os.getpid()}/fd/{self.fd}"
+
+    def ours(self) -> bool:
+        """The name still names what was made (of its type, with its device and inode)."""
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        mine = os.fstat(self.fd)
+        return stat.S_IFMT(st.st_mode) == self.KIND and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def check(self) -> None:
+        """ForeignFile when the name was replaced since it was made."""
+        if not self.ours():
+            raise _refuse(self.path, self.where, "now holds")
+
+
+@dataclass
+class ClaimedFile(_Claimed):
+    """A regular file made by this process for the tools and kept open; `tool_path` is what they are given."""
+
+    KIND = stat.S_IFREG
 
     @classmethod
     def create(cls, path: str, *, where: str = "") -> ClaimedFile:
@@ -65,25 +94,6 @@ class ClaimedFile:
             os.close(fd)
             raise ForeignFile(f"{path}: made as a file but is {_kind(st, path)}")
         return cls(path, fd, where)
-
-    @property
-    def tool_path(self) -> str:
-        """The path a tool opens: this process's descriptor, so the kernel reaches this file and nothing else."""
-        return f"/proc/{os.getpid()}/fd/{self.fd}"
-
-    def ours(self) -> bool:
-        """The name still names this file (a regular file with this file's device and inode)."""
-        try:
-            st = os.lstat(self.path)
-        except OSError:
-            return False
-        mine = os.fstat(self.fd)
-        return stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
-
-    def check(self) -> None:
-        """ForeignFile when the name was replaced since it was made."""
-        if not self.ours():
-            raise _refuse(self.path, self.where, "now holds")
 
     def ready(self, size: int) -> None:
         """Checked, and at least `size` bytes allocated: fio re-lays-out (unlinks and makes anew) a file shorter
@@ -104,13 +114,11 @@ class ClaimedFile:
 
 
 @dataclass
-class ClaimedDir:
+class ClaimedDir(_Claimed):
     """A directory made by this process (mode 0700) for tools that make their own files in it (MPI-IO's file per
     rank), kept open; `tool_path` reaches it through the descriptor."""
 
-    path: str
-    fd: int
-    where: str
+    KIND = stat.S_IFDIR
 
     @classmethod
     def create(cls, path: str, *, where: str = "") -> ClaimedDir:
@@ -123,19 +131,6 @@ class ClaimedDir:
         except OSError:
             raise _refuse(path, where, "now holds") from None
         return cls(path, fd, where)
-
-    @property
-    def tool_path(self) -> str:
-        return f"/proc/{os.getpid()}/fd/{self.fd}"
-
-    def check(self) -> None:
-        try:
-            st = os.lstat(self.path)
-        except OSError:
-            st = None
-        mine = os.fstat(self.fd)
-        if st is None or not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
-            raise _refuse(self.path, self.where, "now holds")
 
     def release(self) -> None:
         """Its files and the directory removed (through the descriptor: nothing outside it is followed)."""

@@ -11,14 +11,14 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen
-from textual.widgets import DataTable, Label, Static, TextArea
+from textual.widgets import DataTable, Static, TextArea
 
 from cloudbox.core.run.runs import Sweep
 from cloudbox.core.studies import cellstates, evidence, planning, schema
 from cloudbox.core.studies.wording import ours_text, paper_text
 from cloudbox.tui.screens.base import BaseScreen
 from cloudbox.tui.screens.keys import screen_keys
+from cloudbox.tui.widgets.dialogs import TextDialog
 from cloudbox.tui.widgets.table import PlainTable
 
 QUICK = "quick"
@@ -54,27 +54,19 @@ def cell_row(study: schema.Study, c: cellstates.CellState) -> tuple[str, tuple[A
                                      run, note)
 
 
-class ReportScreen(ModalScreen[None]):
+class ReportScreen(TextDialog):
     """A study's Markdown report, read-only and scrollable both ways (its tables are wider than the screen)."""
 
     BINDINGS = [Binding("escape,q", "close", "Close", id="report.close")]
 
     def __init__(self, name: str, text: str):
-        super().__init__()
-        self.study_name = name
-        self.text = text
+        super().__init__(f"cloudbox study report {name}", text)
 
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog wide"):
-            yield Label(f"cloudbox study report {self.study_name}", classes="dialog-title")
-            yield TextArea(self.text, read_only=True, soft_wrap=False, show_line_numbers=False, id="report")
-            yield Label("Esc: close", classes="dialog-hint")
+    def body(self) -> ComposeResult:
+        yield TextArea(self.text, read_only=True, soft_wrap=False, show_line_numbers=False, id="report")
 
     def on_mount(self) -> None:
         self.query_one("#report", TextArea).focus()
-
-    def action_close(self) -> None:
-        self.dismiss(None)
 
 
 # The study list, the highlighted study's name and, when there is one, that study with each cell's state.

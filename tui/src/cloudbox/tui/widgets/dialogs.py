@@ -85,9 +85,12 @@ class TextDialog(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
             yield Label(self.title_text, classes="dialog-title", markup=False)
-            with VerticalScroll(classes="dialog-scroll"):
-                yield Static(self.text, markup=False, id="text")
+            yield from self.body()
             yield Label("Esc: close", classes="dialog-hint")
+
+    def body(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog-scroll"):
+            yield Static(self.text, markup=False, id="text")
 
     def action_close(self) -> None:
         self.dismiss(None)
