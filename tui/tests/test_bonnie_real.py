@@ -1,6 +1,6 @@
 """Study B's two sweeps-in-one-test in a real run (TCG guest, quick size): Bonnie++ on an ext4 made on the benchmark
 disk, in the guest and on bare metal on the same backing, then IOzone's file-size sweep on the raw disk; their
-figures stored, and nothing left mounted, attached or written behind."""
+figures stored, their progress reported as they ran, and nothing left mounted, attached or written behind."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from real_runs import leftovers, work_files
 
 from cloudbox.core import paths
 from cloudbox.core.bench import bonnie, iozone
+from cloudbox.core.record.events import ProgressEvent
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.run import runs
 from cloudbox.core.run.measure import measured
@@ -24,15 +25,19 @@ def test_bonnie_and_iozones_file_sweep_in_the_guest_and_on_bare_metal(state, lib
     with ResultStore() as store:
         rid = runs.executor(spec, store).execute()
         run = store.get_run(rid)
+        progress = [e.record for e in store.events_since(rid, 0, limit=100_000)
+                    if isinstance(e.record, ProgressEvent) and e.record.done]
     assert run.state == "completed", run.reason
     prov = run.provenance.to_stored()
     assert {"bonnie++", "e2fsprogs"} <= set(prov["versions"]["guest_packages"]), prov["versions"]["guest_packages"]
     guest = run.measurement("guest", "bonnie", "MB/s")
     assert guest is not None and guest.value > 0  # block write: seconds under TCG, never too quick to time
-    assert guest.raw.startswith("1.98,2.00a,cloudbox-guest,") and "cloudbox-elapsed" in guest.raw
+    csv_line = next(ln for ln in guest.raw.splitlines() if ln.startswith("1.98,"))
+    assert csv_line.startswith("1.98,2.00a,cloudbox-guest,") and "cloudbox-elapsed" in guest.raw
+    assert "Delete files in random order...done." in guest.raw  # its phases, read for its progress as it ran
     parsed = bonnie.parse_bonnie("bonnie", guest.raw)
     assert guest.value == pytest.approx(parsed.mbps)
-    assert ",96M," in guest.raw.splitlines()[0]  # the quick size's 128 MiB disk: a 96 MiB file
+    assert ",96M," in csv_line  # the quick size's 128 MiB disk: a 96 MiB file
     for metric in ("seconds", "write %CPU"):
         m = run.measurement("guest", "bonnie", metric)
         assert m is not None and m.value > 0 and m.value == pytest.approx(parsed.extra[metric]), metric
@@ -51,7 +56,7 @@ def test_bonnie_and_iozones_file_sweep_in_the_guest_and_on_bare_metal(state, lib
     assert base is not None and base.value > 0
     rows = [m for m in run.measurements if m.side == "baseline" and m.test == "bonnie"]
     raw = next(m.raw for m in rows if m.raw)
-    assert raw.startswith("1.98,2.00a,") and ",96M," in raw
+    assert bonnie.bonnie_version(raw) == "2.00a" and ",96M," in raw
     assert {m.metric for m in rows} == {name for name, _ in measured(bonnie.parse_bonnie("bonnie", raw, base.value))}
     # IOzone's sweep: 16 MiB records over files of 16, 32, 64 and 128 MiB (the quick size), each pass on each side
     for side in ("guest", "baseline"):
@@ -59,6 +64,12 @@ def test_bonnie_and_iozones_file_sweep_in_the_guest_and_on_bare_metal(state, lib
         assert iozone.iozone_file_sizes(rows) == [16384, 32768, 65536, 131072], (side, sorted(rows))
         assert len(rows) == 1 + 4 * 4 and all(v > 0 for v in rows.values()), (side, rows)
         assert rows["MB/s"] == rows["write MB/s, 128 MiB file"]
+    # their progress as they ran: Bonnie++'s phases (its seeks alone take seconds: the guest's read every 2 s sees
+    # them), IOzone's cells (bare metal's read from the start)
+    seen = {(p.side, p.test) for p in progress if p.elapsed is not None}
+    assert {("guest", "bonnie"), ("baseline", "bonnie"), ("baseline", "iozone-files-16m")} <= seen, seen
+    assert any(p.side == "guest" and p.test == "bonnie" and p.done.startswith("phase ") for p in progress)
+    assert all(p.done.startswith(("cell ", "4 of 4 cells")) for p in progress if p.test == "iozone-files-16m")
     # nothing left behind: no mount, no mount point, no loop device, no guest, no file
     assert [ln for ln in Path("/proc/mounts").read_text().splitlines() if "cloudbox-bonnie" in ln] == []
     assert list(paths.run_dir().glob("cloudbox-bonnie-*")) == []

@@ -6,6 +6,7 @@ virt, disks and spec below it.
     dd           dd: command line, the guest's timed wrapper, its parser
     iozone       IOzone: one pass, the file sweep and the record grid: command lines, parsers, metric names
     bonnie       Bonnie++: ext4 on the disk, command line, the guest's script, its CSV parser
+    progress     what IOzone, dd and Bonnie++ have done of a test's plan while they run, and its time left
     runners      the host's and the guest's runners of a storage test, cache drops, fills, guest timeouts
     diskwatch    a guest disk that stops completing requests: the watch and the test it kills
     barrier      N guests' tests started at one instant: the uptime barrier and its stamp

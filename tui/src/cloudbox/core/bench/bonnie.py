@@ -17,6 +17,7 @@ MKFS_EXT4 = ("mke2fs", "-t", "ext4", "-F", "-q", "-m", "0", "-E", "lazy_itable_i
 # The guest's shell runs its busybox applets before $PATH, and busybox has an ext2-only mke2fs of its own.
 GUEST_MKE2FS = "/usr/sbin/mke2fs"
 GUEST_BONNIE_DIR = "/mnt/cloudbox-bonnie"
+GUEST_BONNIE_LOG = "/tmp/cloudbox-bonnie.log"  # its messages as it goes, which the runner reads for progress
 MIB = 1024**2
 
 
@@ -33,20 +34,23 @@ def bonnie_files(size: int) -> int:
 
 def bonnie_args(directory: str, size: int) -> list[str]:
     """Bonnie++ in `directory`: -f skips the per-character passes (block I/O only), -r half the file, as Bonnie++
-    requires a file twice the RAM it is told, -q prints the CSV line alone on stdout."""
+    requires a file twice the RAM it is told. Its table and CSV line go to stdout, the phase it starts and ends to
+    stderr as it goes (core.bench.progress reads them)."""
     mib = bonnie_file_mib(size)
     return ["bonnie++", "-d", directory, "-s", f"{mib}m", "-r", str(mib // 2), "-n", str(bonnie_files(size)), "-f",
-            "-u", "root", "-q"]
+            "-u", "root"]
 
 
 def bonnie_guest_script(device: str, size: int) -> str:
-    """The guest's run: ext4 (its driver and crc32c loaded on demand) on `device`, mounted, Bonnie++, unmounted."""
+    """The guest's run: ext4 (its driver and crc32c loaded on demand) on `device`, mounted, Bonnie++ (its messages
+    kept in GUEST_BONNIE_LOG while it runs, then on stderr), unmounted."""
     q = shlex.quote
     mkfs = " ".join(q(a) for a in (GUEST_MKE2FS, *MKFS_EXT4[1:], device))
-    return (f"modprobe crc32c_generic 2>/dev/null; modprobe ext4 || exit 3; {mkfs} || exit 4; "
+    return (f": > {GUEST_BONNIE_LOG}; "
+            f"modprobe crc32c_generic 2>/dev/null; modprobe ext4 || exit 3; {mkfs} || exit 4; "
             f"mkdir -p {GUEST_BONNIE_DIR} && mount -t ext4 {q(device)} {GUEST_BONNIE_DIR} || exit 5; "
-            + timed_script(" ".join(q(a) for a in bonnie_args(GUEST_BONNIE_DIR, size)))
-            + f"umount {GUEST_BONNIE_DIR} || rc=6; exit $rc")
+            + timed_script(" ".join(q(a) for a in bonnie_args(GUEST_BONNIE_DIR, size)) + f" 2>{GUEST_BONNIE_LOG}")
+            + f"cat {GUEST_BONNIE_LOG} >&2; umount {GUEST_BONNIE_DIR} || rc=6; exit $rc")
 
 
 # Bonnie++ 2.00a's CSV line (format 1.98): the field of each figure kept, and of its %CPU. Throughput is in KiB/s.

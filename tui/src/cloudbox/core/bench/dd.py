@@ -23,9 +23,13 @@ _DD = re.compile(r"(\d+) bytes.*copied,\s*([\d.]+)\s*s")
 _RECORDS_OUT = re.compile(r"(\d+)\+(\d+) records out")
 
 
-def timed_dd_script(argv: list[str]) -> str:
-    """dd wrapped so it reports its own elapsed time: busybox dd (in the guest) prints no rate line."""
-    return timed_script(" ".join(shlex.quote(a) for a in argv)) + "exit $rc"
+def timed_dd_script(argv: list[str], pid_file: str | None = None) -> str:
+    """dd wrapped so it reports its own elapsed time: busybox dd (in the guest) prints no rate line. With `pid_file`,
+    dd's process id is written there while it runs (its file position is its progress: core.bench.progress)."""
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    if pid_file is not None:
+        cmd = f"{cmd} & echo $! > {shlex.quote(pid_file)}; wait $!"
+    return timed_script(cmd) + "exit $rc"
 
 
 def parse_dd(test_id: str, text: str, block: int = 64 * 1024) -> FioResult:

@@ -23,11 +23,23 @@ from ..disks.mounts import umount
 from ..errors import Aborted, CloudboxError, GuestError
 from ..spec.catalogue import IOZONE_GRID, IOZONE_TOOLS, MPI_TOOL, TESTS, StorageTest, block_bytes
 from .barrier import barrier_script, read_start_stamp
-from .bonnie import MKFS_EXT4, bonnie_args, bonnie_guest_script, parse_bonnie
+from .bonnie import GUEST_BONNIE_LOG, MKFS_EXT4, bonnie_args, bonnie_guest_script, parse_bonnie
 from .dd import dd_args, parse_dd, timed_dd_script
 from .diskwatch import watched_sh
 from .fio import fio_args, is_nbd_uri, parse_eta, parse_fio
 from .iozone import iozone_grid_records, iozone_test_args, iozone_writer, parse_iozone_test
+from .progress import (
+    Done,
+    Pace,
+    bonnie_done,
+    dd_done,
+    dd_fd,
+    dd_pos_script,
+    dd_total,
+    fdinfo_pos,
+    iozone_done,
+    iozone_plan,
+)
 from .result import FioResult
 
 GUEST_TIMEOUT = 3600.0  # seconds a guest's test may run before it counts as hung
@@ -63,6 +75,29 @@ def needs_fill(tests: list[StorageTest]) -> bool:
 
 
 ProgressFn = Callable[[dict], None]
+# How often a guest test's output (or dd's position) is read for its progress, through the agent: a shell in the
+# guest each time, so less often than the host's own reads (every half second).
+GUEST_PROGRESS_S = 2.0
+GUEST_IOZONE_OUT = "/tmp/cloudbox-iozone.out"  # IOzone's output while it runs in the guest
+GUEST_DD_PID = "/tmp/cloudbox-dd.pid"
+
+
+def _no_progress(_p: dict) -> None:
+    pass
+
+
+def _file_text(fh) -> str:
+    """All a child process has written so far to the temporary file `fh` (read without moving the offset it
+    shares)."""
+    fd = fh.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
+
+def _fd_pos(pid: int, fd: int) -> int | None:
+    try:
+        return fdinfo_pos(Path(f"/proc/{pid}/fdinfo/{fd}").read_text())
+    except OSError:
+        return None
 
 
 def drop_host_caches() -> bool:
@@ -87,18 +122,18 @@ class HostRunner:
 
     def fill_iozone(self, t: StorageTest, target: str, size: int) -> None:
         """IOzone's write pass with `t`'s record size, untimed, so that `t` (a read) finds IOzone's own data."""
-        self._iozone(iozone_writer(t), target, size)
+        self._iozone(iozone_writer(t), target, size, _no_progress)
 
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn) -> FioResult:
         if t.dd and not is_nbd_uri(target):  # dd cannot open a volume over NBD: fio's nbd engine does its pattern
-            return self._dd(t, target, size)
+            return self._dd(t, target, size, progress)
         if t.tool in IOZONE_TOOLS:
-            return self._iozone(t, target, size)
+            return self._iozone(t, target, size, progress)
         if t.tool == "bonnie":
-            return self._bonnie(t, target, size)
+            return self._bonnie(t, target, size, progress)
         return self._fio(t, fio_args(t, target, size, runtime), progress)
 
-    def _bonnie(self, t: StorageTest, target: str, size: int) -> FioResult:
+    def _bonnie(self, t: StorageTest, target: str, size: int, progress: ProgressFn) -> FioResult:
         """ext4 made on `target` (the baseline's device, or its file through a loop device), mounted on a directory
         of its own under the run directory, Bonnie++ there, then unmounted and the directory removed."""
         import tempfile
@@ -132,11 +167,14 @@ class HostRunner:
                 raise CloudboxError(f"bare-metal mount of {target} for {t.id} exited {r.returncode}: "
                                     f"{r.stderr.strip()[-300:]}")
             try:
-                t0 = time.monotonic()
-                proc = subprocess.Popen(bonnie_args(mnt, size), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
-                out, err = procs.wait_cancellable(proc, self.cancelled, "a bare-metal bonnie++ run")
-                secs = time.monotonic() - t0
+                t0, pace = time.monotonic(), Pace()
+                with tempfile.TemporaryFile() as log:
+                    proc = subprocess.Popen(bonnie_args(mnt, size), stdout=subprocess.PIPE, stderr=log, text=True)
+                    out, _ = procs.wait_cancellable(
+                        proc, self.cancelled, "a bare-metal bonnie++ run",
+                        every=lambda: progress(pace.payload(bonnie_done(_file_text(log), size))))
+                    secs = time.monotonic() - t0
+                    err = _file_text(log)
             finally:
                 umount(mnt)
         finally:
@@ -145,12 +183,18 @@ class HostRunner:
             raise CloudboxError(f"bare-metal bonnie++ ({t.id}) exited {proc.returncode}: {err.strip()[-400:]}")
         return parse_bonnie(t.id, out + "\n" + err, secs)
 
-    def _iozone(self, t: StorageTest, target: str, size: int) -> FioResult:
+    def _iozone(self, t: StorageTest, target: str, size: int, progress: ProgressFn) -> FioResult:
+        """IOzone, its output read as it goes for the cells and passes done (core.bench.progress)."""
+        import tempfile
+
         if is_nbd_uri(target):
             raise CloudboxError(f"{t.id}: IOzone cannot open a volume served over NBD ({target}); the fio tests can")
-        proc = subprocess.Popen(iozone_test_args(t, target, size), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-        out, _ = procs.wait_cancellable(proc, self.cancelled, "a bare-metal iozone run")
+        plan, pace = iozone_plan(t, size), Pace()
+        with tempfile.TemporaryFile() as fh:
+            proc = subprocess.Popen(iozone_test_args(t, target, size), stdout=fh, stderr=subprocess.STDOUT)
+            procs.wait_cancellable(proc, self.cancelled, "a bare-metal iozone run",
+                                   every=lambda: progress(pace.payload(iozone_done(plan, _file_text(fh)))))
+            out = _file_text(fh)
         if proc.returncode != 0:
             raise CloudboxError(f"bare-metal iozone ({t.id}) exited {proc.returncode}: {out.strip()[-400:]}")
         return parse_iozone_test(t, out)
@@ -182,11 +226,15 @@ class HostRunner:
             raise CloudboxError(f"bare-metal fio ({t.id}) exited {rc}: {''.join(tail).strip()[-400:]}")
         return parse_fio(t.id, text)
 
-    def _dd(self, t: StorageTest, target: str, size: int) -> FioResult:
-        r = subprocess.run(dd_args(t, target, size), capture_output=True, text=True)
-        if r.returncode != 0:
-            raise CloudboxError(f"bare-metal dd ({t.id}) failed: {r.stderr.strip()[-300:]}")
-        return parse_dd(t.id, r.stderr)
+    def _dd(self, t: StorageTest, target: str, size: int, progress: ProgressFn) -> FioResult:
+        """dd, the position of its file read as it goes for the bytes done (core.bench.progress)."""
+        total, fd, pace = dd_total(t, target, size), dd_fd(t), Pace()
+        proc = subprocess.Popen(dd_args(t, target, size), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _, err = procs.wait_cancellable(proc, self.cancelled, "a bare-metal dd run",
+                                        every=lambda: progress(pace.payload(dd_done(total, _fd_pos(proc.pid, fd)))))
+        if proc.returncode != 0:
+            raise CloudboxError(f"bare-metal dd ({t.id}) failed: {err.strip()[-300:]}")
+        return parse_dd(t.id, err)
 
 
 RAID_DEVICE = "/dev/md0"
@@ -274,27 +322,36 @@ class GuestRunner:
 
     def fill_iozone(self, t: StorageTest, target: str, size: int, timeout: float = GUEST_TIMEOUT) -> None:
         """IOzone's write pass with `t`'s record size, untimed, so that `t` (a read) finds IOzone's own data."""
-        self.run(iozone_writer(t), target, size, 0, lambda _p: None, timeout=timeout)
+        self.run(iozone_writer(t), target, size, 0, _no_progress, timeout=timeout)
 
     def run(self, t: StorageTest, target: str, size: int, runtime: int, progress: ProgressFn,
             timeout: float = GUEST_TIMEOUT, start_uptime: float | None = None) -> FioResult:
         """`t` against `target`; with `start_uptime`, held until the guest's uptime reaches it (barrier_script)."""
         hold = "" if start_uptime is None else barrier_script(start_uptime)
         if t.dd:
-            r = self._test_sh(t, hold + timed_dd_script(dd_args(t, target, size)), timeout=timeout,
-                              poll=self._check_cancel)
+            total = dd_total(t, target, size)
+            read = dd_pos_script(GUEST_DD_PID, dd_fd(t))
+            r = self._test_sh(t, f"rm -f {GUEST_DD_PID}; " + hold
+                              + timed_dd_script(dd_args(t, target, size), GUEST_DD_PID), timeout=timeout,
+                              poll=self._tool_poll(read, lambda out: dd_done(total, fdinfo_pos(out)), progress))
             if r.exitcode != 0:
                 raise GuestError(f"dd ({t.id}) in the guest exited {r.exitcode}: {r.stderr.strip()[-300:]}")
             res = parse_dd(t.id, r.stderr)
         elif t.tool in IOZONE_TOOLS:
-            r = self._test_sh(t, hold + shlex.join(iozone_test_args(t, target, size)), timeout=timeout,
-                              poll=self._check_cancel)
+            # its output kept in a file while it runs, read for the cells done, then printed whole
+            plan, out = iozone_plan(t, size), GUEST_IOZONE_OUT
+            r = self._test_sh(t, f": > {out}; " + hold + shlex.join(iozone_test_args(t, target, size))
+                              + f" > {out}; rc=$?; cat {out}; exit $rc", timeout=timeout,
+                              poll=self._tool_poll(f"tail -c 1200 {out}",
+                                                   lambda text: iozone_done(plan, text, tail=True), progress))
             if r.exitcode != 0:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
             res = parse_iozone_test(t, r.stdout)
         elif t.tool == "bonnie":
-            r = self._test_sh(t, hold + bonnie_guest_script(target, size), timeout=timeout, poll=self._check_cancel)
+            r = self._test_sh(t, hold + bonnie_guest_script(target, size), timeout=timeout,
+                              poll=self._tool_poll(f"cat {GUEST_BONNIE_LOG} 2>/dev/null",
+                                                   lambda text: bonnie_done(text, size), progress))
             if r.exitcode != 0:
                 raise GuestError(f"bonnie++ ({t.id}) in the guest exited {r.exitcode} (3: no ext4 module, 4: mke2fs, "
                                  f"5: mount, 6: umount): {(r.stdout + r.stderr).strip()[-400:]}")
@@ -339,6 +396,22 @@ class GuestRunner:
     def _check_cancel(self) -> None:
         if self.cancelled():
             raise Aborted("cancelled during a guest test")
+
+    def _tool_poll(self, read: str, done: Callable[[str], Done | None], progress: ProgressFn) -> Callable[[], None]:
+        """The poll of a guest test whose tool reports no progress of its own: cancellation at every call, and every
+        GUEST_PROGRESS_S the shell `read` run in the guest and its output turned into the test's progress by
+        `done` (core.bench.progress), the seconds elapsed counted from here."""
+        pace, last = Pace(), [time.monotonic()]
+
+        def poll() -> None:
+            self._check_cancel()
+            now = time.monotonic()
+            if progress is _no_progress or now - last[0] < GUEST_PROGRESS_S:
+                return
+            last[0] = now
+            progress(pace.payload(done(self.guest.sh(read, timeout=10).stdout)))
+
+        return poll
 
     def _fio(self, t: StorageTest, args: list[str], progress: ProgressFn, timeout: float, hold: str = "") -> FioResult:
         cmd = hold + " ".join(shlex.quote(a) for a in args) + " --output=/tmp/fio.json > /tmp/fio.eta 2>&1"

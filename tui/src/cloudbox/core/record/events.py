@@ -120,7 +120,9 @@ class LogEvent:
 @dataclass(frozen=True)
 class ProgressEvent:
     """How far the current test (or the guest's boot) is: percent, throughput so far, time left; in a run of N guests
-    each guest's (and each bare-metal process's) own, numbered `instance` 1..N."""
+    each guest's (and each bare-metal process's) own, numbered `instance` 1..N. `done` says in words what of the
+    test's plan is done (IOzone's cells, dd's bytes, Bonnie++'s phases: core.bench.progress), `elapsed` the seconds
+    since the test started."""
 
     kind: ClassVar[str] = "progress"
     side: str
@@ -129,6 +131,8 @@ class ProgressEvent:
     eta: str | None = None
     mbps: float | None = None
     instance: int | None = None
+    done: str | None = None
+    elapsed: float | None = None
 
     @property
     def step(self) -> PlanStep:
@@ -136,12 +140,15 @@ class ProgressEvent:
 
     def to_payload(self) -> dict[str, Any]:
         return _dropped_none({"side": self.side, "test": self.test, "pct": self.pct, "mbps": self.mbps,
-                              "eta": self.eta, "instance": self.instance})
+                              "eta": self.eta, "instance": self.instance, "done": self.done,
+                              "elapsed": self.elapsed})
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> ProgressEvent:
+        elapsed = _float(p.get("elapsed"))
         return cls(str(p.get("side", "")), str(p.get("test", "")), _float(p.get("pct")) or 0.0, _str(p.get("eta")),
-                   _float(p.get("mbps")), _instance(p.get("instance")))
+                   _float(p.get("mbps")), _instance(p.get("instance")), _str(p.get("done")),
+                   None if elapsed is None or elapsed < 0 else elapsed)
 
 
 @dataclass(frozen=True)
@@ -280,6 +287,16 @@ def instance_name(side: str, instance: int) -> str:
     return f"{'g' if side == 'guest' else 'p'}{instance}"
 
 
+def duration_text(seconds: float) -> str:
+    """"45s", "6m05s", "2h03m": a test's (or a study's) time so far or left, as a status line shows it."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def stamped(t: float, line: str) -> str:
     """A log line with the local time of its event before it (the TUI's log)."""
     return f"{time.strftime('%H:%M:%S', time.localtime(t))} {line}"
@@ -298,8 +315,12 @@ def _progress_line(ev: ProgressEvent, sample: SampleEvent | None = None) -> str:
     line = f"  [{ev.side}] {ev.test}{who} {ev.pct:5.1f}%"
     if ev.mbps is not None:
         line += f"  {ev.mbps:8.1f} MB/s"
+    if ev.elapsed is not None:
+        line += f"  {duration_text(ev.elapsed)} elapsed"
     if ev.eta:
         line += f"  eta {ev.eta}"
+    if ev.done:
+        line += f"  ({ev.done})"
     if sample is not None and ev.test != BOOT:
         line += (f" | host {sample.device} {(sample.read_mbps or 0) + (sample.write_mbps or 0):.1f} MB/s rq "
                  f"{sample.avgrq_sectors or 0:.0f} sect qu {sample.avgqu or 0:.1f} util {sample.util or 0:.0f}%")

@@ -44,9 +44,12 @@ class EventSink:
         self.emit(LogEvent(text))
 
     def progress(self, side: str, test: str, instance: int | None = None) -> Callable[[dict[str, Any]], None]:
-        """The progress callback of a test's runner (core.bench.runners, core.bench.nettests: pct, mbps, eta);
-        `instance`: which of N guests (or bare-metal processes) at once it is."""
-        return lambda p: self.emit(ProgressEvent.from_payload({**p, "side": side, "test": test, "instance": instance}))
+        """The progress callback of a test's runner (core.bench.runners, core.bench.nettests: pct, mbps, eta, done);
+        `instance`: which of N guests (or bare-metal processes) at once it is. Its seconds elapsed count from this
+        call, made as the test starts, unless the runner gives its own."""
+        t0 = time.monotonic()
+        return lambda p: self.emit(ProgressEvent.from_payload({"elapsed": round(time.monotonic() - t0, 1), **p,
+                                                               "side": side, "test": test, "instance": instance}))
 
     def sample(self, ev: SampleEvent) -> None:
         """A sampler row: kept in the run's timeline and its event stream in one transaction."""

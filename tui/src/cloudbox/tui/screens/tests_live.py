@@ -1,6 +1,7 @@
 """The Tests screen's Live view: one run followed through its event stream (overall progress with ETA, live charts
 of guest throughput, in a run of N guests each guest's and their sum, and of the host disk's request size, queue
-depth and utilisation, the step, each guest's figures, a repeated test's figures with their intervals so far, the
+depth and utilisation, the step, the current test's progress (time elapsed and left, what of its plan is done),
+each guest's figures, a repeated test's figures with their intervals so far, the
 log), cancelling it, attaching to another."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from cloudbox.core.record.events import (
     StepEvent,
     describe,
     instance_name,
+    progress_line,
     stamped,
 )
 from cloudbox.core.record.results import Event, Run
@@ -79,6 +81,7 @@ class LiveView(Vertical):
         yield Static("No run attached. Start one in Setup, or press a to attach.", id="run-head", markup=False)
         yield ProgressBar(total=100, show_eta=True, id="run-progress")
         yield Static("", id="run-step", markup=False)
+        yield Static("", id="run-test", markup=False)
         yield Static("", id="run-guests", markup=False)
         yield Static("", id="run-repeats", markup=False)
         with Horizontal(id="charts"):
@@ -125,6 +128,7 @@ class LiveView(Vertical):
         for c in self.query(LiveChart):
             c.clear()
         self.query_one("#run-log", Log).clear()
+        self.show_test("")
         self.query_one("#run-progress", ProgressBar).update(total=100, progress=0)
         self.query_one("#run-head", Static).update(f"Run {run_id}: loading…")
         self.bring_forward()
@@ -173,6 +177,8 @@ class LiveView(Vertical):
             if rec is None:
                 continue
             self.progress.feed(rec)
+            if isinstance(rec, ProgressEvent) and (rec.instance or 1) == 1:  # one line: the first of N guests'
+                self.show_test("Test:" + progress_line(rec).removeprefix(" "))
             repeats_changed = self.repeats.feed(rec) or repeats_changed
             line = describe(rec)
             if line is not None:
@@ -182,6 +188,7 @@ class LiveView(Vertical):
                 self.chart_instances(rec, ev.t)
             elif isinstance(rec, StepEvent):
                 self.query_one("#run-step", Static).update(f"Step: {rec.text}")
+                self.show_test("")  # the next test has shown no progress yet
             elif isinstance(rec, ProgressEvent) and rec.mbps is not None:
                 name = "guest" if rec.side == "guest" else "bare metal"
                 self.query_one("#chart-mbps", LiveChart).add(name, ev.t, rec.mbps)
@@ -220,6 +227,13 @@ class LiveView(Vertical):
                 self.attach(next_run)
         elif len(events) >= 1000:
             self.call_later(self.poll)  # catching up with a long run: fetch the next page at once
+
+    def show_test(self, line: str) -> None:
+        """The current test's progress line (progress_line: percent, time elapsed and left, what is done); hidden
+        while there is none."""
+        box = self.query_one("#run-test", Static)
+        box.update(line)
+        box.display = bool(line)
 
     def chart_instances(self, rec: ProgressEvent | MeasurementEvent, t: float) -> None:
         """A run of N at once: a guest's figure on its own line (the first CHARTED_GUESTS guests), and the sum so

@@ -1,0 +1,246 @@
+"""Progress on long work: IOzone's cells, dd's bytes and Bonnie++'s phases read from the real tools as they run
+(core.bench.progress), the progress event's new fields through the store and the sink, and the line the CLI prints
+and the Live view shows."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cloudbox.cli.run import Printer
+from cloudbox.core.bench import bonnie, dd, progress
+from cloudbox.core.bench.runners import HostRunner
+from cloudbox.core.record.events import (
+    ProgressEvent,
+    StateEvent,
+    StepEvent,
+    duration_text,
+    progress_line,
+)
+from cloudbox.core.record.results import ResultStore
+from cloudbox.core.run.sink import EventSink
+from cloudbox.core.spec.catalogue import TESTS
+from cloudbox.core.spec.runspec import RunSpec
+
+MIB = 1 << 20
+ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+\d+\s+\d+\s+\d+\s+\d+\s*$", re.M)
+
+
+def needs(program: str) -> None:
+    if shutil.which(program) is None:
+        pytest.skip(f"{program} is not installed (make deps-test)")
+
+
+@pytest.fixture
+def disk_dir() -> Path:
+    """A directory on a disk's file system (IOzone opens its file O_DIRECT, which a tmpfs may refuse)."""
+    d = Path(tempfile.mkdtemp(prefix="cloudbox-progress-", dir="/var/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def fractions(done: Callable[[str], progress.Done], text: str, *, by_char: bool = False) -> list[progress.Done]:
+    """What `done` says of every prefix of `text` cut at a line's end (or at every character), in order."""
+    if by_char:
+        return [done(text[:k]) for k in range(len(text) + 1)]
+    lines = text.splitlines(keepends=True)
+    return [done("".join(lines[:k])) for k in range(len(lines) + 1)]
+
+
+# ---------------------------------------------------------------------------------------------------------- IOzone
+def test_iozones_grid_progress_is_read_from_its_real_output(disk_dir):
+    needs("iozone")
+    t, size = TESTS["iozone-grid-4k"], MIB
+    plan = progress.iozone_plan(t, size)
+    got: list[dict] = []
+    res = HostRunner(lambda: False).run(t, str(disk_dir / "f"), size, 0, got.append)
+    # the plan is IOzone's own order of files and records
+    assert [(int(a), int(b)) for a, b in ROW.findall(res.raw)] == list(plan.cells)
+    assert len(plan.cells) == 45 and plan.cells[:3] == ((4, 4), (8, 4), (8, 8)) and plan.cells[-1] == (1024, 1024)
+    said = fractions(lambda text: progress.iozone_done(plan, text), res.raw)
+    assert [f for f, _ in said] == sorted(f for f, _ in said)  # never backwards
+    assert said[0] == (0.0, "cell 1 of 45: 4 KiB file, 4 KiB records, pass 1 of 4: write")
+    assert said[-1] == (1.0, "45 of 45 cells done")
+    # a row is printed as its cell starts, its figures as the passes end (write and re-write, read and re-read)
+    head = res.raw[:res.raw.index("            1024       4")]
+    assert progress.iozone_done(plan, head + "            1024       4")[1] == (
+        "cell 37 of 45: 1 MiB file, 4 KiB records, pass 1 of 4: write")
+    middle = progress.iozone_done(plan, head + "            1024       4    40677    36247")
+    assert middle[1] == "cell 37 of 45: 1 MiB file, 4 KiB records, pass 3 of 4: read"
+    assert progress.iozone_done(plan, head)[0] < middle[0] < 1.0
+    # the guest's reads are the output's last bytes: a cut first line is not taken for a row
+    cut = "512       4    1    2    3    4\n"
+    assert progress.iozone_done(plan, cut, tail=True)[0] == 0.0 < progress.iozone_done(plan, cut)[0]
+    # the runner's own reports: the time elapsed from the start, never backwards
+    assert got and all("elapsed" in p for p in got)
+    assert [p.get("pct", 0) for p in got] == sorted(p.get("pct", 0) for p in got)
+
+
+def test_one_iozone_pass_counts_its_two_passes(disk_dir):
+    needs("iozone")
+    t = TESTS["iozone-write-64k"]
+    plan = progress.iozone_plan(t, MIB)
+    assert plan == progress.IozonePlan(((1024, 64),), ("write", "re-write"))
+    res = HostRunner(lambda: False).run(t, str(disk_dir / "f"), MIB, 0, lambda _p: None)
+    said = fractions(lambda text: progress.iozone_done(plan, text), res.raw)
+    assert said[0] == (0.0, "pass 1 of 2: write") and said[-1] == (1.0, "every pass done")
+
+
+# -------------------------------------------------------------------------------------------------------------- dd
+@pytest.mark.parametrize("program", ["dd", "busybox"])
+def test_dds_position_is_its_progress_whichever_dd(program, tmp_path):
+    """GNU dd (the host's) and busybox dd (the guest's) both copy from descriptor 0 to 1: the write's progress is the
+    position of 1, the read's of 0, read from /proc as the guest's script does (its pid file, dd_pos_script)."""
+    needs(program)
+    argv0 = ["busybox", "dd"] if program == "busybox" else ["dd"]
+    fifo, data, pid = tmp_path / "fifo", tmp_path / "data", str(tmp_path / "dd.pid")
+    os.mkfifo(fifo)
+    w, r = TESTS["dd-write-64k"], TESTS["dd-read-64k"]
+    assert progress.dd_total(w, str(data), 4 * MIB) == 4 * MIB and (progress.dd_fd(w), progress.dd_fd(r)) == (1, 0)
+
+    def position(fd: int) -> int | None:
+        return progress.fdinfo_pos(subprocess.run(["sh", "-c", progress.dd_pos_script(pid, fd)],
+                                                  capture_output=True, text=True).stdout)
+
+    def wait_for(cond: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not cond():
+            assert time.monotonic() < deadline, "dd's position never got there"
+            time.sleep(0.02)
+
+    # a write: dd copies what we feed its input, 1 MiB of the 4; its output's position says so
+    script = dd.timed_dd_script([*argv0, f"if={fifo}", f"of={data}", "bs=64k", "count=64"], pid)
+    proc = subprocess.Popen(["sh", "-c", script], stderr=subprocess.PIPE, text=True)
+    assert position(1) is None or position(1) == 0
+    with open(fifo, "wb") as feed:
+        feed.write(b"x" * MIB)
+        feed.flush()
+        wait_for(lambda: position(progress.dd_fd(w)) == MIB)
+        assert progress.dd_done(4 * MIB, MIB) == (0.25, "1 of 4 MB")
+        feed.write(b"x" * 3 * MIB)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and dd.parse_dd("dd-write-64k", err).seconds > 0
+    # a read: dd reads its file as fast as we take its output
+    script = dd.timed_dd_script([*argv0, f"if={data}", f"of={fifo}", "bs=64k", "count=64"], pid)
+    proc = subprocess.Popen(["sh", "-c", script], stderr=subprocess.PIPE, text=True)
+    with open(fifo, "rb") as take:
+        took = 0
+        while took < MIB:
+            took += len(take.read(MIB - took))
+        wait_for(lambda: (position(progress.dd_fd(r)) or 0) >= MIB)
+        assert position(progress.dd_fd(r)) <= MIB + 2 * 65536  # a block or two ahead of what we took
+        take.read()
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert progress.dd_done(4 * MIB, None) is None  # dd not started, or gone
+
+
+# -------------------------------------------------------------------------------------------------------- Bonnie++
+def test_bonnies_phases_are_read_from_its_real_messages(tmp_path):
+    needs("bonnie++")
+    if os.geteuid() != 0:
+        pytest.skip("bonnie++ -u root needs root")
+    size = 8 * MIB
+    r = subprocess.run(bonnie.bonnie_args(str(tmp_path), size), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    said = fractions(lambda text: progress.bonnie_done(text, size), r.stderr, by_char=True)
+    assert [f for f, _ in said] == sorted(f for f, _ in said)
+    assert said[0] == (0.0, "phase 1 of 10: block write, 8 MiB file")
+    assert said[-1] == (1.0, "10 of 10 phases done")
+    assert progress.bonnie_done("Writing intelligently...done\nRewriting...", size) == (
+        pytest.approx(1 / 6), "phase 2 of 10: rewrite, 8 MiB file")
+    assert {w for _, w in said} >= {f"phase {k} of 10: {name}" + (", 8 MiB file" if k <= 3 else "")
+                                    for k, (_, name, _) in enumerate(progress.BONNIE_PHASES, 1)}
+    # its figures still come from the CSV line, now beside the messages
+    assert bonnie.parse_bonnie("bonnie", r.stdout + "\n" + r.stderr).extra["seconds"] is None
+
+
+def test_the_guests_bonnie_script_keeps_its_messages_where_the_runner_reads_them():
+    s = bonnie.bonnie_guest_script("/dev/vda", 128 * MIB)
+    assert s.startswith(f": > {bonnie.GUEST_BONNIE_LOG}; ")
+    assert f"-u root 2>{bonnie.GUEST_BONNIE_LOG}; rc=$?" in s
+    assert s.index("cloudbox-elapsed") < s.index(f"cat {bonnie.GUEST_BONNIE_LOG} >&2") < s.index("umount")
+
+
+# ------------------------------------------------------------------------------------------------ the event itself
+def test_the_test_clock_eta_and_plan_done_survive_the_store_and_the_sink(tmp_path):
+    ev = ProgressEvent("guest", "iozone-grid-4k", 45.3, "3m10s", instance=None,
+                       done="cell 12 of 78: 8 MiB file, 16 KiB records, pass 3 of 4: read", elapsed=160.0)
+    with ResultStore(tmp_path / "r.db") as store:
+        rid = store.create_run(profile_name="x")
+        store.add_event(rid, ev.kind, ev.to_payload())
+        seen: list = []
+        sink = EventSink(store, rid, seen.append)
+        report = sink.progress("baseline", "dd-write-64k")
+        report({"pct": 25.0, "done": "1 of 4 MB"})  # no time of its own: the sink's since the test began
+        stored = [e.record for e in store.events_since(rid)]
+    assert stored[0] == ev
+    assert stored[1] == seen[0] and seen[0].done == "1 of 4 MB" and 0 <= seen[0].elapsed < 5
+    # an older run's progress (no such fields) reads as before
+    old = ProgressEvent.from_payload({"side": "guest", "test": "t", "pct": 5})
+    assert old.done is None and old.elapsed is None
+    assert "done" not in old.to_payload() and "elapsed" not in old.to_payload()
+    assert progress_line(ev) == ("  [guest] iozone-grid-4k  45.3%  2m40s elapsed  eta 3m10s  (cell 12 of 78: 8 MiB "
+                                 "file, 16 KiB records, pass 3 of 4: read)")
+    # the text is the guest's output's: control characters reach no terminal
+    hostile = ProgressEvent("guest", "t", 1.0, done="\x1b]0;owned\x07\x1b[2J", elapsed=1.0)
+    assert "\x1b" not in progress_line(hostile) and "\x07" not in progress_line(hostile)
+    out = io.StringIO()
+    Printer(out)(hostile)
+    assert "\x1b" not in out.getvalue()
+    assert [duration_text(s) for s in (0, 44.6, 65, 3599, 7380)] == ["0s", "45s", "1m05s", "59m59s", "2h03m"]
+
+
+def test_a_pace_says_the_time_left_once_something_is_done():
+    now = [100.0]
+    pace = progress.Pace(lambda: now[0])
+    assert pace.payload(None) == {"elapsed": 0.0}
+    now[0] = 160.0
+    assert pace.payload((0.25, "1 of 4 MB")) == {"elapsed": 60.0, "pct": 25.0, "done": "1 of 4 MB", "eta": "3m00s"}
+    assert "eta" not in pace.payload((1.0, "every pass done"))
+
+
+# ------------------------------------------------------------------------------------------------------ the TUI
+async def test_the_live_view_shows_the_tests_clock_and_what_is_done(state):
+    from test_tui_pilot import SIZE, facts, text, until
+
+    from cloudbox.tui import create_app
+    from cloudbox.tui.backend import Backend
+
+    spec = RunSpec(profile="virtio-disk", suite="storage", storage_tests="iozone-grid-4k")
+    with ResultStore() as store:
+        rid = store.create_run(profile_name="virtio-disk", suite="storage", size_label="quick", accelerator="tcg")
+        recs = [StateEvent("running", profile="virtio-disk", suite="storage", plan=tuple(spec.plan())),
+                StepEvent("bare metal: iozone-grid-4k", "baseline", "iozone-grid-4k"),
+                ProgressEvent("baseline", "iozone-grid-4k", 12.5, "6m10s", elapsed=52.0,
+                              done="cell 30 of 78: 512 KiB file, 4 KiB records, pass 3 of 4: read")]
+        for i, rec in enumerate(recs):
+            store.add_event(rid, rec.kind, rec.to_payload(), t=1000.0 + i)
+
+    backend = Backend(facts=facts(), libvirt_uri="test:///default")
+    try:
+        app = create_app(backend, mode="tests")
+        async with app.run_test(size=SIZE) as pilot:
+            screen = app.screen
+            screen.action_attach(rid)
+            box = screen.query_one("#run-test")
+            await until(pilot, lambda: "cell 30 of 78" in text(box), what="the test's progress")
+            assert box.display
+            assert text(box) == ("Test: [baseline] iozone-grid-4k  12.5%  52s elapsed  eta 6m10s  (cell 30 of 78: "
+                                 "512 KiB file, 4 KiB records, pass 3 of 4: read)")
+            with ResultStore() as store:
+                store.add_event(rid, "step", StepEvent("guest: booting").to_payload())
+            await until(pilot, lambda: not box.display, what="the line gone with the test")
+            await asyncio.sleep(0)
+    finally:
+        backend.close()
