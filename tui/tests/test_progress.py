@@ -1,6 +1,6 @@
 """Progress on long work: IOzone's cells, dd's bytes and Bonnie++'s phases read from the real tools as they run
-(core.bench.progress), the progress event's new fields through the store and the sink, and the line the CLI prints
-and the Live view shows."""
+(core.bench.progress), the progress event's new fields through the store and the sink, the line the CLI prints and
+the Live view shows, and a study run's cells done of those planned with its time left (core.studies.progress)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from cloudbox.cli.run import Printer
 from cloudbox.core.bench import bonnie, dd, progress
 from cloudbox.core.bench.runners import HostRunner
 from cloudbox.core.record.events import (
+    LogEvent,
+    MeasurementEvent,
     ProgressEvent,
     StateEvent,
     StepEvent,
@@ -30,7 +33,8 @@ from cloudbox.core.record.events import (
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.run.sink import EventSink
 from cloudbox.core.spec.catalogue import TESTS
-from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.spec.runspec import PlanStep, RunSpec
+from cloudbox.core.studies.progress import StudyProgress, step_seconds
 
 MIB = 1 << 20
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+\d+\s+\d+\s+\d+\s+\d+\s*$", re.M)
@@ -244,3 +248,121 @@ async def test_the_live_view_shows_the_tests_clock_and_what_is_done(state):
             await asyncio.sleep(0)
     finally:
         backend.close()
+
+
+# ------------------------------------------------------------------------------------------------------ a study
+def test_a_study_run_says_its_cells_done_of_those_planned_and_its_time_left(tmp_path):
+    specs = [RunSpec(profile=p, suite="storage", storage_tests="dd-write-64k,iozone-grid-4k", size="quick")
+             for p in ("a", "b")]
+    with ResultStore(tmp_path / "r.db") as store:  # a stored run here: dd took 10 s a side, the grid 90
+        rid = store.create_run(profile_name="a", suite="storage", size_label="quick", node="lab1")
+        for side in ("baseline", "guest"):
+            for test, took in (("dd-write-64k", 10.0), ("iozone-grid-4k", 90.0)):
+                store.add_measurement(rid, side=side, test=test, metric="MB/s", value=1.0, started_at=500.0,
+                                      finished_at=500.0 + took)
+        store.finish_run(rid, "completed")
+        runs = store.list_runs()
+    est = step_seconds(runs, "quick", "lab1")
+    assert est[PlanStep("guest", "iozone-grid-4k")] == 90.0 and step_seconds(runs, "study", "lab1") == {}
+    now = [0.0]
+    p = StudyProgress(specs, est, clock=lambda: now[0])
+    assert p.cells_planned == 4 and p.line("a") == "study a: 0 of 4 cells done (0%), 0s elapsed"
+    p.start_run(0)
+    # run 1: the bare-metal steps, the guest's boot (counted as the mean step, 50 s), the guest's
+    assert not p.feed(MeasurementEvent("baseline", "dd-write-64k", "MB/s", 1.0))
+    assert not p.feed(ProgressEvent("baseline", "iozone-grid-4k", 50.0))
+    now[0] = 60.0
+    assert p.fraction == pytest.approx((10 + 45) / 500)
+    assert p.line("a") == "study a: 0 of 4 cells done (11%), 1m00s elapsed, eta 8m05s"
+    assert not p.feed(MeasurementEvent("baseline", "iozone-grid-4k", "MB/s", 1.0))
+    assert not p.feed(ProgressEvent("guest", "boot", 100.0))
+    assert p.feed(MeasurementEvent("guest", "dd-write-64k", "MB/s", 1.0))  # both sides of dd: a cell done
+    assert p.cells_done == 1
+    assert not p.feed(MeasurementEvent("guest", "dd-write-64k", "MB/s", 1.0, instance=2))  # one of N guests'
+    assert not p.feed(LogEvent("x"))
+    # a test whose guest side stored no figure is passed once the run is past it: the next run counts it done
+    p.start_run(1)
+    assert p.cells_done == 2
+    now[0] = 250.0
+    assert not p.feed(StepEvent("guest: dd-write-64k", "guest", "dd-write-64k"))  # begun, not done
+    assert p.feed(StepEvent("guest: iozone-grid-4k", "guest", "iozone-grid-4k")) and p.cells_done == 3
+    assert p.fraction == pytest.approx((250 + 10 + 90 + 50 + 10) / 500)
+    assert p.line("a") == "study a: 3 of 4 cells done (82%), 4m10s elapsed, eta 55s"
+    p.start_run(2)
+    assert p.cells_done == 4 and p.fraction == 1.0
+
+
+def test_a_series_has_no_eta_before_its_last_run_can_start():
+    specs = [RunSpec(profile="a", suite="storage", storage_tests="dd-write-64k", size="quick")] * 3
+    now = [0.0]
+    p = StudyProgress(specs, {}, offsets=[0.0, 3600.0, 7200.0], clock=lambda: now[0])
+    p.start_run(0)
+    p.feed(MeasurementEvent("baseline", "dd-write-64k", "MB/s", 1.0))
+    now[0] = 30.0
+    eta = p.eta()
+    assert eta is not None and eta >= 7200.0 - 30.0
+
+
+STUDY = """\
+name = "p"
+title = "Progress"
+description = "Two profiles, two tests: where a study run stands as it goes."
+sizes = ["quick"]
+
+[[profiles]]
+name = "virtio-disk"
+row = "KVM, virtio"
+
+[[profiles]]
+name = "kvm-cache-none"
+row = "KVM, host cache off"
+
+[[tests]]
+id = "dd-write-64k"
+table = "dd"
+
+[[tests]]
+id = "seq-write-64k"
+table = "fio"
+"""
+
+
+def test_study_run_prints_where_the_study_stands_as_each_cell_is_done(state, tmp_path, monkeypatch, capsys):
+    """The foreground `study run`: a line of cells done of those planned, with its time elapsed and left, as each
+    run starts and each cell is done (the runs here are stand-ins that store each step's figure at once)."""
+    from cloudbox import cli
+    from cloudbox.cli import study as cli_study
+
+    class Executor:
+        def __init__(self, spec: RunSpec, store: ResultStore, emit: Callable) -> None:
+            self.spec, self.store, self.emit = spec, store, emit
+
+        def execute(self) -> int:
+            rid = self.store.create_run(profile_name=self.spec.profile, suite="storage", size_label="quick")
+            for step in self.spec.plan():
+                if step.test == "boot":
+                    self.emit(ProgressEvent("guest", "boot", 100.0))
+                    continue
+                self.emit(StepEvent(f"{step.side}: {step.test}", step.side, step.test))
+                self.emit(MeasurementEvent(step.side, step.test, "MB/s", 10.0))
+            self.store.finish_run(rid, "completed")
+            return rid
+
+        def cancelled(self) -> bool:
+            return False
+
+    (tmp_path / "p.toml").write_text(STUDY)
+    monkeypatch.setenv("CLOUDBOX_STUDY_DIR", str(tmp_path))
+    monkeypatch.setattr(cli_study.runs, "executor", Executor)
+    monkeypatch.setattr(cli_study, "Printer", lambda: Printer(sys.stdout))  # the stdout captured now
+    monkeypatch.setattr(cli_study.runs, "check_guests_fit", lambda spec: None)
+    monkeypatch.setattr(cli_study.planning, "profile_facts",
+                        lambda study, here=True: ({p: "h" for p in study.profile_names}, {}))
+    assert cli.main(["study", "run", "p", "--size", "quick"]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    lines = [ln.strip() for ln in out.splitlines() if " cells done " in ln]
+    assert [re.sub(r", \d+s elapsed.*", "", ln) for ln in lines] == [
+        "study p: 0 of 4 cells done (0%)", "study p: 1 of 4 cells done (40%)", "study p: 2 of 4 cells done (50%)",
+        "study p: 2 of 4 cells done (50%)", "study p: 3 of 4 cells done (90%)", "study p: 4 of 4 cells done (100%)"]
+    # each run's header is followed by where the study stands
+    assert out.split("run 2 of 2: kvm-cache-none")[1].splitlines()[1].strip() == lines[3]

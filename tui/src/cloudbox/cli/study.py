@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -32,12 +33,13 @@ from cloudbox.core.bench import propagation
 from cloudbox.core.disks import backing
 from cloudbox.core.errors import CloudboxError, StudyError, UsageError
 from cloudbox.core.inputs import printable
-from cloudbox.core.record.events import counted
+from cloudbox.core.record.events import LogEvent, RunEvent, counted
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.runlock import check_not_busy
 from cloudbox.core.run import runs
 from cloudbox.core.spec.runspec import MAX_GUESTS, option
 from cloudbox.core.studies import evidence, html, loading, planning, schema, verdicts
+from cloudbox.core.studies.progress import StudyProgress, step_seconds
 
 # The `cloudbox run` options a study run passes on to each of its runs, declared once in runspec.RUN_OPTIONS.
 PASSED_ON = ("work_dir", "device", "destroy", "agent_timeout", "cpu_overcommit")
@@ -231,8 +233,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         study = planning.with_series_plan(study, size, repeats=args.repeats, every_minutes=args.every,
                                          guests=args.guests)
     with ResultStore() as store:
-        todo = planning.prepare_run(study, store.list_runs(), size=args.size, node=args.node, again=args.again,
-                                   **options)
+        stored = store.list_runs()
+        todo = planning.prepare_run(study, stored, size=args.size, node=args.node, again=args.again, **options)
         specs = todo.specs
         for spec in specs:  # the series' guests on this host, before the first run starts
             runs.check_guests_fit(spec)
@@ -251,6 +253,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"`cloudbox cancel {sweep.id}` stops it and the rest")
             return 0
         printer = Printer()
+        # the cells done and the time left, each step weighed by how long it took in the stored runs here
+        progress = StudyProgress(specs, step_seconds(stored, todo.size, args.node or platform.node()), todo.offsets)
         failed = 0
         start = time.time()
         for i, spec in enumerate(specs, 1):
@@ -267,7 +271,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             what = f"image-propagation sweep, {len(spec.propagate)} samples" if spec.propagation else spec.suite
             print()
             print(printable(f"== study {study.name}: run {i} of {len(specs)}: {spec.profile} ({what})"))
-            ex = runs.executor(spec, store, emit=printer)
+            progress.start_run(i - 1)
+            print(printable(f"   {progress.line(study.name)}"))
+
+            def emit(ev: RunEvent) -> None:
+                printer(ev)
+                if progress.feed(ev):  # a cell is done: where the study stands, as a line of the run's log
+                    printer(LogEvent(progress.line(study.name)))
+
+            ex = runs.executor(spec, store, emit=emit)
             rid = ex.execute()
             state = store.get_run(rid, raw=False).state
             failed += state != "completed"

@@ -9,6 +9,7 @@
     evidence    what the store holds for a study: the chosen cells, verdicts, series and sweep, and its summary
     cellstates  where each cell of the matrix stands: done, failed, running, not run, cannot run
     planning    a study run: the cells, repeats and samples still to measure as runs, and their space check
+    progress    a study run under way: its cells done of those planned, and its time left from the plan
     wording     how the report writes a number and its qualifiers, in tables and figures alike
     plot        the drawing the SVG figures share: opening, plot area, scales, marks, colours
     svg         the report's figures: % of native bars, the host disk, a series, the sweep, IOzone's sweeps
@@ -17,6 +18,6 @@
     capability  what this box can answer: each study's cells that can run here, and what the others need
 
 Within the package, each module imports only those listed above it, in no circle (the acyclic_siblings contract):
-schema and cells first, the verdicts, series and sweep over them, then evidence, the cell states and the planning,
-the report (wording, plot, svg, markdown, html), and what a box can answer last.
+schema and cells first, the verdicts, series and sweep over them, then evidence, the cell states, the planning and
+its progress, the report (wording, plot, svg, markdown, html), and what a box can answer last.
 """
