@@ -176,6 +176,60 @@ def test_the_guests_bonnie_script_keeps_its_messages_where_the_runner_reads_them
     assert s.index("cloudbox-elapsed") < s.index(f"cat {bonnie.GUEST_BONNIE_LOG} >&2") < s.index("umount")
 
 
+class BusyboxGuest:
+    """A stand-in for a guest's agent: every script runs here under busybox's shell (the guest's), a long one in the
+    background with the runner's poll called while it runs, as Guest.run does."""
+
+    name = "stand-in"
+
+    def sh(self, script: str, *, poll: Callable[[], None] | None = None, interval: float = 0.01, **_kw):
+        from cloudbox.core.virt.guest import ExecResult
+
+        proc = subprocess.Popen(["busybox", "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        while poll is not None and proc.poll() is None:
+            poll()
+            time.sleep(interval)
+        out, err = proc.communicate()
+        return ExecResult(["/bin/sh", "-c", script], proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("test,size", [("iozone-grid-4k", MIB), ("dd-write-64k", 256 * MIB),
+                                       ("dd-read-64k", 256 * MIB)])
+def test_the_guests_scripts_report_progress_under_busybox(test, size, disk_dir, monkeypatch):
+    """The guest runner's scripts and its reads of their progress, run under busybox's shell as in the guest: IOzone's
+    output kept in a file and read from its end, dd's pid recorded and its position read."""
+    from cloudbox.core.bench import runners
+
+    needs("busybox")
+    needs("iozone")
+    monkeypatch.setattr(runners, "GUEST_IOZONE_OUT", str(disk_dir / "iozone.out"))
+    monkeypatch.setattr(runners, "GUEST_DD_PID", str(disk_dir / "dd.pid"))
+    monkeypatch.setattr(runners, "GUEST_PROGRESS_S", 0.02)
+    target = disk_dir / "disk"
+    if test == "dd-read-64k":  # on the disk, out of the page cache: the read takes long enough to be seen
+        with open(target, "wb") as fh:
+            for _ in range(size // MIB):
+                fh.write(b"\0" * MIB)
+            fh.flush()
+            os.fsync(fh.fileno())
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    gr = runners.GuestRunner(BusyboxGuest(), lambda: False)
+    gr._watched_disks = []  # no disk watch: this host's disks are not the stand-in's
+    got: list[dict] = []
+    res = gr.run(TESTS[test], str(target), size, 0, got.append)
+    assert res.mbps > 0
+    said = [p for p in got if "done" in p]
+    assert said, got
+    assert [p["pct"] for p in said] == sorted(p["pct"] for p in said)
+    if test.startswith("iozone"):
+        assert any(p["done"].startswith("cell ") and " of 45: " in p["done"] for p in said), said
+        assert all(p["done"].startswith(("cell ", "45 of 45 cells done")) for p in said), said
+        assert res.raw.count("iozone test complete") == 1  # the output, printed whole at the end
+    else:
+        assert re.fullmatch(r"\d+ of 268 MB", said[-1]["done"])
+
+
 # ------------------------------------------------------------------------------------------------ the event itself
 def test_the_test_clock_eta_and_plan_done_survive_the_store_and_the_sink(tmp_path):
     ev = ProgressEvent("guest", "iozone-grid-4k", 45.3, "3m10s", instance=None,
