@@ -11,7 +11,14 @@ from dataclasses import replace
 
 from cloudbox.cli.common import guard
 from cloudbox.core.errors import CloudboxError, UsageError
-from cloudbox.core.record.events import ProgressEvent, RunEvent, SampleEvent, describe, progress_line
+from cloudbox.core.record.events import (
+    PlanProgress,
+    ProgressEvent,
+    RunEvent,
+    SampleEvent,
+    describe,
+    progress_line,
+)
 from cloudbox.core.run import runs
 from cloudbox.core.spec.runspec import RUN_OPTIONS, RunSpec
 
@@ -21,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for opt in RUN_OPTIONS:
         shown = f" (default: {opt.default})" if isinstance(opt.default, str) and opt.default and not opt.sweep else ""
         p.add_argument(*opt.flags, dest=opt.field, type=str if opt.sweep else opt.type, default=opt.default,
-                       help=opt.help + shown,
+                       help=(opt.help + shown).replace("%", "%%"),  # argparse formats help with %
                        metavar=opt.metavar, required=opt.required,
                        choices=[c.value for c in opt.choices] if opt.closed else None)
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
@@ -72,10 +79,12 @@ def _specs(a: argparse.Namespace) -> list[RunSpec]:
 
 
 class Printer:
-    """Prints run events (core.record.events' lines): a live status line on a tty, sparse progress lines otherwise."""
+    """Prints run events (core.record.events' lines): a live status line on a tty, sparse progress lines otherwise;
+    in a repeated run each line says which repeat it is (the plan's, events.PlanProgress)."""
 
     def __init__(self, out=sys.stdout):
         self.out = out
+        self.plan = PlanProgress()
         self.tty = out.isatty()
         self.sample: SampleEvent | None = None
         self.last_plain = 0.0
@@ -87,6 +96,7 @@ class Printer:
             self.status_shown = False
 
     def __call__(self, ev: RunEvent) -> None:
+        self.plan.feed(ev)
         if isinstance(ev, SampleEvent):
             # one device on the status line: the run's own disk, not the front-end's under a volume ("fe1:vda")
             # nor a second one this host samples beside it
@@ -97,7 +107,7 @@ class Printer:
         if isinstance(ev, ProgressEvent):
             if (ev.instance or 1) > 1:
                 return  # one status line: the first of N guests' (the TUI shows each guest's)
-            line = progress_line(ev, self.sample)
+            line = progress_line(ev, self.sample, self.plan.where())
             if self.tty:
                 self.out.write("\r\033[K" + line[:200])
                 self.status_shown = True

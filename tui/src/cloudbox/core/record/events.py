@@ -65,7 +65,7 @@ class StateEvent:
             out["reason"] = self.reason
         out.update(_dropped_none({"profile": self.profile, "suite": self.suite}))
         if self.plan is not None:
-            out["plan"] = [{"side": s.side, "test": s.test} for s in self.plan]
+            out["plan"] = [_plan_payload(s) for s in self.plan]
         return out
 
     @classmethod
@@ -75,9 +75,18 @@ class StateEvent:
                    tuple(_plan_step(s) for s in plan) if isinstance(plan, list) else None)
 
 
+def _plan_payload(s: PlanStep) -> dict[str, Any]:
+    """A plan step's stored form: its side and test, and its repeat and boot where not 1 (a run measured once
+    stores its plan as before repeats existed)."""
+    out: dict[str, Any] = {"side": s.side, "test": s.test}
+    out.update({k: v for k in ("repeat", "boot") if (v := getattr(s, k)) != 1})
+    return out
+
+
 def _plan_step(s: Any) -> PlanStep:
     if isinstance(s, dict):
-        return PlanStep(str(s.get("side", "")), str(s.get("test", "")))
+        return PlanStep(str(s.get("side", "")), str(s.get("test", "")), _instance(s.get("repeat")) or 1,
+                        _instance(s.get("boot")) or 1)
     side, _, test = str(s).partition(":")  # the 'side:test' form of runs recorded before the plan was typed
     return PlanStep(side, test)
 
@@ -182,6 +191,11 @@ class MeasurementEvent:
     def repeated(self) -> bool:
         """A sample of a test measured more than once so far (its second repeat or later, or of a later boot)."""
         return self.repeat > 1 or self.boot > 1
+
+    @property
+    def plan_step(self) -> PlanStep:
+        """The plan's step this sample is (its repeat and boot: a repeated run plans each one)."""
+        return PlanStep(self.side, self.test, self.repeat, self.boot)
 
     def to_payload(self) -> dict[str, Any]:
         out = {"side": self.side, "test": self.test, "metric": self.metric, "value": self.value}
@@ -302,17 +316,19 @@ def stamped(t: float, line: str) -> str:
     return f"{time.strftime('%H:%M:%S', time.localtime(t))} {line}"
 
 
-def progress_line(ev: ProgressEvent, sample: SampleEvent | None = None) -> str:
-    """The live status line of the current test, with the host disk's last second when there is one (control
-    characters made visible, as describe's)."""
-    return printable(_progress_line(ev, sample))
+def progress_line(ev: ProgressEvent, sample: SampleEvent | None = None, where: str = "") -> str:
+    """The live status line of the current test, with the host disk's last second when there is one and `where` the
+    step stands in a repeated run (PlanProgress.where: "repeat 2 of 8"); control characters made visible, as
+    describe's."""
+    return printable(_progress_line(ev, sample, where))
 
 
-def _progress_line(ev: ProgressEvent, sample: SampleEvent | None = None) -> str:
+def _progress_line(ev: ProgressEvent, sample: SampleEvent | None = None, where: str = "") -> str:
+    at = f" ({where})" if where else ""
     if ev.test == BOOT:  # no percentage: the text says what the launch is doing and for how long
-        return f"  [{ev.side}] {ev.test}: {ev.eta}" if ev.eta else f"  [{ev.side}] {ev.test}"
+        return f"  [{ev.side}] {ev.test}{at}: {ev.eta}" if ev.eta else f"  [{ev.side}] {ev.test}{at}"
     who = f" {instance_name(ev.side, ev.instance)}" if ev.instance is not None else ""
-    line = f"  [{ev.side}] {ev.test}{who} {ev.pct:5.1f}%"
+    line = f"  [{ev.side}] {ev.test}{who}{at} {ev.pct:5.1f}%"
     if ev.mbps is not None:
         line += f"  {ev.mbps:8.1f} MB/s"
     if ev.elapsed is not None:
@@ -329,8 +345,9 @@ def _progress_line(ev: ProgressEvent, sample: SampleEvent | None = None) -> str:
 
 # --------------------------------------------------------------------------------------------- progress
 class PlanProgress:
-    """Whole-run progress from a run's events: the plan (from the first state event), the steps done
-    (measurements, and the guest's boot), the current step's own percentage."""
+    """Whole-run progress from a run's events: the plan (from the first state event; a later one revises it, as a
+    repeated run does when a test needed fewer repeats than it might have), the steps done (measurements, each
+    sample of a repeated test its own, and the guest's boots), the current step's own percentage."""
 
     def __init__(self) -> None:
         self.plan: tuple[PlanStep, ...] = ()
@@ -344,11 +361,16 @@ class PlanProgress:
         elif isinstance(ev, ProgressEvent):
             if (ev.instance or 1) > 1:
                 return  # in a run of N at once the first guest's (or process's) progress stands for the step's
-            self.current, self.current_pct = ev.step, ev.pct
+            self.current, self.current_pct = self._next(ev.side, ev.test), ev.pct
             if ev.test == BOOT and ev.pct >= 100:
-                self.done.add(ev.step)
+                self.done.add(self.current)
         elif isinstance(ev, MeasurementEvent):
-            self.done.add(ev.step)
+            self.done.add(ev.plan_step)
+
+    def _next(self, side: str, test: str) -> PlanStep:
+        """The plan's first step of `test` on `side` not done yet: the sample (or the boot) now under way."""
+        return next((s for s in self.plan if s.side == side and s.test == test and s not in self.done),
+                    PlanStep(side, test))
 
     @property
     def percent(self) -> float | None:
@@ -357,6 +379,18 @@ class PlanProgress:
         planned = set(self.plan)
         part = self.current_pct / 100 if self.current in planned and self.current not in self.done else 0
         return min(100.0, 100.0 * (len(self.done & planned) + part) / len(self.plan))
+
+    def where(self, step: PlanStep | None = None) -> str:
+        """Where `step` (the current one) stands among its test's planned samples, "repeat 2 of 8", or among the
+        guest's boots, "boot 2 of 3"; "" when the plan has it once."""
+        step = step or self.current
+        if step is None:
+            return ""
+        if step.test == BOOT:
+            boots = sum(1 for s in self.plan if s.side == step.side and s.test == BOOT)
+            return f"boot {step.boot} of {boots}" if boots > 1 else ""
+        n = sum(1 for s in self.plan if s.side == step.side and s.test == step.test)
+        return f"repeat {step.repeat} of {n}" if n > 1 else ""
 
 
 FIGURE_METRICS = ("MB/s", "Mbit/s", "trans/s")  # a test's own figure: storage, network throughput, request/response

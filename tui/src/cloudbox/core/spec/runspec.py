@@ -47,6 +47,13 @@ CPU_OVERCOMMIT_RANGE = (1.0, 16.0)
 OVERCOMMIT_LABEL = "vcpu-overcommit"  # a guest figure measured with more guest vCPUs than host CPUs
 LOCAL_PLACE = "local"  # this host, as a place of a spread run's guests (--node local,be1)
 MAX_PLACES = 8
+MAX_REPEATS = 100  # samples a side of one test in one guest boot
+MAX_BOOTS = 20
+MAX_SAMPLES = 1000  # samples a side of one test in all (--repeats x --boots)
+DEFAULT_MOST_REPEATS = 10  # --until-width's cap without --max-repeats (netperf's -i 10 as well)
+# The fewest samples a side whose guest/bare-metal ratio has a 95% interval (core.record.stats.ratio: 4 + 4)
+MIN_ADAPTIVE_REPEATS = 4
+WIDTH_RANGE = (0.1, 50.0)  # --until-width, percent
 
 
 def propagation_test(size_bytes: int) -> str:
@@ -234,6 +241,29 @@ def _check_cpu_overcommit(value: float) -> None:
                          f"every guest vCPU) to {high:g} guest vCPUs per host CPU")
 
 
+def _whole(flag: str, low: int, high: int, what: str) -> Callable[[int], None]:
+    def check(value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise UsageError(f"{flag} {value!r} is not allowed; allowed: {low} to {high} {what}")
+    return check
+
+
+def _check_until_width(value: float) -> None:
+    low, high = WIDTH_RANGE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or low <= value <= high):
+        raise UsageError(f"--until-width {value!r} is not allowed; allowed: 0 (off: --repeats as given) or {low:g} to "
+                         f"{high:g} (percent: repeat until the guest/bare-metal ratio's 95% interval is within "
+                         "+-that)")
+
+
+def _check_max_repeats(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            value == 0 or MIN_ADAPTIVE_REPEATS <= value <= MAX_REPEATS):
+        raise UsageError(f"--max-repeats {value!r} is not allowed; allowed: 0 (default: {DEFAULT_MOST_REPEATS} with "
+                         f"--until-width) or {MIN_ADAPTIVE_REPEATS} (the fewest samples a side whose ratio has a 95% "
+                         f"interval) to {MAX_REPEATS}")
+
+
 def _check_node(value: str) -> None:
     places = value.split(",") if value else []
     if len(places) > MAX_PLACES:
@@ -333,6 +363,27 @@ class RunSpec:
         help="with --guests N, guest vCPUs allowed per host CPU (default 1: each vCPU gets a host CPU); above 1 "
              "the guests share CPUs and their figures carry the vcpu-overcommit caveat",
         title="vCPUs per host CPU", control="input", metavar="RATIO", check=_check_cpu_overcommit)
+    repeats: int = run_option(
+        1, flags=("--repeats",),
+        help="measure each test this many times (in each guest boot), bare metal and guest taking turns sample by "
+             "sample (ABAB...), the guest booted once and idle while bare metal runs; each figure is then the "
+             "median of its samples with its 95% interval (from 6), each ratio to bare metal with its interval "
+             "(from 4 a side); with --until-width, the fewest repeats",
+        title="Repeats", control="input", metavar="N", check=_whole("--repeats", 1, MAX_REPEATS, "samples a side"))
+    boots: int = run_option(
+        1, flags=("--boots",),
+        help="repeat the tests in this many guest boots (the guest destroyed and launched afresh between them, its "
+             "disk kept): --repeats N in each, stored with the boot",
+        metavar="M", check=_whole("--boots", 1, MAX_BOOTS, "guest boots"))
+    until_width: float = run_option(
+        0.0, flags=("--until-width",),
+        help="repeat each test until its guest/bare-metal ratio's 95% interval is within +-W% of the ratio, or "
+             "--max-repeats (default 0: off)",
+        metavar="W", check=_check_until_width)
+    max_repeats: int = run_option(
+        0, flags=("--max-repeats",),
+        help=f"with --until-width, the most repeats of a test (default {DEFAULT_MOST_REPEATS})",
+        metavar="K", check=_check_max_repeats)
     # Set by the front-end for one node's part of a spread run (no option): each test waits for the front-end's
     # start instant (core.run.hold); it names the coordinating run ("fe1 run 12, be1 g2 of 2 guests").
     hold: str = ""
@@ -364,6 +415,11 @@ class RunSpec:
             _check_many_guests(self)
         if self.spread:
             _check_spread(self)
+        if self.repeated:
+            _check_repeated(self)
+        elif self.max_repeats:
+            raise UsageError(f"--max-repeats {self.max_repeats} caps --until-width's repeats; allowed: with "
+                             "--until-width W, or none")
         if len(self.profiles) > 1:
             _check_mix(self)
         _check_nfs_server(self.nfs_host, self.nfs_port)
@@ -417,6 +473,20 @@ class RunSpec:
         return self.suite == "guest"
 
     @property
+    def repeated(self) -> bool:
+        """Each test measured more than once, or across guest boots: the run alternates bare metal and guest sample
+        by sample (core.run.repeated)."""
+        return self.repeats > 1 or self.boots > 1 or self.until_width > 0
+
+    @property
+    def most_repeats(self) -> int:
+        """A test's repeats in one guest boot at most: --repeats, or with --until-width --max-repeats (its
+        default), never fewer than --repeats."""
+        if not self.until_width:
+            return self.repeats
+        return max(self.repeats, self.max_repeats or DEFAULT_MOST_REPEATS)
+
+    @property
     def propagation(self) -> bool:
         """Study B's image-propagation sweep: a guest provisioned from an image of each size in `propagate`."""
         return self.suite == PROPAGATION
@@ -437,6 +507,8 @@ class RunSpec:
         if self.propagation:
             return [PlanStep("guest", step) for _, step in self.propagation_steps()]
         tests = [t.id for t in catalogue.resolve_tests(self.storage_tests)] if self.wants_storage else []
+        if self.repeated:
+            return self._repeated_plan(tests)
         out = [PlanStep("baseline", t) for t in tests]
         out.append(PlanStep("guest", BOOT))
         out += [PlanStep("guest", t) for t in tests]
@@ -448,10 +520,31 @@ class RunSpec:
                     out += [PlanStep("guest", fe), PlanStep("baseline", fe)]
         return out
 
+    def _repeated_plan(self, tests: list[str]) -> list[PlanStep]:
+        """A repeated run's steps: per guest boot its launch, then each test's repeats, bare metal and guest in turn
+        (a network test: guest first, as in a run measured once); with --until-width, to --max-repeats (the
+        executor drops the repeats a test did not need and says so with a revised plan)."""
+        n = self.most_repeats
+        out = []
+        for boot in range(1, self.boots + 1):
+            out.append(PlanStep("guest", BOOT, boot=boot))
+            for t in tests:
+                for i in range(1, n + 1):
+                    r = (boot - 1) * n + i
+                    out += [PlanStep("baseline", t, r, boot), PlanStep("guest", t, r, boot)]
+            if self.wants_network:
+                for nt in resolve_net_tests(self.net_tests):
+                    ids = [nt.id, *([nt.id + catalogue.FRONTEND_SUFFIX] if self.peer else [])]
+                    for i in range(1, n + 1):
+                        r = (boot - 1) * n + i
+                        for tid in ids:
+                            out += [PlanStep("guest", tid, r, boot), PlanStep("baseline", tid, r, boot)]
+        return out
+
     def as_dict(self) -> dict[str, Any]:
         """The spec's settings; `propagate` only in a propagation run, `guests` only when more than one,
-        `cpu_overcommit` only above 1 and the NFS server only when there is one, so every other run's stored record
-        and request to a node read as before they existed."""
+        `cpu_overcommit` only above 1, the NFS server only when there is one and the repetition settings only when
+        not their defaults, so every other run's stored record and request to a node read as before they existed."""
         d = asdict(self)
         if not d["propagate"]:
             del d["propagate"]
@@ -469,6 +562,9 @@ class RunSpec:
             del d["cpu_overcommit"]
         if d["first_guest"] == 1:
             del d["first_guest"]
+        for name, once in (("repeats", 1), ("boots", 1), ("until_width", 0), ("max_repeats", 0)):
+            if d[name] == once:
+                del d[name]
         return d
 
     @classmethod
@@ -488,10 +584,13 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class PlanStep:
-    """One step of a run's plan: a test (or the guest's boot) on one side."""
+    """One step of a run's plan: a test (or the guest's boot) on one side; in a repeated run, which of the test's
+    samples (`repeat`, 1..n in measured order) in which guest boot (`boot`; the boot step's own number)."""
 
     side: str  # "baseline" | "guest"
     test: str
+    repeat: int = 1
+    boot: int = 1
 
 
 def _check_records_fit(tests: str, size: str) -> None:
@@ -543,6 +642,29 @@ def _check_many_guests(spec: RunSpec) -> None:
         raise UsageError(f"--guests {n} with --tests {spec.storage_tests!r}: {', '.join(bonnie)} runs in one guest "
                          "at a time (its figures are per file system, not summed over N); allowed with --guests > 1: "
                          "--tests without bonnie")
+
+
+def _check_repeated(spec: RunSpec) -> None:
+    """Repeats: of a test run (one guest, bare metal beside it), the samples a side within MAX_SAMPLES, the adaptive
+    stop within one guest boot."""
+    what = (f"--repeats {spec.repeats}" if spec.repeats > 1 else f"--boots {spec.boots}" if spec.boots > 1
+            else f"--until-width {spec.until_width:g}")
+    if spec.session or spec.propagation:
+        raise UsageError(f"{what} repeats a run's tests; --suite {spec.suite} has none to repeat (a propagation "
+                         "run's samples are its image sizes); allowed: --suite storage, network or all")
+    if spec.guests > 1 or spec.hold:
+        raise UsageError(f"{what} with --guests {spec.guests}: repeats of N guests at once are not supported yet; "
+                         "allowed: --guests 1, or --repeats 1 (--guests 1,2,4 sweeps the counts)")
+    if spec.until_width and spec.boots > 1:
+        raise UsageError(f"--until-width {spec.until_width:g} with --boots {spec.boots}: the adaptive stop counts "
+                         "repeats within one guest boot; allowed: one of them")
+    if spec.max_repeats and spec.max_repeats < spec.repeats:
+        raise UsageError(f"--max-repeats {spec.max_repeats} is fewer than --repeats {spec.repeats} (the fewest "
+                         f"with --until-width); allowed: {spec.repeats} to {MAX_REPEATS}")
+    if spec.most_repeats * spec.boots > MAX_SAMPLES:
+        raise UsageError(f"--repeats {spec.most_repeats} in each of --boots {spec.boots} is "
+                         f"{spec.most_repeats * spec.boots} samples a side of each test; allowed: at most "
+                         f"{MAX_SAMPLES}")
 
 
 def _check_nfs_server(host: str, port: int) -> None:
