@@ -20,6 +20,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from ..spec.runspec import RunSpec
 from ..virt.accel import Accelerator
+from .hoststate import HostState
 
 
 class _Record(BaseModel):
@@ -192,6 +193,45 @@ class DiskStall(_Record):
     remedy: str = "relaunch"
 
 
+class TestRepeats(_Record):
+    """One test of a repeated run: the samples it took a side and why it stopped there."""
+
+    test: str
+    samples: int
+    reason: str  # "the planned 3", "its ratio's 95% interval +-2.1% is within +-5% after 6", ...
+    half_width: float | None = None  # the interval it stopped on: +- percent of the ratio (or of the median)
+
+
+class Repeats(_Record):
+    """How a repeated run (--repeats, --boots, --until-width) took its samples."""
+
+    repeats: int  # a test's samples a side in each guest boot (with until_width: the fewest)
+    boots: int = 1
+    until_width: float | None = None  # percent: the ratio's interval's half-width a test stops at
+    max_repeats: int | None = None  # with until_width: the most
+    order: str = ""  # how the samples alternate, in words
+    boot_s: list[float] = []  # each guest boot's launch to agent, in order
+    tests: list[TestRepeats] = []
+
+
+class SteadyState(_Record):
+    """How timed tests (random I/O with a runtime) reach a steady state before they count: a warm-up run and
+    discarded first (fio's ramp_time), or fio's own steady-state detection."""
+
+    method: str  # "ramp_time" | "steadystate"
+    seconds: int = 0  # the warm-up's length
+    tests: list[str] = []  # the tests it applies to, each sample of them
+    note: str = ""
+
+
+class Caches(_Record):
+    """How each read test's sample starts: the page caches dropped (or why one cannot be)."""
+
+    host: str
+    guest: str = ""
+    server: str = ""  # a network volume's server: whose cache is dropped with the host's, or why not
+
+
 class Nodes(_Record):
     """A run on a back-end: the front-end that ran it and the back-end it ran on."""
 
@@ -278,6 +318,10 @@ class Provenance(_Record):
     propagation: Propagation | None = None
     peer: PeerServers | None = None
     remote_run: RemoteRun | None = None
+    host_state: HostState | None = None  # what moves figures on real hardware: CPU, idle states, THP, disk, NIC
+    caches: Caches | None = None
+    steady_state: SteadyState | None = None
+    repeats: Repeats | None = None
 
     @field_serializer("spec")
     def _spec_stored(self, spec: RunSpec | None) -> dict[str, Any] | None:

@@ -68,6 +68,13 @@ class Summary:
     cv: float | None  # the sample standard deviation over the mean, from n = 2 on
 
     @property
+    def half_width(self) -> float | None:
+        """The median's interval's half-width as a percentage of the median; None without an interval."""
+        if self.low is None or self.high is None or self.median <= 0:
+            return None
+        return (self.high - self.low) / 2 / self.median * 100.0
+
+    @property
     def flagged(self) -> bool:
         """Its samples vary more than CV_FLAG from run to run."""
         return self.cv is not None and self.cv > CV_FLAG
@@ -130,6 +137,14 @@ class Ratio:
     @property
     def has_interval(self) -> bool:
         return self.low is not None and self.high is not None
+
+    @property
+    def half_width(self) -> float | None:
+        """The interval's half-width as a percentage of the ratio itself: "+-2.1%" of 96.3% is [94.3, 98.3]; None
+        without an interval."""
+        if self.low is None or self.high is None or self.percent <= 0:
+            return None
+        return (self.high - self.low) / 2 / self.percent * 100.0
 
     @property
     def coverage(self) -> float | None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..record.fairness import spread
+from ..record.hoststate import differences
 from ..record.latency import Added, Latency
 from ..record.rows import Figure, Run
 from ..record.stats import Ratio, Summary
@@ -368,7 +369,37 @@ def compare_table(runs: Sequence[Run], title: str | None = None) -> Table:
             if section.rows:
                 table.sections.append(section)
     table.footnotes.extend(notes.footnotes())
+    table.footnotes.extend(host_notes(runs))
     return table
+
+
+def host_notes(runs: Sequence[Run]) -> list[str]:
+    """What differs between the runs' hosts, each run against the first that recorded its host's state (CPU
+    frequency and idle states, THP, NUMA, kernel command line, microcode, disk, NIC): one note per run that differs,
+    one when none does, and the runs that recorded none. [] for one run."""
+    if len(runs) < 2:
+        return []
+    known = [(r, h) for r in runs if (h := r.provenance.host_state) is not None]
+    missing = [r for r in runs if r.provenance.host_state is None]
+    out = []
+    if len(known) >= 2:
+        first, ref = known[0]
+        same = []
+        for r, h in known[1:]:
+            diffs = differences(ref, h)
+            if (a := first.provenance.host) != (b := r.provenance.host):
+                diffs.insert(0, f"host {a or '?'} / {b or '?'}")
+            if diffs:
+                out.append(f"Host state differs, #{first.id} / #{r.id}: " + "; ".join(diffs))
+            else:
+                same.append(r)
+        if same:
+            out.append(f"Host state the same in #{first.id} and " + ", ".join(f"#{r.id}" for r in same)
+                       + " (CPU frequency and idle states, SMT, THP, NUMA, kernel command line, microcode, disk, NIC)")
+    if missing and known:
+        out.append("No host state recorded for " + ", ".join(f"#{r.id}" for r in missing)
+                   + " (measured before cloudbox recorded it): what differs there is not known")
+    return out
 
 
 def _section(runs: Sequence[Run], test: str, metric: str, notes: _Notes) -> Section:

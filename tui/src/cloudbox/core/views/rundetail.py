@@ -58,7 +58,7 @@ def run_detail(run: Run, samples: Sequence[Sample], *, executor_alive: bool = Tr
     whose executor is gone."""
     p = run.provenance
     lines = [*_run_lines(run, executor_alive), *_store_lines(p, samples),
-             *(_guests_lines(p.guests) if p.guests is not None else []), *_boot_lines(p)]
+             *(_guests_lines(p.guests) if p.guests is not None else []), *_boot_lines(p), *how_measured_lines(p)]
     # Reasons, kernels and versions may come from a node: every line goes through the one escaping function.
     out = ["\n".join(printable(line) for line in lines) + "\n", "\n"]
     table = render.to_text(compare.compare_table([run], title=f"Run #{run.id}"))
@@ -116,6 +116,35 @@ def _figure_lines(f: Figure, name: str, width: int) -> list[str]:
         text = " ".join(fmt.format(v) for v in f.values)
     out += textwrap.wrap(text, width, initial_indent=" " * 16, subsequent_indent=" " * 16)
     return out
+
+
+def how_measured_lines(p: Provenance, width: int = 116) -> list[str]:
+    """How the samples were taken: the repeats (their order, each test's count and why it stopped), the timed tests'
+    warm-up, the page caches before reads, and the host's state (CPU frequency and idle states, THP, NUMA, the
+    kernel command line, the disk, the NIC); each wrapped to `width` under its heading."""
+    items: list[tuple[str, str]] = []
+    if (r := p.repeats) is not None:
+        boots = f" in each of {r.boots} guest boots" if r.boots > 1 else ""
+        until = (f", until its ratio's 95% interval is within +-{r.until_width:g}% (at most {r.max_repeats})"
+                 if r.until_width else "")
+        items.append(("repeats", f"{r.repeats} a side{boots}{until}: {r.order}"))
+        if r.boot_s:
+            items.append(("boots", "launch to agent " + ", ".join(f"{s:.0f} s" for s in r.boot_s)))
+        items += [("stopped", f"{tr.test}: {tr.samples} a side, {tr.reason}") for tr in r.tests]
+    if (ss := p.steady_state) is not None:
+        what = (f"a {ss.seconds} s warm-up run first and discarded (fio's ramp_time)" if ss.method == "ramp_time"
+                else "fio's steady-state detection")
+        items.append(("steady state", f"{what} in {', '.join(ss.tests)}: {ss.note}"))
+    if (c := p.caches) is not None:
+        items += [("caches", f"host: {c.host}")] + [("", f"{who}: {text}") for who, text in
+                                                     (("guest", c.guest), ("server", c.server)) if text]
+    if (h := p.host_state) is not None:
+        items += [("host state" if i == 0 else "", line) for i, line in enumerate(h.lines())]
+    lines = []
+    for head, text in items:
+        lines += textwrap.wrap(text, width, initial_indent=f"  {head:<13}", subsequent_indent=" " * 17,
+                               break_on_hyphens=False, break_long_words=False)
+    return lines
 
 
 def _run_lines(run: Run, executor_alive: bool) -> list[str]:
