@@ -39,6 +39,9 @@ def _node_requests() -> list[dict[str, Any]]:
     # an NFS profile's run on the front-end's export, and a block volume served by the front-end
     out.append(mirror.node_spec(RunSpec(**base, suite="storage"), nfs_export=NFS))
     out.append(mirror.node_spec(RunSpec(**base, suite="storage"), volume_uri="nbds://10.73.0.1:10809/vol1"))
+    # a repeated run: across boots, and until its ratios are sure
+    out.append(mirror.node_spec(RunSpec(**base, suite="storage", repeats=3, boots=2)))
+    out.append(mirror.node_spec(RunSpec(**base, suite="storage", repeats=4, until_width=2.5, max_repeats=12)))
     # a propagation run (study B's sweep) on a node
     out.append(mirror.node_spec(RunSpec(**base, suite="propagation", propagate=[64 * 1024**2, 128 * 1024**2])))
     # a spread run's part on a node, numbered from its first guest, on the front-end's NFS export

@@ -313,8 +313,9 @@ class GuestRunner:
     def stop_raid(self) -> None:
         self.guest.run(["mdadm", "--stop", RAID_DEVICE], timeout=60, check=True)
 
-    def drop_caches(self) -> None:
-        self.guest.sh("sync; echo 3 > /proc/sys/vm/drop_caches", timeout=60)
+    def drop_caches(self) -> bool:
+        """Flush and drop the guest's page cache; False where it could not (the read is then warm-cache)."""
+        return self.guest.sh("sync; echo 3 > /proc/sys/vm/drop_caches", timeout=60).exitcode == 0
 
     def fill(self, target: str, size: int) -> None:
         t = TESTS["seq-write-1m"]

@@ -6,6 +6,7 @@
     context        one run's state as its steps share it
     sink           where a run's events go
     local          a run on this host as small steps over one context
+    repeated       a repeated run on this host: bare metal and guest in turn, across boots, until sure
     multi          N guests at once on this host (--guests N), and mixed profiles
     measure        one test measured and stored, with the host disk's counters over its window
     launch         launching the guest and waiting for its agent

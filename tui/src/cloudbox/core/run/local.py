@@ -30,6 +30,7 @@ from ..disks.volumes.attach import ISCSI_READER_LABELS, check_attach, export_for
 from ..disks.volumes.transports import NFS_HOST_MOUNT, VolumeExport
 from ..errors import CloudboxError, DiskStalled
 from ..record.events import ProgressEvent, SampleEvent
+from ..record.hoststate import read_host_state
 from ..record.provenance import (
     BackingInfo,
     Controller,
@@ -52,7 +53,7 @@ from ..virt.guest import reap_orphans
 from ..virt.guestimage import CMDLINE, GuestImage
 from .context import RunContext
 from .launch import agent_socket, launch, remove_socket
-from .measure import storage_test
+from .measure import caches, steady_state, storage_test
 from .network_steps import configure_nic, hold, network_tests, plumb
 
 T = TypeVar("T")
@@ -207,7 +208,8 @@ def record_facts(ctx: RunContext) -> None:
                             more_paths=store.more_paths or None),
         volume=volume_info(ctx.volume),
         raid=_host_raid_info(ctx.host_raid),
-        spec=ctx.spec)
+        spec=ctx.spec, host_state=read_host_state(disk=store.host_device), caches=caches(ctx),
+        steady_state=steady_state(ctx))
     ctx.store.update_run(ctx.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))
     ctx.save_provenance()
 

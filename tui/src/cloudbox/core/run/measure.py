@@ -1,12 +1,15 @@
 """One test, measured and stored: its step, the tool run, its measurement rows and the measurement event; a
 storage test also with the host disk's counters over exactly the test's window (iostat over the whole test), a
-random one with its completion-latency histogram (each guest's of N, their merge being the views'). A
-repeated test passes each sample's Repetition (its place, guest boot and iteration), stored with its rows and event;
-without one a test is its figure's next sample (its only one, in a run that measures each test once)."""
+random one with its completion-latency histogram (each guest's of N, their merge being the views'), a read
+test after the page caches were dropped. A repeated test passes each sample's Repetition (its place, guest boot
+and iteration), stored with its rows and event; without one a test is its figure's next sample (its only one, in a
+run that measures each test once). What a run records of how its samples start (the caches, the timed tests'
+warm-up) is said here too."""
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -14,32 +17,72 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..bench import nettests, runners
+from ..bench.fio import warmup_s
 from ..bench.result import FioResult
 from ..disks.diskstats import Counters, delta, read_counters
 from ..record import latency
 from ..record.events import MeasurementEvent
 from ..record.latency import Histogram
+from ..record.provenance import Caches, SteadyState
 from ..record.rows import Repetition
 from ..spec import catalogue
 from .context import RunContext, host_labels
 
 T = TypeVar("T")
+Drop = Callable[[], object]  # drops a guest's page cache; False when it could not
 
 
-def _test_labels_after_drops(ctx: RunContext, side: str, t: catalogue.StorageTest,
-                             drops: Sequence[Callable[[], None]]) -> list[str]:
+def _test_labels_after_drops(ctx: RunContext, side: str, t: catalogue.StorageTest, drops: Sequence[Drop]) -> list[str]:
     """A storage test's labels on `side`; before a read, the host's and the guests' (`drops`) page caches dropped,
-    the host's failing labelled warm-cache."""
+    a drop that fails labelled warm-cache."""
     ctx.control.check()
     tl = list(dict.fromkeys([*ctx.labels, *t.labels]))
     if side == "baseline":
         tl = host_labels([*tl, *ctx.backing.baseline_labels], dom0=ctx.dom0)
     if "read" in t.rw:
-        if not runners.drop_host_caches():
-            tl.append("warm-cache")
+        warm = not runners.drop_host_caches()
         for drop in drops:
-            drop()
+            warm = drop() is False or warm
+        if warm:
+            tl.append("warm-cache")
     return tl
+
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def caches(ctx: RunContext) -> Caches:
+    """How the run's read tests start: this host's page cache (and with it a volume's server's on this host) and the
+    guest's dropped before every read sample, or why one is not."""
+    if os.access(DROP_CACHES, os.W_OK):
+        host = (f"dropped before every read sample, bare metal's and the guest's (sync, then 3 > {DROP_CACHES}); a "
+                "drop that fails labels the sample warm-cache")
+    else:
+        host = f"not dropped: this process cannot write {DROP_CACHES} (not root); read samples are labelled warm-cache"
+    guest = ("dropped before every read sample through its agent (sync, then 3 > drop_caches)"
+             + (", and before bare metal's while it idles" if ctx.spec.repeated else "")
+             + "; a guest that cannot labels the sample warm-cache")
+    v, server = ctx.volume, ""
+    if v is not None:
+        elsewhere = ctx.spec.volume_uri or ctx.spec.nfs_host or v.served_by_front_end
+        server = (f"the volume's server ({v.server or v.scheme}) is the front-end: its page cache under the volume is "
+                  "not dropped from here, so a read of data it still holds is served from its memory"
+                  if elsewhere else
+                  f"the volume's server ({v.server or v.scheme}) runs on this host: its page cache is dropped with "
+                  "the host's")
+    return Caches(host=host, guest=guest, server=server)
+
+
+def steady_state(ctx: RunContext) -> SteadyState | None:
+    """The timed tests' warm-up (fio's ramp_time, core.bench.fio.warmup_s), or None when the run has none."""
+    timed = [t.id for t in catalogue.resolve_tests(ctx.spec.storage_tests) if t.timed and t.tool == "fio"] \
+        if ctx.spec.wants_storage else []
+    if not timed:
+        return None
+    ramp = warmup_s(ctx.runtime)
+    return SteadyState(method="ramp_time", seconds=ramp, tests=timed,
+                       note=f"each sample's first {ramp} s of I/O is not counted, then at most {ctx.runtime} s is "
+                            "measured; a sample that finishes its size within the warm-up is measured whole")
 
 
 def _at(rep: Repetition | None) -> dict[str, Any]:
@@ -88,13 +131,14 @@ def _rounded(host: dict[str, float | None]) -> tuple[float | None, float | None,
 
 
 def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Callable[[], FioResult],
-                 guest_drop: Callable[[], None] = lambda: None, note: str = "", labels: Sequence[str] = (),
-                 rep: Repetition | None = None) -> None:
+                 guest_drop: Drop = lambda: None, note: str = "", labels: Sequence[str] = (),
+                 rep: Repetition | None = None, where: str = "") -> FioResult:
     """`run` measures `t` on `side`; read tests start with the page caches dropped (else labelled warm-cache).
     `note` (why it was measured again) goes into the raw output; `labels` (how this test was measured) join the
-    run's; `rep` is where this sample stands among the test's repeats."""
+    run's; `rep` is where this sample stands among the test's repeats, `where` says so in its step ("repeat 2 of
+    8"). Returns what the tool measured."""
     tl = [*_test_labels_after_drops(ctx, side, t, (guest_drop,)), *labels]
-    res, start, end, host = _in_window(ctx, side, t, f"{side}: {t.id}", run)
+    res, start, end, host = _in_window(ctx, side, t, f"{side}: {t.id}" + (f" ({where})" if where else ""), run)
 
     def record(metric: str, value: float, raw: str, hist: Histogram | None = None) -> None:
         ctx.store.add_measurement(ctx.run_id, side=side, test=t.id, metric=metric, value=value, raw=raw, labels=tl,
@@ -112,6 +156,7 @@ def storage_test(ctx: RunContext, side: str, t: catalogue.StorageTest, run: Call
     if not math.isnan(res.mbps):
         ctx.sink.emit(MeasurementEvent(side, t.id, "MB/s", round(res.mbps, 2), tuple(tl), round(res.iops, 1),
                                        *_rounded(host), **_at(rep)))
+    return res
 
 
 def measured(res: FioResult) -> list[tuple[str, float]]:
@@ -133,11 +178,11 @@ def _net_raw(res: nettests.NetResult, notes: Sequence[str] = ()) -> str:
 
 
 def net_test(ctx: RunContext, side: str, t: catalogue.NetTest, run: Callable[[], nettests.NetResult],
-             labels: list[str], note: str = "", rep: Repetition | None = None) -> None:
+             labels: list[str], note: str = "", rep: Repetition | None = None, where: str = "") -> nettests.NetResult:
     """`run` measures `t` on `side`; a retry after a hang, and what was seen and done, go into the raw output; `rep`
-    is where this sample stands among the test's repeats."""
+    is where this sample stands among the test's repeats, `where` says so in its step. Returns what was measured."""
     ctx.control.check()
-    ctx.sink.step(f"{side}: {t.id} ({t.direction})", side=side, test=t.id)
+    ctx.sink.step(f"{side}: {t.id} ({t.direction}" + (f", {where})" if where else ")"), side=side, test=t.id)
     start = time.time()
     res = run()
     end = time.time()
@@ -152,6 +197,7 @@ def net_test(ctx: RunContext, side: str, t: catalogue.NetTest, run: Callable[[],
     if res.lat_us is not None and t.kind == "TCP_RR":
         record("lat_us", res.lat_us, "")
     ctx.sink.emit(MeasurementEvent(side, t.id, res.metric, round(res.value, 2), tuple(tl), **_at(rep)))
+    return res
 
 
 @dataclass
@@ -166,7 +212,7 @@ class Ran:
 
 def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
                       runs: Sequence[Callable[[Callable[[], bool]], Ran]],
-                      drops: tuple[Callable[[], None], ...] = (), rep: Repetition | None = None) -> list[Ran]:
+                      drops: tuple[Drop, ...] = (), rep: Repetition | None = None) -> list[Ran]:
     """`t` on `side` by N at once (runs[k](cancelled) measures instance k + 1 in a thread of its own): one row per
     instance, and the run's row: the sum of their MB/s and IOPS, their mean latency, the host disk's counters over
     the whole window. Any instance failing (or the run cancelled) stops the others and fails the test. `rep`: where
@@ -208,7 +254,7 @@ def storage_test_many(ctx: RunContext, side: str, t: catalogue.StorageTest,
 
 def storage_job(ctx: RunContext, side: str, t: catalogue.StorageTest,
                 run: Callable[[], tuple[FioResult, list[FioResult]]],
-                drops: tuple[Callable[[], None], ...] = (), what: str = "", rep: Repetition | None = None) -> FioResult:
+                drops: tuple[Drop, ...] = (), what: str = "", rep: Repetition | None = None) -> FioResult:
     """`t` on `side` as one job of N processes (an MPI job: `run` returns its aggregate and each rank's figures):
     one row per rank, and the run's row with the job's own aggregate (not their sum: the job's bytes over its whole
     window), with the host disk's counters over that window; `rep`: where this sample stands among the test's

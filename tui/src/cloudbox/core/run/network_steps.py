@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from collections.abc import Callable
 
 from ..bench import nettests
 from ..errors import CloudboxError, NicStalled
 from ..record.provenance import NicStall, PrivateNetwork
+from ..record.rows import Repetition
 from ..spec import addresses, catalogue, nodeconf
 from ..spec.runspec import resolve_net_tests
 from ..virt import network
@@ -21,6 +23,15 @@ from .measure import net_test
 from .sink import EventSink
 
 NIC_RELAUNCHES = 1  # a guest whose network stopped for good is launched afresh this often per run
+# One repeat of a network test, guest then bare metal: (bare metal's figure, the guest's)
+Pair = Callable[[Repetition | None], tuple[float | None, float | None]]
+# Takes a test's samples: calls its pair once per repeat (a repeated run, core.run.repeated), or once (None)
+Repeater = Callable[[str, Pair], None]
+
+
+def once(_test: str, pair: Pair) -> None:
+    """A run that measures each test once."""
+    pair(None)
 
 
 def check_private_network(sink: EventSink, peer: str) -> str:
@@ -84,9 +95,11 @@ def configure_nic(ctx: RunContext, guest: Guest, address: str = addresses.GUEST_
     return nic, ip
 
 
-def network_tests(ctx: RunContext, guest: Guest) -> None:
-    """The network tests, guest and bare metal side by side. A guest test whose path stops for good
-    (NicStalled: re-plugging the NIC did not bring it back) has the guest relaunched once and runs again."""
+def network_tests(ctx: RunContext, guest: Guest, repeat: Repeater = once,
+                  where: Callable[[Repetition | None], str] = lambda _rep: "") -> None:
+    """The network tests, guest and bare metal side by side; `repeat` takes each test's samples (once, or a repeated
+    run's repeats, each step saying `where` the sample stands). A guest test whose path stops for good (NicStalled:
+    re-plugging the NIC did not bring it back) has the guest relaunched once and runs again."""
     hostnet = ctx.hostnet
     assert hostnet is not None
     spec, sink, control, prov = ctx.spec, ctx.sink, ctx.control, ctx.provenance
@@ -109,7 +122,7 @@ def network_tests(ctx: RunContext, guest: Guest) -> None:
     current = configure(guest)
     relaunches = 0
 
-    def in_guest(t: catalogue.NetTest, port: int, target: str) -> None:
+    def in_guest(t: catalogue.NetTest, port: int, target: str, rep: Repetition | None) -> nettests.NetResult:
         nonlocal current, relaunches
         while True:
             link = current
@@ -118,9 +131,8 @@ def network_tests(ctx: RunContext, guest: Guest) -> None:
             run = functools.partial(nettests.run_in_guest, link.guest, t, port, seconds, sink.progress("guest", t.id),
                                     control.cancelled, target=target, log=sink.log, link=link)
             try:
-                net_test(ctx, "guest", t, run, ctx.labels,
-                         note="measured on a guest relaunched after its network stopped" if relaunches else "")
-                return
+                return net_test(ctx, "guest", t, run, ctx.labels, rep=rep, where=where(rep),
+                                note="measured on a guest relaunched after its network stopped" if relaunches else "")
             except NicStalled as e:
                 if relaunches >= NIC_RELAUNCHES or control.cancelled():
                     raise
@@ -142,6 +154,23 @@ def network_tests(ctx: RunContext, guest: Guest) -> None:
     peer_ports = {"netperf": spec.peer_netperf_port, "iperf3": spec.peer_iperf3_port}
     plain = host_labels(ctx.labels, dom0=ctx.dom0)
     bare_labels = [*plain, "veth-netns"]
+
+    def pair(nt: catalogue.NetTest, port: int, bport: int, peer_port: int,
+             rep: Repetition | None) -> tuple[float | None, float | None]:
+        """One sample of `nt` in the guest and on bare metal (and both to the front-end on a back-end)."""
+        g = in_guest(nt, port, hostnet.host_ip, rep)
+        b = net_test(ctx, "baseline", nt, functools.partial(
+            nettests.run_baseline, nt, bport, seconds, sink.progress("baseline", nt.id), control.cancelled,
+            log=sink.log), bare_labels, rep=rep, where=where(rep))
+        if peer:
+            fe = catalogue.frontend_test(nt)
+            in_guest(fe, peer_port, peer, rep)
+            net_test(ctx, "baseline", fe, functools.partial(
+                nettests.run_baseline, fe, peer_port, seconds, sink.progress("baseline", fe.id),
+                control.cancelled, target=peer, netns=None, log=sink.log), [*plain, "private-network"], rep=rep,
+                where=where(rep))
+        return b.value, g.value
+
     for nt in resolve_net_tests(spec.net_tests):
         if not current.guest.has(nt.tool):
             raise CloudboxError(f"{nt.tool} is not installed in the guest; rebuild it with 'make guest-image'")
@@ -149,20 +178,10 @@ def network_tests(ctx: RunContext, guest: Guest) -> None:
             start = hostnet.start_netserver if nt.tool == "netperf" else hostnet.start_iperf3
             ports[nt.tool] = start(hostnet.host_ip)
             bports[nt.tool] = start(addresses.NS_HOST_IP)
-        in_guest(nt, ports[nt.tool], hostnet.host_ip)
-        net_test(ctx, "baseline", nt, functools.partial(
-            nettests.run_baseline, nt, bports[nt.tool], seconds, sink.progress("baseline", nt.id), control.cancelled,
-            log=sink.log), bare_labels)
-        if not peer:
-            continue
-        if not peer_ports[nt.tool]:
+        if peer and not peer_ports[nt.tool]:
             raise CloudboxError(f"the front-end {peer} opened no {nt.tool} server for this run "
                                 "(peer_netperf_port / peer_iperf3_port)")
-        fe = catalogue.frontend_test(nt)
-        in_guest(fe, peer_ports[nt.tool], peer)
-        net_test(ctx, "baseline", fe, functools.partial(
-            nettests.run_baseline, fe, peer_ports[nt.tool], seconds, sink.progress("baseline", fe.id),
-            control.cancelled, target=peer, netns=None, log=sink.log), [*plain, "private-network"])
+        repeat(nt.id, functools.partial(pair, nt, ports[nt.tool], bports[nt.tool], peer_ports[nt.tool]))
 
 
 def hold(ctx: RunContext, guest: Guest, boot_s: float) -> None:

@@ -19,6 +19,7 @@ from ..spec.profiles import Profile, xen_guest_type
 from ..spec.runspec import LOCAL_PLACE, RunSpec, jobs_on_private_network, parse_size
 from ..virt import accel
 from .multi import run_profiles
+from .repeated import repeat_problem
 
 
 class Refused(CloudboxError):
@@ -85,6 +86,9 @@ def profile_problems(spec: RunSpec, mix: list[Profile]) -> list[Refused]:
             why = accel.xen_type_refusal(prof.name, xen_guest_type(prof), accel.xen_hvm())
         if why:
             out.append(Refused(why))
+            continue
+        if spec.repeated and (why := repeat_problem(prof)):
+            out.append(Refused(why, usage=True))
             continue
         d = prof.disk
         if d.backing == "network-volume" and spec.wants_storage and not spec.volume_uri and not spec.nfs_host:

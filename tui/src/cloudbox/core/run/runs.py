@@ -36,6 +36,7 @@ from .local import run_local
 from .mirror import run_on_node
 from .multi import run_many, run_profiles
 from .propagate import run_propagation
+from .repeated import run_repeated
 from .sink import Consumer
 from .spread import run_spread
 
@@ -45,10 +46,11 @@ ENTRY = "cloudbox.core.run.runs"  # the module a detached executor or sweep runs
 # --------------------------------------------------------------------------------------- executor
 def executor(spec: RunSpec, store: ResultStore, *, emit: Consumer | None = None,
              run_id: int | None = None) -> Execution:
-    """The executor of `spec`: this host's steps (a test run's, or the image-propagation sweep's), or the mirroring
-    of a run on the enrolled node spec.node."""
+    """The executor of `spec`: this host's steps (a test run's, a repeated one's, or the image-propagation sweep's),
+    or the mirroring of a run on the enrolled node spec.node."""
     body = run_spread if spec.spread else run_on_node if spec.node else (
-        run_propagation if spec.propagation else run_many if spec.guests > 1 or spec.hold else run_local)
+        run_propagation if spec.propagation else run_many if spec.guests > 1 or spec.hold else
+        run_repeated if spec.repeated else run_local)
     return Execution(spec, store, body, emit=emit, run_id=run_id)
 
 
