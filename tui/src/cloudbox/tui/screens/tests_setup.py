@@ -1,5 +1,6 @@
-"""The Tests screen's Setup form: suite, size, test set, guests at once, where, and the profiles (several = a sweep,
-or one run whose guests take them in turn); its start posts `SetupForm.Started`, which the Live view follows."""
+"""The Tests screen's Setup form: suite, size, test set, guests at once, where, repeats, and the profiles (several = a
+sweep, or one run whose guests take them in turn); its start posts `SetupForm.Started`, which the Live view
+follows."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from cloudbox.tui.widgets.checklist import CheckList
 from cloudbox.tui.widgets.runoption import run_control
 
 # The form's controls, from the run options' one declaration (core.spec.runspec.run_option).
-SUITE, SIZE, TESTS, WHERE, GUESTS, CPUS = (option(f) for f in ("suite", "size", "storage_tests", "node", "guests",
-                                                                "cpu_overcommit"))
+SUITE, SIZE, TESTS, WHERE, GUESTS, CPUS, REPEATS = (option(f) for f in ("suite", "size", "storage_tests", "node",
+                                                                         "guests", "cpu_overcommit", "repeats"))
 PLACEMENT = WHERE.choices[0].title  # where a run's N guests go when Where is blank: all on one host
 
 
@@ -69,6 +70,12 @@ class SetupForm(VerticalScroll):
                                               "over its places (a spread entry).")
                     yield Static(f"1 to {MAX_GUESTS}; 1,2,4 = a sweep", id="guests-hint", markup=False)
                 yield Static("", id="guest-note", markup=False)
+                # Before Size too: the Shift+Tab order from the tab bar to the storage tests stays as it was.
+                with Horizontal(id="repeats-row"):
+                    yield run_control(REPEATS, id="repeats", tooltip=f"{REPEATS.title} ({REPEATS.flag}): "
+                                                                     f"{REPEATS.help}.")
+                    yield Static(f"{REPEATS.title} of each test (ABAB)", id="repeats-label",
+                                 markup=False)
                 yield Label(SIZE.title, classes="section")
                 yield run_control(SIZE, id="size")
                 yield Label(TESTS.title, classes="section")
@@ -140,14 +147,14 @@ class SetupForm(VerticalScroll):
             self.query_one("#guests-label", Label).update(f"{GUESTS.title} ({on})")
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id in ("guest-count", "cpu-overcommit"):
+        if event.input.id in ("guest-count", "cpu-overcommit", "repeats"):
             event.input.remove_class("-invalid")
             self.guest_note("")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         """Enter in the guest count (or vCPUs per CPU) checks it (typed letters go to the field, so s cannot start
         from there)."""
-        if event.input.id not in ("guest-count", "cpu-overcommit"):
+        if event.input.id not in ("guest-count", "cpu-overcommit", "repeats"):
             return
         try:
             specs = self.specs()
@@ -180,6 +187,12 @@ class SetupForm(VerticalScroll):
             counts = GUESTS.values(text.strip())
         except UsageError as e:
             raise UsageError(f"{GUESTS.title}: {e}") from None
+        repeats_text = self.query_one("#repeats", Input).value.strip()
+        try:
+            repeats = int(repeats_text)
+        except ValueError:
+            raise UsageError(f"{REPEATS.title} {repeats_text!r} is not a whole number; allowed: 1 (each test once) "
+                             f"or more ({REPEATS.flag})") from None
         ratio_text = self.query_one("#cpu-overcommit", Input).value.strip()
         try:
             ratio = float(ratio_text)
@@ -192,10 +205,10 @@ class SetupForm(VerticalScroll):
         for n in names:
             # the form's other fields first (a spread's places need a count: checked with it below)
             RunSpec(profile=n.split(MIX)[0], suite=suite, size=size, storage_tests=tests,
-                    node="" if "," in node else node).validate()
+                    node="" if "," in node else node, repeats=repeats).validate()
             for count in counts:
                 spec = RunSpec(profile=n, suite=suite, size=size, storage_tests=tests, node=node, guests=count,
-                               cpu_overcommit=ratio)
+                               cpu_overcommit=ratio, repeats=repeats)
                 try:
                     spec.validate()
                 except UsageError as e:
@@ -204,14 +217,17 @@ class SetupForm(VerticalScroll):
         return specs
 
     def refuse(self, err: BaseException, notify: bool = True) -> None:
-        """A run the form's settings cannot start: a guest count's refusal also under its field."""
-        if not (isinstance(err, UsageError) and (str(err).startswith(GUESTS.title) or "--guests" in str(err))):
+        """A run the form's settings cannot start: a guest count's (or a repeat count's) refusal also under its
+        field."""
+        msg = str(err)
+        repeats = isinstance(err, UsageError) and (msg.startswith(REPEATS.title) or f"{REPEATS.flag} " in msg)
+        if not (isinstance(err, UsageError) and (msg.startswith(GUESTS.title) or "--guests" in msg or repeats)):
             self.app.report_error(err, "starting the run")
             return
         text = f"not started: {err}"
         self.guest_note(text, error=True)
-        field = "#cpu-overcommit" if CPUS.title in str(err) or f"{CPUS.flag} " in str(err).split(";")[0] \
-            else "#guest-count"
+        field = "#repeats" if repeats else "#cpu-overcommit" if CPUS.title in msg or \
+            f"{CPUS.flag} " in msg.split(";")[0] else "#guest-count"
         self.query_one(field, Input).add_class("-invalid")
         if notify:
             self.notify(text, title="tests", severity="error", markup=False)
