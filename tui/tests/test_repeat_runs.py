@@ -47,6 +47,10 @@ def test_the_repeat_options_are_run_options_with_their_checks():
     # a run measured once stores (and sends a node) the settings it always did
     assert not {"repeats", "boots", "until_width", "max_repeats"} & set(RunSpec(profile="x").as_dict())
     assert RunSpec(profile="x", until_width=5).most_repeats == 10
+    # --until-width alone asks for +-5%; given a W, that W
+    alone = cli.build_parser().parse_args(["run", "-p", "virtio-disk", "--until-width", "--max-repeats", "6"])
+    assert (alone.until_width, alone.max_repeats) == (5.0, 6)
+    assert cli.build_parser().parse_args(["run", "-p", "virtio-disk", "--until-width", "2.5"]).until_width == 2.5
     assert RunSpec(profile="x", repeats=6, until_width=5, max_repeats=8).most_repeats == 8
 
 
@@ -72,7 +76,8 @@ def test_the_cli_help_shows_the_percent_options(capsys):
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["run", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--until-width W" in out and "95% interval is within +-W% of the ratio" in out
+    assert "--until-width [W]" in out and "95% interval is within +-W% of the ratio" in out
+    assert "--until-width alone is W = 5" in out
 
 
 def test_a_network_volume_profile_is_not_repeated():

@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         p.add_argument(*opt.flags, dest=opt.field, type=str if opt.sweep else opt.type, default=opt.default,
                        help=(opt.help + shown).replace("%", "%%"),  # argparse formats help with %
                        metavar=opt.metavar, required=opt.required,
-                       choices=[c.value for c in opt.choices] if opt.closed else None)
+                       choices=[c.value for c in opt.choices] if opt.closed else None,
+                       **({"nargs": "?", "const": opt.const} if opt.const is not None else {}))
     p.add_argument("--detach", "-d", action="store_true", help="start in the background and print the run id")
     p.add_argument("--json", action="store_true", help="print the finished run as JSON")
     p.set_defaults(func=guard(cmd_run, invalid=(UsageError,)))

@@ -51,6 +51,7 @@ MAX_REPEATS = 100  # samples a side of one test in one guest boot
 MAX_BOOTS = 20
 MAX_SAMPLES = 1000  # samples a side of one test in all (--repeats x --boots)
 DEFAULT_MOST_REPEATS = 10  # --until-width's cap without --max-repeats (netperf's -i 10 as well)
+DEFAULT_WIDTH = 5.0  # --until-width given alone: the ratio known to +-5% (netperf's -I 99,5 asks as much)
 # The fewest samples a side whose guest/bare-metal ratio has a 95% interval (core.record.stats.ratio: 4 + 4)
 MIN_ADAPTIVE_REPEATS = 4
 WIDTH_RANGE = (0.1, 50.0)  # --until-width, percent
@@ -105,6 +106,7 @@ class RunOption:
     form_default: Any = None  # the TUI form's first value, where it differs from the CLI's default
     required: bool = False
     sweep: bool = False  # the CLI also takes a comma-separated list: one run per value, one after another
+    const: Any = None  # the value of the flag given without one (--until-width alone: 5), where it may be
 
     @property
     def flag(self) -> str:
@@ -155,11 +157,11 @@ _OPTION = "cloudbox.run_option"  # the key of a RunSpec field's metadata that ho
 def run_option(default: Any = dataclasses.MISSING, *, flags: tuple[str, ...], help: str, title: str = "",
                control: Control = "", metavar: str | None = None, choices: tuple[Choice, ...] = (),
                closed: bool = False, check: Callable[[Any], None] | None = None, form_default: Any = None,
-               sweep: bool = False) -> Any:
+               sweep: bool = False, const: Any = None) -> Any:
     """A RunSpec field that is also a run option: the field's default (none: the option is required), with the
     option's CLI flags, help, the TUI form's title and control, its choices and check (see RunOption)."""
     declared = RunOption("", flags, str, None, help, title=title, control=control, metavar=metavar, choices=choices,
-                         closed=closed, check=check, form_default=form_default, sweep=sweep)
+                         closed=closed, check=check, form_default=form_default, sweep=sweep, const=const)
     return field(default=default, metadata={_OPTION: declared})
 
 
@@ -378,8 +380,8 @@ class RunSpec:
     until_width: float = run_option(
         0.0, flags=("--until-width",),
         help="repeat each test until its guest/bare-metal ratio's 95% interval is within +-W% of the ratio, or "
-             "--max-repeats (default 0: off)",
-        metavar="W", check=_check_until_width)
+             f"--max-repeats; --until-width alone is W = {DEFAULT_WIDTH:g} (default 0: off)",
+        metavar="W", check=_check_until_width, const=DEFAULT_WIDTH)
     max_repeats: int = run_option(
         0, flags=("--max-repeats",),
         help=f"with --until-width, the most repeats of a test (default {DEFAULT_MOST_REPEATS})",
