@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -359,11 +360,21 @@ def test_a_profile_on_a_network_volume_is_refused_before_the_run(monkeypatch):
 # ------------------------------------------------------------------------------------- warm-up, caches
 def test_a_timed_fio_test_runs_a_warm_up_first_and_discards_it():
     qd1 = catalogue.TESTS["randread-4k-qd1"]
-    assert "--ramp_time=1" in fio.fio_args(qd1, "/dev/vdb", 1 << 30, 5)
-    assert "--ramp_time=6" in fio.fio_args(qd1, "/dev/vdb", 1 << 30, 30)
-    assert not [a for a in fio.fio_args(catalogue.TESTS["seq-read-64k"], "/dev/vdb", 1 << 30, 5)
-                if a.startswith("--ramp_time")]
-    assert not [a for a in fio.fio_args(qd1, "/dev/vdb", 1 << 30, 5, fill=True) if a.startswith("--ramp_time")]
+    args = fio.fio_args(qd1, "/dev/vdb", 1 << 30, 5)
+    warm, measured = args[1:args.index("--name=randread-4k-qd1")], args[args.index("--name=randread-4k-qd1"):]
+    assert warm[0] == "--name=warmup" and warm[-2:] == ["--runtime=1", "--time_based=1"]
+    assert measured[1] == "--stonewall" and measured[-1] == "--runtime=5"
+    assert "--runtime=6" in fio.fio_args(qd1, "/dev/vdb", 1 << 30, 30)
+    for once in (fio.fio_args(catalogue.TESTS["seq-read-64k"], "/dev/vdb", 1 << 30, 5),
+                 fio.fio_args(qd1, "/dev/vdb", 1 << 30, 5, fill=True)):
+        assert "--name=warmup" not in once and "--stonewall" not in once
+    assert "warmup" not in fio.fio_job_file(qd1, "/dev/vdb", 1 << 30, 5)
+    # fio reports both jobs; the warm-up's figures are not the test's
+    side = {"io_bytes": 4096, "bw_bytes": 4096, "iops": 1.0, "runtime": 1000, "clat_ns": {"mean": 1000.0}}
+    two = {"jobs": [{"jobname": "warmup", "read": {**side, "iops": 99.0}}, {"jobname": qd1.id, "read": side}]}
+    assert fio.parse_fio(qd1.id, json.dumps(two)).iops == 1.0
+    with pytest.raises(CloudboxError, match=r"fio \(randread-4k-qd1\) reported no job besides its warm-up"):
+        fio.parse_fio(qd1.id, json.dumps({"jobs": two["jobs"][:1]}))
 
 
 def test_a_run_records_its_warm_up_and_caches(tmp_path: Path, monkeypatch):
@@ -372,7 +383,7 @@ def test_a_run_records_its_warm_up_and_caches(tmp_path: Path, monkeypatch):
     with ResultStore(tmp_path / "r.db") as store:
         ctx = _context(store, RunSpec(profile="virtio-disk", suite="storage", storage_tests="standard"))
         ss = measure.steady_state(ctx)
-        assert ss is not None and ss.method == "ramp_time" and ss.seconds == 1
+        assert ss is not None and ss.method == "warmup" and ss.seconds == 1
         assert ss.tests == ["randwrite-4k-qd1", "randread-4k-qd1", "randwrite-4k-qd32", "randread-4k-qd32"]
         ctx.spec = RunSpec(profile="virtio-disk", suite="storage", storage_tests="study")
         assert measure.steady_state(ctx) is None

@@ -1,6 +1,7 @@
 """fio's storage tests: its command line and job file (what fio --client sends a server), its volume engine for
 nbd:// targets, and the parsers of its JSON (a random test's with its completion-latency histogram), its status line
-and fio --client's per-server figures."""
+and fio --client's per-server figures. A timed test's command line runs a warm-up job first, discarded by the parser.
+"""
 
 from __future__ import annotations
 
@@ -32,13 +33,30 @@ def histograms(t: StorageTest) -> bool:
     return t.rw.startswith("rand")
 
 
+WARMUP_JOB = "warmup"  # the timed tests' first job: the same I/O for warmup_s seconds, not counted
+
+
 def warmup_s(runtime: int) -> int:
-    """The seconds a timed test's I/O runs first and is discarded (fio's ramp_time) before its `runtime` counts: a
-    fifth of it, at least 1 (1 s of a quick run's 5 s, 6 s of a study run's 30 s)."""
+    """The seconds a timed test's I/O runs first and is discarded (a job of its own) before its measured job: a fifth
+    of `runtime`, at least 1 (1 s of a quick run's 5 s, 6 s of a study run's 30 s)."""
     return max(1, runtime // 5)
 
 
 def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool = False) -> list[str]:
+    """fio's command line for `t` (or the fill that lays down data before reads). A timed test (random I/O) runs
+    first a warm-up job, the same I/O for warmup_s(runtime) seconds, and then, after it (stonewall), its measured job
+    over the whole size for at most `runtime` s; the parser reads only the measured job. (Not fio's ramp_time: fio
+    3.33 here reported a job that finished within it with no latency at all.)"""
+    args = _job_args(t, target, size, runtime, fill=fill)
+    if fill or not t.timed:
+        return args
+    options = [a for a in args[2:] if not a.startswith(("--output-format=", "--eta", "--end_fsync=", "--runtime="))]
+    warmup = [f"--name={WARMUP_JOB}", *options, f"--runtime={warmup_s(runtime)}", "--time_based=1"]
+    return [args[0], *warmup, args[1], "--stonewall", *args[2:]]
+
+
+def _job_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool = False) -> list[str]:
+    """fio's command line for `t` as one job (fio --client's job file is made of it)."""
     rw = "write" if fill else t.rw
     if is_nbd_uri(target):
         # No page cache between fio and the server: every request goes over the wire, as with O_DIRECT.
@@ -56,8 +74,8 @@ def fio_args(t: StorageTest, target: str, size: int, runtime: int, *, fill: bool
     ]
     if not fill and t.writes and not t.direct:
         args.append("--end_fsync=1")  # like dd conv=fsync: the data must reach the disk
-    if not fill and t.timed:  # random I/O: a warm-up discarded, then at most `runtime` measured
-        args += [f"--runtime={runtime}", f"--ramp_time={warmup_s(runtime)}"]
+    if not fill and t.timed:
+        args += [f"--runtime={runtime}"]
     return args
 
 
@@ -89,7 +107,10 @@ def parse_fio(test_id: str, text: str) -> FioResult:
         data = json.loads(text[start:])
     except ValueError as e:
         raise CloudboxError(f"fio ({test_id}) printed invalid JSON: {e}") from e
-    return _job_result(test_id, data["jobs"][0], text[start:])
+    jobs = [j for j in data["jobs"] if j.get("jobname") != WARMUP_JOB]  # the warm-up is not counted
+    if not jobs:
+        raise CloudboxError(f"fio ({test_id}) reported no job besides its warm-up: {text[start:][:300]}")
+    return _job_result(test_id, jobs[0], text[start:])
 
 
 def _job_result(test_id: str, job: dict, raw: str, who: str = "") -> FioResult:
@@ -122,7 +143,7 @@ FIO_CLIENT_TOTAL = "All clients"  # fio --client's own aggregate over its server
 def fio_job_file(t: StorageTest, target: str, size: int, runtime: int) -> str:
     """`t` as a fio job file (what fio --client sends a server): fio_args's job options, one per line."""
     skip = ("--name=", "--output-format=", "--eta")
-    lines = [f"[{t.id}]"] + [a[2:] for a in fio_args(t, target, size, runtime)[1:] if not a.startswith(skip)]
+    lines = [f"[{t.id}]"] + [a[2:] for a in _job_args(t, target, size, runtime)[1:] if not a.startswith(skip)]
     return "\n".join(lines) + "\n"
 
 

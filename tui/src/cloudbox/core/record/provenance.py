@@ -216,9 +216,9 @@ class Repeats(_Record):
 
 class SteadyState(_Record):
     """How timed tests (random I/O with a runtime) reach a steady state before they count: a warm-up run and
-    discarded first (fio's ramp_time), or fio's own steady-state detection."""
+    discarded first (a fio job of its own before the measured one), or fio's own steady-state detection."""
 
-    method: str  # "ramp_time" | "steadystate"
+    method: str  # "warmup" | "steadystate"
     seconds: int = 0  # the warm-up's length
     tests: list[str] = []  # the tests it applies to, each sample of them
     note: str = ""

@@ -74,15 +74,15 @@ def caches(ctx: RunContext) -> Caches:
 
 
 def steady_state(ctx: RunContext) -> SteadyState | None:
-    """The timed tests' warm-up (fio's ramp_time, core.bench.fio.warmup_s), or None when the run has none."""
+    """The timed tests' warm-up (a fio job of its own, core.bench.fio.warmup_s), or None when the run has none."""
     timed = [t.id for t in catalogue.resolve_tests(ctx.spec.storage_tests) if t.timed and t.tool == "fio"] \
         if ctx.spec.wants_storage else []
     if not timed:
         return None
     ramp = warmup_s(ctx.runtime)
-    return SteadyState(method="ramp_time", seconds=ramp, tests=timed,
-                       note=f"each sample's first {ramp} s of I/O is not counted, then at most {ctx.runtime} s is "
-                            "measured; a sample that finishes its size within the warm-up is measured whole")
+    return SteadyState(method="warmup", seconds=ramp, tests=timed,
+                       note=f"each sample runs the same I/O for {ramp} s first (a fio job of its own, not counted), "
+                            f"then its measured job over the whole size for at most {ctx.runtime} s")
 
 
 def _at(rep: Repetition | None) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def how_measured_lines(p: Provenance, width: int = 116) -> list[str]:
             items.append(("boots", "launch to agent " + ", ".join(f"{s:.0f} s" for s in r.boot_s)))
         items += [("stopped", f"{tr.test}: {tr.samples} a side, {tr.reason}") for tr in r.tests]
     if (ss := p.steady_state) is not None:
-        what = (f"a {ss.seconds} s warm-up run first and discarded (fio's ramp_time)" if ss.method == "ramp_time"
+        what = (f"a {ss.seconds} s warm-up job run first and discarded" if ss.method == "warmup"
                 else "fio's steady-state detection")
         items.append(("steady state", f"{what} in {', '.join(ss.tests)}: {ss.note}"))
     if (c := p.caches) is not None:
