@@ -3,7 +3,9 @@
 - guest launch-to-agent-ready time (real libvirtd + QEMU; TCG here, labelled),
 - CPU cost of the host disk sampler (target < 1% of one core),
 - the harness's overhead on a bare-metal fio run (target < 2%): fio run directly vs through
-  cloudbox's HostRunner with the sampler running, alternated, several repetitions.
+  cloudbox's HostRunner with the sampler running, alternated, several repetitions,
+- the statistics' share of a repeated run's wall time (target < 1%, section "stats"): a real run with the adaptive
+  stop, every call into core.record.stats timed, with a watcher's and `results show`'s over the same run.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cloudbox.core.bench import fio, runners
 from cloudbox.core.disks import backing
@@ -152,6 +156,138 @@ def bench_overhead(reps: int, work: Path, size: int) -> dict:
     }
 
 
+# A repeated run to time the statistics in: two tests until their ratios are within +-5%, at most 8 repeats
+STATS_SPEC: dict[str, Any] = dict(profile="virtio-disk", suite="storage",
+                                  storage_tests="seq-write-64k,randread-4k-qd32", size="16M", runtime=3,
+                                  until_width=5.0, max_repeats=8)
+
+
+def _timed_stats() -> tuple[dict[str, float], Callable[[], None]]:
+    """Every public function of core.record.stats wrapped to add its time (outermost calls only: summarize calls
+    median_ci) to the returned totals; the second value puts them back."""
+    import functools
+    import inspect
+
+    from cloudbox.core.record import stats
+
+    totals = {"s": 0.0, "calls": 0.0}
+    depth = [0]
+    saved = {n: f for n, f in vars(stats).items() if inspect.isfunction(f) and f.__module__ == stats.__name__}
+
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def timed(*args: Any, **kw: Any) -> Any:
+            depth[0] += 1
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kw)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:
+                    totals["s"] += time.perf_counter() - t0
+                    totals["calls"] += 1
+        return timed
+
+    for name, f in saved.items():
+        setattr(stats, name, wrap(f))
+
+    def restore() -> None:
+        for name, f in saved.items():
+            setattr(stats, name, f)
+
+    return totals, restore
+
+
+def bench_stats() -> dict:
+    """A real repeated run (STATS_SPEC: two tests repeated until their ratios are within +-5%, at most 8) in a state
+    directory of its own; the time its executor spent in core.record.stats against its wall time, then what a
+    watcher (events.RepeatFigures over its events) and `results show` (the run's figures, ratios, drift) spend."""
+    from cloudbox.core.record.events import RepeatFigures
+    from cloudbox.core.record.results import ResultStore
+    from cloudbox.core.run import runs
+    from cloudbox.core.spec.runspec import RunSpec
+    from cloudbox.core.views import rundetail
+
+    old = os.environ.get("CLOUDBOX_STATE_DIR")
+    state = Path(tempfile.mkdtemp(prefix="cloudbox-bench-stats-", dir="/var/tmp"))
+    os.chmod(state, 0o755)  # QEMU (user libvirt-qemu) opens the guest's disk under it
+    os.environ["CLOUDBOX_STATE_DIR"] = str(state)
+    totals, restore = _timed_stats()
+    try:
+        with ResultStore() as store:
+            t0 = time.monotonic()
+            rid = runs.executor(RunSpec(**STATS_SPEC), store).execute()
+            wall = time.monotonic() - t0
+            in_run = dict(totals)
+            run = store.get_run(rid)
+            events = store.events_since(rid, 0)
+            samples = store.samples(rid)
+        totals.update(s=0.0, calls=0.0)
+        figures = RepeatFigures()
+        for ev in events:
+            if (rec := ev.record) is not None and figures.feed(rec):
+                figures.lines()  # the live view redraws its lines after each measurement
+        watch = dict(totals)
+        totals.update(s=0.0, calls=0.0)
+        t0 = time.perf_counter()
+        rundetail.run_detail(run, samples)
+        show_wall = time.perf_counter() - t0
+        show = dict(totals)
+    finally:
+        restore()
+        if old is None:
+            os.environ.pop("CLOUDBOX_STATE_DIR", None)
+        else:
+            os.environ["CLOUDBOX_STATE_DIR"] = old
+        subprocess.run(["rm", "-rf", str(state)], check=False)
+    if run.state != "completed":
+        raise SystemExit(f"bench: the repeated run ended {run.state}: {run.reason}")
+    reps = run.provenance.repeats
+    return {"wall_s": wall, "accelerator": run.accelerator, "run": in_run, "watch": watch, "show": show,
+            "show_wall_s": show_wall, "samples": len([m for m in run.measurements if m.metric == "MB/s"]),
+            "stops": [f"{t.test}: {t.samples} a side, {t.reason}" for t in (reps.tests if reps else [])]}
+
+
+def stats_section(st: dict) -> str:
+    wall = st["wall_s"]
+    spec = _spec_flags()
+    pct = {k: 100 * st[k]["s"] / wall for k in ("run", "watch", "show")}
+    total = sum(pct.values())
+    tcg = st["accelerator"] in ("tcg", "nested-kvm")
+    lines = [
+        "## Statistics in a repeated run (cloudbox.bench)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}.",
+        f"Command: `python -m cloudbox.bench --only stats` (`cloudbox run {spec}` in a state directory of its own, "
+        f"every call into `core.record.stats` timed). Accelerator {st['accelerator']}"
+        + (": emulated, so the run is slower than on KVM and the share smaller than it would be there." if tcg
+           else "."),
+        "",
+        "| what | statistics' time | share of the run's wall time | target |",
+        "|---|---|---|---|",
+        f"| the executor's adaptive stop ({st['run']['calls']:.0f} calls over {st['samples']} samples) | "
+        f"{st['run']['s'] * 1000:.2f} ms | {pct['run']:.4f}% of {wall:.0f} s | - |",
+        f"| a watcher's live figures over the run's events (TUI, `RepeatFigures`; {st['watch']['calls']:.0f} calls) | "
+        f"{st['watch']['s'] * 1000:.2f} ms | {pct['watch']:.4f}% | - |",
+        f"| `results show` of the run ({st['show']['calls']:.0f} calls; {st['show_wall_s'] * 1000:.0f} ms in all) | "
+        f"{st['show']['s'] * 1000:.2f} ms | {pct['show']:.4f}% | - |",
+        f"| **all of them** | {sum(st[k]['s'] for k in ('run', 'watch', 'show')) * 1000:.2f} ms | "
+        f"**{total:.4f}%** | < 1% |",
+        "",
+        "Stopping reasons: " + "; ".join(st["stops"]) + ".",
+        "",
+        "Target " + ("met." if total < 1 else "not met."),
+    ]
+    return "\n".join(lines)
+
+
+def _spec_flags() -> str:
+    """STATS_SPEC as `cloudbox run`'s flags."""
+    flags = {"profile": "--profile", "suite": "--suite", "storage_tests": "--tests", "size": "--size",
+             "runtime": "--runtime", "until_width": "--until-width", "max_repeats": "--max-repeats"}
+    return " ".join(f"{flags[k]} {v:g}" if isinstance(v, float) else f"{flags[k]} {v}" for k, v in STATS_SPEC.items())
+
+
 def launch_section(a: argparse.Namespace, launch: dict) -> str:
     traces = launch["traces"]
     tcg = "TCG" in launch["accelerator"]
@@ -231,7 +367,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sampler-seconds", type=float, default=60)
     ap.add_argument("--fio-size", default="512M")
-    ap.add_argument("--only", choices=("launch",), help="run only this part and write only its section")
+    ap.add_argument("--only", choices=("launch", "stats"), help="run only this part and write only its section")
     ap.add_argument("--old-guest", type=Path, help="an older guest image's directory: its launches alternate with "
                     "the current image's (section launch)")
     ap.add_argument("--old-label", default="", help="what the old guest is (e.g. its builder's commit)")
@@ -240,6 +376,14 @@ def main() -> int:
     ap.add_argument("--doc", default=str(Path(__file__).resolve().parents[3] / "docs" / "benchmarks.md"))
     a = ap.parse_args()
     size = int(a.fio_size[:-1]) * 1024**2 if a.fio_size.endswith("M") else int(a.fio_size)
+    if a.only in (None, "stats"):
+        print("bench: the statistics' share of a repeated run ...", flush=True)
+        st = bench_stats()
+        print(f"  {st}", flush=True)
+        update_section(Path(a.doc), "stats", stats_section(st))
+        if a.only == "stats":
+            print(f"bench: wrote {a.doc}")
+            return 0
     work = Path(tempfile.mkdtemp(prefix="cloudbox-bench-", dir="/var/tmp"))
     os.chmod(work, 0o755)
     try:
