@@ -197,6 +197,16 @@ def _raid0_not_over_volumes() -> None:
     _refuses(lambda: parse_profile(text), "disk.count")
 
 
+def _repeats_not_of_many_guests_nor_volumes() -> None:
+    """--repeats is refused with --guests N, and for a profile whose disk is a network volume."""
+    from cloudbox.core.run.repeated import repeat_problem
+    from cloudbox.core.spec.profiles import resolve_profile
+    from cloudbox.core.spec.runspec import RunSpec
+
+    _refuses(RunSpec(profile="virtio-disk", suite="storage", repeats=3, guests=2).validate, "not supported yet")
+    assert "cannot take turns" in repeat_problem(resolve_profile("kvm-ebs-nbd")), "a network volume is repeated"
+
+
 def _reports_take_study_and_quick() -> None:
     from cloudbox.cli import build_parser
 
@@ -234,6 +244,8 @@ CLAIMS: list[tuple[str, str, Callable[[], None]]] = [
     ("docs/studies.md", "Bonnie++'s untimed bare-metal figures", _bonnie_untimed_on_bare_metal),
     ("docs/studies.md", "the image-propagation sweep on a back-end", _propagation_on_one_host),
     ("docs/studies.md", "runs of a custom size", _reports_take_study_and_quick),
+    ("README.md", "`--repeats N` measures each test N times", _repeats_not_of_many_guests_nor_volumes),
+    ("docs/architecture.md", "A repeated run (`--repeats N`", _repeats_not_of_many_guests_nor_volumes),
 ]
 
 # Passages that say something is missing which the code has, or that no cheap check can tell: each with the reason.
