@@ -1,5 +1,6 @@
 """The readiness report's facts (core.views.readiness): the firmware's Secure Boot variable, the IOMMU, the CPU's
-virtualization flag, and a real read-only fio on a block device whose bytes stay what they were."""
+virtualization flag, a real read-only fio on a block device whose bytes stay what they were, the private link's
+facts against this machine's own NIC, and a ping and iperf3 across a veth pair to a namespace standing for a node."""
 
 from __future__ import annotations
 
@@ -114,3 +115,98 @@ def test_the_installer_says_what_the_machine_offers_in_a_few_lines():
     lines = readiness_lines()
     assert lines[0].startswith("this machine: ") and "IOMMU " in lines[0] and "Secure Boot " in lines[0]
     assert all(ln.startswith("problem: ") for ln in lines[1:])
+
+
+# -- the private link and the path to the nodes --------------------------------------------------------------
+def test_without_a_private_nic_or_a_node_the_link_checks_say_why_they_were_skipped(isolated, tmp_path, monkeypatch,
+                                                                                   cli_run):
+    import json
+
+    monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(tmp_path / "no-node.toml"))
+    r = readiness.gather(fio_seconds=0, devices=[])
+    assert r.private_link is None and r.links == []
+    assert r.link_note.startswith(f"no private NIC in the node settings ({tmp_path / 'no-node.toml'})")
+    assert r.link_note.endswith("no node enrolled: the jumbo-frame ping and iperf3 to another node are skipped")
+    assert f"links        {r.link_note}" in readiness.lines(r)
+    ran = cli_run(["host", "readiness", "--fio-seconds", "0", "--json"])
+    data = json.loads(ran.out)
+    assert data["private_link"] is None and data["links"] == [] and "no node enrolled" in data["link_note"]
+    bad = cli_run(["host", "readiness", "--link-seconds", "31"])
+    assert bad.code == 2 and "--link-seconds 31 is not allowed; allowed: 0 to 30" in bad.err
+
+
+def _real_nics() -> list[str]:
+    net = Path("/sys/class/net")
+    return sorted(p.name for p in net.iterdir() if (p / "device").exists())
+
+
+@pytest.mark.skipif(not _real_nics(), reason="no NIC with a device behind it here")
+def test_the_private_links_facts_are_this_machines_own(isolated, tmp_path, monkeypatch):
+    import json
+
+    nic = _real_nics()[0]
+    sysfs = Path("/sys/class/net") / nic
+    ip = json.loads(subprocess.run(["ip", "-details", "-json", "link", "show", "dev", nic], capture_output=True,
+                                   text=True, check=True).stdout)[0]
+    conf = tmp_path / "node.toml"
+    conf.write_text(f'role = "front-end"\n[network]\nprivate_nic = "{nic}"\n')
+    monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(conf))
+    r = readiness.gather(fio_seconds=0, devices=[], link_seconds=0)
+    lk = r.private_link
+    assert lk is not None and (lk.name, lk.nic) == (nic, nic)
+    assert lk.mtu == int((sysfs / "mtu").read_text()) == ip["mtu"]
+    assert lk.state == (sysfs / "operstate").read_text().strip() and lk.max_mtu == ip.get("max_mtu")
+    try:
+        speed = int((sysfs / "speed").read_text())
+    except (OSError, ValueError):
+        speed = -1
+    assert lk.speed_mbps == (speed if speed > 0 else None)
+    assert lk.jumbo == (None if lk.max_mtu is None else lk.max_mtu >= 9000)
+    assert r.link_note == "no node enrolled: the jumbo-frame ping and iperf3 to another node are skipped"
+    assert any(line.startswith(f"private link {nic}: {lk.state}, ") for line in readiness.lines(r))
+    with pytest.raises(ValueError, match="no network link nosuchnic0; links here: .*lo"):
+        readiness.link_facts("nosuchnic0")
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("iperf3") is None, reason="needs root (a netns) and iperf3")
+def test_a_node_behind_a_veth_is_pinged_at_9000_bytes_and_measured_with_iperf3(isolated, tmp_path, monkeypatch):
+    """A veth pair stands for the private link, a network namespace for the node: its one-shot iperf3 server is
+    started there the way ssh starts it on a node."""
+    tag = f"{os.getpid() % 100000}"
+    here, there, ns = f"cbrdy{tag}", f"cbrdn{tag}", f"cbready-{tag}"
+
+    def sh(*argv: str) -> None:
+        subprocess.run(["ip", *argv], check=True, capture_output=True)
+
+    sh("netns", "add", ns)
+    try:
+        sh("link", "add", here, "mtu", "9000", "type", "veth", "peer", "name", there, "mtu", "9000")
+        sh("link", "set", there, "netns", ns)
+        sh("addr", "add", "10.250.77.1/24", "dev", here)
+        sh("link", "set", here, "up")
+        sh("-n", ns, "addr", "add", "10.250.77.2/24", "dev", there)
+        sh("-n", ns, "link", "set", there, "up")
+        sh("-n", ns, "link", "set", "lo", "up")
+        lk = readiness.link_facts(here)
+        assert (lk.state, lk.mtu, lk.speed_mbps, lk.duplex) == ("up", 9000, 10000, "full")  # what veth reports
+        assert lk.jumbo is True and lk.max_mtu is not None and lk.max_mtu >= 9000
+        conf = tmp_path / "node.toml"
+        conf.write_text(f'role = "front-end"\n[network]\nprivate_nic = "{here}"\n')
+        monkeypatch.setenv("CLOUDBOX_NODE_CONFIG", str(conf))
+
+        def server(argv: list[str]) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+
+        check = readiness.check_node("be1", "10.250.77.2", 1, server)
+        assert check.jumbo_ok is True and check.mtu == 9000 and "9000-byte frames pass" in check.detail
+        assert check.iperf3_mbps and check.iperf3_mbps > 0, check.iperf3_note
+        skipped = readiness.check_node("be1", "10.250.77.2", 0, server)
+        assert skipped.iperf3_mbps is None and skipped.iperf3_note == "not measured (--link-seconds 0)"
+        r = readiness.gather(fio_seconds=0, devices=[], link_seconds=0)
+        assert r.private_link is not None and r.private_link.name == here
+        print(f"veth {here}: {readiness.link_line(lk)}; iperf3 {check.iperf3_mbps:.0f} Mb/s over 1 s")
+    finally:
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)

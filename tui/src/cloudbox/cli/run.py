@@ -58,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                     "to tell), libvirt, the root device; `host readiness` checks the whole box")
     h.add_argument("what", nargs="?", choices=["readiness"],
                    help="readiness: CPU virtualization, IOMMU, Secure Boot, memory, each disk (read-only fio) and NIC, "
-                        "and what this box can answer (the studies and their cells); writes nothing")
+                        "the private link and the path to each node (ping, iperf3), and what this box can answer (the "
+                        "studies and their cells); writes nothing")
     h.add_argument("--json", action="store_true", help="print it as JSON")
     h.add_argument("--verdict", action="store_true",
                    help="print one line: KVM usable, or why not and that guests fall back to TCG (exit 1 then)")
@@ -66,6 +67,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="readiness: seconds of read-only fio per disk and queue depth (0 to skip; default 3)")
     h.add_argument("--device", action="append", default=None, metavar="DEV",
                    help="readiness: measure this disk only (repeatable; default every disk)")
+    h.add_argument("--link-seconds", type=int, default=3, metavar="S",
+                   help="readiness: seconds of iperf3 to each enrolled node over the private link (0: ping only; "
+                        "default 3)")
     h.set_defaults(func=guard(cmd_host, invalid=(UsageError,)))
 
 
@@ -277,8 +281,11 @@ def _readiness(a: argparse.Namespace) -> int:
 
     if a.fio_seconds < 0 or a.fio_seconds > 60:
         raise UsageError(f"--fio-seconds {a.fio_seconds} is not allowed; allowed: 0 to 60")
+    if a.link_seconds < 0 or a.link_seconds > 30:
+        raise UsageError(f"--link-seconds {a.link_seconds} is not allowed; allowed: 0 to 30")
     acc = accel.detect()
-    facts = readiness.gather(fio_seconds=a.fio_seconds, devices=a.device, accelerator=f"{acc.label}: {acc.reason}")
+    facts = readiness.gather(fio_seconds=a.fio_seconds, devices=a.device, accelerator=f"{acc.label}: {acc.reason}",
+                             link_seconds=a.link_seconds)
     try:
         with registry.Registry() as reg:
             nodes = [n.name for n in reg.nodes()]

@@ -30,7 +30,7 @@ def readiness_lines() -> list[str]:
     Secure Boot, memory, and each problem; `cloudbox host readiness` has the rest."""
     from cloudbox.core.views import readiness
 
-    r = readiness.gather(fio_seconds=0, devices=[])
+    r = readiness.gather(fio_seconds=0, devices=[], link_seconds=None)  # no node before the install
     virt = {"vmx": "Intel VT-x", "svm": "AMD-V"}.get(r.virt_flag, "none shown")
     out = [f"this machine: {r.cpus} CPUs ({virt}), {r.memory_bytes / 1024**3:.1f} GiB, IOMMU {r.iommu}, "
            f"Secure Boot {r.secure_boot}"]

@@ -1,7 +1,8 @@
 """Whether this box is ready for cloudbox, read before anything is installed or measured: CPU virtualization and the
 IOMMU, Secure Boot, CPUs, memory and NUMA nodes, each disk (model, firmware, size, rotational, SMART health, and a
 short read-only fio at queue depth 1 and 32 on the raw device), each NIC (driver, link speed, the MTU it takes,
-SR-IOV virtual functions), and the private link to the front-end when one is known.
+SR-IOV virtual functions), the private link (its state, speed, duplex, MTU and whether it takes jumbo frames), and
+the path to each node it knows: a full-size don't-fragment ping and a short iperf3 stream.
 
 Nothing here writes to a disk: fio runs with --readonly (it refuses any write job and opens the device read-only),
 on block devices lsblk lists, and only for the seconds asked. What the box can then answer (which studies, which
@@ -17,14 +18,23 @@ import re
 import shutil
 import stat
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..bench import fio
+from ..bench import fio, nettests
+from ..cluster import client, enrol, registry
+from ..errors import CloudboxError
+from ..spec import catalogue, nodeconf
+from ..virt import network
 
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 FIO_SECONDS = 3
+LINK_SECONDS = 3  # the iperf3 stream to each node
+IPERF3_PORT = 5299  # the one-shot iperf3 server the readiness check starts on a node (a run's servers use others)
+IPERF3_CONNECT_S = 10.0  # how long the client retries while the node's server starts
 SYS = Path("/sys")
 
 
@@ -66,6 +76,24 @@ class NicReadiness:
 
 
 @dataclass
+class LinkFacts:
+    """A network link as the kernel reports it: the private network's, or any NIC's."""
+
+    name: str  # where the address lives: the NIC, or the bridge over it (a back-end's cbpriv0)
+    nic: str  # the NIC itself (speed, duplex and the largest MTU are the NIC's, not the bridge's)
+    state: str  # the link's operational state: up, down, ...
+    speed_mbps: int | None  # None: the NIC reports none (no carrier, or a virtual NIC that does not say)
+    duplex: str  # full, half, or unknown
+    mtu: int
+    max_mtu: int | None  # the largest MTU the NIC's driver takes
+
+    @property
+    def jumbo(self) -> bool | None:
+        """Whether 9000-byte frames are possible on this NIC (None: its driver does not say)."""
+        return None if self.max_mtu is None else self.max_mtu >= 9000
+
+
+@dataclass
 class LinkCheck:
     """The private link to another node: a full-size don't-fragment ping, and an iperf3 stream where measured."""
 
@@ -92,7 +120,9 @@ class Readiness:
     numa_nodes: int
     disks: list[DiskReadiness] = field(default_factory=list)
     nics: list[NicReadiness] = field(default_factory=list)
+    private_link: LinkFacts | None = None
     links: list[LinkCheck] = field(default_factory=list)
+    link_note: str = ""  # why a link was not checked (no private NIC in the node settings, no node enrolled)
     problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -244,12 +274,143 @@ def list_nics(sys_root: Path = SYS) -> list[NicReadiness]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------- links
+def _sys_value(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:  # a NIC without carrier refuses to say its speed (EINVAL)
+        return None
+
+
+def link_facts(name: str, sys_root: Path = SYS) -> LinkFacts:
+    """The link `name` as sysfs and ip report it; for a bridge, the speed, duplex and largest MTU of the NIC under
+    it (a bridge has one port on the private network: the installer's private NIC)."""
+    base = sys_root / "class" / "net" / name
+    if not base.exists():
+        names = sorted(p.name for p in (sys_root / "class" / "net").iterdir()) if (sys_root / "class" / "net") \
+            .is_dir() else []
+        raise ValueError(f"no network link {name}; links here: {', '.join(names) or 'none'}")
+    nic = name
+    if (base / "bridge").is_dir():
+        ports = sorted(p.name for p in (base / "brif").iterdir()) if (base / "brif").is_dir() else []
+        hardware = [p for p in ports if (sys_root / "class" / "net" / p / "device").exists()]
+        nic = (hardware or ports or [name])[0]
+    speed = _sys_value(sys_root / "class" / "net" / nic / "speed")
+    duplex = _sys_value(sys_root / "class" / "net" / nic / "duplex")
+    max_mtu = None
+    r = subprocess.run(["ip", "-details", "-json", "link", "show", "dev", nic], capture_output=True, text=True,
+                       timeout=20)
+    if r.returncode == 0:
+        info = (json.loads(r.stdout) or [{}])[0]
+        max_mtu = int(info["max_mtu"]) if info.get("max_mtu") else None
+    return LinkFacts(name, nic, (_sys_value(base / "operstate") or "unknown").lower(),
+                     int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None,
+                     duplex if duplex in ("full", "half") else "unknown",
+                     int(_sys_value(base / "mtu") or 0), max_mtu)
+
+
+def private_link() -> tuple[LinkFacts | None, str]:
+    """This node's private link (the NIC the installer recorded, or the bridge over it), or why there is none."""
+    conf = nodeconf.settings()
+    link = nodeconf.private_link(conf)
+    if link is None:
+        return None, (f"no private NIC in the node settings ({nodeconf.node_settings_file()}): the install names "
+                      "one for a two-node lab")
+    try:
+        return link_facts(link), ""
+    except (OSError, ValueError) as e:
+        return None, f"the private link of the node settings is not here: {e}"
+
+
+def iperf3_mbps(address: str, seconds: int, server: Callable[[list[str]], subprocess.Popen[bytes]],
+                port: int = IPERF3_PORT) -> float:
+    """Mbit/s of a `seconds`-long iperf3 stream from here to `address`: `server` starts the far end's one-shot
+    server (over SSH on a node; ip netns exec in a test), which is ended afterwards whatever happened."""
+    proc = server(["timeout", str(seconds + 30), "iperf3", "--server", "--one-off", "--bind", address,
+                   "--port", str(port)])
+    test = catalogue.NET_TESTS["iperf3-tx"]
+    deadline = time.monotonic() + IPERF3_CONNECT_S
+    try:
+        while True:
+            r = subprocess.run(nettests.iperf3_args(test, address, port, seconds), capture_output=True, text=True,
+                               timeout=seconds + 30)
+            try:
+                return nettests.parse_iperf3(test, r.stdout).value
+            except (CloudboxError, KeyError) as e:
+                # the server may not listen yet: the client tries again while it runs
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise ValueError(f"iperf3 to {address} port {port}: {e}") from None
+                time.sleep(0.3)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def check_node(name: str, address: str, seconds: int,
+               server: Callable[[list[str]], subprocess.Popen[bytes]] | None) -> LinkCheck:
+    """The path to one node: a full-size don't-fragment ping from the private link, then `seconds` of iperf3 when
+    `server` can start its far end (None: it cannot from here, the note says why)."""
+    found = network.check_private_path(address, name)
+    if found is None:
+        check = LinkCheck(name, address, 0, None, "not pinged: this host has no private link")
+    else:
+        _, path = found
+        check = LinkCheck(name, address, path.mtu, path.ok, path.message)
+    if seconds <= 0:
+        check.iperf3_note = "not measured (--link-seconds 0)"
+    elif server is None:
+        check.iperf3_note = "measured from the front-end (`cloudbox host readiness` there)"
+    elif shutil.which("iperf3") is None:
+        check.iperf3_note = "not measured: iperf3 is not installed here"
+    else:
+        try:
+            check.iperf3_mbps = iperf3_mbps(address, seconds, server)
+        except (OSError, ValueError, CloudboxError, subprocess.TimeoutExpired) as e:
+            check.iperf3_note = f"not measured: {e}"
+    return check
+
+
+def _server_on(shell: client.NodeShell) -> Callable[[list[str]], subprocess.Popen[bytes]]:
+    def start(argv: list[str]) -> subprocess.Popen[bytes]:
+        return shell.popen(*argv)
+    return start
+
+
+def node_links(seconds: int) -> tuple[list[LinkCheck], str]:
+    """The path to each node this box knows (a front-end: its enrolled back-ends; a back-end: its front-end, pinged
+    only), or why there is none to check."""
+    role, _ = nodeconf.role()
+    if role == "back-end":
+        pin, _ = enrol.pin_paths()
+        try:
+            fe = json.loads(pin.read_text())
+        except (OSError, ValueError):
+            return [], "not enrolled with a front-end yet: the ping and iperf3 to it are skipped"
+        return [check_node(str(fe.get("name", "front-end")), str(fe.get("address", "")), seconds, None)], ""
+    if not registry.nodes_db().exists():
+        return [], "no node enrolled: the jumbo-frame ping and iperf3 to another node are skipped"
+    with registry.Registry() as reg:
+        nodes = reg.nodes()
+        if not nodes:
+            return [], "no node enrolled: the jumbo-frame ping and iperf3 to another node are skipped"
+        out = []
+        for n in nodes:
+            out.append(check_node(n.name, n.address, seconds, _server_on(client.NodeShell.for_node(reg, n))))
+    return out, ""
+
+
 # ------------------------------------------------------------------------------------------------- all
 def gather(*, fio_seconds: int = FIO_SECONDS, devices: list[str] | None = None,
-           accelerator: str = "") -> Readiness:
+           accelerator: str = "", link_seconds: int | None = LINK_SECONDS) -> Readiness:
     """The box's readiness. `devices` (kernel names or /dev paths) limits the disks measured (default: every disk
     lsblk lists); `fio_seconds` = 0 measures none. `accelerator` is the KVM probe's verdict in words, when the
-    caller has it (the probe boots a tiny guest)."""
+    caller has it (the probe boots a tiny guest). `link_seconds`: the iperf3 stream to each node (0: pinged only;
+    None: neither the private link nor the nodes are looked at)."""
     model, flag = cpu_facts(Path("/proc/cpuinfo").read_text())
     iommu, iommu_on = iommu_state()
     ready = Readiness(platform.node(), model, os.cpu_count() or 1, flag, accelerator or "not probed", iommu,
@@ -280,6 +441,13 @@ def gather(*, fio_seconds: int = FIO_SECONDS, devices: list[str] | None = None,
             ready.problems.append(f"no such disk: {', '.join(missing)}; allowed: "
                                   f"{', '.join(d.name for d in list_disks()) or 'none found'}")
     ready.nics = list_nics()
+    if link_seconds is not None:
+        ready.private_link, note = private_link()
+        try:
+            ready.links, nodes_note = node_links(link_seconds)
+        except CloudboxError as e:
+            ready.links, nodes_note = [], f"the nodes could not be read: {e}"
+        ready.link_note = "; ".join(n for n in (note, nodes_note) if n)
     return ready
 
 
@@ -306,9 +474,23 @@ def lines(r: Readiness) -> list[str]:
         vfs = f", SR-IOV: {n.sriov_vfs} VFs" if n.sriov_vfs else ", no SR-IOV"
         out.append(f"NIC {n.name:<9}{n.driver}, {n.state}, {speed}, {mtu}{vfs}"
                    + (f", {', '.join(n.addresses)}" if n.addresses else ""))
+    if r.private_link is not None:
+        out.append(f"private link {link_line(r.private_link)}")
     for lk in r.links:
         iperf = f"; iperf3 {lk.iperf3_mbps:.0f} Mb/s" if lk.iperf3_mbps is not None else \
             (f"; iperf3 {lk.iperf3_note}" if lk.iperf3_note else "")
         out.append(f"link to {lk.node} ({lk.address}): {lk.detail}{iperf}")
+    if r.link_note:
+        out.append(f"links        {r.link_note}")
     out += [f"problem      {p}" for p in r.problems]
     return out
+
+
+def link_line(lk: LinkFacts) -> str:
+    """A link's facts in one line: `eno2: up, 10000 Mb/s full duplex, MTU 9000, jumbo frames possible (...)`."""
+    name = lk.name if lk.nic == lk.name else f"{lk.name} (over {lk.nic})"
+    speed = f"{lk.speed_mbps} Mb/s {lk.duplex} duplex" if lk.speed_mbps else "no link speed reported"
+    jumbo = ("jumbo frames: the driver does not say" if lk.jumbo is None else
+             f"jumbo frames possible (takes up to {lk.max_mtu})" if lk.jumbo else
+             f"no jumbo frames (takes up to {lk.max_mtu})")
+    return f"{name}: {lk.state}, {speed}, MTU {lk.mtu}, {jumbo}"
