@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 
 from cloudbox.cli.common import guard
-from cloudbox.core.errors import CloudboxError, UsageError
+from cloudbox.core.errors import UsageError
 from cloudbox.core.record.events import (
     PlanProgress,
     ProgressEvent,
@@ -273,7 +273,6 @@ def cmd_host(a: argparse.Namespace) -> int:
 
 def _readiness(a: argparse.Namespace) -> int:
     """The box's readiness report and what it can answer; exit 1 when a problem was found."""
-    from cloudbox.core.cluster import registry
     from cloudbox.core.inputs import printable
     from cloudbox.core.studies import capability
     from cloudbox.core.views import readiness
@@ -283,15 +282,9 @@ def _readiness(a: argparse.Namespace) -> int:
         raise UsageError(f"--fio-seconds {a.fio_seconds} is not allowed; allowed: 0 to 60")
     if a.link_seconds < 0 or a.link_seconds > 30:
         raise UsageError(f"--link-seconds {a.link_seconds} is not allowed; allowed: 0 to 30")
-    acc = accel.detect()
-    facts = readiness.gather(fio_seconds=a.fio_seconds, devices=a.device, accelerator=f"{acc.label}: {acc.reason}",
-                             link_seconds=a.link_seconds)
-    try:
-        with registry.Registry() as reg:
-            nodes = [n.name for n in reg.nodes()]
-    except CloudboxError:
-        nodes = []
-    caps = capability.capabilities(facts, nodes=nodes)
+    found = capability.answers(accel.detect(), fio_seconds=a.fio_seconds, devices=a.device,
+                               link_seconds=a.link_seconds)
+    facts, caps = found.facts, found.studies
     if a.json:
         print(json.dumps({**facts.as_dict(), "studies": [dataclasses.asdict(c) for c in caps]}, indent=2))
     else:

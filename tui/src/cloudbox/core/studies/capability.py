@@ -1,16 +1,20 @@
 """What this box can answer: for each study, at each of its sizes, whether every cell can run here, and for the cells
 that cannot, what is missing (a spare disk for the whole-disk rows, a back-end for the tests towards another node,
 the Xen boot, CPUs or memory for its guests, a kernel module), from the readiness facts of the box and the same
-checks a study run makes.
+checks a study run makes; `answers()` is the whole report `cloudbox host readiness` and the TUI's Overview show.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..cluster import registry
+from ..errors import CloudboxError
 from ..run.multi import QEMU_OVERHEAD_MIB
 from ..spec import profiles
+from ..views import readiness
 from ..views.readiness import Readiness
+from ..virt.accel import Accelerator
 from .evidence import profile_facts
 from .loading import list_studies, load_study
 from .schema import Study, needs_node
@@ -88,14 +92,49 @@ def capabilities(ready: Readiness, *, nodes: list[str]) -> list[Capability]:
     return out
 
 
+@dataclass
+class Answers:
+    """The readiness report: the box's facts, then what it can answer, study by study and size by size."""
+
+    facts: Readiness
+    studies: list[Capability]
+
+
+def enrolled_nodes() -> list[str]:
+    """The back-ends enrolled here (none when the registry cannot be read: the tests towards one are then missing)."""
+    if not registry.nodes_db().exists():
+        return []
+    try:
+        with registry.Registry() as reg:
+            return [n.name for n in reg.nodes()]
+    except CloudboxError:
+        return []
+
+
+def answers(acc: Accelerator | None, *, fio_seconds: int = readiness.FIO_SECONDS, devices: list[str] | None = None,
+            link_seconds: int | None = readiness.LINK_SECONDS) -> Answers:
+    """The box's readiness (readiness.gather's options; `acc`: the accelerator guests get, None when not probed)
+    and what it can answer with the nodes enrolled here."""
+    facts = readiness.gather(fio_seconds=fio_seconds, devices=devices, link_seconds=link_seconds,
+                             accelerator=f"{acc.label}: {acc.reason}" if acc else "",
+                             emulated=acc.emulated if acc else None, nested=acc.nested if acc else False)
+    return Answers(facts, capabilities(facts, nodes=enrolled_nodes()))
+
+
 def lines(caps: list[Capability]) -> list[str]:
     """What this box can answer, in words: one line per study and size, then what is missing."""
     out = []
     for c in caps:
         head = f"study {c.study} at {c.size} size: "
         out.append(head + ("every cell can run here" if c.whole else f"{c.runnable} of {c.cells} cells can run here"))
-        out += [f"  {m}" for m in c.missing]
-        if c.loop_device:
-            out.append("  needs a spare disk (unmounted, its data not needed) for the whole-disk rows, else a loop "
-                       f"device stands in and their verdicts are inconclusive: {', '.join(c.loop_device)}")
+        out += [f"  {m}" for m in needs(c)]
+    return out
+
+
+def needs(c: Capability) -> list[str]:
+    """What the cells that cannot run need, and the rows a loop device would stand in for, one line each."""
+    out = list(c.missing)
+    if c.loop_device:
+        out.append("needs a spare disk (unmounted, its data not needed) for the whole-disk rows, else a loop "
+                   f"device stands in and their verdicts are inconclusive: {', '.join(c.loop_device)}")
     return out

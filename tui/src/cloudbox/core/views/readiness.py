@@ -124,6 +124,8 @@ class Readiness:
     links: list[LinkCheck] = field(default_factory=list)
     link_note: str = ""  # why a link was not checked (no private NIC in the node settings, no node enrolled)
     problems: list[str] = field(default_factory=list)
+    emulated: bool | None = None  # guests here run under TCG emulation; None: the KVM probe's verdict is not known
+    nested: bool = False  # guests here run under nested KVM (this box is itself a VM)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -405,16 +407,17 @@ def node_links(seconds: int) -> tuple[list[LinkCheck], str]:
 
 
 # ------------------------------------------------------------------------------------------------- all
-def gather(*, fio_seconds: int = FIO_SECONDS, devices: list[str] | None = None,
-           accelerator: str = "", link_seconds: int | None = LINK_SECONDS) -> Readiness:
+def gather(*, fio_seconds: int = FIO_SECONDS, devices: list[str] | None = None, accelerator: str = "",
+           emulated: bool | None = None, nested: bool = False, link_seconds: int | None = LINK_SECONDS) -> Readiness:
     """The box's readiness. `devices` (kernel names or /dev paths) limits the disks measured (default: every disk
     lsblk lists); `fio_seconds` = 0 measures none. `accelerator` is the KVM probe's verdict in words, when the
-    caller has it (the probe boots a tiny guest). `link_seconds`: the iperf3 stream to each node (0: pinged only;
-    None: neither the private link nor the nodes are looked at)."""
+    caller has it (the probe boots a tiny guest), `emulated` and `nested` what it found. `link_seconds`: the iperf3
+    stream to each node (0: pinged only; None: neither the private link nor the nodes are looked at)."""
     model, flag = cpu_facts(Path("/proc/cpuinfo").read_text())
     iommu, iommu_on = iommu_state()
     ready = Readiness(platform.node(), model, os.cpu_count() or 1, flag, accelerator or "not probed", iommu,
-                      iommu_on, secure_boot_state(), memory_bytes(Path("/proc/meminfo").read_text()), numa_nodes())
+                      iommu_on, secure_boot_state(), memory_bytes(Path("/proc/meminfo").read_text()), numa_nodes(),
+                      emulated=emulated, nested=nested)
     if not flag:
         ready.problems.append("the CPU shows no VT-x (vmx) or AMD-V (svm): turn virtualization on in the firmware, "
                               "or guests run under emulation (TCG) and no figure is an overhead figure")
@@ -451,6 +454,20 @@ def gather(*, fio_seconds: int = FIO_SECONDS, devices: list[str] | None = None,
     return ready
 
 
+def measures(r: Readiness) -> list[tuple[str, str]]:
+    """What this box measures natively and what only emulated: ("natively", ...), ("emulated", ...)."""
+    native = "the bare-metal rows (this box's disks, its network namespace)"
+    if r.emulated is None:
+        return [("natively", native), ("emulated", "not known: the KVM probe has not run (`cloudbox host` runs it)")]
+    if r.emulated:
+        return [("natively", native + " only"),
+                ("emulated", "every guest row: guests run under TCG, their figures are emulation cost, not "
+                             "virtualization overhead (marked *)")]
+    guests = ("guests under nested KVM (a second layer of virtualization in their figures)" if r.nested else
+              "guests under KVM: virtualization-overhead figures")
+    return [("natively", f"{native} and {guests}"), ("emulated", "nothing")]
+
+
 def lines(r: Readiness) -> list[str]:
     """The report as text, one fact per line."""
     gib = 1024**3
@@ -458,6 +475,7 @@ def lines(r: Readiness) -> list[str]:
            f"CPU          {r.cpu_model}, {r.cpus} CPUs, virtualization: "
            + {"vmx": "Intel VT-x", "svm": "AMD-V"}.get(r.virt_flag, "none shown"),
            f"guests       {r.kvm}",
+           *(f"{what:<13}{how}" for what, how in measures(r)),
            f"IOMMU        {r.iommu}",
            f"Secure Boot  {r.secure_boot}",
            f"memory       {r.memory_bytes / gib:.1f} GiB, {r.numa_nodes} NUMA node{'s' if r.numa_nodes > 1 else ''}"]
@@ -476,10 +494,7 @@ def lines(r: Readiness) -> list[str]:
                    + (f", {', '.join(n.addresses)}" if n.addresses else ""))
     if r.private_link is not None:
         out.append(f"private link {link_line(r.private_link)}")
-    for lk in r.links:
-        iperf = f"; iperf3 {lk.iperf3_mbps:.0f} Mb/s" if lk.iperf3_mbps is not None else \
-            (f"; iperf3 {lk.iperf3_note}" if lk.iperf3_note else "")
-        out.append(f"link to {lk.node} ({lk.address}): {lk.detail}{iperf}")
+    out += [f"link to {lk.node} ({lk.address}): {check_line(lk)}" for lk in r.links]
     if r.link_note:
         out.append(f"links        {r.link_note}")
     out += [f"problem      {p}" for p in r.problems]
@@ -494,3 +509,10 @@ def link_line(lk: LinkFacts) -> str:
              f"jumbo frames possible (takes up to {lk.max_mtu})" if lk.jumbo else
              f"no jumbo frames (takes up to {lk.max_mtu})")
     return f"{name}: {lk.state}, {speed}, MTU {lk.mtu}, {jumbo}"
+
+
+def check_line(lk: LinkCheck) -> str:
+    """The path to one node in one line: the ping's outcome, then iperf3's figure or why there is none."""
+    iperf = f"; iperf3 {lk.iperf3_mbps:.0f} Mb/s" if lk.iperf3_mbps is not None else \
+        (f"; iperf3 {lk.iperf3_note}" if lk.iperf3_note else "")
+    return f"{lk.detail}{iperf}"
