@@ -136,6 +136,47 @@ async def test_overview_without_tcg_has_no_warning(state):
         assert "WARNING" not in text(app.screen.query_one("#accel-banner"))
 
 
+async def test_overview_shows_the_answers_of_host_readiness(backend):
+    """The Overview's readiness is `cloudbox host readiness --fio-seconds 0 --link-seconds 0` of this host (with
+    the fixed accelerator): what is measured natively and what only emulated, IOMMU, Secure Boot, the links, and
+    each study's cells at each size."""
+    from rich.console import Console
+
+    from cloudbox.core.studies import capability
+    from cloudbox.core.views import readiness
+
+    def wide(widget) -> str:
+        console = Console(width=400, record=True, color_system=None)
+        console.print(widget.content)
+        return console.export_text()
+
+    app = create_app(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.screen.answers is not None, timeout=60, what="the readiness report")
+        shown, cells = wide(app.screen.query_one("#readiness")), wide(app.screen.query_one("#answers"))
+        app.screen.answers = None
+        await pilot.press("r")  # checks again
+        await until(pilot, lambda: app.screen.answers is not None, timeout=60, what="the report checked again")
+    same = capability.answers(facts().accelerator, fio_seconds=0, link_seconds=0)
+    r = same.facts
+    assert [what for what, _ in readiness.measures(r)] == ["natively", "emulated"]
+    for what, how in readiness.measures(r):
+        assert re.search(rf"^{what.capitalize()} +{re.escape(how)} *$", shown, re.M), shown
+    assert "every guest row: guests run under TCG" in shown  # the fixed facts' accelerator
+    assert re.search(rf"^IOMMU +{re.escape(r.iommu)}", shown, re.M)
+    assert re.search(rf"^Secure Boot +{re.escape(r.secure_boot)} *$", shown, re.M)
+    assert re.search(rf"^CPUs, memory +{r.cpus} CPUs ", shown, re.M)
+    if r.link_note:
+        assert re.search(rf"^Links +{re.escape(r.link_note)}", shown, re.M)
+    assert re.search(r"^ *Study +Size +Cells here +What the others need", cells, re.M)
+    for c in same.studies:
+        count = f"all {c.cells}" if c.whole else f"{c.runnable} of {c.cells}"
+        assert re.search(rf"^ *{c.study} +{c.size} +{count} ", cells, re.M), (c, cells)
+        for need in capability.needs(c):
+            assert need in cells
+    assert {c.study for c in same.studies} >= {"a", "b", "c", "d"}
+
+
 # -- profiles ----------------------------------------------------------------------------------------------
 async def _profiles(app, pilot):
     await until(pilot, lambda: app.screen.query_one("#profiles").row_count > 5, what="profile list")

@@ -42,7 +42,9 @@ from cloudbox.core.record.provenance import BackingInfo, Guests, GuestStart, Pro
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec import profiles
 from cloudbox.core.spec.runspec import PlanStep
+from cloudbox.core.studies.capability import Answers, Capability
 from cloudbox.core.views.host import Disk, HostFacts, Nic, Node
+from cloudbox.core.views.readiness import DiskReadiness, LinkFacts, Readiness
 from cloudbox.core.virt import domain
 from cloudbox.core.virt.accel import Accelerator
 from cloudbox.core.virt.guestimage import CMDLINE
@@ -91,6 +93,36 @@ def host_facts(accelerator: Accelerator = TCG, role: str = "all-in-one") -> Host
         ],
         problems=[],
     )
+
+
+def demo_answers(accelerator: Accelerator = TCG) -> Answers:
+    """The demo box's readiness report (as `cloudbox host readiness --fio-seconds 0 --link-seconds 0` would give
+    it): Secure Boot on, the IOMMU in the firmware but not turned on, a 1 Gb/s private NIC that takes jumbo frames,
+    no node enrolled; two spare disks, so no loop device stands in."""
+    emulated = accelerator.emulated
+    facts = Readiness(
+        HOST, "Intel(R) Xeon(R) E-2236 CPU @ 3.40GHz", 12, "" if emulated else "vmx",
+        f"{accelerator.label}: {accelerator.reason}",
+        "present (DMAR table), not enabled: turn on VT-d/AMD-Vi in the firmware and boot with intel_iommu=on "
+        "iommu=pt", False, "on", 32 * 1024**3, 1,
+        disks=[DiskReadiness("sdb", "WDC WD5003ABYX-01WERA0", "01.01S03", "-", 500_107_862_016, True, "sata", [],
+                             "passed", read_note="not measured (--fio-seconds 0)"),
+               DiskReadiness("sdc", "ST1000NM0033-9ZM173", "GA0A", "-", 1_000_204_886_016, True, "sata", [],
+                             "passed", read_note="not measured (--fio-seconds 0)")],
+        private_link=LinkFacts("eno2", "eno2", "up", 1000, "full", 9000, 9216),
+        link_note="no node enrolled: the jumbo-frame ping and iperf3 to another node are skipped",
+        problems=["the CPU shows no VT-x (vmx) or AMD-V (svm): turn virtualization on in the firmware, or guests "
+                  "run under emulation (TCG) and no figure is an overhead figure"] if emulated else [],
+        emulated=emulated, nested=accelerator.nested)
+    node = ("needs a back-end enrolled on the private network (a second machine) for the tests towards another "
+            "node: tcp-stream-fe, tcp-maerts-fe (14 cells)")
+    xen = "not here (Xen profile: boot the appliance's Xen entry): xen-default"
+    studies = [Capability("a", "Study A", size, 54, 28, [node, xen + ", xen-xvd-phy"]) for size in ("study", "quick")]
+    studies += [Capability("b", "Study B", size, 21, 14, [xen]) for size in ("study", "quick")]
+    studies += [Capability(s, f"Study {s}", size, n, n) for s, n in (("c", 42), ("c-nfs", 9))
+                for size in ("study", "quick")]
+    studies += [Capability("d", "Study D", size, 2, 2) for size in ("study", "quick")]
+    return Answers(facts, studies)
 
 
 # -- environment -----------------------------------------------------------------------------------
@@ -489,7 +521,7 @@ def demo_app(scene: str) -> CloudboxApp:
     if s.role == "front-end":
         build_cluster()
     backend = Backend(facts=host_facts(ACCELERATORS[s.accelerator], s.role), libvirt_uri=LIBVIRT_URI,
-                      exports=DEMO_EXPORTS)
+                      exports=DEMO_EXPORTS, answers=demo_answers(ACCELERATORS[s.accelerator]))
     return create_app(backend, mode=s.mode, poll_interval=3600.0)
 
 
@@ -545,8 +577,15 @@ def _text(app: CloudboxApp, selector: str) -> str:
 async def overview(pilot: Pilot) -> None:
     app = pilot.app
     await settle(pilot, lambda: _rows(app, "#disks") == 3 and _rows(app, "#nics") == 3
-                 and "Accelerator" in _text(app, "#accel-banner") or "WARNING" in _text(app, "#accel-banner"),
-                 "the host facts")
+                 and ("Accelerator" in _text(app, "#accel-banner") or "WARNING" in _text(app, "#accel-banner"))
+                 and "Secure Boot" in _text(app, "#readiness"), "the host facts and the readiness report")
+
+
+async def overview_readiness(pilot: Pilot) -> None:
+    app = pilot.app
+    await overview(pilot)
+    app.screen.query_one("#readiness-head").scroll_visible(top=True, animate=False)
+    await settle(pilot, lambda: app.screen.query_one("#overview").scroll_y > 0, "the readiness report in view")
 
 
 async def profiles_detail(pilot: Pilot) -> None:
@@ -720,6 +759,7 @@ class Scene:
 SCENES: dict[str, Scene] = {
     "overview": Scene("overview", overview),
     "overview-kvm": Scene("overview", overview, accelerator="kvm"),
+    "readiness": Scene("overview", overview_readiness, accelerator="kvm"),
     "profiles": Scene("profiles", profiles_detail),
     "profile-diff": Scene("profiles", profiles_diff),
     "profile-form": Scene("profiles", profile_form_errors),

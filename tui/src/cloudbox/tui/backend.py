@@ -1,8 +1,8 @@
-"""The TUI's one door to cloudbox.core: results store, host facts, the cluster (nodes, join codes), profiles,
-guests, runs, sweeps and volumes.
+"""The TUI's one door to cloudbox.core: results store, host facts and readiness, the cluster (nodes, join codes),
+profiles, guests, runs, sweeps and volumes.
 
 Every method may block (SQLite, libvirt, lsblk, an accelerator probe) and is called from worker
-threads, never from the UI thread. Tests and screenshots pass fixed host facts, a libvirt URI
+threads, never from the UI thread. Tests and screenshots pass fixed host facts (and readiness), a libvirt URI
 (e.g. libvirt's test:///default) and fixed volume exports so what the screens show is deterministic.
 """
 
@@ -30,7 +30,7 @@ from cloudbox.core.run.runs import Sweep
 from cloudbox.core.spec import profiles
 from cloudbox.core.spec.profiles import Profile, ProfileEntry
 from cloudbox.core.spec.runspec import RunSpec
-from cloudbox.core.studies import cellstates, evidence, loading, markdown, planning, schema
+from cloudbox.core.studies import capability, cellstates, evidence, loading, markdown, planning, schema
 from cloudbox.core.views import compare, host, render
 from cloudbox.core.virt import accel, daemons, guest
 
@@ -57,9 +57,10 @@ class Volumes:
 class Backend:
     def __init__(self, *, db: Path | str | None = None, facts: host.HostFacts | None = None,
                  libvirt_uri: str | None = None, enrol_bind: str | None = None, enrol_port: int = protocol.PORT,
-                 exports: list[vattach.Export] | None = None):
+                 exports: list[vattach.Export] | None = None, answers: capability.Answers | None = None):
         self._db = db
         self._fixed_facts = facts
+        self._fixed_answers = answers  # the readiness report, fixed for screenshots (None: this host's)
         self._fixed_exports = exports  # how volumes are exported, fixed for screenshots (None: this host's)
         self._exports: dict[str, list[vattach.Export]] = {}  # this host's, per hypervisor, until forget_exports()
         self._uri = libvirt_uri
@@ -94,6 +95,13 @@ class Backend:
         if not enrolled and problems == f.problems:
             return f
         return dataclasses.replace(f, nodes=[*f.nodes, *enrolled], problems=problems)
+
+    def readiness(self) -> capability.Answers:
+        """What `cloudbox host readiness --fio-seconds 0 --link-seconds 0` reports: the box's facts (no disk is
+        read, no stream sent; each node is pinged) and, per study and size, the cells it can run here."""
+        if self._fixed_answers is not None:
+            return self._fixed_answers
+        return capability.answers(self.facts(probe=False).accelerator, fio_seconds=0, link_seconds=0)
 
     # -- the cluster -------------------------------------------------------------------------------------
     def boot(self) -> accel.Boot:

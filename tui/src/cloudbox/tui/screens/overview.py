@@ -1,5 +1,7 @@
 """Overview: this box's role, the nodes it knows (with join codes and node removal on a front-end), the
-accelerator (with the TCG warning), the active profile, runs in progress, and the disks and NICs."""
+accelerator (with the TCG warning), the active profile, runs in progress, the disks and NICs, and its readiness:
+what it measures natively and what only emulated, IOMMU, Secure Boot, the private link, and per study and size the
+cells it can run (the answers of `cloudbox host readiness`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from textual.widgets import DataTable, Label, Static
 from cloudbox.core.cluster import frontend
 from cloudbox.core.disks import backing
 from cloudbox.core.record.rows import Run
+from cloudbox.core.studies import capability
+from cloudbox.core.views import readiness
 from cloudbox.core.views.host import HostFacts, Node
 from cloudbox.tui.backend import Cluster
 from cloudbox.tui.screens.base import BaseScreen
@@ -88,12 +92,16 @@ class OverviewScreen(BaseScreen[OverviewData]):
     MODE = "overview"
     HELP = ("What this box is: its role, the nodes it knows and their state, the accelerator guests get "
             "(KVM, nested KVM, or TCG emulation, whose numbers are not overhead figures), the active "
-            "profile, runs in progress, and the disks and NICs a run can use. On a front-end (or all-in-one) "
+            "profile, runs in progress, the disks and NICs a run can use, and the box's readiness (as `cloudbox "
+            "host readiness --fio-seconds 0 --link-seconds 0` reports it: what it measures natively and what only "
+            "emulated, IOMMU, Secure Boot, the private link and the nodes' pings, and for each study and size how "
+            "many of its cells can run here and what the others need; checked once, r checks again). On a "
+            "front-end (or all-in-one) "
             "the Nodes table lists the enrolled back-ends as `cloudbox node check --watch` last found them "
             "(UNKNOWN when nobody checked for 30 s); j shows a one-time join code and the command to type on "
             "the back-end, v revokes the open codes, x removes the highlighted node.")
     BINDINGS = [
-        Binding("r", "reload", "Refresh", id="overview.refresh"),
+        Binding("r", "reload", "Refresh", id="overview.refresh", tooltip="read everything again, readiness too"),
         Binding("w", "watch", "Watch", id="overview.watch", tooltip="show the run in progress on the Tests screen"),
         Binding("j", "join_code", "Join code", id="overview.join-code",
                 tooltip="a one-time code a back-end joins with; starts the enrolment server (front-end)"),
@@ -107,6 +115,8 @@ class OverviewScreen(BaseScreen[OverviewData]):
         super().__init__()
         self.data: OverviewData | None = None
         self.nodes: dict[str, Node] = {}  # by row key
+        self.answers: capability.Answers | None = None  # the readiness report, once checked
+        self._readiness_asked = False
 
     def body(self) -> ComposeResult:
         with VerticalScroll(id="overview"):
@@ -122,6 +132,9 @@ class OverviewScreen(BaseScreen[OverviewData]):
             yield PlainTable(id="disks", cursor_type="none")
             yield Label("NICs", classes="section")
             yield PlainTable(id="nics", cursor_type="none")
+            yield Label("Readiness", classes="section", id="readiness-head")
+            yield Static("checking this box (no disk is read, nothing is written)…", id="readiness", markup=False)
+            yield Static("", id="answers")
 
     def on_mount(self) -> None:
         self.query_one("#nodes", DataTable).add_columns("Node", "Role", "State", "Address", "Last seen", "Reason")
@@ -169,6 +182,45 @@ class OverviewScreen(BaseScreen[OverviewData]):
         self.query_one("#nics", PlainTable).set_rows(
             (nic.name, (nic.name, nic.state, str(nic.mtu), nic.mac, ", ".join(nic.addresses) or "-"))
             for nic in f.nics)
+        if not self._readiness_asked:  # after the first facts: the accelerator has been probed by then
+            self.check_readiness()
+
+    # -- readiness -------------------------------------------------------------------------------------------
+    def check_readiness(self) -> None:
+        """The readiness report in a thread (lsblk, SMART, the nodes' pings: seconds, so not every reload)."""
+        self._readiness_asked = True
+        self.app.work_in_thread(self.app.backend.readiness, done=self.show_readiness, group="load-readiness",
+                                exclusive=True, name="checking this box's readiness")
+
+    def show_readiness(self, found: capability.Answers) -> None:
+        if not self.is_attached:
+            return
+        self.answers = found
+        r = found.facts
+        virt = {"vmx": "Intel VT-x", "svm": "AMD-V"}.get(r.virt_flag, "no VT-x or AMD-V shown")
+        rows = [*((what.capitalize(), how) for what, how in readiness.measures(r)),
+                ("IOMMU", r.iommu), ("Secure Boot", r.secure_boot),
+                ("CPUs, memory", f"{r.cpus} CPUs ({virt}), {r.memory_bytes / 1024**3:.1f} GiB, {r.numa_nodes} NUMA "
+                                 f"node{'s' if r.numa_nodes > 1 else ''}"),
+                *([("Private link", readiness.link_line(r.private_link))] if r.private_link else []),
+                *((f"Link to {lk.node}", readiness.check_line(lk)) for lk in r.links),
+                *([("Links", r.link_note)] if r.link_note else []),
+                *(("Problem", p) for p in r.problems)]
+        facts = Table.grid(padding=(0, 2))
+        facts.add_column(no_wrap=True)
+        facts.add_column()
+        for what, value in rows:
+            facts.add_row(what, Text(value))
+        self.query_one("#readiness", Static).update(facts)
+        answers = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold")
+        answers.add_column("Study", no_wrap=True)
+        answers.add_column("Size", no_wrap=True)
+        answers.add_column("Cells here", no_wrap=True)
+        answers.add_column("What the others need")
+        for c in found.studies:
+            answers.add_row(c.study, c.size, f"all {c.cells}" if c.whole else f"{c.runnable} of {c.cells}",
+                            Text("\n".join(capability.needs(c)) or "-"))
+        self.query_one("#answers", Static).update(answers)
 
     def _show_nodes(self, nodes: list[Node]) -> None:
         keep = self._highlighted_key()
@@ -198,6 +250,7 @@ class OverviewScreen(BaseScreen[OverviewData]):
 
     def action_reload(self) -> None:
         self.reload()
+        self.check_readiness()
 
     # -- the cluster ---------------------------------------------------------------------------------------
     def _refused(self, what: str) -> bool:
