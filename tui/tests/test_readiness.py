@@ -4,6 +4,7 @@ facts against this machine's own NIC, and a ping and iperf3 across a veth pair t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -88,7 +89,13 @@ def test_what_a_box_can_answer_names_what_each_study_misses(isolated):
     assert any("4 CPUs for 4 guests of 1 vCPU (this box has 2)" in m for m in small.missing)
     assert capability.capability(d, _box(cpus=2), size="quick", nodes=[]).whole
     lone = capability.capability(a, _box(spare=False), size="study", nodes=[])
-    assert any(m.startswith("needs a back-end enrolled") and "tcp-stream-fe" in m for m in lone.missing)
+    assert any(m.startswith("needs a back-end enrolled") and "tcp-stream-fe" in m
+               and m.endswith(", and a second NIC on this box for the private network (it has no NICs)")
+               for m in lone.missing)
+    nic = readiness.NicReadiness("eno1", "igb", "up", 1000, 1500, 9216, None, [])
+    two = _box(spare=False)
+    two.nics = [nic, dataclasses.replace(nic, name="eno2")]
+    assert not any("second NIC" in m for m in capability.capability(a, two, size="study", nodes=[]).missing)
     assert set(lone.loop_device) == {"virtio-disk", "kvm-scsi-phy"}
     text = "\n".join(capability.lines([lone]))
     assert "else a loop device stands in and their verdicts are inconclusive: " in text
@@ -166,6 +173,25 @@ def test_the_private_links_facts_are_this_machines_own(isolated, tmp_path, monke
     assert any(line.startswith(f"private link {nic}: {lk.state}, ") for line in readiness.lines(r))
     with pytest.raises(ValueError, match="no network link nosuchnic0; links here: .*lo"):
         readiness.link_facts("nosuchnic0")
+
+
+def test_a_bridges_speed_and_duplex_are_its_nics_and_a_nic_without_carrier_has_no_speed(tmp_path):
+    net = tmp_path / "class" / "net"
+    for name, files in (("cbpriv0", {"mtu": "9000", "operstate": "up"}),
+                        ("cbtestnic9", {"mtu": "9000", "operstate": "up", "speed": "10000", "duplex": "full"}),
+                        ("cbtestnic8", {"mtu": "1500", "operstate": "down", "duplex": "unknown"})):
+        (net / name).mkdir(parents=True)
+        for f, v in files.items():
+            (net / name / f).write_text(v + "\n")
+    (net / "cbpriv0" / "bridge").mkdir()
+    (net / "cbpriv0" / "brif" / "cbtestnic9").mkdir(parents=True)
+    (net / "cbtestnic9" / "device").mkdir()
+    lk = readiness.link_facts("cbpriv0", tmp_path)  # ip knows none of these names: the largest MTU is not known
+    assert lk == readiness.LinkFacts("cbpriv0", "cbtestnic9", "up", 10000, "full", 9000, None)
+    assert readiness.link_line(lk) == ("cbpriv0 (over cbtestnic9): up, 10000 Mb/s full duplex, MTU 9000, jumbo "
+                                       "frames: the driver does not say")
+    down = readiness.link_facts("cbtestnic8", tmp_path)
+    assert (down.state, down.speed_mbps, down.duplex) == ("down", None, "unknown")
 
 
 @pytest.mark.root

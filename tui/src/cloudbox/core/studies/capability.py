@@ -76,8 +76,11 @@ def capability(study: Study, ready: Readiness, *, size: str, nodes: list[str]) -
                 blocked.add((name, t))
     lines = [f"{why}: {', '.join(dict.fromkeys(who))}" for why, who in missing.items()]
     if towards:
+        # the private network wants a NIC of its own beside the campus one
+        nic = "" if len(ready.nics) >= 2 else (f", and a second NIC on this box for the private network (it has "
+                                               f"{len(ready.nics) or 'no'} NIC{'' if len(ready.nics) == 1 else 's'})")
         lines.insert(0, "needs a back-end enrolled on the private network (a second machine) for the tests towards "
-                        f"another node: {', '.join(dict.fromkeys(towards))} ({len(towards)} cells)")
+                        f"another node: {', '.join(dict.fromkeys(towards))} ({len(towards)} cells){nic}")
     return Capability(study.name, study.title, size, _cells(study), _cells(study) - len(blocked), lines, loop)
 
 

@@ -287,18 +287,18 @@ def _sys_value(path: Path) -> str | None:
 def link_facts(name: str, sys_root: Path = SYS) -> LinkFacts:
     """The link `name` as sysfs and ip report it; for a bridge, the speed, duplex and largest MTU of the NIC under
     it (a bridge has one port on the private network: the installer's private NIC)."""
-    base = sys_root / "class" / "net" / name
+    net = sys_root / "class" / "net"
+    base = net / name
     if not base.exists():
-        names = sorted(p.name for p in (sys_root / "class" / "net").iterdir()) if (sys_root / "class" / "net") \
-            .is_dir() else []
+        names = sorted(p.name for p in net.iterdir()) if net.is_dir() else []
         raise ValueError(f"no network link {name}; links here: {', '.join(names) or 'none'}")
     nic = name
     if (base / "bridge").is_dir():
         ports = sorted(p.name for p in (base / "brif").iterdir()) if (base / "brif").is_dir() else []
-        hardware = [p for p in ports if (sys_root / "class" / "net" / p / "device").exists()]
+        hardware = [p for p in ports if (net / p / "device").exists()]
         nic = (hardware or ports or [name])[0]
-    speed = _sys_value(sys_root / "class" / "net" / nic / "speed")
-    duplex = _sys_value(sys_root / "class" / "net" / nic / "duplex")
+    speed = _sys_value(net / nic / "speed")
+    duplex = _sys_value(net / nic / "duplex")
     max_mtu = None
     r = subprocess.run(["ip", "-details", "-json", "link", "show", "dev", nic], capture_output=True, text=True,
                        timeout=20)
