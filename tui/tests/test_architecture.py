@@ -62,7 +62,7 @@ def test_the_check_catches_an_import():
 # ------------------------------------------------------------------------------------------------- the map
 REPO = CORE.parents[3]
 PACKAGES = ("spec", "virt", "disks", "record", "bench", "cluster", "run", "studies", "views", "install")
-SHARED = ("errors", "inputs", "paths", "procs", "db")
+SHARED = ("errors", "inputs", "paths", "procs", "db", "ledger")
 _DOTTED = __import__("re").compile(r"`((?:cloudbox\.)?(?:core\.)?(?:" + "|".join(PACKAGES) + r")(?:\.\w+)+)")
 
 

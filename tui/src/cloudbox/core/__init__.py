@@ -14,5 +14,6 @@ contract is in tui/pyproject.toml and `make lint` checks it):
     spec/      what is asked: profiles, the run spec, the test catalogue, node settings, run addresses
 
 Shared helpers at the bottom, importable from everywhere: errors (the exception types), inputs (the one door for
-untrusted input and the one way it is shown), paths (where state lives), procs (child processes), db (SQLite).
+untrusted input and the one way it is shown), paths (where state lives), procs (child processes), db (SQLite),
+ledger (what a run holds on the host, written down before it is made, and undoing it after a dead run).
 """

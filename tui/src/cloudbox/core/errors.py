@@ -117,6 +117,10 @@ class LibvirtUnavailable(CloudboxError):
     """libvirtd cannot be reached or refuses us."""
 
 
+class LibvirtLost(LibvirtUnavailable):
+    """libvirtd went away (died, restarted) while a run used it: not a fault of the guest."""
+
+
 class GuestError(CloudboxError):
     """The benchmark guest failed: did not boot, agent silent, tool missing or failing."""
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import ledger
 from .errors import Aborted, CloudboxError
 
 T = TypeVar("T")
@@ -35,6 +37,18 @@ def process_exists(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def how_it_died(pid: int, timeout: float = 5.0) -> str:
+    """What the kernel's log says ended process `pid` (its out-of-memory killer), "" when it says nothing (a kill
+    from user space leaves no trace there; only a parent that waited for it knows the signal)."""
+    try:
+        r = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    if re.search(rf"\b(Killed process|Out of memory: Killed process) {pid}\b", r.stdout or ""):
+        return "by the kernel's out-of-memory killer, SIGKILL"
+    return ""
 
 
 def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]:
@@ -175,6 +189,7 @@ class Child:
     log: Path
     grace_s: float = 5.0
     proc: subprocess.Popen[bytes] | None = None
+    held: ledger.Entry | None = field(default=None, repr=False)  # the run's ledger's entry for it
 
     @property
     def pid(self) -> int | None:
@@ -204,6 +219,8 @@ class Child:
         proc, self.proc = self.proc, None
         if proc is not None:
             stop(proc, self.grace_s)
+        if self.held is not None:
+            self.held.done()
         self.log.unlink(missing_ok=True)
 
     @classmethod
@@ -214,10 +231,13 @@ class Child:
         to serve) or `ready_is` (what ready means, e.g. "listen on host:port") and the end of its output. It gets
         `death_signal` when this thread dies (SIGKILL for a server that ignores SIGTERM)."""
         child = cls(os.path.basename(argv[0]), log, grace_s)
+        # It dies with this process; the run's ledger names it too, for a clean-up of whatever outlived a kill.
+        child.held = ledger.hold(ledger.Process(child.program))
         try:
             with open(log, "wb") as out:
                 child.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                               preexec_fn=die_with_parent(death_signal))  # noqa: PLW1509 - only prctl, before exec
+            child.held.update(pid=child.proc.pid, start=ledger.start_ticks(child.proc.pid))
             deadline = time.monotonic() + timeout
             while True:
                 if child.proc.poll() is not None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from ..disks.volumes.iscsi import LUN, Chap, IscsiExport
 from ..errors import Aborted, CloudboxError
+from ..procs import die_with_parent
 from ..spec import catalogue
 from .result import MB, FioResult
 
@@ -57,7 +58,8 @@ def perf(t: catalogue.StorageTest, exp: IscsiExport, creds: Chap, runtime: float
     env = {**os.environ, "LIBISCSI_CHAP_PASSWORD": creds.secret}
     start = time.monotonic()
     proc = subprocess.Popen(perf_args(t, url, creds.initiator), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, start_new_session=True)
+                            text=True, env=env, start_new_session=True,
+                            preexec_fn=die_with_parent())  # noqa: PLW1509 - only prctl: a killed executor's tool dies with it
     try:
         while time.monotonic() - start < runtime and proc.poll() is None:
             if cancelled():

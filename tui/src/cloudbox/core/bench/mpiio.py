@@ -188,7 +188,8 @@ def run_on_host(root: Path, parts: list[list[str]], cancelled: Callable[[], bool
     for i, prog in enumerate(parts):
         argv += ([":"] if i else []) + ["-np", "1", str(root / "usr/bin" / prog[0]), *prog[1:]]
     proc = subprocess.Popen(loopback_only(argv), env=host_env(root), cwd=cwd, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=procs.die_with_parent())  # noqa: PLW1509 - only prctl: a killed executor's tool dies with it
     try:
         out, _ = procs.wait_cancellable(proc, cancelled, "an MPI job on bare metal")
     finally:

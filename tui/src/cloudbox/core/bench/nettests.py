@@ -220,7 +220,8 @@ def run_baseline(t: NetTest, port: int, seconds: int, progress: Callable[[dict],
     prefix = ["ip", "netns", "exec", netns] if netns else []
 
     def once() -> str:
-        proc = subprocess.Popen([*prefix, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([*prefix, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=procs.die_with_parent())  # noqa: PLW1509 - only prctl: a killed executor's tool dies with it
         start = time.monotonic()
 
         def hang_or_report() -> None:

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import procs
+from .. import ledger, procs
 from ..disks.hostraid import mdstat_array
-from ..disks.mounts import umount
+from ..disks.mounts import Mount, umount
 from ..errors import Aborted, CloudboxError, GuestError
 from ..spec.catalogue import IOZONE_GRID, IOZONE_TOOLS, MPI_TOOL, TESTS, StorageTest, block_bytes
 from .barrier import barrier_script, read_start_stamp
@@ -160,6 +160,7 @@ class HostRunner:
         base = paths.run_dir()
         base.mkdir(parents=True, exist_ok=True)
         mnt = tempfile.mkdtemp(prefix="cloudbox-bonnie-", dir=base)
+        mounted = ledger.hold(Mount(mnt, target))  # a run killed here: its clean-up unmounts it (and its loop)
         try:
             r = subprocess.run(["mount", "-t", "ext4", *([] if block else ["-o", "loop"]), target, mnt],
                                capture_output=True, text=True)
@@ -169,7 +170,8 @@ class HostRunner:
             try:
                 t0, pace = time.monotonic(), Pace()
                 with tempfile.TemporaryFile() as log:
-                    proc = subprocess.Popen(bonnie_args(mnt, size), stdout=subprocess.PIPE, stderr=log, text=True)
+                    proc = subprocess.Popen(bonnie_args(mnt, size), stdout=subprocess.PIPE, stderr=log, text=True,
+                                            preexec_fn=procs.die_with_parent())  # noqa: PLW1509 - only prctl: a killed executor's tool dies with it
                     out, _ = procs.wait_cancellable(
                         proc, self.cancelled, "a bare-metal bonnie++ run",
                         every=lambda: progress(pace.payload(bonnie_done(_file_text(log), size))))
@@ -179,6 +181,7 @@ class HostRunner:
                 umount(mnt)
         finally:
             os.rmdir(mnt)
+            mounted.done()
         if proc.returncode != 0:
             raise CloudboxError(f"bare-metal bonnie++ ({t.id}) exited {proc.returncode}: {err.strip()[-400:]}")
         return parse_bonnie(t.id, out + "\n" + err, secs)
@@ -191,7 +194,8 @@ class HostRunner:
             raise CloudboxError(f"{t.id}: IOzone cannot open a volume served over NBD ({target}); the fio tests can")
         plan, pace = iozone_plan(t, size), Pace()
         with tempfile.TemporaryFile() as fh:
-            proc = subprocess.Popen(iozone_test_args(t, target, size), stdout=fh, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(iozone_test_args(t, target, size), stdout=fh, stderr=subprocess.STDOUT,
+                                    preexec_fn=procs.die_with_parent())  # noqa: PLW1509 - only prctl: a killed executor's tool dies with it
             procs.wait_cancellable(proc, self.cancelled, "a bare-metal iozone run",
                                    every=lambda: progress(pace.payload(iozone_done(plan, _file_text(fh)))))
             out = _file_text(fh)
@@ -204,7 +208,8 @@ class HostRunner:
 
         with tempfile.NamedTemporaryFile(prefix="cloudbox-fio-", suffix=".json") as out:
             proc = subprocess.Popen([*args, f"--output={out.name}"], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
+                                    stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                    preexec_fn=procs.die_with_parent())  # noqa: PLW1509 - only prctl: a killed executor's tool dies with it
             assert proc.stdout is not None
             tail: list[str] = []
             try:

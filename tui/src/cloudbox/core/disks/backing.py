@@ -14,13 +14,13 @@ partition table / filesystem signature, unless the user confirms by naming it.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
+from .. import ledger
 from ..errors import CloudboxError, DeviceRefused, NoSpace
 
 MARGIN = 64 * 1024 * 1024  # space kept free beyond the store itself
@@ -54,33 +54,68 @@ class BackingStore:
     more_paths: list[str] = field(default_factory=list)  # the other disks' stores (disk.count > 1), like `path`
     network: NetworkSource | None = None  # QEMU opens the disk over the network (disk.attach = qemu), not `path`
     baseline_labels: list[str] = field(default_factory=list)  # what the baseline's numbers are, beyond `labels`
-    _cleanup: list[tuple[str, str]] = field(default_factory=list, repr=False)
+    _cleanup: list[ledger.Entry] = field(default_factory=list, repr=False)  # what prepare() made, in order
 
     def remove(self) -> None:
         """Undo everything prepare() did, in reverse order. Safe to call twice."""
         while self._cleanup:
-            what, arg = self._cleanup.pop()
+            entry = self._cleanup.pop()
             try:
-                if what == "file":
-                    Path(arg).unlink(missing_ok=True)
-                elif what == "dir":
-                    shutil.rmtree(arg, ignore_errors=True)
-                elif what == "loop":
-                    subprocess.run(["losetup", "-d", arg], check=False, capture_output=True)
-                elif what == "md":  # the host's RAID over this store's loops (core.disks.hostraid)
-                    _stop_md(arg)
-            except OSError:
+                entry.release()
+            except (OSError, CloudboxError):
                 pass
 
 
-def _stop_md(device: str, tries: int = 10) -> None:
-    """Stop the md array `device`, again for a few seconds while something (udev's probe, a QEMU going away) still
-    holds it open; its loops cannot be detached before."""
-    for _ in range(tries):
-        r = subprocess.run(["mdadm", "--stop", device], check=False, capture_output=True)
-        if r.returncode == 0 or not Path("/sys/block", Path(device).name).exists():
-            return
-        time.sleep(0.5)
+@ledger.kind
+@dataclass(frozen=True)
+class File(ledger.Held):
+    """A file the run made (a backing file, the baseline's file)."""
+
+    kind: ClassVar[str] = "file"
+    path: str = ""
+
+    def release(self) -> str:
+        if not os.path.lexists(self.path):
+            return ""
+        Path(self.path).unlink(missing_ok=True)
+        return f"removed {self.path}"
+
+
+LOOP_SYSFS = Path("/sys/block")
+
+
+def loops_over(file: str, sys_block: Path = LOOP_SYSFS) -> list[str]:
+    """The loop devices (/dev/loopN) whose backing file is `file`, also once the file is deleted (the kernel then
+    names it "<file> (deleted)" and holds its space until the loop is detached)."""
+    found = []
+    for b in sorted(sys_block.glob("loop*/loop/backing_file")):
+        try:
+            name = b.read_text().strip()
+        except OSError:
+            continue
+        if name.removesuffix(" (deleted)") == file:
+            found.append(f"/dev/{b.parent.parent.name}")
+    return found
+
+
+@ledger.kind
+@dataclass(frozen=True)
+class Loop(ledger.Held):
+    """A loop device over a file of the run's (found by the file, deleted or not, and by the device it got)."""
+
+    kind: ClassVar[str] = "loop"
+    file: str = ""
+    device: str = ""
+
+    def release(self) -> str:
+        devices = loops_over(self.file)
+        for dev in devices:
+            subprocess.run(["losetup", "-d", dev], check=False, capture_output=True)
+        held = [d for d in devices if d in loops_over(self.file)]
+        if held:  # the kernel detaches a busy loop once its last user closes it (autoclear)
+            raise CloudboxError(f"loop device {', '.join(held)} over {self.file} is still open (by a guest, an "
+                                "array or a mount); it is detached once closed")
+        return f"detached loop device {', '.join(devices)} ({self.file})" if devices else ""
 
 
 # ---------------------------------------------------------------------------- device facts
@@ -303,14 +338,19 @@ def new_work_dir(kind: str, work_dir: Path, size_bytes: int, fmt: str) -> Backin
             raise CloudboxError(f"{parent}: not traversable by others (mode {oct(mode & 0o777)}); QEMU runs "
                                 "as libvirt-qemu and could not open the backing store. Choose another --work-dir")
     # A fresh per-run directory that we create and later remove whole; never a pre-existing one.
+    made = ledger.hold(ledger.Directory(str(work_dir)))
     try:
         work_dir.mkdir(parents=True, exist_ok=False)
     except FileExistsError:
+        made.done()  # not ours: never removed
         raise CloudboxError(f"{work_dir}: already exists; cloudbox only removes work directories it created") from None
+    except BaseException:
+        made.done()
+        raise
     os.chmod(work_dir, 0o755)  # QEMU runs as libvirt-qemu and must reach the store
     dev_name = dev_name_for_path(work_dir)
     store = BackingStore(kind, "", False, fmt, size_bytes, dev_name, device_model(dev_name))
-    store._cleanup.append(("dir", str(work_dir)))
+    store._cleanup.append(made)
     return store
 
 
@@ -349,7 +389,7 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
             _make_file(store, kind, path, size_bytes)
             store.path = str(path)
             store.baseline_target = str(work_dir / "baseline.dat")
-            store._cleanup.append(("file", store.baseline_target))
+            store._cleanup.append(ledger.hold(File(store.baseline_target)))
         elif kind == "block-device":
             if device:
                 check_device(device, confirm=confirm)
@@ -383,7 +423,7 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
 
 def _make_file(store: BackingStore, kind: str, path: Path, size_bytes: int) -> None:
     """One file store of `kind` at `path`, registered for removal before it exists."""
-    store._cleanup.append(("file", str(path)))
+    store._cleanup.append(ledger.hold(File(str(path))))
     if kind == "sparse-file":
         with open(path, "wb") as f:
             f.truncate(size_bytes)
@@ -397,11 +437,14 @@ def _make_file(store: BackingStore, kind: str, path: Path, size_bytes: int) -> N
 
 
 def _make_loop(store: BackingStore, img: Path, size_bytes: int) -> str:
-    """A loop device over a fresh pre-allocated file `img`; both registered for removal."""
-    store._cleanup.append(("file", str(img)))
+    """A loop device over a fresh pre-allocated file `img`; both registered for removal (the loop by its file before
+    it exists, so a run killed while losetup works still has it found)."""
+    store._cleanup.append(ledger.hold(File(str(img))))
     _run(["fallocate", "-l", str(size_bytes), str(img)])
+    entry = ledger.hold(Loop(str(img)))
+    store._cleanup.append(entry)
     loop = _run(["losetup", "--find", "--show", "--direct-io=on", str(img)]).strip()
-    store._cleanup.append(("loop", loop))
+    entry.update(device=loop)
     return loop
 
 
@@ -430,7 +473,7 @@ def _prepare_several(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, co
                            f"{device_model(dev_name)}")
             store.labels.append("loop-device")
         store.baseline_target = str(work_dir / "baseline.dat")
-        store._cleanup.append(("file", store.baseline_target))
+        store._cleanup.append(ledger.hold(File(store.baseline_target)))
     except BaseException:
         store.remove()
         raise

@@ -9,10 +9,13 @@ import platform
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from .. import ledger
 from ..errors import CloudboxError
 from .backing import BackingStore
 from .diskstats import read_counters
@@ -67,7 +70,8 @@ def build(store: BackingStore, chunk_kib: int) -> HostArray:
     if not store.is_block or len(members) < 2 or not all(m.startswith("/dev/loop") for m in members):
         raise CloudboxError(f"a host RAID 0 is built over two or more loop devices of the run's; got {members}")
     device = free_device()
-    store._cleanup.append(("md", device))  # popped before the loops' entries: stopped first
+    # popped before the loops' entries: stopped first
+    store._cleanup.append(ledger.hold(MdArray(device, tuple(Path(m).name for m in members))))
     argv = ["mdadm", "--build", device, "--level=0", f"--chunk={chunk_kib}", f"--raid-devices={len(members)}",
             *members]
     r = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -86,6 +90,46 @@ def build(store: BackingStore, chunk_kib: int) -> HostArray:
     store.model = f"{device}: the host's md RAID 0 ({chunk_kib} KiB chunks) over {store.model}"
     store.labels.append("host-raid0")
     return HostArray(device, chunk_kib, loops, mdstat, {m: read_counters(m).wsect for m in loops})
+
+
+@ledger.kind
+@dataclass(frozen=True)
+class MdArray(ledger.Held):
+    """The host's md array the run built over its loop devices: stopped when it is there over those same members."""
+
+    kind: ClassVar[str] = "md-array"
+    device: str = ""
+    members: tuple[str, ...] = ()  # loopN names
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", tuple(self.members))  # a ledger's JSON gives a list
+
+    def release(self) -> str:
+        name = Path(self.device).name
+        have = sorted(p.name.removeprefix("dev-") for p in (SYS_BLOCK / name / "md").glob("dev-*"))
+        if not (SYS_BLOCK / name).exists() or have != sorted(self.members):
+            return ""  # gone, or another array by now
+        stop_md(self.device)
+        if (SYS_BLOCK / name / "md" / "level").exists() and _active(name):
+            raise CloudboxError(f"md array {self.device} could not be stopped (still open)")
+        return f"stopped md array {self.device} ({', '.join(self.members)})"
+
+
+def _active(name: str) -> bool:
+    try:
+        return (SYS_BLOCK / name / "md" / "array_state").read_text().strip() not in ("clear", "inactive")
+    except OSError:
+        return False
+
+
+def stop_md(device: str, tries: int = 10) -> None:
+    """Stop the md array `device`, again for a few seconds while something (udev's probe, a QEMU going away) still
+    holds it open; its loops cannot be detached before."""
+    for _ in range(tries):
+        r = subprocess.run(["mdadm", "--stop", device], check=False, capture_output=True)
+        if r.returncode == 0 or not Path("/sys/block", Path(device).name).exists():
+            return
+        time.sleep(0.5)
 
 
 def _quiet(argv: list[str]) -> None:

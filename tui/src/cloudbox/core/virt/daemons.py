@@ -162,7 +162,47 @@ def start_daemons(*, hide_kvm: bool = False, timeout: float = 20.0) -> None:
         rec.parent.mkdir(parents=True, exist_ok=True)
         old = json.loads(rec.read_text()) if rec.exists() else {}
         old.update(started)
+        if name in started:
+            old["hide_kvm"] = bool(hide_kvm)  # how a libvirtd that dies is started again (reconnect)
         rec.write_text(json.dumps(old))
+
+
+def libvirtd_pid() -> int | None:
+    """The pid of the libvirt daemon (libvirtd or virtqemud) that its pid file names, when that process lives."""
+    for name in ("libvirtd", "virtqemud"):
+        pid = _read_pidfile(f"/run/{name}.pid")
+        if pid and process_exists(pid):
+            return pid
+    return None
+
+
+def _started_hidden() -> bool | None:
+    """Whether the libvirtd cloudbox started last hid /dev/kvm (None: it started none)."""
+    try:
+        value = json.loads(_record().read_text()).get("hide_kvm")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, bool) else None
+
+
+BACK_WITHIN_S = 60.0  # how long a run waits for libvirtd to answer again after it went away
+
+
+def reconnect(uri: str | None = None, *, hide_kvm: bool = False, within: float = BACK_WITHIN_S,
+              pause: float = 1.0):
+    """A new connection to libvirt after the daemon went away: started again here where systemd does not run it
+    (hiding /dev/kvm as the one that died did, when cloudbox started it), else waited for (systemd restarts it, or
+    its socket starts it) for up to `within` seconds. LibvirtUnavailable when it did not come back."""
+    hidden = _started_hidden()
+    hide = hidden if hidden is not None else hide_kvm
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return connect(uri, hide_kvm=hide)
+        except (LibvirtUnavailable, subprocess.CalledProcessError) as e:
+            if time.monotonic() + pause > deadline:
+                raise LibvirtUnavailable(f"{e} (waited {within:.0f} s for libvirtd to come back)") from None
+        time.sleep(pause)
 
 
 def stop_started_daemons() -> list[str]:

@@ -216,6 +216,16 @@ class DomainXML:
         return part(el) if el is not None else None
 
     @property
+    def name(self) -> str:
+        """The domain's name ("" when it has none)."""
+        return (self.root.findtext("name") or "").strip() if self.root is not None else ""
+
+    @property
+    def type(self) -> str:
+        """The domain's type: kvm, qemu (TCG) or xen ("" when not XML)."""
+        return self.root.get("type", "") if self.root is not None else ""
+
+    @property
     def metadata(self) -> ProfileTag | None:
         """cloudbox's tag, if cloudbox made the domain."""
         return self._find(ProfileTag)

@@ -11,14 +11,20 @@ guest that dies can say why (kernel panic, oops, OOM) in the run's abort reason.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 import re
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from ..errors import GuestError, GuestTimeout, GuestUnreachable
+from .. import ledger
+from ..errors import GuestError, GuestTimeout, GuestUnreachable, LibvirtLost, LibvirtUnavailable, PermissionProblem
+from . import daemons
 from .daemons import connect
 from .domain import CLOUDBOX_XMLNS, ProfileTag, read_domain
 from .qga import AgentError, AgentSilent, AgentSocket
@@ -77,9 +83,11 @@ def read_console_tail(path: str | Path, lines: int = 20, max_bytes: int = 65536)
 class Guest:
     """A running benchmark guest."""
 
-    def __init__(self, conn, dom, console_log: str | Path | None = None, agent_socket: str | None = None):
+    def __init__(self, conn, dom, console_log: str | Path | None = None, agent_socket: str | None = None,
+                 held: ledger.Entry | None = None):
         self.conn = conn
         self.dom = dom
+        self.held = held  # the run's ledger's entry for the domain (None: not started by this process)
         self.name: str = dom.name()
         self.console_log = Path(console_log) if console_log is not None else None
         # A Xen guest's agent channel as a unix socket this process talks to itself (libvirt's libxl driver passes
@@ -89,16 +97,26 @@ class Guest:
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
     def start(cls, conn, xml: str, console_log: str | Path | None = None) -> Guest:
-        """Create the transient domain. console_log: the file the XML logs the serial console to, if any."""
+        """Create the transient domain, written in the run's ledger first. console_log: the file the XML logs the
+        serial console to, if any."""
         import libvirt
 
+        read = read_domain(xml)
+        tag = read.metadata
+        held = ledger.hold(Domain(read.name, _uri(conn), (tag.run or "") if tag is not None else "",
+                                  hide_kvm=read.type == "qemu"))
         try:
             dom = conn.createXML(xml, 0)
         except libvirt.libvirtError as e:
-            raise GuestError(f"libvirt could not start the guest: {e}") from e
-        return cls(conn, dom, console_log, read_domain(xml).agent_socket)
+            if _alive(conn):
+                held.done()  # libvirt made nothing
+            raise _lost(conn, "starting the guest", e) or GuestError(f"libvirt could not start the guest: {e}") from e
+        return cls(conn, dom, console_log, read.agent_socket, held=held)
 
     def destroy(self) -> None:
+        """Power the guest off. When libvirtd went away meanwhile, through a new connection (the daemon started
+        again, or waited for) or, failing that, by ending its QEMU process: QEMU is gone when this returns, so the
+        storage it held can go next."""
         import libvirt
 
         if self._socket is not None:
@@ -106,8 +124,16 @@ class Guest:
         try:
             self.dom.destroy()
         except libvirt.libvirtError as e:
+            if not _alive(self.conn):
+                if self.held is not None:
+                    self.held.release()
+                    return
+                raise (_lost(self.conn, f"destroying guest {self.name}", e)
+                       or GuestError(f"could not destroy guest {self.name}: {e}")) from e
             if e.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN and self.is_active():
                 raise GuestError(f"could not destroy guest {self.name}: {e}") from e
+        if self.held is not None:
+            self.held.done()
 
     def is_active(self) -> bool:
         import libvirt
@@ -116,6 +142,10 @@ class Guest:
             return bool(self.dom.isActive())
         except libvirt.libvirtError:
             return False
+
+    def lost(self, doing: str, err: Exception) -> LibvirtLost | None:
+        """A LibvirtLost saying so when libvirtd went away under this guest's connection, else None."""
+        return _lost(self.conn, doing, err)
 
     def xml(self) -> str:
         return self.dom.XMLDesc(0)
@@ -150,6 +180,8 @@ class Guest:
         try:
             out = libvirt_qemu.qemuAgentCommand(self.dom, json.dumps(req), timeout, 0)
         except libvirt.libvirtError as e:
+            if (gone := self.lost(f"guest agent, {command}", e)) is not None:
+                raise gone from e
             if not self.is_active():
                 raise GuestUnreachable(f"guest {self.name} stopped (guest agent, {command}: {e})") from e
             if e.get_error_code() in AGENT_SILENT_CODES:
@@ -165,6 +197,8 @@ class Guest:
         told = start
         while time.monotonic() - start < timeout:
             if not self.is_active():
+                if not _alive(self.conn):
+                    raise LibvirtLost(f"{daemon_gone()} while guest {self.name} was booting")
                 raise GuestUnreachable(f"guest {self.name} stopped while booting")
             try:
                 self.agent("guest-ping", timeout=2)
@@ -391,3 +425,129 @@ def destroy_guest(name: str, uri: str | None = None) -> None:
         destroy_domain(conn, name)
     finally:
         conn.close()
+
+
+# -- when libvirtd goes away, and the guest the run's ledger holds ---------------------------------------------------
+def _uri(conn) -> str:
+    try:
+        return str(conn.getURI())
+    except Exception:  # noqa: BLE001 - a test's stand-in connection, a dead one
+        return ""
+
+
+def _alive(conn) -> bool:
+    """The connection to libvirtd still works (False once the daemon went away under it)."""
+    try:
+        return bool(conn.isAlive())
+    except Exception:  # noqa: BLE001 - a closed connection raises; a stand-in without isAlive counts as alive
+        return not hasattr(conn, "isAlive")
+
+
+def daemon_gone() -> str:
+    """What became of libvirtd, in words."""
+    pid = daemons.libvirtd_pid()
+    return (f"libvirtd went away (its connection broke; pid {pid} runs now)" if pid
+            else "libvirtd went away (its process is gone)")
+
+
+def _lost(conn, doing: str, err: Exception) -> LibvirtLost | None:
+    if _alive(conn):
+        return None
+    return LibvirtLost(f"{daemon_gone()} during the run ({doing}: {err}); the run stops, and its guest is destroyed "
+                       "through libvirtd started again (or its QEMU ended) before its storage is removed")
+
+
+def qemu_pids(name: str) -> list[int]:
+    """The QEMU processes running domain `name` (libvirt starts them with `-name guest=NAME,...`)."""
+    want = f"guest={name},".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")  # empty for a zombie: gone already
+        except OSError:
+            continue
+        if argv and b"qemu" in Path(argv[0].decode(errors="replace")).name.encode() and \
+                any(a.startswith(want) or a == want[:-1] for a in argv):
+            found.append(int(d.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """`pid` is a process that has not exited (a zombie has: its parent, libvirtd, collects it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+QEMU_EXIT_S = 30.0  # QEMU flushing a big write-through cache can take a while to end
+
+
+def _end_qemu(name: str) -> str:
+    """End domain `name`'s QEMU processes (TERM, then KILL) and wait until they are gone; what was done."""
+    pids = qemu_pids(name)
+    if not pids:
+        return ""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + QEMU_EXIT_S / 2
+        while (left := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+            for p in left:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(p, os.WNOHANG)
+            time.sleep(0.1)
+        if not left:
+            return f"ended QEMU of guest {name} (pid {', '.join(map(str, pids))}): libvirt could not destroy it"
+    raise GuestError(f"guest {name}'s QEMU (pid {', '.join(map(str, pids))}) did not end on SIGKILL")
+
+
+@ledger.kind
+@dataclass(frozen=True)
+class Domain(ledger.Held):
+    """A guest the run started (a transient domain): destroyed through libvirt (started again, or waited for, when
+    it went away), else its QEMU process ended. Either way QEMU is gone before the storage it held is removed."""
+
+    kind: ClassVar[str] = "guest"
+    first: ClassVar[bool] = True
+    name: str = ""
+    uri: str = ""
+    run: str = ""  # the run uuid its metadata carries: a domain of that name but another run is not this one
+    hide_kvm: bool = False  # a TCG guest: a libvirtd started again hides /dev/kvm, as the run's did
+
+    def release(self) -> str:
+        if ledger.booting():  # no guest outlives a boot; libvirtd must not be asked (it waits for the clean-up)
+            return _end_qemu(self.name)
+        try:
+            conn = daemons.reconnect(self.uri or None, hide_kvm=self.hide_kvm)
+        except (LibvirtUnavailable, PermissionProblem):
+            return _end_qemu(self.name)
+        try:
+            return self._destroy(conn) or _end_qemu(self.name)
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _destroy(self, conn) -> str:
+        import libvirt
+
+        try:
+            dom = conn.lookupByName(self.name)
+            meta = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, CLOUDBOX_XMLNS, 0)
+        except libvirt.libvirtError:
+            return ""  # not there (or not cloudbox's): its QEMU, if one runs, is ended by name
+        if self.run and ProfileTag.from_xml(meta).run != self.run:
+            return ""
+        try:
+            if dom.isActive():
+                dom.destroy()
+        except libvirt.libvirtError as e:
+            try:  # a destroy that was under way (the run's own cleanup, cut by a kill) may just have ended
+                conn.lookupByName(self.name)
+            except libvirt.libvirtError:
+                return ""
+            raise GuestError(f"could not destroy guest {self.name}: {e}") from e
+        return f"destroyed guest {self.name}"

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import ledger
 from ..errors import CloudboxError, GuestError, NicStalled, PermissionProblem
-from ..procs import free_port
+from ..procs import die_with_parent, free_port
 from ..spec import nodeconf
 from ..spec.addresses import BRIDGE, GUEST_IP, HOST_IP, NS, NS_HOST_IP, NS_IP, PREFIX, VETH_HOST, VETH_NS
 from .domain import read_domain
@@ -56,8 +57,9 @@ class HostNetwork:
     mtu: int
     bridge: str = BRIDGE
     host_ip: str = HOST_IP  # the host's address on the bridge (the far end of the guest -> host tests)
-    created: list[tuple[str, str]] = field(default_factory=list)
+    created: list[ledger.Entry] = field(default_factory=list)  # links and the namespace, in the order made
     procs: list[subprocess.Popen] = field(default_factory=list)
+    proc_entries: list[ledger.Entry] = field(default_factory=list)  # the servers, as the run's ledger holds them
     reaped: list[str] = field(default_factory=list)  # a dead run's leftovers removed by setup, for the run's log
 
     def use_bridge(self, name: str) -> None:
@@ -83,8 +85,8 @@ class HostNetwork:
             raise PermissionProblem("the network suite needs root (it creates a bridge and a network namespace)")
         if link_exists(self.bridge):
             self._reap_bridge()
+        self.created.append(ledger.hold(ledger.Link(self.bridge)))
         _ip("link", "add", self.bridge, "type", "bridge")
-        self.created.append(("link", self.bridge))
         _ip("link", "set", self.bridge, "mtu", str(self.mtu))
         _ip("addr", "add", f"{HOST_IP}/{PREFIX}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -113,11 +115,11 @@ class HostNetwork:
         if link_exists(VETH_HOST):  # its namespace went, its host end stayed
             _ip("link", "del", VETH_HOST)
             self.reaped.append(f"link {VETH_HOST}")
+        self.created.append(ledger.hold(ledger.Netns(NS)))
         _ip("netns", "add", NS)
-        self.created.append(("netns", NS))
+        self.created.append(ledger.hold(ledger.Link(VETH_HOST)))
         _ip("link", "add", VETH_HOST, "mtu", str(self.mtu), "type", "veth", "peer", "name", VETH_NS,
             "mtu", str(self.mtu))
-        self.created.append(("link", VETH_HOST))
         _ip("link", "set", VETH_NS, "netns", NS)
         _ip("addr", "add", f"{NS_HOST_IP}/{PREFIX}", "dev", VETH_HOST)
         _ip("link", "set", VETH_HOST, "up")
@@ -144,15 +146,20 @@ class HostNetwork:
         for _ in range(SERVER_TRIES):
             port = free_port()
             with tempfile.TemporaryFile() as err:
-                # its own process group: netserver forks a child per test, which teardown must stop too
-                p = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+                # its own process group: netserver forks a child per test, which teardown must stop too; it dies
+                # with the executor, and the run's ledger names it for a clean-up after a kill all the same
+                p = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                     preexec_fn=die_with_parent())  # noqa: PLW1509 - only prctl
                 self.procs.append(p)
+                self.proc_entries.append(ledger.hold(ledger.Process(name, p.pid, ledger.start_ticks(p.pid),
+                                                                    group=True)))
                 rc = _wait_port(addr, port, p)
                 if rc is None:
                     return port
                 err.seek(0)
                 why = f"exited {rc} at once: {err.read().decode(errors='replace').strip()[-300:] or 'no message'}"
             self.procs.remove(p)
+            self.proc_entries.pop().done()
         raise CloudboxError(f"{name} on {addr} did not start ({SERVER_TRIES} ports tried; the last {why})")
 
     def teardown(self) -> None:
@@ -168,12 +175,11 @@ class HostNetwork:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)  # a child that outlived its parent's TERM
         self.procs.clear()
+        while self.proc_entries:
+            self.proc_entries.pop().done()
         while self.created:
-            kind, name = self.created.pop()
-            if kind == "link" and link_exists(name):
-                _ip("link", "del", name, check=False)
-            elif kind == "netns":
-                _ip("netns", "del", name, check=False)
+            with contextlib.suppress(CloudboxError):  # left in the ledger, for the next clean-up
+                self.created.pop().release()
 
 
 def ipv4_of(link: str) -> str | None:

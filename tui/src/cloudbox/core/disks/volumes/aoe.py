@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ... import procs
+from ... import ledger, procs
 from ...errors import CloudboxError
 
 START_TIMEOUT = 30.0  # a server on an emulated, busy host can take its time to start
@@ -186,9 +186,11 @@ def veth_pair(run_uuid: str) -> tuple[str, str]:
     aoe driver never sees frames sent from its own interface, so a target on the same host needs a link of its own;
     nothing else is on it."""
     server, host = _veth_names(run_uuid)
+    ledger.hold(ledger.Link(server))  # remove_veth marks it released
     r = subprocess.run(["ip", "link", "add", server, "type", "veth", "peer", "name", host], capture_output=True,
                        text=True)
     if r.returncode != 0:
+        ledger.active().done(ledger.Link(server))
         raise CloudboxError(f"cannot make the veth pair {server}/{host} for an AoE target on this host: "
                             f"{r.stderr.strip()}")
     for name in (server, host):
@@ -202,6 +204,8 @@ def veth_pair(run_uuid: str) -> tuple[str, str]:
 def remove_veth(name: str) -> None:
     """Delete a veth pair by either end (gone already is fine)."""
     subprocess.run(["ip", "link", "del", "dev", name], capture_output=True)
+    if not Path("/sys/class/net", name).exists():
+        ledger.active().done(ledger.Link(name))
 
 
 def reap_veths(live_runs: set[str]) -> list[str]:

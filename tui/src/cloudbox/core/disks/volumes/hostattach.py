@@ -20,8 +20,9 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from ... import paths, procs
+from ... import ledger, paths, procs
 from ...errors import CloudboxError, keep_secret, masked
 from ...spec.schemes import SCHEMES
 from . import iscsi, nvmet
@@ -141,8 +142,9 @@ def attach_iscsi(host: str, port: int, iqn: str, creds: iscsi.Chap, *, lun: int 
         _iscsiadm("-m", "iface", "-I", ISCSI_IFACE, "-o", "new", ok=(0, 15))  # 15: the record exists
         _iscsiadm("-m", "iface", "-I", ISCSI_IFACE, "-o", "update", "-n", "iface.initiatorname",
                   "-v", creds.initiator)
+        session = ledger.hold(IscsiSession(iqn, portal))  # its node record, then the login
+        att._undo.append(session.release)
         _iscsiadm(*node, "-o", "new")
-        att._undo.append(lambda: _iscsiadm(*node, "-o", "delete", ok=(0, 21)))
         # a refused login fails at once; a target that does not answer is tried 2 times of 15 s, not 8
         settings = [("node.startup", "manual"), ("node.session.initial_login_retry_max", "2"),
                     ("node.session.auth.authmethod", "CHAP"), ("node.session.auth.username", creds.user),
@@ -155,7 +157,6 @@ def attach_iscsi(host: str, port: int, iqn: str, creds: iscsi.Chap, *, lun: int 
         for key, value in settings:
             _iscsiadm(*node, "-o", "update", "-n", key, "-v", value)
         _iscsiadm(*node, "--login")
-        att._undo.append(lambda: _iscsiadm(*node, "--logout", ok=(0, 21)))
         att.device = _wait(f"the disk of LUN {lun} of {iqn}", lambda: _session_disk(iqn, portal, lun),
                            ATTACH_TIMEOUT)
     except BaseException:
@@ -189,15 +190,20 @@ def attach_nbd(host: str, port: int, name: str, client_dir: Path, *, log: Path) 
         raise CloudboxError(p)
     _modprobe("nbd")
     dev = _free_nbd()
+    connected = ledger.hold(NbdDevice(dev, f"nbds://{host}:{port}/{name}"))
     cmd = ["nbd-client", host, str(port), dev, "-name", name, "-cacertfile", str(client_dir / "ca-cert.pem"),
            "-certfile", str(client_dir / "client-cert.pem"), "-keyfile", str(client_dir / "client-key.pem"),
            "-tlshostname", host, "-nonetlink", "-nofork", "-block-size", "4096"]
-    child = procs.Child.start(cmd, log=log, ready=lambda _pid: _nbd_size(dev) > 0, serving=f"{dev} from {host}",
-                              ready_is=f"connect {dev} to nbds://{host}:{port}/{name}", timeout=ATTACH_TIMEOUT)
+    try:
+        child = procs.Child.start(cmd, log=log, ready=lambda _pid: _nbd_size(dev) > 0, serving=f"{dev} from {host}",
+                                  ready_is=f"connect {dev} to nbds://{host}:{port}/{name}", timeout=ATTACH_TIMEOUT)
+    except BaseException:
+        connected.release()
+        raise
     att = HostAttachment("nbd", dev, "nbd-client with TLS (the kernel's nbd)")
 
     def disconnect() -> None:
-        subprocess.run(["nbd-client", "-d", dev], capture_output=True, timeout=30)
+        connected.release()
         child.stop()
     att._undo.append(disconnect)
     return att
@@ -231,12 +237,13 @@ def attach_aoe(target: str, iface: str) -> HostAttachment:
         with contextlib.suppress(OSError):
             Path("/dev/etherd/discover").write_text("\n")  # ask again: the first may have left before the link
         return ""
+    found_it = ledger.hold(AoeDevice(target))
+    att._undo.append(found_it.release)
     try:
         att.device = _wait(f"AoE target {target} on {iface}", found, ATTACH_TIMEOUT / 2)
     except BaseException:
         att.detach()
         raise
-    att._undo.append(lambda: Path("/dev/etherd/flush").write_text(target))
     return att
 
 
@@ -327,25 +334,29 @@ def attach_nvme(host: str, port: int, nqn: str, ident: NvmeHost, *, authenticate
     kernel said."""
     _modprobe("nvme_tcp")
     opts = fabrics_options(host, port, nqn, ident, authenticate=authenticate)
+    connected = ledger.hold(NvmeController(nqn, host, str(port)))
     try:
         fd = os.open(NVME_FABRICS, os.O_RDWR)
     except OSError as e:
+        connected.done()
         raise CloudboxError(f"cannot open {NVME_FABRICS} (the kernel's NVMe over Fabrics host): {e.strerror}") \
             from None
     try:
         os.write(fd, opts.encode())
         answer = os.read(fd, 4096).decode()
     except OSError as e:
+        connected.done()
         raise CloudboxError(masked(f"the kernel's NVMe/TCP host could not connect to {nqn} on {host}:{port}: "
                                    f"{e.strerror} (kernel: {_dmesg_tail(4)})")) from None
     finally:
         os.close(fd)
     fields = dict(kv.split("=", 1) for kv in answer.strip().split(",") if "=" in kv)
     ctrl = f"nvme{fields.get('instance', '?')}"
+    connected.update(controller=ctrl)
     att = HostAttachment("nvme-tcp", "", "the kernel's NVMe/TCP host (nvme_tcp)"
                          + ((", DH-HMAC-CHAP both ways" if ident.ctrl_key else ", DH-HMAC-CHAP")
                             if authenticate and ident.key else ""))
-    att._undo.append(lambda: (NVME_CTRLS / ctrl / "delete_controller").write_text("1"))
+    att._undo.append(connected.release)
     try:
         att.device = _wait(f"namespace {nvmet.NSID} of {nqn} ({ctrl})", lambda: _nvme_namespace(ctrl),
                            ATTACH_TIMEOUT / 2)
@@ -353,6 +364,99 @@ def attach_nvme(host: str, port: int, nqn: str, ident: NvmeHost, *, authenticate
         att.detach()
         raise
     return att
+
+
+# -- what the run's ledger holds ---------------------------------------------------------------------------------
+def _session(iqn: str, portal: str) -> bool:
+    """This host has a session to `iqn` (at `portal`, where sysfs says which)."""
+    for s in ISCSI_SESSIONS.glob("session*"):
+        with contextlib.suppress(OSError):
+            if (s / "targetname").read_text().strip() != iqn:
+                continue
+            conn = next(Path("/sys/class/iscsi_connection").glob(f"connection{s.name.removeprefix('session')}:*"),
+                        None)
+            if conn is None:
+                return True
+            where = f"{(conn / 'persistent_address').read_text().strip()}:" \
+                    f"{(conn / 'persistent_port').read_text().strip()}"
+            if where == portal:
+                return True
+    return False
+
+
+@ledger.kind
+@dataclass(frozen=True)
+class IscsiSession(ledger.Held):
+    """This host's login to a target (open-iscsi), with its node record: logged out and the record deleted."""
+
+    kind: ClassVar[str] = "iscsi-session"
+    iqn: str = ""
+    portal: str = ""
+
+    def release(self) -> str:
+        node = ["-m", "node", "-T", self.iqn, "-p", self.portal, "-I", ISCSI_IFACE]
+        had = _session(self.iqn, self.portal)
+        if had:
+            _iscsiadm(*node, "--logout", ok=(0, 21))
+        if shutil.which("iscsiadm"):
+            _iscsiadm(*node, "-o", "delete", ok=(0, 21))
+        return f"logged out of iSCSI target {self.iqn} ({self.portal})" if had else ""
+
+
+@ledger.kind
+@dataclass(frozen=True)
+class NvmeController(ledger.Held):
+    """This host's NVMe/TCP connection to a subsystem: its controller deleted."""
+
+    kind: ClassVar[str] = "nvme-controller"
+    nqn: str = ""
+    host: str = ""
+    port: str = ""
+    controller: str = ""  # nvmeN, once connected
+
+    def release(self) -> str:
+        gone = []
+        for c in NVME_CTRLS.glob("nvme*"):
+            with contextlib.suppress(OSError):
+                if (c / "subsysnqn").read_text().strip() != self.nqn:
+                    continue
+                address = (c / "address").read_text()
+                if f"traddr={self.host}" not in address or f"trsvcid={self.port}" not in address:
+                    continue
+                (c / "delete_controller").write_text("1")
+                gone.append(c.name)
+        return f"disconnected NVMe controller {', '.join(gone)} ({self.nqn})" if gone else ""
+
+
+@ledger.kind
+@dataclass(frozen=True)
+class NbdDevice(ledger.Held):
+    """An NBD device nbd-client connected for the run: disconnected when it is still connected."""
+
+    kind: ClassVar[str] = "nbd-device"
+    device: str = ""
+    export: str = ""
+
+    def release(self) -> str:
+        if not Path(f"/sys/block/{Path(self.device).name}/pid").exists():
+            return ""
+        subprocess.run(["nbd-client", "-d", self.device], capture_output=True, timeout=30)
+        return f"disconnected {self.device} ({self.export})"
+
+
+@ledger.kind
+@dataclass(frozen=True)
+class AoeDevice(ledger.Held):
+    """The aoe driver's device of a target the run found: flushed (removed) when it is there."""
+
+    kind: ClassVar[str] = "aoe-device"
+    target: str = ""
+
+    def release(self) -> str:
+        if not Path(f"/sys/block/etherd!{self.target}").exists():
+            return ""
+        Path("/dev/etherd/flush").write_text(self.target)
+        return f"removed AoE device {self.target}"
 
 
 # -- leftovers of runs killed outright ---------------------------------------------------------------------------

@@ -11,8 +11,11 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from ... import ledger
 from ...errors import CloudboxError, NoSpace, UsageError
 from ..backing import human_size
 
@@ -94,15 +97,46 @@ def remove(vg: str, volume: str) -> None:
     _lvm("lvremove", "--yes", name, what=f"removing the logical volume {name}")
 
 
+@ledger.kind
+@dataclass(frozen=True)
+class Activation(ledger.Held):
+    """An LV the run activated (it was not active before): deactivated again."""
+
+    kind: ClassVar[str] = "lv-activation"
+    vg: str = ""
+    lv: str = ""
+
+    def release(self) -> str:
+        if not Path(f"/dev/{self.vg}/{self.lv}").exists():
+            return ""
+        _lvm("lvchange", "--activate", "n", f"{self.vg}/{self.lv}", what=f"deactivating {self.vg}/{self.lv}")
+        return f"deactivated the logical volume {self.vg}/{self.lv}"
+
+
 def activate(vg: str, volume: str) -> str:
-    """The volume's LV active, its device node there (a group not activated at boot); its path."""
+    """The volume's LV active, its device node there (a group not activated at boot); its path. An activation made
+    here is in the run's ledger: `deactivate` (or a clean-up after a killed run) undoes it."""
     path = lv_path(vg, volume)
     if Path(path).exists():
         return path
-    _lvm("lvchange", "--activate", "y", f"{vg}/{lv_name(volume)}", what=f"activating {vg}/{lv_name(volume)}")
+    made = ledger.hold(Activation(vg, lv_name(volume)))
+    try:
+        _lvm("lvchange", "--activate", "y", f"{vg}/{lv_name(volume)}", what=f"activating {vg}/{lv_name(volume)}")
+    except BaseException:
+        if not Path(path).exists():
+            made.done()
+        raise
     deadline = time.monotonic() + 10
     while not Path(path).exists():  # udev makes the /dev/VG/LV link
         if time.monotonic() > deadline:
             raise CloudboxError(f"{path}: no device node 10 s after activating {vg}/{lv_name(volume)}")
         time.sleep(0.1)
     return path
+
+
+def deactivate(vg: str, volume: str) -> None:
+    """Deactivate the volume's LV when the run activated it (its ledger says so); an LV that was active before the
+    run stays active."""
+    entry = ledger.active().find(Activation(vg, lv_name(volume)))
+    if entry is not None:
+        entry.release()

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ... import procs
+from ... import ledger, procs
 from ...errors import CloudboxError, GuestError, GuestTimeout
 from ...procs import free_port, listens
 from ...spec.knobs import Nfs
@@ -169,6 +169,7 @@ def mount_on_host(exp: NfsExport, options: str, mount_point: Path) -> str:
     """This host's kernel client mounting `exp` on `mount_point` (made here) with `options` (the guest's) and
     HOST_MOUNT_FLAGS: the baseline of an export another host serves. Returns the mount's /proc/mounts line."""
     options = f"{options},{HOST_MOUNT_FLAGS}"
+    ledger.hold(mounts.Mount(str(mount_point), exp.uri))  # unmount_on_host marks it released
     mount_point.mkdir(parents=True, exist_ok=True)
     subprocess.run(["modprobe", "nfsv4"], capture_output=True, timeout=30)  # built in or loaded already: no harm
     try:
@@ -200,6 +201,10 @@ def unmount_on_host(mount_point: Path) -> None:
         mounts.umount(str(mount_point), timeout=GUEST_MOUNT_TIMEOUT)
     with contextlib.suppress(OSError):
         mount_point.rmdir()
+    held = ledger.active()
+    for entry in held.held():
+        if isinstance(entry.record, mounts.Mount) and entry.record.path == str(mount_point):
+            entry.done()
 
 
 def start(name: str, directory: str, *, iface: str, host: str, work_dir: Path, port: int | None = None,

@@ -16,7 +16,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
+from ... import ledger
 from ...errors import CloudboxError
 from ...procs import free_port, listening, wait_for
 
@@ -133,6 +135,35 @@ class NvmetExport:
         _teardown(self.base, self.nqn, self.port_id)
         for h in self._made_hosts:
             _remove_host_if_unused(self.base, h)
+        ledger.active().done(Export(self.nqn, self.serial, self.port_id, str(self.base)))
+
+
+@ledger.kind
+@dataclass(frozen=True)
+class Export(ledger.Held):
+    """A subsystem and port the run made in the kernel's NVMe target (configfs): taken down when the subsystem there
+    is still the run's (its serial), with the host entries no other subsystem allows."""
+
+    kind: ClassVar[str] = "nvmet-export"
+    nqn: str = ""
+    serial: str = ""
+    port_id: int = 0
+    base: str = str(CONFIGFS / "nvmet")
+
+    def release(self) -> str:
+        base, sub = Path(self.base), Path(self.base) / "subsystems" / self.nqn
+        if not sub.is_dir():
+            return ""
+        try:
+            if (sub / "attr_serial").read_text().strip() != self.serial:
+                return ""  # another run's export of the same volume by now
+        except OSError:
+            pass
+        hosts = [h.name for h in (sub / "allowed_hosts").iterdir()] if (sub / "allowed_hosts").is_dir() else []
+        _teardown(base, self.nqn, self.port_id or None)
+        for h in hosts:
+            _remove_host_if_unused(base, h)
+        return f"removed NVMe/TCP export {self.nqn}"
 
 
 def _teardown(base: Path, nqn: str, port_id: int | None) -> None:
@@ -205,6 +236,7 @@ def start(name: str, path: str, *, allowed: dict[str, str], run_uuid: str, host:
     exp = NvmetExport(name, path, host, port, nqn, _free_port_id(base), tuple(allowed), run_serial(run_uuid),
                       authenticated=keyed, base=base)
     sub = base / "subsystems" / nqn
+    ledger.hold(Export(nqn, exp.serial, exp.port_id, str(base)))  # stop() marks it released
     try:
         for h, key in allowed.items():
             entry = base / "hosts" / h

@@ -203,5 +203,8 @@ class VolumeStore(db.Database):
     def detach(self, name: str, run_uuid: str) -> None:
         """Clear `run_uuid`'s mark (another run's is left alone)."""
         with self._write() as c:
+            row = c.execute("SELECT vg FROM volumes WHERE name = ? AND attached_run = ?", (name, run_uuid)).fetchone()
             c.execute("UPDATE volumes SET attached_run = NULL, attached_pid = NULL WHERE name = ? AND attached_run = ?",
                       (name, run_uuid))
+        if row is not None and row["vg"]:
+            lvm.deactivate(row["vg"], name)  # when the run activated it
