@@ -47,18 +47,19 @@ def test_list_text_and_json(db, cli_run):
     assert code == 0 and out.strip() == "no runs in state running"
 
 
-def test_list_flags_a_running_run_whose_executor_died(db, cli_run):
+def test_list_marks_a_running_run_whose_executor_died_aborted(db, cli_run):
     path, _, _ = db
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with ResultStore(path) as store:
         rid = store.create_run(profile_name="crashed", pid=dead.pid, accelerator="kvm")
     code, out, _ = cli_run(["results", "--db", str(path), "list", "--state", "running"])
-    assert code == 0
-    assert out.splitlines()[1].split()[0] == str(rid) and "running?" in out
-    assert "executor process is gone" in out
-    code, out, _ = cli_run(["results", "--db", str(path), "list", "--json", "--state", "running"])
-    assert json.loads(out)[0]["executor_alive"] is False
+    assert code == 0 and out.strip() == "no runs in state running"  # the first command that looks ends it
+    code, out, _ = cli_run(["results", "--db", str(path), "list", "--json", "--state", "aborted"])
+    (listed,) = json.loads(out)
+    assert listed["id"] == rid and listed["executor_alive"] is None
+    code, out, _ = cli_run(["results", "--db", str(path), "show", str(rid)])
+    assert "aborted" in out and f"executor killed: executor pid {dead.pid} gone, last seen" in out
     # a dead run can be deleted; a live one (this process) cannot
     with ResultStore(path) as store:
         live = store.create_run(profile_name="live")

@@ -344,12 +344,20 @@ def test_reap_dead_runs(store: ResultStore):
 
     assert {r.id for r in store.active_runs()} == {alive, remote}
     assert {r.id for r in store.dead_runs()} == {dead, recycled}
+    store.add_event(dead, "step", {"text": "guest: storage tests"}, t=1_700_000_000.0)
+    store.add_measurement(dead, side="baseline", test="seq-write-64k", metric="MB/s", value=12.5)
     reaped = store.reap_dead_runs()
     assert {r.id for r in reaped} == {dead, recycled}
     for rid in (dead, recycled):
         run = store.get_run(rid)
-        assert run.state == "failed" and run.reason == "executor died" and run.finished_at
-        assert store.events_since(rid)[-1].payload == {"state": "failed", "reason": "executor died"}
+        assert run.state == "aborted" and run.reason.startswith("executor killed") and run.finished_at
+        assert store.events_since(rid)[-1].payload == {"state": "aborted", "reason": run.reason}
+    seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1_700_000_000.0))
+    run = store.get_run(dead)
+    assert run.reason == (f"executor killed: executor pid {run.pid} gone, last seen {seen} during 'guest: storage "
+                          "tests'"), run.reason
+    assert run.measurement("baseline", "seq-write-64k", "MB/s").value == 12.5  # its figures stay
+    assert "last seen" in store.get_run(recycled).reason  # never wrote an event: its start
     assert store.get_run(done).state == "completed"
     assert store.reap_dead_runs() == []
     assert store.get_run(alive).state == "running"

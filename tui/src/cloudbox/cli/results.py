@@ -98,6 +98,7 @@ def _alive(store: ResultStore, run: Run) -> bool:
 def cmd_list(args: argparse.Namespace) -> int:
     """Runs newest first: id, start, state, profile, accelerator, headline write/read/TCP numbers."""
     with _store(args) as store:
+        store.reap_dead_runs()  # a run whose executor is gone is aborted from now on, however it is looked at
         runs = store.list_runs(state=args.state, profile=args.profile, limit=args.limit)
         active = {r.id for r in store.active_runs()} if any(r.state == "running" for r in runs) else set()
     summaries = []
@@ -160,6 +161,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """One run: configuration, provenance summary, its table; --raw adds tool output."""
     with _store(args) as store:
+        store.reap_dead_runs()
         run = store.get_run(store.resolve(args.run), raw=args.raw)
         if args.json:
             print(render.to_json([run], raw=args.raw), end="")

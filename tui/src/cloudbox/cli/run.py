@@ -1,4 +1,5 @@
-"""`cloudbox run | watch | cancel | guests | host`: start runs (foreground or detached), watch them live, stop them."""
+"""`cloudbox run | watch | cancel | guests | reclaim | host`: start runs (foreground or detached), watch them live, stop
+them, clean up after runs that died."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import time
 from dataclasses import replace
 
-from cloudbox.cli.common import guard
+from cloudbox.cli.common import EXIT_ERROR, guard
 from cloudbox.core.errors import UsageError
 from cloudbox.core.record.events import (
     PlanProgress,
@@ -51,8 +52,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     g = sub.add_parser("guests", help="list cloudbox guests known to libvirt; --destroy-orphans cleans up")
     g.add_argument("--destroy-orphans", action="store_true",
-                   help="destroy the cloudbox guests no live run owns (a killed run's), and nothing else")
+                   help="destroy the guests no live run owns (a killed run's), and nothing else, after undoing what "
+                        "dead runs' ledgers hold (as `cloudbox reclaim`)")
     g.set_defaults(func=guard(cmd_guests))
+
+    r = sub.add_parser("reclaim", help="mark runs whose executor is gone aborted and undo what their ledgers hold "
+                                       "on this host (guests, loop devices, arrays, mounts, links, servers)")
+    r.add_argument("--boot", action="store_true",
+                   help="at boot, before libvirtd and the runs (cloudbox-reclaim.service): ask no daemon")
+    r.set_defaults(func=guard(cmd_reclaim))
 
     h = sub.add_parser("host", help="what this host offers: accelerator (a tiny probe guest is booted once per boot "
                                     "to tell), libvirt, the root device; `host readiness` checks the whole box")
@@ -225,11 +233,25 @@ def cmd_cancel(a: argparse.Namespace) -> int:
         return 0 if state != "running" else 1
 
 
+def cmd_reclaim(a: argparse.Namespace) -> int:
+    from cloudbox.core.run import reclaim
+
+    with _store() as store:
+        problems = reclaim.reclaim_dead_runs(store, print, boot=a.boot)
+    for p in problems:
+        print(f"could not undo: {p}", file=sys.stderr)
+    return EXIT_ERROR if problems else 0
+
+
 def cmd_guests(a: argparse.Namespace) -> int:
+    from cloudbox.core.run import reclaim
     from cloudbox.core.virt import daemons, guest
 
     conn = daemons.connect()
     with _store() as store:
+        if a.destroy_orphans:
+            for p in reclaim.reclaim_dead_runs(store, print):
+                print(f"could not undo: {p}", file=sys.stderr)
         live = {r.uuid for r in store.active_runs()}
     guests = guest.list_guests(conn)
     if not guests:

@@ -274,7 +274,11 @@ class Backend:
     def live(self, run_id: int, after_seq: int) -> tuple[Run, list[Event]]:
         store = self.store
         events = store.events_since(run_id, after_seq)
-        return store.get_run(run_id, raw=False), events
+        run = store.get_run(run_id, raw=False)
+        if run.state == "running" and store.reap_dead_runs():  # its executor was killed: aborted, as it shows now
+            events += store.events_since(run_id, events[-1].seq if events else after_seq)
+            run = store.get_run(run_id, raw=False)
+        return run, events
 
     def runs(self, limit: int = 500) -> list[Run]:
         store = self.store

@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import db, paths
 from ..errors import CloudboxError, NotFound, masked
-from ..procs import process_exists
+from ..procs import how_it_died, process_exists
 from . import events, latency
 from .events import FINAL_STATES, SAMPLE_FIELDS
 from .provenance import Provenance
@@ -51,7 +51,7 @@ from .rows import (
 )
 from .schema import migrate, schema_version
 
-DEAD_EXECUTOR_REASON = "executor died"
+DEAD_EXECUTOR_REASON = "executor killed"  # how a run whose executor is gone ends (core.procs.how_it_died may say more)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -412,8 +412,33 @@ class ResultStore:
         return [r for r in self.list_runs(state="running") if not self._executor_alive(r)]
 
     def reap_dead_runs(self) -> list[Run]:
-        """Mark every dead run 'failed' (reason 'executor died'); returns them as they are now."""
-        return self._fail_running([r.id for r in self.dead_runs()], DEAD_EXECUTOR_REASON)
+        """Mark every run whose executor is gone 'aborted': "executor killed" (by what, where the kernel's log says)
+        and when the run was last seen (its last event) in which step; its stored figures stay. Returns them as
+        they are now. The first command that notices does it (results list/show, the TUI, the next run, `cloudbox
+        guests --destroy-orphans`, `cloudbox reclaim`)."""
+        ended = []
+        for r in self.dead_runs():
+            ended += self._fail_running([r.id], self.dead_executor_reason(r), state="aborted")
+        return ended
+
+    def last_seen(self, run_id: int) -> tuple[float | None, str]:
+        """When the run last wrote an event (None: never) and the last step it announced ("" when none)."""
+        with self._read() as conn:
+            t = conn.execute("SELECT MAX(t) FROM events WHERE run_id = ?", (int(run_id),)).fetchone()[0]
+            step = conn.execute("SELECT payload FROM events WHERE run_id = ? AND kind = 'step' ORDER BY seq DESC"
+                                " LIMIT 1", (int(run_id),)).fetchone()
+        text = loads(step[0], {}).get("text", "") if step is not None else ""
+        return (float(t) if t is not None else None), str(text or "")
+
+    def dead_executor_reason(self, run: Run) -> str:
+        """Why a run whose executor is gone ended: "executor killed" (or what killed it, where known), when it was
+        last seen and in which step."""
+        t, step = self.last_seen(run.id)
+        when = t if t is not None else run.started_at
+        how = how_it_died(run.pid) if run.pid else ""
+        seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "never"
+        return (f"{DEAD_EXECUTOR_REASON}{f' ({how})' if how else ''}: executor pid {run.pid or '?'} gone, last seen "
+                f"{seen}" + (f" during '{step}'" if step else ""))
 
     def fail_runs_on_node(self, node: str, reason: str) -> list[Run]:
         """Mark every run still 'running' on `node` whose executor is gone as 'failed' with `reason` (the node
@@ -426,8 +451,8 @@ class ResultStore:
                                 (node,)).fetchall()
         return self._fail_running([int(r["id"]) for r in rows if not pid_alive(r["pid"], r["started_at"])], reason)
 
-    def _fail_running(self, run_ids: list[int], reason: str) -> list[Run]:
-        """Each run of `run_ids` still 'running' becomes 'failed' with `reason` and its final state event, in one
+    def _fail_running(self, run_ids: list[int], reason: str, state: str = "failed") -> list[Run]:
+        """Each run of `run_ids` still 'running' becomes `state` with `reason` and its final state event, in one
         transaction per run (a run that ended meanwhile is left as it is); returns them as they are now."""
         failed = []
         reason = masked(reason)
@@ -437,9 +462,9 @@ class ResultStore:
                 if row is None or row["state"] != "running":
                     continue
                 now = time.time()
-                conn.execute("UPDATE runs SET state = 'failed', reason = ?, finished_at = ? WHERE id = ?",
-                             (reason, now, run_id))
-                self._append_event(conn, run_id, "state", {"state": "failed", "reason": reason}, now)
+                conn.execute("UPDATE runs SET state = ?, reason = ?, finished_at = ? WHERE id = ?",
+                             (state, reason, now, run_id))
+                self._append_event(conn, run_id, "state", {"state": state, "reason": reason}, now)
             failed.append(self.get_run(run_id, raw=False))
         return failed
 

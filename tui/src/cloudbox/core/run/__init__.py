@@ -2,7 +2,8 @@
 
     runs           starting runs: the executor, detached executors, cancelling, sweeps
     preflight      what a run needs that is checked before it is recorded: nodes, device, hypervisor, volumes, space
-    lifecycle      one run from lock to final state: its row, signals, the cleanup stack
+    lifecycle      one run from lock to final state: its row, signals, the cleanup stack, its ledger
+    reclaim        cleaning up after runs whose executor is gone: marked aborted, their ledgers undone
     context        one run's state as its steps share it
     sink           where a run's events go
     local          a run on this host as small steps over one context

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
-from .. import paths
+from .. import ledger, paths
 from ..errors import CloudboxError
 from ..record.events import StepEvent, counted
 from .context import RunContext
@@ -37,8 +36,9 @@ def wait(ctx: RunContext, test: str, count: int, wait_s: float = HOLD_WAIT_S, si
     host's clock), once the front-end has given it."""
     d = hold_dir(ctx.run_id)
     if not d.is_dir():
+        made = ledger.hold(ledger.Directory(str(d)))
         d.mkdir(parents=True)
-        ctx.stack.callback(shutil.rmtree, d, True)
+        ctx.stack.callback(made.release)
     f = d / key(side, test)
     who = counted(count, "process", "processes") if side == "baseline" else counted(count, "guest")
     ready = f"{who} ready" if count else "nothing to run here"  # a place without a baseline still keeps the step

@@ -4,6 +4,10 @@ node): the run lock, the run's row, its signals, the cleanup stack, and its fina
 Ctrl-C, SIGTERM (`cloudbox cancel`) or any failure unwinds the cleanup stack (guest, backing store, bridge,
 namespace, servers, connections) and stores the run as `aborted` with the reason; a guest session that is stopped
 ends `completed`. A bug is recorded as an internal error and raised after the cleanup.
+
+Before its body the run undoes what runs that died left on this host (core.run.reclaim); while it runs, everything
+its steps make on the host is in its own ledger (core.ledger), which it holds locked; what its cleanup could not take
+down stays there, named in the reason, for the next clean-up.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import uuid as uuidlib
 from collections.abc import Callable
 from typing import Any
 
+from .. import ledger
 from ..errors import Aborted, CloudboxError
 from ..record.events import StateEvent
 from ..record.provenance import Controller, Provenance
@@ -23,7 +28,7 @@ from ..record.results import ResultStore
 from ..record.runlock import acquire_all, place_locks
 from ..spec.profiles import MIX, mix_hash
 from ..spec.runspec import RunSpec, parse_size
-from . import preflight
+from . import preflight, reclaim
 from .context import RunContext, RunControl
 from .launch import console_note
 from .multi import run_profiles
@@ -64,6 +69,7 @@ class Execution:
         acquire_all(locks, {"pid": os.getpid(), "profile": name, "run_id": self.run_id})
         control.install()
         stack = contextlib.ExitStack()
+        held = ledger.Ledger(None)
         ctx: RunContext | None = None
         state: str = "aborted"
         reason: str | None = "unknown"
@@ -81,6 +87,8 @@ class Execution:
             sink.run_id = self.run_id
             for lock in locks:
                 lock.update({"pid": os.getpid(), "profile": name, "run_id": self.run_id})
+            _reclaim(store, sink)
+            held = stack.enter_context(ledger.keeping(ledger.Ledger.create(run_uuid)))
             ctx = RunContext(spec, profile, size, size_label, run_uuid, self.run_id, store, sink, control, stack,
                              provenance, mix=mix if len(mix) > 1 else [])
             sink.emit(StateEvent("running", profile=name, suite=spec.suite, plan=tuple(spec.plan())))
@@ -104,6 +112,10 @@ class Execution:
                 stack.close()
             except Exception as e:  # noqa: BLE001
                 reason = f"{reason or ''} (cleanup problem: {e})".strip()
+            left = _last_resort(held, sink)
+            if left:
+                reason = (f"{reason or ''} (cleanup left {'; '.join(left)}: the next run, `cloudbox reclaim` or a "
+                          "boot undoes it)").strip()
             if self.run_id is not None:
                 # finish_run also appends the final `state` event, atomically with the state change.
                 store.finish_run(self.run_id, state, reason)
@@ -113,3 +125,28 @@ class Execution:
                 lock.release()
         assert self.run_id is not None
         return self.run_id
+
+
+def _reclaim(store: ResultStore, sink: EventSink) -> None:
+    """What runs that died left on this host, undone before this run makes anything (core.run.reclaim); a failure
+    there is logged, never this run's."""
+    try:
+        for problem in reclaim.reclaim_dead_runs(store, sink.log):
+            sink.log(f"could not undo what a dead run left: {problem}")
+    except Exception as e:  # noqa: BLE001 - the clean-up of other runs does not decide this one
+        sink.log(f"the clean-up after dead runs failed: {e.__class__.__name__}: {e}")
+
+
+def _last_resort(held: ledger.Ledger, sink: EventSink) -> list[str]:
+    """What the run's ledger still holds once its cleanup stack is unwound (a step that made something outside it,
+    a release that failed), undone through the ledger now; the run's ledger closed. What still cannot be undone,
+    described (it stays in the ledger for a later clean-up)."""
+
+    def say(what: str) -> None:
+        with contextlib.suppress(Exception):
+            sink.log(f"{what} (left by a step's cleanup)")
+
+    try:
+        return held.undo_held(say)
+    finally:
+        held.close()

@@ -167,6 +167,7 @@ def prepare_backing(ctx: RunContext) -> None:
         else:
             ctx.sink.log(f"volume {disk.volume} marked attached; served on the guest's bridge once that exists")
         ctx.labels += ctx.backing.labels
+        ctx.sink.log(f"backing store ready: {ctx.backing.model}")
         return
     with ctx.control.atomic():
         ctx.backing = backing.prepare(disk.backing, work_dir=ctx.work_dir, size_bytes=ctx.size, fmt=disk.format,
@@ -179,6 +180,7 @@ def prepare_backing(ctx: RunContext) -> None:
         ctx.sink.log(f"host md array: {ctx.host_raid.device}, RAID 0 over {', '.join(ctx.host_raid.members)} "
                      f"({ctx.host_raid.chunk_kib} KiB chunks): the guest's one disk and the baseline's target")
     ctx.labels += ctx.backing.labels
+    ctx.sink.log(f"backing store ready: {ctx.backing.model}")
 
 
 def _host_raid_info(array: hostraid.HostArray | None) -> RaidInfo | None:

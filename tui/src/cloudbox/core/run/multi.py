@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import paths
+from .. import ledger, paths
 from ..bench import fio, iozone, mpiio, nettests
 from ..bench.result import FioResult
 from ..bench.runners import GuestRunner, HostRunner, drop_host_caches, guest_timeout, needs_fill
@@ -205,9 +205,14 @@ def prepare_stores(ctx: RunContext) -> None:
                             f"+ {backing.human_size(backing.MARGIN)} margin, {backing.human_size(free)} free; use a "
                             "smaller --size, fewer --guests or another --work-dir")
     with ctx.control.atomic():
-        ctx.work_dir.mkdir(parents=True, exist_ok=False)
+        made = ledger.hold(ledger.Directory(str(ctx.work_dir)))
+        try:
+            ctx.work_dir.mkdir(parents=True, exist_ok=False)
+        except BaseException:
+            made.done()  # not made here: never removed
+            raise
         ctx.work_dir.chmod(0o755)  # QEMU runs as libvirt-qemu and must reach the stores
-        ctx.stack.callback(ctx.work_dir.rmdir)
+        ctx.stack.callback(made.release)
     for k in range(1, n + 1):
         with ctx.control.atomic():
             store = backing.prepare(disk.backing, work_dir=ctx.work_dir / f"g{k}", size_bytes=ctx.size,
