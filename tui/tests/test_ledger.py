@@ -29,6 +29,7 @@ from cloudbox.core.disks import backing
 from cloudbox.core.errors import CloudboxError
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.run import reclaim
+from cloudbox.core.virt.domain import CLOUDBOX_XMLNS
 
 DONE: list[str] = []  # what the test kinds' release() did, in order
 
@@ -330,6 +331,47 @@ def test_a_domain_record_without_libvirt_ends_its_qemu(monkeypatch):
     monkeypatch.setattr(guest, "_end_qemu", lambda name: ended.append(name) or f"ended QEMU of guest {name}")
     assert guest.Domain("cloudbox-t", "qemu:///system", "r").release() == "ended QEMU of guest cloudbox-t"
     assert ended == ["cloudbox-t"]
+
+
+class _LiveConn:
+    """A libvirt connection that has domain `cloudbox-t` of run `run`."""
+
+    def __init__(self, run: str) -> None:
+        self.run, self.destroyed = run, []
+
+    def lookupByName(self, name):  # noqa: N802 (libvirt's name)
+        conn = self
+
+        class Dom:
+            def metadata(self, *_a):
+                return f'<cloudbox:profile xmlns:cloudbox="{CLOUDBOX_XMLNS}" name="p" run="{conn.run}"/>'
+
+            def isActive(self):  # noqa: N802 (libvirt's name)
+                return 1
+
+            def destroy(self):
+                conn.destroyed.append(name)
+
+        return Dom()
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_domain_of_the_same_name_but_another_run_is_left_alone(monkeypatch):
+    pytest.importorskip("libvirt")
+    from cloudbox.core.virt import guest
+
+    ended = []
+    monkeypatch.setattr(guest, "_end_qemu", lambda name: ended.append(name) or f"ended QEMU of guest {name}")
+    other = _LiveConn("another-run")
+    monkeypatch.setattr(guest.daemons, "reconnect", lambda *_a, **_k: other)
+    assert guest.Domain("cloudbox-t", "qemu:///system", "r").release() == ""
+    assert other.destroyed == [] and ended == []
+    mine = _LiveConn("r")
+    monkeypatch.setattr(guest.daemons, "reconnect", lambda *_a, **_k: mine)
+    assert guest.Domain("cloudbox-t", "qemu:///system", "r").release() == "destroyed guest cloudbox-t"
+    assert mine.destroyed == ["cloudbox-t"] and ended == []
 
 
 def test_at_boot_no_daemon_is_asked(isolated, monkeypatch):

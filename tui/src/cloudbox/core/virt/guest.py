@@ -526,21 +526,28 @@ class Domain(ledger.Held):
         except (LibvirtUnavailable, PermissionProblem):
             return _end_qemu(self.name)
         try:
-            return self._destroy(conn) or _end_qemu(self.name)
+            done = self._destroy(conn)
+            # a domain of that name that is another run's (or not cloudbox's) is left, its QEMU too
+            return _end_qemu(self.name) if done == "" else (done or "")
         finally:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _destroy(self, conn) -> str:
+    def _destroy(self, conn) -> str | None:
+        """What destroying the domain did ("" when libvirt has no such domain: a QEMU left by name is ended next;
+        None when the domain of that name is another run's or not cloudbox's: left alone)."""
         import libvirt
 
         try:
             dom = conn.lookupByName(self.name)
+        except libvirt.libvirtError:
+            return ""
+        try:
             meta = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, CLOUDBOX_XMLNS, 0)
         except libvirt.libvirtError:
-            return ""  # not there (or not cloudbox's): its QEMU, if one runs, is ended by name
+            return None
         if self.run and ProfileTag.from_xml(meta).run != self.run:
-            return ""
+            return None
         try:
             if dom.isActive():
                 dom.destroy()
