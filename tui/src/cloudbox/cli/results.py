@@ -148,7 +148,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(labels.EMULATED_NOTE if not any(r.accelerator == "nested-kvm" for r in runs)
               else labels.NESTED_NOTE)
     if "?" in marks:
-        print("? still marked running, but its executor process is gone (it will be marked failed)")
+        print("? still marked running, but its executor process is gone (it will be marked aborted)")
     print("(%) = guest as % of the bare-metal baseline measured in the same run")
     if "n" in marks:
         print("n=k: the median of k repeats (results show gives its interval and samples)")
