@@ -107,13 +107,45 @@ def libvirt_conn(guest_image):
 
     acc = accel.detect(guest_image.kernel)
     had_record = (Path(os.environ["CLOUDBOX_RUN_DIR"]) / "daemons.json").exists()
-    conn = daemons.connect(hide_kvm=not acc.kvm_usable)
+    conn = Reconnecting(lambda: daemons.connect(hide_kvm=not acc.kvm_usable))
     _LIVE["conn"] = conn
     yield conn
     _LIVE.pop("conn", None)
     conn.close()
     if not had_record and os.environ.get("CLOUDBOX_KEEP_DAEMONS") != "1":
         daemons.stop_started_daemons()
+
+
+class Reconnecting:
+    """The session's libvirt connection, opened again when libvirtd went away under it (a test kills libvirtd on
+    purpose; the run it watches starts libvirtd again): every other call goes to the connection as it is."""
+
+    def __init__(self, open_: Callable) -> None:
+        self._open = open_
+        self._conn = open_()
+
+    def _alive(self) -> bool:
+        try:
+            return bool(self._conn.isAlive())
+        except Exception:  # noqa: BLE001 - a connection whose daemon died raises
+            return False
+
+    def __getattr__(self, name: str):
+        import libvirt
+
+        if not callable(getattr(self._conn, name)):
+            return getattr(self._conn, name)
+
+        def call(*args, **kwargs):
+            try:
+                return getattr(self._conn, name)(*args, **kwargs)
+            except libvirt.libvirtError:
+                if self._alive():  # a real refusal, not a daemon gone (it tells only once a call failed)
+                    raise
+                self._conn = self._open()
+                return getattr(self._conn, name)(*args, **kwargs)
+
+        return call
 
 
 # -- what a test module leaves behind ---------------------------------------------------------------------------
