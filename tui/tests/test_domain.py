@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.spec.knobs import guest_disks
+from cloudbox.core.spec.knobs import Placement, guest_disks
 from cloudbox.core.spec.profiles import Profile, load_profile, parse_profile
 from cloudbox.core.virt.domain import CLOUDBOX_XMLNS, DomainPlan, read_domain, render_domain
+from cloudbox.core.virt.placement import Topology, resolve
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "profiles").glob("*.toml"))
 
@@ -101,6 +102,8 @@ def render(
         domain_type = "xen" if prof.guest.hypervisor == "xen" else "kvm"
     if domain_type == "xen":
         kw.setdefault("agent_socket", f"/run/cloudbox/{name}.agent")
+    if prof.placement != Placement():  # resolved on a host of one node of four CPUs (tests/test_placement.py)
+        kw.setdefault("placement", resolve(prof.placement, prof.guest.vcpus, Topology({0: (0, 1, 2, 3)})))
     block = prof.disk.backing in ("block-device", "network-volume")
     if guest_disks(prof.disk) > 1 and "more_disk_paths" not in kw:
         kw["more_disk_paths"] = [f"/dev/sdz{i}" if block else f"/var/tmp/cloudbox/disk{i}.img"

@@ -115,6 +115,29 @@ class Dom0Info(_Record):
     memory_mib: int | None = None  # dom0's size once the balloon driver reached the profile's
 
 
+class PlacementInfo(_Record):
+    """Where the run placed its guest on the host ([placement]) and what the host really did (read back once the
+    guest was up): libvirt's pinning, QEMU's threads' affinities and its RAM's nodes from /proc, and the huge page
+    pool before the run, with the guest running, and after it."""
+
+    asked: str = ""  # the profile's [placement] in words
+    topology: str = ""  # the host's NUMA nodes and their CPUs
+    placed: list[str] = []  # per guest: the placement resolved on this host, in words
+    vcpu_pins: dict[str, str] = {}  # libvirt's: vCPU -> host CPUs (the first guest)
+    emulator_pin: str = ""
+    iothread_pins: dict[str, str] = {}
+    memory_binding: str = ""  # libvirt's <numatune>: "strict 0"
+    threads: dict[str, str] = {}  # /proc: QEMU's thread name -> the CPUs it may run on
+    ram_pages: dict[str, int] = {}  # /proc/<pid>/numa_maps: the guest RAM's pages per host node
+    ram_page_kib: int | None = None
+    ram_policy: str = ""
+    hugepage_kib: int | None = None
+    hugepages_needed: int | None = None  # pages the run's guests take
+    hugepages_before: dict[str, int] = {}  # the pool before the run: total, free
+    hugepages_running: dict[str, int] = {}  # with the guests up
+    hugepages_after: dict[str, int] = {}  # given back after the run
+
+
 class GuestStart(_Record):
     """One guest of a run of N: its name, and how well the host knows its clock (for the start barrier)."""
 
@@ -302,6 +325,7 @@ class Provenance(_Record):
     volume: VolumeInfo | None = None
     raid: RaidInfo | None = None
     dom0: Dom0Info | None = None
+    placement: PlacementInfo | None = None
 
 
     guests: Guests | None = None  # a run of N guests (--guests N > 1)

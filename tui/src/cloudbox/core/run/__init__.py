@@ -12,6 +12,7 @@
     measure        one test measured and stored, with the host disk's counters over its window
     launch         launching the guest and waiting for its agent
     network_steps  the network side of a run on this host
+    placing        a profile's [placement]: guests placed on the host's CPUs and nodes, huge pages, read back
     propagate      an image-propagation run (study B's sweep)
     hold           one place's side of a spread run's start barrier
     mirror         the front-end's run on an enrolled node, mirrored here

@@ -24,7 +24,9 @@ from ..spec.runspec import OVERCOMMIT_LABEL, RunSpec, guest_profile_index
 from ..virt.accel import Accelerator
 from ..virt.guest import Guest
 from ..virt.guestimage import GuestImage
+from ..virt.hugepages import HugePages
 from ..virt.network import HostNetwork
+from ..virt.placement import HostPlacement
 from .sink import EventSink
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -115,6 +117,12 @@ class RunContext:
     many: list[Guest] = field(default_factory=list)  # and its guests, in order
     boot_s: float = 0.0  # the guest's launch to its agent
     mix: list[Profile] = field(default_factory=list)  # a mixed run's profiles (guest k runs guest_profile(k))
+    placements: list[HostPlacement] = field(default_factory=list)  # guest k's [placement] on this host at k-1
+    hugepages: HugePages | None = None  # the huge page pool the run reserved its guests' RAM in
+
+    def placement(self, k: int) -> HostPlacement | None:
+        """Guest k's (1-based) placement on this host, None for a profile without one."""
+        return self.placements[k - 1] if self.placements else None
 
     def guest_profile(self, k: int) -> Profile:
         """The profile guest k (1-based) of the run runs: the run's, or in a mixed run the list's in turn."""

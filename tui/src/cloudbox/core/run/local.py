@@ -55,6 +55,7 @@ from .context import RunContext
 from .launch import agent_socket, launch, remove_socket
 from .measure import caches, steady_state, storage_test
 from .network_steps import configure_nic, hold, network_tests, plumb
+from .placing import place_guests, record_placement
 
 T = TypeVar("T")
 
@@ -63,8 +64,8 @@ Step = Callable[[RunContext], None]
 
 def run_local(ctx: RunContext) -> None:
     """The run's body on this host (core.run.lifecycle.Execution runs it)."""
-    for step in (check_volume, find_image, probe_accelerator, connect_libvirt, prepare_backing, record_facts,
-                 tune_dom0, start_sampler, storage_baseline, plumb, serve_volume, launch_guest):
+    for step in (check_volume, find_image, probe_accelerator, connect_libvirt, place_guests, prepare_backing,
+                 record_facts, tune_dom0, start_sampler, storage_baseline, plumb, serve_volume, launch_guest):
         step(ctx)
     assert ctx.guest is not None
     if ctx.spec.session:
@@ -210,6 +211,7 @@ def record_facts(ctx: RunContext) -> None:
                             more_paths=store.more_paths or None),
         volume=volume_info(ctx.volume),
         raid=_host_raid_info(ctx.host_raid),
+        placement=ctx.provenance.placement,  # place_guests ran first: it refuses before the store is made
         spec=ctx.spec, host_state=read_host_state(disk=store.host_device), caches=caches(ctx),
         steady_state=steady_state(ctx))
     ctx.store.update_run(ctx.run_id, accelerator=acc.name, emulated=int(acc.emulated or acc.nested))
@@ -488,7 +490,8 @@ def launch_guest(ctx: RunContext) -> None:
                       console_log=None if ctx.dom0 else str(ctx.console_log),
                       more_disk_paths=ctx.backing.more_paths,
                       network_source=ctx.backing.network,
-                      agent_socket=str(socket) if socket else None)
+                      agent_socket=str(socket) if socket else None,
+                      placement=ctx.placement(1))
     ctx.domain_xml = render_domain(plan)
     ctx.sink.step(f"launching guest {name} ({acc.label})")
     up = launch(ctx)
@@ -501,6 +504,7 @@ def launch_guest(ctx: RunContext) -> None:
     prov.boot_attempts = up.attempts
     ctx.boot_s = up.boot_s
     ctx.save_provenance()
+    record_placement(ctx, up.guest)
     ctx.sink.emit(ProgressEvent("guest", BOOT, 100))
 
 

@@ -71,6 +71,7 @@ from .local import (
 )
 from .measure import NetRan, Ran, net_test_many, storage_job, storage_test_many
 from .network_steps import configure_nic, plumb
+from .placing import place_guests, record_placement
 
 QEMU_OVERHEAD_MIB = 256  # each guest's QEMU beside its RAM (TCG's translation cache, device emulation)
 HOST_RESERVE_MIB = 512  # left to the host itself: libvirt, the bare-metal fio processes, cloudbox
@@ -183,9 +184,9 @@ def run_profiles(spec: RunSpec) -> list[Profile]:
 
 def run_many(ctx: RunContext) -> None:
     """The body of a run of N guests (core.run.lifecycle.Execution runs it)."""
-    for step in (check_volume, find_image, probe_accelerator, connect_libvirt, prepare_stores, record_facts,
-                 record_guests, start_sampler, baseline_many, plumb, serve_volume, launch_many, guests_storage,
-                 guests_network):
+    for step in (check_volume, find_image, probe_accelerator, connect_libvirt, place_guests, prepare_stores,
+                 record_facts, record_guests, start_sampler, baseline_many, plumb, serve_volume, launch_many,
+                 guests_storage, guests_network):
         step(ctx)
 
 
@@ -440,7 +441,8 @@ def launch_many(ctx: RunContext) -> None:
                           initrd=str(initrd_for(profile.guest.memory_mib)),
                           cmdline=CMDLINE, disk_path="" if ctx.volume else store.path, disk_is_block=store.is_block,
                           bridge=ctx.hostnet.bridge if ctx.hostnet else None,
-                          run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths)
+                          run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths,
+                          placement=ctx.placement(k))
         xml = render_domain(plan)
         domains.append((xml, log))
     ctx.domain_xml, ctx.console_log = domains[0]
@@ -466,6 +468,7 @@ def launch_many(ctx: RunContext) -> None:
     prov.boot_attempts = max(up.attempts for up in ups)
     ctx.boot_s = max(up.boot_s for up in ups)
     ctx.save_provenance()
+    record_placement(ctx, ctx.guest)
     ctx.sink.emit(ProgressEvent("guest", BOOT, 100))
 
 

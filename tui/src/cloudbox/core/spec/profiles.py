@@ -46,6 +46,7 @@ from .knobs import (
     Guest,
     Network,
     Nfs,
+    Placement,
     cross_field_problems,
     guest_type,
     implied_xen_type,
@@ -61,7 +62,7 @@ _HASH_NEUTRAL: dict[str, dict[str, object]] = {"guest": {"xen_type": "auto"},
                                                 "disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host",
                                                          "xen_backend": "auto", "raid_on": "guest"},
                                                 "dom0": {"vcpu_pin": "", "memory_mib": 0}}
-SECTIONS: tuple[str, ...] = ("guest", "disk", "network", "dom0", "nfs")
+SECTIONS: tuple[str, ...] = ("guest", "disk", "network", "dom0", "nfs", "placement")
 
 # Human wording for string fields whose rule is not a list of values or a range.
 _TEXT_RULES: dict[str, str] = {
@@ -80,6 +81,14 @@ _TEXT_RULES: dict[str, str] = {
         f"mdadm's "
         f"{RAID_CHUNK_DEFAULT_KIB})"
     ),
+    "placement.vcpu_pin": ("empty (the vCPUs float over every host CPU), auto (each vCPU on a CPU of its own of one "
+                           "NUMA node, chosen at run time) or host CPUs as a list, one per vCPU in order, e.g. 0-1"),
+    "placement.emulator_pin": ("empty (QEMU's own threads float), auto (the vCPUs' NUMA node's CPUs the vCPUs do not "
+                               "take, else that whole node) or host CPUs as a list, e.g. 0, 0-1, 0,2"),
+    "placement.iothread_pin": ("empty (the iothreads float), auto (as emulator_pin) or host CPUs as a list, e.g. 1; "
+                               "needs disk.iothreads > 0"),
+    "placement.memory_nodes": ("empty (the kernel places the RAM), auto (the NUMA node the vCPUs are pinned to) or "
+                               "host NUMA nodes as a list, e.g. 0, 0-1"),
     "nfs.rsize_kib": f"0 (what client and server agree) or a power of two {CHUNK_KIB[0]}..{CHUNK_KIB[1]} (KiB)",
     "nfs.wsize_kib": f"0 (what client and server agree) or a power of two {CHUNK_KIB[0]}..{CHUNK_KIB[1]} (KiB)",
 }
@@ -96,6 +105,7 @@ class Profile(Strict):
     network: Network
     dom0: Dom0 = Dom0()
     nfs: Nfs = Nfs()
+    placement: Placement = Placement()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:
@@ -120,6 +130,8 @@ class Profile(Strict):
             del data["dom0"]
         if not is_nfs(self.disk):
             del data["nfs"]  # a profile without an NFS export keeps the hash it had before [nfs] existed
+        if self.placement == Placement():
+            del data["placement"]  # nor one placed as the host's scheduler pleases the hash it had before it
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -129,12 +141,14 @@ class Profile(Strict):
 
     def sections(self) -> tuple[str, ...]:
         """The profile's tables: [dom0] only for Xen, [nfs] only with an NFS export (or when set, which validation
-        then refuses)."""
+        then refuses), [placement] only when set."""
         out = list(SECTIONS[:3])
         if self.guest.hypervisor == "xen" or self.dom0 != Dom0():
             out.append("dom0")
         if is_nfs(self.disk) or self.nfs != Nfs():
             out.append("nfs")
+        if self.placement != Placement():
+            out.append("placement")
         return tuple(out)
 
     def _fields(self, section: str, every: bool = False) -> list[str]:
@@ -200,8 +214,23 @@ class Profile(Strict):
         dom0 = [f"vCPUs pinned to {self.dom0.vcpu_pin}"] if self.dom0.vcpu_pin else []
         dom0 += [f"{self.dom0.memory_mib} MiB"] if self.dom0.memory_mib else []
         more = f"; dom0: {', '.join(dom0)}" if dom0 else ""
+        if self.placement != Placement():
+            more += f"; placement: {placement_words(self.placement)}"
         hv = g.hypervisor.upper() + (f" {g.xen_type.upper()}" if g.xen_type != "auto" else "")
         return f"{hv}, {vcpu}, {g.memory_mib} MiB; disk: {disk}; net: {net}{more}"
+
+
+def placement_words(p: Placement) -> str:
+    """A [placement] table in words: "vCPUs pinned (auto), RAM strict on node auto, 2M huge pages"."""
+    out = [f"{what} pinned ({pin})" for what, pin in (("vCPUs", p.vcpu_pin), ("emulator", p.emulator_pin),
+                                                     ("iothreads", p.iothread_pin)) if pin]
+    if p.memory_nodes:
+        out.append(f"RAM {p.memory_mode} on node {p.memory_nodes}")
+    if p.hugepages != "none":
+        out.append(f"{p.hugepages} huge pages")
+    if p.guest_nodes > 1:
+        out.append(f"{p.guest_nodes} guest NUMA nodes")
+    return ", ".join(out) or "as the host's scheduler places it"
 
 
 _BUS_WORDS = {

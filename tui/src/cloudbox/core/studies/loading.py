@@ -30,6 +30,7 @@ from ..errors import (
 from ..spec import profiles
 from ..spec.catalogue import is_storage_test
 from ..spec.runspec import MAX_GUESTS
+from ..virt import requirements
 from .schema import (
     HOST_METRICS,
     MAX_ENTRIES,
@@ -479,9 +480,11 @@ def cannot_run(profile: profiles.Profile) -> str | None:
 
 def cannot_run_here(profile: profiles.Profile) -> str | None:
     """Why `profile` cannot run on this host (its kernel lacks the initiator a network volume's attach mode needs,
-    e.g. aoe for disk.attach = host; md for a RAID on the host), or None; the same check a run makes at its first
-    step."""
+    e.g. aoe for disk.attach = host; md for a RAID on the host; the CPUs, NUMA nodes, huge pages or devices of
+    core.virt.requirements), or None; the same check a run makes at its first step."""
     d = profile.disk
+    if (why := requirements.host_problem(profile)) is not None:  # CPUs, nodes, huge pages, devices
+        return why
     if d.raid_on == "host":
         return hostraid.problem() or None
     if d.backing != "network-volume":

@@ -40,8 +40,10 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Self, TypeVar, overload
 
 from cloudbox.core.disks.backing import NetworkSource
-from cloudbox.core.spec.knobs import guest_disks, xen_backend
+from cloudbox.core.spec.knobs import Placement, guest_disks, xen_backend
 from cloudbox.core.spec.profiles import Profile, xen_guest_type
+
+from .placement import HostPlacement
 
 CLOUDBOX_XMLNS = "https://cloudbox.invalid/xmlns/1"
 AGENT_CHANNEL = "org.qemu.guest_agent.0"
@@ -202,6 +204,33 @@ class Channel(_Part):
     target_name = _Value("target", "name")
 
 
+class VcpuPin(_Part):
+    """One vCPU's pinning (<cputune><vcpupin>)."""
+
+    TAG = "vcpupin"
+    PATH = "cputune/vcpupin"
+    vcpu = _Value(".", "vcpu")
+    cpuset = _Value(".", "cpuset")
+
+
+class MemoryBinding(_Part):
+    """The guest RAM's binding to host NUMA nodes (<numatune><memory>)."""
+
+    TAG = "memory"
+    PATH = "numatune/memory"
+    mode = _Value(".", "mode")
+    nodeset = _Value(".", "nodeset")
+
+
+class HugePage(_Part):
+    """The huge page size backing the guest's RAM (<memoryBacking><hugepages><page>)."""
+
+    TAG = "page"
+    PATH = "memoryBacking/hugepages/page"
+    size = _Value(".", "size")
+    unit = _Value(".", "unit")
+
+
 _P = TypeVar("_P", bound=_Part)
 
 
@@ -234,6 +263,23 @@ class DomainXML:
     def interface(self) -> Interface | None:
         """The (first) NIC."""
         return self._find(Interface)
+
+    @property
+    def vcpu_pins(self) -> dict[str, str]:
+        """vCPU -> the host CPUs it is pinned to, as <cputune> says; empty when nothing is pinned."""
+        pins = [VcpuPin(el) for el in self._all(VcpuPin)]
+        return {pin.vcpu or "": pin.cpuset or "" for pin in pins}
+
+    @property
+    def memory_binding(self) -> MemoryBinding | None:
+        return self._find(MemoryBinding)
+
+    @property
+    def hugepage(self) -> HugePage | None:
+        return self._find(HugePage)
+
+    def _all(self, part: type[_Part]) -> list[ET.Element]:
+        return list(self.root.iterfind(part.PATH)) if self.root is not None else []
 
     @property
     def agent_socket(self) -> str | None:
@@ -271,7 +317,8 @@ class DomainPlan:
     parameters), it gains guest_boot_args() under QEMU/KVM and cloudbox.drivers= (guest_drivers()) under Xen PV;
     under Xen PV also the console and agent of XEN_PV_AGENT_CMDLINE. agent_socket (Xen only, required there): the
     absolute path of the unix socket libxl's QEMU in dom0 serves the agent's channel on (core.virt.qga talks to
-    it)."""
+    it). placement: the profile's [placement] resolved on the host (core.virt.placement.resolve), required when the
+    profile has one: pinning, NUMA binding, huge pages and the guest's NUMA nodes (QEMU/KVM only)."""
 
     profile: Profile
     _: KW_ONLY
@@ -292,6 +339,7 @@ class DomainPlan:
     network_source: NetworkSource | None = None
     agent_socket: str | None = None
     boot_args: bool = True
+    placement: HostPlacement | None = None
 
 
 def render_domain(plan: DomainPlan) -> str:
@@ -311,6 +359,11 @@ def render_domain(plan: DomainPlan) -> str:
     if guest_attach and bridge is None:
         raise ValueError(f"profile {profile.name!r} has disk.attach = guest: the guest reaches its volume through "
                          "its NIC, so it needs a bridge")
+    if profile.placement != Placement() and plan.placement is None:
+        raise ValueError(f"profile {profile.name!r} has a [placement] table: resolve it on the host "
+                         "(core.virt.placement.resolve) and pass it as placement")
+    if plan.placement is not None and xen:
+        raise ValueError("placement: libvirt's Xen (libxl) domains take no [placement]; dom0's is [dom0]")
     if network_source is not None and (xen or profile.disk.attach != "qemu"):
         raise ValueError("a network disk source is QEMU's own initiator: it needs disk.attach = qemu under KVM/QEMU")
     xen_type = xen_guest_type(profile) if xen else ""
@@ -329,8 +382,10 @@ def render_domain(plan: DomainPlan) -> str:
     if plan.uuid is not None:
         _sub(root, "uuid", plan.uuid)
     _metadata(root, profile, plan.run_uuid)
-    _resources(root, profile, xen)
+    _resources(root, profile, xen, plan.placement)
     _boot(root, profile, xen=xen, xen_type=xen_type, kernel=plan.kernel, initrd=plan.initrd, cmdline=cmdline)
+    if plan.placement is not None and plan.placement.guest_nodes > 1:
+        _guest_numa(root, profile.guest.vcpus, profile.guest.memory_mib, plan.placement.guest_nodes)
 
     devices = _sub(root, "devices")
     if plan.emulator is not None:
@@ -402,13 +457,51 @@ def _metadata(root: ET.Element, profile: Profile, run_uuid: str | None) -> None:
         tag.run = run_uuid
 
 
-def _resources(root: ET.Element, profile: Profile, xen: bool) -> None:
+def _resources(root: ET.Element, profile: Profile, xen: bool, placement: HostPlacement | None) -> None:
     g, d = profile.guest, profile.disk
     _sub(root, "memory", str(g.memory_mib), unit="MiB")
     _sub(root, "currentMemory", str(g.memory_mib), unit="MiB")
+    if placement is not None and (placement.hugepage_kib or placement.shared_memory):
+        # memfd, not a hugetlbfs mount: libvirt reads those once at its start, and memfd needs none
+        backing = _sub(root, "memoryBacking")
+        if placement.hugepage_kib:
+            page = HugePage.new(_sub(backing, "hugepages"))
+            page.size, page.unit = str(placement.hugepage_kib), "KiB"
+        _sub(backing, "source", type="memfd")
+        if placement.shared_memory:
+            _sub(backing, "access", mode="shared")
     _sub(root, "vcpu", str(g.vcpus), placement="static")
     if d.iothreads > 0 and not xen:
         _sub(root, "iothreads", str(d.iothreads))
+    if placement is not None:
+        _placement(root, placement, d.iothreads)
+
+
+def _placement(root: ET.Element, placement: HostPlacement, iothreads: int) -> None:
+    """<cputune> (vCPUs, QEMU's threads, the iothreads) and <numatune> (the RAM's host nodes)."""
+    if placement.pinned:
+        tune = _sub(root, "cputune")
+        for i, cpus in enumerate(placement.vcpus):
+            if cpus:
+                pin = VcpuPin.new(tune)
+                pin.vcpu, pin.cpuset = str(i), cpus
+        if placement.emulator:
+            _sub(tune, "emulatorpin", cpuset=placement.emulator)
+        for k in range(1, iothreads + 1) if placement.iothreads else ():
+            _sub(tune, "iothreadpin", iothread=str(k), cpuset=placement.iothreads)
+    if placement.memory_nodes:
+        binding = MemoryBinding.new(_sub(root, "numatune"))
+        binding.mode, binding.nodeset = placement.memory_mode, placement.memory_nodes
+
+
+def _guest_numa(root: ET.Element, vcpus: int, memory_mib: int, nodes: int) -> None:
+    """The guest's own NUMA nodes: its vCPUs and RAM split evenly over them (validation made both divide)."""
+    numa = _sub(_sub(root, "cpu"), "numa")
+    per = vcpus // nodes
+    for i in range(nodes):
+        first, last = i * per, (i + 1) * per - 1
+        _sub(numa, "cell", id=str(i), cpus=str(first) if first == last else f"{first}-{last}",
+             memory=str(memory_mib // nodes), unit="MiB")
 
 
 def _boot(root: ET.Element, profile: Profile, *, xen: bool, xen_type: str, kernel: str, initrd: str,

@@ -150,6 +150,13 @@ class Guest:
     def xml(self) -> str:
         return self.dom.XMLDesc(0)
 
+    def qemu_pid(self) -> int | None:
+        """The pid of the guest's QEMU process (libvirt's pid file of it), None where there is none."""
+        try:
+            return int(Path(f"/run/libvirt/qemu/{self.name}.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
     def console_tail(self, lines: int = 20) -> list[str]:
         """The last lines the guest wrote to its serial console ([] without a console log)."""
         return read_console_tail(self.console_log, lines) if self.console_log is not None else []

@@ -1,0 +1,75 @@
+"""A real run with a [placement] table (TCG here: one NUMA node, 2 CPUs): the guest pinned to one CPU with QEMU's
+threads and the iothread on the other, its RAM strict on node 0 in 2 MiB huge pages the run reserved; the tests
+run, the placement is read back from libvirt and /proc, and the host's huge page pool is as it was after the run."""
+
+from __future__ import annotations
+
+import pytest
+from real_runs import completed_run, leftovers, work_files
+
+from cloudbox.core.spec.profiles import parse_profile
+from cloudbox.core.spec.runspec import RunSpec
+from cloudbox.core.virt.hugepages import HugePages
+from cloudbox.core.virt.placement import Topology
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+PINNED = """
+name = "pinned-hugepages"
+description = "virtio-blk, one vCPU pinned, QEMU's threads beside it, RAM strict on its node in 2 MiB pages"
+[guest]
+hypervisor = "kvm"
+vcpus = 1
+memory_mib = 512
+[disk]
+bus = "virtio-blk"
+cache = "none"
+io = "io_uring"
+iothreads = 1
+backing = "prealloc-file"
+[network]
+model = "virtio"
+[placement]
+vcpu_pin = "auto"
+emulator_pin = "auto"
+iothread_pin = "auto"
+memory_nodes = "auto"
+hugepages = "2M"
+"""
+
+
+def test_pinned_guest_in_huge_pages_runs_and_gives_the_pages_back(state, libvirt_conn, tmp_path):
+    topo = Topology.read()
+    node, cpus = topo.largest(), topo.nodes[topo.largest()]
+    if len(cpus) < 2:
+        pytest.skip(f"needs a NUMA node of 2 CPUs or more: {topo.describe()}")
+    path = tmp_path / "pinned-hugepages.toml"
+    path.write_text(PINNED)
+    parse_profile(PINNED)
+    pool = HugePages(2048, node if len(topo.nodes) > 1 else None)
+    before = pool.state()
+    run = completed_run(RunSpec(profile=str(path), suite="storage", size="16M", storage_tests="randread-4k-qd32",
+                                runtime=3))
+    assert run.measurement("guest", "randread-4k-qd32", "MB/s").value > 0
+    info = run.provenance.placement
+    assert info is not None
+    # libvirt's view: the vCPU on the node's first CPU, QEMU's threads and the iothread on the others
+    rest = ",".join(str(c) for c in cpus[1:]) if len(cpus) == 2 else None
+    assert info.vcpu_pins == {"0": str(cpus[0])}
+    if rest is not None:
+        assert info.emulator_pin == rest and info.iothread_pins == {"1": rest}
+    assert info.memory_binding == f"strict {node}"
+    # the kernel's: the vCPU thread may run on that CPU only, and the RAM sits in 2 MiB pages on the node
+    vcpu_threads = {k: v for k, v in info.threads.items() if k.startswith("CPU 0/")}
+    assert list(vcpu_threads.values()) == [str(cpus[0])], info.threads
+    if rest is not None:
+        assert info.threads.get("IO iothread1") == rest, info.threads
+    assert info.ram_page_kib == 2048 and info.ram_pages == {f"N{node}": 256}, info
+    assert info.ram_policy.startswith("bind"), info.ram_policy
+    # the pool: 256 pages held while the guest ran, then back to what it was
+    assert info.hugepages_needed == 256 and info.hugepages_before == {"total": before.total, "free": before.free}
+    assert info.hugepages_running["free"] == info.hugepages_running["total"] - 256 - (before.total - before.free)
+    after = pool.state()
+    assert (after.total, after.free) == (before.total, before.free)
+    assert info.hugepages_after == {"total": before.total, "free": before.free}
+    assert leftovers(libvirt_conn, state)["guests"] == [] and work_files(state) == []
