@@ -604,7 +604,7 @@ async def profiles_diff(pilot: Pilot) -> None:
         table.move_cursor(row=table.get_row_index(name))
         await pilot.press("space")
     await pilot.press("d")
-    await settle(pilot, lambda: "vs" in _text(app, "#profile-detail"), "the diff of the marked profiles")
+    await settle(pilot, lambda: "differ" in _text(app, "#profile-detail"), "the diff of the marked profiles")
 
 
 async def profile_form_errors(pilot: Pilot) -> None:
