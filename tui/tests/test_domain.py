@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudbox.core.spec.knobs import Placement, guest_disks
+from cloudbox.core.spec.iopaths import Placement
+from cloudbox.core.spec.knobs import guest_disks
 from cloudbox.core.spec.profiles import Profile, load_profile, parse_profile
 from cloudbox.core.virt.domain import CLOUDBOX_XMLNS, DomainPlan, read_domain, render_domain
 from cloudbox.core.virt.placement import Topology, resolve

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cloudbox.core.errors import ProfileError
-from cloudbox.core.spec.knobs import Placement
+from cloudbox.core.spec.iopaths import Placement
 from cloudbox.core.spec.profiles import Profile, parse_profile
 from cloudbox.core.virt.domain import DomainPlan, read_domain, render_domain
 from cloudbox.core.virt.hugepages import HugePages, HugePagesRefused, pages_for

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 
 from ..record.provenance import PlacementInfo
-from ..spec.knobs import Placement
+from ..spec.iopaths import Placement
 from ..spec.profiles import Profile, placement_words
 from ..virt import placement
 from ..virt.domain import read_domain

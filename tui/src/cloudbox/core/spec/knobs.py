@@ -1,11 +1,11 @@
 """The tuning knobs a profile sets: their values, the tables that hold them, what they imply, and the rules between
 them.
 
-The tables are pydantic models on schema.Strict (`Guest`, `Disk`, `Network`, `Dom0`, `Nfs`, `Placement`; a profile
-is one of each, core.spec.profiles). `RULES` are the rules between knobs, one small function each, every one naming
-the key it refuses, the value, why, and what is allowed, spelled from the constants below; `cross_field_problems`
-applies them all. `implied_xen_type`, `guest_type`, `guest_disks`, `is_nfs`, `xen_backend` and `xen_cache_mode` are what
-a table's knobs imply.
+The tables are pydantic models on schema.Strict (`Guest`, `Disk`, `Network`, `Dom0`, `Nfs`; a profile is one of
+each with core.spec.iopaths' `Placement`, core.spec.profiles). `RULES` are the rules between knobs, one small
+function each, every one naming the key it refuses, the value, why, and what is allowed, spelled from the constants
+below; `cross_field_problems` applies them all. `implied_xen_type`, `guest_type`, `guest_disks`, `is_nfs`,
+`xen_backend` and `xen_cache_mode` are what a table's knobs imply.
 
 Decisions worth knowing (see also the presets' comments):
 - Xen (libxl) supports the disk buses xen-vbd (PV blkfront: the guest is a PV guest),
@@ -66,12 +66,6 @@ XenBackend = Literal["auto", "phy", "qdisk"]
 NfsVersion = Literal["4.0", "4.1", "4.2"]
 NfsProto = Literal["tcp", "udp"]
 NfsWrites = Literal["async", "sync"]
-# Huge pages backing the guest's RAM (placement.hugepages): none (the host's 4 KiB pages), 2 MiB or 1 GiB pages, which
-# the run reserves on the host for itself and releases after.
-HugePages = Literal["none", "2M", "1G"]
-# How the guest's RAM is bound to the host's NUMA nodes (placement.memory_mode): only those nodes (strict), those
-# first (preferred), or spread over them page by page (interleave).
-MemoryMode = Literal["strict", "preferred", "interleave"]
 
 XEN_PV_BUS = "xen-vbd"  # Xen's PV block device: a PV guest's only bus
 XEN_PV_NIC = "xen-netfront"  # Xen's PV NIC: a PV or PVH guest's only NIC
@@ -92,9 +86,6 @@ RAID_CHUNK_DEFAULT_KIB = 512  # mdadm's own default
 CHUNK_KIB = (4, 1024)  # a RAID chunk and an NFS read or write size: a power of two in this range (KiB)
 DOM0_MIN_MIB = 512  # below this a Debian dom0 with libvirtd, QEMU and the tests risks the OOM killer
 BLOCK_BACKINGS: tuple[str, ...] = ("block-device", "network-volume")  # the host hands the guest a block device
-AUTO = "auto"  # a placement chosen on the host at run time: one NUMA node's CPUs, or the node the vCPUs run on
-HUGEPAGE_MIB: dict[str, int] = {"2M": 2, "1G": 1024}
-MAX_GUEST_NODES = 8
 
 
 def volume_targets(schemes: Iterable[str], sep: str = ", ") -> str:
@@ -133,16 +124,6 @@ def cpu_list(v: str) -> list[int]:
         lo, _, hi = part.partition("-")
         out += range(int(lo), int(hi or lo) + 1)
     return sorted(set(out))
-
-
-def _pin(v: str) -> str:
-    """A pinning: empty (the scheduler places it), auto (chosen at run time) or a list of host CPUs."""
-    return v if v == AUTO else _cpu_list(v)
-
-
-def _nodes(v: str) -> str:
-    """Host NUMA nodes: empty (the kernel places the RAM), auto (the vCPUs' node) or a list of nodes."""
-    return v if v == AUTO else _cpu_list(v, "NUMA node")
 
 
 def cpu_sequence(v: str) -> list[int]:
@@ -216,19 +197,6 @@ class Dom0(Strict):
     memory_mib: Annotated[int, AfterValidator(_dom0_memory)] = 0  # xl mem-set Domain-0
 
 
-class Placement(Strict):
-    """Where the guest runs on the host (QEMU/KVM): its vCPUs, QEMU's own threads and its iothreads pinned to host
-    CPUs, its RAM bound to host NUMA nodes and backed by huge pages, and the NUMA nodes the guest itself sees."""
-
-    vcpu_pin: Annotated[str, Field(max_length=200), AfterValidator(_pin)] = ""  # vCPU i on the i-th CPU
-    emulator_pin: Annotated[str, Field(max_length=200), AfterValidator(_pin)] = ""  # QEMU's main loop and I/O
-    iothread_pin: Annotated[str, Field(max_length=200), AfterValidator(_pin)] = ""  # the disk's iothreads
-    memory_nodes: Annotated[str, Field(max_length=200), AfterValidator(_nodes)] = ""  # host NUMA nodes for the RAM
-    memory_mode: MemoryMode = "strict"
-    hugepages: HugePages = "none"
-    guest_nodes: Annotated[int, Field(ge=1, le=MAX_GUEST_NODES)] = 1  # the guest's NUMA nodes, its vCPUs spread
-
-
 class Nfs(Strict):
     """How the guest mounts the run's NFS export (disk.volume = nfs:<name>): its kernel client's mount options."""
 
@@ -292,8 +260,6 @@ class Tables(Protocol):
     def dom0(self) -> Dom0: ...
     @property
     def nfs(self) -> Nfs: ...
-    @property
-    def placement(self) -> Placement: ...
 
 
 Rule = Callable[[Tables], ProfileProblem | None]
@@ -599,80 +565,13 @@ def _nic_queues(p: Tables) -> ProfileProblem | None:
     return None
 
 
-def _placement_on_xen(p: Tables) -> ProfileProblem | None:
-    if p.guest.hypervisor != "xen" or p.placement == Placement():
-        return None
-    key = next(k for k in Placement.model_fields if getattr(p.placement, k) != _default(Placement, k))
-    return ProfileProblem(f"placement.{key}", getattr(p.placement, key), "the [placement] table is applied through "
-                          "libvirt's QEMU/KVM driver; under Xen, dom0's CPUs and memory are the [dom0] table's",
-                          f"{_default(Placement, key)!r} (leave [placement] out with guest.hypervisor = xen)")
-
-
-def _vcpu_pin_count(p: Tables) -> ProfileProblem | None:
-    pin, vcpus = p.placement.vcpu_pin, p.guest.vcpus
-    if pin in ("", AUTO) or len(cpu_sequence(pin)) >= vcpus:
-        return None
-    return ProfileProblem("placement.vcpu_pin", pin, f"each vCPU is pinned to a host CPU of its own, in order: "
-                          f"{vcpus} vCPUs need {vcpus} CPUs and the list names {len(cpu_sequence(pin))}",
-                          f"a list of at least {vcpus} host CPUs (guest.vcpus = {vcpus}), auto, or empty")
-
-
-def _iothread_pin_without_iothreads(p: Tables) -> ProfileProblem | None:
-    pin = p.placement.iothread_pin
-    if not pin or p.disk.iothreads > 0:
-        return None
-    return ProfileProblem("placement.iothread_pin", pin, "the guest has no iothreads to pin (disk.iothreads = 0)",
-                          "empty (with disk.iothreads = 0); a pinning needs disk.iothreads 1.."
-                          f"{_most(Disk, 'iothreads')}")
-
-
-def _memory_nodes(p: Tables) -> ProfileProblem | None:
-    pl = p.placement
-    if pl.memory_nodes == AUTO and not pl.vcpu_pin:
-        return ProfileProblem("placement.memory_nodes", pl.memory_nodes, "auto binds the RAM to the NUMA node the "
-                              "vCPUs are pinned to, and they are not pinned (placement.vcpu_pin is empty)",
-                              "host NUMA nodes as a list, e.g. 0 or 0-1, or empty; auto needs placement.vcpu_pin")
-    if pl.memory_mode != _default(Placement, "memory_mode") and not pl.memory_nodes:
-        return ProfileProblem("placement.memory_mode", pl.memory_mode, "a memory mode binds the RAM to "
-                              "placement.memory_nodes, and none are named", f"{_default(Placement, 'memory_mode')} "
-                              "(with placement.memory_nodes empty); set memory_nodes to auto or a list of nodes")
-    return None
-
-
-def _guest_nodes(p: Tables) -> ProfileProblem | None:
-    n, vcpus = p.placement.guest_nodes, p.guest.vcpus
-    if n > 1 and vcpus % n:
-        return ProfileProblem("placement.guest_nodes", n, f"the guest's vCPUs are spread evenly over its NUMA nodes: "
-                              f"{vcpus} vCPUs do not divide into {n} nodes",
-                              f"1 or a divisor of guest.vcpus = {vcpus}, at most {MAX_GUEST_NODES}")
-    return None
-
-
-def _hugepage_multiple(p: Tables) -> ProfileProblem | None:
-    pl, mib = p.placement, p.guest.memory_mib
-    page = HUGEPAGE_MIB.get(pl.hugepages, 0)
-    unit = max(page, 1) * pl.guest_nodes  # each guest node's share of the RAM is whole pages
-    if mib % unit == 0:
-        return None
-    per_node = f" in {pl.guest_nodes} guest nodes of whole pages" if pl.guest_nodes > 1 else ""
-    if not page:  # 4 KiB pages: only the guest nodes' split must come out in whole MiB
-        return ProfileProblem("guest.memory_mib", mib, f"the guest's RAM is split evenly over its "
-                              f"{pl.guest_nodes} NUMA nodes in whole MiB", f"a multiple of {unit} MiB "
-                              f"(placement.guest_nodes = {pl.guest_nodes})")
-    return ProfileProblem("guest.memory_mib", mib, f"the guest's RAM is backed by {pl.hugepages} huge pages"
-                          f"{per_node}: {mib} MiB is not a multiple of {unit} MiB",
-                          f"a multiple of {unit} MiB (placement.hugepages = {pl.hugepages}"
-                          + (f", guest_nodes = {pl.guest_nodes})" if pl.guest_nodes > 1 else ")"))
-
-
-# In the order a profile's problems are listed: hypervisor and Xen first, then the disk, NFS, dom0, the NIC and the
-# placement.
+# In the order a profile's problems are listed: hypervisor and Xen first, then the disk, NFS, dom0 and the NIC (the
+# newer paths' and the placement's follow: core.spec.iopaths).
 RULES: tuple[Rule, ...] = (
     _bus_of_hypervisor, _xen_type, _xen_backend, _xen_cache, _io, _format, _volume_of_backing, _iothreads,
     _disk_queues, _raid_of_one, _disks_without_raid, _chunk_without_raid, _raid_on, _disks_on_bus, _attach,
     _disks_of_one_volume, _nfs_attach, _nfs_proto, _nfs_nconnect, _nfs_unused, _dom0_unused("vcpu_pin"),
-    _dom0_unused("memory_mib"), _netfront_on_kvm, _nic_of_xen_guest, _vhost, _nic_queues, _placement_on_xen,
-    _vcpu_pin_count, _iothread_pin_without_iothreads, _memory_nodes, _guest_nodes, _hugepage_multiple,
+    _dom0_unused("memory_mib"), _netfront_on_kvm, _nic_of_xen_guest, _vhost, _nic_queues,
 )
 
 

@@ -36,6 +36,7 @@ from cloudbox.core import inputs, paths
 from cloudbox.core.errors import NotFound, ProfileError, ProfileProblem, UsageError
 
 from . import schema
+from .iopaths import Placement, path_problems
 from .knobs import (
     CHUNK_KIB,
     DOM0_MIN_MIB,
@@ -46,7 +47,6 @@ from .knobs import (
     Guest,
     Network,
     Nfs,
-    Placement,
     cross_field_problems,
     guest_type,
     implied_xen_type,
@@ -109,7 +109,7 @@ class Profile(Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:
-        problems = cross_field_problems(self)
+        problems = cross_field_problems(self) + path_problems(self)
         if problems:
             raise CrossFieldProblems(problems)
         return self

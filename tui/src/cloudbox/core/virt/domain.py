@@ -40,7 +40,8 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Self, TypeVar, overload
 
 from cloudbox.core.disks.backing import NetworkSource
-from cloudbox.core.spec.knobs import Placement, guest_disks, xen_backend
+from cloudbox.core.spec.iopaths import Placement
+from cloudbox.core.spec.knobs import guest_disks, xen_backend
 from cloudbox.core.spec.profiles import Profile, xen_guest_type
 
 from .placement import HostPlacement

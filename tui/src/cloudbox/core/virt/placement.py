@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CloudboxError
-from ..spec.knobs import AUTO, HUGEPAGE_MIB, Placement, cpu_list, cpu_sequence
+from ..spec.iopaths import AUTO, HUGEPAGE_MIB, Placement
+from ..spec.knobs import cpu_list, cpu_sequence
 
 SYSFS = Path("/sys/devices/system")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..spec.knobs import Placement
+from ..spec.iopaths import Placement
 from ..spec.profiles import Profile
 from . import placement
 

@@ -1,0 +1,147 @@
+"""The knobs of today's I/O paths: where the guest runs on the host ([placement]: pinning, NUMA-local memory, huge
+pages, the guest's own NUMA nodes), with their rules; the newer disk and NIC paths add theirs here.
+
+`Placement` is the table (a profile holds one, core.spec.profiles); `PATH_RULES` are the rules between these knobs
+and the others, one small function each, in the style of core.spec.knobs.RULES, every one naming the key it
+refuses, the value, why and what is allowed; `path_problems` applies them all, after knobs.cross_field_problems.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Literal, Protocol
+
+from pydantic import AfterValidator, Field
+
+from cloudbox.core.errors import ProfileProblem
+
+from .knobs import (
+    Disk,
+    Tables,
+    _cpu_list,
+    _default,
+    _most,
+    cpu_sequence,
+)
+from .schema import Strict
+
+# Huge pages backing the guest's RAM (placement.hugepages): none (the host's 4 KiB pages), 2 MiB or 1 GiB pages, which
+# the run reserves on the host for itself and releases after.
+HugePages = Literal["none", "2M", "1G"]
+# How the guest's RAM is bound to the host's NUMA nodes (placement.memory_mode): only those nodes (strict), those
+# first (preferred), or spread over them page by page (interleave).
+MemoryMode = Literal["strict", "preferred", "interleave"]
+AUTO = "auto"  # a placement chosen on the host at run time: one NUMA node's CPUs, or the node the vCPUs run on
+HUGEPAGE_MIB: dict[str, int] = {"2M": 2, "1G": 1024}
+MAX_GUEST_NODES = 8
+
+
+def _pin(v: str) -> str:
+    """A pinning: empty (the scheduler places it), auto (chosen at run time) or a list of host CPUs."""
+    return v if v == AUTO else _cpu_list(v)
+
+
+def _nodes(v: str) -> str:
+    """Host NUMA nodes: empty (the kernel places the RAM), auto (the vCPUs' node) or a list of nodes."""
+    return v if v == AUTO else _cpu_list(v, "NUMA node")
+
+
+class Placement(Strict):
+    """Where the guest runs on the host (QEMU/KVM): its vCPUs, QEMU's own threads and its iothreads pinned to host
+    CPUs, its RAM bound to host NUMA nodes and backed by huge pages, and the NUMA nodes the guest itself sees."""
+
+    vcpu_pin: Annotated[str, Field(max_length=200), AfterValidator(_pin)] = ""  # vCPU i on the i-th CPU
+    emulator_pin: Annotated[str, Field(max_length=200), AfterValidator(_pin)] = ""  # QEMU's main loop and I/O
+    iothread_pin: Annotated[str, Field(max_length=200), AfterValidator(_pin)] = ""  # the disk's iothreads
+    memory_nodes: Annotated[str, Field(max_length=200), AfterValidator(_nodes)] = ""  # host NUMA nodes for the RAM
+    memory_mode: MemoryMode = "strict"
+    hugepages: HugePages = "none"
+    guest_nodes: Annotated[int, Field(ge=1, le=MAX_GUEST_NODES)] = 1  # the guest's NUMA nodes, its vCPUs spread
+
+
+def _placement_on_xen(p: PathTables) -> ProfileProblem | None:
+    if p.guest.hypervisor != "xen" or p.placement == Placement():
+        return None
+    key = next(k for k in Placement.model_fields if getattr(p.placement, k) != _default(Placement, k))
+    return ProfileProblem(f"placement.{key}", getattr(p.placement, key), "the [placement] table is applied through "
+                          "libvirt's QEMU/KVM driver; under Xen, dom0's CPUs and memory are the [dom0] table's",
+                          f"{_default(Placement, key)!r} (leave [placement] out with guest.hypervisor = xen)")
+
+
+def _vcpu_pin_count(p: PathTables) -> ProfileProblem | None:
+    pin, vcpus = p.placement.vcpu_pin, p.guest.vcpus
+    if pin in ("", AUTO) or len(cpu_sequence(pin)) >= vcpus:
+        return None
+    return ProfileProblem("placement.vcpu_pin", pin, f"each vCPU is pinned to a host CPU of its own, in order: "
+                          f"{vcpus} vCPUs need {vcpus} CPUs and the list names {len(cpu_sequence(pin))}",
+                          f"a list of at least {vcpus} host CPUs (guest.vcpus = {vcpus}), auto, or empty")
+
+
+def _iothread_pin_without_iothreads(p: PathTables) -> ProfileProblem | None:
+    pin = p.placement.iothread_pin
+    if not pin or p.disk.iothreads > 0:
+        return None
+    return ProfileProblem("placement.iothread_pin", pin, "the guest has no iothreads to pin (disk.iothreads = 0)",
+                          "empty (with disk.iothreads = 0); a pinning needs disk.iothreads 1.."
+                          f"{_most(Disk, 'iothreads')}")
+
+
+def _memory_nodes(p: PathTables) -> ProfileProblem | None:
+    pl = p.placement
+    if pl.memory_nodes == AUTO and not pl.vcpu_pin:
+        return ProfileProblem("placement.memory_nodes", pl.memory_nodes, "auto binds the RAM to the NUMA node the "
+                              "vCPUs are pinned to, and they are not pinned (placement.vcpu_pin is empty)",
+                              "host NUMA nodes as a list, e.g. 0 or 0-1, or empty; auto needs placement.vcpu_pin")
+    if pl.memory_mode != _default(Placement, "memory_mode") and not pl.memory_nodes:
+        return ProfileProblem("placement.memory_mode", pl.memory_mode, "a memory mode binds the RAM to "
+                              "placement.memory_nodes, and none are named", f"{_default(Placement, 'memory_mode')} "
+                              "(with placement.memory_nodes empty); set memory_nodes to auto or a list of nodes")
+    return None
+
+
+def _guest_nodes(p: PathTables) -> ProfileProblem | None:
+    n, vcpus = p.placement.guest_nodes, p.guest.vcpus
+    if n > 1 and vcpus % n:
+        return ProfileProblem("placement.guest_nodes", n, f"the guest's vCPUs are spread evenly over its NUMA nodes: "
+                              f"{vcpus} vCPUs do not divide into {n} nodes",
+                              f"1 or a divisor of guest.vcpus = {vcpus}, at most {MAX_GUEST_NODES}")
+    return None
+
+
+def _hugepage_multiple(p: PathTables) -> ProfileProblem | None:
+    pl, mib = p.placement, p.guest.memory_mib
+    page = HUGEPAGE_MIB.get(pl.hugepages, 0)
+    unit = max(page, 1) * pl.guest_nodes  # each guest node's share of the RAM is whole pages
+    if mib % unit == 0:
+        return None
+    per_node = f" in {pl.guest_nodes} guest nodes of whole pages" if pl.guest_nodes > 1 else ""
+    if not page:  # 4 KiB pages: only the guest nodes' split must come out in whole MiB
+        return ProfileProblem("guest.memory_mib", mib, f"the guest's RAM is split evenly over its "
+                              f"{pl.guest_nodes} NUMA nodes in whole MiB", f"a multiple of {unit} MiB "
+                              f"(placement.guest_nodes = {pl.guest_nodes})")
+    return ProfileProblem("guest.memory_mib", mib, f"the guest's RAM is backed by {pl.hugepages} huge pages"
+                          f"{per_node}: {mib} MiB is not a multiple of {unit} MiB",
+                          f"a multiple of {unit} MiB (placement.hugepages = {pl.hugepages}"
+                          + (f", guest_nodes = {pl.guest_nodes})" if pl.guest_nodes > 1 else ")"))
+
+
+class PathTables(Tables, Protocol):
+    """What these rules read: a profile's tables, [placement] included (core.spec.profiles.Profile is one)."""
+
+    @property
+    def placement(self) -> Placement: ...
+
+
+PathRule = Callable[[PathTables], ProfileProblem | None]
+
+# After core.spec.knobs.RULES: the placement's.
+PATH_RULES: tuple[PathRule, ...] = (
+    _placement_on_xen, _vcpu_pin_count, _iothread_pin_without_iothreads,
+    _memory_nodes, _guest_nodes, _hugepage_multiple,
+)
+
+
+def path_problems(p: PathTables) -> list[ProfileProblem]:
+    """The newer paths' and the placement's impossible combinations, one problem per offending key (PATH_RULES in
+    order)."""
+    return [problem for rule in PATH_RULES if (problem := rule(p)) is not None]
