@@ -178,6 +178,9 @@ def test_test_driver_accepts(prof: Profile, domain_type: str, test_conn):
         dom.undefine()
     root = ET.fromstring(desc)
     assert root.get("type") == domain_type
+    if prof.disk.backing == "vhost-user":  # the cache and AIO mode are qemu-storage-daemon's (test_vhost_user.py)
+        assert root.find("devices/disk").get("type") == "vhostuser"
+        return
     drv = root.find("devices/disk/driver")
     assert drv is not None and drv.get("cache") == prof.disk.cache and drv.get("io") == prof.disk.io
     assert root.find("devices/disk/target").get("bus") == LIBVIRT_BUS[prof.disk.bus]

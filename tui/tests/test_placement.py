@@ -263,8 +263,8 @@ VARIANTS = {
 }
 
 
-def rendered(prof: Profile, shared: bool = False, domain_type: str = "kvm") -> str:
-    hp = resolve(prof.placement, prof.guest.vcpus, TOPO, shared_memory=shared)
+def rendered(prof: Profile, domain_type: str = "kvm") -> str:
+    hp = resolve(prof.placement, prof.guest.vcpus, TOPO)
     return render_domain(DomainPlan(prof, name=f"cbtest-{prof.name}", domain_type=domain_type, kernel="/k",
                                     initrd="/i", cmdline="", disk_path="/var/tmp/d.img", disk_is_block=False,
                                     bridge="cbbr0", placement=hp))
@@ -303,13 +303,6 @@ def test_test_driver_keeps_the_placement(variant):
     cells = ET.fromstring(desc).findall("cpu/numa/cell")
     assert len(cells) == (prof.placement.guest_nodes if prof.placement.guest_nodes > 1 else 0)
     assert sum(int(c.get("memory")) for c in cells) in (0, prof.guest.memory_mib * 1024)  # KiB, as libvirt keeps it
-
-
-def test_shared_memory_is_a_memfd_shared_with_the_device_process():
-    root = ET.fromstring(rendered(profile(), shared=True))
-    assert root.find("memoryBacking/source").get("type") == "memfd"
-    assert root.find("memoryBacking/access").get("mode") == "shared"
-    assert root.find("memoryBacking/hugepages") is None and root.find("cputune") is None
 
 
 def test_host_problem_says_why_a_host_cannot_place_a_guest(tmp_path, monkeypatch):

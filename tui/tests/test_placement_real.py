@@ -1,12 +1,15 @@
-"""A real run with a [placement] table (TCG here: one NUMA node, 2 CPUs): the guest pinned to one CPU with QEMU's
-threads and the iothread on the other, its RAM strict on node 0 in 2 MiB huge pages the run reserved; the tests
-run, the placement is read back from libvirt and /proc, and the host's huge page pool is as it was after the run."""
+"""Real runs with a [placement] table (TCG here: one NUMA node, 2 CPUs): the guest pinned to one CPU with QEMU's
+threads and the disk's iothread on the other, its RAM strict on node 0 in 2 MiB huge pages the run reserved; the
+tests run, the placement is read back from libvirt and /proc, and the host's huge page pool is as it was after the
+run. make test keeps one (the ladder's vhost-user-blk step: the disk served by qemu-storage-daemon, pinned where the
+iothread would be, on shared huge-page RAM); the iothread inside QEMU is in make test-full."""
 
 from __future__ import annotations
 
 import pytest
 from real_runs import completed_run, leftovers, work_files
 
+from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec.profiles import parse_profile
 from cloudbox.core.spec.runspec import RunSpec
 from cloudbox.core.virt.hugepages import HugePages
@@ -38,15 +41,21 @@ hugepages = "2M"
 """
 
 
-def test_pinned_guest_in_huge_pages_runs_and_gives_the_pages_back(state, libvirt_conn, tmp_path):
+def _host() -> tuple[int, tuple[int, ...]]:
     topo = Topology.read()
     node, cpus = topo.largest(), topo.nodes[topo.largest()]
     if len(cpus) < 2:
         pytest.skip(f"needs a NUMA node of 2 CPUs or more: {topo.describe()}")
+    return node, cpus
+
+
+@pytest.mark.full
+def test_pinned_guest_in_huge_pages_runs_and_gives_the_pages_back(state, libvirt_conn, tmp_path):
+    node, cpus = _host()
     path = tmp_path / "pinned-hugepages.toml"
     path.write_text(PINNED)
     parse_profile(PINNED)
-    pool = HugePages(2048, node if len(topo.nodes) > 1 else None)
+    pool = HugePages(2048, node if len(Topology.read().nodes) > 1 else None)
     before = pool.state()
     run = completed_run(RunSpec(profile=str(path), suite="storage", size="16M", storage_tests="randread-4k-qd32",
                                 runtime=3))
@@ -72,4 +81,37 @@ def test_pinned_guest_in_huge_pages_runs_and_gives_the_pages_back(state, libvirt
     after = pool.state()
     assert (after.total, after.free) == (before.total, before.free)
     assert info.hugepages_after == {"total": before.total, "free": before.free}
+    assert leftovers(libvirt_conn, state)["guests"] == [] and work_files(state) == []
+
+
+def test_vhost_user_blk_on_pinned_huge_page_memory(state, libvirt_conn, tmp_path):
+    """The ladder's vhost-user-blk step as a quick run of one test: qemu-storage-daemon serves the file on the CPU
+    the guest's vCPU does not take, the guest's 512 MiB are shared memfd in 2 MiB pages, fio reads through it."""
+    node, cpus = _host()
+    text = PINNED.replace('backing = "prealloc-file"', 'backing = "vhost-user"').replace(
+        'name = "pinned-hugepages"', 'name = "vhost-user-pinned"')
+    path = tmp_path / "vhost-user-pinned.toml"
+    path.write_text(text)
+    pool = HugePages(2048, node if len(Topology.read().nodes) > 1 else None)
+    before = pool.state()
+    run = completed_run(RunSpec(profile=str(path), suite="storage", size="16M", storage_tests="randread-4k-qd32",
+                                runtime=3))
+    assert run.measurement("guest", "randread-4k-qd32", "MB/s").value > 0
+    assert run.measurement("baseline", "randread-4k-qd32", "MB/s").value > 0
+    prov = run.provenance
+    assert prov.backing is not None and prov.backing.kind == "vhost-user"
+    assert "vhost-user-blk by qemu-storage-daemon" in prov.backing.model
+    assert "type='vhostuser'" in prov.domain_xml or 'type="vhostuser"' in prov.domain_xml
+    assert "<access mode='shared'/>" in prov.domain_xml or '<access mode="shared"/>' in prov.domain_xml
+    with ResultStore() as store:
+        logs = [e.payload.get("text", "") for e in store.events_since(run.id, 0) if e.kind == "log"]
+    served = next(t for t in logs if t.startswith("vhost-user-blk: qemu-storage-daemon"))
+    rest = ",".join(str(c) for c in cpus[1:])
+    if len(cpus) == 2:
+        assert served.endswith(f"on CPUs {rest})"), served  # where the placement puts the iothread
+    info = prov.placement
+    assert info is not None and info.vcpu_pins == {"0": str(cpus[0])}
+    assert info.ram_page_kib == 2048 and info.ram_pages == {f"N{node}": 256}, info
+    after = pool.state()
+    assert (after.total, after.free) == (before.total, before.free)
     assert leftovers(libvirt_conn, state)["guests"] == [] and work_files(state) == []

@@ -192,7 +192,7 @@ INVALID = [
         None,
         "disk.backing",
         "lvm",
-        "sparse-file, prealloc-file, qcow2, qcow2-prealloc, block-device, network-volume",
+        "sparse-file, prealloc-file, qcow2, qcow2-prealloc, block-device, network-volume, vhost-user",
     ),
     ("bad-hypervisor", variant(("guest.hypervisor", "qemu")), None, "guest.hypervisor", "qemu", "kvm, xen"),
     (

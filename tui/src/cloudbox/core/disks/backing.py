@@ -53,6 +53,7 @@ class BackingStore:
     baseline_target: str = ""  # file or device the bare-metal baseline runs fio against
     more_paths: list[str] = field(default_factory=list)  # the other disks' stores (disk.count > 1), like `path`
     network: NetworkSource | None = None  # QEMU opens the disk over the network (disk.attach = qemu), not `path`
+    vhost_user: str = ""  # the socket a vhost-user-blk export of `path` listens on (core.disks.vhostuser)
     baseline_labels: list[str] = field(default_factory=list)  # what the baseline's numbers are, beyond `labels`
     _cleanup: list[ledger.Entry] = field(default_factory=list, repr=False)  # what prepare() made, in order
 
@@ -267,6 +268,14 @@ def _free_bytes(d: Path) -> int:
 
 
 FILE_KINDS = ("sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc")
+# Kinds whose store another process serves to the guest (core.disks.vhostuser), made as the kind it maps to here:
+# a pre-allocated file, or the device given.
+SERVED_KINDS = ("vhost-user",)
+
+
+def served_store_kind(kind: str, device: str | None) -> str:
+    """The store a served kind is made as: the device's when one is given, else a pre-allocated file's."""
+    return ("block-device" if device else "prealloc-file") if kind in SERVED_KINDS else kind
 
 
 def disk_bytes(size_bytes: int, count: int) -> int:
@@ -282,6 +291,7 @@ def space_needed(kind: str, size_bytes: int, *, device: str | None = None, count
     """(bytes a run of backing `kind` writes into its work directory, what they are), margin not included: a file
     backing and the bare-metal baseline file beside it; a loop device's file when no --device is given; nothing for a
     device or a network volume. With `count` disks, each store holds its share (disk_bytes)."""
+    kind = served_store_kind(kind, device)
     stores = disk_bytes(size_bytes, count) * count
     if kind in FILE_KINDS:
         return stores + size_bytes, ("backing file" if count == 1 else f"{count} backing files") \
@@ -374,6 +384,11 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
     if kind == "network-volume":
         raise CloudboxError(f"backing 'network-volume' ({volume or 'no volume'}) is exported by the volume service "
                             "(core.disks.volumes), not prepared here")
+    if kind in SERVED_KINDS:  # the store a daemon serves: made as a file or a device, and named as what it is
+        store = prepare(served_store_kind(kind, device), work_dir=work_dir, size_bytes=size_bytes, fmt=fmt,
+                        device=device, confirm=confirm, volume=volume, count=count)
+        store.kind = kind
+        return store
     if count > 1:
         if kind == "block-device" and (device or volume):
             raise CloudboxError(

@@ -23,7 +23,7 @@ from cloudbox import __version__
 
 from .. import paths
 from ..bench import fio, iozone, iscsiperf, runners
-from ..disks import backing, claims, hostraid
+from ..disks import backing, claims, hostraid, vhostuser
 from ..disks.diskstats import Sample, Sampler
 from ..disks.volumes import aoe, hostattach, iscsi, nbd, nfs, nvmet
 from ..disks.volumes.attach import ISCSI_READER_LABELS, check_attach, export_for_run, preflight
@@ -43,8 +43,8 @@ from ..record.provenance import (
     VolumeInfo,
 )
 from ..spec import addresses, catalogue
-from ..spec.knobs import Dom0, is_nfs
-from ..spec.profiles import xen_guest_type
+from ..spec.knobs import VHOST_USER, Dom0, is_nfs
+from ..spec.profiles import Profile, xen_guest_type
 from ..spec.runspec import BOOT, RunSpec
 from ..spec.schemes import SCHEMES
 from ..virt import accel, daemons, network, xendom0
@@ -177,11 +177,31 @@ def prepare_backing(ctx: RunContext) -> None:
         ctx.stack.callback(ctx.backing.remove)
         if disk.raid_on == "host":
             ctx.host_raid = hostraid.build(ctx.backing, disk.chunk_kib)
+    serve_vhost_user(ctx, ctx.backing, ctx.work_dir)
     if ctx.host_raid is not None:
         ctx.sink.log(f"host md array: {ctx.host_raid.device}, RAID 0 over {', '.join(ctx.host_raid.members)} "
                      f"({ctx.host_raid.chunk_kib} KiB chunks): the guest's one disk and the baseline's target")
     ctx.labels += ctx.backing.labels
     ctx.sink.log(f"backing store ready: {ctx.backing.model}")
+
+
+def serve_vhost_user(ctx: RunContext, store: backing.BackingStore, work_dir: Path, k: int = 1,
+                     profile: Profile | None = None) -> None:
+    """disk.backing = vhost-user: qemu-storage-daemon serving guest k's `store` over a socket in `work_dir`, on the
+    CPUs its placement gives the iothreads (else QEMU's threads), stopped on the cleanup stack (after the guest,
+    which is launched later)."""
+    d = (profile or ctx.profile).disk
+    if d.backing != VHOST_USER:
+        return
+    placed = ctx.placement(k)
+    cpus = (placed.iothreads or placed.emulator) if placed is not None else ""
+    with ctx.control.atomic():
+        export = vhostuser.serve(store, work_dir, cache=d.cache, io=d.io, queues=d.queues, iothread=d.iothreads > 0,
+                                 cpus=cpus)
+        ctx.stack.callback(export.close)
+    ctx.sink.log(f"vhost-user-blk: {vhostuser.DAEMON} (pid {export.pid}) serves {store.path} on {export.socket} "
+                 f"(cache {d.cache}, aio {d.io}, {d.queues} queue{'s' if d.queues > 1 else ''}"
+                 + (", its own iothread" if d.iothreads else "") + f", on CPUs {export.cpus_allowed() or '?'})")
 
 
 def _host_raid_info(array: hostraid.HostArray | None) -> RaidInfo | None:
@@ -483,7 +503,7 @@ def launch_guest(ctx: RunContext) -> None:
                       kernel=str(image.boot_kernel(acc.domain_type)),
                       initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
                       cmdline=CMDLINE,
-                      disk_path="" if guest_attaches(ctx) else ctx.backing.path,
+                      disk_path="" if guest_attaches(ctx) else ctx.backing.vhost_user or ctx.backing.path,
                       disk_is_block=ctx.backing.is_block,
                       bridge=ctx.hostnet.bridge if ctx.hostnet else None,
                       run_uuid=ctx.run_uuid,

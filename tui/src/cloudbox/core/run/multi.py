@@ -65,6 +65,7 @@ from .local import (
     on_claimed,
     probe_accelerator,
     record_facts,
+    serve_vhost_user,
     serve_volume,
     unmount_export_on_host,
     volume_info,
@@ -219,6 +220,7 @@ def prepare_stores(ctx: RunContext) -> None:
             store = backing.prepare(disk.backing, work_dir=ctx.work_dir / f"g{k}", size_bytes=ctx.size,
                                     fmt=disk.format, volume=disk.volume, count=disk.count)
             ctx.stack.callback(store.remove)
+        serve_vhost_user(ctx, store, ctx.work_dir / f"g{k}", k, ctx.guest_profile(k))
         ctx.backings.append(store)
     ctx.backing = ctx.backings[0]
     ctx.labels += ctx.backing.labels
@@ -439,7 +441,8 @@ def launch_many(ctx: RunContext) -> None:
         plan = DomainPlan(profile, name=name, domain_type=acc.domain_type,
                           kernel=str(image.boot_kernel(acc.domain_type)),
                           initrd=str(initrd_for(profile.guest.memory_mib)),
-                          cmdline=CMDLINE, disk_path="" if ctx.volume else store.path, disk_is_block=store.is_block,
+                          cmdline=CMDLINE, disk_path="" if ctx.volume else store.vhost_user or store.path,
+                          disk_is_block=store.is_block,
                           bridge=ctx.hostnet.bridge if ctx.hostnet else None,
                           run_uuid=ctx.run_uuid, console_log=str(log), more_disk_paths=store.more_paths,
                           placement=ctx.placement(k))

@@ -1,16 +1,18 @@
-"""The run's steps for a profile's [placement]: the guests placed on this host's CPUs and NUMA nodes, the huge pages
-their RAM needs reserved before anything else is made and given back after the run, and what the host really did
-read back once the guests are up (libvirt's pinning, QEMU's threads' affinities and its RAM's nodes from /proc,
-the huge page pool) into the run's provenance."""
+"""The run's steps for what a profile asks of this host: its paths' needs checked (core.virt.requirements), the
+guests placed on its CPUs and NUMA nodes ([placement]), the huge pages their RAM needs reserved before anything
+else is made and given back after the run, and what the host really did read back once the guests are up
+(libvirt's pinning, QEMU's threads' affinities and its RAM's nodes from /proc, the huge page pool) into the run's
+provenance."""
 
 from __future__ import annotations
 
 import contextlib
 
+from ..errors import CloudboxError
 from ..record.provenance import PlacementInfo
 from ..spec.iopaths import Placement
-from ..spec.profiles import Profile, placement_words
-from ..virt import placement
+from ..spec.profiles import placement_words
+from ..virt import placement, requirements
 from ..virt.domain import read_domain
 from ..virt.guest import Guest
 from ..virt.hugepages import HugePages, pages_for
@@ -18,18 +20,21 @@ from .context import RunContext
 
 
 def place_guests(ctx: RunContext) -> None:
-    """Each guest's [placement] resolved on this host (ctx.placements, guest k's at k-1), and the huge pages they
-    all take reserved, their release registered first; refused with the arithmetic before the run makes
-    anything when the host cannot. Nothing for a profile without a [placement] table."""
+    """What the run's profiles need of this host checked (core.virt.requirements), each guest's [placement] resolved
+    on it (ctx.placements, guest k's at k-1), and the huge pages they all take reserved, their release registered
+    first; refused with the arithmetic before the run makes anything when the host cannot. Nothing more for a
+    profile without a [placement] table."""
     n = ctx.spec.guests
     profiles = [ctx.guest_profile(k) for k in range(1, n + 1)]
-    shared = [shared_memory(p) for p in profiles]
-    if all(p.placement == Placement() for p in profiles) and not any(shared):
+    for p in {p.name: p for p in profiles}.values():
+        if (why := requirements.host_problem(p)) is not None:
+            raise CloudboxError(f"profile {p.name}: {why}")
+    if all(p.placement == Placement() for p in profiles):
         return
     ctx.sink.step("placing the guest" + ("s" if n > 1 else "") + " on this host's CPUs and memory")
     topo = placement.Topology.read()
-    ctx.placements = [placement.resolve(p.placement, p.guest.vcpus, topo, guest=k, shared_memory=s, profile=p.name)
-                      for k, (p, s) in enumerate(zip(profiles, shared, strict=True))]
+    ctx.placements = [placement.resolve(p.placement, p.guest.vcpus, topo, guest=k, profile=p.name)
+                      for k, p in enumerate(profiles)]
     info = ctx.provenance.placement = PlacementInfo(
         asked=placement_words(ctx.profile.placement), topology=topo.describe(),
         placed=[hp.words() for hp in ctx.placements])
@@ -56,11 +61,6 @@ def place_guests(ctx: RunContext) -> None:
         ctx.sink.log(f"huge pages: {needed} of {page_kib} KiB reserved on {pool.where} for the run ({got.total} "
                      f"in the pool, {got.free} free; {pool.added} added, given back after the run)")
     ctx.save_provenance()
-
-
-def shared_memory(profile: Profile) -> bool:
-    """The guest's RAM must be shared memory a device process maps (vhost-user)."""
-    return False
 
 
 def record_placement(ctx: RunContext, guest: Guest) -> None:

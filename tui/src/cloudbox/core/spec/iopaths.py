@@ -1,9 +1,10 @@
 """The knobs of today's I/O paths: where the guest runs on the host ([placement]: pinning, NUMA-local memory, huge
-pages, the guest's own NUMA nodes), with their rules; the newer disk and NIC paths add theirs here.
+pages, the guest's own NUMA nodes), and the newer disk path (vhost-user-blk), with their rules.
 
 `Placement` is the table (a profile holds one, core.spec.profiles); `PATH_RULES` are the rules between these knobs
 and the others, one small function each, in the style of core.spec.knobs.RULES, every one naming the key it
 refuses, the value, why and what is allowed; `path_problems` applies them all, after knobs.cross_field_problems.
+`shared_memory` is what a disk path implies for the guest's RAM.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from pydantic import AfterValidator, Field
 from cloudbox.core.errors import ProfileProblem
 
 from .knobs import (
+    MAPPED_BUS,
+    VHOST_USER,
+    Backing,
     Disk,
     Tables,
     _cpu_list,
     _default,
     _most,
+    _values,
     cpu_sequence,
 )
 from .schema import Strict
@@ -28,11 +33,19 @@ from .schema import Strict
 # Huge pages backing the guest's RAM (placement.hugepages): none (the host's 4 KiB pages), 2 MiB or 1 GiB pages, which
 # the run reserves on the host for itself and releases after.
 HugePages = Literal["none", "2M", "1G"]
+
+
 # How the guest's RAM is bound to the host's NUMA nodes (placement.memory_mode): only those nodes (strict), those
 # first (preferred), or spread over them page by page (interleave).
 MemoryMode = Literal["strict", "preferred", "interleave"]
+
+
 AUTO = "auto"  # a placement chosen on the host at run time: one NUMA node's CPUs, or the node the vCPUs run on
+
+
 HUGEPAGE_MIB: dict[str, int] = {"2M": 2, "1G": 1024}
+
+
 MAX_GUEST_NODES = 8
 
 
@@ -57,6 +70,31 @@ class Placement(Strict):
     memory_mode: MemoryMode = "strict"
     hugepages: HugePages = "none"
     guest_nodes: Annotated[int, Field(ge=1, le=MAX_GUEST_NODES)] = 1  # the guest's NUMA nodes, its vCPUs spread
+
+
+def shared_memory(disk: Disk) -> bool:
+    """The guest's RAM must be shared memory another process maps: a vhost-user device's daemon."""
+    return disk.backing == VHOST_USER
+
+
+def _vhost_user(p: PathTables) -> ProfileProblem | None:
+    g, d = p.guest, p.disk
+    if d.backing != VHOST_USER:
+        return None
+    if g.hypervisor != "kvm":
+        return ProfileProblem("disk.backing", d.backing, "a vhost-user device is QEMU's: libxl (Xen) has none",
+                              f"{_values(Backing, VHOST_USER, 'network-volume')} (with guest.hypervisor = xen)")
+    if d.bus != MAPPED_BUS:
+        return ProfileProblem("disk.bus", d.bus, "qemu-storage-daemon serves the disk as vhost-user-blk, which the "
+                              f"guest sees as a {MAPPED_BUS} device", f"{MAPPED_BUS} (with disk.backing = "
+                              f"{VHOST_USER})")
+    if d.count > 1 or d.raid != "none":
+        return ProfileProblem("disk.count", d.count, "one qemu-storage-daemon export serves the one disk",
+                              f"1 (with disk.backing = {VHOST_USER})")
+    if d.iothreads > 1:
+        return ProfileProblem("disk.iothreads", d.iothreads, "the disk's requests are served by qemu-storage-daemon: "
+                              "this is its iothread (0: its main loop)", f"0..1 (with disk.backing = {VHOST_USER})")
+    return None
 
 
 def _placement_on_xen(p: PathTables) -> ProfileProblem | None:
@@ -134,9 +172,9 @@ class PathTables(Tables, Protocol):
 
 PathRule = Callable[[PathTables], ProfileProblem | None]
 
-# After core.spec.knobs.RULES: the placement's.
+# After core.spec.knobs.RULES: the disk path, then the placement.
 PATH_RULES: tuple[PathRule, ...] = (
-    _placement_on_xen, _vcpu_pin_count, _iothread_pin_without_iothreads,
+    _vhost_user, _placement_on_xen, _vcpu_pin_count, _iothread_pin_without_iothreads,
     _memory_nodes, _guest_nodes, _hugepage_multiple,
 )
 

@@ -3,9 +3,10 @@ them.
 
 The tables are pydantic models on schema.Strict (`Guest`, `Disk`, `Network`, `Dom0`, `Nfs`; a profile is one of
 each with core.spec.iopaths' `Placement`, core.spec.profiles). `RULES` are the rules between knobs, one small
-function each, every one naming the key it refuses, the value, why, and what is allowed, spelled from the constants
-below; `cross_field_problems` applies them all. `implied_xen_type`, `guest_type`, `guest_disks`, `is_nfs`,
-`xen_backend` and `xen_cache_mode` are what a table's knobs imply.
+function each, every one naming
+the key it refuses, the value, why, and what is allowed, spelled from the constants below; `cross_field_problems`
+applies them all. `implied_xen_type`, `guest_type`, `guest_disks`, `is_nfs`, `xen_backend` and `xen_cache_mode` are what
+a table's knobs imply.
 
 Decisions worth knowing (see also the presets' comments):
 - Xen (libxl) supports the disk buses xen-vbd (PV blkfront: the guest is a PV guest),
@@ -51,7 +52,8 @@ XenType = Literal["auto", "pv", "pvh", "hvm"]
 Bus = Literal["virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "xen-vbd"]
 CacheMode = Literal["none", "writethrough", "writeback", "directsync", "unsafe"]
 IoMode = Literal["native", "threads", "io_uring"]
-Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "block-device", "network-volume"]
+Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "block-device", "network-volume",
+                  "vhost-user"]
 DiskFormat = Literal["raw", "qcow2"]
 NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
 RaidLevel = Literal["none", "0"]
@@ -70,6 +72,8 @@ NfsWrites = Literal["async", "sync"]
 XEN_PV_BUS = "xen-vbd"  # Xen's PV block device: a PV guest's only bus
 XEN_PV_NIC = "xen-netfront"  # Xen's PV NIC: a PV or PVH guest's only NIC
 VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
+MAPPED_BUS = "virtio-blk"  # the bus a vhost-user-blk device is to the guest
+VHOST_USER = "vhost-user"  # the backing qemu-storage-daemon serves as a vhost-user-blk device (a virtio-blk disk)
 XEN_HVM_BUSES: tuple[str, ...] = ("ide", "scsi-lsi")  # emulated by Xen's QEMU: HVM guests only
 XEN_BUSES: tuple[str, ...] = (XEN_PV_BUS, *XEN_HVM_BUSES)
 KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide")

@@ -248,6 +248,7 @@ _BACKING_WORDS = {
     "qcow2-prealloc": "a pre-allocated qcow2 image",
     "block-device": "a whole block device",
     "network-volume": "a network volume",
+    "vhost-user": "a pre-allocated file served by qemu-storage-daemon (vhost-user-blk)",
 }
 _ATTACH_WORDS = {"host": "the host's kernel", "guest": "the guest's kernel", "qemu": "QEMU's own initiator"}
 _XEN_BACKEND_WORDS = {"phy": "blkback (phy)", "qdisk": "qdisk (QEMU in dom0)"}

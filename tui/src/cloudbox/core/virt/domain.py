@@ -40,8 +40,8 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Self, TypeVar, overload
 
 from cloudbox.core.disks.backing import NetworkSource
-from cloudbox.core.spec.iopaths import Placement
-from cloudbox.core.spec.knobs import guest_disks, xen_backend
+from cloudbox.core.spec.iopaths import Placement, shared_memory
+from cloudbox.core.spec.knobs import VHOST_USER, guest_disks, xen_backend
 from cloudbox.core.spec.profiles import Profile, xen_guest_type
 
 from .placement import HostPlacement
@@ -462,20 +462,22 @@ def _resources(root: ET.Element, profile: Profile, xen: bool, placement: HostPla
     g, d = profile.guest, profile.disk
     _sub(root, "memory", str(g.memory_mib), unit="MiB")
     _sub(root, "currentMemory", str(g.memory_mib), unit="MiB")
-    if placement is not None and (placement.hugepage_kib or placement.shared_memory):
+    pages = placement.hugepage_kib if placement is not None else 0
+    shared = shared_memory(d)  # a vhost-user device's daemon maps the guest's RAM
+    if pages or shared:
         # memfd, not a hugetlbfs mount: libvirt reads those once at its start, and memfd needs none
         backing = _sub(root, "memoryBacking")
-        if placement.hugepage_kib:
+        if pages:
             page = HugePage.new(_sub(backing, "hugepages"))
-            page.size, page.unit = str(placement.hugepage_kib), "KiB"
+            page.size, page.unit = str(pages), "KiB"
         _sub(backing, "source", type="memfd")
-        if placement.shared_memory:
+        if shared:
             _sub(backing, "access", mode="shared")
     _sub(root, "vcpu", str(g.vcpus), placement="static")
-    if d.iothreads > 0 and not xen:
+    if d.iothreads > 0 and not xen and d.backing != VHOST_USER:  # a vhost-user disk's iothread is its daemon's
         _sub(root, "iothreads", str(d.iothreads))
     if placement is not None:
-        _placement(root, placement, d.iothreads)
+        _placement(root, placement, 0 if d.backing == VHOST_USER else d.iothreads)
 
 
 def _placement(root: ET.Element, placement: HostPlacement, iothreads: int) -> None:
@@ -559,6 +561,9 @@ def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, d
     """Benchmark disk `index`: the profile's bus, cache and I/O mode (QEMU), or phy/qdisk (Xen); over the network
     when `network` is given."""
     d = profile.disk
+    if d.backing == VHOST_USER:
+        _vhost_user_disk(devices, profile, disk_path)
+        return
     kind = "network" if network is not None else "block" if disk_is_block else "file"
     disk = _sub(devices, "disk", type=kind, device="disk")
     if xen:
@@ -586,6 +591,19 @@ def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, d
     else:
         _sub(disk, "source", file=disk_path)
     _sub(disk, "target", dev=target_dev(d.bus, index), bus=_TARGETS[d.bus][1])
+
+
+def _vhost_user_disk(devices: ET.Element, profile: Profile, socket: str) -> None:
+    """The disk as a vhost-user-blk device on qemu-storage-daemon's socket: the cache, AIO mode and iothread are the
+    daemon's (core.disks.vhostuser), QEMU only moves the queues' notifications; its queues stay the profile's."""
+    d = profile.disk
+    disk = _sub(devices, "disk", type="vhostuser", device="disk")
+    drv = _sub(disk, "driver", name="qemu", type="raw")
+    if d.queues > 1:
+        drv.set("queues", str(d.queues))
+    src = _sub(disk, "source", type="unix", path=socket)
+    _sub(src, "reconnect", enabled="yes", timeout="10")
+    _sub(disk, "target", dev=target_dev(d.bus, 0), bus=_TARGETS[d.bus][1])
 
 
 def _interface(devices: ET.Element, profile: Profile, bridge: str, mac: str | None) -> None:

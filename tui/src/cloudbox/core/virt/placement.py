@@ -99,8 +99,7 @@ def _pinning_order(root: Path, cpus: list[int]) -> tuple[int, ...]:
 class HostPlacement:
     """A guest's placement on this host, as core.virt.domain writes it: each vCPU's cpuset (empty: not pinned),
     QEMU's own threads' and the iothreads' cpusets, the host nodes holding its RAM and how, the huge page size
-    (KiB, 0: the host's base pages), the guest's own NUMA nodes, and whether its RAM is shared memory (memfd,
-    which a vhost-user device process maps)."""
+    (KiB, 0: the host's base pages) and the guest's own NUMA nodes."""
 
     vcpus: tuple[str, ...] = ()
     emulator: str = ""
@@ -109,7 +108,6 @@ class HostPlacement:
     memory_mode: str = "strict"
     hugepage_kib: int = 0
     guest_nodes: int = 1
-    shared_memory: bool = False
 
     @property
     def pinned(self) -> bool:
@@ -129,8 +127,6 @@ class HostPlacement:
             out.append(f"RAM in {_page_words(self.hugepage_kib)} huge pages")
         if self.guest_nodes > 1:
             out.append(f"{self.guest_nodes} guest NUMA nodes")
-        if self.shared_memory:
-            out.append("RAM shared (memfd)")
         return "; ".join(out) or "as the host's scheduler places it"
 
 
@@ -143,8 +139,7 @@ def hugepage_kib(placement: Placement) -> int:
     return HUGEPAGE_MIB.get(placement.hugepages, 0) * 1024
 
 
-def resolve(placement: Placement, vcpus: int, topo: Topology, *, guest: int = 0, shared_memory: bool = False,
-            profile: str = "") -> HostPlacement:
+def resolve(placement: Placement, vcpus: int, topo: Topology, *, guest: int = 0, profile: str = "") -> HostPlacement:
     """`placement` on `topo` for guest `guest` (0-based) of a run: explicit lists checked against the host, auto
     chosen; a PlacementRefused naming the key, the host's CPUs or nodes and the arithmetic when it cannot be."""
     who = f"profile {profile}: " if profile else ""
@@ -180,8 +175,7 @@ def resolve(placement: Placement, vcpus: int, topo: Topology, *, guest: int = 0,
         memory_nodes=_memory_nodes(who, placement, taken, topo),
         memory_mode=placement.memory_mode,
         hugepage_kib=hugepage_kib(placement),
-        guest_nodes=placement.guest_nodes,
-        shared_memory=shared_memory)
+        guest_nodes=placement.guest_nodes)
 
 
 def _nodes_cpus(topo: Topology, cpus: list[int]) -> tuple[int, ...]:
