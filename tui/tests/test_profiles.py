@@ -599,6 +599,7 @@ def test_knobs_are_flat_and_ordered():
         "network.vhost",
         "network.queues",
         "network.mtu",
+        "network.attach",
     ]
     assert knobs["disk.cache"] == "writethrough"
 

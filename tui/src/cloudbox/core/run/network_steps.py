@@ -62,6 +62,11 @@ def plumb(ctx: RunContext) -> None:
     guest_attach = d.backing == "network-volume" and d.attach == "guest"  # the volume reaches it over its NIC
     if not (spec.wants_network or spec.session or guest_attach or spec.wants_links):  # MPI ranks, fio's clients
         return
+    attach = ctx.profile.network.attach
+    if peer and attach != "bridge":
+        raise CloudboxError(f"profile {ctx.profile.name}: network.attach = {attach} puts the guest on a link of this "
+                            f"host's own, and the tests to the front-end {peer} (or its volume) go over the private "
+                            "bridge; allowed here: network.attach = bridge")
     hostnet = ctx.hostnet = network.HostNetwork(mtu)
     ctx.stack.callback(hostnet.teardown)
     with ctx.control.atomic():
@@ -69,6 +74,10 @@ def plumb(ctx: RunContext) -> None:
         if peer:
             hostnet.use_bridge(ctx.private_bridge)
             ctx.sink.step(f"network: the private bridge {ctx.private_bridge} ({hostnet.host_ip}){ns}, MTU {mtu}")
+        elif attach == "macvtap":
+            ctx.sink.step(f"network: link {addresses.MACVTAP_LINK} for the guest's macvtap, the host's macvlan "
+                          f"{addresses.MACVLAN_HOST} beside it ({hostnet.host_ip}){ns}, MTU {mtu}")
+            hostnet.setup_macvtap()
         else:
             ctx.sink.step(f"network: bridge {addresses.BRIDGE}{ns}, MTU {mtu}")
             hostnet.setup_bridge()

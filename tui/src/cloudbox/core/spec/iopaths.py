@@ -1,5 +1,5 @@
 """The knobs of today's I/O paths: where the guest runs on the host ([placement]: pinning, NUMA-local memory, huge
-pages, the guest's own NUMA nodes), and the newer disk path (vhost-user-blk), with their rules.
+pages, the guest's own NUMA nodes), the newer disk path (vhost-user-blk), and the NIC's (macvtap), with their rules.
 
 `Placement` is the table (a profile holds one, core.spec.profiles); `PATH_RULES` are the rules between these knobs
 and the others, one small function each, in the style of core.spec.knobs.RULES, every one naming the key it
@@ -163,6 +163,14 @@ def _hugepage_multiple(p: PathTables) -> ProfileProblem | None:
                           + (f", guest_nodes = {pl.guest_nodes})" if pl.guest_nodes > 1 else ")"))
 
 
+def _nic_attach(p: PathTables) -> ProfileProblem | None:
+    n, g = p.network, p.guest
+    if n.attach != "bridge" and g.hypervisor != "kvm":
+        return ProfileProblem("network.attach", n.attach, "a macvtap is handed to the guest through libvirt's "
+                              "QEMU/KVM driver here", f"bridge (with guest.hypervisor = {g.hypervisor})")
+    return None
+
+
 class PathTables(Tables, Protocol):
     """What these rules read: a profile's tables, [placement] included (core.spec.profiles.Profile is one)."""
 
@@ -172,9 +180,9 @@ class PathTables(Tables, Protocol):
 
 PathRule = Callable[[PathTables], ProfileProblem | None]
 
-# After core.spec.knobs.RULES: the disk path, then the placement.
+# After core.spec.knobs.RULES: the disk paths, the NIC's, then the placement.
 PATH_RULES: tuple[PathRule, ...] = (
-    _vhost_user, _placement_on_xen, _vcpu_pin_count, _iothread_pin_without_iothreads,
+    _vhost_user, _nic_attach, _placement_on_xen, _vcpu_pin_count, _iothread_pin_without_iothreads,
     _memory_nodes, _guest_nodes, _hugepage_multiple,
 )
 

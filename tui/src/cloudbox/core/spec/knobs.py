@@ -56,6 +56,9 @@ Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "bl
                   "vhost-user"]
 DiskFormat = Literal["raw", "qcow2"]
 NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
+# How the guest's NIC reaches the host (network.attach): a tap on the run's bridge, or a macvtap on a link of the
+# run's (libvirt's <interface type='direct'>).
+NicAttach = Literal["bridge", "macvtap"]
 RaidLevel = Literal["none", "0"]
 RaidOn = Literal["guest", "host"]
 Attach = Literal["host", "guest", "qemu"]
@@ -186,12 +189,13 @@ class Disk(Strict):
 
 
 class Network(Strict):
-    """The guest's NIC on the private bridge."""
+    """The guest's NIC on the private bridge (or a macvtap: attach)."""
 
     model: NicModel
     vhost: bool = False
     queues: int = Field(1, ge=1, le=16)
     mtu: int = Field(1500, ge=1500, le=9000)
+    attach: NicAttach = "bridge"
 
 
 class Dom0(Strict):

@@ -61,7 +61,8 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 _HASH_NEUTRAL: dict[str, dict[str, object]] = {"guest": {"xen_type": "auto"},
                                                 "disk": {"count": 1, "raid": "none", "chunk_kib": 0, "attach": "host",
                                                          "xen_backend": "auto", "raid_on": "guest"},
-                                                "dom0": {"vcpu_pin": "", "memory_mib": 0}}
+                                                "dom0": {"vcpu_pin": "", "memory_mib": 0},
+                                                "network": {"attach": "bridge"}}
 SECTIONS: tuple[str, ...] = ("guest", "disk", "network", "dom0", "nfs", "placement")
 
 # Human wording for string fields whose rule is not a list of values or a range.
@@ -209,6 +210,8 @@ class Profile(Strict):
             net += " (vhost)" if n.vhost else " (userspace)"
         if n.queues > 1:
             net += f", {n.queues} queues"
+        if n.attach == "macvtap":
+            net += ", macvtap"
         net += f", MTU {n.mtu}"
         vcpu = f"{g.vcpus} vCPU{'s' if g.vcpus > 1 else ''}"
         dom0 = [f"vCPUs pinned to {self.dom0.vcpu_pin}"] if self.dom0.vcpu_pin else []

@@ -18,7 +18,8 @@ Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does 
   scsi-lsi     controller scsi model lsilogic (QEMU device "lsi" = LSI 53C895A); target sda bus scsi
   sata         target sda bus sata (libvirt adds an ich9-ahci controller)
   ide          target hda bus ide
-  NIC          <model type=e1000|rtl8139|virtio>; virtio gets <driver name=vhost|qemu queues=N>
+  NIC          <model type=e1000|rtl8139|virtio>; virtio gets <driver name=vhost|qemu queues=N>; on the bridge
+               (interface type bridge) or a macvtap (type direct, source dev mode=bridge: network.attach = macvtap)
 Xen (libxl), the guest type from guest.xen_type (auto: PV on xen-vbd, HVM on ide/scsi-lsi):
   PV           os type xen (machine xenpv), direct kernel boot, target xvda bus xen, NIC netfront
   PVH          os type xenpvh (machine xenpvh), otherwise as PV: the same disks, NIC, console and channel
@@ -189,6 +190,8 @@ class Interface(_Part):
     PATH = "devices/interface"
     mac = _Value("mac", "address")
     bridge = _Value("source", "bridge")
+    lower = _Value("source", "dev")  # a macvtap's link (type direct)
+    mode = _Value("source", "mode")
     tap = _Value("target", "dev")  # the host's tap device: libvirt writes it into the live XML
     link = _Value("link", "state")  # up or down: libvirt's link state, QEMU's set_link
 
@@ -607,18 +610,23 @@ def _vhost_user_disk(devices: ET.Element, profile: Profile, socket: str) -> None
 
 
 def _interface(devices: ET.Element, profile: Profile, bridge: str, mac: str | None) -> None:
-    """The NIC on `bridge`: the profile's model, vhost and queues (virtio), and MTU."""
+    """The NIC on `bridge` (network.attach = bridge) or a macvtap on link `bridge` (macvtap: libvirt's direct type,
+    bridge mode): the profile's model, vhost and queues (virtio), and MTU."""
     n = profile.network
-    iface = Interface.new(devices, type="bridge")
+    iface = Interface.new(devices, type="direct" if n.attach == "macvtap" else "bridge")
     if mac is not None:
         iface.mac = mac.lower()
-    iface.bridge = bridge
+    if n.attach == "macvtap":
+        iface.lower, iface.mode = bridge, "bridge"
+    else:
+        iface.bridge = bridge
     _sub(iface.el, "model", type=_NIC_MODEL[n.model])
     if n.model == "virtio":
         drv = _sub(iface.el, "driver", name="vhost" if n.vhost else "qemu")
         if n.queues > 1:
             drv.set("queues", str(n.queues))
-    _sub(iface.el, "mtu", size=str(n.mtu))
+    if n.attach == "bridge":  # libvirt (9.0) refuses an MTU on a direct NIC: the macvtap takes its link's, the run's
+        _sub(iface.el, "mtu", size=str(n.mtu))
 
 
 def _console_and_agent(devices: ET.Element, *, xen: bool, pv: bool, console_log: str | None,

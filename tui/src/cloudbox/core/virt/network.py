@@ -27,7 +27,20 @@ from .. import ledger
 from ..errors import CloudboxError, GuestError, NicStalled, PermissionProblem
 from ..procs import die_with_parent, free_port
 from ..spec import nodeconf
-from ..spec.addresses import BRIDGE, GUEST_IP, HOST_IP, NS, NS_HOST_IP, NS_IP, PREFIX, VETH_HOST, VETH_NS
+from ..spec.addresses import (
+    BRIDGE,
+    GUEST_IP,
+    HOST_IP,
+    MACVLAN_HOST,
+    MACVTAP_LINK,
+    MACVTAP_PEER,
+    NS,
+    NS_HOST_IP,
+    NS_IP,
+    PREFIX,
+    VETH_HOST,
+    VETH_NS,
+)
 from .domain import read_domain
 
 if TYPE_CHECKING:
@@ -90,6 +103,29 @@ class HostNetwork:
         _ip("link", "set", self.bridge, "mtu", str(self.mtu))
         _ip("addr", "add", f"{HOST_IP}/{PREFIX}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
+
+    def setup_macvtap(self) -> None:
+        """network.attach = macvtap: a veth pair of the run's whose first end the guest's macvtap (libvirt's, bridge
+        mode) and a macvlan holding HOST_IP both sit on; `bridge` is then that end, which the domain names."""
+        if os.geteuid() != 0:
+            raise PermissionProblem("a macvtap NIC needs root (the run makes a veth pair and a macvlan)")
+        if link_exists(MACVTAP_LINK):  # a dead run's (the run holds this host's run lock)
+            uppers = [p.name for p in Path(f"/sys/class/net/{MACVTAP_LINK}").glob("upper_*")]
+            if any(u != f"upper_{MACVLAN_HOST}" for u in uppers):
+                raise CloudboxError(f"link {MACVTAP_LINK} already exists with a guest's macvtap on it: another "
+                                    f"cloudbox run is using it; remove it with: ip link del {MACVTAP_LINK}")
+            _ip("link", "del", MACVTAP_LINK)
+            self.reaped.append(f"link {MACVTAP_LINK} (no guest on it)")
+        _ip("link", "add", MACVTAP_LINK, "mtu", str(self.mtu), "type", "veth", "peer", "name", MACVTAP_PEER,
+            "mtu", str(self.mtu))
+        self.created.append(("link", MACVTAP_LINK))
+        _ip("link", "add", MACVLAN_HOST, "link", MACVTAP_LINK, "type", "macvlan", "mode", "bridge")
+        self.created.append(("link", MACVLAN_HOST))
+        _ip("link", "set", MACVLAN_HOST, "mtu", str(self.mtu))
+        _ip("addr", "add", f"{HOST_IP}/{PREFIX}", "dev", MACVLAN_HOST)
+        for link in (MACVTAP_LINK, MACVTAP_PEER, MACVLAN_HOST):
+            _ip("link", "set", link, "up")
+        self.bridge = MACVTAP_LINK
 
     def _reap_bridge(self) -> None:
         """The run holds this host's run lock, so an existing bridge of ours is a dead run's: removed when no
