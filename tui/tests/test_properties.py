@@ -189,14 +189,17 @@ def valid_profiles(draw) -> dict[str, Any]:
     volume = {"block-device": draw(st.sampled_from(["", "/dev/sdb", "/dev/disk/by-id/ata-X"])),
               "network-volume": draw(st.sampled_from(["aoe:e1.0", "iscsi:iqn.2026-01.lab:t", "nbd:fe:10809"]))
               }.get(backing, "")
+    queues = draw(st.integers(1, min(16, vcpus))) if virtio_disk else 1
+    # several iothreads take the disk's queues between them (virtqueue mapping): virtio-blk, one queue each at least
+    most = queues if bus == knobs.MAPPED_BUS else 1
     out: dict[str, Any] = {
         "name": draw(st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True)),
         "description": draw(one_line),
         "guest": {"hypervisor": hv, "vcpus": vcpus, "memory_mib": draw(st.integers(256, 262144))},
         "disk": {"bus": bus, "cache": cache, "io": io, "backing": backing, "volume": volume,
                  "format": "qcow2" if backing in knobs.QCOW2_BACKINGS else "raw",
-                 "iothreads": draw(st.integers(0, 16)) if virtio_disk else 0,
-                 "queues": draw(st.integers(1, min(16, vcpus))) if virtio_disk else 1},
+                 "iothreads": draw(st.integers(0, most)) if virtio_disk else 0,
+                 "queues": queues},
         "network": {"model": model, "vhost": draw(st.booleans()) if model == "virtio" else False,
                     "queues": draw(st.integers(1, min(16, vcpus))) if model == "virtio" else 1,
                     "mtu": draw(st.integers(1500, 9000))},

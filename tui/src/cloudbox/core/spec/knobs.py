@@ -75,7 +75,7 @@ NfsWrites = Literal["async", "sync"]
 XEN_PV_BUS = "xen-vbd"  # Xen's PV block device: a PV guest's only bus
 XEN_PV_NIC = "xen-netfront"  # Xen's PV NIC: a PV or PVH guest's only NIC
 VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
-MAPPED_BUS = "virtio-blk"  # the bus a vhost-user-blk device is to the guest
+MAPPED_BUS = "virtio-blk"  # the bus whose queues several iothreads share (IOThread virtqueue mapping)
 VHOST_USER = "vhost-user"  # the backing qemu-storage-daemon serves as a vhost-user-blk device (a virtio-blk disk)
 XEN_HVM_BUSES: tuple[str, ...] = ("ide", "scsi-lsi")  # emulated by Xen's QEMU: HVM guests only
 XEN_BUSES: tuple[str, ...] = (XEN_PV_BUS, *XEN_HVM_BUSES)
@@ -401,6 +401,15 @@ def _iothreads(p: Tables) -> ProfileProblem | None:
         return ProfileProblem("disk.iothreads", d.iothreads, f"iothreads serve virtio devices only, not {d.bus}",
                               f"0 (with disk.bus = {d.bus}); 1..{_most(Disk, 'iothreads')} needs bus "
                               f"{_either(VIRTIO_BUSES)}")
+    if d.iothreads > 1 and d.bus != MAPPED_BUS:
+        return ProfileProblem("disk.iothreads", d.iothreads, f"several iothreads serve one disk by taking its queues "
+                              f"between them (IOThread virtqueue mapping), which cloudbox gives {MAPPED_BUS}",
+                              f"0..1 (with disk.bus = {d.bus}); 2..{_most(Disk, 'iothreads')} needs bus {MAPPED_BUS}")
+    if d.iothreads > 1 and d.queues < d.iothreads:
+        return ProfileProblem("disk.iothreads", d.iothreads, f"the disk's queues are spread over its iothreads, each "
+                              f"taking at least one: {d.queues} queue{'s' if d.queues > 1 else ''} for "
+                              f"{d.iothreads} iothreads leaves some idle", f"0..{d.queues} (with disk.queues = "
+                              f"{d.queues}); more iothreads need as many disk.queues")
     return None
 
 

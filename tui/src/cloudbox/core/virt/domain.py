@@ -13,7 +13,8 @@ A profile with disk.count N > 1 gets N such disks, one per backing store, named 
 the bus's own sequence (vda, vdb, ...; sda, sdb, ...; hda..hdd; xvda, xvdb, ...).
 
 Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does not):
-  virtio-blk   target vda bus virtio; <driver iothread=1 queues=N>
+  virtio-blk   target vda bus virtio; <driver iothread=1 queues=N>; with disk.iothreads N > 1 the queues dealt
+               over them (<driver><iothreads><iothread id><queue id>: libvirt 10.0, QEMU 9.0)
   virtio-scsi  controller scsi model virtio-scsi (<driver queues iothread>); target sda bus scsi
   scsi-lsi     controller scsi model lsilogic (QEMU device "lsi" = LSI 53C895A); target sda bus scsi
   sata         target sda bus sata (libvirt adds an ich9-ahci controller)
@@ -575,10 +576,12 @@ def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, d
     else:
         drv = _sub(disk, "driver", name="qemu", type=d.format, cache=d.cache, io=d.io)
         if d.bus == "virtio-blk":
-            if d.iothreads > 0:
+            if d.iothreads == 1:
                 drv.set("iothread", "1")
             if d.queues > 1:
                 drv.set("queues", str(d.queues))
+            if d.iothreads > 1:
+                _queue_map(drv, d.iothreads, d.queues)
     if network is not None:
         src = _sub(disk, "source", protocol=network.protocol, name=network.name)
         if network.tls:
@@ -607,6 +610,21 @@ def _vhost_user_disk(devices: ET.Element, profile: Profile, socket: str) -> None
     src = _sub(disk, "source", type="unix", path=socket)
     _sub(src, "reconnect", enabled="yes", timeout="10")
     _sub(disk, "target", dev=target_dev(d.bus, 0), bus=_TARGETS[d.bus][1])
+
+
+def queue_map(iothreads: int, queues: int) -> dict[int, list[int]]:
+    """IOThread virtqueue mapping: iothread k (1-based) -> the disk's queues it serves, dealt round: with 2
+    iothreads and 4 queues, 1 -> [0, 2] and 2 -> [1, 3]."""
+    return {k: list(range(k - 1, queues, iothreads)) for k in range(1, iothreads + 1)}
+
+
+def _queue_map(drv: ET.Element, iothreads: int, queues: int) -> None:
+    """<driver><iothreads><iothread id='k'><queue id='q'/>...: libvirt 10.0 and QEMU 9.0 on (iothread-vq-mapping)."""
+    threads = _sub(drv, "iothreads")
+    for k, qs in queue_map(iothreads, queues).items():
+        thread = _sub(threads, "iothread", id=str(k))
+        for q in qs:
+            _sub(thread, "queue", id=str(q))
 
 
 def _interface(devices: ET.Element, profile: Profile, bridge: str, mac: str | None) -> None:

@@ -1,31 +1,90 @@
 """What this host must offer for a profile's newer paths, checked before a run makes anything and shown by a study
-for a step it cannot run here: CPUs and NUMA nodes for its placement, huge pages for its RAM, and the programs and
-devices that serve a path (qemu-storage-daemon for vhost-user, /dev/vhost-net).
+for a step it cannot run here: CPUs and NUMA nodes for its placement, huge pages for its RAM, the libvirt and QEMU
+versions a path needs, and the programs and devices that serve it (qemu-storage-daemon for vhost-user,
+/dev/vhost-net).
 
 `host_problem(profile)` is the first reason this host cannot run `profile` on these grounds, or None; each check is
-one small function of `CHECKS`, which a new path adds its own to.
+one small function of `CHECKS`, which a new path adds its own to. `host_versions()` is this host's libvirt and
+QEMU, read once.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import subprocess
 from collections.abc import Callable
 
 from ..disks import vhostuser
 from ..spec.iopaths import Placement
-from ..spec.knobs import VHOST_USER
+from ..spec.knobs import MAPPED_BUS, VHOST_USER
 from ..spec.profiles import Profile
 from . import placement
 
 Check = Callable[[Profile], str | None]
+Version = tuple[int, int, int]
 
 VHOST_NET = "/dev/vhost-net"
+# What the appliance carries (docs/image.md), named in refusals so a lab knows where the path does run.
+APPLIANCE = "the appliance: libvirt 11.3, QEMU 10.0"
+# IOThread virtqueue mapping of a virtio-blk disk: QEMU 9.0's iothread-vq-mapping, libvirt 10.0's
+# <driver><iothreads>.
+MAPPING_NEEDS: dict[str, Version] = {"libvirt": (10, 0, 0), "qemu": (9, 0, 0)}
+
+
+def _version(text: str) -> Version | None:
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+@functools.cache
+def host_versions() -> dict[str, Version | None]:
+    """This host's libvirt (the library's version, which its daemon shares) and QEMU (qemu-system-x86_64
+    --version); None for one that is missing."""
+    out: dict[str, Version | None] = {}
+    try:
+        import libvirt
+
+        n = libvirt.getVersion()
+        out["libvirt"] = (n // 1000000, n // 1000 % 1000, n % 1000)
+    except Exception:  # noqa: BLE001 - no binding, or a library that does not answer: unknown
+        out["libvirt"] = None
+    try:
+        r = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True, timeout=10)
+        out["qemu"] = _version(r.stdout.split("version", 1)[-1])
+    except (OSError, subprocess.TimeoutExpired):
+        out["qemu"] = None
+    return out
+
+
+def _shown(v: Version | None) -> str:
+    return ".".join(map(str, v)) if v else "none"
+
+
+def needs_versions(what: str, needs: dict[str, Version], have: dict[str, Version | None] | None = None) -> str | None:
+    """Why `what` cannot run on this host's libvirt and QEMU (`have`, else host_versions()), or None."""
+    have = host_versions() if have is None else have
+    short = [k for k, v in needs.items() if have.get(k) is None or have[k] < v]  # type: ignore[operator]
+    if not short:
+        return None
+    need = " and ".join(f"{k if k == 'libvirt' else 'QEMU'} {v[0]}.{v[1]}" for k, v in needs.items())
+    got = " and ".join(f"{k if k == 'libvirt' else 'QEMU'} {_shown(have.get(k))}" for k in needs)
+    return f"{what} needs {need}; this host has {got} ({APPLIANCE})"
 
 
 def _placement(profile: Profile) -> str | None:
     if profile.placement == Placement():
         return None
     return placement.host_problem(profile.placement, profile.guest.vcpus, profile.guest.memory_mib)
+
+
+def _iothread_mapping(profile: Profile) -> str | None:
+    d = profile.disk
+    if d.bus != MAPPED_BUS or d.iothreads < 2 or profile.guest.hypervisor != "kvm":
+        return None
+    return needs_versions(f"disk.iothreads = {d.iothreads} spreads the disk's {d.queues} queues over "
+                          f"{d.iothreads} iothreads (IOThread virtqueue mapping), which", MAPPING_NEEDS)
 
 
 def _vhost_user(profile: Profile) -> str | None:
@@ -40,11 +99,16 @@ def _vhost_net(profile: Profile) -> str | None:
             f"no {VHOST_NET} (module vhost_net, CONFIG_VHOST_NET)")
 
 
-CHECKS: tuple[Check, ...] = (_placement, _vhost_user, _vhost_net)
+CHECKS: tuple[Check, ...] = (_placement, _iothread_mapping, _vhost_user, _vhost_net)
+
+
+def version_problem(profile: Profile) -> str | None:
+    """Why this host's libvirt or QEMU cannot take `profile`'s domain XML (a path newer than they are), or None."""
+    return _iothread_mapping(profile)
 
 
 def host_problem(profile: Profile) -> str | None:
-    """Why this host cannot run `profile`'s guest (a CPU, node, huge page or device it lacks), or None."""
+    """Why this host cannot run `profile`'s guest (a CPU, node, huge page, device or version it lacks), or None."""
     for check in CHECKS:
         why = check(profile)
         if why:
