@@ -109,7 +109,7 @@ def render(
         kw.setdefault("placement", resolve(prof.placement, prof.guest.vcpus, Topology({0: (0, 1, 2, 3)})))
     if bridge == "cbbr0":  # the NIC's end on the host as the run names it: a link of its own (macvtap)
         bridge = {"macvtap": "cbmv0"}.get(prof.network.attach, bridge)
-    block = prof.disk.backing in ("block-device", "network-volume")
+    block = prof.disk.backing in ("block-device", "network-volume", "nvme-pci")
     if guest_disks(prof.disk) > 1 and "more_disk_paths" not in kw:
         kw["more_disk_paths"] = [f"/dev/sdz{i}" if block else f"/var/tmp/cloudbox/disk{i}.img"
                                  for i in range(2, guest_disks(prof.disk) + 1)]
@@ -120,7 +120,8 @@ def render(
         kernel="/var/lib/cloudbox/guest/vmlinuz",
         initrd="/var/lib/cloudbox/guest/initrd.img",
         cmdline="console=ttyS0 quiet",
-        disk_path="" if _guest_attaches(prof) else "/dev/sdz" if block else "/var/tmp/cloudbox/disk.img",
+        disk_path="" if _guest_attaches(prof) else "0000:01:00.0" if prof.disk.backing == "nvme-pci" else "/dev/sdz"
+        if block else "/var/tmp/cloudbox/disk.img",
         disk_is_block=block,
         bridge=bridge,
         mac=mac,
@@ -195,6 +196,9 @@ def test_test_driver_accepts(prof: Profile, domain_type: str, test_conn):
     assert root.get("type") == domain_type
     if prof.disk.backing == "vhost-user":  # the cache and AIO mode are qemu-storage-daemon's (test_vhost_user.py)
         assert root.find("devices/disk").get("type") == "vhostuser"
+        return
+    if prof.disk.backing == "nvme-pci":  # the host's controller itself (test_passthrough.py)
+        assert root.find("devices/disk") is None and root.find("devices/hostdev").get("type") == "pci"
         return
     drv = root.find("devices/disk/driver")
     assert drv is not None and drv.get("cache") == prof.disk.cache and drv.get("io") == prof.disk.io

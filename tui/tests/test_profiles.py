@@ -180,11 +180,11 @@ INVALID = [
     ),
     (
         "bad-bus",
-        variant(("disk.bus", "nvme")),
+        variant(("disk.bus", "sas")),
         None,
         "disk.bus",
-        "nvme",
-        "virtio-blk, virtio-scsi, scsi-lsi, sata, ide, xen-vbd",
+        "sas",
+        "virtio-blk, virtio-scsi, scsi-lsi, sata, ide, xen-vbd, nvme",
     ),
     (
         "bad-backing",
@@ -192,7 +192,7 @@ INVALID = [
         None,
         "disk.backing",
         "lvm",
-        "sparse-file, prealloc-file, qcow2, qcow2-prealloc, block-device, network-volume, vhost-user",
+        "sparse-file, prealloc-file, qcow2, qcow2-prealloc, block-device, network-volume, vhost-user, nvme-pci",
     ),
     ("bad-hypervisor", variant(("guest.hypervisor", "qemu")), None, "guest.hypervisor", "qemu", "kvm, xen"),
     (

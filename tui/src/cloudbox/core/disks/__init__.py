@@ -6,5 +6,6 @@
     claims     files the host's tools write where others write too (an NFS export), made and held by cloudbox
     mounts     mounts a run makes on this host, and taking them down
     vhostuser  a store served to the guest as vhost-user-blk by qemu-storage-daemon
+    pcidev     a whole NVMe controller of this host handed to the guest by VFIO, named by its PCI address
     volumes/   network volumes (AoE, iSCSI, NBD, NVMe/TCP, NFS): the registry, exports, attachments, credentials
 """

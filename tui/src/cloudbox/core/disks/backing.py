@@ -54,6 +54,7 @@ class BackingStore:
     more_paths: list[str] = field(default_factory=list)  # the other disks' stores (disk.count > 1), like `path`
     network: NetworkSource | None = None  # QEMU opens the disk over the network (disk.attach = qemu), not `path`
     vhost_user: str = ""  # the socket a vhost-user-blk export of `path` listens on (core.disks.vhostuser)
+    pci: str = ""  # the NVMe controller handed to the guest whole (core.disks.pcidev); `path` is its namespace
     baseline_labels: list[str] = field(default_factory=list)  # what the baseline's numbers are, beyond `labels`
     _cleanup: list[ledger.Entry] = field(default_factory=list, repr=False)  # what prepare() made, in order
 

@@ -23,7 +23,7 @@ from cloudbox import __version__
 
 from .. import paths
 from ..bench import fio, iozone, iscsiperf, runners
-from ..disks import backing, claims, hostraid, vhostuser
+from ..disks import backing, claims, hostraid, pcidev, vhostuser
 from ..disks.diskstats import Sample, Sampler
 from ..disks.volumes import aoe, hostattach, iscsi, nbd, nfs, nvmet
 from ..disks.volumes.attach import ISCSI_READER_LABELS, check_attach, export_for_run, preflight
@@ -43,7 +43,7 @@ from ..record.provenance import (
     VolumeInfo,
 )
 from ..spec import addresses, catalogue
-from ..spec.knobs import VHOST_USER, Dom0, is_nfs
+from ..spec.knobs import NVME_PCI, VHOST_USER, Dom0, is_nfs
 from ..spec.profiles import Profile, xen_guest_type
 from ..spec.runspec import BOOT, RunSpec
 from ..spec.schemes import SCHEMES
@@ -171,9 +171,13 @@ def prepare_backing(ctx: RunContext) -> None:
         ctx.sink.log(f"backing store ready: {ctx.backing.model}")
         return
     with ctx.control.atomic():
-        ctx.backing = backing.prepare(disk.backing, work_dir=ctx.work_dir, size_bytes=ctx.size, fmt=disk.format,
-                                      device=spec.device or None, confirm=spec.destroy or None, volume=disk.volume,
-                                      count=disk.count)
+        if disk.backing == NVME_PCI:
+            ctx.backing = pcidev.prepare(nvme_controller(ctx), work_dir=ctx.work_dir, size_bytes=ctx.size,
+                                         confirm=spec.destroy or None)
+        else:
+            ctx.backing = backing.prepare(disk.backing, work_dir=ctx.work_dir, size_bytes=ctx.size,
+                                          fmt=disk.format, device=spec.device or None, confirm=spec.destroy or None,
+                                          volume=disk.volume, count=disk.count)
         ctx.stack.callback(ctx.backing.remove)
         if disk.raid_on == "host":
             ctx.host_raid = hostraid.build(ctx.backing, disk.chunk_kib)
@@ -183,6 +187,16 @@ def prepare_backing(ctx: RunContext) -> None:
                      f"({ctx.host_raid.chunk_kib} KiB chunks): the guest's one disk and the baseline's target")
     ctx.labels += ctx.backing.labels
     ctx.sink.log(f"backing store ready: {ctx.backing.model}")
+
+
+def nvme_controller(ctx: RunContext) -> str:
+    """The NVMe controller a nvme-pci run hands its guest: the one --device names, never another."""
+    if not pcidev.is_pci_address(ctx.spec.device):
+        spare = ", ".join(pcidev.spare_controllers()) or "none"
+        raise CloudboxError(f"profile {ctx.profile.name}: disk.backing = nvme-pci hands the guest a whole NVMe "
+                            f"controller of this host, which the run must be given: --device <PCI address> (got "
+                            f"{ctx.spec.device or 'none'}; NVMe controllers not in use here: {spare})")
+    return ctx.spec.device
 
 
 def serve_vhost_user(ctx: RunContext, store: backing.BackingStore, work_dir: Path, k: int = 1,
@@ -503,7 +517,8 @@ def launch_guest(ctx: RunContext) -> None:
                       kernel=str(image.boot_kernel(acc.domain_type)),
                       initrd=str(image.boot_initrd(acc.domain_type, ctx.profile.guest.memory_mib)),
                       cmdline=CMDLINE,
-                      disk_path="" if guest_attaches(ctx) else ctx.backing.vhost_user or ctx.backing.path,
+                      disk_path="" if guest_attaches(ctx) else (ctx.backing.pci or ctx.backing.vhost_user
+                                                                 or ctx.backing.path),
                       disk_is_block=ctx.backing.is_block,
                       bridge=ctx.hostnet.bridge if ctx.hostnet else None,
                       run_uuid=ctx.run_uuid,

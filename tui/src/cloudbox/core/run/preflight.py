@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .. import inputs, paths
 from ..cluster import health, registry
-from ..disks import backing
+from ..disks import backing, pcidev
 from ..disks.volumes import attach
 from ..errors import CloudboxError, DeviceRefused, UsageError
 from ..spec.catalogue import JOB_TOOLS, resolve_tests
@@ -62,10 +62,14 @@ def node_problems(spec: RunSpec, *, reachable: bool = True) -> list[Refused]:
 
 
 def device_problem(spec: RunSpec) -> Refused | None:
-    """The device the run names, on this host: a block device, not in use, confirmed when it holds data."""
+    """The device the run names, on this host: a block device (or an NVMe controller's PCI address), not in use,
+    confirmed when it holds data."""
     if not spec.device or not _here(spec) or spec.node and not spec.spread:
         return None
     try:
+        if pcidev.is_pci_address(spec.device):  # a whole NVMe controller (disk.backing = nvme-pci)
+            pcidev.check(spec.device, confirm=spec.destroy or None)
+            return None
         backing.check_device(spec.device, confirm=spec.destroy or None)
     except DeviceRefused as e:
         return Refused(str(e), usage="no such device" in str(e) or "not a block device" in str(e))

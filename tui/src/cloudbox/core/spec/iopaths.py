@@ -1,5 +1,6 @@
 """The knobs of today's I/O paths: where the guest runs on the host ([placement]: pinning, NUMA-local memory, huge
-pages, the guest's own NUMA nodes), the newer disk path (vhost-user-blk), and the NIC's (macvtap), with their rules.
+pages, the guest's own NUMA nodes), the newer disk paths (vhost-user-blk, the host's NVMe controller handed
+over whole), and the NIC's (macvtap), with their rules.
 
 `Placement` is the table (a profile holds one, core.spec.profiles); `PATH_RULES` are the rules between these knobs
 and the others, one small function each, in the style of core.spec.knobs.RULES, every one naming the key it
@@ -18,8 +19,11 @@ from cloudbox.core.errors import ProfileProblem
 
 from .knobs import (
     MAPPED_BUS,
+    NVME_BUS,
+    NVME_PCI,
     VHOST_USER,
     Backing,
+    Bus,
     Disk,
     Tables,
     _cpu_list,
@@ -94,6 +98,28 @@ def _vhost_user(p: PathTables) -> ProfileProblem | None:
     if d.iothreads > 1:
         return ProfileProblem("disk.iothreads", d.iothreads, "the disk's requests are served by qemu-storage-daemon: "
                               "this is its iothread (0: its main loop)", f"0..1 (with disk.backing = {VHOST_USER})")
+    return None
+
+
+def _nvme_pci(p: PathTables) -> ProfileProblem | None:
+    d = p.disk
+    if d.bus == NVME_BUS and d.backing != NVME_PCI:
+        return ProfileProblem("disk.bus", d.bus, "QEMU's emulated NVMe controller is a libvirt disk bus from libvirt "
+                              "11.5 on, newer than the appliance's 11.3: cloudbox gives bus nvme only to the host's "
+                              "own controller", f"{_values(Bus, NVME_BUS)} (with disk.backing = {d.backing}); nvme "
+                              f"needs disk.backing = {NVME_PCI}")
+    if d.backing != NVME_PCI:
+        return None
+    if d.bus != NVME_BUS:
+        return ProfileProblem("disk.bus", d.bus, "the guest gets the host's NVMe controller itself, which it sees "
+                              "as an NVMe disk", f"{NVME_BUS} (with disk.backing = {NVME_PCI})")
+    if d.cache != "none":
+        return ProfileProblem("disk.cache", d.cache, "the controller does DMA straight into the guest's memory: no "
+                              "host cache is in the path, and the profile must say so",
+                              f"none (with disk.backing = {NVME_PCI})")
+    if d.count > 1 or d.raid != "none":
+        return ProfileProblem("disk.count", d.count, "one controller is named (--device)",
+                              f"1 (with disk.backing = {NVME_PCI})")
     return None
 
 
@@ -182,7 +208,7 @@ PathRule = Callable[[PathTables], ProfileProblem | None]
 
 # After core.spec.knobs.RULES: the disk paths, the NIC's, then the placement.
 PATH_RULES: tuple[PathRule, ...] = (
-    _vhost_user, _nic_attach, _placement_on_xen, _vcpu_pin_count, _iothread_pin_without_iothreads,
+    _vhost_user, _nvme_pci, _nic_attach, _placement_on_xen, _vcpu_pin_count, _iothread_pin_without_iothreads,
     _memory_nodes, _guest_nodes, _hugepage_multiple,
 )
 

@@ -49,11 +49,11 @@ Hypervisor = Literal["kvm", "xen"]
 # virtualized container, no emulated devices), "hvm" (emulated PC by Xen's QEMU); "auto" is what the disk bus
 # implies (xen-vbd: pv, else hvm), the only value KVM takes.
 XenType = Literal["auto", "pv", "pvh", "hvm"]
-Bus = Literal["virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "xen-vbd"]
+Bus = Literal["virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "xen-vbd", "nvme"]
 CacheMode = Literal["none", "writethrough", "writeback", "directsync", "unsafe"]
 IoMode = Literal["native", "threads", "io_uring"]
 Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "block-device", "network-volume",
-                  "vhost-user"]
+                  "vhost-user", "nvme-pci"]
 DiskFormat = Literal["raw", "qcow2"]
 NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
 # How the guest's NIC reaches the host (network.attach): a tap on the run's bridge, or a macvtap on a link of the
@@ -77,9 +77,11 @@ XEN_PV_NIC = "xen-netfront"  # Xen's PV NIC: a PV or PVH guest's only NIC
 VIRTIO_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi")
 MAPPED_BUS = "virtio-blk"  # the bus whose queues several iothreads share (IOThread virtqueue mapping)
 VHOST_USER = "vhost-user"  # the backing qemu-storage-daemon serves as a vhost-user-blk device (a virtio-blk disk)
+NVME_BUS = "nvme"  # the host's own NVMe controller handed over (NVME_PCI); QEMU's emulated one is not offered
+NVME_PCI = "nvme-pci"  # the backing that is a whole NVMe controller of the host, passed through by VFIO
 XEN_HVM_BUSES: tuple[str, ...] = ("ide", "scsi-lsi")  # emulated by Xen's QEMU: HVM guests only
 XEN_BUSES: tuple[str, ...] = (XEN_PV_BUS, *XEN_HVM_BUSES)
-KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide")
+KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "nvme")
 QCOW2_BACKINGS: tuple[str, ...] = ("qcow2", "qcow2-prealloc")
 VOLUME_SCHEMES: tuple[str, ...] = tuple(sorted(SCHEMES))
 # Schemes QEMU itself can be the initiator of (its nbd and libiscsi block drivers); it has none for AoE or NVMe/TCP.
@@ -385,6 +387,9 @@ def _volume_of_backing(p: Tables) -> ProfileProblem | None:
         if d.volume and not _is_dev_path(d.volume):
             return ProfileProblem("disk.volume", d.volume, "a block device must be named by an absolute path under "
                                   "/dev/", "empty (cloudbox picks the device) or an absolute /dev/ path, e.g. /dev/sdb")
+    elif d.volume and d.backing == NVME_PCI:
+        return ProfileProblem("disk.volume", d.volume, "the controller is this host's: the run names it, by its PCI "
+                              "address (--device 0000:01:00.0)", f"empty (with disk.backing = {d.backing})")
     elif d.volume:
         return ProfileProblem("disk.volume", d.volume, f"backing {d.backing} takes no volume (cloudbox creates the "
                               "file)", f"empty (with disk.backing = {d.backing})")

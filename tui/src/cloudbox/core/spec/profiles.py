@@ -191,7 +191,7 @@ class Profile(Strict):
             disk += f" attached by {_ATTACH_WORDS[d.attach]}"
         if g.hypervisor == "xen":
             disk += f", backend {_XEN_BACKEND_WORDS[xen_backend(d)]}"
-        disk += f", cache={d.cache}, io={d.io}"
+        disk += f", cache={d.cache}, io={d.io}" if d.backing != "nvme-pci" else ", no host I/O path"
         if d.iothreads:
             disk += f", {d.iothreads} iothread{'s' if d.iothreads > 1 else ''}"
         if d.queues > 1:
@@ -243,6 +243,7 @@ _BUS_WORDS = {
     "sata": "emulated SATA (AHCI)",
     "ide": "emulated IDE",
     "xen-vbd": "Xen PV block (xvd)",
+    "nvme": "NVMe",
 }
 _BACKING_WORDS = {
     "sparse-file": "a sparse file",
@@ -252,6 +253,7 @@ _BACKING_WORDS = {
     "block-device": "a whole block device",
     "network-volume": "a network volume",
     "vhost-user": "a pre-allocated file served by qemu-storage-daemon (vhost-user-blk)",
+    "nvme-pci": "the host's own NVMe controller (VFIO, named with --device)",
 }
 _ATTACH_WORDS = {"host": "the host's kernel", "guest": "the guest's kernel", "qemu": "QEMU's own initiator"}
 _XEN_BACKEND_WORDS = {"phy": "blkback (phy)", "qdisk": "qdisk (QEMU in dom0)"}

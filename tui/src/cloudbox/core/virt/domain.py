@@ -19,6 +19,8 @@ Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does 
   scsi-lsi     controller scsi model lsilogic (QEMU device "lsi" = LSI 53C895A); target sda bus scsi
   sata         target sda bus sata (libvirt adds an ich9-ahci controller)
   ide          target hda bus ide
+  nvme         backing nvme-pci only: no <disk> but <hostdev type=pci managed=yes><driver name=vfio>, the host's
+               controller itself, which the guest sees as nvme0n1
   NIC          <model type=e1000|rtl8139|virtio>; virtio gets <driver name=vhost|qemu queues=N>; on the bridge
                (interface type bridge) or a macvtap (type direct, source dev mode=bridge: network.attach = macvtap)
 Xen (libxl), the guest type from guest.xen_type (auto: PV on xen-vbd, HVM on ide/scsi-lsi):
@@ -42,8 +44,9 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Self, TypeVar, overload
 
 from cloudbox.core.disks.backing import NetworkSource
+from cloudbox.core.disks.pcidev import address_parts
 from cloudbox.core.spec.iopaths import Placement, shared_memory
-from cloudbox.core.spec.knobs import VHOST_USER, guest_disks, xen_backend
+from cloudbox.core.spec.knobs import NVME_PCI, VHOST_USER, guest_disks, xen_backend
 from cloudbox.core.spec.profiles import Profile, xen_guest_type
 
 from .placement import HostPlacement
@@ -62,6 +65,7 @@ _TARGETS: dict[str, tuple[str, str]] = {
     "sata": ("sda", "sata"),
     "ide": ("hda", "ide"),
     "xen-vbd": ("xvda", "xen"),
+    "nvme": ("nvme0n1", "nvme"),
 }
 _SCSI_CONTROLLER = {"virtio-scsi": "virtio-scsi", "scsi-lsi": "lsilogic"}
 _NIC_MODEL = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio", "xen-netfront": "netfront"}
@@ -74,6 +78,7 @@ _DISK_DRIVERS = {
     "sata": ("ahci", "crct10dif_generic", "sd_mod"),
     "ide": ("ata_piix", "crct10dif_generic", "sd_mod"),
     "xen-vbd": ("xen_blkfront",),
+    "nvme": ("nvme",),
 }
 _NIC_DRIVERS = {"virtio": ("virtio_net",), "e1000": ("e1000",), "rtl8139": ("8139cp", "8139too"),
                 "xen-netfront": ("xen_netfront",)}
@@ -83,7 +88,7 @@ _ALWAYS_DRIVERS = ("button", "evdev")  # the ACPI power button, for the guest's 
 _RAID_DRIVERS = {"none": (), "0": ("md_mod", "raid0")}
 # Devices that take interrupts by MSI/MSI-X: a guest with nothing else on PCI skips ACPI's interrupt-link
 # evaluation (pci=noacpi; 0.13-0.3 s per device under TCG). The LSI, IDE and AHCI disks, e1000 and RTL8139 need it.
-_MSI_BUSES = ("virtio-blk", "virtio-scsi")
+_MSI_BUSES = ("virtio-blk", "virtio-scsi", "nvme")
 _MSI_NICS = ("virtio",)
 
 
@@ -451,6 +456,8 @@ def _check_arguments(profile: Profile, *, name: str, domain_type: str, mac: str 
     if 1 + len(more_disk_paths) != guest_disks(profile.disk):
         raise ValueError(f"profile {profile.name!r} gives the guest {guest_disks(profile.disk)} disk(s); got "
                          f"{1 + len(more_disk_paths)} disk path(s)")
+    if profile.disk.backing == NVME_PCI:
+        address_parts(disk_path)  # a ValueError naming the form unless a PCI address
     if len({disk_path, *more_disk_paths}) != 1 + len(more_disk_paths):
         raise ValueError("each disk needs its own backing store; two disk paths are the same")
 
@@ -568,6 +575,9 @@ def _disk(devices: ET.Element, profile: Profile, xen: bool, *, disk_path: str, d
     if d.backing == VHOST_USER:
         _vhost_user_disk(devices, profile, disk_path)
         return
+    if d.backing == NVME_PCI:
+        _nvme_controller(devices, disk_path)
+        return
     kind = "network" if network is not None else "block" if disk_is_block else "file"
     disk = _sub(devices, "disk", type=kind, device="disk")
     if xen:
@@ -610,6 +620,14 @@ def _vhost_user_disk(devices: ET.Element, profile: Profile, socket: str) -> None
     src = _sub(disk, "source", type="unix", path=socket)
     _sub(src, "reconnect", enabled="yes", timeout="10")
     _sub(disk, "target", dev=target_dev(d.bus, 0), bus=_TARGETS[d.bus][1])
+
+
+def _nvme_controller(devices: ET.Element, address: str) -> None:
+    """The host's NVMe controller at PCI `address` handed to the guest whole (VFIO): libvirt unbinds it from the
+    host's nvme driver when the guest starts (managed) and binds it back when the guest is gone."""
+    dev = _sub(devices, "hostdev", mode="subsystem", type="pci", managed="yes")
+    _sub(dev, "driver", name="vfio")
+    _sub(_sub(dev, "source"), "address", **address_parts(address))
 
 
 def queue_map(iothreads: int, queues: int) -> dict[int, list[int]]:

@@ -1,7 +1,7 @@
 """What this host must offer for a profile's newer paths, checked before a run makes anything and shown by a study
 for a step it cannot run here: CPUs and NUMA nodes for its placement, huge pages for its RAM, the libvirt and QEMU
-versions a path needs, and the programs and devices that serve it (qemu-storage-daemon for vhost-user,
-/dev/vhost-net).
+versions a path needs, the programs and devices that serve it (qemu-storage-daemon for vhost-user, /dev/vhost-net),
+and the IOMMU and spare NVMe controller a passthrough needs.
 
 `host_problem(profile)` is the first reason this host cannot run `profile` on these grounds, or None; each check is
 one small function of `CHECKS`, which a new path adds its own to. `host_versions()` is this host's libvirt and
@@ -16,9 +16,9 @@ import re
 import subprocess
 from collections.abc import Callable
 
-from ..disks import vhostuser
+from ..disks import pcidev, vhostuser
 from ..spec.iopaths import Placement
-from ..spec.knobs import MAPPED_BUS, VHOST_USER
+from ..spec.knobs import MAPPED_BUS, NVME_PCI, VHOST_USER
 from ..spec.profiles import Profile
 from . import placement
 
@@ -91,6 +91,18 @@ def _vhost_user(profile: Profile) -> str | None:
     return vhostuser.problem() if profile.disk.backing == VHOST_USER else None
 
 
+def _nvme_passthrough(profile: Profile) -> str | None:
+    if profile.disk.backing != NVME_PCI:
+        return None
+    why = pcidev.iommu_problem()
+    if why:
+        return why
+    if not pcidev.spare_controllers():
+        return ("this host has no spare NVMe controller (none, or each one holds the running system, a mount or "
+                "swap) to hand to the guest")
+    return None
+
+
 def _vhost_net(profile: Profile) -> str | None:
     n = profile.network
     if not n.vhost or profile.guest.hypervisor != "kvm" or os.path.exists(VHOST_NET):
@@ -99,7 +111,8 @@ def _vhost_net(profile: Profile) -> str | None:
             f"no {VHOST_NET} (module vhost_net, CONFIG_VHOST_NET)")
 
 
-CHECKS: tuple[Check, ...] = (_placement, _iothread_mapping, _vhost_user, _vhost_net)
+CHECKS: tuple[Check, ...] = (_placement, _iothread_mapping, _vhost_user, _nvme_passthrough,
+                             _vhost_net)
 
 
 def version_problem(profile: Profile) -> str | None:
