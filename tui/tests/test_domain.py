@@ -107,8 +107,8 @@ def render(
         kw.setdefault("agent_socket", f"/run/cloudbox/{name}.agent")
     if prof.placement != Placement():  # resolved on a host of one node of four CPUs (tests/test_placement.py)
         kw.setdefault("placement", resolve(prof.placement, prof.guest.vcpus, Topology({0: (0, 1, 2, 3)})))
-    if bridge == "cbbr0":  # the NIC's end on the host as the run names it: a link of its own (macvtap)
-        bridge = {"macvtap": "cbmv0"}.get(prof.network.attach, bridge)
+    if bridge == "cbbr0":  # the NIC's end on the host as the run names it: a link of its own or a VF's address
+        bridge = {"macvtap": "cbmv0", "sriov": "0000:03:10.0"}.get(prof.network.attach, bridge)
     block = prof.disk.backing in ("block-device", "network-volume", "nvme-pci")
     if guest_disks(prof.disk) > 1 and "more_disk_paths" not in kw:
         kw["more_disk_paths"] = [f"/dev/sdz{i}" if block else f"/var/tmp/cloudbox/disk{i}.img"
@@ -259,7 +259,8 @@ def test_the_reader_reads_what_the_writer_wrote(prof: Profile):
     meta, iface = dom.metadata, dom.interface
     assert meta is not None and (meta.name, meta.hash, meta.run) == (prof.name, prof.hash, "0123abcd")
     assert iface is not None and iface.mac == "52:54:00:ab:cd:ef" and iface.tap is None
-    assert (iface.bridge, iface.lower) == {"bridge": ("cbbr0", None), "macvtap": (None, "cbmv0")}[prof.network.attach]
+    assert (iface.bridge, iface.lower) == {"bridge": ("cbbr0", None), "macvtap": (None, "cbmv0"),
+                                           "sriov": (None, None)}[prof.network.attach]
     xen = prof.guest.hypervisor == "xen"
     assert dom.agent_socket == ("/run/cloudbox/cbtest.agent" if xen else None)  # QEMU/KVM's: through libvirt
     if not _guest_attaches(prof):  # a guest that attaches its volume needs its NIC

@@ -15,7 +15,7 @@ from ..record.provenance import NicStall, PrivateNetwork
 from ..record.rows import Repetition
 from ..spec import addresses, catalogue, nodeconf
 from ..spec.runspec import resolve_net_tests
-from ..virt import network
+from ..virt import network, sriov
 from ..virt.guest import Guest
 from .context import RunContext, host_labels
 from .launch import launch
@@ -78,6 +78,16 @@ def plumb(ctx: RunContext) -> None:
             ctx.sink.step(f"network: link {addresses.MACVTAP_LINK} for the guest's macvtap, the host's macvlan "
                           f"{addresses.MACVLAN_HOST} beside it ({hostnet.host_ip}){ns}, MTU {mtu}")
             hostnet.setup_macvtap()
+        elif attach == "sriov":
+            vfs = sriov.VirtualFunctions(spec.nic) if spec.nic else None
+            if vfs is None:
+                raise CloudboxError(f"profile {ctx.profile.name}: network.attach = sriov hands the guest a virtual "
+                                    "function of one of this host's NICs, which the run must be given: --nic NAME "
+                                    f"(NICs with SR-IOV here: {', '.join(sriov.sriov_nics()) or 'none'})")
+            ctx.stack.callback(vfs.remove)  # before they are made
+            ctx.sink.step(f"network: two virtual functions of {spec.nic}, the host's end ({hostnet.host_ip}) and the "
+                          f"guest's{ns}, MTU {mtu}")
+            hostnet.setup_sriov(vfs)
         else:
             ctx.sink.step(f"network: bridge {addresses.BRIDGE}{ns}, MTU {mtu}")
             hostnet.setup_bridge()

@@ -1,6 +1,6 @@
 """The knobs of today's I/O paths: where the guest runs on the host ([placement]: pinning, NUMA-local memory, huge
 pages, the guest's own NUMA nodes), the newer disk paths (vhost-user-blk, the host's NVMe controller handed
-over whole), and the NIC's (macvtap), with their rules.
+over whole), and the NIC's (macvtap, an SR-IOV virtual function), with their rules.
 
 `Placement` is the table (a profile holds one, core.spec.profiles); `PATH_RULES` are the rules between these knobs
 and the others, one small function each, in the style of core.spec.knobs.RULES, every one naming the key it
@@ -25,6 +25,7 @@ from .knobs import (
     Backing,
     Bus,
     Disk,
+    NicModel,
     Tables,
     _cpu_list,
     _default,
@@ -189,11 +190,26 @@ def _hugepage_multiple(p: PathTables) -> ProfileProblem | None:
                           + (f", guest_nodes = {pl.guest_nodes})" if pl.guest_nodes > 1 else ")"))
 
 
+SRIOV_MODEL = "vf"  # network.model of an SR-IOV NIC's virtual function: the guest drives the VF itself
+
+
 def _nic_attach(p: PathTables) -> ProfileProblem | None:
     n, g = p.network, p.guest
     if n.attach != "bridge" and g.hypervisor != "kvm":
-        return ProfileProblem("network.attach", n.attach, "a macvtap is handed to the guest through libvirt's "
-                              "QEMU/KVM driver here", f"bridge (with guest.hypervisor = {g.hypervisor})")
+        return ProfileProblem("network.attach", n.attach, "a macvtap or a VF is handed to the guest through "
+                              "libvirt's QEMU/KVM driver here", f"bridge (with guest.hypervisor = {g.hypervisor})")
+    if n.attach == "sriov" and n.model != SRIOV_MODEL:
+        return ProfileProblem("network.model", n.model, "with SR-IOV the guest drives the NIC's virtual function "
+                              "itself: no emulated or paravirtual model is in the path, and the profile must say so",
+                              f"{SRIOV_MODEL} (with network.attach = sriov)")
+    if n.model == SRIOV_MODEL and n.attach != "sriov":
+        return ProfileProblem("network.model", n.model, "a virtual function is an SR-IOV NIC's",
+                              f"{_values(NicModel, SRIOV_MODEL, 'xen-netfront')} (with network.attach = {n.attach}); "
+                              "vf needs network.attach = sriov")
+    if n.attach == "sriov" and (n.vhost or n.queues > 1):
+        key, value = ("network.vhost", n.vhost) if n.vhost else ("network.queues", n.queues)
+        return ProfileProblem(key, value, "vhost-net and virtio queues are virtio-net's; the VF has its own queues",
+                              f"{_default(type(n), key.split('.')[1])!r} (with network.attach = sriov)")
     return None
 
 

@@ -55,10 +55,10 @@ IoMode = Literal["native", "threads", "io_uring"]
 Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "block-device", "network-volume",
                   "vhost-user", "nvme-pci"]
 DiskFormat = Literal["raw", "qcow2"]
-NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront"]
-# How the guest's NIC reaches the host (network.attach): a tap on the run's bridge, or a macvtap on a link of the
-# run's (libvirt's <interface type='direct'>).
-NicAttach = Literal["bridge", "macvtap"]
+NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront", "vf"]
+# How the guest's NIC reaches the host (network.attach): a tap on the run's bridge, a macvtap on a link of the
+# run's (libvirt's <interface type='direct'>), or a virtual function of the host's SR-IOV NIC handed over whole.
+NicAttach = Literal["bridge", "macvtap", "sriov"]
 RaidLevel = Literal["none", "0"]
 RaidOn = Literal["guest", "host"]
 Attach = Literal["host", "guest", "qemu"]
@@ -191,7 +191,7 @@ class Disk(Strict):
 
 
 class Network(Strict):
-    """The guest's NIC on the private bridge (or a macvtap: attach)."""
+    """The guest's NIC on the private bridge (or a macvtap, or a VF of the host's NIC: attach)."""
 
     model: NicModel
     vhost: bool = False

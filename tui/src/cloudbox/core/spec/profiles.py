@@ -257,7 +257,8 @@ _BACKING_WORDS = {
 }
 _ATTACH_WORDS = {"host": "the host's kernel", "guest": "the guest's kernel", "qemu": "QEMU's own initiator"}
 _XEN_BACKEND_WORDS = {"phy": "blkback (phy)", "qdisk": "qdisk (QEMU in dom0)"}
-_NIC_WORDS = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio-net", "xen-netfront": "Xen netfront"}
+_NIC_WORDS = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio-net", "xen-netfront": "Xen netfront",
+              "vf": "a virtual function of the host's SR-IOV NIC"}
 
 
 def xen_guest_type(profile: Profile) -> str:

@@ -154,6 +154,12 @@ class RunOption:
 _OPTION = "cloudbox.run_option"  # the key of a RunSpec field's metadata that holds its option
 
 
+def _check_nic(value: str) -> None:
+    if value and not re.fullmatch(r"[A-Za-z0-9_.:-]{1,15}", value):
+        raise UsageError(f"--nic {value!r} is not a network interface's name; allowed: 1..15 letters, digits and "
+                         "_.:- (ip -br link lists them)")
+
+
 def run_option(default: Any = dataclasses.MISSING, *, flags: tuple[str, ...], help: str, title: str = "",
                control: Control = "", metavar: str | None = None, choices: tuple[Choice, ...] = (),
                closed: bool = False, check: Callable[[Any], None] | None = None, form_default: Any = None,
@@ -327,6 +333,9 @@ class RunSpec:
         "", flags=("--device",), help="whole device for block-device backings (else a loop device)")
     destroy: str = run_option(
         "", flags=("--destroy",), help="confirm destroying --device's data by naming it (e.g. sdb)", metavar="NAME")
+    nic: str = run_option(
+        "", flags=("--nic",), help="the host NIC whose SR-IOV virtual function the guest gets (network.attach = sriov)",
+        metavar="NAME", check=_check_nic)
     node: str = run_option(
         "", flags=("--node",),
         help="run on this enrolled back-end (front-end only; `cloudbox node list`); with --guests N, a comma list "
@@ -545,8 +554,9 @@ class RunSpec:
 
     def as_dict(self) -> dict[str, Any]:
         """The spec's settings; `propagate` only in a propagation run, `guests` only when more than one,
-        `cpu_overcommit` only above 1, the NFS server only when there is one and the repetition settings only when
-        not their defaults, so every other run's stored record and request to a node read as before they existed."""
+        `cpu_overcommit` only above 1, the NFS server only when there is one, the repetition settings only when not
+        their defaults and `nic` only when named, so every other run's stored record and request to a node read as
+        before they existed."""
         d = asdict(self)
         if not d["propagate"]:
             del d["propagate"]
@@ -567,6 +577,8 @@ class RunSpec:
         for name, once in (("repeats", 1), ("boots", 1), ("until_width", 0), ("max_repeats", 0)):
             if d[name] == once:
                 del d[name]
+        if not d["nic"]:
+            del d["nic"]
         return d
 
     @classmethod

@@ -11,5 +11,6 @@
     network       the host's side of a run's network: bridge, namespace, test servers, the guest's NIC, link checks
     placement     a profile's [placement] resolved on the host's CPUs and NUMA nodes, and read back from /proc
     hugepages     the host's huge pages reserved for a run and given back after it
+    sriov         an SR-IOV NIC's virtual functions, made for a run and removed after it
     requirements  what this host must offer a profile's newer paths (CPUs, nodes, huge pages, devices)
 """

@@ -22,7 +22,8 @@ Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does 
   nvme         backing nvme-pci only: no <disk> but <hostdev type=pci managed=yes><driver name=vfio>, the host's
                controller itself, which the guest sees as nvme0n1
   NIC          <model type=e1000|rtl8139|virtio>; virtio gets <driver name=vhost|qemu queues=N>; on the bridge
-               (interface type bridge) or a macvtap (type direct, source dev mode=bridge: network.attach = macvtap)
+               (interface type bridge), a macvtap (type direct, source dev mode=bridge: network.attach = macvtap) or
+               an SR-IOV VF (type hostdev managed, source address type=pci: attach = sriov, model vf)
 Xen (libxl), the guest type from guest.xen_type (auto: PV on xen-vbd, HVM on ide/scsi-lsi):
   PV           os type xen (machine xenpv), direct kernel boot, target xvda bus xen, NIC netfront
   PVH          os type xenpvh (machine xenpvh), otherwise as PV: the same disks, NIC, console and channel
@@ -68,7 +69,7 @@ _TARGETS: dict[str, tuple[str, str]] = {
     "nvme": ("nvme0n1", "nvme"),
 }
 _SCSI_CONTROLLER = {"virtio-scsi": "virtio-scsi", "scsi-lsi": "lsilogic"}
-_NIC_MODEL = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio", "xen-netfront": "netfront"}
+_NIC_MODEL = {"e1000": "e1000", "rtl8139": "rtl8139", "virtio": "virtio", "xen-netfront": "netfront"}  # not vf
 # The cloudbox guest's kernel modules for each bus and NIC (its /init loads only these, given cloudbox.drivers=):
 # probing drivers for absent hardware (ata_piix on i440fx's own IDE, say) costs seconds under TCG.
 _DISK_DRIVERS = {
@@ -81,6 +82,7 @@ _DISK_DRIVERS = {
     "nvme": ("nvme",),
 }
 _NIC_DRIVERS = {"virtio": ("virtio_net",), "e1000": ("e1000",), "rtl8139": ("8139cp", "8139too"),
+                "vf": ("igbvf", "ixgbevf", "iavf"),  # the VF drivers of Intel's SR-IOV NICs (QEMU's igb: igbvf)
                 "xen-netfront": ("xen_netfront",)}
 # A Xen PV guest's agent channel is its first extra PV console (hvc0 is its console), a tty for qemu-ga.
 XEN_PV_AGENT_CMDLINE = "console=hvc0 cloudbox.agent=/dev/hvc1 cloudbox.agent_method=isa-serial"
@@ -646,9 +648,16 @@ def _queue_map(drv: ET.Element, iothreads: int, queues: int) -> None:
 
 
 def _interface(devices: ET.Element, profile: Profile, bridge: str, mac: str | None) -> None:
-    """The NIC on `bridge` (network.attach = bridge) or a macvtap on link `bridge` (macvtap: libvirt's direct type,
-    bridge mode): the profile's model, vhost and queues (virtio), and MTU."""
+    """The NIC on `bridge` (network.attach = bridge), a macvtap on link `bridge` (macvtap: libvirt's direct type,
+    bridge mode), or the SR-IOV virtual function at PCI address `bridge` (sriov: handed over whole, libvirt's
+    hostdev type); the profile's model, vhost and queues (virtio), and MTU."""
     n = profile.network
+    if n.attach == "sriov":
+        iface = Interface.new(devices, type="hostdev", managed="yes")
+        if mac is not None:
+            iface.mac = mac.lower()
+        _sub(_sub(iface.el, "source"), "address", type="pci", **address_parts(bridge))
+        return  # the VF's MTU is the host side's (core.virt.sriov sets it)
     iface = Interface.new(devices, type="direct" if n.attach == "macvtap" else "bridge")
     if mac is not None:
         iface.mac = mac.lower()

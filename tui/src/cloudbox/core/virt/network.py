@@ -42,6 +42,7 @@ from ..spec.addresses import (
     VETH_NS,
 )
 from .domain import read_domain
+from .sriov import VirtualFunctions
 
 if TYPE_CHECKING:
     from .guest import Guest
@@ -126,6 +127,19 @@ class HostNetwork:
         for link in (MACVTAP_LINK, MACVTAP_PEER, MACVLAN_HOST):
             _ip("link", "set", link, "up")
         self.bridge = MACVTAP_LINK
+
+    def setup_sriov(self, vfs: VirtualFunctions) -> None:
+        """network.attach = sriov: two VFs of the named NIC (their removal on the caller's stack first), the first
+        the host's end with HOST_IP, the second the guest's; `bridge` is then its PCI address, which the domain
+        names. Traffic between them goes through the NIC's own switch."""
+        host, guest = vfs.create(2)
+        if not host.netdev:
+            raise CloudboxError(f"--nic {vfs.pf}: its first virtual function ({host.address}) has no network "
+                                "interface on this host (no VF driver bound: iavf, ixgbevf, igbvf, mlx5_core...)")
+        _ip("link", "set", host.netdev, "mtu", str(self.mtu))
+        _ip("addr", "add", f"{HOST_IP}/{PREFIX}", "dev", host.netdev)
+        _ip("link", "set", host.netdev, "up")
+        self.bridge = guest.address
 
     def _reap_bridge(self) -> None:
         """The run holds this host's run lock, so an existing bridge of ours is a dead run's: removed when no

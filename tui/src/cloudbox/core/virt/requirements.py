@@ -1,7 +1,7 @@
 """What this host must offer for a profile's newer paths, checked before a run makes anything and shown by a study
 for a step it cannot run here: CPUs and NUMA nodes for its placement, huge pages for its RAM, the libvirt and QEMU
 versions a path needs, the programs and devices that serve it (qemu-storage-daemon for vhost-user, /dev/vhost-net),
-and the IOMMU and spare NVMe controller a passthrough needs.
+and the IOMMU, spare NVMe controller or SR-IOV NIC a passthrough needs.
 
 `host_problem(profile)` is the first reason this host cannot run `profile` on these grounds, or None; each check is
 one small function of `CHECKS`, which a new path adds its own to. `host_versions()` is this host's libvirt and
@@ -20,7 +20,7 @@ from ..disks import pcidev, vhostuser
 from ..spec.iopaths import Placement
 from ..spec.knobs import MAPPED_BUS, NVME_PCI, VHOST_USER
 from ..spec.profiles import Profile
-from . import placement
+from . import placement, sriov
 
 Check = Callable[[Profile], str | None]
 Version = tuple[int, int, int]
@@ -111,8 +111,19 @@ def _vhost_net(profile: Profile) -> str | None:
             f"no {VHOST_NET} (module vhost_net, CONFIG_VHOST_NET)")
 
 
+def _sriov(profile: Profile) -> str | None:
+    if profile.network.attach != "sriov":
+        return None
+    why = pcidev.iommu_problem()
+    if why:
+        return f"a virtual function is handed to the guest by VFIO, and {why}"
+    if not sriov.sriov_nics():
+        return "this host has no NIC with SR-IOV virtual functions (sriov_totalvfs) to give the guest one of"
+    return None
+
+
 CHECKS: tuple[Check, ...] = (_placement, _iothread_mapping, _vhost_user, _nvme_passthrough,
-                             _vhost_net)
+                             _vhost_net, _sriov)
 
 
 def version_problem(profile: Profile) -> str | None:
