@@ -490,7 +490,7 @@ def test_a_study_without_cost_has_no_cost_columns(study_a_runs, cli_run):
 def test_list_and_show(cli_run):
     code, out, _ = cli_run(["study", "list"])
     assert code == 0
-    assert out.splitlines()[0].startswith("a      Study A: ") and "[9 profiles x 6 tests, 12 rules]" in out
+    assert out.splitlines()[0].startswith("a       Study A: ") and "[9 profiles x 6 tests, 12 rules]" in out
     code, out, _ = cli_run(["study", "show", "B"])
     assert code == 0
     assert "  xen-default             Xen, raw file on the host" in out

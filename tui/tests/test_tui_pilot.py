@@ -552,9 +552,9 @@ async def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_b
     async with app.run_test(size=SIZE) as pilot:
         studies_table = app.screen.query_one("#studies")
         cells = app.screen.query_one("#cells")
-        await until(pilot, lambda: studies_table.row_count == 5 and cells.row_count > 0, what="the studies")
+        await until(pilot, lambda: studies_table.row_count == 6 and cells.row_count > 0, what="the studies")
         listed = {r[0]: r for r in rows(studies_table)}
-        assert set(listed) == {"a", "b", "c", "c-nfs", "d"}
+        assert set(listed) == {"a", "b", "c", "c-nfs", "d", "ladder"}
         name, total, with_results, findings, title = listed["a"]
         assert (total, with_results) == ("54", "2") and title.startswith("Study A")
         assert findings.startswith("0/") and findings.endswith("checked, 0 reproduced")
@@ -604,7 +604,7 @@ async def test_studies_report_view_shows_the_cli_report(studies_backend):
     app = create_app(studies_backend, mode="studies")
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one("#studies")
-        await until(pilot, lambda: table.row_count == 5, what="the studies")
+        await until(pilot, lambda: table.row_count == 6, what="the studies")
         for key in ("r", "enter"):
             await pilot.press(key)
             await until(pilot, lambda: app.screen.__class__.__name__ == "ReportScreen", what="the report")
@@ -636,7 +636,7 @@ async def test_studies_start_plans_a_quick_run_like_the_cli(studies_backend, mon
     app = create_app(studies_backend, mode="studies")
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one("#studies")
-        await until(pilot, lambda: table.row_count == 5, what="the studies")
+        await until(pilot, lambda: table.row_count == 6, what="the studies")
         await pilot.press("s")
         await until(pilot, lambda: launched, what="the sweep")
         specs = launched[0]

@@ -724,7 +724,7 @@ async def help_screen(pilot: Pilot) -> None:
 
 async def studies(pilot: Pilot) -> None:
     app = pilot.app
-    await settle(pilot, lambda: _rows(app, "#studies") == 5 and _rows(app, "#cells") > 0
+    await settle(pilot, lambda: _rows(app, "#studies") == 6 and _rows(app, "#cells") > 0
                  and "cells done" in _text(app, "#study-head"), "the studies and study A's cells")
 
 
