@@ -7,5 +7,6 @@
     mounts     mounts a run makes on this host, and taking them down
     vhostuser  a store served to the guest as vhost-user-blk by qemu-storage-daemon
     pcidev     a whole NVMe controller of this host handed to the guest by VFIO, named by its PCI address
+    virtiofs   a virtiofs share's guest side: mounted by its tag, the tests' file in it
     volumes/   network volumes (AoE, iSCSI, NBD, NVMe/TCP, NFS): the registry, exports, attachments, credentials
 """

@@ -272,6 +272,7 @@ FILE_KINDS = ("sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc")
 # Kinds whose store another process serves to the guest (core.disks.vhostuser), made as the kind it maps to here:
 # a pre-allocated file, or the device given.
 SERVED_KINDS = ("vhost-user",)
+SHARE_KIND = "virtiofs"  # a directory of the run's the guest mounts over virtiofs
 
 
 def served_store_kind(kind: str, device: str | None) -> str:
@@ -293,6 +294,8 @@ def space_needed(kind: str, size_bytes: int, *, device: str | None = None, count
     backing and the bare-metal baseline file beside it; a loop device's file when no --device is given; nothing for a
     device or a network volume. With `count` disks, each store holds its share (disk_bytes)."""
     kind = served_store_kind(kind, device)
+    if kind == SHARE_KIND:
+        return 2 * size_bytes, "virtiofs share's test files (the guest's and the bare-metal baseline's)"
     stores = disk_bytes(size_bytes, count) * count
     if kind in FILE_KINDS:
         return stores + size_bytes, ("backing file" if count == 1 else f"{count} backing files") \
@@ -385,6 +388,14 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
     if kind == "network-volume":
         raise CloudboxError(f"backing 'network-volume' ({volume or 'no volume'}) is exported by the volume service "
                             "(core.disks.volumes), not prepared here")
+    if kind == SHARE_KIND:  # a directory of the host the guest mounts; the baseline's file in it
+        store = new_work_dir(kind, work_dir, size_bytes, fmt)
+        need_space(work_dir, size_bytes * 2, "virtiofs share's test files (the guest's and the baseline's)")
+        share = work_dir / "share"
+        share.mkdir(mode=0o755)
+        store.path, store.baseline_target = str(share), str(share / "baseline.dat")
+        store.model = f"a directory on {device_model(store.host_device)}, shared with the guest by virtiofsd"
+        return store
     if kind in SERVED_KINDS:  # the store a daemon serves: made as a file or a device, and named as what it is
         store = prepare(served_store_kind(kind, device), work_dir=work_dir, size_bytes=size_bytes, fmt=fmt,
                         device=device, confirm=confirm, volume=volume, count=count)

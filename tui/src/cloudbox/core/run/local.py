@@ -23,7 +23,7 @@ from cloudbox import __version__
 
 from .. import paths
 from ..bench import fio, iozone, iscsiperf, runners
-from ..disks import backing, claims, hostraid, pcidev, vhostuser
+from ..disks import backing, claims, hostraid, pcidev, vhostuser, virtiofs
 from ..disks.diskstats import Sample, Sampler
 from ..disks.volumes import aoe, hostattach, iscsi, nbd, nfs, nvmet
 from ..disks.volumes.attach import ISCSI_READER_LABELS, check_attach, export_for_run, preflight
@@ -43,7 +43,7 @@ from ..record.provenance import (
     VolumeInfo,
 )
 from ..spec import addresses, catalogue
-from ..spec.knobs import NVME_PCI, VHOST_USER, Dom0, is_nfs
+from ..spec.knobs import NVME_PCI, VHOST_USER, VIRTIOFS, Dom0, is_nfs, is_share
 from ..spec.profiles import Profile, xen_guest_type
 from ..spec.runspec import BOOT, RunSpec
 from ..spec.schemes import SCHEMES
@@ -83,12 +83,13 @@ def check_volume(ctx: RunContext) -> None:
         check_attach(d.volume.partition(":")[0], d.attach, hypervisor=ctx.profile.guest.hypervisor)
     elif d.backing == "network-volume" and not nfs_server(ctx.spec):
         preflight(d.volume, d.attach, ctx.size, hypervisor=ctx.profile.guest.hypervisor)
-    if is_nfs(d) and ctx.spec.wants_storage:
+    if is_share(d) and ctx.spec.wants_storage:
         on_device = [t.id for t in catalogue.resolve_tests(ctx.spec.storage_tests) if t.tool == "bonnie"]
+        share = f"{d.volume} is an NFS export" if is_nfs(d) else "a virtiofs share is"
         if on_device:
             raise CloudboxError(f"profile {ctx.profile.name}: {', '.join(on_device)} makes a file system on a block "
-                                f"device, and {d.volume} is an NFS export (a file system already); allowed here: "
-                                "every other storage test (fio, dd, IOzone)")
+                                f"device, and {share} (a file system already); allowed here: every other storage "
+                                "test (fio, dd, IOzone)")
 
 
 def find_image(ctx: RunContext) -> None:
@@ -593,6 +594,12 @@ def _guest_storage(ctx: RunContext, tests: list[catalogue.StorageTest], done: li
     gr.check_tools(tests)
     d = ctx.profile.disk
     run = functools.partial(_guest_tests, ctx, gr, tests, done=done, notes=notes or {})
+    if d.backing == VIRTIOFS:
+        sink.step(f"guest: mounting the virtiofs share {virtiofs.TAG} ({ctx.backing.path})", side="guest")
+        sink.log(f"guest mount: {virtiofs.mount_in_guest(ctx.guest)}")
+        run(virtiofs.test_file())
+        virtiofs.unmount_in_guest(ctx.guest)
+        return
     if guest_attaches(ctx):
         v = ctx.volume
         assert v is not None and v.export is not None
@@ -694,7 +701,8 @@ def guest_attaches(ctx: RunContext) -> bool:
 def _guest_tests(ctx: RunContext, gr: runners.GuestRunner, tests: list[catalogue.StorageTest], disk: str, *,
                  done: list[str], notes: dict[str, str]) -> None:
     sink = ctx.sink
-    via = "its own initiator over its NIC" if guest_attaches(ctx) else f"bus {ctx.profile.disk.bus}"
+    via = ("its own initiator over its NIC" if guest_attaches(ctx) else "a virtiofs share"
+           if ctx.profile.disk.backing == VIRTIOFS else f"bus {ctx.profile.disk.bus}")
     sink.log(f"guest benchmark disk: {disk} ({via})")
     sink.step("guest: storage tests", side="guest")
     if runners.needs_fill(tests):

@@ -107,6 +107,10 @@ def check_fits(spec: RunSpec, profile: Profile, *, mix: list[Profile] | None = N
         raise UsageError(f"profile {profile.name}: disk.backing = network-volume exports one volume for one guest; "
                          f"--guests {n} needs a store per guest: a profile with a file or block-device backing, or "
                          "an NFS export (disk.volume = nfs:<name>), which every guest mounts")
+    if d.backing == "virtiofs":
+        raise UsageError(f"profile {profile.name}: disk.backing = virtiofs shares one directory with one guest for "
+                         f"now; --guests {n} needs a store per guest or an NFS export every guest mounts (disk.volume "
+                         "= nfs:<name>)")
     if d.raid_on == "host":
         raise UsageError(f"profile {profile.name}: disk.raid_on = host builds one md array on the host for one "
                          f"guest; --guests {n} needs a disk each: allowed: a profile with disk.raid_on = guest (each "

@@ -1,6 +1,6 @@
 """The knobs of today's I/O paths: where the guest runs on the host ([placement]: pinning, NUMA-local memory, huge
 pages, the guest's own NUMA nodes), the newer disk paths (vhost-user-blk, the host's NVMe controller handed
-over whole), and the NIC's (macvtap, an SR-IOV virtual function), with their rules.
+over whole, a virtiofs share), and the NIC's (macvtap, an SR-IOV virtual function), with their rules.
 
 `Placement` is the table (a profile holds one, core.spec.profiles); `PATH_RULES` are the rules between these knobs
 and the others, one small function each, in the style of core.spec.knobs.RULES, every one naming the key it
@@ -22,6 +22,7 @@ from .knobs import (
     NVME_BUS,
     NVME_PCI,
     VHOST_USER,
+    VIRTIOFS,
     Backing,
     Bus,
     Disk,
@@ -78,8 +79,14 @@ class Placement(Strict):
 
 
 def shared_memory(disk: Disk) -> bool:
-    """The guest's RAM must be shared memory another process maps: a vhost-user device's daemon."""
-    return disk.backing == VHOST_USER
+    """The guest's RAM must be shared memory another process maps: a vhost-user device's daemon, or virtiofsd."""
+    return disk.backing in (VHOST_USER, VIRTIOFS)
+
+
+# disk.cache -> virtiofsd's cache policy for a virtiofs share (libvirt's <binary><cache mode>): none keeps the
+# guest's page cache off the host's files (every read goes to virtiofsd), auto revalidates on open, always trusts it.
+VIRTIOFS_CACHE: dict[str, str] = {"none": "none", "directsync": "none", "writethrough": "auto", "writeback": "always",
+                                  "unsafe": "always"}
 
 
 def _vhost_user(p: PathTables) -> ProfileProblem | None:
@@ -121,6 +128,26 @@ def _nvme_pci(p: PathTables) -> ProfileProblem | None:
     if d.count > 1 or d.raid != "none":
         return ProfileProblem("disk.count", d.count, "one controller is named (--device)",
                               f"1 (with disk.backing = {NVME_PCI})")
+    return None
+
+
+def _virtiofs(p: PathTables) -> ProfileProblem | None:
+    g, d = p.guest, p.disk
+    if d.backing != VIRTIOFS:
+        return None
+    if g.hypervisor != "kvm":
+        return ProfileProblem("disk.backing", d.backing, "virtiofs is QEMU's (virtiofsd); libxl (Xen) has none",
+                              f"{_values(Backing, VIRTIOFS, VHOST_USER, NVME_PCI)} (with guest.hypervisor = xen)")
+    if d.count > 1 or d.raid != "none":
+        return ProfileProblem("disk.count", d.count, "the guest mounts one share and its tests run on a file in it",
+                              f"1 (with disk.backing = {VIRTIOFS})")
+    if d.bus != MAPPED_BUS:
+        return ProfileProblem("disk.bus", d.bus, "a virtiofs share is no disk; profiles keep virtio-blk there, unused",
+                              f"{MAPPED_BUS} (with disk.backing = {VIRTIOFS})")
+    for key in ("iothreads", "queues"):
+        if getattr(d, key) != _default(Disk, key):
+            return ProfileProblem(f"disk.{key}", getattr(d, key), f"a virtiofs share is served by virtiofsd, with no "
+                                  f"disk {key} of QEMU's", f"{_default(Disk, key)} (with disk.backing = {VIRTIOFS})")
     return None
 
 
@@ -224,7 +251,7 @@ PathRule = Callable[[PathTables], ProfileProblem | None]
 
 # After core.spec.knobs.RULES: the disk paths, the NIC's, then the placement.
 PATH_RULES: tuple[PathRule, ...] = (
-    _vhost_user, _nvme_pci, _nic_attach, _placement_on_xen, _vcpu_pin_count, _iothread_pin_without_iothreads,
+    _vhost_user, _nvme_pci, _virtiofs, _nic_attach, _placement_on_xen, _vcpu_pin_count, _iothread_pin_without_iothreads,
     _memory_nodes, _guest_nodes, _hugepage_multiple,
 )
 

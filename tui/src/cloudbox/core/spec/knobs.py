@@ -53,7 +53,7 @@ Bus = Literal["virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "xen-vbd",
 CacheMode = Literal["none", "writethrough", "writeback", "directsync", "unsafe"]
 IoMode = Literal["native", "threads", "io_uring"]
 Backing = Literal["sparse-file", "prealloc-file", "qcow2", "qcow2-prealloc", "block-device", "network-volume",
-                  "vhost-user", "nvme-pci"]
+                  "vhost-user", "nvme-pci", "virtiofs"]
 DiskFormat = Literal["raw", "qcow2"]
 NicModel = Literal["e1000", "rtl8139", "virtio", "xen-netfront", "vf"]
 # How the guest's NIC reaches the host (network.attach): a tap on the run's bridge, a macvtap on a link of the
@@ -79,6 +79,7 @@ MAPPED_BUS = "virtio-blk"  # the bus whose queues several iothreads share (IOThr
 VHOST_USER = "vhost-user"  # the backing qemu-storage-daemon serves as a vhost-user-blk device (a virtio-blk disk)
 NVME_BUS = "nvme"  # the host's own NVMe controller handed over (NVME_PCI); QEMU's emulated one is not offered
 NVME_PCI = "nvme-pci"  # the backing that is a whole NVMe controller of the host, passed through by VFIO
+VIRTIOFS = "virtiofs"  # the backing that is a directory of the host the guest mounts (virtiofsd), not a disk
 XEN_HVM_BUSES: tuple[str, ...] = ("ide", "scsi-lsi")  # emulated by Xen's QEMU: HVM guests only
 XEN_BUSES: tuple[str, ...] = (XEN_PV_BUS, *XEN_HVM_BUSES)
 KVM_BUSES: tuple[str, ...] = ("virtio-blk", "virtio-scsi", "scsi-lsi", "sata", "ide", "nvme")
@@ -238,6 +239,11 @@ def guest_disks(disk: Disk) -> int:
 def is_nfs(disk: Disk) -> bool:
     """The disk is an NFS export the guest mounts (disk.volume = nfs:<name>), not a block device."""
     return disk.backing == "network-volume" and disk.volume.startswith("nfs:")
+
+
+def is_share(disk: Disk) -> bool:
+    """The guest mounts a file system and its tests run on a file in it: an NFS export or a virtiofs share."""
+    return is_nfs(disk) or disk.backing == VIRTIOFS
 
 
 def xen_backend(disk: Disk) -> str:

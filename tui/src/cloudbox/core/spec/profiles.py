@@ -36,7 +36,7 @@ from cloudbox.core import inputs, paths
 from cloudbox.core.errors import NotFound, ProfileError, ProfileProblem, UsageError
 
 from . import schema
-from .iopaths import Placement, path_problems
+from .iopaths import VIRTIOFS_CACHE, Placement, path_problems
 from .knobs import (
     CHUNK_KIB,
     DOM0_MIN_MIB,
@@ -191,7 +191,10 @@ class Profile(Strict):
             disk += f" attached by {_ATTACH_WORDS[d.attach]}"
         if g.hypervisor == "xen":
             disk += f", backend {_XEN_BACKEND_WORDS[xen_backend(d)]}"
-        disk += f", cache={d.cache}, io={d.io}" if d.backing != "nvme-pci" else ", no host I/O path"
+        disk += (f", cache={d.cache}, io={d.io}" if d.backing not in ("nvme-pci", "virtiofs") else
+                 ", no host I/O path" if d.backing == "nvme-pci" else f", virtiofsd cache {VIRTIOFS_CACHE[d.cache]}")
+        if d.backing == "virtiofs":  # a file system the guest mounts: no disk bus
+            disk = f"{_BACKING_WORDS[d.backing]} (virtiofs), virtiofsd cache {VIRTIOFS_CACHE[d.cache]}"
         if d.iothreads:
             disk += f", {d.iothreads} iothread{'s' if d.iothreads > 1 else ''}"
         if d.queues > 1:
@@ -254,6 +257,7 @@ _BACKING_WORDS = {
     "network-volume": "a network volume",
     "vhost-user": "a pre-allocated file served by qemu-storage-daemon (vhost-user-blk)",
     "nvme-pci": "the host's own NVMe controller (VFIO, named with --device)",
+    "virtiofs": "a directory of the host shared by virtiofsd",
 }
 _ATTACH_WORDS = {"host": "the host's kernel", "guest": "the guest's kernel", "qemu": "QEMU's own initiator"}
 _XEN_BACKEND_WORDS = {"phy": "blkback (phy)", "qdisk": "qdisk (QEMU in dom0)"}

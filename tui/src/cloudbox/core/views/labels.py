@@ -89,12 +89,13 @@ NFS_BASELINE_LABEL = "nfs-export-dir"
 _TARGETS = {
     "sparse-file": "local file", "prealloc-file": "local file", "qcow2": "local file", "qcow2-prealloc": "local file",
     "block-device": "local disk", "network-volume": "EBS", "vhost-user": "local file", "nvme-pci": "local disk",
+    "virtiofs": "local file",
 }
 # ... and the backing half of the studies' "driver" column ("SCSI, sparse file", "virtio/phy").
 _BACKINGS = {
     "sparse-file": "sparse file", "prealloc-file": "pre-allocated file", "qcow2": "qcow2 file",
     "qcow2-prealloc": "pre-allocated qcow2", "block-device": "phy", "network-volume": "phy",
-    "vhost-user": "vhost-user-blk", "nvme-pci": "VFIO passthrough",
+    "vhost-user": "vhost-user-blk", "nvme-pci": "VFIO passthrough", "virtiofs": "virtiofs",
 }
 # Disk buses (profiles.Bus) as the tables name them.
 _BUSES = {"xen-vbd": "xvd"}

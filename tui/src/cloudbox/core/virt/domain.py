@@ -21,6 +21,8 @@ Mappings (profile -> libvirt), KVM/QEMU (machine "pc": i440fx has IDE, q35 does 
   ide          target hda bus ide
   nvme         backing nvme-pci only: no <disk> but <hostdev type=pci managed=yes><driver name=vfio>, the host's
                controller itself, which the guest sees as nvme0n1
+  virtiofs     no disk: <filesystem type=mount><driver type=virtiofs/><binary><cache mode/></binary><source dir/>
+               <target dir=cloudbox/>, the guest's RAM a shared memfd
   NIC          <model type=e1000|rtl8139|virtio>; virtio gets <driver name=vhost|qemu queues=N>; on the bridge
                (interface type bridge), a macvtap (type direct, source dev mode=bridge: network.attach = macvtap) or
                an SR-IOV VF (type hostdev managed, source address type=pci: attach = sriov, model vf)
@@ -44,10 +46,11 @@ from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Self, TypeVar, overload
 
+from cloudbox.core.disks import virtiofs
 from cloudbox.core.disks.backing import NetworkSource
 from cloudbox.core.disks.pcidev import address_parts
-from cloudbox.core.spec.iopaths import Placement, shared_memory
-from cloudbox.core.spec.knobs import NVME_PCI, VHOST_USER, guest_disks, xen_backend
+from cloudbox.core.spec.iopaths import VIRTIOFS_CACHE, Placement, shared_memory
+from cloudbox.core.spec.knobs import NVME_PCI, VHOST_USER, VIRTIOFS, guest_disks, xen_backend
 from cloudbox.core.spec.profiles import Profile, xen_guest_type
 
 from .placement import HostPlacement
@@ -86,6 +89,7 @@ _NIC_DRIVERS = {"virtio": ("virtio_net",), "e1000": ("e1000",), "rtl8139": ("813
                 "xen-netfront": ("xen_netfront",)}
 # A Xen PV guest's agent channel is its first extra PV console (hvc0 is its console), a tty for qemu-ga.
 XEN_PV_AGENT_CMDLINE = "console=hvc0 cloudbox.agent=/dev/hvc1 cloudbox.agent_method=isa-serial"
+_SHARE_DRIVERS = ("virtiofs",)  # a virtiofs share's (the guest image's on-demand module; fuse comes with it)
 _ALWAYS_DRIVERS = ("button", "evdev")  # the ACPI power button, for the guest's acpid
 _RAID_DRIVERS = {"none": (), "0": ("md_mod", "raid0")}
 # Devices that take interrupts by MSI/MSI-X: a guest with nothing else on PCI skips ACPI's interrupt-link
@@ -102,7 +106,8 @@ def guest_drivers(profile: Profile, *, nic: bool, disk: bool = True) -> list[str
     if d not in _DISK_DRIVERS or (nic and n not in _NIC_DRIVERS):
         return None
     raid = profile.disk.raid if profile.disk.raid_on == "guest" else "none"  # the host's array is one plain disk
-    return [*(_DISK_DRIVERS[d] if disk else ()), *_RAID_DRIVERS[raid],
+    disks = _SHARE_DRIVERS if profile.disk.backing == VIRTIOFS else _DISK_DRIVERS[d]
+    return [*(disks if disk else ()), *_RAID_DRIVERS[raid],
             *(_NIC_DRIVERS[n] if nic else ()), *_ALWAYS_DRIVERS]
 
 
@@ -403,7 +408,10 @@ def render_domain(plan: DomainPlan) -> str:
     if plan.emulator is not None:
         _sub(devices, "emulator", plan.emulator)
     _controllers(devices, profile, xen)
-    for i, path in enumerate([] if guest_attach else [disk_path, *plan.more_disk_paths]):
+    if profile.disk.backing == VIRTIOFS:
+        _share(devices, profile, disk_path)
+    for i, path in enumerate([] if guest_attach or profile.disk.backing == VIRTIOFS
+                             else [disk_path, *plan.more_disk_paths]):
         _disk(devices, profile, xen, disk_path=path, disk_is_block=disk_is_block, index=i, network=network_source)
     if bridge is not None:
         _interface(devices, profile, bridge, plan.mac)
@@ -622,6 +630,16 @@ def _vhost_user_disk(devices: ET.Element, profile: Profile, socket: str) -> None
     src = _sub(disk, "source", type="unix", path=socket)
     _sub(src, "reconnect", enabled="yes", timeout="10")
     _sub(disk, "target", dev=target_dev(d.bus, 0), bus=_TARGETS[d.bus][1])
+
+
+def _share(devices: ET.Element, profile: Profile, directory: str) -> None:
+    """The run's directory as a virtiofs share: libvirt starts virtiofsd on it (the cache policy disk.cache asks,
+    core.spec.iopaths.VIRTIOFS_CACHE) and the guest mounts it by its tag (core.disks.virtiofs.TAG)."""
+    fs = _sub(devices, "filesystem", type="mount", accessmode="passthrough")
+    _sub(fs, "driver", type="virtiofs", queue="1024")
+    _sub(_sub(fs, "binary", xattr="off"), "cache", mode=VIRTIOFS_CACHE[profile.disk.cache])
+    _sub(fs, "source", dir=directory)
+    _sub(fs, "target", dir=virtiofs.TAG)
 
 
 def _nvme_controller(devices: ET.Element, address: str) -> None:

@@ -1,7 +1,7 @@
 """What this host must offer for a profile's newer paths, checked before a run makes anything and shown by a study
 for a step it cannot run here: CPUs and NUMA nodes for its placement, huge pages for its RAM, the libvirt and QEMU
-versions a path needs, the programs and devices that serve it (qemu-storage-daemon for vhost-user, /dev/vhost-net),
-and the IOMMU, spare NVMe controller or SR-IOV NIC a passthrough needs.
+versions a path needs, the programs and devices that serve it (qemu-storage-daemon for vhost-user, virtiofsd,
+/dev/vhost-net), and the IOMMU, spare NVMe controller or SR-IOV NIC a passthrough needs.
 
 `host_problem(profile)` is the first reason this host cannot run `profile` on these grounds, or None; each check is
 one small function of `CHECKS`, which a new path adds its own to. `host_versions()` is this host's libvirt and
@@ -16,9 +16,9 @@ import re
 import subprocess
 from collections.abc import Callable
 
-from ..disks import pcidev, vhostuser
+from ..disks import pcidev, vhostuser, virtiofs
 from ..spec.iopaths import Placement
-from ..spec.knobs import MAPPED_BUS, NVME_PCI, VHOST_USER
+from ..spec.knobs import MAPPED_BUS, NVME_PCI, VHOST_USER, VIRTIOFS
 from ..spec.profiles import Profile
 from . import placement, sriov
 
@@ -91,6 +91,10 @@ def _vhost_user(profile: Profile) -> str | None:
     return vhostuser.problem() if profile.disk.backing == VHOST_USER else None
 
 
+def _virtiofs(profile: Profile) -> str | None:
+    return virtiofs.problem() if profile.disk.backing == VIRTIOFS else None
+
+
 def _nvme_passthrough(profile: Profile) -> str | None:
     if profile.disk.backing != NVME_PCI:
         return None
@@ -122,7 +126,7 @@ def _sriov(profile: Profile) -> str | None:
     return None
 
 
-CHECKS: tuple[Check, ...] = (_placement, _iothread_mapping, _vhost_user, _nvme_passthrough,
+CHECKS: tuple[Check, ...] = (_placement, _iothread_mapping, _vhost_user, _virtiofs, _nvme_passthrough,
                              _vhost_net, _sriov)
 
 
