@@ -261,6 +261,9 @@ class DomainXML:
         el = self.root.find(part.PATH) if self.root is not None else None
         return part(el) if el is not None else None
 
+    def _all(self, part: type[_Part]) -> list[ET.Element]:
+        return list(self.root.iterfind(part.PATH)) if self.root is not None else []
+
     @property
     def name(self) -> str:
         """The domain's name ("" when it has none)."""
@@ -294,9 +297,6 @@ class DomainXML:
     @property
     def hugepage(self) -> HugePage | None:
         return self._find(HugePage)
-
-    def _all(self, part: type[_Part]) -> list[ET.Element]:
-        return list(self.root.iterfind(part.PATH)) if self.root is not None else []
 
     @property
     def agent_socket(self) -> str | None:

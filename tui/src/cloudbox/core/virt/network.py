@@ -117,11 +117,11 @@ class HostNetwork:
                                     f"cloudbox run is using it; remove it with: ip link del {MACVTAP_LINK}")
             _ip("link", "del", MACVTAP_LINK)
             self.reaped.append(f"link {MACVTAP_LINK} (no guest on it)")
+        self.created.append(ledger.hold(ledger.Link(MACVTAP_LINK)))
         _ip("link", "add", MACVTAP_LINK, "mtu", str(self.mtu), "type", "veth", "peer", "name", MACVTAP_PEER,
             "mtu", str(self.mtu))
-        self.created.append(("link", MACVTAP_LINK))
+        self.created.append(ledger.hold(ledger.Link(MACVLAN_HOST)))
         _ip("link", "add", MACVLAN_HOST, "link", MACVTAP_LINK, "type", "macvlan", "mode", "bridge")
-        self.created.append(("link", MACVLAN_HOST))
         _ip("link", "set", MACVLAN_HOST, "mtu", str(self.mtu))
         _ip("addr", "add", f"{HOST_IP}/{PREFIX}", "dev", MACVLAN_HOST)
         for link in (MACVTAP_LINK, MACVTAP_PEER, MACVLAN_HOST):
