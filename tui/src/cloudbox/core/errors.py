@@ -3,10 +3,9 @@ holds, which no message, event or stored reason may carry (`keep_secret`, `maske
 
 from __future__ import annotations
 
-import json
 import threading
 
-from cloudbox.core.inputs import MAX_NESTING, InputProblem, got, nesting, printable
+from cloudbox.core.inputs import InputProblem, got, printable
 
 
 class CloudboxError(Exception):
@@ -57,38 +56,6 @@ class ProfileProblem:
 
     def as_dict(self) -> dict[str, object]:
         return {"key": self.key, "value": self.value, "message": self.message, "allowed": self.allowed}
-
-
-# pydantic's error types, in words: the profile and answer-file problems share them.
-PYDANTIC_MESSAGES = {
-    "extra_forbidden": "unknown key",
-    "missing": "required key is missing",
-    "int_type": "must be an integer",
-    "string_type": "must be a string",
-    "bool_type": "must be true or false",
-    "list_type": "must be a list",
-    "literal_error": "not an allowed value",
-    "greater_than_equal": "out of range",
-    "less_than_equal": "out of range",
-    "string_pattern_mismatch": "not in the allowed form",
-    "string_too_short": "must not be empty",
-    "string_too_long": "too long",
-    "too_long": "too many entries",
-    "model_type": "must be a table",
-    "dict_type": "must be a table",
-}
-
-
-def plain_value(value: object) -> object:
-    """An offending value as plain data for a problem report (TOML dates and times become their text; a value
-    nested deeper than the input layer allows becomes a sentence, never a recursion)."""
-    if isinstance(value, dict | list) and nesting(value, MAX_NESTING) > MAX_NESTING:
-        return f"a value nested more than {MAX_NESTING} levels deep"
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError, RecursionError):
-        return str(value)[:10_000]
-    return value
 
 
 def problem_from(p: InputProblem) -> ProfileProblem:

@@ -8,7 +8,8 @@ This module provides:
 - strings that will be shown or stored: `NoControls` (no control character, NUL or bidi override), `OneLine`
   (one line of text, 1..200 characters) and `clean_strings` for whole JSON values;
 - `problems_from`: a pydantic ValidationError as cloudbox's problems ("key: message (got value); allowed: ..."),
-  with `CrossFieldProblems` carrying a model's own rules out of its validator, and the helpers that derive the
+  its error types in words (`PYDANTIC_MESSAGES`) and the offending value as plain data (`plain_value`), with
+  `CrossFieldProblems` carrying a model's own rules out of its validator, and the helpers that derive the
   "allowed" text from a model (`model_at`, `keys_text`, `field_allowed`);
 - `parse_toml`, `read_file` and `load_file` with `Parsed`: a document's text through the input layer, any problem
   as the caller's error naming the file, and what a file parsed to kept by (path, text).
@@ -16,6 +17,7 @@ This module provides:
 
 from __future__ import annotations
 
+import json
 import os
 import types
 import typing
@@ -27,7 +29,8 @@ import annotated_types
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from cloudbox.core import inputs
-from cloudbox.core.errors import PYDANTIC_MESSAGES, ProblemsError, ProfileProblem, plain_value, problem_from
+from cloudbox.core.errors import ProblemsError, ProfileProblem, problem_from
+from cloudbox.core.inputs import MAX_NESTING, nesting
 
 T = TypeVar("T")
 Loc = tuple[str | int, ...]
@@ -67,6 +70,38 @@ def clean_strings(value: object) -> bool:
 
 
 # ------------------------------------------------------------------------------------- pydantic -> problems
+# pydantic's error types, in words: the profile, answer-file and study problems share them.
+PYDANTIC_MESSAGES = {
+    "extra_forbidden": "unknown key",
+    "missing": "required key is missing",
+    "int_type": "must be an integer",
+    "string_type": "must be a string",
+    "bool_type": "must be true or false",
+    "list_type": "must be a list",
+    "literal_error": "not an allowed value",
+    "greater_than_equal": "out of range",
+    "less_than_equal": "out of range",
+    "string_pattern_mismatch": "not in the allowed form",
+    "string_too_short": "must not be empty",
+    "string_too_long": "too long",
+    "too_long": "too many entries",
+    "model_type": "must be a table",
+    "dict_type": "must be a table",
+}
+
+
+def plain_value(value: object) -> object:
+    """An offending value as plain data for a problem report (TOML dates and times become their text; a value
+    nested deeper than the input layer allows becomes a sentence, never a recursion)."""
+    if isinstance(value, dict | list) and nesting(value, MAX_NESTING) > MAX_NESTING:
+        return f"a value nested more than {MAX_NESTING} levels deep"
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return str(value)[:10_000]
+    return value
+
+
 class CrossFieldProblems(ValueError):
     """Carries a model's own rules between keys (problems already in words) out of pydantic's validators."""
 

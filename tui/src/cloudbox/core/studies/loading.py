@@ -13,21 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from .. import inputs, paths
 from ..disks import hostraid
 from ..disks.volumes import attach
-from ..errors import (
-    PYDANTIC_MESSAGES,
-    NotFound,
-    ProfileError,
-    ProfileProblem,
-    StudyError,
-    plain_value,
-    problem_from,
-)
+from ..errors import NotFound, ProfileError, ProfileProblem, StudyError
 from ..spec import profiles
+from ..spec import schema as spec_schema
 from ..spec.catalogue import is_storage_test
 from ..spec.runspec import MAX_GUESTS
 from ..virt import requirements
@@ -89,19 +82,6 @@ ALLOWED = {
 _NUMBERS = {"value", "percent", "native", "avgrq", "avgqu", "util", "paper"}
 
 
-def _model_at(parts: Sequence[str]) -> type[BaseModel] | None:
-    """The model owning the key at `parts` (list indexes left out)."""
-    model: type[BaseModel] = Study
-    for part in parts[:-1]:
-        field_ = model.model_fields.get(part)
-        args = getattr(field_.annotation, "__args__", ()) if field_ else ()
-        inner = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
-        if inner is None:
-            return None
-        model = inner
-    return model
-
-
 def _key(loc: Sequence[str | int]) -> str:
     """A key as the file writes it, arrays of tables counted from 1: "rules[2].op"."""
     out = ""
@@ -116,7 +96,7 @@ def _key(loc: Sequence[str | int]) -> str:
 def _allowed(loc: Sequence[str | int], etype: str) -> str | None:
     parts = [str(p) for p in loc if not isinstance(p, int)]
     if etype == "extra_forbidden":
-        owner = _model_at(parts)
+        owner = spec_schema.model_at(Study, parts)
         return f"known keys: {', '.join(owner.model_fields)}" if owner else None
     if not parts:
         return f"a TOML document with keys: {', '.join(Study.model_fields)}"
@@ -125,19 +105,6 @@ def _allowed(loc: Sequence[str | int], etype: str) -> str | None:
     if parts == ["tests", "id"]:
         return ", ".join(known_tests())
     return ALLOWED.get(".".join(parts))
-
-
-def _problems_from(exc: ValidationError) -> list[ProfileProblem]:
-    out = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        etype = err["type"]
-        message = PYDANTIC_MESSAGES.get(etype, err["msg"])
-        if etype == "value_error":
-            message = str(err["msg"]).removeprefix("Value error, ")
-        value = None if etype == "missing" else plain_value(err.get("input"))
-        out.append(ProfileProblem(_key(loc), value, message, _allowed(loc, etype)))
-    return out
 
 
 def _split_cell(text: str) -> tuple[str, str] | None:
@@ -354,7 +321,8 @@ def _validate_own(data: object, source: str, expect_name: str | None) -> tuple[S
     try:
         study = Study.model_validate(data)
     except ValidationError as exc:
-        raise StudyError(source, _problems_from(exc)) from None
+        raise StudyError(source, spec_schema.problems_from(
+            exc, key=_key, allowed=lambda loc, _key_text, etype: _allowed(loc, etype))) from None
     problems = []
     if expect_name is not None and study.name != expect_name:
         problems.append(ProfileProblem("name", study.name, "must equal the file name without .toml",
@@ -376,45 +344,34 @@ def validate_data(data: object, source: str, *, expect_name: str | None = None,
 def parse_study(text: str, source: str = "<study>", *, expect_name: str | None = None,
                 lookup: Callable[[str], object] = profiles.find_profile) -> Study:
     """A Study from TOML text; `source` names the text in errors."""
-    try:
-        data = inputs.load_toml(text)
-    except inputs.InputProblem as e:
-        raise StudyError(source, [problem_from(e)]) from None
+    data = spec_schema.parse_toml(text, source, StudyError)
     return validate_data(data, source, expect_name=expect_name, lookup=lookup)
 
 
 def load_study(path: str | os.PathLike[str]) -> Study:
     """Load and validate one study file (a regular file of at most inputs.MAX_FILE_BYTES); its `name` must equal the
     file's stem."""
-    try:
-        text = inputs.read_text_file(path)
-    except FileNotFoundError:
-        raise NotFound(f"{inputs.shown(os.fspath(path))}: no such study file") from None
-    except inputs.InputProblem as e:
-        raise StudyError(os.fspath(path), [problem_from(e)]) from None
-    source = os.fspath(path)
-    key = (os.path.abspath(path), text)
-    if (own := _PARSED.get(key)) is None:
-        try:
-            data = inputs.load_toml(text)
-        except inputs.InputProblem as e:
-            raise StudyError(source, [problem_from(e)]) from None
-        own = _validate_own(data, source, Path(path).stem)
-        if len(_PARSED) >= _PARSED_MAX:
-            _PARSED.clear()
-        _PARSED[key] = own
+    own = spec_schema.load_file(path, _parse_own, error=StudyError, missing=_no_study_file, kept=_PARSED)
     study, problems = own
     # The profiles may have changed since: checked on every load (cheap, load_profile keeps what it parsed).
     problems = problems + _cross_problems(study, profiles.find_profile)
     if problems:
-        raise StudyError(source, problems)
+        raise StudyError(os.fspath(path), problems)
     return study
 
 
 # A study file's own validation by (path, text): the Studies screen reloads every few seconds, and parsing every
 # study took most of that reload's CPU on the UI's process (make bench, "tui"). Study is immutable.
-_PARSED: dict[tuple[str, str], tuple[Study, list[ProfileProblem]]] = {}
-_PARSED_MAX = 64
+_PARSED: spec_schema.Parsed[tuple[Study, list[ProfileProblem]]] = spec_schema.Parsed(64)
+
+
+def _parse_own(text: str, source: str, stem: str) -> tuple[Study, list[ProfileProblem]]:
+    """A study file's text through its own checks (schema, name against the file's stem)."""
+    return _validate_own(spec_schema.parse_toml(text, source, StudyError), source, stem)
+
+
+def _no_study_file(path: str | os.PathLike[str]) -> NotFound:
+    return NotFound(f"{inputs.shown(os.fspath(path))}: no such study file")
 
 
 @dataclass(frozen=True)

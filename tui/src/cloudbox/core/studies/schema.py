@@ -22,10 +22,10 @@ import operator
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from .. import inputs
 from ..spec import catalogue, profiles
+from ..spec import schema as spec_schema
 from ..spec.catalogue import FRONTEND_SUFFIX, NET_TESTS, is_network_test, is_storage_test, primary_metric
 from ..spec.catalogue import TESTS as STORAGE_TESTS
 from ..spec.runspec import MAX_GUESTS, MIB
@@ -56,40 +56,27 @@ def needs_node(test: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------ schema
-def _no_controls(v: str) -> str:
-    bad = inputs.control_chars(v)
-    if bad:
-        raise ValueError(f"contains {bad}")
-    return v
-
-
-Line = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]*\S[^\n\r]*$"),
-                 AfterValidator(_no_controls)]
-Text = Annotated[str, Field(min_length=1, max_length=1000, pattern=r"^[^\n\r]*\S[^\n\r]*$"),
-                 AfterValidator(_no_controls)]
+Line = spec_schema.OneLine
+Text = Annotated[str, Field(min_length=1, max_length=1000, pattern=spec_schema.ONE_LINE), spec_schema.NoControls]
 Number = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 CellText = Annotated[str, Field(max_length=200)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class MatrixProfile(_Strict):
+class MatrixProfile(spec_schema.Strict):
     """A row of the study: a profile, with the paper's words for the configuration it stands for."""
 
     name: str = Field(pattern=profiles.NAME_PATTERN)
     row: Line
 
 
-class MatrixTest(_Strict):
+class MatrixTest(spec_schema.Strict):
     """A column of the study: a test, with the title of the paper's table it fills."""
 
     id: str = Field(max_length=64)
     table: Line
 
 
-class PaperCell(_Strict):
+class PaperCell(spec_schema.Strict):
     """The published numbers of one cell ("profile/test", or "native/test" for the bare-metal row)."""
 
     cell: CellText
@@ -101,7 +88,7 @@ class PaperCell(_Strict):
     util: Number | None = None  # host disk utilisation, %
 
 
-class Rule(_Strict):
+class Rule(spec_schema.Strict):
     """A finding as a check over one cell: its number (`value`), or its % of native or of another profile's cell of
     the same test (`against` with `percent`), compared with `op`."""
 
@@ -143,7 +130,7 @@ class Rule(_Strict):
         return f"{what} {sign} {self.threshold:g}% of {of}"
 
 
-class SeriesPlan(_Strict):
+class SeriesPlan(spec_schema.Strict):
     """How a variability series is measured at one size: `repeats` runs of each profile, one started every
     `every_minutes` (at once when the previous run took longer), each of `guests` guests at once (instances)."""
 
@@ -163,14 +150,14 @@ class SeriesPlan(_Strict):
                 + (f", {self.guests} guests at once" if self.guests > 1 else ""))
 
 
-class Series(_Strict):
+class Series(spec_schema.Strict):
     """A study measured as a series over time (study D) rather than once per cell: the plan for each size."""
 
     study: SeriesPlan | None = None
     quick: SeriesPlan | None = None
 
 
-class PropagationPlan(_Strict):
+class PropagationPlan(spec_schema.Strict):
     """The image-propagation sweep at one size of the study: the images' sizes (MiB, ascending) and the samples per
     size."""
 
@@ -187,7 +174,7 @@ class PropagationPlan(_Strict):
                 f"sample{'s' if self.repeats != 1 else ''} each")
 
 
-class Propagation(_Strict):
+class Propagation(spec_schema.Strict):
     """Study B's image-propagation sweep: the profile whose guest is provisioned, and the plan per size."""
 
     profile: str = Field(pattern=profiles.NAME_PATTERN)
@@ -195,7 +182,7 @@ class Propagation(_Strict):
     quick: PropagationPlan | None = None
 
 
-class Study(_Strict):
+class Study(spec_schema.Strict):
     """A validated study. Construct with parse_study/load_study."""
 
     name: str = Field(pattern=profiles.NAME_PATTERN)
