@@ -5,12 +5,14 @@ order), and fio really issuing records of that size (a bare-metal run of the swe
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from cloudbox.core import paths
 from cloudbox.core.bench import fio, iozone, runners
 from cloudbox.core.errors import Aborted, CloudboxError, UsageError
 from cloudbox.core.spec import catalogue
@@ -61,7 +63,8 @@ def test_the_records_set_and_full():
     assert not set(SWEEP) & set(catalogue.TEST_SETS["full"])  # full leaves the sweep out
     assert (set(catalogue.TEST_SETS["full"]) | set(SWEEP) | set(catalogue.IOZONE_TESTS)
             | set(catalogue.IOZONE_FILE_TESTS) | {"bonnie", *catalogue.IOZONE_GRIDS}
-            | set(catalogue.JOB_TESTS)) == set(catalogue.TESTS)
+            | set(catalogue.JOB_TESTS) | set(catalogue.IOZONE_FS_TESTS) | set(catalogue.TRANSFER_2M_TESTS)
+            ) == set(catalogue.TESTS)
     # the run option's choices and help come from the same table
     assert [v for _, v in option("storage_tests").offered()] == list(catalogue.TEST_SETS)
     assert "records" in option("storage_tests").help
@@ -317,3 +320,63 @@ def test_the_grid_on_bare_metal(tmp_path):
     assert len(cells) == sum(range(1, 10)) and cells[-1] == (16384, 16384)  # files 64 KiB to 16 MiB
     assert r.mbps == r.extra["write MB/s, 16 MiB file, 16 MiB records"] and all(v > 0 for v in r.extra.values())
     assert "-y 64k -q 16m -n 64k -g 16384k" in r.raw
+
+
+# ------------------------------------------------------------------------------------- IOzone on ext3 (study B)
+def test_iozone_on_ext3_is_study_bs_way_one_pass_per_test_through_the_page_cache():
+    w, r = (catalogue.TESTS[t] for t in catalogue.IOZONE_FS_TESTS)
+    assert (w.tool, w.bs, w.direct, w.makes_fs, w.program, w.labels) == ("iozone-fs", "16m", False, True, "iozone",
+                                                                          ["buffered"])
+    assert catalogue.TEST_SETS["iozone-fs"] == ["iozone-fs-write-16m", "iozone-fs-read-16m"]
+    assert not set(catalogue.IOZONE_FS_TESTS) & set(catalogue.TEST_SETS["full"])  # it makes a file system
+    # the file: the disk less a sixteenth, at least 32 MiB, in 16 MiB records: 3840 MiB of 4 GiB, 96 of 128 MiB
+    assert [iozone.iozone_fs_file(n << 20) // (1 << 20) for n in (4096, 2048, 128, 64)] == [3840, 1920, 96, 32]
+    assert iozone.iozone_fs_args(w, "/mnt/x", 128 << 20) == [
+        "iozone", "-i", "0", "-r", "16m", "-s", "98304k", "-e", "-w", "-f", "/mnt/x/iozone.tmp"]  # no -I
+    assert iozone.iozone_fs_args(r, "/mnt/x", 128 << 20)[1:3] == ["-i", "1"]
+    script = iozone.iozone_fs_guest_script(w, "/dev/vdb", 128 << 20)
+    assert ("/usr/sbin/mke2fs -t ext3 -F -q -b 4096 -T largefile -m 0 -E lazy_itable_init=0,lazy_journal_init=0 "
+            "/dev/vdb || exit 4; ") in script
+    assert "mount -t ext3 /dev/vdb /mnt/cloudbox-iozone || exit 5; iozone -i 0 " in script
+    assert script.endswith("; rc=$?; umount /mnt/cloudbox-iozone || rc=6; exit $rc")
+    assert "mke2fs" not in iozone.iozone_fs_guest_script(r, "/dev/vdb", 128 << 20)  # the read mounts the write's
+    assert catalogue.test_title("iozone-fs-read-16m") == (
+        "Read: sequential read, 16 MB records, IOzone on a file in ext3 made on the disk, through the page cache "
+        "(re-read stored beside it) [iozone-fs-read-16m]")
+    # the read finds the write's file system unless another write came between; its lay-down is that write
+    fills = [iozone.iozone_fills(catalogue.resolve_tests(ids)) for ids in (
+        "iozone-fs-write-16m,iozone-fs-read-16m", "iozone-fs-read-16m", "iozone-fs-write-16m,dd-write-64k,"
+        "iozone-fs-read-16m", "iozone-write-16m,iozone-fs-read-16m,iozone-read-16m")]
+    assert fills == [[False, False], [True], [False, False, True], [False, True, True]]
+    assert iozone.iozone_writer(r).id == "iozone-fs-write-16m"
+    assert not runners.needs_fill(catalogue.resolve_tests("iozone-fs-read-16m"))
+
+
+@needs_iozone
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts the baseline's file through a loop device")
+def test_iozone_on_ext3_on_bare_metal_writes_then_mounts_the_file_system_again_to_read(tmp_path):
+    target = str(tmp_path / "disk.img")
+    host = runners.HostRunner(cancelled=lambda: False)
+    size = 64 << 20
+    w = host.run(catalogue.TESTS["iozone-fs-write-16m"], target, size, 0, lambda _p: None)
+    assert w.mbps > 0 and w.extra["re-write MB/s"] > 0 and "O_DIRECT" not in w.raw
+    r = host.run(catalogue.TESTS["iozone-fs-read-16m"], target, size, 0, lambda _p: None)
+    assert r.mbps > 0 and r.extra["re-read MB/s"] > 0
+    assert list(paths.run_dir().glob("cloudbox-iozone-*")) == []  # its mount point went with it
+    with pytest.raises(CloudboxError, match=r"iozone-fs-read-16m: IOzone needs a file system on a local disk, not a "
+                                            r"volume served over NBD"):
+        host.run(catalogue.TESTS["iozone-fs-read-16m"], "nbds://10.0.0.1:10809/ebs", size, 0, lambda _p: None)
+
+
+def test_study_ds_transfers_are_two_megabytes_one_at_a_time_direct_and_buffered():
+    tests = catalogue.resolve_tests("2m")
+    assert [(t.id, t.bs, t.iodepth, t.direct) for t in tests] == [
+        ("seq-write-2m", "2m", 1, True), ("seq-read-2m", "2m", 1, True), ("seq-write-2m-buffered", "2m", 1, False),
+        ("seq-read-2m-buffered", "2m", 1, False)]
+    assert catalogue.test_title("seq-write-2m-buffered") == (
+        "Write: sequential write, 2 MB requests, one at a time (fio, as IOR's transfers), through the page cache "
+        "[seq-write-2m-buffered]")
+    assert sorted(["seq-read-2m", "seq-write-1m", "seq-write-2m", "seq-write-2m-buffered"],
+                  key=catalogue.test_sort_key) == ["seq-write-1m", "seq-write-2m", "seq-write-2m-buffered",
+                                                   "seq-read-2m"]
+    assert "--bs=2m" in fio.fio_args(tests[0], "/dev/vdb", 64 << 20, 0)

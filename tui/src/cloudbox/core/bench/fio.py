@@ -21,8 +21,8 @@ def is_nbd_uri(target: str) -> bool:
 
 def nbd_measures(t: StorageTest) -> str:
     """Why fio's nbd engine cannot run `t` on a volume ('' when it can: fio's tests, and dd's pattern)."""
-    if t.tool in IOZONE_TOOLS or t.tool == "bonnie":
-        return (f"{'IOzone' if t.tool in IOZONE_TOOLS else 'Bonnie++'} needs a file or a file system on a local disk, "
+    if t.tool in IOZONE_TOOLS or t.makes_fs:
+        return (f"{'Bonnie++' if t.tool == 'bonnie' else 'IOzone'} needs a file or a file system on a local disk, "
                 "and the host domain reaches this volume through fio's nbd engine")
     return ""
 

@@ -1,28 +1,64 @@
-"""IOzone's storage tests: one pass over a device or file (write and re-write, or read and re-read), the file sweep
-and the record grid of its automatic mode; their command lines, parsers and stored metric names, and which reads
-must first have IOzone lay down its own data."""
+"""IOzone's storage tests: one pass over a device or file (write and re-write, or read and re-read), the same pass
+over a file in an ext3 file system made on the disk (study B's way), the file sweep and the record grid of its
+automatic mode; their command lines and scripts, parsers and stored metric names, and which reads must first have
+IOzone lay down its own data."""
 
 from __future__ import annotations
 
 import re
+import shlex
 
 from ..errors import CloudboxError
-from ..spec.catalogue import IOZONE_GRID, IOZONE_SWEEPS, TESTS, StorageTest, block_bytes
+from ..spec.catalogue import IOZONE_FS, IOZONE_GRID, IOZONE_SWEEPS, TESTS, StorageTest, block_bytes
 from .result import MB, FioResult
+
+MIB = 1024**2
+# The ext3 file system study B's IOzone ran on (e2fsprogs' mke2fs, the same command in the guest and on bare metal):
+# 4 KiB blocks, one inode per MiB (IOzone writes one large file), no blocks kept for root, the inode tables written
+# at once so that no kernel thread writes them behind the measurement.
+MKFS_EXT3 = ("mke2fs", "-t", "ext3", "-F", "-q", "-b", "4096", "-T", "largefile", "-m", "0", "-E",
+             "lazy_itable_init=0,lazy_journal_init=0")
+GUEST_MKE2FS = "/usr/sbin/mke2fs"  # not busybox's applet, which makes ext2 only
+GUEST_IOZONE_DIR = "/mnt/cloudbox-iozone"
+IOZONE_FS_FILE = "iozone.tmp"
 
 
 def iozone_fills(tests: list[StorageTest]) -> list[bool]:
     """For each test, whether IOzone must first write the file untimed: its read pass checks that the data is the
-    pattern its own write pass left, which any other write in between (dd, fio) replaces."""
-    out, ours = [], False
+    pattern its own write pass left, which any other write in between (dd, fio, the other IOzone kind: on the raw
+    disk or on ext3) replaces."""
+    out, last = [], ""  # the tool of the latest write
     for t in tests:
-        lay = t.tool == "iozone" and not t.writes and not ours
+        lay = t.tool in ("iozone", IOZONE_FS) and not t.writes and last != t.tool
         out.append(lay)
-        if t.writes:
-            ours = t.tool == "iozone"
-        elif lay:
-            ours = True
+        if t.writes or lay:
+            last = t.tool
     return out
+
+
+def iozone_fs_file(size: int) -> int:
+    """IOzone's file on the ext3 made on a disk of `size` bytes: the disk less a sixteenth (at least 32 MiB) for
+    ext3's journal (mke2fs gives a 128 MiB file system 16 MiB of it, 2 to 16 GiB 64 MiB), tables and bitmaps, in
+    whole 16 MiB records: 3840 MiB of a 4 GiB disk, 96 MiB of quick size's 128 MiB."""
+    return max(16 * MIB, (size - max(size // 16, 32 * MIB)) // (16 * MIB) * (16 * MIB))
+
+
+def iozone_fs_args(t: StorageTest, directory: str, size: int) -> list[str]:
+    """IOzone's pass of `t` on a file in `directory` (an ext3 mounted there), through the page cache (no -I): -e
+    counts the closing fsync in the write's time, -w keeps the file for the read pass."""
+    return ["iozone", "-i", "0" if t.writes else "1", "-r", t.bs, "-s", f"{iozone_fs_file(size) // 1024}k", "-e",
+            "-w", "-f", f"{directory}/{IOZONE_FS_FILE}"]
+
+
+def iozone_fs_guest_script(t: StorageTest, device: str, size: int) -> str:
+    """The guest's run of `t`: the write makes ext3 on `device` (its driver loaded on demand); both mount it, run
+    IOzone's pass and unmount it, which leaves the file for the read and empties the page cache of it."""
+    q = shlex.quote
+    mkfs = " ".join(q(a) for a in (GUEST_MKE2FS, *MKFS_EXT3[1:], device)) + " || exit 4; " if t.writes else ""
+    return (f"modprobe ext4 || exit 3; {mkfs}mkdir -p {GUEST_IOZONE_DIR} && "
+            f"mount -t ext3 {q(device)} {GUEST_IOZONE_DIR} || exit 5; "
+            + " ".join(q(a) for a in iozone_fs_args(t, GUEST_IOZONE_DIR, size))
+            + f"; rc=$?; umount {GUEST_IOZONE_DIR} || rc=6; exit $rc")
 
 
 def iozone_args(t: StorageTest, target: str, size: int) -> list[str]:
@@ -99,8 +135,9 @@ def iozone_file_sizes(extra: dict) -> list[int]:
 
 
 def iozone_writer(t: StorageTest) -> StorageTest:
-    """IOzone's write test with `t`'s record size: the pass that lays down the data `t` (a read) checks."""
-    return TESTS[f"iozone-write-{t.bs}"]
+    """IOzone's write test with `t`'s record size and kind (raw disk or ext3): the pass that lays down the data `t`
+    (a read) checks."""
+    return TESTS[f"iozone-fs-write-{t.bs}" if t.tool == IOZONE_FS else f"iozone-write-{t.bs}"]
 
 
 _IOZONE_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.M)
@@ -131,7 +168,8 @@ def iozone_test_args(t: StorageTest, target: str, size: int) -> list[str]:
 
 
 def parse_iozone_test(t: StorageTest, text: str) -> FioResult:
-    """IOzone's output for `t`: a sweep's rows (parse_iozone_files), else one pass's row (parse_iozone)."""
+    """IOzone's output for `t`: a sweep's rows (parse_iozone_files), else one pass's row (parse_iozone, on the raw
+    disk or on ext3 alike)."""
     if t.tool in IOZONE_SWEEPS:
         return parse_iozone_files(t.id, text, grid=t.tool == IOZONE_GRID)
     return parse_iozone(t.id, text, "write" if t.writes else "read")

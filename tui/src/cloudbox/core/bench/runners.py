@@ -21,13 +21,21 @@ from .. import ledger, procs
 from ..disks.hostraid import mdstat_array
 from ..disks.mounts import Mount, umount
 from ..errors import Aborted, CloudboxError, GuestError
-from ..spec.catalogue import IOZONE_GRID, IOZONE_TOOLS, MPI_TOOL, TESTS, StorageTest, block_bytes
+from ..spec.catalogue import FS_TOOLS, IOZONE_FS, IOZONE_GRID, IOZONE_TOOLS, MPI_TOOL, TESTS, StorageTest, block_bytes
 from .barrier import barrier_script, read_start_stamp
 from .bonnie import GUEST_BONNIE_LOG, MKFS_EXT4, bonnie_args, bonnie_guest_script, parse_bonnie
 from .dd import dd_args, parse_dd, timed_dd_script
 from .diskwatch import watched_sh
 from .fio import fio_args, is_nbd_uri, parse_eta, parse_fio
-from .iozone import iozone_grid_records, iozone_test_args, iozone_writer, parse_iozone_test
+from .iozone import (
+    MKFS_EXT3,
+    iozone_fs_args,
+    iozone_fs_guest_script,
+    iozone_grid_records,
+    iozone_test_args,
+    iozone_writer,
+    parse_iozone_test,
+)
 from .progress import (
     Done,
     Pace,
@@ -67,7 +75,7 @@ def needs_fill(tests: list[StorageTest]) -> bool:
     for t in tests:
         if t.tool in ("bonnie", MPI_TOOL):  # Bonnie++ writes three quarters of the disk; MPI jobs files of their own
             continue
-        if t.rw == "write" or t.tool == "iozone":
+        if t.rw == "write" or t.tool in ("iozone", IOZONE_FS):
             return False
         if "read" in t.rw:
             return True
@@ -129,52 +137,56 @@ class HostRunner:
             return self._dd(t, target, size, progress)
         if t.tool in IOZONE_TOOLS:
             return self._iozone(t, target, size, progress)
-        if t.tool == "bonnie":
-            return self._bonnie(t, target, size, progress)
+        if t.tool in FS_TOOLS:
+            return self._on_fs(t, target, size, progress)
         return self._fio(t, fio_args(t, target, size, runtime), progress)
 
-    def _bonnie(self, t: StorageTest, target: str, size: int, progress: ProgressFn) -> FioResult:
-        """ext4 made on `target` (the baseline's device, or its file through a loop device), mounted on a directory
-        of its own under the run directory, Bonnie++ there, then unmounted and the directory removed."""
+    def _on_fs(self, t: StorageTest, target: str, size: int, progress: ProgressFn) -> FioResult:
+        """A test on a file system made on `target` (the baseline's device, or its file through a loop device): ext4
+        for Bonnie++, ext3 for IOzone's write (its read mounts the one the write left), mounted on a directory of its
+        own under the run directory, the tool there, then unmounted and the directory removed."""
+        import shutil
         import tempfile
 
         from .. import paths
 
         if is_nbd_uri(target):
-            raise CloudboxError(f"{t.id}: Bonnie++ needs a file system on a local disk, not a volume served over NBD "
+            tool = "Bonnie++" if t.tool == "bonnie" else "IOzone"
+            raise CloudboxError(f"{t.id}: {tool} needs a file system on a local disk, not a volume served over NBD "
                                 f"({target}); the fio tests can measure it")
-        import shutil
-
-        missing = [p for p in ("bonnie++", "mke2fs") if shutil.which(p) is None]
+        bonnie = t.tool == "bonnie"
+        mkfs = MKFS_EXT4 if bonnie else MKFS_EXT3
+        missing = [p for p in (t.program, "mke2fs") if shutil.which(p) is None]
         if missing:
-            raise CloudboxError(f"{t.id}: this host has no {' or '.join(missing)}; install Debian's bonnie++ and "
-                                "e2fsprogs (scripts/install-deps core)")
+            raise CloudboxError(f"{t.id}: this host has no {' or '.join(missing)}; install Debian's "
+                                f"{'bonnie++' if bonnie else 'iozone3'} and e2fsprogs (scripts/install-deps core)")
         block = Path(target).is_block_device()
-        if not block:  # the baseline's file, pre-allocated like the guest's backing file
-            with open(target, "ab") as fh:
-                os.posix_fallocate(fh.fileno(), 0, size)
-        r = subprocess.run([*MKFS_EXT4, target], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise CloudboxError(f"bare-metal mke2fs for {t.id} on {target} exited {r.returncode}: "
-                                f"{(r.stderr or r.stdout).strip()[-300:]}")
+        if t.writes:
+            if not block:  # the baseline's file, pre-allocated like the guest's backing file
+                with open(target, "ab") as fh:
+                    os.posix_fallocate(fh.fileno(), 0, size)
+            r = subprocess.run([*mkfs, target], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise CloudboxError(f"bare-metal mke2fs for {t.id} on {target} exited {r.returncode}: "
+                                    f"{(r.stderr or r.stdout).strip()[-300:]}")
         base = paths.run_dir()
         base.mkdir(parents=True, exist_ok=True)
-        mnt = tempfile.mkdtemp(prefix="cloudbox-bonnie-", dir=base)
+        mnt = tempfile.mkdtemp(prefix=f"cloudbox-{t.program.rstrip('+')}-", dir=base)
         mounted = ledger.hold(Mount(mnt, target))  # a run killed here: its clean-up unmounts it (and its loop)
         try:
-            r = subprocess.run(["mount", "-t", "ext4", *([] if block else ["-o", "loop"]), target, mnt],
+            r = subprocess.run(["mount", "-t", mkfs[2], *([] if block else ["-o", "loop"]), target, mnt],
                                capture_output=True, text=True)
             if r.returncode != 0:
                 raise CloudboxError(f"bare-metal mount of {target} for {t.id} exited {r.returncode}: "
                                     f"{r.stderr.strip()[-300:]}")
             try:
                 t0, pace = time.monotonic(), Pace()
+                argv = bonnie_args(mnt, size) if bonnie else iozone_fs_args(t, mnt, size)
                 with tempfile.TemporaryFile() as log:
-                    proc = subprocess.Popen(bonnie_args(mnt, size), stdout=subprocess.PIPE, stderr=log, text=True,
+                    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True,
                                             preexec_fn=procs.die_with_parent())  # noqa: PLW1509 - only prctl: a killed executor's tool dies with it
-                    out, _ = procs.wait_cancellable(
-                        proc, self.cancelled, "a bare-metal bonnie++ run",
-                        every=lambda: progress(pace.payload(bonnie_done(_file_text(log), size))))
+                    every = (lambda: progress(pace.payload(bonnie_done(_file_text(log), size)))) if bonnie else None
+                    out, _ = procs.wait_cancellable(proc, self.cancelled, f"a bare-metal {t.program} run", every=every)
                     secs = time.monotonic() - t0
                     err = _file_text(log)
             finally:
@@ -183,8 +195,9 @@ class HostRunner:
             os.rmdir(mnt)
             mounted.done()
         if proc.returncode != 0:
-            raise CloudboxError(f"bare-metal bonnie++ ({t.id}) exited {proc.returncode}: {err.strip()[-400:]}")
-        return parse_bonnie(t.id, out + "\n" + err, secs)
+            raise CloudboxError(f"bare-metal {t.program} ({t.id}) exited {proc.returncode}: "
+                                f"{(err.strip() or out.strip())[-400:]}")  # IOzone complains on stdout
+        return parse_bonnie(t.id, out + "\n" + err, secs) if bonnie else parse_iozone_test(t, out)
 
     def _iozone(self, t: StorageTest, target: str, size: int, progress: ProgressFn) -> FioResult:
         """IOzone, its output read as it goes for the cells and passes done (core.bench.progress)."""
@@ -353,6 +366,13 @@ class GuestRunner:
             if r.exitcode != 0:
                 raise GuestError(f"iozone ({t.id}) in the guest exited {r.exitcode}: "
                                  f"{(r.stdout + r.stderr).strip()[-400:]}")
+            res = parse_iozone_test(t, r.stdout)
+        elif t.tool == IOZONE_FS:
+            r = self._test_sh(t, hold + iozone_fs_guest_script(t, target, size), timeout=timeout,
+                              poll=self._check_cancel)
+            if r.exitcode != 0:
+                raise GuestError(f"iozone ({t.id}) on ext3 in the guest exited {r.exitcode} (3: no ext4 module, 4: "
+                                 f"mke2fs, 5: mount, 6: umount): {(r.stdout + r.stderr).strip()[-400:]}")
             res = parse_iozone_test(t, r.stdout)
         elif t.tool == "bonnie":
             r = self._test_sh(t, hold + bonnie_guest_script(target, size), timeout=timeout,

@@ -84,7 +84,7 @@ def check_volume(ctx: RunContext) -> None:
     elif d.backing == "network-volume" and not nfs_server(ctx.spec):
         preflight(d.volume, d.attach, ctx.size, hypervisor=ctx.profile.guest.hypervisor)
     if is_share(d) and ctx.spec.wants_storage:
-        on_device = [t.id for t in catalogue.resolve_tests(ctx.spec.storage_tests) if t.tool == "bonnie"]
+        on_device = [t.id for t in catalogue.resolve_tests(ctx.spec.storage_tests) if t.makes_fs]
         share = f"{d.volume} is an NFS export" if is_nfs(d) else "a virtiofs share is"
         if on_device:
             raise CloudboxError(f"profile {ctx.profile.name}: {', '.join(on_device)} makes a file system on a block "

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import CloudboxError
 from ..inputs import did_you_mean
 
-BONNIE_MIN_SIZE = 64 * 1024**2  # ext4's journal and inode tables leave Bonnie++ too little below that
+FS_MIN_SIZE = 64 * 1024**2  # a file system's journal and inode tables leave Bonnie++ or IOzone too little below that
 
 @dataclass(frozen=True)
 class StorageTest:
@@ -33,7 +33,7 @@ class StorageTest:
     @property
     def program(self) -> str:
         """The program the test runs (what the guest must have)."""
-        if self.tool in IOZONE_TOOLS:
+        if self.tool in IOZONE_TOOLS or self.tool == IOZONE_FS:
             return "iozone"
         return {"dd": "dd", "bonnie": "bonnie++", MPI_TOOL: "cloudbox-mpiio"}.get(self.tool, "fio")
 
@@ -48,6 +48,12 @@ class StorageTest:
     @property
     def labels(self) -> list[str]:
         return [] if self.direct else ["buffered"]
+
+    @property
+    def makes_fs(self) -> bool:
+        """Whether the test makes a file system on the disk first (Bonnie++, IOzone on ext3): a block device of its
+        own, never an NFS export, of at least FS_MIN_SIZE."""
+        return self.tool in FS_TOOLS
 
 
 # IOzone's O_DIRECT record-size sweep (study C): the whole file at each size, one request at a time, write then read.
@@ -76,6 +82,21 @@ IOZONE_SWEEPS = ("iozone-files", IOZONE_GRID)  # tools whose run is IOzone's aut
 
 
 IOZONE_TOOLS = ("iozone", *IOZONE_SWEEPS)
+
+
+# IOzone as study B ran it: on a file in an ext3 file system made on the disk, through the page cache (no O_DIRECT),
+# its 16 MB records; the write pass leaves the file system and its file for the read pass, which mounts it afresh.
+IOZONE_FS = "iozone-fs"
+
+
+IOZONE_FS_TESTS = ("iozone-fs-write-16m", "iozone-fs-read-16m")
+
+
+FS_TOOLS = ("bonnie", IOZONE_FS)  # tests that make a file system on the benchmark disk
+
+
+# Study D's IOR transfers, 2 MB, one request at a time with fio, direct and through the page cache.
+TRANSFER_2M_TESTS = ("seq-write-2m", "seq-read-2m", "seq-write-2m-buffered", "seq-read-2m-buffered")
 
 
 # One MPI job across the run's guests (core.bench.mpiio): write then read back with 1 MiB transfers, IOR's way.
@@ -108,6 +129,10 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
     StorageTest("dd-read-64k", "read", "64k", direct=False, tool="dd"),
     StorageTest("seq-write-1m", "write", "1m", iodepth=8),
     StorageTest("seq-read-1m", "read", "1m", iodepth=8),
+    StorageTest("seq-write-2m", "write", "2m"),
+    StorageTest("seq-read-2m", "read", "2m"),
+    StorageTest("seq-write-2m-buffered", "write", "2m", direct=False),
+    StorageTest("seq-read-2m-buffered", "read", "2m", direct=False),
     StorageTest("randwrite-4k-qd1", "randwrite", "4k", timed=True),
     StorageTest("randread-4k-qd1", "randread", "4k", timed=True),
     StorageTest("randwrite-4k-qd32", "randwrite", "4k", iodepth=32, timed=True),
@@ -120,6 +145,8 @@ TESTS: dict[str, StorageTest] = {t.id: t for t in [
     # Both sweeps at once; its bs is the largest record, which the run's size must hold.
     StorageTest(IOZONE_GRID, "write", "16m", sync=True, tool=IOZONE_GRID, min_bs="64k"),
     StorageTest("iozone-grid-4k", "write", "16m", sync=True, tool=IOZONE_GRID, min_bs="4k"),
+    *(StorageTest(tid, "write" if "write" in tid else "read", "16m", direct=False, sync=True, tool=IOZONE_FS)
+      for tid in IOZONE_FS_TESTS),
     # Bonnie++ (study B): its own write, rewrite and read of one file, then its file creations and deletions.
     StorageTest("bonnie", "write", "8k", tool="bonnie"),
     # a write job, then (caches dropped) a read job: both phases' caches and labels as a read test's
@@ -137,13 +164,19 @@ TEST_SETS: dict[str, list[str]] = {
     # Not the record sweep: 14 more whole-file passes, down to 4 kB at a time, would more than double a full run.
     # Nor Bonnie++, which makes a file system on the disk and writes, rewrites and reads most of it once more,
     # nor IOzone's grid, which passes over twice the disk 36 times.
+    # Nor IOzone on ext3 (a file system made on the disk, like Bonnie++), nor study D's 2 MB transfers (set 2m).
     "full": [t for t in TESTS if t not in RECORD_TESTS and t not in IOZONE_TESTS and t not in IOZONE_FILE_TESTS
-             and t not in ("bonnie", *IOZONE_GRIDS) and t not in JOB_TESTS],
+             and t not in ("bonnie", *IOZONE_GRIDS) and t not in JOB_TESTS and t not in IOZONE_FS_TESTS
+             and t not in TRANSFER_2M_TESTS],
     "smoke": ["seq-write-64k", "seq-read-64k", "randread-4k-qd32"],
     "records": list(RECORD_TESTS),
     # Study B's record sizes (64 kB, 1 MB and its 16 MB) with IOzone itself; the whole sweep is `iozone-*` by name.
     "iozone": [f"iozone-{rw}-{bs}" for bs in ("64k", "1m", "16m") for rw in ("write", "read")],
     "bonnie": ["bonnie"],
+    # Study B's IOzone as it ran it: a file in ext3 through the page cache, 16 MB records (write, then read).
+    "iozone-fs": list(IOZONE_FS_TESTS),
+    # Study D's transfer size (IOR's 2 MB), direct and buffered.
+    "2m": list(TRANSFER_2M_TESTS),
     # IOzone's file-size sweep with the study's 16 MB records; other record sizes by name (iozone-files-SIZE).
     "iozone-files": ["iozone-files-16m"],
     # across guests only (--guests 2 or more); the shared-file ones on an NFS export
@@ -254,8 +287,9 @@ def net_test(test: str) -> NetTest | None:
 # Its order in the tables: storage (Study A's Table 1, then Table 2), then network
 # --------------------------------------------------------------------------------------------------
 
-_STORAGE_ORDER = ("seq-{d}-64k", "dd-{d}-64k", "seq-{d}-1m", "rand{d}-4k-qd1", "rand{d}-4k-qd32",
-                  *(f"rec-{{d}}-{bs}" for bs in RECORD_SIZES), *(f"iozone-{{d}}-{bs}" for bs in RECORD_SIZES))
+_STORAGE_ORDER = ("seq-{d}-64k", "dd-{d}-64k", "seq-{d}-1m", "seq-{d}-2m", "rand{d}-4k-qd1", "rand{d}-4k-qd32",
+                  *(f"rec-{{d}}-{bs}" for bs in RECORD_SIZES), *(f"iozone-{{d}}-{bs}" for bs in RECORD_SIZES),
+                  "iozone-fs-{d}-16m")
 
 
 def _direction(test: str) -> str | None:
@@ -306,6 +340,7 @@ _STORAGE_TITLES = {
     "seq-{d}-64k": "sequential {d}, 64 kB requests (fio)",
     "dd-{d}-64k": "sequential {d}, 64 kB blocks (dd, as in Study A)",
     "seq-{d}-1m": "sequential {d}, 1 MB requests (fio)",
+    "seq-{d}-2m": "sequential {d}, 2 MB requests, one at a time (fio, as IOR's transfers)",
     "rand{d}-4k-qd1": "random {d}, 4 kB, queue depth 1 (fio)",
     "rand{d}-4k-qd32": "random {d}, 4 kB, queue depth 32 (fio)",
     **{f"rec-{{d}}-{bs}": f"sequential {{d}}, {_size_words(bs)} records, one at a time (fio, as IOzone)"
@@ -339,6 +374,10 @@ def test_title(test: str) -> str:
                 f"{'one shared file' if layout == 'shared' else 'a file per process'}, 1 MiB transfers: written "
                 "(fsync before close), then, caches dropped, read back (on a shared export by the next rank) "
                 f"(cloudbox-mpiio: IOR's parameters, not IOR) [{test}]")
+    if base_test(test) in IOZONE_FS_TESTS:
+        way = _direction(test) or "write"
+        return (f"{way.capitalize()}: sequential {way}, 16 MB records, IOzone on a file in ext3 made on the disk, "
+                f"through the page cache (re-{way} stored beside it) [{test}]")
     if test == "bonnie":
         return ("Bonnie++: sequential block write (MB/s; rewrite, read, %CPU and file creations and deletions per "
                 "second stored beside it), on ext4 through the page cache [bonnie]")

@@ -614,10 +614,11 @@ def _check_records_fit(tests: str, size: str) -> None:
     if n < catalogue.block_bytes(big.bs):
         raise UsageError(f"--size {size!r} is smaller than one {big.bs} record of {big.id}; allowed: a size of at "
                          f"least {big.bs.upper()}, or --tests without {big.id}")
-    if n < catalogue.BONNIE_MIN_SIZE and any(t.tool == "bonnie" for t in catalogue.resolve_tests(tests)):
-        raise UsageError(f"--size {size!r} is too small for bonnie (an ext4 file system and Bonnie++'s file on "
-                         f"it); allowed: a size of at least {catalogue.BONNIE_MIN_SIZE // 1024**2}M, or --tests "
-                         "without bonnie")
+    on_fs = [t.id for t in catalogue.resolve_tests(tests) if t.makes_fs]
+    if n < catalogue.FS_MIN_SIZE and on_fs:
+        raise UsageError(f"--size {size!r} is too small for {', '.join(on_fs)} (a file system made on the disk and "
+                         f"the test's file on it); allowed: a size of at least {catalogue.FS_MIN_SIZE // 1024**2}M, "
+                         f"or --tests without {', '.join(on_fs)}")
 
 
 def _check_propagation(spec: RunSpec) -> None:
