@@ -247,3 +247,19 @@ def test_a_nodes_aoe_export_answers_that_nodes_host_and_its_guest(state, monkeyp
     rv = remote.parse(f"aoe:{exp.target}@10.73.0.1")
     assert aoe.guest_mac(rv.shelf_slot[0]) == aoe.guest_mac(aoe.shelf_for("run-x"))
     assert aoe.guest_mac(0x1234) == "52:54:00:ae:12:34"
+
+
+@pytest.mark.root
+def test_the_host_s_own_aoe_link_carries_jumbo_frames_and_is_removed():
+    """Study A carried AoE in 9000-byte frames (8 KiB of data per request instead of 1 KiB): the veth pair between
+    vblade and this host's aoe driver has that MTU at both ends, and goes with its run."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it makes a veth pair")
+    run_uuid = str(uuid.uuid4())
+    server, host = aoe.veth_pair(run_uuid)
+    try:
+        for name in (server, host):
+            assert Path(f"/sys/class/net/{name}/mtu").read_text().strip() == str(aoe.VETH_MTU) == "9000"
+    finally:
+        aoe.remove_veth(server)
+    assert not Path(f"/sys/class/net/{server}").exists() and not Path(f"/sys/class/net/{host}").exists()

@@ -174,6 +174,9 @@ def attach_in_guest(guest, target: str, *, timeout: float = 60.0) -> str:
 
 
 VETH_PREFIX = "cbv"
+# The veth pair's MTU: jumbo frames, as study A's private network carried AoE (one AoE request per frame, so a 9000-byte
+# frame carries 8 KiB of data where a 1500-byte one carries 1 KiB), and as a back-end's private network does.
+VETH_MTU = 9000
 
 
 def _veth_names(run_uuid: str) -> tuple[str, str]:
@@ -182,13 +185,13 @@ def _veth_names(run_uuid: str) -> tuple[str, str]:
 
 
 def veth_pair(run_uuid: str) -> tuple[str, str]:
-    """A veth pair of the run's own, both ends up, no addresses: (vblade's end, this host's aoe driver's end). The
-    aoe driver never sees frames sent from its own interface, so a target on the same host needs a link of its own;
-    nothing else is on it."""
+    """A veth pair of the run's own at VETH_MTU, both ends up, no addresses: (vblade's end, this host's aoe driver's
+    end). The aoe driver never sees frames sent from its own interface, so a target on the same host needs a link of
+    its own; nothing else is on it."""
     server, host = _veth_names(run_uuid)
     ledger.hold(ledger.Link(server))  # remove_veth marks it released
-    r = subprocess.run(["ip", "link", "add", server, "type", "veth", "peer", "name", host], capture_output=True,
-                       text=True)
+    r = subprocess.run(["ip", "link", "add", server, "mtu", str(VETH_MTU), "type", "veth", "peer", "name", host,
+                        "mtu", str(VETH_MTU)], capture_output=True, text=True)
     if r.returncode != 0:
         ledger.active().done(ledger.Link(server))
         raise CloudboxError(f"cannot make the veth pair {server}/{host} for an AoE target on this host: "
