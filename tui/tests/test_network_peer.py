@@ -331,3 +331,25 @@ def test_the_front_end_serves_an_iperf3_per_guest_of_a_back_ends_run(monkeypatch
     for port in ports:  # stopped with the run
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_the_baseline_to_the_front_end_runs_at_the_guest_s_mtu(private_network):
+    """A guest at 1500 bytes on a 9000-byte private network: the host's own connections to the front-end go at 1500
+    (a locked host route, the MSS it offers to match) while the baseline runs, and the route is gone after."""
+    logged: list[str] = []
+
+    def df_ping(size: int) -> bool:
+        return subprocess.run(["ping", "-M", "do", "-c", "1", "-W", "2", "-s", str(size - 28), FE_IP],
+                              capture_output=True).returncode == 0
+
+    with network.frames_to(FE_IP, 1500, logged.append) as own:
+        assert own == 9000
+        route = subprocess.run(["ip", "route", "get", FE_IP], capture_output=True, text=True).stdout
+        assert "mtu lock 1500" in route and "advmss 1460" in route, route
+        assert df_ping(1500) and not df_ping(1501)
+    assert logged == [f"this host -> {FE_IP}: frames of 1500 bytes as the guest's (a host route over {BRIDGE}, "
+                      "whose MTU is 9000)"]
+    assert "mtu lock" not in subprocess.run(["ip", "route", "get", FE_IP], capture_output=True, text=True).stdout
+    assert df_ping(9000)
+    with network.frames_to(FE_IP, 9000) as own:  # the guest's MTU is the link's: nothing to change
+        assert own is None

@@ -753,8 +753,9 @@ def _to_front_end(ctx: RunContext, nt: catalogue.NetTest, links: list[network.Gu
     fe = catalogue.frontend_test(nt)
     far = [network.GuestLink(ln.guest, ln.nic, spec.peer, ln.bridge, ln.mtu, local=False) for ln in links]
     _guests_net_many(ctx, fe, far, ports, runners)
-    _host_net_many(ctx, fe, ports, [*host_labels(ctx.labels, dom0=ctx.dom0), "private-network"], target=spec.peer,
-                   netns=None)
+    with network.frames_to(spec.peer, ctx.profile.network.mtu, ctx.sink.log):  # at the guests' MTU, as they are
+        _host_net_many(ctx, fe, ports, [*host_labels(ctx.labels, dom0=ctx.dom0), "private-network"],
+                       target=spec.peer, netns=None)
 
 
 def _guest_net_part(ctx: RunContext, t: catalogue.NetTest, link: network.GuestLink, port: int, at: float,

@@ -184,10 +184,12 @@ def network_tests(ctx: RunContext, guest: Guest, repeat: Repeater = once,
         if peer:
             fe = catalogue.frontend_test(nt)
             in_guest(fe, peer_port, peer, rep)
-            net_test(ctx, "baseline", fe, functools.partial(
-                nettests.run_baseline, fe, peer_port, seconds, sink.progress("baseline", fe.id),
-                control.cancelled, target=peer, netns=None, log=sink.log), [*plain, "private-network"], rep=rep,
-                where=where(rep))
+            # like with like: the host's baseline at the guest's MTU, not the private link's (often 9000 to 1500)
+            with network.frames_to(peer, mtu, sink.log):
+                net_test(ctx, "baseline", fe, functools.partial(
+                    nettests.run_baseline, fe, peer_port, seconds, sink.progress("baseline", fe.id),
+                    control.cancelled, target=peer, netns=None, log=sink.log), [*plain, "private-network"], rep=rep,
+                    where=where(rep))
         return b.value, g.value
 
     for nt in resolve_net_tests(spec.net_tests):

@@ -1,7 +1,8 @@
 """The host's side of a run's network: the bridge cloudbox creates for the run (the profile's MTU on the bridge, the
 tap and the guest's interface), the network namespace over veth that stands in for the bare-metal peer, the
 netserver and iperf3 servers the tests connect to, the guest's NIC and its path (a don't-fragment ping of full
-size before any test), this node's private link, and the link statistics that tell a stalled NIC from a slow one.
+size before any test), this node's private link (its frames held to the guest's MTU while the host's own baseline
+to the front-end runs), and the link statistics that tell a stalled NIC from a slow one.
 Addresses are IPv4 link-local (169.254.0.0/16, spec.addresses): host-only links that never route. Control of the
 guest goes through the guest agent, never this network. The tests themselves are bench.nettests.
 """
@@ -638,6 +639,34 @@ def private_address() -> str:
     LinkLocalAddressing can add beside the real one) are passed over."""
     link = nodeconf.private_link(nodeconf.settings())
     return (ipv4_of(link) if link else None) or "0.0.0.0"
+
+
+@contextlib.contextmanager
+def frames_to(target: str, mtu: int, log: Callable[[str], None] = lambda _s: None):
+    """This host's connections to `target` at `mtu`-byte frames for the block's length, as the guest's are: a host
+    route to it over the link (and gateway) the kernel picks, its MTU locked at `mtu` and the MSS it offers set to
+    match (so the far end sends no larger segments either), when that link's MTU is larger; deleted afterwards.
+    Yields the link's own MTU, or None when nothing had to change."""
+    r = _ip("-j", "route", "get", target)
+    routes = json.loads(r.stdout or "[]")
+    dev = routes[0].get("dev", "") if routes else ""
+    if not dev or link_mtu(dev) <= mtu:
+        yield None
+        return
+    have = _ip("-j", "route", "show", "exact", f"{target}/32", check=False)
+    if json.loads(have.stdout or "[]"):
+        raise CloudboxError(f"this host already has a route of its own to {target} ({have.stdout.strip()[:200]}): "
+                            f"cloudbox will not replace it to measure at the guest's MTU {mtu}")
+    via = ["via", routes[0]["gateway"]] if routes[0].get("gateway") else []
+    src = ["src", routes[0]["prefsrc"]] if routes[0].get("prefsrc") else []
+    route = [f"{target}/32", *via, "dev", dev, *src]
+    own = link_mtu(dev)
+    _ip("route", "add", *route, "mtu", "lock", str(mtu), "advmss", str(mtu - 40))
+    log(f"this host -> {target}: frames of {mtu} bytes as the guest's (a host route over {dev}, whose MTU is {own})")
+    try:
+        yield own
+    finally:
+        _ip("route", "del", *route, check=False)
 
 
 def check_private_path(address: str, name: str = "") -> tuple[str, PathCheck] | None:
