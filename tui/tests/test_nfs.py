@@ -41,9 +41,10 @@ def _problems(text: str) -> dict[str, profiles.ProfileProblem]:
 
 def test_the_preset_mounts_nfsv4_2_async_over_tcp_and_says_so():
     p = profiles.find_profile("nfs-async-tcp")
-    assert knobs.is_nfs(p.disk) and p.nfs == knobs.Nfs()
+    assert knobs.is_nfs(p.disk) and p.nfs == knobs.Nfs(rsize_kib=1024, wsize_kib=1024)  # study C's 1 MB over TCP
     assert p.sections() == ("guest", "disk", "network", "nfs")
-    assert "disk: NFSv4.2 export share mounted by the guest's kernel over tcp (async, nconnect 1); net:" in p.describe()
+    assert ("disk: NFSv4.2 export share mounted by the guest's kernel over tcp (async, nconnect 1, rsize 1024 KiB, "
+            "wsize 1024 KiB); net:") in p.describe()
     assert profiles.parse_profile(p.to_toml(), "again.toml") == p
     assert '"nfs":' in p.canonical_json()
 

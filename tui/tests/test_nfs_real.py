@@ -69,11 +69,12 @@ def test_quick_storage_run_on_an_nfs_export_mounted_by_the_guest(state, libvirt_
 
 
 @pytest.mark.full
-def test_sync_writes_over_two_connections_and_jumbo_frames_reach_the_mount(state, libvirt_conn):
-    """nfs-sync-tcp and nfs-async-tcp-9000: the options the kernel settled on are the profile's (sync, nconnect=2;
-    MTU 9000 on the guest's NIC for the export's traffic)."""
+def test_sync_writes_with_1_mib_transfers_and_jumbo_frames_reach_the_mount(state, libvirt_conn):
+    """nfs-sync-tcp and nfs-async-tcp-9000: the options the kernel settled on are the profile's (sync, one
+    connection, study C's 1 MiB reads and writes; MTU 9000 on the guest's NIC for the export's traffic)."""
     sync = _nfs_run("nfs-sync-tcp", state).provenance.volume
-    assert sync is not None and ",sync," in f",{sync.mount.split()[3]}," and "nconnect=2" in sync.mount, sync.mount
+    assert sync is not None and ",sync," in f",{sync.mount.split()[3]}," and "nconnect=1" in sync.mount, sync.mount
+    assert "rsize=1048576,wsize=1048576" in sync.mount, sync.mount
     jumbo = _nfs_run("nfs-async-tcp-9000", state)
     v = jumbo.provenance.volume
     assert v is not None and ",sync," not in f",{v.mount.split()[3]},", v.mount

@@ -604,7 +604,9 @@ async def profiles_diff(pilot: Pilot) -> None:
         table.move_cursor(row=table.get_row_index(name))
         await pilot.press("space")
     await pilot.press("d")
-    await settle(pilot, lambda: "differ" in _text(app, "#profile-detail"), "the diff of the marked profiles")
+    # side by side ("A  vs  B") where the pane is wide enough, else each differing knob's two values one above the
+    # other ("A: ...", "B: ..."): a list of presets longer than the screen takes a scrollbar's width from the pane
+    await settle(pilot, lambda: "knobs differ" in _text(app, "#profile-detail"), "the diff of the marked profiles")
 
 
 async def profile_form_errors(pilot: Pilot) -> None:
