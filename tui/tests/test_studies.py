@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cloudbox.core import paths
-from cloudbox.core.errors import NotFound, StudyError
+from cloudbox.core.errors import NotFound, StudyError, UsageError
 from cloudbox.core.inputs import shown
 from cloudbox.core.record.results import ResultStore
 from cloudbox.core.spec import catalogue, profiles
@@ -31,6 +31,10 @@ name = "t"
 title = "A test study"
 description = "Two KVM rows and a Xen row."
 sizes = ["study", "quick"]
+
+[documents]
+"000" = "the paper"
+"003" = "its slides"
 
 [[profiles]]
 name = "eucalyptus-default"
@@ -56,15 +60,18 @@ table = "Network to the other node"
 cell = "native/dd-write-64k"
 value = 100
 avgqu = 140
+source = "000:292 (Table 1)"
 
 [[paper]]
 cell = "eucalyptus-default/dd-write-64k"
 value = 2.0
 avgqu = 0.9
+source = "000:294 (Table 1); 003:138, 168 (slides)"
 
 [[paper]]
 cell = "virtio-disk/dd-write-64k"
 value = 95
+source = "000:297"
 
 [[rules]]
 id = "R1"
@@ -74,6 +81,7 @@ against = "native"
 op = "<="
 percent = 10
 why = "Ten percent is a collapse."
+source = "000:401"
 
 [[rules]]
 id = "R2"
@@ -83,6 +91,7 @@ against = "eucalyptus-default"
 op = ">="
 percent = 110
 why = "A margin over a tie."
+source = "000:402"
 
 [[rules]]
 id = "R3"
@@ -92,6 +101,7 @@ metric = "avgqu"
 op = "<"
 value = 1
 why = "One request at a time."
+source = "000:403"
 
 [[rules]]
 id = "R4"
@@ -101,6 +111,7 @@ against = "native"
 op = ">="
 percent = 50
 why = "Half."
+source = "000:404"
 
 [[rules]]
 id = "R5"
@@ -111,6 +122,7 @@ op = "<="
 percent = 85
 paper = 71
 why = "Halfway to a full link."
+source = "000:405"
 """
 
 
@@ -139,22 +151,68 @@ def test_shipped_studies_load_and_name_their_files():
     assert a.paper_percent("eucalyptus-default", "dd-write-64k") == pytest.approx((1.3 / 111 * 100, True))
     assert a.paper_percent("kvm-ebs-aoe", "dd-write-64k") == pytest.approx((18.7 / 65.2 * 100, True))
     assert a.paper_percent("eucalyptus-default", "tcp-stream-fe") == (71.0, False)
+    assert a.paper_percent("kvm-ebs-aoe", "dd-read-64k") == pytest.approx((49.5 / 55.8 * 100, True))
+    assert a.includes == ["e"]
     b = loading.find_study("b")
-    assert b.suite == "storage" and [r.id for r in b.rules] == ["B3.wt", "B3.none", "B3.kvm"]
+    assert b.suite == "storage" and [r.id for r in b.rules][:3] == ["B3.wt", "B3.none", "B3.kvm"]
     assert "iozone-grid" in b.test_ids and not any("iozone-grid" in r.cell for r in b.rules)  # a cell, no rule
+    # the study's Xen was paravirtual, its IOzone on a file in ext3: B3 divides by the PV preset, on that test
+    assert {r.against for r in b.rules if r.id.startswith("B3.") and r.id != "B3.kvm"} == {"xen-xvd-file-2g"}
+    assert profiles.xen_guest_type(profiles.find_profile("xen-xvd-file-2g")) == "pv"
+    assert {r.test for r in b.rules if r.id.startswith("B3.")} <= set(catalogue.IOZONE_FS_TESTS)
+    for name in ("kvm-cache-writethrough", "kvm-cache-none"):
+        p = profiles.find_profile(name)
+        assert (p.disk.bus, p.guest.memory_mib) == ("virtio-blk", 2048)
+
+
+# The study's texts by number and their length in lines (docs/studies.md, "Sources"): every source points inside one.
+TEXTS = {"000": 588, "001": 791, "002": 235, "003": 286, "004": 625}
+
+
+def test_every_paper_figure_and_rule_carries_its_source_and_every_row_says_how_it_differs():
+    for e in loading.list_studies():
+        study = loading.load_study(e.path)
+        assert study.documents and set(study.documents) <= set(TEXTS), study.name
+        sourced = [(f"paper {c.cell}", c.source) for c in study.paper]
+        sourced += [(f"rule {r.id}", r.source) for r in study.rules]
+        for what, source in sourced:
+            refs = schema.source_refs(source)
+            assert refs, (study.name, what, source)
+            for doc, spans in refs:
+                assert doc in study.documents, (study.name, what, source)
+                assert all(1 <= first <= last <= TEXTS[doc] for first, last in spans), (study.name, what, source)
+        assert all(p.differs for p in study.profiles), study.name
+        assert all(r.why and r.finding for r in study.rules)
+    # a derived figure says from what, and where the texts disagree the study says so
+    a = loading.find_study("a")
+    assert a.paper_cell("virtio-file", "dd-write-64k").derived == "avgrq from the slides' 490 kB (1 kB = 2 sectors)"
+    assert "19.9" in a.paper_cell("kvm-ebs-aoe", "dd-write-64k").note
+    assert "7.5 kB" in a.paper_cell("eucalyptus-default", "dd-write-64k").note
+    # a published cell of the matrix is never left without its numbers (Table 2's KVM SCSI read; the slides' EBS)
+    assert a.paper_cell("kvm-scsi-phy", "dd-read-64k").value == 70.5
+    assert a.paper_cell("kvm-ebs-aoe-virtio", "dd-read-64k").value == 48.0
+
+
+def test_study_e_is_folded_into_a_and_asking_for_it_says_so():
+    with pytest.raises(UsageError) as exc:
+        loading.find_study("E")
+    assert str(exc.value).startswith("study 'E' has no file of its own: its rows and findings are in study a (")
+    assert str(exc.value).endswith("; allowed: a (cloudbox study show a)")
 
 
 def test_study_c_is_the_iozone_record_sweep_with_cost_columns_and_no_invented_figures():
     c = loading.find_study("C")
     assert c.title == "Study C: record size under O_DIRECT" and c.suite == "storage" and c.cost
     assert c.sizes == ["study", "quick"] and c.series is None
-    assert c.test_ids == list(catalogue.IOZONE_TESTS)  # IOzone itself, as the study ran it
+    assert c.test_ids == list(catalogue.IOZONE_TESTS)  # IOzone itself, with O_DIRECT as the study ran it
     assert set(c.profile_names) <= set(profiles.preset_names())
     for name in c.profile_names:  # one KVM box: no Xen, no network volume, one disk per guest
         assert loading.cannot_run(profiles.find_profile(name)) is None
     backings = {profiles.find_profile(n).disk.backing for n in c.profile_names}
     assert "block-device" in backings and backings & {"prealloc-file", "sparse-file"}
-    assert c.paper == [] and c.rules == []  # the design notes give no figure or conclusion for the sweep
+    assert c.paper == []  # the study's figures are EC2's own: none is a lab's cell
+    assert [r.id for r in c.rules] == ["C5.w", "C5.r", "C5.raid", "C6"]
+    assert {profiles.find_profile(n).disk.count for n in c.profile_names} == {1, 2, 4}  # the study's 2 and 4
     assert not loading.find_study("a").cost and not loading.find_study("b").cost
 
 
@@ -226,7 +284,8 @@ INVALID = [
     ("unknown-test", replace(GOOD, 'id = "dd-write-64k"', 'id = "dd-write-2m"'),
      "tests[1].id", "dd-write-2m", "dd-write-64k"),
     ("unknown-grid", replace(GOOD, 'id = "dd-write-64k"', 'id = "iozone-grid-16m"'),
-     "tests[1].id", "iozone-grid-16m", "iozone-files-16m, iozone-grid, iozone-grid-4k, bonnie"),
+     "tests[1].id", "iozone-grid-16m", "iozone-files-16m, iozone-grid, iozone-grid-4k, iozone-fs-write-16m, "
+     "iozone-fs-read-16m, bonnie"),
     ("unknown-size", replace(GOOD, 'sizes = ["study", "quick"]', 'sizes = ["study", "huge"]'),
      "sizes[2]", "huge", "study, quick"),
     ("size-twice", replace(GOOD, 'sizes = ["study", "quick"]', 'sizes = ["quick", "quick"]'),
@@ -272,6 +331,45 @@ INVALID = [
      "cost", "yes", "true or false"),
     ("cost-a-number", replace(GOOD, 'sizes = ["study", "quick"]\n', 'sizes = ["study", "quick"]\ncost = 1\n'),
      "cost", 1, "per host core, per GiB of guest RAM"),
+    # sources: required on every paper cell and rule, in the form document:line (where), of a listed document
+    ("paper-without-source", replace(GOOD, 'source = "000:297"\n', ''), "paper[3].source", None,
+     'document:line (where), e.g. "000:294 (Table 1)"'),
+    ("rule-without-source", replace(GOOD, 'source = "000:402"\n', ''), "rules[2].source", None,
+     "a bracketed note of where"),
+    ("source-not-a-reference", replace(GOOD, 'source = "000:297"', 'source = "Table 1, line 297"'),
+     "paper[3].source", "Table 1, line 297", "its lines (N or N-M"),
+    ("source-unknown-document", replace(GOOD, 'source = "000:297"', 'source = "002:297 (Table 1)"'),
+     "paper[3].source", "002:297 (Table 1)", "documents: 000, 003"),
+    ("source-lines-backwards", replace(GOOD, 'source = "000:297"', 'source = "000:297-290"'),
+     "paper[3].source", "000:297-290", "its lines (N or N-M"),
+    ("document-not-a-number", replace(GOOD, '"003" = "its slides"', 'slides = "its slides"'),
+     "documents.slides", "slides", 'e.g. "000" = "the paper'),
+    ("differs-not-one-line", replace(GOOD, 'row = "KVM, whole disk, virtio"\n',
+                                     'row = "KVM, whole disk, virtio"\ndiffers = "a\\nb"\n'),
+     "profiles[2].differs", "a\nb", "what the profile does otherwise than the study's configuration"),
+    ("paper-note-empty", replace(GOOD, 'source = "000:297"', 'source = "000:297"\nnote = ""'),
+     "paper[3].note", "", "where the texts disagree"),
+    ("includes-bad-name", replace(GOOD, 'sizes = ["study", "quick"]\n',
+                                  'sizes = ["study", "quick"]\nincludes = ["E!"]\n'),
+     "includes[1]", "E!", "other studies' names"),
+    # against_cell: another cell of the matrix, instead of against
+    ("against-cell-and-against", replace(GOOD, 'against = "eucalyptus-default"',
+                                         'against = "eucalyptus-default"\nagainst_cell = "virtio-disk/tcp-stream-fe"'),
+     "rules[2].against_cell", "virtio-disk/tcp-stream-fe", "one of the two"),
+    ("against-cell-outside-matrix", replace(GOOD, 'against = "eucalyptus-default"',
+                                            'against_cell = "virtio-disk/dd-read-64k"'),
+     "rules[2].against_cell", "virtio-disk/dd-read-64k", "a test of [[tests]] (dd-write-64k, tcp-stream-fe)"),
+    ("against-cell-itself", replace(GOOD, 'against = "eucalyptus-default"',
+                                    'against_cell = "virtio-disk/dd-write-64k"'),
+     "rules[2].against_cell", "virtio-disk/dd-write-64k", "other than the rule's own cell"),
+    ("against-cell-native", replace(GOOD, 'against = "eucalyptus-default"', 'against_cell = "native/dd-write-64k"'),
+     "rules[2].against_cell", "native/dd-write-64k", "profile/test with a profile of [[profiles]]"),
+    # figure: one the test stores beside its number, read instead of it
+    ("figure-of-a-test-without", replace(GOOD, 'against = "eucalyptus-default"',
+                                         'against = "eucalyptus-default"\nfigure = "re-read MB/s"'),
+     "rules[2].figure", "re-read MB/s", "a test that stores some: IOzone, its sweeps, Bonnie++"),
+    ("figure-with-a-host-metric", replace(GOOD, 'metric = "avgqu"', 'metric = "avgqu"\nfigure = "re-read MB/s"'),
+     "rules[3].figure", "re-read MB/s", "figure without metric, or metric without figure"),
 ]
 
 
@@ -474,6 +572,62 @@ def test_a_missing_cell_is_inconclusive_and_says_why():
     v = verdict("R5", [])
     assert v.reasons == ("no completed run of eucalyptus-default with tcp-stream-fe: only a run on a back-end "
                          "(--node) measures it",)
+
+
+# Two more kinds of rule over GOOD's matrix and IOzone's read: one cell against another cell, and a stored figure.
+MORE = (replace(GOOD, '[[paper]]', '[[tests]]\nid = "iozone-read-16m"\ntable = "Reads, IOzone"\n\n[[paper]]') + """
+[[rules]]
+id = "R6"
+finding = "Writing is slower than sending."
+cell = "eucalyptus-default/dd-write-64k"
+against_cell = "eucalyptus-default/tcp-stream-fe"
+op = "<"
+percent = 100
+why = "The order only."
+source = "000:539-544"
+
+[[rules]]
+id = "R7"
+finding = "virtio re-reads near native."
+cell = "virtio-disk/iozone-read-16m"
+figure = "re-read MB/s"
+against = "native"
+op = ">="
+percent = 90
+why = "On par."
+source = "003:201"
+""")
+
+
+def test_a_cell_against_another_cell_and_a_stored_figure():
+    s = parse_study(MORE, "t.toml")
+    r6, r7 = (next(r for r in s.rules if r.id == i) for i in ("R6", "R7"))
+    assert r6.statement() == "eucalyptus-default dd-write-64k < 100% of tcp-stream-fe's"
+    assert r7.statement() == "virtio-disk iozone-read-16m re-read MB/s ≥ 90% of native"
+    assert verdicts.paper_figure(s, r6) == (None, False) and verdicts.paper_figure(s, r7) == (None, False)
+    cells = {("eucalyptus-default", "dd-write-64k"): cell("eucalyptus-default", guest=50.0, run_id=1),
+             ("eucalyptus-default", "tcp-stream-fe"): cell("eucalyptus-default", "tcp-stream-fe", guest=400.0,
+                                                           run_id=2)}
+    v = evaluate_rule(s, r6, cells)
+    assert v.status == REPRODUCED and v.ours == pytest.approx(12.5) and v.run_ids == (1, 2)
+    v = evaluate_rule(s, r6, {k: c for k, c in cells.items() if k[1] == "dd-write-64k"}, size="study")
+    assert v.status == INCONCLUSIVE and v.reasons == (
+        "no completed run of eucalyptus-default with tcp-stream-fe at study size: only a run on a back-end (--node) "
+        "measures it",)
+    guest = Measured(300.0, others=(("re-read MB/s", 95.0),))
+    base = Measured(400.0, others=(("re-read MB/s", 100.0),))
+    c = Cell("virtio-disk", "iozone-read-16m", 3, guest, base, metric="MB/s", size_label="study", accelerator="kvm")
+    v = evaluate_rule(s, r7, {("virtio-disk", "iozone-read-16m"): c})
+    assert v.status == REPRODUCED and v.ours == pytest.approx(95.0)  # the figure, not the cell's 75%
+    c = Cell("virtio-disk", "iozone-read-16m", 3, Measured(300.0), base, metric="MB/s", size_label="study",
+             accelerator="kvm")
+    v = evaluate_rule(s, r7, {("virtio-disk", "iozone-read-16m"): c})
+    assert v.status == INCONCLUSIVE and v.reasons == ("virtio-disk/iozone-read-16m (run #3) has no figure "
+                                                      "'re-read MB/s'",)
+    with pytest.raises(StudyError) as exc:
+        parse_study(MORE.replace('figure = "re-read MB/s"', 'figure = "re-write MB/s"'), "t.toml")
+    assert [(p.key, p.value, p.allowed) for p in exc.value.problems] == [
+        ("rules[7].figure", "re-write MB/s", "re-read MB/s")]
 
 
 def test_missing_numbers_inside_a_run_are_inconclusive():

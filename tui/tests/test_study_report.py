@@ -95,10 +95,11 @@ def test_report_tables_against_hand_computed_values(study_a_runs, cli_run):
         ["KVM, local file, emulated SCSI, sparse file (UEC default)", "`eucalyptus-default`", "1.3", "2.2", "1.2",
          "2.0", "30 / 28", "0.9 / 0.85", "90 / 91", d],
         # 62.6 / 111 = 56.4 %; ours 6.6 / 110 = 6.0 %
+        # the slides' host columns (003:169), the request size from their 128 kB
         ["KVM, local file, emulated SCSI, pre-allocated file (study E)", "`eucalyptus-prealloc`", "62.6", "6.6",
-         "56.4", "6.0", "- / 28", "- / 0.85", "- / 91", p],
+         "56.4", "6.0", "256 / 28", "0.82 / 0.85", "81 / 91", p],
         ["KVM, local file, virtio, pre-allocated file (study E)", "`virtio-file`", "87", "-", "78.4", "-",
-         "980 / -", "42 / -", "- / -", "not run yet"],
+         "980 / -", "42 / -", "100 / -", "not run yet"],
         ["KVM, local disk, emulated SCSI, whole disk", "`kvm-scsi-phy`", "71.5", "60.0", "64.4", "60.0", "256 / 28",
          "0.57 / 0.85", "64 / 91", s],
         ["KVM, local disk, virtio, whole disk", "`virtio-disk`", "110", "40.0 (emulated)", "99.1", "40.0 (emulated)",
@@ -129,15 +130,19 @@ def test_report_tables_against_hand_computed_values(study_a_runs, cli_run):
     by_id = {r[0]: r for r in findings}
     assert by_id["A1"] == ["A1", "eucalyptus-default dd-write-64k ≤ 10% of native", "1.2% (computed)", "2.0%",
                            "**reproduced**"]
-    assert by_id["A1.q"] == ["A1.q", "eucalyptus-default dd-write-64k host avgqu < 1", "0.9", "0.85",
-                             "**reproduced**"]
+    assert by_id["A1.rq"] == ["A1.rq", "eucalyptus-default dd-write-64k host avgrq < 128 sectors", "30 sectors",
+                              "28 sectors", "**reproduced**"]
+    assert by_id["A1.util"][1:] == ["eucalyptus-default dd-write-64k host util ≤ 95%", "90%", "91%", "**reproduced**"]
     # E1: 6.6 / 2.2 = 300 %, the rule needs 500 %
     assert by_id["E1"] == ["E1", "eucalyptus-prealloc dd-write-64k ≥ 500% of eucalyptus-default's",
                            "4815.4% (computed)", "300.0%", "**not reproduced**"]
     assert by_id["A2.native"][3:] == ["40.0%", "**inconclusive**"]
     assert by_id["A2.disk"][4] == "**inconclusive**" and by_id["A2.file"][3] == "-"
     assert by_id["A5.host"][1:4] == ["virtio-disk tcp-stream ≤ 700 Mbit/s", "700 Mbit/s", "5000 Mbit/s"]
-    assert "2 reproduced, 1 not reproduced, 9 inconclusive." in report
+    # reproduced: A1, A1.rq, A1.util, E4.scsi (60 / 6.6); not reproduced: E1, E1.native (6.6 / 110 = 6.0 %)
+    assert sorted(r[0] for r in findings if r[4] == "**reproduced**") == ["A1", "A1.rq", "A1.util", "E4.scsi"]
+    assert sorted(r[0] for r in findings if r[4] == "**not reproduced**") == ["E1", "E1.native"]
+    assert "4 reproduced, 2 not reproduced, 33 inconclusive." in report
     assert ("- verdict: not reproduced: ours 300.0%, the rule needs ≥ 500%; the paper: 4815.4% (computed from its "
             "numbers)") in report
     assert (f"- verdict: inconclusive: virtio-disk/dd-write-64k (run {v}) was measured under TCG emulation: not an "
@@ -147,6 +152,20 @@ def test_report_tables_against_hand_computed_values(study_a_runs, cli_run):
             "from its numbers)") in report
     assert "(emulated): measured under TCG emulation: not an overhead figure" in report
     assert "(quick):" not in report
+    # beside every row what it does otherwise than the study, under every table where its figures come from
+    configs = {r[1]: r[2] for r in table_rows(report, "Configurations")}
+    assert configs["`kvm-ebs-aoe`"].startswith("On one box the volume is a file of this host that vblade serves over "
+                                               "a veth pair in 9000-byte frames")
+    assert ("What differs from the study's method: 2 GiB at study size, twice the guest's RAM, where the study wrote "
+            "20 GB on a 16 GB host (000:199, 000:286-287)") in report
+    assert ("- `eucalyptus-prealloc`: 62.6, avgrq 256, avgqu 0.82, util 81, from 003:139, 153, 169 (slides); derived: "
+            "avgrq from the slides' 128 kB (1 kB = 2 sectors)") in report
+    assert ("- `kvm-ebs-aoe`: 18.7, native 65.2, from 000:307-308 (Table 1); 003:234, 256 (slides); note: The slides "
+            "give 19.9 MB/s for this default row (003:257)") in report
+    assert "- source: 000:294 (Table 1); 000:416-419\n" in report
+    sources = report.split("\n## Sources\n")[1]
+    assert "A source such as 000:294 is line 294 of document 000" in sources
+    assert "- 003: its slides, the same title and author (study E)" in sources
 
 
 def test_report_to_a_file_is_the_same_and_quick_runs_say_so(study_a_runs, tmp_path, cli_run):
@@ -155,7 +174,7 @@ def test_report_to_a_file_is_the_same_and_quick_runs_say_so(study_a_runs, tmp_pa
     code, stdout, err = cli_run(["study", "report", "a", "-o", str(out)])
     assert code == 0 and stdout == ""
     assert out.read_text() == shown
-    assert err.strip() == f"wrote {out}: 7 cells from 4 runs; 2 reproduced, 1 not reproduced, 9 inconclusive"
+    assert err.strip() == f"wrote {out}: 7 cells from 4 runs; 4 reproduced, 2 not reproduced, 33 inconclusive"
     assert [p.name for p in out.parent.iterdir()] == ["report.md"]  # no temporary file left
     code, _, err = cli_run(["study", "report", "a", "-o", str(tmp_path)])
     assert code == 2 and "is a directory" in err
@@ -179,7 +198,7 @@ def test_report_of_a_study_without_runs(cli_run):
     code, report, _ = cli_run(["study", "report", "b"])
     assert code == 0
     assert "No stored run matches this study yet (`cloudbox study run b`)." in report
-    assert "0 reproduced, 0 not reproduced, 3 inconclusive." in report
+    assert "0 reproduced, 0 not reproduced, 12 inconclusive." in report
     by_id = {r[0]: r for r in table_rows(report, "Findings")}
     assert by_id["B3.wt"][2:] == ["17.0%", "-", "**inconclusive**"]
     assert by_id["B3.kvm"][2] == "-"  # no published figure: the study's two ratios are not combined here
@@ -199,17 +218,15 @@ def test_study_b_reports_every_bonnie_figure_of_both_sides(cli_run):
         store.finish_run(rid, "completed")
     code, report, _ = cli_run(["study", "report", "b"])
     assert code == 0
-    heading = ("Bonnie++ on ext4 in the guest: sequential block write (MB/s; rewrite, read, %CPU, creations and "
-               "deletions per second below)")
+    heading = ("Bonnie++ in the guest: sequential block write (MB/s; rewrite, read, %CPU, creations and deletions per "
+               "second below)")
     rows = table_rows(report, heading)
     assert rows[0][:4] == ["none, bare metal", "-", "-", "-"]  # it timed no block write
-    assert rows[2][:4] == ["KVM, emulated IDE, raw file, host cache off", "`kvm-cache-none`", "-",
-                           "53.4 (emulated, quick)"]
+    assert rows[2][:4] == [NONE_ROW, "`kvm-cache-none`", "-", "53.4 (emulated, quick)"]
     assert "| configuration | run | write MB/s | seconds | write %CPU | rewrite MB/s | rewrite %CPU | read MB/s | " \
            "read %CPU | creates/s | deletes/s | random creates/s | random deletes/s |" in report
     assert rows[-2] == ["bare metal", f"#{rid}", "-", "3.4", *["-"] * 9]
-    assert rows[-1] == ["KVM, emulated IDE, raw file, host cache off", f"#{rid}", "53.4", "7.8", "81.0", "120.6",
-                        "87.0", "-", "-", "2400", "-", "-", "-"]
+    assert rows[-1] == [NONE_ROW, f"#{rid}", "53.4", "7.8", "81.0", "120.6", "87.0", "-", "-", "2400", "-", "-", "-"]
 
 
 def test_study_b_reports_iozones_file_size_sweep_per_file_size(cli_run):
@@ -226,11 +243,10 @@ def test_study_b_reports_iozones_file_size_sweep_per_file_size(cli_run):
         store.finish_run(rid, "completed")
     code, report, _ = cli_run(["study", "report", "b"])
     assert code == 0
-    rows = table_rows(report, "IOzone's file-size sweep (automatic mode), 16 MB records, O_DIRECT: write MB/s of the "
-                              "largest file (every file size below)")
-    assert rows[1][:4] == ["KVM, emulated IDE, raw file, write-through host cache (the default of the time)",
-                           "`kvm-cache-writethrough`", "-", "32.0"]
-    wt = "KVM, emulated IDE, raw file, write-through host cache (the default of the time)"
+    rows = table_rows(report, "IOzone's file-size sweep, 16 MB records, O_DIRECT: write MB/s of the largest file "
+                              "(every file size below)")
+    wt = "KVM 83's default: virtio disk on a raw image file, write-through host cache"
+    assert rows[1][:4] == [wt, "`kvm-cache-writethrough`", "-", "32.0"]
     assert rows[-4:] == [["bare metal", f"#{rid}", "16 MiB", "160.0", "170.0", "180.0", "190.0"],
                          ["bare metal", f"#{rid}", "32 MiB", "320.0", "330.0", "340.0", "350.0"],
                          [wt, f"#{rid}", "16 MiB", "16.0", "17.0", "18.0", "19.0"],
@@ -239,7 +255,7 @@ def test_study_b_reports_iozones_file_size_sweep_per_file_size(cli_run):
 
 GRID_TABLE = ("IOzone's automatic mode over record sizes (64 kB to 16 MB) and file sizes, O_DIRECT: write MB/s of the "
               "largest file with 16 MB records (every record and file size below)")
-NONE_ROW = "KVM, emulated IDE, raw file, host cache off"
+NONE_ROW = "KVM with the host cache off: virtio disk on a raw image file"
 
 
 def add_grid_run(store: ResultStore, guest_scale: float) -> int:
@@ -345,7 +361,8 @@ def test_html_report_has_the_tables_and_a_figure_per_table_with_our_labels(study
     assert "<title>" in page and "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # stands alone
     assert page.count("<table>") == md.count("| configuration |") + 1  # each test's table and the findings'
     figures = page.split("<figure>")[1:]
-    tables = [line[3:] for line in md.splitlines() if line.startswith("## ") and line != "## Findings"]
+    tables = [line[3:] for line in md.splitlines()
+              if line.startswith("## ") and line not in ("## Configurations", "## Findings", "## Sources")]
     with_pct = [t for t in tables if any(r[4] != "-" or r[5] != "-" for r in table_rows(md, t)[1:])]
     assert 0 < len(with_pct) < len(tables)  # the check below can tell a figure too many from one too few
     assert len(figures) == len(with_pct)  # a figure per table with a % of native on either side
@@ -447,7 +464,7 @@ def test_cost_columns_against_hand_computed_values(cost_runs, cli_run):
     small, big = (f"#{cost_runs[k]}" for k in ("small", "big"))
     code, report, err = cli_run(["study", "report", "t"])
     assert code == 0 and err == ""
-    head = next(line for line in report.splitlines() if line.startswith("| configuration"))
+    head = next(line for line in report.splitlines() if line.startswith("| configuration | profile | paper"))
     assert head.split(" | ")[6:8] == ["ours MB/s per host core", "ours MB/s per GiB guest RAM"]
     assert table_rows(report, "Writes, 1 MB records") == [
         # bare metal: (160 + 140) / 2 = 150.0; per core only if every run used recorded its cores (big's did not)
@@ -490,14 +507,24 @@ def test_a_study_without_cost_has_no_cost_columns(study_a_runs, cli_run):
 def test_list_and_show(cli_run):
     code, out, _ = cli_run(["study", "list"])
     assert code == 0
-    assert out.splitlines()[0].startswith("a       Study A: ") and "[9 profiles x 6 tests, 12 rules]" in out
+    assert out.splitlines()[0].startswith("a       Study A: ") and "[9 profiles x 6 tests, 39 rules]" in out
     code, out, _ = cli_run(["study", "show", "B"])
     assert code == 0
-    assert "  xen-default             Xen, raw file on the host" in out
+    assert "  xen-xvd-file-2g         Xen 3.4.3 guest: paravirtual (blkfront) on a raw image file" in out
     assert "[not runnable here: Xen profile: boot the appliance's Xen entry]" in out
-    assert "  B3.wt: kvm-cache-writethrough iozone-write-16m ≤ 40% of xen-default's  (paper: 17.0%)" in out
+    assert "  B3.wt: kvm-cache-writethrough iozone-fs-write-16m ≤ 40% of xen-xvd-file-2g's  (paper: 17.0%)" in out
+    assert "      source: 002:139 (Figure 5)" in out  # every rule's source, every row's and table's difference
+    assert "                          differs: Today's QEMU and kernel in place of KVM 83 on CentOS 5.4 (002:87)" in out
+    assert "  002: the paper: Django Armstrong and Karim Djemame (University of Leeds)" in out
+    code, out, _ = cli_run(["study", "show", "a"])
+    assert ("  kvm-ebs-aoe/dd-write-64k          value 18.7, native 65.2  [000:307-308 (Table 1); 003:234, 256 "
+            "(slides)]") in out
+    assert f"{' ' * 36}note: The slides give 19.9 MB/s for this default row (003:257)" in out
+    assert f"{' ' * 36}derived: avgrq from the slides' 490 kB (1 kB = 2 sectors)" in out
     code, out, _ = cli_run(["study", "show", "a", "--json"])
     assert code == 0 and '"name": "a"' in out
+    code, _, err = cli_run(["study", "show", "e"])  # study E, the slides, is folded into A: a usage error
+    assert code == 2 and "study 'e' has no file of its own: its rows and findings are in study a (" in err
 
 
 def bad_study_dir(tmp_path: Path, monkeypatch, text: str) -> Path:

@@ -39,6 +39,7 @@ def record(store: ResultStore, values: dict[str, float], *, started_at: float, s
 
 
 D_TEXT = (REPO / "studies" / "d.toml").read_text()
+D_TESTS = ("seq-write-2m", "seq-write-2m-buffered", "seq-read-2m", "seq-read-2m-buffered")  # study D's, in order
 
 
 def problems_of(text: str) -> dict[str, str]:
@@ -49,7 +50,8 @@ def problems_of(text: str) -> dict[str, str]:
 
 def test_the_shipped_study_d_is_a_series_per_size():
     d = loading.find_study("d")
-    assert d.rules == [] and d.paper == []
+    assert [r.id for r in d.rules] == ["D.vm", "D.buf.w", "D.buf.r"] and d.paper == []
+    assert d.test_ids == ["seq-write-2m", "seq-write-2m-buffered", "seq-read-2m", "seq-read-2m-buffered"]
     quick, full = d.series_plan("quick"), d.series_plan("study")
     assert quick is not None and full is not None
     assert (quick.repeats, quick.every_s, quick.guests) == (5, 60.0, 2)
@@ -77,25 +79,24 @@ def test_a_bad_series_plan_names_the_key_and_what_is_allowed():
 def test_a_series_run_plans_the_repeats_still_missing_spaced_by_the_plan():
     d = loading.find_study("d")
     with ResultStore() as store:
-        first = record(store, {"seq-write-64k": 50.0, "seq-write-64k-buffered": 80.0}, started_at=T0)
-        record(store, {"seq-write-64k": 52.0}, started_at=T0 + 60)  # lacks a test: not a whole repeat
-        record(store, {"seq-write-64k": 51.0, "seq-write-64k-buffered": 81.0}, started_at=T0 + 120, size="study")
+        first = record(store, dict(zip(D_TESTS, (50.0, 80.0, 40.0, 45.0), strict=True)), started_at=T0)
+        record(store, {"seq-write-2m": 52.0}, started_at=T0 + 60)  # lacks a test: not a whole repeat
+        record(store, dict(zip(D_TESTS, (51.0, 81.0, 41.0, 46.0), strict=True)), started_at=T0 + 120, size="study")
         done = store.list_runs(state="completed")
         todo = planning.prepare_run(d, done, size="quick")
         again = planning.prepare_run(d, done, size="quick", again=True)
     # the one-guest repeat is not one of this plan's (two guests at once): five to do
     assert len(todo.specs) == 5 and todo.offsets == [0.0, 60.0, 120.0, 180.0, 240.0]
-    assert all(s.size == "quick" and s.storage_tests == "seq-write-64k,seq-write-64k-buffered" and s.guests == 2
-               for s in todo.specs)
+    assert all(s.size == "quick" and s.storage_tests == ",".join(D_TESTS) and s.guests == 2 for s in todo.specs)
     assert todo.plan[0].have == 0 and todo.plan[0].repeats == 5
     one = planning.prepare_run(planning.with_series_plan(d, "quick", guests=1), done, size="quick")
     assert one.plan[0].have == 1 and one.plan[0].repeats == 4 and all(s.guests == 1 for s in one.specs)
-    assert one.lines() == ["  virtio-file: 1 of 5 repeats stored; run seq-write-64k, seq-write-64k-buffered x4"]
+    assert one.lines() == [f"  virtio-file: 1 of 5 repeats stored; run {', '.join(D_TESTS)} x4"]
     assert one.headline().endswith("4 run(s) to do, a series of 5 repeats every 1 min (over 4 min)")
     assert todo.headline().endswith("a series of 5 repeats every 1 min (over 4 min), 2 guests at once")
     assert len(again.specs) == 5
     assert [r.id for r in series.series_runs(done, "virtio-file", profiles.find_profile("virtio-file").hash,
-                                              ["seq-write-64k", "seq-write-64k-buffered"], "quick", None)] == [first]
+                                              list(D_TESTS), "quick", None)] == [first]
 
 
 def test_series_stats_match_hand_computed_values():
@@ -149,18 +150,18 @@ def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
     ids = []
     with ResultStore() as store:
         for i, v in enumerate([10.0, 12.0, 11.0]):
-            ids.append(record(store, {"seq-write-64k": v, "seq-write-64k-buffered": 5 * v}, started_at=T0 + 60 * i,
+            ids.append(record(store, dict(zip(D_TESTS, (v, 5 * v, 2 * v, 3 * v), strict=True)), started_at=T0 + 60 * i,
                               base_labels=("virtualized-host",) if i == 1 else ()))
         done = store.list_runs(state="completed")
         stored = store.list_runs()
     ev = evidence.gather(d, done)
-    assert [x.run_id for x in ev.series[("virtio-file", "seq-write-64k")]] == ids
+    assert [x.run_id for x in ev.series[("virtio-file", "seq-write-2m")]] == ids
     md = markdown.to_markdown(ev)
     assert "## Variability over time" in md
-    row = next(line for line in md.splitlines() if line.startswith("| virtio-file | seq-write-64k |"))
+    row = next(line for line in md.splitlines() if line.startswith("| virtio-file | seq-write-2m |"))
     # 3 of the quick plan's 5 repeats; median 11.0 labelled emulated and quick; p5 10.1, p95 11.9; CV 1/11 = 9.1 %;
     # bare metal is not emulated, but one of its runs was on a virtual machine
-    assert row.startswith("| virtio-file | seq-write-64k | 3 of 5 (quick) | 11.0 (emulated, quick) MB/s | 10.1 | 11.9 "
+    assert row.startswith("| virtio-file | seq-write-2m | 3 of 5 (quick) | 11.0 (emulated, quick) MB/s | 10.1 | 11.9 "
                           "| 9.1% | 10.0 - 12.0 | 100.0 (virtualized host, quick) |")
     assert f"runs #{ids[0]}, #{ids[1]}, #{ids[2]}" in md
     page = html.to_html(ev)
@@ -178,7 +179,7 @@ def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
     assert "Density (Gaussian kernel, bandwidth" in md
     assert "(emulated, quick)" in page
     cells = {(c.profile, c.test): c for c in cellstates.cell_states(d, stored, ev.cells, series=ev.series)}
-    assert cells[("virtio-file", "seq-write-64k-buffered")].series_text == "3 of 5 repeats"
+    assert cells[("virtio-file", "seq-write-2m-buffered")].series_text == "3 of 5 repeats"
 
 
 def test_a_study_without_a_series_has_no_variability_section():
@@ -279,34 +280,34 @@ def test_a_series_of_two_guests_spreads_over_time_and_over_instances():
     process's, the table counts repeats (not samples), and the report adds each guest over time and the spread
     between the guests within a repeat. A run of one guest is not one of this series' repeats."""
     d = loading.find_study("d")
-    tests = ("seq-write-64k", "seq-write-64k-buffered")
+    tests = D_TESTS
     with ResultStore() as store:
         lone = record(store, dict.fromkeys(tests, 99.0), started_at=T0 - 60)
         a = record_guests(store, dict.fromkeys(tests, [10.0, 14.0]), started_at=T0)
         b = record_guests(store, dict.fromkeys(tests, [12.0, 12.0]), started_at=T0 + 60)
         done = store.list_runs(state="completed")
     ev = evidence.gather(d, done)
-    samples = ev.series[("virtio-file", "seq-write-64k")]
+    samples = ev.series[("virtio-file", "seq-write-2m")]
     assert [(x.run_id, x.instance, x.value, x.baseline) for x in samples] == [
         (a, 1, 10.0, 101.0), (a, 2, 14.0, 102.0), (b, 1, 12.0, 101.0), (b, 2, 12.0, 102.0)]
     assert lone not in {x.run_id for x in samples}
     # the test's table takes the latest repeat of the series' guest count, labelled as the two guests' sum
-    cell = ev.cells[("virtio-file", "seq-write-64k")]
+    cell = ev.cells[("virtio-file", "seq-write-2m")]
     assert cell.run_id == b and cell.guest.value == 24.0 and "sum of 2 guests" in cell.qualifiers
     with ResultStore() as store:
         states = {(c.profile, c.test): c for c in cellstates.cell_states(d, store.list_runs(), ev.cells,
                                                                       series=ev.series)}
-    assert states[("virtio-file", "seq-write-64k")].series_text == "2 of 5 repeats"  # repeats, not samples
+    assert states[("virtio-file", "seq-write-2m")].series_text == "2 of 5 repeats"  # repeats, not samples
     md = markdown.to_markdown(ev)
-    row = next(line for line in md.splitlines() if line.startswith("| virtio-file | seq-write-64k |"))
+    row = next(line for line in md.splitlines() if line.startswith("| virtio-file | seq-write-2m |"))
     # 2 of 5 repeats of 2 guests: 4 samples, median 12.0, range 10 - 14; bare metal's median of 101, 102, 101, 102
-    assert row.startswith("| virtio-file | seq-write-64k | 2 of 5 (quick, 2 guests each) | 12.0 (emulated, quick) "
+    assert row.startswith("| virtio-file | seq-write-2m | 2 of 5 (quick, 2 guests each) | 12.0 (emulated, quick) "
                           "MB/s |"), row
     assert "| 10.0 - 14.0 | 101.5 (quick) |" in row
     assert "over those instances: each guest's number is one sample" in md
     # g1: 10, 12 (median 11, CV 1.414/11 = 12.9 %); g2: 14, 12 (13, 10.9 %); within repeat a: 4 / 12 = 33.3 %,
     # b: 0 %: median 16.7 %; Jain's index a: 24^2 / (2 * 296) = 0.973, b: 1: median 0.986
-    assert ("virtio-file seq-write-64k by guest over time (MB/s): g1 median 11.0, CV 12.9%; g2 median 13.0, CV "
+    assert ("virtio-file seq-write-2m by guest over time (MB/s): g1 median 11.0, CV 12.9%; g2 median 13.0, CV "
             "10.9%. Within a repeat, (max - min) / mean of the guests: median 16.7% (largest 33.3%); Jain's "
             "fairness index median 0.986.") in md
     assert f"runs #{a}, #{b}, 2 guests each" in md

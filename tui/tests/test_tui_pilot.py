@@ -579,20 +579,20 @@ async def test_studies_table_and_a_cell_filling_in_as_a_result_arrives(studies_b
         await pilot.press("down")  # study B: its matrix replaces A's
         await until(pilot, lambda: cells.row_count and cells.get_row_at(0) and
                     "kvm-cache-writethrough" in str(cells.get_row_at(0)[0]), what="study B's cells")
-        await pilot.press("down")  # study C: the record sweep on a whole disk, a file and a RAID 0 of three
-        await until(pilot, lambda: cells.row_count == 42 and "virtio-disk" in str(cells.get_row_at(0)[0]),
+        await pilot.press("down")  # study C: the record sweep on a whole disk, a file, RAID 0 of two and four
+        await until(pilot, lambda: cells.row_count == 56 and "virtio-disk" in str(cells.get_row_at(0)[0]),
                     what="study C's cells")
         assert cell_state(cells, "virtio-file/iozone-read-16m")[2] == "not run"
-        assert cell_state(cells, "virtio-raid0/iozone-write-4k")[2] == "not run"
-        await pilot.press("down")  # study C's NFS part: three mounts of one export, three tests
-        await until(pilot, lambda: cells.row_count == 9 and "nfs-async-tcp" in str(cells.get_row_at(0)[0]),
+        assert cell_state(cells, "virtio-raid0-4/iozone-write-4k")[2] == "not run"
+        await pilot.press("down")  # study C's NFS part: three mounts of one export, four tests
+        await until(pilot, lambda: cells.row_count == 12 and "nfs-async-tcp" in str(cells.get_row_at(0)[0]),
                     what="study c-nfs's cells")
         assert cell_state(cells, "nfs-async-tcp-9000/iozone-read-1m")[2] == "not run"
         await pilot.press("down")  # study D, a series: each cell counts its repeats
-        await until(pilot, lambda: cells.row_count == 2 and "virtio-file" in str(cells.get_row_at(0)[0]),
+        await until(pilot, lambda: cells.row_count == 4 and "virtio-file" in str(cells.get_row_at(0)[0]),
                     what="study D's cells")
-        assert cell_state(cells, "virtio-file/seq-write-64k")[2:] == ["not run", "-", "", "-", "-",
-                                                                    "0 of 17 repeats"]
+        assert cell_state(cells, "virtio-file/seq-write-2m")[2:] == ["not run", "-", "", "-", "-",
+                                                                   "0 of 17 repeats"]
 
 
 async def test_studies_report_view_shows_the_cli_report(studies_backend):

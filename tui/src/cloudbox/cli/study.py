@@ -135,7 +135,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _paper_text(c: schema.PaperCell) -> str:
     parts = [f"{k} {getattr(c, k):g}" for k in ("value", "percent", "native", "avgrq", "avgqu", "util")
              if getattr(c, k) is not None]
-    return ", ".join(parts)
+    return ", ".join(parts) + f"  [{c.source}]"
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -160,27 +160,35 @@ def cmd_show(args: argparse.Namespace) -> int:
     for p in study.profiles:
         note = f"  [not runnable here: {unavailable[p.name]}]" if p.name in unavailable else ""
         lines.append(f"  {p.name:<{width}}  {p.row}{note}")
+        if p.differs:
+            lines.append(f"  {'':<{width}}  differs: {p.differs}")
     lines += ["", "tests (tables):"]
     width = max(len(t) for t in study.test_ids)
     for t in study.tests:
         note = "  [measured only by runs on a back-end: --node]" if schema.needs_node(t.id) else ""
         lines.append(f"  {t.id:<{width}}  {t.table}{note}")
+        if t.differs:
+            lines.append(f"  {'':<{width}}  differs: {t.differs}")
     lines += ["", "paper's numbers:"]
     if not study.paper:
         lines.append("  (none per cell" + (": the paper's figures are on the rules)" if study.rules else ")"))
     width = max([len(c.cell) for c in study.paper] or [0])
     for c in study.paper:
         lines.append(f"  {c.cell:<{width}}  {_paper_text(c)}")
+        lines += [f"  {'':<{width}}  {k}: {getattr(c, k)}" for k in ("derived", "note") if getattr(c, k)]
     lines += ["", "rules:"]
     if not study.rules:
         lines.append("  (none: the report gives the measurements" + (" and their spread over the series)"
                                                                     if study.series else ")"))
     for r in study.rules:
         paper, computed = verdicts.paper_figure(study, r)
-        figure = "" if paper is None else (f"{paper:.1f}%" if r.against is not None else f"{paper:g}")
+        figure = "" if paper is None else (f"{paper:.1f}%" if r.relative else f"{paper:g}")
         lines += [f"  {r.id}: {r.statement()}" + (f"  (paper: {figure}{', computed' if computed else ''})"
                                                   if figure else ""),
-                  f"      {r.finding}", f"      why: {r.why}"]
+                  f"      {r.finding}", f"      source: {r.source}", f"      why: {r.why}"]
+    if study.documents:
+        lines += ["", "sources (a source 000:294 is line 294 of document 000):"]
+        lines += [f"  {doc}: {ref}" for doc, ref in study.documents.items()]
     print("\n".join(printable(line) for line in lines))
     return 0
 

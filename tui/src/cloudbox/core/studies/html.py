@@ -10,7 +10,7 @@ from markdown_it import MarkdownIt
 
 from ..inputs import printable
 from .evidence import Evidence
-from .markdown import findings, intro, notes, series_rows, sweep_section, table, to_markdown, variability
+from .markdown import findings, intro, notes, series_rows, sources, sweep_section, table, to_markdown, variability
 from .schema import is_iozone_sweep
 from .series import Sample
 from .svg import HOST_PLOTS, density_svg, figure, histogram_svg, host_svg, iozone_figure, sweep_svg, timeline_svg
@@ -41,7 +41,7 @@ def to_html(ev: Evidence) -> str:
     if section:
         body.append(md.render("\n".join(section)))
         body += [_series_figure(profile, test, samples) for profile, test, samples, _st in series_rows(ev)]
-    body.append(md.render("\n".join(findings(ev) + notes(ev))))
+    body.append(md.render("\n".join(findings(ev) + notes(ev) + sources(ev))))
     title = escape(printable(ev.study.title))
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{title}</title>\n<style>\n{HTML_STYLE}\n</style>\n</head>\n<body>\n"

@@ -2,13 +2,17 @@
 run a study's profile.
 
 `load_study` checks a file against the schema, then against the rest (its profiles exist and validate, its cells are
-in its matrix, its rules can be stated, a series or sweep has a plan per size); `StudyError` names the file and, for
-every problem, the key, the value and what is allowed, like a profile's problems.
+in its matrix, its rules can be stated and read figures their tests store, every source names lines of one of its
+documents, a series or sweep has a plan per size); `StudyError` names the file and, for every problem, the key, the
+value and what is allowed, like a profile's problems. Asking for a study another file holds (E, in A's) is a
+UsageError naming that file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +20,14 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from .. import inputs, paths
+from ..bench.bonnie import BONNIE_METRICS
+from ..bench.iozone import IOZONE_FILE_PASSES, RETEST_METRIC
 from ..disks import hostraid
 from ..disks.volumes import attach
-from ..errors import NotFound, ProfileError, ProfileProblem, StudyError
+from ..errors import NotFound, ProfileError, ProfileProblem, StudyError, UsageError
 from ..spec import profiles
 from ..spec import schema as spec_schema
-from ..spec.catalogue import is_storage_test
+from ..spec.catalogue import IOZONE_GRIDS, IOZONE_SWEEPS, TESTS, is_storage_test
 from ..spec.runspec import MAX_GUESTS
 from ..virt import requirements
 from .schema import (
@@ -38,26 +44,43 @@ from .schema import (
     Rule,
     Study,
     known_tests,
+    source_refs,
 )
+
+SOURCE_ALLOWED = ('document:line (where), e.g. "000:294 (Table 1)", "003:139, 153 (slides); 000:431-433": a document '
+                  "of the study's [documents] (three digits), its lines (N or N-M, several joined by \", \"), a "
+                  "bracketed note of where; several such parts joined by \"; \"")
+TEXT = "one line of text, 1..1000 characters"
 
 ALLOWED = {
     "name": "lowercase letters, digits and '-', starting with a letter or digit, at most 63 characters",
     "title": "one line of text, 1..200 characters",
-    "description": "one line of text, 1..1000 characters",
+    "description": TEXT,
+    "includes": "a list of other studies' names (lowercase letters, digits, '-') whose rows this file holds",
+    "documents": 'a table of the study\'s texts by number, e.g. "000" = "the paper: its authors, title, venue"',
     "sizes": "a list of study, quick (each at most once)",
-    "profiles": f"1..{MAX_ENTRIES} [[profiles]] tables with keys name, row",
+    "profiles": f"1..{MAX_ENTRIES} [[profiles]] tables with keys name, row and optionally differs",
     "profiles.name": "a profile name (cloudbox profile list)",
     "profiles.row": "one line of text, 1..200 characters: the paper's words for the row",
-    "tests": f"1..{MAX_ENTRIES} [[tests]] tables with keys id, table",
+    "profiles.differs": f"{TEXT}: what the profile does otherwise than the study's configuration, and why",
+    "tests": f"1..{MAX_ENTRIES} [[tests]] tables with keys id, table and optionally differs",
     "tests.table": "one line of text, 1..200 characters: the paper's table title",
+    "tests.differs": f"{TEXT}: what the test does otherwise than the study's method, and why",
     "paper": f"at most {4 * MAX_ENTRIES} [[paper]] tables",
     "paper.cell": "profile/test, or native/test for the bare-metal row",
+    "paper.source": SOURCE_ALLOWED,
+    "paper.derived": f"{TEXT}: how a number was computed from the published ones",
+    "paper.note": f"{TEXT}: where the texts disagree about these numbers",
     "rules": f"at most {MAX_ENTRIES} [[rules]] tables",
     "rules.id": "1..16 letters, digits, '.' and '-', e.g. A1 or B3.2",
-    "rules.finding": "one line of text, 1..1000 characters",
-    "rules.why": "one line of text, 1..1000 characters: why the threshold is where it is",
+    "rules.finding": TEXT,
+    "rules.why": f"{TEXT}: why the threshold is where it is",
+    "rules.source": SOURCE_ALLOWED,
     "rules.cell": "profile/test of this study's matrix",
     "rules.against": f"{NATIVE} or a profile of this study's matrix",
+    "rules.against_cell": "profile/test of this study's matrix, other than the rule's own cell",
+    "rules.figure": "a figure the rule's test stores beside its number, e.g. re-read MB/s (IOzone), creates/s "
+                    "(Bonnie++), read MB/s, 1 MiB file (IOzone's file sweep)",
     "rules.metric": ", ".join(RULE_METRICS),
     "rules.op": ", ".join(OPS),
     "series": "a table with a plan per size: [series.study] and/or [series.quick]",
@@ -100,6 +123,8 @@ def _allowed(loc: Sequence[str | int], etype: str) -> str | None:
         return f"known keys: {', '.join(owner.model_fields)}" if owner else None
     if not parts:
         return f"a TOML document with keys: {', '.join(Study.model_fields)}"
+    if parts[0] == "documents":
+        return ALLOWED["documents"]
     if parts[-1] in _NUMBERS:
         return "a number >= 0"
     if parts == ["tests", "id"]:
@@ -174,6 +199,24 @@ def _in_matrix(study: Study, key: str, text: str, *, native: bool) -> tuple[str,
     return parts
 
 
+def _document_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """Each document numbered with three digits, and every source naming lines of one of them."""
+    out = [ProfileProblem(f"documents.{inputs.key_text((doc,))}", doc, "not a document number", ALLOWED["documents"])
+           for doc in study.documents if not (len(doc) == 3 and doc.isdigit())]
+    sources = [(f"paper[{i}].source", c.source) for i, c in enumerate(study.paper, 1)]
+    sources += [(f"rules[{i}].source", r.source) for i, r in enumerate(study.rules, 1)]
+    known = ", ".join(study.documents) or "none: the study has no [documents] table"
+    for key, source in sources:
+        for doc, spans in source_refs(source):
+            if doc not in study.documents:
+                out.append(ProfileProblem(key, source, f"document {doc} is not in this study's [documents]",
+                                          f"{SOURCE_ALLOWED}; documents: {known}"))
+            elif any(first < 1 or last < first for first, last in spans):
+                out.append(ProfileProblem(key, source, f"the lines of document {doc} are not N or N-M with "
+                                          "1 <= N <= M", SOURCE_ALLOWED))
+    return out
+
+
 def _paper_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
     """Each published cell in the matrix, once, with a number, and no % of native on the bare-metal row."""
     out = []
@@ -212,6 +255,54 @@ def _rule_problems(study: Study, lookup: Callable[[str], object]) -> list[Profil
         if isinstance(parts, ProfileProblem):
             out.append(parts)
         out += _threshold_problems(study, key, r, None if isinstance(parts, ProfileProblem) else parts)
+        out += _figure_problems(study, key, r, None if isinstance(parts, ProfileProblem) else parts)
+    return out
+
+
+_SWEEP_FIGURE = re.compile(rf"(?:{'|'.join(IOZONE_FILE_PASSES)}) MB/s, \d+ (?:KiB|MiB) file")
+_GRID_FIGURE = re.compile(rf"{_SWEEP_FIGURE.pattern}, \d+ (?:KiB|MiB) records")
+
+
+def stored_figures(test: str) -> tuple[Callable[[str], bool], str] | None:
+    """Which figures a run stores for `test` beside its number (a predicate over a figure's name, and the names in
+    words), or None when it stores none: IOzone's second pass, its sweeps' passes per file size, Bonnie++'s."""
+    t = TESTS.get(test)
+    if t is None:
+        return None
+    if t.tool in IOZONE_SWEEPS:
+        grid = test in IOZONE_GRIDS
+        pattern = _GRID_FIGURE if grid else _SWEEP_FIGURE
+        return (lambda f: pattern.fullmatch(f) is not None,
+                "PASS MB/s, SIZE file" + (", SIZE records" if grid else "") + f" (PASS one of "
+                f"{', '.join(IOZONE_FILE_PASSES)}; SIZE e.g. 1 MiB or 512 KiB)")
+    if t.program == "iozone":
+        name = RETEST_METRIC["write" if t.writes else "read"]
+        return (lambda f: f == name), name
+    if t.tool == "bonnie":
+        names = [m for m in BONNIE_METRICS if m != "MB/s"]
+        return (lambda f: f in names), ", ".join(names)
+    return None
+
+
+def _figure_problems(study: Study, key: str, r: Rule, parts: tuple[str, str] | None) -> list[ProfileProblem]:
+    """A rule's `figure`: on the number itself only (not a host metric), one its test (and the cell it divides by)
+    stores."""
+    if r.figure is None:
+        return []
+    if r.metric != "value":
+        return [ProfileProblem(f"{key}.figure", r.figure, "a figure is read instead of the test's number, not of a "
+                               f"host metric ({r.metric})", "figure without metric, or metric without figure")]
+    out = []
+    other = r.other
+    for test in dict.fromkeys(t for t in (parts[1] if parts else None, other[1] if other else None) if t):
+        figures = stored_figures(test)
+        if figures is None:
+            out.append(ProfileProblem(f"{key}.figure", r.figure, f"test {test} stores no figure beside its number",
+                                      "no figure (the test's own number), or a test that stores some: IOzone, "
+                                      "its sweeps, Bonnie++"))
+        elif not figures[0](r.figure):
+            out.append(ProfileProblem(f"{key}.figure", r.figure, f"not a figure test {test} stores",
+                                      figures[1]))
     return out
 
 
@@ -220,6 +311,19 @@ def _threshold_problems(study: Study, key: str, r: Rule, parts: tuple[str, str] 
     matrix (or native) and a percentage, or without `against` a value; a host metric only for a storage test."""
     out = []
     names = study.profile_names
+    if r.against_cell is not None:
+        if r.against is not None:
+            out.append(ProfileProblem(f"{key}.against_cell", r.against_cell, "a rule divides by one thing: "
+                                      "`against` (native or a profile) or `against_cell`", "one of the two"))
+        other = _in_matrix(study, f"{key}.against_cell", r.against_cell, native=False)
+        if isinstance(other, ProfileProblem):
+            out.append(other)
+        elif parts is not None and other == parts:
+            out.append(ProfileProblem(f"{key}.against_cell", r.against_cell, "a cell against itself",
+                                      ALLOWED["rules.against_cell"]))
+        elif r.metric in HOST_METRICS and not is_storage_test(other[1]):
+            out.append(ProfileProblem(f"{key}.metric", r.metric, "host disk metrics exist for storage tests only",
+                                      f"value (with test {other[1]})"))
     if r.against is not None and r.against != NATIVE:
         if r.against not in names:
             out.append(ProfileProblem(f"{key}.against", r.against, "not a profile of this study's [[profiles]]",
@@ -227,19 +331,20 @@ def _threshold_problems(study: Study, key: str, r: Rule, parts: tuple[str, str] 
         elif parts is not None and r.against == parts[0]:
             out.append(ProfileProblem(f"{key}.against", r.against, "a cell against itself",
                                       f"{NATIVE} or another profile"))
-    if r.against is None and r.value is None:
+    if not r.relative and r.value is None:
         out.append(ProfileProblem(f"{key}.value", None, "a rule without `against` compares the cell's number with "
                                   "`value`", "a number >= 0 (or set against and percent)"))
-    if r.against is not None and r.percent is None:
+    if r.relative and r.percent is None:
         out.append(ProfileProblem(f"{key}.percent", None, "a rule with `against` compares a percentage",
                                   "a number > 0 (percent)"))
-    if r.against is not None and r.value is not None:
+    if r.relative and r.value is not None:
         out.append(ProfileProblem(f"{key}.value", r.value, "with `against` the threshold is a percentage",
                                   "percent instead of value"))
-    if r.against is None and r.percent is not None:
+    if not r.relative and r.percent is not None:
         out.append(ProfileProblem(f"{key}.percent", r.percent, "a percentage needs `against`",
-                                  f"against = \"{NATIVE}\" or a profile; or value instead of percent"))
-    if r.percent == 0 and r.against is not None:
+                                  f"against = \"{NATIVE}\" or a profile, or against_cell; or value instead of "
+                                  "percent"))
+    if r.percent == 0 and r.relative:
         out.append(ProfileProblem(f"{key}.percent", r.percent, "0% is no threshold", "a number > 0"))
     if parts is not None and r.metric in HOST_METRICS and not is_storage_test(parts[1]):
         out.append(ProfileProblem(f"{key}.metric", r.metric, "host disk metrics exist for storage tests only",
@@ -307,8 +412,8 @@ def _sweep_problems(study: Study, lookup: Callable[[str], object]) -> list[Profi
 
 # What pydantic cannot see, in the order the problems are listed: unknown profiles and tests, cells outside the
 # matrix, rules that cannot be stated, plans missing for a size.
-_CROSS_CHECKS = (_size_problems, _profile_problems, _test_problems, _paper_problems, _rule_problems, _sweep_problems,
-                 _series_problems)
+_CROSS_CHECKS = (_size_problems, _profile_problems, _test_problems, _paper_problems, _rule_problems,
+                 _document_problems, _sweep_problems, _series_problems)
 
 
 def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
@@ -410,15 +515,20 @@ def list_studies() -> list[StudyEntry]:
 
 
 def find_study(name: str) -> Study:
-    """The study called `name` (case does not matter: `A` is studies/a.toml), or a study file given by path."""
+    """The study called `name` (case does not matter: `A` is studies/a.toml), or a study file given by path; a name
+    another study `includes` (study E, the slides, is in A's file) is a UsageError naming that study."""
     if "/" in name or name.endswith(".toml"):
         return load_study(name)
     for stem, f in _candidates():
         if stem == name.lower():
             return load_study(f)
     stems = [stem for stem, _ in _candidates()]
-    folded = " (the slides of study A, folded into it: cloudbox study show a)" if name.lower() == "e" else ""
-    raise NotFound(f"no study named {inputs.shown(name)}{folded or inputs.did_you_mean(name, stems)}; known "
+    for stem, f in _candidates():
+        with contextlib.suppress(StudyError, NotFound):
+            if name.lower() in load_study(f).includes:
+                raise UsageError(f"study {inputs.shown(name)} has no file of its own: its rows and findings are in "
+                                 f"study {stem} ({f}); allowed: {stem} (cloudbox study show {stem})")
+    raise NotFound(f"no study named {inputs.shown(name)}{inputs.did_you_mean(name, stems)}; known "
                    f"studies: {', '.join(stems) or '(none)'} (cloudbox study list)")
 
 

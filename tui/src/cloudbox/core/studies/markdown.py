@@ -1,7 +1,9 @@
-"""A study's report in Markdown: its tables in the paper's layout with the paper's number beside ours in every cell
-(and, when the study asks for cost, ours per host core and per GiB of guest RAM), then for a study with an
+"""A study's report in Markdown: its rows with what each does otherwise than the study, its tables in the paper's
+layout with the paper's number beside ours in every cell (and, when the study asks for cost, ours per host core and
+per GiB of guest RAM) and where in the texts each published figure comes from, then for a study with an
 image-propagation sweep (B) its samples per image size and the line fitted through them, for a series study (D) the
-spread of its repeats, then each finding with its verdict and the reason.
+spread of its repeats, then each finding with its verdict, the reason and its source, and the texts the sources
+name.
 
 Made only from stored runs (`evidence.gather`), so it can be regenerated and exported at any time; it carries no
 time of its own, only the runs it used. Our numbers measured where they cannot stand for the paper's (emulated,
@@ -24,7 +26,7 @@ from ..spec.catalogue import is_storage_test, test_title
 from .cells import Cell, Measured, figures
 from .evidence import Evidence
 from .imagesweep import sweep_fit
-from .schema import NATIVE, Study, is_iozone_sweep, needs_node
+from .schema import NATIVE, PaperCell, Study, is_iozone_sweep, needs_node
 from .series import Density, Sample, SeriesStats, bins, density, series_stats
 from .verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from .wording import (
@@ -120,6 +122,7 @@ def _table_head(study: Study, test: str, metric: str) -> list[str]:
     """A test's heading (the paper's table title, the test in words) and its table's header: the numbers, then the
     cost columns when the study asks for them, the host columns for a storage test, the run."""
     title = next(t.table for t in study.tests if t.id == test)
+    differs = study.test_differs(test)
     head = ["configuration", "profile", f"paper {metric}", f"ours {metric}", "paper % of native", "ours % of native"]
     if study.cost:
         head += [f"ours {metric} per host core", f"ours {metric} per GiB guest RAM"]
@@ -127,6 +130,7 @@ def _table_head(study: Study, test: str, metric: str) -> list[str]:
         head += ["avgrq paper / ours", "avgqu paper / ours", "util % paper / ours"]
     head.append("run")
     return [f"## {_md(title)}", "", f"`{test}`: {_md(test_title(test))}", "",
+            *([f"What differs from the study's method: {_md(differs)}", ""] if differs else []),
             "| " + " | ".join(head) + " |",
             "|" + "|".join("---" if i < 2 or i == len(head) - 1 else "---:" for i in range(len(head))) + "|"]
 
@@ -188,11 +192,38 @@ def table(ev: Evidence, test: str) -> list[str]:
     out.append(_row(_bare_metal_row(study, test, cells, metric)))
     out += [_row(_profile_row(ev, profile, test, metric)) for profile in study.profile_names]
     out.append("")
+    out += paper_sources(study, test)
     if test == "bonnie":
         out += bonnie_table(ev, cells)
     if is_iozone_sweep(test):
         out += file_sweep_table(ev, cells)
     return out
+
+
+def _paper_numbers(c: PaperCell) -> str:
+    """A paper cell's numbers in words: "1.3, avgrq 30, avgqu 0.9, util 90"."""
+    parts = [published_text(c.value)] if c.value is not None else []
+    parts += [f"{k} {published_text(getattr(c, k))}" for k in ("percent", "native", "avgrq", "avgqu", "util")
+              if getattr(c, k) is not None]
+    return ", ".join(parts)
+
+
+def paper_sources(study: Study, test: str) -> list[str]:
+    """Where the texts print each of the paper's figures of a table, with how any was derived and where the texts
+    disagree."""
+    cells = [(p, study.paper_cell(p, test)) for p in (NATIVE, *study.profile_names)]
+    lines = []
+    for profile, c in cells:
+        if c is None:
+            continue
+        row = "bare metal" if profile == NATIVE else f"`{_md(profile)}`"
+        text = f"- {row}: {_md(_paper_numbers(c))}, from {_md(c.source)}"
+        if c.derived:
+            text += f"; derived: {_md(c.derived)}"
+        if c.note:
+            text += f"; note: {_md(c.note)}"
+        lines.append(text)
+    return ["Where the paper's figures come from (document:line, see Sources):", "", *lines, ""] if lines else []
 
 
 def file_sweep_table(ev: Evidence, cells: Sequence[Cell]) -> list[str]:
@@ -283,6 +314,7 @@ def findings(ev: Evidence) -> list[str]:
         out += [f"### {_md(v.rule.id)}: {v.status}", "", _md(v.rule.finding), "",
                 f"- rule: {_md(v.rule.statement())}",
                 f"- verdict: {_md(v.explain())}",
+                f"- source: {_md(v.rule.source)}",
                 f"- runs: {', '.join(f'#{i}' for i in v.run_ids) or 'none'}",
                 f"- why this threshold: {_md(v.rule.why)}", ""]
     return out
@@ -307,7 +339,31 @@ def intro(ev: Evidence) -> list[str]:
     legend = _legend(ev)
     out += ["Runs used:", "", *legend, ""] if legend else ["No stored run matches this study yet "
                                                            f"(`cloudbox study run {study.name}`).", ""]
-    return out
+    return out + configurations(study)
+
+
+def configurations(study: Study) -> list[str]:
+    """The study's rows: each profile beside the paper's words for it and what it does otherwise than the study's
+    configuration, and why."""
+    out = ["## Configurations", "",
+           "Each row's profile beside what it does otherwise than the study's own configuration, and why (not "
+           "possible here, or a deliberate modern default); \"-\" where the profile is the study's configuration as "
+           "far as its texts describe it.", "",
+           "| configuration | profile | what differs from the study, and why |", "|---|---|---|"]
+    out += [_row([p.row, f"`{p.name}`", p.differs or "-"]) for p in study.profiles]
+    return out + [""]
+
+
+def sources(ev: Evidence) -> list[str]:
+    """The texts the study file's sources point into, by number."""
+    study = ev.study
+    if not study.documents:
+        return []
+    out = ["## Sources", "",
+           "A source such as 000:294 is line 294 of document 000 (its plain text, lines counted from 1); the "
+           "documents of this study:", ""]
+    out += [f"- {_md(doc)}: {_md(ref)}" for doc, ref in study.documents.items()]
+    return out + [""]
 
 
 def notes(ev: Evidence) -> list[str]:
@@ -511,5 +567,5 @@ def to_markdown(ev: Evidence) -> str:
     out = intro(ev)
     for test in ev.study.test_ids:
         out += table(ev, test)
-    out += sweep_section(ev) + variability(ev) + findings(ev) + notes(ev)
+    out += sweep_section(ev) + variability(ev) + findings(ev) + notes(ev) + sources(ev)
     return "\n".join(out).rstrip("\n") + "\n"

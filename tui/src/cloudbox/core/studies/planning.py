@@ -148,7 +148,7 @@ class StudyRun:
             if disk.backing != "block-device":
                 continue
             rules = [r.id for r in self.study.rules
-                     if spec.profile in (r.profile, r.against) and is_storage_test(r.test)]
+                     if spec.profile in (r.profile, (r.other or ("", ""))[0]) and is_storage_test(r.test)]
             out.append(f"  {spec.profile}: a whole-disk profile with no --device: it runs on a loop device over a "
                        f"file, not a whole disk, so " + (f"rule(s) {', '.join(rules)} will be inconclusive"
                                                         if rules else "its figures are labelled loop device")

@@ -5,9 +5,16 @@ A study is a TOML file (studies/*.toml in the checkout, /usr/share/cloudbox/stud
 
 - its matrix: the profiles (each with the paper's words for its row), the tests (each with the title of the paper's
   table it fills) and the sizes `study run` offers (`study` decides findings; `quick` is for trying things out);
-- `[[paper]]`: the published numbers per cell ("profile/test", or "native/test" for the bare-metal row);
-- `[[rules]]`: each finding as a comparison over one cell: the cell's number itself, or as a % of the same run's
-  bare-metal baseline ("native") or of another profile's cell of the same test.
+- `includes`: the names of other studies whose rows and findings this file holds (study A holds study E, its
+  slides), so that asking for one of them says where it went;
+- `[documents]`: the texts the study comes from, by number ("000" = ...): every `source` names its lines in them;
+- `differs` on a row or a table: what this lab's configuration or method does otherwise than the study, and why;
+- `[[paper]]`: the published numbers per cell ("profile/test", or "native/test" for the bare-metal row), each with
+  its `source` ("000:294 (Table 1)": document, line, where in it), how a figure was `derived` from published ones
+  and a `note` where the texts disagree;
+- `[[rules]]`: each finding as a comparison over one cell, with the `source` of the finding: the cell's number (or
+  another of its stored figures, `figure`) itself, or as a % of the same run's bare-metal baseline ("native"), of
+  another profile's cell of the same test (`against`) or of another cell (`against_cell`).
 - `cost = true`: the report adds each number per host core and per GiB of guest RAM (study C's cost per MB/s).
 - `[series]`: study D's variability series: how many repeats of each profile at each size, how far apart.
 - `[propagation]`: study B's image-propagation sweep: a profile whose guest is provisioned from images of the sizes
@@ -19,6 +26,7 @@ A study is a TOML file (studies/*.toml in the checkout, /usr/share/cloudbox/stud
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable
 from typing import Annotated, Literal
 
@@ -60,6 +68,25 @@ Line = spec_schema.OneLine
 Text = Annotated[str, Field(min_length=1, max_length=1000, pattern=spec_schema.ONE_LINE), spec_schema.NoControls]
 Number = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 CellText = Annotated[str, Field(max_length=200)]
+StudyName = Annotated[str, Field(pattern=profiles.NAME_PATTERN)]
+# Where in the study's texts: "000:294 (Table 1)", "003:139, 153 (slides); 000:431-433": a document of [documents],
+# its lines (as `sed -n Np` counts them) and, in brackets, where that is; several such parts joined by "; ".
+SOURCE_PART = r"\d{3}:\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*(?: \([^()\n\r]+\))?"
+SOURCE_REF = re.compile(r"(\d{3}):(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)")
+Source = Annotated[str, Field(min_length=1, max_length=300, pattern=rf"^{SOURCE_PART}(?:; {SOURCE_PART})*$"),
+                   spec_schema.NoControls]
+
+
+def source_refs(source: str) -> list[tuple[str, list[tuple[int, int]]]]:
+    """A source's references: (document, [(first line, last line), ...]) per part, in order."""
+    out = []
+    for doc, lines in SOURCE_REF.findall(source):
+        spans = []
+        for span in lines.split(", "):
+            first, _, last = span.partition("-")
+            spans.append((int(first), int(last or first)))
+        out.append((doc, spans))
+    return out
 
 
 class MatrixProfile(spec_schema.Strict):
@@ -67,6 +94,7 @@ class MatrixProfile(spec_schema.Strict):
 
     name: str = Field(pattern=profiles.NAME_PATTERN)
     row: Line
+    differs: Text | None = None  # what the profile does otherwise than the study's configuration, and why
 
 
 class MatrixTest(spec_schema.Strict):
@@ -74,6 +102,7 @@ class MatrixTest(spec_schema.Strict):
 
     id: str = Field(max_length=64)
     table: Line
+    differs: Text | None = None  # what the test does otherwise than the study's method, and why
 
 
 class PaperCell(spec_schema.Strict):
@@ -86,22 +115,29 @@ class PaperCell(spec_schema.Strict):
     avgrq: Number | None = None  # host request size, 512-byte sectors
     avgqu: Number | None = None  # host queue length
     util: Number | None = None  # host disk utilisation, %
+    source: Source  # where the texts print these numbers
+    derived: Text | None = None  # how a number was computed from published ones (a unit converted, a ratio)
+    note: Text | None = None  # where the texts disagree about it
 
 
 class Rule(spec_schema.Strict):
-    """A finding as a check over one cell: its number (`value`), or its % of native or of another profile's cell of
-    the same test (`against` with `percent`), compared with `op`."""
+    """A finding as a check over one cell: its number (`value`), or its % of native, of another profile's cell of
+    the same test (`against`) or of another cell (`against_cell`) with `percent`, compared with `op`. The number is
+    the test's own, a host disk metric (`metric`) or another figure the run stored for the test (`figure`)."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,15}$")
     finding: Text
     cell: CellText
     against: str | None = Field(None, max_length=64)
+    against_cell: CellText | None = None
     metric: Literal["value", "avgrq", "avgqu", "util"] = "value"
+    figure: Line | None = None  # a stored figure of the test other than its own number, e.g. "re-read MB/s"
     op: Literal["<=", ">=", "<", ">"]
     percent: Number | None = None
     value: Number | None = None
     paper: Number | None = None  # the published figure of the same quantity, where the paper states it
     why: Text
+    source: Source  # where the texts state the finding
 
     @property
     def profile(self) -> str:
@@ -112,22 +148,54 @@ class Rule(spec_schema.Strict):
         return self.cell.partition("/")[2]
 
     @property
+    def other(self) -> tuple[str, str] | None:
+        """The (profile, test) of the cell the rule divides by, when that is a guest's: `against`'s profile with the
+        same test, or `against_cell`; None against native or without a divisor."""
+        if self.against_cell is not None:
+            profile, _, test = self.against_cell.partition("/")
+            return profile, test
+        if self.against is not None and self.against != NATIVE:
+            return self.against, self.test
+        return None
+
+    @property
+    def relative(self) -> bool:
+        """Whether the rule compares a percentage (against native, a profile or a cell) rather than a number."""
+        return self.against is not None or self.against_cell is not None
+
+    @property
     def threshold(self) -> float:
         return self.percent if self.percent is not None else (self.value or 0.0)
 
     @property
     def unit(self) -> str:
-        """The unit of the rule's number without `against`: the test's metric, or the host metric's."""
+        """The unit of the rule's number without `against`: the test's metric, the host metric's or the figure's."""
+        if self.figure is not None:
+            return figure_unit(self.figure)
         return {"value": primary_metric(self.test), "avgrq": "sectors", "avgqu": "", "util": "%"}[self.metric]
 
     def statement(self) -> str:
         """The rule in words, e.g. "eucalyptus-default dd-write-64k ≤ 10% of native"."""
-        what = f"{self.profile} {self.test}" + ("" if self.metric == "value" else f" host {self.metric}")
+        quantity = (f" {self.figure}" if self.figure is not None else
+                    "" if self.metric == "value" else f" host {self.metric}")
+        what = f"{self.profile} {self.test}{quantity}"
         sign = OP_SIGNS[self.op]
-        if self.against is None:
-            return f"{what} {sign} {self.threshold:g}" + (f" {self.unit}" if self.unit else "")
-        of = NATIVE if self.against == NATIVE else f"{self.against}'s"
+        if not self.relative:
+            unit = "" if self.figure is not None or not self.unit else (
+                self.unit if self.unit == "%" else f" {self.unit}")
+            return f"{what} {sign} {self.threshold:g}{unit}"
+        if self.against_cell is not None:
+            profile, _, test = self.against_cell.partition("/")
+            of = f"{test}'s" if profile == self.profile else f"{profile} {test}'s"
+        else:
+            of = NATIVE if self.against == NATIVE else f"{self.against}'s"
         return f"{what} {sign} {self.threshold:g}% of {of}"
+
+
+def figure_unit(figure: str) -> str:
+    """The unit a stored figure's name ends its quantity with: "re-read MB/s" -> MB/s, "creates/s" -> /s."""
+    head = figure.split(",")[0]
+    return next((u for u in ("MB/s", "%CPU", "/s", "seconds") if u in head), "")
 
 
 class SeriesPlan(spec_schema.Strict):
@@ -188,6 +256,8 @@ class Study(spec_schema.Strict):
     name: str = Field(pattern=profiles.NAME_PATTERN)
     title: Line
     description: Text
+    documents: dict[str, Text] = Field(default_factory=dict, max_length=16)  # "000" -> the text's reference
+    includes: list[StudyName] = Field(default_factory=list, max_length=8)  # other studies held here: A holds E
     sizes: list[Literal["study", "quick"]] = Field(min_length=1, max_length=2)
     profiles: list[MatrixProfile] = Field(min_length=1, max_length=MAX_ENTRIES)
     tests: list[MatrixTest] = Field(min_length=1, max_length=MAX_ENTRIES)
@@ -221,6 +291,14 @@ class Study(spec_schema.Strict):
 
     def row(self, profile: str) -> str:
         return next((p.row for p in self.profiles if p.name == profile), profile)
+
+    def differs(self, profile: str) -> str | None:
+        """What the row's profile does otherwise than the study, and why; None when it says nothing."""
+        return next((p.differs for p in self.profiles if p.name == profile), None)
+
+    def test_differs(self, test: str) -> str | None:
+        """What the table's test does otherwise than the study's method, and why; None when it says nothing."""
+        return next((t.differs for t in self.tests if t.id == test), None)
 
     def paper_cell(self, profile: str, test: str) -> PaperCell | None:
         key = f"{profile}/{test}"

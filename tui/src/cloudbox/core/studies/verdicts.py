@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..spec.catalogue import is_storage_test
-from .cells import Cell, CellKey
+from .cells import Cell, CellKey, Measured
 from .schema import DECISIVE_SIZE, NATIVE, OP_SIGNS, OPS, Rule, Study, needs_node
 
 REPRODUCED = "reproduced"
@@ -33,14 +33,14 @@ class Verdict:
     def figure(self, v: float | None) -> str:
         if v is None:
             return "-"
-        if self.rule.against is not None:
+        if self.rule.relative:
             return f"{v:.1f}%"
-        unit = f" {self.rule.unit}" if self.rule.unit else ""
+        unit = "" if not self.rule.unit else (self.rule.unit if self.rule.unit == "%" else f" {self.rule.unit}")
         return (f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}") + unit
 
     def explain(self) -> str:
         """One line: the verdict and what it rests on."""
-        need = f"{OP_SIGNS[self.rule.op]} " + (f"{self.rule.threshold:g}%" if self.rule.against is not None
+        need = f"{OP_SIGNS[self.rule.op]} " + (f"{self.rule.threshold:g}%" if self.rule.relative
                                                else self.figure(self.rule.threshold))
         paper = "" if self.paper is None else (
             f"; the paper: {self.figure(self.paper)}" + (" (computed from its numbers)" if self.paper_computed else ""))
@@ -60,7 +60,16 @@ def _missing(profile: str, test: str, size: str | None, unavailable: Mapping[str
     return why
 
 
-def _cell_reasons(cell: Cell, metric: str, *, native: bool) -> list[str]:
+def quantity(rule: Rule, m: Measured) -> float | None:
+    """What the rule reads on one side of a cell: its stored `figure`, else its number or host metric."""
+    if rule.figure is not None:
+        return dict(m.others).get(rule.figure)
+    return m.metric(rule.metric)
+
+
+def _cell_reasons(cell: Cell, rule: Rule, *, native: bool) -> list[str]:
+    metric = rule.figure if rule.figure is not None else rule.metric
+    what = f"figure {metric!r}" if rule.figure is not None else f"host {metric}"
     name = f"{cell.profile}/{cell.test} (run #{cell.run_id})"
     out = []
     if cell.accelerator == "nested-kvm":
@@ -81,17 +90,18 @@ def _cell_reasons(cell: Cell, metric: str, *, native: bool) -> list[str]:
         out.append(f"{name} ran on a loop device over a file, not a whole disk (study run --device names one)")
     if cell.profile_changed:
         out.append(f"{name}: the profile {cell.profile} changed since this run")
-    if cell.guest.metric(metric) is None:
-        out.append(f"{name} has no host {metric} (no host metrics for this backing)")
+    if quantity(rule, cell.guest) is None:
+        out.append(f"{name} has no {what}" + ("" if rule.figure is not None else
+                                              " (no host metrics for this backing)"))
     if native:
         if cell.baseline is None:
             out.append(f"{name} has no bare-metal number")
         else:
             if "virtualized-host" in cell.baseline.labels:
                 out.append(f"{name}: its bare-metal side ran on a virtual machine")
-            base = cell.baseline.metric(metric)
+            base = quantity(rule, cell.baseline)
             if base is None:
-                out.append(f"{name} has no host {metric} for its bare-metal side")
+                out.append(f"{name} has no {what} for its bare-metal side")
             elif base == 0:
                 out.append(f"{name}: bare metal measured 0")
     return out
@@ -101,11 +111,13 @@ def paper_figure(study: Study, rule: Rule) -> tuple[float | None, bool]:
     """The paper's figure for the rule's quantity: stated in the rule, or computed from its published cells."""
     if rule.paper is not None:
         return rule.paper, False
+    if rule.figure is not None:  # the papers publish no stored figure but a test's own number
+        return None, False
     own = study.paper_cell(rule.profile, rule.test)
     if own is None:
         return None, False
     mine = own.value if rule.metric == "value" else getattr(own, rule.metric)
-    if rule.against is None:
+    if not rule.relative:
         return mine, False
     if rule.against == NATIVE:
         if rule.metric == "value":
@@ -113,7 +125,8 @@ def paper_figure(study: Study, rule: Rule) -> tuple[float | None, bool]:
         base = study.paper_cell(NATIVE, rule.test)
         other = None if base is None else getattr(base, rule.metric)
     else:
-        cell = study.paper_cell(rule.against, rule.test)
+        profile, test = rule.other or ("", "")
+        cell = study.paper_cell(profile, test)
         other = None if cell is None else (cell.value if rule.metric == "value" else getattr(cell, rule.metric))
     if mine is None or not other:
         return None, False
@@ -129,14 +142,14 @@ def evaluate_rule(study: Study, rule: Rule, cells: Mapping[CellKey, Cell], *,
     paper, computed = paper_figure(study, rule)
     native = rule.against == NATIVE
     keys = [(rule.profile, rule.test)]
-    if rule.against not in (None, NATIVE):
-        keys.append((str(rule.against), rule.test))
+    if rule.other is not None:
+        keys.append(rule.other)
     reasons: list[str] = []
     for key in keys:
         if key not in cells:
             reasons.append(_missing(*key, size, unavailable))
         else:
-            reasons += _cell_reasons(cells[key], rule.metric, native=native)
+            reasons += _cell_reasons(cells[key], rule, native=native)
     present = [cells[k] for k in keys if k in cells]
     ours = _ours(rule, present) if len(present) == len(keys) else None
     run_ids = tuple(dict.fromkeys(c.run_id for c in present))
@@ -150,16 +163,16 @@ def evaluate_rule(study: Study, rule: Rule, cells: Mapping[CellKey, Cell], *,
 
 
 def _ours(rule: Rule, cells: Sequence[Cell]) -> float | None:
-    mine = cells[0].guest.metric(rule.metric)
+    mine = quantity(rule, cells[0].guest)
     if mine is None:
         return None
-    if rule.against is None:
+    if not rule.relative:
         return mine
     if rule.against == NATIVE:
         base = cells[0].baseline
-        other = None if base is None else base.metric(rule.metric)
+        other = None if base is None else quantity(rule, base)
     else:
-        other = cells[1].guest.metric(rule.metric)
+        other = quantity(rule, cells[1].guest)
     if not other:
         return None
     return mine / other * 100.0
