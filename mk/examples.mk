@@ -1,7 +1,11 @@
-# The example study reports in docs/examples: regenerated from real quick runs of each study on this host
-# (scripts/make-examples: about 15 minutes under TCG on 2 cores), never edited by hand. Run it after a change to the
-# studies, the presets or the report, and commit what it writes.
-.PHONY: examples
+# The example study reports in docs/examples (docs/studies.md, "Example reports"): `make examples` writes them from
+# the runs they were made from (docs/examples/runs.db), so a report that the code, a study file or a preset changed
+# shows as a diff; `make examples-runs` (root, real guests: about half an hour under TCG) first measures what those
+# runs lack, each study's quick run on this host.
+.PHONY: examples examples-runs
 
-examples: need-root-examples deps venv guest-image
-	@scripts/make-examples
+examples: venv
+	@scripts/study-examples
+
+examples-runs: need-root-examples-runs deps-test venv guest-image
+	@scripts/study-examples --measure
