@@ -49,7 +49,7 @@ def test_a_profile_file_with_a_plus_in_its_path_is_one_profile_alone_or_in_a_mix
 
 
 def test_profiles_that_differ_in_the_guests_own_hardware_mix():
-    mix = resolve_mix(f"virtio-file{MIX}kvm-cache-none")  # virtio-blk/writethrough/e1000 and ide/none/rtl8139
+    mix = resolve_mix(f"virtio-file{MIX}kvm-cache-none")  # writethrough/e1000/1 GiB and none/rtl8139/2 GiB
     assert [p.name for p in mix] == ["virtio-file", "kvm-cache-none"]
     assert mix_problem(mix) is None
     assert {k for k, _, _ in diff_profiles(*mix)} <= set(GUEST_SIDE_KNOBS)
@@ -147,8 +147,8 @@ def test_the_cli_refuses_a_mix_naming_the_knob(capsys):
 
 
 def _mixed_run(store: ResultStore) -> int:
-    a, b = resolve_profile("virtio-file"), resolve_profile("kvm-cache-none")
-    rid = store.create_run(profile_name="virtio-file+kvm-cache-none", suite="storage", accelerator="tcg",
+    a, b = resolve_profile("virtio-file"), resolve_profile("eucalyptus-prealloc")
+    rid = store.create_run(profile_name="virtio-file+eucalyptus-prealloc", suite="storage", accelerator="tcg",
                            profile_toml=a.to_toml(),
                            provenance=Provenance(guests=Guests(
                                count=3, profiles={p.name: p.to_toml() for p in (a, b)},
@@ -165,14 +165,14 @@ def _mixed_run(store: ResultStore) -> int:
 def test_the_tables_name_each_guests_profile_and_the_mix(tmp_path, capsys):
     with ResultStore(tmp_path / "r.db") as store:
         run = store.get_run(_mixed_run(store))
-    assert labels.bus_label(run) == "virtio-blk / ide"  # not the first profile's alone
-    assert labels.driver_label(run) == "virtio-blk / ide, pre-allocated file"
+    assert labels.bus_label(run) == "virtio-blk / scsi-lsi"  # not the first profile's alone
+    assert labels.driver_label(run) == "virtio-blk / scsi-lsi, pre-allocated file"
     table = compare.compare_table([run])
     rows = {r.cells["run"]: r.cells["driver"] for r in table.sections[0].rows if r.kind == "guest"}
-    assert rows == {"#1 sum": "virtio-blk / ide, pre-allocated file", "#1 g1": "virtio-file",
-                    "#1 g2": "kvm-cache-none", "#1 g3": "virtio-file"}
+    assert rows == {"#1 sum": "virtio-blk / scsi-lsi, pre-allocated file", "#1 g1": "virtio-file",
+                    "#1 g2": "eucalyptus-prealloc", "#1 g3": "virtio-file"}
     text = render.to_text(table, width=240)
-    assert "by profile: virtio-file 25.0 (median of 2), kvm-cache-none 10.0. Bare metal" in text
+    assert "by profile: virtio-file 25.0 (median of 2), eucalyptus-prealloc 10.0. Bare metal" in text
     assert cli.main(["results", "--db", str(tmp_path / "r.db"), "show", "1"]) == 0
     out = capsys.readouterr().out
-    assert "g2 (kvm-cache-none)" in out and "profile      virtio-file+kvm-cache-none" in out
+    assert "g2 (eucalyptus-prealloc)" in out and "profile      virtio-file+eucalyptus-prealloc" in out
