@@ -366,7 +366,8 @@ def test_study_a_dry_run_names_the_whole_disk_cells_a_loop_device_stands_in_for(
     assert code == 0
     loop = {ln.split(":")[0].strip(): ln for ln in out.splitlines() if "a whole-disk profile with no --device" in ln}
     assert set(loop) == {"virtio-disk", "kvm-scsi-phy"}, out
-    assert "rule(s) A2.disk, A2.native, A3 will be inconclusive" in loop["virtio-disk"]
+    assert ("rule(s) A2.disk, A2.native, A2.rq, A2.qu, A2.util, E4.virtio, A2.rd, A3, A3.qu, A3.util will be "
+            "inconclusive") in loop["virtio-disk"]
     assert "give --device /dev/DISK (and --destroy DISK when it holds data)" in loop["kvm-scsi-phy"]
     # a device that is not one is refused before any plan: nothing would run on it
     code, out, err = cli_run(["study", "run", "a", "--size", "quick", "--dry-run", "--device", "/dev/null"])
