@@ -493,13 +493,15 @@ def test_reproduced_against_native():
     v = verdict("R1", [cell("eucalyptus-default", guest=4.0, base=80.0)])
     assert v.status == REPRODUCED and v.reasons == ()
     assert v.ours == pytest.approx(5.0) and v.run_ids == (1,)
-    assert v.explain() == "reproduced: ours 5.0%, the rule needs ≤ 10%; the paper: 2.0% (computed from its numbers)"
+    assert v.explain() == ("reproduced: ours 5.0% n=1+1 (one sample a side: no interval), the rule needs ≤ 10%; "
+                           "the paper: 2.0% (computed from its numbers)")
 
 
 def test_not_reproduced_says_the_numbers():
     v = verdict("R1", [cell("eucalyptus-default", guest=40.0, base=80.0)])
     assert v.status == NOT_REPRODUCED and v.ours == pytest.approx(50.0)
-    assert v.explain() == ("not reproduced: ours 50.0%, the rule needs ≤ 10%; the paper: 2.0% "
+    assert v.explain() == ("not reproduced: ours 50.0% n=1+1 (one sample a side: no interval), the rule needs ≤ 10%; "
+                           "the paper: 2.0% "
                            "(computed from its numbers)")
 
 
@@ -697,6 +699,112 @@ def test_gather_evaluates_over_the_store(tmp_path):
     assert [(v.rule.id, v.status) for v in ev.verdicts] == [
         ("R1", REPRODUCED), ("R2", NOT_REPRODUCED), ("R3", REPRODUCED), ("R4", INCONCLUSIVE), ("R5", INCONCLUSIVE)]
     assert ev.verdicts[1].ours == pytest.approx(75.0)
+
+
+# ------------------------------------------------------------------------------------ verdicts from intervals
+def repeated_run(store: ResultStore, profile: str, test: str, guest: list[float], base: list[float], *,
+                 avgqu: list[float] | None = None) -> int:
+    """A completed study-size run on KVM whose test was repeated: the samples alternate bare metal and guest."""
+    prof = profiles.find_profile(profile)
+    rid = store.create_run(profile_name=profile, profile_hash=prof.hash, profile_toml=prof.to_toml(), suite="all",
+                           size_label="study", accelerator="kvm", started_at=1_700_000_000.0, node=platform.node())
+    qus = avgqu or [0.8] * len(guest)
+    for b, g, q in zip(base, guest, qus, strict=True):
+        store.add_measurement(rid, side="baseline", test=test, metric="MB/s", value=b, host_avgqu=100.0)
+        store.add_measurement(rid, side="guest", test=test, metric="MB/s", value=g, host_avgqu=q)
+    store.finish_run(rid, "completed")
+    return rid
+
+
+def verdicts_over(tmp_path: Path, runs: list[tuple[str, list[float], list[float]]], **kw) -> dict[str, Any]:
+    with ResultStore(tmp_path / "r.db") as store:
+        for profile, guest, base in runs:
+            repeated_run(store, profile, "dd-write-64k", guest, base, **kw)
+        ev = evidence.gather(good(), store.list_runs(state="completed"))
+    return {v.rule.id: v for v in ev.verdicts}
+
+
+BASE8 = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8, 100.1]
+
+
+def test_a_ratio_whose_whole_interval_is_on_the_findings_side_is_reproduced(tmp_path):
+    # R1: the default at most 10% of native; eight repeats a side of about 5%
+    v = verdicts_over(tmp_path, [("eucalyptus-default", [5.0, 5.2, 4.9, 5.1, 4.8, 5.3, 5.0, 4.95], BASE8)])["R1"]
+    assert v.status == REPRODUCED and v.reasons == ()
+    e = v.estimate
+    assert e.n == "8+8" and e.has_interval and e.coverage == pytest.approx(0.95)
+    assert 4.7 < e.low < v.ours < e.high < 5.4 and e.high <= 10
+    assert v.explain().startswith(f"reproduced: ours {v.ours:.1f}% [{e.low:.1f}, {e.high:.1f}] n=8+8, the rule "
+                                  "needs ≤ 10% (the whole interval)")
+
+
+def test_a_ratio_whose_whole_interval_is_on_the_other_side_is_not_reproduced(tmp_path):
+    v = verdicts_over(tmp_path, [("eucalyptus-default", [50.0, 52.0, 49.0, 51.0, 48.0, 53.0, 50.0, 49.5],
+                                  BASE8)])["R1"]
+    assert v.status == NOT_REPRODUCED and v.estimate.low > 10
+    assert v.explain().startswith("not reproduced: ours 50.") and "n=8+8" in v.explain()
+
+
+def test_a_ratio_whose_interval_straddles_the_threshold_is_inconclusive_and_says_so(tmp_path):
+    # about 10% of native, spread from 6 to 14: the median alone would say reproduced or not by chance
+    v = verdicts_over(tmp_path, [("eucalyptus-default", [6.0, 14.0, 8.0, 12.0, 9.0, 11.0, 7.0, 13.0], BASE8)])["R1"]
+    assert v.status == INCONCLUSIVE and v.estimate.low < 10 < v.estimate.high
+    assert len(v.reasons) == 1 and v.reasons[0].startswith("our interval [")
+    assert v.reasons[0].endswith("(n=8+8) lies across the threshold (≤ 10%): more repeats narrow it")
+    assert "ours would be" in v.explain() and "n=8+8" in v.explain()
+
+
+def test_a_cells_own_number_is_decided_by_its_medians_interval(tmp_path):
+    # R3: the host queue below one request, an absolute rule over the host metric's eight samples
+    below = verdicts_over(tmp_path, [("eucalyptus-default", [5.0] * 8, BASE8)],
+                          avgqu=[0.5, 0.55, 0.6, 0.5, 0.45, 0.52, 0.58, 0.5])["R3"]
+    assert below.status == REPRODUCED and below.estimate.n == "8" and below.estimate.high < 1
+    across = verdicts_over(tmp_path / "b", [("eucalyptus-default", [5.0] * 8, BASE8)],
+                           avgqu=[0.6, 1.4, 0.8, 1.2, 0.9, 1.1, 0.7, 1.3])["R3"]
+    assert across.status == INCONCLUSIVE and "lies across the threshold (< 1)" in across.reasons[0]
+
+
+def test_a_ratio_of_two_cells_has_an_interval_over_both_cells_samples(tmp_path):
+    # R2: virtio at least 110% of the default; 3 + 3 samples: the range of the pairwise ratios, 90% coverage
+    v = verdicts_over(tmp_path, [("eucalyptus-default", [4.0, 4.2, 3.9], [100.0] * 3),
+                                 ("virtio-disk", [8.0, 8.1, 7.9], [100.0] * 3)])["R2"]
+    assert v.status == REPRODUCED and v.estimate.n == "3+3" and v.estimate.coverage == pytest.approx(0.9)
+    assert " (90%) n=3+3" in v.ours_text()
+
+
+def test_one_sample_a_side_decides_on_that_figure_and_says_so(tmp_path):
+    vs = verdicts_over(tmp_path, [("eucalyptus-default", [4.0], [80.0])])
+    v = vs["R1"]
+    assert v.status == REPRODUCED and v.estimate.n == "1+1" and not v.estimate.has_interval
+    assert v.ours_text() == "5.0% n=1+1 (one sample a side: no interval)"
+    assert v.ours_text(brief=True) == "5.0% n=1+1"
+    assert vs["R3"].ours_text() == "0.8 n=1 (one sample: no interval)"
+    # below six samples a number has no interval either: its median decides
+    few = verdicts_over(tmp_path / "b", [("eucalyptus-default", [4.0, 4.1, 3.9], [80.0, 81.0, 79.0])])["R3"]
+    assert few.estimate.n == "3" and few.ours_text().endswith("n=3 (no interval below 6 samples)")
+
+
+def test_a_repeated_cell_is_its_samples_median_with_the_interval_in_the_report(tmp_path):
+    from cloudbox.core.studies import markdown
+
+    with ResultStore(tmp_path / "r.db") as store:
+        rid = repeated_run(store, "eucalyptus-default", "dd-write-64k", [5.0, 5.2, 4.9, 5.1, 4.8, 5.3, 5.0, 4.95],
+                           BASE8)
+        ev = evidence.gather(good(), store.list_runs(state="completed"))
+    c = ev.cells[("eucalyptus-default", "dd-write-64k")]
+    assert c.guest.n == 8 and c.guest.value == pytest.approx(5.0) and c.baseline.value == pytest.approx(100.05)
+    report = markdown.to_markdown(ev)
+    row = next(ln for ln in report.splitlines() if "`eucalyptus-default`" in ln and ln.endswith(f"#{rid} |"))
+    cells = [x.strip() for x in row.strip("|").split(" | ")]
+    assert cells[3].startswith("5.0 [4.") and cells[5].startswith(f"{c.ratio().percent:.1f} [")
+    assert cells[-2:] == ["8+8", f"#{rid}"]
+    # the HTML report's bar of % of native carries the interval as an error bar, and its words
+    from cloudbox.core.studies import html
+
+    r = c.ratio()
+    page = html.to_html(ev)
+    assert f"<title>95% interval {r.low:.1f} to {r.high:.1f} %</title>" in page
+    assert f">{r.percent:.1f} % [{r.low:.1f}, {r.high:.1f}] n=8+8</text>" in page
 
 
 # ---------------------------------------------------------------------------------------------- study runs

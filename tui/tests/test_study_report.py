@@ -89,64 +89,67 @@ def test_report_tables_against_hand_computed_values(study_a_runs, cli_run):
     xen = "not run: Xen profile: boot the appliance's Xen entry"
     assert rows == [
         # bare metal: the mean of the four runs' baselines (110, 100, 100, 110)
-        ["none, bare metal", "-", "111", "105.0", "100", "100", "1024 / 1000", "140 / 120", "100 / 100",
+        ["none, bare metal", "-", "111", "105.0", "100", "100", "1024 / 1000", "140 / 120", "100 / 100", "4",
          f"{runs} (mean)"],
         # 1.3 / 111 = 1.2 %; ours 2.2 / 110 = 2.0 % (the older run's 50.0 is not used)
         ["KVM, local file, emulated SCSI, sparse file (UEC default)", "`eucalyptus-default`", "1.3", "2.2", "1.2",
-         "2.0", "30 / 28", "0.9 / 0.85", "90 / 91", d],
+         "2.0", "30 / 28", "0.9 / 0.85", "90 / 91", "1+1", d],
         # 62.6 / 111 = 56.4 %; ours 6.6 / 110 = 6.0 %
         # the slides' host columns (003:169), the request size from their 128 kB
         ["KVM, local file, emulated SCSI, pre-allocated file (study E)", "`eucalyptus-prealloc`", "62.6", "6.6",
-         "56.4", "6.0", "256 / 28", "0.82 / 0.85", "81 / 91", p],
+         "56.4", "6.0", "256 / 28", "0.82 / 0.85", "81 / 91", "1+1", p],
         ["KVM, local file, virtio, pre-allocated file (study E)", "`virtio-file`", "87", "-", "78.4", "-",
-         "980 / -", "42 / -", "100 / -", "not run yet"],
+         "980 / -", "42 / -", "100 / -", "-", "not run yet"],
         ["KVM, local disk, emulated SCSI, whole disk", "`kvm-scsi-phy`", "71.5", "60.0", "64.4", "60.0", "256 / 28",
-         "0.57 / 0.85", "64 / 91", s],
+         "0.57 / 0.85", "64 / 91", "1+1", s],
         ["KVM, local disk, virtio, whole disk", "`virtio-disk`", "110", "40.0 (emulated)", "99.1", "40.0 (emulated)",
-         "1024 / 28", "60 / 0.85", "100 / 91", v],
+         "1024 / 28", "60 / 0.85", "100 / 91", "1+1", v],
         ["Xen, local file, emulated SCSI, pre-allocated file (default)", "`xen-default`", "58.4", "-", "52.6", "-",
-         "995 / -", "142 / -", "100 / -", xen],
+         "995 / -", "142 / -", "100 / -", "-", xen],
         ["Xen, local disk, XVD (paravirtual), whole disk", "`xen-xvd-phy`", "102", "-", "91.9", "-", "700 / -",
-         "3 / -", "100 / -", xen],
+         "3 / -", "100 / -", "-", xen],
         # the EBS row is set against the volume used from the host: 18.7 / 65.2 = 28.7 %
         ["KVM, EBS volume, emulated SCSI, whole device (default)", "`kvm-ebs-aoe`", "18.7", "-", "28.7 (of 65.2)",
-         "-", "- / -", "- / -", "- / -",
+         "-", "- / -", "- / -", "- / -", "-",
          AOE_HERE],
         # 20.3 / 65.2 = 31.1 %: the paravirtual driver did not rescue the network volume
         ["KVM, EBS volume, virtio, whole device", "`kvm-ebs-aoe-virtio`", "20.3", "-", "31.1 (of 65.2)",
-         "-", "- / -", "- / -", "- / -",
+         "-", "- / -", "- / -", "- / -", "-",
          AOE_HERE],
     ]
     net = table_rows(report, "Network: the guest transmits to its own host (netperf TCP_STREAM)")
-    assert net[0] == ["none, bare metal", "-", "-", "20000", "-", "100", v]
+    assert net[0] == ["none, bare metal", "-", "-", "20000", "-", "100", "1", v]
     assert net[5] == ["KVM, local disk, virtio, whole disk", "`virtio-disk`", "-", "5000 (emulated)", "-",
-                      "25.0 (emulated)", v]
+                      "25.0 (emulated)", "1+1", v]
     assert net[1][-1] == "not run yet"
     fe = table_rows(report, "Network: the guest transmits to the other node (netperf TCP_STREAM)")
     assert fe[1] == ["KVM, local file, emulated SCSI, sparse file (UEC default)", "`eucalyptus-default`", "-", "-",
-                     "71 (published)", "-", "not run: needs a run on a back-end (--node)"]
+                     "71 (published)", "-", "-", "not run: needs a run on a back-end (--node)"]
 
     findings = table_rows(report, "Findings")
     by_id = {r[0]: r for r in findings}
-    assert by_id["A1"] == ["A1", "eucalyptus-default dd-write-64k ≤ 10% of native", "1.2% (computed)", "2.0%",
-                           "**reproduced**"]
+    assert by_id["A1"] == ["A1", "eucalyptus-default dd-write-64k ≤ 10% of native", "1.2% (computed)",
+                           "2.0% n=1+1", "**reproduced**"]
     assert by_id["A1.rq"] == ["A1.rq", "eucalyptus-default dd-write-64k host avgrq < 128 sectors", "30 sectors",
-                              "28 sectors", "**reproduced**"]
-    assert by_id["A1.util"][1:] == ["eucalyptus-default dd-write-64k host util ≤ 95%", "90%", "91%", "**reproduced**"]
+                              "28 sectors n=1", "**reproduced**"]
+    assert by_id["A1.util"][1:] == ["eucalyptus-default dd-write-64k host util ≤ 95%", "90%", "91% n=1",
+                                    "**reproduced**"]
     # E1: 6.6 / 2.2 = 300 %, the rule needs 500 %
     assert by_id["E1"] == ["E1", "eucalyptus-prealloc dd-write-64k ≥ 500% of eucalyptus-default's",
-                           "4815.4% (computed)", "300.0%", "**not reproduced**"]
-    assert by_id["A2.native"][3:] == ["40.0%", "**inconclusive**"]
+                           "4815.4% (computed)", "300.0% n=1+1", "**not reproduced**"]
+    assert by_id["A2.native"][3:] == ["40.0% n=1+1", "**inconclusive**"]
     assert by_id["A2.disk"][4] == "**inconclusive**" and by_id["A2.file"][3] == "-"
-    assert by_id["A5.host"][1:4] == ["virtio-disk tcp-stream ≤ 700 Mbit/s", "700 Mbit/s", "5000 Mbit/s"]
+    assert by_id["A5.host"][1:4] == ["virtio-disk tcp-stream ≤ 700 Mbit/s", "700 Mbit/s",
+                                  "5000 Mbit/s n=1"]
     # reproduced: A1, A1.rq, A1.util, E4.scsi (60 / 6.6); not reproduced: E1, E1.native (6.6 / 110 = 6.0 %)
     assert sorted(r[0] for r in findings if r[4] == "**reproduced**") == ["A1", "A1.rq", "A1.util", "E4.scsi"]
     assert sorted(r[0] for r in findings if r[4] == "**not reproduced**") == ["E1", "E1.native"]
     assert "4 reproduced, 2 not reproduced, 33 inconclusive." in report
-    assert ("- verdict: not reproduced: ours 300.0%, the rule needs ≥ 500%; the paper: 4815.4% (computed from its "
-            "numbers)") in report
+    assert ("- verdict: not reproduced: ours 300.0% n=1+1 (one sample a side: no interval), the rule needs ≥ 500%; "
+            "the paper: 4815.4% (computed from its numbers)") in report
     assert (f"- verdict: inconclusive: virtio-disk/dd-write-64k (run {v}) was measured under TCG emulation: not an "
-            "overhead figure; ours would be 40.0%; the paper: 99.1% (computed from its numbers)") in report
+            "overhead figure; ours would be 40.0% n=1+1 (one sample a side: no interval); the paper: 99.1% (computed "
+            "from its numbers)") in report
     # A2.file: only virtio-file is missing (eucalyptus-prealloc was measured)
     assert ("- verdict: inconclusive: no completed run of virtio-file with dd-write-64k; the paper: 139.0% (computed "
             "from its numbers)") in report
@@ -189,7 +192,7 @@ def test_report_to_a_file_is_the_same_and_quick_runs_say_so(study_a_runs, tmp_pa
     row = table_rows(report, "Table 1: writes (dd, 64 kB blocks)")[1]
     assert row[3:6] == ["1.1 (quick)", "1.2", "1.0 (quick)"] and row[-1] == f"#{quick}"
     a1 = {r[0]: r for r in table_rows(report, "Findings")}["A1"]
-    assert a1[3:] == ["1.0%", "**inconclusive**"]
+    assert a1[3:] == ["1.0% n=1+1", "**inconclusive**"]
     assert "is quick-size: the page and device caches weigh more than in the study" in report
     assert "(quick): quick size (128 MiB)" in report
 
@@ -367,8 +370,9 @@ def test_html_report_has_the_tables_and_a_figure_per_table_with_our_labels(study
     assert 0 < len(with_pct) < len(tables)  # the check below can tell a figure too many from one too few
     assert len(figures) == len(with_pct)  # a figure per table with a % of native on either side
     writes = next(f for f in figures if "Table 1: writes" in f)
-    assert ">2.0 %</text>" in writes  # ours, the sparse default: 2.2 of 110 MB/s, measured on KVM at study size
-    assert ">40.0 % (emulated)</text>" in writes  # virtio under TCG says so on its bar
+    assert ">2.0 % n=1+1</text>" in writes  # ours, the sparse default: 2.2 of 110 MB/s, measured on KVM at study size
+    assert ">40.0 % n=1+1 (emulated)</text>" in writes  # virtio under TCG says so on its bar
+    assert "interval" not in writes  # one sample a side: no error bar
     paper_pct = table_rows(md, "Table 1: writes (dd, 64 kB blocks)")[1][4].split(" ")[0]
     assert f">{float(paper_pct):.1f} %</text>" in writes  # the paper's bar is the table's number
 
@@ -468,14 +472,14 @@ def test_cost_columns_against_hand_computed_values(cost_runs, cli_run):
     assert head.split(" | ")[6:8] == ["ours MB/s per host core", "ours MB/s per GiB guest RAM"]
     assert table_rows(report, "Writes, 1 MB records") == [
         # bare metal: (160 + 140) / 2 = 150.0; per core only if every run used recorded its cores (big's did not)
-        ["none, bare metal", "-", "-", "150.0", "-", "100", "-", "-", "- / 1000", "- / 120", "- / 100",
+        ["none, bare metal", "-", "-", "150.0", "-", "100", "-", "-", "- / 1000", "- / 120", "- / 100", "2",
          f"{small}, {big} (mean)"],
         # 120 / 160 = 75.0 %; 120 MB/s over 8 cores = 15.0; over 1024 MiB = 1 GiB: 120.0
         ["KVM, whole disk, 1 GiB guest", "`virtio-disk`", "-", "120.0", "-", "75.0", "15.0", "120.0", "- / 28",
-         "- / 0.85", "- / 91", small],
+         "- / 0.85", "- / 91", "1+1", small],
         # 150 / 140 = 107.1 %; no core count recorded: "-"; over 3072 MiB = 3 GiB: 50.0
         ["KVM, whole disk, 3 GiB guest", "`big-virtio`", "-", "150.0", "-", "107.1", "-", "50.0", "- / 28",
-         "- / 0.85", "- / 91", big],
+         "- / 0.85", "- / 91", "1+1", big],
     ]
     reads = table_rows(report, "Reads, 1 MB records")
     assert reads[0][3] == "180.0" and reads[0][6:8] == ["22.5", "-"]  # 180 over 8 cores; bare metal has no guest

@@ -1,16 +1,20 @@
-"""A cell of a study's matrix as a stored run measured it: the guest's number beside the same run's bare-metal one,
-with the host disk's metrics and the reasons it is weaker than the paper's (emulated, nested, quick, ...)."""
+"""A cell of a study's matrix as a stored run measured it: the guest's figure beside the same run's bare-metal one,
+each the median of its samples with the samples kept (for the intervals of core.record.stats), with the host disk's
+metrics and the reasons it is weaker than the paper's (emulated, nested, quick, ...)."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
+from ..record import stats
 from ..record.rows import Run
 
 
 @dataclass(frozen=True)
 class Measured:
-    """One side's number of a cell with the host disk's metrics over its window and its labels."""
+    """One side's figure of a cell: the median of its samples (the one value of a figure measured once), the host
+    disk's metrics over its window (their medians), its labels, and every sample of each, in measured order."""
 
     value: float
     avgrq: float | None = None
@@ -18,9 +22,31 @@ class Measured:
     util: float | None = None
     labels: tuple[str, ...] = ()
     others: tuple[tuple[str, float], ...] = ()  # the test's other figures on this side (Bonnie++'s), by metric
+    # the samples behind each number above, by name ("value", "avgrq", ..., or another figure's metric); a name
+    # left out was measured once: its number is its one sample
+    samples: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def metric(self, name: str) -> float | None:
         return self.value if name == "value" else getattr(self, name)
+
+    def samples_of(self, name: str, *, other: bool = False) -> tuple[float, ...]:
+        """The samples of `name` (the number, a host metric, or with `other` another figure of the test); () when
+        this side has none."""
+        kept = dict(self.samples).get(name)
+        if kept:
+            return kept
+        one = dict(self.others).get(name) if other else self.metric(name)
+        return () if one is None else (one,)
+
+    @property
+    def n(self) -> int:
+        """How many samples its number is the median of."""
+        return len(self.samples_of("value"))
+
+    @property
+    def summary(self) -> stats.Summary:
+        """Its number's median with its interval (from 6 samples), min, max and CV."""
+        return stats.summarize(self.samples_of("value"))
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,13 @@ class Cell:
     # every figure the run's bare metal stored for the test (by metric), the cell's own metric or not (Bonnie++'s)
     baseline_figures: tuple[tuple[str, float], ...] = ()
     guests: int = 1  # a series' run of N guests: its numbers are their sum (and N bare-metal processes')
+
+    def ratio(self) -> stats.Ratio | None:
+        """The guest's number as a percentage of the same run's bare metal, with its interval over both sides'
+        samples (stats.ratio); None without a positive bare-metal number."""
+        if self.baseline is None or not self.baseline.value:
+            return None
+        return stats.ratio(self.guest.samples_of("value"), self.baseline.samples_of("value"))
 
     def per_host_core(self, value: float | None) -> float | None:
         """`value` (this cell's guest or bare-metal number) per physical core of the host; None when the run
@@ -80,15 +113,30 @@ class Cell:
 CellKey = tuple[str, str]  # (profile, test)
 
 
+HOST_FIELDS = {"avgrq": "host_avgrq_sectors", "avgqu": "host_avgqu", "util": "host_util"}
+
+
 def measured_side(run: Run, side: str, test: str, metric: str) -> Measured | None:
-    """`run`'s number of `test` in `metric` on `side` (guest or baseline), with its host disk metrics, labels and the
-    test's other figures on that side; None when the run stored none."""
-    m = run.measurement(side, test, metric)
-    if m is None:
+    """`run`'s figure of `test` in `metric` on `side` (guest or baseline): the median of its samples with its host
+    disk metrics, labels and the test's other figures on that side, and the samples of each; None when the run
+    stored none."""
+    f = run.figure(side, test, metric)
+    if f is None:
         return None
-    others = tuple((o.metric, o.value) for o in run.measurements
-                   if o.side == side and o.test == test and o.metric != metric and o.instance is None)
-    return Measured(m.value, m.host_avgrq_sectors, m.host_avgqu, m.host_util, tuple(m.labels), others)
+    kept: list[tuple[str, tuple[float, ...]]] = [("value", tuple(f.values))]
+    host: dict[str, float | None] = {}
+    for name, field_name in HOST_FIELDS.items():
+        vals = tuple(v for m in f.samples if (v := getattr(m, field_name)) is not None)
+        host[name] = f.host(field_name)
+        if vals:
+            kept.append((name, vals))
+    others: dict[str, list[float]] = {}  # the test's other figures on this side, in measured order
+    for m in sorted((m for m in run.measurements if m.side == side and m.test == test and m.metric != metric
+                     and m.instance is None), key=lambda m: m.repeat):
+        others.setdefault(m.metric, []).append(m.value)
+    kept += [(name, tuple(vals)) for name, vals in others.items()]
+    return Measured(f.median, host["avgrq"], host["avgqu"], host["util"], tuple(f.labels),
+                    tuple((name, statistics.median(vals)) for name, vals in others.items()), tuple(kept))
 
 
 def figures(m: Measured) -> dict[str, float]:

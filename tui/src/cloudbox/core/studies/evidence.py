@@ -3,6 +3,7 @@ series' repeats and a sweep's samples, one Evidence (gather) that the reports an
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,9 +71,17 @@ def _cell(run: Run, profile: str, test: str, metric: str, guest: Measured, *, ch
                 size_label=run.size_label, accelerator=run.accelerator, emulated=run.emulated, node=run.node,
                 started_at=run.started_at, profile_changed=changed, host_cores=run.provenance.host_cores,
                 guest_memory_mib=knobs(run).memory_mib,
-                baseline_figures=tuple((m.metric, m.value) for m in run.measurements
-                                       if m.side == "baseline" and m.test == test and m.instance is None),
+                baseline_figures=_medians(run, "baseline", test),
                 guests=guests)
+
+
+def _medians(run: Run, side: str, test: str) -> tuple[tuple[str, float], ...]:
+    """Every figure `run` stored for `test` on `side` (not one guest's of N), by metric: the median of its samples."""
+    by: dict[str, list[float]] = {}
+    for m in run.measurements:
+        if m.side == side and m.test == test and m.instance is None:
+            by.setdefault(m.metric, []).append(m.value)
+    return tuple((metric, statistics.median(vals)) for metric, vals in by.items())
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """A study's report in Markdown: its rows with what each does otherwise than the study, its tables in the paper's
-layout with the paper's number beside ours in every cell (and, when the study asks for cost, ours per host core and
-per GiB of guest RAM) and where in the texts each published figure comes from, then for a study with an
+layout with the paper's number beside ours in every cell, ours with its interval and n where its samples give one
+(and, when the study asks for cost, ours per host core and per GiB of guest RAM) and where in the texts each
+published figure comes from, then for a study with an
 image-propagation sweep (B) its samples per image size and the line fitted through them, for a series study (D) the
 spread of its repeats, then each finding with its verdict, the reason and its source, and the texts the sources
 name.
@@ -31,10 +32,12 @@ from .series import Density, Sample, SeriesStats, bins, density, series_stats
 from .verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from .wording import (
     host_qualifiers,
+    n_text,
     ours_text,
     paper_text,
     published_text,
     qualified,
+    ratio_text,
     sample_qualifiers,
     secs_text,
     sweep_qualifiers,
@@ -128,7 +131,7 @@ def _table_head(study: Study, test: str, metric: str) -> list[str]:
         head += [f"ours {metric} per host core", f"ours {metric} per GiB guest RAM"]
     if is_storage_test(test):
         head += ["avgrq paper / ours", "avgqu paper / ours", "util % paper / ours"]
-    head.append("run")
+    head += ["n", "run"]
     return [f"## {_md(title)}", "", f"`{test}`: {_md(test_title(test))}", "",
             *([f"What differs from the study's method: {_md(differs)}", ""] if differs else []),
             "| " + " | ".join(head) + " |",
@@ -152,6 +155,8 @@ def _bare_metal_row(study: Study, test: str, cells: Sequence[Cell], metric: str)
         for key in ("avgrq", "avgqu", "util"):
             row.append(f"{published_text(getattr(paper_native, key) if paper_native else None)} / "
                        f"{host_text(key, getattr(native, key) if native else None)}")
+    by_run = {c.run_id: c.baseline.n for c in cells if c.baseline is not None}
+    row.append(str(sum(by_run.values())) if by_run else "-")  # every bare-metal sample the row's mean rests on
     row.append(_runs(native_runs) if native_runs else "-")
     return row
 
@@ -169,8 +174,8 @@ def _profile_row(ev: Evidence, profile: str, test: str, metric: str) -> list[str
     ours = ours_pct = "-"
     if cell is not None:
         ours = ours_text(cell, metric)
-        if cell.baseline is not None and cell.baseline.value:
-            ours_pct = qualified(pct_text(cell.guest.value / cell.baseline.value * 100.0), q)
+        if (r := cell.ratio()) is not None:
+            ours_pct = qualified(ratio_text(r), q)
     row = [study.row(profile), f"`{profile}`", paper_text(study, profile, test), ours, p_pct_text, ours_pct]
     if study.cost:
         row += [qualified(value_text(cell.per_host_core(cell.guest.value) if cell else None, metric), q),
@@ -179,6 +184,7 @@ def _profile_row(ev: Evidence, profile: str, test: str, metric: str) -> list[str
         for key in ("avgrq", "avgqu", "util"):
             row.append(f"{published_text(getattr(pc, key) if pc else None)} / "
                        f"{host_text(key, getattr(cell.guest, key) if cell else None)}")
+    row.append(n_text(cell) if cell else "-")
     row.append(f"#{cell.run_id}" if cell else _missing_note(ev, profile, test))
     return row
 
@@ -307,7 +313,7 @@ def findings(ev: Evidence) -> list[str]:
            "| finding | rule | paper | ours | verdict |", "|---|---|---:|---:|---|"]
     for v in ev.verdicts:
         paper = v.figure(v.paper) + (" (computed)" if v.paper_computed else "")
-        out.append(f"| {_md(v.rule.id)} | {_md(v.rule.statement())} | {_md(paper)} | {_md(v.figure(v.ours))} | "
+        out.append(f"| {_md(v.rule.id)} | {_md(v.rule.statement())} | {_md(paper)} | {_md(v.ours_text(brief=True))} | "
                    f"**{v.status}** |")
     out.append("")
     for v in ev.verdicts:
@@ -331,7 +337,13 @@ def intro(ev: Evidence) -> list[str]:
            "this lab's; \"% of native\" divides each guest number by the bare-metal baseline measured in the same run "
            "(the paper's: by its bare-metal row unless a row says otherwise). Paper percentages are computed from the "
            "published numbers unless marked published. Host columns: avgrq in 512-byte sectors, avgqu in requests.",
-           ""]
+           "",
+           "Each of our numbers is the median of its run's samples, in brackets its 95% interval where there are "
+           "enough samples (6 for a number; a percentage's interval from 2 + 2, marked with its coverage below "
+           "4 + 4); \"n\" counts the samples, guest + bare metal. A figure measured once (n=1+1) has no interval: "
+           "its verdict rests on that one figure and says so. A finding is reproduced when our whole interval lies "
+           "on its side of the threshold, not reproduced when it lies wholly on the other, inconclusive when it "
+           "straddles.", ""]
     if study.cost:
         out += ["Cost columns: each number divided by the physical cores of the host that ran it, as its run "
                 "recorded them, and the guest's by its RAM in GiB, from the profile stored with its run; the "

@@ -10,6 +10,7 @@ from html import escape
 from ..bench import iozone, propagation
 from ..bench.propagation import Fit
 from ..inputs import printable
+from ..record import stats
 from ..record.rows import Sample as HostSample
 from ..spec import catalogue
 from .cells import Cell, figures
@@ -25,22 +26,37 @@ SWEEP_W, SWEEP_H, SWEEP_PAD = 620, 330, 56
 IOZ_W, IOZ_H, IOZ_PAD, IOZ_LEGEND = 470, 260, 48, 112
 
 
-def bars(ev: Evidence, test: str) -> list[tuple[str, float | None, float | None, str]]:
-    """The figure's rows for one test: (profile, the paper's % of native, ours, our qualifiers), one per profile
-    that has either number."""
+def bars(ev: Evidence, test: str) -> list[tuple[str, float | None, stats.Ratio | None, str]]:
+    """The figure's rows for one test: (profile, the paper's % of native, ours with its interval, our qualifiers),
+    one per profile that has either number."""
     study = ev.study
     out = []
     for profile in study.profile_names:
         paper, _ = study.paper_percent(profile, test)
         cell = ev.cells.get((profile, test))
-        ours = None
-        quals = ""
-        if cell is not None and cell.baseline is not None and cell.baseline.value:
-            ours = cell.guest.value / cell.baseline.value * 100.0
-            quals = ", ".join(cell.qualifiers)
+        ours = None if cell is None else cell.ratio()
+        quals = "" if ours is None or cell is None else ", ".join(cell.qualifiers)
         if paper is not None or ours is not None:
             out.append((profile, paper, ours, quals))
     return out
+
+
+def _ours_label(r: stats.Ratio, quals: str) -> str:
+    """Our bar's words: its percentage, its interval where it has one, n, its qualifiers."""
+    interval = f" [{r.low:.1f}, {r.high:.1f}]" if r.low is not None and r.high is not None else ""
+    return f"{r.percent:.1f} %{interval} n={r.n_a}+{r.n_b}" + (f" ({quals})" if quals else "")
+
+
+def _error_bar(x: Scale, r: stats.Ratio, y: float) -> str:
+    """Our bar's interval as a whisker across its end: a line from the low to the high end with a tick at each."""
+    assert r.low is not None and r.high is not None
+    lo, hi = x(r.low), x(r.high)
+    cover = f"{r.coverage:.0%}" if r.coverage is not None else ""
+    title = escape(f"{cover} interval {r.low:.1f} to {r.high:.1f} %")
+    return (f'<g stroke="{LINE_STROKE}" stroke-width="1.5"><title>{title}</title>'
+            f'<line x1="{lo:.1f}" y1="{y:.1f}" x2="{hi:.1f}" y2="{y:.1f}"/>'
+            f'<line x1="{lo:.1f}" y1="{y - 4:.1f}" x2="{lo:.1f}" y2="{y + 4:.1f}"/>'
+            f'<line x1="{hi:.1f}" y1="{y - 4:.1f}" x2="{hi:.1f}" y2="{y + 4:.1f}"/></g>')
 
 
 def figure(ev: Evidence, test: str) -> str:
@@ -50,7 +66,8 @@ def figure(ev: Evidence, test: str) -> str:
     rows = bars(ev, test)
     if not rows:
         return ""
-    top = max([100.0] + [v for _, p, o, _ in rows for v in (p, o) if v is not None]) * 1.15
+    ends = [v for _, p, o, _ in rows for v in (p, *((o.percent, o.high) if o else ())) if v is not None]
+    top = max([100.0] + ends) * 1.15
     row_h = 2 * FIG_BAR + FIG_GAP
     height = 30 + row_h * len(rows) + 20
     x = Scale(0.0, top, FIG_LABEL, FIG_WIDTH - FIG_LABEL - 10)
@@ -64,15 +81,21 @@ def figure(ev: Evidence, test: str) -> str:
     for profile, paper, ours, quals in rows:
         parts.append(f'<text x="{FIG_LABEL - 6}" y="{y + FIG_BAR + 4}" text-anchor="end">'
                      f"<title>{escape(printable(ev.study.row(profile)))}</title>{escape(printable(profile))}</text>")
-        for i, (value, fill, note) in enumerate(((paper, PAPER_FILL, ""), (ours, OURS_FILL, quals))):
+        mine = (None, OURS_FILL, None) if ours is None else (ours.percent, OURS_FILL, _ours_label(ours, quals))
+        for i, (value, fill, text) in enumerate(((paper, PAPER_FILL, None if paper is None else f"{paper:.1f} %"),
+                                                 mine)):
             by = y + i * FIG_BAR
-            if value is None:
+            if value is None or text is None:
                 parts.append(f'<text x="{FIG_LABEL + 4}" y="{by + FIG_BAR - 3}" fill="#777">no number</text>')
                 continue
-            text = f"{value:.1f} %" + (f" ({note})" if note else "")
-            parts.append(f'<rect x="{FIG_LABEL}" y="{by}" width="{x(value) - FIG_LABEL:.1f}" height="{FIG_BAR - 2}" '
-                         f'fill="{fill}"/><text x="{x(value) + 4:.1f}" y="{by + FIG_BAR - 3}">'
-                         f"{escape(printable(text))}</text>")
+            end = x(value)
+            parts.append(f'<rect x="{FIG_LABEL}" y="{by}" width="{end - FIG_LABEL:.1f}" height="{FIG_BAR - 2}" '
+                         f'fill="{fill}"/>')
+            if i == 1 and ours is not None and ours.has_interval:
+                parts.append(_error_bar(x, ours, by + (FIG_BAR - 2) / 2))
+                assert ours.high is not None
+                end = max(end, x(ours.high))
+            parts.append(f'<text x="{end + 4:.1f}" y="{by + FIG_BAR - 3}">{escape(printable(text))}</text>')
         y += row_h
     parts.append(f'<line x1="{x(100):.1f}" y1="24" x2="{x(100):.1f}" y2="{y}" {AXIS} '
                  f'stroke-dasharray="4 3"/><text x="{x(100):.1f}" y="{y + 14}" text-anchor="middle">'

@@ -1,12 +1,20 @@
 """Verdicts: each rule of a study over the selected cells, reproduced, not reproduced or inconclusive with every
-reason (a missing cell, emulated, nested, quick size, warm cache, a changed profile, a loop device); pure functions
-of the cells, so they are tested without a guest."""
+reason (a missing cell, emulated, nested, quick size, warm cache, a changed profile, a loop device, an interval
+across the threshold); pure functions of the cells, so they are tested without a guest.
+
+Our figure is a rule's quantity with its interval (core.record.stats): a cell's own number as the median of its
+samples (its 95% interval from 6 samples), a percentage as the ratio of both sides' samples (its interval from 2 + 2,
+with the coverage it has). A rule is reproduced when the whole interval lies on the finding's side of the threshold,
+not reproduced when the whole of it lies on the other side, and inconclusive when it straddles the threshold. Where
+there is no interval (one sample a side; a number of fewer than 6 samples) the figure alone decides, and the verdict
+says so: one run's figure does not say how it would fall on a second evening."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..record import stats
 from ..spec.catalogue import is_storage_test
 from .cells import Cell, CellKey, Measured
 from .schema import DECISIVE_SIZE, NATIVE, OP_SIGNS, OPS, Rule, Study, needs_node
@@ -15,6 +23,54 @@ REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 INCONCLUSIVE = "inconclusive"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Our figure for a rule: the median or ratio, its interval where the samples give one (with its coverage), and
+    how many samples it rests on ("8" for a number, "8+8" for a ratio of two sides)."""
+
+    value: float
+    low: float | None = None
+    high: float | None = None
+    n: str = "1"
+    coverage: float | None = None
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    @property
+    def single(self) -> bool:
+        """Every side measured once."""
+        return all(part == "1" for part in self.n.split("+"))
+
+    def no_interval(self) -> str:
+        """Why there is none, in words."""
+        if self.single:
+            return "one sample a side: no interval" if "+" in self.n else "one sample: no interval"
+        return "too few samples for an interval" if "+" in self.n else \
+            f"no interval below {stats.MIN_N_MEDIAN_CI} samples"
+
+
+def estimate_of_number(samples: Sequence[float]) -> Estimate:
+    """A cell's own number: the median of its samples with the median's 95% interval (stats.summarize)."""
+    s = stats.summarize(samples)
+    cover = stats.CONFIDENCE if s.low is not None else None
+    return Estimate(s.median, s.low, s.high, str(s.n), cover)
+
+
+def estimate_of_ratio(a: Sequence[float], b: Sequence[float]) -> Estimate | None:
+    """a / b in percent with its interval (stats.ratio: 95% from 4 + 4, the range of the pairwise ratios with less
+    below); a side with a sample at or below 0 gets the ratio of the medians without an interval. None when b's
+    median is not positive."""
+    r = stats.ratio(a, b)
+    if r is not None:
+        return Estimate(r.percent, r.low, r.high, f"{r.n_a}+{r.n_b}", r.coverage)
+    mid_b = stats.summarize(b).median
+    if mid_b <= 0:
+        return None
+    return Estimate(stats.summarize(a).median / mid_b * 100.0, n=f"{len(a)}+{len(b)}")
 
 
 @dataclass(frozen=True)
@@ -29,6 +85,7 @@ class Verdict:
     paper: float | None = None
     paper_computed: bool = False
     run_ids: tuple[int, ...] = ()
+    estimate: Estimate | None = None  # ours with its interval and n
 
     def figure(self, v: float | None) -> str:
         if v is None:
@@ -36,18 +93,44 @@ class Verdict:
         if self.rule.relative:
             return f"{v:.1f}%"
         unit = "" if not self.rule.unit else (self.rule.unit if self.rule.unit == "%" else f" {self.rule.unit}")
-        return (f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}") + unit
+        return self.number(v) + unit
+
+    def number(self, v: float) -> str:
+        """`v` as `figure` writes it, without its unit (an interval's ends)."""
+        if self.rule.relative:
+            return f"{v:.1f}"
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+    def interval(self, brief: bool = False) -> str:
+        """Our figure's interval and n as the report writes them after the figure: " [4.1, 5.9] n=8+8", with the
+        coverage where it is not 95% (" [4.1, 5.9] (90%) n=3+3"), " n=1+1 (one sample a side: no interval)" (" n=1+1"
+        `brief`, in a table)."""
+        e = self.estimate
+        if e is None:
+            return ""
+        if e.has_interval:
+            cover = "" if e.coverage is None or round(e.coverage, 3) == stats.CONFIDENCE else f" ({e.coverage:.0%})"
+            assert e.low is not None and e.high is not None
+            return f" [{self.number(e.low)}, {self.number(e.high)}]{cover} n={e.n}"
+        return f" n={e.n}" if brief else f" n={e.n} ({e.no_interval()})"
+
+    def ours_text(self, brief: bool = False) -> str:
+        """Our figure with its interval and n: "5.0% [4.1, 5.9] n=8+8", "-" when there is none."""
+        return "-" if self.ours is None else self.figure(self.ours) + self.interval(brief)
+
+    def need(self) -> str:
+        return f"{OP_SIGNS[self.rule.op]} " + (f"{self.rule.threshold:g}%" if self.rule.relative
+                                               else self.figure(self.rule.threshold))
 
     def explain(self) -> str:
         """One line: the verdict and what it rests on."""
-        need = f"{OP_SIGNS[self.rule.op]} " + (f"{self.rule.threshold:g}%" if self.rule.relative
-                                               else self.figure(self.rule.threshold))
         paper = "" if self.paper is None else (
             f"; the paper: {self.figure(self.paper)}" + (" (computed from its numbers)" if self.paper_computed else ""))
         if self.status == INCONCLUSIVE:
-            would = "" if self.ours is None else f"; ours would be {self.figure(self.ours)}"
+            would = "" if self.ours is None else f"; ours would be {self.ours_text()}"
             return f"{INCONCLUSIVE}: " + "; ".join(self.reasons) + would + paper
-        return f"{self.status}: ours {self.figure(self.ours)}, the rule needs {need}{paper}"
+        whole = " (the whole interval)" if self.estimate is not None and self.estimate.has_interval else ""
+        return f"{self.status}: ours {self.ours_text()}, the rule needs {self.need()}{whole}{paper}"
 
 
 def _missing(profile: str, test: str, size: str | None, unavailable: Mapping[str, str]) -> str:
@@ -151,31 +234,57 @@ def evaluate_rule(study: Study, rule: Rule, cells: Mapping[CellKey, Cell], *,
         else:
             reasons += _cell_reasons(cells[key], rule, native=native)
     present = [cells[k] for k in keys if k in cells]
-    ours = _ours(rule, present) if len(present) == len(keys) else None
+    est = _ours(rule, present) if len(present) == len(keys) else None
+    ours = None if est is None else est.value
     run_ids = tuple(dict.fromkeys(c.run_id for c in present))
-    if ours is None and not reasons:
+    if est is None and not reasons:
         reasons.append("no figure could be computed from the cells")
-    if reasons:
-        return Verdict(rule, INCONCLUSIVE, tuple(dict.fromkeys(reasons)), ours, paper, computed, run_ids)
-    assert ours is not None
-    status = REPRODUCED if OPS[rule.op](ours, rule.threshold) else NOT_REPRODUCED
-    return Verdict(rule, status, (), ours, paper, computed, run_ids)
+    status = None if est is None else side_of(est, rule)
+    if status == INCONCLUSIVE:
+        assert est is not None
+        unit = "%" if rule.relative else ""
+        reasons.append(f"our interval{_interval_words(rule, est)} lies across the threshold "
+                       f"({OP_SIGNS[rule.op]} {rule.threshold:g}{unit}): more repeats narrow it")
+    if reasons or status is None:
+        return Verdict(rule, INCONCLUSIVE, tuple(dict.fromkeys(reasons)), ours, paper, computed, run_ids, est)
+    return Verdict(rule, status, (), ours, paper, computed, run_ids, est)
 
 
-def _ours(rule: Rule, cells: Sequence[Cell]) -> float | None:
-    mine = quantity(rule, cells[0].guest)
-    if mine is None:
+def side_of(est: Estimate, rule: Rule) -> str:
+    """Where our figure lies against the rule's threshold: reproduced when its whole interval is on the finding's
+    side, not reproduced when the whole of it is on the other, inconclusive when it straddles; without an interval
+    the figure alone decides."""
+    holds = OPS[rule.op]
+    if not est.has_interval:
+        return REPRODUCED if holds(est.value, rule.threshold) else NOT_REPRODUCED
+    assert est.low is not None and est.high is not None
+    ends = (holds(est.low, rule.threshold), holds(est.high, rule.threshold))
+    if all(ends):
+        return REPRODUCED
+    return NOT_REPRODUCED if not any(ends) else INCONCLUSIVE
+
+
+def _interval_words(rule: Rule, est: Estimate) -> str:
+    unit = "%" if rule.relative else ""
+    return f" [{est.low:.3g}{unit}, {est.high:.3g}{unit}] (n={est.n})"
+
+
+def _ours(rule: Rule, cells: Sequence[Cell]) -> Estimate | None:
+    other = rule.figure is not None
+    name = rule.figure if rule.figure is not None else rule.metric
+    mine = cells[0].guest.samples_of(name, other=other)
+    if not mine:
         return None
     if not rule.relative:
-        return mine
+        return estimate_of_number(mine)
     if rule.against == NATIVE:
         base = cells[0].baseline
-        other = None if base is None else quantity(rule, base)
+        theirs = () if base is None else base.samples_of(name, other=other)
     else:
-        other = quantity(rule, cells[1].guest)
-    if not other:
+        theirs = cells[1].guest.samples_of(name, other=other)
+    if not theirs:
         return None
-    return mine / other * 100.0
+    return estimate_of_ratio(mine, theirs)
 
 
 def evaluate(study: Study, cells: Mapping[CellKey, Cell], *, unavailable: Mapping[str, str] | None = None,

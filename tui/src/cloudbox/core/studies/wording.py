@@ -1,11 +1,14 @@
-"""How a study's report writes its numbers, in its tables and its figures alike: ours with the reasons they are
-weaker than the paper's in brackets ("21.4 (emulated, quick)"), the paper's as it published them."""
+"""How a study's report writes its numbers, in its tables and its figures alike: ours with the interval of their
+samples where there is one and the reasons they are weaker than the paper's in brackets ("21.4 [20.9, 22.0]
+(emulated, quick)"), a percentage of native with its interval, how many samples each rests on, the paper's as it
+published them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
 from ..bench import propagation
+from ..record import stats
 from .cells import Cell
 from .schema import Study
 from .series import Sample
@@ -24,9 +27,31 @@ def qualified(text: str, qualifiers: Sequence[str]) -> str:
 
 
 def ours_text(cell: Cell, metric: str | None = None) -> str:
-    """A cell's number as the report's tables write it, with the reasons it is weaker than the paper's in brackets:
-    "21.4 (emulated, quick)". `metric` picks the number's format (the cell's own by default)."""
-    return qualified(value_text(cell.guest.value, metric or cell.metric), cell.qualifiers)
+    """A cell's number as the report's tables write it: the median of its samples, their median's 95% interval when
+    there are enough (6), and the reasons it is weaker than the paper's in brackets: "21.4 [20.9, 22.0] (emulated,
+    quick)", "21.4 (emulated, quick)" measured once. `metric` picks the number's format (the cell's own by
+    default)."""
+    m = metric or cell.metric
+    s = cell.guest.summary
+    ci = "" if s.low is None or s.high is None else f" [{value_text(s.low, m)}, {value_text(s.high, m)}]"
+    return qualified(value_text(cell.guest.value, m) + ci, cell.qualifiers)
+
+
+def ratio_text(r: stats.Ratio | None) -> str:
+    """A percentage of native (or of another cell) as the tables write it, without the % their heading gives: "96.3
+    [95.1, 97.2]", with the coverage where it is below 95% ("96.3 [90.2, 99.1] (90%)"), "96.3" without an
+    interval; "-" for none."""
+    if r is None:
+        return "-"
+    if not r.has_interval:
+        return f"{r.percent:.1f}"
+    cover = f" ({r.coverage:.0%})" if r.method == "range" and r.coverage is not None else ""
+    return f"{r.percent:.1f} [{r.low:.1f}, {r.high:.1f}]{cover}"
+
+
+def n_text(cell: Cell) -> str:
+    """How many samples a cell's row rests on: "8+8" (guest + bare metal), "8" without a bare-metal figure."""
+    return f"{cell.guest.n}+{cell.baseline.n}" if cell.baseline is not None else str(cell.guest.n)
 
 
 def paper_text(study: Study, profile: str, test: str) -> str:
