@@ -145,6 +145,17 @@ def test_density_matches_hand_computed_values_and_finds_two_groups():
     assert series.density([5.0, 5.0, 5.0]) is None and series.density([1.0, 2.0]) is None
 
 
+def test_a_density_peak_is_named_only_over_enough_samples():
+    # four samples near 1 and one at 10: the lone sample's bump is drawn but not named a peak
+    d = series.density([1.0, 1.1, 0.9, 1.05, 10.0])
+    assert d is not None and d.peaks == [pytest.approx(1.0, abs=0.5)] and d.minor == 1
+    assert markdown.density_words(d, "MB/s").endswith(
+        f"one peak, at 1.0 MB/s (1 smaller bump of fewer than {series.MIN_PEAK_SAMPLES} samples not named as peaks).")
+    # two groups of two: neither is a group of runs, the curve's highest point is still named
+    two = series.density([1.0, 1.1, 10.0, 10.05])
+    assert two is not None and len(two.peaks) == 1 and two.minor == 1
+
+
 def test_the_report_gives_the_spread_labelled_and_its_figures_parse():
     d = loading.find_study("d")  # its plan has two guests; repeats of one (`--guests 1`) are what is stored
     ids = []

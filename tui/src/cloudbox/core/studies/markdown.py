@@ -28,7 +28,7 @@ from .cells import Cell, Measured, figures
 from .evidence import Evidence
 from .imagesweep import sweep_fit
 from .schema import NATIVE, PaperCell, Study, is_iozone_sweep, needs_node
-from .series import Density, Sample, SeriesStats, bins, density, series_stats
+from .series import MIN_PEAK_SAMPLES, Density, Sample, SeriesStats, bins, density, series_stats
 from .verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from .wording import (
     host_qualifiers,
@@ -400,8 +400,11 @@ def density_words(d: Density, metric: str) -> str:
     texts = [value_text(p, metric) for p in d.peaks]
     where = " and ".join([", ".join(texts[:-1]), texts[-1]] if len(texts) > 1 else texts)
     peaks = f"one peak, at {where}" if len(d.peaks) == 1 else f"{len(d.peaks)} peaks, at {where}"
+    minor = "" if not d.minor else (
+        f" ({d.minor} smaller {'bump' if d.minor == 1 else 'bumps'} of fewer than {MIN_PEAK_SAMPLES} samples "
+        "not named as peaks)")
     return (f"Density (Gaussian kernel, bandwidth {value_text(d.bandwidth, metric)} {metric} by Silverman's rule): "
-            f"{peaks} {metric}.")
+            f"{peaks} {metric}{minor}.")
 
 
 def series_rows(ev: Evidence) -> list[tuple[str, str, list[Sample], SeriesStats]]:

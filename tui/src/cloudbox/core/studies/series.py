@@ -141,13 +141,19 @@ def bins(values: Sequence[float], count: int | None = None) -> list[tuple[float,
     return [(lo + i * width, lo + (i + 1) * width, n) for i, n in enumerate(counts)]
 
 
+MIN_PEAK_SAMPLES = 3  # a bump of the curve over fewer samples is one or two runs' chance, not a group of runs
+
+
 @dataclass(frozen=True)
 class Density:
     """A Gaussian kernel density estimate of a series: its bandwidth, the curve over a grid (value, density per unit
-    of the value) and the curve's peaks (more than one: the runs fell into groups, which a median hides)."""
+    of the value) and the curve's peaks (more than one: the runs fell into groups, which a median hides), each with
+    at least MIN_PEAK_SAMPLES samples in its basin (from the trough before it to the trough after); `minor` counts
+    the bumps over fewer, which are drawn but not named."""
     bandwidth: float
     curve: list[tuple[float, float]]
     peaks: list[float]
+    minor: int = 0
 
 
 def density(values: Sequence[float], points: int = 81) -> Density | None:
@@ -164,6 +170,12 @@ def density(values: Sequence[float], points: int = 81) -> Density | None:
     lo, hi = min(values) - 3 * h, max(values) + 3 * h
     xs = [lo + (hi - lo) * i / (points - 1) for i in range(points)]
     curve = [(x, sum(kernel.pdf(x - v) for v in values) / n) for x in xs]
-    peaks = [curve[i][0] for i in range(1, points - 1)
-             if curve[i][1] >= curve[i - 1][1] and curve[i][1] > curve[i + 1][1]]
-    return Density(h, curve, peaks)
+    tops = [i for i in range(1, points - 1) if curve[i][1] >= curve[i - 1][1] and curve[i][1] > curve[i + 1][1]]
+    # each top's basin: from the lowest point of the curve between it and the top before to the one after
+    troughs = [min(range(a, b + 1), key=lambda j: curve[j][1]) for a, b in zip(tops, tops[1:], strict=False)]
+    edges = [-math.inf, *(curve[j][0] for j in troughs), math.inf]
+    held = [sum(1 for v in values if lo < v <= hi) for lo, hi in zip(edges, edges[1:], strict=False)]
+    peaks = [curve[i][0] for i, k in zip(tops, held, strict=True) if k >= MIN_PEAK_SAMPLES]
+    if not peaks and tops:  # no group is large enough: the curve's highest point is still its one peak
+        peaks = [curve[max(tops, key=lambda i: curve[i][1])][0]]
+    return Density(h, curve, peaks, len(tops) - len(peaks))
