@@ -807,6 +807,24 @@ def test_a_repeated_cell_is_its_samples_median_with_the_interval_in_the_report(t
     assert f">{r.percent:.1f} % [{r.low:.1f}, {r.high:.1f}] n=8+8</text>" in page
 
 
+def test_a_cell_whose_samples_drifted_says_so_beside_its_verdict(tmp_path):
+    from cloudbox.core.studies import markdown
+
+    rising = [4.0, 4.1, 4.2, 4.3, 5.5, 5.6, 5.7, 5.8]  # faster from halfway on: an order effect
+    with ResultStore(tmp_path / "r.db") as store:
+        repeated_run(store, "eucalyptus-default", "dd-write-64k", rising, BASE8)
+        ev = evidence.gather(good(), store.list_runs(state="completed"))
+    report = markdown.to_markdown(ev)
+    r1 = report.split("### R1: ")[1].split("### ")[0]
+    assert "- order: eucalyptus-default/dd-write-64k: drift: first half 4.2, second half 5.7 (+36.1%), " \
+           "Mann-Whitney p = 0.029" in r1
+    # measured once, a cell has no order to test
+    with ResultStore(tmp_path / "once.db") as store:
+        add_run(store, "eucalyptus-default", {"dd-write-64k": (4.0, 80.0)})
+        once = markdown.to_markdown(evidence.gather(good(), store.list_runs(state="completed")))
+    assert "- order:" not in once
+
+
 # ---------------------------------------------------------------------------------------------- study runs
 def test_plan_skips_cells_stored_for_the_same_hash_size_and_node(tmp_path):
     s = good()

@@ -78,6 +78,11 @@ class Cell:
             return None
         return stats.ratio(self.guest.samples_of("value"), self.baseline.samples_of("value"))
 
+    def drift(self) -> stats.Drift | None:
+        """The guest's samples' first half against their second half in measured order (stats.drift: from 6
+        samples): a machine that warmed up or slowed down over the repeats."""
+        return stats.drift(self.guest.samples_of("value"))
+
     def per_host_core(self, value: float | None) -> float | None:
         """`value` (this cell's guest or bare-metal number) per physical core of the host; None when the run
         recorded no core count."""

@@ -29,7 +29,7 @@ from .evidence import Evidence
 from .imagesweep import sweep_fit
 from .schema import NATIVE, PaperCell, Study, is_iozone_sweep, needs_node
 from .series import MIN_PEAK_SAMPLES, Density, Sample, SeriesStats, bins, density, series_stats
-from .verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from .verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Verdict
 from .wording import (
     host_qualifiers,
     n_text,
@@ -320,10 +320,19 @@ def findings(ev: Evidence) -> list[str]:
         out += [f"### {_md(v.rule.id)}: {v.status}", "", _md(v.rule.finding), "",
                 f"- rule: {_md(v.rule.statement())}",
                 f"- verdict: {_md(v.explain())}",
+                *[f"- order: {_md(line)}" for line in drift_lines(ev, v)],
                 f"- source: {_md(v.rule.source)}",
                 f"- runs: {', '.join(f'#{i}' for i in v.run_ids) or 'none'}",
                 f"- why this threshold: {_md(v.rule.why)}", ""]
     return out
+
+
+def drift_lines(ev: Evidence, v: Verdict) -> list[str]:
+    """For each cell a verdict rests on whose guest side has 6 samples or more, whether they drifted between their
+    first and second half in measured order (stats.drift): an order effect the interval does not show."""
+    keys = [(v.rule.profile, v.rule.test), *([v.rule.other] if v.rule.other else [])]
+    return [f"{profile}/{test}: {d.text()}" for profile, test in keys
+            if (c := ev.cells.get((profile, test))) is not None and (d := c.drift()) is not None]
 
 
 def intro(ev: Evidence) -> list[str]:
