@@ -170,8 +170,13 @@ TEXTS = {"000": 588, "001": 791, "002": 235, "003": 286, "004": 625}
 
 
 def test_every_paper_figure_and_rule_carries_its_source_and_every_row_says_how_it_differs():
+    own = [e.name for e in loading.list_studies() if not loading.load_study(e.path).documents]
+    assert own == ["ladder"], own  # cloudbox's own question, not a published study's
     for e in loading.list_studies():
         study = loading.load_study(e.path)
+        if e.name in own:
+            assert not study.paper and all(r.source is None for r in study.rules), study.name
+            continue
         assert study.documents and set(study.documents) <= set(TEXTS), study.name
         sourced = [(f"paper {c.cell}", c.source) for c in study.paper]
         sourced += [(f"rule {r.id}", r.source) for r in study.rules]
@@ -867,3 +872,17 @@ def test_planned_profiles_become_valid_run_specs():
                                                             ("guest", "dd-read-64k")]
     net = planning.PlannedProfile("virtio-disk", run=["tcp-maerts"]).spec("quick")
     assert (net.suite, net.net_tests) == ("network", "tcp-maerts")
+
+
+def test_a_published_studys_rule_without_its_source_is_refused_and_an_own_study_has_none():
+    """Every finding of a study with [documents] says where the texts state it; a study of cloudbox's own (no
+    [documents]) carries no published figure."""
+    text = (REPO / "studies/a.toml").read_text()
+    first = text.index("[[rules]]")
+    line = next(ln for ln in text[first:].splitlines() if ln.startswith("source = "))
+    with pytest.raises(StudyError, match=r"rules\[1\]\.source: required key is missing; allowed: document:line"):
+        loading.parse_study(text[:first] + text[first:].replace(line + "\n", "", 1), "a.toml")
+    ladder = (REPO / "studies/ladder.toml").read_text()
+    paper = '\n[[paper]]\ncell = "eucalyptus-default/dd-write-64k"\nvalue = 1.3\nsource = "000:294"\n'
+    with pytest.raises(StudyError, match=r"paper: a study without \[documents\] \(cloudbox's own\) has no published"):
+        loading.parse_study(ladder + paper, "ladder.toml")

@@ -185,7 +185,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         figure = "" if paper is None else (f"{paper:.1f}%" if r.relative else f"{paper:g}")
         lines += [f"  {r.id}: {r.statement()}" + (f"  (paper: {figure}{', computed' if computed else ''})"
                                                   if figure else ""),
-                  f"      {r.finding}", f"      source: {r.source}", f"      why: {r.why}"]
+                  f"      {r.finding}", *([f"      source: {r.source}"] if r.source else []), f"      why: {r.why}"]
     if study.documents:
         lines += ["", "sources (a source 000:294 is line 294 of document 000):"]
         lines += [f"  {doc}: {ref}" for doc, ref in study.documents.items()]

@@ -204,8 +204,14 @@ def _document_problems(study: Study, lookup: Callable[[str], object]) -> list[Pr
     out = [ProfileProblem(f"documents.{inputs.key_text((doc,))}", doc, "not a document number", ALLOWED["documents"])
            for doc in study.documents if not (len(doc) == 3 and doc.isdigit())]
     sources = [(f"paper[{i}].source", c.source) for i, c in enumerate(study.paper, 1)]
-    sources += [(f"rules[{i}].source", r.source) for i, r in enumerate(study.rules, 1)]
+    sources += [(f"rules[{i}].source", r.source) for i, r in enumerate(study.rules, 1) if r.source is not None]
     known = ", ".join(study.documents) or "none: the study has no [documents] table"
+    if study.documents:  # a published study: every finding with where the texts state it
+        out += [ProfileProblem(f"rules[{i}].source", None, "required key is missing", SOURCE_ALLOWED)
+                for i, r in enumerate(study.rules, 1) if r.source is None]
+    elif study.paper:  # a study of cloudbox's own has no published figures to carry
+        out.append(ProfileProblem("paper", f"{len(study.paper)} cells", "a study without [documents] (cloudbox's "
+                                  "own) has no published figures", "a [documents] table naming the texts"))
     for key, source in sources:
         for doc, spans in source_refs(source):
             if doc not in study.documents:

@@ -321,7 +321,7 @@ def findings(ev: Evidence) -> list[str]:
                 f"- rule: {_md(v.rule.statement())}",
                 f"- verdict: {_md(v.explain())}",
                 *[f"- order: {_md(line)}" for line in drift_lines(ev, v)],
-                f"- source: {_md(v.rule.source)}",
+                *([f"- source: {_md(v.rule.source)}"] if v.rule.source else []),
                 f"- runs: {', '.join(f'#{i}' for i in v.run_ids) or 'none'}",
                 f"- why this threshold: {_md(v.rule.why)}", ""]
     return out

@@ -137,7 +137,9 @@ class Rule(spec_schema.Strict):
     value: Number | None = None
     paper: Number | None = None  # the published figure of the same quantity, where the paper states it
     why: Text
-    source: Source  # where the texts state the finding
+    # where the texts state the finding: every rule of a published study has one (loading checks it); a study of
+    # cloudbox's own (no [documents]) states its own questions
+    source: Source | None = None
 
     @property
     def profile(self) -> str:
