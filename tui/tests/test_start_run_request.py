@@ -33,9 +33,9 @@ def _node_requests() -> list[dict[str, Any]]:
     out.append(mirror.node_spec(RunSpec(**base, guests=2, net_tests="iperf3", cpu_overcommit=2.0),
                                 peer=PeerServers(peer="10.73.0.1", peer_iperf3_port=5201,
                                                  peer_iperf3_ports=[5201, 5202])))
-    # storage settings, a node's device, an agent timeout
+    # storage settings, a node's device and NIC (an SR-IOV profile's), an agent timeout
     out.append(mirror.node_spec(RunSpec(**base, suite="storage", storage_tests="smoke", work_dir="/var/tmp/x",
-                                        device="/dev/vdb", destroy="vdb", agent_timeout=120.5)))
+                                        device="/dev/vdb", destroy="vdb", agent_timeout=120.5, nic="enp5s0f0")))
     # an NFS profile's run on the front-end's export, and a block volume served by the front-end
     out.append(mirror.node_spec(RunSpec(**base, suite="storage"), nfs_export=NFS))
     out.append(mirror.node_spec(RunSpec(**base, suite="storage"), volume_uri="nbds://10.73.0.1:10809/vol1"))
