@@ -44,6 +44,7 @@ def to_html(ev: Evidence) -> str:
     body.append(md.render("\n".join(findings(ev) + notes(ev) + sources(ev))))
     title = escape(printable(ev.study.title))
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
             f"<title>{title}</title>\n<style>\n{HTML_STYLE}\n</style>\n</head>\n<body>\n"
             + "\n".join(body) + "</body>\n</html>\n")
 

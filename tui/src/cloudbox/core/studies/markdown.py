@@ -161,8 +161,9 @@ def _bare_metal_row(study: Study, test: str, cells: Sequence[Cell], metric: str)
     return row
 
 
-def _profile_row(ev: Evidence, profile: str, test: str, metric: str) -> list[str]:
-    """A profile's row: the paper's numbers beside ours and our run, or why there is no run yet."""
+def _profile_row(ev: Evidence, profile: str, test: str, metric: str, drop: Sequence[str] = ()) -> list[str]:
+    """A profile's row: the paper's numbers beside ours and our run, or why there is no run yet; `drop`: the
+    qualifiers the table states once under it."""
     study = ev.study
     pc = study.paper_cell(profile, test)
     cell = ev.cells.get((profile, test))
@@ -170,10 +171,10 @@ def _profile_row(ev: Evidence, profile: str, test: str, metric: str) -> list[str
     p_pct_text = pct_text(p_pct) if computed or p_pct is None else f"{published_text(p_pct)} (published)"
     if pc is not None and pc.native is not None and p_pct is not None:
         p_pct_text += f" (of {published_text(pc.native)})"
-    q = cell.qualifiers if cell else []
+    q = [x for x in cell.qualifiers if x not in drop] if cell else []
     ours = ours_pct = "-"
     if cell is not None:
-        ours = ours_text(cell, metric)
+        ours = ours_text(cell, metric, drop=drop)
         if (r := cell.ratio()) is not None:
             ours_pct = qualified(ratio_text(r), q)
     row = [study.row(profile), f"`{profile}`", paper_text(study, profile, test), ours, p_pct_text, ours_pct]
@@ -196,8 +197,14 @@ def table(ev: Evidence, test: str) -> list[str]:
     metric = cells[0].metric if cells else ("MB/s" if is_storage_test(test) else "Mbit/s")
     out = _table_head(study, test, metric)
     out.append(_row(_bare_metal_row(study, test, cells, metric)))
-    out += [_row(_profile_row(ev, profile, test, metric)) for profile in study.profile_names]
+    # what every guest figure of the table shares is said once under it, not in each cell
+    shared = list(cells[0].qualifiers) if len(cells) > 1 and all(c.qualifiers == cells[0].qualifiers
+                                                                  for c in cells) else []
+    out += [_row(_profile_row(ev, profile, test, metric, shared)) for profile in study.profile_names]
     out.append("")
+    if shared:
+        out += [f"Every guest figure of ours in this table is {_md(', '.join(shared))} (see the notes on these "
+                "words below).", ""]
     out += paper_sources(study, test)
     if test == "bonnie":
         out += bonnie_table(ev, cells)

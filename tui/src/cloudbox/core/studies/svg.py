@@ -72,11 +72,15 @@ def figure(ev: Evidence, test: str) -> str:
     height = 30 + row_h * len(rows) + 20
     x = Scale(0.0, top, FIG_LABEL, FIG_WIDTH - FIG_LABEL - 10)
     title = next(t.table for t in ev.study.tests if t.id == test)
-    parts = [*svg_open(f"{title}: % of native, paper and ours", FIG_WIDTH, height, font_size=11),
-             f'<rect x="{FIG_LABEL}" y="6" width="10" height="10" fill="{PAPER_FILL}"/>'
-             f'<text x="{FIG_LABEL + 14}" y="15">paper</text>',
-             f'<rect x="{FIG_LABEL + 70}" y="6" width="10" height="10" fill="{OURS_FILL}"/>'
-             f'<text x="{FIG_LABEL + 84}" y="15">ours (this lab)</text>']
+    with_paper = any(p is not None for _, p, _, _ in rows)  # a paper that gives no % of native here has no bars
+    legend = [f'<rect x="{FIG_LABEL}" y="6" width="10" height="10" fill="{PAPER_FILL}"/>'
+              f'<text x="{FIG_LABEL + 14}" y="15">paper</text>'] if with_paper else []
+    at = FIG_LABEL + (70 if with_paper else 0)
+    parts = [*svg_open(f"{title}: % of native, " + ("paper and ours" if with_paper else "ours (the paper gives no "
+                                                     "% of native here)"), FIG_WIDTH, height, font_size=11),
+             *legend,
+             f'<rect x="{at}" y="6" width="10" height="10" fill="{OURS_FILL}"/>'
+             f'<text x="{at + 14}" y="15">ours (this lab)</text>']
     y = 30
     for profile, paper, ours, quals in rows:
         parts.append(f'<text x="{FIG_LABEL - 6}" y="{y + FIG_BAR + 4}" text-anchor="end">'
@@ -85,6 +89,8 @@ def figure(ev: Evidence, test: str) -> str:
         for i, (value, fill, text) in enumerate(((paper, PAPER_FILL, None if paper is None else f"{paper:.1f} %"),
                                                  mine)):
             by = y + i * FIG_BAR
+            if i == 0 and not with_paper:
+                continue
             if value is None or text is None:
                 parts.append(f'<text x="{FIG_LABEL + 4}" y="{by + FIG_BAR - 3}" fill="#777">no number</text>')
                 continue

@@ -26,15 +26,15 @@ def qualified(text: str, qualifiers: Sequence[str]) -> str:
     return f"{text} ({', '.join(qualifiers)})" if qualifiers and text != "-" else text
 
 
-def ours_text(cell: Cell, metric: str | None = None) -> str:
+def ours_text(cell: Cell, metric: str | None = None, *, drop: Sequence[str] = ()) -> str:
     """A cell's number as the report's tables write it: the median of its samples, their median's 95% interval when
     there are enough (6), and the reasons it is weaker than the paper's in brackets: "21.4 [20.9, 22.0] (emulated,
     quick)", "21.4 (emulated, quick)" measured once. `metric` picks the number's format (the cell's own by
-    default)."""
+    default); `drop` leaves out the qualifiers a table states once for all its figures."""
     m = metric or cell.metric
     s = cell.guest.summary
     ci = "" if s.low is None or s.high is None else f" [{value_text(s.low, m)}, {value_text(s.high, m)}]"
-    return qualified(value_text(cell.guest.value, m) + ci, cell.qualifiers)
+    return qualified(value_text(cell.guest.value, m) + ci, [q for q in cell.qualifiers if q not in drop])
 
 
 def ratio_text(r: stats.Ratio | None) -> str:
