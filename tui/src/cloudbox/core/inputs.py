@@ -152,6 +152,14 @@ def path_problem(value: str) -> str | None:
     return None
 
 
+def checked_path(value: str) -> str:
+    """`value` when path_problem finds nothing; else a ValueError saying what (a pydantic AfterValidator)."""
+    problem = path_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 # ---------------------------------------------------------------------------------------------------- files
 def read_text_file(path: str | os.PathLike[str], *, limit: int = MAX_FILE_BYTES) -> str:
     """The text of a regular file of at most `limit` bytes; an InputProblem at "(file)" otherwise (a FIFO, a

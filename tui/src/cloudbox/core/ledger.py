@@ -391,6 +391,13 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
 
 
+def _ip_del(obj: str, name: str, there: str) -> None:
+    """`ip OBJ del NAME`; a refusal with ip's own words when it failed and `there` (its /sys or /run file) stays."""
+    r = _ip(obj, "del", name)
+    if r.returncode != 0 and os.path.exists(there):
+        raise CloudboxError(f"ip {obj} del {name}: {r.stderr.strip()}")
+
+
 @kind
 @dataclass(frozen=True)
 class Link(Held):
@@ -400,11 +407,10 @@ class Link(Held):
     name: str = ""
 
     def release(self) -> str:
-        if not os.path.exists(f"/sys/class/net/{self.name}"):
+        there = f"/sys/class/net/{self.name}"
+        if not os.path.exists(there):
             return ""
-        r = _ip("link", "del", self.name)
-        if r.returncode != 0 and os.path.exists(f"/sys/class/net/{self.name}"):
-            raise CloudboxError(f"ip link del {self.name}: {r.stderr.strip()}")
+        _ip_del("link", self.name, there)
         return f"removed link {self.name}"
 
 
@@ -417,12 +423,11 @@ class Netns(Held):
     name: str = ""
 
     def release(self) -> str:
-        if not os.path.exists(f"/run/netns/{self.name}"):
+        there = f"/run/netns/{self.name}"
+        if not os.path.exists(there):
             return ""
         for pid in _ip("netns", "pids", self.name).stdout.split():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
-        r = _ip("netns", "del", self.name)
-        if r.returncode != 0 and os.path.exists(f"/run/netns/{self.name}"):
-            raise CloudboxError(f"ip netns del {self.name}: {r.stderr.strip()}")
+        _ip_del("netns", self.name, there)
         return f"removed network namespace {self.name}"

@@ -195,20 +195,13 @@ COORD_LINE_LIMIT = 256  # a coordination line ("go RUN TEST AT") is under 100 ch
 MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a start-run request: the spec and a profile's TOML (a few KiB)
 
 
-def _path(v: str) -> str:
-    problem = inputs.path_problem(v)
-    if problem:
-        raise ValueError(problem)
-    return v
-
-
 class StartRun(Wire):
     """A start-run request: the run settings (RunSettings), the front-end's resolved profile, where the propagated
     guest image is, and for a mixed run its profiles in the order the node's guests take them."""
 
     spec: dict[str, Any]
     profile_toml: str
-    image_dir: Annotated[str, AfterValidator(_path)] | None = None
+    image_dir: Annotated[str, AfterValidator(inputs.checked_path)] | None = None
     mix_tomls: Annotated[list[str], Field(min_length=2, max_length=MAX_GUESTS)] | None = None
 
     def to_bytes(self) -> bytes:

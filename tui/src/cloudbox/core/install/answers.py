@@ -79,15 +79,8 @@ _SECTION_KEYS = {
 }
 
 
-def _path(v: str) -> str:
-    bad = inputs.path_problem(v)
-    if bad:
-        raise ValueError(bad)
-    return v
-
-
 class DiskAnswers(Strict):
-    target: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_path)]
+    target: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(inputs.checked_path)]
     confirm_serial: Annotated[str, Field(min_length=1, max_length=256), NoControls] | None = None
 
 

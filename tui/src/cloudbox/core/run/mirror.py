@@ -133,13 +133,7 @@ def serve_export(ctx: RunContext, where: str, to: str, also: str = "") -> None:
     d, spec = ctx.profile.disk, ctx.spec
     if not (is_nfs(d) and spec.wants_storage):
         return
-    addr, link = network.private_address(), nodeconf.private_link(nodeconf.settings())
-    if addr == "0.0.0.0" or not link:
-        raise CloudboxError(f"profile {ctx.profile.name}: disk.volume = {d.volume} on {where}: the "
-                            "front-end serves the export on its private network, and this host's node settings "
-                            f"({nodeconf.node_settings_file()}) name no private NIC with an address (it is not an "
-                            "installed front-end); allowed here: the profile without --node (this host serves and "
-                            "its guest mounts)")
+    addr, link = _private(ctx, where, "export", "its guest mounts")
     ctx.work_dir = paths.work_base("") / f"run-{ctx.run_uuid[:12]}"
     ctx.sink.step(f"volume: serving {d.volume} to {to} over NFSv4 (nfs-ganesha) on {addr}, to the private "
                   f"network's subnet{' and ' + also if also else ''} only")
@@ -176,15 +170,16 @@ def _block_volume(ctx: RunContext) -> bool:
     return d.backing == "network-volume" and not is_nfs(d) and ctx.spec.wants_storage
 
 
-def _private(ctx: RunContext, there: NodeRun) -> tuple[str, str]:
-    d = ctx.profile.disk
+def _private(ctx: RunContext, where: str, what: str, then: str) -> tuple[str, str]:
+    """This front-end's private address and link, which serve the `what` (export, volume) to `where`; a refusal
+    naming what the profile without --node does instead (this host serves and `then`) when it has none."""
     addr, link = network.private_address(), nodeconf.private_link(nodeconf.settings())
     if addr == "0.0.0.0" or not link:
-        raise CloudboxError(f"profile {ctx.profile.name}: disk.volume = {d.volume} on node {there.node.name}: the "
-                            "front-end serves the volume on its private network, and this host's node settings "
+        raise CloudboxError(f"profile {ctx.profile.name}: disk.volume = {ctx.profile.disk.volume} on {where}: the "
+                            f"front-end serves the {what} on its private network, and this host's node settings "
                             f"({nodeconf.node_settings_file()}) name no private NIC with an address (it is not an "
                             "installed front-end); allowed here: the profile without --node (this host serves and "
-                            "attaches it)")
+                            f"{then})")
     return addr, link
 
 
@@ -194,7 +189,7 @@ def check_block_volume(ctx: RunContext, there: NodeRun) -> None:
     if not _block_volume(ctx):
         return
     d = ctx.profile.disk
-    _private(ctx, there)
+    _private(ctx, f"node {there.node.name}", "volume", "attaches it")
     if d.attach == "qemu":
         raise AttachRefused("disk.attach = qemu on a back-end is not supported: QEMU there would need the front-end's "
                             "credentials in libvirt; allowed on a back-end: disk.attach = host or guest")
@@ -212,7 +207,7 @@ def serve_block_volume(ctx: RunContext, there: NodeRun) -> None:
     if not _block_volume(ctx):
         return
     d, node = ctx.profile.disk, there.node
-    addr, link = _private(ctx, there)
+    addr, link = _private(ctx, f"node {there.node.name}", "volume", "attaches it")
     ctx.sink.step(f"volume: installing {node.name}'s credentials for this front-end's volumes (if it lacks them)")
     creds = volumecreds.ensure(there.shell)
     ctx.work_dir = paths.work_base("") / f"run-{ctx.run_uuid[:12]}"

@@ -88,6 +88,17 @@ def accel_banner(facts: HostFacts) -> tuple[str, str]:
     return (f"Accelerator: {acc.label}. Guest numbers are virtualization-overhead figures.", "ok")
 
 
+def _grid(rows: list[tuple[str, str]]) -> Table:
+    """Label-value rows as a grid, not a DataTable: long values (the accelerator's reason, problems) wrap instead of
+    being cut off behind a horizontal scrollbar."""
+    box = Table.grid(padding=(0, 2))
+    box.add_column(no_wrap=True)
+    box.add_column()
+    for what, value in rows:
+        box.add_row(what, Text(value))
+    return box
+
+
 class OverviewScreen(BaseScreen[OverviewData]):
     MODE = "overview"
     HELP = ("What this box is: its role, the nodes it knows and their state, the accelerator guests get "
@@ -161,14 +172,7 @@ class OverviewScreen(BaseScreen[OverviewData]):
                 ("libvirt", f.libvirtd), ("Active profile", data.active_profile),
                 ("Runs in progress", str(len(data.runs)) if data.runs else "none"),
                 *(("Problem", p) for p in f.problems)]
-        # A grid, not a DataTable: long values (the accelerator's reason, problems) wrap instead of
-        # being cut off behind a horizontal scrollbar.
-        box = Table.grid(padding=(0, 2))
-        box.add_column(no_wrap=True)
-        box.add_column()
-        for what, value in rows:
-            box.add_row(what, Text(value))
-        self.query_one("#box", Static).update(box)
+        self.query_one("#box", Static).update(_grid(rows))
         self.query_one("#cluster", Static).update(cluster_line(f, data.cluster))
         self._show_nodes(f.nodes)
         self.query_one("#active-runs", PlainTable).set_rows(
@@ -206,12 +210,7 @@ class OverviewScreen(BaseScreen[OverviewData]):
                 *((f"Link to {lk.node}", readiness.check_line(lk)) for lk in r.links),
                 *([("Links", r.link_note)] if r.link_note else []),
                 *(("Problem", p) for p in r.problems)]
-        facts = Table.grid(padding=(0, 2))
-        facts.add_column(no_wrap=True)
-        facts.add_column()
-        for what, value in rows:
-            facts.add_row(what, Text(value))
-        self.query_one("#readiness", Static).update(facts)
+        self.query_one("#readiness", Static).update(_grid(rows))
         answers = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold")
         answers.add_column("Study", no_wrap=True)
         answers.add_column("Size", no_wrap=True)

@@ -4,7 +4,9 @@ follows."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from textual import getters
 from textual.app import ComposeResult
@@ -36,6 +38,17 @@ class SetupData:
     blocked: dict[str, str]  # profiles that cannot run on this boot, with the reason (core: accel.Boot.refusal)
     runs: list[Run]
     targets: list[tuple[str, str]]  # where a run can go: ("this host", ""), then enrolled nodes
+
+
+N = TypeVar("N", int, float)
+
+
+def _number(kind: Callable[[str], N], text: str, problem: str) -> N:
+    """`text` read as a `kind`; else a UsageError saying `problem`."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise UsageError(problem) from None
 
 
 class SetupForm(VerticalScroll):
@@ -188,17 +201,11 @@ class SetupForm(VerticalScroll):
         except UsageError as e:
             raise UsageError(f"{GUESTS.title}: {e}") from None
         repeats_text = self.query_one("#repeats", Input).value.strip()
-        try:
-            repeats = int(repeats_text)
-        except ValueError:
-            raise UsageError(f"{REPEATS.title} {repeats_text!r} is not a whole number; allowed: 1 (each test once) "
-                             f"or more ({REPEATS.flag})") from None
+        repeats = _number(int, repeats_text, f"{REPEATS.title} {repeats_text!r} is not a whole number; allowed: 1 "
+                          f"(each test once) or more ({REPEATS.flag})")
         ratio_text = self.query_one("#cpu-overcommit", Input).value.strip()
-        try:
-            ratio = float(ratio_text)
-        except ValueError:
-            raise UsageError(f"{GUESTS.title}: {CPUS.title} {ratio_text!r} is not a number; allowed: "
-                             f"{CPUS.default:g} to 16 guest vCPUs per host CPU ({CPUS.flag})") from None
+        ratio = _number(float, ratio_text, f"{GUESTS.title}: {CPUS.title} {ratio_text!r} is not a number; allowed: "
+                        f"{CPUS.default:g} to 16 guest vCPUs per host CPU ({CPUS.flag})")
         if len(names) > 1 and self.query_one("#mix", Checkbox).value:
             names = [MIX.join(names)]  # one run per count, its guests taking the ticked profiles in turn
         specs = []
