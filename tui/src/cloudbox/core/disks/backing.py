@@ -13,9 +13,11 @@ partition table / filesystem signature, unless the user confirms by naming it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -409,7 +411,7 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
         return _prepare_several(kind, work_dir=work_dir, size_bytes=size_bytes, fmt=fmt, count=count)
     store = new_work_dir(kind, work_dir, size_bytes, fmt)
     dev_name = store.host_device
-    try:
+    with _made(store):
         if kind in FILE_KINDS:
             need_space(work_dir, *space_needed(kind, size_bytes))
             path = work_dir / ("disk.qcow2" if kind.startswith("qcow2") else "disk.raw")
@@ -440,12 +442,20 @@ def prepare(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, device: str
                 store.labels.append("loop-device")
         else:
             raise CloudboxError(f"unknown backing kind {kind!r}")
+    return store
+
+
+@contextlib.contextmanager
+def _made(store: BackingStore) -> Iterator[BackingStore]:
+    """Around the making of `store`'s disks: the store removed again when that fails; labelled no-host-metrics when
+    its disk is not one /proc/diskstats names."""
+    try:
+        yield store
     except BaseException:
         store.remove()
         raise
     if store.host_device is None:
         store.labels.append("no-host-metrics")
-    return store
 
 
 def _make_file(store: BackingStore, kind: str, path: Path, size_bytes: int) -> None:
@@ -483,7 +493,7 @@ def _prepare_several(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, co
     each = disk_bytes(size_bytes, count)
     store = new_work_dir(kind, work_dir, each, fmt)
     dev_name = store.host_device
-    try:
+    with _made(store):
         need_space(work_dir, *space_needed(kind, size_bytes, count=count))
         paths: list[str] = []
         for i in range(1, count + 1):
@@ -501,9 +511,4 @@ def _prepare_several(kind: str, *, work_dir: Path, size_bytes: int, fmt: str, co
             store.labels.append("loop-device")
         store.baseline_target = str(work_dir / "baseline.dat")
         store._cleanup.append(ledger.hold(File(store.baseline_target)))
-    except BaseException:
-        store.remove()
-        raise
-    if store.host_device is None:
-        store.labels.append("no-host-metrics")
     return store
