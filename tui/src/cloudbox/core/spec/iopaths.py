@@ -10,6 +10,7 @@ refuses, the value, why and what is allowed; `path_problems` applies them all, a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Annotated, Literal, Protocol
 
@@ -89,13 +90,25 @@ VIRTIOFS_CACHE: dict[str, str] = {"none": "none", "directsync": "none", "writeth
                                   "unsafe": "always"}
 
 
+def _qemu_backing(backing: str, why: str, *not_on_xen: str) -> Callable[[PathRule], PathRule]:
+    """A rule of disk.backing = `backing` alone, a path of QEMU's (`why`): nothing for another backing; under Xen,
+    the backing refused (the allowed ones less `not_on_xen`); else the rule's own problem."""
+    def wrap(rule: PathRule) -> PathRule:
+        @functools.wraps(rule)
+        def checked(p: PathTables) -> ProfileProblem | None:
+            if p.disk.backing != backing:
+                return None
+            if p.guest.hypervisor != "kvm":
+                return ProfileProblem("disk.backing", backing, why,
+                                      f"{_values(Backing, *not_on_xen)} (with guest.hypervisor = xen)")
+            return rule(p)
+        return checked
+    return wrap
+
+
+@_qemu_backing(VHOST_USER, "a vhost-user device is QEMU's: libxl (Xen) has none", VHOST_USER, "network-volume")
 def _vhost_user(p: PathTables) -> ProfileProblem | None:
-    g, d = p.guest, p.disk
-    if d.backing != VHOST_USER:
-        return None
-    if g.hypervisor != "kvm":
-        return ProfileProblem("disk.backing", d.backing, "a vhost-user device is QEMU's: libxl (Xen) has none",
-                              f"{_values(Backing, VHOST_USER, 'network-volume')} (with guest.hypervisor = xen)")
+    d = p.disk
     if d.bus != MAPPED_BUS:
         return ProfileProblem("disk.bus", d.bus, "qemu-storage-daemon serves the disk as vhost-user-blk, which the "
                               f"guest sees as a {MAPPED_BUS} device", f"{MAPPED_BUS} (with disk.backing = "
@@ -131,13 +144,9 @@ def _nvme_pci(p: PathTables) -> ProfileProblem | None:
     return None
 
 
+@_qemu_backing(VIRTIOFS, "virtiofs is QEMU's (virtiofsd); libxl (Xen) has none", VIRTIOFS, VHOST_USER, NVME_PCI)
 def _virtiofs(p: PathTables) -> ProfileProblem | None:
-    g, d = p.guest, p.disk
-    if d.backing != VIRTIOFS:
-        return None
-    if g.hypervisor != "kvm":
-        return ProfileProblem("disk.backing", d.backing, "virtiofs is QEMU's (virtiofsd); libxl (Xen) has none",
-                              f"{_values(Backing, VIRTIOFS, VHOST_USER, NVME_PCI)} (with guest.hypervisor = xen)")
+    d = p.disk
     if d.count > 1 or d.raid != "none":
         return ProfileProblem("disk.count", d.count, "the guest mounts one share and its tests run on a file in it",
                               f"1 (with disk.backing = {VIRTIOFS})")

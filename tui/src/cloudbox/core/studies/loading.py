@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import ValidationError
 
@@ -223,12 +224,20 @@ def _document_problems(study: Study, lookup: Callable[[str], object]) -> list[Pr
     return out
 
 
+E = TypeVar("E")
+
+
+def _keyed(entries: Iterable[E], table: str) -> Iterator[tuple[str, E]]:
+    """Each entry of an array of tables with its key as problems name it: paper[1], paper[2], ..."""
+    for i, entry in enumerate(entries, 1):
+        yield f"{table}[{i}]", entry
+
+
 def _paper_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
     """Each published cell in the matrix, once, with a number, and no % of native on the bare-metal row."""
     out = []
     seen: set[str] = set()
-    for i, c in enumerate(study.paper, 1):
-        key = f"paper[{i}]"
+    for key, c in _keyed(study.paper, "paper"):
         parts = _in_matrix(study, f"{key}.cell", c.cell, native=True)
         if isinstance(parts, ProfileProblem):
             out.append(parts)
@@ -252,8 +261,7 @@ def _rule_problems(study: Study, lookup: Callable[[str], object]) -> list[Profil
     """Each rule with its own id, over a cell of the matrix, with a threshold it can state."""
     out = []
     ids: set[str] = set()
-    for i, r in enumerate(study.rules, 1):
-        key = f"rules[{i}]"
+    for key, r in _keyed(study.rules, "rules"):
         if r.id in ids:
             out.append(ProfileProblem(f"{key}.id", r.id, "two rules have this id", "a unique id per rule"))
         ids.add(r.id)
