@@ -67,20 +67,13 @@ def argv(store: BackingStore, socket: Path, *, cache: str, io: str, queues: int,
 
 
 @dataclass
-class VhostUserExport:
-    """A running export: its socket and the daemon serving it (None once closed)."""
+class VhostUserExport(procs.ServedByChild):
+    """A running export: its socket and the daemon serving it (None once closed; its pid and io as
+    procs.ServedByChild says)."""
 
     socket: Path
     argv: list[str]
     child: procs.Child | None = field(default=None, repr=False)
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid if self.child else None
-
-    def io(self) -> dict[str, int]:
-        """What the daemon read from and wrote to the store so far."""
-        return self.child.io() if self.child else {}
 
     def cpus_allowed(self) -> str:
         """The host CPUs the daemon may run on, as the kernel says (its Cpus_allowed_list); "" once closed."""
