@@ -180,22 +180,22 @@ def device_model(name: str | None) -> str:
     return f"/dev/{name}: " + (", ".join(parts) if parts else "unknown model")
 
 
-def _mounted_devnums() -> dict[tuple[int, int], str]:
-    out = {}
+def mounts() -> Iterator[tuple[tuple[int, int], str]]:
+    """Each mount /proc/self/mountinfo lists, in its order: the device's number (major, minor) and the mount point."""
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
             maj, mnr = fields[2].split(":")
-            out[(int(maj), int(mnr))] = fields[4]
-    return out
+            yield (int(maj), int(mnr)), fields[4]
 
 
-def _swap_devices() -> set[str]:
+def swap_names() -> list[str]:
+    """The devices and files /proc/swaps lists, as it names them (none when it cannot be read)."""
     try:
         lines = Path("/proc/swaps").read_text().splitlines()[1:]
     except OSError:
-        return set()
-    return {ln.split()[0] for ln in lines if ln.strip()}
+        return []
+    return [ln.split()[0] for ln in lines if ln.strip()]
 
 
 def _holders_and_parts(name: str) -> list[str]:
@@ -239,7 +239,7 @@ def check_device(dev: str, *, confirm: str | None) -> None:
         raise DeviceRefused(f"{dev}: not a block device")
     name = _name_from_devnum(os.major(st.st_rdev), os.minor(st.st_rdev)) or os.path.basename(dev)
     family = _holders_and_parts(name)
-    mounted = _mounted_devnums()
+    mounted = dict(mounts())  # a device mounted twice: its last mount point
     for n in family:
         try:
             num = Path(f"/sys/class/block/{n}/dev").read_text().strip().split(":")
@@ -252,7 +252,7 @@ def check_device(dev: str, *, confirm: str | None) -> None:
     root = dev_name_for_path("/")
     if root and parent_disk(root) in [parent_disk(n) for n in family]:
         raise DeviceRefused(f"{dev}: refused: it holds the running system (root file system on /dev/{root})")
-    swaps = _swap_devices()
+    swaps = set(swap_names())
     for n in family:
         if f"/dev/{n}" in swaps:
             raise DeviceRefused(f"{dev}: refused: /dev/{n} is in use as swap")

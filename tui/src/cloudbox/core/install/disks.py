@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from cloudbox.core.disks.backing import dev_name_for_path, human_size, parent_disk
+from cloudbox.core.disks.backing import dev_name_for_path, human_size, mounts, parent_disk, swap_names
 
 GiB = 1024**3
 MiB = 1024**2
@@ -216,21 +216,11 @@ def _nonzero_ends(path: str, size: int) -> list[str]:
 
 
 def _mounted_devnums() -> dict[tuple[int, int], str]:
+    """Each mounted device's number with its first mount point."""
     out: dict[tuple[int, int], str] = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            maj, mnr = fields[2].split(":")
-            out.setdefault((int(maj), int(mnr)), fields[4])
+    for num, where in mounts():
+        out.setdefault(num, where)
     return out
-
-
-def _swaps() -> set[str]:
-    try:
-        lines = Path("/proc/swaps").read_text().splitlines()[1:]
-    except OSError:
-        return set()
-    return {os.path.realpath(ln.split()[0]) for ln in lines if ln.strip()}
 
 
 def _devnum(name: str) -> tuple[int, int] | None:
@@ -323,7 +313,7 @@ def probe_disks(
     `include_loop` also lists loop devices (tests; a live system never installs onto one). A loop device's
     serial is its backing file's name, since it has none of its own."""
     mounted = _mounted_devnums()
-    swaps = _swaps()
+    swaps = {os.path.realpath(n) for n in swap_names()}
     boot = boot_medium_names()
     links = by_id_links(by_id_dir)
     disks: list[Disk] = []
