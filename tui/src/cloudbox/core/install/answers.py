@@ -35,6 +35,7 @@ from cloudbox.core.errors import AnswerError, ProfileProblem
 from cloudbox.core.install.disks import INSTALL_NAMESPACE, Disk, find_disk
 from cloudbox.core.install.machine import Machine, Nic
 from cloudbox.core.spec import schema
+from cloudbox.core.spec.profiles import toml_value
 from cloudbox.core.spec.schema import CrossFieldProblems, NoControls, Strict, no_controls
 
 Role = Literal["front-end", "back-end", "all-in-one"]
@@ -187,13 +188,9 @@ class Answers(Strict):
 
 
 def _q(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
     if isinstance(v, list):
         return "[" + ", ".join(_q(x) for x in v) + "]"
-    return json.dumps(str(v), ensure_ascii=False).replace("\x7f", "\\u007f")
+    return toml_value(v if isinstance(v, (bool, int)) else str(v))
 
 
 def cross_field_problems(a: Answers) -> list[ProfileProblem]:

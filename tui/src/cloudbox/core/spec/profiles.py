@@ -171,14 +171,14 @@ class Profile(Strict):
 
     def to_toml(self) -> str:
         """Canonical TOML text: every key, in schema order; parse_profile() gives back an equal profile."""
-        lines = [f"name = {_toml_value(self.name)}", f"description = {_toml_value(self.description)}"]
+        lines = [f"name = {toml_value(self.name)}", f"description = {toml_value(self.description)}"]
         if self.reproduces is not None:
-            lines.append(f"reproduces = {_toml_value(self.reproduces)}")
+            lines.append(f"reproduces = {toml_value(self.reproduces)}")
         for section in self.sections():
             sub: BaseModel = getattr(self, section)
             lines += ["", f"[{section}]"]
             for field in self._fields(section):
-                lines.append(f"{field} = {_toml_value(getattr(sub, field))}")
+                lines.append(f"{field} = {toml_value(getattr(sub, field))}")
         return "\n".join(lines) + "\n"
 
     def describe(self) -> str:
@@ -274,7 +274,8 @@ def xen_guest_type(profile: Profile) -> str:
 # -- TOML output ---------------------------------------------------------------------
 
 
-def _toml_value(v: object) -> str:
+def toml_value(v: object) -> str:
+    """A bool, int or string as a TOML value; a TypeError for any other."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
