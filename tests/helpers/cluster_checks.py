@@ -162,6 +162,8 @@ def _where(addr: str, private: str) -> set[str]:
     if addr in ("0.0.0.0", "::", "*"):
         return {"any"}
     ip = ipaddress.ip_address(addr)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:  # a dual-stack socket's IPv4 address
+        ip = ip.ipv4_mapped
     if ip.is_loopback:
         return {"loopback"}
     if ip in ipaddress.ip_network(private):
@@ -227,12 +229,14 @@ def listeners_run(allow_md: Path, node: str, private: str, watch: str) -> str:
     offenders: dict[str, str] = {}
     guests: set[str] = set()
     sockets = 0
+    # ss shows a socket without its process at moments (being made, or its process gone): the one seen on that port
+    owner = {(got[0], got[2]): got[3] for look in looks for line in look["inet"]
+             if (got := _inet(line)) is not None and got[3] != "-"}
     for look in looks:
-        for line in look["inet"]:
-            if (got := _inet(line)) is None:
-                continue
+        inet = [got for line in look["inet"] if (got := _inet(line)) is not None]
+        for proto, addr, port, proc in inet:
             sockets += 1
-            proto, addr, port, proc = got
+            proc = owner.get((proto, port), proc) if proc == "-" else proc
             if not _allowed(allowed, proto, addr, port, proc, private, guest=False, idle_only=False):
                 offenders.setdefault(f"{proto} {addr}:{port} ({proc})", "host")
         for line in look["packet"]:

@@ -411,7 +411,7 @@ watch_check() {
     run -0 fe 'ls /sys/kernel/config/nvmet/subsystems /sys/kernel/config/nvmet/ports; ls /var/lib/cloudbox/work 2>/dev/null; cloudbox volume list'
     refute_output --partial 'nqn.2026-11'
     refute_output --partial 'run-'
-    run -0 be 'ls /sys/class/nvme; ls /var/lib/cloudbox/work 2>/dev/null; :'
+    run -0 be 'ls /sys/class/nvme 2>/dev/null; ls /var/lib/cloudbox/work 2>/dev/null; :'
     refute_output --partial 'nvme'
     refute_output --partial 'run-'
 }
