@@ -22,6 +22,9 @@ setup_file() {
     mkdir -p "$BASE/panes"
     export BASE TUI_SOCK="$BASE/tmux.sock" TUI_PANES="$BASE/panes"
     export CLOUDBOX_STATE_DIR="$BASE/state" CLOUDBOX_RUN_DIR="$BASE/run"
+    # The first preset of the list active: its row, marked active, is on screen (the presets outnumber a
+    # terminal's rows), and the profile switch below moves down from it.
+    "$CB" profile use "$("$CB" profile list | awk 'NR == 1 {print $1}')" > /dev/null
 }
 
 teardown_file() {

@@ -145,7 +145,9 @@ tui_pick_select() {
     local s=$1 n=$2 search=$3 re=$4 i
     for ((i = 0; i < n; i++)); do tui_keys "$s" BTab; done
     tui_keys "$s" Down
-    tui_wait "$s" 10 '▲' "menu-open" > /dev/null || return 1
+    # The open menu shows ▲ unless the current value wraps over the arrow's line (the study set's long list):
+    # then its options under it are the sign, which the search below waits for.
+    tui_wait "$s" 3 '▲' "menu-open" > /dev/null || sleep 1
     tui_type "$s" "$search"
     tui_wait "$s" 10 "$re" "menu-shows" > /dev/null || return 1
     tui_keys "$s" Enter
