@@ -3,6 +3,7 @@
     cloudbox study list [--json]
     cloudbox study show NAME [--json]
     cloudbox study report NAME [--format md|html] [-o FILE] [--size quick|study] [--node N] [--db PATH]
+    cloudbox study compare NAME FIRST.db SECOND.db [--size quick|study] [--node N]
     cloudbox study run NAME [--size quick|study] [--node N] [--work-dir D] [--device DEV --destroy NAME]
                             [--agent-timeout S] [--repeats N] [--every MINUTES] [--again] [--dry-run] [--detach]
     cloudbox study images [--clear]
@@ -11,8 +12,10 @@ NAME is a study's name (`A` and `a` are the same) or a study file. `run` measure
 same executor as `cloudbox run`; with --detach a sweep), the cells no completed run holds yet for the same profile
 hash, size and node, and says which it skips; a series study (D) runs the repeats still missing, spaced as its
 file says; a study with an image-propagation sweep (B) then runs the sweep's missing samples as one more run.
+`compare` puts two measurements of one study side by side (two results databases, e.g. the same quick run on two
+evenings): per rule, where each one's interval lies against the threshold, and the rules on opposite sides.
 `images` lists the sweep's source images in the image store, `--clear` removes them.
-Exit codes: 0 ok; 1 a cloudbox error or a run that did not complete;
+Exit codes: 0 ok; 1 a cloudbox error, a run that did not complete, or (compare) a rule on opposite sides;
 2 an invalid study file or option; 130 stopped by Ctrl-C (after the current run cleaned up).
 """
 
@@ -38,7 +41,7 @@ from cloudbox.core.record.results import ResultStore
 from cloudbox.core.record.runlock import check_not_busy
 from cloudbox.core.run import runs
 from cloudbox.core.spec.runspec import MAX_GUESTS, option
-from cloudbox.core.studies import evidence, html, loading, planning, schema, verdicts
+from cloudbox.core.studies import agreement, evidence, html, loading, planning, schema, verdicts
 from cloudbox.core.studies.progress import StudyProgress, step_seconds
 
 # The `cloudbox run` options a study run passes on to each of its runs, declared once in runspec.RUN_OPTIONS.
@@ -75,6 +78,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     rep.add_argument("--node", default=None, metavar="NAME", help="only runs on this node")
     rep.add_argument("--db", type=Path, default=None, help="results database (default: the state dir's results.db)")
     rep.set_defaults(func=guard(cmd_report, invalid=invalid))
+
+    cmp = sub.add_parser("compare", help="two measurements of the study side by side: where each rule's interval "
+                                         "lies against its threshold, and the rules on opposite sides")
+    cmp.add_argument("study", metavar="NAME")
+    cmp.add_argument("first", type=Path, metavar="FIRST.db", help="the first measurement's results database")
+    cmp.add_argument("second", type=Path, metavar="SECOND.db", help="the second measurement's results database")
+    cmp.add_argument("--size", choices=schema.SIZES, default=None, help="only runs of this size (default: as report)")
+    cmp.add_argument("--node", default=None, metavar="NAME", help="only runs on this node")
+    cmp.set_defaults(func=guard(cmd_compare, invalid=invalid))
 
     run = sub.add_parser("run", help="measure the study's cells not stored yet, one profile after another")
     run.add_argument("study", metavar="NAME")
@@ -229,6 +241,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(printable(f"wrote {args.output}: {len(ev.cells)} cells from {len({c.run_id for c in ev.cells.values()})} "
                     f"runs{sweep}; " + ", ".join(f"{n} {s}" for s, n in counts.items())), file=sys.stderr)
     return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    study = loading.find_study(args.study)
+    found = []
+    for path in (args.first, args.second):
+        if not path.is_file():
+            raise UsageError(f"{path}: no such results database; allowed: a results.db a cloudbox run wrote")
+        with ResultStore(path) as store:
+            found.append(evidence.gather(study, store.list_runs(), size=args.size, node=args.node))
+    pairs = agreement.pair(found[0], found[1])
+    names = (str(args.first), str(args.second))
+    print(printable(f"study {study.name}: {names[0]} against {names[1]}"))
+    for line in agreement.lines(pairs, names):
+        print(printable(line))
+    return 1 if any(p.opposite for p in pairs) else 0
 
 
 # -- run ----------------------------------------------------------------------------------------------------------

@@ -16,8 +16,10 @@
     markdown    the report in Markdown: the paper's tables with ours beside, sweep, variability, findings
     html        the report as one HTML page, a figure after each table; the formats by name
     capability  what this box can answer: each study's cells that can run here, and what the others need
+    agreement   two measurements of a study side by side: where each rule's interval lies, and which flip
 
 Within the package, each module imports only those listed above it, in no circle (the acyclic_siblings contract):
 schema and cells first, the verdicts, series and sweep over them, then evidence, the cell states, the planning and
-its progress, the report (wording, plot, svg, markdown, html), and what a box can answer last.
+its progress, the report (wording, plot, svg, markdown, html), what a box can answer, and two
+measurements side by side last.
 """
