@@ -1,4 +1,4 @@
-"""Every listening socket on this node while a run goes on, for tests/image/cluster.bats: every SECONDS/2 s until
+"""Every listening socket on this node while a run goes on, for tests/image/cluster.bats: a look every PERIOD_S until
 the file STOP exists (at most SECONDS), one JSON line per look into OUT: the host's TCP and UDP listeners (`ss
 -Htulpn`), its packet sockets (`ss -H -0 -p`: vblade's, networkd's), and the listeners inside each running cloudbox
 guest (busybox `netstat -tulnp` through the guest agent). Standard library and libvirt's Python binding only (run
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-PERIOD_S = 2.0
+PERIOD_S = 5.0  # a run's test lasts 5 s or more at quick size; each look costs the nested guest a shell
 
 
 def _ss(*args: str) -> list[str]:

@@ -354,7 +354,7 @@ fe_run() {
     rid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"][-1]["id"])' "$LOGS/$name.json")
 }
 
-# watch_start: listener_watch.py on both nodes, a look every 2 s (the hosts' sockets, their packet sockets, each
+# watch_start: listener_watch.py on both nodes, a look every 5 s (the hosts' sockets, their packet sockets, each
 # guest's) until watch_check stops it; at most 40 min.
 watch_start() {
     local node

@@ -602,6 +602,7 @@ def test_two_guests_write_at_once_and_their_sum_is_stored(nothing_left, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.full  # 20 s under TCG; make test keeps two guests writing at once (cluster-full runs fio's servers too)
 def test_fios_own_client_server_mode_drives_a_server_in_every_guest(nothing_left):
     """fiocs-seq-write-64k with --guests 2: a fio --server in each guest on its bridge address, the first guest's
     fio --client sending both their jobs; each server's figure stored as its guest's, fio's own aggregate as the
@@ -742,6 +743,7 @@ def _check_sums(run: Run, test: str, metric: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.full  # 28 s under TCG; make test keeps two guests writing at once, the same sum over N guests
 def test_two_guests_stream_to_the_host_at_once_and_their_sum_is_stored(nothing_left):
     from cloudbox.core.run import runs
 

@@ -346,6 +346,7 @@ def test_a_coordinated_run_holds_this_hosts_part_releases_it_and_merges_its_rows
 
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.full  # 25 s under TCG; make test keeps the coordinated run above, cluster-full the shared export
 @pytest.mark.skipif(bool(nfs.server_problem()), reason="needs nfs-ganesha, nfs-ganesha-vfs (make deps)")
 def test_a_spread_runs_places_share_one_nfs_export_that_the_front_end_serves(state, libvirt_conn, monkeypatch):
     """nfs-async-tcp spread over places: the coordinator serves one export on its private address (here one end
