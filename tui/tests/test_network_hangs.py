@@ -151,6 +151,36 @@ def test_teardown_stops_the_server_and_the_child_serving_a_test():
         hn.teardown()
 
 
+@pytest.mark.parametrize("test_id", ["tcp-stream", "tcp-maerts", "tcp-rr"])
+def test_each_netperf_tests_data_socket_listens_on_the_servers_address_only(test_id):
+    """netserver's -L binds its control port; the data socket of each test is bound where netperf asks (its
+    test-specific -H), which without it is the wildcard address, reachable from every link of the host."""
+    if shutil.which("netserver") is None or shutil.which("netperf") is None:
+        pytest.skip("netperf is not installed (make test installs it)")
+    hn = network.HostNetwork(9000)
+    port = hn.start_netserver("127.0.0.1")
+    server = hn.procs[0].pid
+    client = subprocess.Popen(nettests.netperf_args(catalogue.NET_TESTS[test_id], "127.0.0.1", port, 2),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: set[str] = set()
+    try:
+        while client.poll() is None:
+            children = set(subprocess.run(["pgrep", "-P", str(server)], capture_output=True, text=True).stdout.split())
+            for line in subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True).stdout.splitlines():
+                if any(f"pid={pid}," in line for pid in children | {str(server)}):
+                    seen.add(line.split()[3])
+            time.sleep(0.05)
+        out = client.stdout.read() if client.stdout else ""
+        assert client.returncode == 0, out
+    finally:
+        client.kill()
+        client.wait()
+        hn.teardown()
+    data = seen - {f"127.0.0.1:{port}"}
+    assert data, f"no data socket of netserver seen during the test ({seen})"
+    assert all(addr.startswith("127.0.0.1:") for addr in data), data
+
+
 QUEUE_STATUS = """/machine/peripheral/net0/virtio-backend:
   device_name:          virtio-net
   queue_index:          0

@@ -32,8 +32,10 @@ class NetResult:
 
 
 def netperf_args(t: NetTest, host: str, port: int, seconds: int) -> list[str]:
+    """The test's netperf command; the test-specific `-H` names the server's data address too, so that netserver
+    binds the test's data socket there rather than to the wildcard address (its `-L` covers the control port only)."""
     return ["netperf", "-H", host, "-p", str(port), "-t", t.kind, "-l", str(seconds), "-P", "0", "--",
-            "-o", "THROUGHPUT,THROUGHPUT_UNITS,MEAN_LATENCY"]
+            "-H", host, "-o", "THROUGHPUT,THROUGHPUT_UNITS,MEAN_LATENCY"]
 
 
 def iperf3_args(t: NetTest, host: str, port: int, seconds: int) -> list[str]:
