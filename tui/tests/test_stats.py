@@ -120,3 +120,33 @@ def test_the_exact_mann_whitney_matches_its_table():
     assert stats.mann_whitney_p([1, 2, 3, 4], [5, 6, 7, 8]) == pytest.approx(2 / 70)
     assert stats.mann_whitney_p([1, 2, 3, 4], [1, 2, 3, 4]) == pytest.approx(1.0)
     assert stats.mann_whitney_p([1, 2], [3, 4, 5]) is None
+
+
+def test_the_fast_ratio_check_agrees_with_the_ratios_own_interval():
+    """repeats_needed counts pairs instead of sorting them: over random samples it decides exactly as stats.ratio's
+    interval does (wholly above 100%, or not)."""
+    rng = random.Random(7)
+    for n in (4, 6, 9, 13, 20):
+        k = stats._rank_sum_k(n, n)
+        for _ in range(60):
+            a = [math.exp(rng.gauss(0.03, 0.05)) for _ in range(n)]
+            b = [math.exp(rng.gauss(0.0, 0.05)) for _ in range(n)]
+            r = stats.ratio(a, b)
+            assert r is not None and r.low is not None and r.method == "rank-sum"
+            assert stats._ratio_clears([math.log(x) for x in a], sorted(math.log(x) for x in b), k) == (r.low > 100.0)
+
+
+def test_repeats_needed_grows_as_the_figure_nears_its_threshold_and_the_spread_widens():
+    """Far from the threshold the first 95% interval decides (4 a side; 6 for a median); at 5% from it a 3% CV
+    needs 8 a side; a 10% CV needs about (10/3)^2 times the samples of a 3% one, as the interval's width goes
+    with cv / sqrt(n); a fixed seed makes every answer the same on every call."""
+    assert stats.repeats_needed(0.03, 50) == 4 and stats.repeats_needed(0.03, 50, of="median") == 6
+    assert stats.repeats_needed(0.03, 5) == 8
+    near, wide = stats.repeats_needed(0.03, 10), stats.repeats_needed(0.10, 10)
+    assert near == 4 and wide is not None and 15 <= wide <= 25
+    assert stats.repeats_needed(0.10, 10) == wide
+    assert stats.repeats_needed(0.10, 1, max_n=50) is None
+    with pytest.raises(ValueError, match="allowed: 'ratio', 'median'"):
+        stats.repeats_needed(0.03, 5, of="mean")
+    with pytest.raises(ValueError, match="cv=0"):
+        stats.repeats_needed(0, 5)

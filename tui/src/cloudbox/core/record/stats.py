@@ -12,13 +12,17 @@ Performance samples are rarely normal (Maricq et al., OSDI 2018), so nothing her
 - a shift (a latency added: guest minus bare metal, in the figures' unit) is the same estimate and interval on the
   linear scale, exact for a figure that moves by an amount (guest = bare metal + c);
 - `drift` compares the first and the second half of a series of samples in their measured order with the exact
-  Mann-Whitney test: a machine that warms up or slows down over a study shows there, not in the interval.
+  Mann-Whitney test: a machine that warms up or slows down over a study shows there, not in the interval;
+- `repeats_needed` says, by simulation with a fixed seed, how many samples a side a figure at a given distance from
+  a rule's threshold needs for its interval to lie wholly on one side of it, at a given run-to-run CV.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -324,3 +328,59 @@ def drift(samples_in_order: Sequence[float]) -> Drift | None:
     if p is None:
         return None
     return Drift(statistics.median(first), statistics.median(second), p)
+
+
+# ------------------------------------------------------------------------------------------------- repeats needed
+def _ratio_clears(la: list[float], lb: list[float], k: int) -> bool:
+    """Whether the ratio's rank-sum interval (stats.ratio's, k pairwise differences outside it on each side) of the
+    samples whose logs are `la` and sorted `lb` lies wholly above 1: its low end, the k-th smallest log a_i - log b_j,
+    is above 0 exactly when fewer than k differences are at or below 0. Counting them is the rank-sum statistic,
+    O(n log n), where sorting every difference is O(n^2)."""
+    at_or_below = sum(len(lb) - bisect.bisect_left(lb, x) for x in la)
+    return at_or_below < k
+
+
+def repeats_needed(cv: float, distance_percent: float, *, of: str = "ratio", power: float = 0.8,
+                   trials: int = 1000, seed: int = 1, max_n: int = 2000) -> int | None:
+    """The fewest samples a side (of = "ratio": guest and bare metal, or two profiles, n each) or in all (of =
+    "median": a cell's own number) for which the 95% interval of a figure whose true value is `distance_percent`
+    beyond a rule's threshold (threshold x (1 + d / 100)) lies wholly on that side in at least `power` of `trials`
+    simulated evenings: the verdict is decided then, and otherwise inconclusive. Each sample varies run to run
+    log-normally with coefficient of variation `cv` (0.03 for 3%), every side alike; the seed is fixed, so the answer
+    is the same on every call. The count starts where the interval first covers 95% (4 a side for a ratio, 6 for a
+    median); None when `max_n` does not reach `power`."""
+    if of not in ("ratio", "median"):
+        raise ValueError(f"repeats_needed: of={of!r}; allowed: 'ratio', 'median'")
+    if cv <= 0 or distance_percent <= 0 or not 0 < power < 1 or trials < 1:
+        raise ValueError(f"repeats_needed: cv={cv}, distance_percent={distance_percent}, power={power}, "
+                         f"trials={trials}; each must be positive, power below 1")
+    sigma = math.sqrt(math.log(1 + cv * cv))
+    shift_log = math.log(1 + distance_percent / 100)
+
+    def decided(n: int) -> bool:
+        rng = random.Random(seed)
+        hits = 0
+        if of == "ratio":
+            k = _rank_sum_k(n, n)
+            for _ in range(trials):
+                la = [rng.gauss(shift_log, sigma) for _ in range(n)]
+                lb = sorted(rng.gauss(0.0, sigma) for _ in range(n))
+                hits += _ratio_clears(la, lb, k)
+        else:
+            for _ in range(trials):
+                ci = median_ci(sorted(math.exp(rng.gauss(shift_log, sigma)) for _ in range(n)))
+                hits += ci is not None and ci[0] > 1.0
+        return hits >= power * trials
+
+    lo = 4 if of == "ratio" else MIN_N_MEDIAN_CI
+    if decided(lo):
+        return lo
+    hi = lo
+    while not decided(hi):  # doubling, then halving the gap: about 2 log2(n) evaluations
+        lo, hi = hi, hi * 2
+        if lo >= max_n:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decided(mid) else (mid, hi)
+    return hi if hi <= max_n else None
