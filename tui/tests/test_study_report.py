@@ -570,17 +570,22 @@ def test_an_invalid_study_file_exits_2_naming_file_key_and_value(tmp_path, monke
 # ------------------------------------------------------------------------------------------------------- run
 def test_run_dry_run_says_what_it_skips(study_a_runs, cli_run):
     ids = study_a_runs
-    code, out, err = cli_run(["study", "run", "a", "--dry-run"])
+    # the stored runs took one sample a side: with --repeats 1 (one sample, not the file's plan) they count
+    code, out, err = cli_run(["study", "run", "a", "--dry-run", "--repeats", "1"])
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "study a at study size on this host: 5 run(s) to do"
-    assert (f"  eucalyptus-default: run tcp-stream, tcp-maerts; stored dd-write-64k (#{ids['default']}), "
+    assert (f"  eucalyptus-default: run tcp-stream, tcp-maerts, one sample; stored dd-write-64k (#{ids['default']}), "
             f"dd-read-64k (#{ids['default']}); needs --node for tcp-stream-fe, tcp-maerts-fe") in lines
     assert "  xen-default: skipped, Xen profile: boot the appliance's Xen entry" in lines
     # the emulated virtio-disk run is stored: re-running skips it too (--again measures it anew)
-    assert any(line.startswith("  virtio-disk: run tcp-maerts; stored dd-write-64k") for line in lines)
+    assert any(line.startswith("  virtio-disk: run tcp-maerts, one sample; stored dd-write-64k") for line in lines)
     code, out, _ = cli_run(["study", "run", "a", "--dry-run", "--again", "--size", "quick"])
-    assert "  virtio-disk: run dd-write-64k, dd-read-64k, tcp-stream, tcp-maerts; needs --node" in out
+    assert "  virtio-disk: run dd-write-64k, dd-read-64k, tcp-stream, tcp-maerts, 3 repeats; needs --node" in out
+    # the study's plan (until +-5% at study size) asks more than those runs hold: every cell is to measure again
+    code, out, _ = cli_run(["study", "run", "a", "--dry-run"])
+    assert ("  eucalyptus-default: run dd-write-64k, dd-read-64k, tcp-stream, tcp-maerts, until +-5% (4 to 10 "
+            "repeats); needs --node for tcp-stream-fe, tcp-maerts-fe") in out.splitlines()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts a small tmpfs as the work directory")
@@ -607,7 +612,7 @@ def test_run_that_cannot_fit_is_refused_before_anything_starts(tmp_path, cli_run
 
 
 def test_run_with_everything_stored_starts_nothing(tmp_path, monkeypatch, cli_run):
-    bad_study_dir(tmp_path, monkeypatch, ONE_CELL)
+    bad_study_dir(tmp_path, monkeypatch, ONE_CELL + "\n[plan.study]\nrepeats = 1\n")  # a cell measured once
     with ResultStore() as store:
         rid = add_run(store, "eucalyptus-default", {"dd-write-64k": (2.0, 100.0)}, started_at=T0)
     code, out, _ = cli_run(["study", "run", "t"])

@@ -241,8 +241,11 @@ def test_repeats_and_every_change_the_plan_of_a_series_study_only(capsys):
         planning.with_series_plan(d, "quick", repeats=1)
     with pytest.raises(UsageError, match=r"--every 2000 is out of range; allowed: .*0\.\.1440"):
         planning.with_series_plan(d, "quick", every_minutes=2000)
-    with pytest.raises(UsageError, match="study a is measured once per cell, by one guest .series studies: d"):
-        planning.with_series_plan(loading.find_study("a"), "quick", repeats=3)
+    with pytest.raises(UsageError, match="study a is not a series: each cell is one guest's run, sampled as its "
+                                         "plan says .* series studies: d"):
+        planning.with_series_plan(loading.find_study("a"), "quick", every_minutes=3)
+    with pytest.raises(UsageError, match="--until-width: study d is a series, its repeats are runs spaced in time"):
+        planning.with_repeat_plan(d, "quick", until_width=5.0)
     with pytest.raises(UsageError, match=r"--guests 0 is out of range; allowed: guests of each run at once "
                                          r"\(instances\), 1\.\.64"):
         planning.with_series_plan(d, "quick", guests=0)

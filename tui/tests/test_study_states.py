@@ -104,7 +104,7 @@ def test_ours_text_is_the_reports_with_its_labels():
 
 
 def test_prepare_run_plans_the_missing_cells_at_the_size_asked():
-    a = loading.find_study("a")
+    a = planning.with_repeat_plan(loading.find_study("a"), "quick", repeats=1)  # `record` stores one sample
     with ResultStore() as store:
         stored_id = record(store, "eucalyptus-default", {"dd-write-64k": 2.0}, started_at=T0, size="quick")
         todo = planning.prepare_run(a, store.list_runs(state="completed"), size="quick")
@@ -112,7 +112,8 @@ def test_prepare_run_plans_the_missing_cells_at_the_size_asked():
     assert todo.headline() == f"study a at quick size on this host: {len(todo.specs)} run(s) to do"
     default = next(s for s in todo.specs if s.profile == "eucalyptus-default")
     assert "dd-write-64k" not in default.storage_tests.split(",")
-    assert f"  eucalyptus-default: run dd-read-64k, tcp-stream, tcp-maerts; stored dd-write-64k (#{stored_id}); " \
+    assert f"  eucalyptus-default: run dd-read-64k, tcp-stream, tcp-maerts, one sample; stored dd-write-64k " \
+           f"(#{stored_id}); " \
            "needs --node for tcp-stream-fe, tcp-maerts-fe" in todo.lines()
     assert not any(s.profile.startswith("xen") for s in todo.specs)
     assert planning.check_run(a, None) == "study"

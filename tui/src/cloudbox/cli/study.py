@@ -5,13 +5,17 @@
     cloudbox study report NAME [--format md|html] [-o FILE] [--size quick|study] [--node N] [--db PATH]
     cloudbox study compare NAME FIRST.db SECOND.db [--size quick|study] [--node N]
     cloudbox study run NAME [--size quick|study] [--node N] [--work-dir D] [--device DEV --destroy NAME]
-                            [--agent-timeout S] [--repeats N] [--every MINUTES] [--again] [--dry-run] [--detach]
+                            [--agent-timeout S] [--repeats N] [--until-width W] [--max-repeats K] [--boots M]
+                            [--every MINUTES] [--guests N] [--seed S] [--again] [--dry-run] [--detach]
     cloudbox study images [--clear]
 
-NAME is a study's name (`A` and `a` are the same) or a study file. `run` measures, one profile after another (the
-same executor as `cloudbox run`; with --detach a sweep), the cells no completed run holds yet for the same profile
-hash, size and node, and says which it skips; a series study (D) runs the repeats still missing, spaced as its
-file says; a study with an image-propagation sweep (B) then runs the sweep's missing samples as one more run.
+NAME is a study's name (`A` and `a` are the same) or a study file. `run` measures, one profile after another in an
+order shuffled by a seed it prints (--seed S gives an order again; the same executor as `cloudbox run`; with
+--detach a sweep), the cells no completed run holds yet, sampled as the study's plan for the size says, for the same
+profile hash, size and node, and says which it skips; --repeats, --until-width, --max-repeats and --boots replace
+that plan for this run (as `cloudbox run` takes them). A series study (D) runs the repeats still missing, spaced as
+its file says (--repeats, --every and --guests change that series); a study with an image-propagation sweep (B)
+then runs the sweep's missing samples as one more run.
 `compare` puts two measurements of one study side by side (two results databases, e.g. the same quick run on two
 evenings): per rule, where each one's interval lies against the threshold, and the rules on opposite sides.
 `images` lists the sweep's source images in the image store, `--clear` removes them.
@@ -100,8 +104,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         run.add_argument(*opt.flags, dest=opt.field, type=opt.type, default=opt.default, help=opt.help,
                          metavar=opt.metavar)
     run.add_argument("--repeats", type=int, default=None, metavar="N",
-                     help="a series study (D): repeats per profile instead of the file's plan for the size, "
+                     help="samples a side of each test instead of the study's plan for the size (as `cloudbox run "
+                          "--repeats`); a series study (D): runs per profile instead of its series plan, "
                           f"2..{schema.MAX_REPEATS}")
+    for name in ("until_width", "max_repeats", "boots"):
+        opt = option(name)
+        run.add_argument(*opt.flags, dest=name, type=opt.type, default=None, metavar=opt.metavar,
+                         **({"nargs": "?", "const": opt.const} if opt.const is not None else {}),
+                         help=f"{opt.help}; instead of the study's plan for the size")
+    run.add_argument("--seed", type=int, default=None, metavar="S",
+                     help="shuffle the profiles' runs with this seed (default: one drawn and printed); the same seed "
+                          "gives the same order")
     run.add_argument("--every", type=float, default=None, metavar="MINUTES",
                      help="a series study (D): minutes between the starts of two repeats instead of the file's "
                           "plan, 0..1440 (0: back to back)")
@@ -162,6 +175,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     if study.series is not None:
         lines.append("series: " + "; ".join(f"{size}: {plan.words()}" for size in study.sizes
                                             if (plan := study.series_plan(size)) is not None))
+    else:
+        own = study.plan or schema.Plans()
+        lines.append("plan per cell: " + "; ".join(
+            f"{size}: {study.repeat_plan(size).words()}" + ("" if getattr(own, size) else " (the default)")
+            for size in study.sizes))
     if study.cost:
         lines.append("cost: the report gives each number per host core and per GiB of guest RAM")
     if study.propagation is not None:
@@ -265,12 +283,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in PASSED_ON}
     # A bad option stops here, before the results database is opened or any run recorded.
     size = planning.check_run(study, args.size, args.node, **options)
-    if args.repeats is not None or args.every is not None or args.guests is not None:
+    if study.series is not None and (args.repeats is not None or args.every is not None or args.guests is not None):
         study = planning.with_series_plan(study, size, repeats=args.repeats, every_minutes=args.every,
                                          guests=args.guests)
+    elif args.every is not None or args.guests is not None:  # says which studies have a series
+        planning.with_series_plan(study, size, every_minutes=args.every, guests=args.guests)
+    study = planning.with_repeat_plan(study, size, repeats=None if study.series else args.repeats,
+                                      until_width=args.until_width, max_repeats=args.max_repeats, boots=args.boots)
+    if args.seed is not None:
+        planning.check_seed(args.seed)
     with ResultStore() as store:
         stored = store.list_runs()
-        todo = planning.prepare_run(study, stored, size=args.size, node=args.node, again=args.again, **options)
+        todo = planning.prepare_run(study, stored, size=args.size, node=args.node, again=args.again, seed=args.seed,
+                                    **options)
         specs = todo.specs
         for spec in specs:  # the series' guests on this host, before the first run starts
             runs.check_guests_fit(spec)

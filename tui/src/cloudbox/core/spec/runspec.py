@@ -363,6 +363,9 @@ class RunSpec:
     volume_uri: str = ""
     # Suite propagation only (set by `cloudbox study run`, no option): image sizes in bytes, one per sample, in order.
     propagate: list[int] = field(default_factory=list)
+    # Set by `cloudbox study run` (no option): its study, the seed that shuffled its profiles and their order, which
+    # the run's provenance keeps (the study report shows them): {"study": "a", "seed": 1234, "order": [...]}.
+    study_run: dict[str, Any] = field(default_factory=dict)
     guests: int = run_option(
         1, flags=("--guests",),
         help="benchmark guests of the profile to run at once on this host, each with a disk and a NIC of its own, "
@@ -437,6 +440,7 @@ class RunSpec:
         if self.volume_uri:
             remote.parse(self.volume_uri)
         _check_peer_ports(self)
+        _check_study_run(self.study_run)
         if isinstance(self.first_guest, bool) or not isinstance(self.first_guest, int) or \
                 not 1 <= self.first_guest <= MAX_GUESTS - self.guests + 1:
             raise UsageError(f"first guest {self.first_guest!r} is not allowed; allowed: 1 to "
@@ -570,6 +574,8 @@ class RunSpec:
             del d["volume_uri"]
         if not d["hold"]:
             del d["hold"]
+        if not d["study_run"]:
+            del d["study_run"]
         if d["cpu_overcommit"] == 1:
             del d["cpu_overcommit"]
         if d["first_guest"] == 1:
@@ -680,6 +686,17 @@ def _check_repeated(spec: RunSpec) -> None:
         raise UsageError(f"--repeats {spec.most_repeats} in each of --boots {spec.boots} is "
                          f"{spec.most_repeats * spec.boots} samples a side of each test; allowed: at most "
                          f"{MAX_SAMPLES}")
+
+
+def _check_study_run(tag: Any) -> None:
+    """A study run's tag: none, or its study's name, a seed and the profiles' order (core.studies.planning)."""
+    if tag == {}:
+        return
+    if not (isinstance(tag, dict) and set(tag) == {"study", "seed", "order"} and isinstance(tag["study"], str)
+            and isinstance(tag["seed"], int) and isinstance(tag["order"], list)
+            and all(isinstance(p, str) and len(p) <= 200 for p in tag["order"]) and len(tag["order"]) <= 64):
+        raise UsageError(f"study run {tag!r} is not allowed; allowed: none, or what `cloudbox study run` sets: "
+                         "study, seed and order (profile names)")
 
 
 def _check_nfs_server(host: str, port: int) -> None:

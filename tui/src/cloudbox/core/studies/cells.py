@@ -50,6 +50,26 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class StudyRunTag:
+    """The study run a run was one of, as its spec recorded it (RunSpec.study_run): the seed that shuffled the
+    profiles and the order they ran in."""
+
+    study: str
+    seed: int
+    order: tuple[str, ...]
+
+    @classmethod
+    def of(cls, run: Run) -> StudyRunTag | None:
+        """`run`'s tag; None for a run that no study run started (or one of a cloudbox that recorded none)."""
+        spec = run.provenance.spec
+        tag = spec.study_run if spec is not None else {}
+        try:
+            return cls(str(tag["study"]), int(tag["seed"]), tuple(str(p) for p in tag["order"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
 class Cell:
     """What a stored run measured for one (profile, test): the guest's number and the same run's bare-metal one."""
 
@@ -70,6 +90,7 @@ class Cell:
     # every figure the run's bare metal stored for the test (by metric), the cell's own metric or not (Bonnie++'s)
     baseline_figures: tuple[tuple[str, float], ...] = ()
     guests: int = 1  # a series' run of N guests: its numbers are their sum (and N bare-metal processes')
+    study_run: StudyRunTag | None = None  # the study run (seed, order) that started the cell's run
 
     def ratio(self) -> stats.Ratio | None:
         """The guest's number as a percentage of the same run's bare metal, with its interval over both sides'

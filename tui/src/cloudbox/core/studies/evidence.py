@@ -15,7 +15,7 @@ from ..spec.catalogue import is_storage_test, primary_metric
 from ..views.compare import guest_count
 from ..views.labels import knobs
 from ..virt import accel
-from .cells import Cell, CellKey, Measured, measured_side
+from .cells import Cell, CellKey, Measured, StudyRunTag, measured_side
 from .imagesweep import SweepEvidence, gather_sweep
 from .loading import cannot_run, cannot_run_here
 from .schema import Study
@@ -72,7 +72,7 @@ def _cell(run: Run, profile: str, test: str, metric: str, guest: Measured, *, ch
                 started_at=run.started_at, profile_changed=changed, host_cores=run.provenance.host_cores,
                 guest_memory_mib=knobs(run).memory_mib,
                 baseline_figures=_medians(run, "baseline", test),
-                guests=guests)
+                guests=guests, study_run=StudyRunTag.of(run))
 
 
 def _medians(run: Run, side: str, test: str) -> tuple[tuple[str, float], ...]:

@@ -29,7 +29,8 @@ from ..errors import NotFound, ProfileError, ProfileProblem, StudyError, UsageEr
 from ..spec import profiles
 from ..spec import schema as spec_schema
 from ..spec.catalogue import IOZONE_GRIDS, IOZONE_SWEEPS, TESTS, is_storage_test
-from ..spec.runspec import MAX_GUESTS
+from ..spec.runspec import MAX_BOOTS, MAX_GUESTS, MAX_SAMPLES, MIN_ADAPTIVE_REPEATS, WIDTH_RANGE
+from ..spec.runspec import MAX_REPEATS as MAX_RUN_REPEATS
 from ..virt import requirements
 from .schema import (
     HOST_METRICS,
@@ -42,6 +43,7 @@ from .schema import (
     OPS,
     RULE_METRICS,
     SIZES,
+    RepeatPlan,
     Rule,
     Study,
     known_tests,
@@ -84,6 +86,16 @@ ALLOWED = {
                     "(Bonnie++), read MB/s, 1 MiB file (IOzone's file sweep)",
     "rules.metric": ", ".join(RULE_METRICS),
     "rules.op": ", ".join(OPS),
+    "plan": "a table with a sampling plan per size: [plan.study] and/or [plan.quick]",
+    **{f"plan.{size}": "a table with keys repeats, until_width, max_repeats, boots (each optional)" for size in SIZES},
+    **{f"plan.{size}.{key}": text for size in SIZES for key, text in (
+        ("repeats", f"samples a side of each test in one guest boot, 1..{MAX_RUN_REPEATS} (with until_width: the "
+                    "fewest; default 1)"),
+        ("until_width", f"0 (off) or {WIDTH_RANGE[0]:g}..{WIDTH_RANGE[1]:g}: repeat until the guest/bare-metal "
+                        "ratio's 95% interval is within +-that percent"),
+        ("max_repeats", f"with until_width, the most repeats: 0 (the default, 10) or {MIN_ADAPTIVE_REPEATS}.."
+                        f"{MAX_RUN_REPEATS}, at least repeats"),
+        ("boots", f"guest boots the repeats are taken in, 1..{MAX_BOOTS} (more than 1 only without until_width)"))},
     "series": "a table with a plan per size: [series.study] and/or [series.quick]",
     "cost": "true or false: whether the report adds cost columns (per host core, per GiB of guest RAM)",
     "series.study": "a table with keys every_minutes, repeats and optionally guests",
@@ -382,6 +394,45 @@ def _series_problems(study: Study, lookup: Callable[[str], object]) -> list[Prof
     return out
 
 
+def _plan_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
+    """The [plan] tables: none in a series study, none for a size the study does not offer, and each a plan
+    `cloudbox run` would take (the same checks as its --repeats, --until-width, --max-repeats and --boots)."""
+    out: list[ProfileProblem] = []
+    if study.plan is None:
+        return out
+    if study.series is not None:
+        return [ProfileProblem("plan", "a [plan] table", "a series study's repeats are runs spaced in time, planned "
+                               "by its [series] tables", "[series.study] / [series.quick], no [plan]")]
+    for size in SIZES:
+        plan = getattr(study.plan, size)
+        if plan is None:
+            continue
+        if size not in study.sizes:
+            out.append(ProfileProblem(f"plan.{size}", size, "a plan for a size the study does not offer",
+                                      f"sizes: {', '.join(study.sizes)}"))
+        out += [ProfileProblem(f"plan.{size}.{key}", value, why, ALLOWED[f"plan.{size}.{key}"])
+                for key, value, why in plan_problems(plan)]
+    return out
+
+
+def plan_problems(plan: RepeatPlan) -> list[tuple[str, object, str]]:
+    """What `cloudbox run` would refuse in a sampling plan beyond each key's range: (key, value, why) each."""
+    out: list[tuple[str, object, str]] = []
+    if 0 < plan.until_width < WIDTH_RANGE[0]:
+        out.append(("until_width", plan.until_width, "narrower than any run can be asked for"))
+    if plan.max_repeats and not plan.until_width:
+        out.append(("max_repeats", plan.max_repeats, "caps until_width's repeats, and until_width is off"))
+    elif plan.max_repeats and plan.max_repeats < max(plan.repeats, MIN_ADAPTIVE_REPEATS):
+        out.append(("max_repeats", plan.max_repeats, f"fewer than {max(plan.repeats, MIN_ADAPTIVE_REPEATS)} (repeats, "
+                    f"or the {MIN_ADAPTIVE_REPEATS} a side a ratio's interval needs)"))
+    if plan.until_width and plan.boots > 1:
+        out.append(("boots", plan.boots, "the adaptive stop (until_width) counts repeats within one guest boot"))
+    if plan.repeats * plan.boots > MAX_SAMPLES:
+        out.append(("repeats", plan.repeats, f"{plan.repeats} in each of {plan.boots} boots is more than "
+                    f"{MAX_SAMPLES} samples a side"))
+    return out
+
+
 def _sweep_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:
     """The [propagation] table against the rest: its profile a runnable row with a raw disk, a plan for each of the
     study's sizes and none for another, the image sizes ascending."""
@@ -427,7 +478,7 @@ def _sweep_problems(study: Study, lookup: Callable[[str], object]) -> list[Profi
 # What pydantic cannot see, in the order the problems are listed: unknown profiles and tests, cells outside the
 # matrix, rules that cannot be stated, plans missing for a size.
 _CROSS_CHECKS = (_size_problems, _profile_problems, _test_problems, _paper_problems, _rule_problems,
-                 _document_problems, _sweep_problems, _series_problems)
+                 _document_problems, _sweep_problems, _series_problems, _plan_problems)
 
 
 def _cross_problems(study: Study, lookup: Callable[[str], object]) -> list[ProfileProblem]:

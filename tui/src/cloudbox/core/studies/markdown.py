@@ -311,6 +311,30 @@ def _legend(ev: Evidence) -> list[str]:
     return out
 
 
+def order_lines(ev: Evidence) -> list[str]:
+    """Per study run among the cells' runs: the seed that shuffled its profiles and the order they ran in (a drift
+    of the machine over a study run falls on the profiles in that order; each finding's "order" line checks the drift
+    within a cell's own samples)."""
+    runs: dict[tuple[int, tuple[str, ...]], set[int]] = {}
+    untagged: set[int] = set()
+    for c in ev.cells.values():
+        if c.study_run is None:
+            untagged.add(c.run_id)
+        else:
+            runs.setdefault((c.study_run.seed, c.study_run.order), set()).add(c.run_id)
+    if not runs:
+        return []
+    out = ["Order of the profiles' runs in each study run (shuffled by its seed; `cloudbox study run "
+           f"{_md(ev.study.name)} --seed S` runs them in that order again):", ""]
+    for (seed, order), ids in runs.items():
+        out.append(f"- seed {seed}: {_md(', '.join(order))} (run{'s' if len(ids) > 1 else ''} "
+                   f"{', '.join(f'#{i}' for i in sorted(ids))} used here)")
+    if untagged:
+        out.append(f"- run{'s' if len(untagged) > 1 else ''} {', '.join(f'#{i}' for i in sorted(untagged))}: no "
+                   "order recorded (not started by `cloudbox study run`, or by an older cloudbox)")
+    return out + [""]
+
+
 def findings(ev: Evidence) -> list[str]:
     """The findings: a summary table, then each rule with its verdict, the reason and why its threshold is there."""
     if not ev.verdicts:
@@ -365,7 +389,7 @@ def intro(ev: Evidence) -> list[str]:
                 "recorded them, and the guest's by its RAM in GiB, from the profile stored with its run; the "
                 "bare-metal row has no guest RAM. \"-\" where a run did not record its host's cores.", ""]
     legend = _legend(ev)
-    out += ["Runs used:", "", *legend, ""] if legend else ["No stored run matches this study yet "
+    out += ["Runs used:", "", *legend, "", *order_lines(ev)] if legend else ["No stored run matches this study yet "
                                                            f"(`cloudbox study run {study.name}`).", ""]
     return out + configurations(study)
 

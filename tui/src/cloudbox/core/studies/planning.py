@@ -1,10 +1,14 @@
-"""A study run: per profile the cells still to measure (plan_run), a series' missing repeats and the sweep's missing
-samples, as the validated runs that `cloudbox study run` and the TUI's Studies screen both start (prepare_run),
-refused before anything starts when the largest would not fit."""
+"""A study run: per profile the cells still to measure (plan_run) and how each is sampled (the study's plan per
+size: repeats, or until the ratio's interval is narrow enough), a series' missing repeats and the sweep's missing
+samples, as the validated runs that `cloudbox study run` and the TUI's Studies screen both start (prepare_run), the
+profiles' runs in an order shuffled by a seed the runs record, refused before anything starts when the largest would
+not fit."""
 
 from __future__ import annotations
 
 import platform
+import random
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,14 +21,15 @@ from ..disks import backing
 from ..errors import NoSpace, UsageError
 from ..record.rows import Run
 from ..run import preflight
+from ..run.repeated import repeat_problem
 from ..spec import profiles
 from ..spec.catalogue import FRONTEND_SUFFIX, is_storage_test
-from ..spec.runspec import RunSpec, parse_size
+from ..spec.runspec import DEFAULT_MOST_REPEATS, RunSpec, parse_size
 from ..views.compare import guest_count
 from .evidence import profile_facts
 from .imagesweep import PlannedSweep, plan_sweep
-from .loading import ALLOWED, list_studies, load_study
-from .schema import SeriesPlan, Study, needs_node
+from .loading import ALLOWED, list_studies, load_study, plan_problems
+from .schema import SINGLE, Plans, RepeatPlan, SeriesPlan, Study, needs_node
 from .series import series_runs
 
 
@@ -41,9 +46,12 @@ class PlannedProfile:
     repeats: int = 1  # runs of `run` still to do: 1, or in a series the repeats missing
     series: SeriesPlan | None = None
     have: int = 0  # in a series: the repeats already stored
+    sampling: RepeatPlan = SINGLE  # how each missing test is sampled: the study's plan at the size
+    single: str = ""  # why the profile takes one sample a side though the plan asks more ("" when it does not)
 
     def spec(self, size: str, node: str = "", **options: Any) -> RunSpec:
-        """The run that measures the missing tests (the run options of `cloudbox run` in `options`)."""
+        """The run that measures the missing tests, sampled as planned (the run options of `cloudbox run` in
+        `options`)."""
         storage = [t for t in self.run if is_storage_test(t)]
         network = list(dict.fromkeys(t.removesuffix(FRONTEND_SUFFIX) for t in self.run if t not in storage))
         suite = "all" if storage and network else ("network" if network else "storage")
@@ -54,7 +62,8 @@ class PlannedProfile:
             extra["net_tests"] = ",".join(network)
         if self.series is not None and self.series.guests > 1:
             extra["guests"] = self.series.guests
-        return RunSpec(profile=self.profile, suite=suite, size=size, node=node, **extra, **options)
+        return RunSpec(profile=self.profile, suite=suite, size=size, node=node, **extra,
+                       **{k: v for k, v in self.sampling.options.items() if k not in options}, **options)
 
 
 def plan_run(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, size: str, node: str,
@@ -62,9 +71,12 @@ def plan_run(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, si
     """What `study run` has to do: per profile, the tests not yet stored by a completed run of the profile as it is
     today (same hash), at `size`, on `node` (the node name runs record: the back-end's with --node, else this
     host's). With `again` every test runs. Unless the runs go to a back-end (`backend`), the front-end tests ("-fe")
-    are left out: only a run on a back-end measures them."""
+    are left out: only a run on a back-end measures them. Each test is sampled as the study's plan at `size` says
+    (Study.repeat_plan), and a test counts as stored only when its run took the samples that plan asks; a profile
+    whose runs cannot be repeated (a network volume) takes one sample a side, and its plan line says why."""
     unavailable = unavailable or {}
     series = study.series_plan(size)
+    sampling = study.repeat_plan(size)
     out = []
     for name in study.profile_names:
         item = PlannedProfile(name, series=series)
@@ -81,11 +93,14 @@ def plan_run(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, si
             item.run = tests if item.repeats else []
             out.append(item)
             continue
+        item.sampling = sampling
+        if sampling.repeated and (why := _cannot_repeat(name, study, size, sampling)):
+            item.sampling, item.single = SINGLE, f"not {sampling.words()}: {why}"
         for test in study.test_ids:
             if needs_node(test) and not backend:
                 item.elsewhere.append(test)
                 continue
-            found = None if again else _stored(runs, name, hashes.get(name), test, size, node)
+            found = None if again else _stored(runs, name, hashes.get(name), test, size, node, item.sampling)
             if found is None:
                 item.run.append(test)
             else:
@@ -94,16 +109,48 @@ def plan_run(study: Study, runs: Sequence[Run], hashes: Mapping[str, str], *, si
     return out
 
 
+def _cannot_repeat(name: str, study: Study, size: str, sampling: RepeatPlan) -> str:
+    """Why the profile's runs cannot be sampled as planned ('' when they can): what a run would refuse before it
+    starts (a network volume: one initiator at a time; what RunSpec.validate refuses)."""
+    prof = profiles.find_profile(name)
+    why = repeat_problem(prof)
+    if not why:
+        try:
+            RunSpec(profile=name, suite=study.suite, size=size, **sampling.options).validate()
+        except UsageError as e:
+            why = str(e)
+    # the plan line names the profile already, and the way out is a plan of one sample, which it takes
+    return why.removeprefix(f"profile {name}: ").split("; allowed")[0]
+
+
 def _stored(runs: Sequence[Run], profile: str, profile_hash: str | None, test: str, size: str,
-            node: str) -> int | None:
-    """The newest completed run of one guest of this profile (same hash), size and node with both sides of `test`,
-    or None."""
+            node: str, sampling: RepeatPlan = SINGLE) -> int | None:
+    """The newest completed run of one guest of this profile (same hash), size and node with both sides of `test`
+    sampled as planned (enough_samples), or None."""
     for run in sorted(runs, key=lambda r: (r.started_at or 0.0, r.id), reverse=True):
         if (run.state == "completed" and run.profile_name == profile and run.profile_hash == profile_hash
                 and run.size_label == size and run.node == node and guest_count(run) == 1
-                and run.measurement("guest", test) is not None and run.measurement("baseline", test) is not None):
+                and run.measurement("guest", test) is not None and run.measurement("baseline", test) is not None
+                and enough_samples(run, test, sampling)):
             return run.id
     return None
+
+
+def enough_samples(run: Run, test: str, sampling: RepeatPlan) -> bool:
+    """Whether `run` sampled `test` as `sampling` plans: as many samples a side (repeats x boots), or with
+    until_width a stop the run recorded with its reason at that width or narrower (or the most repeats taken). A run
+    measured once holds one sample: enough only for a plan of one."""
+    if not sampling.repeated:
+        return True
+    n = min(max((m.repeat for m in run.measurements if m.side == side and m.test == test and m.instance is None),
+                default=0) for side in ("guest", "baseline"))
+    if not sampling.until_width:
+        return n >= sampling.samples
+    kept = run.provenance.repeats
+    if kept is not None and kept.until_width and kept.until_width <= sampling.until_width and any(
+            t.test in (test, test.removesuffix(FRONTEND_SUFFIX)) and t.reason for t in kept.tests):
+        return True
+    return n >= max(sampling.repeats, sampling.max_repeats or DEFAULT_MOST_REPEATS)
 
 
 # ------------------------------------------------------------------------------------------- a study run to do
@@ -118,6 +165,8 @@ class StudyRun:
     specs: list[RunSpec]
     offsets: list[float] = field(default_factory=list)  # a series: seconds from the start to each run's start
     sweep: PlannedSweep | None = None  # the image-propagation sweep (its run, if any, is the last of `specs`)
+    seed: int = 0  # what shuffled the profiles' runs (`study run --seed` repeats the order)
+    order: list[str] = field(default_factory=list)  # the profiles whose runs are to do, in the order they run
 
     @property
     def where(self) -> str:
@@ -134,8 +183,17 @@ class StudyRun:
         return text
 
     def lines(self) -> list[str]:
-        """The plan in words, one line per profile, then the sweep's, then what a loop device will stand in for."""
-        return plan_lines(self.plan) + ([self.sweep.line()] if self.sweep is not None else []) + self.loop_lines()
+        """The plan in words, one line per profile, the order their runs go in, then the sweep's (it runs last),
+        then what a loop device will stand in for."""
+        return (plan_lines(self.plan) + self.order_lines() + ([self.sweep.line()] if self.sweep is not None else [])
+                + self.loop_lines())
+
+    def order_lines(self) -> list[str]:
+        """The order the profiles' runs go in and the seed that shuffled it (none with fewer than two)."""
+        if len(self.order) < 2:
+            return []
+        return [f"  order: {', '.join(self.order)} (shuffled by seed {self.seed}: --seed {self.seed} gives this "
+                "order again)"]
 
     def loop_lines(self) -> list[str]:
         """The whole-disk profiles this run will measure on a loop device over a file (no --device on this host),
@@ -167,7 +225,9 @@ def plan_lines(plan: Sequence[PlannedProfile]) -> list[str]:
         if item.series is not None:
             parts.append(f"{item.have} of {item.series.repeats} repeats stored")
         if item.run:
-            parts.append("run " + ", ".join(item.run) + (f" x{item.repeats}" if item.series is not None else ""))
+            parts.append("run " + ", ".join(item.run) + (f" x{item.repeats}" if item.series is not None else
+                                                         f", {item.sampling.words()}" if not item.single else
+                                                         f", one sample: {item.single}"))
         if item.stored:
             parts.append("stored " + ", ".join(f"{t} (#{rid})" for t, rid in item.stored.items()))
         if item.elsewhere:
@@ -179,13 +239,14 @@ def plan_lines(plan: Sequence[PlannedProfile]) -> list[str]:
 def with_series_plan(study: Study, size: str, *, repeats: int | None = None,
                      every_minutes: float | None = None, guests: int | None = None) -> Study:
     """The study with its series plan at `size` changed (`study run --repeats/--every/--guests`), or UsageError
-    naming the option and what is allowed: a study measured once per cell has no series to change."""
+    naming the option and what is allowed: a study sampled per cell (one guest) has no series to change."""
     plan = study.series_plan(size)
     if plan is None:
         series = ", ".join(e.name for e in list_studies()
                            if e.problem is None and load_study(e.path).series is not None) or "(none)"
-        raise UsageError(f"--repeats, --every and --guests change a series study's plan; study {study.name} is "
-                         f"measured once per cell, by one guest (series studies: {series})")
+        raise UsageError(f"--every and --guests change a series study's plan; study {study.name} is not a series: "
+                         f"each cell is one guest's run, sampled as its plan says (--repeats, --until-width, "
+                         f"--max-repeats and --boots change that); series studies: {series}")
     try:
         new = SeriesPlan(every_minutes=plan.every_minutes if every_minutes is None else float(every_minutes),
                          repeats=plan.repeats if repeats is None else repeats,
@@ -199,6 +260,28 @@ def with_series_plan(study: Study, size: str, *, repeats: int | None = None,
         raise UsageError(f"{flag} {given!r} is out of range; allowed: {allowed}") from None
     assert study.series is not None
     return study.model_copy(update={"series": study.series.model_copy(update={size: new})})
+
+
+def with_repeat_plan(study: Study, size: str, *, repeats: int | None = None, until_width: float | None = None,
+                     max_repeats: int | None = None, boots: int | None = None) -> Study:
+    """The study with its sampling at `size` replaced by the options given (`study run --repeats/--until-width/
+    --max-repeats/--boots`, as `cloudbox run` takes them: what is not given is that option's default, not the file's
+    plan), or UsageError naming the option: a series study's repeats are runs (`--repeats` changes its series)."""
+    asked = {"repeats": repeats, "until_width": until_width, "max_repeats": max_repeats, "boots": boots}
+    given: dict[str, Any] = {k: v for k, v in asked.items() if v is not None}
+    if not given:
+        return study
+    if study.series is not None:
+        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in given)}: study {study.name} is a series, "
+                         "its repeats are runs spaced in time; allowed: --repeats, --every and --guests (its series "
+                         "plan)")
+    RunSpec(profile=study.profile_names[0], size=size, **given).validate()  # the flags' own checks and words
+    plan = RepeatPlan(**given)
+    if found := plan_problems(plan):
+        key, value, why = found[0]
+        raise UsageError(f"--{key.replace('_', '-')} {value!r}: {why}; allowed: {ALLOWED[f'plan.{size}.{key}']}")
+    plans = (study.plan or Plans()).model_copy(update={size: plan})
+    return study.model_copy(update={"plan": plans})
 
 
 def check_run(study: Study, size: str | None, node: str = "", **options: Any) -> str:
@@ -219,23 +302,32 @@ def check_run(study: Study, size: str | None, node: str = "", **options: Any) ->
 
 
 def prepare_run(study: Study, runs: Sequence[Run], *, size: str | None = None, node: str = "", again: bool = False,
-                **options: Any) -> StudyRun:
+                seed: int | None = None, **options: Any) -> StudyRun:
     """The study run `cloudbox study run` (and the TUI's Studies screen) starts: the cells not stored yet for the
     profiles as they are today, at `size`, on `node` (this host when ""), as validated RunSpecs, and after them the
     sweep's missing samples as one propagation run. `runs` are the stored runs (ResultStore.list_runs(): the cells
-    count completed ones, the sweep the samples of every finished propagation run)."""
+    count completed ones, the sweep the samples of every finished propagation run). The profiles' runs go in an
+    order shuffled by `seed` (drawn when None; the same seed, the same order), each run's spec carrying the study
+    run's seed and order (RunSpec.study_run) for the report."""
     size = check_run(study, size, node, **options)
+    seed = secrets.randbelow(SEED_DRAWN) if seed is None else check_seed(seed)
     hashes, unavailable = profile_facts(study, here=not node)
     plan = plan_run(study, runs, hashes, size=size, node=node or platform.node(), backend=bool(node),
                     unavailable=unavailable, again=again)
-    # Round r runs each profile still short of r + 1 repeats; a series spaces the rounds `every_minutes` apart.
+    # Round r runs each profile still short of r + 1 repeats; a series spaces the rounds `every_minutes` apart. In
+    # a round the profiles go in the seed's order, so that a drift of the machine over the study run does not fall
+    # on the same profiles every time (the order of the whole matrix, those with nothing to do left out).
     series = study.series_plan(size)
+    shuffled = shuffle(study.profile_names, seed)
+    todo_items = sorted((item for item in plan if item.run), key=lambda item: shuffled.index(item.profile))
+    order = [item.profile for item in todo_items]
+    tag = {"study": study.name, "seed": seed, "order": order}
     specs: list[RunSpec] = []
     offsets: list[float] = []
-    for r in range(max((item.repeats for item in plan if item.run), default=0)):
-        for item in plan:
-            if item.run and r < item.repeats:
-                specs.append(item.spec(size, node, **options))
+    for r in range(max((item.repeats for item in todo_items), default=0)):
+        for item in todo_items:
+            if r < item.repeats:
+                specs.append(item.spec(size, node, study_run=tag, **options))
                 offsets.append(r * series.every_s if series else 0.0)
     sweep = plan_sweep(study, runs, hashes, size=size, node=node or platform.node(), backend=bool(node),
                        unavailable=unavailable, again=again)
@@ -244,10 +336,29 @@ def prepare_run(study: Study, runs: Sequence[Run], *, size: str | None = None, n
         offsets.append(offsets[-1] if offsets else 0.0)
     for spec in specs:
         spec.validate()
-    todo = StudyRun(study, size, node, plan, specs, offsets if series else [], sweep)
+    todo = StudyRun(study, size, node, plan, specs, offsets if series else [], sweep, seed, order)
     if not node:
         check_space(todo)
     return todo
+
+
+SEED_DRAWN = 1_000_000  # a drawn seed is below this: six digits to retype
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed: int) -> int:
+    """`--seed`'s value, or UsageError saying what is allowed."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"--seed {seed!r} is not allowed; allowed: a whole number from 0 to {MAX_SEED} (a study run "
+                         "prints the one it drew)")
+    return seed
+
+
+def shuffle(names: Sequence[str], seed: int) -> list[str]:
+    """`names` in the order `seed` shuffles them to (the same seed, the same order)."""
+    out = list(names)
+    random.Random(seed).shuffle(out)
+    return out
 
 
 def space_plan(todo: StudyRun) -> list[tuple[RunSpec, int, str]]:

@@ -16,6 +16,8 @@ A study is a TOML file (studies/*.toml in the checkout, /usr/share/cloudbox/stud
   another of its stored figures, `figure`) itself, or as a % of the same run's bare-metal baseline ("native"), of
   another profile's cell of the same test (`against`) or of another cell (`against_cell`).
 - `cost = true`: the report adds each number per host core and per GiB of guest RAM (study C's cost per MB/s).
+- `[plan.study]` / `[plan.quick]`: how each cell is sampled at that size (repeats, or until the ratio's interval is
+  narrow enough, in how many guest boots); a size without one takes DEFAULT_PLANS';
 - `[series]`: study D's variability series: how many repeats of each profile at each size, how far apart.
 - `[propagation]`: study B's image-propagation sweep: a profile whose guest is provisioned from images of the sizes
   of `[propagation.study]` / `[propagation.quick]`, `repeats` times each (core.bench.propagation).
@@ -28,7 +30,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -36,7 +38,16 @@ from ..spec import catalogue, profiles
 from ..spec import schema as spec_schema
 from ..spec.catalogue import FRONTEND_SUFFIX, NET_TESTS, is_network_test, is_storage_test, primary_metric
 from ..spec.catalogue import TESTS as STORAGE_TESTS
-from ..spec.runspec import MAX_GUESTS, MIB
+from ..spec.runspec import (
+    DEFAULT_MOST_REPEATS,
+    DEFAULT_WIDTH,
+    MAX_BOOTS,
+    MAX_GUESTS,
+    MIB,
+    MIN_ADAPTIVE_REPEATS,
+    WIDTH_RANGE,
+)
+from ..spec.runspec import MAX_REPEATS as MAX_RUN_REPEATS
 
 NATIVE = "native"  # the bare-metal row of a paper table, and a rule's "% of native"
 SIZES = ("study", "quick")
@@ -220,6 +231,59 @@ class SeriesPlan(spec_schema.Strict):
                 + (f", {self.guests} guests at once" if self.guests > 1 else ""))
 
 
+class RepeatPlan(spec_schema.Strict):
+    """How each cell is sampled at one size (a study measured per cell, not a series): `repeats` samples a side in
+    one guest boot, or with `until_width` (percent) until the guest/bare-metal ratio's 95% interval is within that,
+    at least `repeats` and at most `max_repeats`; in each of `boots` guest boots (`cloudbox run`'s options of the
+    same names, which each profile's run gets)."""
+
+    repeats: int = Field(default=1, ge=1, le=MAX_RUN_REPEATS)
+    until_width: float = Field(default=0.0, ge=0, le=WIDTH_RANGE[1], allow_inf_nan=False)
+    max_repeats: int = Field(default=0, ge=0, le=MAX_RUN_REPEATS)
+    boots: int = Field(default=1, ge=1, le=MAX_BOOTS)
+
+    @property
+    def repeated(self) -> bool:
+        return self.repeats > 1 or self.boots > 1 or self.until_width > 0
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The run options of each profile's run (RunSpec fields)."""
+        return {"repeats": self.repeats, "until_width": self.until_width, "max_repeats": self.max_repeats,
+                "boots": self.boots}
+
+    @property
+    def samples(self) -> int:
+        """The samples a side a test takes in all with a fixed count (with until_width: the fewest)."""
+        return self.repeats * self.boots
+
+    def words(self) -> str:
+        """"3 repeats", "until +-5% (4 to 10 repeats)", "2 repeats in each of 3 boots", "one sample"."""
+        if self.until_width:
+            low = max(self.repeats, MIN_ADAPTIVE_REPEATS)
+            most = max(low, self.max_repeats or DEFAULT_MOST_REPEATS)
+            return f"until +-{self.until_width:g}% ({low} to {most} repeats)"
+        if not self.repeated:
+            return "one sample"
+        return f"{self.repeats} repeat{'s' if self.repeats != 1 else ''}" + (
+            f" in each of {self.boots} boots" if self.boots > 1 else "")
+
+
+# A study file without a [plan] table: a quick run gives each cell 3 + 3 samples (a ratio with an interval, the guest
+# boot reused: the run costs about 2x a single pass, docs/benchmarks.md "study plan"); a study-size run, the one that
+# decides findings, repeats until the ratio is within +-5% or 10 repeats (netperf's -I 99,5 and -i 10).
+DEFAULT_PLANS = {"quick": RepeatPlan(repeats=3),
+                 "study": RepeatPlan(until_width=DEFAULT_WIDTH, max_repeats=DEFAULT_MOST_REPEATS)}
+SINGLE = RepeatPlan()  # one sample a side: a series' run, a run whose profile cannot be repeated
+
+
+class Plans(spec_schema.Strict):
+    """A study's sampling per size ([plan.study], [plan.quick]); a size without one takes DEFAULT_PLANS'."""
+
+    study: RepeatPlan | None = None
+    quick: RepeatPlan | None = None
+
+
 class Series(spec_schema.Strict):
     """A study measured as a series over time (study D) rather than once per cell: the plan for each size."""
 
@@ -265,6 +329,7 @@ class Study(spec_schema.Strict):
     tests: list[MatrixTest] = Field(min_length=1, max_length=MAX_ENTRIES)
     paper: list[PaperCell] = Field(default_factory=list, max_length=4 * MAX_ENTRIES)
     rules: list[Rule] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    plan: Plans | None = None
     series: Series | None = None
     cost: bool = False  # the report adds each number per host core and per GiB of guest RAM (study C's cost)
     propagation: Propagation | None = None
@@ -272,6 +337,14 @@ class Study(spec_schema.Strict):
     def series_plan(self, size: str) -> SeriesPlan | None:
         """How many repeats at `size`, how far apart; None for a study measured once per cell."""
         return None if self.series is None else getattr(self.series, size, None)
+
+    def repeat_plan(self, size: str) -> RepeatPlan:
+        """How each cell is sampled at `size`: the file's [plan.SIZE], else DEFAULT_PLANS'; one sample for a series
+        study (its repeats are runs, its [series] plan)."""
+        if self.series is not None:
+            return SINGLE
+        own = None if self.plan is None else getattr(self.plan, size, None)
+        return own or DEFAULT_PLANS.get(size, SINGLE)
 
     def guests(self, size: str) -> int:
         """The guests each of its runs at `size` has at once: a series plan's, else one (the papers' cells are one
