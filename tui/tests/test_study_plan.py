@@ -209,3 +209,30 @@ def test_the_report_shows_each_study_run_s_seed_and_order():
     from cloudbox.core.studies import html
 
     assert f"seed {second.seed}: {', '.join(second.order)}" in html.to_html(ev)
+
+
+# ------------------------------------------------------------------------------------------------ the bench
+def test_the_bench_runs_the_study_single_pass_then_as_planned_and_writes_both_times(tmp_path):
+    """`python -m cloudbox.bench --only study`'s code path with a stand-in executor: each run stores its planned
+    samples and costs a boot plus a unit per sample on a fake clock."""
+    from cloudbox import bench
+
+    now = [0.0]
+    seen: list[tuple[int, str]] = []
+
+    def execute(spec: RunSpec, store: ResultStore) -> int:
+        seen.append((spec.repeats, spec.profile))
+        now[0] += 20.0 + 10.0 * spec.repeats
+        return record(store, spec.profile, "dd-write-64k", spec.repeats)
+
+    st = bench.bench_study("a", "quick", seed=5, execute=execute, clock=lambda: now[0])
+    order = planning.prepare_run(loading.find_study("a"), [], size="quick", seed=5).order
+    assert seen == [(1, p) for p in order] + [(3, p) for p in order]  # single-pass, then as planned, same order
+    assert st["single"]["wall_s"] == 30.0 * len(order) and st["planned"]["wall_s"] == 50.0 * len(order)
+    assert st["single"]["samples"] == [1] and st["planned"]["samples"] == [3]
+    doc = tmp_path / "benchmarks.md"
+    bench.update_section(doc, "study-plan", bench.study_section(st))
+    text = doc.read_text()
+    assert "<!-- bench:study-plan -->" in text and "| **planned / single-pass** | | | **1.67x** | <= 2x |" in text
+    assert f"| single-pass (`--repeats 1`) | {len(order)} of {len(order)} | 1 | {30 * len(order)} s | - |" in text
+    assert "as planned (3 repeats)" in text and text.rstrip().endswith("Target met.\n<!-- /bench:study-plan -->")

@@ -5,7 +5,9 @@
 - the harness's overhead on a bare-metal fio run (target < 2%): fio run directly vs through
   cloudbox's HostRunner with the sampler running, alternated, several repetitions,
 - the statistics' share of a repeated run's wall time (target < 1%, section "stats"): a real run with the adaptive
-  stop, every call into core.record.stats timed, with a watcher's and `results show`'s over the same run.
+  stop, every call into core.record.stats timed, with a watcher's and `results show`'s over the same run;
+- a study's quick run as planned (n per cell, the guest boot reused) against the same study run single-pass
+  (target <= 2x, section "study-plan"): both in state directories of their own, one after the other.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +284,95 @@ def stats_section(st: dict) -> str:
     return "\n".join(lines)
 
 
+STUDY_BENCH = ("a", "quick")  # the study and size bench_study runs: A's five KVM profiles all run on a plain host
+
+
+@contextmanager
+def own_state(prefix: str) -> Iterator[Path]:
+    """A state directory of its own (CLOUDBOX_STATE_DIR) for the block, removed after it."""
+    old = os.environ.get("CLOUDBOX_STATE_DIR")
+    state = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    os.chmod(state, 0o755)  # QEMU (user libvirt-qemu) opens the guest's disk under it
+    os.environ["CLOUDBOX_STATE_DIR"] = str(state)
+    try:
+        yield state
+    finally:
+        if old is None:
+            os.environ.pop("CLOUDBOX_STATE_DIR", None)
+        else:
+            os.environ["CLOUDBOX_STATE_DIR"] = old
+        subprocess.run(["rm", "-rf", str(state)], check=False)
+
+
+def execute_spec(spec: Any, store: Any) -> int:
+    """One run of a study run, as `cloudbox study run` executes it; its id."""
+    from cloudbox.core.run import runs
+
+    return runs.executor(spec, store).execute()
+
+
+def bench_study(study_name: str = STUDY_BENCH[0], size: str = STUDY_BENCH[1], *, seed: int = 1,
+                execute: Callable[[Any, Any], int] = execute_spec, clock: Callable[[], float] = time.monotonic) -> dict:
+    """The study at `size` run twice in state directories of their own, each pass as `cloudbox study run` would
+    (every cell, the profiles in the same seeded order): single-pass (`--repeats 1`), then as its plan says; each
+    pass's wall time, runs and samples a side per cell. `execute(spec, store)` runs one spec (its id), `clock` is
+    the wall clock."""
+    from cloudbox.core.record.results import ResultStore
+    from cloudbox.core.studies import loading, planning
+
+    study = loading.find_study(study_name)
+    passes = {"single": planning.with_repeat_plan(study, size, repeats=1), "planned": study}
+    out: dict[str, Any] = {"study": study.name, "size": size, "seed": seed,
+                           "plan": study.repeat_plan(size).words()}
+    for name, variant in passes.items():
+        with own_state(f"cloudbox-bench-study-{name}-"), ResultStore() as store:
+            todo = planning.prepare_run(variant, [], size=size, seed=seed)
+            lines = [todo.headline(), *todo.lines()]
+            t0 = clock()
+            ids = [execute(spec, store) for spec in todo.specs]
+            wall = clock() - t0
+            done = [store.get_run(rid) for rid in ids if rid]  # a dry run stores none
+        samples = sorted({max((m.repeat for m in r.measurements if m.side == "guest"), default=0) for r in done})
+        out[name] = {"wall_s": wall, "runs": len(ids), "completed": sum(r.state == "completed" for r in done),
+                     "accelerator": ", ".join(sorted({r.accelerator or "?" for r in done})) or "-",
+                     "samples": samples, "lines": lines}
+    single, planned = out["single"]["wall_s"], out["planned"]["wall_s"]
+    out["ratio"] = planned / single if single else float("nan")
+    return out
+
+
+def study_section(st: dict) -> str:
+    """The "study-plan" section: both passes' wall times and their ratio against the target (<= 2x)."""
+    single, planned = st["single"], st["planned"]
+
+    def samples(p: dict) -> str:
+        return "-" if not p["samples"] else "/".join(str(n) for n in p["samples"])
+
+    met = st["ratio"] <= 2.0 and single["completed"] == single["runs"] and planned["completed"] == planned["runs"]
+    tcg = any(a in p["accelerator"] for p in (single, planned) for a in ("tcg", "nested-kvm"))
+    lines = [
+        "## A study's quick run with intervals, against single-pass (cloudbox.bench)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}.",
+        f"Command: `python -m cloudbox.bench --only study` (study {st['study']} at {st['size']} size, every cell, "
+        f"twice in state directories of their own, one after the other, the profiles in the order of seed "
+        f"{st['seed']}: `cloudbox study run {st['study']} --size {st['size']} --again --seed {st['seed']} --repeats "
+        f"1`, then the same with the study's plan, {st['plan']}, each profile's guest boot reused across its "
+        f"repeats). Accelerator {planned['accelerator']}" + (": emulated, not KVM figures." if tcg else "."),
+        "",
+        "| pass | runs completed | samples a side per test | wall time | target |",
+        "|---|---|---|---|---|",
+        f"| single-pass (`--repeats 1`) | {single['completed']} of {single['runs']} | {samples(single)} | "
+        f"{single['wall_s']:.0f} s | - |",
+        f"| as planned ({st['plan']}) | {planned['completed']} of {planned['runs']} | {samples(planned)} | "
+        f"{planned['wall_s']:.0f} s | - |",
+        f"| **planned / single-pass** | | | **{st['ratio']:.2f}x** | <= 2x |",
+        "",
+        "Target " + ("met." if met else "not met."),
+    ]
+    return "\n".join(lines)
+
+
 def _spec_flags() -> str:
     """STATS_SPEC as `cloudbox run`'s flags."""
     flags = {"profile": "--profile", "suite": "--suite", "storage_tests": "--tests", "size": "--size",
@@ -367,7 +459,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sampler-seconds", type=float, default=60)
     ap.add_argument("--fio-size", default="512M")
-    ap.add_argument("--only", choices=("launch", "stats"), help="run only this part and write only its section")
+    ap.add_argument("--only", choices=("launch", "stats", "study"),
+                    help="run only this part and write only its section")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="with --only study: print both passes' plans, run nothing, write nothing")
     ap.add_argument("--old-guest", type=Path, help="an older guest image's directory: its launches alternate with "
                     "the current image's (section launch)")
     ap.add_argument("--old-label", default="", help="what the old guest is (e.g. its builder's commit)")
@@ -376,6 +471,10 @@ def main() -> int:
     ap.add_argument("--doc", default=str(Path(__file__).resolve().parents[3] / "docs" / "benchmarks.md"))
     a = ap.parse_args()
     size = int(a.fio_size[:-1]) * 1024**2 if a.fio_size.endswith("M") else int(a.fio_size)
+    if a.dry_run and a.only != "study":
+        ap.error("--dry-run goes with --only study")
+    if a.only == "study":
+        return run_study_part(a)
     if a.only in (None, "stats"):
         print("bench: the statistics' share of a repeated run ...", flush=True)
         st = bench_stats()
@@ -384,6 +483,7 @@ def main() -> int:
         if a.only == "stats":
             print(f"bench: wrote {a.doc}")
             return 0
+    run_study_part(a)
     work = Path(tempfile.mkdtemp(prefix="cloudbox-bench-", dir="/var/tmp"))
     os.chmod(work, 0o755)
     try:
@@ -433,6 +533,23 @@ def main() -> int:
     ])
     update_section(Path(a.doc), "core", body)
     print(f"bench: wrote {a.doc}")
+    return 0
+
+
+def run_study_part(a: argparse.Namespace) -> int:
+    """The "study-plan" part: both passes of bench_study (with --dry-run their plans only), then its section."""
+    print(f"bench: study {STUDY_BENCH[0]} at {STUDY_BENCH[1]} size, single-pass and as planned ...", flush=True)
+    st = bench_study(execute=(lambda spec, store: 0) if a.dry_run else execute_spec)
+    for name in ("single", "planned"):
+        print(f"  {name}: " + "\n  ".join(st[name]["lines"]), flush=True)
+    if a.dry_run:
+        print("bench: --dry-run: nothing run, nothing written")
+        return 0
+    print(f"  single {st['single']['wall_s']:.0f} s, planned {st['planned']['wall_s']:.0f} s: {st['ratio']:.2f}x",
+          flush=True)
+    update_section(Path(a.doc), "study-plan", study_section(st))
+    if a.only == "study":
+        print(f"bench: wrote {a.doc}")
     return 0
 
 
