@@ -49,7 +49,9 @@ class StudyProgress:
         self.plans = [spec.plan() for spec in specs]
         known = [v for v in (estimates or {}).values() if v > 0]
         fallback = statistics.mean(known) if known else 1.0
-        self.weights = [[(estimates or {}).get(s) or fallback for s in plan] for plan in self.plans]
+        # a repeated test's every sample weighs as its one sample did in the stored runs
+        self.weights = [[(estimates or {}).get(PlanStep(s.side, s.test)) or fallback for s in plan]
+                        for plan in self.plans]
         self.offsets = list(offsets)
         self.clock = clock
         self.t0 = clock()
@@ -81,11 +83,17 @@ class StudyProgress:
         if ev.test is None or (isinstance(ev, MeasurementEvent) and ev.instance is not None) or (
                 isinstance(ev, ProgressEvent) and (ev.instance or 1) > 1):
             return False  # in a run of N guests the run's own figure, and the first guest's progress, stand for all
-        plan, step = self.plans[self.run], PlanStep(ev.side or "", ev.test)
-        if step not in plan[self.reached:]:
+        plan = self.plans[self.run]
+        # a measurement is its own step (in a repeated run, its sample's); a step or progress event is the first
+        # step of its test on its side not passed yet (the sample under way)
+        at = next((i for i in range(self.reached, len(plan)) if plan[i] == ev.plan_step), None) \
+            if isinstance(ev, MeasurementEvent) else None
+        if at is None:
+            at = next((i for i in range(self.reached, len(plan))
+                       if (plan[i].side, plan[i].test) == (ev.side or "", ev.test)), None)
+        if at is None:
             return False
         before = self.cells_done
-        at = plan.index(step, self.reached)
         if isinstance(ev, MeasurementEvent):
             at += 1  # this step is measured: the next one is where the run stands
             self.pct = 0.0
