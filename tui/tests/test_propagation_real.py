@@ -40,6 +40,9 @@ profile = "{PROFILE}"
 [propagation.quick]
 sizes_mib = [32, 64]
 repeats = 1
+
+[plan.quick]
+repeats = 1  # the one-sample cell stored below counts: the study run is the sweep alone
 """
 
 

@@ -36,6 +36,9 @@ against = "native"
 op = ">="
 percent = 90
 why = "The study measured 99%."
+
+[plan.quick]
+repeats = 1  # one sample: make test's time (a repeated run has tests/test_repeat_run_real.py)
 """
 
 
