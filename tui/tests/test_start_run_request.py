@@ -42,6 +42,9 @@ def _node_requests() -> list[dict[str, Any]]:
     # a repeated run: across boots, and until its ratios are sure
     out.append(mirror.node_spec(RunSpec(**base, suite="storage", repeats=3, boots=2)))
     out.append(mirror.node_spec(RunSpec(**base, suite="storage", repeats=4, until_width=2.5, max_repeats=12)))
+    # one run of a study run, with its study's seed and the profiles' order (kept in the run's provenance)
+    out.append(mirror.node_spec(RunSpec(**base, suite="storage", repeats=3,
+                                        study_run={"study": "a", "seed": 7, "order": ["virtio-disk", "virtio-file"]})))
     # a propagation run (study B's sweep) on a node
     out.append(mirror.node_spec(RunSpec(**base, suite="propagation", propagate=[64 * 1024**2, 128 * 1024**2])))
     # a spread run's part on a node, numbered from its first guest, on the front-end's NFS export
