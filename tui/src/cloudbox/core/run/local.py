@@ -64,8 +64,7 @@ Step = Callable[[RunContext], None]
 
 def run_local(ctx: RunContext) -> None:
     """The run's body on this host (core.run.lifecycle.Execution runs it)."""
-    for step in (check_volume, find_image, probe_accelerator, connect_libvirt, place_guests, prepare_backing,
-                 record_facts, tune_dom0, start_sampler, storage_baseline, plumb, serve_volume, launch_guest):
+    for step in (*setup_steps(), storage_baseline, plumb, serve_volume, launch_guest):
         step(ctx)
     assert ctx.guest is not None
     if ctx.spec.session:
@@ -74,6 +73,12 @@ def run_local(ctx: RunContext) -> None:
     guest_storage(ctx)
     if ctx.spec.wants_network and ctx.hostnet is not None:
         network_tests(ctx, ctx.guest)
+
+
+def setup_steps() -> tuple[Step, ...]:
+    """What every run on this host does before its first test, a single pass or a repeated one alike."""
+    return (check_volume, find_image, probe_accelerator, connect_libvirt, place_guests, prepare_backing,
+            record_facts, tune_dom0, start_sampler)
 
 
 def check_volume(ctx: RunContext) -> None:

@@ -28,20 +28,7 @@ from ..spec import catalogue
 from ..spec.profiles import Profile
 from ..spec.runspec import BOOT, RunSpec
 from .context import RunContext
-from .local import (
-    check_volume,
-    claim_baseline_file,
-    connect_libvirt,
-    find_image,
-    launch_guest,
-    on_claimed,
-    prepare_backing,
-    probe_accelerator,
-    record_facts,
-    relaunch_guest,
-    start_sampler,
-    tune_dom0,
-)
+from .local import claim_baseline_file, launch_guest, on_claimed, relaunch_guest, setup_steps
 from .measure import storage_test
 from .network_steps import Pair, network_tests, plumb
 
@@ -226,8 +213,7 @@ def run_repeated(ctx: RunContext) -> None:
     """A repeated run's body on this host (core.run.lifecycle.Execution runs it)."""
     if why := repeat_problem(ctx.profile):
         raise CloudboxError(why)
-    for step in (check_volume, find_image, probe_accelerator, connect_libvirt, prepare_backing, record_facts,
-                 tune_dom0, start_sampler, plumb):
+    for step in (*setup_steps(), plumb):  # the guests' [placement] too, as a single pass places them
         step(ctx)
     spec = ctx.spec
     policy, plan = Policy.of(spec), Plan(ctx)
