@@ -236,3 +236,33 @@ def test_the_bench_runs_the_study_single_pass_then_as_planned_and_writes_both_ti
     assert "<!-- bench:study-plan -->" in text and "| **planned / single-pass** | | | **1.67x** | <= 2x |" in text
     assert f"| single-pass (`--repeats 1`) | {len(order)} of {len(order)} | 1 | {30 * len(order)} s | - |" in text
     assert "as planned (3 repeats)" in text and text.rstrip().endswith("Target met.\n<!-- /bench:study-plan -->")
+
+
+# ------------------------------------------------------------------------------------------- a run's bug
+def test_a_bug_in_one_run_of_a_study_is_shown_and_the_study_goes_on(cli_run, monkeypatch):
+    """A run that stops on an internal error (recorded and cleaned up by the executor) does not end the study: the
+    traceback is shown, the next run starts, and the study exits 1 saying how many completed."""
+    from cloudbox.core.run import runs
+
+    started: list[str] = []
+
+    class Stand:
+        def __init__(self, spec: RunSpec, store: ResultStore, **_: object) -> None:
+            self.spec, self.store = spec, store
+
+        def execute(self) -> int:
+            started.append(self.spec.profile)
+            if len(started) == 1:
+                raise ValueError("a bug in the first run")
+            return record(self.store, self.spec.profile, "dd-write-64k", 1)
+
+        def cancelled(self) -> bool:
+            return False
+
+    monkeypatch.setattr(runs, "executor", Stand)
+    monkeypatch.setattr(runs, "check_guests_fit", lambda spec: None)
+    r = cli_run(["study", "run", "a", "--size", "quick", "--repeats", "1", "--seed", "4"])
+    order = planning.prepare_run(loading.find_study("a"), [], size="quick", seed=4).order
+    assert started == list(order), started  # every run started, the first one's bug notwithstanding
+    assert "ValueError: a bug in the first run" in r.err and "the study goes on with the next" in r.err
+    assert r.code == 1 and f"{len(order) - 1} of {len(order)} runs completed" in r.out

@@ -31,6 +31,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -341,7 +342,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                     printer(LogEvent(progress.line(study.name)))
 
             ex = runs.executor(spec, store, emit=emit)
-            rid = ex.execute()
+            try:
+                rid = ex.execute()
+            except Exception:  # noqa: BLE001 - a bug in one run: recorded and cleaned up, the study goes on
+                traceback.print_exc()
+                print(printable(f"run {i} of {len(specs)} ({spec.profile}) stopped on an internal error (above); "
+                                "the study goes on with the next"), file=sys.stderr)
+                failed += 1
+                continue
             state = store.get_run(rid, raw=False).state
             failed += state != "completed"
             if ex.cancelled():
