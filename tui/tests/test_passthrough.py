@@ -102,6 +102,12 @@ def test_a_group_shared_with_host_drivers_is_refused(tmp_path):
         pcidev.check(ADDR, confirm=None, sysfs=root, check_namespace=never)
 
 
+
+def test_namespaces_behind_native_multipath(tmp_path):
+    # Debian's kernel (CONFIG_NVME_MULTIPATH): the controller shows its hidden paths, the disk is the subsystem's.
+    root = sysfs(tmp_path, ns=("nvme0c0n1", "nvme0c0n2", "ng0n1"))
+    assert pcidev.namespaces(ADDR, sysfs=root) == ["nvme0n1", "nvme0n2"]
+
 def test_namespaces_are_checked_and_data_needs_the_controller_named(tmp_path):
     root = sysfs(tmp_path, ns=("nvme0n1", "nvme0n2"))
     seen = []
@@ -112,8 +118,9 @@ def test_namespaces_are_checked_and_data_needs_the_controller_named(tmp_path):
             raise DeviceRefused(f"{dev}: refused: it holds data (ext4). To destroy it anyway name it explicitly: "
                                 f"--device {dev} --destroy nvme0n1")
 
-    with pytest.raises(DeviceRefused, match=r"namespace /dev/nvme0n1 holds data \(ext4\)\. .*--device 0000:01:00.0 "
-                                            r"--destroy 0000:01:00.0"):
+    # The controller's advice only: not the block device's (--destroy naming the namespace, which would not do).
+    with pytest.raises(DeviceRefused, match=r"namespace /dev/nvme0n1 holds data \(ext4\)\. To destroy it anyway name "
+                                            r"the controller: --device 0000:01:00.0 --destroy 0000:01:00.0$"):
         pcidev.check(ADDR, confirm="nvme0n1", sysfs=root, check_namespace=holds_data)
     assert pcidev.check(ADDR, confirm=ADDR, sysfs=root, check_namespace=holds_data) == ["/dev/nvme0n1",
                                                                                        "/dev/nvme0n2"]
@@ -180,3 +187,32 @@ def test_the_emulated_controller_is_refused():
     assert (p.key, p.value) == ("disk.bus", "nvme") and "libvirt 11.5" in p.message
     assert p.allowed == ("virtio-blk, virtio-scsi, scsi-lsi, sata, ide, xen-vbd (with disk.backing = prealloc-file); "
                          "nvme needs disk.backing = nvme-pci")
+
+
+def test_host_sampler_ends_when_the_controller_goes(monkeypatch):
+    # libvirt unbinds the controller when the guest starts: nvme0n1 leaves /proc/diskstats under the host's sampler.
+    from cloudbox.core.disks import diskstats
+    calls = []
+
+    def read(device, path="/proc/diskstats"):
+        calls.append(device)
+        if len(calls) > 3:  # the constructor's check, the first reading, one sample
+            raise KeyError(f"block device {device!r} not found in {path}")
+        return diskstats.Counters(float(len(calls)), 0, 0, 0, 0, 0, 0)
+
+    monkeypatch.setattr(diskstats, "read_counters", read)
+    samples = []
+    with diskstats.Sampler("nvme0n1", samples.append, interval=0.01) as s:
+        s._thread.join(timeout=5)
+        assert not s._thread.is_alive()
+    assert len(samples) == 1 and s.count == 1
+
+
+def test_guest_disks_leave_out_multipath_hidden_paths(tmp_path):
+    # The guest's kernel (native NVMe multipath) shows the controller's path nvme0c0n1 beside the disk nvme0n1.
+    from cloudbox.core.bench import runners
+    for name in ("nvme0c0n1", "nvme0n1", "loop0", "ram0"):
+        (tmp_path / name).mkdir()
+    script = runners._DISKS_SH.replace("/sys/block", str(tmp_path))
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["nvme0n1"]

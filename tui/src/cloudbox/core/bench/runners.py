@@ -256,7 +256,8 @@ class HostRunner:
 
 
 RAID_DEVICE = "/dev/md0"
-_DISKS_SH = ("for d in /sys/block/*; do n=${d##*/}; case $n in ram*|loop*|sr*|zram*|md*) ;; "
+# nvme*c*n*: a namespace's hidden path under native NVMe multipath (nvme0c0n1); its disk is the head, nvme0n1.
+_DISKS_SH = ("for d in /sys/block/*; do n=${d##*/}; case $n in ram*|loop*|sr*|zram*|md*|nvme*c*n*) ;; "
              "*) echo $n;; esac; done")
 
 

@@ -90,10 +90,16 @@ class Sampler:
             self._thread.join(timeout=5)
 
     def _loop(self) -> None:
-        prev = read_counters(self.device)
+        try:
+            prev = read_counters(self.device)
+        except KeyError:
+            return
         next_t = prev.t + self.interval
         while not self._stop.wait(max(0.0, next_t - time.monotonic())):
-            cur = read_counters(self.device)
+            try:
+                cur = read_counters(self.device)
+            except KeyError:  # the device went (an NVMe controller handed to the guest): its samples end there
+                return
             s = delta(prev, cur, self.device)
             prev = cur
             next_t += self.interval

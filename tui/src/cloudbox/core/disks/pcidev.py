@@ -63,9 +63,16 @@ def iommu_problem(sysfs: Path = SYSFS) -> str | None:
 
 
 def namespaces(addr: str, sysfs: Path = SYSFS) -> list[str]:
-    """The block devices of the NVMe controller at `addr` (nvme0n1, ...), while the host's nvme driver holds it."""
+    """The block devices of the NVMe controller at `addr` (nvme0n1, ...), while the host's nvme driver holds it.
+
+    With native NVMe multipath (CONFIG_NVME_MULTIPATH, on in Debian's kernel) the controller holds only its hidden
+    paths (nvme0c0n1: subsystem 0, controller 0, namespace 1), and the block device is the subsystem's nvme0n1."""
     dev = sysfs / "bus" / "pci" / "devices" / addr
-    return sorted(p.name for p in dev.glob("nvme/nvme*/nvme*n*") if re.fullmatch(r"nvme\d+n\d+", p.name))
+    names = set()
+    for p in dev.glob("nvme/nvme*/nvme*n*"):
+        if m := re.fullmatch(r"nvme(\d+)(?:c\d+)?n(\d+)", p.name):
+            names.add(f"nvme{m.group(1)}n{m.group(2)}")
+    return sorted(names)
 
 
 def group_members(addr: str, sysfs: Path = SYSFS) -> list[tuple[str, str]]:
@@ -123,9 +130,10 @@ def check(addr: str, *, confirm: str | None, sysfs: Path = SYSFS,
             check_namespace(f"/dev/{ns}", confirm=ns if confirm == addr else None)
         except DeviceRefused as e:
             if "holds data" in str(e):
-                raise DeviceRefused(f"{addr}: refused: its namespace /dev/{ns} holds data ({str(e).split('(', 1)[1]}"
-                                    f" To destroy it anyway name the controller: --device {addr} --destroy "
-                                    f"{addr}") from None
+                # The signatures only: the block device's own advice (--destroy naming the namespace) is not this.
+                sigs = str(e).split("(", 1)[1].split(")", 1)[0]
+                raise DeviceRefused(f"{addr}: refused: its namespace /dev/{ns} holds data ({sigs}). To destroy it "
+                                    f"anyway name the controller: --device {addr} --destroy {addr}") from None
             raise DeviceRefused(f"{addr}: {e}") from None
     return [f"/dev/{ns}" for ns in names]
 

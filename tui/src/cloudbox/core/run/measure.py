@@ -96,16 +96,25 @@ HOST_METRICS = ("host_mbps", "host_avgrq_sectors", "host_avgqu", "host_util")
 
 def _disk_counters(ctx: RunContext) -> tuple[str | None, Counters | None]:
     """The host disk's counters at a test's start (the 1 s sampler feeds the live timeline; a measurement gets the
-    counters over exactly its window)."""
+    counters over exactly its window). None for a device the host no longer has: an NVMe controller handed to the
+    guest (disk.backing = nvme-pci) leaves the host with it."""
     device = ctx.sampler.device if ctx.sampler else None
-    return device, read_counters(device) if device else None
+    try:
+        return device, read_counters(device) if device else None
+    except KeyError:
+        return device, None
 
 
 def _host_metrics(device: str | None, c0: Counters | None) -> dict[str, float | None]:
-    """The host disk's MB/s, request size, queue depth and utilisation since `c0` (all None without a device)."""
+    """The host disk's MB/s, request size, queue depth and utilisation since `c0` (all None without a device, or
+    when it went during the window)."""
     if not device or c0 is None:
         return dict.fromkeys(HOST_METRICS)
-    d = delta(c0, read_counters(device), device)
+    try:
+        c1 = read_counters(device)
+    except KeyError:
+        return dict.fromkeys(HOST_METRICS)
+    d = delta(c0, c1, device)
     return {"host_mbps": d.read_mbps + d.write_mbps, "host_avgrq_sectors": d.avgrq_sectors, "host_avgqu": d.avgqu,
             "host_util": d.util}
 
