@@ -17,7 +17,8 @@ test: need-root-test deps-test venv guest-image
 	@scripts/run-tests
 
 # Everything in `make test` plus the opt-in tiers: pytest -m full (each feature's full matrix) and the bats tags
-# xen-full, install-full, boot-full, cluster-full, volumes-full and bench (docs/benchmarks.md: what each holds, costs).
+# xen-full, install-full, boot-full, cluster-full, volumes-full, knobs and bench (docs/benchmarks.md: what each
+# holds, costs).
 test-full: need-root-test deps-test venv guest-image
 	@CLOUDBOX_TEST_FULL=1 scripts/run-tests
 

@@ -4,7 +4,7 @@ IMAGE_DIR       := build/image
 IMAGE_BATS      ?= bats
 # Arguments for bats in image-test; the default runs what make test runs: not the nested benchmark (image-bench
 # runs it) nor the opt-in tiers (docs/benchmarks.md, "Test tiers").
-IMAGE_BATS_ARGS ?= --timing --filter-tags '!bench,!xen-full,!install-full,!boot-full,!cluster-full,!volumes-full'
+IMAGE_BATS_ARGS ?= --timing --filter-tags '!bench,!xen-full,!install-full,!boot-full,!cluster-full,!volumes-full,!knobs'
 
 .PHONY: image image-test image-bench image-cluster-bench image-clean release
 

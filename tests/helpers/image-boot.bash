@@ -20,15 +20,19 @@ image_make_credentials() {
     [ -f "$dir/root-password" ] || head -c 12 /dev/urandom | base64 | tr -d '/+=' > "$dir/root-password"
 }
 
-# image_machine FIRMWARE LOGDIR SIZE: a new command line (qemu.bash) for the live appliance: a qcow2 overlay of $IMAGE
-# (SIZE) as its boot disk, root's password hash and SSH key (LOGDIR's credentials) as systemd credentials.
+# image_machine FIRMWARE LOGDIR SIZE [QEMU_ARG...]: a new command line (qemu.bash) for the live appliance: a qcow2
+# overlay of $IMAGE (SIZE) as its boot disk, root's password hash and SSH key (LOGDIR's credentials) as systemd
+# credentials. QEMU_ARGs (devices of a suite's own, e.g. an emulated IOMMU) come before the boot disk: an IOMMU
+# must exist before the PCI devices it translates for.
 image_machine() {
     local firmware=$1 logdir=$2 size=$3
+    shift 3
     mkdir -p "$logdir"
     image_make_credentials "$logdir"
     qemu_overlay "$logdir/disk.qcow2" "$size" || return 1
     qemu_new "$logdir/serial.log" --cpu "${IMAGE_QEMU_CPU:-max}" --smp "${IMAGE_QEMU_SMP:-2}" --no-reboot
     qemu_firmware "$firmware" "$logdir/ovmf-vars.fd" || return 1
+    QEMU_ARGS+=("$@")
     qemu_disk disk qcow2 "$logdir/disk.qcow2" --boot --discard
     qemu_credential passwd.hashed-password.root "$(openssl passwd -6 -stdin < "$logdir/root-password")"
     qemu_credential ssh.authorized_keys.root "$(cat "$logdir/id_ed25519.pub")"
@@ -77,13 +81,14 @@ image_boot_until() {
     return $((rc != 0))
 }
 
-# image_start FIRMWARE LOGDIR SSH_PORT: starts the appliance in the background for use over SSH (no self-test, no
-# power-off; 16 GiB overlay), SSH on 127.0.0.1:SSH_PORT only; QEMU_PID is its process. machine_* (qemu.bash) reach
-# and stop it with LOGDIR's key.
+# image_start FIRMWARE LOGDIR SSH_PORT [QEMU_ARG...]: starts the appliance in the background for use over SSH (no
+# self-test, no power-off; 16 GiB overlay), SSH on 127.0.0.1:SSH_PORT only, with QEMU_ARGs (image_machine) added;
+# QEMU_PID is its process. machine_* (qemu.bash) reach and stop it with LOGDIR's key.
 image_start() {
     local firmware=$1 logdir=$2 port=$3
+    shift 3
     rm -f "$logdir"/{serial.log,qemu.log,disk.qcow2}
-    image_machine "$firmware" "$logdir" 16G || return 1
+    image_machine "$firmware" "$logdir" 16G "$@" || return 1
     qemu_nic --ssh "$port"
     qemu_start "$logdir/qemu.log"
 }

@@ -31,12 +31,14 @@ suite_done() {
     rm -f "$@"
 }
 
-# appliance_ensure LOGDIR PORT: a live appliance (image_start: UEFI, SSH on 127.0.0.1:PORT) with one SSH connection
+# appliance_ensure LOGDIR PORT [QEMU_ARG...]: a live appliance (image_start: UEFI, SSH on 127.0.0.1:PORT, QEMU_ARGs
+# added) with one SSH connection
 # shared, QEMU_PID its process. With IMAGE_REUSE=1 it is the one this suite left running in LOGDIR, when that still
 # answers over SSH (on the port it was started with); otherwise a fresh boot, after stopping any one left. Exports
 # APPLIANCE_PORT (the port it answers on) and APPLIANCE_REUSED (1 when taken up, else 0).
 appliance_ensure() {
     local logdir=$1 port=$2 left old_port
+    shift 2
     left=$(_appliance_left "$logdir") || left=
     old_port=$(cat "$logdir/appliance.port" 2>/dev/null) || old_port=0
     APPLIANCE_REUSED=0
@@ -53,7 +55,7 @@ appliance_ensure() {
     rm -f "$logdir/appliance.pid" "$logdir/appliance.port"
     APPLIANCE_PORT=$port
     export APPLIANCE_PORT APPLIANCE_REUSED
-    image_start uefi "$logdir" "$port" || return 1
+    image_start uefi "$logdir" "$port" "$@" || return 1
     echo "$QEMU_PID" > "$logdir/appliance.pid"
     echo "$port" > "$logdir/appliance.port"
     machine_wait_ssh "$logdir" "$port" "$QEMU_PID" "${IMAGE_BOOT_TIMEOUT_S:-600}" || return 1

@@ -135,10 +135,14 @@ qemu_selftest() {
     qemu_credential cloudbox.selftest 1
 }
 
+# The QEMU that runs the machines: IMAGE_QEMU_BIN, else the one on PATH (knobs.bats names a QEMU with devices
+# Debian 12's 7.2 lacks, such as igb).
+qemu_bin() { echo "${IMAGE_QEMU_BIN:-qemu-system-x86_64}"; }
+
 # qemu_run TIMEOUT_S LOG: runs the machine until it powers off, or kills it after TIMEOUT_S; QEMU's output to LOG.
 # Returns QEMU's exit status (124 or 137: the timeout).
 qemu_run() {
-    timeout --kill-after=10 "$1" nice -n 10 qemu-system-x86_64 "${QEMU_ARGS[@]}" > "$2" 2>&1
+    timeout --kill-after=10 "$1" nice -n 10 "$(qemu_bin)" "${QEMU_ARGS[@]}" > "$2" 2>&1
 }
 
 # qemu_start LOG: starts the machine in the background; QEMU_PID is its process. It keeps none of the caller's file
@@ -151,7 +155,7 @@ qemu_start() {
             fd=${fd##*/}
             [ "$fd" -le 2 ] || exec {fd}>&-
         done
-        exec nice -n 10 qemu-system-x86_64 "${QEMU_ARGS[@]}"
+        exec nice -n 10 "$(qemu_bin)" "${QEMU_ARGS[@]}"
     ) > "$1" 2>&1 &
     # shellcheck disable=SC2034 # for the caller
     QEMU_PID=$!
