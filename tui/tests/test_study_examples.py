@@ -53,5 +53,6 @@ def test_study_as_second_quick_run_is_compared_as_make_examples_writes_it(cli_ru
 
 def test_a_table_whose_figures_share_their_qualifiers_says_them_once_under_it():
     text = (EXAMPLES / "study-b-quick-tcg.md").read_text()
-    assert "| `kvm-cache-none` | - | 84.1 | - | 31.8 [24.9, 55.6] (90%) |" in text  # no "(emulated, quick)" in each cell
+    # no "(emulated, quick)" in each cell
+    assert "| `kvm-cache-none` | - | 84.1 | - | 31.8 [24.9, 55.6] (90%) |" in text
     assert "Every guest figure of ours in this table is emulated, quick (see the notes on these words below)." in text
