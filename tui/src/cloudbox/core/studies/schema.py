@@ -270,7 +270,7 @@ class RepeatPlan(spec_schema.Strict):
 
 
 # A study file without a [plan] table: a quick run gives each cell 3 + 3 samples (a ratio with an interval, the guest
-# boot reused: the run costs about 2x a single pass, docs/benchmarks.md "study plan"); a study-size run, the one that
+# boot reused; its cost against a single pass: docs/benchmarks.md "study plan"); a study-size run, the one that
 # decides findings, repeats until the ratio is within +-5% or 10 repeats (netperf's -I 99,5 and -i 10).
 DEFAULT_PLANS = {"quick": RepeatPlan(repeats=3),
                  "study": RepeatPlan(until_width=DEFAULT_WIDTH, max_repeats=DEFAULT_MOST_REPEATS)}
