@@ -344,6 +344,28 @@ def test_an_adaptive_body_stops_early_revises_its_plan_and_records_why(tmp_path:
     shown = rundetail.how_measured_lines(run.provenance)
     assert any(line.startswith("  stopped      seq-write-64k: 4 a side, its ratio's 95% interval +-")
                for line in shown), shown
+    assert rec.timing == "network tests 5 s, random I/O 5 s: quick size's 5 s"
+    assert "  each sample  network tests 5 s, random I/O 5 s: quick size's 5 s" in shown
+
+
+@pytest.mark.parametrize(("given", "size_label", "expect_net", "expect_runtime", "why"), [
+    (dict(), "quick", 5, 5, "quick size's 5 s"),
+    (dict(repeats=2), "quick", 3, 3, "quick size's 5 s shared by 2 samples a side, at least 2 s each"),
+    (dict(repeats=3), "quick", 2, 2, "shared by 3 samples a side"),
+    (dict(repeats=3, boots=2), "quick", 2, 2, "shared by 6 samples a side"),
+    (dict(repeats=3, net_seconds=7), "quick", 7, 2, "--net-seconds 7 s as given"),
+    (dict(repeats=3), "study", 30, 30, "the default at this size"),
+])
+def test_a_quick_runs_timed_tests_share_their_seconds_among_the_samples(tmp_path, given, size_label, expect_net,
+                                                                         expect_runtime, why):
+    spec = RunSpec(profile="virtio-disk", suite="all", **given)
+    size = QUICK_SIZE if size_label == "quick" else 4 * 1024**3
+    with ResultStore(tmp_path / "r.db") as store:
+        ctx = _context(store, spec)
+        ctx.size, ctx.size_label = size, size_label
+        assert (ctx.net_seconds, ctx.runtime) == (expect_net, expect_runtime)
+        assert why in ctx.timed_note()
+        assert ctx.timed_note().startswith(f"network tests {expect_net} s, random I/O {expect_runtime} s")
 
 
 def test_a_profile_on_a_network_volume_is_refused_before_the_run(monkeypatch):

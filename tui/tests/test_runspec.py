@@ -77,8 +77,10 @@ async def test_the_tests_screen_offers_the_declared_choices(state):
     (["--size", "1M"], "--size '1M' is too small; the minimum is 4M"),
     (["--tests", "seq-write-7k"], "--tests 'seq-write-7k': unknown storage test(s) seq-write-7k (did you mean "
      "seq-write-64k?); allowed:"),
-    (["--net-seconds", "-3"], "--net-seconds -3 is not allowed; allowed: 0 (5 s quick, 30 s otherwise) or more"),
-    (["--runtime", "-1"], "--runtime -1 is not allowed; allowed: 0 (5 s quick, 30 s otherwise) or more seconds"),
+    (["--net-seconds", "-3"],
+     "--net-seconds -3 is not allowed; allowed: 0 (30 s, or at quick size 5 s shared by the repeats) or more"),
+    (["--runtime", "-1"],
+     "--runtime -1 is not allowed; allowed: 0 (30 s, or at quick size 5 s shared by the repeats) or more seconds"),
 ])
 def test_a_usage_error_exits_2_before_anything_is_created(argv, message, isolated, cli_run):
     code, _, err = cli_run(["run", "--profile", "virtio-disk", *argv])

@@ -233,8 +233,9 @@ def test_the_bench_runs_the_study_single_pass_then_as_planned_and_writes_both_ti
     doc = tmp_path / "benchmarks.md"
     bench.update_section(doc, "study-plan", bench.study_section(st))
     text = doc.read_text()
-    assert "<!-- bench:study-plan -->" in text and "| **planned / single-pass** | | | **1.67x** | <= 2x |" in text
-    assert f"| single-pass (`--repeats 1`) | {len(order)} of {len(order)} | 1 | {30 * len(order)} s | - |" in text
+    assert "<!-- bench:study-plan -->" in text and "| **planned / single-pass** | | | | **1.67x** | <= 2x |" in text
+    assert f"| single-pass (`--repeats 1`) | {len(order)} of {len(order)} | 1 | 5 s | {30 * len(order)} s | - |" in text
+    assert f"| as planned (3 repeats) | {len(order)} of {len(order)} | 3 | 2 s | {50 * len(order)} s | - |" in text
     assert "as planned (3 repeats)" in text and text.rstrip().endswith("Target met.\n<!-- /bench:study-plan -->")
 
 

@@ -233,6 +233,7 @@ class Repeats(_Record):
     until_width: float | None = None  # percent: the ratio's interval's half-width a test stops at
     max_repeats: int | None = None  # with until_width: the most
     order: str = ""  # how the samples alternate, in words
+    timing: str = ""  # each timed test's seconds per sample, and why (RunContext.timed_note)
     boot_s: list[float] = []  # each guest boot's launch to agent, in order
     tests: list[TestRepeats] = []
 

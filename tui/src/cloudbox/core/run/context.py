@@ -5,6 +5,7 @@ store, the event sink, the cleanup stack, the cancellation control, the provenan
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ from ..virt.placement import HostPlacement
 from .sink import EventSink
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FULL_SECONDS = 30  # a timed test's seconds per sample from the guest's RAM up (ctx.timed_default)
+QUICK_SECONDS = 5  # ... at quick size, shared by its samples
+MIN_SAMPLE_SECONDS = 2  # ... but never fewer than this per sample (netperf's -l, fio's runtime after its warm-up)
 
 
 class RunControl:
@@ -136,11 +140,35 @@ class RunContext:
 
     @property
     def runtime(self) -> int:
-        return self.spec.runtime or (5 if self.quick else 30)
+        """A random I/O test's measured seconds in each sample (--runtime, or timed_default)."""
+        return self.spec.runtime or self.timed_default
 
     @property
     def net_seconds(self) -> int:
-        return self.spec.net_seconds or (5 if self.quick else 30)
+        """A network test's seconds in each sample (--net-seconds, or timed_default)."""
+        return self.spec.net_seconds or self.timed_default
+
+    @property
+    def timed_default(self) -> int:
+        """A timed test's seconds per sample when the run names none: 30, or at quick size QUICK_SECONDS shared by
+        the test's planned samples a side (a quick run tries things out: its repeats buy an interval, not more
+        time), at least MIN_SAMPLE_SECONDS each."""
+        return sample_seconds(self.quick, self.spec.planned_samples)
+
+    def timed_note(self) -> str:
+        """How long each sample of a timed test ran, and why, in words (a repeated run's provenance)."""
+        given = [f"{flag} {v} s" for flag, v in (("--net-seconds", self.spec.net_seconds),
+                                                  ("--runtime", self.spec.runtime)) if v]
+        each = (f"network tests {self.net_seconds} s, random I/O {self.runtime} s")
+        if given:
+            return f"{each}: {', '.join(given)} as given"
+        if not self.quick:
+            return f"{each}: the default at this size"
+        n = self.spec.planned_samples
+        if n == 1:
+            return f"{each}: quick size's {QUICK_SECONDS} s"
+        return (f"{each}: quick size's {QUICK_SECONDS} s shared by {n} samples a side, at least "
+                f"{MIN_SAMPLE_SECONDS} s each")
 
     @property
     def dom0(self) -> bool:
@@ -149,6 +177,14 @@ class RunContext:
 
     def save_provenance(self) -> None:
         self.store.set_provenance(self.run_id, self.provenance)
+
+
+def sample_seconds(quick: bool, samples: int) -> int:
+    """A timed test's seconds per sample by default: FULL_SECONDS, or at quick size QUICK_SECONDS shared by its
+    `samples` a side, at least MIN_SAMPLE_SECONDS (RunContext.timed_default)."""
+    if not quick:
+        return FULL_SECONDS
+    return max(MIN_SAMPLE_SECONDS, math.ceil(QUICK_SECONDS / max(1, samples)))
 
 
 def host_labels(labels: list[str], *, dom0: bool = False) -> list[str]:

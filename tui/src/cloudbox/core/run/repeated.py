@@ -219,7 +219,8 @@ def run_repeated(ctx: RunContext) -> None:
     policy, plan = Policy.of(spec), Plan(ctx)
     record = ctx.provenance.repeats = Repeats(repeats=spec.repeats, boots=spec.boots,
                                               until_width=spec.until_width or None,
-                                              max_repeats=spec.most_repeats if spec.until_width else None, order=ORDER)
+                                              max_repeats=spec.most_repeats if spec.until_width else None, order=ORDER,
+                                              timing=ctx.timed_note())
     ctx.save_provenance()
     tests = catalogue.resolve_tests(spec.storage_tests) if spec.wants_storage else []
     bare = _bare_metal(ctx, tests) if tests else None

@@ -322,11 +322,13 @@ class RunSpec:
         "netperf", flags=("--net-tests",), help="netperf, iperf3, both, or comma-separated ids",
         choices=tuple(Choice(k) for k in catalogue.NET_SETS), check=_check_net_tests)
     net_seconds: int = run_option(
-        0, flags=("--net-seconds",), help="seconds per network test (default 5 quick / 30)",
-        check=_seconds("--net-seconds", "5 s quick, 30 s otherwise"))
+        0, flags=("--net-seconds",),
+        help="seconds per network test's sample (default 30; quick size 5, shared by its repeats, >= 2 each)",
+        check=_seconds("--net-seconds", "30 s, or at quick size 5 s shared by the repeats"))
     runtime: int = run_option(
-        0, flags=("--runtime",), help="seconds cap for random I/O tests (default 5 / 30)",
-        check=_seconds("--runtime", "5 s quick, 30 s otherwise"))
+        0, flags=("--runtime",),
+        help="seconds cap per random I/O test's sample (default 30; quick size 5, shared by its repeats, >= 2 each)",
+        check=_seconds("--runtime", "30 s, or at quick size 5 s shared by the repeats"))
     work_dir: str = run_option(
         "", flags=("--work-dir",), help="directory on the file system under test (file backings)")
     device: str = run_option(
@@ -492,6 +494,11 @@ class RunSpec:
         """Each test measured more than once, or across guest boots: the run alternates bare metal and guest sample
         by sample (core.run.repeated)."""
         return self.repeats > 1 or self.boots > 1 or self.until_width > 0
+
+    @property
+    def planned_samples(self) -> int:
+        """A test's samples a side as planned: --repeats in each of --boots (with --until-width, the fewest)."""
+        return self.repeats * self.boots
 
     @property
     def most_repeats(self) -> int:

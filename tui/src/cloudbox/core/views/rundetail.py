@@ -128,6 +128,8 @@ def how_measured_lines(p: Provenance, width: int = 116) -> list[str]:
         until = (f", until its ratio's 95% interval is within +-{r.until_width:g}% (at most {r.max_repeats})"
                  if r.until_width else "")
         items.append(("repeats", f"{r.repeats} a side{boots}{until}: {r.order}"))
+        if r.timing:
+            items.append(("each sample", r.timing))
         if r.boot_s:
             items.append(("boots", "launch to agent " + ", ".join(f"{s:.0f} s" for s in r.boot_s)))
         items += [("stopped", f"{tr.test}: {tr.samples} a side, {tr.reason}") for tr in r.tests]
