@@ -481,7 +481,7 @@ watch_check() {
     watch_check run-fiocs  # fio --server in each guest, on its run-bridge address (169.254.100.x), never 10.73.0.x
 }
 
-# bats test_tags=slow,image,cluster
+# bats test_tags=slow,image,cluster,cluster-full
 @test "a job across guests that would sit on the private network is refused before it is recorded" {
     enrolled || skip "needs be1 enrolled (the enrolment test)"
     # With network tests to fe1 the guests take private leases: fio --server there would run any host's job.

@@ -107,7 +107,7 @@ def test_second_run_refused_and_cancel(state, libvirt_conn):
     """A detached run holds the host; a second one is refused; cancel cleans up and stores `aborted`."""
     with ResultStore() as store:
         rid = runs.start_detached(RunSpec(profile="virtio-disk", suite="storage", size="64M",
-                                          storage_tests="full", runtime=30), store)
+                                          storage_tests="smoke", runtime=30), store)
         deadline = time.time() + 240
         while time.time() < deadline:  # wait until the executor holds the lock and the guest is up
             steps = [e.payload.get("text", "") for e in store.events_since(rid, 0) if e.kind == "step"]
@@ -129,7 +129,7 @@ def test_second_run_refused_and_cancel(state, libvirt_conn):
 def test_ctrl_c_in_foreground_cli(state, libvirt_conn):
     """SIGINT to a foreground `cloudbox run` aborts it cleanly: guest gone, store removed, run kept as aborted."""
     got = interrupt_cli_run(["--profile", "eucalyptus-default", "--suite", "storage", "--size", "64M",
-                             "--tests", "full", "--runtime", "30"])
+                             "--tests", "smoke", "--runtime", "30"])
     assert got.returncode == 1, got.output
     assert "run aborted" in got.output
     assert got.run.state == "aborted" and "SIGINT" in (got.run.reason or ""), got.run.reason
