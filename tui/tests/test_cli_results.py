@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import io
 import json
+import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ from conftest_results import REPEATED_WRITE_BARE, REPEATED_WRITE_GUEST, add_repe
 from cloudbox.core.record import stats
 from cloudbox.core.record.provenance import DiskStall, NicStall
 from cloudbox.core.record.results import ResultStore
+from cloudbox.core.record.schema import SCHEMA_VERSION
 from cloudbox.core.views import labels, render, rundetail
 
 
@@ -227,3 +231,37 @@ def test_a_repeated_run_shows_its_intervals_in_every_command(db, cli_run):
     assert fig["samples"] == list(REPEATED_WRITE_GUEST) and (fig["low"], fig["high"]) == (s.low, s.high)
     assert sorted(m["repeat"] for m in run["measurements"] if (m["side"], m["test"]) == ("guest", "seq-write-64k")) \
         == list(range(1, 9))
+
+
+# ---------------------------------------------------------------------------------------- another machine's file
+@pytest.mark.parametrize("name", ["results-2026-12.db", "provenance-2026-11.db"])
+def test_a_database_in_an_older_schema_is_read_without_being_changed(name, tmp_path, cli_run, isolated):
+    """`results --db`, `study report --db` and `study compare` read an older cloudbox's file from an upgraded copy:
+    the file's bytes, mode and neighbours (no -wal or -shm beside it) stay as they were."""
+    old = tmp_path / "old" / name
+    old.parent.mkdir()
+    shutil.copyfile(Path(__file__).parent / "data" / name, old)
+    old.chmod(0o644)
+    digest = hashlib.sha256(old.read_bytes()).hexdigest()
+    with sqlite3.connect(f"file:{old}?mode=ro", uri=True) as ro:
+        assert int(ro.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION  # a file worth the test
+    listed = cli_run(["results", "--db", str(old), "list"])
+    assert listed.code == 0, listed.err
+    assert len([ln for ln in listed.out.splitlines() if ln.strip()]) > 1, listed.out  # its runs were read
+    assert cli_run(["results", "--db", str(old), "show", "1"]).code == 0
+    assert cli_run(["study", "report", "a", "--db", str(old)]).code == 0
+    assert cli_run(["study", "compare", "a", str(old), str(old)]).code in (0, 1)
+    assert hashlib.sha256(old.read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in old.parent.iterdir()) == [name] and (old.stat().st_mode & 0o777) == 0o644
+    # a command that writes upgrades it in place, as before
+    assert cli_run(["results", "--db", str(old), "delete", "1"]).code == 0
+    with sqlite3.connect(f"file:{old}?mode=ro", uri=True) as ro:
+        assert int(ro.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
+
+
+def test_a_database_that_is_not_one_is_named(tmp_path, cli_run, isolated):
+    bad = tmp_path / "notes.db"
+    bad.write_text("not a database\n" * 100)
+    got = cli_run(["study", "compare", "a", str(bad), str(bad)])
+    assert got.code == 1 and f"{bad}: cannot open the results database" in got.err, got.err
+    assert bad.read_text() == "not a database\n" * 100

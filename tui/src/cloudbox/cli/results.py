@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _store(args: argparse.Namespace) -> ResultStore:
+def _store(args: argparse.Namespace, *, writes: bool = False) -> AbstractContextManager[ResultStore]:
+    """The results database: the state dir's, or `--db`'s, which is only read (ResultStore.reading) unless the
+    command `writes`."""
     db = getattr(args, "db", None)
     if db is not None and not Path(db).is_file():
         raise NotFound(f"--db {printable(str(db))}: no such results database; allowed: an existing results.db "
                        f"(default: {paths.results_db()})")
-    return ResultStore(db)
+    return ResultStore(db) if db is None or writes else ResultStore.reading(db)
 
 
 def _mbps(v: float | None, pct: float | None, n: int = 1) -> str:
@@ -230,7 +233,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     """Delete one run; refused while its executor is still running."""
-    with _store(args) as store:
+    with _store(args, writes=True) as store:
         run_id = store.resolve(args.run)
         run = store.get_run(run_id, raw=False)
         if run.state == "running" and _alive(store, run):

@@ -246,7 +246,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     fmt = args.format
     if fmt is None:
         fmt = "html" if args.output is not None and args.output.suffix.lower() in (".html", ".htm") else "md"
-    with ResultStore(args.db) as store:
+    with ResultStore.reading(args.db) if args.db is not None else ResultStore() as store:
         ev = evidence.gather(study, store.list_runs(), size=args.size, node=args.node)
         if fmt == "html":  # its host disk figures
             evidence.attach_host_samples(ev, lambda run_id, test: store.samples(run_id, test=test))
@@ -268,7 +268,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for path in (args.first, args.second):
         if not path.is_file():
             raise UsageError(f"{path}: no such results database; allowed: a results.db a cloudbox run wrote")
-        with ResultStore(path) as store:
+        with ResultStore.reading(path) as store:
             found.append(evidence.gather(study, store.list_runs(), size=args.size, node=args.node))
     pairs = agreement.pair(found[0], found[1])
     names = (str(args.first), str(args.second))

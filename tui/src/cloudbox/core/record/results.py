@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sqlite3
+import tempfile
 import threading
 import time
 import uuid as uuid_mod
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from .. import db, paths
 from ..errors import CloudboxError, NotFound, masked
@@ -49,7 +52,7 @@ from .rows import (
     loads,
     run_from_row,
 )
-from .schema import migrate, schema_version
+from .schema import SCHEMA_VERSION, migrate, schema_version
 
 DEAD_EXECUTOR_REASON = "executor killed"  # how a run whose executor is gone ends (core.procs.how_it_died may say more)
 
@@ -165,6 +168,31 @@ class ResultStore:
             if self._conn_obj is not None and self._conn_pid == os.getpid():
                 self._conn_obj.close()
             self._conn_obj = None
+
+    @classmethod
+    @contextmanager
+    def reading(cls, path: Path | str) -> Iterator[ResultStore]:
+        """A results database opened to be read: one in an older schema, which opening it would upgrade in place, is
+        read from an upgraded copy in a temporary directory (removed after), so that reading a file (another
+        machine's, an example's, an older cloudbox's) never changes it."""
+        path = Path(path)
+        tmp: Path | None = None
+        try:
+            with closing(sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)) as ro:
+                if schema_version(ro) < SCHEMA_VERSION:
+                    tmp = Path(tempfile.mkdtemp(prefix="cloudbox-read-"))
+                    with closing(sqlite3.connect(tmp / path.name)) as copy:
+                        ro.backup(copy)
+        except sqlite3.DatabaseError as e:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CloudboxError(f"{path}: cannot open the results database: {e}") from e
+        try:
+            with cls(tmp / path.name if tmp is not None else path) as store:
+                yield store
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def __enter__(self) -> ResultStore:
         return self
