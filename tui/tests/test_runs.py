@@ -57,6 +57,39 @@ def test_cancelling_a_finished_run_changes_nothing(state):
             runs.cancel(store, other)
 
 
+def test_cancel_never_signals_a_process_that_took_a_dead_executors_pid(state):
+    """A run whose executor died (a reboot) keeps its pid, which another program may have by now: cancel finds the
+    executor gone, stores the run aborted and leaves that program alone."""
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        with ResultStore() as store:
+            rid = store.create_run(profile_name="p", pid=stranger.pid)
+            assert runs.cancel(store, rid, timeout=2) == "aborted"
+            assert "executor killed" in (store.get_run(rid).reason or "")
+        time.sleep(0.2)
+        assert stranger.poll() is None  # not signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_cancel_of_a_run_another_host_executes_names_that_host(state):
+    from cloudbox.core.record.provenance import Controller, Provenance
+
+    me = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a pid that looks like ours
+    try:
+        with ResultStore() as store:
+            rid = store.create_run(profile_name="p", pid=me.pid, node="be7")
+            store.set_provenance(rid, Provenance(controller=Controller(host="fe7")))
+            with pytest.raises(Exception, match=f"run {rid} is executed by fe7, not by this host: cancel it on fe7"):
+                runs.cancel(store, rid, timeout=2)
+            assert store.get_run(rid).state == "running"
+        assert me.poll() is None
+    finally:
+        me.kill()
+        me.wait()
+
+
 def test_a_profile_that_does_not_exist_is_refused_before_a_detached_run_is_recorded(state):
     """As a run in the foreground is: not a run that starts, then fails as a dead executor."""
     with ResultStore() as store:

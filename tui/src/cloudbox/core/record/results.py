@@ -419,11 +419,19 @@ class ResultStore:
         with self._lock:
             return [r[0] for r in self._conn.execute("SELECT id FROM runs ORDER BY id")]
 
-    def _executor_alive(self, run: Run) -> bool:
-        # A run on an enrolled node is executed (mirrored) by this host when this host is its controller.
+    def executed_elsewhere(self, run: Run) -> str:
+        """The host whose process executes `run` when it is not this one ("" when it is this host's): a run on an
+        enrolled node is executed (mirrored) by this host when this host is its controller."""
         controller = run.provenance.controller.host if run.provenance.controller else None
         if run.node and run.node != self._hostname and controller != self._hostname:
-            return True  # cannot see another host's processes: assume alive
+            return controller or run.node
+        return ""
+
+    def executor_alive(self, run: Run) -> bool:
+        """Whether `run`'s executor still runs: its recorded pid is that process on this host (pid_alive), or the run
+        is executed by another host, whose processes this one cannot see (assumed alive)."""
+        if self.executed_elsewhere(run):
+            return True
         return pid_alive(run.pid, run.started_at)
 
     def run_uuids(self) -> set[str]:
@@ -433,11 +441,11 @@ class ResultStore:
 
     def active_runs(self) -> list[Run]:
         """Runs in state 'running' whose executor process is alive."""
-        return [r for r in self.list_runs(state="running") if self._executor_alive(r)]
+        return [r for r in self.list_runs(state="running") if self.executor_alive(r)]
 
     def dead_runs(self) -> list[Run]:
         """Runs still in state 'running' on this host whose executor process is gone."""
-        return [r for r in self.list_runs(state="running") if not self._executor_alive(r)]
+        return [r for r in self.list_runs(state="running") if not self.executor_alive(r)]
 
     def reap_dead_runs(self) -> list[Run]:
         """Mark every run whose executor is gone 'aborted': "executor killed" (by what, where the kernel's log says)

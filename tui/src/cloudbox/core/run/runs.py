@@ -86,8 +86,13 @@ def cancel(store: ResultStore, run_id: int, timeout: float = 60.0) -> str:
     run = store.get_run(run_id)
     if run.state != "running":
         return run.state
+    if where := store.executed_elsewhere(run):
+        raise CloudboxError(f"run {run_id} is executed by {where}, not by this host: cancel it on {where}")
     if not run.pid:
         raise CloudboxError(f"run {run_id} has no executor pid recorded")
+    if not store.executor_alive(run):  # gone, or its pid recycled by another process: never signal that one
+        store.reap_dead_runs()
+        return store.get_run(run_id).state
     try:
         os.kill(run.pid, signal.SIGTERM)
     except ProcessLookupError:
