@@ -66,6 +66,7 @@ def test_a_run_repeated_three_times_takes_turns_and_shows_the_interval(state, li
     assert " n=3" in out  # each side's median of its three
     assert "repeats      3 a side: each test's samples in turn, bare metal then guest (ABAB...)" in out
     assert "stopped      seq-write-64k: 3 a side, the planned 3" in out
+    assert "each sample  network tests 2 s, random I/O 1 s: --runtime 1 s as given" in out  # 5 s over 3 quick samples
     assert "steady state a 1 s warm-up job run first and discarded in randread-4k-qd1" in out
     assert "host state   " in out and "kernel command line:" in out
     assert leftovers(libvirt_conn, state) == {"guests": [], "bridge": False, "netns": False, "loops": []}
