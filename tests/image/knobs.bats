@@ -57,11 +57,17 @@ teardown_file() {
 
 teardown() {
     if [ "${BATS_TEST_COMPLETED:-}" != 1 ]; then
+        # A detached run the failed test started would hold the appliance (RunBusy) for the next test.
+        [ -z "${rid:-}" ] || MACHINE_SSH_TIMEOUT_S=240 appliance cloudbox cancel "$rid" > /dev/null 2>&1 || :
         echo "# logs kept in $KNOBS_LOGS (serial.log, journal.txt, the run's NAME.txt)" >&3
     fi
 }
 
 appliance() { machine_ssh "$KNOBS_LOGS" "$KNOBS_PORT" "$@"; }
+
+# qmp DOMAIN JSON: a QMP command to the domain's QEMU through libvirt, the JSON quoted for the appliance's shell
+# (ssh hands the remote shell one string: unquoted, its double quotes would be lost).
+qmp() { appliance "virsh qemu-monitor-command $1 '$2'"; }
 
 # domains: the names of the libvirt domains running in the appliance, one a line; has_domain, no_domain: whether
 # there are any (for wait_for).
@@ -111,12 +117,12 @@ knobs_run() {
     wait_for 900 5 has_domain || fail "no domain after ${WAITED_S} s; $(appliance cloudbox results show "$rid" 2>&1 | tail -20)"
     dom=$(domains | head -1)
     # What QEMU reports: the iothread objects, and the disk's queue -> iothread mapping, read off the device.
-    run -0 appliance virsh qemu-monitor-command "$dom" '{"execute":"query-iothreads"}'
+    run -0 qmp "$dom" '{"execute":"query-iothreads"}'
     echo "$output" > "$KNOBS_LOGS/iothreads-query.json"
     run -0 python3 -c 'import json, sys; print(" ".join(sorted(t["id"] for t in json.load(sys.stdin)["return"])))' \
         <<<"$output"
     assert_output "iothread1 iothread2"
-    run -0 appliance virsh qemu-monitor-command "$dom" --hmp 'info iothreads'
+    run -0 appliance "virsh qemu-monitor-command $dom --hmp 'info iothreads'"
     echo "$output" >> "$KNOBS_LOGS/iothreads-query.json"
     run -0 appliance virsh dumpxml "$dom"
     echo "$output" > "$KNOBS_LOGS/iothreads-live.xml"
@@ -132,11 +138,12 @@ for disk in dom.iter("disk"):
 EOF
     read -r alias queues mapping <<<"$output"
     [ "$queues $mapping" = "2 1:0 2:1" ] || fail "the disk's live <driver>: queues $queues, mapping $mapping"
-    run -0 appliance virsh qemu-monitor-command "$dom" \
+    run -0 qmp "$dom" \
         "{\"execute\":\"qom-get\",\"arguments\":{\"path\":\"/machine/peripheral/$alias\",\"property\":\"iothread-vq-mapping\"}}"
     echo "$output" >> "$KNOBS_LOGS/iothreads-query.json"
     run -0 python3 -c 'import json, sys
-print(" ".join(f"{m[\"iothread\"]}:{\",\".join(map(str, m[\"vqs\"]))}" for m in json.load(sys.stdin)["return"]))' <<<"$output"
+print(" ".join("%s:%s" % (m["iothread"], ",".join(map(str, m["vqs"]))) for m in json.load(sys.stdin)["return"]))' \
+        <<<"$output"
     assert_output "iothread1:0 iothread2:1"
     run -0 appliance cloudbox cancel "$rid"
     wait_for 180 3 no_domain || fail "the guest still runs ${WAITED_S} s after cancel"
