@@ -146,6 +146,7 @@ def test_a_pvh_profile_is_refused_on_a_xen_without_hvm_before_anything_is_made(s
     monkeypatch.setattr(accel, "booted_into_xen", lambda *a: True)
     monkeypatch.setattr(accel, "XEN_CAPS_SYSFS", caps)
     monkeypatch.setattr(accel.xen_hvm, "__defaults__", (caps,))
+    monkeypatch.setattr(accel, "dom0_facts", lambda: {})  # no `xl info` here: the capabilities answer
     from cloudbox.core.run import preflight
 
     with ResultStore() as store:

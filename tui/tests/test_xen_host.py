@@ -124,9 +124,14 @@ xen_version            : 4.20.2-pre
 XL_INFO_HW = """virt_caps              : pv hvm hvm_directio pv_directio hap shadow iommu_hap_pt_share gnttab-v1
 xen_caps               : xen-3.0-x86_64 hvm-3.0-x86_32 hvm-3.0-x86_32p hvm-3.0-x86_64
 """
+# On TCG's AMD qemu64,+svm (SVM without NPT) Xen 4.20 lists hvm, but Debian's Xen has no shadow paging and the CPU no
+# NPT: libxl refuses every PVH and HVM guest ("neither hap nor shadow paging available").
+XL_INFO_SVM_NO_NPT = """virt_caps              : pv hvm gnttab-v1 gnttab-v2
+xen_caps               : xen-3.0-x86_64 hvm-3.0-x86_32 hvm-3.0-x86_32p hvm-3.0-x86_64
+"""
 
 
-def test_hvm_class_guests_are_refused_where_xen_has_no_hardware_virtualization(tmp_path):
+def test_hvm_class_guests_are_refused_where_xen_has_no_hardware_virtualization(tmp_path, monkeypatch):
     tcg, hw = accel.parse_xl_info(XL_INFO_TCG), accel.parse_xl_info(XL_INFO_HW)
     assert tcg["xen_virt_caps"] == "pv pv_directio shadow gnttab-v1 gnttab-v2"
     # what `cloudbox host` shows
@@ -139,13 +144,15 @@ def test_hvm_class_guests_are_refused_where_xen_has_no_hardware_virtualization(t
     assert accel.xen_hvm_from(xen_caps="xen-3.0-x86_64") is False
     assert accel.xen_hvm_from(xen_caps="xen-3.0-x86_64 hvm-3.0-x86_32 hvm-3.0-x86_64") is True
     assert accel.xen_hvm_from() is None
-    # Xen's capabilities in sysfs, readable without root, are read first
+    # Xen's capabilities in sysfs, readable without root, answer when `xl info` does not
+    monkeypatch.setattr(accel, "dom0_facts", lambda: {"dom0_vcpus": "2"})
     assert accel.xen_hvm(_file(tmp_path / "caps", "xen-3.0-x86_64 xen-3.0-x86_32p\n")) is False
     assert accel.xen_hvm(_file(tmp_path / "caps", "xen-3.0-x86_64 hvm-3.0-x86_64\n")) is True
     for xen_type in ("pvh", "hvm"):
         why = accel.xen_type_refusal("xen-pvh-phy", xen_type, hvm=False)
         assert why is not None and "hardware virtualization (Intel VT-x or AMD-V)" in why, why
-        assert "virt_caps without hvm" in why and "real hardware with VT-x/AMD-V" in why and "xen-xvd-phy" in why
+        assert "virt_caps without hvm, or without hap and shadow" in why and "real hardware with VT-x/AMD-V" in why
+        assert "xen-xvd-phy" in why and "qemu64,+svm,+npt" in why
         assert accel.xen_type_refusal("xen-pvh-phy", xen_type, hvm=True) is None
         assert accel.xen_type_refusal("xen-pvh-phy", xen_type, hvm=None) is None  # not known: libxl has its say
     assert accel.xen_type_refusal("xen-xvd-phy", "pv", hvm=False) is None  # PV needs no VT-x/AMD-V
@@ -156,10 +163,29 @@ def test_hvm_class_guests_are_refused_where_xen_has_no_hardware_virtualization(t
 def test_the_tui_greys_hvm_class_profiles_where_the_run_refuses_them():
     no_hvm = accel.Boot(True, "xen dom0 (in a VM, emulated)", xen_hvm=False)
     assert no_hvm.refusal("xen", "pv") is None
-    assert no_hvm.refusal("xen", "pvh") == "Xen PVH: needs VT-x/AMD-V, which this Xen lacks"
-    assert no_hvm.refusal("xen", "hvm") == "Xen HVM: needs VT-x/AMD-V, which this Xen lacks"
+    assert no_hvm.refusal("xen", "pvh") == "Xen PVH: needs VT-x/AMD-V with EPT/NPT, which this Xen lacks"
+    assert no_hvm.refusal("xen", "hvm") == "Xen HVM: needs VT-x/AMD-V with EPT/NPT, which this Xen lacks"
     assert no_hvm.refusal("kvm", "") == "KVM profile: boot the appliance's default Linux entry"
     hw = accel.Boot(True, "xen dom0", xen_hvm=True)
     assert hw.refusal("xen", "pvh") is hw.refusal("xen", "hvm") is None
     assert accel.Boot(True, "xen dom0").refusal("xen", "pvh") is None  # not known: not greyed
     assert accel.Boot(False, "kvm").refusal("xen", "pvh") == "Xen profile: boot the appliance's Xen entry"
+
+
+def test_hvm_without_a_paging_mode_is_no_hvm(tmp_path, monkeypatch):
+    """Xen's hvm word alone is not enough: with neither hap (EPT/NPT) nor shadow paging libxl creates no PVH or HVM
+    guest, so virt_caps decide, before Xen's capabilities (which list hvm-* all the same)."""
+    svm = accel.parse_xl_info(XL_INFO_SVM_NO_NPT)
+    assert svm["xen_guests"] == ("pv only (VT-x/AMD-V without EPT/NPT, and no shadow paging: pvh and hvm profiles "
+                                 "are refused)")
+    assert accel.xen_hvm_lack(svm["xen_virt_caps"]) == "VT-x/AMD-V without EPT/NPT, and no shadow paging"
+    assert accel.xen_hvm_lack("pv pv_directio shadow") == "no VT-x/AMD-V"
+    assert accel.xen_hvm_lack("pv hvm hap gnttab-v1") == ""
+    assert accel.xen_hvm_lack("pv hvm shadow") == ""
+    assert accel.xen_hvm_from(virt_caps=svm["xen_virt_caps"]) is False
+    caps = _file(tmp_path / "caps", "xen-3.0-x86_64 hvm-3.0-x86_64\n")
+    monkeypatch.setattr(accel, "dom0_facts", lambda: svm)
+    assert accel.xen_hvm(caps) is False  # virt_caps first: the hvm-* entry says nothing of paging
+    monkeypatch.setattr(accel, "dom0_facts", lambda: {"dom0_vcpus": "2"})  # no xl (not root): the capabilities
+    assert accel.xen_hvm(caps) is True
+    assert accel.xen_hvm(tmp_path / "absent") is None

@@ -159,8 +159,8 @@ def parse_xl_info(text: str) -> dict[str, str]:
         facts["xen_cpus"] = got["nr_cpus"]
     if "virt_caps" in got:
         facts["xen_virt_caps"] = got["virt_caps"]
-        facts["xen_guests"] = ("pv, pvh, hvm" if xen_hvm_from(virt_caps=got["virt_caps"]) else
-                               "pv only (no VT-x/AMD-V: pvh and hvm profiles are refused)")
+        lack = xen_hvm_lack(got["virt_caps"])
+        facts["xen_guests"] = f"pv only ({lack}: pvh and hvm profiles are refused)" if lack else "pv, pvh, hvm"
     if "xen_commandline" in got:
         dom0 = [w for w in got["xen_commandline"].split() if w.startswith(("dom0_mem=", "dom0_max_vcpus="))]
         if dom0:
@@ -173,36 +173,57 @@ XEN_CAPS_SYSFS = Path("/sys/hypervisor/properties/capabilities")
 HVM_CLASS = ("pvh", "hvm")
 
 
+def xen_hvm_lack(virt_caps: str) -> str:
+    """What `xl info`'s virt_caps ("pv hvm hap shadow ...") lack for HVM-class guests, in a few words; "" when
+    nothing. They need the hvm word (VT-x/AMD-V) and a paging mode for the guest's memory: hap (EPT/NPT) or shadow.
+    Debian's Xen is built without shadow paging, so on a CPU with VT-x/AMD-V but no EPT/NPT (QEMU TCG's AMD
+    qemu64,+svm) Xen lists hvm and libxl still refuses every such guest ("neither hap nor shadow paging
+    available")."""
+    words = virt_caps.split()
+    if "hvm" not in words:
+        return "no VT-x/AMD-V"
+    if "hap" not in words and "shadow" not in words:
+        return "VT-x/AMD-V without EPT/NPT, and no shadow paging"
+    return ""
+
+
 def xen_hvm_from(virt_caps: str | None = None, xen_caps: str | None = None) -> bool | None:
-    """Whether Xen can run HVM-class guests, from `xl info`'s virt_caps ("pv hvm hap ...": the hvm word) or else
-    Xen's capabilities ("xen-3.0-x86_64 hvm-3.0-x86_64 ...": an hvm- entry); None when neither is known."""
+    """Whether Xen can run HVM-class guests, from `xl info`'s virt_caps (xen_hvm_lack: hvm, and hap or shadow) or
+    else Xen's capabilities ("xen-3.0-x86_64 hvm-3.0-x86_64 ...": an hvm- entry, which says nothing of paging);
+    None when neither is known."""
     if virt_caps is not None:
-        return "hvm" in virt_caps.split()
+        return not xen_hvm_lack(virt_caps)
     if xen_caps is not None:
         return any(c.startswith("hvm-") for c in xen_caps.split())
     return None
 
 
 def xen_hvm(sysfs: Path = XEN_CAPS_SYSFS) -> bool | None:
-    """Whether this Xen runs HVM-class guests (PVH, HVM): Xen's capabilities as dom0's kernel shows them to anyone
-    (no root, no xl), else `xl info`'s virt_caps; None off Xen or when neither answers."""
+    """Whether this Xen runs HVM-class guests (PVH, HVM): `xl info`'s virt_caps (root), which also say whether Xen
+    has a paging mode for them, else Xen's capabilities as dom0's kernel shows them to anyone; None off Xen or when
+    neither answers."""
+    got = xen_hvm_from(virt_caps=dom0_facts().get("xen_virt_caps"))
+    if got is not None:
+        return got
     try:
         return xen_hvm_from(xen_caps=sysfs.read_text())
     except OSError:
-        pass
-    return xen_hvm_from(virt_caps=dom0_facts().get("xen_virt_caps"))
+        return None
 
 
 def xen_type_refusal(profile_name: str, xen_type: str, hvm: bool | None) -> str | None:
     """Why a Xen profile whose guest type is `xen_type` (pv, pvh, hvm) cannot run on a Xen without hardware
-    virtualization (`hvm` False), naming where it can; None when it can or when that is not known."""
+    virtualization or a paging mode for it (`hvm` False), naming where it can; None when it can or when that is not
+    known."""
     if xen_type not in HVM_CLASS or hvm is not False:
         return None
     kind = {"pvh": "a PVH", "hvm": "an HVM"}[xen_type]
     return (f"profile {profile_name} runs {kind} guest, which needs hardware virtualization (Intel VT-x or AMD-V) "
-            "under Xen, and this Xen has none (xl info: virt_caps without hvm; Xen's capabilities list no hvm-*): "
-            "Xen nested in an emulated CPU (QEMU TCG) or with VT-x/AMD-V off in the firmware offers PV only. Run it "
-            "on real hardware with VT-x/AMD-V enabled, or choose a PV profile (xen-xvd-phy, xen-xvd-file)")
+            "with nested paging (EPT or NPT: Xen's HAP; Debian's Xen has no shadow paging to stand in) under Xen, and "
+            "this Xen lacks it (xl info: virt_caps without hvm, or without hap and shadow; Xen's capabilities list "
+            "no hvm-*): VT-x/AMD-V is off in the firmware, or Xen runs nested in a virtual CPU without them (under "
+            "QEMU TCG only -cpu qemu64,+svm,+npt has both). Run it on real hardware with VT-x/AMD-V enabled, or "
+            "choose a PV profile (xen-xvd-phy, xen-xvd-file)")
 
 
 @dataclass(frozen=True)
@@ -223,7 +244,7 @@ class Boot:
         if hypervisor != "xen" and self.xen:
             return f"{hypervisor.upper()} profile: boot the appliance's default Linux entry"
         if self.xen and xen_type in HVM_CLASS and self.xen_hvm is False:
-            return f"Xen {xen_type.upper()}: needs VT-x/AMD-V, which this Xen lacks"
+            return f"Xen {xen_type.upper()}: needs VT-x/AMD-V with EPT/NPT, which this Xen lacks"
         if raid_on == "host" and self.host_raid:
             return f"host RAID: {self.host_raid.split(' (')[0]}"
         return None
