@@ -6,6 +6,10 @@ Standard library only: it runs with the test host's python3.
                                                libxl driver DRIVER: phy for blkback, qemu for qdisk), the same
                                                storage and network tests on both sides, the baseline dom0's, the
                                                guest emulated
+    xen_checks.py storage RUN_JSON PROFILE MACHINE BUS
+                                               the last run: completed under Xen, a guest of libvirt machine MACHINE
+                                               (xenpvh: PVH, xenfv: HVM) whose disk is on BUS, the same storage
+                                               tests on both sides, the baseline dom0's, the guest emulated
 """
 
 from __future__ import annotations
@@ -66,11 +70,46 @@ def check_run(run_json: Path, profile: str, bus: str, driver: str | None = None)
             f"launch to agent {prov.get('launch_to_agent_s')} s")
 
 
+def check_storage_run(run_json: Path, profile: str, machine: str, bus: str) -> str:
+    run = json.loads(run_json.read_text())["runs"][-1]
+    prov = run["provenance"]
+    check(run["state"] == "completed", "the run completed", (run["state"], run["reason"]))
+    check(run["profile_name"] == profile, f"the run is of profile {profile}", run["profile_name"])
+    acc = prov["accelerator"]
+    check(acc["name"] == "xen" and acc["domain_type"] == "xen", "the guest ran under Xen", acc)
+    check(acc["emulated"] and run["emulated"], "Xen under QEMU TCG: the run is labelled emulated", acc)
+    dom = ET.fromstring(prov["domain_xml"])
+    os_type = dom.find("os/type")
+    check(dom.get("type") == "xen" and os_type is not None and os_type.get("machine") == machine,
+          f"a Xen domain of machine {machine}",
+          (dom.get("type"), None if os_type is None else (os_type.get("machine"), os_type.text)))
+    target = dom.find("devices/disk/target")
+    check(target is not None and target.get("bus") == bus, f"the benchmark disk on bus {bus}",
+          None if target is None else target.attrib)
+    check(prov.get("guest_kernel"), "the guest's kernel version", prov.get("guest_kernel"))
+    sides: dict[str, set[str]] = {}
+    for m in run["measurements"]:
+        sides.setdefault(m["side"], set()).add(m["test"])
+        if m["side"] == "baseline":
+            check("dom0" in m["labels"] and "emulated" not in m["labels"], "the baseline is dom0's, not emulated", m)
+        elif m["side"] == "guest":
+            check("emulated" in m["labels"] and "quick-size" in m["labels"], "a guest number: emulated, quick-size", m)
+            check(m["value"] > 0, "a guest number above 0", m)
+    check(sides.get("guest") and sides.get("guest") == sides.get("baseline"),
+          "the same tests on the guest and dom0", sides)
+    write = next(m for m in run["measurements"] if m["side"] == "guest" and "write" in m["test"])
+    base = next(m for m in run["measurements"] if m["side"] == "baseline" and m["test"] == write["test"])
+    return (f"{len(run['measurements'])} measurements; {write['test']}: guest {write['value']:.1f} "
+            f"{write['metric']}, dom0 {base['value']:.1f}; launch to agent {prov.get('launch_to_agent_s')} s")
+
+
 def main(argv: list[str]) -> int:
     try:
         match argv:
             case ["run", run_json, profile, bus, *driver] if len(driver) <= 1:
                 print(check_run(Path(run_json), profile, bus, *driver))
+            case ["storage", run_json, profile, machine, bus]:
+                print(check_storage_run(Path(run_json), profile, machine, bus))
             case _:
                 print(__doc__, file=sys.stderr)
                 return 2

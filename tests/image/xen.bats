@@ -5,8 +5,10 @@
 # make test boots the UEFI entry once, to dom0 reached over SSH: its serial log shows Xen's EFI loader and the PV dom0,
 # then a Xen PV benchmark guest (xen-xvd-phy) runs one quick storage and one network test there (docs/xen.md). Opt-in
 # (--filter-tags xen-full): each loader's boot to the root's mount alone, the full dom0 boot to the self-test verdict
-# (~10 min under TCG), a PV guest on a file through qdisk (xen-xvd-file), and one disk booted into Xen then Linux,
-# a run under each, compared side by side.
+# (~10 min under TCG), a PV guest on a file through qdisk (xen-xvd-file), one disk booted into Xen then Linux, a run
+# under each, compared side by side, and Xen on TCG's AMD CPU with nested paging (qemu64,+svm,+npt: Xen has HAP there)
+# where a PVH guest (xen-pvh-phy) runs a quick storage test through libvirt (a CPU model added to the appliance's
+# libvirt cpu_map by the test) and an HVM guest made by xl itself boots to its /init.
 # The bench test (tag bench: make image-bench) runs both whole quick suites for docs/xen.md's figures.
 
 load ../helpers/load
@@ -41,6 +43,9 @@ teardown() {
 # The guest test's Xen runs on an Intel-branded qemu64: on AMD Xen hides sep from its host features, and TCG has no
 # vme, so libvirt's libxl driver finds no CPU model for the host and stops (docs/xen.md); PV guests need no SVM.
 : "${IMAGE_XEN_GUEST_CPU:=qemu64,vendor=GenuineIntel}"
+# PVH and HVM guests need Xen's HAP: TCG's SVM with nested paging (+npt). Debian's Xen is built without shadow paging,
+# so on qemu64,+svm alone libxl refuses them ("neither hap nor shadow paging available"; docs/xen.md).
+: "${IMAGE_XEN_HVM_CPU:=qemu64,+svm,+npt}"
 DOM0_ROOT_MOUNTED='EXT4-fs \(vd[a-z]3\): mounted filesystem'
 
 # bats test_tags=slow,image,xen
@@ -348,4 +353,72 @@ print(" ".join(str(r["id"]) for r in runs))' "$logdir/runs.json"
     assert_output --regexp $'(^|\n)#1 +Xen \\(PV'
     assert_output --regexp $'(^|\n)#2 +(KVM|QEMU) '
     grep -E '^#[12] ' "$logdir/compare.txt" | head -8 | sed 's/^/# /' >&3
+}
+
+# xen_tcg_cpu_model: a CPU model for libvirt's cpu_map in this appliance only (never the image), then libvirtd
+# restarted. libvirt's libxl driver decodes the host CPU from Xen's hw_caps and stops when no model fits: on TCG's
+# AMD qemu64 Xen hides sep and TCG has no vme, and every shipped model needs one of the two. This one lists only
+# features that CPU has as Xen reports them (xl info's hw_caps: 178bf3fd:80002001:20100800:00000007).
+xen_tcg_cpu_model() {
+    local f
+    {
+        printf '%s\n' '<cpus>' "  <model name='cbtcg64'>" "    <check partial='compat'/>" \
+            "    <decode host='on' guest='on'/>"
+        for f in apic cmov cx8 fpu fxsr lm mmx msr pae pse sse sse2 tsc; do
+            echo "    <feature name='$f'/>"
+        done
+        printf '%s\n' '  </model>' '</cpus>'
+    } | dom0 'cat > /usr/share/libvirt/cpu_map/x86_cbtcg64.xml'
+    # listed in the map's index after the first generic model
+    dom0 "grep -q x86_cbtcg64.xml /usr/share/libvirt/cpu_map/index.xml ||
+        sed -i \"/<include filename='x86_486.xml'\\/>/a\\      <include filename='x86_cbtcg64.xml'/>\" \
+            /usr/share/libvirt/cpu_map/index.xml"
+    run -0 dom0 grep -c x86_cbtcg64.xml /usr/share/libvirt/cpu_map/index.xml
+    assert_output 1
+    dom0 systemctl restart libvirtd
+    run -0 dom0 virsh -c xen:///system capabilities
+    assert_output --partial '<model>cbtcg64</model>'
+    assert_output --partial '<machine>xenpvh</machine>'
+}
+
+# xen_xl_hvm: an HVM domain made by xl itself from the benchmark guest's kernel and initrd (direct kernel boot through
+# hvmloader, SeaBIOS and Xen's QEMU in dom0), until its /init says ready on the emulated serial port (within 420 s).
+xen_xl_hvm() {
+    local start=$SECONDS
+    dom0 'g=/usr/share/cloudbox/guest; rm -f /root/cbhvm-serial.log
+        printf "%s\n" "name = \"cbhvm\"" "type = \"hvm\"" "memory = 512" "vcpus = 1" "kernel = \"$g/vmlinuz\"" \
+            "ramdisk = \"$g/initrd.img\"" "extra = \"console=ttyS0 panic=-1\"" \
+            "serial = \"file:/root/cbhvm-serial.log\"" "vnc = 0" "sdl = 0" "vga = \"none\"" > /root/cbhvm.cfg
+        xl create /root/cbhvm.cfg'
+    MACHINE_SSH_TIMEOUT_S=20 wait_for --alive "$QEMU_PID" 420 5 dom0 grep -q "cloudbox-guest: ready" \
+        /root/cbhvm-serial.log || {
+        dom0 'xl list; tail -n 20 /root/cbhvm-serial.log; xl dmesg | tail -n 20' > "$logdir/xl-hvm.txt" 2>&1 || :
+        fail "xl's HVM guest did not reach its /init within 420 s: $logdir/xl-hvm.txt"
+    }
+    echo "# xl's HVM guest: /init ready $((SECONDS - start)) s after xl create" >&3
+    run -0 dom0 xl list -l cbhvm
+    assert_output --partial '"type": "hvm"'
+    dom0 xl destroy cbhvm
+}
+
+# bats test_tags=slow,xen,xen-full
+@test "UEFI Xen on TCG's AMD CPU with NPT: a PVH guest (xen-pvh-phy) runs a quick storage test; xl's HVM guest boots" {
+    local IMAGE_XEN_GUEST_CPU=$IMAGE_XEN_HVM_CPU
+    xen_dom0_up hvm
+    run -0 dom0 cloudbox host
+    assert_output --regexp 'xen_virt_caps +pv hvm hap '
+    assert_output --regexp 'xen_guests +pv, pvh, hvm'
+    # libvirtd has stopped on this CPU: no model of its cpu_map fits (docs/xen.md)
+    run -0 dom0 journalctl -b -u libvirtd --no-pager
+    assert_output --partial 'Cannot find suitable CPU model for given data'
+    xen_tcg_cpu_model
+    xen_run xen-pvh-phy storage --tests seq-write-64k
+    assert_output --partial 'Xen (PVH, emulated)'
+    run -0 python3 "$REPO/tests/helpers/xen_checks.py" storage "$logdir/run-xen-pvh-phy-storage.json" xen-pvh-phy \
+        xenpvh xen
+    echo "# PVH: $output" >&3
+    # HVM through xl: cloudbox's own HVM run (xen-default) does not reach its agent yet (docs/xen.md)
+    xen_xl_hvm
+    run -0 dom0 find /run/cloudbox -name '*.agent'
+    assert_output ''
 }
