@@ -29,6 +29,28 @@ def check(ok: object, what: str, found: object) -> None:
         raise CheckFailed(f"{what}; found: {found!r}")
 
 
+def check_sides(run: dict) -> dict[str, set[str]]:
+    """Each side's tests, checked: dom0's baseline not emulated, the guest's emulated and quick-size above 0, the
+    same tests on both."""
+    sides: dict[str, set[str]] = {}
+    for m in run["measurements"]:
+        sides.setdefault(m["side"], set()).add(m["test"])
+        if m["side"] == "baseline":
+            check("dom0" in m["labels"] and "emulated" not in m["labels"], "the baseline is dom0's, not emulated", m)
+        elif m["side"] == "guest":
+            check("emulated" in m["labels"] and "quick-size" in m["labels"], "a guest number: emulated, quick-size", m)
+            check(m["value"] > 0, "a guest number above 0", m)
+    check(sides.get("guest") and sides.get("guest") == sides.get("baseline"),
+          "the same tests on the guest and dom0", sides)
+    return sides
+
+
+def write_pair(run: dict) -> tuple[dict, dict]:
+    """The guest's write measurement and dom0's of the same test."""
+    write = next(m for m in run["measurements"] if m["side"] == "guest" and "write" in m["test"])
+    return write, next(m for m in run["measurements"] if m["side"] == "baseline" and m["test"] == write["test"])
+
+
 def check_run(run_json: Path, profile: str, bus: str, driver: str | None = None) -> str:
     run = json.loads(run_json.read_text())["runs"][-1]
     prov = run["provenance"]
@@ -50,20 +72,10 @@ def check_run(run_json: Path, profile: str, bus: str, driver: str | None = None)
     check(driver is None or (drv is not None and drv.get("name") == driver), f"the disk's backend driver {driver}",
           None if drv is None else drv.attrib)
     check(prov.get("guest_kernel"), "the guest's kernel version", prov.get("guest_kernel"))
-    sides: dict[str, set[str]] = {}
-    for m in run["measurements"]:
-        sides.setdefault(m["side"], set()).add(m["test"])
-        if m["side"] == "baseline":
-            check("dom0" in m["labels"] and "emulated" not in m["labels"], "the baseline is dom0's, not emulated", m)
-        elif m["side"] == "guest":
-            check("emulated" in m["labels"] and "quick-size" in m["labels"], "a guest number: emulated, quick-size", m)
-            check(m["value"] > 0, "a guest number above 0", m)
-    check(sides.get("guest") and sides.get("guest") == sides.get("baseline"),
-          "the same tests on the guest and dom0", sides)
+    sides = check_sides(run)
     check(any("write" in t for t in sides["guest"]) and any(t.startswith("tcp-") for t in sides["guest"]),
           "storage and network tests", sides)
-    write = next(m for m in run["measurements"] if m["side"] == "guest" and "write" in m["test"])
-    base = next(m for m in run["measurements"] if m["side"] == "baseline" and m["test"] == write["test"])
+    write, base = write_pair(run)
     tx = next(m for m in run["measurements"] if m["side"] == "guest" and m["test"] == "tcp-stream")
     return (f"{len(run['measurements'])} measurements; {write['test']}: guest {write['value']:.1f} "
             f"{write['metric']}, dom0 {base['value']:.1f}; tcp-stream guest {tx['value']:.0f} {tx['metric']}; "
@@ -87,18 +99,8 @@ def check_storage_run(run_json: Path, profile: str, machine: str, bus: str) -> s
     check(target is not None and target.get("bus") == bus, f"the benchmark disk on bus {bus}",
           None if target is None else target.attrib)
     check(prov.get("guest_kernel"), "the guest's kernel version", prov.get("guest_kernel"))
-    sides: dict[str, set[str]] = {}
-    for m in run["measurements"]:
-        sides.setdefault(m["side"], set()).add(m["test"])
-        if m["side"] == "baseline":
-            check("dom0" in m["labels"] and "emulated" not in m["labels"], "the baseline is dom0's, not emulated", m)
-        elif m["side"] == "guest":
-            check("emulated" in m["labels"] and "quick-size" in m["labels"], "a guest number: emulated, quick-size", m)
-            check(m["value"] > 0, "a guest number above 0", m)
-    check(sides.get("guest") and sides.get("guest") == sides.get("baseline"),
-          "the same tests on the guest and dom0", sides)
-    write = next(m for m in run["measurements"] if m["side"] == "guest" and "write" in m["test"])
-    base = next(m for m in run["measurements"] if m["side"] == "baseline" and m["test"] == write["test"])
+    check_sides(run)
+    write, base = write_pair(run)
     return (f"{len(run['measurements'])} measurements; {write['test']}: guest {write['value']:.1f} "
             f"{write['metric']}, dom0 {base['value']:.1f}; launch to agent {prov.get('launch_to_agent_s')} s")
 
