@@ -326,7 +326,7 @@ CLAIMS: list[tuple[str, str, Callable[[], None]]] = [
     ("docs/volumes.md", "The kernel's LIO iSCSI target", _iscsi_served_by_tgtd),
     ("docs/volumes.md", "`disk.attach = qemu` across nodes", _qemu_attach_not_on_a_back_end),
     ("docs/volumes.md", "Another node's volumes", _volume_list_this_box_only),
-    ("docs/studies.md", "Not yet: HVM guests under nested emulation", _xen_hvm_needs_hardware),
+    ("docs/studies.md", "Not yet: cloudbox's HVM run under nested emulation", _xen_hvm_needs_hardware),
     ("docs/studies.md", "the Hadoop workload", lambda: _no_test_named("hadoop", "mapreduce", "terasort")),
     ("docs/studies.md", "the EC2 rows, which are out of scope", lambda: _no_profile_named("ec2")),
     ("docs/studies.md", "Not yet: the sweep across the network", _propagation_on_one_host),
