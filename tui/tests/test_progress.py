@@ -124,19 +124,20 @@ def test_dds_position_is_its_progress_whichever_dd(program, tmp_path):
 
     # a write: dd copies what we feed its input, 1 MiB of the 4; its output's position says so
     script = dd.timed_dd_script([*argv0, f"if={fifo}", f"of={data}", "bs=64k", "count=64"], pid)
-    proc = subprocess.Popen(["sh", "-c", script], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert position(1) is None or position(1) == 0
     with open(fifo, "wb") as feed:
         feed.write(b"x" * MIB)
         feed.flush()
         wait_for(lambda: position(progress.dd_fd(w)) == MIB)
         assert progress.dd_done(4 * MIB, MIB) == (0.25, "1 of 4 MB")
+        time.sleep(0.05)  # /proc/uptime counts in 10 ms steps: the timed copy must outlast one
         feed.write(b"x" * 3 * MIB)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and dd.parse_dd("dd-write-64k", err).seconds > 0
     # a read: dd reads its file as fast as we take its output
     script = dd.timed_dd_script([*argv0, f"if={data}", f"of={fifo}", "bs=64k", "count=64"], pid)
-    proc = subprocess.Popen(["sh", "-c", script], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     with open(fifo, "rb") as take:
         took = 0
         while took < MIB:
